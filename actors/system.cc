@@ -1,0 +1,385 @@
+#include "actors/system.h"
+
+#include <cxxabi.h>
+#include <spdlog/spdlog.h>
+
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "troupe/error.h"
+
+namespace troupe::actors {
+
+std::string messageName(std::type_index type) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled ? demangled : type.name();
+  std::free(demangled);
+  const auto colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+void Actor::handle(Envelope& message) {
+  auto it = handlers_.find(message.type());
+  if (it == handlers_.end()) {
+    throw InvariantError("actor '" + name_ + "' has no handler for message " +
+                         messageName(message.type()));
+  }
+  it->second(message);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Cell {
+  std::unique_ptr<Actor> actor;
+  std::size_t capacity = 0;
+  // Executes drain(): a strand of the shared pool, or the cell's own io_context.
+  std::unique_ptr<asio::io_context> own_context;
+  std::optional<asio::strand<asio::io_context::executor_type>> strand;
+  std::thread own_thread;
+
+  std::mutex mu;
+  std::condition_variable room;  // for external senders
+  std::deque<std::unique_ptr<Envelope>> mailbox;
+  bool scheduled = false;
+  std::vector<Cell*> waiters;  // actors whose outbox waits for room here
+
+  // Touched only by this actor's own drain (one at a time).
+  std::deque<std::pair<Cell*, std::unique_ptr<Envelope>>> outbox;
+};
+
+}  // namespace
+
+class SystemImpl final : public ActorSystem {
+ public:
+  explicit SystemImpl(const SystemOptions& options)
+      : options_(options), work_(asio::make_work_guard(pool_)) {
+    for (int i = 0; i < std::max(1, options_.pool_threads); ++i) {
+      pool_threads_.emplace_back([this] { runContext(pool_); });
+    }
+  }
+
+  ~SystemImpl() override { stopAll(); }
+
+  Address spawn(std::unique_ptr<Actor> actor, SpawnOptions spawn_options) override {
+    auto cell = std::make_unique<Cell>();
+    cell->capacity = spawn_options.mailbox_capacity ? spawn_options.mailbox_capacity
+                                                    : options_.mailbox_capacity;
+    Address address;
+    {
+      std::lock_guard lock(cells_mu_);
+      TROUPE_ENFORCE(!stopping_, "spawn after the system stopped");
+      address = Address{options_.node, static_cast<std::uint32_t>(cells_.size())};
+      actor->self_ = address;
+      actor->system_ = this;
+      cell->actor = std::move(actor);
+      if (spawn_options.dedicated_thread) {
+        cell->own_context = std::make_unique<asio::io_context>(1);
+        auto* ctx = cell->own_context.get();
+        cell->own_thread = std::thread([this, ctx] {
+          auto guard = asio::make_work_guard(*ctx);
+          runContext(*ctx);
+        });
+      } else {
+        cell->strand.emplace(asio::make_strand(pool_));
+      }
+      cells_.push_back(std::move(cell));
+    }
+    Cell* c = cellOf(address);
+    {
+      std::lock_guard lock(c->mu);
+      c->scheduled = true;
+    }
+    post(c, [this, c] {
+      if (!runHandler(c, [c] { c->actor->started(); }, "start")) return;
+      drain(c);
+    });
+    return address;
+  }
+
+  void run() override {
+    std::unique_lock lock(state_mu_);
+    state_cv_.wait(lock, [this] { return done_; });
+    auto error = error_;
+    lock.unlock();
+    stopAll();
+    if (error) throw Error(*error);
+  }
+
+  void shutdown() override { finish(std::nullopt); }
+  void fail(const std::string& what) override { finish(what); }
+
+  const SystemOptions& options() const override { return options_; }
+
+  std::string nameOf(Address address) const override {
+    if (address.actor == kNoActor) return "main";
+    std::lock_guard lock(cells_mu_);
+    if (address.node != options_.node || address.actor >= cells_.size()) return "?";
+    return cells_[address.actor]->actor->name();
+  }
+
+  void deliver(Address from, Address to, std::unique_ptr<Envelope> message) override {
+    if (to.node != options_.node) {
+      throw Error("no route to node " + std::to_string(to.node) + " for " +
+                  messageName(message->type()) + ": this process has no transport to other nodes");
+    }
+    Cell* target = cellOf(to);
+    TROUPE_ENFORCE(target != nullptr, "send to unknown actor ", to.actor, " on node ", to.node);
+    if (from.actor == kNoActor || from.node != options_.node) {
+      deliverExternal(target, std::move(message));
+      return;
+    }
+    Cell* sender = cellOf(from);
+    // Keep per-sender order: once something waits in the outbox, everything queues behind it.
+    if (!sender->outbox.empty() || !tryEnqueue(target, message, sender)) {
+      sender->outbox.emplace_back(target, std::move(message));
+    }
+  }
+
+  void deliverAfter(std::chrono::milliseconds delay, Address to,
+                    std::unique_ptr<Envelope> message) override {
+    auto timer = std::make_shared<asio::steady_timer>(pool_, delay);
+    std::shared_ptr<Envelope> shared(std::move(message));
+    timer->async_wait([this, timer, to, shared](const std::error_code& ec) mutable {
+      if (ec) return;
+      Cell* target = cellOf(to);
+      if (!target) return;
+      // Timers bypass the capacity bound: they are few and must not block a pool thread.
+      std::unique_ptr<Envelope> owned(new Forward(shared));
+      enqueueUnbounded(target, std::move(owned));
+    });
+  }
+
+ private:
+  // Wraps a shared envelope so a timer callback (copyable) can hand it over.
+  struct Forward final : Envelope {
+    explicit Forward(std::shared_ptr<Envelope> e) : inner(std::move(e)) {}
+    std::type_index type() const override { return inner->type(); }
+    std::shared_ptr<Envelope> inner;
+  };
+
+  static Envelope& unwrap(Envelope& e) {
+    if (auto* f = dynamic_cast<Forward*>(&e)) return *f->inner;
+    return e;
+  }
+
+  void runContext(asio::io_context& ctx) {
+    try {
+      ctx.run();
+    } catch (const std::exception& e) {
+      fail(std::string("actor system thread: ") + e.what());
+    }
+  }
+
+  template <typename F>
+  void post(Cell* c, F&& f) {
+    if (c->own_context) {
+      asio::post(*c->own_context, std::forward<F>(f));
+    } else {
+      asio::post(*c->strand, std::forward<F>(f));
+    }
+  }
+
+  Cell* cellOf(Address a) const {
+    std::lock_guard lock(cells_mu_);
+    if (a.node != options_.node || a.actor >= cells_.size()) return nullptr;
+    return cells_[a.actor].get();
+  }
+
+  // Enqueues if there is room; otherwise registers `waiter` to be woken when room appears.
+  bool tryEnqueue(Cell* target, std::unique_ptr<Envelope>& message, Cell* waiter) {
+    {
+      std::lock_guard lock(target->mu);
+      if (target->mailbox.size() >= target->capacity) {
+        if (std::find(target->waiters.begin(), target->waiters.end(), waiter) ==
+            target->waiters.end()) {
+          target->waiters.push_back(waiter);
+        }
+        return false;
+      }
+      target->mailbox.push_back(std::move(message));
+    }
+    schedule(target);
+    return true;
+  }
+
+  void enqueueUnbounded(Cell* target, std::unique_ptr<Envelope> message) {
+    {
+      std::lock_guard lock(target->mu);
+      target->mailbox.push_back(std::move(message));
+    }
+    schedule(target);
+  }
+
+  void deliverExternal(Cell* target, std::unique_ptr<Envelope> message) {
+    {
+      std::unique_lock lock(target->mu);
+      const bool has_room = target->room.wait_for(lock, options_.external_send_timeout, [&] {
+        return target->mailbox.size() < target->capacity || isDone();
+      });
+      if (isDone()) return;
+      if (!has_room) {
+        const std::string what = "sending " + messageName(message->type()) + " to actor '" +
+                                 target->actor->name() + "' timed out after " +
+                                 std::to_string(options_.external_send_timeout.count()) +
+                                 " ms: its mailbox stayed full";
+        lock.unlock();
+        fail(what);
+        throw TimeoutError(what);
+      }
+      target->mailbox.push_back(std::move(message));
+    }
+    schedule(target);
+  }
+
+  void schedule(Cell* c) {
+    {
+      std::lock_guard lock(c->mu);
+      if (c->scheduled || (c->mailbox.empty() && c->outbox.empty())) return;
+      c->scheduled = true;
+    }
+    post(c, [this, c] { drain(c); });
+  }
+
+  // Flushes the outbox as far as receivers have room; true if it is empty afterwards.
+  bool flushOutbox(Cell* c) {
+    while (!c->outbox.empty()) {
+      auto& [target, message] = c->outbox.front();
+      if (!tryEnqueue(target, message, c)) return false;
+      c->outbox.pop_front();
+    }
+    return true;
+  }
+
+  template <typename F>
+  bool runHandler(Cell* c, F&& f, const std::string& what) {
+    if (isDone()) return false;
+    try {
+      f();
+      return true;
+    } catch (const std::exception& e) {
+      fail("actor '" + c->actor->name() + "' failed handling " + what + ": " + e.what());
+    } catch (...) {
+      fail("actor '" + c->actor->name() + "' failed handling " + what + ": unknown exception");
+    }
+    return false;
+  }
+
+  void drain(Cell* c) {
+    constexpr int kBurst = 32;  // messages per turn, so a busy actor leaves the pool to others
+    for (int n = 0; n < kBurst; ++n) {
+      if (isDone()) return;
+      if (!flushOutbox(c)) {
+        // Parked: woken by the receiver once it has room (see tryEnqueue / wakeWaiters).
+        std::lock_guard lock(c->mu);
+        c->scheduled = false;
+        return;
+      }
+      std::unique_ptr<Envelope> message;
+      std::vector<Cell*> waiters;
+      {
+        std::lock_guard lock(c->mu);
+        if (c->mailbox.empty()) {
+          c->scheduled = false;
+          return;
+        }
+        message = std::move(c->mailbox.front());
+        c->mailbox.pop_front();
+        waiters.swap(c->waiters);
+      }
+      c->room.notify_all();
+      for (Cell* w : waiters) schedule(w);
+      Envelope& payload = unwrap(*message);
+      if (!runHandler(c, [&] { c->actor->handle(payload); }, messageName(payload.type()))) {
+        return;
+      }
+    }
+    {
+      std::lock_guard lock(c->mu);
+      c->scheduled = false;
+    }
+    schedule(c);
+  }
+
+  bool isDone() {
+    std::lock_guard lock(state_mu_);
+    return done_;
+  }
+
+  void finish(std::optional<std::string> error) {
+    {
+      std::lock_guard lock(state_mu_);
+      if (done_) return;
+      done_ = true;
+      error_ = std::move(error);
+    }
+    state_cv_.notify_all();
+    std::lock_guard lock(cells_mu_);
+    for (auto& c : cells_) c->room.notify_all();
+  }
+
+  void stopAll() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(cells_mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    finish(std::nullopt);
+    work_.reset();
+    pool_.stop();
+    for (auto& t : pool_threads_) {
+      if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+    }
+    for (auto& c : cells_) {
+      if (c->own_context) c->own_context->stop();
+      if (c->own_thread.joinable()) {
+        if (c->own_thread.get_id() == std::this_thread::get_id()) {
+          c->own_thread.detach();
+        } else {
+          c->own_thread.join();
+        }
+      }
+    }
+    // Pool threads that could not be joined (stopAll from a pool thread) are detached.
+    for (auto& t : pool_threads_) {
+      if (t.joinable()) t.detach();
+    }
+  }
+
+  SystemOptions options_;
+  asio::io_context pool_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::vector<std::thread> pool_threads_;
+
+  mutable std::mutex cells_mu_;
+  std::vector<std::unique_ptr<Cell>> cells_;
+  bool stopping_ = false;
+
+  std::mutex state_mu_;
+  std::condition_variable state_cv_;
+  bool done_ = false;
+  std::optional<std::string> error_;
+};
+
+void Actor::sendEnvelope(Address to, std::unique_ptr<Envelope> message) {
+  TROUPE_ENFORCE(system_ != nullptr, "actor '", name_, "' sent a message before it was spawned");
+  system_->deliver(self_, to, std::move(message));
+}
+
+std::unique_ptr<ActorSystem> makeActorSystem(const SystemOptions& options) {
+  return std::make_unique<SystemImpl>(options);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,84 @@
+// The actor system: runs actors on Asio executors and delivers their messages.
+//
+// Mailboxes are bounded. A send to a full mailbox never blocks a thread: the message waits in the
+// sender's outbox and the sender takes no new message until the receiver has room again, so a slow
+// actor slows its producers down instead of growing a queue (backpressure). Senders outside any
+// actor (main) block until there is room, up to SystemOptions::external_send_timeout.
+// Actors on the shared pool run on strands of one io_context; an actor spawned with
+// dedicated_thread gets its own thread (compute actors, whose OpenMP teams should stay put).
+// Addresses name a node; delivery to another node goes through the transport (not in this process
+// yet: such a send throws).
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "actors/actor.h"
+
+namespace troupe::actors {
+
+struct SystemOptions {
+  std::uint32_t node = 0;
+  int pool_threads = 2;
+  std::size_t mailbox_capacity = 64;
+  std::chrono::milliseconds external_send_timeout{30000};
+};
+
+struct SpawnOptions {
+  bool dedicated_thread = false;
+  // 0: SystemOptions::mailbox_capacity.
+  std::size_t mailbox_capacity = 0;
+};
+
+class ActorSystem {
+ public:
+  virtual ~ActorSystem() = default;
+
+  // Takes ownership and starts it; started() runs on its executor before any message.
+  virtual Address spawn(std::unique_ptr<Actor> actor, SpawnOptions options = {}) = 0;
+
+  template <typename A, typename... Args>
+  Address spawn(SpawnOptions options, Args&&... args) {
+    static_assert(std::is_base_of_v<Actor, A>);
+    return spawn(std::make_unique<A>(std::forward<Args>(args)...), options);
+  }
+
+  // Sends from outside any actor (blocks while the mailbox is full, up to the timeout).
+  template <typename M>
+  void tell(Address to, M message) {
+    deliver(Address{options().node, kNoActor}, to, std::make_unique<Typed<M>>(std::move(message)));
+  }
+
+  // Delivers message to `to` after `delay` (a timer; the sender is the system).
+  template <typename M>
+  void after(std::chrono::milliseconds delay, Address to, M message) {
+    deliverAfter(delay, to, std::make_unique<Typed<M>>(std::move(message)));
+  }
+
+  // Blocks until shutdown() or a failure; a failure (an actor's handler threw, a send timed out)
+  // is rethrown as troupe::Error naming the actor and the message type. Stops all actors on return.
+  virtual void run() = 0;
+  // Ends run() normally. Messages still queued are dropped.
+  virtual void shutdown() = 0;
+  // Ends run() with an error (what an actor's exception does).
+  virtual void fail(const std::string& what) = 0;
+
+  virtual const SystemOptions& options() const = 0;
+  // The name an address was spawned with ("?" if unknown), for error messages.
+  virtual std::string nameOf(Address address) const = 0;
+
+  // Internal: how Actor::send and tell reach a mailbox.
+  virtual void deliver(Address from, Address to, std::unique_ptr<Envelope> message) = 0;
+  virtual void deliverAfter(std::chrono::milliseconds delay, Address to,
+                            std::unique_ptr<Envelope> message) = 0;
+
+  static constexpr std::uint32_t kNoActor = 0xffffffffu;
+};
+
+std::unique_ptr<ActorSystem> makeActorSystem(const SystemOptions& options);
+
+}  // namespace troupe::actors

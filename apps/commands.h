@@ -1,0 +1,15 @@
+// The troupe command line: one function per subcommand, each adding itself to the CLI11 app and
+// running when chosen. main() lists them in one table; there is no registry.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace troupe::apps {
+
+void addConvertCommand(CLI::App& app);
+void addTrainCommand(CLI::App& app);
+void addInfoCommand(CLI::App& app);
+
+}  // namespace troupe::apps

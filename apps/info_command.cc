@@ -1,0 +1,22 @@
+// `troupe info`: what this build has (version, backends, threads), for bug reports.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <thread>
+
+#include "apps/commands.h"
+#include "kernels/backend.h"
+#include "troupe/config.h"
+
+namespace troupe::apps {
+
+void addInfoCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Print what this build of troupe has");
+  cmd->callback([] {
+    fmt::print("troupe {}\n", TROUPE_VERSION);
+    fmt::print("cuda backend: {}\n", TROUPE_USE_CUDA ? "built" : "not built");
+    fmt::print("hardware threads: {}\n", std::thread::hardware_concurrency());
+  });
+}
+
+}  // namespace troupe::apps

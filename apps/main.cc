@@ -1,0 +1,28 @@
+// troupe: the command-line front of libtroupe. It only parses and wires; the work is in the library.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <exception>
+
+#include "apps/commands.h"
+#include "troupe/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: distributed deep-learning training"};
+  app.require_subcommand(1);
+  troupe::apps::addConvertCommand(app);
+  troupe::apps::addTrainCommand(app);
+  troupe::apps::addInfoCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const troupe::Error& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    spdlog::error("unexpected error: {}", e.what());
+    return 1;
+  }
+  return 0;
+}

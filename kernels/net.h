@@ -1,0 +1,90 @@
+// A Net is one copy of a model on one backend: layers in order, a loss at the end, and all of its
+// parameters in one flat tensor (gradients likewise), so that gradient buckets are plain slices.
+//
+// Thread safety: a Net belongs to one replica; call it from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace troupe::kernels {
+
+class Backend;
+
+// One layer of a model written in a config file: a type ("conv", "pool", "fc", "relu", "bn",
+// "dropout", "flatten", ...) and its arguments as text ("num_output" -> "20").
+struct LayerSpec {
+  std::string type;
+  std::map<std::string, std::string> args;
+};
+
+// Either a built-in model by name ("mlp", "lenet", "resnet20") or a list of layers.
+struct ModelSpec {
+  std::string name;
+  std::vector<LayerSpec> layers;
+};
+
+struct NetOptions {
+  ModelSpec model;
+  int channels = 1;
+  int height = 28;
+  int width = 28;
+  int num_labels = 10;
+  // The largest batch forward() will see; memory is sized for it.
+  std::int64_t max_batch = 64;
+  std::uint64_t seed = 1;
+};
+
+// Where a parameter lives in the flat weight / gradient tensors.
+struct ParamInfo {
+  std::string name;  // "conv1.weight"
+  Shape shape;
+  std::int64_t offset = 0;
+  std::int64_t size = 0;
+  int layer = 0;  // index of the layer that owns it, in forward order
+};
+
+// Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
+// Ranges come in reverse layer order, never overlap, and together cover every parameter.
+using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end)>;
+
+class Net {
+ public:
+  virtual ~Net() = default;
+
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  // Number of trainable scalars.
+  virtual std::int64_t numParams() const = 0;
+  // Flat tensors of numParams() elements on the net's backend.
+  virtual const Tensor& weights() const = 0;
+  virtual const Tensor& grads() const = 0;
+  // Non-trainable state (batch-norm running statistics), flat; may be empty.
+  virtual const Tensor& buffers() const = 0;
+
+  // images: [N, C, H, W] float, labels: [N] int32, both on the net's backend, N <= max_batch.
+  // train: dropout active, batch norm uses and updates batch statistics.
+  virtual void forward(const Tensor& images, const Tensor& labels, bool train) = 0;
+  // {sum of the loss over the batch, number of correct top-1 predictions} of the last forward,
+  // as a 2-element float tensor on the backend (read it after synchronize()).
+  virtual const Tensor& metrics() const = 0;
+  // Back-propagates the last forward (which must have had train = true). Overwrites grads() with
+  // grad_scale * d(sum of loss)/d(weights), calling on_ready as ranges become final.
+  virtual void backward(float grad_scale, const GradReadyFn& on_ready) = 0;
+  // Seeds the randomness of the next forward (dropout), so runs repeat exactly.
+  virtual void reseed(std::uint64_t seed) = 0;
+};
+
+// Builds a net; an unknown model or layer name, or a bad layer argument, throws InputError naming
+// it (and listing the known ones). Parameters are initialised from options.seed.
+std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options);
+
+// Names of the built-in models, for error messages and --help.
+std::vector<std::string> builtinModels();
+
+}  // namespace troupe::kernels

@@ -1,0 +1,57 @@
+// Optimizers and learning-rate policies.
+//
+// An optimizer updates a flat weight tensor in place from a flat gradient tensor on one backend.
+// Its state (momentum) is a flat tensor too, so checkpoints and parameter-server shards can hold
+// any slice of it. Thread safety: like the backend it runs on, one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace troupe::kernels {
+
+class Backend;
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // weights -= step computed from grads (+ weight decay) at learning rate lr. weights, grads and
+  // state() have the same element count.
+  virtual void step(const Tensor& weights, const Tensor& grads, float lr) = 0;
+  // Momentum buffer; restore a checkpoint by copying into it.
+  virtual const Tensor& state() const = 0;
+};
+
+std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options);
+
+// Learning rate at a step, Caffe's policies plus linear warmup:
+//   fixed:     base
+//   step:      base * gamma^(floor(step / stepsize))
+//   multistep: base * gamma^(number of stepvalues <= step)
+//   cosine:    base * 0.5 * (1 + cos(pi * step / max_steps))
+// During the first warmup_steps steps the rate ramps linearly from base/warmup_steps... to the rate.
+struct LrPolicy {
+  std::string policy = "fixed";
+  float base = 0.01f;
+  float gamma = 0.1f;
+  std::int64_t stepsize = 0;
+  std::vector<std::int64_t> stepvalues;
+  std::int64_t max_steps = 0;
+  std::int64_t warmup_steps = 0;
+};
+
+// Throws InputError for an unknown policy or one missing its parameters.
+void validate(const LrPolicy& policy);
+float learningRate(const LrPolicy& policy, std::int64_t step);
+
+}  // namespace troupe::kernels

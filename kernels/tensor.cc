@@ -1,0 +1,77 @@
+#include "kernels/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+
+std::int64_t numelOf(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) {
+    TROUPE_ENFORCE_GE(d, 0);
+    n *= d;
+  }
+  return n;
+}
+
+std::string toString(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ",";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::size_t sizeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+  }
+  return 4;
+}
+
+Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dtype, Device device)
+    : storage_(std::move(storage)),
+      data_(data),
+      shape_(std::move(shape)),
+      numel_(numelOf(shape_)),
+      dtype_(dtype),
+      device_(device) {}
+
+Tensor Tensor::host(Shape shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
+  const std::size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded ? rounded : 64);
+  std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+  return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+}
+
+float* Tensor::f32() const {
+  TROUPE_ENFORCE(dtype_ == DType::kFloat32, "tensor of shape ", toString(shape_), " is not float32");
+  return static_cast<float*>(data_);
+}
+
+std::int32_t* Tensor::i32() const {
+  TROUPE_ENFORCE(dtype_ == DType::kInt32, "tensor of shape ", toString(shape_), " is not int32");
+  return static_cast<std::int32_t*>(data_);
+}
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  TROUPE_ENFORCE(0 <= begin && begin <= end && end <= numel_, "slice [", begin, ",", end,
+                 ") of a tensor with ", numel_, " elements");
+  auto* base = static_cast<char*>(data_) + static_cast<std::size_t>(begin) * sizeOf(dtype_);
+  return Tensor(storage_, base, Shape{end - begin}, dtype_, device_);
+}
+
+Tensor Tensor::view(Shape shape) const {
+  TROUPE_ENFORCE_EQ(numelOf(shape), numel_);
+  return Tensor(storage_, data_, std::move(shape), dtype_, device_);
+}
+
+}  // namespace troupe::kernels

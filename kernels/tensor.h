@@ -1,0 +1,68 @@
+// Tensors: a shape, a dtype and a view into memory that a Backend owns.
+//
+// A Tensor is a cheap handle (shared ownership of its storage); copying it never copies data.
+// Views (slice, view) share the storage of the tensor they come from. A tensor's memory lives on the
+// device of the backend that allocated it; data() of a CUDA tensor is a device pointer.
+// Thread safety: a Tensor handle may be copied from any thread; reading and writing its elements
+// is the caller's business (actors hand tensors over, they never write one concurrently).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::kernels {
+
+enum class DType : std::uint8_t { kFloat32, kInt32 };
+enum class DeviceKind : std::uint8_t { kCpu, kCuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+};
+
+using Shape = std::vector<std::int64_t>;
+
+std::int64_t numelOf(const Shape& shape);
+std::string toString(const Shape& shape);
+std::size_t sizeOf(DType dtype);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dtype, Device device);
+
+  // A tensor in plain host memory (64-byte aligned), zero-filled.
+  static Tensor host(Shape shape, DType dtype = DType::kFloat32);
+
+  bool defined() const { return data_ != nullptr || numel_ == 0; }
+  const Shape& shape() const { return shape_; }
+  std::int64_t dim(std::size_t i) const { return shape_.at(i); }
+  std::size_t rank() const { return shape_.size(); }
+  std::int64_t numel() const { return numel_; }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel_) * sizeOf(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  void* raw() const { return data_; }
+  float* f32() const;         // enforces dtype kFloat32
+  std::int32_t* i32() const;  // enforces dtype kInt32
+
+  // A flat view of elements [begin, end) sharing this tensor's storage.
+  Tensor slice(std::int64_t begin, std::int64_t end) const;
+  // The same elements under another shape with the same element count.
+  Tensor view(Shape shape) const;
+
+ private:
+  std::shared_ptr<void> storage_;
+  void* data_ = nullptr;
+  Shape shape_;
+  std::int64_t numel_ = 0;
+  DType dtype_ = DType::kFloat32;
+  Device device_;
+};
+
+}  // namespace troupe::kernels

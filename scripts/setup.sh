@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian package that troupe's build and tests need. Idempotent: packages already
+# present are skipped, and apt-get update runs only when something is missing.
+# Usage: scripts/setup.sh [--bench]   (--bench adds the peers benchmarks compare against)
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libasio-dev capnproto libcapnp-dev
+  liblmdb-dev lmdb-utils libleveldb-dev libsnappy-dev
+  libprotobuf-dev protobuf-compiler zlib1g-dev
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
+  libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenblas-openmp-dev
+  libhiredis-dev redis-server
+  libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format
+  dataset-fashion-mnist
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all ${#packages[@]} packages present"
+fi
