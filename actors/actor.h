@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <typeindex>
@@ -23,6 +24,7 @@ struct Address {
   std::uint32_t actor = 0;
   bool operator==(const Address&) const = default;
 };
+std::ostream& operator<<(std::ostream& out, const Address& a);  // "node/actor"
 
 // Type-erased message; M is the payload.
 struct Envelope {

@@ -3,15 +3,17 @@
 #include <cxxabi.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
-#include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <thread>
 #include <vector>
 
@@ -26,6 +28,10 @@ std::string messageName(std::type_index type) {
   std::free(demangled);
   const auto colon = name.rfind("::");
   return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
+std::ostream& operator<<(std::ostream& out, const Address& a) {
+  return out << a.node << "/" << a.actor;
 }
 
 void Actor::handle(Envelope& message) {
@@ -44,10 +50,9 @@ using Clock = std::chrono::steady_clock;
 struct Cell {
   std::unique_ptr<Actor> actor;
   std::size_t capacity = 0;
-  // Executes drain(): a strand of the shared pool, or the cell's own io_context.
-  std::unique_ptr<asio::io_context> own_context;
+  // Executes drain(): a strand of the shared pool, or a named thread's io_context.
+  asio::io_context* thread_context = nullptr;
   std::optional<asio::strand<asio::io_context::executor_type>> strand;
-  std::thread own_thread;
 
   std::mutex mu;
   std::condition_variable room;  // for external senders
@@ -56,7 +61,12 @@ struct Cell {
   std::vector<Cell*> waiters;  // actors whose outbox waits for room here
 
   // Touched only by this actor's own drain (one at a time).
-  std::deque<std::pair<Cell*, std::unique_ptr<Envelope>>> outbox;
+  struct Pending {
+    Cell* target = nullptr;  // null: remote_to, through SystemOptions::remote
+    Address remote_to;
+    std::unique_ptr<Envelope> message;
+  };
+  std::deque<Pending> outbox;
 };
 
 }  // namespace
@@ -74,8 +84,8 @@ class SystemImpl final : public ActorSystem {
 
   Address spawn(std::unique_ptr<Actor> actor, SpawnOptions spawn_options) override {
     auto cell = std::make_unique<Cell>();
-    cell->capacity = spawn_options.mailbox_capacity ? spawn_options.mailbox_capacity
-                                                    : options_.mailbox_capacity;
+    cell->capacity =
+        spawn_options.mailbox_capacity ? spawn_options.mailbox_capacity : options_.mailbox_capacity;
     Address address;
     {
       std::lock_guard lock(cells_mu_);
@@ -84,31 +94,35 @@ class SystemImpl final : public ActorSystem {
       actor->self_ = address;
       actor->system_ = this;
       cell->actor = std::move(actor);
-      if (spawn_options.dedicated_thread) {
-        cell->own_context = std::make_unique<asio::io_context>(1);
-        auto* ctx = cell->own_context.get();
-        cell->own_thread = std::thread([this, ctx] {
-          auto guard = asio::make_work_guard(*ctx);
-          runContext(*ctx);
-        });
+      if (!spawn_options.thread.empty()) {
+        auto& t = threads_[spawn_options.thread];
+        if (!t.context) {
+          t.context = std::make_unique<asio::io_context>(1);
+          auto* ctx = t.context.get();
+          t.thread = std::thread([this, ctx] {
+            auto guard = asio::make_work_guard(*ctx);
+            runContext(*ctx);
+          });
+        }
+        cell->thread_context = t.context.get();
       } else {
         cell->strand.emplace(asio::make_strand(pool_));
       }
+      // Held until started() ran: messages sent before then wait in the mailbox.
+      cell->scheduled = true;
       cells_.push_back(std::move(cell));
+      if (running_) start(cells_.back().get());
     }
-    Cell* c = cellOf(address);
-    {
-      std::lock_guard lock(c->mu);
-      c->scheduled = true;
-    }
-    post(c, [this, c] {
-      if (!runHandler(c, [c] { c->actor->started(); }, "start")) return;
-      drain(c);
-    });
     return address;
   }
 
   void run() override {
+    {
+      std::lock_guard lock(cells_mu_);
+      running_ = true;
+      for (auto& c : cells_)
+        start(c.get());
+    }
     std::unique_lock lock(state_mu_);
     state_cv_.wait(lock, [this] { return done_; });
     auto error = error_;
@@ -131,8 +145,20 @@ class SystemImpl final : public ActorSystem {
 
   void deliver(Address from, Address to, std::unique_ptr<Envelope> message) override {
     if (to.node != options_.node) {
-      throw Error("no route to node " + std::to_string(to.node) + " for " +
-                  messageName(message->type()) + ": this process has no transport to other nodes");
+      if (!options_.remote) {
+        throw Error("no route to node " + std::to_string(to.node) + " for " +
+                    messageName(message->type()) + ": this process has no transport");
+      }
+      if (from.node == options_.node && from.actor != kNoActor) {
+        Cell* sender = cellOf(from);
+        // Remote sends keep the sender's order too: behind what waits in its outbox.
+        if (sender && !sender->outbox.empty()) {
+          sender->outbox.push_back({nullptr, to, std::move(message)});
+          return;
+        }
+      }
+      options_.remote(from, to, std::move(message));
+      return;
     }
     Cell* target = cellOf(to);
     TROUPE_ENFORCE(target != nullptr, "send to unknown actor ", to.actor, " on node ", to.node);
@@ -143,7 +169,7 @@ class SystemImpl final : public ActorSystem {
     Cell* sender = cellOf(from);
     // Keep per-sender order: once something waits in the outbox, everything queues behind it.
     if (!sender->outbox.empty() || !tryEnqueue(target, message, sender)) {
-      sender->outbox.emplace_back(target, std::move(message));
+      sender->outbox.push_back({target, {}, std::move(message)});
     }
   }
 
@@ -182,10 +208,19 @@ class SystemImpl final : public ActorSystem {
     }
   }
 
+  void start(Cell* c) {
+    post(c, [this, c] {
+      if (!runHandler(
+              c, [c] { c->actor->started(); }, "start"))
+        return;
+      drain(c);
+    });
+  }
+
   template <typename F>
   void post(Cell* c, F&& f) {
-    if (c->own_context) {
-      asio::post(*c->own_context, std::forward<F>(f));
+    if (c->thread_context) {
+      asio::post(*c->thread_context, std::forward<F>(f));
     } else {
       asio::post(*c->strand, std::forward<F>(f));
     }
@@ -255,8 +290,12 @@ class SystemImpl final : public ActorSystem {
   // Flushes the outbox as far as receivers have room; true if it is empty afterwards.
   bool flushOutbox(Cell* c) {
     while (!c->outbox.empty()) {
-      auto& [target, message] = c->outbox.front();
-      if (!tryEnqueue(target, message, c)) return false;
+      auto& pending = c->outbox.front();
+      if (!pending.target) {
+        options_.remote(c->actor->self(), pending.remote_to, std::move(pending.message));
+      } else if (!tryEnqueue(pending.target, pending.message, c)) {
+        return false;
+      }
       c->outbox.pop_front();
     }
     return true;
@@ -299,9 +338,11 @@ class SystemImpl final : public ActorSystem {
         waiters.swap(c->waiters);
       }
       c->room.notify_all();
-      for (Cell* w : waiters) schedule(w);
+      for (Cell* w : waiters)
+        schedule(w);
       Envelope& payload = unwrap(*message);
-      if (!runHandler(c, [&] { c->actor->handle(payload); }, messageName(payload.type()))) {
+      if (!runHandler(
+              c, [&] { c->actor->handle(payload); }, messageName(payload.type()))) {
         return;
       }
     }
@@ -326,7 +367,8 @@ class SystemImpl final : public ActorSystem {
     }
     state_cv_.notify_all();
     std::lock_guard lock(cells_mu_);
-    for (auto& c : cells_) c->room.notify_all();
+    for (auto& c : cells_)
+      c->room.notify_all();
   }
 
   void stopAll() {
@@ -342,13 +384,13 @@ class SystemImpl final : public ActorSystem {
     for (auto& t : pool_threads_) {
       if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
     }
-    for (auto& c : cells_) {
-      if (c->own_context) c->own_context->stop();
-      if (c->own_thread.joinable()) {
-        if (c->own_thread.get_id() == std::this_thread::get_id()) {
-          c->own_thread.detach();
+    for (auto& [name, t] : threads_) {
+      t.context->stop();
+      if (t.thread.joinable()) {
+        if (t.thread.get_id() == std::this_thread::get_id()) {
+          t.thread.detach();
         } else {
-          c->own_thread.join();
+          t.thread.join();
         }
       }
     }
@@ -363,9 +405,15 @@ class SystemImpl final : public ActorSystem {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::vector<std::thread> pool_threads_;
 
+  struct NamedThread {
+    std::unique_ptr<asio::io_context> context;
+    std::thread thread;
+  };
   mutable std::mutex cells_mu_;
   std::vector<std::unique_ptr<Cell>> cells_;
+  std::map<std::string, NamedThread> threads_;
   bool stopping_ = false;
+  bool running_ = false;  // run() was called: actors spawned from now on start at once
 
   std::mutex state_mu_;
   std::condition_variable state_cv_;

@@ -5,14 +5,16 @@
 // actor slows its producers down instead of growing a queue (backpressure). Senders outside any
 // actor (main) block until there is room, up to SystemOptions::external_send_timeout.
 // Actors on the shared pool run on strands of one io_context; an actor spawned with
-// dedicated_thread gets its own thread (compute actors, whose OpenMP teams should stay put).
-// Addresses name a node; delivery to another node goes through the transport (not in this process
-// yet: such a send throws).
+// a thread name runs on that thread, shared with the other actors given the same name (compute
+// actors, whose OpenMP teams should stay put and not compete with each other for cores).
+// Addresses name a node; a send to another node goes to SystemOptions::remote (the transport);
+// messages arriving from other nodes come in through deliver() with the remote sender's address.
 // Thread safety: every method may be called from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -21,15 +23,21 @@
 
 namespace troupe::actors {
 
+// Carries a message to an actor of another node (the transport, through the wire codec). Called on
+// the sender's thread; must not block for long.
+using RemoteSend = std::function<void(Address from, Address to, std::unique_ptr<Envelope> message)>;
+
 struct SystemOptions {
   std::uint32_t node = 0;
+  RemoteSend remote;  // empty: sends to other nodes are errors
   int pool_threads = 2;
   std::size_t mailbox_capacity = 64;
   std::chrono::milliseconds external_send_timeout{30000};
 };
 
 struct SpawnOptions {
-  bool dedicated_thread = false;
+  // Non-empty: run on the thread of this name (made at the first spawn naming it), not the pool.
+  std::string thread;
   // 0: SystemOptions::mailbox_capacity.
   std::size_t mailbox_capacity = 0;
 };
@@ -38,7 +46,9 @@ class ActorSystem {
  public:
   virtual ~ActorSystem() = default;
 
-  // Takes ownership and starts it; started() runs on its executor before any message.
+  // Takes ownership. The actor starts (started() runs on its executor, before any message) when
+  // run() is called, or at once if run() is already running; so a process can spawn all of its
+  // actors, in any order, before any of them sends a message.
   virtual Address spawn(std::unique_ptr<Actor> actor, SpawnOptions options = {}) = 0;
 
   template <typename A, typename... Args>
@@ -59,8 +69,9 @@ class ActorSystem {
     deliverAfter(delay, to, std::make_unique<Typed<M>>(std::move(message)));
   }
 
-  // Blocks until shutdown() or a failure; a failure (an actor's handler threw, a send timed out)
-  // is rethrown as troupe::Error naming the actor and the message type. Stops all actors on return.
+  // Starts the actors spawned so far, then blocks until shutdown() or a failure; a failure (an
+  // actor's handler threw, a send timed out) is rethrown as troupe::Error naming the actor and the
+  // message type. Stops all actors on return.
   virtual void run() = 0;
   // Ends run() normally. Messages still queued are dropped.
   virtual void shutdown() = 0;

@@ -11,5 +11,6 @@ namespace troupe::apps {
 void addConvertCommand(CLI::App& app);
 void addTrainCommand(CLI::App& app);
 void addInfoCommand(CLI::App& app);
+void addLaunchCommand(CLI::App& app);
 
 }  // namespace troupe::apps

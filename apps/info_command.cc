@@ -1,6 +1,6 @@
 // `troupe info`: what this build has (version, backends, threads), for bug reports.
-#include <CLI/CLI.hpp>
 #include <fmt/core.h>
+#include <CLI/CLI.hpp>
 
 #include <thread>
 

@@ -1,6 +1,7 @@
-// troupe: the command-line front of libtroupe. It only parses and wires; the work is in the library.
-#include <CLI/CLI.hpp>
+// troupe: the command-line front of libtroupe. It only parses and wires; the work is in the
+// library.
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <exception>
 
@@ -12,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   troupe::apps::addConvertCommand(app);
   troupe::apps::addTrainCommand(app);
+  troupe::apps::addLaunchCommand(app);
   troupe::apps::addInfoCommand(app);
   try {
     app.parse(argc, argv);

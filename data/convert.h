@@ -14,26 +14,43 @@ struct ConvertStats {
   std::int64_t test = 0;
 };
 
-// Reads train-images-idx3-ubyte(.gz) etc. from source_dir and writes out_dir/train and
-// out_dir/test. encoded: store PNG-encoded images instead of raw pixels.
+// Reads train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), t10k-images-idx3-ubyte(.gz)
+// and t10k-labels-idx1-ubyte(.gz) from source_dir (gzipped or not) and writes the databases
+// out_dir/train and out_dir/test: keys "%08d" (the record's index), Datum channels=1 and the IDX
+// rows x cols (28x28), label 0..9. encoded: the pixels are stored PNG-encoded (encoded=true).
+// Everything is read and checked before anything is written. Throws InputError naming the file for
+// a missing file, a wrong magic number, image and label counts that differ, a file size that does
+// not match its header, or a label > 9; InputError if out_dir/train or out_dir/test exists and is
+// not an empty folder; IoError naming the folder if it cannot be created or written.
 ConvertStats convertFashionMnist(const std::string& source_dir, const std::string& out_dir,
                                  DbType type, bool encoded);
 
 struct ImagesetOptions {
   DbType type = DbType::kLmdb;
+  // Shuffle the list's lines with shuffle(..., SplitMix64(seed)) (see dataset.h) before writing.
   bool shuffle = false;
   std::uint64_t seed = 1;
-  int resize_height = 0;  // 0: keep
+  // Both > 0: resize every image (bilinear) to resize_height x resize_width; both 0: keep sizes.
+  int resize_height = 0;
   int resize_width = 0;
+  // One gray channel instead of three (BGR).
   bool gray = false;
-  // Store the files' encoded bytes (as convert_imageset --encoded) instead of decoded pixels;
-  // encode_type "jpg"/"png" re-encodes, empty keeps the file's own format.
+  // Store encoded images (as convert_imageset --encoded) instead of decoded pixels. The file's own
+  // bytes are kept when no resize is asked, its channel count is the one asked (gray or color)
+  // and its format is encode_type; otherwise the decoded image is re-encoded as encode_type
+  // ("jpg" at quality 95, or "png"). An empty encode_type means the file's extension.
   bool encoded = false;
   std::string encode_type;
 };
 
-// list_file holds lines "relative/path.jpg LABEL"; images are read from root/relative/path.jpg.
-// Returns the number of records written.
+// What Caffe's convert_imageset does. list_file holds lines "relative/path.jpg LABEL" (the label
+// after the last blank, so paths may hold spaces; blank lines are skipped); images (JPEG or PNG)
+// are read from root/relative/path.jpg. Keys are "%08d_%s" (index after shuffling, path as in the
+// list). Raw records hold C x H x W uint8 pixels in BGR order, as Caffe's; without a resize they
+// must all have the first image's size. Returns the number of records written.
+// Throws InputError naming the image and the list's line number for a missing or undecodable
+// image, InputError naming the list for a missing list or a malformed line, and as createDb()
+// for the output.
 std::int64_t convertImageset(const std::string& list_file, const std::string& root,
                              const std::string& out_db, const ImagesetOptions& options);
 

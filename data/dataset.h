@@ -32,16 +32,41 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::int64_t size() const = 0;
   virtual const DatasetOptions& options() const = 0;
-  // Decodes records at the given indices (0 <= index < size()) into images (indices.size() x C x
-  // H x W floats, row-major) and labels.
+  // Decodes records at the given indices (0 <= index < size(), in database key order) into images
+  // (indices.size() x C x H x W floats, row-major) and labels. Raw records must have exactly the
+  // options' shape; encoded (JPEG/PNG) records must have its height and width, and are decoded to
+  // its channels (gray and color convert into each other, as Caffe's forced decoding does). Color
+  // channels are in the order stored (BGR for databases written by Caffe or troupe). Throws
+  // InputError naming the database and key for a record that does not parse, does not decode,
+  // has another shape or a label outside [0, num_labels); InputError for an index out of range.
+  // images and labels are partly written when it throws.
   virtual void read(const std::vector<std::int64_t>& indices, float* images,
                     std::int32_t* labels) = 0;
 };
 
+// Opens the database and loads its key list; throws as openDb() does, and InputError for a
+// non-positive shape or num_labels.
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options);
 
+// The PRNG behind epochOrder and shuffled conversions, fixed here so that orders are the same on
+// every platform and standard library: splitmix64 (Steele, Lea, Flood 2014).
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next();
+  // Uniform in [0, bound), bound > 0, by Lemire's multiply-shift with rejection (unbiased).
+  std::uint64_t below(std::uint64_t bound);
+
+ private:
+  std::uint64_t state_;
+};
+
+// Fisher-Yates from the back: for i = n-1 down to 1, swap values[i] with values[rng.below(i+1)].
+void shuffle(std::vector<std::int64_t>& values, SplitMix64& rng);
+
 // The order of records in an epoch: a permutation of [0, size) that depends only on (seed, epoch),
-// so every process computes the same one and a resumed run sees the same data.
+// so every process computes the same one and a resumed run sees the same data. Specified as:
+// shuffle(iota(size), SplitMix64(mix(mix(seed) + epoch))), mix being splitmix64's finalizer.
 std::vector<std::int64_t> epochOrder(std::int64_t size, std::uint64_t seed, std::int64_t epoch);
 
 }  // namespace troupe::data

@@ -6,9 +6,10 @@
 // Errors: opening a missing path, or a path that holds the other kind of database, throws
 // InputError naming the path and the type asked for. A failing system call (disk full, no write
 // permission) throws IoError naming the path.
-// Thread safety: a reader or writer may be used from one thread at a time, any thread (no
-// thread-local state); open one reader per thread. Several readers of one database, in one process
-// or many, are fine as long as no writer works on it at the same time.
+// Thread safety: a reader may be used from one thread at a time, any thread (its LMDB read
+// transaction is not tied to a thread); open one reader per thread. A writer must be used from one
+// thread only (LMDB ties a write transaction to its thread). Several readers of one database, in
+// one process or many, are fine as long as no writer works on it at the same time.
 #pragma once
 
 #include <cstdint>

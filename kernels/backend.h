@@ -5,10 +5,13 @@
 // once the work is queued, not necessarily done (on the CPU they run at once). synchronize() is the
 // only host wait, and callers make it explicit (after a step, before reading a metric).
 // Thread safety: one backend belongs to one actor (one replica); call it from one thread at a time.
+// Several backends may compute at once from different threads, each within its own thread budget.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 
 namespace troupe::kernels {
@@ -30,11 +33,29 @@ class Backend {
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   // t *= alpha.
   virtual void scale(const Tensor& t, float alpha) = 0;
+  // One SGD step over equal-sized flat tensors (PyTorch semantics): g' = g + weight_decay * w;
+  // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
+  virtual void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
+                         float momentum, float weight_decay, bool nesterov) = 0;
   // Waits until all queued work is done.
   virtual void synchronize() = 0;
+
+  // Op factories (kernels/ops.h); each op is fixed to its geometry and used on this backend only.
+  virtual std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) = 0;
+  virtual std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) = 0;
+  virtual std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) = 0;
+  virtual std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) = 0;
+  virtual std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) = 0;
+  virtual std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio) = 0;
+  virtual std::unique_ptr<AddOp> makeAdd(std::int64_t numel) = 0;
+  virtual std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
+                                                             std::int64_t spatial) = 0;
+  virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) = 0;
 };
 
-// A CPU backend computing with `threads` threads (oneDNN / OpenBLAS / OpenMP underneath).
+// A CPU backend computing with `threads` threads (OpenMP; oneDNN's sgemm underneath). It flushes
+// denormals to zero on the threads it computes with. Results are bitwise repeatable for a given
+// thread count (reductions are split by thread). Throws InputError unless threads >= 1.
 std::unique_ptr<Backend> makeCpuBackend(int threads);
 
 }  // namespace troupe::kernels

@@ -22,6 +22,8 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
+// SGD with PyTorch's semantics: g' = g + weight_decay * w; v = momentum * v + g';
+// w -= lr * v, or with nesterov w -= lr * (g' + momentum * v). The momentum buffer starts at zero.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -32,14 +34,18 @@ class Optimizer {
   virtual const Tensor& state() const = 0;
 };
 
+// Throws InputError for a momentum outside [0, 1), a negative weight decay, or nesterov without
+// momentum. The optimizer runs on `backend` (threaded and vectorised there).
 std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options);
 
 // Learning rate at a step, Caffe's policies plus linear warmup:
 //   fixed:     base
 //   step:      base * gamma^(floor(step / stepsize))
 //   multistep: base * gamma^(number of stepvalues <= step)
-//   cosine:    base * 0.5 * (1 + cos(pi * step / max_steps))
-// During the first warmup_steps steps the rate ramps linearly from base/warmup_steps... to the rate.
+//   cosine:    base * 0.5 * (1 + cos(pi * min(step, max_steps) / max_steps))
+// Linear warmup multiplies that rate by (step + 1) / warmup_steps while step < warmup_steps, so the
+// first step (step 0) runs at rate / warmup_steps and step warmup_steps - 1 at the full rate.
+// Steps count from 0.
 struct LrPolicy {
   std::string policy = "fixed";
   float base = 0.01f;

@@ -53,7 +53,8 @@ Tensor Tensor::host(Shape shape, DType dtype) {
 }
 
 float* Tensor::f32() const {
-  TROUPE_ENFORCE(dtype_ == DType::kFloat32, "tensor of shape ", toString(shape_), " is not float32");
+  TROUPE_ENFORCE(dtype_ == DType::kFloat32, "tensor of shape ", toString(shape_),
+                 " is not float32");
   return static_cast<float*>(data_);
 }
 

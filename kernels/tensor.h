@@ -1,10 +1,10 @@
 // Tensors: a shape, a dtype and a view into memory that a Backend owns.
 //
 // A Tensor is a cheap handle (shared ownership of its storage); copying it never copies data.
-// Views (slice, view) share the storage of the tensor they come from. A tensor's memory lives on the
-// device of the backend that allocated it; data() of a CUDA tensor is a device pointer.
-// Thread safety: a Tensor handle may be copied from any thread; reading and writing its elements
-// is the caller's business (actors hand tensors over, they never write one concurrently).
+// Views (slice, view) share the storage of the tensor they come from. A tensor's memory lives on
+// the device of the backend that allocated it; data() of a CUDA tensor is a device pointer. Thread
+// safety: a Tensor handle may be copied from any thread; reading and writing its elements is the
+// caller's business (actors hand tensors over, they never write one concurrently).
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,9 @@
 // troupe's one error policy.
 //
 // Expected failures (a missing file, a corrupt record, a bad config key, a peer that is gone) throw
-// troupe::Error or one of its kinds, carrying one line that names the culprit. Broken invariants use
-// TROUPE_ENFORCE / TROUPE_ENFORCE_EQ, which record the values, the file and the line. Nothing in
-// troupe calls abort(): errors travel to the actor system, which ends the run and reports them.
+// troupe::Error or one of its kinds, carrying one line that names the culprit. Broken invariants
+// use TROUPE_ENFORCE / TROUPE_ENFORCE_EQ, which record the values, the file and the line. Nothing
+// in troupe calls abort(): errors travel to the actor system, which ends the run and reports them.
 #pragma once
 
 #include <sstream>
@@ -57,24 +57,23 @@ std::string concat(Args&&... args) {
 
 }  // namespace troupe
 
-#define TROUPE_ENFORCE(cond, ...)                                                     \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]]                                                         \
-      ::troupe::detail::throwInvariant(                                               \
-          __FILE__, __LINE__,                                                         \
-          ::troupe::detail::concat("'" #cond "' does not hold" __VA_OPT__(, ": ", ) \
-                                       __VA_ARGS__));                                 \
+#define TROUPE_ENFORCE(cond, ...)                                                                  \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]]                                                                      \
+      ::troupe::detail::throwInvariant(                                                            \
+          __FILE__, __LINE__,                                                                      \
+          ::troupe::detail::concat("'" #cond "' does not hold" __VA_OPT__(, ": ", ) __VA_ARGS__)); \
   } while (0)
 
-#define TROUPE_ENFORCE_CMP_(a, b, op)                                                          \
-  do {                                                                                         \
-    const auto& troupe_a_ = (a);                                                               \
-    const auto& troupe_b_ = (b);                                                               \
-    if (!(troupe_a_ op troupe_b_)) [[unlikely]]                                                \
-      ::troupe::detail::throwInvariant(                                                        \
-          __FILE__, __LINE__,                                                                  \
+#define TROUPE_ENFORCE_CMP_(a, b, op)                                                         \
+  do {                                                                                        \
+    const auto& troupe_a_ = (a);                                                              \
+    const auto& troupe_b_ = (b);                                                              \
+    if (!(troupe_a_ op troupe_b_)) [[unlikely]]                                               \
+      ::troupe::detail::throwInvariant(                                                       \
+          __FILE__, __LINE__,                                                                 \
           ::troupe::detail::concat("expected " #a " " #op " " #b ", got ", troupe_a_, " vs ", \
-                                   troupe_b_));                                                \
+                                   troupe_b_));                                               \
   } while (0)
 
 #define TROUPE_ENFORCE_EQ(a, b) TROUPE_ENFORCE_CMP_(a, b, ==)

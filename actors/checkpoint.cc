@@ -1,0 +1,197 @@
+#include "actors/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "troupe/error.h"
+
+namespace troupe::actors {
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'R', 'O', 'U', 'P', 'E', 'C', 'K'};
+constexpr std::uint32_t kVersion = 1;
+
+void append(std::string& out, const void* p, std::size_t n) {
+  out.append(static_cast<const char*>(p), n);
+}
+
+template <typename T>
+void appendValue(std::string& out, T v) {
+  append(out, &v, sizeof v);
+}
+
+void appendTensor(std::string& out, const kernels::Tensor& t) {
+  const std::uint64_t n = t.defined() ? static_cast<std::uint64_t>(t.numel()) : 0;
+  appendValue(out, n);
+  if (n) append(out, t.f32(), n * sizeof(float));
+}
+
+class Parser {
+ public:
+  Parser(const std::string& path, const std::string& bytes) : path_(path), bytes_(bytes) {}
+
+  template <typename T>
+  T value() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  const char* take(std::size_t n) {
+    if (n > bytes_.size() - pos_) {
+      throw InputError("checkpoint '" + path_ + "' is truncated (needed " + std::to_string(n) +
+                       " more bytes at offset " + std::to_string(pos_) + ")");
+    }
+    const char* p = bytes_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  kernels::Tensor tensor() {
+    const auto n = value<std::uint64_t>();
+    if (n > (bytes_.size() - pos_) / sizeof(float)) {
+      throw InputError("checkpoint '" + path_ + "' is truncated or corrupt (a tensor of " +
+                       std::to_string(n) + " floats does not fit)");
+    }
+    auto t = kernels::Tensor::host({static_cast<std::int64_t>(n)});
+    if (n) std::memcpy(t.f32(), take(n * sizeof(float)), n * sizeof(float));
+    return t;
+  }
+  std::size_t pos() const { return pos_; }
+
+ private:
+  const std::string& path_;
+  const std::string& bytes_;
+  std::size_t pos_ = 0;
+};
+
+void writeAll(int fd, const std::string& bytes, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write checkpoint '" + path + "': " + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+std::int64_t Checkpoint::metaInt(const std::string& key) const {
+  auto it = meta.find(key);
+  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
+  return std::stoll(it->second);
+}
+
+double Checkpoint::metaDouble(const std::string& key) const {
+  auto it = meta.find(key);
+  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
+  return std::stod(it->second);
+}
+
+void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+  namespace fs = std::filesystem;
+  std::string bytes;
+  append(bytes, kMagic, sizeof kMagic);
+  appendValue(bytes, kVersion);
+  std::string meta;
+  for (const auto& [k, v] : checkpoint.meta)
+    meta += k + "=" + v + "\n";
+  appendValue(bytes, static_cast<std::uint64_t>(meta.size()));
+  bytes += meta;
+  appendTensor(bytes, checkpoint.weights);
+  appendTensor(bytes, checkpoint.momentum);
+  appendTensor(bytes, checkpoint.buffers);
+  const auto crc = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  appendValue(bytes, crc);
+
+  if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw IoError("cannot create checkpoint '" + tmp + "': " + std::strerror(errno));
+  }
+  try {
+    writeAll(fd, bytes, tmp);
+    if (::fsync(fd) != 0) throw IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw IoError("cannot rename '" + tmp + "' to '" + path + "': " + why);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+Checkpoint loadCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open checkpoint '" + path + "'");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string bytes = buffer.str();
+  if (bytes.size() < sizeof kMagic + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw InputError("'" + path + "' is not a troupe checkpoint");
+  }
+  if (bytes.size() < sizeof kMagic + 4 + 4) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  std::uint32_t stored_crc;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const auto crc = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size() - 4)));
+  if (crc != stored_crc) {
+    throw InputError("checkpoint '" + path + "' is corrupt or truncated (checksum mismatch)");
+  }
+  const std::string body = bytes.substr(0, bytes.size() - 4);
+  Parser p(path, body);
+  p.take(sizeof kMagic);
+  const auto version = p.value<std::uint32_t>();
+  if (version != kVersion) {
+    throw InputError("checkpoint '" + path + "' has version " + std::to_string(version) +
+                     ", this troupe reads version " + std::to_string(kVersion));
+  }
+  Checkpoint ck;
+  const auto meta_size = p.value<std::uint64_t>();
+  if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
+  std::istringstream meta(std::string(p.take(meta_size), meta_size));
+  for (std::string line; std::getline(meta, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) throw InputError("checkpoint '" + path + "' is corrupt");
+    ck.meta[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  ck.weights = p.tensor();
+  ck.momentum = p.tensor();
+  ck.buffers = p.tensor();
+  if (p.pos() != body.size()) {
+    throw InputError("checkpoint '" + path + "' has trailing bytes");
+  }
+  if (ck.momentum.numel() != ck.weights.numel()) {
+    throw InputError("checkpoint '" + path +
+                     "' is inconsistent: " + std::to_string(ck.weights.numel()) + " weights but " +
+                     std::to_string(ck.momentum.numel()) + " momentum values");
+  }
+  return ck;
+}
+
+}  // namespace troupe::actors

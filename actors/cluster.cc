@@ -1,0 +1,111 @@
+#include "actors/cluster.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <thread>
+
+#include "actors/wire_codec.h"
+#include "rendezvous/exchange.h"
+#include "rendezvous/prefix_store.h"
+#include "rendezvous/store.h"
+#include "rendezvous/tcp_store.h"
+#include "rendezvous/url.h"
+#include "transport/link.h"
+#include "transport/message.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+class ClusterImpl final : public Cluster {
+ public:
+  ClusterImpl(const ClusterOptions& o, ActorSystem& system) : options_(o), system_(system) {
+    if (o.serve_store && o.rank == 0) {
+      const auto url = rendezvous::parseStoreUrl(o.rendezvous);
+      if (url.scheme == rendezvous::StoreUrl::Scheme::kTcp) {
+        server_ = rendezvous::startTcpStoreServer(url.host, url.port);
+        spdlog::info("rank 0 serves the rendezvous store at tcp://{}", server_->address());
+      }
+    }
+    std::shared_ptr<rendezvous::Store> raw = rendezvous::openStore(o.rendezvous, o.timeout);
+    store_ = rendezvous::prefixStore(std::move(raw), o.run_id);
+
+    transport::TransportOptions t;
+    t.node = static_cast<transport::NodeId>(o.rank);
+    t.runId = o.run_id;
+    t.interface = o.interface;
+    t.unixDir = fmt::format("/tmp/troupe-{}", o.run_id);
+    t.connectTimeout = o.timeout;
+    transport::TransportHandlers handlers;
+    handlers.onMessage = [this](transport::NodeId node, transport::IncomingMessage message) {
+      auto d = decodeMessage(node, message);
+      system_.deliver(d.from, Address{static_cast<std::uint32_t>(options_.rank), d.target},
+                      std::move(d.message));
+    };
+    handlers.onPeerLost = [this](transport::NodeId node, const std::string& why) {
+      if (closing_) return;
+      system_.fail(fmt::format("lost the link to node {}: {}", node, why));
+    };
+    transport_ = transport::makeTransport(t, std::move(handlers));
+
+    const auto addresses = rendezvous::exchange(*store_, o.rank, o.world, transport_->address(),
+                                                o.timeout, "transport-addresses");
+    // Each pair links once: the higher rank connects to the lower one.
+    for (int peer = 0; peer < o.rank; ++peer) {
+      transport_->connect(static_cast<transport::NodeId>(peer), addresses[peer]);
+    }
+    for (int peer = o.rank + 1; peer < o.world; ++peer) {
+      transport_->waitForPeer(static_cast<transport::NodeId>(peer), o.timeout);
+    }
+    spdlog::info("node {} of {} linked ({})", o.rank, o.world, transport_->address());
+  }
+
+  ~ClusterImpl() override {
+    closing_ = true;
+    transport_.reset();
+  }
+
+  rendezvous::Store& store() override { return *store_; }
+
+  void send(Address from, Address to, std::unique_ptr<Envelope> message) override {
+    auto out = encodeMessage(from, to, *message);
+    transport_->send(static_cast<transport::NodeId>(to.node), std::move(out));
+  }
+
+  void barrier(const std::string& name) override {
+    rendezvous::barrier(*store_, name, options_.rank, options_.world, options_.timeout);
+  }
+
+  void finish() override {
+    barrier("end");
+    if (options_.rank != 0) {
+      store_->add("left", 1);
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    while (store_->add("left", 0) < options_.world - 1) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw TimeoutError(fmt::format("rank 0 waited {} ms for the others to leave the store",
+                                       options_.timeout.count()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+ private:
+  ClusterOptions options_;
+  ActorSystem& system_;
+  std::unique_ptr<rendezvous::TcpStoreServer> server_;
+  std::shared_ptr<rendezvous::Store> store_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::atomic<bool> closing_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<Cluster> joinCluster(const ClusterOptions& options, ActorSystem& system) {
+  return std::make_unique<ClusterImpl>(options, system);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,50 @@
+// This process's membership in a multi-process run: the rendezvous store, the transport to every
+// other process, and the bridge that lets actors send to any Address.
+//
+// join() opens the store (rank 0 serves the embedded TCP store itself when asked to), starts the
+// transport, publishes this process's address under the run id and waits for every other
+// process's, then links to all of them. A process that never shows up ends the wait with a
+// TimeoutError naming the missing ranks; a link lost later fails the actor system, naming the node.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/system.h"
+
+namespace troupe::rendezvous {
+class Store;
+}
+
+namespace troupe::actors {
+
+struct ClusterOptions {
+  int rank = 0;   // this process's node id
+  int world = 1;  // processes in the run
+  std::string run_id;
+  std::string rendezvous;    // tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT
+  bool serve_store = false;  // rank 0 serves the tcp:// store itself (started by hand)
+  std::string interface;     // network interface to listen on; empty: TROUPE_INTERFACE or any
+  std::chrono::milliseconds timeout{60000};
+};
+
+class Cluster {
+ public:
+  virtual ~Cluster() = default;
+  virtual rendezvous::Store& store() = 0;
+  // The ActorSystem's RemoteSend. Any thread.
+  virtual void send(Address from, Address to, std::unique_ptr<Envelope> message) = 0;
+  // Waits until every process reached `name` (TimeoutError naming who did not).
+  virtual void barrier(const std::string& name) = 0;
+  // The last call of a run: a barrier, after which rank 0 (which may serve the store) waits until
+  // every other process is done with the store too.
+  virtual void finish() = 0;
+};
+
+// Messages from other processes are delivered into `system`, whose actors must all be spawned
+// already (they may not have started).
+std::unique_ptr<Cluster> joinCluster(const ClusterOptions& options, ActorSystem& system);
+
+}  // namespace troupe::actors

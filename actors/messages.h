@@ -1,0 +1,97 @@
+// The messages of a training run. In-process they move as C++ values and tensors travel as
+// handles (no copy); across processes each gets a Cap'n Proto schema in transport/.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+using kernels::Tensor;
+
+// Reader -> Replica: the replica's share of the global batch of one step.
+struct Batch {
+  std::int64_t step = 0;
+  Tensor images;  // [n, C, H, W] float, host
+  Tensor labels;  // [n] int32, host
+};
+
+// Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch).
+struct BatchConsumed {
+  std::int64_t step = 0;
+};
+
+// Updater -> Replica: the weights that step `step` starts from.
+struct Weights {
+  std::int64_t step = 0;
+  Tensor weights;
+  Tensor buffers;  // batch-norm statistics to adopt; undefined/empty: keep the replica's own
+};
+
+// Replica -> Reducer: gradients [begin, end) of the flat gradient tensor for one step.
+struct GradBucket {
+  std::int64_t step = 0;
+  int replica = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Tensor grads;
+};
+
+// Reducer -> Updater: the sum over replicas of one bucket.
+struct Reduced {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Tensor grads;
+};
+
+// Replica -> Coordinator: a step's training metrics.
+struct StepDone {
+  std::int64_t step = 0;
+  int replica = 0;
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t count = 0;
+};
+
+// Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.
+struct EpochEnd {
+  std::int64_t step = 0;  // steps applied so far
+  Tensor weights;
+  Tensor momentum;
+};
+
+// Coordinator -> Updater: go on with the next epoch.
+struct Resume {};
+
+// Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).
+struct BuffersRequest {};
+struct Buffers {
+  Tensor buffers;  // a copy
+};
+
+// Coordinator -> Replica: evaluate these weights on the replica's shard of the test set.
+struct Evaluate {
+  std::int64_t epoch = 0;
+  Tensor weights;
+  Tensor buffers;
+};
+
+// Replica -> Coordinator.
+struct Evaluated {
+  int replica = 0;
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t count = 0;
+};
+
+// Chief coordinator -> the coordinator of every other process: the run is over, stop.
+struct Shutdown {};
+
+// Timer -> Coordinator: check that the run is still making progress.
+struct Watchdog {
+  std::int64_t progress_mark = 0;
+};
+
+}  // namespace troupe::actors

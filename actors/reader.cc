@@ -1,0 +1,74 @@
+#include <spdlog/spdlog.h>
+
+#include "actors/messages.h"
+#include "actors/roles.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+class Reader final : public Actor {
+ public:
+  Reader(std::string name, ReaderConfig config)
+      : Actor(std::move(name)), config_(std::move(config)), next_(config_.plan.first_step) {
+    on<BatchConsumed>([this](BatchConsumed&) {
+      --in_flight_;
+      fill();
+    });
+  }
+
+  void started() override {
+    dataset_ = data::openDataset(config_.dataset);
+    if (config_.plan.global_batch > 0 && dataset_->size() == 0) {
+      throw InputError("training database '" + config_.dataset.path + "' has no records");
+    }
+    fill();
+  }
+
+ private:
+  void fill() {
+    while (in_flight_ < config_.prefetch && next_ < config_.plan.last_step) {
+      send(config_.replica, read(next_++));
+      ++in_flight_;
+    }
+  }
+
+  Batch read(std::int64_t step) {
+    const auto& plan = config_.plan;
+    const std::int64_t epoch = step / plan.steps_per_epoch;
+    if (epoch != order_epoch_) {
+      order_ = data::epochOrder(dataset_->size(), config_.seed, epoch);
+      order_epoch_ = epoch;
+    }
+    const std::int64_t first = (step % plan.steps_per_epoch) * plan.global_batch + config_.offset;
+    indices_.resize(static_cast<std::size_t>(config_.count));
+    const auto n = static_cast<std::int64_t>(order_.size());
+    for (std::int64_t i = 0; i < config_.count; ++i) {
+      indices_[static_cast<std::size_t>(i)] = order_[static_cast<std::size_t>((first + i) % n)];
+    }
+    const auto& d = config_.dataset;
+    Batch batch;
+    batch.step = step;
+    batch.images = kernels::Tensor::host({config_.count, d.channels, d.height, d.width});
+    batch.labels = kernels::Tensor::host({config_.count}, kernels::DType::kInt32);
+    dataset_->read(indices_, batch.images.f32(), batch.labels.i32());
+    return batch;
+  }
+
+  ReaderConfig config_;
+  std::unique_ptr<data::Dataset> dataset_;
+  std::vector<std::int64_t> order_;
+  std::int64_t order_epoch_ = -1;
+  std::vector<std::int64_t> indices_;
+  std::int64_t next_;
+  int in_flight_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config) {
+  TROUPE_ENFORCE_GT(config.plan.steps_per_epoch, 0);
+  return std::make_unique<Reader>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

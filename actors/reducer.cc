@@ -1,0 +1,85 @@
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "actors/messages.h"
+#include "actors/ring_allreduce.h"
+#include "actors/roles.h"
+#include "kernels/backend.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+// Sums each gradient bucket over the replicas of this process, in replica order (so the result
+// does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
+// several processes, over all of them by ring allreduce, while backward goes on.
+class Reducer final : public Actor {
+ public:
+  Reducer(std::string name, ReducerConfig config)
+      : Actor(std::move(name)),
+        config_(std::move(config)),
+        ring_(
+            config_.rank, config_.world,
+            config_.segment_bytes / static_cast<std::int64_t>(sizeof(float)),
+            [this](RingChunk chunk) {
+              // A copy: the transport writes later, and by then the replica's next backward
+              // may be overwriting the gradient these chunks view.
+              auto copy = kernels::Tensor::host({chunk.data.numel()});
+              std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
+              chunk.data = std::move(copy);
+              send(config_.next, std::move(chunk));
+            },
+            [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
+              auto it = in_ring_.find({step, begin});
+              TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
+              send(config_.updater, Reduced{step, begin, end, it->second});
+              in_ring_.erase(it);
+            }) {
+    on<GradBucket>([this](GradBucket& b) { add(b); });
+    on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
+  }
+
+  void started() override { backend_ = kernels::makeCpuBackend(config_.threads); }
+
+ private:
+  void add(GradBucket& b) {
+    TROUPE_ENFORCE(0 <= b.replica && b.replica < config_.num_replicas, "bucket from replica ",
+                   b.replica, " of ", config_.num_replicas);
+    auto& parts = pending_[{b.step, b.begin}];
+    if (parts.empty()) parts.resize(static_cast<std::size_t>(config_.num_replicas));
+    auto& slot = parts[static_cast<std::size_t>(b.replica)];
+    TROUPE_ENFORCE(!slot.defined() || slot.numel() == 0, "replica ", b.replica, " sent bucket [",
+                   b.begin, ",", b.end, ") of step ", b.step, " twice");
+    TROUPE_ENFORCE_EQ(b.grads.numel(), b.end - b.begin);
+    slot = b.grads;
+    if (++counts_[{b.step, b.begin}] < config_.num_replicas) return;
+
+    kernels::Tensor sum = parts[0];
+    for (std::size_t r = 1; r < parts.size(); ++r) {
+      TROUPE_ENFORCE_EQ(parts[r].numel(), sum.numel());
+      backend_->axpy(1.0f, parts[r], sum);
+    }
+    backend_->synchronize();
+    pending_.erase({b.step, b.begin});
+    counts_.erase({b.step, b.begin});
+    in_ring_[{b.step, b.begin}] = sum;
+    ring_.start(b.step, b.begin, sum);
+  }
+
+  ReducerConfig config_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<kernels::Tensor>> pending_;
+  std::map<std::pair<std::int64_t, std::int64_t>, int> counts_;
+  RingAllreduce ring_;
+  std::map<std::pair<std::int64_t, std::int64_t>, kernels::Tensor> in_ring_;
+};
+
+}  // namespace
+
+std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config) {
+  return std::make_unique<Reducer>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,143 @@
+#include <map>
+#include <optional>
+
+#include "actors/messages.h"
+#include "actors/roles.h"
+#include "kernels/backend.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+class Replica final : public Actor {
+ public:
+  Replica(std::string name, ReplicaConfig config)
+      : Actor(std::move(name)), config_(std::move(config)) {
+    on<Weights>([this](Weights& w) {
+      TROUPE_ENFORCE(!weights_.has_value(), "weights for step ", w.step, " arrived while step ",
+                     weights_ ? weights_->step : -1, " was pending");
+      weights_ = std::move(w);
+      tryStep();
+    });
+    on<Batch>([this](Batch& b) {
+      const auto step = b.step;
+      batches_.emplace(step, std::move(b));
+      tryStep();
+    });
+    on<BuffersRequest>([this](BuffersRequest&) {
+      auto copy = kernels::Tensor::host({net_->buffers().numel()});
+      backend_->copy(net_->buffers(), copy);
+      backend_->synchronize();
+      send(config_.coordinator, Buffers{copy});
+    });
+    on<Evaluate>([this](Evaluate& e) { evaluate(e); });
+  }
+
+  void started() override {
+    backend_ = kernels::makeCpuBackend(config_.threads);
+    net_ = kernels::makeNet(*backend_, config_.net);
+    metrics_host_ = kernels::Tensor::host({2});
+  }
+
+ private:
+  void tryStep() {
+    if (!weights_) return;
+    auto it = batches_.find(weights_->step);
+    if (it == batches_.end()) return;
+    Batch batch = std::move(it->second);
+    batches_.erase(it);
+    Weights weights = std::move(*weights_);
+    weights_.reset();
+    runStep(weights, batch);
+  }
+
+  // The tensor itself if it already lives on the replica's device, else a copy there.
+  kernels::Tensor onDevice(const kernels::Tensor& t) {
+    if (t.device() == backend_->device()) return t;
+    auto copy = backend_->empty(t.shape(), t.dtype());
+    backend_->copy(t, copy);
+    return copy;
+  }
+
+  void adopt(const kernels::Tensor& weights, const kernels::Tensor& buffers) {
+    backend_->copy(weights, net_->weights());
+    if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
+  }
+
+  void runStep(const Weights& weights, const Batch& batch) {
+    const std::int64_t step = batch.step;
+    adopt(weights.weights, weights.buffers);
+    net_->forward(onDevice(batch.images), onDevice(batch.labels), /*train=*/true);
+
+    std::int64_t bucket_begin = -1, bucket_end = -1;
+    std::int64_t cap = config_.first_bucket_bytes;
+    auto flush = [&] {
+      if (bucket_begin < 0) return;
+      send(config_.reducer, GradBucket{step, config_.local_index, bucket_begin, bucket_end,
+                                       net_->grads().slice(bucket_begin, bucket_end)});
+      bucket_begin = bucket_end = -1;
+      cap = config_.bucket_bytes;
+    };
+    net_->backward(config_.grad_scale, [&](std::int64_t begin, std::int64_t end) {
+      if (bucket_begin < 0) {
+        bucket_begin = begin;
+        bucket_end = end;
+      } else {
+        TROUPE_ENFORCE_EQ(end, bucket_begin);  // reverse layer order over a forward-ordered layout
+        bucket_begin = begin;
+      }
+      if ((bucket_end - bucket_begin) * static_cast<std::int64_t>(sizeof(float)) >= cap) flush();
+    });
+    flush();
+    send(config_.reader, BatchConsumed{step});
+
+    backend_->copy(net_->metrics(), metrics_host_);
+    backend_->synchronize();
+    send(config_.coordinator, StepDone{step, config_.index, metrics_host_.f32()[0],
+                                       metrics_host_.f32()[1], batch.labels.numel()});
+  }
+
+  void evaluate(const Evaluate& e) {
+    Evaluated result{config_.index, 0, 0, 0};
+    if (!test_) test_ = data::openDataset(config_.test);
+    adopt(e.weights, e.buffers);
+    const std::int64_t n = test_->size();
+    const std::int64_t begin = n * config_.index / config_.num_replicas;
+    const std::int64_t end = n * (config_.index + 1) / config_.num_replicas;
+    const std::int64_t max_batch = config_.net.max_batch;
+    const auto& t = config_.test;
+    std::vector<std::int64_t> indices;
+    for (std::int64_t first = begin; first < end; first += max_batch) {
+      const std::int64_t count = std::min(max_batch, end - first);
+      indices.resize(static_cast<std::size_t>(count));
+      for (std::int64_t i = 0; i < count; ++i)
+        indices[static_cast<std::size_t>(i)] = first + i;
+      auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
+      auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
+      test_->read(indices, images.f32(), labels.i32());
+      net_->forward(onDevice(images), onDevice(labels), /*train=*/false);
+      backend_->copy(net_->metrics(), metrics_host_);
+      backend_->synchronize();
+      result.loss_sum += metrics_host_.f32()[0];
+      result.correct += metrics_host_.f32()[1];
+      result.count += count;
+    }
+    send(config_.coordinator, result);
+  }
+
+  ReplicaConfig config_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<kernels::Net> net_;
+  std::unique_ptr<data::Dataset> test_;
+  kernels::Tensor metrics_host_;
+  std::optional<Weights> weights_;
+  std::map<std::int64_t, Batch> batches_;
+};
+
+}  // namespace
+
+std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config) {
+  return std::make_unique<Replica>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

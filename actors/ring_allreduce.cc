@@ -1,0 +1,118 @@
+#include "actors/ring_allreduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "troupe/error.h"
+
+namespace troupe::actors {
+
+RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send,
+                             DoneFn done)
+    : rank_(rank),
+      world_(world),
+      segment_elements_(std::max<std::int64_t>(segment_elements, world)),
+      send_(std::move(send)),
+      done_(std::move(done)) {
+  TROUPE_ENFORCE(0 <= rank && rank < world, "rank ", rank, " of ", world);
+}
+
+std::pair<std::int64_t, std::int64_t> RingAllreduce::chunkRange(const Bucket& b,
+                                                                std::int32_t segment,
+                                                                std::int32_t chunk) const {
+  const std::int64_t n = b.values.numel();
+  const std::int64_t seg_begin = segment * segment_elements_;
+  const std::int64_t seg_len = std::min(segment_elements_, n - seg_begin);
+  return {seg_begin + seg_len * chunk / world_, seg_begin + seg_len * (chunk + 1) / world_};
+}
+
+void RingAllreduce::sendChunk(const Bucket& b, std::int64_t step, std::int64_t begin,
+                              std::int32_t segment, std::int32_t chunk, std::int32_t round,
+                              RingChunk::Phase phase) {
+  const auto [lo, hi] = chunkRange(b, segment, chunk);
+  RingChunk c;
+  c.step = step;
+  c.bucket = begin;
+  c.offset = begin + lo;
+  c.segment = segment;
+  c.chunk = chunk;
+  c.round = round;
+  c.phase = phase;
+  c.data = b.values.slice(lo, hi);
+  send_(std::move(c));
+}
+
+void RingAllreduce::start(std::int64_t step, std::int64_t begin, const kernels::Tensor& values) {
+  if (world_ == 1) {
+    done_(step, begin, begin + values.numel());
+    return;
+  }
+  auto& b = buckets_[{step, begin}];
+  TROUPE_ENFORCE(!b.started, "bucket ", begin, " of step ", step, " started twice");
+  b.values = values;
+  b.started = true;
+  b.segments = static_cast<std::int32_t>(
+      std::max<std::int64_t>(1, (values.numel() + segment_elements_ - 1) / segment_elements_));
+  b.gathered.assign(static_cast<std::size_t>(b.segments), 0);
+  for (std::int32_t s = 0; s < b.segments; ++s) {
+    sendChunk(b, step, begin, s, rank_, 0, RingChunk::kReduceScatter);
+  }
+  auto early = std::move(b.early);
+  for (auto& chunk : early) {
+    auto it = buckets_.find({step, begin});
+    if (it == buckets_.end()) break;  // done already (cannot happen before all chunks arrived)
+    handle(it->second, chunk);
+  }
+}
+
+void RingAllreduce::receive(RingChunk chunk) {
+  TROUPE_ENFORCE(world_ > 1, "ring chunk in a world of one");
+  auto& b = buckets_[{chunk.step, chunk.bucket}];
+  if (!b.started) {
+    b.early.push_back(std::move(chunk));
+    return;
+  }
+  handle(b, chunk);
+}
+
+void RingAllreduce::handle(Bucket& b, RingChunk& c) {
+  TROUPE_ENFORCE(0 <= c.segment && c.segment < b.segments, "ring chunk of segment ", c.segment,
+                 " in a bucket of ", b.segments);
+  const auto [lo, hi] = chunkRange(b, c.segment, c.chunk);
+  TROUPE_ENFORCE_EQ(c.offset, c.bucket + lo);
+  TROUPE_ENFORCE_EQ(c.data.numel(), hi - lo);
+  float* dst = b.values.f32() + lo;
+  const float* src = c.data.f32();
+  const std::int64_t n = hi - lo;
+  const std::int64_t step = c.step, begin = c.bucket;
+  const int last_round = world_ - 2;
+  if (c.phase == RingChunk::kReduceScatter) {
+    for (std::int64_t i = 0; i < n; ++i)
+      dst[i] += src[i];
+    if (c.round < last_round) {
+      sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kReduceScatter);
+    } else {
+      // This rank holds the finished sum of this chunk: pass it around.
+      sendChunk(b, step, begin, c.segment, c.chunk, 0, RingChunk::kAllGather);
+      segmentGathered(b, step, begin, c.segment);
+    }
+  } else {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+    if (c.round < last_round) {
+      sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kAllGather);
+    }
+    segmentGathered(b, step, begin, c.segment);
+  }
+}
+
+void RingAllreduce::segmentGathered(Bucket& b, std::int64_t step, std::int64_t begin,
+                                    std::int32_t segment) {
+  // Per segment: one chunk finished here plus N-1 received in the all-gather.
+  if (++b.gathered[static_cast<std::size_t>(segment)] < world_) return;
+  if (++b.done_segments < b.segments) return;
+  const std::int64_t end = begin + b.values.numel();
+  buckets_.erase({step, begin});
+  done_(step, begin, end);
+}
+
+}  // namespace troupe::actors

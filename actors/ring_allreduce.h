@@ -1,0 +1,74 @@
+// One rank's part in ring allreduces (sums) of gradient buckets, apart from any transport.
+//
+// A bucket is cut into segments of at most `segment_elements`; each segment runs its own ring:
+// N-1 reduce-scatter rounds, then N-1 all-gather rounds, each message carrying 1/N of the segment
+// to the next rank. Segments of one bucket, and different buckets, are in flight at once, so the
+// links stay busy (pipelining). Every rank ends with bitwise the same sums: each chunk is reduced
+// once, along the ring, and then copied.
+// Chunks may arrive before their bucket was started here (a faster neighbour); they wait.
+// Thread safety: one thread at a time (the reducer actor's).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+struct RingChunk {
+  enum Phase : std::uint8_t { kReduceScatter = 0, kAllGather = 1 };
+  std::int64_t step = 0;
+  std::int64_t bucket = 0;  // the bucket's first element in the flat gradient
+  std::int64_t offset = 0;  // this chunk's first element in the flat gradient
+  std::int32_t segment = 0;
+  std::int32_t chunk = 0;
+  std::int32_t round = 0;
+  Phase phase = kReduceScatter;
+  kernels::Tensor data;  // float, the chunk's elements
+};
+
+class RingAllreduce {
+ public:
+  using SendFn = std::function<void(RingChunk chunk)>;  // to the next rank, (rank + 1) % world
+  using DoneFn = std::function<void(std::int64_t step, std::int64_t begin, std::int64_t end)>;
+
+  RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send, DoneFn done);
+
+  // The local sum of bucket [begin, begin + values.numel()) of `step` is ready in `values`; the
+  // result is written back into `values`, which must stay alive until done() is called for it.
+  void start(std::int64_t step, std::int64_t begin, const kernels::Tensor& values);
+  // A chunk from the previous rank.
+  void receive(RingChunk chunk);
+  // Buckets started here and not done yet.
+  std::size_t pending() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    kernels::Tensor values;
+    bool started = false;
+    std::int32_t segments = 0;
+    std::vector<std::int32_t> gathered;  // all-gather chunks received (or own final), per segment
+    std::int32_t done_segments = 0;
+    std::vector<RingChunk> early;  // received before start()
+  };
+  using Key = std::tuple<std::int64_t, std::int64_t>;
+
+  void handle(Bucket& b, RingChunk& chunk);
+  void sendChunk(const Bucket& b, std::int64_t step, std::int64_t begin, std::int32_t segment,
+                 std::int32_t chunk, std::int32_t round, RingChunk::Phase phase);
+  std::pair<std::int64_t, std::int64_t> chunkRange(const Bucket& b, std::int32_t segment,
+                                                   std::int32_t chunk) const;
+  void segmentGathered(Bucket& b, std::int64_t step, std::int64_t begin, std::int32_t segment);
+
+  int rank_, world_;
+  std::int64_t segment_elements_;
+  SendFn send_;
+  DoneFn done_;
+  std::map<Key, Bucket> buckets_;
+};
+
+}  // namespace troupe::actors

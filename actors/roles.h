@@ -1,0 +1,109 @@
+// The four roles of a training run and its coordinator, as actor factories. Each config says whom
+// the actor talks to; trainer.cc wires them for one process.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/system.h"
+#include "data/dataset.h"
+#include "kernels/net.h"
+#include "kernels/optimizer.h"
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+struct TrainResult;
+struct TrainOptions;
+class TrainLog;
+
+// Which records a step uses: the global batch of step s is positions [s' * G, s' * G + G) of
+// epoch e's order (s' = s mod steps_per_epoch), and a replica takes the slice [offset, offset+n).
+struct StepPlan {
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t global_batch = 0;
+  std::int64_t first_step = 0;  // > 0 when resuming
+  std::int64_t last_step = 0;   // exclusive
+};
+
+struct ReaderConfig {
+  data::DatasetOptions dataset;
+  std::uint64_t seed = 1;
+  StepPlan plan;
+  std::int64_t offset = 0;  // of this replica's share within the global batch
+  std::int64_t count = 0;
+  int prefetch = 4;
+  Address replica;
+};
+std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
+
+struct ReplicaConfig {
+  int index = 0;        // among all replicas of all processes
+  int local_index = 0;  // among this process's
+  int num_replicas = 1;
+  kernels::NetOptions net;
+  int threads = 1;
+  float grad_scale = 1.0f;  // 1 / global batch
+  std::int64_t bucket_bytes = 25 << 20;
+  std::int64_t first_bucket_bytes = 1 << 20;
+  data::DatasetOptions test;  // path empty: no evaluation
+  Address reader, reducer, coordinator;
+};
+std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
+
+// Sums buckets over this process's replicas, then (world > 1) over all processes by ring
+// allreduce with the reducers of the other processes.
+struct ReducerConfig {
+  int num_replicas = 1;  // in this process
+  int threads = 1;
+  Address updater;
+  int rank = 0;
+  int world = 1;
+  Address next;                          // the reducer of rank (rank + 1) % world
+  std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
+};
+std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
+
+struct UpdaterConfig {
+  kernels::Tensor initial_weights;   // host
+  kernels::Tensor initial_momentum;  // host; undefined: zeros
+  kernels::Tensor initial_buffers;   // host; undefined: replicas keep their own
+  kernels::SgdOptions sgd;
+  kernels::LrPolicy lr;
+  StepPlan plan;
+  int threads = 1;
+  std::vector<Address> replicas;
+  Address coordinator;
+};
+std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
+
+struct CoordinatorConfig {
+  const TrainOptions* options = nullptr;
+  StepPlan plan;
+  kernels::LrPolicy lr;
+  int num_replicas = 1;  // in all processes
+  int num_updaters = 1;  // one per process
+  bool has_test = false;
+  bool has_buffers = false;
+  std::string experiment_id;
+  TrainLog* log = nullptr;
+  std::string checkpoint_dir;
+  // Counters carried over from a resumed checkpoint.
+  double cumulative_time = 0;
+  std::int64_t cumulative_inputs = 0;
+  std::int64_t num_params = 0;
+  std::chrono::milliseconds step_timeout{300000};
+  std::vector<Address> replicas;   // of every process
+  std::vector<Address> updaters;   // of every process
+  std::vector<Address> followers;  // the coordinators of the other processes
+  TrainResult* result = nullptr;   // filled as epochs end; read after the system stopped
+};
+// The chief coordinator, on rank 0, drives the whole run.
+std::unique_ptr<Actor> makeCoordinator(std::string name, CoordinatorConfig config);
+// The coordinator of every other process: waits for the chief's Shutdown.
+std::unique_ptr<Actor> makeFollower(std::string name);
+
+}  // namespace troupe::actors

@@ -1,0 +1,381 @@
+#include "actors/trainer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+
+#include "actors/checkpoint.h"
+#include "actors/cluster.h"
+#include "actors/roles.h"
+#include "actors/system.h"
+#include "actors/train_log.h"
+#include "kernels/backend.h"
+#include "rendezvous/store.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+
+void validateSchedule(const TrainOptions& o) {
+  const auto& schedule = o.schedule;
+  if (schedule == "local") {
+    if (o.num_shards > 1) {
+      throw InputError(
+          fmt::format("schedule 'local' runs in one process, and this run has {}; "
+                      "use schedule 'bsp-allreduce'",
+                      o.num_shards));
+    }
+    return;
+  }
+  if (schedule == "bsp-allreduce") return;
+  if (schedule == "device") {
+    throw InputError(
+        "schedule 'device' sums gradients on a GPU, and this build has no CUDA "
+        "backend; use schedule 'local'");
+  }
+  if (schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp") {
+    throw InputError(fmt::format(
+        "schedule '{}' needs parameter servers, which this version of troupe does not have yet "
+        "(available: local, bsp-allreduce)",
+        schedule));
+  }
+  throw InputError(
+      fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
+                  "dist_sync, dist_async, ssp)",
+                  schedule));
+}
+
+// Each replica's share of the global batch, as MXNet's work_load_list splits it.
+std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
+                                     const std::vector<double>& work_load) {
+  std::vector<double> w = work_load;
+  if (w.empty()) w.assign(static_cast<std::size_t>(replicas), 1.0);
+  if (static_cast<int>(w.size()) != replicas) {
+    throw InputError(
+        fmt::format("work_load_list has {} entries for {} replicas", w.size(), replicas));
+  }
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  for (double x : w) {
+    if (!(x > 0)) throw InputError("work_load_list entries must be positive");
+  }
+  std::vector<std::int64_t> shares;
+  std::int64_t given = 0;
+  for (double x : w) {
+    shares.push_back(static_cast<std::int64_t>(std::floor(static_cast<double>(batch) * x / total)));
+    given += shares.back();
+  }
+  for (std::size_t i = 0; given < batch; i = (i + 1) % shares.size(), ++given)
+    ++shares[i];
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    if (shares[i] == 0) {
+      throw InputError(fmt::format("batch_size {} leaves replica {} with no inputs", batch, i));
+    }
+  }
+  return shares;
+}
+
+void ensureWritableDir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string probe = dir + "/.troupe-write-test";
+  std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+  if (!f) throw IoError(fmt::format("{} folder '{}' is not writable", what, dir));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+std::string experimentId(const TrainOptions& o) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
+  const std::string name =
+      !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
+  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", name, o.replicas, o.batch_size, o.num_labels,
+                     o.base_learning_rate, stamp);
+}
+
+kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
+  kernels::LrPolicy lr;
+  lr.policy = o.lr_policy;
+  lr.base = o.base_learning_rate;
+  lr.gamma = o.gamma;
+  auto steps = [&](double epochs) {
+    return static_cast<std::int64_t>(std::llround(epochs * static_cast<double>(steps_per_epoch)));
+  };
+  lr.stepsize = steps(o.lr_step_epochs);
+  for (double e : o.lr_milestones)
+    lr.stepvalues.push_back(steps(e));
+  lr.max_steps = o.num_epochs * steps_per_epoch;
+  lr.warmup_steps = steps(o.warmup_epochs);
+  kernels::validate(lr);
+  return lr;
+}
+
+// Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
+// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
+void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
+                 std::int64_t num_params, int replicas, std::chrono::milliseconds timeout) {
+  const std::string mine = fmt::format(
+      "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
+      "replicas={}",
+      plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
+      replicas);
+  if (rank == 0) store.set("plan", mine);
+  const std::string chief = store.get("plan", timeout);
+  if (chief != mine) {
+    throw InputError(
+        fmt::format("rank {} of {} disagrees with rank 0 on the run: rank 0 has '{}', "
+                    "this one '{}'",
+                    rank, nodes, chief, mine));
+  }
+}
+
+}  // namespace
+
+TrainResult runTraining(const TrainOptions& o) {
+  validateSchedule(o);
+  if (o.num_shards < 1 || o.shard_id < 0 || o.shard_id >= o.num_shards) {
+    throw InputError(
+        fmt::format("shard_id {} is not one of the {} shard(s)", o.shard_id, o.num_shards));
+  }
+  const int nodes = o.num_shards;
+  const int rank = o.shard_id;
+  const bool chief = rank == 0;
+  if (o.replicas < 1) throw InputError("replicas must be at least 1");
+  if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
+  if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
+  if (o.train_data.empty()) throw InputError("no training data: set train_data");
+  if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
+  const auto shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+
+  data::DatasetOptions train;
+  train.path = o.train_data;
+  train.type = o.db_type;
+  train.channels = o.num_channels;
+  train.height = train.width = o.image_size;
+  train.num_labels = o.num_labels;
+  train.mean = o.mean;
+  train.scale = o.scale;
+  data::DatasetOptions test = train;
+  test.path = o.test_data;
+
+  const std::int64_t train_size = data::openDataset(train)->size();
+  if (!o.test_data.empty()) data::openDataset(test);
+  const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : train_size;
+  // Every process computes the same plan from the same flags and data; rank 0's is checked
+  // against the others' through the store before any step (see the cluster below).
+  StepPlan plan;
+  plan.global_batch = o.batch_size * nodes;
+  plan.steps_per_epoch = epoch_size / plan.global_batch;
+  if (plan.steps_per_epoch < 1) {
+    throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
+                                 plan.global_batch));
+  }
+  plan.last_step = o.num_epochs * plan.steps_per_epoch;
+  const auto lr = lrPolicy(o, plan.steps_per_epoch);
+
+  kernels::NetOptions net;
+  net.model = o.model;
+  net.channels = o.num_channels;
+  net.height = net.width = o.image_size;
+  net.num_labels = o.num_labels;
+  net.max_batch = *std::max_element(shares.begin(), shares.end());
+  net.seed = o.seed;
+
+  // The initial weights (and the size of everything): one net built here, on the CPU.
+  auto init_backend = kernels::makeCpuBackend(1);
+  kernels::NetOptions probe = net;
+  probe.max_batch = 1;
+  auto init_net = kernels::makeNet(*init_backend, probe);
+  UpdaterConfig updater;
+  updater.initial_weights = kernels::Tensor::host({init_net->numParams()});
+  init_backend->copy(init_net->weights(), updater.initial_weights);
+  const bool has_buffers = init_net->buffers().numel() > 0;
+  const std::int64_t num_params = init_net->numParams();
+  init_net.reset();
+
+  CoordinatorConfig coordinator;
+  if (!o.resume.empty()) {
+    auto ck = loadCheckpoint(o.resume);
+    if (ck.weights.numel() != num_params) {
+      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}",
+                                   o.resume, ck.weights.numel(), num_params));
+    }
+    if (ck.metaInt("global_batch") != plan.global_batch ||
+        ck.metaInt("steps_per_epoch") != plan.steps_per_epoch) {
+      throw InputError(fmt::format(
+          "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
+          "{} and {}: resume with the same batch_size and epoch_size",
+          o.resume, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
+          plan.steps_per_epoch));
+    }
+    plan.first_step = ck.metaInt("step");
+    if (plan.first_step >= plan.last_step) {
+      throw InputError(
+          fmt::format("checkpoint '{}' is at step {}, and this run ends at step {}: "
+                      "raise num_epochs to train further",
+                      o.resume, plan.first_step, plan.last_step));
+    }
+    updater.initial_weights = ck.weights;
+    updater.initial_momentum = ck.momentum;
+    if (ck.buffers.numel() > 0) updater.initial_buffers = ck.buffers;
+    coordinator.cumulative_time = ck.metaDouble("cumulative_time_spent");
+    coordinator.cumulative_inputs = ck.metaInt("cumulative_input_count");
+    spdlog::info("resuming from {} at step {}", o.resume, plan.first_step);
+  }
+
+  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+  TrainResult result;
+  std::unique_ptr<TrainLog> log;
+  if (chief) {
+    ensureWritableDir(o.log_dir, "log");
+    ensureWritableDir(checkpoint_dir, "checkpoint");
+    log = std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters);
+    result.log_path = log->path();
+    result.experiment_id = log->id();
+  }
+
+  // Every process spawns the same actors in the same order, so an address is known everywhere:
+  // 0 coordinator, 1 updater, 2 reducer, 3.. replicas, then readers.
+  const auto k = static_cast<std::uint32_t>(o.replicas);
+  auto address = [](int node, std::uint32_t i) {
+    return Address{static_cast<std::uint32_t>(node), i};
+  };
+  const Address chief_address = address(0, 0);
+  const Address updater_address = address(rank, 1);
+  const Address reducer_address = address(rank, 2);
+  auto replica_address = [&](int node, std::uint32_t r) { return address(node, 3 + r); };
+  auto reader_address = [&](std::uint32_t r) { return address(rank, 3 + k + r); };
+  std::vector<Address> local_replicas, all_replicas, all_updaters, followers;
+  for (std::uint32_t r = 0; r < k; ++r)
+    local_replicas.push_back(replica_address(rank, r));
+  for (int node = 0; node < nodes; ++node) {
+    for (std::uint32_t r = 0; r < k; ++r)
+      all_replicas.push_back(replica_address(node, r));
+    all_updaters.push_back(address(node, 1));
+    if (node > 0) followers.push_back(address(node, 0));
+  }
+
+  std::shared_ptr<Cluster*> cluster_ref = std::make_shared<Cluster*>(nullptr);
+  SystemOptions system_options;
+  system_options.node = static_cast<std::uint32_t>(rank);
+  system_options.pool_threads = 2;
+  if (nodes > 1) {
+    system_options.remote = [cluster_ref](Address from, Address to,
+                                          std::unique_ptr<Envelope> message) {
+      (*cluster_ref)->send(from, to, std::move(message));
+    };
+  }
+  auto system = makeActorSystem(system_options);
+  // Compute actors get threads of their own, so their OpenMP teams stay put; the reducer and the
+  // updater share replica 0's, so that one process has one team per replica competing for cores.
+  auto computeThread = [](std::uint32_t replica) {
+    return SpawnOptions{.thread = fmt::format("compute/{}", replica)};
+  };
+
+  coordinator.options = &o;
+  coordinator.plan = plan;
+  coordinator.lr = lr;
+  coordinator.num_replicas = o.replicas * nodes;
+  coordinator.num_updaters = nodes;
+  coordinator.has_test = !o.test_data.empty();
+  coordinator.has_buffers = has_buffers;
+  coordinator.experiment_id = result.experiment_id;
+  coordinator.log = log.get();
+  coordinator.checkpoint_dir = checkpoint_dir;
+  coordinator.num_params = num_params;
+  coordinator.step_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
+  coordinator.replicas = all_replicas;
+  coordinator.updaters = all_updaters;
+  coordinator.followers = followers;
+  coordinator.result = &result;
+  TROUPE_ENFORCE_EQ(system->spawn(chief ? makeCoordinator("coordinator", coordinator)
+                                        : makeFollower("coordinator")),
+                    address(rank, 0));
+
+  updater.sgd = o.sgd;
+  updater.lr = lr;
+  updater.plan = plan;
+  updater.threads = threads;
+  updater.replicas = local_replicas;
+  updater.coordinator = chief_address;
+  TROUPE_ENFORCE_EQ(system->spawn(makeUpdater("updater", updater), computeThread(0)),
+                    updater_address);
+  ReducerConfig reducer;
+  reducer.num_replicas = o.replicas;
+  reducer.threads = threads;
+  reducer.updater = updater_address;
+  reducer.rank = rank;
+  reducer.world = nodes;
+  reducer.next = address((rank + 1) % nodes, 2);
+  TROUPE_ENFORCE_EQ(system->spawn(makeReducer("reducer", reducer), computeThread(0)),
+                    reducer_address);
+
+  std::int64_t offset = o.batch_size * rank;
+  for (std::uint32_t r = 0; r < k; ++r) {
+    ReplicaConfig replica;
+    replica.index = rank * o.replicas + static_cast<int>(r);
+    replica.local_index = static_cast<int>(r);
+    replica.num_replicas = o.replicas * nodes;
+    replica.net = net;
+    replica.threads = std::max(1, threads / o.replicas);
+    replica.grad_scale = 1.0f / static_cast<float>(plan.global_batch);
+    replica.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
+    replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
+    replica.test = test;
+    replica.reader = reader_address(r);
+    replica.reducer = reducer_address;
+    replica.coordinator = chief_address;
+    TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
+                                    computeThread(r)),
+                      replica_address(rank, r));
+  }
+  for (std::uint32_t r = 0; r < k; ++r) {
+    ReaderConfig reader;
+    reader.dataset = train;
+    reader.seed = o.seed;
+    reader.plan = plan;
+    reader.offset = offset;
+    reader.count = shares[r];
+    reader.prefetch = o.prefetch;
+    reader.replica = replica_address(rank, r);
+    offset += shares[r];
+    TROUPE_ENFORCE_EQ(
+        system->spawn(makeReader(fmt::format("reader/{}", rank * o.replicas + r), reader)),
+        reader_address(r));
+  }
+
+  std::unique_ptr<Cluster> cluster;
+  if (nodes > 1) {
+    ClusterOptions c;
+    c.rank = rank;
+    c.world = nodes;
+    c.run_id = o.run_id;
+    c.rendezvous = o.rendezvous;
+    c.serve_store = o.serve_store;
+    c.interface = o.interface;
+    c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
+    cluster = joinCluster(c, *system);
+    *cluster_ref = cluster.get();
+    agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
+  }
+  system->run();
+  if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close
+  return result;
+}
+
+}  // namespace troupe::actors

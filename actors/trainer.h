@@ -1,0 +1,92 @@
+// A training run in one process: Readers -> Replicas -> Reducer -> Updater, driven by a
+// Coordinator, all actors on one ActorSystem. apps/ fills TrainOptions from a config file and
+// flags; a service can fill it itself and call runTraining.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/db.h"
+#include "kernels/net.h"
+#include "kernels/optimizer.h"
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+struct TrainOptions {
+  kernels::ModelSpec model;
+  std::string train_data;
+  std::string test_data;  // empty: no evaluation (test_accuracy -1 in the log)
+  data::DbType db_type = data::DbType::kLmdb;
+  int num_channels = 1;
+  int image_size = 28;
+  int num_labels = 10;
+  float mean = 0.0f;
+  float scale = 1.0f / 255.0f;
+
+  std::string schedule = "local";
+  // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through
+  // TROUPE_NUM_WORKERS / TROUPE_RANK, or by hand. With several, batch_size is per process.
+  int num_shards = 1;
+  int shard_id = 0;
+  std::string run_id;  // shared by the processes of one run
+  std::string
+      rendezvous;  // tcp://HOST:PORT (rank 0 serves it when started by hand) | file:// | redis://
+  bool serve_store = false;  // set when no launcher serves the store
+  std::string interface;     // network interface to listen on
+  double rendezvous_timeout_s = 60;
+  int replicas = 1;
+  int threads = 0;                     // 0: all hardware threads
+  std::int64_t batch_size = 64;        // per process, over its replicas
+  std::vector<double> work_load_list;  // relative share of each replica; empty: equal
+  std::int64_t epoch_size = 0;         // inputs per epoch; 0: the training set's size
+  std::int64_t num_epochs = 1;
+  std::uint64_t seed = 1;
+  int prefetch = 4;
+
+  float base_learning_rate = 0.01f;
+  std::string lr_policy = "fixed";
+  float gamma = 0.1f;
+  double lr_step_epochs = 0;          // step: decay every this many epochs
+  std::vector<double> lr_milestones;  // multistep: epochs at which to decay
+  double warmup_epochs = 0;
+  kernels::SgdOptions sgd;
+
+  double bucket_size_mb = 25;
+  double first_bucket_mb = 1;
+
+  std::string log_dir = ".";
+  std::string checkpoint_dir;         // empty: log_dir
+  std::int64_t checkpoint_every = 0;  // epochs; 0: only at the end
+  std::string resume;                 // checkpoint to continue from
+  std::int64_t log_every = 100;       // console line every this many steps
+  double step_timeout_s = 300;        // no progress for this long: the run fails naming who is late
+  std::string run_name;               // experiment id prefix; empty: the model's name
+
+  // The flags as given, written at the top of the CSV log.
+  std::vector<std::pair<std::string, std::string>> parameters;
+};
+
+struct EpochResult {
+  std::int64_t epoch = 0;
+  double loss = 0;
+  double accuracy = 0;
+  double test_accuracy = -1;
+  double inputs_per_sec = 0;
+};
+
+struct TrainResult {
+  std::string experiment_id;
+  std::string log_path;
+  std::vector<std::string> checkpoints;
+  std::vector<EpochResult> epochs;
+  std::int64_t steps = 0;
+  kernels::Tensor weights;  // final parameters, host
+};
+
+// Validates the options (InputError naming the offending one), opens the data, trains, and returns
+// when the last epoch is done. Errors from any actor end the run and are rethrown here.
+TrainResult runTraining(const TrainOptions& options);
+
+}  // namespace troupe::actors

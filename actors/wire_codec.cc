@@ -1,0 +1,176 @@
+#include "actors/wire_codec.h"
+
+#include "actors/messages.h"
+#include "actors/ring_allreduce.h"
+#include "transport/message.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+template <typename M>
+M* as(Envelope& e) {
+  return e.type() == typeid(M) ? &static_cast<Typed<M>&>(e).value : nullptr;
+}
+
+template <typename M>
+std::unique_ptr<Envelope> wrap(M m) {
+  return std::make_unique<Typed<M>>(std::move(m));
+}
+
+}  // namespace
+
+transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) {
+  transport::OutgoingMessage out;
+  auto f = out.frame();
+  f.setTarget(to.actor);
+  f.setSourceActor(from.actor);
+  if (auto* m = as<GradBucket>(e)) {
+    auto w = f.initGradBucket();
+    w.setStep(m->step);
+    w.setReplica(m->replica);
+    w.setBegin(m->begin);
+    w.setEnd(m->end);
+    out.setTensor(w.initGrads(), m->grads);
+  } else if (auto* m = as<Reduced>(e)) {
+    auto w = f.initReduced();
+    w.setStep(m->step);
+    w.setBegin(m->begin);
+    w.setEnd(m->end);
+    out.setTensor(w.initGrads(), m->grads);
+  } else if (auto* m = as<Weights>(e)) {
+    auto w = f.initWeights();
+    w.setStep(m->step);
+    out.setTensor(w.initWeights(), m->weights);
+    out.setTensor(w.initBuffers(), m->buffers);
+  } else if (auto* m = as<StepDone>(e)) {
+    auto w = f.initStepDone();
+    w.setStep(m->step);
+    w.setReplica(m->replica);
+    w.setLossSum(m->loss_sum);
+    w.setCorrect(m->correct);
+    w.setCount(m->count);
+  } else if (auto* m = as<EpochEnd>(e)) {
+    auto w = f.initEpochEnd();
+    w.setStep(m->step);
+    out.setTensor(w.initWeights(), m->weights);
+    out.setTensor(w.initMomentum(), m->momentum);
+  } else if (as<Resume>(e)) {
+    f.setResume();
+  } else if (auto* m = as<Evaluate>(e)) {
+    auto w = f.initEvaluate();
+    w.setEpoch(m->epoch);
+    out.setTensor(w.initWeights(), m->weights);
+    out.setTensor(w.initBuffers(), m->buffers);
+  } else if (auto* m = as<Evaluated>(e)) {
+    auto w = f.initEvaluated();
+    w.setReplica(m->replica);
+    w.setLossSum(m->loss_sum);
+    w.setCorrect(m->correct);
+    w.setCount(m->count);
+  } else if (as<BuffersRequest>(e)) {
+    f.setBuffersRequest();
+  } else if (auto* m = as<Buffers>(e)) {
+    out.setTensor(f.initBuffers().initBuffers(), m->buffers);
+  } else if (auto* m = as<RingChunk>(e)) {
+    auto w = f.initAllreduceChunk();
+    w.setStep(m->step);
+    w.setBucketBegin(m->bucket);
+    w.setOffset(m->offset);
+    w.setSegment(static_cast<std::uint32_t>(m->segment));
+    w.setChunkIndex(static_cast<std::uint32_t>(m->chunk));
+    w.setRound(static_cast<std::uint32_t>(m->round));
+    w.setPhase(m->phase == RingChunk::kReduceScatter
+                   ? transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
+                   : transport::wire::AllreduceChunk::Phase::ALL_GATHER);
+    out.setTensor(w.initData(), m->data);
+  } else if (as<Shutdown>(e)) {
+    f.setShutdown();
+  } else {
+    throw InvariantError("message " + messageName(e.type()) + " has no wire form");
+  }
+  return out;
+}
+
+Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage& in) {
+  using W = transport::wire::Frame;
+  const auto f = in.frame();
+  Decoded d;
+  d.from = Address{from_node, f.getSourceActor()};
+  d.target = f.getTarget();
+  switch (f.which()) {
+    case W::GRAD_BUCKET: {
+      auto r = f.getGradBucket();
+      d.message = wrap(GradBucket{r.getStep(), r.getReplica(), r.getBegin(), r.getEnd(),
+                                  in.tensor(r.getGrads())});
+      break;
+    }
+    case W::REDUCED: {
+      auto r = f.getReduced();
+      d.message = wrap(Reduced{r.getStep(), r.getBegin(), r.getEnd(), in.tensor(r.getGrads())});
+      break;
+    }
+    case W::WEIGHTS: {
+      auto r = f.getWeights();
+      d.message = wrap(Weights{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getBuffers())});
+      break;
+    }
+    case W::STEP_DONE: {
+      auto r = f.getStepDone();
+      d.message =
+          wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(), r.getCount()});
+      break;
+    }
+    case W::EPOCH_END: {
+      auto r = f.getEpochEnd();
+      d.message =
+          wrap(EpochEnd{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum())});
+      break;
+    }
+    case W::RESUME:
+      d.message = wrap(Resume{});
+      break;
+    case W::EVALUATE: {
+      auto r = f.getEvaluate();
+      d.message =
+          wrap(Evaluate{r.getEpoch(), in.tensor(r.getWeights()), in.tensor(r.getBuffers())});
+      break;
+    }
+    case W::EVALUATED: {
+      auto r = f.getEvaluated();
+      d.message = wrap(Evaluated{r.getReplica(), r.getLossSum(), r.getCorrect(), r.getCount()});
+      break;
+    }
+    case W::BUFFERS_REQUEST:
+      d.message = wrap(BuffersRequest{});
+      break;
+    case W::BUFFERS:
+      d.message = wrap(Buffers{in.tensor(f.getBuffers().getBuffers())});
+      break;
+    case W::ALLREDUCE_CHUNK: {
+      auto r = f.getAllreduceChunk();
+      RingChunk c;
+      c.step = r.getStep();
+      c.bucket = r.getBucketBegin();
+      c.offset = r.getOffset();
+      c.segment = static_cast<std::int32_t>(r.getSegment());
+      c.chunk = static_cast<std::int32_t>(r.getChunkIndex());
+      c.round = static_cast<std::int32_t>(r.getRound());
+      c.phase = r.getPhase() == transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
+                    ? RingChunk::kReduceScatter
+                    : RingChunk::kAllGather;
+      c.data = in.tensor(r.getData());
+      d.message = wrap(std::move(c));
+      break;
+    }
+    case W::SHUTDOWN:
+      d.message = wrap(Shutdown{});
+      break;
+    default:
+      throw InputError("node " + std::to_string(from_node) +
+                       " sent a frame that carries no actor message");
+  }
+  return d;
+}
+
+}  // namespace troupe::actors

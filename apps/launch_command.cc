@@ -1,0 +1,48 @@
+// `troupe launch -n WORKERS [-s SERVERS] --launcher local -- troupe train CONFIG ...`: MXNet's
+// tools/launch.py conventions.
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/launcher.h"
+#include "troupe/error.h"
+
+namespace troupe::apps {
+
+void addLaunchCommand(CLI::App& app) {
+  struct State {
+    LaunchOptions options;
+    std::vector<std::string> env;
+  };
+  auto state = std::make_shared<State>();
+  auto& o = state->options;
+  auto* cmd = app.add_subcommand("launch", "Start and watch the processes of a distributed run");
+  cmd->add_option("-n,--num-workers", o.num_workers, "worker processes")->required();
+  cmd->add_option("-s,--num-servers", o.num_servers, "parameter-server processes");
+  cmd->add_option("--launcher", o.launcher, "local, ssh or mpi")->capture_default_str();
+  cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one a line (ssh, mpi)");
+  cmd->add_option("--sync-dst-dir", o.sync_dst_dir, "copy the working folder there first (ssh)");
+  cmd->add_option("--env", state->env, "K=V set in every process (repeatable)");
+  cmd->add_option("--rendezvous", o.rendezvous,
+                  "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
+                  "(default: an embedded store served by the launcher)");
+  cmd->add_option("--run_id", o.run_id, "run id (default: made up)");
+  cmd->add_option("command", o.command, "what every process runs, after --")->required();
+  cmd->callback([state] {
+    auto options = state->options;
+    for (const auto& kv : state->env) {
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        throw InputError(fmt::format("--env '{}': expected K=V", kv));
+      }
+      options.env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+    const int code = launch(options);
+    if (code != 0) std::exit(code);
+  });
+}
+
+}  // namespace troupe::apps

@@ -1,0 +1,200 @@
+// Training-step throughput of the built-in models on the CPU backend: forward + backward + SGD
+// (momentum 0.9) at a fixed batch, printed as samples/s, plus a per-op breakdown of LeNet and the
+// MLP. Compare with bench/kernels_vs_pytorch.py, which runs the same models in PyTorch.
+//
+//   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
+//                        [--no-ops]
+#include <time.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/net.h"
+#include "kernels/optimizer.h"
+#include "kernels/random.h"
+
+using namespace troupe::kernels;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Process CPU time in seconds (all threads, spin-waits included).
+double cpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds per call of the last timeIt(): with one thread, the cost of the work itself on a
+// machine where other processes compete for the cores (wall time then includes waiting).
+double g_cpu_per_call = 0;
+
+// Runs fn repeatedly for about `seconds` after a warm-up; returns seconds per call.
+double timeIt(const std::function<void()>& fn, double seconds) {
+  for (int i = 0; i < 3; ++i)
+    fn();
+  int calls = 0;
+  const auto start = Clock::now();
+  const double cpu_start = cpuSeconds();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < seconds);
+  g_cpu_per_call = (cpuSeconds() - cpu_start) / calls;
+  return elapsed / calls;
+}
+
+Tensor randomTensor(Backend& backend, Shape shape, std::uint64_t stream) {
+  Tensor host = Tensor::host(shape);
+  for (std::int64_t i = 0; i < host.numel(); ++i)
+    host.f32()[i] = 2.0f * uniform01(randomBits(7, stream, i)) - 1.0f;
+  Tensor t = backend.empty(std::move(shape));
+  backend.copy(host, t);
+  return t;
+}
+
+double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds) {
+  NetOptions options;
+  options.model.name = model;
+  options.max_batch = batch;
+  auto net = makeNet(backend, options);
+  auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
+  // Several random batches in turn, so that training never converges to a zero loss.
+  constexpr int kBatches = 8;
+  std::vector<Tensor> images, labels;
+  for (int b = 0; b < kBatches; ++b) {
+    images.push_back(randomTensor(backend, {batch, 1, 28, 28}, b + 1));
+    Tensor host = Tensor::host({batch}, DType::kInt32);
+    for (std::int64_t i = 0; i < batch; ++i)
+      host.i32()[i] = static_cast<int>(randomBits(9, b, i) % 10);
+    labels.push_back(backend.empty({batch}, DType::kInt32));
+    backend.copy(host, labels.back());
+  }
+  int step = 0;
+  return timeIt(
+      [&] {
+        const int b = step++ % kBatches;
+        net->forward(images[b], labels[b], true);
+        net->backward(1.0f / static_cast<float>(batch), nullptr);
+        sgd->step(net->weights(), net->grads(), 0.01f);
+        backend.synchronize();
+      },
+      seconds);
+}
+
+void opRow(const char* name, double flops, double fwd, double bwd, double fwd_cpu, double bwd_cpu) {
+  std::printf("  %-26s fwd %8.1f us  bwd %8.1f us  %7.1f GFLOP/s  (cpu fwd %8.1f bwd %8.1f us)\n",
+              name, fwd * 1e6, bwd * 1e6, flops > 0 ? flops / (fwd + bwd) / 1e9 : 0.0,
+              fwd_cpu * 1e6, bwd_cpu * 1e6);
+}
+
+void convRow(Backend& backend, const char* name, ConvGeometry g, bool input_grad, double seconds) {
+  auto op = backend.makeConv(g);
+  const std::int64_t oh = g.outHeight(), ow = g.outWidth();
+  Tensor x = randomTensor(backend, {g.n, g.channels, g.height, g.width}, 2);
+  Tensor w = randomTensor(backend, {g.out_channels, g.channels, g.kernel, g.kernel}, 3);
+  Tensor b = randomTensor(backend, {g.out_channels}, 4);
+  Tensor y = backend.empty({g.n, g.out_channels, oh, ow});
+  Tensor dx = input_grad ? backend.empty(x.shape()) : Tensor();
+  Tensor dw = backend.empty(w.shape()), db = backend.empty(b.shape());
+  const double macs = static_cast<double>(g.n * g.out_channels * oh * ow) *
+                      static_cast<double>(g.channels * g.kernel * g.kernel);
+  const double fwd = timeIt([&] { op->forward(x, w, b, y); }, seconds);
+  const double fwd_cpu = g_cpu_per_call;
+  const double bwd = timeIt([&] { op->backward(x, w, y, dx, dw, db); }, seconds);
+  opRow(name, 2 * macs * (input_grad ? 3 : 2), fwd, bwd, fwd_cpu, g_cpu_per_call);
+}
+
+void fcRow(Backend& backend, const char* name, InnerProductGeometry g, bool input_grad,
+           double seconds) {
+  auto op = backend.makeInnerProduct(g);
+  Tensor x = randomTensor(backend, {g.n, g.in}, 2), w = randomTensor(backend, {g.out, g.in}, 3);
+  Tensor b = randomTensor(backend, {g.out}, 4), y = backend.empty({g.n, g.out});
+  Tensor dx = input_grad ? backend.empty(x.shape()) : Tensor();
+  Tensor dw = backend.empty(w.shape()), db = backend.empty(b.shape());
+  const double macs = static_cast<double>(g.n * g.in * g.out);
+  const double fwd = timeIt([&] { op->forward(x, w, b, y); }, seconds);
+  const double fwd_cpu = g_cpu_per_call;
+  const double bwd = timeIt([&] { op->backward(x, w, y, dx, dw, db); }, seconds);
+  opRow(name, 2 * macs * (input_grad ? 3 : 2), fwd, bwd, fwd_cpu, g_cpu_per_call);
+}
+
+void poolRow(Backend& backend, const char* name, PoolGeometry g, double seconds) {
+  auto op = backend.makePool(g);
+  Tensor x = randomTensor(backend, {g.n, g.channels, g.height, g.width}, 2);
+  Tensor y = backend.empty({g.n, g.channels, g.outHeight(), g.outWidth()});
+  Tensor dx = backend.empty(x.shape());
+  const double fwd = timeIt([&] { op->forward(x, y); }, seconds);
+  const double fwd_cpu = g_cpu_per_call;
+  const double bwd = timeIt([&] { op->backward(y, dx); }, seconds);
+  opRow(name, 0, fwd, bwd, fwd_cpu, g_cpu_per_call);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  std::int64_t batch = 64;
+  double seconds = 3.0;
+  std::string models = "lenet,mlp,resnet20";
+  bool ops = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--threads")
+      threads = std::stoi(next());
+    else if (arg == "--batch")
+      batch = std::stoll(next());
+    else if (arg == "--seconds")
+      seconds = std::stod(next());
+    else if (arg == "--models")
+      models = next();
+    else if (arg == "--no-ops")
+      ops = false;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  auto backend = makeCpuBackend(threads);
+  std::stringstream list(models);
+  for (std::string model; std::getline(list, model, ',');) {
+    const double step = trainStep(*backend, model, batch, seconds);
+    std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)\n",
+                model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
+                g_cpu_per_call * 1e3);
+    std::fflush(stdout);
+  }
+  if (ops) {
+    const double s = seconds / 6;
+    std::printf("per op, batch %lld, %d threads:\n", static_cast<long long>(batch), threads);
+    convRow(*backend, "lenet conv1 1->20 5x5", {batch, 1, 28, 28, 20, 5, 1, 0, true}, false, s);
+    poolRow(*backend, "lenet pool1 20x24x24", {batch, 20, 24, 24, 2, 2, 0, PoolMethod::kMax}, s);
+    convRow(*backend, "lenet conv2 20->50 5x5", {batch, 20, 12, 12, 50, 5, 1, 0, true}, true, s);
+    poolRow(*backend, "lenet pool2 50x8x8", {batch, 50, 8, 8, 2, 2, 0, PoolMethod::kMax}, s);
+    fcRow(*backend, "lenet ip1 800->500", {batch, 800, 500}, true, s);
+    fcRow(*backend, "lenet ip2 500->10", {batch, 500, 10}, true, s);
+    fcRow(*backend, "mlp fc1 784->256", {batch, 784, 256}, false, s);
+    fcRow(*backend, "mlp fc2 256->128", {batch, 256, 128}, true, s);
+    convRow(*backend, "resnet conv 16->16 3x3", {batch, 16, 28, 28, 16, 3, 1, 1, false}, true, s);
+    convRow(*backend, "resnet conv 64->64 3x3", {batch, 64, 7, 7, 64, 3, 1, 1, false}, true, s);
+  }
+  return 0;
+}

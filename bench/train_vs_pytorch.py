@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Training throughput, troupe vs PyTorch, side by side in one run, on Fashion-MNIST.
+
+troupe: `troupe train` end to end (LMDB reader actor -> replica -> reducer -> updater), samples/s
+read from its CSV log (inputs_per_sec of the epoch). PyTorch: the same model, batch, optimizer
+(SGD, momentum 0.9, weight decay 5e-4) and thread count, images already in memory as a tensor
+(so PyTorch pays no data loading at all). Both run a fixed number of steps after a warm-up.
+
+    bash scripts/setup.sh --bench && bash scripts/build.sh troupe_cli
+    python3 bench/train_vs_pytorch.py [--models lenet,mlp] [--steps 400] [--threads 2]
+"""
+import argparse
+import csv
+import gzip
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_vs_pytorch import lenet, mlp, resnet20  # noqa: E402  (same definitions)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def load_idx(images, labels):
+    with gzip.open(os.path.join(FASHION, images)) as f:
+        x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(FASHION, labels)) as f:
+        y = np.frombuffer(f.read(), np.uint8, offset=8)
+    return torch.from_numpy(x.astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
+
+
+def pytorch_samples_per_sec(name, batch, steps, threads, warmup=20):
+    torch.set_num_threads(threads)
+    torch.manual_seed(1)
+    x, y = load_idx("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz")
+    model = {"lenet": lenet, "mlp": mlp, "resnet20": resnet20}[name]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    perm = torch.randperm(x.shape[0])
+    model.train()
+
+    def step(i):
+        idx = perm[(i * batch) % (x.shape[0] - batch):][:batch]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+
+    for i in range(warmup):
+        step(i)
+    start = time.perf_counter()
+    for i in range(steps):
+        step(warmup + i)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def troupe_samples_per_sec(troupe, data, name, batch, steps, threads):
+    with tempfile.TemporaryDirectory() as logs:
+        cmd = [troupe, "train", "--model", name, "--train_data", f"{data}/train", "--db_type",
+               "lmdb", "--batch_size", str(batch), "--epoch_size", str(batch * steps),
+               "--num_epochs", "1", "--threads", str(threads), "--base_learning_rate", "0.01",
+               "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
+               "--log_dir", logs, "--checkpoint_dir", logs]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        log = next(f for f in os.listdir(logs) if f.endswith(".log"))
+        with open(os.path.join(logs, log)) as f:
+            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+        return float(rows[-1]["inputs_per_sec"])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
+    p.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+    p.add_argument("--models", default="lenet,mlp")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="best of this many runs, each side")
+    args = p.parse_args()
+
+    if not os.path.isdir(os.path.join(args.data, "train")):
+        subprocess.run([args.troupe, "convert", "fashion-mnist", "--out", args.data, "--db",
+                        "lmdb"], check=True)
+
+    print(f"batch {args.batch}, {args.threads} threads, {args.steps} steps, best of {args.repeats}; "
+          f"torch {torch.__version__}")
+    print(f"{'model':<10} {'troupe samples/s':>17} {'pytorch samples/s':>18} {'ratio':>7}")
+    for name in args.models.split(","):
+        ours = max(troupe_samples_per_sec(args.troupe, args.data, name, args.batch, args.steps,
+                                          args.threads) for _ in range(args.repeats))
+        theirs = max(pytorch_samples_per_sec(name, args.batch, args.steps, args.threads)
+                     for _ in range(args.repeats))
+        print(f"{name:<10} {ours:>17.0f} {theirs:>18.0f} {ours / theirs:>6.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+#include "data/convert.h"
+
+#include <fmt/core.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+
+#include "data/dataset.h"
+#include "data/datum.h"
+#include "data/image.h"
+#include "troupe/error.h"
+
+namespace troupe::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Reads a whole file, gunzipping it if it is gzipped (zlib passes other files through).
+std::string readMaybeGzipped(const std::string& path) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw IoError(detail::concat("cannot open '", path, "'"));
+  gzbuffer(file, 1 << 20);
+  std::string out;
+  char buffer[1 << 16];
+  for (;;) {
+    const int n = gzread(file, buffer, sizeof buffer);
+    if (n < 0) {
+      int code = 0;
+      const std::string message = gzerror(file, &code);
+      gzclose(file);
+      throw InputError(detail::concat("file '", path, "' does not read as gzip: ", message));
+    }
+    if (n == 0) break;
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+  gzclose(file);
+  return out;
+}
+
+std::string findIdxFile(const std::string& dir, const std::string& name) {
+  for (const std::string& candidate : {name + ".gz", name}) {
+    const fs::path path = fs::path(dir) / candidate;
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec)) return path.string();
+  }
+  throw InputError(detail::concat("Fashion-MNIST folder '", dir, "' has neither '", name,
+                                  ".gz' nor '", name, "'"));
+}
+
+std::uint32_t bigEndian32(const std::string& bytes, std::size_t offset) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + offset;
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
+         std::uint32_t{p[3]};
+}
+
+struct IdxSet {
+  std::string images_path;
+  std::string labels_path;
+  std::string images;  // whole file, header included
+  std::string labels;
+  std::int64_t count = 0;
+  int rows = 0;
+  int cols = 0;
+
+  std::string_view image(std::int64_t i) const {
+    const std::size_t size = static_cast<std::size_t>(rows) * cols;
+    return std::string_view(images).substr(16 + static_cast<std::size_t>(i) * size, size);
+  }
+  int label(std::int64_t i) const {
+    return static_cast<unsigned char>(labels[8 + static_cast<std::size_t>(i)]);
+  }
+};
+
+constexpr std::uint32_t kIdxImagesMagic = 0x00000803;  // unsigned bytes, 3 dimensions
+constexpr std::uint32_t kIdxLabelsMagic = 0x00000801;  // unsigned bytes, 1 dimension
+constexpr int kFashionMnistLabels = 10;
+
+IdxSet readIdxSet(const std::string& dir, const std::string& prefix) {
+  IdxSet set;
+  set.images_path = findIdxFile(dir, prefix + "-images-idx3-ubyte");
+  set.labels_path = findIdxFile(dir, prefix + "-labels-idx1-ubyte");
+  set.images = readMaybeGzipped(set.images_path);
+  set.labels = readMaybeGzipped(set.labels_path);
+
+  if (set.images.size() < 16 || bigEndian32(set.images, 0) != kIdxImagesMagic) {
+    throw InputError(detail::concat("file '", set.images_path,
+                                    "' is not an IDX image file (magic number 0x00000803)"));
+  }
+  if (set.labels.size() < 8 || bigEndian32(set.labels, 0) != kIdxLabelsMagic) {
+    throw InputError(detail::concat("file '", set.labels_path,
+                                    "' is not an IDX label file (magic number 0x00000801)"));
+  }
+  set.count = bigEndian32(set.images, 4);
+  set.rows = static_cast<int>(bigEndian32(set.images, 8));
+  set.cols = static_cast<int>(bigEndian32(set.images, 12));
+  const std::int64_t label_count = bigEndian32(set.labels, 4);
+  if (set.rows <= 0 || set.cols <= 0 || set.rows > 65536 || set.cols > 65536) {
+    throw InputError(detail::concat("file '", set.images_path, "' declares images of ", set.rows,
+                                    "x", set.cols));
+  }
+  if (set.count != label_count) {
+    throw InputError(detail::concat("file '", set.images_path, "' holds ", set.count,
+                                    " images but '", set.labels_path, "' holds ", label_count,
+                                    " labels"));
+  }
+  const std::size_t images_size =
+      16 + static_cast<std::size_t>(set.count) * static_cast<std::size_t>(set.rows) * set.cols;
+  if (set.images.size() != images_size) {
+    throw InputError(detail::concat("file '", set.images_path, "' has ", set.images.size(),
+                                    " bytes, expected ", images_size, " for ", set.count,
+                                    " images of ", set.rows, "x", set.cols));
+  }
+  if (set.labels.size() != 8 + static_cast<std::size_t>(set.count)) {
+    throw InputError(detail::concat("file '", set.labels_path, "' has ", set.labels.size(),
+                                    " bytes, expected ", 8 + set.count, " for ", set.count,
+                                    " labels"));
+  }
+  for (std::int64_t i = 0; i < set.count; ++i) {
+    if (set.label(i) >= kFashionMnistLabels) {
+      throw InputError(detail::concat("file '", set.labels_path, "' has label ", set.label(i),
+                                      " at index ", i, ", expected 0..", kFashionMnistLabels - 1));
+    }
+  }
+  return set;
+}
+
+// createDb's refusal, checked for every output before anything is written.
+void checkNewDb(const std::string& path, DbType type) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  if (!fs::is_directory(path, ec) || !fs::is_empty(path, ec)) {
+    throw InputError(detail::concat("cannot create ", toString(type), " database '", path,
+                                    "': it exists already"));
+  }
+}
+
+std::int64_t writeIdxSet(const IdxSet& set, const std::string& path, DbType type, bool encoded) {
+  auto db = createDb(path, type);
+  caffe::Datum datum;
+  datum.set_channels(1);
+  datum.set_height(set.rows);
+  datum.set_width(set.cols);
+  datum.set_encoded(encoded);
+  Image image;
+  image.channels = 1;
+  image.height = set.rows;
+  image.width = set.cols;
+  std::string value;
+  for (std::int64_t i = 0; i < set.count; ++i) {
+    const std::string_view pixels = set.image(i);
+    if (encoded) {
+      image.pixels.assign(pixels.begin(), pixels.end());
+      datum.set_data(encodePng(image));
+    } else {
+      datum.set_data(pixels.data(), pixels.size());
+    }
+    datum.set_label(set.label(i));
+    datum.SerializeToString(&value);
+    db->put(fmt::format("{:08d}", i), value);
+  }
+  db->commit();
+  return set.count;
+}
+
+struct ListEntry {
+  std::string path;
+  int label = 0;
+  int line = 0;
+};
+
+std::vector<ListEntry> readList(const std::string& list_file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(list_file, ec)) {
+    throw InputError(detail::concat("image list '", list_file, "' does not exist"));
+  }
+  std::ifstream in(list_file);
+  if (!in) throw IoError(detail::concat("cannot read image list '", list_file, "'"));
+  std::vector<ListEntry> entries;
+  std::string text;
+  for (int line = 1; std::getline(in, text); ++line) {
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+      text.pop_back();
+    const std::size_t first = text.find_first_not_of(" \t");
+    if (first == std::string::npos) continue;
+    text.erase(0, first);
+    const std::size_t split = text.find_last_of(" \t");
+    ListEntry entry;
+    entry.line = line;
+    const char* begin = text.data() + (split == std::string::npos ? 0 : split + 1);
+    const char* end = text.data() + text.size();
+    const auto [ptr, err] = std::from_chars(begin, end, entry.label);
+    if (split == std::string::npos || err != std::errc() || ptr != end || entry.label < 0) {
+      throw InputError(detail::concat("image list '", list_file, "' line ", line,
+                                      ": expected 'path label' with a label >= 0, got '", text,
+                                      "'"));
+    }
+    entry.path = text.substr(0, split);
+    while (!entry.path.empty() && (entry.path.back() == ' ' || entry.path.back() == '\t')) {
+      entry.path.pop_back();
+    }
+    entries.push_back(std::move(entry));
+  }
+  if (in.bad()) throw IoError(detail::concat("cannot read image list '", list_file, "'"));
+  return entries;
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(detail::concat("cannot open '", path, "'"));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw IoError(detail::concat("cannot read '", path, "'"));
+  return bytes;
+}
+
+ImageFormat formatFromName(std::string name, const std::string& what) {
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (!name.empty() && name.front() == '.') name.erase(0, 1);
+  if (name == "jpg" || name == "jpeg") return ImageFormat::kJpeg;
+  if (name == "png") return ImageFormat::kPng;
+  throw InputError(detail::concat(what, ": cannot encode as '", name, "' (known: jpg, png)"));
+}
+
+}  // namespace
+
+ConvertStats convertFashionMnist(const std::string& source_dir, const std::string& out_dir,
+                                 DbType type, bool encoded) {
+  std::error_code ec;
+  if (!fs::is_directory(source_dir, ec)) {
+    throw InputError(detail::concat("Fashion-MNIST folder '", source_dir, "' does not exist"));
+  }
+  const IdxSet train = readIdxSet(source_dir, "train");
+  const IdxSet test = readIdxSet(source_dir, "t10k");
+  const std::string train_db = (fs::path(out_dir) / "train").string();
+  const std::string test_db = (fs::path(out_dir) / "test").string();
+  checkNewDb(train_db, type);
+  checkNewDb(test_db, type);
+  ConvertStats stats;
+  stats.train = writeIdxSet(train, train_db, type, encoded);
+  stats.test = writeIdxSet(test, test_db, type, encoded);
+  return stats;
+}
+
+std::int64_t convertImageset(const std::string& list_file, const std::string& root,
+                             const std::string& out_db, const ImagesetOptions& options) {
+  if ((options.resize_height > 0) != (options.resize_width > 0) || options.resize_height < 0 ||
+      options.resize_width < 0) {
+    throw InputError(detail::concat("resize needs both a height and a width > 0, got ",
+                                    options.resize_height, "x", options.resize_width));
+  }
+  const bool resize = options.resize_height > 0;
+  std::optional<ImageFormat> encode_as;
+  if (!options.encode_type.empty()) encode_as = formatFromName(options.encode_type, "convert");
+  std::vector<ListEntry> entries = readList(list_file);
+  if (options.shuffle) {
+    std::vector<std::int64_t> order(entries.size());
+    for (std::size_t i = 0; i < order.size(); ++i)
+      order[i] = static_cast<std::int64_t>(i);
+    SplitMix64 rng(options.seed);
+    shuffle(order, rng);
+    std::vector<ListEntry> shuffled;
+    shuffled.reserve(entries.size());
+    for (std::int64_t i : order)
+      shuffled.push_back(std::move(entries[static_cast<std::size_t>(i)]));
+    entries = std::move(shuffled);
+  }
+
+  auto db = createDb(out_db, options.type);
+  const int channels = options.gray ? 1 : 3;
+  caffe::Datum datum;
+  Image image;
+  std::string value;
+  std::optional<ImageInfo> raw_shape;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const ListEntry& entry = entries[i];
+    const std::string path = root.empty() ? entry.path : (fs::path(root) / entry.path).string();
+    const auto where = [&] {
+      return detail::concat("image '", path, "' (list '", list_file, "' line ", entry.line, ")");
+    };
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) throw InputError(where() + " does not exist");
+    const std::string bytes = readFile(path);
+    const ImageFormat format = sniffImageFormat(bytes);
+    if (format == ImageFormat::kUnknown) throw InputError(where() + " is not a JPEG or PNG image");
+    ImageInfo info;
+    try {
+      info = probeImage(bytes);
+      decodeImage(bytes, channels, image);
+    } catch (const InputError& e) {
+      throw InputError(detail::concat(where(), ": ", e.what()));
+    }
+    if (resize) image = resizeBilinear(image, options.resize_height, options.resize_width);
+
+    datum.Clear();
+    datum.set_label(entry.label);
+    datum.set_channels(image.channels);
+    datum.set_height(image.height);
+    datum.set_width(image.width);
+    if (options.encoded) {
+      const ImageFormat target =
+          encode_as ? *encode_as
+                    : formatFromName(fs::path(entry.path).extension().string(), where());
+      datum.set_encoded(true);
+      if (!resize && info.channels == channels && format == target) {
+        datum.set_data(bytes);  // the file as it is
+      } else {
+        datum.set_data(target == ImageFormat::kPng ? encodePng(image) : encodeJpeg(image));
+      }
+    } else {
+      if (!raw_shape) raw_shape = ImageInfo{image.height, image.width, image.channels};
+      if (image.height != raw_shape->height || image.width != raw_shape->width) {
+        throw InputError(detail::concat(where(), " is ", image.height, "x", image.width,
+                                        ", the first image ", raw_shape->height, "x",
+                                        raw_shape->width,
+                                        "; raw records must share one size (use --resize_height "
+                                        "and --resize_width)"));
+      }
+      std::string* data = datum.mutable_data();
+      const int c = image.channels;
+      const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
+      data->resize(plane * c);
+      for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
+        for (std::size_t j = 0; j < plane; ++j) {
+          (*data)[k * plane + j] = static_cast<char>(image.pixels[j * c + k]);
+        }
+      }
+    }
+    datum.SerializeToString(&value);
+    db->put(fmt::format("{:08d}_{}", i, entry.path), value);
+  }
+  db->commit();
+  return static_cast<std::int64_t>(entries.size());
+}
+
+}  // namespace troupe::data

@@ -1,0 +1,248 @@
+#include "data/image.h"
+
+#include <png.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "troupe/error.h"
+
+namespace troupe::data {
+namespace {
+
+struct TjDeleter {
+  void operator()(void* handle) const { tjDestroy(handle); }
+};
+using TjHandle = std::unique_ptr<void, TjDeleter>;
+
+// One decompressor and one compressor per thread, created on first use.
+tjhandle decompressor() {
+  thread_local TjHandle handle(tjInitDecompress());
+  if (!handle)
+    throw IoError(detail::concat("cannot start a JPEG decoder: ", tjGetErrorStr2(nullptr)));
+  return handle.get();
+}
+
+tjhandle compressor() {
+  thread_local TjHandle handle(tjInitCompress());
+  if (!handle)
+    throw IoError(detail::concat("cannot start a JPEG encoder: ", tjGetErrorStr2(nullptr)));
+  return handle.get();
+}
+
+const unsigned char* bytesOf(std::string_view bytes) {
+  return reinterpret_cast<const unsigned char*>(bytes.data());
+}
+
+void checkChannels(int channels) {
+  if (channels != 0 && channels != 1 && channels != 3) {
+    throw InputError(
+        detail::concat("cannot decode an image to ", channels, " channels (only 1 or 3)"));
+  }
+}
+
+ImageInfo probeJpeg(std::string_view bytes) {
+  tjhandle tj = decompressor();
+  int width = 0, height = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, bytesOf(bytes), bytes.size(), &width, &height, &subsamp,
+                          &colorspace) != 0) {
+    throw InputError(detail::concat("bad JPEG header: ", tjGetErrorStr2(tj)));
+  }
+  return {height, width, colorspace == TJCS_GRAY ? 1 : 3};
+}
+
+void decodeJpeg(std::string_view bytes, int channels, Image& out) {
+  const ImageInfo info = probeJpeg(bytes);
+  if (channels == 0) channels = info.channels;
+  out.height = info.height;
+  out.width = info.width;
+  out.channels = channels;
+  out.pixels.resize(static_cast<std::size_t>(info.height) * info.width * channels);
+  tjhandle tj = decompressor();
+  // Warnings (e.g. extraneous bytes) are accepted, as OpenCV does; errors are not.
+  if (tjDecompress2(tj, bytesOf(bytes), bytes.size(), out.pixels.data(), info.width, 0, info.height,
+                    channels == 1 ? TJPF_GRAY : TJPF_BGR, 0) != 0 &&
+      tjGetErrorCode(tj) != TJERR_WARNING) {
+    throw InputError(detail::concat("JPEG does not decode: ", tjGetErrorStr2(tj)));
+  }
+}
+
+struct PngImage {
+  png_image image;
+  PngImage() {
+    std::memset(&image, 0, sizeof image);
+    image.version = PNG_IMAGE_VERSION;
+  }
+  ~PngImage() { png_image_free(&image); }
+};
+
+ImageInfo probePng(std::string_view bytes, PngImage& png) {
+  if (!png_image_begin_read_from_memory(&png.image, bytes.data(), bytes.size())) {
+    throw InputError(detail::concat("bad PNG header: ", png.image.message));
+  }
+  return {static_cast<int>(png.image.height), static_cast<int>(png.image.width),
+          (png.image.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1};
+}
+
+void convertChannels(const std::vector<std::uint8_t>& in, int in_channels, Image& out) {
+  const std::size_t n = static_cast<std::size_t>(out.height) * out.width;
+  out.pixels.resize(n * out.channels);
+  if (in_channels == 1) {  // gray -> BGR
+    for (std::size_t i = 0; i < n; ++i) {
+      out.pixels[3 * i] = out.pixels[3 * i + 1] = out.pixels[3 * i + 2] = in[i];
+    }
+  } else {  // BGR -> gray, OpenCV's fixed-point luma
+    for (std::size_t i = 0; i < n; ++i) {
+      const unsigned b = in[3 * i], g = in[3 * i + 1], r = in[3 * i + 2];
+      out.pixels[i] = static_cast<std::uint8_t>((r * 4899 + g * 9617 + b * 1868 + 8192) >> 14);
+    }
+  }
+}
+
+void decodePng(std::string_view bytes, int channels, Image& out) {
+  PngImage png;
+  const ImageInfo info = probePng(bytes, png);
+  if (channels == 0) channels = info.channels;
+  png.image.format = info.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_BGR;
+  out.height = info.height;
+  out.width = info.width;
+  out.channels = channels;
+  const std::size_t native_size =
+      static_cast<std::size_t>(info.height) * info.width * info.channels;
+  std::vector<std::uint8_t> native;
+  std::vector<std::uint8_t>& target = channels == info.channels ? out.pixels : native;
+  target.resize(native_size);
+  if (!png_image_finish_read(&png.image, nullptr, target.data(), 0, nullptr)) {
+    throw InputError(detail::concat("PNG does not decode: ", png.image.message));
+  }
+  if (channels != info.channels) convertChannels(native, info.channels, out);
+}
+
+void checkImage(const Image& image) {
+  if ((image.channels != 1 && image.channels != 3) || image.height <= 0 || image.width <= 0 ||
+      image.pixels.size() !=
+          static_cast<std::size_t>(image.height) * image.width * image.channels) {
+    throw InvariantError(detail::concat("malformed image ", image.height, "x", image.width, "x",
+                                        image.channels, " with ", image.pixels.size(), " bytes"));
+  }
+}
+
+}  // namespace
+
+ImageFormat sniffImageFormat(std::string_view bytes) {
+  static constexpr unsigned char kJpeg[] = {0xFF, 0xD8, 0xFF};
+  static constexpr unsigned char kPng[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (bytes.size() >= sizeof kJpeg && std::memcmp(bytes.data(), kJpeg, sizeof kJpeg) == 0) {
+    return ImageFormat::kJpeg;
+  }
+  if (bytes.size() >= sizeof kPng && std::memcmp(bytes.data(), kPng, sizeof kPng) == 0) {
+    return ImageFormat::kPng;
+  }
+  return ImageFormat::kUnknown;
+}
+
+ImageInfo probeImage(std::string_view bytes) {
+  switch (sniffImageFormat(bytes)) {
+    case ImageFormat::kJpeg:
+      return probeJpeg(bytes);
+    case ImageFormat::kPng: {
+      PngImage png;
+      return probePng(bytes, png);
+    }
+    default:
+      throw InputError("not a JPEG or PNG image");
+  }
+}
+
+void decodeImage(std::string_view bytes, int channels, Image& out) {
+  checkChannels(channels);
+  switch (sniffImageFormat(bytes)) {
+    case ImageFormat::kJpeg:
+      return decodeJpeg(bytes, channels, out);
+    case ImageFormat::kPng:
+      return decodePng(bytes, channels, out);
+    default:
+      throw InputError("not a JPEG or PNG image");
+  }
+}
+
+std::string encodePng(const Image& image) {
+  checkImage(image);
+  PngImage png;
+  png.image.width = static_cast<png_uint_32>(image.width);
+  png.image.height = static_cast<png_uint_32>(image.height);
+  png.image.format = image.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_BGR;
+  std::string out(PNG_IMAGE_PNG_SIZE_MAX(png.image), '\0');
+  png_alloc_size_t size = out.size();
+  if (!png_image_write_to_memory(&png.image, out.data(), &size, 0, image.pixels.data(), 0,
+                                 nullptr)) {
+    throw InputError(detail::concat("cannot encode PNG: ", png.image.message));
+  }
+  out.resize(size);
+  return out;
+}
+
+std::string encodeJpeg(const Image& image, int quality) {
+  checkImage(image);
+  tjhandle tj = compressor();
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  const bool gray = image.channels == 1;
+  if (tjCompress2(tj, image.pixels.data(), image.width, 0, image.height,
+                  gray ? TJPF_GRAY : TJPF_BGR, &buffer, &size, gray ? TJSAMP_GRAY : TJSAMP_420,
+                  quality, TJFLAG_ACCURATEDCT) != 0) {
+    tjFree(buffer);
+    throw InputError(detail::concat("cannot encode JPEG: ", tjGetErrorStr2(tj)));
+  }
+  std::string out(reinterpret_cast<const char*>(buffer), size);
+  tjFree(buffer);
+  return out;
+}
+
+Image resizeBilinear(const Image& image, int height, int width) {
+  checkImage(image);
+  if (height <= 0 || width <= 0) {
+    throw InputError(detail::concat("cannot resize to ", height, "x", width));
+  }
+  Image out;
+  out.height = height;
+  out.width = width;
+  out.channels = image.channels;
+  out.pixels.resize(static_cast<std::size_t>(height) * width * image.channels);
+  const int c = image.channels;
+  const double sy = static_cast<double>(image.height) / height;
+  const double sx = static_cast<double>(image.width) / width;
+  // Source column pairs and weights, computed once per output column.
+  std::vector<int> x0(width), x1(width);
+  std::vector<float> fx(width);
+  for (int x = 0; x < width; ++x) {
+    const double src = std::clamp((x + 0.5) * sx - 0.5, 0.0, image.width - 1.0);
+    x0[x] = static_cast<int>(src);
+    x1[x] = std::min(x0[x] + 1, image.width - 1);
+    fx[x] = static_cast<float>(src - x0[x]);
+  }
+  for (int y = 0; y < height; ++y) {
+    const double src = std::clamp((y + 0.5) * sy - 0.5, 0.0, image.height - 1.0);
+    const int y0 = static_cast<int>(src);
+    const int y1 = std::min(y0 + 1, image.height - 1);
+    const float fy = static_cast<float>(src - y0);
+    const std::uint8_t* row0 = image.pixels.data() + static_cast<std::size_t>(y0) * image.width * c;
+    const std::uint8_t* row1 = image.pixels.data() + static_cast<std::size_t>(y1) * image.width * c;
+    std::uint8_t* dst = out.pixels.data() + static_cast<std::size_t>(y) * width * c;
+    for (int x = 0; x < width; ++x) {
+      for (int k = 0; k < c; ++k) {
+        const float top = row0[x0[x] * c + k] + fx[x] * (row0[x1[x] * c + k] - row0[x0[x] * c + k]);
+        const float bottom =
+            row1[x0[x] * c + k] + fx[x] * (row1[x1[x] * c + k] - row1[x0[x] * c + k]);
+        const float v = top + fy * (bottom - top);
+        dst[x * c + k] = static_cast<std::uint8_t>(std::clamp(v + 0.5f, 0.0f, 255.0f));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace troupe::data

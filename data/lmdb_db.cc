@@ -1,0 +1,181 @@
+#include <lmdb.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "data/db_backends.h"
+#include "troupe/error.h"
+
+namespace troupe::data::internal {
+namespace {
+
+constexpr std::size_t kMapSize = std::size_t{1} << 40;  // 1 TiB of address space, sparse
+
+[[noreturn]] void fail(int rc, const std::string& path, std::string_view what) {
+  const std::string message =
+      detail::concat("lmdb database '", path, "': ", what, " failed: ", mdb_strerror(rc));
+  if (rc == MDB_NOTFOUND || rc == MDB_CORRUPTED || rc == MDB_INVALID ||
+      rc == MDB_VERSION_MISMATCH) {
+    throw InputError(message);
+  }
+  throw IoError(message);
+}
+
+void check(int rc, const std::string& path, std::string_view what) {
+  if (rc != MDB_SUCCESS) [[unlikely]]
+    fail(rc, path, what);
+}
+
+MDB_val toVal(std::string_view bytes) {
+  return MDB_val{bytes.size(), const_cast<char*>(bytes.data())};
+}
+
+std::string_view toView(const MDB_val& val) {
+  return {static_cast<const char*>(val.mv_data), val.mv_size};
+}
+
+class LmdbWriter final : public DbWriter {
+ public:
+  explicit LmdbWriter(std::string path) : path_(std::move(path)) {
+    check(mdb_env_create(&env_), path_, "mdb_env_create");
+    try {
+      check(mdb_env_set_mapsize(env_, kMapSize), path_, "mdb_env_set_mapsize");
+      // Batches commit without fsync; commit() syncs, so durability is tied to commit().
+      check(mdb_env_open(env_, path_.c_str(), MDB_NOSYNC, 0664), path_, "mdb_env_open");
+    } catch (...) {
+      mdb_env_close(env_);
+      throw;
+    }
+  }
+
+  ~LmdbWriter() override {
+    try {
+      commit();
+    } catch (...) {
+    }
+    if (txn_) mdb_txn_abort(txn_);
+    mdb_env_close(env_);
+  }
+
+  void put(std::string_view key, std::string_view value) override {
+    if (!txn_) begin();
+    MDB_val k = toVal(key);
+    MDB_val v = toVal(value);
+    check(mdb_put(txn_, dbi_, &k, &v, 0), path_, "mdb_put");
+    if (++pending_ >= kCommitEvery) commitTxn();
+  }
+
+  void commit() override {
+    if (txn_) commitTxn();
+    check(mdb_env_sync(env_, 1), path_, "mdb_env_sync");
+  }
+
+ private:
+  void begin() {
+    check(mdb_txn_begin(env_, nullptr, 0, &txn_), path_, "mdb_txn_begin");
+    int rc = mdb_dbi_open(txn_, nullptr, 0, &dbi_);
+    if (rc != MDB_SUCCESS) {
+      mdb_txn_abort(txn_);
+      txn_ = nullptr;
+      fail(rc, path_, "mdb_dbi_open");
+    }
+  }
+
+  void commitTxn() {
+    MDB_txn* txn = txn_;
+    txn_ = nullptr;
+    pending_ = 0;
+    check(mdb_txn_commit(txn), path_, "mdb_txn_commit");
+  }
+
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  MDB_dbi dbi_ = 0;
+  int pending_ = 0;
+};
+
+class LmdbReader final : public DbReader {
+ public:
+  explicit LmdbReader(std::string path) : path_(std::move(path)) {
+    check(mdb_env_create(&env_), path_, "mdb_env_create");
+    try {
+      // MDB_NOTLS: the read transaction is not tied to the opening thread.
+      int rc = mdb_env_open(env_, path_.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
+      if (rc == EACCES || rc == EROFS) {
+        // A read-only folder without lock.mdb (e.g. a data set installed by a package).
+        mdb_env_close(env_);
+        env_ = nullptr;
+        check(mdb_env_create(&env_), path_, "mdb_env_create");
+        rc = mdb_env_open(env_, path_.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
+      }
+      check(rc, path_, "mdb_env_open");
+      check(mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn_), path_, "mdb_txn_begin");
+      check(mdb_dbi_open(txn_, nullptr, 0, &dbi_), path_, "mdb_dbi_open");
+      MDB_stat stat;
+      check(mdb_stat(txn_, dbi_, &stat), path_, "mdb_stat");
+      size_ = static_cast<std::int64_t>(stat.ms_entries);
+    } catch (...) {
+      if (txn_) mdb_txn_abort(txn_);
+      mdb_env_close(env_);
+      throw;
+    }
+  }
+
+  ~LmdbReader() override {
+    mdb_txn_abort(txn_);
+    mdb_env_close(env_);
+  }
+
+  const std::string& path() const override { return path_; }
+  std::int64_t size() const override { return size_; }
+
+  std::vector<std::string> keys() const override {
+    std::vector<std::string> keys;
+    keys.reserve(static_cast<std::size_t>(size_));
+    MDB_cursor* cursor = nullptr;
+    check(mdb_cursor_open(txn_, dbi_, &cursor), path_, "mdb_cursor_open");
+    MDB_val k, v;
+    int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST);
+    while (rc == MDB_SUCCESS) {
+      keys.emplace_back(toView(k));
+      rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT);
+    }
+    mdb_cursor_close(cursor);
+    if (rc != MDB_NOTFOUND) fail(rc, path_, "reading keys");
+    return keys;
+  }
+
+  std::string get(std::string_view key) const override { return std::string(lookup(key)); }
+  std::string_view peek(std::string_view key) override { return lookup(key); }
+
+ private:
+  std::string_view lookup(std::string_view key) const {
+    MDB_val k = toVal(key);
+    MDB_val v;
+    const int rc = mdb_get(txn_, dbi_, &k, &v);
+    if (rc == MDB_NOTFOUND) [[unlikely]] {
+      throw InputError(detail::concat("lmdb database '", path_, "' has no key '", key, "'"));
+    }
+    check(rc, path_, "mdb_get");
+    return toView(v);
+  }
+
+  std::string path_;
+  MDB_env* env_ = nullptr;
+  MDB_txn* txn_ = nullptr;
+  MDB_dbi dbi_ = 0;
+  std::int64_t size_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DbWriter> createLmdb(const std::string& path) {
+  return std::make_unique<LmdbWriter>(path);
+}
+
+std::unique_ptr<DbReader> openLmdb(const std::string& path) {
+  return std::make_unique<LmdbReader>(path);
+}
+
+}  // namespace troupe::data::internal

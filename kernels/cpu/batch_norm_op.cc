@@ -1,0 +1,136 @@
+// Batch norm over [n, channels, spatial], one channel per work item; statistics in double.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_util.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels::cpu {
+namespace {
+
+class CpuBatchNorm final : public BatchNormOp {
+ public:
+  CpuBatchNorm(const BatchNormGeometry& g, int threads)
+      : g_(g), threads_(threads), mean_(g.channels), invstd_(g.channels) {}
+
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+               const Tensor& running_var, const Tensor& y, bool train) override {
+    const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
+    TROUPE_ENFORCE_EQ(x.numel(), n * c * s);
+    TROUPE_ENFORCE_EQ(y.numel(), n * c * s);
+    useThreads(threads_);
+    const float* xp = x.f32();
+    const float* gp = gamma.f32();
+    const float* bp = beta.f32();
+    float* rm = running_mean.f32();
+    float* rv = running_var.f32();
+    float* yp = y.f32();
+    const double count = static_cast<double>(n * s);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      float mean, invstd;
+      if (train) {
+        double sum = 0.0, sq = 0.0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float* p = xp + (i * c + ch) * s;
+          float ps = 0.0f;
+#pragma omp simd reduction(+ : ps)
+          for (std::int64_t q = 0; q < s; ++q)
+            ps += p[q];
+          sum += ps;
+        }
+        const double m = sum / count;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float* p = xp + (i * c + ch) * s;
+          const float mf = static_cast<float>(m);
+          float ps = 0.0f;
+#pragma omp simd reduction(+ : ps)
+          for (std::int64_t q = 0; q < s; ++q)
+            ps += (p[q] - mf) * (p[q] - mf);
+          sq += ps;
+        }
+        const double var = sq / count;
+        mean = static_cast<float>(m);
+        invstd = static_cast<float>(1.0 / std::sqrt(var + g_.eps));
+        mean_[ch] = mean;
+        invstd_[ch] = invstd;
+        const double unbiased = count > 1 ? var * count / (count - 1) : var;
+        rm[ch] = static_cast<float>((1.0 - g_.momentum) * rm[ch] + g_.momentum * m);
+        rv[ch] = static_cast<float>((1.0 - g_.momentum) * rv[ch] + g_.momentum * unbiased);
+      } else {
+        mean = rm[ch];
+        invstd = 1.0f / std::sqrt(rv[ch] + g_.eps);
+      }
+      const float a = gp[ch] * invstd, b = bp[ch] - mean * a;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = xp + (i * c + ch) * s;
+        float* out = yp + (i * c + ch) * s;
+#pragma omp simd
+        for (std::int64_t q = 0; q < s; ++q)
+          out[q] = p[q] * a + b;
+      }
+    }
+  }
+
+  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                const Tensor& dgamma, const Tensor& dbeta) override {
+    const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
+    TROUPE_ENFORCE_EQ(dy.numel(), n * c * s);
+    useThreads(threads_);
+    const float* xp = x.f32();
+    const float* gp = gamma.f32();
+    const float* dyp = dy.f32();
+    float* dxp = optionalF32(dx);
+    float* dgp = optionalF32(dgamma);
+    float* dbp = optionalF32(dbeta);
+    const float count = static_cast<float>(n * s);
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      const float mean = mean_[ch], invstd = invstd_[ch];
+      double sdy = 0.0, sdyx = 0.0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = xp + (i * c + ch) * s;
+        const float* d = dyp + (i * c + ch) * s;
+        float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+        for (std::int64_t q = 0; q < s; ++q) {
+          a += d[q];
+          b += d[q] * (p[q] - mean);
+        }
+        sdy += a;
+        sdyx += b;
+      }
+      const float dbeta_c = static_cast<float>(sdy);
+      const float dgamma_c = static_cast<float>(sdyx) * invstd;
+      if (dgp) dgp[ch] = dgamma_c;
+      if (dbp) dbp[ch] = dbeta_c;
+      if (!dxp) continue;
+      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)).
+      const float k = gp[ch] * invstd;
+      const float mdy = dbeta_c / count, mdyx = dgamma_c / count;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float* p = xp + (i * c + ch) * s;
+        const float* d = dyp + (i * c + ch) * s;
+        float* out = dxp + (i * c + ch) * s;
+#pragma omp simd
+        for (std::int64_t q = 0; q < s; ++q)
+          out[q] = k * (d[q] - mdy - (p[q] - mean) * invstd * mdyx);
+      }
+    }
+  }
+
+ private:
+  BatchNormGeometry g_;
+  int threads_;
+  std::vector<float> mean_, invstd_;
+};
+
+}  // namespace
+
+std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g, int threads) {
+  TROUPE_ENFORCE(g.n > 0 && g.channels > 0 && g.spatial > 0, "bad batch norm geometry");
+  return std::make_unique<CpuBatchNorm>(g, threads);
+}
+
+}  // namespace troupe::kernels::cpu

@@ -1,0 +1,125 @@
+#include <dnnl.h>
+
+#include <cstring>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/vec.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace cpu {
+
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
+  const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha,
+                                          a, lda, b, ldb, beta, c, ldc);
+  TROUPE_ENFORCE(status == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(status),
+                 " for ", m, "x", n, "x", k);
+}
+
+namespace {
+
+// Below this many elements an element-wise loop runs on one thread.
+constexpr std::int64_t kParallelGrain = 1 << 15;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+
+  Device device() const override { return Device{}; }
+  int threads() const override { return threads_; }
+
+  Tensor empty(Shape shape, DType dtype) override { return Tensor::host(std::move(shape), dtype); }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
+    TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
+    TROUPE_ENFORCE(src.device().kind == DeviceKind::kCpu && dst.device().kind == DeviceKind::kCpu,
+                   "the CPU backend copies host tensors only");
+    if (src.bytes() && src.raw() != dst.raw()) std::memmove(dst.raw(), src.raw(), src.bytes());
+  }
+
+  void fill(const Tensor& t, float value) override {
+    float* p = t.f32();
+    cpu::forRanges(t.numel(), threads_, kParallelGrain,
+                   [&](std::int64_t b, std::int64_t e) { std::fill(p + b, p + e, value); });
+  }
+
+  void axpy(float alpha, const Tensor& x, const Tensor& y) override {
+    TROUPE_ENFORCE_EQ(x.numel(), y.numel());
+    const float* xp = x.f32();
+    float* yp = y.f32();
+    cpu::forRanges(x.numel(), threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
+      vec::axpy(alpha, xp + b, yp + b, e - b);
+    });
+  }
+
+  void scale(const Tensor& t, float alpha) override {
+    float* p = t.f32();
+    cpu::forRanges(t.numel(), threads_, kParallelGrain,
+                   [&](std::int64_t b, std::int64_t e) { vec::scale(p + b, alpha, e - b); });
+  }
+
+  void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+                 float weight_decay, bool nesterov) override {
+    TROUPE_ENFORCE_EQ(w.numel(), g.numel());
+    TROUPE_ENFORCE_EQ(w.numel(), v.numel());
+    cpu::useThreads(threads_);
+    float* wp = w.f32();
+    const float* gp = g.f32();
+    float* vp = v.f32();
+    cpu::forRanges(w.numel(), threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
+      vec::sgd(wp + b, gp + b, vp + b, e - b, lr, momentum, weight_decay, nesterov);
+    });
+  }
+
+  void synchronize() override {}
+
+  std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
+    return cpu::makeConv(g, threads_, dnnl_);
+  }
+  std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
+    return cpu::makePool(g, threads_);
+  }
+  std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
+    return cpu::makeInnerProduct(g, threads_);
+  }
+  std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
+    return cpu::makeBatchNorm(g, threads_);
+  }
+  std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
+    return cpu::makeRelu(numel, threads_);
+  }
+  std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio) override {
+    return cpu::makeDropout(numel, ratio, threads_);
+  }
+  std::unique_ptr<AddOp> makeAdd(std::int64_t numel) override {
+    return cpu::makeAdd(numel, threads_);
+  }
+  std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
+                                                     std::int64_t spatial) override {
+    return cpu::makeGlobalAvgPool(n, channels, spatial, threads_);
+  }
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
+    return cpu::makeSoftmaxLoss(n, classes, threads_);
+  }
+
+ private:
+  int threads_;
+  DnnlContext dnnl_;
+};
+
+}  // namespace
+}  // namespace cpu
+
+std::unique_ptr<Backend> makeCpuBackend(int threads) {
+  if (threads < 1)
+    throw InputError("a CPU backend needs at least 1 thread, got " + std::to_string(threads));
+  return std::make_unique<cpu::CpuBackend>(threads);
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,68 @@
+// Helpers shared by the CPU ops: thread budgets, row-major sgemm, work splitting.
+#pragma once
+
+#include <omp.h>
+#include <xmmintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace troupe::kernels::cpu {
+
+// Flushes denormal floats to zero (FTZ and DAZ in MXCSR) on the calling thread and the OpenMP
+// threads it computes with; once per calling thread. Denormals (tiny gradients late in training)
+// otherwise slow float arithmetic on some CPUs by 10-100x.
+inline void flushDenormals(int threads) {
+  thread_local int done = 0;
+  if (done >= threads) return;
+  _mm_setcsr(_mm_getcsr() | 0x8040);
+#pragma omp parallel num_threads(threads)
+  _mm_setcsr(_mm_getcsr() | 0x8040);
+  done = threads;
+}
+
+// Applies a backend's thread budget to libraries that read the calling thread's OpenMP setting
+// (oneDNN's sgemm); the setting is per calling thread, so concurrent backends do not interfere.
+inline void useThreads(int threads) {
+  flushDenormals(threads);
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
+// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C. Inside an OpenMP parallel region
+// it runs on the calling thread only; outside it uses the calling thread's OpenMP thread count.
+void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc);
+
+// The share [begin, end) of `total` items that thread `rank` of `count` takes.
+inline void splitRange(std::int64_t total, int rank, int count, std::int64_t& begin,
+                       std::int64_t& end) {
+  const std::int64_t base = total / count, extra = total % count;
+  begin = rank * base + std::min<std::int64_t>(rank, extra);
+  end = begin + base + (rank < extra ? 1 : 0);
+}
+
+// Runs fn(begin, end) over [0, total) split into equal contiguous ranges, one per thread, or on
+// the calling thread alone below `grain` items (waking a team costs more than it saves).
+template <typename Fn>
+void forRanges(std::int64_t total, int threads, std::int64_t grain, const Fn& fn) {
+  if (threads <= 1 || total <= grain) {
+    fn(std::int64_t{0}, total);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    std::int64_t begin, end;
+    splitRange(total, omp_get_thread_num(), omp_get_num_threads(), begin, end);
+    fn(begin, end);
+  }
+}
+
+// Float pointer of an optional tensor: nullptr when not defined or empty.
+inline float* optionalF32(const Tensor& t) {
+  return t.raw() ? t.f32() : nullptr;
+}
+
+}  // namespace troupe::kernels::cpu

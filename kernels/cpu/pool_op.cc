@@ -1,0 +1,139 @@
+// Max and average pooling as direct loops over (image, channel) planes; max pooling remembers the
+// arg max of each window for its backward.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+std::int64_t pooledSize(std::int64_t in, std::int64_t kernel, std::int64_t stride,
+                        std::int64_t pad) {
+  std::int64_t out = (in + 2 * pad - kernel + stride - 1) / stride + 1;
+  if (pad > 0 && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+}  // namespace
+
+std::int64_t PoolGeometry::outHeight() const {
+  return pooledSize(height, kernel, stride, pad);
+}
+std::int64_t PoolGeometry::outWidth() const {
+  return pooledSize(width, kernel, stride, pad);
+}
+
+namespace cpu {
+namespace {
+
+class CpuPool final : public PoolOp {
+ public:
+  CpuPool(const PoolGeometry& g, int threads)
+      : g_(g), threads_(threads), oh_(g.outHeight()), ow_(g.outWidth()) {
+    TROUPE_ENFORCE(oh_ > 0 && ow_ > 0, "pooling output of ", oh_, "x", ow_);
+    if (g.method == PoolMethod::kMax) argmax_.resize(g.n * g.channels * oh_ * ow_);
+  }
+
+  void forward(const Tensor& x, const Tensor& y) override {
+    check(x, y);
+    useThreads(threads_);
+    const float* xp = x.f32();
+    float* yp = y.f32();
+    const std::int64_t planes = g_.n * g_.channels, h = g_.height, w = g_.width;
+    const std::int64_t k = g_.kernel, s = g_.stride, pad = g_.pad;
+    const bool fast =
+        g_.method == PoolMethod::kMax && k == 2 && s == 2 && pad == 0 && h % 2 == 0 && w % 2 == 0;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (std::int64_t pl = 0; pl < planes; ++pl) {
+      const float* in = xp + pl * h * w;
+      float* out = yp + pl * oh_ * ow_;
+      std::int32_t* am = argmax_.empty() ? nullptr : argmax_.data() + pl * oh_ * ow_;
+      if (fast) {
+        vec::maxPool2x2(in, out, am, h, w);
+        continue;
+      }
+      for (std::int64_t oy = 0; oy < oh_; ++oy) {
+        const std::int64_t y0 = oy * s - pad, y1 = std::min(y0 + k, h + pad);
+        for (std::int64_t ox = 0; ox < ow_; ++ox) {
+          const std::int64_t x0 = ox * s - pad, x1 = std::min(x0 + k, w + pad);
+          if (g_.method == PoolMethod::kMax) {
+            float v = -std::numeric_limits<float>::infinity();
+            std::int64_t best = -1;
+            for (std::int64_t iy = std::max<std::int64_t>(y0, 0); iy < std::min(y1, h); ++iy)
+              for (std::int64_t ix = std::max<std::int64_t>(x0, 0); ix < std::min(x1, w); ++ix)
+                if (best < 0 || in[iy * w + ix] > v) v = in[iy * w + ix], best = iy * w + ix;
+            out[oy * ow_ + ox] = v;
+            am[oy * ow_ + ox] = static_cast<std::int32_t>(best);
+          } else {
+            const float scale = 1.0f / static_cast<float>((y1 - y0) * (x1 - x0));
+            float sum = 0.0f;
+            for (std::int64_t iy = std::max<std::int64_t>(y0, 0); iy < std::min(y1, h); ++iy)
+              for (std::int64_t ix = std::max<std::int64_t>(x0, 0); ix < std::min(x1, w); ++ix)
+                sum += in[iy * w + ix];
+            out[oy * ow_ + ox] = sum * scale;
+          }
+        }
+      }
+    }
+  }
+
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    check(dx, dy);
+    useThreads(threads_);
+    const float* dyp = dy.f32();
+    float* dxp = dx.f32();
+    const std::int64_t planes = g_.n * g_.channels, h = g_.height, w = g_.width;
+    const std::int64_t k = g_.kernel, s = g_.stride, pad = g_.pad;
+#pragma omp parallel for num_threads(threads_) schedule(static)
+    for (std::int64_t pl = 0; pl < planes; ++pl) {
+      float* out = dxp + pl * h * w;
+      const float* in = dyp + pl * oh_ * ow_;
+      std::fill(out, out + h * w, 0.0f);
+      if (g_.method == PoolMethod::kMax) {
+        const std::int32_t* am = argmax_.data() + pl * oh_ * ow_;
+        for (std::int64_t i = 0; i < oh_ * ow_; ++i)
+          out[am[i]] += in[i];
+        continue;
+      }
+      for (std::int64_t oy = 0; oy < oh_; ++oy) {
+        const std::int64_t y0 = oy * s - pad, y1 = std::min(y0 + k, h + pad);
+        for (std::int64_t ox = 0; ox < ow_; ++ox) {
+          const std::int64_t x0 = ox * s - pad, x1 = std::min(x0 + k, w + pad);
+          const float v = in[oy * ow_ + ox] / static_cast<float>((y1 - y0) * (x1 - x0));
+          for (std::int64_t iy = std::max<std::int64_t>(y0, 0); iy < std::min(y1, h); ++iy)
+            for (std::int64_t ix = std::max<std::int64_t>(x0, 0); ix < std::min(x1, w); ++ix)
+              out[iy * w + ix] += v;
+        }
+      }
+    }
+  }
+
+ private:
+  void check(const Tensor& x, const Tensor& y) const {
+    TROUPE_ENFORCE_EQ(x.numel(), g_.n * g_.channels * g_.height * g_.width);
+    TROUPE_ENFORCE_EQ(y.numel(), g_.n * g_.channels * oh_ * ow_);
+  }
+
+  PoolGeometry g_;
+  int threads_;
+  std::int64_t oh_, ow_;
+  std::vector<std::int32_t> argmax_;
+};
+
+}  // namespace
+
+std::unique_ptr<PoolOp> makePool(const PoolGeometry& g, int threads) {
+  TROUPE_ENFORCE(
+      g.n > 0 && g.channels > 0 && g.kernel > 0 && g.stride > 0 && g.pad >= 0 && g.pad < g.kernel,
+      "bad pooling geometry");
+  return std::make_unique<CpuPool>(g, threads);
+}
+
+}  // namespace cpu
+}  // namespace troupe::kernels

@@ -1,0 +1,34 @@
+// Element-wise loops of the CPU ops, compiled for AVX-512, AVX2 and baseline x86-64 and chosen at
+// load time for the CPU at hand (GCC function multiversioning), so the build's baseline ISA stays
+// the portable one. Each works on one thread's range; callers split the work.
+#pragma once
+
+#include <cstdint>
+
+namespace troupe::kernels::cpu::vec {
+
+// y = max(x, 0).
+void reluForward(const float* x, float* y, std::int64_t n);
+// dx = dy where y > 0, else 0.
+void reluBackward(const float* y, const float* dy, float* dx, std::int64_t n);
+// PyTorch's SGD step (see Backend::sgdUpdate).
+void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
+         float weight_decay, bool nesterov);
+// y += alpha * x.
+void axpy(float alpha, const float* x, float* y, std::int64_t n);
+// x *= alpha.
+void scale(float* x, float alpha, std::int64_t n);
+// y = a + b.
+void add(const float* a, const float* b, float* y, std::int64_t n);
+// y[i] = x[i] + bias (one plane of a bias add).
+void addScalar(const float* x, float bias, float* y, std::int64_t n);
+// y[r][c] += b[c] for rows r < rows.
+void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols);
+// s[c] = sum over rows r of x[r][c].
+void sumRows(const float* x, float* s, std::int64_t rows, std::int64_t cols);
+
+// 2x2 stride-2 max pooling of one [h, w] plane (h, w even) into [h/2, w/2], recording each
+// window's arg max as an index into the plane.
+void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, std::int64_t w);
+
+}  // namespace troupe::kernels::cpu::vec

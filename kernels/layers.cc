@@ -1,0 +1,299 @@
+#include "kernels/layers.h"
+
+#include <map>
+
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+// Ops are fixed to a batch size; a layer keeps one per batch size it has seen.
+template <typename Op>
+class OpCache {
+ public:
+  template <typename Make>
+  Op& get(std::int64_t n, Make make) {
+    auto& op = ops_[n];
+    if (!op) op = make(n);
+    return *op;
+  }
+
+ private:
+  std::map<std::int64_t, std::unique_ptr<Op>> ops_;
+};
+
+class ConvLayer final : public Layer {
+ public:
+  ConvLayer(const Shape& in, std::int64_t oc, std::int64_t k, std::int64_t s, std::int64_t p,
+            bool bias) {
+    g_.channels = in[0];
+    g_.height = in[1];
+    g_.width = in[2];
+    g_.out_channels = oc;
+    g_.kernel = k;
+    g_.stride = s;
+    g_.pad = p;
+    g_.bias = bias;
+  }
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+    const std::int64_t wn = g_.out_channels * g_.channels * g_.kernel * g_.kernel;
+    w_ = weights.slice(param_begin, param_begin + wn);
+    dw_ = grads.slice(param_begin, param_begin + wn);
+    if (g_.bias) {
+      b_ = weights.slice(param_begin + wn, param_end);
+      db_ = grads.slice(param_begin + wn, param_end);
+    }
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), w_, b_, ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
+  }
+
+ private:
+  ConvOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) {
+      ConvGeometry g = g_;
+      g.n = m;
+      return ctx.backend().makeConv(g);
+    });
+  }
+  ConvGeometry g_;
+  Tensor w_, b_, dw_, db_;
+  OpCache<ConvOp> ops_;
+};
+
+class PoolLayer final : public Layer {
+ public:
+  PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m) {
+    g_.channels = in[0];
+    g_.height = in[1];
+    g_.width = in[2];
+    g_.kernel = k;
+    g_.stride = s;
+    g_.pad = p;
+    g_.method = m;
+  }
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
+  }
+
+ private:
+  PoolOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) {
+      PoolGeometry g = g_;
+      g.n = m;
+      return ctx.backend().makePool(g);
+    });
+  }
+  PoolGeometry g_;
+  OpCache<PoolOp> ops_;
+};
+
+class InnerProductLayer final : public Layer {
+ public:
+  InnerProductLayer(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+    w_ = weights.slice(param_begin, param_begin + in_ * out_);
+    dw_ = grads.slice(param_begin, param_begin + in_ * out_);
+    b_ = weights.slice(param_begin + in_ * out_, param_end);
+    db_ = grads.slice(param_begin + in_ * out_, param_end);
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), w_, b_, ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
+  }
+
+ private:
+  InnerProductOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) {
+      return ctx.backend().makeInnerProduct(InnerProductGeometry{m, in_, out_});
+    });
+  }
+  std::int64_t in_, out_;
+  Tensor w_, b_, dw_, db_;
+  OpCache<InnerProductOp> ops_;
+};
+
+class ReluLayer final : public Layer {
+ public:
+  explicit ReluLayer(std::int64_t per_sample) : per_(per_sample) {}
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.data(top), ctx.diff(top), dx);
+  }
+
+ private:
+  ReluOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeRelu(m * per_); });
+  }
+  std::int64_t per_;
+  OpCache<ReluOp> ops_;
+};
+
+class BatchNormLayer final : public Layer {
+ public:
+  explicit BatchNormLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) override {
+    gamma_ = weights.slice(param_begin, param_begin + channels_);
+    beta_ = weights.slice(param_begin + channels_, param_end);
+    dgamma_ = grads.slice(param_begin, param_begin + channels_);
+    dbeta_ = grads.slice(param_begin + channels_, param_end);
+    mean_ = buffers.slice(buffer_begin, buffer_begin + channels_);
+    var_ = buffers.slice(buffer_begin + channels_, buffer_end);
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool train) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), gamma_, beta_, mean_, var_, ctx.data(top), train);
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), gamma_, ctx.diff(top), ctx.diff(bottoms[0]), dgamma_,
+                        dbeta_);
+  }
+
+ private:
+  BatchNormOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) {
+      BatchNormGeometry g;
+      g.n = m;
+      g.channels = channels_;
+      g.spatial = spatial_;
+      return ctx.backend().makeBatchNorm(g);
+    });
+  }
+  std::int64_t channels_, spatial_;
+  Tensor gamma_, beta_, dgamma_, dbeta_, mean_, var_;
+  OpCache<BatchNormOp> ops_;
+};
+
+class DropoutLayer final : public Layer {
+ public:
+  DropoutLayer(std::int64_t per_sample, float ratio) : per_(per_sample), ratio_(ratio) {}
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool train) override {
+    if (!train) {
+      ctx.backend().copy(ctx.data(bottoms[0]), ctx.data(top));
+      return;
+    }
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top), ctx.dropoutSeed(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
+  }
+
+ private:
+  DropoutOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeDropout(m * per_, ratio_); });
+  }
+  std::int64_t per_;
+  float ratio_;
+  OpCache<DropoutOp> ops_;
+};
+
+class AddLayer final : public Layer {
+ public:
+  explicit AddLayer(std::int64_t per_sample) : per_(per_sample) {}
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeAdd(m * per_); })
+        .forward(ctx.data(bottoms[0]), ctx.data(bottoms[1]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t, float) override {
+    const Tensor dy = ctx.diff(top);
+    for (int b : bottoms) {
+      const Tensor dx = ctx.diff(b);
+      if (dx.raw()) ctx.backend().copy(dy, dx);
+    }
+  }
+
+ private:
+  std::int64_t per_;
+  OpCache<AddOp> ops_;
+};
+
+class GlobalAvgPoolLayer final : public Layer {
+ public:
+  explicit GlobalAvgPoolLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
+  }
+
+ private:
+  GlobalAvgPoolOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(
+        n, [&](std::int64_t m) { return ctx.backend().makeGlobalAvgPool(m, channels_, spatial_); });
+  }
+  std::int64_t channels_, spatial_;
+  OpCache<GlobalAvgPoolOp> ops_;
+};
+
+class SoftmaxLossLayer final : public Layer {
+ public:
+  explicit SoftmaxLossLayer(std::int64_t classes) : classes_(classes) {}
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.labels(), ctx.metrics());
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float grad_scale) override {
+    op(ctx, n).backward(grad_scale, ctx.diff(bottoms[0]));
+  }
+
+ private:
+  SoftmaxLossOp& op(LayerContext& ctx, std::int64_t n) {
+    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeSoftmaxLoss(m, classes_); });
+  }
+  std::int64_t classes_;
+  OpCache<SoftmaxLossOp> ops_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
+                                     std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+                                     bool bias) {
+  return std::make_unique<ConvLayer>(in, out_channels, kernel, stride, pad, bias);
+}
+std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
+                                     std::int64_t pad, PoolMethod method) {
+  return std::make_unique<PoolLayer>(in, kernel, stride, pad, method);
+}
+std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out) {
+  return std::make_unique<InnerProductLayer>(in, out);
+}
+std::unique_ptr<Layer> makeReluLayer(std::int64_t per_sample) {
+  return std::make_unique<ReluLayer>(per_sample);
+}
+std::unique_ptr<Layer> makeBatchNormLayer(const Shape& in) {
+  return std::make_unique<BatchNormLayer>(in);
+}
+std::unique_ptr<Layer> makeDropoutLayer(std::int64_t per_sample, float ratio) {
+  return std::make_unique<DropoutLayer>(per_sample, ratio);
+}
+std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample) {
+  return std::make_unique<AddLayer>(per_sample);
+}
+std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in) {
+  return std::make_unique<GlobalAvgPoolLayer>(in);
+}
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes) {
+  return std::make_unique<SoftmaxLossLayer>(classes);
+}
+
+}  // namespace troupe::kernels

@@ -1,0 +1,58 @@
+// Layers (private to kernels/): backend-independent pieces of a Net, each holding the ops it runs.
+// A layer reads and writes blobs (activations) through a LayerContext that the net provides.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+
+namespace troupe::kernels {
+
+class LayerContext {
+ public:
+  virtual ~LayerContext() = default;
+  virtual Backend& backend() = 0;
+  // Activation of blob b for the current batch, [n, per-sample shape...].
+  virtual Tensor data(int blob) = 0;
+  // Where to write d(loss)/d(blob b); a tensor without memory when b needs no gradient.
+  virtual Tensor diff(int blob) = 0;
+  virtual Tensor labels() = 0;
+  virtual Tensor metrics() = 0;
+  virtual std::uint64_t dropoutSeed(int layer) = 0;
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  // The parameters' and buffers' views into the flat tensors, once those exist.
+  virtual void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) = 0;
+  virtual void forward(LayerContext& ctx, std::int64_t n, bool train) = 0;
+  // Writes ctx.diff() of every bottom and the layer's parameter gradients.
+  virtual void backward(LayerContext& ctx, std::int64_t n, float grad_scale) = 0;
+
+  std::vector<int> bottoms;
+  int top = -1;
+  std::int64_t param_begin = 0, param_end = 0;    // in the flat weights
+  std::int64_t buffer_begin = 0, buffer_end = 0;  // in the flat buffers
+};
+
+// Per-sample shapes exclude the batch dimension: {C, H, W} or {features}.
+std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
+                                     std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+                                     bool bias);
+std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
+                                     std::int64_t pad, PoolMethod method);
+std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out);
+std::unique_ptr<Layer> makeReluLayer(std::int64_t per_sample);
+std::unique_ptr<Layer> makeBatchNormLayer(const Shape& in);
+std::unique_ptr<Layer> makeDropoutLayer(std::int64_t per_sample, float ratio);
+std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample);
+std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in);
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes);
+
+}  // namespace troupe::kernels

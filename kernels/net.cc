@@ -1,0 +1,528 @@
+#include "kernels/net.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "kernels/backend.h"
+#include "kernels/layers.h"
+#include "kernels/random.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+struct Blob {
+  Shape shape;  // per sample
+  std::int64_t per = 0;
+  Tensor data, diff;  // [max_batch * per]; the input blob has none (it is the caller's images)
+  bool needs_diff = true;
+};
+
+// A parameter's initial values: U(-value, value), or the constant value.
+struct Init {
+  bool constant = false;
+  float value = 0.0f;
+};
+
+struct BufferFill {
+  std::int64_t begin = 0, end = 0;
+  float value = 0.0f;
+};
+
+// Everything the builder produces, in forward order.
+struct Graph {
+  std::vector<Blob> blobs;
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<std::string> layer_names;
+  std::vector<ParamInfo> params;
+  std::vector<Init> inits;  // per param
+  std::int64_t num_params = 0;
+  std::int64_t num_buffers = 0;
+  std::vector<BufferFill> buffer_fills;
+};
+
+// A node is a blob with its per-sample shape.
+struct Node {
+  int blob = 0;
+  Shape shape;
+};
+
+class Builder {
+ public:
+  explicit Builder(Graph& graph) : g_(graph) {}
+
+  Node input(const Shape& shape) { return Node{newBlob(shape, false), shape}; }
+
+  Node conv(const Node& in, const std::string& name, std::int64_t oc, std::int64_t k,
+            std::int64_t s, std::int64_t p, bool bias) {
+    const Shape out{oc, (in.shape[1] + 2 * p - k) / s + 1, (in.shape[2] + 2 * p - k) / s + 1};
+    auto layer = makeConvLayer(in.shape, oc, k, s, p, bias);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in.shape[0] * k * k));
+    beginParams();
+    addParam(name + ".weight", {oc, in.shape[0], k, k}, {false, bound});
+    if (bias) addParam(name + ".bias", {oc}, {false, bound});
+    return add(std::move(layer), name, {in}, out);
+  }
+
+  Node pool(const Node& in, const std::string& name, std::int64_t k, std::int64_t s, std::int64_t p,
+            PoolMethod method) {
+    PoolGeometry geo;
+    geo.height = in.shape[1];
+    geo.width = in.shape[2];
+    geo.kernel = k;
+    geo.stride = s;
+    geo.pad = p;
+    const Shape out{in.shape[0], geo.outHeight(), geo.outWidth()};
+    return add(makePoolLayer(in.shape, k, s, p, method), name, {in}, out);
+  }
+
+  Node fc(const Node& in, const std::string& name, std::int64_t out) {
+    const std::int64_t fan_in = numelOf(in.shape);
+    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    beginParams();
+    addParam(name + ".weight", {out, fan_in}, {false, bound});
+    addParam(name + ".bias", {out}, {false, bound});
+    return add(makeInnerProductLayer(fan_in, out), name, {in}, {out});
+  }
+
+  Node relu(const Node& in, const std::string& name) {
+    return add(makeReluLayer(numelOf(in.shape)), name, {in}, in.shape);
+  }
+
+  Node bn(const Node& in, const std::string& name) {
+    const std::int64_t c = in.shape[0];
+    beginParams();
+    addParam(name + ".weight", {c}, {true, 1.0f});
+    addParam(name + ".bias", {c}, {true, 0.0f});
+    const std::int64_t buffers = g_.num_buffers;
+    g_.buffer_fills.push_back({buffers + c, buffers + 2 * c, 1.0f});  // running variance
+    g_.num_buffers += 2 * c;
+    Node out = add(makeBatchNormLayer(in.shape), name, {in}, in.shape);
+    g_.layers.back()->buffer_begin = buffers;
+    g_.layers.back()->buffer_end = buffers + 2 * c;
+    return out;
+  }
+
+  Node dropout(const Node& in, const std::string& name, float ratio) {
+    return add(makeDropoutLayer(numelOf(in.shape), ratio), name, {in}, in.shape);
+  }
+
+  Node sum(const Node& a, const Node& b, const std::string& name) {
+    TROUPE_ENFORCE(a.shape == b.shape, "adding ", toString(a.shape), " and ", toString(b.shape));
+    return add(makeAddLayer(numelOf(a.shape)), name, {a, b}, a.shape);
+  }
+
+  Node globalAvgPool(const Node& in, const std::string& name) {
+    return add(makeGlobalAvgPoolLayer(in.shape), name, {in}, {in.shape[0]});
+  }
+
+  static Node flatten(const Node& in) { return Node{in.blob, {numelOf(in.shape)}}; }
+
+  void loss(const Node& in, std::int64_t classes) {
+    auto layer = makeSoftmaxLossLayer(classes);
+    layer->bottoms = {in.blob};
+    layer->param_begin = layer->param_end = g_.num_params;
+    g_.layers.push_back(std::move(layer));
+    g_.layer_names.push_back("loss");
+  }
+
+ private:
+  int newBlob(const Shape& shape, bool needs_diff) {
+    Blob b;
+    b.shape = shape;
+    b.per = numelOf(shape);
+    b.needs_diff = needs_diff;
+    g_.blobs.push_back(std::move(b));
+    return static_cast<int>(g_.blobs.size()) - 1;
+  }
+
+  void beginParams() { pending_begin_ = g_.num_params; }
+
+  void addParam(const std::string& name, const Shape& shape, Init init) {
+    ParamInfo info;
+    info.name = name;
+    info.shape = shape;
+    info.offset = g_.num_params;
+    info.size = numelOf(shape);
+    info.layer = static_cast<int>(g_.layers.size());
+    g_.num_params += info.size;
+    g_.params.push_back(std::move(info));
+    g_.inits.push_back(init);
+  }
+
+  Node add(std::unique_ptr<Layer> layer, const std::string& name, std::vector<Node> ins,
+           const Shape& out) {
+    for (auto& in : ins)
+      layer->bottoms.push_back(in.blob);
+    layer->top = newBlob(out, true);
+    if (pending_begin_ >= 0) {
+      layer->param_begin = pending_begin_;
+      layer->param_end = g_.num_params;
+      pending_begin_ = -1;
+    } else {
+      layer->param_begin = layer->param_end = g_.num_params;
+    }
+    g_.layers.push_back(std::move(layer));
+    g_.layer_names.push_back(name);
+    return Node{g_.layers.back()->top, out};
+  }
+
+  Graph& g_;
+  std::int64_t pending_begin_ = -1;
+};
+
+// ---- models ----
+
+Node buildMlp(Builder& b, Node x, std::int64_t classes) {
+  x = Builder::flatten(x);
+  x = b.relu(b.fc(x, "fc1", 256), "relu1");
+  x = b.relu(b.fc(x, "fc2", 128), "relu2");
+  return b.fc(x, "fc3", classes);
+}
+
+Node buildLenet(Builder& b, Node x, std::int64_t classes) {
+  x = b.conv(x, "conv1", 20, 5, 1, 0, true);
+  x = b.pool(x, "pool1", 2, 2, 0, PoolMethod::kMax);
+  x = b.conv(x, "conv2", 50, 5, 1, 0, true);
+  x = b.pool(x, "pool2", 2, 2, 0, PoolMethod::kMax);
+  x = b.relu(b.fc(Builder::flatten(x), "ip1", 500), "relu1");
+  return b.fc(x, "ip2", classes);
+}
+
+Node basicBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
+                std::int64_t stride) {
+  Node y = b.conv(x, name + ".conv1", width, 3, stride, 1, false);
+  y = b.relu(b.bn(y, name + ".bn1"), name + ".relu1");
+  y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2");
+  Node shortcut = x;
+  if (stride != 1 || x.shape[0] != width)
+    shortcut =
+        b.bn(b.conv(x, name + ".shortcut.conv", width, 1, stride, 0, false), name + ".shortcut.bn");
+  return b.relu(b.sum(y, shortcut, name + ".add"), name + ".relu2");
+}
+
+Node buildResnet20(Builder& b, Node x, std::int64_t classes) {
+  x = b.relu(b.bn(b.conv(x, "conv1", 16, 3, 1, 1, false), "bn1"), "relu1");
+  const std::int64_t widths[] = {16, 32, 64};
+  for (int stage = 0; stage < 3; ++stage)
+    for (int block = 0; block < 3; ++block)
+      x = basicBlock(b, x,
+                     "stage" + std::to_string(stage + 1) + ".block" + std::to_string(block + 1),
+                     widths[stage], stage > 0 && block == 0 ? 2 : 1);
+  return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
+}
+
+// ---- layers written in a config ----
+
+const std::vector<std::string> kLayerTypes = {"conv", "pool",    "fc",     "relu",
+                                              "bn",   "dropout", "flatten"};
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names)
+    out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+class SpecArgs {
+ public:
+  SpecArgs(const LayerSpec& spec, std::size_t index, std::vector<std::string> known)
+      : spec_(spec), index_(index), known_(std::move(known)) {
+    for (const auto& [key, value] : spec.args)
+      if (std::find(known_.begin(), known_.end(), key) == known_.end())
+        fail(key, "is not an argument of it" + (known_.empty() ? std::string(" (it takes none)")
+                                                               : " (known: " + join(known_) + ")"));
+  }
+
+  std::int64_t integer(const std::string& key, std::int64_t min, const std::int64_t* fallback) {
+    auto it = spec_.args.find(key);
+    if (it == spec_.args.end()) {
+      if (!fallback) fail(key, "is missing");
+      return *fallback;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || errno != 0)
+      fail(key, "= '" + it->second + "' is not an integer");
+    if (v < min) fail(key, "= " + it->second + " is below " + std::to_string(min));
+    return v;
+  }
+
+  float real(const std::string& key, float lo, float hi, float fallback) {
+    auto it = spec_.args.find(key);
+    if (it == spec_.args.end()) return fallback;
+    char* end = nullptr;
+    const float v = std::strtof(it->second.c_str(), &end);
+    if (it->second.empty() || *end != '\0') fail(key, "= '" + it->second + "' is not a number");
+    if (!(v >= lo && v < hi))
+      fail(key, "= " + it->second + " is outside [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + ")");
+    return v;
+  }
+
+  std::string text(const std::string& key, const std::vector<std::string>& allowed,
+                   const std::string& fallback) {
+    auto it = spec_.args.find(key);
+    if (it == spec_.args.end()) return fallback;
+    if (std::find(allowed.begin(), allowed.end(), it->second) == allowed.end())
+      fail(key, "= '" + it->second + "' is not one of " + join(allowed));
+    return it->second;
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw InputError(where() + ": argument '" + key + "' " + what);
+  }
+  std::string where() const { return "layer " + std::to_string(index_) + " (" + spec_.type + ")"; }
+
+ private:
+  const LayerSpec& spec_;
+  std::size_t index_;
+  std::vector<std::string> known_;
+};
+
+Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
+  std::map<std::string, int> counts;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& spec = layers[i];
+    const std::string name = spec.type + std::to_string(++counts[spec.type]);
+    const bool spatial = x.shape.size() == 3;
+    auto needSpatial = [&](const SpecArgs& args) {
+      if (!spatial)
+        throw InputError(args.where() + " needs a [C,H,W] input, got " + toString(x.shape));
+    };
+    if (spec.type == "conv") {
+      SpecArgs args(spec, i, {"num_output", "kernel", "stride", "pad", "bias"});
+      needSpatial(args);
+      const std::int64_t one = 1, zero = 0;
+      const std::int64_t oc = args.integer("num_output", 1, nullptr);
+      const std::int64_t k = args.integer("kernel", 1, nullptr);
+      const std::int64_t s = args.integer("stride", 1, &one);
+      const std::int64_t p = args.integer("pad", 0, &zero);
+      const bool bias = args.text("bias", {"true", "false"}, "true") == "true";
+      if (x.shape[1] + 2 * p < k || x.shape[2] + 2 * p < k)
+        throw InputError(args.where() + ": kernel " + std::to_string(k) + " exceeds the padded " +
+                         toString(x.shape) + " input");
+      x = b.conv(x, name, oc, k, s, p, bias);
+    } else if (spec.type == "pool") {
+      SpecArgs args(spec, i, {"kernel", "stride", "pad", "method"});
+      needSpatial(args);
+      const std::int64_t zero = 0;
+      const std::int64_t k = args.integer("kernel", 1, nullptr);
+      const std::int64_t s = args.integer("stride", 1, &k);
+      const std::int64_t p = args.integer("pad", 0, &zero);
+      const bool max = args.text("method", {"max", "ave"}, "max") == "max";
+      if (p >= k) args.fail("pad", "must be smaller than the kernel");
+      if (x.shape[1] + 2 * p < k || x.shape[2] + 2 * p < k)
+        throw InputError(args.where() + ": kernel " + std::to_string(k) + " exceeds the padded " +
+                         toString(x.shape) + " input");
+      x = b.pool(x, name, k, s, p, max ? PoolMethod::kMax : PoolMethod::kAverage);
+    } else if (spec.type == "fc") {
+      SpecArgs args(spec, i, {"num_output"});
+      x = b.fc(x, name, args.integer("num_output", 1, nullptr));
+    } else if (spec.type == "relu") {
+      SpecArgs args(spec, i, {});
+      x = b.relu(x, name);
+    } else if (spec.type == "bn") {
+      SpecArgs args(spec, i, {});
+      x = b.bn(x, name);
+    } else if (spec.type == "dropout") {
+      SpecArgs args(spec, i, {"ratio"});
+      x = b.dropout(x, name, args.real("ratio", 0.0f, 1.0f, 0.5f));
+    } else if (spec.type == "flatten") {
+      SpecArgs args(spec, i, {});
+      x = Builder::flatten(x);
+    } else {
+      throw InputError("layer " + std::to_string(i) + " has unknown type '" + spec.type +
+                       "' (known: " + join(kLayerTypes) + ")");
+    }
+  }
+  return x;
+}
+
+// ---- the net ----
+
+class NetImpl final : public Net, private LayerContext {
+ public:
+  NetImpl(Backend& backend, const NetOptions& options, Graph graph)
+      : backend_(backend), options_(options), g_(std::move(graph)) {
+    for (std::size_t b = 1; b < g_.blobs.size(); ++b) {
+      Blob& blob = g_.blobs[b];
+      blob.data = backend_.empty({options.max_batch * blob.per});
+      blob.diff = backend_.empty({options.max_batch * blob.per});
+      max_per_ = std::max(max_per_, blob.per);
+    }
+    for (auto& s : scratch_)
+      s = backend_.empty({options.max_batch * max_per_});
+    weights_ = backend_.empty({g_.num_params});
+    grads_ = backend_.empty({g_.num_params});
+    buffers_ = backend_.empty({g_.num_buffers});
+    metrics_ = backend_.empty({2});
+    initialise();
+    for (auto& layer : g_.layers)
+      layer->bind(weights_, grads_, buffers_);
+    written_.assign(g_.blobs.size(), false);
+  }
+
+  const std::vector<ParamInfo>& params() const override { return g_.params; }
+  std::int64_t numParams() const override { return g_.num_params; }
+  const Tensor& weights() const override { return weights_; }
+  const Tensor& grads() const override { return grads_; }
+  const Tensor& buffers() const override { return buffers_; }
+  const Tensor& metrics() const override { return metrics_; }
+
+  void forward(const Tensor& images, const Tensor& labels, bool train) override {
+    const Shape expected{options_.channels, options_.height, options_.width};
+    TROUPE_ENFORCE(
+        images.rank() == 4 && Shape(images.shape().begin() + 1, images.shape().end()) == expected,
+        "images of shape ", toString(images.shape()), " for a net on ", toString(expected));
+    n_ = images.dim(0);
+    TROUPE_ENFORCE(n_ >= 1 && n_ <= options_.max_batch, "batch of ", n_, " with max_batch ",
+                   options_.max_batch);
+    TROUPE_ENFORCE_EQ(labels.numel(), n_);
+    images_ = images;
+    labels_ = labels;
+    trained_ = train;
+    ++forward_count_;
+    for (auto& layer : g_.layers)
+      layer->forward(*this, n_, train);
+  }
+
+  void backward(float grad_scale, const GradReadyFn& on_ready) override {
+    TROUPE_ENFORCE(trained_, "backward() after a forward() that was not training");
+    std::fill(written_.begin(), written_.end(), false);
+    for (std::size_t l = g_.layers.size(); l-- > 0;) {
+      Layer& layer = *g_.layers[l];
+      current_ = &layer;
+      pending_.clear();
+      layer.backward(*this, n_, grad_scale);
+      for (auto& [scratch, blob] : pending_)
+        backend_.axpy(1.0f, scratch_[scratch].slice(0, n_ * g_.blobs[blob].per),
+                      g_.blobs[blob].diff.slice(0, n_ * g_.blobs[blob].per));
+      if (layer.param_end > layer.param_begin && on_ready)
+        on_ready(layer.param_begin, layer.param_end);
+    }
+    current_ = nullptr;
+  }
+
+  void reseed(std::uint64_t seed) override {
+    seed_ = seed;
+    forward_count_ = 0;
+  }
+
+ private:
+  // LayerContext
+  Backend& backend() override { return backend_; }
+  Tensor data(int blob) override {
+    if (blob == 0) return images_;
+    return shaped(g_.blobs[blob].data, blob);
+  }
+  Tensor diff(int blob) override {
+    const Blob& b = g_.blobs[blob];
+    if (!b.needs_diff) return Tensor();
+    if (current_ && blob != current_->top) {  // a bottom the current layer writes
+      if (written_[blob]) {
+        const int s = static_cast<int>(pending_.size());
+        TROUPE_ENFORCE_LT(s, 2);
+        pending_.emplace_back(s, blob);
+        return shaped(scratch_[s], blob);
+      }
+      written_[blob] = true;
+    }
+    return shaped(b.diff, blob);
+  }
+  Tensor labels() override { return labels_; }
+  Tensor metrics() override { return metrics_; }
+  std::uint64_t dropoutSeed(int layer) override {
+    return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
+  }
+
+  Tensor shaped(const Tensor& store, int blob) const {
+    Shape shape{n_};
+    for (auto d : g_.blobs[blob].shape)
+      shape.push_back(d);
+    return store.slice(0, n_ * g_.blobs[blob].per).view(std::move(shape));
+  }
+
+  void initialise() {
+    Tensor w = Tensor::host({g_.num_params});
+    for (std::size_t p = 0; p < g_.params.size(); ++p) {
+      const ParamInfo& info = g_.params[p];
+      const Init init = g_.inits[p];
+      float* out = w.f32() + info.offset;
+      for (std::int64_t i = 0; i < info.size; ++i)
+        out[i] = init.constant
+                     ? init.value
+                     : (2.0f * uniform01(randomBits(options_.seed, p + 1, i)) - 1.0f) * init.value;
+    }
+    backend_.copy(w, weights_);
+    Tensor buf = Tensor::host({g_.num_buffers});
+    for (const auto& fill : g_.buffer_fills)
+      std::fill(buf.f32() + fill.begin, buf.f32() + fill.end, fill.value);
+    backend_.copy(buf, buffers_);
+  }
+
+  Backend& backend_;
+  NetOptions options_;
+  Graph g_;
+  std::int64_t max_per_ = 1;
+  Tensor weights_, grads_, buffers_, metrics_;
+  Tensor scratch_[2];
+  Tensor images_, labels_;
+  std::int64_t n_ = 0;
+  bool trained_ = false;
+  std::uint64_t seed_ = 0, forward_count_ = 0;
+  std::vector<bool> written_;
+  std::vector<std::pair<int, int>> pending_;
+  Layer* current_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<std::string> builtinModels() {
+  return {"mlp", "lenet", "resnet20"};
+}
+
+std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
+  if (options.channels < 1 || options.height < 1 || options.width < 1)
+    throw InputError("input of " + std::to_string(options.channels) + "x" +
+                     std::to_string(options.height) + "x" + std::to_string(options.width));
+  if (options.num_labels < 2)
+    throw InputError("num_labels = " + std::to_string(options.num_labels) + " (at least 2)");
+  if (options.max_batch < 1)
+    throw InputError("max_batch = " + std::to_string(options.max_batch) + " (at least 1)");
+  const ModelSpec& model = options.model;
+  if (model.name.empty() == model.layers.empty())
+    throw InputError(model.name.empty()
+                         ? "a model needs a built-in name (" + join(builtinModels()) + ") or layers"
+                         : "model '" + model.name + "' has both a built-in name and layers");
+  Graph graph;
+  Builder b(graph);
+  Node x = b.input({options.channels, options.height, options.width});
+  if (!model.name.empty()) {
+    if (model.name == "mlp") {
+      x = buildMlp(b, x, options.num_labels);
+    } else if (model.name == "lenet") {
+      if (options.height < 16 || options.width < 16)
+        throw InputError("lenet needs inputs of at least 16x16");
+      x = buildLenet(b, x, options.num_labels);
+    } else if (model.name == "resnet20") {
+      x = buildResnet20(b, x, options.num_labels);
+    } else {
+      throw InputError("unknown model '" + model.name + "' (built-in: " + join(builtinModels()) +
+                       ")");
+    }
+  } else {
+    x = buildFromSpec(b, x, model.layers);
+    if (numelOf(x.shape) != options.num_labels)
+      throw InputError("the last layer gives " + std::to_string(numelOf(x.shape)) +
+                       " outputs per sample, num_labels is " + std::to_string(options.num_labels));
+  }
+  b.loss(x, options.num_labels);
+  return std::make_unique<NetImpl>(backend, options, std::move(graph));
+}
+
+}  // namespace troupe::kernels

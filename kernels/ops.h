@@ -1,0 +1,133 @@
+// Ops: the per-backend kernels that layers are made of, Caffe-style (`op.cc` for the CPU, `op.cu`
+// later for CUDA) behind one interface each. A Backend creates them for one fixed geometry (batch
+// size included); an op may keep workspace (argmax indices, batch statistics, dropout masks) from
+// its forward for its backward, so an op object belongs to one layer.
+//
+// Tensors passed in live on the op's backend. Backward methods overwrite their outputs (never
+// accumulate); an output with no memory (a default-constructed Tensor) is not wanted: skipped.
+// Thread safety: like the backend that made it, one thread at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace troupe::kernels {
+
+// Input [n, channels, height, width]; output [n, out_channels, outHeight(), outWidth()].
+struct ConvGeometry {
+  std::int64_t n = 1, channels = 1, height = 1, width = 1;
+  std::int64_t out_channels = 1, kernel = 1, stride = 1, pad = 0;
+  bool bias = true;
+  std::int64_t outHeight() const { return (height + 2 * pad - kernel) / stride + 1; }
+  std::int64_t outWidth() const { return (width + 2 * pad - kernel) / stride + 1; }
+};
+
+class ConvOp {
+ public:
+  virtual ~ConvOp() = default;
+  // w: [out_channels, channels, kernel, kernel]; b: [out_channels] (ignored unless bias).
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) = 0;
+  virtual void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dw, const Tensor& db) = 0;
+};
+
+enum class PoolMethod : std::uint8_t { kMax, kAverage };
+
+// Caffe's pooling: outHeight = ceil((height + 2 pad - kernel) / stride) + 1, dropping a last window
+// that would start inside the padding. Average pooling divides by the window clipped to the padded
+// input (Caffe's rule); padding never wins a max.
+struct PoolGeometry {
+  std::int64_t n = 1, channels = 1, height = 1, width = 1;
+  std::int64_t kernel = 2, stride = 2, pad = 0;
+  PoolMethod method = PoolMethod::kMax;
+  std::int64_t outHeight() const;
+  std::int64_t outWidth() const;
+};
+
+class PoolOp {
+ public:
+  virtual ~PoolOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
+};
+
+// Fully connected: x [n, in] (any shape with n * in elements), w [out, in], b [out], y [n, out].
+struct InnerProductGeometry {
+  std::int64_t n = 1, in = 1, out = 1;
+};
+
+class InnerProductOp {
+ public:
+  virtual ~InnerProductOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) = 0;
+  virtual void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dw, const Tensor& db) = 0;
+};
+
+// Batch norm over [n, channels, spatial] (PyTorch semantics): training normalises with the batch's
+// mean and biased variance and updates running = (1 - momentum) * running + momentum * batch
+// (unbiased variance); inference normalises with the running statistics.
+struct BatchNormGeometry {
+  std::int64_t n = 1, channels = 1, spatial = 1;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+
+class BatchNormOp {
+ public:
+  virtual ~BatchNormOp() = default;
+  // gamma, beta, running_mean, running_var: [channels].
+  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+                       bool train) = 0;
+  // Back-propagates the last training forward.
+  virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dgamma, const Tensor& dbeta) = 0;
+};
+
+// Element-wise and reduction ops over `numel` elements (or [n, channels, spatial] for pooling).
+class ReluOp {
+ public:
+  virtual ~ReluOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  // dx = dy where y > 0, else 0 (y is the forward's output).
+  virtual void backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+};
+
+// Inverted dropout: keeps an element with probability 1 - ratio and scales it by 1 / (1 - ratio).
+// The mask is a function of (seed, element index) only, whatever the thread count.
+class DropoutOp {
+ public:
+  virtual ~DropoutOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& y, std::uint64_t seed) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
+};
+
+// y = a + b.
+class AddOp {
+ public:
+  virtual ~AddOp() = default;
+  virtual void forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+};
+
+// [n, channels, spatial] -> [n, channels].
+class GlobalAvgPoolOp {
+ public:
+  virtual ~GlobalAvgPoolOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& dx) = 0;
+};
+
+// Softmax cross-entropy over logits [n, classes] with int32 labels [n].
+class SoftmaxLossOp {
+ public:
+  virtual ~SoftmaxLossOp() = default;
+  // metrics (2 floats) = {sum of -log p(label), number of rows whose arg max is the label}.
+  // A label outside [0, classes) throws InputError.
+  virtual void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) = 0;
+  // dlogits = scale * (softmax - onehot(label)), from the last forward.
+  virtual void backward(float scale, const Tensor& dlogits) = 0;
+};
+
+}  // namespace troupe::kernels

@@ -1,0 +1,69 @@
+#include "rendezvous/exchange.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "rendezvous/store_util.h"
+#include "troupe/error.h"
+
+namespace troupe::rendezvous {
+namespace {
+
+void checkRank(std::string_view what, std::string_view name, int rank, int world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw InputError(
+        fmt::format("{} '{}': rank {} is outside a world of {}", what, name, rank, world_size));
+  }
+}
+
+std::vector<std::string> rankKeys(std::string_view prefix, int world_size) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r)
+    keys.push_back(fmt::format("{}/{}", prefix, r));
+  return keys;
+}
+
+// Waits for every rank's key; on timeout names the ranks whose keys are still missing. Returns
+// normally if they all turned up after all.
+void waitForRanks(Store& store, std::string_view what, std::string_view name,
+                  const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      if (!store.check({keys[r]})) missing.push_back(static_cast<int>(r));
+    }
+    if (missing.empty()) return;
+    throw TimeoutError(fmt::format("{} '{}' timed out after {} waiting for rank{} {} of {} ({})",
+                                   what, name, detail::formatDuration(timeout),
+                                   missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                                   keys.size(), store.describe()));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> exchange(Store& store, int rank, int world_size, std::string_view my_value,
+                                  std::chrono::milliseconds timeout, std::string_view name) {
+  checkRank("rendezvous", name, rank, world_size);
+  const auto keys = rankKeys(name, world_size);
+  store.set(keys[static_cast<size_t>(rank)], my_value);
+  waitForRanks(store, "rendezvous", name, keys, timeout);
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const auto& key : keys)
+    values.push_back(store.get(key, timeout));
+  return values;
+}
+
+void barrier(Store& store, std::string_view name, int rank, int world_size,
+             std::chrono::milliseconds timeout) {
+  checkRank("barrier", name, rank, world_size);
+  const auto keys = rankKeys(fmt::format("barrier/{}", name), world_size);
+  store.set(keys[static_cast<size_t>(rank)], "");
+  waitForRanks(store, "barrier", name, keys, timeout);
+}
+
+}  // namespace troupe::rendezvous

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite from a clean clone: set up, build, run every test with CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+build_dir=${BUILD_DIR:-build}
+ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600

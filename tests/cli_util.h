@@ -1,0 +1,69 @@
+// Running the troupe binary from tests: its exit code and everything it printed.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace troupe::testing {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `command` with sh, stderr merged into stdout.
+inline CommandResult runCommand(const std::string& command) {
+  CommandResult r;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buffer;
+  while (std::fgets(buffer.data(), buffer.size(), pipe))
+    r.output += buffer.data();
+  const int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string troupeBinary() {
+  return TROUPE_BINARY;
+}
+inline std::string sourceDir() {
+  return TROUPE_SOURCE_DIR;
+}
+// Fashion-MNIST converted by the setup_fashion_mnist test: <dir>/lmdb/{train,test}, leveldb too.
+inline std::string testData(const std::string& db) {
+  return std::string(TROUPE_TESTDATA) + "/" + db;
+}
+
+// A fresh temporary folder, removed with the object.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    path_ =
+        std::filesystem::temp_directory_path() /
+        ("troupe_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string str() const { return path_.string(); }
+  std::filesystem::path path() const { return path_; }
+
+ private:
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::filesystem::path path_;
+};
+
+}  // namespace troupe::testing

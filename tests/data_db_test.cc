@@ -1,0 +1,169 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "data/db.h"
+#include "data_test_util.h"
+#include "troupe/error.h"
+
+namespace troupe::data {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+template <typename Fn>
+std::string errorOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class DbTest : public ::testing::TestWithParam<DbType> {};
+
+TEST_P(DbTest, RoundTripsRecordsAcrossBatchCommitsInKeyOrder) {
+  TempDir dir;
+  const std::string path = dir / "db";
+  const int n = 2 * DbWriter::kCommitEvery + 17;  // several automatic commits and a last one
+  {
+    auto writer = createDb(path, GetParam());
+    for (int i = n - 1; i >= 0; --i) {  // written backwards: the DB orders keys itself
+      writer->put(fmt::format("{:08d}", i), testing::pattern(100 + i % 50, i));
+    }
+    writer->commit();
+  }
+  EXPECT_EQ(detectDbType(path), GetParam());
+  auto reader = openDb(path, GetParam());
+  EXPECT_EQ(reader->path(), path);
+  ASSERT_EQ(reader->size(), n);
+  const auto keys = reader->keys();
+  ASSERT_EQ(keys.size(), static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(keys[i], fmt::format("{:08d}", i));
+    const std::string expected = testing::pattern(100 + i % 50, i);
+    ASSERT_EQ(reader->get(keys[i]), expected);
+    ASSERT_EQ(reader->peek(keys[i]), expected);
+  }
+}
+
+TEST_P(DbTest, BinaryKeysAndValuesSurviveUnchanged) {
+  TempDir dir;
+  const std::string key("a\0b\xff", 4);
+  const std::string value("\0\x01\x02\xfe", 4);
+  {
+    auto writer = createDb(dir / "db", GetParam());
+    writer->put(key, value);
+    writer->put("z", "");
+    writer->commit();
+  }
+  auto reader = openDb(dir / "db", GetParam());
+  EXPECT_EQ(reader->keys(), (std::vector<std::string>{key, "z"}));
+  EXPECT_EQ(reader->get(key), value);
+  EXPECT_EQ(reader->get("z"), "");
+}
+
+TEST_P(DbTest, DestructorCommitsWhatIsLeft) {
+  TempDir dir;
+  createDb(dir / "db", GetParam())->put("only", "value");
+  EXPECT_EQ(openDb(dir / "db", GetParam())->get("only"), "value");
+}
+
+TEST_P(DbTest, MissingKeyNamesDatabaseAndKey) {
+  TempDir dir;
+  createDb(dir / "db", GetParam())->commit();
+  auto reader = openDb(dir / "db", GetParam());
+  EXPECT_EQ(reader->size(), 0);
+  EXPECT_TRUE(reader->keys().empty());
+  EXPECT_THROW(reader->get("nope"), InputError);
+  EXPECT_THAT(errorOf([&] { reader->peek("nope"); }),
+              AllOf(HasSubstr(dir / "db"), HasSubstr("'nope'")));
+}
+
+TEST_P(DbTest, OpeningAMissingPathNamesPathAndType) {
+  TempDir dir;
+  const std::string path = dir / "x/train";
+  EXPECT_THROW(openDb(path, GetParam()), InputError);
+  EXPECT_THAT(errorOf([&] { openDb(path, GetParam()); }),
+              AllOf(HasSubstr("'" + path + "'"), HasSubstr(std::string(toString(GetParam()))),
+                    HasSubstr("does not exist")));
+}
+
+TEST_P(DbTest, OpeningAFolderWithoutDatabaseFails) {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "empty");
+  EXPECT_THROW(openDb(dir / "empty", GetParam()), InputError);
+  std::ofstream(dir / "file") << "x";
+  EXPECT_THAT(errorOf([&] { openDb(dir / "file", GetParam()); }), HasSubstr(dir / "file"));
+}
+
+TEST_P(DbTest, CreateRefusesAnExistingDatabaseOrFile) {
+  TempDir dir;
+  createDb(dir / "db", GetParam())->commit();
+  EXPECT_THROW(createDb(dir / "db", GetParam()), InputError);
+  EXPECT_THAT(errorOf([&] { createDb(dir / "db", DbType::kLmdb); }),
+              AllOf(HasSubstr(dir / "db"), HasSubstr("exists")));
+  EXPECT_THAT(errorOf([&] { createDb(dir / "db", DbType::kLevelDb); }),
+              AllOf(HasSubstr(dir / "db"), HasSubstr("exists")));
+  std::ofstream(dir / "file") << "x";
+  EXPECT_THROW(createDb(dir / "file", GetParam()), InputError);
+  // An empty folder is fine, and so are missing parents.
+  std::filesystem::create_directory(dir / "empty");
+  createDb(dir / "empty", GetParam())->commit();
+  createDb(dir / "a/b/c", GetParam())->commit();
+  EXPECT_EQ(detectDbType(dir / "a/b/c"), GetParam());
+}
+
+TEST_P(DbTest, CreateUnderAFileIsAnIoErrorNamingThePath) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "x";
+  const std::string path = dir / "file" + "/db";
+  EXPECT_THROW(createDb(path, GetParam()), IoError);
+  EXPECT_THAT(errorOf([&] { createDb(path, GetParam()); }), HasSubstr(path));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DbTest, ::testing::Values(DbType::kLmdb, DbType::kLevelDb),
+                         [](const auto& info) { return std::string(toString(info.param)); });
+
+TEST(DbTypeTest, OpeningAnLmdbAsLevelDbSaysWhatItLooksLike) {
+  TempDir dir;
+  const std::string path = dir / "train";
+  createDb(path, DbType::kLmdb)->commit();
+  EXPECT_THROW(openDb(path, DbType::kLevelDb), InputError);
+  EXPECT_EQ(errorOf([&] { openDb(path, DbType::kLevelDb); }),
+            "database '" + path + "' is not a leveldb database (it looks like lmdb)");
+}
+
+TEST(DbTypeTest, OpeningALevelDbAsLmdbSaysWhatItLooksLike) {
+  TempDir dir;
+  const std::string path = dir / "train";
+  createDb(path, DbType::kLevelDb)->commit();
+  EXPECT_EQ(errorOf([&] { openDb(path, DbType::kLmdb); }),
+            "database '" + path + "' is not an lmdb database (it looks like leveldb)");
+}
+
+TEST(DbTypeTest, ParsesKnownNamesAndListsThemOtherwise) {
+  EXPECT_EQ(parseDbType("lmdb"), DbType::kLmdb);
+  EXPECT_EQ(parseDbType("leveldb"), DbType::kLevelDb);
+  EXPECT_EQ(toString(DbType::kLmdb), "lmdb");
+  EXPECT_EQ(toString(DbType::kLevelDb), "leveldb");
+  EXPECT_THROW(parseDbType("rocksdb"), InputError);
+  EXPECT_THAT(errorOf([] { parseDbType("rocksdb"); }),
+              AllOf(HasSubstr("'rocksdb'"), HasSubstr("lmdb"), HasSubstr("leveldb")));
+}
+
+TEST(DbTypeTest, DetectsNothingWhereThereIsNoDatabase) {
+  TempDir dir;
+  EXPECT_EQ(detectDbType(dir / "missing"), std::nullopt);
+  EXPECT_EQ(detectDbType(dir.str()), std::nullopt);
+}
+
+}  // namespace
+}  // namespace troupe::data

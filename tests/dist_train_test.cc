@@ -1,0 +1,185 @@
+// Training with several real processes on loopback: `troupe launch` and processes started by hand.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "actors/checkpoint.h"
+#include "cli_util.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::runCommand;
+using testing::sourceDir;
+using testing::TempDir;
+using testing::testData;
+using testing::troupeBinary;
+
+std::string dataFlags() {
+  return " --train_data " + testData("lmdb") + "/train --test_data " + testData("lmdb") +
+         "/test --db_type lmdb";
+}
+
+std::string in(const TempDir& dir, const std::string& command) {
+  return "cd " + dir.str() + " && " + command;
+}
+
+std::vector<fs::path> filesIn(const fs::path& dir, const std::string& ext) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ext) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double relativeDifference(const kernels::Tensor& a, const kernels::Tensor& b) {
+  double sq_diff = 0, sq_a = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.f32()[i], y = b.f32()[i];
+    sq_diff += (x - y) * (x - y);
+    sq_a += x * x;
+  }
+  return std::sqrt(sq_diff / sq_a);
+}
+
+TEST(DistributedTraining, LaunchTwoWorkersBspAllreduceAsWritten) {
+  TempDir cwd("dist_launch");
+  const auto r = runCommand(in(
+      cwd, troupeBinary() + " launch -n 2 --launcher local -- troupe train " + sourceDir() +
+               "/configs/lenet.toml" + dataFlags() + " --schedule bsp-allreduce --num_epochs 1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[worker 0]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[worker 1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rendezvous tcp://127.0.0.1:"), std::string::npos) << r.output;
+  const auto logs = filesIn(cwd.path(), ".log");
+  ASSERT_EQ(logs.size(), 1u) << "only the chief writes the log\n" << r.output;
+  std::ifstream log(logs[0]);
+  std::string line, last;
+  while (std::getline(log, line))
+    last = line;
+  std::vector<std::string> cells;
+  std::stringstream row(last);
+  for (std::string c; std::getline(row, c, ',');)
+    cells.push_back(c);
+  ASSERT_EQ(cells.size(), 11u) << last;
+  EXPECT_EQ(cells[2], "59904");  // 468 steps of 2 x 64
+  EXPECT_GT(std::stod(cells[10]), 0.8) << last;
+}
+
+TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
+  TempDir cwd("dist_same");
+  const std::string common = sourceDir() + "/configs/lenet.toml" + dataFlags() +
+                             " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
+                             " --log_every 0 --threads 1";
+  auto one = runCommand(in(cwd, troupeBinary() + " train " + common +
+                                    " --batch_size 64 --run_name one --checkpoint_dir " +
+                                    cwd.str() + "/one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe train " + common +
+                                    " --schedule bsp-allreduce --batch_size 32 --run_name two"
+                                    " --checkpoint_dir " +
+                                    cwd.str() + "/two"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
+  EXPECT_EQ(a.metaInt("step"), 20);
+  EXPECT_EQ(b.metaInt("step"), 20);
+  EXPECT_LE(relativeDifference(a.weights, b.weights), 1e-5);
+}
+
+TEST(DistributedTraining, ProcessesStartedByHandMeetThroughTheirOwnStore) {
+  TempDir cwd("dist_hand");
+  const std::string common = " train --model mlp" + dataFlags() +
+                             " --num_epochs 1 --epoch_size 6400 --num_shards 2 --run_id byhand"
+                             " --schedule bsp-allreduce --rendezvous tcp://127.0.0.1:29517 "
+                             "--log_every 0 --threads 1";
+  std::thread second([&] {
+    const auto r = runCommand(in(cwd, troupeBinary() + common + " --shard_id 1"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  });
+  const auto r = runCommand(in(cwd, troupeBinary() + common + " --shard_id 0"));
+  second.join();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(DistributedTraining, AFileStoreRendezvousWorks) {
+  TempDir cwd("dist_file");
+  const auto r =
+      runCommand(in(cwd, troupeBinary() + " launch -n 2 --rendezvous file://" + cwd.str() +
+                             "/store -- troupe train --model mlp" + dataFlags() +
+                             " --schedule bsp-allreduce --num_epochs 1 "
+                             "--epoch_size 6400 --log_every 0"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(DistributedTraining, APeerThatNeverArrivesIsNamed) {
+  TempDir cwd("dist_missing");
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      runCommand(in(cwd, troupeBinary() + " train --model mlp" + dataFlags() +
+                             " --num_shards 2 --shard_id 0 --run_id alone "
+                             "--schedule bsp-allreduce "
+                             "--rendezvous tcp://127.0.0.1:29518 --rendezvous_timeout 2"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("waiting for rank 1 of 2"), std::string::npos) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+// The pid of the process whose environment has TROUPE_RUN_ID=run_id and TROUPE_RANK=rank.
+pid_t findWorker(const std::string& run_id, int rank) {
+  DIR* proc = ::opendir("/proc");
+  pid_t found = -1;
+  while (dirent* e = ::readdir(proc)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream env(std::string("/proc/") + e->d_name + "/environ", std::ios::binary);
+    std::string all((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (all.find("TROUPE_RUN_ID=" + run_id + '\0') != std::string::npos &&
+        all.find("TROUPE_RANK=" + std::to_string(rank) + '\0') != std::string::npos &&
+        all.find("TROUPE_ROLE=worker") != std::string::npos) {
+      std::ifstream comm(std::string("/proc/") + e->d_name + "/comm");
+      std::string name;
+      comm >> name;
+      if (name == "troupe") found = pid;
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+TEST(DistributedTraining, KillingAWorkerEndsTheRunNamingItWithin30Seconds) {
+  TempDir cwd("dist_kill");
+  const std::string run_id = "kill" + std::to_string(::getpid());
+  testing::CommandResult r;
+  std::thread launcher([&] {
+    r = runCommand(in(cwd, troupeBinary() + " launch -n 2 --run_id " + run_id +
+                               " -- troupe train --model lenet" + dataFlags() +
+                               " --schedule bsp-allreduce --num_epochs 50 --log_every 0"));
+  });
+  pid_t victim = -1;
+  for (int i = 0; i < 300 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    victim = findWorker(run_id, 1);
+  }
+  ASSERT_GT(victim, 0) << "worker 1 never started";
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGKILL);
+  launcher.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(30));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("worker 1 on localhost"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,272 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/backend.h"
+#include "kernels/net.h"
+#include "kernels/optimizer.h"
+#include "kernels/random.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+struct Batch {
+  Tensor images, labels;
+};
+
+Batch fixedBatch(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  Batch b{Tensor::host({n, c, h, w}), Tensor::host({n}, DType::kInt32)};
+  for (std::int64_t i = 0; i < b.images.numel(); ++i)
+    b.images.f32()[i] = 2.0f * uniform01(randomBits(5, 0, i)) - 1.0f;
+  for (std::int64_t i = 0; i < n; ++i)
+    b.labels.i32()[i] = static_cast<int>(i % 10);
+  return b;
+}
+
+NetOptions options(const std::string& model, std::int64_t batch, std::int64_t c = 1,
+                   std::int64_t hw = 28) {
+  NetOptions o;
+  o.model.name = model;
+  o.max_batch = batch;
+  o.channels = c;
+  o.height = o.width = hw;
+  return o;
+}
+
+std::string errorOf(Backend& backend, const NetOptions& o) {
+  try {
+    makeNet(backend, o);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+NetOptions custom(std::vector<LayerSpec> layers) {
+  NetOptions o;
+  o.model.layers = std::move(layers);
+  o.max_batch = 4;
+  return o;
+}
+
+class NetTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> backend_ = makeCpuBackend(2);
+};
+
+TEST_F(NetTest, UnknownModelNameListsTheBuiltinModels) {
+  const std::string what = errorOf(*backend_, options("vgg", 4));
+  EXPECT_NE(what.find("vgg"), std::string::npos) << what;
+  for (const auto& name : builtinModels())
+    EXPECT_NE(what.find(name), std::string::npos) << what;
+}
+
+TEST_F(NetTest, UnknownLayerTypeListsTheKnownTypes) {
+  const std::string what =
+      errorOf(*backend_, custom({{"flatten", {}}, {"lstm", {}}, {"fc", {{"num_output", "10"}}}}));
+  EXPECT_NE(what.find("layer 1"), std::string::npos) << what;
+  EXPECT_NE(what.find("lstm"), std::string::npos) << what;
+  EXPECT_NE(what.find("conv, pool, fc"), std::string::npos) << what;
+}
+
+TEST_F(NetTest, BadLayerArgumentNamesLayerTypeAndKey) {
+  const std::string what =
+      errorOf(*backend_, custom({{"conv", {{"num_output", "8"}, {"kernel", "five"}}},
+                                 {"fc", {{"num_output", "10"}}}}));
+  EXPECT_NE(what.find("layer 0 (conv)"), std::string::npos) << what;
+  EXPECT_NE(what.find("'kernel'"), std::string::npos) << what;
+}
+
+TEST_F(NetTest, MissingLayerArgumentNamesLayerTypeAndKey) {
+  const std::string what =
+      errorOf(*backend_, custom({{"flatten", {}}, {"fc", {{"num_outputs", "10"}}}}));
+  EXPECT_NE(what.find("layer 1 (fc)"), std::string::npos) << what;
+  EXPECT_NE(what.find("num_output"), std::string::npos) << what;
+}
+
+TEST_F(NetTest, LastLayerMustGiveOneOutputPerLabel) {
+  const std::string what = errorOf(*backend_, custom({{"fc", {{"num_output", "7"}}}}));
+  EXPECT_NE(what.find("num_labels"), std::string::npos) << what;
+}
+
+TEST_F(NetTest, BuiltinModelsHaveTheirKnownParameterCounts) {
+  EXPECT_EQ(makeNet(*backend_, options("mlp", 2))->numParams(),
+            784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_EQ(makeNet(*backend_, options("lenet", 2))->numParams(), 431080);  // Caffe's LeNet
+  // He et al.'s ResNet-20 (0.27M) with 1x1-conv shortcuts at the two stage changes.
+  auto resnet = makeNet(*backend_, options("resnet20", 2, 3, 32));
+  EXPECT_GT(resnet->numParams(), 270000);
+  EXPECT_LT(resnet->numParams(), 280000);
+}
+
+void expectReadyRangesCoverParamsInReverse(Backend& backend, const NetOptions& o) {
+  auto net = makeNet(backend, o);
+  Batch b = fixedBatch(2, o.channels, o.height, o.width);
+  net->forward(b.images, b.labels, true);
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  net->backward(1.0f,
+                [&](std::int64_t begin, std::int64_t end) { ranges.emplace_back(begin, end); });
+  ASSERT_FALSE(ranges.empty());
+  EXPECT_EQ(ranges.front().second, net->numParams());
+  EXPECT_EQ(ranges.back().first, 0);
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_LT(ranges[i].first, ranges[i].second);
+    if (i > 0) {
+      EXPECT_EQ(ranges[i].second, ranges[i - 1].first) << "range " << i;
+    }
+  }
+}
+
+TEST_F(NetTest, ReadyRangesCoverAllParametersOnceInReverseLayerOrder) {
+  expectReadyRangesCoverParamsInReverse(*backend_, options("lenet", 2));
+  expectReadyRangesCoverParamsInReverse(*backend_, options("resnet20", 2, 2, 12));
+}
+
+void expectLossDecreases(Backend& backend, const NetOptions& o, int steps, float lr) {
+  auto net = makeNet(backend, o);
+  auto sgd = makeSgd(backend, net->numParams(), {0.9f, 0.0f, false});
+  Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
+  net->forward(b.images, b.labels, true);
+  const float first = net->metrics().f32()[0];
+  float last = first;
+  for (int i = 0; i < steps; ++i) {
+    net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
+    sgd->step(net->weights(), net->grads(), lr);
+    net->forward(b.images, b.labels, true);
+    last = net->metrics().f32()[0];
+  }
+  EXPECT_LT(last, 0.5f * first) << o.model.name << ": loss went from " << first << " to " << last;
+}
+
+TEST_F(NetTest, LenetLossFallsOnAFixedBatch) {
+  expectLossDecreases(*backend_, options("lenet", 8), 15, 0.05f);
+}
+TEST_F(NetTest, MlpLossFallsOnAFixedBatch) {
+  expectLossDecreases(*backend_, options("mlp", 8), 15, 0.05f);
+}
+TEST_F(NetTest, Resnet20LossFallsOnAFixedBatch) {
+  expectLossDecreases(*backend_, options("resnet20", 8, 3, 16), 15, 0.05f);
+}
+
+TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
+  NetOptions o = custom({{"conv", {{"num_output", "4"}, {"kernel", "3"}, {"pad", "1"}}},
+                         {"bn", {}},
+                         {"relu", {}},
+                         {"pool", {{"kernel", "2"}, {"method", "ave"}}},
+                         {"dropout", {{"ratio", "0.3"}}},
+                         {"fc", {{"num_output", "10"}}}});
+  o.height = o.width = 10;
+  std::vector<std::vector<float>> finals;
+  for (int run = 0; run < 2; ++run) {
+    auto backend = makeCpuBackend(2);
+    auto net = makeNet(*backend, o);
+    net->reseed(11);
+    auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, true});
+    Batch b = fixedBatch(4, 1, 10, 10);
+    for (int i = 0; i < 5; ++i) {
+      net->forward(b.images, b.labels, true);
+      net->backward(0.25f, nullptr);
+      sgd->step(net->weights(), net->grads(), 0.1f);
+    }
+    const float* w = net->weights().f32();
+    finals.emplace_back(w, w + net->numParams());
+  }
+  EXPECT_EQ(0, std::memcmp(finals[0].data(), finals[1].data(), finals[0].size() * sizeof(float)));
+}
+
+// The built-in models run oneDNN's convolutions (NHWC and blocked layouts), whose reductions must
+// split the same way on every run with a given thread count.
+TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) {
+  for (const std::string model : {"lenet", "resnet20"}) {
+    NetOptions o = options(model, 8, 1, model == "lenet" ? 28 : 12);
+    std::vector<std::vector<float>> finals;
+    for (int run = 0; run < 2; ++run) {
+      auto backend = makeCpuBackend(2);
+      auto net = makeNet(*backend, o);
+      auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, false});
+      Batch b = fixedBatch(8, 1, o.height, o.width);
+      for (int i = 0; i < 3; ++i) {
+        net->forward(b.images, b.labels, true);
+        net->backward(0.125f, nullptr);
+        sgd->step(net->weights(), net->grads(), 0.1f);
+      }
+      const float* w = net->weights().f32();
+      finals.emplace_back(w, w + net->numParams());
+    }
+    EXPECT_EQ(0, std::memcmp(finals[0].data(), finals[1].data(), finals[0].size() * sizeof(float)))
+        << model;
+  }
+}
+
+TEST_F(NetTest, DifferentSeedsGiveDifferentInitialWeights) {
+  NetOptions a = options("lenet", 2), b = options("lenet", 2);
+  b.seed = 2;
+  auto na = makeNet(*backend_, a), nb = makeNet(*backend_, b);
+  EXPECT_NE(na->weights().f32()[0], nb->weights().f32()[0]);
+}
+
+// The whole net's gradient (residual adds, batch norm, strided shortcuts) against finite
+// differences on one weight of every parameter tensor. ReLU kinks and tiny-batch batch norm make a
+// few central differences unreliable, so most (not all) must agree. (Checked separately against
+// PyTorch in double precision: max relative error 4e-6.)
+TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
+  auto backend = makeCpuBackend(1);
+  NetOptions o = options("resnet20", 3, 2, 8);
+  auto net = makeNet(*backend, o);
+  Batch b = fixedBatch(3, 2, 8, 8);
+  net->forward(b.images, b.labels, true);
+  net->backward(1.0f, nullptr);
+  std::vector<float> grads(net->grads().f32(), net->grads().f32() + net->numParams());
+  float* w = net->weights().f32();
+  auto loss = [&] {
+    net->forward(b.images, b.labels, true);
+    return static_cast<double>(net->metrics().f32()[0]);
+  };
+  int agree = 0, checked = 0;
+  for (const auto& p : net->params()) {
+    const std::int64_t i =
+        p.offset + static_cast<std::int64_t>(randomBits(3, p.offset, 0) % p.size);
+    const float keep = w[i], eps = 1e-3f;
+    w[i] = keep + eps;
+    const double up = loss();
+    w[i] = keep - eps;
+    const double down = loss();
+    w[i] = keep;
+    const double numeric = (up - down) / (2 * eps);
+    ++checked;
+    if (std::abs(numeric - grads[i]) <= 0.1 * std::max(0.1, std::abs(numeric))) ++agree;
+  }
+  EXPECT_GE(agree, checked * 9 / 10) << "of " << checked;
+}
+
+TEST_F(NetTest, ForwardAcceptsBatchesSmallerThanMaxBatch) {
+  auto net = makeNet(*backend_, options("lenet", 8));
+  Batch small = fixedBatch(3, 1, 28, 28), full = fixedBatch(8, 1, 28, 28);
+  net->forward(full.images, full.labels, false);
+  net->forward(small.images, small.labels, false);
+  EXPECT_GT(net->metrics().f32()[0], 0.0f);
+  EXPECT_LE(net->metrics().f32()[1], 3.0f);
+}
+
+TEST_F(NetTest, EvaluationUsesRunningStatisticsAndChangesNoWeights) {
+  auto net = makeNet(*backend_, options("resnet20", 4, 1, 12));
+  Batch b = fixedBatch(4, 1, 12, 12);
+  std::vector<float> before(net->weights().f32(), net->weights().f32() + net->numParams());
+  net->forward(b.images, b.labels, false);
+  const float loss1 = net->metrics().f32()[0];
+  net->forward(b.images, b.labels, false);
+  EXPECT_EQ(loss1, net->metrics().f32()[0]);
+  EXPECT_EQ(0, std::memcmp(before.data(), net->weights().f32(), before.size() * sizeof(float)));
+}
+
+TEST_F(NetTest, BackwardAfterAnEvaluationForwardThrows) {
+  auto net = makeNet(*backend_, options("mlp", 2));
+  Batch b = fixedBatch(2, 1, 28, 28);
+  net->forward(b.images, b.labels, false);
+  EXPECT_THROW(net->backward(1.0f, nullptr), InvariantError);
+}
+
+}  // namespace
+}  // namespace troupe::kernels

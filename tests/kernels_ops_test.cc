@@ -1,0 +1,382 @@
+// Every CPU op's backward against central finite differences of a random projection of its output:
+// with L(x) = sum(r * op(x)) for a fixed random r, backward(dy = r) must give dL/dx, dL/dw, ...
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/random.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+Tensor randomHost(Shape shape, std::uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::host(std::move(shape));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = lo + (hi - lo) * uniform01(randomBits(42, stream, i));
+  return t;
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    s += double(a.f32()[i]) * b.f32()[i];
+  return s;
+}
+
+// Compares analytic[i] with (L(v + eps e_i) - L(v - eps e_i)) / (2 eps) for every element of v.
+void expectGradient(const char* what, const Tensor& v, const Tensor& analytic,
+                    const std::function<double()>& loss, float eps = 1e-2f, double tol = 2e-2) {
+  ASSERT_EQ(v.numel(), analytic.numel());
+  double worst = 0;
+  std::int64_t worst_i = -1;
+  double scale = 1e-3;
+  for (std::int64_t i = 0; i < analytic.numel(); ++i)
+    scale = std::max(scale, std::abs(double(analytic.f32()[i])));
+  for (std::int64_t i = 0; i < v.numel(); ++i) {
+    const float keep = v.f32()[i];
+    v.f32()[i] = keep + eps;
+    const double up = loss();
+    v.f32()[i] = keep - eps;
+    const double down = loss();
+    v.f32()[i] = keep;
+    const double numeric = (up - down) / (2.0 * eps);
+    const double err = std::abs(numeric - analytic.f32()[i]) / scale;
+    if (err > worst) worst = err, worst_i = i;
+  }
+  EXPECT_LT(worst, tol) << what << ": worst relative error at element " << worst_i << " of "
+                        << v.numel();
+}
+
+class OpsTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> backend_ = makeCpuBackend(2);
+};
+
+void checkConv(Backend& backend, ConvGeometry g) {
+  auto op = backend.makeConv(g);
+  Tensor x = randomHost({g.n, g.channels, g.height, g.width}, 1);
+  Tensor w = randomHost({g.out_channels, g.channels, g.kernel, g.kernel}, 2);
+  Tensor b = randomHost({g.out_channels}, 3);
+  Tensor r = randomHost({g.n, g.out_channels, g.outHeight(), g.outWidth()}, 4);
+  Tensor y = Tensor::host(r.shape());
+  Tensor dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()), db = Tensor::host(b.shape());
+  op->backward(x, w, r, dx, dw, db);
+  auto loss = [&] {
+    op->forward(x, w, b, y);
+    return dot(r, y);
+  };
+  expectGradient("conv dx", x, dx, loss);
+  expectGradient("conv dw", w, dw, loss);
+  expectGradient("conv db", b, db, loss);
+}
+
+TEST_F(OpsTest, ConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {3, 2, 7, 6, 3, 3, 1, 0, true});
+}
+
+TEST_F(OpsTest, StridedPaddedConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {3, 3, 7, 8, 4, 3, 2, 1, true});
+}
+
+TEST_F(OpsTest, OneByOneStridedConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {2, 3, 6, 6, 5, 1, 2, 0, false});
+}
+
+// Four or more input channels run on oneDNN: NHWC when the channel counts are not multiples of 16,
+// blocked layouts (nChw16c) when they are.
+TEST_F(OpsTest, NhwcConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {2, 5, 7, 6, 6, 3, 1, 1, true});
+}
+
+TEST_F(OpsTest, StridedNhwcConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {3, 4, 8, 7, 3, 3, 2, 0, false});
+}
+
+TEST_F(OpsTest, BlockedLayoutConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {2, 16, 6, 5, 16, 3, 1, 1, true});
+}
+
+TEST_F(OpsTest, StridedBlockedLayoutConvolutionGradientsMatchFiniteDifferences) {
+  checkConv(*backend_, {2, 16, 7, 7, 32, 1, 2, 0, false});
+}
+
+TEST_F(OpsTest, ConvolutionForwardMatchesADirectLoop) {
+  ConvGeometry g{2, 3, 6, 5, 4, 3, 2, 1, true};
+  auto op = backend_->makeConv(g);
+  Tensor x = randomHost({2, 3, 6, 5}, 1), w = randomHost({4, 3, 3, 3}, 2), b = randomHost({4}, 3);
+  Tensor y = Tensor::host({2, 4, g.outHeight(), g.outWidth()});
+  op->forward(x, w, b, y);
+  for (int n = 0; n < 2; ++n)
+    for (int o = 0; o < 4; ++o)
+      for (int oy = 0; oy < g.outHeight(); ++oy)
+        for (int ox = 0; ox < g.outWidth(); ++ox) {
+          double s = b.f32()[o];
+          for (int c = 0; c < 3; ++c)
+            for (int ki = 0; ki < 3; ++ki)
+              for (int kj = 0; kj < 3; ++kj) {
+                const int iy = oy * 2 - 1 + ki, ix = ox * 2 - 1 + kj;
+                if (iy < 0 || iy >= 6 || ix < 0 || ix >= 5) continue;
+                s += double(x.f32()[((n * 3 + c) * 6 + iy) * 5 + ix]) *
+                     w.f32()[((o * 3 + c) * 3 + ki) * 3 + kj];
+              }
+          EXPECT_NEAR(y.f32()[((n * 4 + o) * g.outHeight() + oy) * g.outWidth() + ox], s, 1e-4);
+        }
+}
+
+void checkPool(Backend& backend, PoolGeometry g) {
+  auto op = backend.makePool(g);
+  // Distinct values far apart, so that no finite-difference step changes a window's arg max.
+  Tensor x = Tensor::host({g.n, g.channels, g.height, g.width});
+  for (std::int64_t i = 0; i < x.numel(); ++i)
+    x.f32()[i] = 0.1f * static_cast<float>((i * 7919) % x.numel()) - 1.0f;
+  Tensor r = randomHost({g.n, g.channels, g.outHeight(), g.outWidth()}, 4);
+  Tensor y = Tensor::host(r.shape()), dx = Tensor::host(x.shape());
+  op->forward(x, y);
+  op->backward(r, dx);
+  expectGradient("pool dx", x, dx, [&] {
+    op->forward(x, y);
+    return dot(r, y);
+  });
+}
+
+TEST_F(OpsTest, MaxPoolingGradientMatchesFiniteDifferences) {
+  checkPool(*backend_, {2, 3, 6, 8, 2, 2, 0, PoolMethod::kMax});
+}
+
+TEST_F(OpsTest, OverlappingPaddedMaxPoolingGradientMatchesFiniteDifferences) {
+  checkPool(*backend_, {2, 2, 7, 7, 3, 2, 1, PoolMethod::kMax});
+}
+
+TEST_F(OpsTest, AveragePoolingGradientMatchesFiniteDifferences) {
+  checkPool(*backend_, {2, 2, 7, 6, 3, 2, 1, PoolMethod::kAverage});
+}
+
+TEST_F(OpsTest, PoolingRoundsTheOutputSizeUpLikeCaffe) {
+  PoolGeometry g{1, 1, 7, 7, 2, 2, 0, PoolMethod::kMax};
+  EXPECT_EQ(g.outHeight(), 4);
+  g.kernel = 3, g.pad = 1;
+  EXPECT_EQ(g.outHeight(), 4);
+}
+
+TEST_F(OpsTest, MaxPoolingPicksTheWindowMaximum) {
+  PoolGeometry g{1, 1, 2, 4, 2, 2, 0, PoolMethod::kMax};
+  auto op = backend_->makePool(g);
+  Tensor x = Tensor::host({1, 1, 2, 4}), y = Tensor::host({1, 1, 1, 2});
+  const float v[] = {1, 5, -1, -2, 3, 2, -3, -4};
+  std::copy(v, v + 8, x.f32());
+  op->forward(x, y);
+  EXPECT_EQ(y.f32()[0], 5.0f);
+  EXPECT_EQ(y.f32()[1], -1.0f);
+}
+
+TEST_F(OpsTest, InnerProductGradientsMatchFiniteDifferences) {
+  InnerProductGeometry g{3, 7, 5};
+  auto op = backend_->makeInnerProduct(g);
+  Tensor x = randomHost({3, 7}, 1), w = randomHost({5, 7}, 2), b = randomHost({5}, 3);
+  Tensor r = randomHost({3, 5}, 4), y = Tensor::host({3, 5});
+  Tensor dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()), db = Tensor::host(b.shape());
+  op->backward(x, w, r, dx, dw, db);
+  auto loss = [&] {
+    op->forward(x, w, b, y);
+    return dot(r, y);
+  };
+  expectGradient("fc dx", x, dx, loss);
+  expectGradient("fc dw", w, dw, loss);
+  expectGradient("fc db", b, db, loss);
+}
+
+TEST_F(OpsTest, ReluGradientMatchesFiniteDifferences) {
+  auto op = backend_->makeRelu(40);
+  Tensor x = randomHost({40}, 1);
+  for (std::int64_t i = 0; i < 40; ++i)  // keep away from the kink
+    if (std::abs(x.f32()[i]) < 0.05f) x.f32()[i] = 0.5f;
+  Tensor r = randomHost({40}, 2), y = Tensor::host({40}), dx = Tensor::host({40});
+  op->forward(x, y);
+  op->backward(y, r, dx);
+  expectGradient("relu dx", x, dx, [&] {
+    op->forward(x, y);
+    return dot(r, y);
+  });
+}
+
+TEST_F(OpsTest, BatchNormTrainingGradientsMatchFiniteDifferences) {
+  BatchNormGeometry g;
+  g.n = 4, g.channels = 3, g.spatial = 5;
+  auto op = backend_->makeBatchNorm(g);
+  Tensor x = randomHost({4, 3, 5}, 1), gamma = randomHost({3}, 2, 0.5f, 1.5f);
+  Tensor beta = randomHost({3}, 3), r = randomHost({4, 3, 5}, 4), y = Tensor::host({4, 3, 5});
+  Tensor mean = Tensor::host({3}), var = Tensor::host({3});
+  Tensor dx = Tensor::host(x.shape()), dg = Tensor::host({3}), db = Tensor::host({3});
+  op->forward(x, gamma, beta, mean, var, y, true);
+  op->backward(x, gamma, r, dx, dg, db);
+  auto loss = [&] {
+    op->forward(x, gamma, beta, mean, var, y, true);
+    return dot(r, y);
+  };
+  expectGradient("bn dx", x, dx, loss, 1e-3f);
+  expectGradient("bn dgamma", gamma, dg, loss, 1e-3f);
+  expectGradient("bn dbeta", beta, db, loss, 1e-3f);
+}
+
+TEST_F(OpsTest, BatchNormUpdatesRunningStatisticsWithMomentum) {
+  BatchNormGeometry g;
+  g.n = 2, g.channels = 1, g.spatial = 2;
+  auto op = backend_->makeBatchNorm(g);
+  Tensor x = Tensor::host({2, 1, 2}), y = Tensor::host({2, 1, 2});
+  const float v[] = {1, 2, 3, 6};  // mean 3, biased var 3.5, unbiased var 14/3
+  std::copy(v, v + 4, x.f32());
+  Tensor gamma = Tensor::host({1}), beta = Tensor::host({1});
+  gamma.f32()[0] = 1;
+  Tensor mean = Tensor::host({1}), var = Tensor::host({1});
+  var.f32()[0] = 1;
+  op->forward(x, gamma, beta, mean, var, y, true);
+  EXPECT_NEAR(mean.f32()[0], 0.1 * 3, 1e-6);
+  EXPECT_NEAR(var.f32()[0], 0.9 + 0.1 * 14.0 / 3.0, 1e-6);
+  EXPECT_NEAR(y.f32()[0], (1 - 3) / std::sqrt(3.5 + 1e-5), 1e-5);
+  op->forward(x, gamma, beta, mean, var, y, false);  // inference: running statistics
+  EXPECT_NEAR(y.f32()[0], (1 - 0.3) / std::sqrt(0.9 + 1.4 / 3.0 * 1.0 + 1e-5), 1e-5);
+}
+
+TEST_F(OpsTest, DropoutIsDeterministicGivenTheSeedAndScalesKeptElements) {
+  auto op = backend_->makeDropout(1000, 0.25f);
+  Tensor x = randomHost({1000}, 1), y1 = Tensor::host({1000}), y2 = Tensor::host({1000});
+  op->forward(x, y1, 7);
+  op->forward(x, y2, 7);
+  int kept = 0;
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_EQ(y1.f32()[i], y2.f32()[i]);
+    if (y1.f32()[i] != 0) {
+      ++kept;
+      EXPECT_FLOAT_EQ(y1.f32()[i], x.f32()[i] / 0.75f);
+    }
+  }
+  EXPECT_NEAR(kept, 750, 60);
+  op->forward(x, y2, 8);
+  EXPECT_NE(std::vector<float>(y1.f32(), y1.f32() + 1000),
+            std::vector<float>(y2.f32(), y2.f32() + 1000));
+}
+
+TEST_F(OpsTest, DropoutGradientMatchesFiniteDifferences) {
+  auto op = backend_->makeDropout(50, 0.5f);
+  Tensor x = randomHost({50}, 1), r = randomHost({50}, 2);
+  Tensor y = Tensor::host({50}), dx = Tensor::host({50});
+  op->forward(x, y, 3);
+  op->backward(r, dx);
+  expectGradient("dropout dx", x, dx, [&] {
+    op->forward(x, y, 3);
+    return dot(r, y);
+  });
+}
+
+TEST_F(OpsTest, GlobalAveragePoolingGradientMatchesFiniteDifferences) {
+  auto op = backend_->makeGlobalAvgPool(2, 3, 4);
+  Tensor x = randomHost({2, 3, 4}, 1), r = randomHost({2, 3}, 2);
+  Tensor y = Tensor::host({2, 3}), dx = Tensor::host(x.shape());
+  op->backward(r, dx);
+  expectGradient("gap dx", x, dx, [&] {
+    op->forward(x, y);
+    return dot(r, y);
+  });
+}
+
+TEST_F(OpsTest, AddSumsItsInputs) {
+  auto op = backend_->makeAdd(3);
+  Tensor a = randomHost({3}, 1), b = randomHost({3}, 2), y = Tensor::host({3});
+  op->forward(a, b, y);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(y.f32()[i], a.f32()[i] + b.f32()[i]);
+}
+
+TEST_F(OpsTest, SoftmaxLossGradientMatchesFiniteDifferences) {
+  auto op = backend_->makeSoftmaxLoss(4, 5);
+  Tensor z = randomHost({4, 5}, 1, -2, 2), labels = Tensor::host({4}, DType::kInt32);
+  const int lab[] = {0, 3, 4, 1};
+  std::copy(lab, lab + 4, labels.i32());
+  Tensor metrics = Tensor::host({2}), dz = Tensor::host({4, 5});
+  op->forward(z, labels, metrics);
+  op->backward(2.0f, dz);
+  expectGradient("softmax dlogits", z, dz, [&] {
+    op->forward(z, labels, metrics);
+    return 2.0 * metrics.f32()[0];
+  });
+}
+
+TEST_F(OpsTest, SoftmaxLossCountsCorrectTopOnePredictions) {
+  auto op = backend_->makeSoftmaxLoss(3, 3);
+  Tensor z = Tensor::host({3, 3}), labels = Tensor::host({3}, DType::kInt32);
+  const float v[] = {5, 0, 0, 0, 5, 0, 0, 5, 0};
+  std::copy(v, v + 9, z.f32());
+  const int lab[] = {0, 1, 2};
+  std::copy(lab, lab + 3, labels.i32());
+  Tensor metrics = Tensor::host({2});
+  op->forward(z, labels, metrics);
+  EXPECT_EQ(metrics.f32()[1], 2.0f);
+  const double small = std::log(1 + 2 * std::exp(-5.0)), big = 5 + small;
+  EXPECT_NEAR(metrics.f32()[0], 2 * small + big, 1e-4);
+}
+
+TEST_F(OpsTest, SoftmaxLossRejectsALabelOutsideTheClasses) {
+  auto op = backend_->makeSoftmaxLoss(1, 3);
+  Tensor z = Tensor::host({1, 3}), labels = Tensor::host({1}, DType::kInt32);
+  labels.i32()[0] = 3;
+  Tensor metrics = Tensor::host({2});
+  EXPECT_THROW(op->forward(z, labels, metrics), InputError);
+}
+
+TEST_F(OpsTest, SgdUpdateFollowsPyTorchsFormula) {
+  Tensor w = Tensor::host({1}), g = Tensor::host({1}), v = Tensor::host({1});
+  w.f32()[0] = 1.0f, g.f32()[0] = 0.5f, v.f32()[0] = 0.2f;
+  backend_->sgdUpdate(w, g, v, 0.1f, 0.9f, 0.01f, false);
+  // g' = 0.5 + 0.01 * 1 = 0.51; v = 0.9 * 0.2 + 0.51 = 0.69; w = 1 - 0.1 * 0.69
+  EXPECT_FLOAT_EQ(v.f32()[0], 0.69f);
+  EXPECT_FLOAT_EQ(w.f32()[0], 0.931f);
+}
+
+}  // namespace
+}  // namespace troupe::kernels
+
+namespace troupe::kernels {
+namespace {
+
+// Large enough that each thread runs several column chunks.
+TEST_F(OpsTest, ChunkedConvolutionMatchesOneImageAtATime) {
+  ConvGeometry g{9, 20, 12, 12, 50, 5, 1, 0, true};
+  auto op = backend_->makeConv(g);
+  ConvGeometry one = g;
+  one.n = 1;
+  auto backend1 = makeCpuBackend(1);
+  auto single = backend1->makeConv(one);
+  Tensor x = randomHost({9, 20, 12, 12}, 1), w = randomHost({50, 20, 5, 5}, 2);
+  Tensor b = randomHost({50}, 3), dy = randomHost({9, 50, 8, 8}, 4);
+  Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape());
+  Tensor dw = Tensor::host(w.shape()), db = Tensor::host(b.shape());
+  op->forward(x, w, b, y);
+  op->backward(x, w, dy, dx, dw, db);
+  std::vector<double> sum_dw(w.numel()), sum_db(50);
+  for (int i = 0; i < 9; ++i) {
+    Tensor xi = x.slice(i * 2880, (i + 1) * 2880), dyi = dy.slice(i * 3200, (i + 1) * 3200);
+    Tensor yi = Tensor::host({3200}), dxi = Tensor::host({2880});
+    Tensor dwi = Tensor::host(w.shape()), dbi = Tensor::host({50});
+    single->forward(xi, w, b, yi);
+    single->backward(xi, w, dyi, dxi, dwi, dbi);
+    for (int k = 0; k < 3200; ++k)
+      ASSERT_NEAR(y.f32()[i * 3200 + k], yi.f32()[k], 1e-4);
+    for (int k = 0; k < 2880; ++k)
+      ASSERT_NEAR(dx.f32()[i * 2880 + k], dxi.f32()[k], 1e-4);
+    for (int k = 0; k < w.numel(); ++k)
+      sum_dw[k] += dwi.f32()[k];
+    for (int k = 0; k < 50; ++k)
+      sum_db[k] += dbi.f32()[k];
+  }
+  for (int k = 0; k < w.numel(); ++k)
+    ASSERT_NEAR(dw.f32()[k], sum_dw[k], 1e-3);
+  for (int k = 0; k < 50; ++k)
+    ASSERT_NEAR(db.f32()[k], sum_db[k], 1e-3);
+}
+
+}  // namespace
+}  // namespace troupe::kernels

@@ -1,0 +1,117 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "kernels/backend.h"
+#include "kernels/optimizer.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+struct Sgd1 {
+  std::unique_ptr<Backend> backend = makeCpuBackend(2);
+  Tensor w = Tensor::host({1}), g = Tensor::host({1});
+  std::unique_ptr<Optimizer> opt;
+  explicit Sgd1(SgdOptions options) : opt(makeSgd(*backend, 1, options)) { w.f32()[0] = 1.0f; }
+  float step(float grad, float lr) {
+    g.f32()[0] = grad;
+    opt->step(w, g, lr);
+    return w.f32()[0];
+  }
+};
+
+TEST(Sgd, MomentumStepsMatchHandComputedValues) {
+  Sgd1 s({0.9f, 0.0f, false});
+  EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.9f);   // v = 1, w = 1 - 0.1
+  EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.71f);  // v = 1.9, w = 0.9 - 0.19
+  EXPECT_FLOAT_EQ(s.opt->state().f32()[0], 1.9f);
+}
+
+TEST(Sgd, NesterovStepsMatchPyTorchsFormulation) {
+  Sgd1 s({0.9f, 0.0f, true});
+  EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.81f);   // v = 1, w = 1 - 0.1 * (1 + 0.9)
+  EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.539f);  // v = 1.9, w = 0.81 - 0.1 * (1 + 1.71)
+}
+
+TEST(Sgd, WeightDecayIsAddedToTheGradient) {
+  Sgd1 s({0.0f, 0.5f, false});
+  EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.85f);  // g' = 1 + 0.5, w = 1 - 0.15
+}
+
+TEST(Sgd, UpdatesEveryElementOfALargeFlatTensor) {
+  auto backend = makeCpuBackend(2);
+  const std::int64_t n = 1 << 20;
+  auto opt = makeSgd(*backend, n, {0.9f, 0.0f, false});
+  Tensor w = Tensor::host({n}), g = Tensor::host({n});
+  for (std::int64_t i = 0; i < n; ++i)
+    g.f32()[i] = static_cast<float>(i % 7);
+  opt->step(w, g, 0.5f);
+  for (std::int64_t i = 0; i < n; i += 9973)
+    EXPECT_EQ(w.f32()[i], -0.5f * (i % 7));
+}
+
+TEST(Sgd, RejectsAMomentumOfOneOrMore) {
+  auto backend = makeCpuBackend(1);
+  EXPECT_THROW(makeSgd(*backend, 1, {1.0f, 0.0f, false}), InputError);
+}
+
+TEST(LearningRate, FixedPolicyIsTheBaseRate) {
+  LrPolicy p;
+  p.base = 0.1f;
+  EXPECT_FLOAT_EQ(learningRate(p, 0), 0.1f);
+  EXPECT_FLOAT_EQ(learningRate(p, 100000), 0.1f);
+}
+
+TEST(LearningRate, StepPolicyMultipliesByGammaEveryStepsize) {
+  LrPolicy p{"step", 0.1f, 0.5f, 10, {}, 0, 0};
+  EXPECT_FLOAT_EQ(learningRate(p, 9), 0.1f);
+  EXPECT_FLOAT_EQ(learningRate(p, 10), 0.05f);
+  EXPECT_FLOAT_EQ(learningRate(p, 25), 0.025f);
+}
+
+TEST(LearningRate, MultistepPolicyMultipliesByGammaAtEachStepValue) {
+  LrPolicy p{"multistep", 1.0f, 0.1f, 0, {5, 8}, 0, 0};
+  EXPECT_FLOAT_EQ(learningRate(p, 4), 1.0f);
+  EXPECT_FLOAT_EQ(learningRate(p, 5), 0.1f);
+  EXPECT_FLOAT_EQ(learningRate(p, 8), 0.01f);
+}
+
+TEST(LearningRate, CosinePolicyFallsToZeroAtMaxSteps) {
+  LrPolicy p{"cosine", 1.0f, 0.1f, 0, {}, 100, 0};
+  EXPECT_FLOAT_EQ(learningRate(p, 0), 1.0f);
+  EXPECT_NEAR(learningRate(p, 50), 0.5f, 1e-6);
+  EXPECT_NEAR(learningRate(p, 25), 0.5 * (1 + std::cos(std::numbers::pi / 4)), 1e-6);
+  EXPECT_NEAR(learningRate(p, 100), 0.0f, 1e-7);
+  EXPECT_NEAR(learningRate(p, 150), 0.0f, 1e-7);
+}
+
+TEST(LearningRate, WarmupRampsLinearlyToTheScheduledRate) {
+  LrPolicy p{"fixed", 0.4f, 0.1f, 0, {}, 0, 4};
+  EXPECT_FLOAT_EQ(learningRate(p, 0), 0.1f);
+  EXPECT_FLOAT_EQ(learningRate(p, 1), 0.2f);
+  EXPECT_FLOAT_EQ(learningRate(p, 3), 0.4f);
+  EXPECT_FLOAT_EQ(learningRate(p, 4), 0.4f);
+}
+
+TEST(LearningRate, ValidateRejectsAnUnknownPolicyListingTheKnownOnes) {
+  LrPolicy p;
+  p.policy = "poly";
+  try {
+    validate(p);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("multistep"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LearningRate, ValidateRejectsAPolicyMissingItsParameters) {
+  EXPECT_THROW(validate(LrPolicy{"step", 0.1f, 0.1f, 0, {}, 0, 0}), InputError);
+  EXPECT_THROW(validate(LrPolicy{"multistep", 0.1f, 0.1f, 0, {}, 0, 0}), InputError);
+  EXPECT_THROW(validate(LrPolicy{"cosine", 0.1f, 0.1f, 0, {}, 0, 0}), InputError);
+  EXPECT_NO_THROW(validate(LrPolicy{"cosine", 0.1f, 0.1f, 0, {}, 10, 2}));
+}
+
+}  // namespace
+}  // namespace troupe::kernels

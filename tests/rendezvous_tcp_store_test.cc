@@ -1,0 +1,225 @@
+// The embedded TCP store's server: its port, its robustness against bad clients, its shutdown.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "redis_util.h"
+#include "rendezvous/tcp_store.h"
+#include "troupe/error.h"
+
+namespace troupe::rendezvous {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using ::testing::HasSubstr;
+
+constexpr milliseconds kLong{5000};
+constexpr milliseconds kShort{250};
+
+// A raw TCP connection to the server, for sending bytes no client would.
+class RawSocket {
+ public:
+  explicit RawSocket(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      throw std::runtime_error("raw connect failed");
+    }
+  }
+  ~RawSocket() { ::close(fd_); }
+  void send(std::string_view bytes) const {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  // "127.0.0.1:port" of this end, as the server sees it.
+  std::string localAddress() const {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    return fmt::format("127.0.0.1:{}", ntohs(addr.sin_port));
+  }
+  // True when the server closes the connection within `within`.
+  bool closedWithin(milliseconds within) const {
+    const auto deadline = Clock::now() + within;
+    char buffer[256];
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  int fd_;
+};
+
+// Captures what the rendezvous code logs while alive.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+std::string frame(std::string_view body) {
+  std::string f(4, '\0');
+  const auto n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i)
+    f[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return f + std::string(body);
+}
+
+TEST(TcpStoreServerTest, PicksAFreePortWhenAskedForZero) {
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  EXPECT_NE(server->port(), 0);
+  EXPECT_EQ(server->host(), "127.0.0.1");
+  EXPECT_EQ(server->address(), fmt::format("127.0.0.1:{}", server->port()));
+  auto store = connectTcpStore("127.0.0.1", server->port(), kLong);
+  EXPECT_EQ(store->describe(), fmt::format("tcp store 127.0.0.1:{}", server->port()));
+}
+
+TEST(TcpStoreServerTest, BindingAPortInUseFailsNamingIt) {
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  try {
+    startTcpStoreServer("127.0.0.1", server->port());
+    FAIL() << "a second server bound the same port";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}", server->port())));
+  }
+}
+
+TEST(TcpStoreServerTest, ClientSendingGarbageIsDisconnectedWhileOthersKeepWorking) {
+  LogCapture log;
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  auto good = connectTcpStore("127.0.0.1", server->port(), kLong);
+  auto waiter = connectTcpStore("127.0.0.1", server->port(), kLong);
+  auto parked = std::async(std::launch::async, [&] { return waiter->get("after", kLong); });
+  good->set("before", "1");
+
+  RawSocket oversized(server->port());
+  oversized.send("GARBAGE BYTES, NOT A FRAME");  // "GARB" reads as a 1.1 GB length
+  EXPECT_TRUE(oversized.closedWithin(kLong));
+
+  RawSocket unknown_op(server->port());
+  unknown_op.send(frame("\x63 what"));
+  EXPECT_TRUE(unknown_op.closedWithin(kLong));
+
+  RawSocket truncated(server->port());
+  truncated.send(frame(std::string("\x01\xff\xff\x00\x00", 5)));  // SET with a key overrunning
+  EXPECT_TRUE(truncated.closedWithin(kLong));
+
+  RawSocket empty(server->port());
+  empty.send(std::string(4, '\0'));
+  EXPECT_TRUE(empty.closedWithin(kLong));
+
+  {
+    RawSocket half(server->port());  // half a frame, then gone
+    half.send(std::string("\x10\x00\x00\x00\x01", 5));
+  }
+
+  EXPECT_EQ(good->get("before", kShort), "1");
+  good->set("after", "2");
+  EXPECT_EQ(parked.get(), "2");
+  EXPECT_EQ(good->add("n", 3), 3);
+
+  const auto logged = log.text();
+  EXPECT_THAT(logged, HasSubstr(oversized.localAddress()));
+  EXPECT_THAT(logged, HasSubstr(unknown_op.localAddress()));
+  EXPECT_THAT(logged, HasSubstr(truncated.localAddress()));
+  EXPECT_THAT(logged, HasSubstr("64 MiB"));
+  EXPECT_THAT(logged, HasSubstr("unknown op 99"));
+}
+
+TEST(TcpStoreServerTest, ClientOfAStoppedServerGetsAnErrorInsteadOfHanging) {
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  auto store = connectTcpStore("127.0.0.1", server->port(), kShort);
+  store->set("k", "v");
+  auto blocked = std::async(std::launch::async, [&] { return store->get("never", kLong); });
+  std::this_thread::sleep_for(milliseconds(100));
+  const auto stopped_at = Clock::now();
+  server->stop();
+  EXPECT_THROW(blocked.get(), IoError);
+  EXPECT_LT(Clock::now() - stopped_at, milliseconds(1000));
+  // Later calls fail too, on the pooled connection or on a refused new one.
+  EXPECT_THROW(store->set("k", "v2"), IoError);
+  EXPECT_THROW(store->get("k", kShort), IoError);
+  server->stop();  // idempotent
+}
+
+TEST(TcpStoreServerTest, ConnectTimesOutNamingHostAndPort) {
+  const uint16_t port = testing::freeLoopbackPort();
+  const auto start = Clock::now();
+  try {
+    connectTcpStore("127.0.0.1", port, kShort);
+    FAIL() << "connected to nothing";
+  } catch (const TimeoutError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("127.0.0.1:{}", port)));
+    EXPECT_THAT(e.what(), HasSubstr("250 ms"));
+  }
+  EXPECT_GE(Clock::now() - start, kShort);
+  EXPECT_LT(Clock::now() - start, kShort + milliseconds(1000));
+}
+
+TEST(TcpStoreServerTest, ConnectRetriesUntilTheServerComesUp) {
+  const uint16_t port = testing::freeLoopbackPort();
+  auto late = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(milliseconds(150));
+    return startTcpStoreServer("127.0.0.1", port);
+  });
+  auto store = connectTcpStore("127.0.0.1", port, kLong);
+  auto server = late.get();
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", kShort), "v");
+}
+
+TEST(TcpStoreServerTest, ServesManyParkedClientsAtOnce) {
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  auto store = connectTcpStore("127.0.0.1", server->port(), kLong);
+  // One client, many threads: each blocked call gets its own connection.
+  std::vector<std::future<void>> waiters;
+  for (int i = 0; i < 16; ++i) {
+    waiters.push_back(std::async(std::launch::async, [&] { store->wait({"go", "set"}, kLong); }));
+  }
+  std::this_thread::sleep_for(milliseconds(50));
+  store->set("go", "");
+  EXPECT_EQ(store->add("set", 1), 1);
+  for (auto& w : waiters)
+    EXPECT_NO_THROW(w.get());
+}
+
+TEST(TcpStoreServerTest, AValueOverTheFrameLimitIsRejectedByTheClient) {
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  auto store = connectTcpStore("127.0.0.1", server->port(), kLong);
+  EXPECT_THROW(store->set("huge", std::string(kTcpStoreMaxFrame, 'x')), InputError);
+  store->set("small", "ok");
+  EXPECT_EQ(store->get("small", kShort), "ok");
+}
+
+}  // namespace
+}  // namespace troupe::rendezvous

@@ -1,0 +1,212 @@
+// `troupe train` as users start it: the commands of the README and the issues, and bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli_util.h"
+#include "data/db.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::runCommand;
+using testing::sourceDir;
+using testing::TempDir;
+using testing::testData;
+using testing::troupeBinary;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<fs::path> logsIn(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".log") out.push_back(e.path());
+  }
+  return out;
+}
+
+// Runs troupe train in `cwd`, with the lmdb test data.
+testing::CommandResult train(const TempDir& cwd, const std::string& args) {
+  const std::string data = testData("lmdb");
+  return runCommand("cd " + cwd.str() + " && " + troupeBinary() + " train " + args);
+}
+
+std::string dataFlags(const std::string& db = "lmdb") {
+  return " --train_data " + testData(db) + "/train --test_data " + testData(db) +
+         "/test --db_type " + db;
+}
+
+TEST(TrainCommand, LenetConfigAsWrittenTrainsAndLogsInTheCurrentFolder) {
+  TempDir cwd("cli_lenet");
+  const auto r = train(cwd, sourceDir() + "/configs/lenet.toml" + dataFlags() + " --num_epochs 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto logs = logsIn(cwd.path());
+  ASSERT_EQ(logs.size(), 1u) << r.output;
+  const auto name = logs[0].filename().string();
+  EXPECT_EQ(name.rfind("lenet_cpu1_b64_L10_lr0.05_", 0), 0u) << name;
+  const auto text = slurp(logs[0]);
+  std::istringstream lines(text);
+  std::string params, header, row, extra;
+  std::getline(lines, params);
+  std::getline(lines, header);
+  std::getline(lines, row);
+  EXPECT_EQ(params.rfind("# lenet_cpu1", 0), 0u) << params;
+  EXPECT_NE(params.find("batch_size=64"), std::string::npos) << params;
+  EXPECT_EQ(header,
+            "time_spent,cumulative_time_spent,input_count,cumulative_input_count,"
+            "cumulative_batch_count,inputs_per_sec,accuracy,epoch,learning_rate,loss,"
+            "test_accuracy");
+  std::vector<std::string> cells;
+  std::stringstream rs(row);
+  for (std::string c; std::getline(rs, c, ',');)
+    cells.push_back(c);
+  ASSERT_EQ(cells.size(), 11u) << row;
+  EXPECT_EQ(cells[2], "59968");  // 937 steps of 64
+  EXPECT_EQ(cells[7], "1");
+  EXPECT_GT(std::stod(cells[10]), 0.8) << row;
+  EXPECT_FALSE(std::getline(lines, extra)) << "one row per epoch";
+}
+
+TEST(TrainCommand, MlpConfigAsWrittenTrains) {
+  TempDir cwd("cli_mlp");
+  const auto r = train(cwd, sourceDir() + "/configs/mlp.toml" + dataFlags() + " --num_epochs 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(logsIn(cwd.path()).size(), 1u);
+}
+
+TEST(TrainCommand, Resnet20ConfigTrainsAShortEpoch) {
+  TempDir cwd("cli_resnet");
+  const auto r = train(cwd, sourceDir() + "/configs/resnet20.toml" + dataFlags() +
+                                " --num_epochs 1 --epoch_size 640");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(logsIn(cwd.path()).size(), 1u);
+}
+
+TEST(TrainCommand, TwoReplicasRunInOneProcess) {
+  TempDir cwd("cli_replicas");
+  const auto r = train(cwd, sourceDir() + "/configs/lenet.toml" + dataFlags() +
+                                " --num_epochs 1 --epoch_size 1280 --replicas 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto logs = logsIn(cwd.path());
+  ASSERT_EQ(logs.size(), 1u);
+  EXPECT_EQ(logs[0].filename().string().rfind("lenet_cpu2_b64_", 0), 0u);
+}
+
+TEST(TrainCommand, CaffeTwoFlagsWorkWithoutAConfigFile) {
+  TempDir cwd("cli_flags");
+  const auto r = train(cwd, "--model mlp --train_data " + testData("leveldb") +
+                                "/train --db_type leveldb --batch_size 32 --epoch_size 320 "
+                                "--num_epochs 2 --base_learning_rate 0.1 --weight_decay 0.0001 "
+                                "--num_labels 10 --image_size 28 --num_channels 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto text = slurp(logsIn(cwd.path()).at(0));
+  EXPECT_NE(text.find(",-1.000000\n"), std::string::npos) << "no test data: -1\n" << text;
+}
+
+// Bad input: one clear line naming the culprit, a non-zero exit.
+void expectError(const testing::CommandResult& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n"
+                                                      << r.output;
+}
+
+TEST(TrainCommand, AMissingDatabaseIsNamed) {
+  TempDir cwd("err_missing");
+  expectError(train(cwd, "--train_data /nonexistent/train"), "/nonexistent/train");
+}
+
+TEST(TrainCommand, TheWrongDbTypeIsNamed) {
+  TempDir cwd("err_dbtype");
+  expectError(train(cwd, "--train_data " + testData("lmdb") + "/train --db_type leveldb"),
+              testData("lmdb") + "/train");
+}
+
+TEST(TrainCommand, AnUnknownDbTypeIsRefused) {
+  TempDir cwd("err_dbtype2");
+  expectError(train(cwd, "--train_data x --db_type rocksdb"), "rocksdb");
+}
+
+TEST(TrainCommand, AnUnknownFlagIsRefused) {
+  TempDir cwd("err_flag");
+  expectError(train(cwd, "--batch_sise 3"), "batch_sise");
+}
+
+TEST(TrainCommand, AnUnknownConfigKeyNamesFileAndKey) {
+  TempDir cwd("err_key");
+  std::ofstream(cwd.path() / "bad.toml") << "modle = \"lenet\"\n";
+  const auto r = train(cwd, "bad.toml");
+  expectError(r, "bad.toml: unknown key 'modle'");
+}
+
+TEST(TrainCommand, AConfigValueOfTheWrongTypeNamesTheKey) {
+  TempDir cwd("err_type");
+  std::ofstream(cwd.path() / "bad.toml") << "num_epochs = \"many\"\n";
+  expectError(train(cwd, "bad.toml"), "key 'num_epochs' must be a integer");
+}
+
+TEST(TrainCommand, ALabelBeyondNumLabelsNamesTheRecord) {
+  TempDir cwd("err_label");
+  const auto r = train(cwd, sourceDir() + "/configs/mlp.toml" + dataFlags() + " --num_labels 5");
+  expectError(r, "label");
+}
+
+TEST(TrainCommand, AnImageSizeMismatchNamesTheDatabase) {
+  TempDir cwd("err_size");
+  const auto r = train(cwd, sourceDir() + "/configs/mlp.toml" + dataFlags() + " --image_size 32");
+  expectError(r, testData("lmdb") + "/train");
+}
+
+TEST(TrainCommand, AChannelMismatchNamesTheDatabase) {
+  TempDir cwd("err_channels");
+  const auto r = train(cwd, sourceDir() + "/configs/mlp.toml" + dataFlags() + " --num_channels 3");
+  expectError(r, testData("lmdb") + "/train");
+}
+
+TEST(TrainCommand, ACorruptRecordNamesItsKey) {
+  TempDir cwd("err_corrupt");
+  const auto db = cwd.str() + "/corrupt";
+  {
+    auto w = data::createDb(db, data::DbType::kLmdb);
+    w->put("00000000", std::string("\x08\x01\x10\x1c\x18\x1c\x22\x05trunc", 15));
+    w->commit();
+  }
+  expectError(train(cwd, "--model mlp --batch_size 1 --train_data " + db), "00000000");
+}
+
+TEST(TrainCommand, AnUnwritableLogFolderIsNamedBeforeTraining) {
+  TempDir cwd("err_logdir");
+  const auto r = train(cwd, "--model mlp" + dataFlags() + " --log_dir /proc/troupe-logs");
+  expectError(r, "/proc/troupe-logs");
+}
+
+TEST(TrainCommand, AFailingRunLeavesExistingLogsAndCheckpointsAlone) {
+  TempDir cwd("err_keep");
+  std::ofstream(cwd.path() / "old.log") << "an old log\n";
+  std::ofstream(cwd.path() / "old_epoch1.ckpt") << "an old checkpoint\n";
+  const auto r = train(cwd, sourceDir() + "/configs/mlp.toml" + dataFlags() + " --num_labels 5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(slurp(cwd.path() / "old.log"), "an old log\n");
+  EXPECT_EQ(slurp(cwd.path() / "old_epoch1.ckpt"), "an old checkpoint\n");
+}
+
+TEST(TrainCommand, ACorruptCheckpointIsRefusedWhenResuming) {
+  TempDir cwd("err_resume");
+  std::ofstream(cwd.path() / "bad.ckpt") << "TROUPECK garbage";
+  expectError(train(cwd, "--model mlp" + dataFlags() + " --resume bad.ckpt"), "bad.ckpt");
+}
+
+TEST(TrainCommand, ACrossProcessScheduleSaysWhatIsMissing) {
+  TempDir cwd("err_schedule");
+  expectError(train(cwd, "--model mlp" + dataFlags() + " --schedule dist_sync"), "dist_sync");
+}
+
+}  // namespace
+}  // namespace troupe

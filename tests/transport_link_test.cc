@@ -1,0 +1,600 @@
+// Transports in one process over real loopback sockets (TCP and Unix).
+#include <capnp/any.h>
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <asio.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "transport/frame.h"
+#include "transport/link.h"
+#include "troupe/error.h"
+
+namespace troupe::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using kernels::Tensor;
+
+class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::vector<std::string> errors() {
+    std::lock_guard lock(mutex_);
+    return errors_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    if (msg.level >= spdlog::level::err)
+      errors_.emplace_back(msg.payload.data(), msg.payload.size());
+  }
+  void flush_() override {}
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+// One transport with an inbox.
+struct Peer {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::pair<NodeId, IncomingMessage>> messages;
+  std::vector<std::pair<NodeId, std::string>> lost;
+  std::shared_ptr<CaptureSink> sink = std::make_shared<CaptureSink>();
+  std::function<void(NodeId, IncomingMessage&)> hook;  // runs on the transport thread, if set
+  bool keep = true;                                    // store messages (else count them only)
+  std::size_t total = 0;
+  std::unique_ptr<Transport> transport;
+
+  explicit Peer(TransportOptions options) {
+    options.logger = std::make_shared<spdlog::logger>("node" + std::to_string(options.node), sink);
+    transport = makeTransport(options, {[this](NodeId node, IncomingMessage message) {
+                                          if (hook) hook(node, message);
+                                          std::lock_guard lock(mutex);
+                                          ++total;
+                                          if (keep) messages.emplace_back(node, std::move(message));
+                                          changed.notify_all();
+                                        },
+                                        [this](NodeId node, const std::string& why) {
+                                          std::lock_guard lock(mutex);
+                                          lost.emplace_back(node, why);
+                                          changed.notify_all();
+                                        }});
+  }
+  bool waitMessages(std::size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return total >= n; });
+  }
+  bool waitLost(std::size_t n, std::chrono::milliseconds timeout = 10s) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return lost.size() >= n; });
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex);
+    return total;
+  }
+  IncomingMessage message(std::size_t i) {
+    std::lock_guard lock(mutex);
+    return messages.at(i).second;
+  }
+};
+
+class TransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("troupe-transport-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  TransportOptions options(NodeId node, bool unixSocket) const {
+    TransportOptions o;
+    o.node = node;
+    o.runId = "test-run";
+    o.interface = "lo";
+    o.unixDir = unixSocket ? dir_.string() : "";
+    o.connectTimeout = 5s;
+    return o;
+  }
+  std::filesystem::path dir_;
+};
+
+Tensor iota(std::int64_t n, float start = 0) {
+  Tensor t = Tensor::host({n});
+  for (std::int64_t i = 0; i < n; ++i)
+    t.f32()[i] = start + static_cast<float>(i);
+  return t;
+}
+
+std::uint64_t checksum(const void* data, std::size_t bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const std::uint64_t*>(data);
+  for (std::size_t i = 0; i < bytes / 8; ++i)
+    h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+bool inside(const void* p, std::span<const std::byte> buffer) {
+  const auto* b = static_cast<const std::byte*>(p);
+  return b >= buffer.data() && b < buffer.data() + buffer.size();
+}
+
+OutgoingMessage gradBucket(std::int64_t step, const Tensor& grads) {
+  OutgoingMessage m;
+  auto frame = m.frame();
+  frame.setTarget(3);
+  frame.setSourceNode(0);
+  frame.setSourceActor(1);
+  auto bucket = frame.initGradBucket();
+  bucket.setStep(step);
+  bucket.setReplica(2);
+  bucket.setBegin(10);
+  bucket.setEnd(10 + grads.numel());
+  m.setTensor(bucket.initGrads(), grads);
+  return m;
+}
+
+OutgoingMessage stepDone(std::int64_t step, int replica) {
+  OutgoingMessage m;
+  auto done = m.frame().initStepDone();
+  done.setStep(step);
+  done.setReplica(replica);
+  done.setLossSum(0.5 * static_cast<double>(step));
+  return m;
+}
+
+void connectPair(Peer& a, Peer& b) {
+  a.transport->connect(b.transport->node(), b.transport->address());
+  b.transport->waitForPeer(a.transport->node(), 5s);
+}
+
+// Both directions work between a and b.
+void expectExchange(Peer& a, Peer& b) {
+  const std::size_t seenA = a.count(), seenB = b.count();
+  a.transport->send(b.transport->node(), stepDone(41, 0));
+  b.transport->send(a.transport->node(), stepDone(42, 1));
+  ASSERT_TRUE(b.waitMessages(seenB + 1));
+  ASSERT_TRUE(a.waitMessages(seenA + 1));
+  EXPECT_EQ(b.message(seenB).frame().getStepDone().getStep(), 41);
+  EXPECT_EQ(a.message(seenA).frame().getStepDone().getStep(), 42);
+}
+
+// ---- interfaces ----
+
+TEST(ResolveInterface, LoopbackIs127001) {
+  EXPECT_EQ(resolveInterface("lo"), "127.0.0.1");
+}
+
+TEST(ResolveInterface, AnUnknownNameFailsListingTheInterfaces) {
+  try {
+    resolveInterface("no-such-nic0");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-nic0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lo"), std::string::npos) << e.what();
+  }
+}
+
+// ---- exchange ----
+
+TEST_F(TransportTest, TwoNodesExchangeMessagesOverTcp) {
+  Peer a(options(0, false)), b(options(1, false));
+  EXPECT_EQ(a.transport->address().rfind("tcp://127.0.0.1:", 0), 0u) << a.transport->address();
+  connectPair(a, b);
+  EXPECT_EQ(a.transport->linkAddress(1).rfind("tcp://", 0), 0u);
+  a.transport->send(1, gradBucket(7, iota(1000, 0.5f)));
+  ASSERT_TRUE(b.waitMessages(1));
+  auto message = b.message(0);
+  EXPECT_EQ(b.messages[0].first, 0u);
+  auto frame = message.frame();
+  ASSERT_TRUE(frame.isGradBucket());
+  EXPECT_EQ(frame.getTarget(), 3u);
+  EXPECT_EQ(frame.getSourceActor(), 1u);
+  auto bucket = frame.getGradBucket();
+  EXPECT_EQ(bucket.getStep(), 7);
+  EXPECT_EQ(bucket.getReplica(), 2);
+  EXPECT_EQ(bucket.getEnd(), 1010);
+  Tensor grads = message.tensor(bucket.getGrads());
+  ASSERT_EQ(grads.numel(), 1000);
+  for (int i = 0; i < 1000; ++i)
+    ASSERT_EQ(grads.f32()[i], 0.5f + static_cast<float>(i));
+  expectExchange(a, b);
+}
+
+TEST_F(TransportTest, ThreeNodesExchangeMessagesOverUnixSockets) {
+  Peer a(options(0, true)), b(options(1, true)), c(options(2, true));
+  EXPECT_NE(b.transport->address().find(";unix://"), std::string::npos) << b.transport->address();
+  connectPair(a, b);
+  connectPair(a, c);
+  connectPair(b, c);
+  for (auto [from, to] :
+       std::initializer_list<std::pair<Peer*, Peer*>>{{&a, &b}, {&a, &c}, {&b, &c}}) {
+    EXPECT_EQ(from->transport->linkAddress(to->transport->node()).rfind("unix://", 0), 0u);
+    expectExchange(*from, *to);
+  }
+  // A tensor over a Unix socket.
+  c.transport->send(0, gradBucket(1, iota(5000)));
+  ASSERT_TRUE(a.waitMessages(3));
+  Tensor grads = a.message(2).tensor(a.message(2).frame().getGradBucket().getGrads());
+  EXPECT_EQ(grads.f32()[4999], 4999.0f);
+}
+
+TEST_F(TransportTest, MessagesToOneNodeArriveInSendOrderUnderLoad) {
+  Peer a(options(0, false)), b(options(1, false));
+  connectPair(a, b);
+  constexpr int kPerThread = 5000;
+  std::vector<std::thread> senders;
+  for (int t = 0; t < 2; ++t) {
+    senders.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i)
+        a.transport->send(1, stepDone(i, t));
+    });
+  }
+  for (auto& s : senders)
+    s.join();
+  ASSERT_TRUE(b.waitMessages(2 * kPerThread, 20s));
+  std::int64_t next[2] = {0, 0};
+  for (auto& [node, message] : b.messages) {
+    auto done = message.frame().getStepDone();
+    ASSERT_EQ(done.getStep(), next[done.getReplica()]++) << "replica " << done.getReplica();
+  }
+  EXPECT_EQ(next[0], kPerThread);
+  EXPECT_EQ(next[1], kPerThread);
+}
+
+// ---- tensors: zero copy and bulk chunks ----
+
+TEST_F(TransportTest, AOneMegabyteTensorArrivesAsAViewIntoTheReceiveBuffer) {
+  Peer a(options(0, false)), b(options(1, false));
+  connectPair(a, b);
+  Tensor sent = iota(256 * 1024);
+  a.transport->send(1, gradBucket(1, sent));
+  ASSERT_TRUE(b.waitMessages(1));
+  auto message = b.message(0);
+  Tensor got = message.tensor(message.frame().getGradBucket().getGrads());
+  ASSERT_EQ(got.numel(), sent.numel());
+  EXPECT_TRUE(inside(got.raw(), message.frameBuffer())) << "copied out of the frame buffer";
+  EXPECT_TRUE(message.bulkBuffer().empty());
+  EXPECT_EQ(checksum(got.raw(), got.bytes()), checksum(sent.raw(), sent.bytes()));
+}
+
+TEST_F(TransportTest, AMisalignedSliceTravelsIntactWithoutACopy) {
+  Peer a(options(0, false)), b(options(1, false));
+  connectPair(a, b);
+  Tensor whole = iota(4001);
+  a.transport->send(1, gradBucket(1, whole.slice(1, 4001)));
+  ASSERT_TRUE(b.waitMessages(1));
+  auto message = b.message(0);
+  Tensor got = message.tensor(message.frame().getGradBucket().getGrads(), {40, 100});
+  EXPECT_EQ(got.shape(), (kernels::Shape{40, 100}));
+  EXPECT_TRUE(inside(got.raw(), message.frameBuffer()));
+  for (int i = 0; i < 4000; ++i)
+    ASSERT_EQ(got.f32()[i], static_cast<float>(i + 1));
+}
+
+TEST_F(TransportTest, AHundredMegabyteTensorRoundTripsThroughBulkChunks) {
+  Peer a(options(0, false)), b(options(1, false));
+  connectPair(a, b);
+  constexpr std::int64_t kFloats = 25'000'000;  // 100 MB, over the 64 MiB frame limit
+  Tensor sent = Tensor::host({kFloats});
+  auto* bits = reinterpret_cast<std::uint32_t*>(sent.raw());
+  for (std::int64_t i = 0; i < kFloats; ++i)
+    bits[i] = static_cast<std::uint32_t>(i * 2654435761u);
+  const auto sum = checksum(sent.raw(), sent.bytes());
+  // b sends back what it got: the view into its bulk buffer goes out without a copy too.
+  b.hook = [&](NodeId from, IncomingMessage& message) {
+    OutgoingMessage reply;
+    auto weights = reply.frame().initWeights();
+    weights.setStep(2);
+    reply.setTensor(weights.initWeights(),
+                    message.tensor(message.frame().getWeights().getWeights()));
+    b.transport->send(from, std::move(reply));
+  };
+  OutgoingMessage m;
+  auto weights = m.frame().initWeights();
+  weights.setStep(1);
+  m.setTensor(weights.initWeights(), sent);
+  m.setTensor(weights.initBuffers(), iota(10));
+  a.transport->send(1, std::move(m));
+  ASSERT_TRUE(b.waitMessages(1, 20s));
+  auto there = b.message(0);
+  ASSERT_EQ(there.frame().getBulk().size(), 1u);
+  Tensor viewed = there.tensor(there.frame().getWeights().getWeights());
+  EXPECT_TRUE(inside(viewed.raw(), there.bulkBuffer()));
+  EXPECT_EQ(there.tensor(there.frame().getWeights().getBuffers()).f32()[9], 9.0f);
+  ASSERT_TRUE(a.waitMessages(1, 20s));
+  auto back = a.message(0);
+  Tensor got = back.tensor(back.frame().getWeights().getWeights());
+  ASSERT_EQ(got.numel(), kFloats);
+  EXPECT_EQ(checksum(got.raw(), got.bytes()), sum);
+  EXPECT_TRUE(a.sink->errors().empty());
+  EXPECT_TRUE(b.sink->errors().empty());
+}
+
+TEST_F(TransportTest, TensorsTooLargeTogetherForOneFrameGoAsBulk) {
+  TransportOptions small = options(0, false);
+  small.maxFrameBytes = 64 * 1024;
+  small.bulkChunkBytes = 10000;  // not a multiple of 8: chunks at odd offsets
+  Peer a(small), b(options(1, false));
+  connectPair(a, b);
+  OutgoingMessage m;
+  auto epoch = m.frame().initEpochEnd();
+  m.setTensor(epoch.initWeights(), iota(12000, 1));  // 48 KB: fits a 64 KiB frame alone ...
+  m.setTensor(epoch.initMomentum(), iota(9000, 2));  // ... but not with this one
+  a.transport->send(1, std::move(m));
+  OutgoingMessage big;
+  big.setTensor(big.frame().initEpochEnd().initWeights(), iota(100000, 3));  // over the limit
+  a.transport->send(1, std::move(big));
+  ASSERT_TRUE(b.waitMessages(2));
+  auto message = b.message(0);
+  auto got = message.frame().getEpochEnd();
+  EXPECT_EQ(message.frame().getBulk().size(), 1u);
+  Tensor weights = message.tensor(got.getWeights());
+  Tensor momentum = message.tensor(got.getMomentum());
+  EXPECT_TRUE(inside(weights.raw(), message.frameBuffer()));
+  EXPECT_TRUE(inside(momentum.raw(), message.bulkBuffer()));
+  EXPECT_EQ(weights.f32()[11999], 12000.0f);
+  EXPECT_EQ(momentum.f32()[8999], 9001.0f);
+  auto second = b.message(1);
+  Tensor large = second.tensor(second.frame().getEpochEnd().getWeights());
+  ASSERT_EQ(large.numel(), 100000);
+  for (int i = 0; i < 100000; ++i)
+    ASSERT_EQ(large.f32()[i], 3.0f + static_cast<float>(i));
+}
+
+// ---- failures ----
+
+TEST_F(TransportTest, SendingToANodeWithoutALinkThrows) {
+  Peer a(options(0, false));
+  EXPECT_THROW(a.transport->send(9, stepDone(1, 0)), IoError);
+}
+
+TEST_F(TransportTest, ConnectingToTheWrongNodeIdFails) {
+  Peer a(options(0, false)), b(options(1, false));
+  EXPECT_THROW(a.transport->connect(5, b.transport->address()), IoError);
+}
+
+TEST_F(TransportTest, APeerThatShutsDownIsReportedLost) {
+  Peer a(options(0, true));
+  auto b = std::make_unique<Peer>(options(1, true));
+  connectPair(a, *b);
+  b.reset();
+  ASSERT_TRUE(a.waitLost(1));
+  EXPECT_EQ(a.lost[0].first, 1u);
+  EXPECT_TRUE(a.sink->errors().empty());  // a clean close is not an error
+  EXPECT_THROW(a.transport->send(1, stepDone(1, 0)), IoError);
+}
+
+// A raw TCP socket speaking (or not) the frame format.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) : socket_(io_) {
+    const auto hostPort = address.substr(6, address.find(';') - 6);
+    const auto colon = hostPort.rfind(':');
+    socket_.connect({asio::ip::make_address(hostPort.substr(0, colon)),
+                     static_cast<std::uint16_t>(std::stoi(hostPort.substr(colon + 1)))});
+  }
+  void write(const std::vector<std::byte>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
+  void hello(NodeId node) {
+    capnp::MallocMessageBuilder builder;
+    auto hello = builder.getRoot<wire::Frame>().initHello();
+    hello.setNode(node);
+    hello.setRunId("test-run");
+    write(frame(builder));
+  }
+  // The peer closes the link: reading ends (after its Hello, if we sent one).
+  bool closedByPeer() {
+    if (closedHere_) return true;
+    std::array<std::byte, 4096> sink;
+    asio::error_code error;
+    while (!error)
+      socket_.read_some(asio::buffer(sink), error);
+    return error == asio::error::eof || error == asio::error::connection_reset;
+  }
+  void close() {
+    socket_.close();
+    closedHere_ = true;
+  }
+
+  static std::vector<std::byte> frame(capnp::MessageBuilder& builder) {
+    auto segments = builder.getSegmentsForOutput();
+    std::vector<std::byte> out(segmentTableBytes(static_cast<std::uint32_t>(segments.size())));
+    std::uint64_t bytes = 0;
+    for (std::size_t s = 0; s < segments.size(); ++s) {
+      const auto words = static_cast<std::uint32_t>(segments[s].size());
+      std::memcpy(out.data() + 4 * s, &words, 4);
+      bytes += words * 8;
+    }
+    const auto header = encodeFrameHeader(
+        {FrameKind::kMessage, static_cast<std::uint32_t>(segments.size()), bytes, 0});
+    out.insert(out.begin(), header.begin(), header.end());
+    for (auto s : segments) {
+      auto b = std::as_bytes(std::span(s.begin(), s.size()));
+      out.insert(out.end(), b.begin(), b.end());
+    }
+    return out;
+  }
+
+ private:
+  asio::io_context io_;
+  asio::ip::tcp::socket socket_;
+  bool closedHere_ = false;
+};
+
+std::vector<std::byte> headerBytes(FrameHeader header) {
+  auto h = encodeFrameHeader(header);
+  return {h.begin(), h.end()};
+}
+
+struct BadPeerCase {
+  const char* name;
+  bool hello;  // the raw peer introduces itself as node 7 first
+  std::function<void(RawPeer&)> misbehave;
+  const char* error;  // expected in the one logged error
+};
+
+class BadPeerTest : public TransportTest, public ::testing::WithParamInterface<BadPeerCase> {};
+
+TEST_P(BadPeerTest, DropsOnlyThatLinkWithOneLoggedError) {
+  const auto& param = GetParam();
+  TransportOptions bOptions = options(1, false);
+  bOptions.traversalLimitWords = 4096;
+  Peer a(options(0, false)), b(bOptions);
+  connectPair(a, b);
+  RawPeer raw(b.transport->address());
+  if (param.hello) {
+    raw.hello(7);
+    b.transport->waitForPeer(7, 5s);
+  }
+  param.misbehave(raw);
+  if (param.hello) {
+    ASSERT_TRUE(b.waitLost(1));
+    EXPECT_EQ(b.lost[0].first, 7u);
+  }
+  EXPECT_TRUE(raw.closedByPeer());
+  std::vector<std::string> errors;
+  for (int i = 0; i < 100 && errors.empty(); ++i) {
+    std::this_thread::sleep_for(10ms);
+    errors = b.sink->errors();
+  }
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find(param.error), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(param.hello ? "node 7" : "node ?"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("tcp://127.0.0.1:"), std::string::npos) << errors[0];
+  // The healthy link goes on.
+  expectExchange(a, b);
+  EXPECT_TRUE(a.lost.empty());
+  EXPECT_TRUE(a.sink->errors().empty());
+}
+
+std::vector<std::byte> garbage(std::size_t n) {
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transport, BadPeerTest,
+    ::testing::Values(
+        BadPeerCase{"GarbageBytes", true, [](RawPeer& p) { p.write(garbage(100)); },
+                    "bad frame magic"},
+        BadPeerCase{"GarbageBeforeAnyHello", false, [](RawPeer& p) { p.write(garbage(100)); },
+                    "bad frame magic"},
+        BadPeerCase{"OversizedHeader", true,
+                    [](RawPeer& p) {
+                      p.write(headerBytes({FrameKind::kMessage, 1, std::uint64_t{1} << 30, 0}));
+                    },
+                    "over the frame limit"},
+        BadPeerCase{"TooManySegments", true,
+                    [](RawPeer& p) {
+                      p.write(headerBytes({FrameKind::kMessage, 100000, 64, 0}));
+                    },
+                    "malformed segment table"},
+        BadPeerCase{"SegmentTableNotMatchingTheFrame", true,
+                    [](RawPeer& p) {
+                      auto bytes = headerBytes({FrameKind::kMessage, 2, 64, 0});
+                      const std::uint32_t sizes[2] = {1, 1000};
+                      const auto* s = reinterpret_cast<const std::byte*>(sizes);
+                      bytes.insert(bytes.end(), s, s + 8);
+                      p.write(bytes);
+                    },
+                    "malformed segment table"},
+        BadPeerCase{"GarbageSegments", true,
+                    [](RawPeer& p) {
+                      auto bytes = headerBytes({FrameKind::kMessage, 1, 64, 0});
+                      const std::uint32_t sizes[2] = {8, 0};
+                      const auto* s = reinterpret_cast<const std::byte*>(sizes);
+                      bytes.insert(bytes.end(), s, s + 8);
+                      auto junk = garbage(64);
+                      bytes.insert(bytes.end(), junk.begin(), junk.end());
+                      p.write(bytes);
+                    },
+                    "malformed message"},
+        BadPeerCase{"BulkChunkWithoutAMessage", true,
+                    [](RawPeer& p) {
+                      auto bytes = headerBytes({FrameKind::kBulk, 0, 8, 0});
+                      bytes.resize(bytes.size() + 8);
+                      p.write(bytes);
+                    },
+                    "without a message"},
+        BadPeerCase{"ClosingMidFrame", true,
+                    [](RawPeer& p) {
+                      auto bytes = headerBytes({FrameKind::kMessage, 1, 1024, 0});
+                      bytes.resize(bytes.size() + 8 + 100);
+                      bytes[kFrameHeaderBytes] = std::byte{128};  // 128 words
+                      p.write(bytes);
+                      p.close();
+                    },
+                    "mid-frame"},
+        BadPeerCase{"NestedTooDeep", true,
+                    [](RawPeer& p) {
+                      capnp::MallocMessageBuilder builder;
+                      auto pointer = builder.getRoot<capnp::AnyPointer>();
+                      for (int i = 0; i < 100; ++i) {
+                        pointer = pointer.initAsAnyStruct(0, 1).getPointerSection()[0];
+                      }
+                      p.write(RawPeer::frame(builder));
+                    },
+                    "nested"},
+        BadPeerCase{"OverTheTraversalLimit", true,
+                    [](RawPeer& p) {
+                      capnp::MallocMessageBuilder builder;
+                      auto grads = builder.getRoot<wire::Frame>().initGradBucket().initGrads();
+                      grads.initData(64 * 1024);  // 8192 words, limit 4096
+                      p.write(RawPeer::frame(builder));
+                    },
+                    "traversal limit"}),
+    [](const ::testing::TestParamInfo<BadPeerCase>& info) { return info.param.name; });
+
+// ---- throughput ----
+
+TEST_F(TransportTest, OneWayThroughputOverLoopback) {
+  for (bool unixSocket : {false, true}) {
+    Peer a(options(0, unixSocket)), b(options(1, unixSocket));
+    connectPair(a, b);
+    std::atomic<std::uint64_t> received{0};
+    b.keep = false;  // buffers go back to the receive pool at once
+    b.hook = [&](NodeId, IncomingMessage& message) {
+      received += message.tensor(message.frame().getGradBucket().getGrads()).bytes();
+    };
+    for (std::int64_t megabytes : {25, 100}) {
+      const std::int64_t floats = megabytes * 1'000'000 / 4;
+      Tensor payload = iota(floats);
+      const int count = megabytes == 25 ? 12 : 4;
+      a.transport->send(1, gradBucket(0, payload));  // warm-up
+      const std::size_t before = b.count() + 1;
+      ASSERT_TRUE(b.waitMessages(before, 20s));
+      received = 0;
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < count; ++i)
+        a.transport->send(1, gradBucket(i, payload));
+      ASSERT_TRUE(b.waitMessages(before + count, 60s));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double gbps = static_cast<double>(received.load()) / seconds / 1e9;
+      const std::string key =
+          std::string(unixSocket ? "unix_" : "tcp_") + std::to_string(megabytes) + "MB_GBps";
+      char value[32];
+      std::snprintf(value, sizeof value, "%.2f", gbps);
+      RecordProperty(key, value);
+      std::printf("[ throughput ] %-16s %s GB/s (%d x %lld MB)\n", key.c_str(), value, count,
+                  static_cast<long long>(megabytes));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::transport

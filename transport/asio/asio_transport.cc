@@ -1,0 +1,861 @@
+// The Asio Transport: one io_context, a TCP and a Unix acceptor, one Connection per socket.
+// A Connection's reads, writes and closing run on its strand; send() only queues and posts.
+#include <arpa/inet.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/un.h>
+
+#include <asio.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "transport/interfaces.h"
+#include "transport/link.h"
+#include "transport/message_state.h"
+#include "troupe/error.h"
+
+namespace troupe::transport {
+namespace {
+
+using Socket = asio::generic::stream_protocol::socket;
+using Endpoint = asio::generic::stream_protocol::endpoint;
+using Strand = asio::strand<asio::io_context::executor_type>;
+using Clock = std::chrono::steady_clock;
+
+std::string describe(const Endpoint& endpoint, const std::string& fallback) {
+  const sockaddr* address = endpoint.data();
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    return fmt::format("tcp://{}:{}", text, ntohs(in->sin_port));
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(address);
+    inet_ntop(AF_INET6, &in->sin6_addr, text, sizeof text);
+    return fmt::format("tcp://[{}]:{}", text, ntohs(in->sin6_port));
+  }
+  if (address->sa_family == AF_UNIX && endpoint.size() > offsetof(sockaddr_un, sun_path)) {
+    const auto* un = reinterpret_cast<const sockaddr_un*>(address);
+    if (un->sun_path[0] != '\0') return std::string("unix://") + un->sun_path;
+  }
+  return fallback;
+}
+
+struct ParsedAddress {
+  std::string tcpHost;
+  std::string tcpPort;
+  std::string unixPath;
+};
+
+ParsedAddress parseAddress(const std::string& address) {
+  ParsedAddress out;
+  std::size_t begin = 0;
+  while (begin <= address.size()) {
+    std::size_t end = address.find(';', begin);
+    if (end == std::string::npos) end = address.size();
+    const std::string part = address.substr(begin, end - begin);
+    begin = end + 1;
+    if (part.empty()) continue;
+    if (part.rfind("tcp://", 0) == 0) {
+      const std::string hostPort = part.substr(6);
+      const auto colon = hostPort.rfind(':');
+      if (colon == std::string::npos || colon == 0 || colon + 1 == hostPort.size()) {
+        throw InputError("transport: bad TCP address '" + part + "' (want tcp://host:port)");
+      }
+      out.tcpHost = hostPort.substr(0, colon);
+      if (out.tcpHost.front() == '[' && out.tcpHost.back() == ']') {
+        out.tcpHost = out.tcpHost.substr(1, out.tcpHost.size() - 2);
+      }
+      out.tcpPort = hostPort.substr(colon + 1);
+    } else if (part.rfind("unix://", 0) == 0) {
+      out.unixPath = part.substr(7);
+    } else {
+      throw InputError("transport: bad address '" + part +
+                       "' (want tcp://host:port or unix:///path, joined by ';')");
+    }
+  }
+  if (out.tcpHost.empty() && out.unixPath.empty()) {
+    throw InputError("transport: empty address '" + address + "'");
+  }
+  return out;
+}
+
+bool isLocalHost(const std::string& host) {
+  if (host.rfind("127.", 0) == 0 || host == "localhost" || host == "::1") return true;
+  for (const auto& i : listInterfaces()) {
+    if (i.ipv4 == host) return true;
+  }
+  return false;
+}
+
+class AsioTransport;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(AsioTransport& owner, Socket socket, std::string remote,
+             std::optional<NodeId> expected);
+
+  // Any thread.
+  void start(std::shared_ptr<std::promise<void>> helloWaiter);
+  void enqueue(std::unique_ptr<EncodedMessage> message);
+  void close(const std::string& why, bool error);
+
+  const std::string& remote() const { return remote_; }
+  bool identified() const { return identified_.load(); }
+  NodeId node() const { return node_.load(); }
+  std::string peerName() const { return identified() ? std::to_string(node()) : "?"; }
+
+ private:
+  void readHeader();
+  void onHeader(const asio::error_code& error, std::size_t got);
+  void onTable(const asio::error_code& error);
+  void onPayload(const asio::error_code& error, std::shared_ptr<IncomingMessage::State> state);
+  void onBulk(const asio::error_code& error);
+  void onHello(wire::Hello::Reader hello);
+  void deliver(std::shared_ptr<IncomingMessage::State> state);
+  void skipEmptyParts();
+  void failRead(const asio::error_code& error, const std::string& during);
+  void closeOnStrand(const std::string& why, bool error);
+  void startWrite();
+  void onWritten(const asio::error_code& error);
+
+  AsioTransport& owner_;
+  Socket socket_;
+  Strand strand_;
+  const std::string remote_;
+  const std::optional<NodeId> expected_;
+  std::atomic<bool> closed_{false};
+  std::atomic<bool> identified_{false};
+  std::atomic<NodeId> node_{0};
+
+  // Strand only.
+  std::shared_ptr<std::promise<void>> helloWaiter_;
+  std::array<std::byte, kFrameHeaderBytes> header_{};
+  FrameHeader frame_;
+  std::vector<std::byte> table_;
+  std::shared_ptr<IncomingMessage::State> bulkMessage_;  // a message waiting for its bulk parts
+  std::size_t bulkPart_ = 0;
+  std::size_t bulkOffset_ = 0;
+  std::vector<std::unique_ptr<EncodedMessage>> inflight_;
+  std::vector<asio::const_buffer> buffers_;
+
+  std::mutex mutex_;  // guards queue_ and writing_
+  std::deque<std::unique_ptr<EncodedMessage>> queue_;
+  bool writing_ = false;
+};
+
+class AsioTransport final : public Transport {
+ public:
+  AsioTransport(const TransportOptions& options, TransportHandlers handlers);
+  ~AsioTransport() override;
+
+  NodeId node() const override { return options_.node; }
+  std::string address() const override { return address_; }
+  std::string linkAddress(NodeId node) const override;
+  void connect(NodeId node, const std::string& address) override;
+  void waitForPeer(NodeId node, std::chrono::milliseconds timeout) override;
+  void send(NodeId node, OutgoingMessage message) override;
+
+  // For connections.
+  const TransportOptions& options() const { return options_; }
+  asio::io_context& io() { return io_; }
+  BufferPool& pool() { return *pool_; }
+  std::unique_ptr<EncodedMessage> helloMessage();
+  void registerLink(NodeId node, const std::shared_ptr<Connection>& connection);
+  void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
+  void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error);
+
+ private:
+  void listen();
+  void accept(asio::ip::tcp::acceptor& acceptor);
+  void accept(asio::local::stream_protocol::acceptor& acceptor);
+  void adopt(Socket socket, const std::string& remote);
+  std::shared_ptr<Socket> dial(const Endpoint& endpoint, Clock::time_point deadline,
+                               asio::error_code& error);
+
+  asio::io_context io_;  // first: destroyed last, after everything that holds its sockets
+  TransportOptions options_;
+  TransportHandlers handlers_;
+  EncodeLimits limits_;
+  std::shared_ptr<BufferPool> pool_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  asio::ip::tcp::acceptor tcpAcceptor_;
+  asio::local::stream_protocol::acceptor unixAcceptor_;
+  std::string unixPath_;
+  std::string address_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex mutex_;  // guards links_ and all_
+  std::condition_variable linked_;
+  std::map<NodeId, std::shared_ptr<Connection>> links_;
+  std::set<std::shared_ptr<Connection>> all_;
+};
+
+// ---- Connection ----
+
+Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
+                       std::optional<NodeId> expected)
+    : owner_(owner),
+      socket_(std::move(socket)),
+      strand_(asio::make_strand(owner.io())),
+      remote_(std::move(remote)),
+      expected_(expected) {}
+
+void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
+  asio::post(strand_, [self = shared_from_this(), helloWaiter = std::move(helloWaiter)]() mutable {
+    self->helloWaiter_ = std::move(helloWaiter);
+    if (self->closed_) {
+      if (self->helloWaiter_) {
+        self->helloWaiter_->set_exception(
+            std::make_exception_ptr(IoError("link closed before the Hello")));
+        self->helloWaiter_.reset();
+      }
+      return;
+    }
+    self->readHeader();
+  });
+}
+
+void Connection::enqueue(std::unique_ptr<EncodedMessage> message) {
+  std::lock_guard lock(mutex_);
+  if (closed_) {
+    throw IoError("transport: the link to node " + peerName() + " (" + remote_ + ") is closed");
+  }
+  queue_.push_back(std::move(message));
+  if (!writing_) {
+    writing_ = true;
+    asio::post(strand_, [self = shared_from_this()] { self->startWrite(); });
+  }
+}
+
+void Connection::close(const std::string& why, bool error) {
+  asio::post(strand_, [self = shared_from_this(), why, error] { self->closeOnStrand(why, error); });
+}
+
+void Connection::readHeader() {
+  asio::async_read(socket_, asio::buffer(header_),
+                   asio::bind_executor(strand_, [self = shared_from_this()](
+                                                    const asio::error_code& error, std::size_t n) {
+                     self->onHeader(error, n);
+                   }));
+}
+
+void Connection::failRead(const asio::error_code& error, const std::string& during) {
+  if (closed_) return;
+  if (error == asio::error::eof) {
+    closeOnStrand("peer closed the connection " + during, true);
+  } else {
+    closeOnStrand("read failed " + during + ": " + error.message(), true);
+  }
+}
+
+void Connection::onHeader(const asio::error_code& error, std::size_t got) {
+  if (error) {
+    if (closed_) return;
+    if (error == asio::error::eof && got == 0 && !bulkMessage_) {
+      closeOnStrand("peer closed the connection", false);
+    } else {
+      failRead(error, fmt::format("mid-frame (after {} of {} header bytes{})", got,
+                                  kFrameHeaderBytes, bulkMessage_ ? ", bulk pending" : ""));
+    }
+    return;
+  }
+  try {
+    frame_ = decodeFrameHeader(header_.data(), owner_.options().maxFrameBytes);
+  } catch (const InputError& e) {
+    closeOnStrand(e.what(), true);
+    return;
+  }
+  auto self = shared_from_this();
+  if (frame_.kind == FrameKind::kMessage) {
+    if (bulkMessage_) {
+      closeOnStrand("a message frame arrived while bulk parts were pending", true);
+      return;
+    }
+    table_.assign(segmentTableBytes(frame_.count), std::byte{0});
+    asio::async_read(socket_, asio::buffer(table_),
+                     asio::bind_executor(strand_, [self](const asio::error_code& e, std::size_t) {
+                       self->onTable(e);
+                     }));
+    return;
+  }
+  if (!bulkMessage_) {
+    closeOnStrand("a bulk chunk arrived without a message announcing it", true);
+    return;
+  }
+  const std::size_t partSize = bulkMessage_->partSizes[bulkPart_];
+  if (frame_.count != bulkPart_ || frame_.offset != bulkOffset_ ||
+      frame_.bytes > partSize - bulkOffset_) {
+    closeOnStrand(
+        fmt::format("bulk chunk for part {} at {} of {} bytes, expected part {} at {} "
+                    "(part of {} bytes)",
+                    frame_.count, frame_.offset, frame_.bytes, bulkPart_, bulkOffset_, partSize),
+        true);
+    return;
+  }
+  std::byte* into = bulkMessage_->bulk.get() + bulkMessage_->partOffsets[bulkPart_] + bulkOffset_;
+  asio::async_read(socket_, asio::buffer(into, frame_.bytes),
+                   asio::bind_executor(strand_, [self](const asio::error_code& e, std::size_t) {
+                     self->onBulk(e);
+                   }));
+}
+
+void Connection::onTable(const asio::error_code& error) {
+  if (error) return failRead(error, "mid-frame (in the segment table)");
+  auto state = std::make_shared<IncomingMessage::State>();
+  std::uint64_t words = 0;
+  std::vector<std::uint32_t> sizes(frame_.count);
+  for (std::uint32_t s = 0; s < frame_.count; ++s) {
+    std::memcpy(&sizes[s], table_.data() + 4 * s, 4);
+    words += sizes[s];
+  }
+  if (words * 8 != frame_.bytes || sizes[0] == 0) {
+    closeOnStrand(fmt::format("malformed segment table: segments of {} words in a frame of {} "
+                              "bytes{}",
+                              words, frame_.bytes, sizes[0] == 0 ? " (empty root segment)" : ""),
+                  true);
+    return;
+  }
+  try {
+    state->buffer = owner_.pool().allocate(frame_.bytes);
+  } catch (const std::bad_alloc&) {
+    closeOnStrand(fmt::format("cannot allocate a frame of {} bytes", frame_.bytes), true);
+    return;
+  }
+  state->bufferBytes = frame_.bytes;
+  const auto* at = reinterpret_cast<const capnp::word*>(state->buffer.get());
+  for (auto size : sizes) {
+    state->segments.push_back(kj::arrayPtr(at, size));
+    at += size;
+  }
+  asio::async_read(
+      socket_, asio::buffer(state->buffer.get(), state->bufferBytes),
+      asio::bind_executor(strand_, [self = shared_from_this(), state](const asio::error_code& e,
+                                                                      std::size_t) mutable {
+        self->onPayload(e, std::move(state));
+      }));
+}
+
+void Connection::onPayload(const asio::error_code& error,
+                           std::shared_ptr<IncomingMessage::State> state) {
+  if (error) return failRead(error, "mid-frame (in the message)");
+  const auto& options = owner_.options();
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = options.traversalLimitWords;
+  limits.nestingLimit = options.nestingLimit;
+  auto segments = kj::arrayPtr(state->segments.data(), state->segments.size());
+  std::string problem;
+  try {
+    // Walk the whole message once with a reader of its own, so the caller's reader starts with
+    // its full traversal budget.
+    capnp::SegmentArrayMessageReader check(segments, limits);
+    check.getRoot<wire::Frame>().totalSize();
+    state->reader = std::make_unique<capnp::SegmentArrayMessageReader>(segments, limits);
+  } catch (const kj::Exception& e) {
+    problem = e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+    closeOnStrand("malformed message (rejected by the reader limits or not a Frame): " + problem,
+                  true);
+    return;
+  }
+  try {
+    auto frame = state->reader->getRoot<wire::Frame>();
+    if (frame.isHello()) {
+      onHello(frame.getHello());
+    } else if (!identified_) {
+      closeOnStrand("the first frame on a link was not a Hello", true);
+    } else if (frame.getBulk().size() == 0) {
+      deliver(std::move(state));
+    } else {
+      std::uint64_t total = 0;
+      for (auto size : frame.getBulk()) {
+        if (size > options.maxBulkBytes || total + (size + 63) / 64 * 64 > options.maxBulkBytes) {
+          closeOnStrand(fmt::format("a message announces over {} bulk bytes", options.maxBulkBytes),
+                        true);
+          return;
+        }
+        state->partOffsets.push_back(total);
+        state->partSizes.push_back(size);
+        total += (size + 63) / 64 * 64;
+      }
+      state->bulk = owner_.pool().allocate(total);
+      state->bulkBytes = total;
+      bulkMessage_ = std::move(state);
+      bulkPart_ = 0;
+      bulkOffset_ = 0;
+      skipEmptyParts();
+    }
+  } catch (const kj::Exception& e) {
+    closeOnStrand(std::string("malformed message: ") + e.getDescription().cStr(), true);
+    return;
+  } catch (const std::bad_alloc&) {
+    closeOnStrand("cannot allocate the bulk parts a message announces", true);
+    return;
+  }
+  if (!closed_) readHeader();
+}
+
+void Connection::skipEmptyParts() {
+  while (bulkMessage_ && bulkOffset_ == bulkMessage_->partSizes[bulkPart_]) {
+    bulkOffset_ = 0;
+    if (++bulkPart_ == bulkMessage_->partSizes.size()) deliver(std::move(bulkMessage_));
+  }
+}
+
+void Connection::onBulk(const asio::error_code& error) {
+  if (error) return failRead(error, "mid-frame (in a bulk chunk)");
+  bulkOffset_ += frame_.bytes;
+  skipEmptyParts();
+  if (!closed_) readHeader();
+}
+
+void Connection::onHello(wire::Hello::Reader hello) {
+  const auto& options = owner_.options();
+  std::string problem;
+  if (identified_) {
+    problem = "a second Hello on one link";
+  } else if (std::string(hello.getRunId().cStr()) != options.runId) {
+    problem =
+        fmt::format("peer belongs to run '{}', not '{}'", hello.getRunId().cStr(), options.runId);
+  } else if (expected_ && hello.getNode() != *expected_) {
+    problem = fmt::format("expected node {} at {}, but node {} answered", *expected_, remote_,
+                          hello.getNode());
+  } else if (hello.getNode() == options.node) {
+    problem = fmt::format("peer claims this transport's own node id {}", options.node);
+  }
+  if (!problem.empty()) return closeOnStrand(problem, true);
+  node_ = hello.getNode();
+  identified_ = true;
+  if (!expected_) enqueue(owner_.helloMessage());
+  owner_.registerLink(node_, shared_from_this());
+  if (helloWaiter_) {
+    helloWaiter_->set_value();
+    helloWaiter_.reset();
+  }
+}
+
+void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
+  std::string problem;
+  try {
+    owner_.deliver(node_, IncomingMessage(std::move(state)));
+  } catch (const kj::Exception& e) {
+    problem = e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) closeOnStrand("the message handler threw: " + problem, true);
+}
+
+void Connection::closeOnStrand(const std::string& why, bool error) {
+  if (closed_.exchange(true)) return;
+  asio::error_code ignored;
+  socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+  socket_.close(ignored);
+  {
+    std::lock_guard lock(mutex_);
+    queue_.clear();
+  }
+  bulkMessage_.reset();
+  if (helloWaiter_) {
+    helloWaiter_->set_exception(std::make_exception_ptr(IoError(why)));
+    helloWaiter_.reset();
+  }
+  owner_.onClosed(shared_from_this(), why, error);
+}
+
+void Connection::startWrite() {
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_ || queue_.empty()) {
+      writing_ = false;
+      return;
+    }
+    while (!queue_.empty()) {
+      inflight_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+  }
+  buffers_.clear();
+  for (const auto& message : inflight_) {
+    for (auto piece : message->pieces)
+      buffers_.emplace_back(piece.data(), piece.size());
+  }
+  asio::async_write(socket_, buffers_,
+                    asio::bind_executor(strand_, [self = shared_from_this()](
+                                                     const asio::error_code& error, std::size_t) {
+                      self->onWritten(error);
+                    }));
+}
+
+void Connection::onWritten(const asio::error_code& error) {
+  inflight_.clear();
+  buffers_.clear();
+  if (error) {
+    if (!closed_) closeOnStrand("write failed: " + error.message(), true);
+    std::lock_guard lock(mutex_);
+    writing_ = false;
+    return;
+  }
+  startWrite();
+}
+
+// ---- AsioTransport ----
+
+AsioTransport::AsioTransport(const TransportOptions& options, TransportHandlers handlers)
+    : options_(options),
+      handlers_(std::move(handlers)),
+      pool_(std::make_shared<BufferPool>(options.receivePoolBytes)),
+      log_(options.logger ? options.logger : spdlog::default_logger()),
+      tcpAcceptor_(io_),
+      unixAcceptor_(io_) {
+  if (!handlers_.onMessage) throw InputError("transport: TransportHandlers::onMessage is not set");
+  if (!handlers_.onPeerLost) handlers_.onPeerLost = [](NodeId, const std::string&) {};
+  if (options_.maxFrameBytes < 4096) {
+    throw InputError(fmt::format("transport: maxFrameBytes {} is below the minimum of 4096",
+                                 options_.maxFrameBytes));
+  }
+  if (options_.ioThreads < 1) throw InputError("transport: ioThreads must be at least 1");
+  limits_ = {options_.maxFrameBytes, options_.inlineTensorBytes, options_.bulkChunkBytes};
+  listen();
+  work_.emplace(io_.get_executor());
+  for (int t = 0; t < options_.ioThreads; ++t) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        try {
+          io_.run();
+          return;
+        } catch (const std::exception& e) {
+          log_->error("transport node {}: an I/O handler threw: {}", options_.node, e.what());
+        }
+      }
+    });
+  }
+}
+
+AsioTransport::~AsioTransport() {
+  stopping_ = true;
+  std::vector<std::shared_ptr<Connection>> connections;
+  {
+    std::lock_guard lock(mutex_);
+    connections.assign(all_.begin(), all_.end());
+  }
+  asio::post(io_, [this] {
+    asio::error_code ignored;
+    tcpAcceptor_.close(ignored);
+    unixAcceptor_.close(ignored);
+  });
+  for (auto& c : connections)
+    c->close("transport shut down", false);
+  work_.reset();
+  io_.stop();
+  for (auto& t : threads_)
+    t.join();
+  {
+    std::lock_guard lock(mutex_);
+    links_.clear();
+    all_.clear();
+  }
+  connections.clear();
+  if (!unixPath_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(unixPath_, ignored);
+  }
+}
+
+void AsioTransport::listen() {
+  std::string interface = options_.interface;
+  if (interface.empty()) {
+    if (const char* env = std::getenv("TROUPE_INTERFACE")) interface = env;
+  }
+  std::string bindIp = options_.host.empty() ? "0.0.0.0" : options_.host;
+  std::string advertise = bindIp;
+  if (!interface.empty()) {
+    bindIp = advertise = resolveInterface(interface);
+  } else if (options_.host.empty()) {
+    advertise = "127.0.0.1";
+    for (const auto& i : listInterfaces()) {
+      if (!i.ipv4.empty() && i.ipv4.rfind("127.", 0) != 0) {
+        advertise = i.ipv4;
+        break;
+      }
+    }
+  }
+  asio::error_code error;
+  const auto ip = asio::ip::make_address(bindIp, error);
+  if (error) throw InputError("transport: bad listen address '" + bindIp + "'");
+  const asio::ip::tcp::endpoint endpoint(ip, options_.port);
+  tcpAcceptor_.open(endpoint.protocol(), error);
+  if (!error) tcpAcceptor_.set_option(asio::socket_base::reuse_address(true), error);
+  if (!error) tcpAcceptor_.bind(endpoint, error);
+  if (!error) tcpAcceptor_.listen(asio::socket_base::max_listen_connections, error);
+  if (error) {
+    throw IoError(fmt::format("transport node {}: cannot listen on tcp://{}:{}: {}", options_.node,
+                              bindIp, options_.port, error.message()));
+  }
+  address_ = fmt::format("tcp://{}:{}", advertise, tcpAcceptor_.local_endpoint().port());
+  accept(tcpAcceptor_);
+
+  if (!options_.unixDir.empty()) {
+    std::error_code fsError;
+    std::filesystem::create_directories(options_.unixDir, fsError);
+    if (fsError) {
+      throw IoError("transport: cannot create the socket folder " + options_.unixDir + ": " +
+                    fsError.message());
+    }
+    const std::string path =
+        (std::filesystem::path(options_.unixDir) / fmt::format("node{}.sock", options_.node))
+            .string();
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+      throw InputError(fmt::format("transport: Unix socket path {} is longer than {} bytes", path,
+                                   sizeof(sockaddr_un::sun_path) - 1));
+    }
+    std::filesystem::remove(path, fsError);
+    const asio::local::stream_protocol::endpoint local(path);
+    unixAcceptor_.open(local.protocol(), error);
+    if (!error) unixAcceptor_.bind(local, error);
+    if (!error) unixAcceptor_.listen(asio::socket_base::max_listen_connections, error);
+    if (error) {
+      throw IoError(fmt::format("transport node {}: cannot listen on unix://{}: {}", options_.node,
+                                path, error.message()));
+    }
+    unixPath_ = path;
+    address_ += ";unix://" + path;
+    accept(unixAcceptor_);
+  }
+}
+
+void AsioTransport::accept(asio::ip::tcp::acceptor& acceptor) {
+  auto socket = std::make_shared<Socket>(io_);
+  acceptor.async_accept(*socket, [this, socket, &acceptor](const asio::error_code& error) {
+    if (error == asio::error::operation_aborted || stopping_) return;
+    if (!error) {
+      asio::error_code ignored;
+      socket->set_option(asio::ip::tcp::no_delay(true), ignored);
+      const std::string remote = describe(socket->remote_endpoint(ignored), "tcp://?");
+      adopt(std::move(*socket), remote);
+    } else {
+      log_->warn("transport node {}: accept failed: {}", options_.node, error.message());
+    }
+    accept(acceptor);
+  });
+}
+
+void AsioTransport::accept(asio::local::stream_protocol::acceptor& acceptor) {
+  auto socket = std::make_shared<Socket>(io_);
+  acceptor.async_accept(*socket, [this, socket, &acceptor](const asio::error_code& error) {
+    if (error == asio::error::operation_aborted || stopping_) return;
+    if (!error) {
+      adopt(std::move(*socket), "unix://" + unixPath_ + " (accepted)");
+    } else {
+      log_->warn("transport node {}: accept failed: {}", options_.node, error.message());
+    }
+    accept(acceptor);
+  });
+}
+
+void AsioTransport::adopt(Socket socket, const std::string& remote) {
+  auto connection = std::make_shared<Connection>(*this, std::move(socket), remote, std::nullopt);
+  {
+    std::lock_guard lock(mutex_);
+    all_.insert(connection);
+  }
+  connection->start(nullptr);
+}
+
+std::unique_ptr<EncodedMessage> AsioTransport::helloMessage() {
+  OutgoingMessage message;
+  auto frame = message.frame();
+  frame.setSourceNode(options_.node);
+  auto hello = frame.initHello();
+  hello.setNode(options_.node);
+  hello.setRunId(options_.runId);
+  hello.setAddress(address_);
+  return std::make_unique<EncodedMessage>(
+      encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
+}
+
+void AsioTransport::registerLink(NodeId node, const std::shared_ptr<Connection>& connection) {
+  {
+    std::lock_guard lock(mutex_);
+    links_.try_emplace(node, connection);
+  }
+  linked_.notify_all();
+}
+
+void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, const std::string& why,
+                             bool error) {
+  bool wasLink = false;
+  {
+    std::lock_guard lock(mutex_);
+    all_.erase(connection);
+    auto it = connection->identified() ? links_.find(connection->node()) : links_.end();
+    if (it != links_.end() && it->second == connection) {
+      links_.erase(it);
+      wasLink = true;
+    }
+  }
+  if (stopping_) return;
+  const std::string line =
+      fmt::format("transport node {}: dropped the link to node {} ({}): {}", options_.node,
+                  connection->peerName(), connection->remote(), why);
+  if (error) {
+    log_->error(line);
+  } else {
+    log_->info(line);
+  }
+  if (wasLink) handlers_.onPeerLost(connection->node(), why);
+}
+
+std::string AsioTransport::linkAddress(NodeId node) const {
+  std::lock_guard lock(mutex_);
+  auto it = links_.find(node);
+  return it == links_.end() ? "" : it->second->remote();
+}
+
+std::shared_ptr<Socket> AsioTransport::dial(const Endpoint& endpoint, Clock::time_point deadline,
+                                            asio::error_code& error) {
+  auto socket = std::make_shared<Socket>(io_);
+  auto done = std::make_shared<std::promise<asio::error_code>>();
+  auto result = done->get_future();
+  asio::post(io_, [socket, endpoint, done] {
+    socket->async_connect(endpoint, [done](const asio::error_code& e) { done->set_value(e); });
+  });
+  if (result.wait_until(deadline) == std::future_status::timeout) {
+    asio::post(io_, [socket] {
+      asio::error_code ignored;
+      socket->close(ignored);
+    });
+    result.wait();
+    error = asio::error::timed_out;
+    return nullptr;
+  }
+  error = result.get();
+  return error ? nullptr : socket;
+}
+
+void AsioTransport::connect(NodeId node, const std::string& address) {
+  if (node == options_.node) {
+    throw InputError(fmt::format("transport: node {} cannot connect to itself", node));
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (links_.count(node)) return;
+  }
+  const ParsedAddress parsed = parseAddress(address);
+  std::vector<std::pair<Endpoint, std::string>> candidates;
+  if (!parsed.unixPath.empty() && (parsed.tcpHost.empty() || isLocalHost(parsed.tcpHost))) {
+    candidates.emplace_back(Endpoint(asio::local::stream_protocol::endpoint(parsed.unixPath)),
+                            "unix://" + parsed.unixPath);
+  }
+  if (!parsed.tcpHost.empty()) {
+    asio::error_code error;
+    asio::ip::tcp::resolver resolver(io_);
+    auto results = resolver.resolve(parsed.tcpHost, parsed.tcpPort, error);
+    if (error || results.empty()) {
+      throw InputError(fmt::format("transport: cannot resolve {}:{} (node {}): {}", parsed.tcpHost,
+                                   parsed.tcpPort, node, error.message()));
+    }
+    const auto endpoint = results.begin()->endpoint();
+    candidates.emplace_back(Endpoint(endpoint), describe(Endpoint(endpoint), "tcp://?"));
+  }
+
+  const auto deadline = Clock::now() + options_.connectTimeout;
+  std::string lastError = "no attempt";
+  for (;;) {
+    for (const auto& [endpoint, remote] : candidates) {
+      asio::error_code error;
+      auto socket = dial(endpoint, deadline, error);
+      if (!socket) {
+        lastError = remote + ": " + error.message();
+        continue;
+      }
+      if (remote.rfind("tcp://", 0) == 0) {
+        asio::error_code ignored;
+        socket->set_option(asio::ip::tcp::no_delay(true), ignored);
+      }
+      auto connection = std::make_shared<Connection>(*this, std::move(*socket), remote, node);
+      {
+        std::lock_guard lock(mutex_);
+        all_.insert(connection);
+      }
+      auto hello = std::make_shared<std::promise<void>>();
+      auto helloDone = hello->get_future();
+      connection->enqueue(helloMessage());
+      connection->start(std::move(hello));
+      if (helloDone.wait_until(deadline) == std::future_status::timeout) {
+        connection->close("no Hello before the connect timeout", true);
+        throw TimeoutError(
+            fmt::format("transport node {}: node {} at {} sent no Hello within {} ms",
+                        options_.node, node, remote, options_.connectTimeout.count()));
+      }
+      try {
+        helloDone.get();
+      } catch (const IoError& e) {
+        throw IoError(fmt::format("transport node {}: connecting to node {} at {} failed: {}",
+                                  options_.node, node, remote, e.what()));
+      }
+      return;
+    }
+    if (Clock::now() + std::chrono::milliseconds(50) >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  throw TimeoutError(
+      fmt::format("transport node {}: cannot connect to node {} at {} within {} ms "
+                  "(last error: {})",
+                  options_.node, node, address, options_.connectTimeout.count(), lastError));
+}
+
+void AsioTransport::waitForPeer(NodeId node, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!linked_.wait_for(lock, timeout, [&] { return links_.count(node) > 0; })) {
+    throw TimeoutError(fmt::format("transport node {}: no link to node {} within {} ms",
+                                   options_.node, node, timeout.count()));
+  }
+}
+
+void AsioTransport::send(NodeId node, OutgoingMessage message) {
+  std::shared_ptr<Connection> connection;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = links_.find(node);
+    if (it != links_.end()) connection = it->second;
+  }
+  if (!connection) {
+    throw IoError(
+        fmt::format("transport node {}: no link to node {} (connect first, or wait "
+                    "for its Hello)",
+                    options_.node, node));
+  }
+  auto state = message.takeState();
+  if (!state) throw InputError("transport: send of a moved-from message");
+  connection->enqueue(std::make_unique<EncodedMessage>(
+      encodeMessage(std::shared_ptr<OutgoingMessage::State>(std::move(state)), limits_)));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> makeTransport(const TransportOptions& options,
+                                         TransportHandlers handlers) {
+  return std::make_unique<AsioTransport>(options, std::move(handlers));
+}
+
+}  // namespace troupe::transport

@@ -1,0 +1,277 @@
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <numeric>
+
+#include "transport/message_state.h"
+#include "troupe/error.h"
+
+namespace troupe::transport {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format carries tensors as little-endian bytes");
+
+namespace {
+
+constexpr std::byte kZeros[8] = {};
+
+std::size_t wordsFor(std::size_t bytes) {
+  return (bytes + 7) / 8;
+}
+
+}  // namespace
+
+std::shared_ptr<std::byte> allocateAligned(std::size_t bytes) {
+  const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+}
+
+BufferPool::~BufferPool() {
+  for (auto& [bytes, buffer] : idle_)
+    std::free(buffer);
+}
+
+std::shared_ptr<std::byte> BufferPool::allocate(std::size_t bytes) {
+  std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  if (rounded < kMinPooledBytes) return allocateAligned(bytes);
+  std::byte* buffer = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = idle_.lower_bound(rounded);
+    if (it != idle_.end() && it->first / 2 <= rounded) {
+      rounded = it->first;
+      buffer = it->second;
+      idleBytes_ -= rounded;
+      idle_.erase(it);
+    }
+  }
+  if (!buffer) {
+    buffer = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+    if (!buffer) throw std::bad_alloc();
+  }
+  return std::shared_ptr<std::byte>(buffer, [pool = weak_from_this(), rounded](std::byte* b) {
+    if (auto alive = pool.lock()) {
+      alive->release(b, rounded);
+    } else {
+      std::free(b);
+    }
+  });
+}
+
+void BufferPool::release(std::byte* buffer, std::size_t bytes) {
+  {
+    std::lock_guard lock(mutex_);
+    if (idleBytes_ + bytes <= capacity_) {
+      idle_.emplace(bytes, buffer);
+      idleBytes_ += bytes;
+      return;
+    }
+  }
+  std::free(buffer);
+}
+
+OutgoingMessage::OutgoingMessage() : state_(std::make_unique<State>()) {}
+OutgoingMessage::~OutgoingMessage() = default;
+OutgoingMessage::OutgoingMessage(OutgoingMessage&&) noexcept = default;
+OutgoingMessage& OutgoingMessage::operator=(OutgoingMessage&&) noexcept = default;
+
+wire::Frame::Builder OutgoingMessage::frame() {
+  return state_->builder.getRoot<wire::Frame>();
+}
+
+capnp::MessageBuilder& OutgoingMessage::builder() {
+  return state_->builder;
+}
+
+std::unique_ptr<OutgoingMessage::State> OutgoingMessage::takeState() {
+  return std::move(state_);
+}
+
+void OutgoingMessage::setTensor(wire::TensorData::Builder slot, kernels::Tensor tensor) {
+  if (tensor.bytes() == 0) return;
+  if (tensor.device().kind != kernels::DeviceKind::kCpu) {
+    throw InputError("transport: only host tensors can be sent; got a tensor of shape " +
+                     kernels::toString(tensor.shape()) + " on a CUDA device");
+  }
+  state_->pending.push_back({slot, std::move(tensor)});
+}
+
+EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
+                             const EncodeLimits& limits) {
+  EncodedMessage out;
+  auto& pending = state->pending;
+  auto& builder = state->builder;
+
+  // Inline or bulk: large tensors go bulk, then the largest inline ones until the frame fits.
+  std::size_t baseBytes = kFrameHeaderBytes + 64 + 16 * pending.size();
+  for (auto segment : builder.getSegmentsForOutput())
+    baseBytes += segment.size() * 8 + 4;
+  if (baseBytes > limits.maxFrameBytes) {
+    throw InputError("transport: a message of " + std::to_string(baseBytes) +
+                     " bytes without its tensors exceeds the frame limit of " +
+                     std::to_string(limits.maxFrameBytes) + " bytes");
+  }
+  std::vector<bool> bulk(pending.size(), false);
+  std::vector<std::size_t> bySize(pending.size());
+  std::iota(bySize.begin(), bySize.end(), 0);
+  std::stable_sort(bySize.begin(), bySize.end(), [&](std::size_t a, std::size_t b) {
+    return pending[a].tensor.bytes() > pending[b].tensor.bytes();
+  });
+  std::size_t inlineBytes = 0;
+  for (std::size_t i : bySize) {
+    const std::size_t bytes = pending[i].tensor.bytes() + 8;
+    if (bytes > limits.inlineTensorBytes ||
+        baseBytes + inlineBytes + bytes > limits.maxFrameBytes) {
+      bulk[i] = true;
+    } else {
+      inlineBytes += bytes;
+    }
+  }
+
+  struct External {
+    const capnp::word* segment;
+    std::size_t words;
+    const std::byte* data;
+    std::size_t bytes;
+    std::size_t lead;
+  };
+  std::vector<External> externals;
+  std::vector<std::size_t> bulkParts;
+  auto orphanage = builder.getOrphanage();
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    auto& [slot, tensor] = pending[i];
+    const auto* data = static_cast<const std::byte*>(tensor.raw());
+    if (bulk[i]) {
+      slot.setBulkPart(static_cast<std::int32_t>(bulkParts.size()));
+      bulkParts.push_back(i);
+      continue;
+    }
+    // The blob starts at the aligned address at or before the data; the lead goes out as zeros.
+    const std::size_t lead = reinterpret_cast<std::uintptr_t>(data) % 8;
+    const std::byte* aligned = data - lead;
+    const std::size_t blobBytes = lead + tensor.bytes();
+    slot.adoptData(orphanage.referenceExternalData(
+        capnp::Data::Reader(reinterpret_cast<const kj::byte*>(aligned), blobBytes)));
+    slot.setLead(static_cast<std::uint8_t>(lead));
+    externals.push_back({reinterpret_cast<const capnp::word*>(aligned), wordsFor(blobBytes), data,
+                         tensor.bytes(), lead});
+  }
+  if (!bulkParts.empty()) {
+    auto sizes = builder.getRoot<wire::Frame>().initBulk(static_cast<unsigned>(bulkParts.size()));
+    for (unsigned k = 0; k < bulkParts.size(); ++k)
+      sizes.set(k, pending[bulkParts[k]].tensor.bytes());
+  }
+
+  // The message frame: header, segment table, segments (external ones written from the tensor).
+  auto segments = builder.getSegmentsForOutput();
+  TROUPE_ENFORCE(segments.size() >= 1 && segments.size() <= kMaxSegments, "a message with ",
+                 segments.size(), " segments");
+  std::size_t payloadBytes = 0;
+  out.table.assign(segmentTableBytes(static_cast<std::uint32_t>(segments.size())), std::byte{0});
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const auto words = static_cast<std::uint32_t>(segments[s].size());
+    std::memcpy(out.table.data() + 4 * s, &words, 4);
+    payloadBytes += segments[s].size() * 8;
+  }
+  out.headers.push_back(encodeFrameHeader(
+      {FrameKind::kMessage, static_cast<std::uint32_t>(segments.size()), payloadBytes, 0}));
+  out.pieces.push_back(out.headers.back());
+  out.pieces.push_back(out.table);
+  for (auto segment : segments) {
+    auto external = std::find_if(externals.begin(), externals.end(), [&](const External& e) {
+      return e.segment == segment.begin() && e.words == segment.size();
+    });
+    if (external == externals.end()) {
+      out.pieces.push_back(std::as_bytes(std::span(segment.begin(), segment.size())));
+      continue;
+    }
+    if (external->lead) out.pieces.push_back(std::span(kZeros, external->lead));
+    out.pieces.push_back(std::span(external->data, external->bytes));
+    const std::size_t pad = external->words * 8 - external->lead - external->bytes;
+    if (pad) out.pieces.push_back(std::span(kZeros, pad));
+  }
+  out.bytes = kFrameHeaderBytes + out.table.size() + payloadBytes;
+  TROUPE_ENFORCE_LE(out.bytes, limits.maxFrameBytes);
+
+  // The bulk parts, in chunks.
+  const std::size_t chunk = std::max<std::size_t>(
+      8, std::min(limits.bulkChunkBytes, limits.maxFrameBytes - kFrameHeaderBytes));
+  for (std::size_t k = 0; k < bulkParts.size(); ++k) {
+    const auto& tensor = pending[bulkParts[k]].tensor;
+    const auto* data = static_cast<const std::byte*>(tensor.raw());
+    for (std::size_t offset = 0; offset < tensor.bytes(); offset += chunk) {
+      const std::size_t bytes = std::min(chunk, tensor.bytes() - offset);
+      out.headers.push_back(
+          encodeFrameHeader({FrameKind::kBulk, static_cast<std::uint32_t>(k), bytes, offset}));
+      out.pieces.push_back(out.headers.back());
+      out.pieces.push_back(std::span(data + offset, bytes));
+      out.bytes += kFrameHeaderBytes + bytes;
+    }
+  }
+
+  for (auto& p : pending)
+    state->tensors.push_back(std::move(p.tensor));
+  pending.clear();
+  out.state = std::move(state);
+  return out;
+}
+
+IncomingMessage::IncomingMessage(std::shared_ptr<const State> state) : state_(std::move(state)) {}
+
+wire::Frame::Reader IncomingMessage::frame() const {
+  return state_->reader->getRoot<wire::Frame>();
+}
+
+kernels::Tensor IncomingMessage::tensor(wire::TensorData::Reader data, kernels::Shape shape,
+                                        kernels::DType dtype) const {
+  const std::byte* begin = nullptr;
+  std::size_t bytes = 0;
+  if (data.getBulkPart() >= 0) {
+    const auto part = static_cast<std::size_t>(data.getBulkPart());
+    if (part >= state_->partSizes.size()) {
+      throw InputError("transport: a tensor names bulk part " + std::to_string(part) +
+                       " of a message with " + std::to_string(state_->partSizes.size()));
+    }
+    begin = state_->bulk.get() + state_->partOffsets[part];
+    bytes = state_->partSizes[part];
+  } else {
+    auto blob = data.getData();
+    if (data.getLead() > blob.size()) {
+      throw InputError("transport: a tensor's lead of " + std::to_string(data.getLead()) +
+                       " bytes exceeds its blob of " + std::to_string(blob.size()));
+    }
+    begin = reinterpret_cast<const std::byte*>(blob.begin()) + data.getLead();
+    bytes = blob.size() - data.getLead();
+  }
+  const std::size_t element = kernels::sizeOf(dtype);
+  if (bytes % element != 0) {
+    throw InputError("transport: a tensor of " + std::to_string(bytes) +
+                     " bytes is not a whole number of elements");
+  }
+  const auto numel = static_cast<std::int64_t>(bytes / element);
+  if (shape.empty()) {
+    if (numel == 0) return kernels::Tensor();
+    shape = {numel};
+  }
+  if (kernels::numelOf(shape) != numel) {
+    throw InputError("transport: a tensor of " + std::to_string(numel) +
+                     " elements does not fit shape " + kernels::toString(shape));
+  }
+  auto* p = const_cast<std::byte*>(begin);
+  return kernels::Tensor(std::shared_ptr<void>(state_, p), p, std::move(shape), dtype,
+                         kernels::Device{});
+}
+
+std::span<const std::byte> IncomingMessage::frameBuffer() const {
+  return {state_->buffer.get(), state_->bufferBytes};
+}
+
+std::span<const std::byte> IncomingMessage::bulkBuffer() const {
+  return {state_->bulk.get(), state_->bulkBytes};
+}
+
+}  // namespace troupe::transport

@@ -1,0 +1,90 @@
+// Inside the transport: what messages hold, and how a message becomes bytes on a link.
+#pragma once
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "kernels/tensor.h"
+#include "transport/frame.h"
+#include "transport/message.h"
+
+namespace troupe::transport {
+
+struct OutgoingMessage::State {
+  static constexpr unsigned kFirstSegmentWords = 256;
+  capnp::MallocMessageBuilder builder{kFirstSegmentWords};
+  struct Pending {
+    wire::TensorData::Builder slot;
+    kernels::Tensor tensor;
+  };
+  std::vector<Pending> pending;
+  // Filled by encodeMessage: the tensors the message points at (inline or bulk).
+  std::vector<kernels::Tensor> tensors;
+};
+
+struct IncomingMessage::State {
+  std::shared_ptr<std::byte> buffer;  // the segments, back to back, 64-byte aligned
+  std::size_t bufferBytes = 0;
+  std::vector<kj::ArrayPtr<const capnp::word>> segments;
+  std::unique_ptr<capnp::SegmentArrayMessageReader> reader;
+  std::shared_ptr<std::byte> bulk;  // the bulk parts, each 64-byte aligned
+  std::size_t bulkBytes = 0;
+  std::vector<std::size_t> partOffsets;
+  std::vector<std::size_t> partSizes;
+};
+
+// 64-byte aligned, uninitialised; throws std::bad_alloc.
+std::shared_ptr<std::byte> allocateAligned(std::size_t bytes);
+
+// Receive buffers: freed ones of at least kMinPooledBytes are kept (up to `capacity` bytes in all)
+// and handed out again for a request of half their size or more, which spares large messages the
+// allocator and the page faults of fresh memory. Buffers may outlive the pool. Thread-safe.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  static constexpr std::size_t kMinPooledBytes = std::size_t{1} << 20;
+  explicit BufferPool(std::size_t capacity) : capacity_(capacity) {}
+  ~BufferPool();
+  // 64-byte aligned, uninitialised; throws std::bad_alloc.
+  std::shared_ptr<std::byte> allocate(std::size_t bytes);
+
+ private:
+  void release(std::byte* buffer, std::size_t bytes);
+
+  const std::size_t capacity_;
+  std::mutex mutex_;
+  std::multimap<std::size_t, std::byte*> idle_;
+  std::size_t idleBytes_ = 0;
+};
+
+struct EncodeLimits {
+  std::size_t maxFrameBytes = 0;
+  std::size_t inlineTensorBytes = 0;
+  std::size_t bulkChunkBytes = 0;
+};
+
+// The frames of one message, ready for a gather write: `pieces` point into this object, the
+// message's segments and its tensors; `state` keeps them alive.
+struct EncodedMessage {
+  std::shared_ptr<OutgoingMessage::State> state;
+  std::deque<std::array<std::byte, kFrameHeaderBytes>> headers;
+  std::vector<std::byte> table;
+  std::vector<std::span<const std::byte>> pieces;
+  std::size_t bytes = 0;
+};
+
+// Decides inline vs bulk for each pending tensor, fills Frame.bulk and lays out the frames.
+// Throws InputError if the message without its tensors exceeds the frame limit.
+EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
+                             const EncodeLimits& limits);
+
+}  // namespace troupe::transport

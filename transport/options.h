@@ -1,0 +1,49 @@
+// What a Transport is built from.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace spdlog {
+class logger;
+}
+
+namespace troupe::transport {
+
+using NodeId = std::uint32_t;
+
+struct TransportOptions {
+  NodeId node = 0;
+  std::string runId;  // a peer with another run id is refused
+
+  // Where to listen. `interface` (e.g. "eth0"; empty: $TROUPE_INTERFACE) wins over `host`;
+  // `host` empty: every interface, advertising the first non-loopback IPv4 address.
+  std::string interface;
+  std::string host;
+  std::uint16_t port = 0;  // 0: any free port
+  // Folder for this node's Unix socket "node<id>.sock" (created if missing); empty: no Unix socket.
+  std::string unixDir;
+
+  // Frame limit: a frame announcing more drops the link. Larger tensors travel as bulk chunks.
+  std::size_t maxFrameBytes = std::size_t{64} << 20;
+  // Tensors above this (and any that would overflow a frame) go as bulk parts.
+  std::size_t inlineTensorBytes = std::size_t{16} << 20;
+  // Bulk chunk size (capped so that a chunk fits the frame limit).
+  std::size_t bulkChunkBytes = std::size_t{16} << 20;
+  // Most bulk bytes one message may announce (the receiver allocates that much).
+  std::uint64_t maxBulkBytes = std::uint64_t{8} << 30;
+  // Freed receive buffers kept for reuse (bytes; 0: none).
+  std::size_t receivePoolBytes = std::size_t{256} << 20;
+  // Cap'n Proto reader limits for received frames.
+  std::uint64_t traversalLimitWords = (std::uint64_t{64} << 20) / 8;
+  int nestingLimit = 64;
+
+  int ioThreads = 1;
+  std::chrono::milliseconds connectTimeout{30000};
+  std::shared_ptr<spdlog::logger> logger;  // null: spdlog's default logger
+};
+
+}  // namespace troupe::transport

@@ -1,0 +1,152 @@
+# Every message that crosses a process boundary. One Frame per transport frame; the union names the
+# message. Integers are Cap'n Proto's (little-endian); tensors travel as TensorData: raw
+# little-endian float32 (or int32) bytes, flat; the receiver knows the shape from the message.
+@0xe2f12062c601033c;
+
+$import "/capnp/c++.capnp".namespace("troupe::transport::wire");
+
+# A tensor's bytes. Either inline in this message (a Data blob that is its own segment, written
+# from the tensor's memory without a copy), or a bulk part that follows the message as raw bulk
+# frames (see transport/frame.h) when it is too large for one frame.
+struct TensorData {
+  data @0 :Data;
+  # Inline bytes. The tensor starts `lead` bytes in: the sender points the blob at the 8-byte
+  # aligned address at or before the tensor and writes zeros for the lead (0 or 4 bytes).
+  lead @1 :UInt8;
+  bulkPart @2 :Int32 = -1;
+  # >= 0: the bytes are part N of Frame.bulk and `data` is empty.
+}
+
+# First frame on every link, in both directions.
+struct Hello {
+  node @0 :UInt32;
+  runId @1 :Text;
+  address @2 :Text;  # what the sender listens on: "tcp://ip:port;unix:///path"
+}
+
+# Replica -> Reducer: gradients [begin, end) of the flat gradient tensor.
+struct GradBucket {
+  step @0 :Int64;
+  replica @1 :Int32;
+  begin @2 :Int64;
+  end @3 :Int64;
+  grads @4 :TensorData;
+}
+
+# Reducer -> Updater: the sum over replicas of one bucket.
+struct Reduced {
+  step @0 :Int64;
+  begin @1 :Int64;
+  end @2 :Int64;
+  grads @3 :TensorData;
+}
+
+# Updater -> Replica: the weights step `step` starts from.
+struct Weights {
+  step @0 :Int64;
+  weights @1 :TensorData;
+  buffers @2 :TensorData;  # empty: keep the replica's own
+}
+
+# Replica -> Coordinator.
+struct StepDone {
+  step @0 :Int64;
+  replica @1 :Int32;
+  lossSum @2 :Float64;
+  correct @3 :Float64;
+  count @4 :Int64;
+}
+
+# Updater -> Coordinator.
+struct EpochEnd {
+  step @0 :Int64;
+  weights @1 :TensorData;
+  momentum @2 :TensorData;
+}
+
+# Coordinator -> Replica.
+struct Evaluate {
+  epoch @0 :Int64;
+  weights @1 :TensorData;
+  buffers @2 :TensorData;
+}
+
+# Replica -> Coordinator.
+struct Evaluated {
+  replica @0 :Int32;
+  lossSum @1 :Float64;
+  correct @2 :Float64;
+  count @3 :Int64;
+}
+
+# Replica 0 -> Coordinator: batch-norm statistics (answer to buffersRequest).
+struct Buffers {
+  buffers @0 :TensorData;
+}
+
+# Ring allreduce: one chunk of one bucket, in one of the two phases.
+struct AllreduceChunk {
+  enum Phase {
+    reduceScatter @0;
+    allGather @1;
+  }
+  opId @0 :UInt64;  # unique per collective (e.g. step * buckets + bucket)
+  step @1 :Int64;
+  bucketBegin @2 :Int64;  # element offset of the bucket in the flat gradient
+  chunkIndex @3 :UInt32;
+  phase @4 :Phase;
+  data @5 :TensorData;
+  offset @6 :Int64;    # the chunk's first element in the flat gradient
+  segment @7 :UInt32;  # which segment of the bucket (each segment is its own ring)
+  round @8 :UInt32;    # 0 .. world-2 within the phase
+}
+
+# Parameter server: a worker pushes gradients of keys [keyBegin, keyEnd) ...
+struct Push {
+  step @0 :Int64;
+  worker @1 :UInt32;
+  keyBegin @2 :Int64;
+  keyEnd @3 :Int64;
+  data @4 :TensorData;
+}
+
+# ... and pulls the current values of keys [keyBegin, keyEnd).
+struct Pull {
+  step @0 :Int64;
+  worker @1 :UInt32;
+  keyBegin @2 :Int64;
+  keyEnd @3 :Int64;
+}
+
+struct PullReply {
+  step @0 :Int64;
+  keyBegin @1 :Int64;
+  keyEnd @2 :Int64;
+  data @3 :TensorData;
+}
+
+struct Frame {
+  target @0 :UInt32;       # actor id on the receiving node
+  sourceNode @1 :UInt32;
+  sourceActor @2 :UInt32;
+  bulk @3 :List(UInt64);   # byte sizes of the bulk parts that follow this frame
+  union {
+    none @4 :Void;  # the default; never sent
+    hello @5 :Hello;
+    gradBucket @6 :GradBucket;
+    reduced @7 :Reduced;
+    weights @8 :Weights;
+    stepDone @9 :StepDone;
+    epochEnd @10 :EpochEnd;
+    resume @11 :Void;
+    evaluate @12 :Evaluate;
+    evaluated @13 :Evaluated;
+    buffersRequest @14 :Void;
+    buffers @15 :Buffers;
+    allreduceChunk @16 :AllreduceChunk;
+    push @17 :Push;
+    pull @18 :Pull;
+    pullReply @19 :PullReply;
+    shutdown @20 :Void;  # chief coordinator -> the other processes: the run is over
+  }
+}
