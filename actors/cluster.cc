@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "actors/trace.h"
 #include "actors/wire_codec.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/prefix_store.h"
@@ -39,7 +40,12 @@ class ClusterImpl final : public Cluster {
     t.connectTimeout = o.timeout;
     transport::TransportHandlers handlers;
     handlers.onMessage = [this](transport::NodeId node, transport::IncomingMessage message) {
+      const auto begin = Trace::Clock::now();
       auto d = decodeMessage(node, message);
+      if (options_.trace) {
+        options_.trace->span("transport in", "receive " + messageName(d.message->type()), begin,
+                             Trace::Clock::now());
+      }
       system_.deliver(d.from, Address{static_cast<std::uint32_t>(options_.rank), d.target},
                       std::move(d.message));
     };
@@ -69,8 +75,13 @@ class ClusterImpl final : public Cluster {
   rendezvous::Store& store() override { return *store_; }
 
   void send(Address from, Address to, std::unique_ptr<Envelope> message) override {
+    const auto begin = Trace::Clock::now();
     auto out = encodeMessage(from, to, *message);
     transport_->send(static_cast<transport::NodeId>(to.node), std::move(out));
+    if (options_.trace) {
+      options_.trace->asyncSpan("transport out", "send " + messageName(message->type()),
+                                sends_.fetch_add(1), begin, Trace::Clock::now());
+    }
   }
 
   void barrier(const std::string& name) override {
@@ -100,6 +111,7 @@ class ClusterImpl final : public Cluster {
   std::shared_ptr<rendezvous::Store> store_;
   std::unique_ptr<transport::Transport> transport_;
   std::atomic<bool> closing_{false};
+  std::atomic<std::uint64_t> sends_{0};
 };
 
 }  // namespace

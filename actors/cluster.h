@@ -20,6 +20,8 @@ class Store;
 
 namespace troupe::actors {
 
+class Trace;
+
 struct ClusterOptions {
   int rank = 0;   // this process's node id
   int world = 1;  // processes in the run
@@ -28,6 +30,7 @@ struct ClusterOptions {
   bool serve_store = false;  // rank 0 serves the tcp:// store itself (started by hand)
   std::string interface;     // network interface to listen on; empty: TROUPE_INTERFACE or any
   std::chrono::milliseconds timeout{60000};
+  Trace* trace = nullptr;  // send and receive spans
 };
 
 class Cluster {

@@ -86,6 +86,32 @@ struct Evaluated {
   std::int64_t count = 0;
 };
 
+// Parameter servers. A worker's PS client pushes the reduced gradient of keys [key_begin, key_end)
+// to the server that owns them ...
+struct Push {
+  std::int64_t step = 0;
+  std::uint32_t worker = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor data;
+};
+
+// ... then pulls the weights step `step` starts from. epoch_end: the server answers once every
+// worker reached this point, and adds the optimizer state (for checkpoints).
+struct Pull {
+  std::int64_t step = 0;
+  std::uint32_t worker = 0;
+  bool epoch_end = false;
+};
+
+struct PullReply {
+  std::int64_t step = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor data;
+  Tensor state;  // momentum, with epoch_end pulls
+};
+
 // Chief coordinator -> the coordinator of every other process: the run is over, stop.
 struct Shutdown {};
 

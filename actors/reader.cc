@@ -49,8 +49,9 @@ class Reader final : public Actor {
     const auto& d = config_.dataset;
     Batch batch;
     batch.step = step;
-    batch.images = kernels::Tensor::host({config_.count, d.channels, d.height, d.width});
-    batch.labels = kernels::Tensor::host({config_.count}, kernels::DType::kInt32);
+    batch.images =
+        kernels::Tensor::hostUninitialized({config_.count, d.channels, d.height, d.width});
+    batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
     dataset_->read(indices_, batch.images.f32(), batch.labels.i32());
     return batch;
   }

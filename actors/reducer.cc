@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <utility>
@@ -6,6 +8,7 @@
 #include "actors/messages.h"
 #include "actors/ring_allreduce.h"
 #include "actors/roles.h"
+#include "actors/trace.h"
 #include "kernels/backend.h"
 #include "troupe/error.h"
 
@@ -26,16 +29,13 @@ class Reducer final : public Actor {
             [this](RingChunk chunk) {
               // A copy: the transport writes later, and by then the replica's next backward
               // may be overwriting the gradient these chunks view.
-              auto copy = kernels::Tensor::host({chunk.data.numel()});
+              auto copy = kernels::Tensor::hostUninitialized({chunk.data.numel()});
               std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
               chunk.data = std::move(copy);
               send(config_.next, std::move(chunk));
             },
             [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
-              auto it = in_ring_.find({step, begin});
-              TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
-              send(config_.updater, Reduced{step, begin, end, it->second});
-              in_ring_.erase(it);
+              finished(step, begin, end);
             }) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
     on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
@@ -44,6 +44,19 @@ class Reducer final : public Actor {
   void started() override { backend_ = kernels::makeCpuBackend(config_.threads); }
 
  private:
+  void finished(std::int64_t step, std::int64_t begin, std::int64_t end) {
+    auto it = in_ring_.find({step, begin});
+    TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
+    if (config_.trace && config_.world > 1) {
+      config_.trace->asyncSpan(
+          name(), fmt::format("allreduce [{},{})", begin, end),
+          static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(begin),
+          it->second.started, Trace::Clock::now());
+    }
+    send(config_.updater, Reduced{step, begin, end, it->second.sum});
+    in_ring_.erase(it);
+  }
+
   void add(GradBucket& b) {
     TROUPE_ENFORCE(0 <= b.replica && b.replica < config_.num_replicas, "bucket from replica ",
                    b.replica, " of ", config_.num_replicas);
@@ -57,14 +70,17 @@ class Reducer final : public Actor {
     if (++counts_[{b.step, b.begin}] < config_.num_replicas) return;
 
     kernels::Tensor sum = parts[0];
-    for (std::size_t r = 1; r < parts.size(); ++r) {
-      TROUPE_ENFORCE_EQ(parts[r].numel(), sum.numel());
-      backend_->axpy(1.0f, parts[r], sum);
+    if (parts.size() > 1) {
+      TraceScope span(config_.trace, name(), "reduce");
+      for (std::size_t r = 1; r < parts.size(); ++r) {
+        TROUPE_ENFORCE_EQ(parts[r].numel(), sum.numel());
+        backend_->axpy(1.0f, parts[r], sum);
+      }
+      backend_->synchronize();
     }
-    backend_->synchronize();
     pending_.erase({b.step, b.begin});
     counts_.erase({b.step, b.begin});
-    in_ring_[{b.step, b.begin}] = sum;
+    in_ring_[{b.step, b.begin}] = {sum, Trace::Clock::now()};
     ring_.start(b.step, b.begin, sum);
   }
 
@@ -73,7 +89,11 @@ class Reducer final : public Actor {
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<kernels::Tensor>> pending_;
   std::map<std::pair<std::int64_t, std::int64_t>, int> counts_;
   RingAllreduce ring_;
-  std::map<std::pair<std::int64_t, std::int64_t>, kernels::Tensor> in_ring_;
+  struct InRing {
+    kernels::Tensor sum;
+    Trace::Clock::time_point started;
+  };
+  std::map<std::pair<std::int64_t, std::int64_t>, InRing> in_ring_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include "actors/messages.h"
 #include "actors/roles.h"
+#include "actors/trace.h"
 #include "kernels/backend.h"
 #include "troupe/error.h"
 
@@ -67,8 +68,23 @@ class Replica final : public Actor {
   void runStep(const Weights& weights, const Batch& batch) {
     const std::int64_t step = batch.step;
     adopt(weights.weights, weights.buffers);
-    net_->forward(onDevice(batch.images), onDevice(batch.labels), /*train=*/true);
+    {
+      TraceScope span(config_.trace, name(), "forward");
+      net_->forward(onDevice(batch.images), onDevice(batch.labels), /*train=*/true);
+    }
+    backward(step);
+    send(config_.reader, BatchConsumed{step});
 
+    backend_->copy(net_->metrics(), metrics_host_);
+    backend_->synchronize();
+    send(config_.coordinator, StepDone{step, config_.index, metrics_host_.f32()[0],
+                                       metrics_host_.f32()[1], batch.labels.numel()});
+  }
+
+  // Back-propagates, handing gradients to the reducer in buckets as soon as they are final, so
+  // their reduction overlaps the rest of the backward pass.
+  void backward(std::int64_t step) {
+    TraceScope span(config_.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
     auto flush = [&] {
@@ -89,12 +105,6 @@ class Replica final : public Actor {
       if ((bucket_end - bucket_begin) * static_cast<std::int64_t>(sizeof(float)) >= cap) flush();
     });
     flush();
-    send(config_.reader, BatchConsumed{step});
-
-    backend_->copy(net_->metrics(), metrics_host_);
-    backend_->synchronize();
-    send(config_.coordinator, StepDone{step, config_.index, metrics_host_.f32()[0],
-                                       metrics_host_.f32()[1], batch.labels.numel()});
   }
 
   void evaluate(const Evaluate& e) {

@@ -19,6 +19,7 @@ namespace troupe::actors {
 struct TrainResult;
 struct TrainOptions;
 class TrainLog;
+class Trace;
 
 // Which records a step uses: the global batch of step s is positions [s' * G, s' * G + G) of
 // epoch e's order (s' = s mod steps_per_epoch), and a replica takes the slice [offset, offset+n).
@@ -51,6 +52,7 @@ struct ReplicaConfig {
   std::int64_t first_bucket_bytes = 1 << 20;
   data::DatasetOptions test;  // path empty: no evaluation
   Address reader, reducer, coordinator;
+  Trace* trace = nullptr;  // spans go here when tracing
 };
 std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 
@@ -64,6 +66,7 @@ struct ReducerConfig {
   int world = 1;
   Address next;                          // the reducer of rank (rank + 1) % world
   std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
+  Trace* trace = nullptr;                // spans go here when tracing
 };
 std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
 
@@ -77,8 +80,53 @@ struct UpdaterConfig {
   int threads = 1;
   std::vector<Address> replicas;
   Address coordinator;
+  Trace* trace = nullptr;  // spans go here when tracing
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
+
+// A parameter server: owns keys [key_begin, key_end) of the flat parameters and their momentum.
+//   dist_sync:  sums the pushes of every worker for step t (in worker order) and updates once;
+//               answers a pull for step t+1 after that.
+//   dist_async: updates on every push as it arrives, at 1/W of the learning rate (staleness-aware
+//               asynchronous SGD: with W workers a push lands on weights ~W-1 pushes newer than
+//               the ones it was computed from); answers pulls at once.
+//   ssp:        as dist_async (same learning-rate scaling), but answers a pull for step t only
+//               once every worker has pushed
+//               step t - staleness - 1 (no worker runs more than `staleness` steps ahead).
+// Epoch-end pulls wait for every worker and carry the momentum too.
+struct ServerConfig {
+  int index = 0;
+  int num_workers = 1;
+  std::string mode = "dist_sync";
+  int staleness = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  kernels::Tensor initial_weights;   // host, this shard's keys
+  kernels::Tensor initial_momentum;  // host, this shard's keys; undefined: zeros
+  kernels::SgdOptions sgd;
+  kernels::LrPolicy lr;
+  std::int64_t first_step = 0;  // > 0 when resuming
+  int threads = 1;
+  Trace* trace = nullptr;  // spans go here when tracing
+};
+std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config);
+
+// A worker's side of the parameter servers, in the updater's place: pushes reduced buckets to the
+// servers that own their keys, pulls the next weights, hands them to the replicas.
+struct PsClientConfig {
+  std::uint32_t worker = 0;
+  kernels::Tensor initial_weights;  // host, all keys
+  std::vector<Address> servers;
+  std::vector<std::pair<std::int64_t, std::int64_t>> shards;  // keys of each server
+  StepPlan plan;
+  std::vector<Address> replicas;
+  Address coordinator;
+  Trace* trace = nullptr;  // spans go here when tracing
+};
+std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
+
+// Keys [0, num_params) cut into `servers` contiguous shards of (nearly) equal size.
+std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers);
 
 struct CoordinatorConfig {
   const TrainOptions* options = nullptr;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include "actors/cluster.h"
 #include "actors/roles.h"
 #include "actors/system.h"
+#include "actors/trace.h"
 #include "actors/train_log.h"
 #include "kernels/backend.h"
 #include "rendezvous/store.h"
@@ -24,33 +26,64 @@ namespace {
 
 namespace fs = std::filesystem;
 
+bool isParameterServerSchedule(const std::string& schedule) {
+  return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
+}
+
 void validateSchedule(const TrainOptions& o) {
   const auto& schedule = o.schedule;
   if (schedule == "local") {
-    if (o.num_shards > 1) {
+    if (o.num_shards > 1 || o.num_servers > 0) {
       throw InputError(
-          fmt::format("schedule 'local' runs in one process, and this run has {}; "
-                      "use schedule 'bsp-allreduce'",
-                      o.num_shards));
+          fmt::format("schedule 'local' runs in one process, and this run has {} "
+                      "worker(s) and {} server(s); use bsp-allreduce, dist_sync, "
+                      "dist_async or ssp",
+                      o.num_shards, o.num_servers));
     }
     return;
   }
-  if (schedule == "bsp-allreduce") return;
+  if (schedule == "bsp-allreduce") {
+    if (o.num_servers > 0) {
+      throw InputError(
+          fmt::format("schedule 'bsp-allreduce' has no parameter servers, and this "
+                      "run has {}; drop -s or use dist_sync",
+                      o.num_servers));
+    }
+    return;
+  }
+  if (isParameterServerSchedule(schedule)) {
+    if (o.num_servers < 1) {
+      throw InputError(
+          fmt::format("schedule '{}' needs parameter servers: troupe launch -s 1 (or "
+                      "--num_servers)",
+                      schedule));
+    }
+    if (schedule == "ssp" && o.staleness < 0) throw InputError("staleness must be >= 0");
+    return;
+  }
   if (schedule == "device") {
     throw InputError(
         "schedule 'device' sums gradients on a GPU, and this build has no CUDA "
         "backend; use schedule 'local'");
   }
-  if (schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp") {
-    throw InputError(fmt::format(
-        "schedule '{}' needs parameter servers, which this version of troupe does not have yet "
-        "(available: local, bsp-allreduce)",
-        schedule));
-  }
   throw InputError(
       fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
                   "dist_sync, dist_async, ssp)",
                   schedule));
+}
+
+// All hardware threads, shared out among the run's processes on this host (troupe launch says how
+// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
+int defaultThreads() {
+  int local = 1;
+  for (const char* var : {"TROUPE_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, hardware / local);
 }
 
 // Each replica's share of the global batch, as MXNet's work_load_list splits it.
@@ -140,16 +173,83 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
   }
 }
 
+// A parameter-server process: one Server actor owning a shard of the keys.
+TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
+                      const kernels::LrPolicy& lr, std::int64_t num_params,
+                      const kernels::Tensor& weights, const kernels::Tensor& momentum) {
+  const int workers = o.num_shards;
+  const auto shard = shardKeys(num_params, o.num_servers)[static_cast<std::size_t>(o.shard_id)];
+  ServerConfig config;
+  config.index = o.shard_id;
+  config.num_workers = workers;
+  config.mode = o.schedule;
+  config.staleness = o.staleness;
+  config.key_begin = shard.first;
+  config.key_end = shard.second;
+  config.initial_weights = weights.slice(shard.first, shard.second);
+  if (momentum.defined() && momentum.numel() > 0) {
+    config.initial_momentum = momentum.slice(shard.first, shard.second);
+  }
+  config.sgd = o.sgd;
+  config.lr = lr;
+  config.first_step = plan.first_step;
+  config.threads = o.threads > 0 ? o.threads : defaultThreads();
+  std::unique_ptr<Trace> trace;
+  if (!o.trace.empty()) {
+    trace = std::make_unique<Trace>(static_cast<std::uint32_t>(rank),
+                                    fmt::format("server {}", o.shard_id));
+  }
+  config.trace = trace.get();
+
+  std::shared_ptr<Cluster*> cluster_ref = std::make_shared<Cluster*>(nullptr);
+  SystemOptions system_options;
+  system_options.node = static_cast<std::uint32_t>(rank);
+  system_options.pool_threads = 1;
+  system_options.remote = [cluster_ref](Address from, Address to,
+                                        std::unique_ptr<Envelope> message) {
+    (*cluster_ref)->send(from, to, std::move(message));
+  };
+  auto system = makeActorSystem(system_options);
+  system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
+                SpawnOptions{.thread = "server"});
+  ClusterOptions c;
+  c.rank = rank;
+  c.world = nodes;
+  c.run_id = o.run_id;
+  c.rendezvous = o.rendezvous;
+  c.serve_store = o.serve_store;
+  c.interface = o.interface;
+  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
+  c.trace = trace.get();
+  auto cluster = joinCluster(c, *system);
+  *cluster_ref = cluster.get();
+  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
+  spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
+               shard.second);
+  system->run();
+  if (trace) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));
+  cluster->finish();
+  return TrainResult{};
+}
+
 }  // namespace
 
 TrainResult runTraining(const TrainOptions& o) {
   validateSchedule(o);
-  if (o.num_shards < 1 || o.shard_id < 0 || o.shard_id >= o.num_shards) {
-    throw InputError(
-        fmt::format("shard_id {} is not one of the {} shard(s)", o.shard_id, o.num_shards));
+  const bool server = o.role == "server";
+  if (!server && o.role != "worker") {
+    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
   }
-  const int nodes = o.num_shards;
-  const int rank = o.shard_id;
+  const int workers = o.num_shards;
+  const int shards_of_role = server ? o.num_servers : workers;
+  if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
+    throw InputError(
+        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
+  }
+  const bool ps = isParameterServerSchedule(o.schedule);
+  // Node ids: workers 0 .. W-1, then servers W .. W+S-1. Worker 0 is the chief.
+  const int nodes = workers + o.num_servers;
+  const int rank = server ? workers + o.shard_id : o.shard_id;
   const bool chief = rank == 0;
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
@@ -157,9 +257,7 @@ TrainResult runTraining(const TrainOptions& o) {
   if (o.train_data.empty()) throw InputError("no training data: set train_data");
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
   const auto shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? o.threads : defaultThreads();
 
   data::DatasetOptions train;
   train.path = o.train_data;
@@ -178,7 +276,7 @@ TrainResult runTraining(const TrainOptions& o) {
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (see the cluster below).
   StepPlan plan;
-  plan.global_batch = o.batch_size * nodes;
+  plan.global_batch = o.batch_size * workers;
   plan.steps_per_epoch = epoch_size / plan.global_batch;
   if (plan.steps_per_epoch < 1) {
     throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
@@ -237,6 +335,11 @@ TrainResult runTraining(const TrainOptions& o) {
     spdlog::info("resuming from {} at step {}", o.resume, plan.first_step);
   }
 
+  if (server) {
+    return runServer(o, rank, nodes, plan, lr, num_params, updater.initial_weights,
+                     updater.initial_momentum);
+  }
+
   const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   TrainResult result;
   std::unique_ptr<TrainLog> log;
@@ -262,13 +365,22 @@ TrainResult runTraining(const TrainOptions& o) {
   std::vector<Address> local_replicas, all_replicas, all_updaters, followers;
   for (std::uint32_t r = 0; r < k; ++r)
     local_replicas.push_back(replica_address(rank, r));
-  for (int node = 0; node < nodes; ++node) {
+  for (int node = 0; node < workers; ++node) {
     for (std::uint32_t r = 0; r < k; ++r)
       all_replicas.push_back(replica_address(node, r));
     all_updaters.push_back(address(node, 1));
-    if (node > 0) followers.push_back(address(node, 0));
   }
+  std::vector<Address> servers;
+  for (int node = 1; node < nodes; ++node)
+    followers.push_back(address(node, 0));
+  for (int node = workers; node < nodes; ++node)
+    servers.push_back(address(node, 0));
 
+  std::unique_ptr<Trace> trace;
+  if (!o.trace.empty()) {
+    trace =
+        std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
+  }
   std::shared_ptr<Cluster*> cluster_ref = std::make_shared<Cluster*>(nullptr);
   SystemOptions system_options;
   system_options.node = static_cast<std::uint32_t>(rank);
@@ -280,8 +392,8 @@ TrainResult runTraining(const TrainOptions& o) {
     };
   }
   auto system = makeActorSystem(system_options);
-  // Compute actors get threads of their own, so their OpenMP teams stay put; the reducer and the
-  // updater share replica 0's, so that one process has one team per replica competing for cores.
+  // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
+  // replica 0's (they never compute at once), so a process has one team per replica.
   auto computeThread = [](std::uint32_t replica) {
     return SpawnOptions{.thread = fmt::format("compute/{}", replica)};
   };
@@ -289,8 +401,8 @@ TrainResult runTraining(const TrainOptions& o) {
   coordinator.options = &o;
   coordinator.plan = plan;
   coordinator.lr = lr;
-  coordinator.num_replicas = o.replicas * nodes;
-  coordinator.num_updaters = nodes;
+  coordinator.num_replicas = o.replicas * workers;
+  coordinator.num_updaters = workers;
   coordinator.has_test = !o.test_data.empty();
   coordinator.has_buffers = has_buffers;
   coordinator.experiment_id = result.experiment_id;
@@ -313,26 +425,50 @@ TrainResult runTraining(const TrainOptions& o) {
   updater.threads = threads;
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
-  TROUPE_ENFORCE_EQ(system->spawn(makeUpdater("updater", updater), computeThread(0)),
-                    updater_address);
+  updater.trace = trace.get();
+  if (ps) {
+    // The parameter servers update; this worker's PS client stands where the updater would.
+    PsClientConfig client;
+    client.worker = static_cast<std::uint32_t>(rank);
+    client.initial_weights = updater.initial_weights;
+    client.servers = servers;
+    client.shards = shardKeys(num_params, o.num_servers);
+    client.plan = plan;
+    client.replicas = local_replicas;
+    client.coordinator = chief_address;
+    client.trace = trace.get();
+    TROUPE_ENFORCE_EQ(system->spawn(makePsClient("ps-client", client), computeThread(0)),
+                      updater_address);
+  } else {
+    TROUPE_ENFORCE_EQ(system->spawn(makeUpdater("updater", updater), computeThread(0)),
+                      updater_address);
+  }
   ReducerConfig reducer;
   reducer.num_replicas = o.replicas;
-  reducer.threads = threads;
+  reducer.threads = 1;
   reducer.updater = updater_address;
-  reducer.rank = rank;
-  reducer.world = nodes;
-  reducer.next = address((rank + 1) % nodes, 2);
-  TROUPE_ENFORCE_EQ(system->spawn(makeReducer("reducer", reducer), computeThread(0)),
-                    reducer_address);
+  reducer.trace = trace.get();
+  if (!ps) {  // with parameter servers, the servers sum over workers
+    reducer.rank = rank;
+    reducer.world = workers;
+    reducer.next = address((rank + 1) % workers, 2);
+  }
+  // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
+  // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
+  TROUPE_ENFORCE_EQ(
+      system->spawn(makeReducer("reducer", reducer), SpawnOptions{.thread = "reducer"}),
+      reducer_address);
 
   std::int64_t offset = o.batch_size * rank;
   for (std::uint32_t r = 0; r < k; ++r) {
     ReplicaConfig replica;
     replica.index = rank * o.replicas + static_cast<int>(r);
     replica.local_index = static_cast<int>(r);
-    replica.num_replicas = o.replicas * nodes;
+    replica.num_replicas = o.replicas * workers;
     replica.net = net;
     replica.threads = std::max(1, threads / o.replicas);
+    // Every schedule averages over the global batch: under dist_async and ssp each worker's push
+    // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
     replica.grad_scale = 1.0f / static_cast<float>(plan.global_batch);
     replica.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
     replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
@@ -340,6 +476,7 @@ TrainResult runTraining(const TrainOptions& o) {
     replica.reader = reader_address(r);
     replica.reducer = reducer_address;
     replica.coordinator = chief_address;
+    replica.trace = trace.get();
     TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
                                     computeThread(r)),
                       replica_address(rank, r));
@@ -368,13 +505,17 @@ TrainResult runTraining(const TrainOptions& o) {
     c.rendezvous = o.rendezvous;
     c.serve_store = o.serve_store;
     c.interface = o.interface;
+    c.trace = trace.get();
     c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
     cluster = joinCluster(c, *system);
     *cluster_ref = cluster.get();
     agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
   }
   system->run();
+  if (trace && !cluster) trace->write(o.trace);
+  if (trace && cluster) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));
   if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close
+  if (trace && cluster && chief) Trace::merge(o.trace, static_cast<std::uint32_t>(nodes));
   return result;
 }
 

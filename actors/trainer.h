@@ -28,9 +28,12 @@ struct TrainOptions {
   std::string schedule = "local";
   // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through
   // TROUPE_NUM_WORKERS / TROUPE_RANK, or by hand. With several, batch_size is per process.
-  int num_shards = 1;
-  int shard_id = 0;
-  std::string run_id;  // shared by the processes of one run
+  int num_shards = 1;           // workers
+  int shard_id = 0;             // this worker's rank, or this server's with role "server"
+  int num_servers = 0;          // parameter servers (dist_sync, dist_async, ssp)
+  std::string role = "worker";  // or "server" (TROUPE_ROLE)
+  int staleness = 2;            // ssp: how many steps a worker may run ahead of the slowest
+  std::string run_id;           // shared by the processes of one run
   std::string
       rendezvous;  // tcp://HOST:PORT (rank 0 serves it when started by hand) | file:// | redis://
   bool serve_store = false;  // set when no launcher serves the store
@@ -63,6 +66,7 @@ struct TrainOptions {
   std::int64_t log_every = 100;       // console line every this many steps
   double step_timeout_s = 300;        // no progress for this long: the run fails naming who is late
   std::string run_name;               // experiment id prefix; empty: the model's name
+  std::string trace;                  // Chrome trace file to write; empty: none
 
   // The flags as given, written at the top of the CSV log.
   std::vector<std::pair<std::string, std::string>> parameters;

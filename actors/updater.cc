@@ -1,5 +1,6 @@
 #include "actors/messages.h"
 #include "actors/roles.h"
+#include "actors/trace.h"
 #include "kernels/backend.h"
 #include "troupe/error.h"
 
@@ -40,8 +41,11 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_LE(reduced_, grads_.numel());
     if (reduced_ < grads_.numel()) return;
 
-    optimizer_->step(weights_, grads_, kernels::learningRate(config_.lr, step_));
-    backend_->synchronize();
+    {
+      TraceScope span(config_.trace, name(), "update");
+      optimizer_->step(weights_, grads_, kernels::learningRate(config_.lr, step_));
+      backend_->synchronize();
+    }
     reduced_ = 0;
     ++step_;
     const bool epoch_end = step_ % config_.plan.steps_per_epoch == 0;

@@ -84,6 +84,25 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
                    ? transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
                    : transport::wire::AllreduceChunk::Phase::ALL_GATHER);
     out.setTensor(w.initData(), m->data);
+  } else if (auto* m = as<Push>(e)) {
+    auto w = f.initPush();
+    w.setStep(m->step);
+    w.setWorker(m->worker);
+    w.setKeyBegin(m->key_begin);
+    w.setKeyEnd(m->key_end);
+    out.setTensor(w.initData(), m->data);
+  } else if (auto* m = as<Pull>(e)) {
+    auto w = f.initPull();
+    w.setStep(m->step);
+    w.setWorker(m->worker);
+    w.setEpochEnd(m->epoch_end);
+  } else if (auto* m = as<PullReply>(e)) {
+    auto w = f.initPullReply();
+    w.setStep(m->step);
+    w.setKeyBegin(m->key_begin);
+    w.setKeyEnd(m->key_end);
+    out.setTensor(w.initData(), m->data);
+    out.setTensor(w.initState(), m->state);
   } else if (as<Shutdown>(e)) {
     f.setShutdown();
   } else {
@@ -161,6 +180,23 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
                     : RingChunk::kAllGather;
       c.data = in.tensor(r.getData());
       d.message = wrap(std::move(c));
+      break;
+    }
+    case W::PUSH: {
+      auto r = f.getPush();
+      d.message = wrap(
+          Push{r.getStep(), r.getWorker(), r.getKeyBegin(), r.getKeyEnd(), in.tensor(r.getData())});
+      break;
+    }
+    case W::PULL: {
+      auto r = f.getPull();
+      d.message = wrap(Pull{r.getStep(), r.getWorker(), r.getEpochEnd()});
+      break;
+    }
+    case W::PULL_REPLY: {
+      auto r = f.getPullReply();
+      d.message = wrap(PullReply{r.getStep(), r.getKeyBegin(), r.getKeyEnd(),
+                                 in.tensor(r.getData()), in.tensor(r.getState())});
       break;
     }
     case W::SHUTDOWN:

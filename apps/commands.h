@@ -12,5 +12,6 @@ void addConvertCommand(CLI::App& app);
 void addTrainCommand(CLI::App& app);
 void addInfoCommand(CLI::App& app);
 void addLaunchCommand(CLI::App& app);
+void addBenchCommand(CLI::App& app);
 
 }  // namespace troupe::apps

@@ -119,11 +119,16 @@ const std::vector<Key>& keys() {
       TROUPE_FLOAT_KEY("mean", mean, "subtracted from every pixel value"),
       TROUPE_FLOAT_KEY("scale", scale, "multiplies every pixel value after the mean"),
       TROUPE_INT_KEY("replicas", replicas, "model replicas in this process (the batch is split)"),
-      TROUPE_INT_KEY("threads", threads, "CPU threads in all (0: every hardware thread)"),
+      TROUPE_INT_KEY("threads", threads, "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
       TROUPE_STRING_KEY("schedule", schedule,
-                        "local or bsp-allreduce (MXNet kvstore names accepted)"),
-      TROUPE_INT_KEY("num_shards", num_shards, "processes in the run (set by troupe launch)"),
-      TROUPE_INT_KEY("shard_id", shard_id, "this process's rank (set by troupe launch)"),
+                        "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
+      TROUPE_INT_KEY("num_shards", num_shards, "worker processes (set by troupe launch)"),
+      TROUPE_INT_KEY("shard_id", shard_id,
+                     "this process's rank in its role (set by troupe launch)"),
+      TROUPE_INT_KEY("num_servers", num_servers,
+                     "parameter-server processes (set by troupe launch)"),
+      TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
+      TROUPE_INT_KEY("staleness", staleness, "ssp: steps a worker may run ahead of the slowest"),
       TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
       TROUPE_STRING_KEY("rendezvous", rendezvous,
                         "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT"),
@@ -148,6 +153,7 @@ const std::vector<Key>& keys() {
       TROUPE_INT_KEY("log_every", log_every, "steps between console lines"),
       TROUPE_FLOAT_KEY("step_timeout", step_timeout_s, "seconds without progress before failing"),
       TROUPE_STRING_KEY("run_name", run_name, "prefix of the experiment id (default: the model)"),
+      TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
   };
   return table;
 }
@@ -341,14 +347,10 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
     const char* v = std::getenv(name);
     return v && *v ? std::optional<std::string>(v) : std::nullopt;
   };
-  if (auto role = env("TROUPE_ROLE"); role && *role != "worker") {
-    throw InputError(
-        fmt::format("TROUPE_ROLE={}: troupe train runs as a worker; this version has "
-                    "no parameter servers",
-                    *role));
-  }
   const std::pair<const char*, const char*> from_env[] = {{"TROUPE_NUM_WORKERS", "num_shards"},
                                                           {"TROUPE_RANK", "shard_id"},
+                                                          {"TROUPE_ROLE", "role"},
+                                                          {"TROUPE_NUM_SERVERS", "num_servers"},
                                                           {"TROUPE_RUN_ID", "run_id"},
                                                           {"TROUPE_RENDEZVOUS", "rendezvous"},
                                                           {"TROUPE_INTERFACE", "interface"}};
@@ -370,7 +372,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   o.schedule = canonicalSchedule(o.schedule);
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
-  if (o.num_shards > 1) {
+  if (o.num_shards + o.num_servers > 1) {
     if (o.rendezvous.empty()) {
       throw InputError(
           fmt::format("{} processes need a rendezvous: --rendezvous tcp://HOST:PORT, "

@@ -1,5 +1,5 @@
-// `troupe launch -n WORKERS [-s SERVERS] --launcher local -- troupe train CONFIG ...`: MXNet's
-// tools/launch.py conventions.
+// `troupe launch -n WORKERS [-s SERVERS] --launcher local|ssh|mpi [-H HOSTFILE] -- troupe train
+// CONFIG ...`: MXNet's tools/launch.py conventions (see launcher.h).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -23,9 +23,19 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("-n,--num-workers", o.num_workers, "worker processes")->required();
   cmd->add_option("-s,--num-servers", o.num_servers, "parameter-server processes");
   cmd->add_option("--launcher", o.launcher, "local, ssh or mpi")->capture_default_str();
-  cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one a line (ssh, mpi)");
-  cmd->add_option("--sync-dst-dir", o.sync_dst_dir, "copy the working folder there first (ssh)");
-  cmd->add_option("--env", state->env, "K=V set in every process (repeatable)");
+  cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one host or host:port a line (ssh, mpi)");
+  cmd->add_option("--sync-dst-dir", o.sync_dst_dir,
+                  "rsync the working folder there on every host first, and run there (ssh)");
+  // One value per flag: an unlimited list would also eat the `--` before the command.
+  cmd->add_option("--ssh-opt", o.ssh_options,
+                  "one more ssh argument, e.g. --ssh-opt -i --ssh-opt KEY (repeatable; after the "
+                  "words of $TROUPE_SSH_OPTS; before the launcher's own -o defaults)")
+      ->allow_extra_args(false);
+  cmd->add_option("--interface", o.interface,
+                  "ssh, mpi: serve the embedded store on this interface's address (default: "
+                  "$TROUPE_INTERFACE, else the route to the first host, loopback if all local)");
+  cmd->add_option("--env", state->env, "K=V set in every process (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option("--rendezvous", o.rendezvous,
                   "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
                   "(default: an embedded store served by the launcher)");

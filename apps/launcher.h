@@ -1,14 +1,54 @@
 // Starting and watching the processes of a run, as MXNet's tools/launch.py does.
 //
 // Each process gets its role and rank in its environment (TROUPE_ROLE=worker|server, TROUPE_RANK,
-// TROUPE_NUM_WORKERS, TROUPE_NUM_SERVERS, TROUPE_RUN_ID, TROUPE_RENDEZVOUS). Every line a process
-// prints is relayed with its role and rank in front ("[worker 1] ..."). When any process exits
-// non-zero or dies of a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
-// period), names the one that failed (host, role, rank, exit code or signal), and returns non-zero.
+// TROUPE_NUM_WORKERS, TROUPE_NUM_SERVERS, TROUPE_RUN_ID, TROUPE_RENDEZVOUS, and every --env K=V).
+// Every line a process prints is relayed with its role and rank in front ("[worker 1] ..."). When
+// any process exits non-zero or dies of a signal, the launcher stops the others (SIGTERM, then
+// SIGKILL after a grace period), names the one that failed (host, role, rank, exit code or
+// signal), and returns non-zero.
+//
+// Launchers:
+//  - local: fork/exec on this host; each process in its own process group.
+//  - ssh: one `ssh [ssh options] -o BatchMode=yes -o StrictHostKeyChecking=no -o ConnectTimeout=20
+//    -o LogLevel=ERROR [-p PORT] HOST SCRIPT` per process, hosts from the hostfile assigned
+//    round-robin, servers first from the first host, then workers again from the first host
+//    (MXNet's ssh launcher). ssh options come from $TROUPE_SSH_OPTS (split on whitespace), then
+//    from each --ssh-opt (one ssh argument each); being first they override the defaults (ssh
+//    keeps the first value of an -o option). The ssh client's stdin is /dev/null. SCRIPT is
+//    `cd DIR && echo MARKER pid $$ && env K=V... COMMAND; rc=$?; echo MARKER exit $rc; exit $rc`,
+//    every word shell-quoted, DIR being --sync-dst-dir (the current folder is first rsync'ed there,
+//    `rsync -az -e 'ssh ...' ./ HOST:DIR/`, once per distinct host) or the current folder; the
+//    remote login shell must be POSIX. Stopping a remote process: sshd runs the remote shell as a
+//    session and process-group leader with no tty, and that shell reports its pid ($$, so its
+//    group) in the first marker line, which the launcher swallows. To stop it the launcher runs a
+//    second `ssh HOST 'kill -s TERM -- -PGID'`, after which the ssh client ends by itself; after
+//    the grace period `kill -s KILL` goes the same way and the local client gets SIGKILL. Each such
+//    ssh runs with the main loop paused, for at most 30 s. The one gap: a launcher killed with
+//    SIGKILL cannot clean up; its ssh clients die with it (PR_SET_PDEATHSIG) and the remote
+//    processes go on until they next write output (SIGPIPE). SIGINT, SIGTERM and SIGHUP to the
+//    launcher stop every remote process first. A host that cannot be reached (ssh exits before the
+//    remote shell reported its pid) is named with the role, rank and ssh's exit code.
+//  - mpi: one `mpirun -np S+W [--hostfile H] --tag-output --oversubscribe --allow-run-as-root
+//    [--mca plm_rsh_args ARGS] -x K=V... sh -c WRAPPER COMMAND...` (Open MPI). WRAPPER maps
+//    OMPI_COMM_WORLD_RANK to TROUPE_ROLE/TROUPE_RANK (ranks 0..S-1 servers, then workers), reports
+//    its host and pid in a marker line, runs COMMAND (not exec'd: Open MPI signals each rank's
+//    process group, so COMMAND goes with it) and reports its exit code in another marker line.
+//    mpirun's "[job,rank]<stdout>:" tags become role/rank prefixes, its own lines "[mpirun] ...".
+//    When a rank fails mpirun ends the job; the launcher names the first rank whose marker
+//    reported a non-zero exit, else the rank in mpirun's own report (a rank whose wrapper died
+//    of a signal), else says that mpirun failed without naming one. Hostfile entries become an
+//    Open MPI hostfile (`host slots=K`); a port, if any, must be the same for every host and goes
+//    with the ssh options to Open MPI's ssh agent (plm_rsh_args).
+//
+// The embedded rendezvous store binds 127.0.0.1 for local, and for ssh and mpi: the address of
+// --interface / $TROUPE_INTERFACE if given, else loopback when every host is localhost or 127.x
+// (or there is no hostfile), else the address this host's route to the first non-loopback host
+// leaves from.
 #pragma once
 
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,18 +57,37 @@ namespace troupe::apps {
 struct LaunchOptions {
   int num_workers = 1;
   int num_servers = 0;
-  std::string launcher = "local";  // local (ssh and mpi: not yet)
-  std::string hostfile;
-  std::string sync_dst_dir;
+  std::string launcher = "local";                        // local, ssh or mpi
+  std::string hostfile;                                  // required for ssh; optional for mpi
+  std::string sync_dst_dir;                              // ssh only
   std::vector<std::pair<std::string, std::string>> env;  // --env K=V
   std::vector<std::string> command;                      // what each process runs
   std::string rendezvous;  // given: use it; empty: serve an embedded store
   std::string run_id;      // empty: made up
+  std::string interface;   // ssh, mpi: the store's interface; empty: $TROUPE_INTERFACE or routed
+  std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
   std::chrono::milliseconds grace{5000};
 };
 
 // Runs the processes to the end. Returns 0 when all exited 0, else the failing process's exit
-// code (128 + signal for a signal), after stopping the rest.
+// code (128 + signal for a signal; ssh's 255 for a host that cannot be reached), after stopping
+// the rest. InputError for bad options or a bad hostfile, IoError when a sync fails.
 int launch(const LaunchOptions& options);
+
+struct LaunchHost {
+  std::string name;
+  int port = 0;  // 0: ssh's default
+  int line = 0;  // in the hostfile
+  // "name" or "name:port".
+  std::string display() const;
+};
+
+// Reads a hostfile: one `host` or `host:port` a line; `#` starts a comment, blank lines are
+// skipped. InputError naming the file (and line) when it cannot be read, is empty or has a bad
+// port.
+std::vector<LaunchHost> readHostfile(const std::string& path);
+
+// `s` as one POSIX shell word: single-quoted unless it is made only of safe characters.
+std::string shellQuote(std::string_view s);
 
 }  // namespace troupe::apps

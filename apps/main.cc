@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   troupe::apps::addTrainCommand(app);
   troupe::apps::addLaunchCommand(app);
   troupe::apps::addInfoCommand(app);
+  troupe::apps::addBenchCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

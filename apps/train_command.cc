@@ -24,7 +24,8 @@ void addTrainCommand(CLI::App& app) {
     const auto options = loadTrainOptions(state->config, state->overrides);
     const auto result = actors::runTraining(options);
     if (result.epochs.empty()) {  // not the chief: rank 0 logs the run
-      spdlog::info("done: shard {} of {}", options.shard_id, options.num_shards);
+      spdlog::info("done: {} {} of {}", options.role, options.shard_id,
+                   options.role == "server" ? options.num_servers : options.num_shards);
       return;
     }
     spdlog::info("done: {} steps, final test_accuracy {:.4f}, log {}", result.steps,

@@ -1,5 +1,6 @@
 #include "kernels/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -42,14 +43,19 @@ Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dty
       dtype_(dtype),
       device_(device) {}
 
-Tensor Tensor::host(Shape shape, DType dtype) {
+Tensor Tensor::hostUninitialized(Shape shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
   if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded ? rounded : 64);
   std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+}
+
+Tensor Tensor::host(Shape shape, DType dtype) {
+  Tensor t = hostUninitialized(std::move(shape), dtype);
+  std::memset(t.raw(), 0, t.bytes());
+  return t;
 }
 
 float* Tensor::f32() const {

@@ -37,6 +37,8 @@ class Tensor {
 
   // A tensor in plain host memory (64-byte aligned), zero-filled.
   static Tensor host(Shape shape, DType dtype = DType::kFloat32);
+  // The same without the zero fill, for buffers about to be overwritten whole.
+  static Tensor hostUninitialized(Shape shape, DType dtype = DType::kFloat32);
 
   bool defined() const { return data_ != nullptr || numel_ == 0; }
   const Shape& shape() const { return shape_; }

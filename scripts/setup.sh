@@ -12,6 +12,7 @@ packages=(
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenblas-openmp-dev
   libhiredis-dev redis-server
+  openssh-client openssh-server rsync openmpi-bin
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format

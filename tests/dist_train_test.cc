@@ -7,11 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 
 #include "actors/checkpoint.h"
 #include "cli_util.h"
+#include "redis_util.h"
 
 namespace troupe {
 namespace {
@@ -94,6 +97,134 @@ TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
   EXPECT_EQ(a.metaInt("step"), 20);
   EXPECT_EQ(b.metaInt("step"), 20);
   EXPECT_LE(relativeDifference(a.weights, b.weights), 1e-5);
+}
+
+// dist_sync over one and over two parameter servers (keys sharded) gives the parameters of one
+// process, as bsp-allreduce does.
+class DistSyncTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistSyncTest, TwoWorkersOfBatch32MatchOneProcessOfBatch64) {
+  const int servers = GetParam();
+  TempDir cwd("dist_sync_same");
+  const std::string common = sourceDir() + "/configs/lenet.toml" + dataFlags() +
+                             " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
+                             " --log_every 0 --threads 1";
+  auto one = runCommand(in(cwd, troupeBinary() + " train " + common +
+                                    " --batch_size 64 --run_name one --checkpoint_dir " +
+                                    cwd.str() + "/one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  auto two = runCommand(in(cwd, troupeBinary() + " launch -n 2 -s " + std::to_string(servers) +
+                                    " -- troupe train " + common +
+                                    " --schedule dist_sync --batch_size 32 --run_name two"
+                                    " --checkpoint_dir " +
+                                    cwd.str() + "/two"));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("[server " + std::to_string(servers - 1) + "]"), std::string::npos);
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
+  EXPECT_EQ(b.metaInt("step"), 20);
+  EXPECT_LE(relativeDifference(a.weights, b.weights), 1e-5);
+  // The servers' momentum comes back with the epoch's end, for the checkpoint.
+  EXPECT_LE(relativeDifference(a.momentum, b.momentum), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Servers, DistSyncTest, ::testing::Values(1, 2));
+
+// The commands of the issue, as written, with parameter servers.
+class ParameterServerScheduleTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ParameterServerScheduleTest, LaunchTwoWorkersAndOneServerAsWritten) {
+  TempDir cwd("dist_ps");
+  const auto r = runCommand(in(cwd, troupeBinary() +
+                                        " launch -n 2 -s 1 --launcher local -- troupe "
+                                        "train " +
+                                        sourceDir() + "/configs/lenet.toml" + dataFlags() +
+                                        " --schedule " + GetParam() + " --num_epochs 1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[server 0]"), std::string::npos) << r.output;
+  const auto logs = filesIn(cwd.path(), ".log");
+  ASSERT_EQ(logs.size(), 1u) << r.output;
+  std::ifstream log(logs[0]);
+  std::string line, last;
+  while (std::getline(log, line))
+    last = line;
+  const auto test_accuracy = std::stod(last.substr(last.rfind(',') + 1));
+  EXPECT_GT(test_accuracy, 0.8) << last;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ParameterServerScheduleTest,
+                         ::testing::Values("dist_sync", "dist_async", "ssp"));
+
+TEST(DistributedTraining, ARedisRendezvousWorks) {
+  testing::RedisServer redis;
+  TempDir cwd("dist_redis");
+  const auto r = runCommand(
+      in(cwd, troupeBinary() + " launch -n 2 --rendezvous redis://127.0.0.1:" +
+                  std::to_string(redis.port()) + " -- troupe train --model mlp" + dataFlags() +
+                  " --schedule bsp-allreduce --num_epochs 1 "
+                  "--epoch_size 6400 --log_every 0"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+struct TraceEvent {
+  std::string ph, name;
+  long long pid = 0, ts = 0, dur = 0;
+};
+
+// Our own trace writer's events, one JSON object each (no nesting but in "args").
+std::vector<TraceEvent> readTrace(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  const std::string text = s.str();
+  std::vector<TraceEvent> events;
+  const std::regex event(
+      R"re(\{"ph":"([A-Za-z])"[^{}]*?"name":"([^"]*)"[^{}]*?"pid":(\d+)[^{}]*?"ts":(\d+)(?:,"dur":(\d+))?)re");
+  for (std::sregex_iterator it(text.begin(), text.end(), event), end; it != end; ++it) {
+    TraceEvent e;
+    e.ph = (*it)[1];
+    e.name = (*it)[2];
+    e.pid = std::stoll((*it)[3]);
+    e.ts = std::stoll((*it)[4]);
+    if ((*it)[5].matched) e.dur = std::stoll((*it)[5]);
+    events.push_back(e);
+  }
+  return events;
+}
+
+TEST(DistributedTraining, ATraceShowsAllreduceOverlappingBackward) {
+  TempDir cwd("dist_trace");
+  const auto r = runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe train --model lenet" +
+                                        dataFlags() +
+                                        " --schedule bsp-allreduce --num_epochs 1 --epoch_size "
+                                        "1280 --log_every 0 --threads 1 --first_bucket_mb 0.1 "
+                                        "--trace run.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto events = readTrace(cwd.path() / "run.json");
+  EXPECT_FALSE(fs::exists(cwd.path() / "run.json.part1")) << "parts are merged";
+  std::map<std::string, int> count;
+  for (const auto& e : events)
+    count[e.name.substr(0, e.name.find(' '))] += 1;
+  for (const char* name : {"forward", "backward", "update", "allreduce", "send", "receive"}) {
+    EXPECT_GT(count[name], 0) << "no " << name << " span";
+  }
+  // An allreduce of an early bucket begins while the same process is still in backward.
+  int overlapping = 0;
+  for (const auto& a : events) {
+    if (a.ph != "b" || a.name.rfind("allreduce", 0) != 0) continue;
+    for (const auto& b : events) {
+      if (b.ph == "X" && b.name == "backward" && b.pid == a.pid && b.ts < a.ts &&
+          a.ts < b.ts + b.dur) {
+        ++overlapping;
+        break;
+      }
+    }
+  }
+  EXPECT_GT(overlapping, 0);
+  bool both = false;
+  for (const auto& e : events)
+    both = both || e.pid == 1;
+  EXPECT_TRUE(both) << "spans of both processes";
 }
 
 TEST(DistributedTraining, ProcessesStartedByHandMeetThroughTheirOwnStore) {

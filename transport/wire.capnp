@@ -116,6 +116,7 @@ struct Pull {
   worker @1 :UInt32;
   keyBegin @2 :Int64;
   keyEnd @3 :Int64;
+  epochEnd @4 :Bool;  # answer once every worker reached this point, with the optimizer state
 }
 
 struct PullReply {
@@ -123,6 +124,7 @@ struct PullReply {
   keyBegin @1 :Int64;
   keyEnd @2 :Int64;
   data @3 :TensorData;
+  state @4 :TensorData;  # momentum of the keys, when the pull asked for it
 }
 
 struct Frame {

@@ -1,0 +1,246 @@
+#include <algorithm>
+#include <map>
+#include <vector>
+
+#include "actors/messages.h"
+#include "actors/roles.h"
+#include "actors/trace.h"
+#include "kernels/backend.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+class Server final : public Actor {
+ public:
+  Server(std::string name, ServerConfig config)
+      : Actor(std::move(name)),
+        config_(std::move(config)),
+        size_(config_.key_end - config_.key_begin),
+        clocks_(static_cast<std::size_t>(config_.num_workers), config_.first_step - 1),
+        applied_(config_.first_step) {
+    on<Push>([this](Push& p) { push(p); });
+    on<Pull>([this](Pull& p) {
+      pending_.push_back(p);
+      answer();
+    });
+    on<Shutdown>([this](Shutdown&) { system().shutdown(); });
+  }
+
+  void started() override {
+    backend_ = kernels::makeCpuBackend(config_.threads);
+    weights_ = backend_->empty({size_});
+    momentum_ = backend_->empty({size_});
+    backend_->copy(config_.initial_weights, weights_);
+    if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
+      backend_->copy(config_.initial_momentum, momentum_);
+    }
+  }
+
+ private:
+  struct StepPushes {
+    std::vector<kernels::Tensor> sums;  // per worker, this shard's gradient
+    std::vector<std::int64_t> received;
+  };
+
+  void push(const Push& p) {
+    TraceScope span(config_.trace, name(), config_.mode == "dist_sync" ? "push" : "apply push");
+    TROUPE_ENFORCE(p.worker < clocks_.size(), "push from worker ", p.worker, " of ",
+                   clocks_.size());
+    TROUPE_ENFORCE(config_.key_begin <= p.key_begin && p.key_end <= config_.key_end,
+                   "push of keys [", p.key_begin, ",", p.key_end, ") to the server of [",
+                   config_.key_begin, ",", config_.key_end, ")");
+    const std::int64_t lo = p.key_begin - config_.key_begin, hi = p.key_end - config_.key_begin;
+    auto& step = steps_[p.step];
+    if (step.sums.empty()) {
+      step.sums.resize(clocks_.size());
+      step.received.assign(clocks_.size(), 0);
+    }
+    if (config_.mode == "dist_sync") {
+      auto& sum = step.sums[p.worker];
+      if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({size_});
+      backend_->copy(p.data, sum.slice(lo, hi));
+    } else {
+      const auto& sgd = config_.sgd;
+      // Staleness-aware (Zhang et al. 2016): a push lands on weights about W-1 pushes newer
+      // than the ones it was computed from, so its step is scaled by 1/W.
+      const float lr =
+          kernels::learningRate(config_.lr, p.step) / static_cast<float>(config_.num_workers);
+      backend_->sgdUpdate(weights_.slice(lo, hi), p.data, momentum_.slice(lo, hi), lr, sgd.momentum,
+                          sgd.weight_decay, sgd.nesterov);
+    }
+    step.received[p.worker] += hi - lo;
+    TROUPE_ENFORCE_LE(step.received[p.worker], size_);
+    if (step.received[p.worker] == size_) clocks_[p.worker] = p.step;
+    if (config_.mode == "dist_sync" && std::all_of(step.received.begin(), step.received.end(),
+                                                   [&](std::int64_t n) { return n == size_; })) {
+      // Every worker's gradient of step t is in: sum in worker order, then one update.
+      auto& total = step.sums[0];
+      for (std::size_t w = 1; w < step.sums.size(); ++w)
+        backend_->axpy(1.0f, step.sums[w], total);
+      const auto& sgd = config_.sgd;
+      backend_->sgdUpdate(weights_, total, momentum_, kernels::learningRate(config_.lr, p.step),
+                          sgd.momentum, sgd.weight_decay, sgd.nesterov);
+      applied_ = p.step + 1;
+    }
+    if (std::all_of(step.received.begin(), step.received.end(),
+                    [&](std::int64_t n) { return n == size_; })) {
+      steps_.erase(p.step);
+    }
+    backend_->synchronize();
+    answer();
+  }
+
+  // Pulls for step t need: dist_sync, the update of step t-1; dist_async, nothing (the worker's
+  // own pushes came first on its link); ssp, every worker's pushes up to t-1-staleness.
+  bool ready(const Pull& q) const {
+    const std::int64_t min_clock = *std::min_element(clocks_.begin(), clocks_.end());
+    if (q.epoch_end) {
+      // Everyone has pushed everything before the epoch's end.
+      return min_clock >= q.step - 1 && (config_.mode != "dist_sync" || applied_ >= q.step);
+    }
+    if (config_.mode == "dist_sync") return applied_ >= q.step;
+    if (config_.mode == "ssp") return min_clock >= q.step - 1 - config_.staleness;
+    return true;
+  }
+
+  void answer() {
+    // Epoch-end pulls are answered together, once every worker's is in.
+    std::int64_t epoch_end_pulls = 0;
+    for (const auto& q : pending_)
+      epoch_end_pulls += q.epoch_end ? 1 : 0;
+    const bool barrier_complete = epoch_end_pulls == static_cast<std::int64_t>(clocks_.size());
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if ((it->epoch_end && !barrier_complete) || !ready(*it)) {
+        ++it;
+        continue;
+      }
+      PullReply reply;
+      reply.step = it->step;
+      reply.key_begin = config_.key_begin;
+      reply.key_end = config_.key_end;
+      reply.data = snapshot(weights_);
+      if (it->epoch_end) reply.state = snapshot(momentum_);
+      send(Address{it->worker, 1}, std::move(reply));
+      it = pending_.erase(it);
+    }
+  }
+
+  // A copy: the weights go on changing while the transport writes (async schedules).
+  kernels::Tensor snapshot(const kernels::Tensor& t) {
+    auto copy = kernels::Tensor::host({t.numel()});
+    backend_->copy(t, copy);
+    backend_->synchronize();
+    return copy;
+  }
+
+  ServerConfig config_;
+  std::int64_t size_;
+  std::unique_ptr<kernels::Backend> backend_;
+  kernels::Tensor weights_, momentum_;
+  std::map<std::int64_t, StepPushes> steps_;
+  std::vector<std::int64_t> clocks_;  // per worker: the last step fully pushed here
+  std::int64_t applied_;              // dist_sync: steps applied
+  std::vector<Pull> pending_;
+};
+
+class PsClient final : public Actor {
+ public:
+  PsClient(std::string name, PsClientConfig config)
+      : Actor(std::move(name)), config_(std::move(config)), step_(config_.plan.first_step) {
+    on<Reduced>([this](Reduced& r) { pushReduced(r); });
+    on<PullReply>([this](PullReply& r) { pulled(r); });
+    on<Resume>([this](Resume&) { broadcast(); });
+  }
+
+  void started() override {
+    weights_ = kernels::Tensor::host({config_.initial_weights.numel()});
+    std::copy_n(config_.initial_weights.f32(), weights_.numel(), weights_.f32());
+    momentum_ = kernels::Tensor::host({weights_.numel()});
+    // Start once every server agrees on step 0's weights (they may have been resumed).
+    pull(false);
+  }
+
+ private:
+  void pushReduced(const Reduced& r) {
+    TROUPE_ENFORCE_EQ(r.step, step_);
+    for (std::size_t s = 0; s < config_.servers.size(); ++s) {
+      const auto [lo, hi] = config_.shards[s];
+      const std::int64_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
+      if (b >= e) continue;
+      // No copy: the replica writes these gradients again only after the servers answered the
+      // pull below, which they do after reading this push (same link, in order).
+      send(config_.servers[s],
+           Push{r.step, config_.worker, b, e, r.grads.slice(b - r.begin, e - r.begin)});
+    }
+    pushed_ += r.end - r.begin;
+    if (pushed_ < weights_.numel()) return;
+    pushed_ = 0;
+    ++step_;
+    const bool epoch_end =
+        step_ % config_.plan.steps_per_epoch == 0 || step_ == config_.plan.last_step;
+    pull(epoch_end);
+  }
+
+  void pull(bool epoch_end) {
+    pulling_epoch_end_ = epoch_end;
+    replies_ = 0;
+    pull_started_ = Trace::Clock::now();
+    for (const auto& server : config_.servers) {
+      send(server, Pull{step_, config_.worker, epoch_end});
+    }
+  }
+
+  void pulled(const PullReply& r) {
+    TROUPE_ENFORCE_EQ(r.step, step_);
+    std::copy_n(r.data.f32(), r.data.numel(), weights_.f32() + r.key_begin);
+    if (r.state.defined() && r.state.numel() > 0) {
+      std::copy_n(r.state.f32(), r.state.numel(), momentum_.f32() + r.key_begin);
+    }
+    if (++replies_ < static_cast<int>(config_.servers.size())) return;
+    if (config_.trace) {
+      config_.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
+                               Trace::Clock::now());
+    }
+    if (pulling_epoch_end_) {
+      send(config_.coordinator, EpochEnd{step_, weights_, momentum_});
+    } else {
+      broadcast();
+    }
+  }
+
+  void broadcast() {
+    if (step_ >= config_.plan.last_step) return;
+    for (const auto& replica : config_.replicas) {
+      send(replica, Weights{step_, weights_, kernels::Tensor()});
+    }
+  }
+
+  PsClientConfig config_;
+  kernels::Tensor weights_, momentum_;
+  std::int64_t step_;
+  std::int64_t pushed_ = 0;
+  int replies_ = 0;
+  bool pulling_epoch_end_ = false;
+  Trace::Clock::time_point pull_started_;
+};
+
+}  // namespace
+
+std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  for (int s = 0; s < servers; ++s) {
+    shards.emplace_back(num_params * s / servers, num_params * (s + 1) / servers);
+  }
+  return shards;
+}
+
+std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config) {
+  return std::make_unique<Server>(std::move(name), std::move(config));
+}
+
+std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config) {
+  return std::make_unique<PsClient>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

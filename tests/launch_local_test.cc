@@ -1,0 +1,119 @@
+// `troupe launch --launcher local`, and the launcher's hostfile and quoting helpers, in-process.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "apps/launcher.h"
+#include "cli_util.h"
+#include "troupe/error.h"
+
+namespace troupe::testing {
+namespace {
+
+using apps::readHostfile;
+using apps::shellQuote;
+
+std::string launchIn(const TempDir& dir, const std::string& args) {
+  return "cd " + dir.str() + " && " + troupeBinary() + " launch " + args;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(LaunchLocal, ServersComeFirstThenWorkersEachWithItsRoleAndRank) {
+  TempDir cwd("launch_local_roles");
+  const auto r = runCommand(launchIn(cwd,
+                                     "-n 2 -s 2 -- bash -c 'echo $TROUPE_ROLE $TROUPE_RANK of "
+                                     "$TROUPE_NUM_WORKERS/$TROUPE_NUM_SERVERS $TROUPE_RUN_ID'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"[server 0] server 0 of 2/2 run-", "[server 1] server 1 of 2/2 run-",
+                           "[worker 0] worker 0 of 2/2 run-", "[worker 1] worker 1 of 2/2 run-"}) {
+    EXPECT_TRUE(contains(r.output, line)) << line << "\n" << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, "[launcher] all 4 process(es) exited 0")) << r.output;
+}
+
+TEST(LaunchLocal, EveryEnvFlagReachesEveryProcessWithItsSpaces) {
+  TempDir cwd("launch_local_env");
+  const auto r = runCommand(
+      launchIn(cwd, "-n 1 -s 1 --env A=1 --env 'B=x y=z' -- bash -c 'echo \"[$A] [$B]\"'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[server 0] [1] [x y=z]")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] [1] [x y=z]")) << r.output;
+}
+
+TEST(LaunchLocal, AFailingProcessIsNamedAndTheOthersAreStopped) {
+  TempDir cwd("launch_local_fail");
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = runCommand(
+      launchIn(cwd, "-n 2 -- bash -c 'if [ $TROUPE_RANK = 1 ]; then exit 3; fi; sleep 60'"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] worker 1 on localhost (pid")) << r.output;
+  EXPECT_TRUE(contains(r.output, "run failed: worker 1 on localhost exited with code 3"))
+      << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+}
+
+TEST(LaunchLocal, AnUnknownLauncherListsTheKnownOnes) {
+  TempDir cwd("launch_local_unknown");
+  const auto r = runCommand(launchIn(cwd, "-n 1 --launcher slurm -- true"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "unknown launcher 'slurm' (known: local, ssh, mpi)")) << r.output;
+}
+
+TEST(LaunchLocal, SshWithoutAHostfileIsRefused) {
+  TempDir cwd("launch_local_nohosts");
+  const auto r = runCommand(launchIn(cwd, "-n 1 --launcher ssh -- true"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "--launcher ssh needs -H HOSTFILE")) << r.output;
+}
+
+TEST(LaunchHostfile, ReadsHostsAndPortsSkippingCommentsAndBlankLines) {
+  TempDir dir("launch_hostfile");
+  const std::string path = dir.str() + "/hosts";
+  std::ofstream(path) << "# the cluster\nnode1\n\n  node2:2222  # second\n10.0.0.3:22\n";
+  const auto hosts = readHostfile(path);
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].name, "node1");
+  EXPECT_EQ(hosts[0].port, 0);
+  EXPECT_EQ(hosts[0].display(), "node1");
+  EXPECT_EQ(hosts[1].name, "node2");
+  EXPECT_EQ(hosts[1].port, 2222);
+  EXPECT_EQ(hosts[1].line, 4);
+  EXPECT_EQ(hosts[2].display(), "10.0.0.3:22");
+}
+
+TEST(LaunchHostfile, ABadPortNamesTheFileAndLine) {
+  TempDir dir("launch_hostfile_bad");
+  const std::string path = dir.str() + "/hosts";
+  std::ofstream(path) << "node1\nnode2:99999\n";
+  try {
+    readHostfile(path);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(), path + ":2: bad host:port 'node2:99999'")) << e.what();
+  }
+}
+
+TEST(LaunchHostfile, AnEmptyOrMissingFileIsAnInputError) {
+  TempDir dir("launch_hostfile_empty");
+  const std::string path = dir.str() + "/hosts";
+  std::ofstream(path) << "# nobody\n\n";
+  EXPECT_THROW(readHostfile(path), InputError);
+  EXPECT_THROW(readHostfile(dir.str() + "/missing"), InputError);
+}
+
+TEST(LaunchShellQuote, QuotesOnlyWhatNeedsItAndSurvivesTheShell) {
+  EXPECT_EQ(shellQuote("plain/path-1.0"), "plain/path-1.0");
+  EXPECT_EQ(shellQuote(""), "''");
+  EXPECT_EQ(shellQuote("a b"), "'a b'");
+  for (const std::string s : {"it's", "$HOME `id` \"q\" \\ ;&|*", "new\nline", "'"}) {
+    const auto r = runCommand("printf %s " + shellQuote(s));
+    EXPECT_EQ(r.output, s);
+  }
+}
+
+}  // namespace
+}  // namespace troupe::testing
