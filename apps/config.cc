@@ -119,7 +119,9 @@ const std::vector<Key>& keys() {
       TROUPE_FLOAT_KEY("mean", mean, "subtracted from every pixel value"),
       TROUPE_FLOAT_KEY("scale", scale, "multiplies every pixel value after the mean"),
       TROUPE_INT_KEY("replicas", replicas, "model replicas in this process (the batch is split)"),
-      TROUPE_INT_KEY("threads", threads, "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
+      TROUPE_INT_KEY(
+          "threads", threads,
+          "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
       TROUPE_STRING_KEY("schedule", schedule,
                         "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
       TROUPE_INT_KEY("num_shards", num_shards, "worker processes (set by troupe launch)"),

@@ -39,3 +39,12 @@ if ((${#missing[@]})); then
 else
   echo "setup: all ${#packages[@]} packages present"
 fi
+
+# The parameter-server peer, MXNet 1.9.1, comes from PyPI into its own virtual environment.
+if [[ "${1:-}" == "--bench" ]]; then
+  venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-mxnet"
+  if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import mxnet" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q mxnet==1.9.1 "numpy<1.24"
+  fi
+fi
