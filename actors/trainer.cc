@@ -173,6 +173,46 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
   }
 }
 
+// The actor system of node `rank`: sends to other nodes go through the cluster, once joined.
+struct NodeSystem {
+  std::shared_ptr<Cluster*> cluster = std::make_shared<Cluster*>(nullptr);
+  std::unique_ptr<ActorSystem> system;
+};
+
+NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
+  NodeSystem n;
+  SystemOptions options;
+  options.node = static_cast<std::uint32_t>(rank);
+  options.pool_threads = pool_threads;
+  if (multi_process) {
+    options.remote = [cluster = n.cluster](Address from, Address to,
+                                           std::unique_ptr<Envelope> message) {
+      (*cluster)->send(from, to, std::move(message));
+    };
+  }
+  n.system = makeActorSystem(options);
+  return n;
+}
+
+// Joins the run's other processes (every actor of this one already spawned) and checks that all
+// agree on the plan.
+std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Trace* trace,
+                                 NodeSystem& node, const StepPlan& plan, std::int64_t num_params) {
+  ClusterOptions c;
+  c.rank = rank;
+  c.world = nodes;
+  c.run_id = o.run_id;
+  c.rendezvous = o.rendezvous;
+  c.serve_store = o.serve_store;
+  c.interface = o.interface;
+  c.trace = trace;
+  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
+  auto cluster = joinCluster(c, *node.system);
+  *node.cluster = cluster.get();
+  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
+  return cluster;
+}
+
 // A parameter-server process: one Server actor owning a shard of the keys.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
                       const kernels::LrPolicy& lr, std::int64_t num_params,
@@ -201,29 +241,11 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   }
   config.trace = trace.get();
 
-  std::shared_ptr<Cluster*> cluster_ref = std::make_shared<Cluster*>(nullptr);
-  SystemOptions system_options;
-  system_options.node = static_cast<std::uint32_t>(rank);
-  system_options.pool_threads = 1;
-  system_options.remote = [cluster_ref](Address from, Address to,
-                                        std::unique_ptr<Envelope> message) {
-    (*cluster_ref)->send(from, to, std::move(message));
-  };
-  auto system = makeActorSystem(system_options);
+  auto node = makeNodeSystem(rank, 1, true);
+  auto& system = node.system;
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
-  ClusterOptions c;
-  c.rank = rank;
-  c.world = nodes;
-  c.run_id = o.run_id;
-  c.rendezvous = o.rendezvous;
-  c.serve_store = o.serve_store;
-  c.interface = o.interface;
-  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
-  c.trace = trace.get();
-  auto cluster = joinCluster(c, *system);
-  *cluster_ref = cluster.get();
-  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
+  auto cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -381,17 +403,8 @@ TrainResult runTraining(const TrainOptions& o) {
     trace =
         std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
   }
-  std::shared_ptr<Cluster*> cluster_ref = std::make_shared<Cluster*>(nullptr);
-  SystemOptions system_options;
-  system_options.node = static_cast<std::uint32_t>(rank);
-  system_options.pool_threads = 2;
-  if (nodes > 1) {
-    system_options.remote = [cluster_ref](Address from, Address to,
-                                          std::unique_ptr<Envelope> message) {
-      (*cluster_ref)->send(from, to, std::move(message));
-    };
-  }
-  auto system = makeActorSystem(system_options);
+  auto node = makeNodeSystem(rank, 2, nodes > 1);
+  auto& system = node.system;
   // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
   // replica 0's (they never compute at once), so a process has one team per replica.
   auto computeThread = [](std::uint32_t replica) {
@@ -474,7 +487,8 @@ TrainResult runTraining(const TrainOptions& o) {
     replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
     replica.test = test;
     replica.reader = reader_address(r);
-    replica.reducer = reducer_address;
+    // Alone in a one-process run, a replica skips the reducer (and a thread hop per bucket).
+    replica.reducer = (k == 1 && nodes == 1) ? updater_address : reducer_address;
     replica.coordinator = chief_address;
     replica.trace = trace.get();
     TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
@@ -497,20 +511,8 @@ TrainResult runTraining(const TrainOptions& o) {
   }
 
   std::unique_ptr<Cluster> cluster;
-  if (nodes > 1) {
-    ClusterOptions c;
-    c.rank = rank;
-    c.world = nodes;
-    c.run_id = o.run_id;
-    c.rendezvous = o.rendezvous;
-    c.serve_store = o.serve_store;
-    c.interface = o.interface;
-    c.trace = trace.get();
-    c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
-    cluster = joinCluster(c, *system);
-    *cluster_ref = cluster.get();
-    agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
-  }
+  if (nodes > 1) cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params);
+
   system->run();
   if (trace && !cluster) trace->write(o.trace);
   if (trace && cluster) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));

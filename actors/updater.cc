@@ -14,6 +14,8 @@ class Updater final : public Actor {
   Updater(std::string name, UpdaterConfig config)
       : Actor(std::move(name)), config_(std::move(config)), step_(config_.plan.first_step) {
     on<Reduced>([this](Reduced& r) { add(r); });
+    // One replica in a one-process run hands its buckets straight here: nothing to sum.
+    on<GradBucket>([this](GradBucket& b) { add(Reduced{b.step, b.begin, b.end, b.grads}); });
     on<Resume>([this](Resume&) { broadcast(); });
   }
 
@@ -21,7 +23,6 @@ class Updater final : public Actor {
     backend_ = kernels::makeCpuBackend(config_.threads);
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
-    grads_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);
     optimizer_ = kernels::makeSgd(*backend_, n, config_.sgd);
     if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
@@ -34,18 +35,20 @@ class Updater final : public Actor {
   }
 
  private:
+  // Updates each bucket as soon as it is reduced (the optimizer is elementwise, so this is the
+  // same as one update of the whole step), reading the gradient where it lies: no copy.
   void add(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
-    backend_->copy(r.grads, grads_.slice(r.begin, r.end));
-    reduced_ += r.end - r.begin;
-    TROUPE_ENFORCE_LE(reduced_, grads_.numel());
-    if (reduced_ < grads_.numel()) return;
-
     {
       TraceScope span(config_.trace, name(), "update");
-      optimizer_->step(weights_, grads_, kernels::learningRate(config_.lr, step_));
+      optimizer_->stepRange(weights_.slice(r.begin, r.end), r.grads, r.begin, r.end,
+                            kernels::learningRate(config_.lr, step_));
       backend_->synchronize();
     }
+    reduced_ += r.end - r.begin;
+    TROUPE_ENFORCE_LE(reduced_, weights_.numel());
+    if (reduced_ < weights_.numel()) return;
+
     reduced_ = 0;
     ++step_;
     const bool epoch_end = step_ % config_.plan.steps_per_epoch == 0;
@@ -66,7 +69,7 @@ class Updater final : public Actor {
   UpdaterConfig config_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Optimizer> optimizer_;
-  kernels::Tensor weights_, grads_, buffers_;
+  kernels::Tensor weights_, buffers_;
   std::int64_t step_;
   std::int64_t reduced_ = 0;
 };

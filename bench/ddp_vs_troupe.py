@@ -11,12 +11,10 @@ gloo, images already in memory (no data loading cost for PyTorch), timed after a
     /usr/bin/python3 bench/ddp_vs_troupe.py [--models lenet,mlp] [--steps 300] [--procs 2]
 """
 import argparse
-import csv
 import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -26,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_vs_pytorch import lenet, mlp  # noqa: E402
-from train_vs_pytorch import load_idx  # noqa: E402
+from train_vs_pytorch import load_idx, troupe_rate  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,18 +80,9 @@ def ddp_samples_per_sec(name, procs, batch, steps):
 
 
 def troupe_samples_per_sec(troupe, data, name, procs, batch, steps):
-    with tempfile.TemporaryDirectory() as logs:
-        cmd = [troupe, "launch", "-n", str(procs), "--", "troupe", "train", "--model", name,
-               "--train_data", f"{data}/train", "--db_type", "lmdb", "--schedule", "bsp-allreduce",
-               "--batch_size", str(batch), "--epoch_size", str(batch * procs * steps),
-               "--num_epochs", "1", "--threads", "1", "--base_learning_rate", "0.01",
-               "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
-               "--log_dir", logs, "--checkpoint_dir", logs]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=logs)
-        log = next(f for f in os.listdir(logs) if f.endswith(".log"))
-        with open(os.path.join(logs, log)) as f:
-            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-        return float(rows[-1]["inputs_per_sec"])
+    return troupe_rate([troupe, "launch", "-n", str(procs), "--", "troupe", "train", "--model",
+                        name, "--schedule", "bsp-allreduce", "--batch_size", str(batch),
+                        "--threads", "1"], data, batch * procs, steps)
 
 
 def main():

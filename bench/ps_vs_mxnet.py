@@ -8,15 +8,17 @@ its ps-lite scheduler, server and workers (DMLC_ROLE ...), gluon Trainer with kv
 dist_async, images in memory. MXNet comes from PyPI into .venv-mxnet (scripts/setup.sh --bench):
 
     bash scripts/setup.sh --bench && bash scripts/build.sh troupe_cli
-    python3 bench/ps_vs_mxnet.py [--steps 300]
+    /usr/bin/python3 bench/ps_vs_mxnet.py [--steps 300]
 """
 import argparse
-import csv
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_vs_pytorch import troupe_rate  # noqa: E402  (imports torch: run with /usr/bin/python3)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,18 +99,9 @@ def mxnet_samples_per_sec(python, kvstore, workers, batch, steps):
 
 
 def troupe_samples_per_sec(troupe, data, schedule, workers, batch, steps):
-    with tempfile.TemporaryDirectory() as logs:
-        cmd = [troupe, "launch", "-n", str(workers), "-s", "1", "--", "troupe", "train", "--model",
-               "mlp", "--train_data", f"{data}/train", "--db_type", "lmdb", "--schedule", schedule,
-               "--batch_size", str(batch), "--epoch_size", str(batch * workers * steps),
-               "--num_epochs", "1", "--threads", "1", "--base_learning_rate", "0.01",
-               "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
-               "--log_dir", logs, "--checkpoint_dir", logs]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=logs)
-        log = next(f for f in os.listdir(logs) if f.endswith(".log"))
-        with open(os.path.join(logs, log)) as f:
-            rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-        return float(rows[-1]["inputs_per_sec"])
+    return troupe_rate([troupe, "launch", "-n", str(workers), "-s", "1", "--", "troupe", "train",
+                        "--model", "mlp", "--schedule", schedule, "--batch_size", str(batch),
+                        "--threads", "1"], data, batch * workers, steps)
 
 
 def main():

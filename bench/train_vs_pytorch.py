@@ -61,18 +61,25 @@ def pytorch_samples_per_sec(name, batch, steps, threads, warmup=20):
     return batch * steps / (time.perf_counter() - start)
 
 
-def troupe_samples_per_sec(troupe, data, name, batch, steps, threads):
+def troupe_rate(command, data, batch, steps):
+    """Runs `command` (a troupe train or launch ... train command line) for one epoch of `steps`
+    global batches of `batch` from the LMDB Fashion-MNIST in `data` with the benchmarks' shared
+    optimizer settings; returns inputs_per_sec from the chief's CSV log."""
     with tempfile.TemporaryDirectory() as logs:
-        cmd = [troupe, "train", "--model", name, "--train_data", f"{data}/train", "--db_type",
-               "lmdb", "--batch_size", str(batch), "--epoch_size", str(batch * steps),
-               "--num_epochs", "1", "--threads", str(threads), "--base_learning_rate", "0.01",
-               "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
-               "--log_dir", logs, "--checkpoint_dir", logs]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        cmd = command + ["--train_data", f"{data}/train", "--db_type", "lmdb", "--epoch_size",
+                         str(batch * steps), "--num_epochs", "1", "--base_learning_rate", "0.01",
+                         "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
+                         "--log_dir", logs, "--checkpoint_dir", logs]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=logs)
         log = next(f for f in os.listdir(logs) if f.endswith(".log"))
         with open(os.path.join(logs, log)) as f:
             rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
         return float(rows[-1]["inputs_per_sec"])
+
+
+def troupe_samples_per_sec(troupe, data, name, batch, steps, threads):
+    return troupe_rate([troupe, "train", "--model", name, "--batch_size", str(batch), "--threads",
+                        str(threads)], data, batch, steps)
 
 
 def main():

@@ -22,6 +22,14 @@ class Sgd final : public Optimizer {
                        options_.nesterov);
   }
 
+  void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
+                 float lr) override {
+    TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
+    TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
+    backend_.sgdUpdate(weights, grads, state_.slice(begin, end), lr, options_.momentum,
+                       options_.weight_decay, options_.nesterov);
+  }
+
   const Tensor& state() const override { return state_; }
 
  private:

@@ -30,6 +30,11 @@ class Optimizer {
   // weights -= step computed from grads (+ weight decay) at learning rate lr. weights, grads and
   // state() have the same element count.
   virtual void step(const Tensor& weights, const Tensor& grads, float lr) = 0;
+  // The same for elements [begin, end) only: `weights` and `grads` are those elements (slices).
+  // Optimizers here are elementwise, so updating a bucket as soon as it is reduced gives exactly
+  // the result of one step over the whole tensor.
+  virtual void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
+                         std::int64_t end, float lr) = 0;
   // Momentum buffer; restore a checkpoint by copying into it.
   virtual const Tensor& state() const = 0;
 };

@@ -10,7 +10,7 @@ packages=(
   liblmdb-dev lmdb-utils libleveldb-dev libsnappy-dev
   libprotobuf-dev protobuf-compiler zlib1g-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
-  libdnnl-dev ocl-icd-opencl-dev opencl-headers libopenblas-openmp-dev
+  libdnnl-dev ocl-icd-opencl-dev opencl-headers
   libhiredis-dev redis-server
   openssh-client openssh-server rsync openmpi-bin
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
