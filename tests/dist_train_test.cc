@@ -1,8 +1,12 @@
 // Training with several real processes on loopback: `troupe launch` and processes started by hand.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -225,6 +229,47 @@ TEST(DistributedTraining, ATraceShowsAllreduceOverlappingBackward) {
   for (const auto& e : events)
     both = both || e.pid == 1;
   EXPECT_TRUE(both) << "spans of both processes";
+}
+
+// A stranger that connects to a worker's transport port and sends garbage loses its connection
+// (logged, naming its address); the run's own links are untouched and training finishes.
+TEST(DistributedTraining, APeerSendingGarbageIsDroppedWhileTrainingGoesOn) {
+  TempDir cwd("dist_garbage");
+  const fs::path store = cwd.path() / "store";
+  testing::CommandResult r;
+  std::thread launcher([&] {
+    r = runCommand(in(cwd, troupeBinary() + " launch -n 2 --rendezvous file://" + store.string() +
+                               " -- troupe train --model lenet" + dataFlags() +
+                               " --schedule bsp-allreduce --num_epochs 1 --epoch_size 25600 "
+                               "--log_every 0 --threads 1"));
+  });
+  // The workers publish "tcp://HOST:PORT;unix://..." in the file store.
+  std::string address;
+  for (int i = 0; i < 300 && address.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!fs::exists(store)) continue;
+    for (const auto& e : fs::directory_iterator(store)) {
+      std::ifstream f(e.path());
+      std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      if (text.rfind("tcp://", 0) == 0) address = text.substr(6, text.find(';') - 6);
+    }
+  }
+  ASSERT_FALSE(address.empty()) << "no worker published its address";
+  const auto colon = address.rfind(':');
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
+  ASSERT_EQ(::inet_pton(AF_INET, address.substr(0, colon).c_str(), &peer.sin_addr), 1) << address;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer), 0) << address;
+  const std::string garbage(4096, '\x5a');
+  EXPECT_EQ(::write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::close(fd);
+  launcher.join();
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dropped the link to node ?"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 200 steps"), std::string::npos) << r.output;
 }
 
 TEST(DistributedTraining, ProcessesStartedByHandMeetThroughTheirOwnStore) {
