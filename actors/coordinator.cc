@@ -55,7 +55,6 @@ class Coordinator final : public Actor {
 
   void started() override {
     epoch_start_ = Clock::now();
-    run_start_ = epoch_start_;
     complete_through_ = config_.plan.first_step;
     armWatchdog();
     spdlog::info("{}: {} steps per epoch, global batch {}, {} replica(s), from step {} to {}",
@@ -231,8 +230,7 @@ class Coordinator final : public Actor {
   std::optional<EpochEnd> epoch_end_;
   int epoch_ends_ = 0;
   kernels::Tensor buffers_;
-  Clock::time_point epoch_start_, run_start_, window_start_ = Clock::now(),
-                                              last_progress_ = Clock::now();
+  Clock::time_point epoch_start_, window_start_ = Clock::now(), last_progress_ = Clock::now();
   double epoch_time_ = 0;
   double cumulative_time_ = 0;
   std::int64_t cumulative_inputs_ = 0;

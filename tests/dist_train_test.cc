@@ -82,25 +82,39 @@ TEST(DistributedTraining, LaunchTwoWorkersBspAllreduceAsWritten) {
   EXPECT_GT(std::stod(cells[10]), 0.8) << last;
 }
 
-TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
-  TempDir cwd("dist_same");
+// Runs LeNet for 20 steps as one process of batch 64 and as `two` (a `troupe launch ... --` prefix
+// plus schedule flags, batch 32 per worker); returns both final checkpoints and the launch output.
+struct OneVersusTwo {
+  actors::Checkpoint one, two;
+  std::string output;
+};
+
+OneVersusTwo trainOneAndTwo(const TempDir& cwd, const std::string& launch,
+                            const std::string& schedule) {
   const std::string common = sourceDir() + "/configs/lenet.toml" + dataFlags() +
                              " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
                              " --log_every 0 --threads 1";
-  auto one = runCommand(in(cwd, troupeBinary() + " train " + common +
-                                    " --batch_size 64 --run_name one --checkpoint_dir " +
-                                    cwd.str() + "/one"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two = runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe train " + common +
-                                    " --schedule bsp-allreduce --batch_size 32 --run_name two"
-                                    " --checkpoint_dir " +
-                                    cwd.str() + "/two"));
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
-  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
-  EXPECT_EQ(a.metaInt("step"), 20);
-  EXPECT_EQ(b.metaInt("step"), 20);
-  EXPECT_LE(relativeDifference(a.weights, b.weights), 1e-5);
+  OneVersusTwo r;
+  const auto one = runCommand(in(cwd, troupeBinary() + " train " + common +
+                                          " --batch_size 64 --run_name one --checkpoint_dir " +
+                                          cwd.str() + "/one"));
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  const auto two = runCommand(in(
+      cwd, troupeBinary() + " " + launch + " troupe train " + common + " --schedule " + schedule +
+               " --batch_size 32 --run_name two --checkpoint_dir " + cwd.str() + "/two"));
+  EXPECT_EQ(two.exit_code, 0) << two.output;
+  r.output = two.output;
+  r.one = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
+  r.two = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
+  EXPECT_EQ(r.one.metaInt("step"), 20);
+  EXPECT_EQ(r.two.metaInt("step"), 20);
+  return r;
+}
+
+TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
+  TempDir cwd("dist_same");
+  const auto r = trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce");
+  EXPECT_LE(relativeDifference(r.one.weights, r.two.weights), 1e-5);
 }
 
 // dist_sync over one and over two parameter servers (keys sharded) gives the parameters of one
@@ -110,26 +124,12 @@ class DistSyncTest : public ::testing::TestWithParam<int> {};
 TEST_P(DistSyncTest, TwoWorkersOfBatch32MatchOneProcessOfBatch64) {
   const int servers = GetParam();
   TempDir cwd("dist_sync_same");
-  const std::string common = sourceDir() + "/configs/lenet.toml" + dataFlags() +
-                             " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
-                             " --log_every 0 --threads 1";
-  auto one = runCommand(in(cwd, troupeBinary() + " train " + common +
-                                    " --batch_size 64 --run_name one --checkpoint_dir " +
-                                    cwd.str() + "/one"));
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two = runCommand(in(cwd, troupeBinary() + " launch -n 2 -s " + std::to_string(servers) +
-                                    " -- troupe train " + common +
-                                    " --schedule dist_sync --batch_size 32 --run_name two"
-                                    " --checkpoint_dir " +
-                                    cwd.str() + "/two"));
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  EXPECT_NE(two.output.find("[server " + std::to_string(servers - 1) + "]"), std::string::npos);
-  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
-  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
-  EXPECT_EQ(b.metaInt("step"), 20);
-  EXPECT_LE(relativeDifference(a.weights, b.weights), 1e-5);
+  const auto r =
+      trainOneAndTwo(cwd, "launch -n 2 -s " + std::to_string(servers) + " --", "dist_sync");
+  EXPECT_NE(r.output.find("[server " + std::to_string(servers - 1) + "]"), std::string::npos);
+  EXPECT_LE(relativeDifference(r.one.weights, r.two.weights), 1e-5);
   // The servers' momentum comes back with the epoch's end, for the checkpoint.
-  EXPECT_LE(relativeDifference(a.momentum, b.momentum), 1e-4);
+  EXPECT_LE(relativeDifference(r.one.momentum, r.two.momentum), 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Servers, DistSyncTest, ::testing::Values(1, 2));

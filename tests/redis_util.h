@@ -19,22 +19,9 @@
 #include <thread>
 #include <vector>
 
-namespace troupe::testing {
+#include "cli_util.h"
 
-// A loopback port that was free a moment ago.
-inline uint16_t freeLoopbackPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("cannot find a free loopback port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+namespace troupe::testing {
 
 // redis-server on 127.0.0.1, with no persistence, stopped (SIGTERM) by the destructor and killed
 // with the test process. The constructor throws std::runtime_error when redis-server is missing or
