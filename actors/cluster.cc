@@ -84,6 +84,10 @@ class ClusterImpl final : public Cluster {
     }
   }
 
+  kernels::Tensor sendBuffer(Address to, kernels::Shape shape) override {
+    return transport_->sendBuffer(static_cast<transport::NodeId>(to.node), std::move(shape));
+  }
+
   void barrier(const std::string& name) override {
     rendezvous::barrier(*store_, name, options_.rank, options_.world, options_.timeout);
   }

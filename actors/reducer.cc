@@ -28,8 +28,9 @@ class Reducer final : public Actor {
             config_.segment_bytes / static_cast<std::int64_t>(sizeof(float)),
             [this](RingChunk chunk) {
               // A copy: the transport writes later, and by then the replica's next backward
-              // may be overwriting the gradient these chunks view.
-              auto copy = kernels::Tensor::hostUninitialized({chunk.data.numel()});
+              // may be overwriting the gradient these chunks view. Into a send buffer, which is
+              // memory the next process reads in place when it runs on this host.
+              auto copy = system().sendBuffer(config_.next, {chunk.data.numel()});
               std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
               chunk.data = std::move(copy);
               send(config_.next, std::move(chunk));

@@ -167,6 +167,12 @@ class SystemImpl final : public ActorSystem {
       return;
     }
     Cell* sender = cellOf(from);
+    // A note to itself: the bound is not for it, since an actor that waited for room in its own
+    // mailbox would wait for itself.
+    if (sender == target) {
+      enqueueUnbounded(target, std::move(message));
+      return;
+    }
     // Keep per-sender order: once something waits in the outbox, everything queues behind it.
     if (!sender->outbox.empty() || !tryEnqueue(target, message, sender)) {
       sender->outbox.push_back({target, {}, std::move(message)});
@@ -420,6 +426,12 @@ class SystemImpl final : public ActorSystem {
   bool done_ = false;
   std::optional<std::string> error_;
 };
+
+kernels::Tensor ActorSystem::sendBuffer(Address to, kernels::Shape shape) const {
+  const auto& o = options();
+  if (to.node != o.node && o.remote_buffer) return o.remote_buffer(to, std::move(shape));
+  return kernels::Tensor::hostUninitialized(std::move(shape));
+}
 
 void Actor::sendEnvelope(Address to, std::unique_ptr<Envelope> message) {
   TROUPE_ENFORCE(system_ != nullptr, "actor '", name_, "' sent a message before it was spawned");

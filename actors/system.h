@@ -2,7 +2,8 @@
 //
 // Mailboxes are bounded. A send to a full mailbox never blocks a thread: the message waits in the
 // sender's outbox and the sender takes no new message until the receiver has room again, so a slow
-// actor slows its producers down instead of growing a queue (backpressure). Senders outside any
+// actor slows its producers down instead of growing a queue (backpressure). An actor's sends to
+// itself are not bounded (it would wait for itself). Senders outside any
 // actor (main) block until there is room, up to SystemOptions::external_send_timeout.
 // Actors on the shared pool run on strands of one io_context; an actor spawned with
 // a thread name runs on that thread, shared with the other actors given the same name (compute
@@ -20,16 +21,21 @@
 #include <type_traits>
 
 #include "actors/actor.h"
+#include "kernels/tensor.h"
 
 namespace troupe::actors {
 
 // Carries a message to an actor of another node (the transport, through the wire codec). Called on
 // the sender's thread; must not block for long.
 using RemoteSend = std::function<void(Address from, Address to, std::unique_ptr<Envelope> message)>;
+// Memory for a float tensor about to be sent to an actor of another node (the transport's
+// sendBuffer: shared memory for a peer on this host).
+using RemoteBuffer = std::function<kernels::Tensor(Address to, kernels::Shape shape)>;
 
 struct SystemOptions {
   std::uint32_t node = 0;
-  RemoteSend remote;  // empty: sends to other nodes are errors
+  RemoteSend remote;           // empty: sends to other nodes are errors
+  RemoteBuffer remote_buffer;  // empty: sendBuffer gives ordinary host memory
   int pool_threads = 2;
   std::size_t mailbox_capacity = 64;
   std::chrono::milliseconds external_send_timeout{30000};
@@ -62,6 +68,10 @@ class ActorSystem {
   void tell(Address to, M message) {
     deliver(Address{options().node, kNoActor}, to, std::make_unique<Typed<M>>(std::move(message)));
   }
+
+  // Memory for a float tensor that will be sent, unchanged after the send, to `to`: the cheapest
+  // to carry there (shared with `to`'s process when it runs on this host), uninitialised.
+  kernels::Tensor sendBuffer(Address to, kernels::Shape shape) const;
 
   // Delivers message to `to` after `delay` (a timer; the sender is the system).
   template <typename M>

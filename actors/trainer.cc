@@ -189,6 +189,10 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
                                            std::unique_ptr<Envelope> message) {
       (*cluster)->send(from, to, std::move(message));
     };
+    options.remote_buffer = [cluster = n.cluster](Address to, kernels::Shape shape) {
+      return *cluster ? (*cluster)->sendBuffer(to, std::move(shape))
+                      : kernels::Tensor::hostUninitialized(std::move(shape));
+    };
   }
   n.system = makeActorSystem(options);
   return n;

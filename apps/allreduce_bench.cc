@@ -73,7 +73,7 @@ struct BenchPlan {
   int warmup = 0;
   int iters = 1;
   std::int64_t segment_elements = 0;
-  AllreduceBenchOptions::ChunkCopy copy = AllreduceBenchOptions::ChunkCopy::kAlloc;
+  AllreduceBenchOptions::ChunkCopy copy = AllreduceBenchOptions::ChunkCopy::kSendBuffer;
 };
 
 // Send buffers that come back when the transport has written them (the last handle to a tensor
@@ -131,7 +131,9 @@ class AllreduceBenchActor final : public actors::Actor {
               using Copy = AllreduceBenchOptions::ChunkCopy;
               if (plan_.copy != Copy::kNone) {
                 const std::int64_t n = chunk.data.numel();
-                auto copy = plan_.copy == Copy::kAlloc ? Tensor::host({n}) : pool_->take(n);
+                auto copy = plan_.copy == Copy::kSendBuffer ? system().sendBuffer(next_, {n})
+                            : plan_.copy == Copy::kAlloc    ? Tensor::host({n})
+                                                            : pool_->take(n);
                 std::copy_n(chunk.data.f32(), n, copy.f32());
                 chunk.data = std::move(copy);
               }
@@ -268,6 +270,9 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
   system_options.remote = [cluster_ref](Address from, Address to,
                                         std::unique_ptr<actors::Envelope> message) {
     (*cluster_ref)->send(from, to, std::move(message));
+  };
+  system_options.remote_buffer = [cluster_ref](Address to, kernels::Shape shape) {
+    return (*cluster_ref)->sendBuffer(to, std::move(shape));
   };
   auto system = actors::makeActorSystem(system_options);
   auto measured = std::make_shared<std::vector<Measured>>();

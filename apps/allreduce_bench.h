@@ -20,13 +20,15 @@ struct AllreduceBenchOptions {
   int iters = 20;
   int warmup = 5;
   std::int64_t segment_bytes = 0;  // 0: ReducerConfig's default
-  // What happens to a chunk before it is sent. The training reducer copies it into a fresh
-  // tensor (it must copy: the replica may overwrite the gradient while the transport still reads
-  // it). kPool copies into buffers the transport hands back once written (no allocation, page
-  // faults or zero-fill per chunk). kNone sends the buffer itself: the benchmark leaves its
-  // buffers alone until every rank is done with them, so it can measure the ring without a copy.
-  enum class ChunkCopy { kAlloc, kPool, kNone };
-  ChunkCopy copy = ChunkCopy::kAlloc;
+  // What happens to a chunk before it is sent. The training reducer copies it into a send buffer
+  // (it must copy: the replica may overwrite the gradient while the transport still reads it),
+  // which is shared memory when the next process runs on this host: kSendBuffer. kAlloc copies
+  // into a fresh host tensor (all bytes then cross the socket), kPool into buffers the transport
+  // hands back once written (no allocation, page faults or zero-fill per chunk). kNone sends the
+  // buffer itself: the benchmark leaves its buffers alone until every rank is done with them, so
+  // it can measure the ring over sockets without a copy.
+  enum class ChunkCopy { kSendBuffer, kAlloc, kPool, kNone };
+  ChunkCopy copy = ChunkCopy::kSendBuffer;
   std::string interface;  // empty: TROUPE_INTERFACE or any
 };
 

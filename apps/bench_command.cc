@@ -28,7 +28,7 @@ struct AllreduceArgs {
   int num_workers = 2;
   AllreduceBenchOptions bench;
   double segment_mb = static_cast<double>(actors::ReducerConfig{}.segment_bytes) / 1e6;
-  std::string copy = "alloc";
+  std::string copy = "send-buffer";
   bool worker = false;
   std::string results;  // worker: where rank 0 writes the rows
 };
@@ -113,9 +113,11 @@ void addBenchCommand(CLI::App& app) {
                   "ring segment in MB; each message carries 1/N of it (default: the reducer's)")
       ->capture_default_str();
   cmd->add_option("--copy", args->copy,
-                  "before a chunk is sent: alloc (copy into a new tensor, as the training reducer "
-                  "does), pool (copy into a reused buffer) or none (send the buffer itself)")
-      ->check(CLI::IsMember({"alloc", "pool", "none"}))
+                  "before a chunk is sent: send-buffer (copy into the transport's send buffer, "
+                  "shared memory between processes of one host, as the training reducer does), "
+                  "alloc (copy into a new tensor), pool (copy into a reused buffer) or none (send "
+                  "the buffer itself)")
+      ->check(CLI::IsMember({"send-buffer", "alloc", "pool", "none"}))
       ->capture_default_str();
   cmd->add_option("--interface", args->bench.interface,
                   "network interface to listen on (default: TROUPE_INTERFACE or any)");
@@ -126,7 +128,10 @@ void addBenchCommand(CLI::App& app) {
     if (!(a.segment_mb > 0)) throw InputError("--segment-mb must be positive");
     a.bench.segment_bytes = std::llround(a.segment_mb * 1e6);
     using Copy = AllreduceBenchOptions::ChunkCopy;
-    a.bench.copy = a.copy == "alloc" ? Copy::kAlloc : a.copy == "pool" ? Copy::kPool : Copy::kNone;
+    a.bench.copy = a.copy == "send-buffer" ? Copy::kSendBuffer
+                   : a.copy == "alloc"     ? Copy::kAlloc
+                   : a.copy == "pool"      ? Copy::kPool
+                                           : Copy::kNone;
     if (a.worker) {
       runWorker(a);
     } else {

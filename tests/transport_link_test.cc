@@ -17,6 +17,7 @@
 
 #include "transport/frame.h"
 #include "transport/link.h"
+#include "transport/shared_arena.h"
 #include "troupe/error.h"
 
 namespace troupe::transport {
@@ -354,6 +355,102 @@ TEST_F(TransportTest, TensorsTooLargeTogetherForOneFrameGoAsBulk) {
     ASSERT_EQ(large.f32()[i], 3.0f + static_cast<float>(i));
 }
 
+// ---- shared memory between processes of one host ----
+
+TEST(SharedArena, ReusesABlockOnceTheSenderAndEveryReceiverDroppedIt) {
+  std::string why;
+  auto arena = SharedArena::create(1 << 20, &why);
+  ASSERT_TRUE(arena) << why;
+  auto peer = PeerArena::open(arena->path(), arena->token(), arena->bytes());
+  constexpr std::size_t kBlock = 300 * 1024;
+  auto first = arena->allocate(kBlock);
+  auto second = arena->allocate(kBlock);
+  auto third = arena->allocate(kBlock);
+  ASSERT_TRUE(first && second && third);
+  EXPECT_FALSE(arena->allocate(kBlock)) << "a 1 MiB arena holds three 300 KiB blocks, not four";
+  std::memset(first.get(), 0x5a, kBlock);
+  const auto offset = arena->share(first.get(), kBlock);
+  ASSERT_TRUE(offset);
+  EXPECT_FALSE(arena->share(first.get() + 64, 1000)) << "only a block's start can be shared";
+  auto seen = peer->take(*offset, kBlock);
+  EXPECT_EQ(seen.get()[kBlock - 1], std::byte{0x5a});
+  first.reset();  // the receiver still holds the first block: nothing to reuse yet
+  EXPECT_FALSE(arena->allocate(kBlock));
+  EXPECT_EQ(arena->liveBlocks(), 3u);
+  seen.reset();
+  EXPECT_EQ(arena->liveBlocks(), 2u);
+  auto again = arena->allocate(kBlock);  // where the first block was (the ring wraps)
+  ASSERT_TRUE(again);
+  second.reset();
+  third.reset();
+  again.reset();
+  EXPECT_EQ(arena->liveBlocks(), 0u);
+}
+
+TEST(SharedArena, APeerRefusesPartsOutsideALiveBlockAndArenasItWasNotAnnounced) {
+  std::string why;
+  auto arena = SharedArena::create(1 << 20, &why);
+  ASSERT_TRUE(arena) << why;
+  EXPECT_THROW(PeerArena::open(arena->path(), arena->token() + 1, arena->bytes()), InputError);
+  EXPECT_THROW(PeerArena::open(arena->path(), arena->token(), arena->bytes() * 2), InputError);
+  EXPECT_THROW(PeerArena::open("/proc/self/fd/100000", 1, 1 << 20), IoError);
+  auto peer = PeerArena::open(arena->path(), arena->token(), arena->bytes());
+  auto block = arena->allocate(4096);
+  const auto offset = arena->share(block.get(), 4096);
+  ASSERT_TRUE(offset);
+  EXPECT_THROW(peer->take(arena->bytes() - 64, 4096), InputError);  // past the end
+  EXPECT_THROW(peer->take(*offset + 8, 64), InputError);            // misaligned
+  EXPECT_THROW(peer->take(*offset, 8192), InputError);              // longer than the block
+  EXPECT_THROW(peer->take(0, 64), InputError);                      // the arena's header
+  auto taken = peer->take(*offset, 4096);                           // the reference share() added
+  taken.reset();
+  block.reset();
+  EXPECT_THROW(peer->take(*offset, 4096), InputError) << "a freed block";
+}
+
+TEST_F(TransportTest, SendBuffersCrossNoSocketBetweenPeersOfOneHostAndAreReused) {
+  TransportOptions small = options(0, true);
+  small.sharedArenaBytes = 4 << 20;
+  Peer a(small), b(options(1, true));
+  connectPair(a, b);
+  expectExchange(a, b);                         // each side has seen the other's arenaMapped by now
+  constexpr std::int64_t kFloats = 256 * 1024;  // 1 MiB: 20 of them go round a 4 MiB arena
+  std::atomic<int> shared{0}, right{0};
+  b.keep = false;
+  b.hook = [&](NodeId, IncomingMessage& message) {
+    if (message.frame().getShared().size() == 1 && message.frameBuffer().size() < 1024) ++shared;
+    Tensor got = message.tensor(message.frame().getGradBucket().getGrads());
+    const auto step = static_cast<float>(message.frame().getGradBucket().getStep());
+    if (got.numel() == kFloats && got.f32()[0] == step && got.f32()[kFloats - 1] == step) ++right;
+  };
+  const std::size_t before = b.count();
+  for (int i = 0; i < 20; ++i) {
+    Tensor t = a.transport->sendBuffer(1, {kFloats});
+    std::fill_n(t.f32(), kFloats, static_cast<float>(i));
+    a.transport->send(1, gradBucket(i, t));
+    ASSERT_TRUE(b.waitMessages(before + i + 1));  // b drops each message at once
+  }
+  EXPECT_EQ(right.load(), 20);
+  EXPECT_EQ(shared.load(), 20) << "a message went through the socket: the arena was not reused";
+  EXPECT_TRUE(a.sink->errors().empty());
+  EXPECT_TRUE(b.sink->errors().empty());
+}
+
+TEST_F(TransportTest, OverTcpASendBufferIsOrdinaryMemoryAndTravelsInTheFrame) {
+  Peer a(options(0, false)), b(options(1, false));
+  connectPair(a, b);
+  expectExchange(a, b);
+  Tensor t = a.transport->sendBuffer(1, {256 * 1024});
+  std::fill_n(t.f32(), t.numel(), 2.5f);
+  a.transport->send(1, gradBucket(3, t));
+  ASSERT_TRUE(b.waitMessages(2));
+  auto message = b.message(1);
+  EXPECT_EQ(message.frame().getShared().size(), 0u);
+  Tensor got = message.tensor(message.frame().getGradBucket().getGrads());
+  EXPECT_TRUE(inside(got.raw(), message.frameBuffer()));
+  EXPECT_EQ(got.f32()[256 * 1024 - 1], 2.5f);
+}
+
 // ---- failures ----
 
 TEST_F(TransportTest, SendingToANodeWithoutALinkThrows) {
@@ -373,7 +470,7 @@ TEST_F(TransportTest, APeerThatShutsDownIsReportedLost) {
   b.reset();
   ASSERT_TRUE(a.waitLost(1));
   EXPECT_EQ(a.lost[0].first, 1u);
-  EXPECT_TRUE(a.sink->errors().empty());  // a clean close is not an error
+  EXPECT_TRUE(a.sink->errors().empty()) << a.sink->errors().front();  // a clean close is no error
   EXPECT_THROW(a.transport->send(1, stepDone(1, 0)), IoError);
 }
 
@@ -549,6 +646,17 @@ INSTANTIATE_TEST_SUITE_P(
                       p.write(RawPeer::frame(builder));
                     },
                     "nested"},
+        BadPeerCase{"SharedPartsOverALinkWithoutAnArena", true,
+                    [](RawPeer& p) {
+                      capnp::MallocMessageBuilder builder;
+                      auto frame = builder.getRoot<wire::Frame>();
+                      frame.initGradBucket().initGrads().setSharedPart(0);
+                      auto part = frame.initShared(1)[0];
+                      part.setOffset(128);
+                      part.setBytes(4096);
+                      p.write(RawPeer::frame(builder));
+                    },
+                    "no shared arena"},
         BadPeerCase{"OverTheTraversalLimit", true,
                     [](RawPeer& p) {
                       capnp::MallocMessageBuilder builder;

@@ -5,6 +5,7 @@
 // connect() picks the Unix socket when the peer's TCP address is one of this host's, else TCP. Each
 // link starts with a Hello both ways (node id, run id); a link may be used in both directions, and
 // the first link to a node carries every send to it, so messages to one node arrive in send order.
+// Between processes of one host, tensors allocated with sendBuffer travel through shared memory.
 // Failures never abort: a peer that sends garbage, an oversized or malformed frame, or a message
 // over the reader limits, or that closes mid-frame, loses its link (one error logged, naming the
 // node and the remote address) and onPeerLost fires; other links go on.
@@ -52,6 +53,13 @@ class Transport {
   // Throws IoError if there is no link to `node`, InputError if the non-tensor part of the
   // message alone exceeds the frame limit.
   virtual void send(NodeId node, OutgoingMessage message) = 0;
+
+  // Memory for a tensor that will be sent to `node`: in this process's shared arena when the
+  // link to `node` is a same-host link whose peer mapped it (the receiver then reads the tensor
+  // where it is written, and its bytes never cross the socket), else ordinary host memory. The
+  // tensor must not be written once it was sent. Any thread.
+  virtual kernels::Tensor sendBuffer(NodeId node, kernels::Shape shape,
+                                     kernels::DType dtype = kernels::DType::kFloat32) = 0;
 };
 
 // Starts listening at once. Throws InputError (bad options, unknown interface) or IoError.

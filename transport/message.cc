@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "transport/message_state.h"
+#include "transport/shared_arena.h"
 #include "troupe/error.h"
 
 namespace troupe::transport {
@@ -101,10 +102,34 @@ void OutgoingMessage::setTensor(wire::TensorData::Builder slot, kernels::Tensor 
 }
 
 EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
-                             const EncodeLimits& limits) {
+                             const EncodeLimits& limits, SharedArena* arena) {
   EncodedMessage out;
   auto& pending = state->pending;
   auto& builder = state->builder;
+
+  // Tensors in the arena the receiver maps go as (offset, bytes), and leave the pending list.
+  if (arena) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> shared;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      auto& p = pending[i];
+      if (auto offset = arena->share(p.tensor.raw(), p.tensor.bytes())) {
+        p.slot.setSharedPart(static_cast<std::int32_t>(shared.size()));
+        shared.emplace_back(*offset, p.tensor.bytes());
+        state->tensors.push_back(std::move(p.tensor));
+      } else if (kept++ != i) {
+        pending[kept - 1] = std::move(p);
+      }
+    }
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(kept), pending.end());
+    if (!shared.empty()) {
+      auto parts = builder.getRoot<wire::Frame>().initShared(static_cast<unsigned>(shared.size()));
+      for (unsigned k = 0; k < shared.size(); ++k) {
+        parts[k].setOffset(shared[k].first);
+        parts[k].setBytes(shared[k].second);
+      }
+    }
+  }
 
   // Inline or bulk: large tensors go bulk, then the largest inline ones until the frame fits.
   std::size_t baseBytes = kFrameHeaderBytes + 64 + 16 * pending.size();
@@ -230,7 +255,15 @@ kernels::Tensor IncomingMessage::tensor(wire::TensorData::Reader data, kernels::
                                         kernels::DType dtype) const {
   const std::byte* begin = nullptr;
   std::size_t bytes = 0;
-  if (data.getBulkPart() >= 0) {
+  if (data.getSharedPart() >= 0) {
+    const auto part = static_cast<std::size_t>(data.getSharedPart());
+    if (part >= state_->shared.size()) {
+      throw InputError("transport: a tensor names shared part " + std::to_string(part) +
+                       " of a message with " + std::to_string(state_->shared.size()));
+    }
+    begin = state_->shared[part].get();
+    bytes = state_->sharedSizes[part];
+  } else if (data.getBulkPart() >= 0) {
     const auto part = static_cast<std::size_t>(data.getBulkPart());
     if (part >= state_->partSizes.size()) {
       throw InputError("transport: a tensor names bulk part " + std::to_string(part) +

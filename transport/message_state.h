@@ -20,6 +20,8 @@
 
 namespace troupe::transport {
 
+class SharedArena;
+
 struct OutgoingMessage::State {
   static constexpr unsigned kFirstSegmentWords = 256;
   capnp::MallocMessageBuilder builder{kFirstSegmentWords};
@@ -41,6 +43,9 @@ struct IncomingMessage::State {
   std::size_t bulkBytes = 0;
   std::vector<std::size_t> partOffsets;
   std::vector<std::size_t> partSizes;
+  // Tensors in the sender's shared arena, each holding its reference (see shared_arena.h).
+  std::vector<std::shared_ptr<const std::byte>> shared;
+  std::vector<std::size_t> sharedSizes;
 };
 
 // 64-byte aligned, uninitialised; throws std::bad_alloc.
@@ -82,9 +87,11 @@ struct EncodedMessage {
   std::size_t bytes = 0;
 };
 
-// Decides inline vs bulk for each pending tensor, fills Frame.bulk and lays out the frames.
-// Throws InputError if the message without its tensors exceeds the frame limit.
+// Decides shared, inline or bulk for each pending tensor, fills Frame.shared and Frame.bulk and
+// lays out the frames. A tensor that starts an allocation of `arena` (non-null when the receiver
+// has mapped it) goes as a shared part. Throws InputError if the message without its tensors
+// exceeds the frame limit.
 EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
-                             const EncodeLimits& limits);
+                             const EncodeLimits& limits, SharedArena* arena = nullptr);
 
 }  // namespace troupe::transport

@@ -35,6 +35,9 @@ struct TransportOptions {
   std::size_t bulkChunkBytes = std::size_t{16} << 20;
   // Most bulk bytes one message may announce (the receiver allocates that much).
   std::uint64_t maxBulkBytes = std::uint64_t{8} << 30;
+  // Shared-memory arena for tensors to peers on this host, over Unix-socket links (bytes; 0:
+  // none, every byte goes through the socket). See shared_arena.h.
+  std::size_t sharedArenaBytes = std::size_t{256} << 20;
   // Freed receive buffers kept for reuse (bytes; 0: none).
   std::size_t receivePoolBytes = std::size_t{256} << 20;
   // Cap'n Proto reader limits for received frames.

@@ -15,6 +15,15 @@ struct TensorData {
   lead @1 :UInt8;
   bulkPart @2 :Int32 = -1;
   # >= 0: the bytes are part N of Frame.bulk and `data` is empty.
+  sharedPart @3 :Int32 = -1;
+  # >= 0: the bytes are part N of Frame.shared, in the sender's arena; `data` is empty.
+}
+
+# A tensor in the sender's shared-memory arena (transport/shared_arena.h), for links between
+# processes of one host whose receiver has mapped that arena.
+struct SharedPart {
+  offset @0 :UInt64;  # of the bytes in the arena
+  bytes @1 :UInt64;
 }
 
 # First frame on every link, in both directions.
@@ -22,6 +31,11 @@ struct Hello {
   node @0 :UInt32;
   runId @1 :Text;
   address @2 :Text;  # what the sender listens on: "tcp://ip:port;unix:///path"
+  # Unix-socket links only: the sender's shared arena, which the receiver may map and then
+  # acknowledge with arenaMapped (empty path: none).
+  arenaPath @3 :Text;
+  arenaToken @4 :UInt64;
+  arenaBytes @5 :UInt64;
 }
 
 # Replica -> Reducer: gradients [begin, end) of the flat gradient tensor.
@@ -132,6 +146,7 @@ struct Frame {
   sourceNode @1 :UInt32;
   sourceActor @2 :UInt32;
   bulk @3 :List(UInt64);   # byte sizes of the bulk parts that follow this frame
+  shared @22 :List(SharedPart);  # tensors in the sender's shared arena
   union {
     none @4 :Void;  # the default; never sent
     hello @5 :Hello;
@@ -150,5 +165,6 @@ struct Frame {
     pull @18 :Pull;
     pullReply @19 :PullReply;
     shutdown @20 :Void;  # chief coordinator -> the other processes: the run is over
+    arenaMapped @21 :Void;  # answer to a Hello's arena: mapped, send shared parts from now on
   }
 }

@@ -25,6 +25,7 @@
 #include "transport/interfaces.h"
 #include "transport/link.h"
 #include "transport/message_state.h"
+#include "transport/shared_arena.h"
 #include "troupe/error.h"
 
 namespace troupe::transport {
@@ -118,6 +119,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool identified() const { return identified_.load(); }
   NodeId node() const { return node_.load(); }
   std::string peerName() const { return identified() ? std::to_string(node()) : "?"; }
+  // The peer mapped this process's shared arena: tensors in it may go as shared parts.
+  bool peerMappedArena() const { return peerMappedArena_.load(); }
 
  private:
   void readHeader();
@@ -126,6 +129,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void onPayload(const asio::error_code& error, std::shared_ptr<IncomingMessage::State> state);
   void onBulk(const asio::error_code& error);
   void onHello(wire::Hello::Reader hello);
+  void mapPeerArena(wire::Hello::Reader hello);
+  bool takeSharedParts(wire::Frame::Reader frame, IncomingMessage::State& state);
   void deliver(std::shared_ptr<IncomingMessage::State> state);
   void skipEmptyParts();
   void failRead(const asio::error_code& error, const std::string& during);
@@ -141,8 +146,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> closed_{false};
   std::atomic<bool> identified_{false};
   std::atomic<NodeId> node_{0};
+  const bool unix_;  // a Unix-socket link: the peer is on this host
+  std::atomic<bool> peerMappedArena_{false};
 
   // Strand only.
+  std::shared_ptr<PeerArena> peerArena_;  // the peer's shared arena, mapped here
   std::shared_ptr<std::promise<void>> helloWaiter_;
   std::array<std::byte, kFrameHeaderBytes> header_{};
   FrameHeader frame_;
@@ -169,12 +177,16 @@ class AsioTransport final : public Transport {
   void connect(NodeId node, const std::string& address) override;
   void waitForPeer(NodeId node, std::chrono::milliseconds timeout) override;
   void send(NodeId node, OutgoingMessage message) override;
+  kernels::Tensor sendBuffer(NodeId node, kernels::Shape shape, kernels::DType dtype) override;
 
   // For connections.
   const TransportOptions& options() const { return options_; }
   asio::io_context& io() { return io_; }
   BufferPool& pool() { return *pool_; }
-  std::unique_ptr<EncodedMessage> helloMessage();
+  const std::shared_ptr<spdlog::logger>& log() const { return log_; }
+  // The Hello this node sends; with its shared arena when `sameHost`.
+  std::unique_ptr<EncodedMessage> helloMessage(bool sameHost);
+  std::unique_ptr<EncodedMessage> controlMessage(void (*fill)(wire::Frame::Builder));
   void registerLink(NodeId node, const std::shared_ptr<Connection>& connection);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
   void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error);
@@ -193,6 +205,7 @@ class AsioTransport final : public Transport {
   EncodeLimits limits_;
   std::shared_ptr<BufferPool> pool_;
   std::shared_ptr<spdlog::logger> log_;
+  std::shared_ptr<SharedArena> arena_;  // null: none (no Unix socket, disabled, or unavailable)
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   asio::ip::tcp::acceptor tcpAcceptor_;
   asio::local::stream_protocol::acceptor unixAcceptor_;
@@ -215,7 +228,8 @@ Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
       socket_(std::move(socket)),
       strand_(asio::make_strand(owner.io())),
       remote_(std::move(remote)),
-      expected_(expected) {}
+      expected_(expected),
+      unix_(remote_.rfind("unix://", 0) == 0) {}
 
 void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
   asio::post(strand_, [self = shared_from_this(), helloWaiter = std::move(helloWaiter)]() mutable {
@@ -268,7 +282,10 @@ void Connection::failRead(const asio::error_code& error, const std::string& duri
 void Connection::onHeader(const asio::error_code& error, std::size_t got) {
   if (error) {
     if (closed_) return;
-    if (error == asio::error::eof && got == 0 && !bulkMessage_) {
+    // At a frame boundary a close is clean; a reset too (the peer closed with our last frames
+    // unread in its socket, which a Unix socket reports as a reset).
+    if ((error == asio::error::eof || error == asio::error::connection_reset) && got == 0 &&
+        !bulkMessage_) {
       closeOnStrand("peer closed the connection", false);
     } else {
       failRead(error, fmt::format("mid-frame (after {} of {} header bytes{})", got,
@@ -383,6 +400,10 @@ void Connection::onPayload(const asio::error_code& error,
       onHello(frame.getHello());
     } else if (!identified_) {
       closeOnStrand("the first frame on a link was not a Hello", true);
+    } else if (frame.isArenaMapped()) {
+      peerMappedArena_ = true;
+    } else if (!takeSharedParts(frame, *state)) {
+      // closed, saying why
     } else if (frame.getBulk().size() == 0) {
       deliver(std::move(state));
     } else {
@@ -445,12 +466,46 @@ void Connection::onHello(wire::Hello::Reader hello) {
   if (!problem.empty()) return closeOnStrand(problem, true);
   node_ = hello.getNode();
   identified_ = true;
-  if (!expected_) enqueue(owner_.helloMessage());
+  if (!expected_) enqueue(owner_.helloMessage(unix_));
+  mapPeerArena(hello);
   owner_.registerLink(node_, shared_from_this());
   if (helloWaiter_) {
     helloWaiter_->set_value();
     helloWaiter_.reset();
   }
+}
+
+void Connection::mapPeerArena(wire::Hello::Reader hello) {
+  if (!unix_ || !hello.hasArenaPath() || hello.getArenaPath().size() == 0) return;
+  const std::string path = hello.getArenaPath().cStr();
+  try {
+    peerArena_ = PeerArena::open(path, hello.getArenaToken(), hello.getArenaBytes());
+  } catch (const Error& e) {
+    owner_.log()->info(
+        "transport node {}: no shared memory with node {} ({}); tensors go through the socket",
+        owner_.options().node, node(), e.what());
+    return;
+  }
+  enqueue(owner_.controlMessage([](wire::Frame::Builder f) { f.setArenaMapped(); }));
+}
+
+bool Connection::takeSharedParts(wire::Frame::Reader frame, IncomingMessage::State& state) {
+  const auto parts = frame.getShared();
+  if (parts.size() == 0) return true;
+  if (!peerArena_) {
+    closeOnStrand("a message names shared-memory parts, but this link has no shared arena", true);
+    return false;
+  }
+  try {
+    for (auto part : parts) {
+      state.shared.push_back(peerArena_->take(part.getOffset(), part.getBytes()));
+      state.sharedSizes.push_back(part.getBytes());
+    }
+  } catch (const InputError& e) {
+    closeOnStrand(e.what(), true);
+    return false;
+  }
+  return true;
 }
 
 void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
@@ -536,6 +591,16 @@ AsioTransport::AsioTransport(const TransportOptions& options, TransportHandlers 
   if (options_.ioThreads < 1) throw InputError("transport: ioThreads must be at least 1");
   limits_ = {options_.maxFrameBytes, options_.inlineTensorBytes, options_.bulkChunkBytes};
   listen();
+  if (!options_.unixDir.empty() && options_.sharedArenaBytes > 0) {
+    std::string why;
+    arena_ = SharedArena::create(options_.sharedArenaBytes, &why);
+    if (!arena_) {
+      log_->info(
+          "transport node {}: no shared-memory arena ({}); same-host tensors go through "
+          "the socket",
+          options_.node, why);
+    }
+  }
   work_.emplace(io_.get_executor());
   for (int t = 0; t < options_.ioThreads; ++t) {
     threads_.emplace_back([this] {
@@ -681,7 +746,7 @@ void AsioTransport::adopt(Socket socket, const std::string& remote) {
   connection->start(nullptr);
 }
 
-std::unique_ptr<EncodedMessage> AsioTransport::helloMessage() {
+std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost) {
   OutgoingMessage message;
   auto frame = message.frame();
   frame.setSourceNode(options_.node);
@@ -689,6 +754,20 @@ std::unique_ptr<EncodedMessage> AsioTransport::helloMessage() {
   hello.setNode(options_.node);
   hello.setRunId(options_.runId);
   hello.setAddress(address_);
+  if (sameHost && arena_) {
+    hello.setArenaPath(arena_->path());
+    hello.setArenaToken(arena_->token());
+    hello.setArenaBytes(arena_->bytes());
+  }
+  return std::make_unique<EncodedMessage>(
+      encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
+}
+
+std::unique_ptr<EncodedMessage> AsioTransport::controlMessage(void (*fill)(wire::Frame::Builder)) {
+  OutgoingMessage message;
+  auto frame = message.frame();
+  frame.setSourceNode(options_.node);
+  fill(frame);
   return std::make_unique<EncodedMessage>(
       encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
 }
@@ -799,7 +878,7 @@ void AsioTransport::connect(NodeId node, const std::string& address) {
       }
       auto hello = std::make_shared<std::promise<void>>();
       auto helloDone = hello->get_future();
-      connection->enqueue(helloMessage());
+      connection->enqueue(helloMessage(remote.rfind("unix://", 0) == 0));
       connection->start(std::move(hello));
       if (helloDone.wait_until(deadline) == std::future_status::timeout) {
         connection->close("no Hello before the connect timeout", true);
@@ -848,7 +927,31 @@ void AsioTransport::send(NodeId node, OutgoingMessage message) {
   auto state = message.takeState();
   if (!state) throw InputError("transport: send of a moved-from message");
   connection->enqueue(std::make_unique<EncodedMessage>(
-      encodeMessage(std::shared_ptr<OutgoingMessage::State>(std::move(state)), limits_)));
+      encodeMessage(std::shared_ptr<OutgoingMessage::State>(std::move(state)), limits_,
+                    connection->peerMappedArena() ? arena_.get() : nullptr)));
+}
+
+kernels::Tensor AsioTransport::sendBuffer(NodeId node, kernels::Shape shape, kernels::DType dtype) {
+  // Small tensors go inline in their message: the arena's bookkeeping would cost more.
+  constexpr std::size_t kMinSharedBytes = std::size_t{64} << 10;
+  const std::size_t bytes =
+      static_cast<std::size_t>(kernels::numelOf(shape)) * kernels::sizeOf(dtype);
+  if (arena_ && bytes >= kMinSharedBytes) {
+    std::shared_ptr<Connection> connection;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = links_.find(node);
+      if (it != links_.end()) connection = it->second;
+    }
+    if (connection && connection->peerMappedArena()) {
+      if (auto memory = arena_->allocate(bytes)) {
+        void* data = memory.get();
+        return kernels::Tensor(std::shared_ptr<void>(std::move(memory), data), data,
+                               std::move(shape), dtype, kernels::Device{});
+      }
+    }
+  }
+  return kernels::Tensor::hostUninitialized(std::move(shape), dtype);
 }
 
 }  // namespace
