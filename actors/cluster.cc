@@ -25,16 +25,23 @@ class ClusterImpl final : public Cluster {
     if (o.serve_store && o.rank == 0) {
       const auto url = rendezvous::parseStoreUrl(o.rendezvous);
       if (url.scheme == rendezvous::StoreUrl::Scheme::kTcp) {
-        server_ = rendezvous::startTcpStoreServer(url.host, url.port);
+        server_ = rendezvous::startTcpStoreServer(url.host, url.port, o.secret);
         spdlog::info("rank 0 serves the rendezvous store at tcp://{}", server_->address());
       }
     }
-    std::shared_ptr<rendezvous::Store> raw = rendezvous::openStore(o.rendezvous, o.timeout);
+    if (o.secret.empty() && o.world > 1) {
+      spdlog::warn(
+          "no run secret (TROUPE_SECRET or --secret-file): links and the embedded store check the "
+          "run id only, so anyone who knows it can join this run");
+    }
+    std::shared_ptr<rendezvous::Store> raw =
+        rendezvous::openStore(o.rendezvous, o.timeout, o.secret);
     store_ = rendezvous::prefixStore(std::move(raw), o.run_id);
 
     transport::TransportOptions t;
     t.node = static_cast<transport::NodeId>(o.rank);
     t.runId = o.run_id;
+    t.secret = o.secret;
     t.interface = o.interface;
     t.unixDir = fmt::format("/tmp/troupe-{}", o.run_id);
     t.connectTimeout = o.timeout;

@@ -29,6 +29,9 @@ struct ClusterOptions {
   std::string rendezvous;    // tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT
   bool serve_store = false;  // rank 0 serves the tcp:// store itself (started by hand)
   std::string interface;     // network interface to listen on; empty: TROUPE_INTERFACE or any
+  // The run's secret (transport/auth.h): links and the embedded store refuse whoever lacks it.
+  // Empty: they check the run id only (a warning says so).
+  std::string secret;
   std::chrono::milliseconds timeout{60000};
   Trace* trace = nullptr;  // send and receive spans
 };

@@ -209,6 +209,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.rendezvous = o.rendezvous;
   c.serve_store = o.serve_store;
   c.interface = o.interface;
+  c.secret = o.secret;
   c.trace = trace;
   c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
   auto cluster = joinCluster(c, *node.system);

@@ -38,6 +38,8 @@ struct TrainOptions {
       rendezvous;  // tcp://HOST:PORT (rank 0 serves it when started by hand) | file:// | redis://
   bool serve_store = false;  // set when no launcher serves the store
   std::string interface;     // network interface to listen on
+  std::string secret_file;   // holds the run's secret; empty: $TROUPE_SECRET
+  std::string secret;        // the run's secret, read from there (never logged)
   double rendezvous_timeout_s = 60;
   int replicas = 1;
   int threads = 0;                     // 0: all hardware threads

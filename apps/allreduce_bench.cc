@@ -19,6 +19,7 @@
 #include "actors/system.h"
 #include "kernels/tensor.h"
 #include "rendezvous/exchange.h"
+#include "transport/auth.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -248,6 +249,7 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
   c.run_id = requireEnv("TROUPE_RUN_ID");
   c.rendezvous = requireEnv("TROUPE_RENDEZVOUS");
   c.interface = o.interface;
+  c.secret = transport::loadSecret("");
 
   BenchPlan plan;
   plan.rank = c.rank;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <variant>
 
+#include "transport/auth.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -135,6 +136,9 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("rendezvous", rendezvous,
                         "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT"),
       TROUPE_STRING_KEY("interface", interface, "network interface to listen on (e.g. eth0)"),
+      TROUPE_STRING_KEY("secret_file", secret_file,
+                        "file holding the run's secret (default: $TROUPE_SECRET; troupe launch "
+                        "makes one per run)"),
       TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s,
                        "seconds to wait for the other processes"),
       Key{"work_load_list", Kind::kFloatList, "relative share of the batch per replica",
@@ -304,6 +308,9 @@ void addConfigOptions(CLI::App& command, Overrides* overrides) {
   command.add_option_function<std::string>(
       "--kv_store,--kv-store", [overrides](const std::string& v) { (*overrides)["schedule"] = v; },
       "MXNet's name for --schedule");
+  command.add_option_function<std::string>(
+      "--secret-file", [overrides](const std::string& v) { (*overrides)["secret_file"] = v; },
+      "same as --secret_file");
 }
 
 actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& overrides) {
@@ -372,6 +379,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   }
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
+  o.secret = transport::loadSecret(o.secret_file);
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
   if (o.num_shards + o.num_servers > 1) {

@@ -40,6 +40,9 @@ void addLaunchCommand(CLI::App& app) {
                   "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
                   "(default: an embedded store served by the launcher)");
   cmd->add_option("--run_id", o.run_id, "run id (default: made up)");
+  cmd->add_option("--secret-file,--secret_file", o.secret_file,
+                  "file holding the run's secret (default: $TROUPE_SECRET, else a fresh one per "
+                  "run); every process gets it as TROUPE_SECRET");
   cmd->add_option("command", o.command, "what every process runs, after --")->required();
   cmd->callback([state] {
     auto options = state->options;

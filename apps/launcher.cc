@@ -26,6 +26,7 @@
 #include <random>
 
 #include "rendezvous/tcp_store.h"
+#include "transport/auth.h"
 #include "transport/link.h"
 #include "troupe/error.h"
 
@@ -948,12 +949,17 @@ int launch(const LaunchOptions& o) {
   if (!o.sync_dst_dir.empty()) syncFolder(hosts, ssh_options, o.sync_dst_dir, o.hostfile);
 
   const std::string run_id = o.run_id.empty() ? makeRunId() : o.run_id;
+  // The run's secret: the embedded store and every link refuse whoever cannot prove it.
+  std::string secret = transport::loadSecret(o.secret_file);
+  if (secret.empty()) secret = transport::makeSecret();
+  LaunchOptions options = o;
+  options.env.emplace_back("TROUPE_SECRET", secret);
   // The embedded store, served here for as long as the processes run.
   std::unique_ptr<rendezvous::TcpStoreServer> store;
   std::string rendezvous = o.rendezvous;
   if (rendezvous.empty()) {
     const std::string bind = o.launcher == "local" ? "127.0.0.1" : storeBindAddress(o, hosts);
-    store = rendezvous::startTcpStoreServer(bind, 0);
+    store = rendezvous::startTcpStoreServer(bind, 0, secret);
     rendezvous = "tcp://" + store->address();
   }
   fmt::print("[launcher] run {}: {} worker(s), {} server(s), rendezvous {}{}", run_id,
@@ -966,8 +972,8 @@ int launch(const LaunchOptions& o) {
   }
   std::fflush(stdout);
 
-  if (o.launcher == "mpi") return runMpi(o, command, run_id, rendezvous, hosts);
-  return runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, o, command, run_id,
+  if (o.launcher == "mpi") return runMpi(options, command, run_id, rendezvous, hosts);
+  return runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, options, command, run_id,
                      rendezvous, hosts);
 }
 

@@ -66,6 +66,9 @@ struct LaunchOptions {
   std::string run_id;      // empty: made up
   std::string interface;   // ssh, mpi: the store's interface; empty: $TROUPE_INTERFACE or routed
   std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
+  // The run's secret, handed to every process as TROUPE_SECRET; empty: $TROUPE_SECRET, else a
+  // fresh random one per run.
+  std::string secret_file;
   std::chrono::milliseconds grace{5000};
 };
 

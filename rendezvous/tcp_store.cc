@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <asio.hpp>
 
 #include "rendezvous/store_util.h"
+#include "transport/auth.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
@@ -33,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 // How long past a call's own timeout a client waits for the reply before giving up on the server.
 constexpr milliseconds kReplyGrace{30000};
+// A client must have authenticated within this long after connecting.
+constexpr milliseconds kHandshakeTimeout{30000};
 // Longer timeouts are cut to this, so deadlines never overflow.
 constexpr milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
 
@@ -128,7 +132,8 @@ class ServerImpl;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(ServerImpl& server, asio::ip::tcp::socket socket);
-  void start() { readHeader(); }
+  // Authenticates the client, then serves it.
+  void start();
   // Called when a key this session is parked on has been set.
   void keyAppeared();
   // Closes the connection; `why` is logged when not empty.
@@ -136,6 +141,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& peer() const { return peer_; }
 
  private:
+  void onChallenge(std::error_code ec);
+  void onProof(std::error_code ec);
   void readHeader();
   void readBody(uint32_t size);
   void handle(std::string_view body);
@@ -147,6 +154,10 @@ class Session : public std::enable_shared_from_this<Session> {
   ServerImpl& server_;
   asio::ip::tcp::socket socket_;
   asio::steady_timer timer_;
+  asio::steady_timer auth_timer_;
+  transport::Handshake handshake_;
+  std::array<std::byte, transport::kChallengeBytes> challenge_{};
+  std::array<std::byte, transport::kProofBytes> proof_{}, peer_proof_{};
   std::string peer_;
   bool open_ = true;
   unsigned char header_[4] = {};
@@ -162,7 +173,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
 class ServerImpl final : public TcpStoreServer {
  public:
-  ServerImpl(const std::string& host, uint16_t port);
+  ServerImpl(const std::string& host, uint16_t port, std::string secret);
   ~ServerImpl() override { stop(); }
 
   std::string host() const override { return host_; }
@@ -185,6 +196,7 @@ class ServerImpl final : public TcpStoreServer {
   }
   asio::io_context& io() { return io_; }
   const std::string& name() const { return name_; }
+  const std::string& secret() const { return secret_; }
 
  private:
   void accept();
@@ -196,6 +208,7 @@ class ServerImpl final : public TcpStoreServer {
   std::string host_;
   uint16_t port_ = 0;
   std::string name_;
+  const std::string secret_;
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Session>>> watchers_;
   std::unordered_map<const Session*, std::shared_ptr<Session>> sessions_;
@@ -204,12 +217,61 @@ class ServerImpl final : public TcpStoreServer {
 };
 
 Session::Session(ServerImpl& server, asio::ip::tcp::socket socket)
-    : server_(server), socket_(std::move(socket)), timer_(server.io()) {
+    : server_(server),
+      socket_(std::move(socket)),
+      timer_(server.io()),
+      auth_timer_(server.io()),
+      handshake_(server.secret(), "store", false) {
   std::error_code ec;
   const auto remote = socket_.remote_endpoint(ec);
   peer_ = ec ? std::string("an unknown peer")
              : fmt::format("{}:{}", remote.address().to_string(), remote.port());
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+}
+
+void Session::start() {
+  auth_timer_.expires_after(kHandshakeTimeout);
+  auth_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
+    if (!ec && self->open_) {
+      self->close(fmt::format("refused: no authentication handshake within {}",
+                              detail::formatDuration(kHandshakeTimeout)));
+    }
+  });
+  asio::async_write(socket_, asio::buffer(handshake_.challenge()),
+                    [self = shared_from_this()](std::error_code ec, size_t) {
+                      if (!self->open_) return;
+                      if (ec) return self->close("write failed: " + ec.message());
+                      asio::async_read(self->socket_, asio::buffer(self->challenge_),
+                                       [self](std::error_code e, size_t) { self->onChallenge(e); });
+                    });
+}
+
+void Session::onChallenge(std::error_code ec) {
+  if (!open_) return;
+  if (ec) return close(ec == asio::error::eof ? "" : "read failed: " + ec.message());
+  try {
+    handshake_.peerChallenge(challenge_);
+  } catch (const InputError& e) {
+    return close(std::string("refused: ") + e.what());
+  }
+  proof_ = handshake_.proof();
+  asio::async_write(socket_, asio::buffer(proof_),
+                    [self = shared_from_this()](std::error_code e, size_t) {
+                      if (!self->open_) return;
+                      if (e) return self->close("write failed: " + e.message());
+                      asio::async_read(self->socket_, asio::buffer(self->peer_proof_),
+                                       [self](std::error_code e2, size_t) { self->onProof(e2); });
+                    });
+}
+
+void Session::onProof(std::error_code ec) {
+  if (!open_) return;
+  if (ec) return close(ec == asio::error::eof ? "" : "read failed: " + ec.message());
+  if (!handshake_.verify(peer_proof_)) {
+    return close("refused: authentication failed (the client lacks this run's secret)");
+  }
+  auth_timer_.cancel();
+  readHeader();
 }
 
 void Session::readHeader() {
@@ -427,7 +489,8 @@ void Session::close(const std::string& why) {
   server_.forget(this);
 }
 
-ServerImpl::ServerImpl(const std::string& host, uint16_t port) : host_(host) {
+ServerImpl::ServerImpl(const std::string& host, uint16_t port, std::string secret)
+    : host_(host), secret_(std::move(secret)) {
   try {
     asio::ip::tcp::resolver resolver(io_);
     const auto endpoints =
@@ -541,10 +604,11 @@ class Connection {
 
 class TcpStoreClient final : public Store {
  public:
-  TcpStoreClient(std::string host, uint16_t port, milliseconds connect_timeout)
+  TcpStoreClient(std::string host, uint16_t port, milliseconds connect_timeout, std::string secret)
       : host_(std::move(host)),
         port_(port),
         connect_timeout_(connect_timeout),
+        secret_(std::move(secret)),
         name_(fmt::format("tcp store {}:{}", host_, port_)) {}
 
   // Connects the first connection, retrying until the timeout.
@@ -731,9 +795,37 @@ class TcpStoreClient final : public Store {
       }
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      authenticate(*conn, deadline);
       return conn;
     }
     return nullptr;
+  }
+
+  // The handshake of transport/auth.h. Throws IoError at once if the server's proof is wrong or
+  // it closes on ours (a wrong secret), so that a refused client does not retry until its timeout.
+  void authenticate(const Connection& conn, Clock::time_point deadline) {
+    transport::Handshake handshake(secret_, "store", true);
+    sendAll(
+        conn,
+        {reinterpret_cast<const char*>(handshake.challenge().data()), handshake.challenge().size()},
+        deadline);
+    std::array<std::byte, transport::kChallengeBytes> challenge;
+    recvAll(conn, challenge.data(), challenge.size(), deadline);
+    try {
+      handshake.peerChallenge(challenge);
+    } catch (const InputError& e) {
+      throw IoError(fmt::format("{} is not a troupe store: {}", name_, e.what()));
+    }
+    const auto proof = handshake.proof();
+    sendAll(conn, {reinterpret_cast<const char*>(proof.data()), proof.size()}, deadline);
+    std::array<std::byte, transport::kProofBytes> peer;
+    recvAll(conn, peer.data(), peer.size(), deadline);
+    if (!handshake.verify(peer)) {
+      throw IoError(
+          fmt::format("{} refused authentication: it does not share this run's secret "
+                      "(TROUPE_SECRET or --secret-file)",
+                      name_));
+    }
   }
 
   void waitFor(const Connection& conn, short events, Clock::time_point deadline) {
@@ -782,6 +874,7 @@ class TcpStoreClient final : public Store {
   const std::string host_;
   const uint16_t port_;
   const milliseconds connect_timeout_;
+  const std::string secret_;
   const std::string name_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Connection>> idle_;
@@ -789,13 +882,14 @@ class TcpStoreClient final : public Store {
 
 }  // namespace
 
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, uint16_t port) {
-  return std::make_unique<ServerImpl>(host, port);
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, uint16_t port,
+                                                    const std::string& secret) {
+  return std::make_unique<ServerImpl>(host, port, secret);
 }
 
 std::unique_ptr<Store> connectTcpStore(const std::string& host, uint16_t port,
-                                       milliseconds connect_timeout) {
-  auto client = std::make_unique<TcpStoreClient>(host, port, connect_timeout);
+                                       milliseconds connect_timeout, const std::string& secret) {
+  auto client = std::make_unique<TcpStoreClient>(host, port, connect_timeout, secret);
   client->connectFirst();
   return client;
 }

@@ -1,7 +1,10 @@
 // The embedded TCP store, troupe's default rendezvous: one process (the launcher, or rank 0) runs
 // the server, every process connects a client to it.
 //
-// Wire protocol (all integers little-endian): each request and each reply is one frame, a u32 body
+// Every connection starts with the authentication handshake of transport/auth.h (scope "store",
+// keyed by the run's secret; a client that fails it is closed before any request is read, and the
+// refusal is logged with its address). Then the wire protocol (all integers little-endian): each
+// request and each reply is one frame, a u32 body
 // length followed by the body. A request body is an op byte and its fields; strings are a u32
 // length and the bytes, timeouts a u64 count of milliseconds (ops numbered 1..6 in this order):
 //   SET key value | GET key timeout | ADD key i64 | CHECK n key... | WAIT timeout n key...
@@ -44,14 +47,18 @@ class TcpStoreServer {
   virtual void stop() = 0;
 };
 
-// Binds host:port (port 0 picks a free one) and starts serving. IoError when it cannot bind.
-std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, uint16_t port);
+// Binds host:port (port 0 picks a free one) and starts serving clients that know `secret` (empty:
+// any client that speaks the handshake). IoError when it cannot bind.
+std::unique_ptr<TcpStoreServer> startTcpStoreServer(const std::string& host, uint16_t port,
+                                                    const std::string& secret = "");
 
 // Connects to a server, retrying until `connect_timeout` runs out (TimeoutError naming
 // host:port). The client opens one more connection for each call made while the others are busy,
 // so a thread blocked in get() never holds up another. A server that goes away gives an IoError;
-// one that sends no reply within the call's own timeout plus 30 s, a TimeoutError.
+// one that sends no reply within the call's own timeout plus 30 s, a TimeoutError. A server that
+// does not prove it knows `secret` (or refuses ours) gives an IoError at once.
 std::unique_ptr<Store> connectTcpStore(const std::string& host, uint16_t port,
-                                       std::chrono::milliseconds connect_timeout);
+                                       std::chrono::milliseconds connect_timeout,
+                                       const std::string& secret = "");
 
 }  // namespace troupe::rendezvous

@@ -95,11 +95,12 @@ StoreUrl parseStoreUrl(std::string_view url) {
   return out;
 }
 
-std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds timeout) {
+std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds timeout,
+                                 const std::string& secret) {
   const auto parsed = parseStoreUrl(url);
   switch (parsed.scheme) {
     case StoreUrl::Scheme::kTcp:
-      return connectTcpStore(parsed.host, parsed.port, timeout);
+      return connectTcpStore(parsed.host, parsed.port, timeout, secret);
     case StoreUrl::Scheme::kFile:
       return openFileStore(parsed.path);
     case StoreUrl::Scheme::kRedis: {

@@ -30,8 +30,10 @@ struct StoreUrl {
 // accepted forms. Any thread.
 StoreUrl parseStoreUrl(std::string_view url);
 
-// Parses `url` and opens its store; `timeout` bounds connecting (tcp, redis). Throws what
-// parseStoreUrl and the backend's factory throw. Any thread.
-std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds timeout);
+// Parses `url` and opens its store; `timeout` bounds connecting (tcp, redis); `secret` is the
+// run's, which the embedded TCP store checks (transport/auth.h). Throws what parseStoreUrl and the
+// backend's factory throw. Any thread.
+std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds timeout,
+                                 const std::string& secret = "");
 
 }  // namespace troupe::rendezvous

@@ -11,7 +11,7 @@ packages=(
   libprotobuf-dev protobuf-compiler zlib1g-dev
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server libssl-dev
   openssh-client openssh-server rsync openmpi-bin
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev

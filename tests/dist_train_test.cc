@@ -24,6 +24,8 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CommandResult;
+using testing::freeLoopbackPort;
 using testing::runCommand;
 using testing::sourceDir;
 using testing::TempDir;
@@ -285,6 +287,42 @@ TEST(DistributedTraining, ProcessesStartedByHandMeetThroughTheirOwnStore) {
   const auto r = runCommand(in(cwd, troupeBinary() + common + " --shard_id 0"));
   second.join();
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(DistributedTraining, AProcessWithoutTheRunsSecretCannotJoinAndIsLogged) {
+  TempDir cwd("dist_secret");
+  { std::ofstream(cwd.path() / "secret") << "the-run-secret\n"; }
+  const std::string common =
+      " train --model mlp" + dataFlags() +
+      " --num_epochs 1 --epoch_size 3200 --num_shards 2 --run_id secret-run"
+      " --schedule bsp-allreduce --log_every 0 --threads 1 --rendezvous tcp://127.0.0.1:" +
+      std::to_string(freeLoopbackPort());
+  CommandResult chief;
+  std::thread rank0([&] {
+    chief = runCommand(in(cwd, troupeBinary() + common + " --shard_id 0 --secret-file secret"));
+  });
+  for (const std::string rogue : {"TROUPE_SECRET=a-guess ", "env -u TROUPE_SECRET "}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = runCommand(in(cwd, rogue + troupeBinary() + common + " --shard_id 1"));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("refused authentication"), std::string::npos) << r.output;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << rogue;
+  }
+  const auto member = runCommand(in(cwd, troupeBinary() + common + " --shard_id 1 --secret-file " +
+                                             (cwd.path() / "secret").string()));
+  rank0.join();
+  EXPECT_EQ(member.exit_code, 0) << member.output;
+  EXPECT_EQ(chief.exit_code, 0) << chief.output;
+  // Rank 0 served the store and logged each refusal with the rogue's address.
+  std::size_t refusals = 0;
+  std::istringstream lines(chief.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("closing the connection from 127.0.0.1:") != std::string::npos &&
+        line.find("refused: authentication failed") != std::string::npos) {
+      ++refusals;
+    }
+  }
+  EXPECT_EQ(refusals, 2u) << chief.output;
 }
 
 TEST(DistributedTraining, AFileStoreRendezvousWorks) {

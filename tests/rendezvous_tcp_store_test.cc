@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <future>
 #include <sstream>
@@ -19,6 +20,7 @@
 
 #include "redis_util.h"
 #include "rendezvous/tcp_store.h"
+#include "transport/auth.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
@@ -31,10 +33,12 @@ using ::testing::HasSubstr;
 constexpr milliseconds kLong{5000};
 constexpr milliseconds kShort{250};
 
-// A raw TCP connection to the server, for sending bytes no client would.
+// A raw TCP connection to the server, for sending bytes no client would; it passes the
+// authentication handshake with `secret` first unless told not to.
 class RawSocket {
  public:
-  explicit RawSocket(uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+  explicit RawSocket(uint16_t port, bool authenticate = true, const std::string& secret = "")
+      : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
@@ -42,6 +46,29 @@ class RawSocket {
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       throw std::runtime_error("raw connect failed");
     }
+    if (authenticate) handshake(secret);
+  }
+  // Runs the client side of the handshake; whether the server's proof was right.
+  bool handshake(const std::string& secret) {
+    transport::Handshake h(secret, "store", true);
+    send({reinterpret_cast<const char*>(h.challenge().data()), h.challenge().size()});
+    std::array<std::byte, transport::kChallengeBytes> challenge;
+    if (!recvAll(challenge.data(), challenge.size())) return false;
+    h.peerChallenge(challenge);
+    const auto proof = h.proof();
+    send({reinterpret_cast<const char*>(proof.data()), proof.size()});
+    std::array<std::byte, transport::kProofBytes> theirs;
+    return recvAll(theirs.data(), theirs.size()) && h.verify(theirs);
+  }
+  bool recvAll(void* into, size_t n) const {
+    auto* p = static_cast<char*>(into);
+    while (n > 0) {
+      const ssize_t got = ::recv(fd_, p, n, 0);
+      if (got <= 0) return false;
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
   }
   ~RawSocket() { ::close(fd_); }
   void send(std::string_view bytes) const {
@@ -143,6 +170,11 @@ TEST(TcpStoreServerTest, ClientSendingGarbageIsDisconnectedWhileOthersKeepWorkin
     half.send(std::string("\x10\x00\x00\x00\x01", 5));
   }
 
+  RawSocket unauthenticated(server->port(), false);  // a frame where the handshake should be
+  unauthenticated.send(frame(std::string("\x01\x01\x00\x00\x00k\x32\x00\x00\x00", 10) +
+                             std::string(50, 'v')));  // SET k, as long as a challenge
+  EXPECT_TRUE(unauthenticated.closedWithin(kLong));
+
   EXPECT_EQ(good->get("before", kShort), "1");
   good->set("after", "2");
   EXPECT_EQ(parked.get(), "2");
@@ -154,6 +186,33 @@ TEST(TcpStoreServerTest, ClientSendingGarbageIsDisconnectedWhileOthersKeepWorkin
   EXPECT_THAT(logged, HasSubstr(truncated.localAddress()));
   EXPECT_THAT(logged, HasSubstr("64 MiB"));
   EXPECT_THAT(logged, HasSubstr("unknown op 99"));
+  EXPECT_THAT(logged, HasSubstr(unauthenticated.localAddress() + ": refused: not a troupe peer"));
+  EXPECT_FALSE(good->check({"k"})) << "the unauthenticated SET was read";
+}
+
+TEST(TcpStoreServerTest, AClientWithoutTheRunsSecretCannotReadOrWrite) {
+  LogCapture log;
+  auto server = startTcpStoreServer("127.0.0.1", 0, "run-secret");
+  auto member = connectTcpStore("127.0.0.1", server->port(), kLong, "run-secret");
+  member->set("weights-at", "tcp://10.0.0.1:7000");
+  for (const std::string secret : {"a-guess", ""}) {
+    SCOPED_TRACE("secret '" + secret + "'");
+    const auto start = Clock::now();
+    try {
+      connectTcpStore("127.0.0.1", server->port(), kLong, secret);
+      FAIL() << "connected without the secret";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("refused authentication"));
+    }
+    EXPECT_LT(Clock::now() - start, kLong) << "a refused client retried until its timeout";
+  }
+  // A rogue that ignores the failed handshake and writes anyway is never read.
+  RawSocket rogue(server->port(), false);
+  EXPECT_FALSE(rogue.handshake("a-guess"));
+  rogue.send(frame(std::string("\x01\x0a\x00\x00\x00weights-at\x01\x00\x00\x00x", 20)));
+  EXPECT_TRUE(rogue.closedWithin(kLong));
+  EXPECT_EQ(member->get("weights-at", kShort), "tcp://10.0.0.1:7000");
+  EXPECT_THAT(log.text(), HasSubstr(rogue.localAddress() + ": refused: authentication failed"));
 }
 
 TEST(TcpStoreServerTest, ClientOfAStoppedServerGetsAnErrorInsteadOfHanging) {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/link.h"
 #include "transport/shared_arena.h"
@@ -83,6 +84,7 @@ struct Peer {
     std::lock_guard lock(mutex);
     return total;
   }
+  bool linkAddressless(NodeId node) { return transport->linkAddress(node).empty(); }
   IncomingMessage message(std::size_t i) {
     std::lock_guard lock(mutex);
     return messages.at(i).second;
@@ -125,6 +127,13 @@ std::uint64_t checksum(const void* data, std::size_t bytes) {
   for (std::size_t i = 0; i < bytes / 8; ++i)
     h = (h ^ p[i]) * 1099511628211ull;
   return h;
+}
+
+std::vector<std::byte> garbageBytes(std::size_t n) {
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
+  return out;
 }
 
 bool inside(const void* p, std::span<const std::byte> buffer) {
@@ -474,14 +483,32 @@ TEST_F(TransportTest, APeerThatShutsDownIsReportedLost) {
   EXPECT_THROW(a.transport->send(1, stepDone(1, 0)), IoError);
 }
 
-// A raw TCP socket speaking (or not) the frame format.
+// A raw TCP socket speaking (or not) the frame format, after the authentication handshake
+// (with `secret` for run "test-run") unless told not to.
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& address) : socket_(io_) {
+  explicit RawPeer(const std::string& address, bool authenticate = true,
+                   const std::string& secret = "")
+      : socket_(io_) {
     const auto hostPort = address.substr(6, address.find(';') - 6);
     const auto colon = hostPort.rfind(':');
     socket_.connect({asio::ip::make_address(hostPort.substr(0, colon)),
                      static_cast<std::uint16_t>(std::stoi(hostPort.substr(colon + 1)))});
+    if (authenticate) authenticated_ = handshake(secret);
+  }
+  // Whether the other side's proof was right (ours may still be refused).
+  bool authenticated() const { return authenticated_; }
+  bool handshake(const std::string& secret) {
+    Handshake h(secret, "test-run", true);
+    asio::write(socket_, asio::buffer(h.challenge()));
+    std::array<std::byte, kChallengeBytes> challenge;
+    asio::read(socket_, asio::buffer(challenge));
+    h.peerChallenge(challenge);
+    asio::write(socket_, asio::buffer(h.proof()));
+    std::array<std::byte, kProofBytes> proof;
+    asio::error_code error;
+    asio::read(socket_, asio::buffer(proof), error);
+    return !error && h.verify(proof);
   }
   void write(const std::vector<std::byte>& bytes) { asio::write(socket_, asio::buffer(bytes)); }
   void hello(NodeId node) {
@@ -528,7 +555,95 @@ class RawPeer {
   asio::io_context io_;
   asio::ip::tcp::socket socket_;
   bool closedHere_ = false;
+  bool authenticated_ = false;
 };
+
+// ---- authentication ----
+
+TEST_F(TransportTest, PeersWithTheRunsSecretLinkAndOthersAreRefusedAndLogged) {
+  TransportOptions withSecret = options(0, false);
+  withSecret.secret = "the-run-secret";
+  Peer a(withSecret);
+  TransportOptions same = options(1, false);
+  same.secret = "the-run-secret";
+  Peer b(same);
+  connectPair(b, a);
+  expectExchange(a, b);
+  EXPECT_TRUE(a.sink->errors().empty());
+
+  struct Rogue {
+    const char* what;
+    std::string secret;
+    std::string runId;
+  };
+  std::size_t refusals = 0;
+  for (const Rogue& rogue :
+       {Rogue{"wrong secret", "another-secret", "test-run"}, Rogue{"no secret", "", "test-run"},
+        Rogue{"another run", "the-run-secret", "other-run"}}) {
+    SCOPED_TRACE(rogue.what);
+    TransportOptions o = options(2, false);
+    o.secret = rogue.secret;
+    o.runId = rogue.runId;
+    o.connectTimeout = 2s;
+    Peer c(o);
+    EXPECT_THROW(c.transport->connect(0, a.transport->address()), IoError);
+    // a logged the refusal, with where it came from, and never linked node 2.
+    std::vector<std::string> errors;
+    for (int i = 0; i < 200 && errors.size() <= refusals; ++i) {
+      std::this_thread::sleep_for(10ms);
+      errors = a.sink->errors();
+    }
+    ASSERT_EQ(errors.size(), refusals + 1);
+    EXPECT_NE(errors.back().find("refused: authentication failed"), std::string::npos)
+        << errors.back();
+    EXPECT_NE(errors.back().find("tcp://127.0.0.1:"), std::string::npos) << errors.back();
+    EXPECT_TRUE(a.linkAddressless(2));
+    ++refusals;
+  }
+  expectExchange(a, b);  // the run's own link is untouched
+}
+
+TEST_F(TransportTest, NothingARefusedPeerSendsIsRead) {
+  TransportOptions o = options(0, false);
+  o.secret = "the-run-secret";
+  Peer a(o);
+  RawPeer rogue(a.transport->address(), true, "a-guess");
+  EXPECT_FALSE(rogue.authenticated());
+  rogue.hello(7);  // would register node 7 if it were read
+  EXPECT_TRUE(rogue.closedByPeer());
+  EXPECT_THROW(a.transport->waitForPeer(7, 300ms), TimeoutError);
+  EXPECT_EQ(a.count(), 0u);
+}
+
+TEST_F(TransportTest, APeerThatNeverAuthenticatesIsDroppedAfterTheTimeout) {
+  TransportOptions o = options(0, false);
+  o.connectTimeout = 300ms;
+  Peer a(o);
+  RawPeer silent(a.transport->address(), false);
+  EXPECT_TRUE(silent.closedByPeer());
+  std::vector<std::string> errors;
+  for (int i = 0; i < 200 && errors.empty(); ++i) {
+    std::this_thread::sleep_for(10ms);
+    errors = a.sink->errors();
+  }
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("no authentication handshake within 300 ms"), std::string::npos)
+      << errors[0];
+}
+
+TEST_F(TransportTest, SomethingOtherThanAHandshakeIsRefused) {
+  Peer a(options(0, false));
+  RawPeer stranger(a.transport->address(), false);
+  stranger.write(garbageBytes(100));
+  EXPECT_TRUE(stranger.closedByPeer());
+  std::vector<std::string> errors;
+  for (int i = 0; i < 200 && errors.empty(); ++i) {
+    std::this_thread::sleep_for(10ms);
+    errors = a.sink->errors();
+  }
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("refused: not a troupe peer"), std::string::npos) << errors[0];
+}
 
 std::vector<std::byte> headerBytes(FrameHeader header) {
   auto h = encodeFrameHeader(header);
@@ -577,10 +692,7 @@ TEST_P(BadPeerTest, DropsOnlyThatLinkWithOneLoggedError) {
 }
 
 std::vector<std::byte> garbage(std::size_t n) {
-  std::vector<std::byte> out(n);
-  for (std::size_t i = 0; i < n; ++i)
-    out[i] = static_cast<std::byte>((i * 131 + 7) & 0xff);
-  return out;
+  return garbageBytes(n);
 }
 
 INSTANTIATE_TEST_SUITE_P(

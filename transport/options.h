@@ -18,9 +18,13 @@ using NodeId = std::uint32_t;
 struct TransportOptions {
   NodeId node = 0;
   std::string runId;  // a peer with another run id is refused
+  // The run's secret: a peer that cannot prove it knows it is refused before anything it sends
+  // is read (see auth.h). Empty: links check the run id only.
+  std::string secret;
 
   // Where to listen. `interface` (e.g. "eth0"; empty: $TROUPE_INTERFACE) wins over `host`;
-  // `host` empty: every interface, advertising the first non-loopback IPv4 address.
+  // `host` empty: the first non-loopback IPv4 address (loopback if there is none); the transport
+  // listens on that address only, never on every interface.
   std::string interface;
   std::string host;
   std::uint16_t port = 0;  // 0: any free port

@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "transport/auth.h"
 #include "transport/interfaces.h"
 #include "transport/link.h"
 #include "transport/message_state.h"
@@ -123,6 +124,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool peerMappedArena() const { return peerMappedArena_.load(); }
 
  private:
+  void handshake();
+  void onChallenge(const asio::error_code& error);
+  void onProof(const asio::error_code& error);
   void readHeader();
   void onHeader(const asio::error_code& error, std::size_t got);
   void onTable(const asio::error_code& error);
@@ -150,6 +154,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> peerMappedArena_{false};
 
   // Strand only.
+  Handshake handshake_;
+  std::array<std::byte, kChallengeBytes> peerChallenge_{};
+  std::array<std::byte, kProofBytes> proof_{}, peerProof_{};
+  asio::steady_timer authTimer_;
   std::shared_ptr<PeerArena> peerArena_;  // the peer's shared arena, mapped here
   std::shared_ptr<std::promise<void>> helloWaiter_;
   std::array<std::byte, kFrameHeaderBytes> header_{};
@@ -161,9 +169,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::unique_ptr<EncodedMessage>> inflight_;
   std::vector<asio::const_buffer> buffers_;
 
-  std::mutex mutex_;  // guards queue_ and writing_
+  std::mutex mutex_;  // guards queue_, writing_ and authenticated_
   std::deque<std::unique_ptr<EncodedMessage>> queue_;
   bool writing_ = false;
+  bool authenticated_ = false;  // until then queued messages wait
 };
 
 class AsioTransport final : public Transport {
@@ -229,7 +238,9 @@ Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
       strand_(asio::make_strand(owner.io())),
       remote_(std::move(remote)),
       expected_(expected),
-      unix_(remote_.rfind("unix://", 0) == 0) {}
+      unix_(remote_.rfind("unix://", 0) == 0),
+      handshake_(owner.options().secret, owner.options().runId, expected.has_value()),
+      authTimer_(owner.io()) {}
 
 void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
   asio::post(strand_, [self = shared_from_this(), helloWaiter = std::move(helloWaiter)]() mutable {
@@ -242,7 +253,7 @@ void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
       }
       return;
     }
-    self->readHeader();
+    self->handshake();
   });
 }
 
@@ -252,7 +263,7 @@ void Connection::enqueue(std::unique_ptr<EncodedMessage> message) {
     throw IoError("transport: the link to node " + peerName() + " (" + remote_ + ") is closed");
   }
   queue_.push_back(std::move(message));
-  if (!writing_) {
+  if (!writing_ && authenticated_) {
     writing_ = true;
     asio::post(strand_, [self = shared_from_this()] { self->startWrite(); });
   }
@@ -260,6 +271,69 @@ void Connection::enqueue(std::unique_ptr<EncodedMessage> message) {
 
 void Connection::close(const std::string& why, bool error) {
   asio::post(strand_, [self = shared_from_this(), why, error] { self->closeOnStrand(why, error); });
+}
+
+void Connection::handshake() {
+  const auto timeout = owner_.options().connectTimeout;
+  authTimer_.expires_after(timeout);
+  authTimer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(),
+                                                      timeout](const asio::error_code& error) {
+    if (error || self->closed_) return;
+    self->closeOnStrand(
+        fmt::format("refused: no authentication handshake within {} ms", timeout.count()), true);
+  }));
+  auto self = shared_from_this();
+  asio::async_write(
+      socket_, asio::buffer(handshake_.challenge()),
+      asio::bind_executor(strand_, [self](const asio::error_code& error, std::size_t) {
+        if (error) return self->failRead(error, "in the authentication handshake");
+        asio::async_read(
+            self->socket_, asio::buffer(self->peerChallenge_),
+            asio::bind_executor(self->strand_, [self](const asio::error_code& e, std::size_t) {
+              self->onChallenge(e);
+            }));
+      }));
+}
+
+void Connection::onChallenge(const asio::error_code& error) {
+  if (error) return failRead(error, "in the authentication handshake");
+  try {
+    handshake_.peerChallenge(peerChallenge_);
+  } catch (const InputError& e) {
+    return closeOnStrand(std::string("refused: ") + e.what(), true);
+  }
+  proof_ = handshake_.proof();
+  auto self = shared_from_this();
+  asio::async_write(
+      socket_, asio::buffer(proof_),
+      asio::bind_executor(strand_, [self](const asio::error_code& e, std::size_t) {
+        if (e) return self->failRead(e, "in the authentication handshake");
+        asio::async_read(
+            self->socket_, asio::buffer(self->peerProof_),
+            asio::bind_executor(self->strand_, [self](const asio::error_code& e2, std::size_t) {
+              self->onProof(e2);
+            }));
+      }));
+}
+
+void Connection::onProof(const asio::error_code& error) {
+  if (error) return failRead(error, "in the authentication handshake");
+  if (!handshake_.verify(peerProof_)) {
+    return closeOnStrand(
+        "refused: authentication failed (the peer lacks this run's secret, or belongs to "
+        "another run)",
+        true);
+  }
+  authTimer_.cancel();
+  {
+    std::lock_guard lock(mutex_);
+    authenticated_ = true;
+    if (!queue_.empty() && !writing_) {
+      writing_ = true;
+      asio::post(strand_, [self = shared_from_this()] { self->startWrite(); });
+    }
+  }
+  readHeader();
 }
 
 void Connection::readHeader() {
@@ -522,6 +596,7 @@ void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
 
 void Connection::closeOnStrand(const std::string& why, bool error) {
   if (closed_.exchange(true)) return;
+  authTimer_.cancel();
   asio::error_code ignored;
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   socket_.close(ignored);
@@ -656,10 +731,11 @@ void AsioTransport::listen() {
   if (!interface.empty()) {
     bindIp = advertise = resolveInterface(interface);
   } else if (options_.host.empty()) {
-    advertise = "127.0.0.1";
+    // Listen where peers are told to come, not on every interface.
+    bindIp = advertise = "127.0.0.1";
     for (const auto& i : listInterfaces()) {
       if (!i.ipv4.empty() && i.ipv4.rfind("127.", 0) != 0) {
-        advertise = i.ipv4;
+        bindIp = advertise = i.ipv4;
         break;
       }
     }
