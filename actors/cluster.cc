@@ -45,6 +45,7 @@ class ClusterImpl final : public Cluster {
     t.interface = o.interface;
     t.unixDir = fmt::format("/tmp/troupe-{}", o.run_id);
     t.connectTimeout = o.timeout;
+    t.peerTimeout = o.peer_timeout;
     transport::TransportHandlers handlers;
     handlers.onMessage = [this](transport::NodeId node, transport::IncomingMessage message) {
       const auto begin = Trace::Clock::now();

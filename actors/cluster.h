@@ -33,6 +33,8 @@ struct ClusterOptions {
   // Empty: they check the run id only (a warning says so).
   std::string secret;
   std::chrono::milliseconds timeout{60000};
+  // A link with nothing, not even a heartbeat, for this long is lost (transport's peerTimeout).
+  std::chrono::milliseconds peer_timeout{60000};
   Trace* trace = nullptr;  // send and receive spans
 };
 

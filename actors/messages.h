@@ -2,6 +2,8 @@
 // handles (no copy); across processes each gets a Cap'n Proto schema in transport/.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 
 #include "kernels/tensor.h"
@@ -119,5 +121,15 @@ struct Shutdown {};
 struct Watchdog {
   std::int64_t progress_mark = 0;
 };
+
+// Timer -> Reducer or Server: look for waits on other processes that have gone on too long.
+struct StallCheck {};
+
+// How often an actor with waits bounded by `warning` and `timeout` looks at them.
+inline std::chrono::milliseconds stallCheckPeriod(std::chrono::milliseconds warning,
+                                                  std::chrono::milliseconds timeout) {
+  return std::clamp(std::min(warning, timeout) / 4, std::chrono::milliseconds(50),
+                    std::chrono::milliseconds(5000));
+}
 
 }  // namespace troupe::actors

@@ -1,5 +1,11 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "actors/messages.h"
@@ -22,8 +28,10 @@ class Server final : public Actor {
     on<Push>([this](Push& p) { push(p); });
     on<Pull>([this](Pull& p) {
       pending_.push_back(p);
+      waiting_[{p.worker, p.step}] = {Clock::now(), false};
       answer();
     });
+    on<StallCheck>([this](StallCheck&) { checkStalls(); });
     on<Shutdown>([this](Shutdown&) { system().shutdown(); });
   }
 
@@ -35,9 +43,59 @@ class Server final : public Actor {
     if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
       backend_->copy(config_.initial_momentum, momentum_);
     }
+    armStallCheck();
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  void armStallCheck() {
+    system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+                   StallCheck{});
+  }
+
+  // The workers a pull of step q waits for, with what it needs of them.
+  std::string lateWorkers(const Pull& q) const {
+    std::int64_t need = q.step - 1;  // dist_sync and epoch ends: every push of step q-1
+    if (config_.mode == "ssp" && !q.epoch_end) need = q.step - 1 - config_.staleness;
+    std::vector<std::string> late;
+    for (std::size_t w = 0; w < clocks_.size(); ++w) {
+      if (clocks_[w] < need) {
+        late.push_back(fmt::format("worker {} (pushed through step {})", w, clocks_[w]));
+      } else if (q.epoch_end && std::none_of(pending_.begin(), pending_.end(), [&](const Pull& p) {
+                   return p.epoch_end && p.worker == w;
+                 })) {
+        late.push_back(fmt::format("worker {} (not at the epoch's end)", w));
+      }
+    }
+    if (late.empty()) return "no worker (the update itself)";
+    return fmt::format("{}", fmt::join(late, ", "));
+  }
+
+  // Horovod's stall report, for a parameter server: which workers a waiting pull waits for.
+  void checkStalls() {
+    const auto now = Clock::now();
+    for (const auto& q : pending_) {
+      auto& w = waiting_[{q.worker, q.step}];
+      const double waited = std::chrono::duration<double>(now - w.since).count();
+      if (now - w.since >= config_.peer_timeout) {
+        throw TimeoutError(
+            fmt::format("server {}: worker {}'s pull of step {} waited {:.0f} s (peer_timeout) "
+                        "for {}",
+                        config_.index, q.worker, q.step, waited, lateWorkers(q)));
+      }
+      if (now - w.since >= config_.stall_warning && !w.warned) {
+        w.warned = true;
+        spdlog::warn(
+            "stall: server {} has held worker {}'s pull of step {} for {:.0f} s, "
+            "waiting for {}; the run fails after {:.0f} s",
+            config_.index, q.worker, q.step, waited, lateWorkers(q),
+            std::chrono::duration<double>(config_.peer_timeout).count());
+      }
+    }
+    armStallCheck();
+  }
+
   struct StepPushes {
     std::vector<kernels::Tensor> sums;  // per worker, this shard's gradient
     std::vector<std::int64_t> received;
@@ -122,6 +180,7 @@ class Server final : public Actor {
       reply.data = snapshot(weights_);
       if (it->epoch_end) reply.state = snapshot(momentum_);
       send(Address{it->worker, 1}, std::move(reply));
+      waiting_.erase({it->worker, it->step});
       it = pending_.erase(it);
     }
   }
@@ -142,6 +201,11 @@ class Server final : public Actor {
   std::vector<std::int64_t> clocks_;  // per worker: the last step fully pushed here
   std::int64_t applied_;              // dist_sync: steps applied
   std::vector<Pull> pending_;
+  struct Waited {
+    Clock::time_point since;
+    bool warned = false;
+  };
+  std::map<std::pair<std::uint32_t, std::int64_t>, Waited> waiting_;  // per pending pull
 };
 
 class PsClient final : public Actor {

@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <map>
@@ -40,11 +41,50 @@ class Reducer final : public Actor {
             }) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
     on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
+    on<StallCheck>([this](StallCheck&) { checkStalls(); });
   }
 
-  void started() override { backend_ = kernels::makeCpuBackend(config_.threads); }
+  void started() override {
+    backend_ = kernels::makeCpuBackend(config_.threads);
+    armStallCheck();
+  }
 
  private:
+  void armStallCheck() {
+    if (config_.world > 1) {
+      system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+                     StallCheck{});
+    }
+  }
+
+  // Horovod's stall report, for a ring: a bucket this rank has summed locally and started, that
+  // has not come back from the ring, waits on the previous rank (directly, or through it).
+  void checkStalls() {
+    const auto now = Trace::Clock::now();
+    const int previous = (config_.rank + config_.world - 1) % config_.world;
+    for (auto& [key, r] : in_ring_) {
+      const auto& [step, begin] = key;
+      const double waited = std::chrono::duration<double>(now - r.started).count();
+      if (now - r.started >= config_.peer_timeout) {
+        throw TimeoutError(fmt::format(
+            "rank {}: the allreduce of bucket [{},{}) of step {} waited {:.0f} s for ring "
+            "chunks from rank {} (peer_timeout): that rank, or one before it in the ring, is "
+            "hung or gone",
+            config_.rank, begin, begin + r.sum.numel(), step, waited, previous));
+      }
+      if (now - r.started >= config_.stall_warning && !r.warned) {
+        r.warned = true;
+        spdlog::warn(
+            "stall: rank {} has waited {:.0f} s in step {} for rank {} to send ring chunks of "
+            "bucket [{},{}); {} bucket(s) of this rank are unfinished; the run fails after {:.0f} "
+            "s",
+            config_.rank, waited, step, previous, begin, begin + r.sum.numel(), in_ring_.size(),
+            std::chrono::duration<double>(config_.peer_timeout).count());
+      }
+    }
+    armStallCheck();
+  }
+
   void finished(std::int64_t step, std::int64_t begin, std::int64_t end) {
     auto it = in_ring_.find({step, begin});
     TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
@@ -81,7 +121,7 @@ class Reducer final : public Actor {
     }
     pending_.erase({b.step, b.begin});
     counts_.erase({b.step, b.begin});
-    in_ring_[{b.step, b.begin}] = {sum, Trace::Clock::now()};
+    in_ring_[{b.step, b.begin}] = {sum, Trace::Clock::now(), false};
     ring_.start(b.step, b.begin, sum);
   }
 
@@ -93,6 +133,7 @@ class Reducer final : public Actor {
   struct InRing {
     kernels::Tensor sum;
     Trace::Clock::time_point started;
+    bool warned = false;  // the stall report for it was logged
   };
   std::map<std::pair<std::int64_t, std::int64_t>, InRing> in_ring_;
 };

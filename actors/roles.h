@@ -67,6 +67,10 @@ struct ReducerConfig {
   Address next;                          // the reducer of rank (rank + 1) % world
   std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
   Trace* trace = nullptr;                // spans go here when tracing
+  // A bucket whose allreduce has waited this long logs a stall report (which step, which
+  // bucket, which rank it waits for), and fails the run after peer_timeout.
+  std::chrono::milliseconds stall_warning{30000};
+  std::chrono::milliseconds peer_timeout{60000};
 };
 std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
 
@@ -108,6 +112,10 @@ struct ServerConfig {
   std::int64_t first_step = 0;  // > 0 when resuming
   int threads = 1;
   Trace* trace = nullptr;  // spans go here when tracing
+  // A pull that has waited this long logs a stall report (which step, which workers have not
+  // pushed it), and fails the run after peer_timeout.
+  std::chrono::milliseconds stall_warning{30000};
+  std::chrono::milliseconds peer_timeout{60000};
 };
 std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config);
 

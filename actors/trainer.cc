@@ -26,6 +26,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Seconds from a config value, as milliseconds.
+std::chrono::milliseconds milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
 bool isParameterServerSchedule(const std::string& schedule) {
   return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
 }
@@ -210,6 +215,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.serve_store = o.serve_store;
   c.interface = o.interface;
   c.secret = o.secret;
+  c.peer_timeout = milliseconds(o.peer_timeout_s);
   c.trace = trace;
   c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
   auto cluster = joinCluster(c, *node.system);
@@ -239,6 +245,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.lr = lr;
   config.first_step = plan.first_step;
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
+  config.stall_warning = milliseconds(o.stall_warning_s);
+  config.peer_timeout = milliseconds(o.peer_timeout_s);
   std::unique_ptr<Trace> trace;
   if (!o.trace.empty()) {
     trace = std::make_unique<Trace>(static_cast<std::uint32_t>(rank),
@@ -466,6 +474,8 @@ TrainResult runTraining(const TrainOptions& o) {
   reducer.threads = 1;
   reducer.updater = updater_address;
   reducer.trace = trace.get();
+  reducer.stall_warning = milliseconds(o.stall_warning_s);
+  reducer.peer_timeout = milliseconds(o.peer_timeout_s);
   if (!ps) {  // with parameter servers, the servers sum over workers
     reducer.rank = rank;
     reducer.world = workers;

@@ -41,6 +41,10 @@ struct TrainOptions {
   std::string secret_file;   // holds the run's secret; empty: $TROUPE_SECRET
   std::string secret;        // the run's secret, read from there (never logged)
   double rendezvous_timeout_s = 60;
+  // A link silent this long (no heartbeat), or a collective or server waiting this long on a
+  // peer, fails the run naming the peer; a wait of stall_warning logs a stall report first.
+  double peer_timeout_s = 60;
+  double stall_warning_s = 30;
   int replicas = 1;
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas

@@ -141,6 +141,11 @@ const std::vector<Key>& keys() {
                         "makes one per run)"),
       TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s,
                        "seconds to wait for the other processes"),
+      TROUPE_FLOAT_KEY("peer_timeout", peer_timeout_s,
+                       "seconds a link may be silent, or an allreduce or server wait on a peer, "
+                       "before the run fails naming it"),
+      TROUPE_FLOAT_KEY("stall_warning", stall_warning_s,
+                       "seconds of waiting on a peer before a stall report names who is late"),
       Key{"work_load_list", Kind::kFloatList, "relative share of the batch per replica",
           [](TrainOptions& o, const Value& v) { o.work_load_list = asList(v); },
           [](const TrainOptions& o) { return listText(o.work_load_list); }},
@@ -380,6 +385,15 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
   o.secret = transport::loadSecret(o.secret_file);
+  for (const auto& [key, seconds] : {std::pair{"rendezvous_timeout", o.rendezvous_timeout_s},
+                                     {"step_timeout", o.step_timeout_s},
+                                     {"peer_timeout", o.peer_timeout_s},
+                                     {"stall_warning", o.stall_warning_s}}) {
+    if (!(seconds > 0)) {
+      throw InputError(
+          fmt::format("{} must be a positive number of seconds, not {}", key, seconds));
+    }
+  }
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
   if (o.num_shards + o.num_servers > 1) {

@@ -395,5 +395,46 @@ TEST(DistributedTraining, KillingAWorkerEndsTheRunNamingItWithin30Seconds) {
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
 }
 
+// A worker that hangs (SIGSTOP: its sockets stay open, it just says nothing) is found by the
+// heartbeats of its links: the run fails naming it, instead of waiting forever.
+class HungWorkerTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
+  TempDir cwd("dist_hang");
+  const std::string schedule = GetParam();
+  const std::string run_id = "hang" + schedule.substr(0, 4) + std::to_string(::getpid());
+  testing::CommandResult r;
+  std::thread launcher([&] {
+    r = runCommand(in(cwd, troupeBinary() + " launch -n 2" +
+                               (schedule == "dist_sync" ? " -s 1" : "") + " --run_id " + run_id +
+                               " -- troupe train --model mlp" + dataFlags() + " --schedule " +
+                               schedule +
+                               " --num_epochs 50 --log_every 0 --threads 1 --peer_timeout 3 "
+                               "--stall_warning 1"));
+  });
+  pid_t victim = -1;
+  for (int i = 0; i < 300 && victim < 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    victim = findWorker(run_id, 1);
+  }
+  ASSERT_GT(victim, 0) << "worker 1 never started";
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ::kill(victim, SIGSTOP);
+  launcher.join();
+  ::kill(victim, SIGKILL);  // in case the launcher left it
+  EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, std::chrono::seconds(30));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("link to node 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not even a heartbeat"), std::string::npos) << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
+                         ::testing::Values("bsp-allreduce", "dist_sync"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == "dist_sync" ? "DistSync"
+                                                                         : "BspAllreduce";
+                         });
+
 }  // namespace
 }  // namespace troupe

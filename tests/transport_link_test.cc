@@ -631,6 +631,40 @@ TEST_F(TransportTest, APeerThatNeverAuthenticatesIsDroppedAfterTheTimeout) {
       << errors[0];
 }
 
+// ---- heartbeats ----
+
+TEST_F(TransportTest, AnIdleLinkStaysUpOnHeartbeats) {
+  TransportOptions ao = options(0, false), bo = options(1, true);
+  for (auto* o : {&ao, &bo}) {
+    o->heartbeatInterval = 50ms;
+    o->peerTimeout = 400ms;
+  }
+  Peer a(ao), b(bo);
+  connectPair(a, b);
+  std::this_thread::sleep_for(1500ms);  // nothing to say for almost four timeouts
+  EXPECT_TRUE(a.lost.empty());
+  EXPECT_TRUE(b.lost.empty());
+  expectExchange(a, b);
+}
+
+TEST_F(TransportTest, APeerThatFallsSilentIsDroppedAfterThePeerTimeoutNamingIt) {
+  TransportOptions o = options(0, false);
+  o.heartbeatInterval = 50ms;
+  o.peerTimeout = 400ms;
+  Peer a(o);
+  RawPeer hung(a.transport->address());  // authenticates, says Hello, then nothing
+  hung.hello(7);
+  a.transport->waitForPeer(7, 5s);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(a.waitLost(1, 5s));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);
+  EXPECT_EQ(a.lost[0].first, 7u);
+  ASSERT_EQ(a.sink->errors().size(), 1u);
+  EXPECT_NE(a.sink->errors()[0].find("node 7"), std::string::npos) << a.sink->errors()[0];
+  EXPECT_NE(a.sink->errors()[0].find("not even a heartbeat"), std::string::npos)
+      << a.sink->errors()[0];
+}
+
 TEST_F(TransportTest, SomethingOtherThanAHandshakeIsRefused) {
   Peer a(options(0, false));
   RawPeer stranger(a.transport->address(), false);

@@ -50,6 +50,11 @@ struct TransportOptions {
 
   int ioThreads = 1;
   std::chrono::milliseconds connectTimeout{30000};
+  // Every link sends a heartbeat when it has sent nothing for heartbeatInterval, and is dropped
+  // (onPeerLost, an error naming the node) when nothing at all arrived on it for peerTimeout: a
+  // hung process or a cut link ends the run instead of hanging it. 0: no timeout.
+  std::chrono::milliseconds heartbeatInterval{1000};
+  std::chrono::milliseconds peerTimeout{60000};
   std::shared_ptr<spdlog::logger> logger;  // null: spdlog's default logger
 };
 

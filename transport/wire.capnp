@@ -166,5 +166,6 @@ struct Frame {
     pullReply @19 :PullReply;
     shutdown @20 :Void;  # chief coordinator -> the other processes: the run is over
     arenaMapped @21 :Void;  # answer to a Hello's arena: mapped, send shared parts from now on
+    heartbeat @23 :Void;    # a link with nothing else to send says it is alive
   }
 }

@@ -127,6 +127,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void handshake();
   void onChallenge(const asio::error_code& error);
   void onProof(const asio::error_code& error);
+  void heartbeat();
   void readHeader();
   void onHeader(const asio::error_code& error, std::size_t got);
   void onTable(const asio::error_code& error);
@@ -158,6 +159,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<std::byte, kChallengeBytes> peerChallenge_{};
   std::array<std::byte, kProofBytes> proof_{}, peerProof_{};
   asio::steady_timer authTimer_;
+  asio::steady_timer heartbeatTimer_;
+  Clock::time_point lastRead_ = Clock::now();
   std::shared_ptr<PeerArena> peerArena_;  // the peer's shared arena, mapped here
   std::shared_ptr<std::promise<void>> helloWaiter_;
   std::array<std::byte, kFrameHeaderBytes> header_{};
@@ -173,6 +176,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::unique_ptr<EncodedMessage>> queue_;
   bool writing_ = false;
   bool authenticated_ = false;  // until then queued messages wait
+  Clock::time_point lastWrite_ = Clock::now();
 };
 
 class AsioTransport final : public Transport {
@@ -240,7 +244,8 @@ Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
       expected_(expected),
       unix_(remote_.rfind("unix://", 0) == 0),
       handshake_(owner.options().secret, owner.options().runId, expected.has_value()),
-      authTimer_(owner.io()) {}
+      authTimer_(owner.io()),
+      heartbeatTimer_(owner.io()) {}
 
 void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
   asio::post(strand_, [self = shared_from_this(), helloWaiter = std::move(helloWaiter)]() mutable {
@@ -325,6 +330,8 @@ void Connection::onProof(const asio::error_code& error) {
         true);
   }
   authTimer_.cancel();
+  lastRead_ = Clock::now();
+  heartbeat();
   {
     std::lock_guard lock(mutex_);
     authenticated_ = true;
@@ -334,6 +341,32 @@ void Connection::onProof(const asio::error_code& error) {
     }
   }
   readHeader();
+}
+
+void Connection::heartbeat() {
+  const auto& options = owner_.options();
+  if (options.heartbeatInterval.count() <= 0 || closed_) return;
+  const auto now = Clock::now();
+  if (options.peerTimeout.count() > 0 && now - lastRead_ > options.peerTimeout) {
+    return closeOnStrand(
+        fmt::format("nothing arrived for {} ms, not even a heartbeat: the process hangs, or the "
+                    "link is cut",
+                    std::chrono::duration_cast<std::chrono::milliseconds>(now - lastRead_).count()),
+        true);
+  }
+  bool idle = false;
+  {
+    std::lock_guard lock(mutex_);
+    idle = !writing_ && queue_.empty() && now - lastWrite_ >= options.heartbeatInterval;
+  }
+  if (idle && identified_) {
+    enqueue(owner_.controlMessage([](wire::Frame::Builder f) { f.setHeartbeat(); }));
+  }
+  heartbeatTimer_.expires_after(options.heartbeatInterval);
+  heartbeatTimer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& error) {
+        if (!error) self->heartbeat();
+      }));
 }
 
 void Connection::readHeader() {
@@ -367,6 +400,7 @@ void Connection::onHeader(const asio::error_code& error, std::size_t got) {
     }
     return;
   }
+  lastRead_ = Clock::now();
   try {
     frame_ = decodeFrameHeader(header_.data(), owner_.options().maxFrameBytes);
   } catch (const InputError& e) {
@@ -446,6 +480,7 @@ void Connection::onTable(const asio::error_code& error) {
 void Connection::onPayload(const asio::error_code& error,
                            std::shared_ptr<IncomingMessage::State> state) {
   if (error) return failRead(error, "mid-frame (in the message)");
+  lastRead_ = Clock::now();
   const auto& options = owner_.options();
   capnp::ReaderOptions limits;
   limits.traversalLimitInWords = options.traversalLimitWords;
@@ -476,6 +511,8 @@ void Connection::onPayload(const asio::error_code& error,
       closeOnStrand("the first frame on a link was not a Hello", true);
     } else if (frame.isArenaMapped()) {
       peerMappedArena_ = true;
+    } else if (frame.isHeartbeat()) {
+      // lastRead_ has moved on; that is all a heartbeat is for
     } else if (!takeSharedParts(frame, *state)) {
       // closed, saying why
     } else if (frame.getBulk().size() == 0) {
@@ -518,6 +555,7 @@ void Connection::skipEmptyParts() {
 
 void Connection::onBulk(const asio::error_code& error) {
   if (error) return failRead(error, "mid-frame (in a bulk chunk)");
+  lastRead_ = Clock::now();
   bulkOffset_ += frame_.bytes;
   skipEmptyParts();
   if (!closed_) readHeader();
@@ -592,11 +630,14 @@ void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
     problem = e.what();
   }
   if (!problem.empty()) closeOnStrand("the message handler threw: " + problem, true);
+  // Time spent in the handler (waiting for room in a mailbox) is not the peer's silence.
+  lastRead_ = Clock::now();
 }
 
 void Connection::closeOnStrand(const std::string& why, bool error) {
   if (closed_.exchange(true)) return;
   authTimer_.cancel();
+  heartbeatTimer_.cancel();
   asio::error_code ignored;
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   socket_.close(ignored);
@@ -639,6 +680,10 @@ void Connection::startWrite() {
 void Connection::onWritten(const asio::error_code& error) {
   inflight_.clear();
   buffers_.clear();
+  {
+    std::lock_guard lock(mutex_);
+    lastWrite_ = Clock::now();
+  }
   if (error) {
     if (!closed_) closeOnStrand("write failed: " + error.message(), true);
     std::lock_guard lock(mutex_);
