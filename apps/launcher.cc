@@ -953,7 +953,12 @@ int launch(const LaunchOptions& o) {
   std::string secret = transport::loadSecret(o.secret_file);
   if (secret.empty()) secret = transport::makeSecret();
   LaunchOptions options = o;
-  options.env.emplace_back("TROUPE_SECRET", secret);
+  if (o.secret_file.empty()) {
+    options.env.emplace_back("TROUPE_SECRET", secret);
+  } else {  // the processes read the file themselves: the secret stays off command lines
+    options.env.emplace_back("TROUPE_SECRET_FILE",
+                             std::filesystem::absolute(o.secret_file).string());
+  }
   // The embedded store, served here for as long as the processes run.
   std::unique_ptr<rendezvous::TcpStoreServer> store;
   std::string rendezvous = o.rendezvous;

@@ -66,8 +66,9 @@ struct LaunchOptions {
   std::string run_id;      // empty: made up
   std::string interface;   // ssh, mpi: the store's interface; empty: $TROUPE_INTERFACE or routed
   std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
-  // The run's secret, handed to every process as TROUPE_SECRET; empty: $TROUPE_SECRET, else a
-  // fresh random one per run.
+  // File holding the run's secret, which every process reads (TROUPE_SECRET_FILE; with ssh it
+  // must exist at that path on every host). Empty: $TROUPE_SECRET, else a fresh random one per
+  // run, handed to the processes as TROUPE_SECRET (visible on the ssh or mpirun command line).
   std::string secret_file;
   std::chrono::milliseconds grace{5000};
 };

@@ -325,6 +325,22 @@ TEST(DistributedTraining, AProcessWithoutTheRunsSecretCannotJoinAndIsLogged) {
   EXPECT_EQ(refusals, 2u) << chief.output;
 }
 
+TEST(DistributedTraining, TheLauncherHandsItsSecretFileToItsProcesses) {
+  TempDir cwd("dist_secret_file");
+  { std::ofstream(cwd.path() / "secret") << "shared-secret\n"; }
+  const std::string train = " -- troupe train --model mlp" + dataFlags() +
+                            " --schedule bsp-allreduce --num_epochs 1 --epoch_size 3200 "
+                            "--log_every 0 --threads 1";
+  const auto r = runCommand(in(cwd, troupeBinary() + " launch -n 2 --secret-file secret" + train));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("no run secret"), std::string::npos) << r.output;
+  const auto missing =
+      runCommand(in(cwd, troupeBinary() + " launch -n 2 --secret-file nowhere" + train));
+  EXPECT_NE(missing.exit_code, 0) << missing.output;
+  EXPECT_NE(missing.output.find("cannot read the secret file nowhere"), std::string::npos)
+      << missing.output;
+}
+
 TEST(DistributedTraining, AFileStoreRendezvousWorks) {
   TempDir cwd("dist_file");
   const auto r =

@@ -89,6 +89,9 @@ bool Handshake::verify(std::span<const std::byte, kProofBytes> peerProof) const 
 
 std::string loadSecret(const std::string& secretFile) {
   if (secretFile.empty()) {
+    if (const char* file = std::getenv("TROUPE_SECRET_FILE"); file && *file) {
+      return loadSecret(file);
+    }
     const char* env = std::getenv("TROUPE_SECRET");
     return env ? env : "";
   }

@@ -50,8 +50,9 @@ class Handshake {
   bool havePeer_ = false;
 };
 
-// The run's secret: the contents of `secretFile` (trailing newlines dropped) if given, else
-// $TROUPE_SECRET, else "". Throws InputError naming the file if it cannot be read or is empty.
+// The run's secret: the contents of `secretFile` (trailing newlines dropped) if given, else of the
+// file $TROUPE_SECRET_FILE names, else $TROUPE_SECRET, else "". Throws InputError naming the file
+// if it cannot be read or is empty.
 std::string loadSecret(const std::string& secretFile);
 
 // 32 random bytes as 64 hex digits, for a launcher's per-run secret.
