@@ -40,6 +40,13 @@ void addLaunchCommand(CLI::App& app) {
                   "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
                   "(default: an embedded store served by the launcher)");
   cmd->add_option("--run_id", o.run_id, "run id (default: made up)");
+  cmd->add_option("--on-failure", o.on_failure,
+                  "when a process fails: abort (stop them all, exit non-zero) or restart (stop "
+                  "them all, start them all again from the run's newest checkpoint)")
+      ->capture_default_str();
+  cmd->add_option("--max-restarts", o.max_restarts,
+                  "--on-failure restart: restarts before giving up")
+      ->capture_default_str();
   cmd->add_option("command", o.command, "what every process runs, after --")->required();
   cmd->callback([state] {
     auto options = state->options;
