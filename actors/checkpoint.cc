@@ -1,14 +1,18 @@
 #include "actors/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "troupe/error.h"
@@ -82,6 +86,30 @@ void writeAll(int fd, const std::string& bytes, const std::string& path) {
     }
     done += static_cast<std::size_t>(n);
   }
+}
+
+std::map<std::string, std::string> parseMeta(const std::string& path, const std::string& text) {
+  std::map<std::string, std::string> meta;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) throw InputError("checkpoint '" + path + "' is corrupt");
+    meta[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return meta;
+}
+
+// "name.ckpt.tmp.123" -> 123; 0 for any other name.
+pid_t temporaryWriter(const std::string& name) {
+  constexpr std::string_view kTmp = ".ckpt.tmp.";
+  const auto at = name.rfind(kTmp);
+  if (at == std::string::npos) return 0;
+  const std::string digits = name.substr(at + kTmp.size());
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  return static_cast<pid_t>(std::stol(digits));
 }
 
 }  // namespace
@@ -174,12 +202,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
   Checkpoint ck;
   const auto meta_size = p.value<std::uint64_t>();
   if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
-  std::istringstream meta(std::string(p.take(meta_size), meta_size));
-  for (std::string line; std::getline(meta, line);) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) throw InputError("checkpoint '" + path + "' is corrupt");
-    ck.meta[line.substr(0, eq)] = line.substr(eq + 1);
-  }
+  ck.meta = parseMeta(path, std::string(p.take(meta_size), meta_size));
   ck.weights = p.tensor();
   ck.momentum = p.tensor();
   ck.buffers = p.tensor();
@@ -192,6 +215,91 @@ Checkpoint loadCheckpoint(const std::string& path) {
                      std::to_string(ck.momentum.numel()) + " momentum values");
   }
   return ck;
+}
+
+std::map<std::string, std::string> loadCheckpointMeta(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open checkpoint '" + path + "'");
+  constexpr std::size_t kHead = sizeof kMagic + sizeof(std::uint32_t) + sizeof(std::uint64_t);
+  std::string head(kHead, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(kHead));
+  if (static_cast<std::size_t>(in.gcount()) < sizeof kMagic ||
+      std::memcmp(head.data(), kMagic, sizeof kMagic) != 0) {
+    throw InputError("'" + path + "' is not a troupe checkpoint");
+  }
+  if (static_cast<std::size_t>(in.gcount()) < kHead) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  Parser p(path, head);
+  p.take(sizeof kMagic);
+  const auto version = p.value<std::uint32_t>();
+  if (version != kVersion) {
+    throw InputError("checkpoint '" + path + "' has version " + std::to_string(version) +
+                     ", this troupe reads version " + std::to_string(kVersion));
+  }
+  const auto meta_size = p.value<std::uint64_t>();
+  if (meta_size > (1u << 20)) throw InputError("checkpoint '" + path + "' is corrupt");
+  std::string meta(meta_size, '\0');
+  in.read(meta.data(), static_cast<std::streamsize>(meta_size));
+  if (static_cast<std::uint64_t>(in.gcount()) != meta_size) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  return parseMeta(path, meta);
+}
+
+std::vector<std::string> removeStaleTemporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const pid_t writer = temporaryWriter(it->path().filename().string());
+    if (writer <= 0 || !it->is_regular_file(ec)) continue;
+    if (::kill(writer, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+  }
+  return removed;
+}
+
+std::optional<FoundCheckpoint> findLatestCheckpoint(
+    const std::string& dir,
+    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept) {
+  namespace fs = std::filesystem;
+  struct Candidate {
+    std::int64_t step;
+    fs::file_time_type time;
+    std::string path;
+  };
+  std::vector<Candidate> candidates;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() != ".ckpt" || !it->is_regular_file(ec)) continue;
+    const std::string path = it->path().string();
+    try {
+      const auto meta = loadCheckpointMeta(path);
+      if (const std::string why = accept(meta); !why.empty()) {
+        spdlog::info("passing over checkpoint {}: {}", path, why);
+        continue;
+      }
+      const auto step = meta.find("step");
+      if (step == meta.end()) throw InputError("checkpoint '" + path + "' has no 'step'");
+      std::error_code time_ec;
+      candidates.push_back({std::stoll(step->second), it->last_write_time(time_ec), path});
+    } catch (const std::exception& e) {
+      spdlog::warn("passing over checkpoint {}: {}", path, e.what());
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.step, a.time, a.path) > std::tie(b.step, b.time, b.path);
+  });
+  for (const auto& c : candidates) {
+    try {
+      return FoundCheckpoint{c.path, loadCheckpoint(c.path)};
+    } catch (const Error& e) {
+      spdlog::warn("passing over checkpoint {}: {}", c.path, e.what());
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace troupe::actors

@@ -7,8 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -25,8 +28,30 @@ struct Checkpoint {
   double metaDouble(const std::string& key) const;
 };
 
-// Writes path atomically. Refuses (IoError) to replace a file that exists.
+// Writes path atomically. Refuses (IoError) to replace a file that exists. The temporary file is
+// `path.tmp.PID` (PID of the writer), left behind only when the writer dies mid-save.
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 Checkpoint loadCheckpoint(const std::string& path);
+// Only the meta of `path`, read from its head: no checksum is verified (loadCheckpoint does that).
+// InputError naming the file when it is no troupe checkpoint or its head is cut short.
+std::map<std::string, std::string> loadCheckpointMeta(const std::string& path);
+
+// Removes the temporaries (`*.ckpt.tmp.PID`) of saves in `dir` whose writer, a process of this
+// host, no longer runs, and returns their paths. Checkpoints and the temporaries of live writers
+// are left alone; a missing folder has none.
+std::vector<std::string> removeStaleTemporaries(const std::string& dir);
+
+// The newest complete checkpoint among the `*.ckpt` files of `dir` that `accept` takes (it returns
+// an empty string to take a checkpoint's meta, else why not): the highest `step`, then the latest
+// modification time, then the greatest name. Complete means loadCheckpoint succeeds; a file that
+// fails is passed over with a warning naming it, as is one `accept` refuses with a reason.
+// nullopt when there is none (or no folder). The checkpoint comes loaded.
+struct FoundCheckpoint {
+  std::string path;
+  Checkpoint checkpoint;
+};
+std::optional<FoundCheckpoint> findLatestCheckpoint(
+    const std::string& dir,
+    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept);
 
 }  // namespace troupe::actors

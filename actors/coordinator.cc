@@ -21,6 +21,7 @@ struct EpochStats {
   double loss_sum = 0;
   double correct = 0;
   std::int64_t count = 0;
+  std::int64_t skipped = 0;
 };
 
 // Drives epochs: gathers step metrics, and at each epoch's end (the updater paused) evaluates,
@@ -69,6 +70,7 @@ class Coordinator final : public Actor {
     agg.loss_sum += s.loss_sum;
     agg.correct += s.correct;
     agg.count += s.count;
+    agg.skipped += s.skipped;
     if (++replies_[s.step] < config_.num_replicas) return;
     // Steps complete in order: a replica cannot start step t+1 before step t is applied.
     TROUPE_ENFORCE_EQ(s.step, complete_through_);
@@ -76,6 +78,7 @@ class Coordinator final : public Actor {
     epoch_.loss_sum += agg.loss_sum;
     epoch_.correct += agg.correct;
     epoch_.count += agg.count;
+    epoch_.skipped += agg.skipped;
     window_.loss_sum += agg.loss_sum;
     window_.correct += agg.correct;
     window_.count += agg.count;
@@ -141,14 +144,17 @@ class Coordinator final : public Actor {
     row.loss = epoch_.loss_sum / std::max<std::int64_t>(1, epoch_.count);
     row.test_accuracy =
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
+    row.skipped_records = epoch_.skipped;
     config_.log->write(row);
     spdlog::info(
         "epoch {} done: loss {:.4f} accuracy {:.4f} test_accuracy {:.4f} ({} inputs in {:.2f} s, "
-        "{:.0f} inputs/s)",
+        "{:.0f} inputs/s{})",
         epoch, row.loss, row.accuracy, row.test_accuracy, row.input_count, row.time_spent,
-        row.inputs_per_sec);
+        row.inputs_per_sec,
+        options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
     auto& result = *config_.result;
-    result.epochs.push_back({epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec});
+    result.epochs.push_back(
+        {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});
     result.steps = step;
 
     const bool last = step >= config_.plan.last_step;
@@ -181,6 +187,8 @@ class Coordinator final : public Actor {
     ck.meta["global_batch"] = std::to_string(config_.plan.global_batch);
     ck.meta["steps_per_epoch"] = std::to_string(config_.plan.steps_per_epoch);
     ck.meta["seed"] = std::to_string(options_.seed);
+    ck.meta["run_id"] = options_.run_id;  // what --resume auto matches
+    ck.meta["experiment"] = config_.experiment_id;
     ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", row.cumulative_time_spent);
     ck.meta["cumulative_input_count"] = std::to_string(row.cumulative_input_count);
     ck.weights = epoch_end_->weights;

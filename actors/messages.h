@@ -15,8 +15,9 @@ using kernels::Tensor;
 // Reader -> Replica: the replica's share of the global batch of one step.
 struct Batch {
   std::int64_t step = 0;
-  Tensor images;  // [n, C, H, W] float, host
-  Tensor labels;  // [n] int32, host
+  Tensor images;             // [n, C, H, W] float, host
+  Tensor labels;             // [n] int32, host
+  std::int64_t skipped = 0;  // bad records whose slots went to other records (skip_bad_records)
 };
 
 // Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch).
@@ -55,6 +56,7 @@ struct StepDone {
   double loss_sum = 0;
   double correct = 0;
   std::int64_t count = 0;
+  std::int64_t skipped = 0;  // bad records skipped in the step's batch
 };
 
 // Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.

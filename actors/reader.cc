@@ -1,5 +1,7 @@
 #include <spdlog/spdlog.h>
 
+#include <unordered_set>
+
 #include "actors/messages.h"
 #include "actors/roles.h"
 #include "troupe/error.h"
@@ -52,8 +54,49 @@ class Reader final : public Actor {
     batch.images =
         kernels::Tensor::hostUninitialized({config_.count, d.channels, d.height, d.width});
     batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
-    dataset_->read(indices_, batch.images.f32(), batch.labels.i32());
+    try {
+      dataset_->read(indices_, batch.images.f32(), batch.labels.i32());
+    } catch (const data::BadRecordError&) {
+      if (!config_.skip_bad_records) throw;
+      batch.skipped = readSkipping(first, batch);
+    }
     return batch;
+  }
+
+  // The batch again, record by record: a bad record's slot goes to the next good record of the
+  // epoch's order. Returns how many slots held a bad record.
+  std::int64_t readSkipping(std::int64_t first, Batch& batch) {
+    const auto& d = config_.dataset;
+    const std::size_t image_size = static_cast<std::size_t>(d.channels) * d.height * d.width;
+    const auto n = static_cast<std::int64_t>(order_.size());
+    std::int64_t skipped = 0;
+    std::vector<std::int64_t> one(1);
+    for (std::int64_t i = 0; i < config_.count; ++i) {
+      float* image = batch.images.f32() + static_cast<std::size_t>(i) * image_size;
+      std::int32_t* label = batch.labels.i32() + i;
+      bool slot_bad = false;
+      for (std::int64_t probe = 0;; ++probe) {
+        if (probe == n) {
+          throw InputError("training database '" + d.path + "': every one of its " +
+                           std::to_string(n) + " records is bad (skip_bad_records)");
+        }
+        one[0] = order_[static_cast<std::size_t>((first + i + probe) % n)];
+        if (bad_.count(one[0])) {
+          slot_bad = slot_bad || probe == 0;
+          continue;
+        }
+        try {
+          dataset_->read(one, image, label);
+          break;
+        } catch (const data::BadRecordError& e) {
+          bad_.insert(one[0]);
+          slot_bad = slot_bad || probe == 0;
+          spdlog::warn("{}: skipped (skip_bad_records)", e.what());
+        }
+      }
+      skipped += slot_bad ? 1 : 0;
+    }
+    return skipped;
   }
 
   ReaderConfig config_;
@@ -61,6 +104,7 @@ class Reader final : public Actor {
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;
   std::vector<std::int64_t> indices_;
+  std::unordered_set<std::int64_t> bad_;  // records found bad (each logged once)
   std::int64_t next_;
   int in_flight_ = 0;
 };

@@ -1,5 +1,8 @@
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <optional>
+#include <unordered_set>
 
 #include "actors/messages.h"
 #include "actors/roles.h"
@@ -77,8 +80,9 @@ class Replica final : public Actor {
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();
-    send(config_.coordinator, StepDone{step, config_.index, metrics_host_.f32()[0],
-                                       metrics_host_.f32()[1], batch.labels.numel()});
+    send(config_.coordinator,
+         StepDone{step, config_.index, metrics_host_.f32()[0], metrics_host_.f32()[1],
+                  batch.labels.numel(), batch.skipped});
   }
 
   // Back-propagates, handing gradients to the reducer in buckets as soon as they are final, so
@@ -124,15 +128,48 @@ class Replica final : public Actor {
         indices[static_cast<std::size_t>(i)] = first + i;
       auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
       auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
-      test_->read(indices, images.f32(), labels.i32());
+      std::int64_t good = count;
+      try {
+        test_->read(indices, images.f32(), labels.i32());
+      } catch (const data::BadRecordError&) {
+        if (!config_.skip_bad_records) throw;
+        good = readGoodTestRecords(indices, images, labels);
+        if (good == 0) continue;
+        images = images.slice(0, good * t.channels * t.height * t.width)
+                     .view({good, t.channels, t.height, t.width});
+        labels = labels.slice(0, good);
+      }
       net_->forward(onDevice(images), onDevice(labels), /*train=*/false);
       backend_->copy(net_->metrics(), metrics_host_);
       backend_->synchronize();
       result.loss_sum += metrics_host_.f32()[0];
       result.correct += metrics_host_.f32()[1];
-      result.count += count;
+      result.count += good;
     }
     send(config_.coordinator, result);
+  }
+
+  // Reads the records of `indices` one by one, packing the good ones at the front of images and
+  // labels; a bad one is logged (once) and left out. Returns how many are good.
+  std::int64_t readGoodTestRecords(const std::vector<std::int64_t>& indices,
+                                   kernels::Tensor& images, kernels::Tensor& labels) {
+    const auto& t = config_.test;
+    const std::size_t image_size = static_cast<std::size_t>(t.channels) * t.height * t.width;
+    std::int64_t good = 0;
+    std::vector<std::int64_t> one(1);
+    for (const std::int64_t index : indices) {
+      if (bad_test_.count(index)) continue;
+      one[0] = index;
+      try {
+        test_->read(one, images.f32() + static_cast<std::size_t>(good) * image_size,
+                    labels.i32() + good);
+        ++good;
+      } catch (const data::BadRecordError& e) {
+        bad_test_.insert(index);
+        spdlog::warn("{}: left out of the evaluation (skip_bad_records)", e.what());
+      }
+    }
+    return good;
   }
 
   ReplicaConfig config_;
@@ -142,6 +179,7 @@ class Replica final : public Actor {
   kernels::Tensor metrics_host_;
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
+  std::unordered_set<std::int64_t> bad_test_;  // test records found bad (each logged once)
 };
 
 }  // namespace

@@ -37,6 +37,9 @@ struct ReaderConfig {
   std::int64_t offset = 0;  // of this replica's share within the global batch
   std::int64_t count = 0;
   int prefetch = 4;
+  // A bad record's slot goes to the next good record of the epoch's order (see TrainOptions);
+  // each batch says how many of its records were skipped.
+  bool skip_bad_records = false;
   Address replica;
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
@@ -50,7 +53,8 @@ struct ReplicaConfig {
   float grad_scale = 1.0f;  // 1 / global batch
   std::int64_t bucket_bytes = 25 << 20;
   std::int64_t first_bucket_bytes = 1 << 20;
-  data::DatasetOptions test;  // path empty: no evaluation
+  data::DatasetOptions test;      // path empty: no evaluation
+  bool skip_bad_records = false;  // bad test records are left out of the evaluation
   Address reader, reducer, coordinator;
   Trace* trace = nullptr;  // spans go here when tracing
 };

@@ -12,7 +12,9 @@
 namespace troupe::actors {
 
 TrainLog::TrainLog(const std::string& dir, const std::string& experiment_id,
-                   const std::vector<std::pair<std::string, std::string>>& parameters) {
+                   const std::vector<std::pair<std::string, std::string>>& parameters,
+                   bool skipped_column)
+    : skipped_column_(skipped_column) {
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
     path_ = fmt::format("{}/{}{}.log", dir, experiment_id,
@@ -35,7 +37,8 @@ TrainLog::TrainLog(const std::string& dir, const std::string& experiment_id,
   fmt::print(file_,
              "time_spent,cumulative_time_spent,input_count,cumulative_input_count,"
              "cumulative_batch_count,inputs_per_sec,accuracy,epoch,learning_rate,loss,"
-             "test_accuracy\n");
+             "test_accuracy{}\n",
+             skipped_column_ ? ",skipped_records" : "");
   std::fflush(file_);
 }
 
@@ -50,10 +53,12 @@ TrainLog::~TrainLog() {
 }
 
 void TrainLog::write(const LogRow& r) {
-  fmt::print(file_, "{:.4f},{:.4f},{},{},{},{:.2f},{:.6f},{},{:.6g},{:.6f},{:.6f}\n", r.time_spent,
+  fmt::print(file_, "{:.4f},{:.4f},{},{},{},{:.2f},{:.6f},{},{:.6g},{:.6f},{:.6f}", r.time_spent,
              r.cumulative_time_spent, r.input_count, r.cumulative_input_count,
              r.cumulative_batch_count, r.inputs_per_sec, r.accuracy, r.epoch, r.learning_rate,
              r.loss, r.test_accuracy);
+  if (skipped_column_) fmt::print(file_, ",{}", r.skipped_records);
+  fmt::print(file_, "\n");
   std::fflush(file_);
   ::fsync(::fileno(file_));
 }

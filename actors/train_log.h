@@ -22,14 +22,17 @@ struct LogRow {
   double learning_rate = 0;
   double loss = 0;
   double test_accuracy = -1;
+  long long skipped_records = 0;  // written only by a log made with the skipped_records column
 };
 
 class TrainLog {
  public:
   // Creates dir/experiment_id.log; never replaces an existing file (a suffix _1, _2 ... is added).
-  // Throws IoError naming the folder if it cannot be written.
+  // Throws IoError naming the folder if it cannot be written. With `skipped_column`, a twelfth
+  // column, skipped_records, follows Caffe2's eleven (which stay as they are).
   TrainLog(const std::string& dir, const std::string& experiment_id,
-           const std::vector<std::pair<std::string, std::string>>& parameters);
+           const std::vector<std::pair<std::string, std::string>>& parameters,
+           bool skipped_column = false);
   ~TrainLog();
   TrainLog(const TrainLog&) = delete;
   TrainLog& operator=(const TrainLog&) = delete;
@@ -43,6 +46,7 @@ class TrainLog {
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  bool skipped_column_ = false;
 };
 
 }  // namespace troupe::actors

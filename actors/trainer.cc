@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "actors/checkpoint.h"
@@ -162,12 +163,13 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) 
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
 // batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
-                 std::int64_t num_params, int replicas, std::chrono::milliseconds timeout) {
+                 std::int64_t num_params, int replicas, const std::string& resumed_from,
+                 std::chrono::milliseconds timeout) {
   const std::string mine = fmt::format(
       "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={}",
+      "replicas={} resume={}",
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
-      replicas);
+      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string());
   if (rank == 0) store.set("plan", mine);
   const std::string chief = store.get("plan", timeout);
   if (chief != mine) {
@@ -206,11 +208,13 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
 // Joins the run's other processes (every actor of this one already spawned) and checks that all
 // agree on the plan.
 std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Trace* trace,
-                                 NodeSystem& node, const StepPlan& plan, std::int64_t num_params) {
+                                 NodeSystem& node, const StepPlan& plan, std::int64_t num_params,
+                                 const std::string& resumed_from) {
   ClusterOptions c;
   c.rank = rank;
   c.world = nodes;
-  c.run_id = o.run_id;
+  // Each generation of a restarted run meets apart from the ones before it.
+  c.run_id = o.generation > 0 ? fmt::format("{}-gen{}", o.run_id, o.generation) : o.run_id;
   c.rendezvous = o.rendezvous;
   c.serve_store = o.serve_store;
   c.interface = o.interface;
@@ -220,14 +224,61 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
-  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, c.timeout);
+  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from, c.timeout);
   return cluster;
+}
+
+// What a run continues from.
+struct Resumed {
+  std::string path;
+  Checkpoint checkpoint;
+  bool latest = false;  // found in the checkpoint folder, not named by the user
+};
+
+// `resume` as given, or (with "auto", and in every restarted generation) the newest complete
+// checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
+// restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
+// starts from scratch (nullopt).
+std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
+                                  std::int64_t num_params, const StepPlan& plan) {
+  if (o.resume == "auto" || o.generation > 0) {
+    auto found = findLatestCheckpoint(dir, [&](const auto& meta) -> std::string {
+      auto get = [&](const char* key) {
+        const auto it = meta.find(key);
+        return it == meta.end() ? std::string() : it->second;
+      };
+      auto name = [](const std::string& id) { return id.empty() ? "(none)" : id; };
+      if (get("run_id") != o.run_id) {
+        return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
+                           name(o.run_id));
+      }
+      if (get("num_params") != std::to_string(num_params)) {
+        return fmt::format("it holds {} parameters, this model has {}", get("num_params"),
+                           num_params);
+      }
+      if (get("global_batch") != std::to_string(plan.global_batch) ||
+          get("steps_per_epoch") != std::to_string(plan.steps_per_epoch)) {
+        return fmt::format(
+            "it was written with global batch {} and {} steps per epoch, this run has {} and {}",
+            get("global_batch"), get("steps_per_epoch"), plan.global_batch, plan.steps_per_epoch);
+      }
+      return {};
+    });
+    if (found) return Resumed{found->path, std::move(found->checkpoint), true};
+    if (o.resume.empty() || o.resume == "auto") {
+      spdlog::info("no complete checkpoint of this run in '{}' yet: starting from scratch", dir);
+      return std::nullopt;
+    }
+  }
+  if (o.resume.empty()) return std::nullopt;
+  return Resumed{o.resume, loadCheckpoint(o.resume), false};
 }
 
 // A parameter-server process: one Server actor owning a shard of the keys.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
                       const kernels::LrPolicy& lr, std::int64_t num_params,
-                      const kernels::Tensor& weights, const kernels::Tensor& momentum) {
+                      const kernels::Tensor& weights, const kernels::Tensor& momentum,
+                      const std::string& resumed_from) {
   const int workers = o.num_shards;
   const auto shard = shardKeys(num_params, o.num_servers)[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;
@@ -258,7 +309,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   auto& system = node.system;
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
-  auto cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params);
+  auto cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -291,6 +342,7 @@ TrainResult runTraining(const TrainOptions& o) {
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
   if (o.train_data.empty()) throw InputError("no training data: set train_data");
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
+  if (o.generation < 0) throw InputError("generation must be at least 0");
   const auto shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   const int threads = o.threads > 0 ? o.threads : defaultThreads();
 
@@ -340,48 +392,65 @@ TrainResult runTraining(const TrainOptions& o) {
   const std::int64_t num_params = init_net->numParams();
   init_net.reset();
 
+  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   CoordinatorConfig coordinator;
-  if (!o.resume.empty()) {
-    auto ck = loadCheckpoint(o.resume);
+  const auto resumed = findResume(o, checkpoint_dir, num_params, plan);
+  const std::string resumed_from = resumed ? resumed->path : std::string();
+  if (resumed) {
+    const auto& ck = resumed->checkpoint;
+    const std::string& path = resumed->path;
     if (ck.weights.numel() != num_params) {
-      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}",
-                                   o.resume, ck.weights.numel(), num_params));
+      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
+                                   ck.weights.numel(), num_params));
     }
     if (ck.metaInt("global_batch") != plan.global_batch ||
         ck.metaInt("steps_per_epoch") != plan.steps_per_epoch) {
       throw InputError(fmt::format(
           "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
           "{} and {}: resume with the same batch_size and epoch_size",
-          o.resume, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
+          path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
           plan.steps_per_epoch));
     }
     plan.first_step = ck.metaInt("step");
+    if (plan.first_step >= plan.last_step && resumed->latest) {
+      // The run already ended (a restart after its last checkpoint): every process sees the
+      // same checkpoint and stops here.
+      spdlog::info("checkpoint {} holds the run's last step {}: nothing left to train", path,
+                   plan.first_step);
+      TrainResult done;
+      done.resumed_from = path;
+      done.steps = plan.first_step;
+      return done;
+    }
     if (plan.first_step >= plan.last_step) {
       throw InputError(
           fmt::format("checkpoint '{}' is at step {}, and this run ends at step {}: "
                       "raise num_epochs to train further",
-                      o.resume, plan.first_step, plan.last_step));
+                      path, plan.first_step, plan.last_step));
     }
     updater.initial_weights = ck.weights;
     updater.initial_momentum = ck.momentum;
     if (ck.buffers.numel() > 0) updater.initial_buffers = ck.buffers;
     coordinator.cumulative_time = ck.metaDouble("cumulative_time_spent");
     coordinator.cumulative_inputs = ck.metaInt("cumulative_input_count");
-    spdlog::info("resuming from {} at step {}", o.resume, plan.first_step);
+    spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
 
   if (server) {
     return runServer(o, rank, nodes, plan, lr, num_params, updater.initial_weights,
-                     updater.initial_momentum);
+                     updater.initial_momentum, resumed_from);
   }
 
-  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   TrainResult result;
+  result.resumed_from = resumed_from;
   std::unique_ptr<TrainLog> log;
   if (chief) {
     ensureWritableDir(o.log_dir, "log");
     ensureWritableDir(checkpoint_dir, "checkpoint");
-    log = std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters);
+    for (const auto& tmp : removeStaleTemporaries(checkpoint_dir)) {
+      spdlog::info("removed {}, left by a checkpoint save that never finished", tmp);
+    }
+    log = std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
     result.log_path = log->path();
     result.experiment_id = log->id();
   }
@@ -501,6 +570,7 @@ TrainResult runTraining(const TrainOptions& o) {
     replica.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
     replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
     replica.test = test;
+    replica.skip_bad_records = o.skip_bad_records;
     replica.reader = reader_address(r);
     // Alone in a one-process run, a replica skips the reducer (and a thread hop per bucket).
     replica.reducer = (k == 1 && nodes == 1) ? updater_address : reducer_address;
@@ -518,6 +588,7 @@ TrainResult runTraining(const TrainOptions& o) {
     reader.offset = offset;
     reader.count = shares[r];
     reader.prefetch = o.prefetch;
+    reader.skip_bad_records = o.skip_bad_records;
     reader.replica = replica_address(rank, r);
     offset += shares[r];
     TROUPE_ENFORCE_EQ(
@@ -526,7 +597,9 @@ TrainResult runTraining(const TrainOptions& o) {
   }
 
   std::unique_ptr<Cluster> cluster;
-  if (nodes > 1) cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params);
+  if (nodes > 1) {
+    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from);
+  }
 
   system->run();
   if (trace && !cluster) trace->write(o.trace);

@@ -34,6 +34,10 @@ struct TrainOptions {
   std::string role = "worker";  // or "server" (TROUPE_ROLE)
   int staleness = 2;            // ssp: how many steps a worker may run ahead of the slowest
   std::string run_id;           // shared by the processes of one run
+  // Restarts of the run so far (troupe launch --on-failure restart sets TROUPE_GENERATION). Each
+  // generation meets under its own rendezvous prefix and transport id, so processes of an earlier
+  // one never mix in; a generation > 0 resumes as `resume = "auto"` does.
+  int generation = 0;
   std::string
       rendezvous;  // tcp://HOST:PORT (rank 0 serves it when started by hand) | file:// | redis://
   bool serve_store = false;  // set when no launcher serves the store
@@ -53,6 +57,11 @@ struct TrainOptions {
   std::int64_t num_epochs = 1;
   std::uint64_t seed = 1;
   int prefetch = 4;
+  // A training record that does not parse, decode or fit is skipped (its slot in the batch goes to
+  // the next good record of the epoch's order), logged once per reader with its key and counted
+  // in the CSV log's skipped_records column; a bad test record is left out of the evaluation.
+  // false: such a record ends the run, naming the database and the key.
+  bool skip_bad_records = false;
 
   float base_learning_rate = 0.01f;
   std::string lr_policy = "fixed";
@@ -68,11 +77,14 @@ struct TrainOptions {
   std::string log_dir = ".";
   std::string checkpoint_dir;         // empty: log_dir
   std::int64_t checkpoint_every = 0;  // epochs; 0: only at the end
-  std::string resume;                 // checkpoint to continue from
-  std::int64_t log_every = 100;       // console line every this many steps
-  double step_timeout_s = 300;        // no progress for this long: the run fails naming who is late
-  std::string run_name;               // experiment id prefix; empty: the model's name
-  std::string trace;                  // Chrome trace file to write; empty: none
+  // The checkpoint to continue from, or "auto": the newest complete checkpoint of this run (same
+  // run_id) in checkpoint_dir, from scratch if there is none, nothing left to do if it holds the
+  // run's last step.
+  std::string resume;
+  std::int64_t log_every = 100;  // console line every this many steps
+  double step_timeout_s = 300;   // no progress for this long: the run fails naming who is late
+  std::string run_name;          // experiment id prefix; empty: the model's name
+  std::string trace;             // Chrome trace file to write; empty: none
 
   // The flags as given, written at the top of the CSV log.
   std::vector<std::pair<std::string, std::string>> parameters;
@@ -84,9 +96,11 @@ struct EpochResult {
   double accuracy = 0;
   double test_accuracy = -1;
   double inputs_per_sec = 0;
+  std::int64_t skipped_records = 0;  // bad training records skipped in the epoch
 };
 
 struct TrainResult {
+  std::string resumed_from;  // the checkpoint the run continued from; empty: from scratch
   std::string experiment_id;
   std::string log_path;
   std::vector<std::string> checkpoints;

@@ -50,6 +50,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setLossSum(m->loss_sum);
     w.setCorrect(m->correct);
     w.setCount(m->count);
+    w.setSkipped(m->skipped);
   } else if (auto* m = as<EpochEnd>(e)) {
     auto w = f.initEpochEnd();
     w.setStep(m->step);
@@ -136,8 +137,8 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::STEP_DONE: {
       auto r = f.getStepDone();
-      d.message =
-          wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(), r.getCount()});
+      d.message = wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(),
+                                r.getCount(), r.getSkipped()});
       break;
     }
     case W::EPOCH_END: {

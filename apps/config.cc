@@ -133,6 +133,9 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
       TROUPE_INT_KEY("staleness", staleness, "ssp: steps a worker may run ahead of the slowest"),
       TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
+      TROUPE_INT_KEY("generation", generation,
+                     "restarts of the run so far (set by troupe launch --on-failure restart); "
+                     "above 0 the run resumes as with --resume auto"),
       TROUPE_STRING_KEY("rendezvous", rendezvous,
                         "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT"),
       TROUPE_STRING_KEY("interface", interface, "network interface to listen on (e.g. eth0)"),
@@ -153,6 +156,11 @@ const std::vector<Key>& keys() {
           [](TrainOptions& o, const Value& v) { o.seed = static_cast<std::uint64_t>(asInt(v)); },
           [](const TrainOptions& o) { return fmt::format("{}", o.seed); }},
       TROUPE_INT_KEY("prefetch", prefetch, "batches a reader keeps in flight"),
+      Key{"skip_bad_records", Kind::kBool,
+          "skip (and count, and log once) records that do not parse, decode or fit, instead of "
+          "failing; also --skip-bad-records",
+          [](TrainOptions& o, const Value& v) { o.skip_bad_records = asBool(v); },
+          [](const TrainOptions& o) { return std::string(o.skip_bad_records ? "true" : "false"); }},
       TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, "gradient bucket size (MiB)"),
       TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, "size of the first bucket (MiB)"),
       TROUPE_STRING_KEY("log_dir", log_dir, "folder of the CSV log"),
@@ -160,7 +168,9 @@ const std::vector<Key>& keys() {
                         "folder of checkpoints (default: log_dir)"),
       TROUPE_INT_KEY("checkpoint_every", checkpoint_every,
                      "epochs between checkpoints (0: end only)"),
-      TROUPE_STRING_KEY("resume", resume, "checkpoint to continue from"),
+      TROUPE_STRING_KEY("resume", resume,
+                        "checkpoint to continue from, or 'auto': the newest complete checkpoint "
+                        "of this run (same run_id) in checkpoint_dir, if any"),
       TROUPE_INT_KEY("log_every", log_every, "steps between console lines"),
       TROUPE_FLOAT_KEY("step_timeout", step_timeout_s, "seconds without progress before failing"),
       TROUPE_STRING_KEY("run_name", run_name, "prefix of the experiment id (default: the model)"),
@@ -305,8 +315,10 @@ const std::vector<ConfigKey>& configKeys() {
 void addConfigOptions(CLI::App& command, Overrides* overrides) {
   for (const auto& k : keys()) {
     const std::string name = k.name;
+    std::string flags = "--" + name;
+    if (name == "skip_bad_records") flags += ",--skip-bad-records";
     auto* opt = command.add_option_function<std::string>(
-        "--" + name, [overrides, name](const std::string& v) { (*overrides)[name] = v; },
+        flags, [overrides, name](const std::string& v) { (*overrides)[name] = v; },
         fmt::format("{} ({})", k.help, kindName(k.kind)));
     if (k.kind == Kind::kBool) opt->expected(0, 1);
   }
@@ -366,6 +378,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
                                                           {"TROUPE_ROLE", "role"},
                                                           {"TROUPE_NUM_SERVERS", "num_servers"},
                                                           {"TROUPE_RUN_ID", "run_id"},
+                                                          {"TROUPE_GENERATION", "generation"},
                                                           {"TROUPE_RENDEZVOUS", "rendezvous"},
                                                           {"TROUPE_INTERFACE", "interface"}};
   for (const auto& [var, key] : from_env) {

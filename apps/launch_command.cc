@@ -43,6 +43,13 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("--secret-file,--secret_file", o.secret_file,
                   "file holding the run's secret (default: $TROUPE_SECRET, else a fresh one per "
                   "run); every process gets it as TROUPE_SECRET");
+  cmd->add_option("--on-failure", o.on_failure,
+                  "when a process fails: abort (stop them all, exit non-zero) or restart (stop "
+                  "them all, start them all again from the run's newest checkpoint)")
+      ->capture_default_str();
+  cmd->add_option("--max-restarts", o.max_restarts,
+                  "--on-failure restart: restarts before giving up")
+      ->capture_default_str();
   cmd->add_option("command", o.command, "what every process runs, after --")->required();
   cmd->callback([state] {
     auto options = state->options;

@@ -38,6 +38,9 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 
 // Lines a remote wrapper prints for the launcher alone; never relayed.
 constexpr std::string_view kMarker = "@@troupe-launch@@";
+// How long after a first failure the launcher waits for a process killed by a signal before it
+// names the first failure and stops the others.
+constexpr auto kSettle = std::chrono::milliseconds(500);
 
 enum class Kind { kLocal, kSsh };
 
@@ -63,6 +66,13 @@ struct Outcome {
   int code = 0;  // the launcher's exit code when this one is the failure
   bool by_signal = false;
   std::string what;  // "exited with code 3"
+};
+
+// How one start of the whole world ended.
+struct Attempt {
+  int code = 0;              // 0: every process exited 0
+  std::string failure;       // who failed and how: "worker 1 on localhost exited with code 3"
+  bool interrupted = false;  // the launcher got SIGINT, SIGTERM or SIGHUP: never restarted
 };
 
 std::string label(const Child& c) {
@@ -428,9 +438,9 @@ std::string remoteScript(const std::string& dir, const Env& env,
 }
 
 // local and ssh: one child process per role and rank.
-int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string>& command,
-                const std::string& run_id, const std::string& rendezvous,
-                const std::vector<LaunchHost>& hosts) {
+Attempt runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string>& command,
+                    const std::string& run_id, const std::string& rendezvous,
+                    const std::vector<LaunchHost>& hosts, int generation) {
   std::vector<Child> children;
   auto add = [&](const char* role, int count) {
     for (int r = 0; r < count; ++r) {
@@ -462,6 +472,7 @@ int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string
     env.emplace_back("TROUPE_NUM_WORKERS", std::to_string(o.num_workers));
     env.emplace_back("TROUPE_NUM_SERVERS", std::to_string(o.num_servers));
     env.emplace_back("TROUPE_RUN_ID", run_id);
+    env.emplace_back("TROUPE_GENERATION", std::to_string(generation));
     env.emplace_back("TROUPE_RENDEZVOUS", rendezvous);
     const auto started =
         kind == Kind::kSsh
@@ -500,8 +511,9 @@ int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string
     if (!targets.empty()) signalRemote(targets, "TERM");
   };
 
-  std::optional<std::size_t> failed;
-  Outcome failure;
+  std::optional<std::size_t> failed, candidate;
+  Outcome failure, candidate_outcome;
+  Clock::time_point settle_until{};
   bool killing = false;
   Clock::time_point kill_at{};
   auto stopOthers = [&] {
@@ -543,10 +555,10 @@ int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string
       }
     }
     // Reap everyone who exited (once their output is drained: an ssh child's exit code comes in
-    // it); when several failed at once, one killed by a signal is the likelier cause (the others
-    // exit because they lost it), then the lowest.
-    std::optional<std::size_t> first_failure;
-    Outcome first_outcome;
+    // it). The first failure opens a short window before the others are stopped: a process that
+    // loses a peer may exit before the peer's own death is reaped, so within the window one
+    // killed by a signal is the likelier cause (the others exit because they lost it), then the
+    // one that failed first, then the lowest.
     for (std::size_t i = 0; i < children.size(); ++i) {
       auto& c = children[i];
       if (!c.running || (kind == Kind::kSsh && c.out >= 0)) continue;
@@ -555,15 +567,19 @@ int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string
       c.running = false;
       c.status = status;
       const Outcome outcome = kind == Kind::kSsh ? sshOutcome(c) : localOutcome(status);
-      if (outcome.ok) continue;
-      if (!first_failure || (outcome.by_signal && !first_outcome.by_signal)) {
-        first_failure = i;
-        first_outcome = outcome;
+      if (outcome.ok || failed) continue;
+      if (!candidate) settle_until = Clock::now() + kSettle;
+      if (!candidate || (outcome.by_signal && !candidate_outcome.by_signal)) {
+        candidate = i;
+        candidate_outcome = outcome;
       }
     }
-    if (first_failure && !failed && !interrupted) {
-      failed = first_failure;
-      failure = first_outcome;
+    const bool all_done =
+        std::none_of(children.begin(), children.end(), [](const Child& c) { return c.running; });
+    if (candidate && !failed && !interrupted &&
+        (candidate_outcome.by_signal || all_done || Clock::now() >= settle_until)) {
+      failed = candidate;
+      failure = candidate_outcome;
       const auto& c = children[*failed];
       const std::string pid =
           kind == Kind::kSsh && c.remote_pgid > 0
@@ -601,18 +617,17 @@ int runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string
     if (!any) break;
     if (fds.empty()) ::usleep(20000);
   }
-  if (failed) {
-    const auto& c = children[*failed];
-    fmt::print(stderr, "[launcher] run failed: {} {} on {} {}\n", c.role, c.rank, c.host,
-               failure.what);
-    return failure.code ? failure.code : 1;
-  }
   if (interrupted) {
     fmt::print(stderr, "[launcher] run stopped by signal {}\n", interrupted);
-    return 128 + interrupted;
+    return {128 + interrupted, "", true};
+  }
+  if (failed) {
+    const auto& c = children[*failed];
+    return {failure.code ? failure.code : 1,
+            fmt::format("{} {} on {} {}", c.role, c.rank, c.host, failure.what)};
   }
   fmt::print("[launcher] all {} process(es) exited 0\n", children.size());
-  return 0;
+  return {};
 }
 
 // ---- mpi ----
@@ -724,9 +739,9 @@ void parseMpirunLine(std::string_view line, std::optional<int>& pending_rank,
   }
 }
 
-int runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
-           const std::string& run_id, const std::string& rendezvous,
-           const std::vector<LaunchHost>& hosts) {
+Attempt runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
+               const std::string& run_id, const std::string& rendezvous,
+               const std::vector<LaunchHost>& hosts, int generation) {
   const int world = o.num_servers + o.num_workers;
   std::vector<MpiRank> ranks;
   for (int r = 0; r < world; ++r) {
@@ -761,6 +776,7 @@ int runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
   env.emplace_back("TROUPE_NUM_WORKERS", std::to_string(o.num_workers));
   env.emplace_back("TROUPE_NUM_SERVERS", std::to_string(o.num_servers));
   env.emplace_back("TROUPE_RUN_ID", run_id);
+  env.emplace_back("TROUPE_GENERATION", std::to_string(generation));
   env.emplace_back("TROUPE_RENDEZVOUS", rendezvous);
   for (const auto& [k, v] : env)
     argv.insert(argv.end(), {"-x", k + "=" + v});
@@ -841,7 +857,7 @@ int runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
     fmt::print("[launcher] all {} process(es) exited 0\n", world);
-    return 0;
+    return {};
   }
   // The launcher's own bookkeeping first, then mpirun's report.
   if (first_failed) {
@@ -853,19 +869,18 @@ int runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
     const std::string host = !r.host.empty()          ? r.host
                              : !failure->host.empty() ? failure->host
                                                       : "an unknown host";
-    fmt::print(stderr, "[launcher] run failed: {} {} on {}{} {}; mpirun {} and ended the job\n",
-               r.role, r.rank, host, r.pid ? fmt::format(" (pid {})", r.pid) : "", failure->what,
-               describeExit(status));
-    return failure->code ? failure->code : exitCodeOf(status);
+    return {failure->code ? failure->code : exitCodeOf(status),
+            fmt::format("{} {} on {}{} {}; mpirun {} and ended the job", r.role, r.rank, host,
+                        r.pid ? fmt::format(" (pid {})", r.pid) : "", failure->what,
+                        describeExit(status))};
   }
   if (interrupted) {
     fmt::print(stderr, "[launcher] run stopped by signal {}; mpirun {}\n", interrupted,
                describeExit(status));
-    return 128 + interrupted;
+    return {128 + interrupted, "", true};
   }
-  fmt::print(stderr, "[launcher] run failed: mpirun {} (no failing rank in its report)\n",
-             describeExit(status));
-  return exitCodeOf(status) ? exitCodeOf(status) : 1;
+  return {exitCodeOf(status) ? exitCodeOf(status) : 1,
+          fmt::format("mpirun {} (no failing rank in its report)", describeExit(status))};
 }
 
 }  // namespace
@@ -935,6 +950,12 @@ int launch(const LaunchOptions& o) {
   if (o.launcher == "ssh" && o.hostfile.empty()) {
     throw InputError("--launcher ssh needs -H HOSTFILE (one host or host:port a line)");
   }
+  if (o.on_failure != "abort" && o.on_failure != "restart") {
+    throw InputError(fmt::format("--on-failure '{}': expected abort or restart", o.on_failure));
+  }
+  if (o.max_restarts < 0) {
+    throw InputError(fmt::format("--max-restarts {}: cannot be negative", o.max_restarts));
+  }
   if (!o.sync_dst_dir.empty() && o.launcher != "ssh") {
     throw InputError(
         fmt::format("--sync-dst-dir works with --launcher ssh only, not '{}'", o.launcher));
@@ -959,27 +980,47 @@ int launch(const LaunchOptions& o) {
     options.env.emplace_back("TROUPE_SECRET_FILE",
                              std::filesystem::absolute(o.secret_file).string());
   }
-  // The embedded store, served here for as long as the processes run.
-  std::unique_ptr<rendezvous::TcpStoreServer> store;
-  std::string rendezvous = o.rendezvous;
-  if (rendezvous.empty()) {
-    const std::string bind = o.launcher == "local" ? "127.0.0.1" : storeBindAddress(o, hosts);
-    store = rendezvous::startTcpStoreServer(bind, 0, secret);
-    rendezvous = "tcp://" + store->address();
-  }
-  fmt::print("[launcher] run {}: {} worker(s), {} server(s), rendezvous {}{}", run_id,
-             o.num_workers, o.num_servers, rendezvous, store ? " (embedded store)" : "");
-  if (o.launcher == "local") {
-    fmt::print("\n");
-  } else {
-    fmt::print(", {} launcher{}\n", o.launcher,
-               hosts.empty() ? "" : fmt::format(" over {} host line(s)", hosts.size()));
-  }
-  std::fflush(stdout);
+  for (int generation = 0;; ++generation) {
+    // The embedded store, served here for as long as this generation's processes run; a fresh
+    // one (another port) each generation, so a straggler of the last one cannot join this one.
+    std::unique_ptr<rendezvous::TcpStoreServer> store;
+    std::string rendezvous = o.rendezvous;
+    if (rendezvous.empty()) {
+      const std::string bind = o.launcher == "local" ? "127.0.0.1" : storeBindAddress(o, hosts);
+      store = rendezvous::startTcpStoreServer(bind, 0, secret);
+      rendezvous = "tcp://" + store->address();
+    }
+    fmt::print("[launcher] run {}{}: {} worker(s), {} server(s), rendezvous {}{}", run_id,
+               generation > 0 ? fmt::format(" (restart {} of {})", generation, o.max_restarts) : "",
+               o.num_workers, o.num_servers, rendezvous, store ? " (embedded store)" : "");
+    if (o.launcher == "local") {
+      fmt::print("\n");
+    } else {
+      fmt::print(", {} launcher{}\n", o.launcher,
+                 hosts.empty() ? "" : fmt::format(" over {} host line(s)", hosts.size()));
+    }
+    std::fflush(stdout);
 
-  if (o.launcher == "mpi") return runMpi(options, command, run_id, rendezvous, hosts);
-  return runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, options, command, run_id,
-                     rendezvous, hosts);
+    const Attempt attempt =
+        o.launcher == "mpi" ? runMpi(options, command, run_id, rendezvous, hosts, generation)
+                            : runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, options,
+                                          command, run_id, rendezvous, hosts, generation);
+    if (attempt.code == 0 || attempt.interrupted) return attempt.code;
+    if (o.on_failure == "restart" && generation < o.max_restarts) {
+      fmt::print(stderr, "[launcher] {}; restarting every process ({} of {} restarts)\n",
+                 attempt.failure, generation + 1, o.max_restarts);
+      std::fflush(stderr);
+      continue;
+    }
+    if (o.on_failure == "restart") {
+      fmt::print(stderr,
+                 "[launcher] run failed: {}; giving up after {} restart(s) (--max-restarts {})\n",
+                 attempt.failure, generation, o.max_restarts);
+    } else {
+      fmt::print(stderr, "[launcher] run failed: {}\n", attempt.failure);
+    }
+    return attempt.code;
+  }
 }
 
 }  // namespace troupe::apps

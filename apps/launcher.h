@@ -1,11 +1,18 @@
 // Starting and watching the processes of a run, as MXNet's tools/launch.py does.
 //
 // Each process gets its role and rank in its environment (TROUPE_ROLE=worker|server, TROUPE_RANK,
-// TROUPE_NUM_WORKERS, TROUPE_NUM_SERVERS, TROUPE_RUN_ID, TROUPE_RENDEZVOUS, and every --env K=V).
-// Every line a process prints is relayed with its role and rank in front ("[worker 1] ..."). When
-// any process exits non-zero or dies of a signal, the launcher stops the others (SIGTERM, then
-// SIGKILL after a grace period), names the one that failed (host, role, rank, exit code or
-// signal), and returns non-zero.
+// TROUPE_NUM_WORKERS, TROUPE_NUM_SERVERS, TROUPE_RUN_ID, TROUPE_GENERATION, TROUPE_RENDEZVOUS, and
+// every --env K=V). Every line a process prints is relayed with its role and rank in front
+// ("[worker 1] ..."). When any process exits non-zero or dies of a signal, the launcher stops the
+// others (SIGTERM, then SIGKILL after a grace period) and names the one that failed (host, role,
+// rank, exit code or signal); if within 0.5 s of a first failure another process turns out killed
+// by a signal, that one is named (the first is likely its peer, failing for want of it). Then,
+// on_failure "abort": it returns non-zero. "restart" (the model of torchelastic): once every
+// process of the world is gone it starts them all again, as generation 1, 2 ... (TROUPE_GENERATION;
+// the run id stays), each generation with a fresh embedded store, so nothing of an earlier one can
+// mix in; a training process of generation > 0 resumes from the newest complete checkpoint of the
+// run (see TrainOptions::generation). After max_restarts restarts it gives up, naming the last
+// failure. A launcher stopped by SIGINT, SIGTERM or SIGHUP never restarts.
 //
 // Launchers:
 //  - local: fork/exec on this host; each process in its own process group.
@@ -71,11 +78,14 @@ struct LaunchOptions {
   // run, handed to the processes as TROUPE_SECRET (visible on the ssh or mpirun command line).
   std::string secret_file;
   std::chrono::milliseconds grace{5000};
+  std::string on_failure = "abort";  // abort or restart
+  int max_restarts = 3;              // restart: starts of the world after the first, at most
 };
 
-// Runs the processes to the end. Returns 0 when all exited 0, else the failing process's exit
-// code (128 + signal for a signal; ssh's 255 for a host that cannot be reached), after stopping
-// the rest. InputError for bad options or a bad hostfile, IoError when a sync fails.
+// Runs the processes to the end. Returns 0 when all exited 0 (in some generation), else the last
+// failing process's exit code (128 + signal for a signal; ssh's 255 for a host that cannot be
+// reached), after stopping the rest. InputError for bad options or a bad hostfile, IoError when a
+// sync fails.
 int launch(const LaunchOptions& options);
 
 struct LaunchHost {

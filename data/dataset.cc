@@ -46,7 +46,7 @@ class DbDataset final : public Dataset {
 
  private:
   [[noreturn]] void bad(const std::string& key, const std::string& what) const {
-    throw InputError(detail::concat("database '", options_.path, "': record '", key, "' ", what));
+    throw BadRecordError(options_.path, key, what);
   }
 
   std::int32_t decode(const std::string& key, float* out) {
@@ -138,6 +138,11 @@ std::uint64_t mix64(std::uint64_t z) {
 }
 
 }  // namespace
+
+BadRecordError::BadRecordError(std::string database, std::string key, const std::string& why)
+    : InputError(detail::concat("database '", database, "': record '", key, "' ", why)),
+      database_(std::move(database)),
+      key_(std::move(key)) {}
 
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
   return std::make_unique<DbDataset>(options);

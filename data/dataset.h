@@ -2,7 +2,8 @@
 //
 // Records may hold raw pixels (uint8 in `data`, or `float_data`) or an encoded JPEG/PNG image.
 // Every record is checked against the expected shape and label range; a record that does not fit
-// or does not decode throws InputError naming the database and the record's key.
+// or does not decode throws BadRecordError (an InputError) naming the database and the record's
+// key, so that a caller may skip the record and go on.
 // Thread safety: one thread at a time (each reader actor opens its own Dataset).
 #pragma once
 
@@ -12,8 +13,22 @@
 #include <vector>
 
 #include "data/db.h"
+#include "troupe/error.h"
 
 namespace troupe::data {
+
+// One record of a database is bad: it does not parse, decode or fit the expected shape or labels.
+// what() is "database 'PATH': record 'KEY' WHY".
+class BadRecordError : public InputError {
+ public:
+  BadRecordError(std::string database, std::string key, const std::string& why);
+  const std::string& database() const { return database_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  std::string database_;
+  std::string key_;
+};
 
 struct DatasetOptions {
   std::string path;
@@ -37,9 +52,9 @@ class Dataset {
   // options' shape; encoded (JPEG/PNG) records must have its height and width, and are decoded to
   // its channels (gray and color convert into each other, as Caffe's forced decoding does). Color
   // channels are in the order stored (BGR for databases written by Caffe or troupe). Throws
-  // InputError naming the database and key for a record that does not parse, does not decode,
-  // has another shape or a label outside [0, num_labels); InputError for an index out of range.
-  // images and labels are partly written when it throws.
+  // BadRecordError for the first record that does not parse, does not decode, has another shape
+  // or a label outside [0, num_labels); InputError for an index out of range. images and labels
+  // are partly written when it throws.
   virtual void read(const std::vector<std::int64_t>& indices, float* images,
                     std::int32_t* labels) = 0;
 };

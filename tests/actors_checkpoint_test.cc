@@ -117,6 +117,74 @@ TEST_F(CheckpointTest, AnUnwritableFolderIsAnIoError) {
   EXPECT_THROW(saveCheckpoint("/proc/troupe-no/a.ckpt", sample()), IoError);
 }
 
+TEST_F(CheckpointTest, MetaAloneIsReadFromTheHead) {
+  saveCheckpoint(path("a.ckpt"), sample());
+  const auto meta = loadCheckpointMeta(path("a.ckpt"));
+  EXPECT_EQ(meta.at("step"), "40");
+  EXPECT_EQ(meta.at("model"), "lenet");
+  std::ofstream(path("b.ckpt")) << "not one";
+  EXPECT_THROW(loadCheckpointMeta(path("b.ckpt")), InputError);
+}
+
+// The pid of a process that has ended and been reaped.
+pid_t deadPid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+TEST_F(CheckpointTest, StaleTemporariesOfDeadWritersAreRemovedAndNothingElse) {
+  saveCheckpoint(path("a.ckpt"), sample());
+  const std::string dead = path("b.ckpt.tmp.") + std::to_string(deadPid());
+  const std::string alive = path("c.ckpt.tmp.") + std::to_string(::getpid());
+  const std::string other = path("notes.tmp.1");
+  for (const auto& p : {dead, alive, other})
+    std::ofstream(p) << "half a checkpoint";
+  const auto removed = removeStaleTemporaries(dir_.string());
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0], dead);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive)) << "a live writer's save is left alone";
+  EXPECT_TRUE(fs::exists(other)) << "not a checkpoint's temporary";
+  EXPECT_NO_THROW(loadCheckpoint(path("a.ckpt")));
+  EXPECT_TRUE(removeStaleTemporaries((dir_ / "missing").string()).empty());
+}
+
+TEST_F(CheckpointTest, TheLatestIsTheHighestCompleteAcceptedStep) {
+  auto save = [&](const char* name, int step, const char* run) {
+    auto ck = sample();
+    ck.meta["step"] = std::to_string(step);
+    ck.meta["run_id"] = run;
+    saveCheckpoint(path(name), ck);
+  };
+  save("a.ckpt", 10, "r1");
+  save("b.ckpt", 30, "r1");
+  save("c.ckpt", 20, "r1");
+  save("d.ckpt", 40, "r2");
+  // b, the highest of r1, is corrupt: a byte of its weights flipped.
+  {
+    std::fstream f(path("b.ckpt"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-8, std::ios::end);
+    f.put('\x7f');
+  }
+  // A save of step 50 that never finished.
+  std::ofstream(path("e.ckpt.tmp.") + std::to_string(deadPid())) << "TROUPECK";
+  auto ofRun = [](const char* run) {
+    return [run](const std::map<std::string, std::string>& meta) -> std::string {
+      return meta.at("run_id") == run ? "" : "another run";
+    };
+  };
+  const auto found = findLatestCheckpoint(dir_.string(), ofRun("r1"));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->path, path("c.ckpt"));
+  EXPECT_EQ(found->checkpoint.metaInt("step"), 20);
+  EXPECT_EQ(found->checkpoint.weights.numel(), 5);
+  EXPECT_EQ(findLatestCheckpoint(dir_.string(), ofRun("r2"))->path, path("d.ckpt"));
+  EXPECT_FALSE(findLatestCheckpoint(dir_.string(), ofRun("r3")).has_value());
+  EXPECT_FALSE(findLatestCheckpoint((dir_ / "missing").string(), ofRun("r1")).has_value());
+}
+
 }  // namespace
 }  // namespace troupe::actors
 

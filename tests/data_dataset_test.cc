@@ -348,6 +348,32 @@ TEST_F(BadRecordTest, ErrorsAreTheSameInLevelDb) {
               AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("not a Datum")));
 }
 
+// A bad record is a BadRecordError carrying the database and the key (what skip_bad_records
+// catches); an index out of range is not a bad record.
+TEST_F(BadRecordTest, IsABadRecordErrorCarryingTheDatabaseAndTheKey) {
+  RawDatum good;
+  good.data = testing::pattern(28 * 28, 0);
+  const std::string path = dir_ / "db";
+  writeDb(path, DbType::kLmdb, {testing::datumBytes(good), "\x0a\xff"});
+  auto dataset = openDataset(optionsFor(path));
+  try {
+    readOne(*dataset, 1);
+    FAIL() << "a bad record was read";
+  } catch (const BadRecordError& e) {
+    EXPECT_EQ(e.database(), path);
+    EXPECT_EQ(e.key(), "00000001");
+    EXPECT_THAT(e.what(), HasSubstr("database '" + path + "': record '00000001' is not a Datum"));
+  }
+  try {
+    readOne(*dataset, 2);
+    FAIL() << "index 2 of 2 was read";
+  } catch (const BadRecordError&) {
+    FAIL() << "an index out of range is no bad record";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("out of range"));
+  }
+}
+
 TEST(DatasetOpenTest, MissingDatabaseOrWrongTypeNamesPathAndType) {
   TempDir dir;
   EXPECT_THAT(errorOf([&] { openDataset(optionsFor(dir / "missing")); }),

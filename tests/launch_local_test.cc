@@ -56,6 +56,81 @@ TEST(LaunchLocal, AFailingProcessIsNamedAndTheOthersAreStopped) {
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
 }
 
+// A process that loses a peer may exit before the peer's death is reaped; a death by a signal
+// shortly after another failure is named as the cause.
+TEST(LaunchLocal, ASignalDeathJustAfterAnotherFailureIsNamedAsTheCause) {
+  TempDir cwd("launch_local_cause");
+  const auto r = runCommand(launchIn(
+      cwd, "-n 2 -- bash -c 'if [ $TROUPE_RANK = 0 ]; then exit 1; fi; sleep 0.05; kill -9 $$'"));
+  EXPECT_EQ(r.exit_code, 137) << r.output;
+  EXPECT_TRUE(contains(r.output, "run failed: worker 1 on localhost was killed by signal 9"))
+      << r.output;
+}
+
+// Worker 1 of the first generation dies of SIGKILL; the launcher stops worker 0 and starts both
+// again, with generation 1 and a fresh store, under the same run id.
+TEST(LaunchLocal, RestartStartsTheWholeWorldAgainAsTheNextGeneration) {
+  TempDir cwd("launch_local_restart");
+  const auto r = runCommand(launchIn(
+      cwd,
+      "-n 2 --run_id rr --on-failure restart -- bash -c 'echo gen $TROUPE_GENERATION "
+      "$TROUPE_RUN_ID $TROUPE_RENDEZVOUS; if [ $TROUPE_GENERATION$TROUPE_RANK = 01 ]; then "
+      "kill -9 $$; fi; if [ $TROUPE_GENERATION = 0 ]; then sleep 60; fi'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] gen 0 rr tcp://")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launcher] worker 1 on localhost was killed by signal 9 "
+                       "(Killed); restarting every process (1 of 3 restarts)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] run rr (restart 1 of 3): 2 worker(s)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] gen 1 rr tcp://")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] gen 1 rr tcp://")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
+  // Each generation has its own embedded store.
+  const auto store = [&](const std::string& who) {
+    const auto at = r.output.find(who);
+    return at == std::string::npos ? "" : r.output.substr(at + who.size(), 21);
+  };
+  EXPECT_NE(store("[worker 0] gen 0 rr "), store("[worker 0] gen 1 rr ")) << r.output;
+}
+
+TEST(LaunchLocal, RestartGivesUpAfterMaxRestartsNamingTheLastFailure) {
+  TempDir cwd("launch_local_giveup");
+  const auto r = runCommand(launchIn(cwd,
+                                     "-n 2 --on-failure restart --max-restarts 2 -- bash -c 'if [ "
+                                     "$TROUPE_RANK = 1 ]; then exit $((3 + TROUPE_GENERATION)); "
+                                     "fi; sleep 60'"));
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with code 3; restarting every process (1 of 2 restarts)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "exited with code 4; restarting every process (2 of 2 restarts)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[launcher] run failed: worker 1 on localhost exited with code 5; giving "
+                       "up after 2 restart(s) (--max-restarts 2)"))
+      << r.output;
+}
+
+TEST(LaunchLocal, AbortIsTheDefaultAndNeverRestarts) {
+  TempDir cwd("launch_local_abort");
+  const auto r = runCommand(launchIn(cwd, "-n 1 -- bash -c 'echo gen $TROUPE_GENERATION; exit 7'"));
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] gen 0")) << r.output;
+  EXPECT_FALSE(contains(r.output, "restart")) << r.output;
+}
+
+TEST(LaunchLocal, BadFailurePoliciesAreRefused) {
+  TempDir cwd("launch_local_policy");
+  const auto bad = runCommand(launchIn(cwd, "-n 1 --on-failure retry -- true"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(contains(bad.output, "--on-failure 'retry': expected abort or restart"))
+      << bad.output;
+  const auto negative = runCommand(launchIn(cwd, "-n 1 --max-restarts -1 -- true"));
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_TRUE(contains(negative.output, "--max-restarts -1: cannot be negative"))
+      << negative.output;
+}
+
 TEST(LaunchLocal, AnUnknownLauncherListsTheKnownOnes) {
   TempDir cwd("launch_local_unknown");
   const auto r = runCommand(launchIn(cwd, "-n 1 --launcher slurm -- true"));

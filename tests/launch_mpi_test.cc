@@ -67,6 +67,21 @@ TEST(LaunchMpi, ARankKilledByASignalIsNamed) {
   EXPECT_TRUE(contains(r.output, "exited with code 137 (128 + signal 9, Killed)")) << r.output;
 }
 
+TEST(LaunchMpi, RestartRunsTheJobAgainAsTheNextGeneration) {
+  TempDir cwd("launch_mpi_restart");
+  const auto r = launchMpi(cwd,
+                           "-n 2 -s 1 --on-failure restart --max-restarts 1 -- bash -c 'echo gen "
+                           "$TROUPE_GENERATION; if [ $TROUPE_GENERATION$TROUPE_ROLE$TROUPE_RANK = "
+                           "0worker1 ]; then exit 3; fi; [ $TROUPE_GENERATION = 1 ] || sleep 60'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] worker 1 on ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting every process (1 of 1 restarts)")) << r.output;
+  for (const char* line : {"[server 0] gen 1", "[worker 0] gen 1", "[worker 1] gen 1"}) {
+    EXPECT_TRUE(contains(r.output, line)) << line << "\n" << r.output;
+  }
+  EXPECT_TRUE(contains(r.output, "[launcher] all 3 process(es) exited 0")) << r.output;
+}
+
 TEST(LaunchMpi, StoppingTheLauncherEndsEveryRank) {
   TempDir cwd("launch_mpi_stop");
   const std::string pids = cwd.str() + "/pids";

@@ -120,6 +120,25 @@ TEST_F(LaunchSsh, AFailingRemoteProcessIsNamedAndTheOtherOneIsKilledRemotely) {
   EXPECT_TRUE(processGone(pid, 3s)) << "remote sleep " << pid << " outlived the launcher";
 }
 
+TEST_F(LaunchSsh, RestartStopsTheRemoteProcessesAndStartsThemAllAgain) {
+  const std::string pidfile = cwd_.str() + "/sleep.pid";
+  const std::string host = sshd_->host();
+  const auto r =
+      launch(host + "\n" + host + "\n",
+             "-n 2 --on-failure restart -- bash -c 'echo gen $TROUPE_GENERATION; "
+             "if [ $TROUPE_GENERATION != 0 ]; then exit 0; fi; "
+             "if [ $TROUPE_RANK = 1 ]; then sleep 1; kill -9 $$; fi; sleep 60 & echo $! > " +
+                 pidfile + "; wait'");
+  ASSERT_EQ(r.exit_code, 0) << r.output << sshdLog();
+  EXPECT_TRUE(contains(r.output, "worker 1 on " + host)) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting every process (1 of 3 restarts)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] gen 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] gen 1")) << r.output;
+  const std::string pid = readFile(pidfile);
+  ASSERT_FALSE(pid.empty()) << "worker 0 never started its sleep\n" << r.output;
+  EXPECT_TRUE(processGone(pid, 3s)) << "generation 0's remote sleep " << pid << " outlived it";
+}
+
 TEST_F(LaunchSsh, AnUnreachableHostIsNamedWithRoleRankAndSshExitCode) {
   const std::string closed = "127.0.0.1:" + std::to_string(freeLoopbackPort());
   const auto started = std::chrono::steady_clock::now();

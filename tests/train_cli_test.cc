@@ -1,6 +1,9 @@
 // `troupe train` as users start it: the commands of the README and the issues, and bad input.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -201,6 +204,48 @@ TEST(TrainCommand, ACorruptCheckpointIsRefusedWhenResuming) {
   TempDir cwd("err_resume");
   std::ofstream(cwd.path() / "bad.ckpt") << "TROUPECK garbage";
   expectError(train(cwd, "--model mlp" + dataFlags() + " --resume bad.ckpt"), "bad.ckpt");
+}
+
+// --resume auto: the newest checkpoint of the run in the folder, if any; the leftovers of a save
+// that never finished go at startup; a run whose last checkpoint holds its end has nothing to do.
+TEST(TrainCommand, ResumeAutoContinuesFromTheNewestCheckpointOfTheRun) {
+  TempDir cwd("cli_resume_auto");
+  const std::string common = "--model mlp" + dataFlags() +
+                             " --epoch_size 640 --checkpoint_every 1 --log_every 0 --threads 1";
+  const auto fresh = train(cwd, common + " --num_epochs 2 --resume auto");
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_NE(fresh.output.find("no complete checkpoint of this run in '.' yet: starting from "
+                              "scratch"),
+            std::string::npos)
+      << fresh.output;
+
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path stale = cwd.path() / ("mlp_epoch9.ckpt.tmp." + std::to_string(dead));
+  std::ofstream(stale) << "TROUPECK half a save";
+  const auto more = train(cwd, common + " --num_epochs 3 --resume auto");
+  ASSERT_EQ(more.exit_code, 0) << more.output;
+  EXPECT_NE(more.output.find("_epoch2.ckpt at step 20"), std::string::npos) << more.output;
+  EXPECT_NE(more.output.find("done: 30 steps"), std::string::npos) << more.output;
+  EXPECT_NE(more.output.find("removed ./" + stale.filename().string()), std::string::npos)
+      << more.output;
+  EXPECT_FALSE(fs::exists(stale));
+
+  const auto again = train(cwd, common + " --num_epochs 3 --resume auto");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("_epoch3.ckpt holds the run's last step 30: nothing left to train"),
+            std::string::npos)
+      << again.output;
+
+  // Checkpoints of another plan are passed over, naming why.
+  const auto other = train(cwd, common + " --num_epochs 1 --batch_size 32 --resume auto");
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("it was written with global batch 64 and 10 steps per epoch, this "
+                              "run has 32 and 20"),
+            std::string::npos)
+      << other.output;
+  EXPECT_NE(other.output.find("starting from scratch"), std::string::npos) << other.output;
 }
 
 TEST(TrainCommand, ACrossProcessScheduleSaysWhatIsMissing) {

@@ -69,6 +69,7 @@ struct StepDone {
   lossSum @2 :Float64;
   correct @3 :Float64;
   count @4 :Int64;
+  skipped @5 :Int64;  # bad records skipped in the step's batch (skip_bad_records)
 }
 
 # Updater -> Coordinator.

@@ -763,6 +763,8 @@ AsioTransport::~AsioTransport() {
   if (!unixPath_.empty()) {
     std::error_code ignored;
     std::filesystem::remove(unixPath_, ignored);
+    // The run's socket folder goes with its last socket (remove() leaves a non-empty folder).
+    std::filesystem::remove(std::filesystem::path(unixPath_).parent_path(), ignored);
   }
 }
 
