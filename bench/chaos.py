@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Chaos run: `troupe launch --on-failure restart` against workers killed with SIGKILL.
+"""Chaos run: `troupe launch --on-failure restart` against workers killed with SIGKILL or hung.
 
 Trains one uninterrupted baseline, then `--runs` runs of the same config, each with `--faults`
 faults: at a random moment of a generation (uniform in [--min-delay, --max-delay] seconds after its
-workers started) a random worker gets SIGKILL, and the launcher must stop the others, start them
-all again, and the new generation must resume from the newest checkpoint. Checks, per run:
+workers started) a random worker gets SIGKILL (`--fault kill`), or SIGSTOP (`--fault stop`: the
+process hangs with its sockets open, which its peers cannot tell from a cut link; they must notice
+through the heartbeats within --peer-timeout and fail naming it), or either at random (`mixed`).
+The launcher must stop the others, start them all again, and the new generation must resume from
+the newest checkpoint. Checks, per run:
 
   completed   the launcher exited 0 and the CSV logs hold the last epoch
   accuracy    the last epoch's test accuracy is within --tolerance of the baseline's
@@ -137,7 +140,9 @@ class Launch:
                     "--num_epochs", str(args.epochs), "--epoch_size", str(args.epoch_size),
                     "--batch_size", str(args.batch_size),
                     "--base_learning_rate", str(args.learning_rate),
-                    "--checkpoint_every", "1", "--log_every", "0", "--threads", "1"]
+                    "--checkpoint_every", "1", "--log_every", "0", "--threads", "1",
+                    "--peer_timeout", str(args.peer_timeout),
+                    "--stall_warning", str(max(0.5, args.peer_timeout / 2))]
         self.lines = []
         self.process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
@@ -204,11 +209,12 @@ def chaos_run(args, rng, index, baseline):
         if not live:
             break
         pid = rng.choice(sorted(live))
+        kind = args.fault if args.fault != "mixed" else rng.choice(["kill", "stop"])
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
         except ProcessLookupError:
             break
-        faults.append((generation, live[pid], time.monotonic() - started, step))
+        faults.append((generation, live[pid], time.monotonic() - started, step, kind))
     code = launch.wait(args.timeout)
     resumed = launch.resumed_steps()
     epoch, accuracy = last_epoch_row(folder)
@@ -216,7 +222,7 @@ def chaos_run(args, rng, index, baseline):
     for step, path, error in checkpoints(folder):
         if error is not None:
             lost.append("%s does not load: %s" % (os.path.basename(path), error))
-    for generation, rank, _, step in faults:
+    for generation, rank, _, step, _ in faults:
         after = resumed.get(generation + 1)
         if after is None:
             continue  # the run ended before the next generation (the kill came too late)
@@ -224,7 +230,15 @@ def chaos_run(args, rng, index, baseline):
             lost.append("generation %d resumed at step %d, a checkpoint of step %d existed"
                         % (generation + 1, after, step))
     completed = code == 0 and epoch == args.epochs
+    # A hung worker must have been named by a timeout (heartbeat or stall watch) each time.
+    timeouts = sum(1 for line in launch.lines
+                   if ("not even a heartbeat" in line and "lost the link" in line)
+                   or ("(peer_timeout)" in line and "failed handling" in line))
+    stops = sum(1 for f in faults if f[4] == "stop")
+    if timeouts < stops:
+        lost.append("%d hung worker(s), but %d timeout error(s) naming one" % (stops, timeouts))
     result = {
+        "stops": stops, "timeouts": timeouts,
         "run": index, "faults": faults, "code": code, "completed": completed,
         "restarts": max(resumed) if resumed else 0, "accuracy": accuracy, "lost": lost,
         "within": accuracy is not None and abs(accuracy - baseline) <= args.tolerance,
@@ -241,7 +255,11 @@ def main():
     parser.add_argument("--data", default=os.path.join(ROOT, "build/testdata/lmdb"),
                         help="folder with train/ and test/ LMDB databases")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--faults", type=int, default=3, help="SIGKILLs per run")
+    parser.add_argument("--faults", type=int, default=3, help="faults per run")
+    parser.add_argument("--fault", choices=["kill", "stop", "mixed"], default="kill",
+                        help="SIGKILL a worker, SIGSTOP it (a hang), or either at random")
+    parser.add_argument("--peer-timeout", type=float, default=5,
+                        help="troupe's --peer_timeout, seconds (a hung worker is found in this)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--servers", type=int, default=0)
     parser.add_argument("--schedule", default="bsp-allreduce")
@@ -282,20 +300,22 @@ def main():
     for index in range(1, args.runs + 1):
         r = chaos_run(args, rng, index, baseline)
         results.append(r)
-        kills = ", ".join("w%d@%.1fs(ckpt %d)" % (rank, t, step)
-                          for _, rank, t, step in r["faults"])
+        kills = ", ".join("%s w%d@%.1fs(ckpt %d)" % (kind, rank, t, step)
+                          for _, rank, t, step, kind in r["faults"])
         print("chaos: run %d: exit %d, %d restart(s), kills: %s" % (index, r["code"],
                                                                    r["restarts"], kills or "none"),
               flush=True)
 
     print()
-    print("| run | faults injected | restarts | completed | test accuracy | vs baseline | data lost |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | faults injected (kill/stop) | timeout errors | restarts | completed | "
+          "test accuracy | vs baseline | data lost |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         accuracy = "-" if r["accuracy"] is None else "%.4f" % r["accuracy"]
         delta = "-" if r["accuracy"] is None else "%+.4f" % (r["accuracy"] - baseline)
-        print("| %d | %d | %d | %s | %s | %s | %s |" % (
-            r["run"], len(r["faults"]), r["restarts"], "yes" if r["completed"] else "NO",
+        print("| %d | %d (%d/%d) | %d | %d | %s | %s | %s | %s |" % (
+            r["run"], len(r["faults"]), len(r["faults"]) - r["stops"], r["stops"], r["timeouts"],
+            r["restarts"], "yes" if r["completed"] else "NO",
             accuracy, delta, "; ".join(r["lost"]) if r["lost"] else "no"))
     faults = sum(len(r["faults"]) for r in results)
     completed = sum(r["completed"] for r in results)
