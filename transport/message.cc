@@ -1,3 +1,5 @@
+#include <capnp/dynamic.h>
+#include <capnp/schema.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +24,24 @@ constexpr std::byte kZeros[8] = {};
 
 std::size_t wordsFor(std::size_t bytes) {
   return (bytes + 7) / 8;
+}
+
+// Reads every field the schema knows, as receivers read them: a pointer of the wrong kind, a list
+// of the wrong element size or a Text without its NUL throws here, not where a field is read.
+void readAllFields(capnp::DynamicValue::Reader value) {
+  if (value.getType() == capnp::DynamicValue::STRUCT) {
+    auto object = value.as<capnp::DynamicStruct>();
+    for (auto field : object.getSchema().getFields()) {
+      if (object.has(field)) readAllFields(object.get(field));
+    }
+  } else if (value.getType() == capnp::DynamicValue::LIST) {
+    auto list = value.as<capnp::DynamicList>();
+    const auto element = list.getSchema().getElementType();
+    if (element.isStruct() || element.isList() || element.isText() || element.isData()) {
+      for (auto item : list)
+        readAllFields(item);
+    }
+  }
 }
 
 }  // namespace
@@ -255,10 +275,12 @@ void parseMessage(IncomingMessage::State& message, const TransportOptions& optio
   auto segments = kj::arrayPtr(message.segments.data(), message.segments.size());
   std::string problem;
   try {
-    // Walk the whole message once with a reader of its own, so the caller's reader starts with
-    // its full traversal budget.
+    // Walk the whole message with readers of its own, so the caller's reader starts with its full
+    // traversal budget: once for the limits, once reading every field of a Frame.
     capnp::SegmentArrayMessageReader check(segments, limits);
     check.getRoot<wire::Frame>().totalSize();
+    capnp::SegmentArrayMessageReader typed(segments, limits);
+    readAllFields(typed.getRoot<capnp::DynamicStruct>(capnp::Schema::from<wire::Frame>()));
     message.reader = std::make_unique<capnp::SegmentArrayMessageReader>(segments, limits);
   } catch (const kj::Exception& e) {
     problem = e.getDescription().cStr();

@@ -100,7 +100,8 @@ std::shared_ptr<IncomingMessage::State> startMessage(const FrameHeader& header,
                                                      const std::byte* table, BufferPool& pool);
 
 // The segments have arrived: parses them as a wire::Frame within options' reader limits
-// (traversalLimitWords, nestingLimit), walking the whole message once.
+// (traversalLimitWords, nestingLimit) and reads every field once, so that no later read of the
+// frame throws (a Text without its NUL, a pointer or list of the wrong kind are refused here).
 void parseMessage(IncomingMessage::State& message, const TransportOptions& options);
 
 // Lays out the bulk parts that a parsed message announces (partSizes, partOffsets, bulkBytes),
