@@ -67,6 +67,14 @@ void DatumDecoder::decodeEncoded(const std::string& key, float* out) {
     bad(key, detail::concat("is an encoded image, which decodes to 1 or 3 channels, not ",
                             options_.channels));
   }
+  ImageInfo info;
+  try {
+    info = probeImage(datum_.data());
+  } catch (const InputError& e) {
+    bad(key, detail::concat("does not decode: ", e.what()));
+  }
+  // The header's size first: a corrupt one claiming a huge image must not be decoded into memory.
+  checkShape(key, options_.channels, info.height, info.width);
   try {
     // Gray and color convert into each other, as Caffe forces color or gray on decoding.
     decodeImage(datum_.data(), options_.channels, image_);
