@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -112,18 +113,28 @@ pid_t temporaryWriter(const std::string& name) {
   return static_cast<pid_t>(std::stol(digits));
 }
 
+template <typename T>
+T metaValue(const std::map<std::string, std::string>& meta, const std::string& key,
+            const char* kind) {
+  auto it = meta.find(key);
+  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
+  const std::string& text = it->second;
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw InputError("checkpoint's '" + key + "' is '" + text + "', not " + kind);
+  }
+  return value;
+}
+
 }  // namespace
 
 std::int64_t Checkpoint::metaInt(const std::string& key) const {
-  auto it = meta.find(key);
-  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
-  return std::stoll(it->second);
+  return metaValue<std::int64_t>(meta, key, "an integer");
 }
 
 double Checkpoint::metaDouble(const std::string& key) const {
-  auto it = meta.find(key);
-  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
-  return std::stod(it->second);
+  return metaValue<double>(meta, key, "a number");
 }
 
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {

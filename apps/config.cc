@@ -4,10 +4,14 @@
 #include <CLI/CLI.hpp>
 
 #include <toml++/toml.h>
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
+#include <string_view>
 #include <variant>
 
 #include "transport/auth.h"
@@ -300,6 +304,96 @@ kernels::LayerSpec layerFromToml(const std::string& file, std::size_t index,
   return spec;
 }
 
+// toml++ 3.3.0 (Debian 12's) reaches __builtin_unreachable() when it asks whether some non-ASCII
+// characters are whitespace (marzer/tomlplusplus#190): one outside a string or comment, or one
+// after a backslash (or a line-ending backslash) in a multi-line basic string. TOML allows
+// non-ASCII characters only inside strings and comments; this refuses the rest before toml++ sees
+// them. A quote opens a string only where a key or a value starts: toml++ reads one inside a bare
+// word (a misspelt value, say) as part of the word.
+void checkNonAscii(const std::string& file, std::string_view text) {
+  enum class In { kValue, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
+  auto fail = [&](std::size_t at, const char* what) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+    const auto line_start = text.rfind('\n', at);
+    const auto column = line_start == std::string_view::npos ? at + 1 : at - line_start;
+    throw InputError(fmt::format("{}:{}:{}: {}", file, line, column, what));
+  };
+  auto nonAscii = [&](std::size_t at) {
+    return at < text.size() && static_cast<unsigned char>(text[at]) >= 0x80;
+  };
+  // At a closing """ or ''' (which may follow up to two quotes of the string): moves past it.
+  auto closes = [&](std::size_t& at, char quote) {
+    if (text.substr(at, 3) != std::string(3, quote)) return false;
+    at += 2;
+    for (int extra = 0; extra < 2 && at + 1 < text.size() && text[at + 1] == quote; ++extra)
+      ++at;
+    return true;
+  };
+  In in = In::kValue;
+  char last = '\n';  // the last character outside strings and comments, blanks left out
+  for (std::size_t at = text.starts_with("\xEF\xBB\xBF") ? 3 : 0; at < text.size(); ++at) {
+    const char c = text[at];
+    switch (in) {
+      case In::kValue:
+        if (c == '#') {
+          in = In::kComment;
+        } else if ((c == '"' || c == '\'') &&
+                   std::string_view("\n=[{,.").find(last) != std::string_view::npos) {
+          const bool multi = text.substr(at, 3) == std::string(3, c);
+          in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic)
+                        : (multi ? In::kMultiLiteral : In::kLiteral);
+          if (multi) at += 2;
+        } else if (nonAscii(at)) {
+          fail(at, "a non-ASCII character outside a string or comment");
+        }
+        if (c != ' ' && c != '\t' && c != '\r') last = c;
+        break;
+      case In::kComment:
+        if (c == '\n') {
+          in = In::kValue;
+          last = c;
+        }
+        break;
+      case In::kBasic:
+        if (c == '\\') {
+          ++at;
+        } else if (c == '"' || c == '\n') {
+          in = In::kValue;
+          last = c;
+        }
+        break;
+      case In::kLiteral:
+        if (c == '\'' || c == '\n') {
+          in = In::kValue;
+          last = c;
+        }
+        break;
+      case In::kMultiBasic:
+        if (c == '\\') {
+          std::size_t next = at + 1;
+          while (next < text.size() && (text[next] == ' ' || text[next] == '\t' ||
+                                        text[next] == '\r' || text[next] == '\n')) {
+            ++next;
+          }
+          if (nonAscii(next)) {
+            fail(next, "a non-ASCII character after a backslash in a multi-line string");
+          }
+          at = next > at + 1 ? next - 1 : next;
+        } else if (c == '"' && closes(at, '"')) {
+          in = In::kValue;
+          last = c;
+        }
+        break;
+      case In::kMultiLiteral:
+        if (c == '\'' && closes(at, '\'')) {
+          in = In::kValue;
+          last = c;
+        }
+        break;
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<ConfigKey>& configKeys() {
@@ -334,14 +428,16 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   TrainOptions o;
   o.model.name = "lenet";
   if (!file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw InputError(fmt::format("cannot open config file '{}'", file));
+    std::stringstream text;
+    text << in.rdbuf();
+    checkNonAscii(file, text.view());
     toml::table table;
     try {
-      table = toml::parse_file(file);
+      table = toml::parse(text.view(), file);
     } catch (const toml::parse_error& e) {
       const auto& where = e.source().begin;
-      if (std::string(e.description()).find("File could not be opened") != std::string::npos) {
-        throw InputError(fmt::format("cannot open config file '{}'", file));
-      }
       throw InputError(
           fmt::format("{}:{}:{}: {}", file, where.line, where.column, e.description()));
     }

@@ -1,9 +1,6 @@
 #include "data/dataset.h"
 
-#include <array>
-
 #include "data/datum.h"
-#include "data/image.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -11,7 +8,7 @@ namespace {
 
 class DbDataset final : public Dataset {
  public:
-  explicit DbDataset(const DatasetOptions& options) : options_(options) {
+  explicit DbDataset(const DatasetOptions& options) : options_(options), decoder_(options) {
     if (options_.channels <= 0 || options_.height <= 0 || options_.width <= 0) {
       throw InputError(detail::concat("dataset '", options_.path, "': bad shape ",
                                       options_.channels, "x", options_.height, "x",
@@ -23,8 +20,6 @@ class DbDataset final : public Dataset {
     }
     db_ = openDb(options_.path, options_.type);
     keys_ = db_->keys();
-    for (int v = 0; v < 256; ++v)
-      lut_[v] = (static_cast<float>(v) - options_.mean) * options_.scale;
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(keys_.size()); }
@@ -40,95 +35,16 @@ class DbDataset final : public Dataset {
         throw InputError(detail::concat("dataset '", options_.path, "': index ", index,
                                         " is out of range [0, ", size(), ")"));
       }
-      labels[i] = decode(keys_[static_cast<std::size_t>(index)], images + i * image_size);
+      const std::string& key = keys_[static_cast<std::size_t>(index)];
+      labels[i] = decoder_.decode(key, db_->peek(key), images + i * image_size);
     }
   }
 
  private:
-  [[noreturn]] void bad(const std::string& key, const std::string& what) const {
-    throw BadRecordError(options_.path, key, what);
-  }
-
-  std::int32_t decode(const std::string& key, float* out) {
-    const std::string_view bytes = db_->peek(key);
-    if (!datum_.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) [[unlikely]] {
-      bad(key, detail::concat("is not a Datum (", bytes.size(),
-                              " bytes that do not parse; corrupt or truncated)"));
-    }
-    const std::int32_t label = datum_.label();
-    if (label < 0 || label >= options_.num_labels) [[unlikely]] {
-      bad(key,
-          detail::concat("has label ", label, ", expected 0 <= label < ", options_.num_labels));
-    }
-    if (datum_.encoded()) {
-      decodeEncoded(key, out);
-    } else {
-      decodeRaw(key, out);
-    }
-    return label;
-  }
-
-  void checkShape(const std::string& key, int channels, int height, int width) const {
-    if (channels != options_.channels || height != options_.height || width != options_.width)
-        [[unlikely]] {
-      bad(key,
-          detail::concat("has shape ", channels, "x", height, "x", width, " (CxHxW), expected ",
-                         options_.channels, "x", options_.height, "x", options_.width));
-    }
-  }
-
-  void decodeRaw(const std::string& key, float* out) const {
-    checkShape(key, datum_.channels(), datum_.height(), datum_.width());
-    const std::size_t n =
-        static_cast<std::size_t>(options_.channels) * options_.height * options_.width;
-    if (datum_.float_data_size() > 0) {
-      if (static_cast<std::size_t>(datum_.float_data_size()) != n) [[unlikely]] {
-        bad(key, detail::concat("holds ", datum_.float_data_size(), " floats, expected ", n));
-      }
-      const float* in = datum_.float_data().data();
-      for (std::size_t j = 0; j < n; ++j)
-        out[j] = (in[j] - options_.mean) * options_.scale;
-      return;
-    }
-    const std::string& data = datum_.data();
-    if (data.size() != n) [[unlikely]] {
-      bad(key, detail::concat("holds ", data.size(), " pixel bytes, expected ", n, " (",
-                              options_.channels, "x", options_.height, "x", options_.width,
-                              "); corrupt or truncated"));
-    }
-    const auto* in = reinterpret_cast<const std::uint8_t*>(data.data());
-    for (std::size_t j = 0; j < n; ++j)
-      out[j] = lut_[in[j]];
-  }
-
-  void decodeEncoded(const std::string& key, float* out) {
-    if (options_.channels != 1 && options_.channels != 3) {
-      bad(key, detail::concat("is an encoded image, which decodes to 1 or 3 channels, not ",
-                              options_.channels));
-    }
-    try {
-      // Gray and color convert into each other, as Caffe forces color or gray on decoding.
-      decodeImage(datum_.data(), options_.channels, image_);
-    } catch (const InputError& e) {
-      bad(key, detail::concat("does not decode: ", e.what()));
-    }
-    checkShape(key, image_.channels, image_.height, image_.width);
-    const int c = image_.channels;
-    const std::size_t plane = static_cast<std::size_t>(image_.height) * image_.width;
-    const std::uint8_t* in = image_.pixels.data();
-    for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
-      float* dst = out + k * plane;
-      for (std::size_t j = 0; j < plane; ++j)
-        dst[j] = lut_[in[j * c + k]];
-    }
-  }
-
   DatasetOptions options_;
+  DatumDecoder decoder_;
   std::unique_ptr<DbReader> db_;
   std::vector<std::string> keys_;
-  std::array<float, 256> lut_{};
-  caffe::Datum datum_;
-  Image image_;
 };
 
 std::uint64_t mix64(std::uint64_t z) {

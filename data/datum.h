@@ -1,6 +1,7 @@
-// Private to data/ (and its tests): the generated caffe::Datum class. protobuf_generate_cpp writes
-// datum.pb.h at the top of the build folder; a generator that keeps the source layout writes
-// data/datum.pb.h. Either is found.
+// Private to data/ (and its tests): the generated caffe::Datum class, and the decoding of Datum
+// records into a dataset's images and labels. protobuf_generate_cpp writes datum.pb.h at the top of
+// the build folder; a generator that keeps the source layout writes data/datum.pb.h. Either is
+// found.
 #pragma once
 
 #if __has_include("data/datum.pb.h")
@@ -8,3 +9,40 @@
 #else
 #include "datum.pb.h"
 #endif
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "data/dataset.h"
+#include "data/image.h"
+
+namespace troupe::data {
+
+// Decodes Datum records (raw pixels, float_data, or an encoded JPEG/PNG image) as Dataset::read
+// does, against options' shape, label range, mean and scale. One thread at a time.
+class DatumDecoder {
+ public:
+  // options' shape and num_labels are positive (openDataset checks them).
+  explicit DatumDecoder(const DatasetOptions& options);
+
+  // Decodes the record `bytes`, stored under `key`, into out (C x H x W floats) and returns its
+  // label. Throws BadRecordError naming the database (options.path) and the key for a record that
+  // does not parse, does not decode, has another shape or a label outside [0, num_labels); out is
+  // partly written then.
+  std::int32_t decode(const std::string& key, std::string_view bytes, float* out);
+
+ private:
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const;
+  void checkShape(const std::string& key, int channels, int height, int width) const;
+  void decodeRaw(const std::string& key, float* out) const;
+  void decodeEncoded(const std::string& key, float* out);
+
+  DatasetOptions options_;
+  std::array<float, 256> lut_{};
+  caffe::Datum datum_;
+  Image image_;
+};
+
+}  // namespace troupe::data

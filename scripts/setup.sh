@@ -15,7 +15,7 @@ packages=(
   openssh-client openssh-server rsync openmpi-bin
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-format
+  clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then

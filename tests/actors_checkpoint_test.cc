@@ -57,6 +57,23 @@ TEST_F(CheckpointTest, RoundTripsEveryField) {
   EXPECT_EQ(ck.buffers.numel(), 0);
 }
 
+TEST_F(CheckpointTest, AMetaValueThatIsNotANumberIsAnInputErrorNamingTheKey) {
+  auto ck = sample();
+  ck.meta["step"] = "forty";
+  ck.meta["cumulative_time_spent"] = "1.5s";
+  saveCheckpoint(path("a.ckpt"), ck);
+  const auto loaded = loadCheckpoint(path("a.ckpt"));
+  try {
+    loaded.metaInt("step");
+    ADD_FAILURE() << "metaInt accepted 'forty'";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("'step' is 'forty', not an integer"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(loaded.metaDouble("cumulative_time_spent"), InputError);
+  EXPECT_THROW(loaded.metaInt("model"), InputError);
+}
+
 TEST_F(CheckpointTest, LeavesNoTemporaryFileBehind) {
   saveCheckpoint(path("a.ckpt"), sample());
   int files = 0;

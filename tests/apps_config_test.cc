@@ -102,6 +102,40 @@ TEST_F(ConfigTest, ASyntaxErrorGivesFileLineAndColumn) {
   EXPECT_NE(what.find(file + ":2:"), std::string::npos) << what;
 }
 
+// toml++ 3.3.0 reaches __builtin_unreachable() on these (marzer/tomlplusplus#190); the loader
+// refuses them first.
+TEST_F(ConfigTest, ANonAsciiCharacterOutsideAStringOrCommentGivesFileLineAndColumn) {
+  const auto file = write("num_epochs = 2\nbatch_size = 64\xc3\xa9\n");
+  const auto what = errorOf(file);
+  EXPECT_NE(what.find(file + ":2:16: a non-ASCII character outside a string or comment"),
+            std::string::npos)
+      << what;
+  EXPECT_NE(errorOf(write("caf\xc3\xa9 = 1\n")).find("non-ASCII"), std::string::npos);
+  EXPECT_NE(errorOf(write("lr_milestones = [1, 2\xc2\xa7]\n")).find("non-ASCII"),
+            std::string::npos);
+  // A quote inside a bare word opens no string.
+  EXPECT_NE(errorOf(write("model = mlp'x\xcf\x8f\n")).find("non-ASCII"), std::string::npos);
+}
+
+TEST_F(ConfigTest, ANonAsciiCharacterAfterALineEndingBackslashIsRefused) {
+  const auto what = errorOf(write("run_name = \"\"\"\\\n  \xc2\xa7\"\"\"\n"));
+  EXPECT_NE(what.find(":2:3: a non-ASCII character after a backslash in a multi-line string"),
+            std::string::npos)
+      << what;
+}
+
+TEST_F(ConfigTest, NonAsciiCharactersInStringsAndCommentsAreKept) {
+  const auto o =
+      loadTrainOptions(write("\xef\xbb\xbf# caf\xc3\xa9\nrun_name = \"caf\xc3\xa9\"  # \xc2\xa7\n"
+                             "log_dir = '\xc3\xa9'\ntrace = \"\"\"a\\\n  b\xc3\xa9\"\"\"\n"
+                             "checkpoint_dir = \"\"\"\xc3\xa9\"\"\"\"\n"),
+                       {});
+  EXPECT_EQ(o.run_name, "caf\xc3\xa9");
+  EXPECT_EQ(o.log_dir, "\xc3\xa9");
+  EXPECT_EQ(o.trace, "ab\xc3\xa9");
+  EXPECT_EQ(o.checkpoint_dir, "\xc3\xa9\"");
+}
+
 TEST_F(ConfigTest, ListsParseFromFileAndFlag) {
   const auto o = loadTrainOptions(write("lr_milestones = [3, 6.5]\n"), {{"work_load_list", "1,3"}});
   EXPECT_EQ(o.lr_milestones, (std::vector<double>{3, 6.5}));

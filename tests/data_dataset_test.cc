@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <numeric>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "data/dataset.h"
 #include "data/db.h"
@@ -339,6 +343,42 @@ TEST_F(BadRecordTest, TruncatedPngDoesNotDecode) {
 TEST_F(BadRecordTest, EncodedImageOfAnotherSize) {
   EXPECT_THAT(errorReading(encodedDatum(encodePng(gradient(32, 28, 1)), 0)),
               AllOf(HasSubstr("'00000001'"), HasSubstr("1x32x28"), HasSubstr("expected 1x28x28")));
+}
+
+// Found by tests/fuzz/datum_fuzz: the decoder allocated what a corrupt header claimed.
+TEST_F(BadRecordTest, AHeaderClaimingAHugeImageIsRefusedWithoutAllocatingIt) {
+  std::string jpeg = encodeJpeg(smooth(28, 28, 1), 95);
+  const auto sof = jpeg.find("\xff\xc0");  // baseline frame: length, precision, height, width
+  ASSERT_NE(sof, std::string::npos);
+  for (std::size_t at : {sof + 5, sof + 7}) {  // 60000 x 60000, 3.6 GB as gray
+    jpeg[at] = static_cast<char>(0xEA);
+    jpeg[at + 1] = static_cast<char>(0x60);
+  }
+  DatasetOptions options = optionsFor(dir_ / "db");
+  writeDb(options.path, options.type, {encodedDatum(jpeg, 0)});
+  auto dataset = openDataset(options);
+  // Under an address-space limit 1 GiB above what the process maps now, a 3.6 GB buffer cannot
+  // be had: the record must be refused from its header alone.
+  struct AddressSpaceCap {
+    rlimit old{};
+    AddressSpaceCap() {
+      long pages = 0;
+      std::ifstream("/proc/self/statm") >> pages;
+      getrlimit(RLIMIT_AS, &old);
+      const rlim_t bytes = static_cast<rlim_t>(pages) * sysconf(_SC_PAGESIZE) + (rlim_t{1} << 30);
+      const rlimit capped{std::min(bytes, old.rlim_cur), old.rlim_max};
+      EXPECT_GT(pages, 0);
+      EXPECT_EQ(setrlimit(RLIMIT_AS, &capped), 0);
+    }
+    ~AddressSpaceCap() { setrlimit(RLIMIT_AS, &old); }
+  };
+  std::string what;
+  {
+    AddressSpaceCap cap;
+    what = errorOf([&] { readOne(*dataset, 0); });
+  }
+  EXPECT_THAT(what, AllOf(HasSubstr("'00000000'"), HasSubstr("1x60000x60000"),
+                          HasSubstr("expected 1x28x28")));
 }
 
 TEST_F(BadRecordTest, ErrorsAreTheSameInLevelDb) {

@@ -803,6 +803,16 @@ INSTANTIATE_TEST_SUITE_P(
                       p.write(RawPeer::frame(builder));
                     },
                     "no shared arena"},
+        BadPeerCase{"APointerOfTheWrongKind", true,
+                    [](RawPeer& p) {
+                      // Found by tests/fuzz/frame_fuzz: within the limits, but no GradBucket.
+                      capnp::MallocMessageBuilder builder;
+                      auto bucket = builder.getRoot<wire::Frame>().initGradBucket();
+                      capnp::toAny(bucket).getPointerSection()[0].initAs<capnp::List<capnp::Text>>(
+                          2);
+                      p.write(RawPeer::frame(builder));
+                    },
+                    "malformed message"},
         BadPeerCase{"OverTheTraversalLimit", true,
                     [](RawPeer& p) {
                       capnp::MallocMessageBuilder builder;

@@ -1,9 +1,14 @@
+#include <capnp/dynamic.h>
+#include <capnp/schema.h>
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <numeric>
+#include <utility>
 
 #include "transport/message_state.h"
 #include "transport/shared_arena.h"
@@ -20,6 +25,24 @@ constexpr std::byte kZeros[8] = {};
 
 std::size_t wordsFor(std::size_t bytes) {
   return (bytes + 7) / 8;
+}
+
+// Reads every field the schema knows, as receivers read them: a pointer of the wrong kind, a list
+// of the wrong element size or a Text without its NUL throws here, not where a field is read.
+void readAllFields(capnp::DynamicValue::Reader value) {
+  if (value.getType() == capnp::DynamicValue::STRUCT) {
+    auto object = value.as<capnp::DynamicStruct>();
+    for (auto field : object.getSchema().getFields()) {
+      if (object.has(field)) readAllFields(object.get(field));
+    }
+  } else if (value.getType() == capnp::DynamicValue::LIST) {
+    auto list = value.as<capnp::DynamicList>();
+    const auto element = list.getSchema().getElementType();
+    if (element.isStruct() || element.isList() || element.isText() || element.isData()) {
+      for (auto item : list)
+        readAllFields(item);
+    }
+  }
 }
 
 }  // namespace
@@ -243,6 +266,93 @@ EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
   pending.clear();
   out.state = std::move(state);
   return out;
+}
+
+std::shared_ptr<IncomingMessage::State> startMessage(const FrameHeader& header,
+                                                     const std::byte* table, BufferPool& pool) {
+  std::uint64_t words = 0;
+  std::vector<std::uint32_t> sizes(header.count);
+  for (std::uint32_t s = 0; s < header.count; ++s) {
+    std::memcpy(&sizes[s], table + 4 * s, 4);
+    words += sizes[s];
+  }
+  if (words * 8 != header.bytes || sizes[0] == 0) {
+    throw InputError(
+        fmt::format("malformed segment table: segments of {} words in a frame of {} "
+                    "bytes{}",
+                    words, header.bytes, sizes[0] == 0 ? " (empty root segment)" : ""));
+  }
+  auto state = std::make_shared<IncomingMessage::State>();
+  state->buffer = pool.allocate(header.bytes);
+  state->bufferBytes = header.bytes;
+  const auto* at = reinterpret_cast<const capnp::word*>(state->buffer.get());
+  for (auto size : sizes) {
+    state->segments.push_back(kj::arrayPtr(at, size));
+    at += size;
+  }
+  return state;
+}
+
+void parseMessage(IncomingMessage::State& message, const TransportOptions& options) {
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = options.traversalLimitWords;
+  limits.nestingLimit = options.nestingLimit;
+  auto segments = kj::arrayPtr(message.segments.data(), message.segments.size());
+  std::string problem;
+  try {
+    // Walk the whole message with readers of its own, so the caller's reader starts with its full
+    // traversal budget: once for the limits, once reading every field of a Frame.
+    capnp::SegmentArrayMessageReader check(segments, limits);
+    check.getRoot<wire::Frame>().totalSize();
+    capnp::SegmentArrayMessageReader typed(segments, limits);
+    readAllFields(typed.getRoot<capnp::DynamicStruct>(capnp::Schema::from<wire::Frame>()));
+    message.reader = std::make_unique<capnp::SegmentArrayMessageReader>(segments, limits);
+  } catch (const kj::Exception& e) {
+    problem = e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+    throw InputError("malformed message (rejected by the reader limits or not a Frame): " +
+                     problem);
+  }
+}
+
+void planBulkParts(IncomingMessage::State& message, const TransportOptions& options) {
+  std::uint64_t total = 0;
+  for (auto size : message.reader->getRoot<wire::Frame>().getBulk()) {
+    if (size > options.maxBulkBytes || total + (size + 63) / 64 * 64 > options.maxBulkBytes) {
+      throw InputError(fmt::format("a message announces over {} bulk bytes", options.maxBulkBytes));
+    }
+    message.partOffsets.push_back(total);
+    message.partSizes.push_back(size);
+    total += (size + 63) / 64 * 64;
+  }
+  message.bulkBytes = total;
+}
+
+std::byte* bulkChunkTarget(const PendingBulk& pending, const FrameHeader& chunk) {
+  if (!pending.message) throw InputError("a bulk chunk arrived without a message announcing it");
+  const std::size_t partSize = pending.message->partSizes[pending.part];
+  if (chunk.count != pending.part || chunk.offset != pending.offset ||
+      chunk.bytes > partSize - pending.offset) {
+    throw InputError(fmt::format(
+        "bulk chunk for part {} at {} of {} bytes, expected part {} at {} (part of {} bytes)",
+        chunk.count, chunk.offset, chunk.bytes, pending.part, pending.offset, partSize));
+  }
+  return pending.message->bulk.get() + pending.message->partOffsets[pending.part] + pending.offset;
+}
+
+std::shared_ptr<IncomingMessage::State> advanceBulk(PendingBulk& pending, std::size_t bytes) {
+  pending.offset += bytes;
+  while (pending.offset == pending.message->partSizes[pending.part]) {
+    pending.offset = 0;
+    if (++pending.part == pending.message->partSizes.size()) {
+      pending.part = 0;
+      return std::exchange(pending.message, nullptr);
+    }
+  }
+  return nullptr;
 }
 
 IncomingMessage::IncomingMessage(std::shared_ptr<const State> state) : state_(std::move(state)) {}

@@ -17,6 +17,7 @@
 #include "kernels/tensor.h"
 #include "transport/frame.h"
 #include "transport/message.h"
+#include "transport/options.h"
 
 namespace troupe::transport {
 
@@ -93,5 +94,40 @@ struct EncodedMessage {
 // exceeds the frame limit.
 EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
                              const EncodeLimits& limits, SharedArena* arena = nullptr);
+
+// Receiving, step by step as a link's bytes arrive: a frame header (decodeFrameHeader); for a
+// message frame its segment table (startMessage), then its segments (parseMessage) and, for a
+// message that announces bulk parts (planBulkParts), their chunks (bulkChunkTarget, advanceBulk).
+// Each step throws InputError saying what is malformed, and the link is dropped then.
+
+// The segment table of a message frame whose header decodeFrameHeader returned: checks it against
+// the header and returns a message whose buffer (from `pool`) awaits the header.bytes bytes of its
+// segments. Throws std::bad_alloc if that buffer cannot be had.
+std::shared_ptr<IncomingMessage::State> startMessage(const FrameHeader& header,
+                                                     const std::byte* table, BufferPool& pool);
+
+// The segments have arrived: parses them as a wire::Frame within options' reader limits
+// (traversalLimitWords, nestingLimit) and reads every field once, so that no later read of the
+// frame throws (a Text without its NUL, a pointer or list of the wrong kind are refused here).
+void parseMessage(IncomingMessage::State& message, const TransportOptions& options);
+
+// Lays out the bulk parts that a parsed message announces (partSizes, partOffsets, bulkBytes),
+// refusing more than options.maxBulkBytes in all; the caller allocates `bulk`.
+void planBulkParts(IncomingMessage::State& message, const TransportOptions& options);
+
+// A message waiting for its bulk parts, and where the next chunk of them goes.
+struct PendingBulk {
+  std::shared_ptr<IncomingMessage::State> message;  // null: none pending
+  std::size_t part = 0;
+  std::size_t offset = 0;
+};
+
+// Where the bytes of the bulk chunk `chunk` go; throws InputError if no message waits for bulk
+// parts or the chunk is not the one expected next.
+std::byte* bulkChunkTarget(const PendingBulk& pending, const FrameHeader& chunk);
+
+// `bytes` more bytes of the pending parts have arrived (0 right after planning, to pass empty
+// parts). Returns the message once its last part is complete, and leaves `pending` empty.
+std::shared_ptr<IncomingMessage::State> advanceBulk(PendingBulk& pending, std::size_t bytes);
 
 }  // namespace troupe::transport

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <future>
@@ -137,7 +136,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void mapPeerArena(wire::Hello::Reader hello);
   bool takeSharedParts(wire::Frame::Reader frame, IncomingMessage::State& state);
   void deliver(std::shared_ptr<IncomingMessage::State> state);
-  void skipEmptyParts();
   void failRead(const asio::error_code& error, const std::string& during);
   void closeOnStrand(const std::string& why, bool error);
   void startWrite();
@@ -166,9 +164,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::array<std::byte, kFrameHeaderBytes> header_{};
   FrameHeader frame_;
   std::vector<std::byte> table_;
-  std::shared_ptr<IncomingMessage::State> bulkMessage_;  // a message waiting for its bulk parts
-  std::size_t bulkPart_ = 0;
-  std::size_t bulkOffset_ = 0;
+  PendingBulk bulk_;
   std::vector<std::unique_ptr<EncodedMessage>> inflight_;
   std::vector<asio::const_buffer> buffers_;
 
@@ -392,24 +388,26 @@ void Connection::onHeader(const asio::error_code& error, std::size_t got) {
     // At a frame boundary a close is clean; a reset too (the peer closed with our last frames
     // unread in its socket, which a Unix socket reports as a reset).
     if ((error == asio::error::eof || error == asio::error::connection_reset) && got == 0 &&
-        !bulkMessage_) {
+        !bulk_.message) {
       closeOnStrand("peer closed the connection", false);
     } else {
       failRead(error, fmt::format("mid-frame (after {} of {} header bytes{})", got,
-                                  kFrameHeaderBytes, bulkMessage_ ? ", bulk pending" : ""));
+                                  kFrameHeaderBytes, bulk_.message ? ", bulk pending" : ""));
     }
     return;
   }
   lastRead_ = Clock::now();
+  std::byte* into = nullptr;
   try {
     frame_ = decodeFrameHeader(header_.data(), owner_.options().maxFrameBytes);
+    if (frame_.kind == FrameKind::kBulk) into = bulkChunkTarget(bulk_, frame_);
   } catch (const InputError& e) {
     closeOnStrand(e.what(), true);
     return;
   }
   auto self = shared_from_this();
   if (frame_.kind == FrameKind::kMessage) {
-    if (bulkMessage_) {
+    if (bulk_.message) {
       closeOnStrand("a message frame arrived while bulk parts were pending", true);
       return;
     }
@@ -420,21 +418,6 @@ void Connection::onHeader(const asio::error_code& error, std::size_t got) {
                      }));
     return;
   }
-  if (!bulkMessage_) {
-    closeOnStrand("a bulk chunk arrived without a message announcing it", true);
-    return;
-  }
-  const std::size_t partSize = bulkMessage_->partSizes[bulkPart_];
-  if (frame_.count != bulkPart_ || frame_.offset != bulkOffset_ ||
-      frame_.bytes > partSize - bulkOffset_) {
-    closeOnStrand(
-        fmt::format("bulk chunk for part {} at {} of {} bytes, expected part {} at {} "
-                    "(part of {} bytes)",
-                    frame_.count, frame_.offset, frame_.bytes, bulkPart_, bulkOffset_, partSize),
-        true);
-    return;
-  }
-  std::byte* into = bulkMessage_->bulk.get() + bulkMessage_->partOffsets[bulkPart_] + bulkOffset_;
   asio::async_read(socket_, asio::buffer(into, frame_.bytes),
                    asio::bind_executor(strand_, [self](const asio::error_code& e, std::size_t) {
                      self->onBulk(e);
@@ -443,31 +426,15 @@ void Connection::onHeader(const asio::error_code& error, std::size_t got) {
 
 void Connection::onTable(const asio::error_code& error) {
   if (error) return failRead(error, "mid-frame (in the segment table)");
-  auto state = std::make_shared<IncomingMessage::State>();
-  std::uint64_t words = 0;
-  std::vector<std::uint32_t> sizes(frame_.count);
-  for (std::uint32_t s = 0; s < frame_.count; ++s) {
-    std::memcpy(&sizes[s], table_.data() + 4 * s, 4);
-    words += sizes[s];
-  }
-  if (words * 8 != frame_.bytes || sizes[0] == 0) {
-    closeOnStrand(fmt::format("malformed segment table: segments of {} words in a frame of {} "
-                              "bytes{}",
-                              words, frame_.bytes, sizes[0] == 0 ? " (empty root segment)" : ""),
-                  true);
-    return;
-  }
+  std::shared_ptr<IncomingMessage::State> state;
   try {
-    state->buffer = owner_.pool().allocate(frame_.bytes);
+    state = startMessage(frame_, table_.data(), owner_.pool());
+  } catch (const InputError& e) {
+    closeOnStrand(e.what(), true);
+    return;
   } catch (const std::bad_alloc&) {
     closeOnStrand(fmt::format("cannot allocate a frame of {} bytes", frame_.bytes), true);
     return;
-  }
-  state->bufferBytes = frame_.bytes;
-  const auto* at = reinterpret_cast<const capnp::word*>(state->buffer.get());
-  for (auto size : sizes) {
-    state->segments.push_back(kj::arrayPtr(at, size));
-    at += size;
   }
   asio::async_read(
       socket_, asio::buffer(state->buffer.get(), state->bufferBytes),
@@ -481,29 +448,8 @@ void Connection::onPayload(const asio::error_code& error,
                            std::shared_ptr<IncomingMessage::State> state) {
   if (error) return failRead(error, "mid-frame (in the message)");
   lastRead_ = Clock::now();
-  const auto& options = owner_.options();
-  capnp::ReaderOptions limits;
-  limits.traversalLimitInWords = options.traversalLimitWords;
-  limits.nestingLimit = options.nestingLimit;
-  auto segments = kj::arrayPtr(state->segments.data(), state->segments.size());
-  std::string problem;
   try {
-    // Walk the whole message once with a reader of its own, so the caller's reader starts with
-    // its full traversal budget.
-    capnp::SegmentArrayMessageReader check(segments, limits);
-    check.getRoot<wire::Frame>().totalSize();
-    state->reader = std::make_unique<capnp::SegmentArrayMessageReader>(segments, limits);
-  } catch (const kj::Exception& e) {
-    problem = e.getDescription().cStr();
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
-  if (!problem.empty()) {
-    closeOnStrand("malformed message (rejected by the reader limits or not a Frame): " + problem,
-                  true);
-    return;
-  }
-  try {
+    parseMessage(*state, owner_.options());
     auto frame = state->reader->getRoot<wire::Frame>();
     if (frame.isHello()) {
       onHello(frame.getHello());
@@ -518,24 +464,14 @@ void Connection::onPayload(const asio::error_code& error,
     } else if (frame.getBulk().size() == 0) {
       deliver(std::move(state));
     } else {
-      std::uint64_t total = 0;
-      for (auto size : frame.getBulk()) {
-        if (size > options.maxBulkBytes || total + (size + 63) / 64 * 64 > options.maxBulkBytes) {
-          closeOnStrand(fmt::format("a message announces over {} bulk bytes", options.maxBulkBytes),
-                        true);
-          return;
-        }
-        state->partOffsets.push_back(total);
-        state->partSizes.push_back(size);
-        total += (size + 63) / 64 * 64;
-      }
-      state->bulk = owner_.pool().allocate(total);
-      state->bulkBytes = total;
-      bulkMessage_ = std::move(state);
-      bulkPart_ = 0;
-      bulkOffset_ = 0;
-      skipEmptyParts();
+      planBulkParts(*state, owner_.options());
+      state->bulk = owner_.pool().allocate(state->bulkBytes);
+      bulk_ = {std::move(state)};
+      if (auto complete = advanceBulk(bulk_, 0)) deliver(std::move(complete));
     }
+  } catch (const InputError& e) {
+    closeOnStrand(e.what(), true);
+    return;
   } catch (const kj::Exception& e) {
     closeOnStrand(std::string("malformed message: ") + e.getDescription().cStr(), true);
     return;
@@ -546,18 +482,10 @@ void Connection::onPayload(const asio::error_code& error,
   if (!closed_) readHeader();
 }
 
-void Connection::skipEmptyParts() {
-  while (bulkMessage_ && bulkOffset_ == bulkMessage_->partSizes[bulkPart_]) {
-    bulkOffset_ = 0;
-    if (++bulkPart_ == bulkMessage_->partSizes.size()) deliver(std::move(bulkMessage_));
-  }
-}
-
 void Connection::onBulk(const asio::error_code& error) {
   if (error) return failRead(error, "mid-frame (in a bulk chunk)");
   lastRead_ = Clock::now();
-  bulkOffset_ += frame_.bytes;
-  skipEmptyParts();
+  if (auto complete = advanceBulk(bulk_, frame_.bytes)) deliver(std::move(complete));
   if (!closed_) readHeader();
 }
 
@@ -645,7 +573,7 @@ void Connection::closeOnStrand(const std::string& why, bool error) {
     std::lock_guard lock(mutex_);
     queue_.clear();
   }
-  bulkMessage_.reset();
+  bulk_ = {};
   if (helloWaiter_) {
     helloWaiter_->set_exception(std::make_exception_ptr(IoError(why)));
     helloWaiter_.reset();
