@@ -55,11 +55,6 @@ std::uint64_t mix64(std::uint64_t z) {
 
 }  // namespace
 
-BadRecordError::BadRecordError(std::string database, std::string key, const std::string& why)
-    : InputError(detail::concat("database '", database, "': record '", key, "' ", why)),
-      database_(std::move(database)),
-      key_(std::move(key)) {}
-
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
   return std::make_unique<DbDataset>(options);
 }

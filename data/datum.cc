@@ -4,6 +4,11 @@
 
 namespace troupe::data {
 
+BadRecordError::BadRecordError(std::string database, std::string key, const std::string& why)
+    : InputError(detail::concat("database '", database, "': record '", key, "' ", why)),
+      database_(std::move(database)),
+      key_(std::move(key)) {}
+
 DatumDecoder::DatumDecoder(const DatasetOptions& options) : options_(options) {
   for (int v = 0; v < 256; ++v)
     lut_[v] = (static_cast<float>(v) - options_.mean) * options_.scale;
