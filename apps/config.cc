@@ -305,72 +305,105 @@ kernels::LayerSpec layerFromToml(const std::string& file, std::size_t index,
 }
 
 // toml++ 3.3.0 (Debian 12's) reaches __builtin_unreachable() when it asks whether some non-ASCII
-// characters are whitespace (marzer/tomlplusplus#190): one outside a string or comment, or one
-// after a backslash (or a line-ending backslash) in a multi-line basic string. TOML allows
-// non-ASCII characters only inside strings and comments; this refuses the rest before toml++ sees
-// them. A quote opens a string only where a key or a value starts: toml++ reads one inside a bare
-// word (a misspelt value, say) as part of the word.
+// characters are whitespace (marzer/tomlplusplus#190): one outside a string or comment (toml++
+// asks of every character of a bare word, quotes included), or one after a backslash (or a
+// line-ending backslash) in a multi-line basic string. TOML allows non-ASCII characters only in
+// strings and comments; this refuses the rest before toml++ sees them. It follows TOML's grammar
+// just enough to know where a quote opens a string: at the start of a key or of a value.
 void checkNonAscii(const std::string& file, std::string_view text) {
-  enum class In { kValue, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
-  auto fail = [&](std::size_t at, const char* what) {
-    const auto line = 1 + std::count(text.begin(), text.begin() + at, '\n');
-    const auto line_start = text.rfind('\n', at);
-    const auto column = line_start == std::string_view::npos ? at + 1 : at - line_start;
+  enum class At { kKeyStart, kKey, kValueStart, kWord, kAfter };
+  enum class In { kCode, kComment, kBasic, kLiteral, kMultiBasic, kMultiLiteral };
+  auto fail = [&](std::size_t pos, const char* what) {
+    const auto line = 1 + std::count(text.begin(), text.begin() + pos, '\n');
+    const auto line_start = text.rfind('\n', pos);
+    const auto column = line_start == std::string_view::npos ? pos + 1 : pos - line_start;
     throw InputError(fmt::format("{}:{}:{}: {}", file, line, column, what));
   };
-  auto nonAscii = [&](std::size_t at) {
-    return at < text.size() && static_cast<unsigned char>(text[at]) >= 0x80;
+  auto nonAscii = [&](std::size_t pos) {
+    return pos < text.size() && static_cast<unsigned char>(text[pos]) >= 0x80;
   };
   // At a closing """ or ''' (which may follow up to two quotes of the string): moves past it.
-  auto closes = [&](std::size_t& at, char quote) {
-    if (text.substr(at, 3) != std::string(3, quote)) return false;
-    at += 2;
-    for (int extra = 0; extra < 2 && at + 1 < text.size() && text[at + 1] == quote; ++extra)
-      ++at;
+  auto closes = [&](std::size_t& pos, char quote) {
+    if (text.substr(pos, 3) != std::string(3, quote)) return false;
+    pos += 2;
+    for (int extra = 0; extra < 2 && pos + 1 < text.size() && text[pos + 1] == quote; ++extra)
+      ++pos;
     return true;
   };
-  In in = In::kValue;
-  char last = '\n';  // the last character outside strings and comments, blanks left out
-  for (std::size_t at = text.starts_with("\xEF\xBB\xBF") ? 3 : 0; at < text.size(); ++at) {
-    const char c = text[at];
+  In in = In::kCode;
+  At at = At::kKeyStart;
+  At afterString = At::kAfter;
+  std::string open;  // enclosing '[' (array), '{' (inline table), 'h' (table header)
+  auto endString = [&] {
+    in = In::kCode;
+    at = afterString;
+  };
+  for (std::size_t pos = text.starts_with("\xEF\xBB\xBF") ? 3 : 0; pos < text.size(); ++pos) {
+    const char c = text[pos];
     switch (in) {
-      case In::kValue:
+      case In::kCode:
+        if (nonAscii(pos)) fail(pos, "a non-ASCII character outside a string or comment");
         if (c == '#') {
           in = In::kComment;
-        } else if ((c == '"' || c == '\'') &&
-                   std::string_view("\n=[{,.").find(last) != std::string_view::npos) {
-          const bool multi = text.substr(at, 3) == std::string(3, c);
+        } else if (c == '\n') {
+          at = !open.empty() && open.back() == '[' ? At::kValueStart : At::kKeyStart;
+        } else if (c == ' ' || c == '\t' || c == '\r') {
+          if (at == At::kWord) at = At::kAfter;
+        } else if ((c == '"' || c == '\'') && (at == At::kKeyStart || at == At::kValueStart)) {
+          const bool multi = text.substr(pos, 3) == std::string(3, c);
           in = c == '"' ? (multi ? In::kMultiBasic : In::kBasic)
                         : (multi ? In::kMultiLiteral : In::kLiteral);
-          if (multi) at += 2;
-        } else if (nonAscii(at)) {
-          fail(at, "a non-ASCII character outside a string or comment");
+          if (multi) pos += 2;
+          afterString = at == At::kKeyStart ? At::kKey : At::kAfter;
+        } else if (c == '=' && (at == At::kKeyStart || at == At::kKey)) {
+          at = At::kValueStart;
+        } else if (c == '.' && at == At::kKey) {
+          at = At::kKeyStart;
+        } else if (c == '[' && at == At::kValueStart) {
+          open += '[';
+        } else if (c == '[' && at == At::kKeyStart && (open.empty() || open.back() == 'h')) {
+          open += 'h';
+        } else if (c == '{' && at == At::kValueStart) {
+          open += '{';
+          at = At::kKeyStart;
+        } else if (c == ']' || c == '}') {
+          if (!open.empty()) open.pop_back();
+          at = At::kAfter;
+        } else if (c == ',') {
+          at = open.empty() ? At::kAfter : open.back() == '[' ? At::kValueStart : At::kKeyStart;
+        } else if (at == At::kKeyStart || at == At::kKey) {
+          at = At::kKey;
+        } else {
+          at = At::kWord;  // a bare value, or what toml++ reads as part of one
         }
-        if (c != ' ' && c != '\t' && c != '\r') last = c;
         break;
       case In::kComment:
         if (c == '\n') {
-          in = In::kValue;
-          last = c;
+          in = In::kCode;
+          at = !open.empty() && open.back() == '[' ? At::kValueStart : At::kKeyStart;
         }
         break;
       case In::kBasic:
         if (c == '\\') {
-          ++at;
-        } else if (c == '"' || c == '\n') {
-          in = In::kValue;
-          last = c;
+          ++pos;
+        } else if (c == '"') {
+          endString();
+        } else if (c == '\n') {
+          --pos;  // unterminated: the newline ends the line as code
+          endString();
         }
         break;
       case In::kLiteral:
-        if (c == '\'' || c == '\n') {
-          in = In::kValue;
-          last = c;
+        if (c == '\'') {
+          endString();
+        } else if (c == '\n') {
+          --pos;
+          endString();
         }
         break;
       case In::kMultiBasic:
         if (c == '\\') {
-          std::size_t next = at + 1;
+          std::size_t next = pos + 1;
           while (next < text.size() && (text[next] == ' ' || text[next] == '\t' ||
                                         text[next] == '\r' || text[next] == '\n')) {
             ++next;
@@ -378,17 +411,13 @@ void checkNonAscii(const std::string& file, std::string_view text) {
           if (nonAscii(next)) {
             fail(next, "a non-ASCII character after a backslash in a multi-line string");
           }
-          at = next > at + 1 ? next - 1 : next;
-        } else if (c == '"' && closes(at, '"')) {
-          in = In::kValue;
-          last = c;
+          pos = next > pos + 1 ? next - 1 : next;
+        } else if (c == '"' && closes(pos, '"')) {
+          endString();
         }
         break;
       case In::kMultiLiteral:
-        if (c == '\'' && closes(at, '\'')) {
-          in = In::kValue;
-          last = c;
-        }
+        if (c == '\'' && closes(pos, '\'')) endString();
         break;
     }
   }
