@@ -10,7 +10,7 @@ timing and the sums are checked; time = the slowest rank's mean. busbw = size / 
 
     bash scripts/setup.sh --bench && bash scripts/build.sh troupe_cli
     /usr/bin/python3 bench/allreduce_vs_gloo.py [--procs 2,4] [--sizes 1,25,100] [--iters 20]
-        [--warmup 5] [--rounds 1] [--troupe-args="--no-copy"]
+        [--warmup 5] [--rounds 1] [--troupe-args="--copy alloc"]
 """
 import argparse
 import os
