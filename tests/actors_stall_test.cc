@@ -1,7 +1,6 @@
 // Waits on other processes end: the reducer's ring and a parameter server log a stall report
 // naming who is late, then fail the run after the peer timeout.
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -10,6 +9,7 @@
 #include "actors/messages.h"
 #include "actors/roles.h"
 #include "actors/system.h"
+#include "log_capture.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -17,20 +17,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Captures what is logged while alive.
-class LogCapture {
- public:
-  LogCapture() : previous_(spdlog::default_logger()) {
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  }
-  ~LogCapture() { spdlog::set_default_logger(previous_); }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
+using testing::LogCapture;
 
 // An actor system whose messages to other nodes vanish: the other processes never answer.
 std::unique_ptr<ActorSystem> systemWithSilentPeers() {

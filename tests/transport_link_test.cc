@@ -85,6 +85,16 @@ struct Peer {
     return total;
   }
   bool linkAddressless(NodeId node) { return transport->linkAddress(node).empty(); }
+  // The errors logged so far, once there are more than `seen` (or after `timeout`).
+  std::vector<std::string> errorsAfter(std::size_t seen, std::chrono::milliseconds timeout = 2s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto errors = sink->errors();
+    while (errors.size() <= seen && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+      errors = sink->errors();
+    }
+    return errors;
+  }
   IncomingMessage message(std::size_t i) {
     std::lock_guard lock(mutex);
     return messages.at(i).second;
@@ -588,11 +598,7 @@ TEST_F(TransportTest, PeersWithTheRunsSecretLinkAndOthersAreRefusedAndLogged) {
     Peer c(o);
     EXPECT_THROW(c.transport->connect(0, a.transport->address()), IoError);
     // a logged the refusal, with where it came from, and never linked node 2.
-    std::vector<std::string> errors;
-    for (int i = 0; i < 200 && errors.size() <= refusals; ++i) {
-      std::this_thread::sleep_for(10ms);
-      errors = a.sink->errors();
-    }
+    const auto errors = a.errorsAfter(refusals);
     ASSERT_EQ(errors.size(), refusals + 1);
     EXPECT_NE(errors.back().find("refused: authentication failed"), std::string::npos)
         << errors.back();
@@ -621,11 +627,7 @@ TEST_F(TransportTest, APeerThatNeverAuthenticatesIsDroppedAfterTheTimeout) {
   Peer a(o);
   RawPeer silent(a.transport->address(), false);
   EXPECT_TRUE(silent.closedByPeer());
-  std::vector<std::string> errors;
-  for (int i = 0; i < 200 && errors.empty(); ++i) {
-    std::this_thread::sleep_for(10ms);
-    errors = a.sink->errors();
-  }
+  const auto errors = a.errorsAfter(0);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("no authentication handshake within 300 ms"), std::string::npos)
       << errors[0];
@@ -670,11 +672,7 @@ TEST_F(TransportTest, SomethingOtherThanAHandshakeIsRefused) {
   RawPeer stranger(a.transport->address(), false);
   stranger.write(garbageBytes(100));
   EXPECT_TRUE(stranger.closedByPeer());
-  std::vector<std::string> errors;
-  for (int i = 0; i < 200 && errors.empty(); ++i) {
-    std::this_thread::sleep_for(10ms);
-    errors = a.sink->errors();
-  }
+  const auto errors = a.errorsAfter(0);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("refused: not a troupe peer"), std::string::npos) << errors[0];
 }
@@ -710,11 +708,7 @@ TEST_P(BadPeerTest, DropsOnlyThatLinkWithOneLoggedError) {
     EXPECT_EQ(b.lost[0].first, 7u);
   }
   EXPECT_TRUE(raw.closedByPeer());
-  std::vector<std::string> errors;
-  for (int i = 0; i < 100 && errors.empty(); ++i) {
-    std::this_thread::sleep_for(10ms);
-    errors = b.sink->errors();
-  }
+  const auto errors = b.errorsAfter(0);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find(param.error), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find(param.hello ? "node 7" : "node ?"), std::string::npos) << errors[0];
