@@ -639,11 +639,11 @@ TEST_F(TransportTest, AnIdleLinkStaysUpOnHeartbeats) {
   TransportOptions ao = options(0, false), bo = options(1, true);
   for (auto* o : {&ao, &bo}) {
     o->heartbeatInterval = 50ms;
-    o->peerTimeout = 400ms;
+    o->peerTimeout = 1000ms;
   }
   Peer a(ao), b(bo);
   connectPair(a, b);
-  std::this_thread::sleep_for(1500ms);  // nothing to say for almost four timeouts
+  std::this_thread::sleep_for(2500ms);  // nothing to say for two and a half timeouts
   EXPECT_TRUE(a.lost.empty());
   EXPECT_TRUE(b.lost.empty());
   expectExchange(a, b);
