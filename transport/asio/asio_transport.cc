@@ -195,12 +195,22 @@ class AsioTransport final : public Transport {
   const std::shared_ptr<spdlog::logger>& log() const { return log_; }
   // The Hello this node sends; with its shared arena when `sameHost`.
   std::unique_ptr<EncodedMessage> helloMessage(bool sameHost);
-  std::unique_ptr<EncodedMessage> controlMessage(void (*fill)(wire::Frame::Builder));
+  // A frame of the transport's own (no tensors), from this node, filled in by fill(frame).
+  template <typename Fill>
+  std::unique_ptr<EncodedMessage> controlMessage(Fill fill) {
+    OutgoingMessage message;
+    auto frame = message.frame();
+    frame.setSourceNode(options_.node);
+    fill(frame);
+    return std::make_unique<EncodedMessage>(
+        encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
+  }
   void registerLink(NodeId node, const std::shared_ptr<Connection>& connection);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
   void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error);
 
  private:
+  std::shared_ptr<Connection> link(NodeId node) const;  // null if none
   void listen();
   void accept(asio::ip::tcp::acceptor& acceptor);
   void accept(asio::local::stream_protocol::acceptor& acceptor);
@@ -798,29 +808,17 @@ void AsioTransport::adopt(Socket socket, const std::string& remote) {
 }
 
 std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost) {
-  OutgoingMessage message;
-  auto frame = message.frame();
-  frame.setSourceNode(options_.node);
-  auto hello = frame.initHello();
-  hello.setNode(options_.node);
-  hello.setRunId(options_.runId);
-  hello.setAddress(address_);
-  if (sameHost && arena_) {
-    hello.setArenaPath(arena_->path());
-    hello.setArenaToken(arena_->token());
-    hello.setArenaBytes(arena_->bytes());
-  }
-  return std::make_unique<EncodedMessage>(
-      encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
-}
-
-std::unique_ptr<EncodedMessage> AsioTransport::controlMessage(void (*fill)(wire::Frame::Builder)) {
-  OutgoingMessage message;
-  auto frame = message.frame();
-  frame.setSourceNode(options_.node);
-  fill(frame);
-  return std::make_unique<EncodedMessage>(
-      encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
+  return controlMessage([&](wire::Frame::Builder frame) {
+    auto hello = frame.initHello();
+    hello.setNode(options_.node);
+    hello.setRunId(options_.runId);
+    hello.setAddress(address_);
+    if (sameHost && arena_) {
+      hello.setArenaPath(arena_->path());
+      hello.setArenaToken(arena_->token());
+      hello.setArenaBytes(arena_->bytes());
+    }
+  });
 }
 
 void AsioTransport::registerLink(NodeId node, const std::shared_ptr<Connection>& connection) {
@@ -855,10 +853,15 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
   if (wasLink) handlers_.onPeerLost(connection->node(), why);
 }
 
-std::string AsioTransport::linkAddress(NodeId node) const {
+std::shared_ptr<Connection> AsioTransport::link(NodeId node) const {
   std::lock_guard lock(mutex_);
   auto it = links_.find(node);
-  return it == links_.end() ? "" : it->second->remote();
+  return it == links_.end() ? nullptr : it->second;
+}
+
+std::string AsioTransport::linkAddress(NodeId node) const {
+  auto connection = link(node);
+  return connection ? connection->remote() : "";
 }
 
 std::shared_ptr<Socket> AsioTransport::dial(const Endpoint& endpoint, Clock::time_point deadline,
@@ -963,12 +966,7 @@ void AsioTransport::waitForPeer(NodeId node, std::chrono::milliseconds timeout) 
 }
 
 void AsioTransport::send(NodeId node, OutgoingMessage message) {
-  std::shared_ptr<Connection> connection;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = links_.find(node);
-    if (it != links_.end()) connection = it->second;
-  }
+  auto connection = link(node);
   if (!connection) {
     throw IoError(
         fmt::format("transport node {}: no link to node {} (connect first, or wait "
@@ -988,12 +986,7 @@ kernels::Tensor AsioTransport::sendBuffer(NodeId node, kernels::Shape shape, ker
   const std::size_t bytes =
       static_cast<std::size_t>(kernels::numelOf(shape)) * kernels::sizeOf(dtype);
   if (arena_ && bytes >= kMinSharedBytes) {
-    std::shared_ptr<Connection> connection;
-    {
-      std::lock_guard lock(mutex_);
-      auto it = links_.find(node);
-      if (it != links_.end()) connection = it->second;
-    }
+    auto connection = link(node);
     if (connection && connection->peerMappedArena()) {
       if (auto memory = arena_->allocate(bytes)) {
         void* data = memory.get();
