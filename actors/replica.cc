@@ -63,8 +63,17 @@ class Replica final : public Actor {
     return copy;
   }
 
+  // Weights already on this device are read in place, not copied. Their sender (the updater,
+  // the PS client, the coordinator) changes a range of them only once every replica has handed
+  // in that range's gradients for the step, when no replica reads it any more.
   void adopt(const kernels::Tensor& weights, const kernels::Tensor& buffers) {
-    backend_->copy(weights, net_->weights());
+    if (weights.device() == backend_->device()) {
+      net_->useWeights(weights);
+    } else {
+      if (!own_weights_.defined()) own_weights_ = backend_->empty({net_->numParams()});
+      backend_->copy(weights, own_weights_);
+      net_->useWeights(own_weights_);
+    }
     if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
   }
 
@@ -177,6 +186,7 @@ class Replica final : public Actor {
   std::unique_ptr<kernels::Net> net_;
   std::unique_ptr<data::Dataset> test_;
   kernels::Tensor metrics_host_;
+  kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
   std::unordered_set<std::int64_t> bad_test_;  // test records found bad (each logged once)

@@ -2,9 +2,10 @@
 """Training throughput, troupe vs PyTorch, side by side in one run, on Fashion-MNIST.
 
 troupe: `troupe train` end to end (LMDB reader actor -> replica -> reducer -> updater), samples/s
-read from its CSV log (inputs_per_sec of the epoch). PyTorch: the same model, batch, optimizer
-(SGD, momentum 0.9, weight decay 5e-4) and thread count, images already in memory as a tensor
-(so PyTorch pays no data loading at all). Both run a fixed number of steps after a warm-up.
+read from its CSV log (inputs_per_sec of the second epoch; the first is the warm-up, in which
+oneDNN compiles its kernels). PyTorch: the same model, batch, optimizer (SGD, momentum 0.9,
+weight decay 5e-4) and thread count, images already in memory as a tensor (so PyTorch pays no
+data loading at all), timed after 20 warm-up steps. Both time a fixed number of steps.
 
     bash scripts/setup.sh --bench && bash scripts/build.sh troupe_cli
     python3 bench/train_vs_pytorch.py [--models lenet,mlp] [--steps 400] [--threads 2]
@@ -62,12 +63,13 @@ def pytorch_samples_per_sec(name, batch, steps, threads, warmup=20):
 
 
 def troupe_rate(command, data, batch, steps):
-    """Runs `command` (a troupe train or launch ... train command line) for one epoch of `steps`
+    """Runs `command` (a troupe train or launch ... train command line) for two epochs of `steps`
     global batches of `batch` from the LMDB Fashion-MNIST in `data` with the benchmarks' shared
-    optimizer settings; returns inputs_per_sec from the chief's CSV log."""
+    optimizer settings; returns the second epoch's inputs_per_sec from the chief's CSV log (the
+    first epoch is the warm-up, as the peers' warm-up steps are)."""
     with tempfile.TemporaryDirectory() as logs:
         cmd = command + ["--train_data", f"{data}/train", "--db_type", "lmdb", "--epoch_size",
-                         str(batch * steps), "--num_epochs", "1", "--base_learning_rate", "0.01",
+                         str(batch * steps), "--num_epochs", "2", "--base_learning_rate", "0.01",
                          "--momentum", "0.9", "--weight_decay", "0.0005", "--log_every", "0",
                          "--log_dir", logs, "--checkpoint_dir", logs]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=logs)

@@ -20,6 +20,9 @@ class DbDataset final : public Dataset {
     }
     db_ = openDb(options_.path, options_.type);
     keys_ = db_->keys();
+    values_ = db_->values();
+    TROUPE_ENFORCE(values_.empty() || values_.size() == keys_.size(), "database '", options_.path,
+                   "' listed ", keys_.size(), " keys and ", values_.size(), " values");
   }
 
   std::int64_t size() const override { return static_cast<std::int64_t>(keys_.size()); }
@@ -29,6 +32,7 @@ class DbDataset final : public Dataset {
             std::int32_t* labels) override {
     const std::size_t image_size =
         static_cast<std::size_t>(options_.channels) * options_.height * options_.width;
+    touch(indices);
     for (std::size_t i = 0; i < indices.size(); ++i) {
       const std::int64_t index = indices[i];
       if (index < 0 || index >= size()) [[unlikely]] {
@@ -36,15 +40,34 @@ class DbDataset final : public Dataset {
                                         " is out of range [0, ", size(), ")"));
       }
       const std::string& key = keys_[static_cast<std::size_t>(index)];
-      labels[i] = decoder_.decode(key, db_->peek(key), images + i * image_size);
+      const std::string_view bytes =
+          values_.empty() ? db_->peek(key) : values_[static_cast<std::size_t>(index)];
+      labels[i] = decoder_.decode(key, bytes, images + i * image_size);
     }
   }
 
  private:
+  // Records come in a random order, each a miss in every cache, and decoding one waits on its
+  // misses one after another. A load of every cache line of every record first, independent
+  // loads that the CPU overlaps, halves the time of a batch (prefetch instructions did not).
+  void touch(const std::vector<std::int64_t>& indices) const {
+    if (values_.empty()) return;
+    unsigned char sum = 0;
+    for (const std::int64_t index : indices) {
+      if (index < 0 || index >= size()) continue;  // read() reports it
+      const std::string_view v = values_[static_cast<std::size_t>(index)];
+      for (std::size_t offset = 0; offset < v.size(); offset += 64)
+        sum ^= static_cast<unsigned char>(v[offset]);
+    }
+    touched_ ^= sum;  // keeps the loads
+  }
+
   DatasetOptions options_;
   DatumDecoder decoder_;
   std::unique_ptr<DbReader> db_;
   std::vector<std::string> keys_;
+  std::vector<std::string_view> values_;  // by position, where the database has such views
+  mutable unsigned char touched_ = 0;
 };
 
 std::uint64_t mix64(std::uint64_t z) {

@@ -35,7 +35,9 @@ class DatumDecoder {
 
  private:
   [[noreturn]] void bad(const std::string& key, const std::string& what) const;
+  void checkLabel(const std::string& key, std::int32_t label) const;
   void checkShape(const std::string& key, int channels, int height, int width) const;
+  void checkPixels(const std::string& key, std::size_t bytes) const;
   void decodeRaw(const std::string& key, float* out) const;
   void decodeEncoded(const std::string& key, float* out);
 

@@ -63,6 +63,10 @@ class DbReader {
   // map; LevelDB into a buffer the reader owns). The view stays valid until the next call to
   // peek() or until the reader is destroyed.
   virtual std::string_view peek(std::string_view key) = 0;
+  // Every value in key order (the order of keys()) as views that stay valid until the reader is
+  // destroyed, where the backend has them without copying: LMDB's views into its memory map, so
+  // that a record is read by position with no key lookup. Empty where it has not (LevelDB).
+  virtual std::vector<std::string_view> values() const { return {}; }
 };
 
 // Opens an existing database for reading. LMDB readers keep one read transaction open for their

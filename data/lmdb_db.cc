@@ -133,23 +133,38 @@ class LmdbReader final : public DbReader {
   std::vector<std::string> keys() const override {
     std::vector<std::string> keys;
     keys.reserve(static_cast<std::size_t>(size_));
-    MDB_cursor* cursor = nullptr;
-    check(mdb_cursor_open(txn_, dbi_, &cursor), path_, "mdb_cursor_open");
-    MDB_val k, v;
-    int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST);
-    while (rc == MDB_SUCCESS) {
-      keys.emplace_back(toView(k));
-      rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT);
-    }
-    mdb_cursor_close(cursor);
-    if (rc != MDB_NOTFOUND) fail(rc, path_, "reading keys");
+    walk("reading keys", [&](const MDB_val& k, const MDB_val&) { keys.emplace_back(toView(k)); });
     return keys;
+  }
+
+  // The views stay valid while the read transaction is open: it is read-only, and it lives as
+  // long as the reader.
+  std::vector<std::string_view> values() const override {
+    std::vector<std::string_view> values;
+    values.reserve(static_cast<std::size_t>(size_));
+    walk("reading values", [&](const MDB_val&, const MDB_val& v) { values.push_back(toView(v)); });
+    return values;
   }
 
   std::string get(std::string_view key) const override { return std::string(lookup(key)); }
   std::string_view peek(std::string_view key) override { return lookup(key); }
 
  private:
+  // Calls fn(key, value) for every record in key order.
+  template <typename Fn>
+  void walk(std::string_view what, const Fn& fn) const {
+    MDB_cursor* cursor = nullptr;
+    check(mdb_cursor_open(txn_, dbi_, &cursor), path_, "mdb_cursor_open");
+    MDB_val k, v;
+    int rc = mdb_cursor_get(cursor, &k, &v, MDB_FIRST);
+    while (rc == MDB_SUCCESS) {
+      fn(k, v);
+      rc = mdb_cursor_get(cursor, &k, &v, MDB_NEXT);
+    }
+    mdb_cursor_close(cursor);
+    if (rc != MDB_NOTFOUND) fail(rc, path_, what);
+  }
+
   std::string_view lookup(std::string_view key) const {
     MDB_val k = toVal(key);
     MDB_val v;

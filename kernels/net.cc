@@ -370,6 +370,16 @@ class NetImpl final : public Net, private LayerContext {
   const std::vector<ParamInfo>& params() const override { return g_.params; }
   std::int64_t numParams() const override { return g_.num_params; }
   const Tensor& weights() const override { return weights_; }
+
+  void useWeights(const Tensor& weights) override {
+    TROUPE_ENFORCE_EQ(weights.numel(), g_.num_params);
+    TROUPE_ENFORCE(weights.dtype() == DType::kFloat32 && weights.device() == backend_.device(),
+                   "weights for a net must be float32 on its device");
+    if (weights.raw() == weights_.raw()) return;
+    weights_ = weights;
+    for (auto& layer : g_.layers)
+      layer->bind(weights_, grads_, buffers_);
+  }
   const Tensor& grads() const override { return grads_; }
   const Tensor& buffers() const override { return buffers_; }
   const Tensor& metrics() const override { return metrics_; }

@@ -63,6 +63,9 @@ class Net {
   virtual std::int64_t numParams() const = 0;
   // Flat tensors of numParams() elements on the net's backend.
   virtual const Tensor& weights() const = 0;
+  // Computes with `weights` (numParams() elements on the net's backend) from now on, in place of
+  // weights(), without a copy; the caller keeps them alive and unchanged while the net reads them.
+  virtual void useWeights(const Tensor& weights) = 0;
   virtual const Tensor& grads() const = 0;
   // Non-trainable state (batch-norm running statistics), flat; may be empty.
   virtual const Tensor& buffers() const = 0;

@@ -118,6 +118,47 @@ TEST(DatasetRawTest, AppliesMeanAndScaleAndKeepsChannelPlanes) {
   }
 }
 
+// Raw records are read straight from the wire format; whatever a protobuf parser accepts must
+// read the same: fields in any order, a field given twice (the last counts), fields this reader
+// does not know (then the generated parser reads the record), and the encoding of `encoded` as
+// false.
+TEST(DatasetRawTest, ReadsEveryWireFormVariantOfARawRecordAsProtobufDoes) {
+  TempDir dir;
+  const std::string pixels = testing::pattern(4, 3);
+  auto field = [](int number, std::uint64_t value) {
+    std::string out;
+    testing::appendVarint(out, static_cast<std::uint64_t>(number) << 3);
+    testing::appendVarint(out, value);
+    return out;
+  };
+  auto data = [&](const std::string& bytes) {
+    std::string out;
+    testing::appendVarint(out, (4u << 3) | 2u);
+    testing::appendVarint(out, bytes.size());
+    return out + bytes;
+  };
+  const std::string shape = field(1, 1) + field(2, 2) + field(3, 2);
+  const std::vector<std::string> records = {
+      shape + data(pixels) + field(5, 7),                                    // as Caffe writes it
+      field(5, 7) + data(pixels) + field(3, 2) + field(2, 2) + field(1, 1),  // another order
+      shape + field(5, 1) + data("abcd") + data(pixels) + field(5, 7),       // repeated: the last
+      shape + data(pixels) + field(5, 7) + field(7, 0),                      // encoded: false
+      shape + data(pixels) + field(5, 7) + field(9, 42),                     // an unknown field
+  };
+  writeDb(dir / "db", DbType::kLmdb, records);
+  DatasetOptions options = optionsFor(dir / "db");
+  options.height = options.width = 2;
+  auto dataset = openDataset(options);
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(records.size()); ++i) {
+    std::int32_t label = -1;
+    const auto image = readOne(*dataset, i, &label);
+    EXPECT_EQ(label, 7) << "record " << i;
+    for (int j = 0; j < 4; ++j)
+      EXPECT_EQ(image[j], static_cast<float>(static_cast<unsigned char>(pixels[j])) * (1 / 255.0f))
+          << i;
+  }
+}
+
 TEST(DatasetRawTest, ReadsFloatData) {
   TempDir dir;
   RawDatum d;

@@ -200,6 +200,29 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) 
   }
 }
 
+// A replica computes with the updater's weights where they lie (Net::useWeights), no copy.
+TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
+  NetOptions a = options("mlp", 4), b = options("mlp", 4);
+  b.seed = 2;
+  auto owner = makeNet(*backend_, a), user = makeNet(*backend_, b);
+  Batch batch = fixedBatch(4, 1, 28, 28);
+  user->useWeights(owner->weights());
+  EXPECT_EQ(user->weights().raw(), owner->weights().raw());
+  auto sgd = makeSgd(*backend_, owner->numParams(), {0.9f, 0.0f, false});
+  for (int step = 0; step < 2; ++step) {  // the second step sees the first one's update
+    owner->forward(batch.images, batch.labels, true);
+    owner->backward(0.25f, nullptr);
+    user->forward(batch.images, batch.labels, true);
+    user->backward(0.25f, nullptr);
+    EXPECT_EQ(owner->metrics().f32()[0], user->metrics().f32()[0]) << "step " << step;
+    EXPECT_EQ(0, std::memcmp(owner->grads().f32(), user->grads().f32(),
+                             owner->numParams() * sizeof(float)))
+        << "step " << step;
+    sgd->step(owner->weights(), owner->grads(), 0.1f);
+  }
+  EXPECT_THROW(user->useWeights(Tensor::host({3})), Error);
+}
+
 TEST_F(NetTest, DifferentSeedsGiveDifferentInitialWeights) {
   NetOptions a = options("lenet", 2), b = options("lenet", 2);
   b.seed = 2;

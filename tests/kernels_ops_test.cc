@@ -189,6 +189,49 @@ TEST_F(OpsTest, InnerProductGradientsMatchFiniteDifferences) {
   expectGradient("fc db", b, db, loss);
 }
 
+// Large enough that each of two threads computes its own share of the outputs (uneven shares:
+// 100 outputs split at a cache line are 64 and 36), checked against direct loops in double.
+TEST_F(OpsTest, InnerProductSplitAmongThreadsMatchesDirectLoops) {
+  const std::int64_t n = 48, in = 300, out = 100;
+  auto op = backend_->makeInnerProduct(InnerProductGeometry{n, in, out});
+  Tensor x = randomHost({n, in}, 1), w = randomHost({out, in}, 2), b = randomHost({out}, 3);
+  Tensor dy = randomHost({n, out}, 4), y = Tensor::host({n, out});
+  Tensor dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()), db = Tensor::host(b.shape());
+  op->forward(x, w, b, y);
+  op->backward(x, w, dy, dx, dw, db);
+  auto at = [](const Tensor& t, std::int64_t cols, std::int64_t r, std::int64_t c) {
+    return double(t.f32()[r * cols + c]);
+  };
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t o = 0; o < out; ++o) {
+      double v = at(b, out, 0, o);
+      for (std::int64_t k = 0; k < in; ++k)
+        v += at(x, in, i, k) * at(w, in, o, k);
+      ASSERT_NEAR(at(y, out, i, o), v, 1e-4 * (1 + std::abs(v))) << "y " << i << "," << o;
+    }
+  }
+  for (std::int64_t o = 0; o < out; ++o) {
+    double sum = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      sum += at(dy, out, i, o);
+    ASSERT_NEAR(at(db, out, 0, o), sum, 1e-4 * (1 + std::abs(sum))) << "db " << o;
+    for (std::int64_t k = 0; k < in; ++k) {
+      double v = 0;
+      for (std::int64_t i = 0; i < n; ++i)
+        v += at(dy, out, i, o) * at(x, in, i, k);
+      ASSERT_NEAR(at(dw, in, o, k), v, 1e-4 * (1 + std::abs(v))) << "dw " << o << "," << k;
+    }
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t k = 0; k < in; ++k) {
+      double v = 0;
+      for (std::int64_t o = 0; o < out; ++o)
+        v += at(dy, out, i, o) * at(w, in, o, k);
+      ASSERT_NEAR(at(dx, in, i, k), v, 1e-4 * (1 + std::abs(v))) << "dx " << i << "," << k;
+    }
+  }
+}
+
 TEST_F(OpsTest, ReluGradientMatchesFiniteDifferences) {
   auto op = backend_->makeRelu(40);
   Tensor x = randomHost({40}, 1);

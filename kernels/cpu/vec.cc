@@ -78,11 +78,11 @@ TROUPE_VEC_CLONES void addRowVector(float* __restrict y, const float* __restrict
   }
 }
 
-TROUPE_VEC_CLONES void sumRows(const float* __restrict x, float* __restrict s, std::int64_t rows,
-                               std::int64_t cols) {
+TROUPE_VEC_CLONES void sumRows(const float* __restrict x, std::int64_t ld, float* __restrict s,
+                               std::int64_t rows, std::int64_t cols) {
   std::fill(s, s + cols, 0.0f);
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
+    const float* row = x + r * ld;
 #pragma omp simd
     for (std::int64_t c = 0; c < cols; ++c)
       s[c] += row[c];

@@ -24,8 +24,8 @@ void add(const float* a, const float* b, float* y, std::int64_t n);
 void addScalar(const float* x, float bias, float* y, std::int64_t n);
 // y[r][c] += b[c] for rows r < rows.
 void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols);
-// s[c] = sum over rows r of x[r][c].
-void sumRows(const float* x, float* s, std::int64_t rows, std::int64_t cols);
+// s[c] = sum over rows r of x[r * ld + c], for c < cols.
+void sumRows(const float* x, std::int64_t ld, float* s, std::int64_t rows, std::int64_t cols);
 
 // 2x2 stride-2 max pooling of one [h, w] plane (h, w even) into [h/2, w/2], recording each
 // window's arg max as an index into the plane.
