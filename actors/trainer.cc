@@ -517,7 +517,9 @@ TrainResult runTraining(const TrainOptions& o) {
   updater.sgd = o.sgd;
   updater.lr = lr;
   updater.plan = plan;
-  updater.threads = threads;
+  // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
+  // cores of the other replicas.
+  updater.threads = std::max(1, threads / o.replicas);
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
   updater.trace = trace.get();

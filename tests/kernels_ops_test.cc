@@ -162,6 +162,50 @@ TEST_F(OpsTest, PoolingRoundsTheOutputSizeUpLikeCaffe) {
   EXPECT_EQ(g.outHeight(), 4);
 }
 
+// LeNet's planes (24 and 8 wide) and others below 16 outputs a row take a masked AVX-512 path
+// where the CPU has it: each output is its window's maximum, and backward hands each gradient to
+// a position of the window that holds that maximum.
+TEST_F(OpsTest, TwoByTwoMaxPoolingOfNarrowPlanesRoutesGradientsToTheMaxima) {
+  for (const std::int64_t w : {2, 8, 18, 24, 30}) {
+    const std::int64_t n = 3, c = 2, h = 6, oh = h / 2, ow = w / 2;
+    PoolGeometry g{n, c, h, w, 2, 2, 0, PoolMethod::kMax};
+    auto op = backend_->makePool(g);
+    Tensor x = randomHost({n, c, h, w}, 7), y = Tensor::host({n, c, oh, ow});
+    for (std::int64_t i = 0; i < x.numel(); i += 5)
+      x.f32()[i] = 0.5f;  // ties
+    Tensor dy = Tensor::host(y.shape()), dx = Tensor::host(x.shape());
+    for (std::int64_t i = 0; i < dy.numel(); ++i)
+      dy.f32()[i] = static_cast<float>(i + 1);
+    op->forward(x, y);
+    op->backward(dy, dx);
+    for (std::int64_t plane = 0; plane < n * c; ++plane) {
+      const float* xp = x.f32() + plane * h * w;
+      const float* dxp = dx.f32() + plane * h * w;
+      for (std::int64_t oy = 0; oy < oh; ++oy) {
+        for (std::int64_t ox = 0; ox < ow; ++ox) {
+          const std::int64_t o = plane * oh * ow + oy * ow + ox;
+          float best = xp[2 * oy * w + 2 * ox];
+          int routed = 0;
+          for (std::int64_t dy_ = 0; dy_ < 2; ++dy_)
+            for (std::int64_t dx_ = 0; dx_ < 2; ++dx_)
+              best = std::max(best, xp[(2 * oy + dy_) * w + 2 * ox + dx_]);
+          ASSERT_EQ(y.f32()[o], best) << "w " << w << " output " << o;
+          for (std::int64_t dy_ = 0; dy_ < 2; ++dy_) {
+            for (std::int64_t dx_ = 0; dx_ < 2; ++dx_) {
+              const std::int64_t at = (2 * oy + dy_) * w + 2 * ox + dx_;
+              if (dxp[at] == 0.0f) continue;
+              ASSERT_EQ(dxp[at], dy.f32()[o]) << "w " << w << " output " << o;
+              ASSERT_EQ(xp[at], best) << "w " << w << " output " << o;
+              ++routed;
+            }
+          }
+          ASSERT_EQ(routed, 1) << "w " << w << " output " << o;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(OpsTest, MaxPoolingPicksTheWindowMaximum) {
   PoolGeometry g{1, 1, 2, 4, 2, 2, 0, PoolMethod::kMax};
   auto op = backend_->makePool(g);

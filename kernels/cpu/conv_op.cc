@@ -317,10 +317,13 @@ class DnnlConv final : public ConvOp {
       w_dwei_.finish(dwp, s);
     }
     if (dxp) {
-      bwd_data_.execute(s, {{DNNL_ARG_DIFF_DST, d_ddst_.in(dy.f32(), s)},
-                            {DNNL_ARG_WEIGHTS, d_wei_.in(w.f32(), s)},
-                            {DNNL_ARG_DIFF_SRC, d_dsrc_.out(dxp)},
-                            {DNNL_ARG_SCRATCHPAD, scratch_}});
+      // dy in the layout backward-weights had it reordered to, if that is the one wanted here.
+      const bool reordered = (dwp || dbp) && w_ddst_.sameInner(d_ddst_);
+      bwd_data_.execute(s,
+                        {{DNNL_ARG_DIFF_DST, reordered ? w_ddst_.last() : d_ddst_.in(dy.f32(), s)},
+                         {DNNL_ARG_WEIGHTS, d_wei_.in(w.f32(), s)},
+                         {DNNL_ARG_DIFF_SRC, d_dsrc_.out(dxp)},
+                         {DNNL_ARG_SCRATCHPAD, scratch_}});
       d_dsrc_.finish(dxp, s);
     }
   }

@@ -54,6 +54,13 @@ class Relayout {
     return inner_;
   }
 
+  // The primitive's view of what the last in() was given, as in() made it; for another primitive
+  // that wants the same input in the same layout (see sameInner()), without a second reorder.
+  const dnnl::memory& last() const { return inner_; }
+  bool sameInner(const Relayout& other) const {
+    return inner_.get_desc() == other.inner_.get_desc();
+  }
+
   // Memory for the primitive to write an output into; finish() then brings it to `data`.
   const dnnl::memory& out(float* data) {
     if (same_) inner_.set_data_handle(data);
