@@ -1,7 +1,9 @@
-// Convolution, two ways: oneDNN's convolution primitives in the layouts they choose (blocked
-// channels), with reorders from and to NCHW at the op's boundary; or im2col + one sgemm per chunk
-// of images (the chunk's columns side by side, so the GEMM is wide even when a feature map is
-// small), threads splitting the batch, each keeping its own weight-gradient partial.
+// Convolution, three ways: oneDNN's convolution primitives in the layouts they choose (blocked
+// channels), with reorders from and to NCHW at the op's boundary; or, for few input channels,
+// im2col + one sgemm per chunk of images (the chunk's columns side by side, so the GEMM is wide
+// even when a feature map is small), threads splitting the batch, each keeping its own
+// weight-gradient partial; or, for few input channels and narrow outputs, the direct kernels of
+// direct_conv.h, split the same way.
 #include <algorithm>
 #include <cstring>
 #include <unordered_map>
@@ -9,6 +11,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/direct_conv.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/vec.h"
 #include "troupe/error.h"
@@ -30,7 +33,8 @@ class CpuConv final : public ConvOp {
         oh_(g.outHeight()),
         ow_(g.outWidth()),
         p_(oh_ * ow_),
-        k_(g.channels * g.kernel * g.kernel) {
+        k_(g.channels * g.kernel * g.kernel),
+        direct_(directConvFits(g)) {
     TROUPE_ENFORCE(oh_ > 0 && ow_ > 0, "convolution output of ", oh_, "x", ow_);
     const std::int64_t per_thread = (g.n + threads - 1) / threads;
     chunk_ = std::clamp<std::int64_t>(kColumnBudget / (k_ * p_), 1,
@@ -54,6 +58,10 @@ class CpuConv final : public ConvOp {
       const int t = omp_get_thread_num();
       std::int64_t begin, end;
       splitRange(g_.n, t, omp_get_num_threads(), begin, end);
+      if (direct_) {
+        directConvForward(g_, xp + begin * chw, wp, bp, yp + begin * oc * p_, end - begin);
+        begin = end;
+      }
       float* col = col_.data() + t * k_ * chunk_ * p_;
       float* buf = buf_.data() + t * oc * chunk_ * p_;
       for (std::int64_t i0 = begin; i0 < end; i0 += chunk_) {
@@ -92,6 +100,11 @@ class CpuConv final : public ConvOp {
       float* pdb = db_.data() + t * oc;
       std::fill(pdw, pdw + oc * k_, 0.0f);
       std::fill(pdb, pdb + oc, 0.0f);
+      if (direct_ && !dxp) {
+        directConvWeightGrad(g_, xp + begin * chw, dyp + begin * oc * p_, end - begin, pdw,
+                             dbp ? pdb : nullptr);
+        begin = end;
+      }
       for (std::int64_t i0 = begin; i0 < end; i0 += chunk_) {
         const std::int64_t nb = std::min(chunk_, end - i0), cols = nb * p_;
         for (std::int64_t img = 0; img < nb; ++img)
@@ -213,6 +226,8 @@ class CpuConv final : public ConvOp {
   ConvGeometry g_;
   int threads_;
   std::int64_t oh_, ow_, p_, k_, chunk_;
+  // Forward, and backward without dx (a first layer), by the direct kernels (direct_conv.h).
+  bool direct_;
   std::vector<float> col_, buf_, dw_, db_;
 };
 
