@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "actors/run_id.h"
 #include "actors/trace.h"
 #include "actors/wire_codec.h"
 #include "rendezvous/exchange.h"
@@ -43,7 +44,7 @@ class ClusterImpl final : public Cluster {
     t.runId = o.run_id;
     t.secret = o.secret;
     t.interface = o.interface;
-    t.unixDir = fmt::format("/tmp/troupe-{}", o.run_id);
+    t.unixDir = socketFolder(o.run_id);
     t.connectTimeout = o.timeout;
     t.peerTimeout = o.peer_timeout;
     transport::TransportHandlers handlers;

@@ -15,6 +15,7 @@
 #include "actors/checkpoint.h"
 #include "actors/cluster.h"
 #include "actors/roles.h"
+#include "actors/run_id.h"
 #include "actors/system.h"
 #include "actors/trace.h"
 #include "actors/train_log.h"
@@ -213,8 +214,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   ClusterOptions c;
   c.rank = rank;
   c.world = nodes;
-  // Each generation of a restarted run meets apart from the ones before it.
-  c.run_id = o.generation > 0 ? fmt::format("{}-gen{}", o.run_id, o.generation) : o.run_id;
+  c.run_id = generationRunId(o.run_id, o.generation);
   c.rendezvous = o.rendezvous;
   c.serve_store = o.serve_store;
   c.interface = o.interface;

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <variant>
 
+#include "actors/run_id.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -545,6 +546,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
       throw InputError("processes started by hand need the same --run_id");
     }
   }
+  if (!o.run_id.empty()) actors::checkRunId(o.run_id);
   for (const auto& k : keys())
     o.parameters.emplace_back(k.name, k.get(o));
   return o;

@@ -25,6 +25,7 @@
 #include <optional>
 #include <random>
 
+#include "actors/run_id.h"
 #include "rendezvous/tcp_store.h"
 #include "transport/auth.h"
 #include "transport/link.h"
@@ -970,6 +971,7 @@ int launch(const LaunchOptions& o) {
   if (!o.sync_dst_dir.empty()) syncFolder(hosts, ssh_options, o.sync_dst_dir, o.hostfile);
 
   const std::string run_id = o.run_id.empty() ? makeRunId() : o.run_id;
+  actors::checkRunId(run_id);
   // The run's secret: the embedded store and every link refuse whoever cannot prove it.
   std::string secret = transport::loadSecret(o.secret_file);
   if (secret.empty()) secret = transport::makeSecret();
@@ -1005,6 +1007,13 @@ int launch(const LaunchOptions& o) {
         o.launcher == "mpi" ? runMpi(options, command, run_id, rendezvous, hosts, generation)
                             : runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, options,
                                           command, run_id, rendezvous, hosts, generation);
+    if (o.launcher == "local") {
+      // Every process of the generation has exited: what a killed one left of the socket
+      // folder is nobody's any more.
+      std::error_code ignored;
+      std::filesystem::remove_all(actors::socketFolder(actors::generationRunId(run_id, generation)),
+                                  ignored);
+    }
     if (attempt.code == 0 || attempt.interrupted) return attempt.code;
     if (o.on_failure == "restart" && generation < o.max_restarts) {
       fmt::print(stderr, "[launcher] {}; restarting every process ({} of {} restarts)\n",

@@ -72,6 +72,14 @@ TEST_F(ConfigTest, ABadFlagValueNamesTheFlag) {
       std::string::npos);
 }
 
+// The run id names the run's socket folder and checkpoints: nothing that leaves a folder.
+TEST_F(ConfigTest, ARunIdWithASlashIsRefused) {
+  EXPECT_NE(errorOf("", {{"run_id", "../etc"}})
+                .find("run_id '../etc' may hold letters, digits, '.', '_' and '-' only"),
+            std::string::npos);
+  EXPECT_EQ(loadTrainOptions("", {{"run_id", "run-1.b_2"}}).run_id, "run-1.b_2");
+}
+
 TEST_F(ConfigTest, AnUnknownDbTypeIsRefused) {
   EXPECT_NE(errorOf("", {{"db_type", "rocksdb"}}).find("rocksdb"), std::string::npos);
 }

@@ -1,6 +1,8 @@
 // `troupe launch --launcher local`, and the launcher's hostfile and quoting helpers, in-process.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -109,6 +111,35 @@ TEST(LaunchLocal, RestartGivesUpAfterMaxRestartsNamingTheLastFailure) {
                        "[launcher] run failed: worker 1 on localhost exited with code 5; giving "
                        "up after 2 restart(s) (--max-restarts 2)"))
       << r.output;
+}
+
+// A killed process leaves its Unix socket (and the run's socket folder) behind; the launcher
+// removes the folder of a generation once all of its processes have exited. The processes here
+// leave sockets as a killed troupe would, and the second generation looks for the first's.
+TEST(LaunchLocal, SocketFoldersLeftByAGenerationAreRemovedWhenItEnds) {
+  TempDir cwd("launch_local_sockets");
+  const std::string id = "sockets" + std::to_string(::getpid());
+  const std::string first = "/tmp/troupe-" + id, second = first + "-gen1";
+  const auto r = runCommand(launchIn(
+      cwd, "-n 2 --run_id " + id +
+               " --on-failure restart -- bash -c 'd=/tmp/troupe-$TROUPE_RUN_ID; "
+               "if [ $TROUPE_GENERATION = 1 ]; then d=$d-gen1; [ -e " +
+               first +
+               " ] || echo first folder gone; fi; mkdir -p $d && touch $d/node$TROUPE_RANK.sock; "
+               "if [ $TROUPE_GENERATION$TROUPE_RANK = 01 ]; then kill -9 $$; fi; "
+               "if [ $TROUPE_GENERATION = 0 ]; then sleep 60; fi'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] first folder gone")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] first folder gone")) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(first));
+  EXPECT_FALSE(std::filesystem::exists(second));
+}
+
+TEST(LaunchLocal, ARunIdThatLeavesItsFolderIsRefused) {
+  TempDir cwd("launch_local_run_id");
+  const auto r = runCommand(launchIn(cwd, "-n 1 --run_id a/../b -- true"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.output, "run_id 'a/../b' may hold letters, digits")) << r.output;
 }
 
 TEST(LaunchLocal, AbortIsTheDefaultAndNeverRestarts) {
