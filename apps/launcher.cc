@@ -195,10 +195,16 @@ struct Spawned {
 };
 
 // Starts `command` in its own process group with `env` added, stdout and stderr into one pipe
-// (returned), stdin from /dev/null if `null_stdin`. The child gets SIGTERM when the launcher dies.
-Spawned spawnPiped(const std::vector<std::string>& command, const Env& env, bool null_stdin) {
-  int fds[2];
+// (returned). Its stdin is the launcher's, or, given `input`, that text and then the end (a few
+// lines at most: they are written at once, into the pipe's buffer). The child gets SIGTERM when
+// the launcher dies.
+Spawned spawnPiped(const std::vector<std::string>& command, const Env& env,
+                   const std::optional<std::string>& input) {
+  int fds[2], in[2] = {-1, -1};
   if (::pipe2(fds, O_CLOEXEC) != 0) throw IoError(fmt::format("pipe: {}", std::strerror(errno)));
+  if (input && ::pipe2(in, O_CLOEXEC) != 0) {
+    throw IoError(fmt::format("pipe: {}", std::strerror(errno)));
+  }
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw IoError(fmt::format("fork: {}", std::strerror(errno)));
@@ -208,10 +214,7 @@ Spawned spawnPiped(const std::vector<std::string>& command, const Env& env, bool
     if (::getppid() != parent) ::_exit(127);
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
-    if (null_stdin) {
-      const int null = ::open("/dev/null", O_RDONLY);
-      if (null >= 0) ::dup2(null, STDIN_FILENO);
-    }
+    if (input) ::dup2(in[0], STDIN_FILENO);
     ::setpgid(0, 0);
     for (const auto& [k, v] : env)
       ::setenv(k.c_str(), v.c_str(), 1);
@@ -221,6 +224,15 @@ Spawned spawnPiped(const std::vector<std::string>& command, const Env& env, bool
     ::_exit(127);
   }
   ::close(fds[1]);
+  if (input) {
+    ::close(in[0]);
+    const ssize_t written = ::write(in[1], input->data(), input->size());
+    ::close(in[1]);
+    if (written != static_cast<ssize_t>(input->size())) {
+      throw IoError(fmt::format("writing the input of '{}': {}", command[0],
+                                written < 0 ? std::strerror(errno) : "short write"));
+    }
+  }
   ::setpgid(pid, pid);  // also here: a kill(-pid) may come before the child's own setpgid
   return {pid, fds[0]};
 }
@@ -438,6 +450,22 @@ std::string remoteScript(const std::string& dir, const Env& env,
   return script;
 }
 
+// ssh: starts `command` on `host` in `dir` with `env`. The run's secret goes through ssh's stdin,
+// which the remote shell reads before anything else: it stands on no command line, here or there.
+Spawned spawnSsh(const std::vector<std::string>& ssh_options, const LaunchHost& host,
+                 const std::string& dir, Env env, const std::vector<std::string>& command) {
+  std::string secret;
+  const auto it = std::find_if(env.begin(), env.end(),
+                               [](const auto& kv) { return kv.first == "TROUPE_SECRET"; });
+  if (it != env.end()) {
+    secret = it->second;
+    env.erase(it);
+  }
+  std::string script = remoteScript(dir, env, command);
+  if (!secret.empty()) script = "IFS= read -r TROUPE_SECRET && export TROUPE_SECRET && " + script;
+  return spawnPiped(sshRun(ssh_options, host, script), {}, secret.empty() ? "" : secret + "\n");
+}
+
 // local and ssh: one child process per role and rank.
 Attempt runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::string>& command,
                     const std::string& run_id, const std::string& rendezvous,
@@ -475,10 +503,8 @@ Attempt runChildren(Kind kind, const LaunchOptions& o, const std::vector<std::st
     env.emplace_back("TROUPE_RUN_ID", run_id);
     env.emplace_back("TROUPE_GENERATION", std::to_string(generation));
     env.emplace_back("TROUPE_RENDEZVOUS", rendezvous);
-    const auto started =
-        kind == Kind::kSsh
-            ? spawnPiped(sshRun(ssh_options, *c.remote, remoteScript(dir, env, command)), {}, true)
-            : spawnPiped(command, env, false);
+    const auto started = kind == Kind::kSsh ? spawnSsh(ssh_options, *c.remote, dir, env, command)
+                                            : spawnPiped(command, env, std::nullopt);
     c.pid = started.pid;
     c.out = started.out;
     c.running = true;
@@ -779,13 +805,15 @@ Attempt runMpi(const LaunchOptions& o, const std::vector<std::string>& command,
   env.emplace_back("TROUPE_RUN_ID", run_id);
   env.emplace_back("TROUPE_GENERATION", std::to_string(generation));
   env.emplace_back("TROUPE_RENDEZVOUS", rendezvous);
+  // The values go in mpirun's environment, and `-x NAME` has it pass each on: no value (the run's
+  // secret among them) stands on a command line.
   for (const auto& [k, v] : env)
-    argv.insert(argv.end(), {"-x", k + "=" + v});
+    argv.insert(argv.end(), {"-x", k});
   argv.insert(argv.end(), {"sh", "-c", mpiWrapper(o.num_servers), "troupe-launch"});
   argv.insert(argv.end(), command.begin(), command.end());
 
   StopSignals stop_signals;
-  const auto mpirun = spawnPiped(argv, {}, true);
+  const auto mpirun = spawnPiped(argv, env, std::string());
   int out = mpirun.out;
   std::string partial;
   std::optional<int> pending_rank;

@@ -142,6 +142,14 @@ TEST(LaunchLocal, ARunIdThatLeavesItsFolderIsRefused) {
   EXPECT_TRUE(contains(r.output, "run_id 'a/../b' may hold letters, digits")) << r.output;
 }
 
+TEST(LaunchLocal, TheRunsSecretReachesEveryProcessOffEveryCommandLine) {
+  TempDir cwd("launch_local_secret");
+  const auto r = runCommand(launchIn(cwd, "-n 2 -- " + secretCensus()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] secret of 64 chars on 0 command lines")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] secret of 64 chars on 0 command lines")) << r.output;
+}
+
 TEST(LaunchLocal, AbortIsTheDefaultAndNeverRestarts) {
   TempDir cwd("launch_local_abort");
   const auto r = runCommand(launchIn(cwd, "-n 1 -- bash -c 'echo gen $TROUPE_GENERATION; exit 7'"));

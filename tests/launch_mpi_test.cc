@@ -30,6 +30,16 @@ TEST(LaunchMpi, TwoWorkersPrintTheirRoleAndRankWithPrefixes) {
   EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
 }
 
+// mpirun gets the values in its environment and `-x NAME` only: the secret (and the rest)
+// stands on no command line.
+TEST(LaunchMpi, TheRunsSecretReachesEveryRankOffEveryCommandLine) {
+  TempDir cwd("launch_mpi_secret");
+  const auto r = launchMpi(cwd, "-n 2 -- " + secretCensus());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] secret of 64 chars on 0 command lines")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] secret of 64 chars on 0 command lines")) << r.output;
+}
+
 TEST(LaunchMpi, LowRanksAreServersAndEveryProcessGetsTheEnvironment) {
   TempDir cwd("launch_mpi_roles");
   std::ofstream(cwd.str() + "/hosts") << "localhost\nlocalhost # twice\n";

@@ -95,6 +95,14 @@ TEST_F(LaunchSsh, ServersEnvTheFolderAndTheStoreAllReachTheRemoteProcess) {
   EXPECT_TRUE(contains(r.output, "[worker 0] worker 0/1/1" + tail)) << r.output;
 }
 
+// The secret reaches the remote process through ssh's stdin: it stands on no command line of
+// this host (the launcher's ssh, sshd's session, the remote shell; all on loopback here).
+TEST_F(LaunchSsh, TheRunsSecretReachesTheRemoteProcessOffEveryCommandLine) {
+  const auto r = launch(sshd_->host() + "\n", "-n 1 -- " + secretCensus());
+  ASSERT_EQ(r.exit_code, 0) << r.output << sshdLog();
+  EXPECT_TRUE(contains(r.output, "[worker 0] secret of 64 chars on 0 command lines")) << r.output;
+}
+
 TEST_F(LaunchSsh, TroupeAsTheFirstWordIsThisTroupeBinary) {
   const auto r = launch(sshd_->host() + "\n", "-n 1 -- troupe --help");
   ASSERT_EQ(r.exit_code, 0) << r.output << sshdLog();
