@@ -70,6 +70,15 @@ class Parser {
     return t;
   }
   std::size_t pos() const { return pos_; }
+  // Past the magic (already checked by the caller) and the format version, which must be ours.
+  void header() {
+    take(sizeof kMagic);
+    const auto version = value<std::uint32_t>();
+    if (version != kVersion) {
+      throw InputError("checkpoint '" + path_ + "' has version " + std::to_string(version) +
+                       ", this troupe reads version " + std::to_string(kVersion));
+    }
+  }
 
  private:
   const std::string& path_;
@@ -204,12 +213,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
   }
   const std::string body = bytes.substr(0, bytes.size() - 4);
   Parser p(path, body);
-  p.take(sizeof kMagic);
-  const auto version = p.value<std::uint32_t>();
-  if (version != kVersion) {
-    throw InputError("checkpoint '" + path + "' has version " + std::to_string(version) +
-                     ", this troupe reads version " + std::to_string(kVersion));
-  }
+  p.header();
   Checkpoint ck;
   const auto meta_size = p.value<std::uint64_t>();
   if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
@@ -242,12 +246,7 @@ std::map<std::string, std::string> loadCheckpointMeta(const std::string& path) {
     throw InputError("checkpoint '" + path + "' is truncated");
   }
   Parser p(path, head);
-  p.take(sizeof kMagic);
-  const auto version = p.value<std::uint32_t>();
-  if (version != kVersion) {
-    throw InputError("checkpoint '" + path + "' has version " + std::to_string(version) +
-                     ", this troupe reads version " + std::to_string(kVersion));
-  }
+  p.header();
   const auto meta_size = p.value<std::uint64_t>();
   if (meta_size > (1u << 20)) throw InputError("checkpoint '" + path + "' is corrupt");
   std::string meta(meta_size, '\0');

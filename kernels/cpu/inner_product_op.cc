@@ -38,7 +38,10 @@ class CpuInnerProduct final : public InnerProductOp {
     const float* bp = optionalF32(b);
     float* yp = y.f32();
     // y[:, o0:o1] = x * w[o0:o1, :]^T + b[o0:o1]
-    forShares(g_.out, [&](std::int64_t o0, std::int64_t o1) {
+    onTeam([&](int rank, int count) {
+      std::int64_t o0, o1;
+      splitAligned(g_.out, rank, count, o0, o1);
+      if (o1 <= o0) return;
       for (std::int64_t i = 0; i < g_.n; ++i) {
         float* row = yp + i * g_.out;
         if (bp)
@@ -62,8 +65,7 @@ class CpuInnerProduct final : public InnerProductOp {
     float* dxp = optionalF32(dx);
     // dw[o0:o1, :] = dy[:, o0:o1]^T * x, db[o0:o1] = column sums of dy[:, o0:o1], and
     // dx[:, i0:i1] = dy * w[:, i0:i1]: the three read dy and write disjoint shares.
-    const int threads = threads_;
-    auto pass = [&](int rank, int count) {
+    onTeam([&](int rank, int count) {
       std::int64_t o0, o1, i0, i1;
       splitAligned(g_.out, rank, count, o0, o1);
       splitAligned(g_.in, rank, count, i0, i1);
@@ -76,33 +78,22 @@ class CpuInnerProduct final : public InnerProductOp {
         sgemm(false, false, g_.n, i1 - i0, g_.out, 1.0f, dyp, g_.out, wp + i0, g_.in, 0.0f,
               dxp + i0, g_.in);
       }
-    };
-    if (threads <= 1) {
-      useThreads(1);
-      pass(0, 1);
-      return;
-    }
-    flushDenormals(threads);
-#pragma omp parallel num_threads(threads)
-    pass(omp_get_thread_num(), omp_get_num_threads());
+    });
   }
 
  private:
-  // Runs fn(begin, end) on each thread's aligned share of [0, total), one sgemm per thread.
+  // Runs fn(rank, count) on every thread of the op's team, each computing its own share with
+  // single-threaded sgemm calls; or once, as rank 0 of 1, on the calling thread alone.
   template <typename Fn>
-  void forShares(std::int64_t total, const Fn& fn) {
+  void onTeam(const Fn& fn) {
     if (threads_ <= 1) {
       useThreads(1);
-      fn(std::int64_t{0}, total);
+      fn(0, 1);
       return;
     }
     flushDenormals(threads_);
 #pragma omp parallel num_threads(threads_)
-    {
-      std::int64_t begin, end;
-      splitAligned(total, omp_get_thread_num(), omp_get_num_threads(), begin, end);
-      if (end > begin) fn(begin, end);
-    }
+    fn(omp_get_thread_num(), omp_get_num_threads());
   }
 
   InnerProductGeometry g_;
