@@ -1,6 +1,7 @@
 #include "actors/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +139,45 @@ T metaValue(const std::map<std::string, std::string>& meta, const std::string& k
   return value;
 }
 
+// Throws unless every value of `t` is finite: a diverged run must not leave a checkpoint that a
+// resume would load.
+void checkFinite(const std::string& path, const char* what, const kernels::Tensor& t) {
+  if (!t.defined()) return;
+  const float* v = t.f32();
+  const std::int64_t n = t.numel();
+  float sum = 0;  // inf or NaN anywhere makes the sum non-finite: one pass, vectorisable
+  for (std::int64_t i = 0; i < n; ++i)
+    sum += v[i] * 0.0f;
+  if (std::isfinite(sum)) return;
+  const auto bad = std::find_if(v, v + n, [](float x) { return !std::isfinite(x); }) - v;
+  throw NumericError(fmt::format(
+      "not writing checkpoint '{}': its {} hold a non-finite value ({} at index {} of {}); the "
+      "run diverged",
+      path, what, v[bad], bad, n));
+}
+
+// Moves `tmp` to `path` unless `path` exists, atomically: of two writers of one name, exactly one
+// succeeds and the other gets an IoError (a check before a rename would let both "succeed").
+void publishNoReplace(const std::string& tmp, const std::string& path) {
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
+  int error = errno;
+  if (error == EINVAL || error == ENOSYS) {
+    // A file system without RENAME_NOREPLACE: link() refuses an existing name just as atomically.
+    if (::link(tmp.c_str(), path.c_str()) == 0) {
+      ::unlink(tmp.c_str());
+      return;
+    }
+    error = errno;
+  }
+  ::unlink(tmp.c_str());
+  if (error == EEXIST) {
+    throw IoError("checkpoint '" + path +
+                  "' was written by another process meanwhile; not replacing it (do two runs "
+                  "share one checkpoint folder and run id?)");
+  }
+  throw IoError("cannot publish '" + tmp + "' as '" + path + "': " + std::strerror(error));
+}
+
 }  // namespace
 
 std::int64_t Checkpoint::metaInt(const std::string& key) const {
@@ -148,6 +190,11 @@ double Checkpoint::metaDouble(const std::string& key) const {
 
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   namespace fs = std::filesystem;
+  checkFinite(path, "weights", checkpoint.weights);
+  checkFinite(path, "momentum", checkpoint.momentum);
+  checkFinite(path, "buffers", checkpoint.buffers);
+  // Cheap early refusal; publishNoReplace is what makes two writers of one name safe.
+  if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
   std::string bytes;
   append(bytes, kMagic, sizeof kMagic);
   appendValue(bytes, kVersion);
@@ -163,11 +210,11 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
       crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
   appendValue(bytes, crc);
 
-  if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(tmp.c_str());  // a dead writer that had our pid
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw IoError("cannot create checkpoint '" + tmp + "': " + std::strerror(errno));
   }
@@ -180,11 +227,7 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
     throw;
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw IoError("cannot rename '" + tmp + "' to '" + path + "': " + why);
-  }
+  publishNoReplace(tmp, path);
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);

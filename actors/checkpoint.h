@@ -28,8 +28,10 @@ struct Checkpoint {
   double metaDouble(const std::string& key) const;
 };
 
-// Writes path atomically. Refuses (IoError) to replace a file that exists. The temporary file is
-// `path.tmp.PID` (PID of the writer), left behind only when the writer dies mid-save.
+// Writes path atomically. Refuses (IoError) to replace a file that exists, also when another
+// process publishes the same name meanwhile (renameat2 RENAME_NOREPLACE, else link()), and
+// refuses (NumericError) tensors holding inf or NaN: no diverged state is ever saved. The temporary
+// file is `path.tmp.PID` (PID of the writer), left behind only when the writer dies mid-save.
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 Checkpoint loadCheckpoint(const std::string& path);
 // Only the meta of `path`, read from its head: no checksum is verified (loadCheckpoint does that).

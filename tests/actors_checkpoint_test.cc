@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -200,6 +201,69 @@ TEST_F(CheckpointTest, TheLatestIsTheHighestCompleteAcceptedStep) {
   EXPECT_EQ(findLatestCheckpoint(dir_.string(), ofRun("r2"))->path, path("d.ckpt"));
   EXPECT_FALSE(findLatestCheckpoint(dir_.string(), ofRun("r3")).has_value());
   EXPECT_FALSE(findLatestCheckpoint((dir_ / "missing").string(), ofRun("r1")).has_value());
+}
+
+TEST_F(CheckpointTest, OfTwoProcessesSavingOneNameAtOnceExactlyOneSucceeds) {
+  // Both writers are released together by one pipe, so both pass any "does it exist?" check
+  // before either publishes; only a no-replace publish lets exactly one win, every round.
+  for (int round = 0; round < 8; ++round) {
+    const std::string target = path(("race" + std::to_string(round) + ".ckpt").c_str());
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    pid_t writers[2];
+    for (int w = 0; w < 2; ++w) {
+      writers[w] = ::fork();
+      ASSERT_GE(writers[w], 0);
+      if (writers[w] == 0) {
+        ::close(go[1]);
+        char byte;
+        if (::read(go[0], &byte, 1) != 1) ::_exit(4);
+        Checkpoint ck = sample();
+        ck.meta["writer"] = std::to_string(w);
+        try {
+          saveCheckpoint(target, ck);
+        } catch (const IoError&) {
+          ::_exit(3);
+        }
+        ::_exit(0);
+      }
+    }
+    ::close(go[0]);
+    ASSERT_EQ(::write(go[1], "gg", 2), 2);
+    ::close(go[1]);
+    int succeeded = -1, wins = 0;
+    for (int w = 0; w < 2; ++w) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(writers[w], &status, 0), writers[w]);
+      ASSERT_TRUE(WIFEXITED(status));
+      const int code = WEXITSTATUS(status);
+      ASSERT_TRUE(code == 0 || code == 3) << "writer " << w << " exited " << code;
+      if (code == 0) {
+        succeeded = w;
+        ++wins;
+      }
+    }
+    ASSERT_EQ(wins, 1) << "round " << round << ": both writers reported success";
+    EXPECT_EQ(loadCheckpoint(target).meta.at("writer"), std::to_string(succeeded))
+        << "the file on disk is the winner's";
+  }
+}
+
+TEST_F(CheckpointTest, ANonFiniteValueIsNeverSaved) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Checkpoint ck = sample();
+    ck.momentum.f32()[3] = bad;
+    try {
+      saveCheckpoint(path("diverged.ckpt"), ck);
+      FAIL() << "a checkpoint holding " << bad << " was written";
+    } catch (const NumericError& e) {
+      EXPECT_NE(std::string(e.what()).find("momentum"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("index 3"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(path("diverged.ckpt")));
+    EXPECT_TRUE(fs::is_empty(dir_)) << "no temporary left behind";
+  }
 }
 
 }  // namespace

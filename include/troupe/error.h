@@ -37,6 +37,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A computed value is not finite (inf or NaN): the run diverged. The message names the step or
+// the file where it was found.
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A condition the code relies on does not hold: a bug, not bad input.
 class InvariantError : public Error {
  public:
