@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <random>
 #include <thread>
 
 #include "actors/run_id.h"
@@ -19,6 +20,19 @@
 
 namespace troupe::actors {
 namespace {
+
+// The run's incarnation: a random nonce rank 0 makes and publishes; every link's Hello carries it,
+// so that processes of another run that shares the run id (and secret) are refused by name.
+std::string incarnation(rendezvous::Store& store, const ClusterOptions& o) {
+  constexpr const char* kKey = "incarnation";
+  if (o.rank == 0) {
+    std::random_device random;
+    const std::string nonce = fmt::format("{:08x}{:08x}", random(), random());
+    store.set(kKey, nonce);
+    return nonce;
+  }
+  return store.get(kKey, o.timeout);
+}
 
 class ClusterImpl final : public Cluster {
  public:
@@ -44,7 +58,8 @@ class ClusterImpl final : public Cluster {
     t.runId = o.run_id;
     t.secret = o.secret;
     t.interface = o.interface;
-    t.unixDir = socketFolder(o.run_id);
+    t.unixSocket = true;
+    t.incarnation = incarnation(*store_, o);
     t.connectTimeout = o.timeout;
     t.peerTimeout = o.peer_timeout;
     transport::TransportHandlers handlers;

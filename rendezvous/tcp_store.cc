@@ -24,6 +24,7 @@
 #include <asio.hpp>
 
 #include "rendezvous/store_util.h"
+#include "transport/accept_gate.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -35,8 +36,10 @@ using Clock = std::chrono::steady_clock;
 
 // How long past a call's own timeout a client waits for the reply before giving up on the server.
 constexpr milliseconds kReplyGrace{30000};
-// A client must have authenticated within this long after connecting.
-constexpr milliseconds kHandshakeTimeout{30000};
+// A client must have authenticated within this long after connecting, and at most
+// kMaxPendingHandshakes connections may be unauthenticated at once (transport/accept_gate.h).
+constexpr milliseconds kHandshakeTimeout{5000};
+constexpr int kMaxPendingHandshakes = 64;
 // Longer timeouts are cut to this, so deadlines never overflow.
 constexpr milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
 
@@ -148,6 +151,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void handle(std::string_view body);
   void park(Op op, std::vector<std::string> keys, milliseconds timeout);
   void unpark();
+  void releaseSlot();
   void send(std::string frame);
   void writeNext();
 
@@ -160,6 +164,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::array<std::byte, transport::kProofBytes> proof_{}, peer_proof_{};
   std::string peer_;
   bool open_ = true;
+  bool slot_ = true;  // holds an accept slot until it authenticates or closes
   unsigned char header_[4] = {};
   std::string body_;
   std::deque<std::string> out_;
@@ -196,6 +201,8 @@ class ServerImpl final : public TcpStoreServer {
   }
   asio::io_context& io() { return io_; }
   const std::string& name() const { return name_; }
+  // A session authenticated or closed: its accept slot is free.
+  void releaseSlot() { gate_->release(); }
   const std::string& secret() const { return secret_; }
 
  private:
@@ -204,7 +211,7 @@ class ServerImpl final : public TcpStoreServer {
 
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_{io_};
-  asio::steady_timer accept_retry_{io_};
+  std::unique_ptr<transport::AcceptGate> gate_;
   std::string host_;
   uint16_t port_ = 0;
   std::string name_;
@@ -227,6 +234,11 @@ Session::Session(ServerImpl& server, asio::ip::tcp::socket socket)
   peer_ = ec ? std::string("an unknown peer")
              : fmt::format("{}:{}", remote.address().to_string(), remote.port());
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+}
+
+void Session::releaseSlot() {
+  if (slot_) server_.releaseSlot();
+  slot_ = false;
 }
 
 void Session::start() {
@@ -271,6 +283,7 @@ void Session::onProof(std::error_code ec) {
     return close("refused: authentication failed (the client lacks this run's secret)");
   }
   auth_timer_.cancel();
+  releaseSlot();
   readHeader();
 }
 
@@ -483,6 +496,7 @@ void Session::close(const std::string& why) {
     spdlog::error("{}: closing the connection from {}: {}", server_.name(), peer_, why);
   }
   unpark();
+  releaseSlot();
   std::error_code ec;
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
   socket_.close(ec);
@@ -500,12 +514,14 @@ ServerImpl::ServerImpl(const std::string& host, uint16_t port, std::string secre
     acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true));
     acceptor_.bind(endpoint);
     acceptor_.listen(asio::socket_base::max_listen_connections);
+    transport::setCloseOnExec(acceptor_.native_handle());
     port_ = acceptor_.local_endpoint().port();
   } catch (const std::system_error& e) {
     throw IoError(fmt::format("tcp store server: cannot listen on {}:{}: {}", host, port,
                               e.code().message()));
   }
   name_ = fmt::format("tcp store server {}:{}", host_, port_);
+  gate_ = std::make_unique<transport::AcceptGate>(io_, name_, kMaxPendingHandshakes, nullptr);
   accept();
   thread_ = std::thread([this] { run(); });
 }
@@ -522,21 +538,20 @@ void ServerImpl::run() {
 }
 
 void ServerImpl::accept() {
-  acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (ec) {
-      // E.g. out of file descriptors: try again shortly rather than spin.
-      spdlog::error("{}: accept failed: {}", name_, ec.message());
-      accept_retry_.expires_after(milliseconds(50));
-      accept_retry_.async_wait([this](std::error_code wait_ec) {
-        if (!wait_ec) accept();
-      });
-      return;
-    }
-    auto session = std::make_shared<Session>(*this, std::move(socket));
-    sessions_.emplace(session.get(), session);
-    session->start();
-    accept();
+  gate_->next([this] {
+    acceptor_.async_accept([this](std::error_code ec, asio::ip::tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (ec) {
+        gate_->failed(ec);  // e.g. out of descriptors: backs off, logs at a bounded rate
+      } else {
+        gate_->accepted();
+        transport::setCloseOnExec(socket.native_handle());
+        auto session = std::make_shared<Session>(*this, std::move(socket));
+        sessions_.emplace(session.get(), session);
+        session->start();
+      }
+      accept();
+    });
   });
 }
 
@@ -573,7 +588,7 @@ void ServerImpl::stop() {
   asio::post(io_, [this] {
     std::error_code ec;
     acceptor_.close(ec);
-    accept_retry_.cancel();
+    gate_->close();
     auto sessions = std::move(sessions_);
     for (auto& [ptr, session] : sessions)
       session->close("");

@@ -267,5 +267,36 @@ TEST(TcpStoreServerTest, AValueOverTheFrameLimitIsRejectedByTheClient) {
   EXPECT_EQ(store->get("small", kShort), "ok");
 }
 
+TEST(TcpStoreServerTest, NeitherItsListeningSocketNorItsClientsLeakIntoStartedProcesses) {
+  // The launcher serves the store and then starts the run's processes: they must not inherit it.
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  auto store = connectTcpStore("127.0.0.1", server->port(), kLong);
+  store->set("k", "v");  // a session is open on the server's side too
+  FILE* child = ::popen("for f in /proc/$$/fd/*; do readlink \"$f\"; done; true", "r");
+  ASSERT_NE(child, nullptr);
+  std::string links;
+  for (char buffer[256]; std::fgets(buffer, sizeof buffer, child);)
+    links += buffer;
+  ASSERT_EQ(::pclose(child), 0);
+  EXPECT_THAT(links, ::testing::Not(HasSubstr("socket:"))) << links;
+}
+
+TEST(TcpStoreServerTest, SilentStrangersAreCutOffAfterAFewSecondsAndCannotCrowdOutClients) {
+  LogCapture log;
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  std::vector<std::unique_ptr<RawSocket>> strangers;
+  for (int i = 0; i < 100; ++i)
+    strangers.push_back(std::make_unique<RawSocket>(server->port(), false));
+  // 64 hold the slots, 36 wait in the backlog behind them, and so does the client: it gets in
+  // when the first 64 are cut off after the 5 s handshake deadline (before: 30 s).
+  const auto begin = Clock::now();
+  auto store = connectTcpStore("127.0.0.1", server->port(), milliseconds(15000));
+  store->set("k", "v");
+  EXPECT_EQ(store->get("k", kShort), "v");
+  EXPECT_LT(Clock::now() - begin, milliseconds(12000));
+  EXPECT_THAT(log.text(), HasSubstr("no authentication handshake within 5 s"));
+  EXPECT_THAT(log.text(), HasSubstr("have not authenticated yet; accepting pauses"));
+}
+
 }  // namespace
 }  // namespace troupe::rendezvous

@@ -1,11 +1,19 @@
 // Transports in one process over real loopback sockets (TCP and Unix).
+#include <arpa/inet.h>
 #include <capnp/any.h>
 #include <capnp/message.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio.hpp>
 #include <atomic>
 #include <chrono>
@@ -33,16 +41,25 @@ class CaptureSink final : public spdlog::sinks::base_sink<std::mutex> {
     std::lock_guard lock(mutex_);
     return errors_;
   }
+  // Lines of any level that contain `text`.
+  std::size_t countLines(const std::string& text) {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::size_t>(
+        std::count_if(lines_.begin(), lines_.end(),
+                      [&](const std::string& l) { return l.find(text) != std::string::npos; }));
+  }
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
     if (msg.level >= spdlog::level::err)
       errors_.emplace_back(msg.payload.data(), msg.payload.size());
+    lines_.emplace_back(msg.payload.data(), msg.payload.size());
   }
   void flush_() override {}
 
  private:
   std::vector<std::string> errors_;
+  std::vector<std::string> lines_;
 };
 
 // One transport with an inbox.
@@ -117,7 +134,7 @@ class TransportTest : public ::testing::Test {
     o.node = node;
     o.runId = "test-run";
     o.interface = "lo";
-    o.unixDir = unixSocket ? dir_.string() : "";
+    o.unixSocket = unixSocket;
     o.connectTimeout = 5s;
     return o;
   }
@@ -623,7 +640,7 @@ TEST_F(TransportTest, NothingARefusedPeerSendsIsRead) {
 
 TEST_F(TransportTest, APeerThatNeverAuthenticatesIsDroppedAfterTheTimeout) {
   TransportOptions o = options(0, false);
-  o.connectTimeout = 300ms;
+  o.handshakeTimeout = 300ms;
   Peer a(o);
   RawPeer silent(a.transport->address(), false);
   EXPECT_TRUE(silent.closedByPeer());
@@ -631,6 +648,162 @@ TEST_F(TransportTest, APeerThatNeverAuthenticatesIsDroppedAfterTheTimeout) {
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("no authentication handshake within 300 ms"), std::string::npos)
       << errors[0];
+}
+
+// ---- strangers and impostors ----
+
+std::string unixPart(const std::string& address) {
+  const auto at = address.find(";unix://");
+  return at == std::string::npos ? "" : address.substr(at + 8);
+}
+
+TEST_F(TransportTest, TheUnixSocketIsAbstractSoNothingOnDiskCanBePlantedOrLeftBehind) {
+  // What another user could do to a socket in a guessable folder: plant the folder, or a
+  // directory where the socket goes. Neither reaches an abstract socket.
+  const mode_t previous = ::umask(0);
+  const std::filesystem::path planted = "/tmp/troupe-test-run";
+  std::filesystem::create_directories(planted / "node0.sock");
+  {
+    Peer a(options(0, true)), b(options(1, true));
+    const std::string name = unixPart(a.transport->address());
+    ASSERT_EQ(name.rfind("@troupe-test-run-node0-", 0), 0u) << a.transport->address();
+    EXPECT_NE(name, unixPart(Peer(options(0, true)).transport->address()))
+        << "another process of the same run id and node gets another name";
+    b.transport->connect(0, a.transport->address());
+    a.transport->waitForPeer(1, 5s);
+    EXPECT_EQ(b.transport->linkAddress(0), "unix://" + name);
+    expectExchange(a, b);
+  }
+  ::umask(previous);
+  EXPECT_TRUE(std::filesystem::is_directory(planted / "node0.sock")) << "left as it was";
+  std::filesystem::remove_all(planted);
+  for (const auto& entry : std::filesystem::directory_iterator("/tmp")) {
+    EXPECT_EQ(entry.path().filename().string().rfind("troupe-test-run", 0), std::string::npos)
+        << "the transport wrote " << entry.path();
+  }
+}
+
+TEST_F(TransportTest, AUnixConnectionOfAnotherUserIsRefusedNamingItsPidAndUid) {
+  if (::geteuid() != 0) GTEST_FAIL() << "needs root, to connect as another user";
+  Peer a(options(0, true));
+  const std::string name = unixPart(a.transport->address());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setuid(65534) != 0) ::_exit(2);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name.data() + 1, name.size() - 1);
+    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), length) != 0) ::_exit(3);
+    char byte;
+    ::_exit(::read(fd, &byte, 1) == 0 ? 0 : 4);  // closed at once, before any byte
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  const auto errors = a.errorsAfter(0);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("pid " + std::to_string(child)), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("uid 65534"), std::string::npos) << errors[0];
+}
+
+TEST_F(TransportTest, APeerOfAnotherIncarnationIsRefusedAndBothSidesNameBoth) {
+  for (const bool unixSocket : {false, true}) {
+    TransportOptions ao = options(0, unixSocket), bo = options(1, unixSocket);
+    ao.secret = bo.secret = "one secret";
+    ao.incarnation = "run-a-0001";
+    bo.incarnation = "run-b-0002";
+    Peer a(ao), b(bo);
+    try {
+      b.transport->connect(0, a.transport->address());
+      FAIL() << "linked to a process of another incarnation";
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("run-a-0001"), std::string::npos) << what;
+      EXPECT_NE(what.find("run-b-0002"), std::string::npos) << what;
+    }
+    const auto errors = a.errorsAfter(0);
+    ASSERT_FALSE(errors.empty());
+    EXPECT_NE(errors[0].find("run-a-0001"), std::string::npos) << errors[0];
+    EXPECT_NE(errors[0].find("run-b-0002"), std::string::npos) << errors[0];
+    EXPECT_TRUE(a.linkAddressless(1));
+  }
+}
+
+TEST_F(TransportTest, ASecondProcessClaimingALinkedNodeIsRefusedAndTheFirstLinkGoesOn) {
+  Peer a(options(0, false)), b(options(1, false)), impostor(options(1, false));
+  connectPair(b, a);
+  try {
+    impostor.transport->connect(0, a.transport->address());
+    FAIL() << "a second node 1 was linked";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("linked already"), std::string::npos) << e.what();
+  }
+  const auto errors = a.errorsAfter(0);
+  ASSERT_FALSE(errors.empty());
+  EXPECT_NE(errors[0].find("node 1 is linked already"), std::string::npos) << errors[0];
+  EXPECT_TRUE(a.lost.empty());
+  expectExchange(a, b);
+}
+
+TEST_F(TransportTest, SilentStrangersHoldAtMostTheirSlotsAndALatePeerStillLinks) {
+  TransportOptions ao = options(0, false);
+  ao.maxPendingHandshakes = 4;
+  ao.handshakeTimeout = 1s;
+  Peer a(ao), b(options(1, false));
+  std::vector<std::unique_ptr<RawPeer>> strangers;
+  for (int i = 0; i < 10; ++i)
+    strangers.push_back(std::make_unique<RawPeer>(a.transport->address(), false));
+  // The strangers beyond 4 wait in the backlog; b waits behind them and gets in as their slots
+  // time out, 4 a second: after about 3 s, within its 5 s connect timeout.
+  b.transport->connect(0, a.transport->address());
+  a.transport->waitForPeer(1, 5s);
+  expectExchange(a, b);
+  // One warning each time the slots fill: 10 strangers in slots of 4 fill them at most 3 times.
+  const auto pauses = a.sink->countLines("have not authenticated yet; accepting pauses");
+  EXPECT_GE(pauses, 1u);
+  EXPECT_LE(pauses, 3u);
+}
+
+TEST_F(TransportTest, AcceptFailuresBackOffAndAreLoggedAtABoundedRate) {
+  Peer a(options(0, false));
+  rlimit previous{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &previous), 0);
+  std::size_t open = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+    ++open;
+  // A child opens 40 connections; this process runs out of descriptors after a few accepts.
+  rlimit tight = previous;
+  tight.rlim_cur = open + 4;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const std::string address = a.transport->address();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setrlimit(RLIMIT_NOFILE, &previous);
+    const auto hostPort = address.substr(6);
+    const auto colon = hostPort.rfind(':');
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<std::uint16_t>(std::stoi(hostPort.substr(colon + 1))));
+    ::inet_pton(AF_INET, hostPort.substr(0, colon).c_str(), &to.sin_addr);
+    for (int i = 0; i < 40; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to);
+    }
+    ::sleep(3);
+    ::_exit(0);
+  }
+  std::this_thread::sleep_for(2500ms);
+  const std::size_t reports = a.sink->countLines("accept failed");
+  ::setrlimit(RLIMIT_NOFILE, &previous);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  // 2.5 s of failing accepts: one report a second at most (before: one per failure, thousands).
+  EXPECT_GE(reports, 1u);
+  EXPECT_LE(reports, 4u);
 }
 
 // ---- heartbeats ----

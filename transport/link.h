@@ -1,10 +1,15 @@
 // A process's links to the other processes (nodes) of a run.
 //
-// A Transport listens on TCP (an interface's IPv4 address, any port by default) and, given a
-// folder, on a Unix-domain socket in it; address() advertises both, "tcp://ip:port;unix:///path".
-// connect() picks the Unix socket when the peer's TCP address is one of this host's, else TCP. Each
-// link starts with a Hello both ways (node id, run id); a link may be used in both directions, and
-// the first link to a node carries every send to it, so messages to one node arrive in send order.
+// A Transport listens on TCP (an interface's IPv4 address, any port by default) and, if asked, on
+// an abstract Unix-domain socket with a random name; address() advertises both,
+// "tcp://ip:port;unix://@name". connect() picks the Unix socket when the peer's TCP address is one
+// of this host's, else TCP. Each link starts with the authentication handshake (auth.h; an accepted
+// connection has options.handshakeTimeout for it, and a listener holds at most
+// options.maxPendingHandshakes unauthenticated connections), then a Hello both ways (node id, run
+// id, incarnation). A Hello of another run, another incarnation, or of a node that is linked
+// already is refused: the refusing side logs why and sends it in a refusal frame, so that the
+// other side's error says it too. A link may be used in both directions, and the first link to a
+// node carries every send to it, so messages to one node arrive in send order.
 // Between processes of one host, tensors allocated with sendBuffer travel through shared memory.
 // Failures never abort: a peer that sends garbage, an oversized or malformed frame, or a message
 // over the reader limits, or that closes mid-frame, loses its link (one error logged, naming the

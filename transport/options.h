@@ -18,6 +18,10 @@ using NodeId = std::uint32_t;
 struct TransportOptions {
   NodeId node = 0;
   std::string runId;  // a peer with another run id is refused
+  // This run's incarnation, agreed at rendezvous (a random nonce rank 0 makes): a peer with the
+  // same run id and secret but another incarnation (a second run started with the same id, or
+  // another generation) is refused, and the error names both. Empty: not checked.
+  std::string incarnation;
   // The run's secret: a peer that cannot prove it knows it is refused before anything it sends
   // is read (see auth.h). Empty: links check the run id only.
   std::string secret;
@@ -28,8 +32,10 @@ struct TransportOptions {
   std::string interface;
   std::string host;
   std::uint16_t port = 0;  // 0: any free port
-  // Folder for this node's Unix socket "node<id>.sock" (created if missing); empty: no Unix socket.
-  std::string unixDir;
+  // Also listen on an abstract Unix-domain socket (Linux), "@troupe-RUN-nodeN-RANDOM": no file or
+  // folder that another user could plant, rename or leave stale; it goes with the process. Only
+  // processes of this user (SO_PEERCRED) are let in; peers on this host link through it.
+  bool unixSocket = false;
 
   // Frame limit: a frame announcing more drops the link. Larger tensors travel as bulk chunks.
   std::size_t maxFrameBytes = std::size_t{64} << 20;
@@ -50,6 +56,10 @@ struct TransportOptions {
 
   int ioThreads = 1;
   std::chrono::milliseconds connectTimeout{30000};
+  // An accepted connection that has not authenticated within this is closed; at most
+  // maxPendingHandshakes such connections per listener, more wait in the kernel's backlog.
+  std::chrono::milliseconds handshakeTimeout{5000};
+  int maxPendingHandshakes = 64;
   // Every link sends a heartbeat when it has sent nothing for heartbeatInterval, and is dropped
   // (onPeerLost, an error naming the node) when nothing at all arrived on it for peerTimeout: a
   // hung process or a cut link ends the run instead of hanging it. 0: no timeout.

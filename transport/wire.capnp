@@ -30,12 +30,13 @@ struct SharedPart {
 struct Hello {
   node @0 :UInt32;
   runId @1 :Text;
-  address @2 :Text;  # what the sender listens on: "tcp://ip:port;unix:///path"
+  address @2 :Text;  # what the sender listens on: "tcp://ip:port;unix://@name"
   # Unix-socket links only: the sender's shared arena, which the receiver may map and then
   # acknowledge with arenaMapped (empty path: none).
   arenaPath @3 :Text;
   arenaToken @4 :UInt64;
   arenaBytes @5 :UInt64;
+  incarnation @6 :Text;  # the run's incarnation (TransportOptions::incarnation)
 }
 
 # Replica -> Reducer: gradients [begin, end) of the flat gradient tensor.
@@ -168,5 +169,6 @@ struct Frame {
     shutdown @20 :Void;  # chief coordinator -> the other processes: the run is over
     arenaMapped @21 :Void;  # answer to a Hello's arena: mapped, send shared parts from now on
     heartbeat @23 :Void;    # a link with nothing else to send says it is alive
+    refusal @24 :Text;      # the sender refuses this link, and says why; it closes it next
   }
 }

@@ -150,7 +150,8 @@ void readMessage(const IncomingMessage& in) {
 }
 
 void readHello(wire::Hello::Reader hello) {
-  use(hello.getNode(), std::strlen(hello.getRunId().cStr()), hello.getAddress().size());
+  use(hello.getNode(), std::strlen(hello.getRunId().cStr()), hello.getAddress().size(),
+      std::strlen(hello.getIncarnation().cStr()));
 }
 
 void receive(Stream& in) {
@@ -179,6 +180,8 @@ void receive(Stream& in) {
     const auto frame = state->reader->getRoot<wire::Frame>();
     if (frame.isHello()) {
       readHello(frame.getHello());
+    } else if (frame.isRefusal()) {
+      use(std::strlen(frame.getRefusal().cStr()));
     } else if (frame.getBulk().size() == 0) {
       readMessage(IncomingMessage(state));
     } else {

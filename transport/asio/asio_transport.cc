@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <asio.hpp>
 #include <atomic>
@@ -18,9 +20,11 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
+#include "transport/accept_gate.h"
 #include "transport/auth.h"
 #include "transport/interfaces.h"
 #include "transport/link.h"
@@ -52,6 +56,8 @@ std::string describe(const Endpoint& endpoint, const std::string& fallback) {
   if (address->sa_family == AF_UNIX && endpoint.size() > offsetof(sockaddr_un, sun_path)) {
     const auto* un = reinterpret_cast<const sockaddr_un*>(address);
     if (un->sun_path[0] != '\0') return std::string("unix://") + un->sun_path;
+    const std::size_t length = endpoint.size() - offsetof(sockaddr_un, sun_path);
+    if (length > 1) return "unix://@" + std::string(un->sun_path + 1, length - 1);
   }
   return fallback;
 }
@@ -86,7 +92,7 @@ ParsedAddress parseAddress(const std::string& address) {
       out.unixPath = part.substr(7);
     } else {
       throw InputError("transport: bad address '" + part +
-                       "' (want tcp://host:port or unix:///path, joined by ';')");
+                       "' (want tcp://host:port, unix:///path or unix://@abstract, joined by ';')");
     }
   }
   if (out.tcpHost.empty() && out.unixPath.empty()) {
@@ -103,12 +109,23 @@ bool isLocalHost(const std::string& host) {
   return false;
 }
 
+// "unix://@name" is an abstract socket (Linux): its sun_path starts with a zero byte.
+asio::local::stream_protocol::endpoint unixEndpoint(const std::string& path) {
+  if (!path.empty() && path.front() == '@') {
+    return asio::local::stream_protocol::endpoint(std::string(1, '\0') + path.substr(1));
+  }
+  return asio::local::stream_protocol::endpoint(path);
+}
+
+// Which listener accepted a connection (its AcceptGate counts it until it authenticates).
+enum class Listener { kNone = -1, kTcp = 0, kUnix = 1 };
+
 class AsioTransport;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(AsioTransport& owner, Socket socket, std::string remote,
-             std::optional<NodeId> expected);
+             std::optional<NodeId> expected, Listener listener = Listener::kNone);
 
   // Any thread.
   void start(std::shared_ptr<std::promise<void>> helloWaiter);
@@ -133,6 +150,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void onPayload(const asio::error_code& error, std::shared_ptr<IncomingMessage::State> state);
   void onBulk(const asio::error_code& error);
   void onHello(wire::Hello::Reader hello);
+  // Tells the peer why this link is refused (a refusal frame), then closes it.
+  void refuse(const std::string& why);
+  // Once: the accepting listener may take another unauthenticated connection.
+  void releaseListener();
   void mapPeerArena(wire::Hello::Reader hello);
   bool takeSharedParts(wire::Frame::Reader frame, IncomingMessage::State& state);
   void deliver(std::shared_ptr<IncomingMessage::State> state);
@@ -150,6 +171,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> identified_{false};
   std::atomic<NodeId> node_{0};
   const bool unix_;  // a Unix-socket link: the peer is on this host
+  const Listener listener_;
+  bool listenerReleased_ = false;  // strand only
   std::atomic<bool> peerMappedArena_{false};
 
   // Strand only.
@@ -172,6 +195,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<std::unique_ptr<EncodedMessage>> queue_;
   bool writing_ = false;
   bool authenticated_ = false;  // until then queued messages wait
+  std::string refusal_;         // non-empty: close once the queue is written
   Clock::time_point lastWrite_ = Clock::now();
 };
 
@@ -205,7 +229,12 @@ class AsioTransport final : public Transport {
     return std::make_unique<EncodedMessage>(
         encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits_));
   }
-  void registerLink(NodeId node, const std::shared_ptr<Connection>& connection);
+  // Registers the link to `node`; returns the link already registered for it, if any (then
+  // `connection` is not registered).
+  std::shared_ptr<Connection> registerLink(NodeId node,
+                                           const std::shared_ptr<Connection>& connection);
+  // A connection accepted by `listener` authenticated or closed. Any thread.
+  void releasePending(Listener listener);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
   void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error);
 
@@ -214,7 +243,10 @@ class AsioTransport final : public Transport {
   void listen();
   void accept(asio::ip::tcp::acceptor& acceptor);
   void accept(asio::local::stream_protocol::acceptor& acceptor);
-  void adopt(Socket socket, const std::string& remote);
+  void adopt(Socket socket, const std::string& remote, Listener listener);
+  AcceptGate& gate(Listener listener) {
+    return listener == Listener::kTcp ? *tcpGate_ : *unixGate_;
+  }
   std::shared_ptr<Socket> dial(const Endpoint& endpoint, Clock::time_point deadline,
                                asio::error_code& error);
 
@@ -228,7 +260,9 @@ class AsioTransport final : public Transport {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   asio::ip::tcp::acceptor tcpAcceptor_;
   asio::local::stream_protocol::acceptor unixAcceptor_;
-  std::string unixPath_;
+  Strand acceptStrand_;  // the accept loops and their gates
+  std::unique_ptr<AcceptGate> tcpGate_, unixGate_;
+  std::string unixPath_;  // "@name": abstract
   std::string address_;
   std::vector<std::thread> threads_;
   std::atomic<bool> stopping_{false};
@@ -242,13 +276,14 @@ class AsioTransport final : public Transport {
 // ---- Connection ----
 
 Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
-                       std::optional<NodeId> expected)
+                       std::optional<NodeId> expected, Listener listener)
     : owner_(owner),
       socket_(std::move(socket)),
       strand_(asio::make_strand(owner.io())),
       remote_(std::move(remote)),
       expected_(expected),
       unix_(remote_.rfind("unix://", 0) == 0),
+      listener_(listener),
       handshake_(owner.options().secret, owner.options().runId, expected.has_value()),
       authTimer_(owner.io()),
       heartbeatTimer_(owner.io()) {}
@@ -285,7 +320,10 @@ void Connection::close(const std::string& why, bool error) {
 }
 
 void Connection::handshake() {
-  const auto timeout = owner_.options().connectTimeout;
+  // A stranger that connects and stays silent holds a descriptor and a listener's slot: an
+  // accepted connection gets a short deadline; one we dialled waits as long as connect() does.
+  const auto timeout = listener_ == Listener::kNone ? owner_.options().connectTimeout
+                                                    : owner_.options().handshakeTimeout;
   authTimer_.expires_after(timeout);
   authTimer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(),
                                                       timeout](const asio::error_code& error) {
@@ -336,6 +374,7 @@ void Connection::onProof(const asio::error_code& error) {
         true);
   }
   authTimer_.cancel();
+  releaseListener();
   lastRead_ = Clock::now();
   heartbeat();
   {
@@ -461,7 +500,14 @@ void Connection::onPayload(const asio::error_code& error,
   try {
     parseMessage(*state, owner_.options());
     auto frame = state->reader->getRoot<wire::Frame>();
-    if (frame.isHello()) {
+    if (frame.isRefusal()) {
+      closeOnStrand(fmt::format("node {} at {} refused the link: {}",
+                                expected_ ? std::to_string(*expected_) : peerName(), remote_,
+                                frame.getRefusal().cStr()),
+                    true);
+    } else if (!refusal_.empty()) {
+      // refused: nothing more of this peer is read
+    } else if (frame.isHello()) {
       onHello(frame.getHello());
     } else if (!identified_) {
       closeOnStrand("the first frame on a link was not a Hello", true);
@@ -489,7 +535,7 @@ void Connection::onPayload(const asio::error_code& error,
     closeOnStrand("cannot allocate the bulk parts a message announces", true);
     return;
   }
-  if (!closed_) readHeader();
+  if (!closed_ && refusal_.empty()) readHeader();
 }
 
 void Connection::onBulk(const asio::error_code& error) {
@@ -501,28 +547,59 @@ void Connection::onBulk(const asio::error_code& error) {
 
 void Connection::onHello(wire::Hello::Reader hello) {
   const auto& options = owner_.options();
+  const std::string incarnation = hello.getIncarnation().cStr();
   std::string problem;
   if (identified_) {
     problem = "a second Hello on one link";
   } else if (std::string(hello.getRunId().cStr()) != options.runId) {
     problem =
         fmt::format("peer belongs to run '{}', not '{}'", hello.getRunId().cStr(), options.runId);
+  } else if (!options.incarnation.empty() && incarnation != options.incarnation) {
+    problem = fmt::format(
+        "node {} at {} belongs to another run with the same run id '{}' and secret (its "
+        "incarnation is '{}', this run's '{}'): two runs started with one --run_id, or a process "
+        "of another generation",
+        hello.getNode(), remote_, options.runId, incarnation, options.incarnation);
   } else if (expected_ && hello.getNode() != *expected_) {
     problem = fmt::format("expected node {} at {}, but node {} answered", *expected_, remote_,
                           hello.getNode());
   } else if (hello.getNode() == options.node) {
     problem = fmt::format("peer claims this transport's own node id {}", options.node);
   }
-  if (!problem.empty()) return closeOnStrand(problem, true);
+  if (!problem.empty()) return refuse(problem);
   node_ = hello.getNode();
   identified_ = true;
+  if (auto existing = owner_.registerLink(node_, shared_from_this())) {
+    return refuse(fmt::format(
+        "node {} is linked already (at {}), and a second process claims to be node {} from {}: "
+        "two runs with one run id, or a process of an earlier start still running",
+        node(), existing->remote(), node(), remote_));
+  }
   if (!expected_) enqueue(owner_.helloMessage(unix_));
   mapPeerArena(hello);
-  owner_.registerLink(node_, shared_from_this());
   if (helloWaiter_) {
     helloWaiter_->set_value();
     helloWaiter_.reset();
   }
+}
+
+void Connection::refuse(const std::string& why) {
+  refusal_ = why;
+  owner_.log()->error("transport node {}: refused the link from {}: {}", owner_.options().node,
+                      remote_, why);
+  enqueue(owner_.controlMessage([&](wire::Frame::Builder f) { f.setRefusal(why); }));
+  // A peer that does not read its refusal is cut off all the same.
+  authTimer_.expires_after(owner_.options().handshakeTimeout);
+  authTimer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& error) {
+        if (!error) self->closeOnStrand("refused: " + self->refusal_, false);
+      }));
+}
+
+void Connection::releaseListener() {
+  if (listener_ == Listener::kNone || listenerReleased_) return;
+  listenerReleased_ = true;
+  owner_.releasePending(listener_);
 }
 
 void Connection::mapPeerArena(wire::Hello::Reader hello) {
@@ -574,6 +651,7 @@ void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
 
 void Connection::closeOnStrand(const std::string& why, bool error) {
   if (closed_.exchange(true)) return;
+  releaseListener();
   authTimer_.cancel();
   heartbeatTimer_.cancel();
   asio::error_code ignored;
@@ -628,6 +706,14 @@ void Connection::onWritten(const asio::error_code& error) {
     writing_ = false;
     return;
   }
+  if (!refusal_.empty()) {
+    bool drained = false;
+    {
+      std::lock_guard lock(mutex_);
+      drained = queue_.empty();
+    }
+    if (drained) return closeOnStrand("refused: " + refusal_, false);  // logged by refuse()
+  }
   startWrite();
 }
 
@@ -639,7 +725,8 @@ AsioTransport::AsioTransport(const TransportOptions& options, TransportHandlers 
       pool_(std::make_shared<BufferPool>(options.receivePoolBytes)),
       log_(options.logger ? options.logger : spdlog::default_logger()),
       tcpAcceptor_(io_),
-      unixAcceptor_(io_) {
+      unixAcceptor_(io_),
+      acceptStrand_(asio::make_strand(io_)) {
   if (!handlers_.onMessage) throw InputError("transport: TransportHandlers::onMessage is not set");
   if (!handlers_.onPeerLost) handlers_.onPeerLost = [](NodeId, const std::string&) {};
   if (options_.maxFrameBytes < 4096) {
@@ -649,7 +736,7 @@ AsioTransport::AsioTransport(const TransportOptions& options, TransportHandlers 
   if (options_.ioThreads < 1) throw InputError("transport: ioThreads must be at least 1");
   limits_ = {options_.maxFrameBytes, options_.inlineTensorBytes, options_.bulkChunkBytes};
   listen();
-  if (!options_.unixDir.empty() && options_.sharedArenaBytes > 0) {
+  if (options_.unixSocket && options_.sharedArenaBytes > 0) {
     std::string why;
     arena_ = SharedArena::create(options_.sharedArenaBytes, &why);
     if (!arena_) {
@@ -681,10 +768,12 @@ AsioTransport::~AsioTransport() {
     std::lock_guard lock(mutex_);
     connections.assign(all_.begin(), all_.end());
   }
-  asio::post(io_, [this] {
+  asio::post(acceptStrand_, [this] {
     asio::error_code ignored;
     tcpAcceptor_.close(ignored);
     unixAcceptor_.close(ignored);
+    tcpGate_->close();
+    if (unixGate_) unixGate_->close();
   });
   for (auto& c : connections)
     c->close("transport shut down", false);
@@ -698,12 +787,6 @@ AsioTransport::~AsioTransport() {
     all_.clear();
   }
   connections.clear();
-  if (!unixPath_.empty()) {
-    std::error_code ignored;
-    std::filesystem::remove(unixPath_, ignored);
-    // The run's socket folder goes with its last socket (remove() leaves a non-empty folder).
-    std::filesystem::remove(std::filesystem::path(unixPath_).parent_path(), ignored);
-  }
 }
 
 void AsioTransport::listen() {
@@ -733,73 +816,101 @@ void AsioTransport::listen() {
   if (!error) tcpAcceptor_.set_option(asio::socket_base::reuse_address(true), error);
   if (!error) tcpAcceptor_.bind(endpoint, error);
   if (!error) tcpAcceptor_.listen(asio::socket_base::max_listen_connections, error);
+  if (!error) setCloseOnExec(tcpAcceptor_.native_handle());
   if (error) {
     throw IoError(fmt::format("transport node {}: cannot listen on tcp://{}:{}: {}", options_.node,
                               bindIp, options_.port, error.message()));
   }
   address_ = fmt::format("tcp://{}:{}", advertise, tcpAcceptor_.local_endpoint().port());
-  accept(tcpAcceptor_);
+  tcpGate_ = std::make_unique<AcceptGate>(
+      io_, fmt::format("transport node {} {}", options_.node, address_),
+      options_.maxPendingHandshakes, log_);
+  asio::post(acceptStrand_, [this] { accept(tcpAcceptor_); });
 
-  if (!options_.unixDir.empty()) {
-    std::error_code fsError;
-    std::filesystem::create_directories(options_.unixDir, fsError);
-    if (fsError) {
-      throw IoError("transport: cannot create the socket folder " + options_.unixDir + ": " +
-                    fsError.message());
-    }
-    const std::string path =
-        (std::filesystem::path(options_.unixDir) / fmt::format("node{}.sock", options_.node))
-            .string();
-    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-      throw InputError(fmt::format("transport: Unix socket path {} is longer than {} bytes", path,
-                                   sizeof(sockaddr_un::sun_path) - 1));
-    }
-    std::filesystem::remove(path, fsError);
-    const asio::local::stream_protocol::endpoint local(path);
+  if (options_.unixSocket) {
+    // Abstract: nothing on disk to plant, rename or leave behind; random, so that no other run
+    // (or stale process) of the same run id answers under this name.
+    std::random_device random;
+    const std::uint64_t nonce = (std::uint64_t{random()} << 32) | random();
+    const std::string path = fmt::format("@troupe-{}-node{}-{:016x}", options_.runId.substr(0, 48),
+                                         options_.node, nonce);
+    const auto local = unixEndpoint(path);
     unixAcceptor_.open(local.protocol(), error);
     if (!error) unixAcceptor_.bind(local, error);
     if (!error) unixAcceptor_.listen(asio::socket_base::max_listen_connections, error);
+    if (!error) setCloseOnExec(unixAcceptor_.native_handle());
     if (error) {
       throw IoError(fmt::format("transport node {}: cannot listen on unix://{}: {}", options_.node,
                                 path, error.message()));
     }
     unixPath_ = path;
     address_ += ";unix://" + path;
-    accept(unixAcceptor_);
+    unixGate_ = std::make_unique<AcceptGate>(
+        io_, fmt::format("transport node {} unix://{}", options_.node, path),
+        options_.maxPendingHandshakes, log_);
+    asio::post(acceptStrand_, [this] { accept(unixAcceptor_); });
   }
 }
 
 void AsioTransport::accept(asio::ip::tcp::acceptor& acceptor) {
-  auto socket = std::make_shared<Socket>(io_);
-  acceptor.async_accept(*socket, [this, socket, &acceptor](const asio::error_code& error) {
-    if (error == asio::error::operation_aborted || stopping_) return;
-    if (!error) {
-      asio::error_code ignored;
-      socket->set_option(asio::ip::tcp::no_delay(true), ignored);
-      const std::string remote = describe(socket->remote_endpoint(ignored), "tcp://?");
-      adopt(std::move(*socket), remote);
-    } else {
-      log_->warn("transport node {}: accept failed: {}", options_.node, error.message());
-    }
-    accept(acceptor);
+  tcpGate_->next([this, &acceptor] {
+    auto socket = std::make_shared<Socket>(io_);
+    acceptor.async_accept(
+        *socket, asio::bind_executor(acceptStrand_, [this, socket,
+                                                     &acceptor](const asio::error_code& error) {
+          if (error == asio::error::operation_aborted || stopping_) return;
+          if (!error) {
+            tcpGate_->accepted();
+            asio::error_code ignored;
+            socket->set_option(asio::ip::tcp::no_delay(true), ignored);
+            const std::string remote = describe(socket->remote_endpoint(ignored), "tcp://?");
+            adopt(std::move(*socket), remote, Listener::kTcp);
+          } else {
+            tcpGate_->failed(error);
+          }
+          accept(acceptor);
+        }));
   });
 }
 
 void AsioTransport::accept(asio::local::stream_protocol::acceptor& acceptor) {
-  auto socket = std::make_shared<Socket>(io_);
-  acceptor.async_accept(*socket, [this, socket, &acceptor](const asio::error_code& error) {
-    if (error == asio::error::operation_aborted || stopping_) return;
-    if (!error) {
-      adopt(std::move(*socket), "unix://" + unixPath_ + " (accepted)");
-    } else {
-      log_->warn("transport node {}: accept failed: {}", options_.node, error.message());
-    }
-    accept(acceptor);
+  unixGate_->next([this, &acceptor] {
+    auto socket = std::make_shared<Socket>(io_);
+    acceptor.async_accept(
+        *socket, asio::bind_executor(acceptStrand_, [this, socket,
+                                                     &acceptor](const asio::error_code& error) {
+          if (error == asio::error::operation_aborted || stopping_) return;
+          if (!error) {
+            unixGate_->accepted();
+            // Who is at the other end: the kernel says, whatever the peer claims.
+            ucred peer{};
+            socklen_t length = sizeof peer;
+            ::getsockopt(socket->native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &length);
+            const std::string remote = fmt::format("unix://{} (accepted from pid {}, uid {})",
+                                                   unixPath_, peer.pid, peer.uid);
+            if (peer.uid != ::geteuid()) {
+              log_->error(
+                  "transport node {}: refused {}: not this process's user (uid {}); only the "
+                  "run's own processes may link through its Unix socket",
+                  options_.node, remote, ::geteuid());
+              asio::error_code ignored;
+              socket->close(ignored);
+              unixGate_->release();
+            } else {
+              adopt(std::move(*socket), remote, Listener::kUnix);
+            }
+          } else {
+            unixGate_->failed(error);
+          }
+          accept(acceptor);
+        }));
   });
 }
 
-void AsioTransport::adopt(Socket socket, const std::string& remote) {
-  auto connection = std::make_shared<Connection>(*this, std::move(socket), remote, std::nullopt);
+void AsioTransport::adopt(Socket socket, const std::string& remote, Listener listener) {
+  setCloseOnExec(socket.native_handle());
+  auto connection =
+      std::make_shared<Connection>(*this, std::move(socket), remote, std::nullopt, listener);
   {
     std::lock_guard lock(mutex_);
     all_.insert(connection);
@@ -807,11 +918,18 @@ void AsioTransport::adopt(Socket socket, const std::string& remote) {
   connection->start(nullptr);
 }
 
+void AsioTransport::releasePending(Listener listener) {
+  asio::post(acceptStrand_, [this, listener] {
+    if (!stopping_) gate(listener).release();
+  });
+}
+
 std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost) {
   return controlMessage([&](wire::Frame::Builder frame) {
     auto hello = frame.initHello();
     hello.setNode(options_.node);
     hello.setRunId(options_.runId);
+    hello.setIncarnation(options_.incarnation);
     hello.setAddress(address_);
     if (sameHost && arena_) {
       hello.setArenaPath(arena_->path());
@@ -821,12 +939,15 @@ std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost) {
   });
 }
 
-void AsioTransport::registerLink(NodeId node, const std::shared_ptr<Connection>& connection) {
+std::shared_ptr<Connection> AsioTransport::registerLink(
+    NodeId node, const std::shared_ptr<Connection>& connection) {
   {
     std::lock_guard lock(mutex_);
-    links_.try_emplace(node, connection);
+    auto [it, added] = links_.try_emplace(node, connection);
+    if (!added) return it->second;
   }
   linked_.notify_all();
+  return nullptr;
 }
 
 void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, const std::string& why,
@@ -896,8 +1017,7 @@ void AsioTransport::connect(NodeId node, const std::string& address) {
   const ParsedAddress parsed = parseAddress(address);
   std::vector<std::pair<Endpoint, std::string>> candidates;
   if (!parsed.unixPath.empty() && (parsed.tcpHost.empty() || isLocalHost(parsed.tcpHost))) {
-    candidates.emplace_back(Endpoint(asio::local::stream_protocol::endpoint(parsed.unixPath)),
-                            "unix://" + parsed.unixPath);
+    candidates.emplace_back(Endpoint(unixEndpoint(parsed.unixPath)), "unix://" + parsed.unixPath);
   }
   if (!parsed.tcpHost.empty()) {
     asio::error_code error;
@@ -921,6 +1041,7 @@ void AsioTransport::connect(NodeId node, const std::string& address) {
         lastError = remote + ": " + error.message();
         continue;
       }
+      setCloseOnExec(socket->native_handle());
       if (remote.rfind("tcp://", 0) == 0) {
         asio::error_code ignored;
         socket->set_option(asio::ip::tcp::no_delay(true), ignored);
