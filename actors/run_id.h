@@ -1,5 +1,6 @@
-// A run's id: what it may hold, the id each generation of a restarted run meets under, and the
-// folder of its Unix sockets on a host. Header-only, so that the config check needs nothing else.
+// A run's id: what it may hold, and the id each generation of a restarted run meets under.
+// Header-only, so that the config check needs nothing else. (Nothing on disk is named after it:
+// links use abstract Unix sockets with random names, transport/link.h.)
 #pragma once
 
 #include <fmt/format.h>
@@ -28,13 +29,6 @@ inline void checkRunId(const std::string& run_id) {
 // the first, RUN-genK after it, so that each generation meets apart from the ones before it.
 inline std::string generationRunId(const std::string& run_id, int generation) {
   return generation > 0 ? fmt::format("{}-gen{}", run_id, generation) : run_id;
-}
-
-// The folder of a run's Unix sockets on a host. A process removes its socket, and the folder with
-// the last one, when it exits; a killed one leaves them, and the local launcher removes the folder
-// once every process of the generation has exited.
-inline std::string socketFolder(const std::string& run_id) {
-  return "/tmp/troupe-" + run_id;
 }
 
 }  // namespace troupe::actors

@@ -15,10 +15,18 @@ the newest checkpoint. Checks, per run:
               resumed from an earlier step than the newest checkpoint written before the kill
 
 and prints a table, then a summary line: faults injected, runs, runs completed, data lost.
+With --scenarios, the faults of issue 10 instead, each --runs times, in short runs
+(--scenario-epochs): a socket folder planted before the run (planted-folder), a second run with
+the same run id and secret (colliding-run), 300 strangers connecting to a worker limited to 256
+descriptors (descriptor-exhaustion), the launcher's output left unread while a worker is killed
+(stalled-launcher-output), a SIGSTOPped parameter server (stopped-server). Each must complete
+(or stop with a clear error), lose nothing, and leave no process; a table says so.
+
 Python 3 standard library only. Example (from the repository root, after scripts/build.sh and the
 test data, `ctest -R setup_fashion_mnist`):
 
   python3 bench/chaos.py --runs 3 --faults 3
+  python3 bench/chaos.py --scenarios all --runs 2
 """
 
 import argparse
@@ -27,6 +35,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -126,30 +135,40 @@ def run_processes(run_id, role="worker", generation=None):
 class Launch:
     """One `troupe launch`, its output collected by a thread."""
 
-    def __init__(self, args, folder, run_id, restart):
+    def __init__(self, args, folder, run_id, restart, servers=None, schedule=None,
+                 secret_file=None, read_output=True, epochs=None):
+        servers = args.servers if servers is None else servers
         command = [args.troupe, "launch", "-n", str(args.workers), "--launcher", "local",
                    "--run_id", run_id]
-        if args.servers:
-            command += ["-s", str(args.servers)]
+        if servers:
+            command += ["-s", str(servers)]
+        if secret_file:
+            command += ["--secret-file", secret_file]
         if restart:
             command += ["--on-failure", "restart", "--max-restarts", str(args.faults + 2)]
         data = args.data
         command += ["--", "troupe", "train", "--model", args.model,
                     "--train_data", data + "/train", "--test_data", data + "/test",
-                    "--db_type", "lmdb", "--schedule", args.schedule,
-                    "--num_epochs", str(args.epochs), "--epoch_size", str(args.epoch_size),
+                    "--db_type", "lmdb", "--schedule", schedule or args.schedule,
+                    "--num_epochs", str(epochs or args.epochs), "--epoch_size",
+                    str(args.epoch_size),
                     "--batch_size", str(args.batch_size),
                     "--base_learning_rate", str(args.learning_rate),
                     "--checkpoint_every", "1", "--log_every", "0", "--threads", "1",
                     "--peer_timeout", str(args.peer_timeout),
                     "--stall_warning", str(max(0.5, args.peer_timeout / 2))]
         self.lines = []
+        self.started = time.monotonic()
         self.process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
+        self.reading = threading.Event()
+        if read_output:
+            self.reading.set()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self):
+        self.reading.wait()  # until then nobody reads the launcher's output: its pipe fills
         for line in self.process.stdout:
             self.lines.append(line.rstrip("\n"))
 
@@ -157,6 +176,7 @@ class Launch:
         return self.process.poll() is None
 
     def wait(self, timeout):
+        self.reading.set()
         try:
             code = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -249,6 +269,213 @@ def chaos_run(args, rng, index, baseline):
     return result
 
 
+# ---- faults beyond kill and stop (issue 10): each is one short launch, checked for a clean end ----
+
+def _tcp_ports(pid):
+    """The TCP ports process pid listens on (from /proc/PID/net/tcp and its socket inodes)."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                link = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open("/proc/%d/net/tcp" % pid) as f:
+            rows = f.read().splitlines()[1:]
+    except OSError:
+        return []
+    ports = []
+    for row in rows:
+        cells = row.split()
+        if cells[3] == "0A" and cells[9] in inodes:  # LISTEN
+            ip_hex, port_hex = cells[1].split(":")
+            ip = ".".join(str(int(ip_hex[i:i + 2], 16)) for i in (6, 4, 2, 0))
+            ports.append((ip, int(port_hex, 16)))
+    return ports
+
+
+def _wait_for_workers(launch, run_id, count, timeout, role="worker"):
+    deadline = time.monotonic() + timeout
+    while launch.running() and time.monotonic() < deadline:
+        found = run_processes(run_id, role=role, generation=0)
+        if len(found) >= count:
+            return found
+        time.sleep(0.02)
+    return {}
+
+
+def _outcome(args, launch, folder, code, expect_error=None):
+    """(completed or clear error, data lost) of a finished launch."""
+    epoch, _ = last_epoch_row(folder) if os.path.isdir(folder) else (0, None)
+    lost = ["%s does not load: %s" % (os.path.basename(p), e)
+            for _, p, e in checkpoints(folder) if e is not None]
+    if code == 0 and epoch == args.scenario_epochs:
+        end = "completed"
+    elif code != 0 and expect_error and any(expect_error in l for l in launch.lines):
+        end = "clear error"
+    else:
+        end = "NO (exit %d, epoch %d)" % (code, epoch)
+    return end, lost
+
+
+def scenario_planted(args, index):
+    """Another user's folder and a directory where a socket would go, made before the run."""
+    run_id = "chaos%d-planted%d" % (os.getpid(), index)
+    planted = "/tmp/troupe-" + run_id
+    os.makedirs(planted + "/node0.sock", exist_ok=True)
+    os.chmod(planted, 0o777)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_planted_")
+    launch = Launch(args, folder, run_id, restart=False, epochs=args.scenario_epochs)
+    code = launch.wait(args.timeout)
+    end, lost = _outcome(args, launch, folder, code)
+    if not os.path.isdir(planted + "/node0.sock"):
+        lost.append("the planted directory was removed")
+    shutil.rmtree(planted, ignore_errors=True)
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None}
+
+
+def scenario_collide(args, index):
+    """Two runs with one run id and one secret, the second started a second after the first."""
+    run_id = "chaos%d-collide%d" % (os.getpid(), index)
+    secret = tempfile.NamedTemporaryFile("w", prefix="troupe_chaos_secret_", delete=False)
+    secret.write("one secret for both runs\n")
+    secret.close()
+    folders = [tempfile.mkdtemp(prefix="troupe_chaos_collide_") for _ in range(2)]
+    first = Launch(args, folders[0], run_id, restart=False, secret_file=secret.name,
+                   epochs=args.scenario_epochs)
+    time.sleep(1.0)
+    second = Launch(args, folders[1], run_id, restart=False, secret_file=secret.name,
+                    epochs=args.scenario_epochs)
+    codes = [first.wait(args.timeout), second.wait(args.timeout)]
+    os.unlink(secret.name)
+    ends, lost = [], []
+    for launch, folder, code in zip((first, second), folders, codes):
+        end, l = _outcome(args, launch, folder, code, expect_error="incarnation")
+        ends.append(end)
+        lost += l
+    end = ends[0] if ends[0] == ends[1] else " / ".join(ends)
+    first.lines += ["[chaos] --- the second run ---"] + second.lines
+    return {"launch": first, "folder": folders[0], "end": end, "lost": lost, "detect": None}
+
+
+def scenario_fds(args, index):
+    """Worker 0 limited to 256 descriptors while 300 strangers connect to its port."""
+    run_id = "chaos%d-fds%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_fds_")
+    launch = Launch(args, folder, run_id, restart=False, epochs=args.scenario_epochs)
+    workers = _wait_for_workers(launch, run_id, args.workers, args.timeout)
+    strangers = []
+    target = next((pid for pid, rank in workers.items() if rank == 0), None)
+    if target:
+        subprocess.run(["prlimit", "--pid", str(target), "--nofile=256:256"], check=False)
+        deadline = time.monotonic() + 10
+        ports = []
+        while not ports and time.monotonic() < deadline:
+            ports = [p for p in _tcp_ports(target) if not p[0].startswith("0.")]
+            time.sleep(0.05)
+        for ip, port in ports[:1]:
+            for _ in range(300):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex((ip, port))
+                strangers.append(s)
+    code = launch.wait(args.timeout)
+    for s in strangers:
+        s.close()
+    end, lost = _outcome(args, launch, folder, code)
+    lines = len(launch.lines)
+    if lines > 2000:
+        lost.append("%d output lines: the log was flooded" % lines)
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
+            "note": "%d strangers, %d output lines" % (len(strangers), lines)}
+
+
+def scenario_stalled_output(args, index):
+    """Nobody reads the launcher's output for --stall-seconds while a worker is killed."""
+    run_id = "chaos%d-stalled%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_stalled_")
+    launch = Launch(args, folder, run_id, restart=True, read_output=False,
+                    epochs=args.scenario_epochs)
+    workers = _wait_for_workers(launch, run_id, args.workers, args.timeout)
+    time.sleep(0.5)
+    if workers:
+        os.kill(max(workers), signal.SIGKILL)
+    time.sleep(args.stall_seconds)
+    code = launch.wait(args.timeout)
+    end, lost = _outcome(args, launch, folder, code)
+    left = run_processes(run_id)
+    if left:
+        lost.append("processes left: %s" % sorted(left))
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
+            "note": next((l for l in launch.lines if "dropped" in l), "no lines dropped")}
+
+
+def scenario_stop_server(args, index):
+    """dist_sync with a parameter server that gets SIGSTOP: the run restarts and completes."""
+    run_id = "chaos%d-server%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_server_")
+    launch = Launch(args, folder, run_id, restart=True, servers=1, schedule="dist_sync",
+                    epochs=args.scenario_epochs)
+    servers = _wait_for_workers(launch, run_id, 1, args.timeout, role="server")
+    _wait_for_workers(launch, run_id, args.workers, args.timeout)
+    time.sleep(1.0)
+    stopped = time.monotonic()
+    if servers:
+        os.kill(next(iter(servers)), signal.SIGSTOP)
+    detect = None
+    while launch.running() and time.monotonic() - stopped < args.timeout:
+        if any("server 0" in l and ("culprit" in l or "hung or gone" in l) for l in launch.lines):
+            detect = time.monotonic() - stopped
+            break
+        time.sleep(0.05)
+    code = launch.wait(args.timeout)
+    end, lost = _outcome(args, launch, folder, code)
+    if detect is None:
+        lost.append("no error named server 0")
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": detect}
+
+
+SCENARIOS = {
+    "planted-folder": scenario_planted,
+    "colliding-run": scenario_collide,
+    "descriptor-exhaustion": scenario_fds,
+    "stalled-launcher-output": scenario_stalled_output,
+    "stopped-server": scenario_stop_server,
+}
+
+
+def run_scenarios(args):
+    rows, ok = [], True
+    for name in args.scenarios.split(","):
+        if name not in SCENARIOS:
+            sys.exit("chaos: unknown scenario '%s' (known: %s)" % (name, ", ".join(SCENARIOS)))
+        for index in range(1, args.runs + 1):
+            began = time.monotonic()
+            r = SCENARIOS[name](args, index)
+            r["seconds"] = time.monotonic() - began
+            print("chaos: %s run %d: %s in %.0f s%s" % (
+                name, index, r["end"], r["seconds"],
+                "; " + r["note"] if r.get("note") else ""), flush=True)
+            good = r["end"] in ("completed", "clear error") and not r["lost"]
+            if not good:
+                ok = False
+                print("\n".join(r["launch"].lines[-25:]))
+            elif not args.keep:
+                shutil.rmtree(r["folder"], ignore_errors=True)
+            rows.append((name, r))
+    print()
+    print("| fault | run | completed or clear error | time to detect | data lost | seconds |")
+    print("|---|---|---|---|---|---|")
+    for index, (name, r) in enumerate(rows):
+        print("| %s | %d | %s | %s | %s | %.0f |" % (
+            name, 1 + index % args.runs, r["end"],
+            "-" if r["detect"] is None else "%.1f s" % r["detect"],
+            "; ".join(r["lost"]) if r["lost"] else "none", r["seconds"]))
+    return 0 if ok else 1
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
@@ -274,11 +501,22 @@ def main():
     parser.add_argument("--timeout", type=float, default=600, help="seconds per launch")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep every run's folder")
+    parser.add_argument("--scenarios", default=None,
+                        help="instead of kill/stop runs, run these faults (comma-separated, "
+                             "or 'all'): " + ", ".join(SCENARIOS))
+    parser.add_argument("--scenario-epochs", type=int, default=3,
+                        help="epochs of each scenario's run")
+    parser.add_argument("--stall-seconds", type=float, default=20,
+                        help="stalled-launcher-output: seconds nobody reads the launcher")
     args = parser.parse_args()
+    if args.scenarios == "all":
+        args.scenarios = ",".join(SCENARIOS)
     for path, what in ((args.troupe, "troupe binary"), (args.data + "/train", "training data")):
         if not os.path.exists(path):
             sys.exit("chaos: no %s at %s (build first: bash scripts/build.sh; "
                      "cd build && ctest -R setup_fashion_mnist)" % (what, path))
+    if args.scenarios:
+        return run_scenarios(args)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     print("chaos: seed %d, %d worker(s), %d server(s), %s, %s, %d epochs of %d"
