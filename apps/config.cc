@@ -4,14 +4,22 @@
 #include <CLI/CLI.hpp>
 
 #include <toml++/toml.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
-#include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 
 #include "actors/run_id.h"
@@ -22,13 +30,15 @@ namespace troupe::apps {
 namespace {
 
 using actors::TrainOptions;
-using Value = std::variant<std::int64_t, double, bool, std::string, std::vector<double>>;
+using Value =
+    std::variant<std::int64_t, std::uint64_t, double, bool, std::string, std::vector<double>>;
 
-enum class Kind { kInt, kFloat, kBool, kString, kFloatList };
+enum class Kind { kInt, kUint, kFloat, kBool, kString, kFloatList };
 
 const char* kindName(Kind k) {
   switch (k) {
     case Kind::kInt:
+    case Kind::kUint:
       return "integer";
     case Kind::kFloat:
       return "number";
@@ -42,12 +52,67 @@ const char* kindName(Kind k) {
   return "?";
 }
 
+// The values a numeric key accepts (for a list, each element): finite, from lo to hi, an open end
+// excluding its bound. Integer keys have integer bounds, all below 2^53 (exact as doubles).
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity();
+  double hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false;
+  bool hi_open = false;
+
+  bool contains(double x) const {
+    return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+  }
+  std::string text() const {
+    return fmt::format("{}{}, {}{}", lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+  }
+};
+constexpr Range closed(double lo, double hi) {
+  return {lo, hi, false, false};
+}
+constexpr Range openBelow(double lo, double hi) {  // (lo, hi]
+  return {lo, hi, true, false};
+}
+constexpr Range openAbove(double lo, double hi) {  // [lo, hi)
+  return {lo, hi, false, true};
+}
+
+// The ranges, and why. Every bound keeps the products the trainer forms (steps x batch, epochs x
+// steps per epoch, seconds x 1e9 in a std::chrono duration) inside an int64.
+constexpr double k2Pow20 = 1 << 20;
+constexpr double k2Pow40 = 1099511627776.0;
+constexpr double kMillion = 1e6;
+// Inputs per step and process. Published large-batch runs use 32k-64k inputs over hundreds of
+// devices; 2^20 in one process is beyond any of them. Memory is checked again when the run
+// starts (runTraining), from the image size.
+constexpr Range kBatchSize = closed(1, k2Pow20);
+// Inputs per epoch: 0 is the whole training set; 2^40 is far past any data set, and with
+// num_epochs <= 10^6 keeps every step count below 2^60.
+constexpr Range kEpochSize = closed(0, k2Pow40);
+// Points of the learning-rate schedule, in epochs: 10^6 of them in steps stay inside an int64.
+constexpr Range kEpochs = closed(0, kMillion);
+// Seconds: positive, and at most 30 days, so that a std::chrono duration of them (nanoseconds:
+// 2.6e15) never overflows; beyond a few hours a timeout no longer catches anything.
+constexpr Range kSeconds = openBelow(0, 30 * 24 * 3600);
+// Processes of a run, as troupe launch counts them; node ids stay far inside 32 bits.
+constexpr Range kProcesses = closed(1, 65536);
+// CPU threads: 0 is the host's own count. The largest hosts have 512 hardware threads; past 1024
+// a thread pool only fails to start (libgomp: "Thread creation failed").
+constexpr Range kThreads = closed(0, 1024);
+// Pixel values are 8- or 16-bit; a mean or scale far outside that is a typo.
+constexpr Range kMean = closed(-kMillion, kMillion);
+constexpr Range kScale = openBelow(0, kMillion);
+constexpr Range kBucketMb = closed(0, 4096);
+constexpr Range kNotNumeric{};
+
 struct Key {
   const char* name;
   Kind kind;
+  Range range;  // numeric kinds only
   const char* help;
   std::function<void(TrainOptions&, const Value&)> set;
   std::function<std::string(const TrainOptions&)> get;
+  bool single = false;  // stored as a float: the range holds for the value rounded to one
 };
 
 std::int64_t asInt(const Value& v) {
@@ -73,72 +138,87 @@ std::string listText(const std::vector<double>& list) {
   return out;
 }
 
-#define TROUPE_INT_KEY(key, field, help)                                                \
-  Key {                                                                                 \
-    key, Kind::kInt, help, [](TrainOptions& o, const Value& v) { o.field = asInt(v); }, \
-        [](const TrainOptions& o) { return fmt::format("{}", o.field); }                \
+#define TROUPE_INT_KEY(key, field, range, help)                                                \
+  Key {                                                                                        \
+    key, Kind::kInt, range, help, [](TrainOptions& o, const Value& v) { o.field = asInt(v); }, \
+        [](const TrainOptions& o) { return fmt::format("{}", o.field); }                       \
   }
-#define TROUPE_FLOAT_KEY(key, field, help)                               \
-  Key {                                                                  \
-    key, Kind::kFloat, help,                                             \
-        [](TrainOptions& o, const Value& v) {                            \
-          o.field = static_cast<decltype(o.field)>(asFloat(v));          \
-        },                                                               \
-        [](const TrainOptions& o) { return fmt::format("{}", o.field); } \
+#define TROUPE_FLOAT_KEY(key, field, range, help)                         \
+  Key {                                                                   \
+    key, Kind::kFloat, range, help,                                       \
+        [](TrainOptions& o, const Value& v) {                             \
+          o.field = static_cast<decltype(o.field)>(asFloat(v));           \
+        },                                                                \
+        [](const TrainOptions& o) { return fmt::format("{}", o.field); }, \
+        std::is_same_v<decltype(TrainOptions{}.field), float>             \
   }
-#define TROUPE_STRING_KEY(key, field, help)                                                   \
-  Key {                                                                                       \
-    key, Kind::kString, help, [](TrainOptions& o, const Value& v) { o.field = asString(v); }, \
-        [](const TrainOptions& o) { return o.field; }                                         \
+#define TROUPE_STRING_KEY(key, field, help)                             \
+  Key {                                                                 \
+    key, Kind::kString, kNotNumeric, help,                              \
+        [](TrainOptions& o, const Value& v) { o.field = asString(v); }, \
+        [](const TrainOptions& o) { return o.field; }                   \
   }
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = {
-      Key{"model", Kind::kString,
+      Key{"model", Kind::kString, kNotNumeric,
           "built-in model: mlp, lenet, resnet20 (or [[layers]] in the file)",
           [](TrainOptions& o, const Value& v) { o.model.name = asString(v); },
           [](const TrainOptions& o) { return o.model.name.empty() ? "custom" : o.model.name; }},
       TROUPE_STRING_KEY("train_data", train_data, "training database"),
       TROUPE_STRING_KEY("test_data", test_data, "test database (evaluated after every epoch)"),
-      Key{"db_type", Kind::kString, "lmdb or leveldb",
+      Key{"db_type", Kind::kString, kNotNumeric, "lmdb or leveldb",
           [](TrainOptions& o, const Value& v) { o.db_type = data::parseDbType(asString(v)); },
           [](const TrainOptions& o) { return std::string(data::toString(o.db_type)); }},
-      TROUPE_INT_KEY("batch_size", batch_size, "inputs per step, in total over the replicas"),
-      TROUPE_INT_KEY("epoch_size", epoch_size, "inputs per epoch (0: the training set's size)"),
-      TROUPE_INT_KEY("num_epochs", num_epochs, "epochs to train"),
-      TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, "learning rate"),
-      TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, "L2 weight decay"),
-      TROUPE_FLOAT_KEY("momentum", sgd.momentum, "SGD momentum"),
-      Key{"nesterov", Kind::kBool, "Nesterov momentum",
+      TROUPE_INT_KEY("batch_size", batch_size, kBatchSize,
+                     "inputs per step, in total over the replicas"),
+      TROUPE_INT_KEY("epoch_size", epoch_size, kEpochSize,
+                     "inputs per epoch (0: the training set's size)"),
+      TROUPE_INT_KEY("num_epochs", num_epochs, closed(1, kMillion), "epochs to train"),
+      // A rate has no natural bound (it scales with the loss; tests drive runs to divergence with
+      // 1e30): finite, not negative, and 1e38 the round number below a float's largest.
+      TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, closed(0, 1e38), "learning rate"),
+      // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
+      TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
+      // At 1 or above the velocity never decays: the run diverges.
+      TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
+      Key{"nesterov", Kind::kBool, kNotNumeric, "Nesterov momentum",
           [](TrainOptions& o, const Value& v) { o.sgd.nesterov = asBool(v); },
           [](const TrainOptions& o) { return std::string(o.sgd.nesterov ? "true" : "false"); }},
       TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep or cosine"),
-      TROUPE_FLOAT_KEY("gamma", gamma, "decay factor of step and multistep"),
-      TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, "step: decay every this many epochs"),
-      Key{"lr_milestones", Kind::kFloatList, "multistep: epochs at which to decay",
+      // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
+      TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
+      TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
+                       "step: decay every this many epochs"),
+      Key{"lr_milestones", Kind::kFloatList, kEpochs, "multistep: epochs at which to decay",
           [](TrainOptions& o, const Value& v) { o.lr_milestones = asList(v); },
           [](const TrainOptions& o) { return listText(o.lr_milestones); }},
-      TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, "linear warmup, in epochs"),
-      TROUPE_INT_KEY("num_labels", num_labels, "number of classes"),
-      TROUPE_INT_KEY("image_size", image_size, "height and width of the images"),
-      TROUPE_INT_KEY("num_channels", num_channels, "channels of the images"),
-      TROUPE_FLOAT_KEY("mean", mean, "subtracted from every pixel value"),
-      TROUPE_FLOAT_KEY("scale", scale, "multiplies every pixel value after the mean"),
-      TROUPE_INT_KEY("replicas", replicas, "model replicas in this process (the batch is split)"),
+      TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs"),
+      TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes"),
+      // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
+      TROUPE_INT_KEY("image_size", image_size, closed(1, 4096), "height and width of the images"),
+      TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
+      TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
+      TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
+      // A replica is a thread with a team of its own: no more of them than threads.
+      TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
+                     "model replicas in this process (the batch is split)"),
       TROUPE_INT_KEY(
-          "threads", threads,
+          "threads", threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
       TROUPE_STRING_KEY("schedule", schedule,
                         "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
-      TROUPE_INT_KEY("num_shards", num_shards, "worker processes (set by troupe launch)"),
-      TROUPE_INT_KEY("shard_id", shard_id,
+      TROUPE_INT_KEY("num_shards", num_shards, kProcesses,
+                     "worker processes (set by troupe launch)"),
+      TROUPE_INT_KEY("shard_id", shard_id, closed(0, kProcesses.hi - 1),
                      "this process's rank in its role (set by troupe launch)"),
-      TROUPE_INT_KEY("num_servers", num_servers,
+      TROUPE_INT_KEY("num_servers", num_servers, closed(0, kProcesses.hi),
                      "parameter-server processes (set by troupe launch)"),
       TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
-      TROUPE_INT_KEY("staleness", staleness, "ssp: steps a worker may run ahead of the slowest"),
+      TROUPE_INT_KEY("staleness", staleness, closed(0, kMillion),
+                     "ssp: steps a worker may run ahead of the slowest"),
       TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
-      TROUPE_INT_KEY("generation", generation,
+      TROUPE_INT_KEY("generation", generation, closed(0, kMillion),
                      "restarts of the run so far (set by troupe launch --on-failure restart); "
                      "above 0 the run resumes as with --resume auto"),
       TROUPE_STRING_KEY("rendezvous", rendezvous,
@@ -147,41 +227,111 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("secret_file", secret_file,
                         "file holding the run's secret (default: $TROUPE_SECRET; troupe launch "
                         "makes one per run)"),
-      TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s,
+      TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s, kSeconds,
                        "seconds to wait for the other processes"),
-      TROUPE_FLOAT_KEY("peer_timeout", peer_timeout_s,
+      TROUPE_FLOAT_KEY("peer_timeout", peer_timeout_s, kSeconds,
                        "seconds a link may be silent, or an allreduce or server wait on a peer, "
                        "before the run fails naming it"),
-      TROUPE_FLOAT_KEY("stall_warning", stall_warning_s,
+      TROUPE_FLOAT_KEY("stall_warning", stall_warning_s, kSeconds,
                        "seconds of waiting on a peer before a stall report names who is late"),
-      Key{"work_load_list", Kind::kFloatList, "relative share of the batch per replica",
+      Key{"work_load_list", Kind::kFloatList, openBelow(0, kMillion),
+          "relative share of the batch per replica",
           [](TrainOptions& o, const Value& v) { o.work_load_list = asList(v); },
           [](const TrainOptions& o) { return listText(o.work_load_list); }},
-      Key{"seed", Kind::kInt, "seed of initialisation and data order",
-          [](TrainOptions& o, const Value& v) { o.seed = static_cast<std::uint64_t>(asInt(v)); },
+      Key{"seed", Kind::kUint, kNotNumeric, "seed of initialisation and data order",
+          [](TrainOptions& o, const Value& v) { o.seed = std::get<std::uint64_t>(v); },
           [](const TrainOptions& o) { return fmt::format("{}", o.seed); }},
-      TROUPE_INT_KEY("prefetch", prefetch, "batches a reader keeps in flight"),
-      Key{"skip_bad_records", Kind::kBool,
+      // Batches in flight per reader: memory grows with it, speed stops growing after a few.
+      TROUPE_INT_KEY("prefetch", prefetch, closed(1, 1024), "batches a reader keeps in flight"),
+      Key{"skip_bad_records", Kind::kBool, kNotNumeric,
           "skip (and count, and log once) records that do not parse, decode or fit, instead of "
           "failing; also --skip-bad-records",
           [](TrainOptions& o, const Value& v) { o.skip_bad_records = asBool(v); },
           [](const TrainOptions& o) { return std::string(o.skip_bad_records ? "true" : "false"); }},
-      TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, "gradient bucket size (MiB)"),
-      TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, "size of the first bucket (MiB)"),
+      // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
+      TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
+      TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
+                       "size of the first bucket (MiB)"),
       TROUPE_STRING_KEY("log_dir", log_dir, "folder of the CSV log"),
       TROUPE_STRING_KEY("checkpoint_dir", checkpoint_dir,
                         "folder of checkpoints (default: log_dir)"),
-      TROUPE_INT_KEY("checkpoint_every", checkpoint_every,
+      TROUPE_INT_KEY("checkpoint_every", checkpoint_every, closed(0, kMillion),
                      "epochs between checkpoints (0: end only)"),
       TROUPE_STRING_KEY("resume", resume,
                         "checkpoint to continue from, or 'auto': the newest complete checkpoint "
                         "of this run (same run_id) in checkpoint_dir, if any"),
-      TROUPE_INT_KEY("log_every", log_every, "steps between console lines"),
-      TROUPE_FLOAT_KEY("step_timeout", step_timeout_s, "seconds without progress before failing"),
+      TROUPE_INT_KEY("log_every", log_every, closed(0, k2Pow40),
+                     "steps between console lines (0: none)"),
+      TROUPE_FLOAT_KEY("step_timeout", step_timeout_s, kSeconds,
+                       "seconds without progress before failing"),
       TROUPE_STRING_KEY("run_name", run_name, "prefix of the experiment id (default: the model)"),
       TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
   };
   return table;
+}
+
+// "an integer in [1, 1048576]": what a numeric key accepts, for --help and errors.
+std::string accepted(const Key& key) {
+  switch (key.kind) {
+    case Kind::kInt:
+      return "an integer in " + key.range.text();
+    case Kind::kUint:
+      return fmt::format("an integer in [0, {}]", std::numeric_limits<std::uint64_t>::max());
+    case Kind::kFloat:
+      return "a finite number in " + key.range.text();
+    case Kind::kFloatList:
+      return "a list of finite numbers, each in " + key.range.text();
+    default:
+      return std::string("a ") + kindName(key.kind);
+  }
+}
+
+// Sets a key, checking the value against the key's range first: the one place every value, from
+// a file, a flag or troupe launch's environment, passes. `origin` names where the value came from
+// ("FILE: key 'k'", "--k", "VAR=TEXT: key 'k'").
+void assign(TrainOptions& o, const Key& key, Value value, const std::string& origin) {
+  auto refuse = [&](const std::string& got) {
+    return InputError(fmt::format("{} must be {}, got {}", origin, accepted(key), got));
+  };
+  switch (key.kind) {
+    case Kind::kInt: {
+      const auto i = asInt(value);
+      if (!key.range.contains(static_cast<double>(i))) throw refuse(std::to_string(i));
+      break;
+    }
+    case Kind::kUint:  // a TOML integer is signed
+      if (const auto* i = std::get_if<std::int64_t>(&value)) {
+        if (*i < 0) throw refuse(std::to_string(*i));
+        value = static_cast<std::uint64_t>(*i);
+      }
+      break;
+    case Kind::kFloat: {
+      const double x = asFloat(value);
+      if (!key.range.contains(x)) throw refuse(fmt::format("{}", x));
+      // 0.99999999 is 1 as a float: outside momentum's [0, 1).
+      if (key.single && !key.range.contains(static_cast<float>(x))) {
+        throw refuse(fmt::format("{} ({} as a 32-bit float)", x, static_cast<float>(x)));
+      }
+      break;
+    }
+    case Kind::kFloatList: {
+      const auto& list = asList(value);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (!key.range.contains(list[i])) {
+          constexpr std::size_t kShown = 8;  // of a long list, its start
+          const std::vector<double> shown(list.begin(),
+                                          list.begin() + std::min(list.size(), kShown));
+          throw refuse(fmt::format("{}{} (element {} is {})", listText(shown),
+                                   list.size() > kShown ? ",..." : "", i, list[i]));
+        }
+      }
+      break;
+    }
+    case Kind::kBool:
+    case Kind::kString:
+      break;
+  }
+  key.set(o, value);
 }
 
 const Key* findKey(std::string_view name) {
@@ -212,6 +362,7 @@ Value fromToml(const std::string& file, const Key& key, const toml::node& node) 
   };
   switch (key.kind) {
     case Kind::kInt:
+    case Kind::kUint:
       if (auto v = node.value_exact<std::int64_t>()) return *v;
       throw wrong();
     case Kind::kFloat:
@@ -257,6 +408,14 @@ Value fromText(const Key& key, const std::string& text) {
       auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
       if (ec != std::errc() || p != text.data() + text.size() || text.empty()) throw wrong();
       return i;
+    }
+    case Kind::kUint: {
+      std::uint64_t u = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), u);
+      if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+        throw InputError(fmt::format("--{} must be {}, got '{}'", key.name, accepted(key), text));
+      }
+      return u;
     }
     case Kind::kFloat:
       return parseDouble(text);
@@ -424,13 +583,95 @@ void checkNonAscii(const std::string& file, std::string_view text) {
   }
 }
 
+// A config file is a page of keys: past 1 MiB it is the wrong file (a log, a dataset, /dev/zero),
+// refused before it fills the memory.
+constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+const char* fileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Refuses anything but a regular file of at most kMaxConfigBytes; `what` names the file's role.
+void checkSmallRegularFile(const std::string& path, const char* what, const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) {
+    throw InputError(
+        fmt::format("{} '{}' is {}, not a regular file", what, path, fileTypeName(st.st_mode)));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
+    throw InputError(fmt::format("{} '{}' is {} bytes, over the 1 MiB ({} bytes) it may hold", what,
+                                 path, st.st_size, kMaxConfigBytes));
+  }
+}
+
+// The text of a config file. Opened without blocking (a FIFO would wait for a writer) and read
+// to at most kMaxConfigBytes, however the file grows meanwhile.
+std::string readConfigFile(const std::string& path) {
+  constexpr const char* kWhat = "config file";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    throw InputError(fmt::format("cannot open {} '{}': {}", kWhat, path, std::strerror(errno)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw InputError(fmt::format("cannot open {} '{}': {}", kWhat, path, std::strerror(errno)));
+  }
+  checkSmallRegularFile(path, kWhat, st);
+  // Room for what fstat reports and a little more (files in /proc report 0), grown while the
+  // file goes on, up to one byte past the cap.
+  std::string text(static_cast<std::size_t>(st.st_size) + 4096, '\0');
+  std::size_t size = 0;
+  while (size <= kMaxConfigBytes) {
+    if (size == text.size()) text.resize(std::min(2 * text.size(), kMaxConfigBytes + 1));
+    const ssize_t n = ::read(fd, text.data() + size, text.size() - size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw InputError(fmt::format("cannot read {} '{}': {}", kWhat, path, std::strerror(errno)));
+    }
+    if (n == 0) break;
+    size += static_cast<std::size_t>(n);
+  }
+  if (size > kMaxConfigBytes) {
+    throw InputError(fmt::format("{} '{}' holds over the 1 MiB ({} bytes) it may hold", kWhat, path,
+                                 kMaxConfigBytes));
+  }
+  text.resize(size);
+  return text;
+}
+
 }  // namespace
 
 const std::vector<ConfigKey>& configKeys() {
   static const std::vector<ConfigKey> out = [] {
     std::vector<ConfigKey> v;
-    for (const auto& k : keys())
-      v.push_back({k.name, kindName(k.kind), k.help});
+    for (const auto& k : keys()) {
+      ConfigKey c;
+      c.name = k.name;
+      c.kind = kindName(k.kind);
+      c.help = k.help;
+      if (k.kind == Kind::kInt || k.kind == Kind::kFloat || k.kind == Kind::kFloatList) {
+        c.help += fmt::format(" ({})", accepted(k));
+        c.range = k.range.text();
+        c.min = k.range.lo;
+        c.max = k.range.hi;
+        c.min_open = k.range.lo_open;
+        c.max_open = k.range.hi_open;
+      } else if (k.kind == Kind::kUint) {
+        c.help += fmt::format(" ({})", accepted(k));
+        c.range = fmt::format("[0, {}]", std::numeric_limits<std::uint64_t>::max());
+        c.min = 0;
+        c.max = static_cast<double>(std::numeric_limits<std::uint64_t>::max());
+      }
+      v.push_back(std::move(c));
+    }
     return v;
   }();
   return out;
@@ -443,7 +684,7 @@ void addConfigOptions(CLI::App& command, Overrides* overrides) {
     if (name == "skip_bad_records") flags += ",--skip-bad-records";
     auto* opt = command.add_option_function<std::string>(
         flags, [overrides, name](const std::string& v) { (*overrides)[name] = v; },
-        fmt::format("{} ({})", k.help, kindName(k.kind)));
+        fmt::format("{} ({})", k.help, accepted(k)));
     if (k.kind == Kind::kBool) opt->expected(0, 1);
   }
   command.add_option_function<std::string>(
@@ -458,14 +699,11 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   TrainOptions o;
   o.model.name = "lenet";
   if (!file.empty()) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) throw InputError(fmt::format("cannot open config file '{}'", file));
-    std::stringstream text;
-    text << in.rdbuf();
-    checkNonAscii(file, text.view());
+    const std::string text = readConfigFile(file);
+    checkNonAscii(file, text);
     toml::table table;
     try {
-      table = toml::parse(text.view(), file);
+      table = toml::parse(text, file);
     } catch (const toml::parse_error& e) {
       const auto& where = e.source().begin;
       throw InputError(
@@ -490,7 +728,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
         throw InputError(
             fmt::format("{}: unknown key '{}' (known: {}, layers)", file, key, knownKeys()));
       }
-      def->set(o, fromToml(file, *def, node));
+      assign(o, *def, fromToml(file, *def, node), fmt::format("{}: key '{}'", file, key));
     }
     if (!o.model.layers.empty() && !table.contains("model")) o.model.name.clear();
   }
@@ -509,30 +747,31 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
                                                           {"TROUPE_INTERFACE", "interface"}};
   for (const auto& [var, key] : from_env) {
     if (auto v = env(var); v && !overrides.count(key)) {
+      const Key& def = *findKey(key);
+      Value value;
       try {
-        findKey(key)->set(o, fromText(*findKey(key), *v));
+        value = fromText(def, *v);
       } catch (const InputError& e) {
         throw InputError(fmt::format("{}={}: {}", var, *v, e.what()));
       }
+      assign(o, def, std::move(value), fmt::format("{}={}: key '{}'", var, *v, key));
     }
   }
   for (const auto& [name, text] : overrides) {
     const Key* def = findKey(name);
     if (!def) throw InputError(fmt::format("unknown flag --{} (known: {})", name, knownKeys()));
-    def->set(o, fromText(*def, text));
+    assign(o, *def, fromText(*def, text), "--" + name);
   }
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
-  o.secret = transport::loadSecret(o.secret_file);
-  for (const auto& [key, seconds] : {std::pair{"rendezvous_timeout", o.rendezvous_timeout_s},
-                                     {"step_timeout", o.step_timeout_s},
-                                     {"peer_timeout", o.peer_timeout_s},
-                                     {"stall_warning", o.stall_warning_s}}) {
-    if (!(seconds > 0)) {
-      throw InputError(
-          fmt::format("{} must be a positive number of seconds, not {}", key, seconds));
-    }
+  // The secret file is read whole (transport::loadSecret): refused first if it is not a small
+  // regular file, as a config file would be.
+  const std::string secret_file =
+      !o.secret_file.empty() ? o.secret_file : env("TROUPE_SECRET_FILE").value_or("");
+  if (struct stat st{}; !secret_file.empty() && ::stat(secret_file.c_str(), &st) == 0) {
+    checkSmallRegularFile(secret_file, "secret file", st);
   }
+  o.secret = transport::loadSecret(o.secret_file);
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
   if (o.num_shards + o.num_servers > 1) {

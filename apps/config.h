@@ -1,9 +1,12 @@
 // Training configuration: a TOML file of flat keys (plus [[layers]] for a custom model), any key
 // overridable on the command line as --key VALUE. The keys are Caffe2's trainer flags where Caffe2
 // has one (--train_data, --batch_size, --base_learning_rate ...), and troupe's own otherwise.
-// Unknown keys and values of the wrong type are InputErrors naming the file (or flag) and the key.
+// Unknown keys, values of the wrong type and numbers out of their key's range are InputErrors
+// naming the key and where the value came from (FILE: key 'k', --k, or VAR=VALUE). A config file
+// must be a regular file of at most 1 MiB.
 #pragma once
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -20,7 +23,15 @@ namespace troupe::apps {
 struct ConfigKey {
   std::string name;
   std::string kind;  // "integer", "number", "boolean", "string", "list of numbers"
-  std::string help;
+  std::string help;  // ends with the accepted values of a numeric key: "(an integer in [1, 64])"
+  // A numeric key's values (each element of a list): finite, from min to max, an open end
+  // excluding its bound; `range` writes them as "[1, 64]" or "[0, 1)". Other keys: empty range,
+  // infinite bounds.
+  std::string range;
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;
+  bool max_open = false;
 };
 const std::vector<ConfigKey>& configKeys();
 
@@ -30,7 +41,8 @@ using Overrides = std::map<std::string, std::string>;
 // Adds --key options for every config key to a subcommand; given ones land in *overrides.
 void addConfigOptions(CLI::App& command, Overrides* overrides);
 
-// defaults <- file (if not empty) <- overrides.
+// defaults <- file (if not empty) <- troupe launch's TROUPE_* variables <- overrides, every value
+// checked against its key's range as it is set.
 actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& overrides);
 
 }  // namespace troupe::apps

@@ -1,13 +1,16 @@
 // `troupe train [CONFIG.toml] [--key value ...]`: one process, Readers -> Replicas -> Reducer ->
 // Updater as actors.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <new>
 
 #include "actors/trainer.h"
 #include "apps/commands.h"
 #include "apps/config.h"
+#include "troupe/error.h"
 
 namespace troupe::apps {
 
@@ -22,7 +25,15 @@ void addTrainCommand(CLI::App& app) {
   addConfigOptions(*cmd, &state->overrides);
   cmd->callback([state] {
     const auto options = loadTrainOptions(state->config, state->overrides);
-    const auto result = actors::runTraining(options);
+    actors::TrainResult result;
+    try {
+      result = actors::runTraining(options);
+    } catch (const std::bad_alloc&) {  // thrown on this thread: actors report theirs as errors
+      throw Error(fmt::format(
+          "out of memory (std::bad_alloc) setting up the run: lower batch_size ({}), prefetch "
+          "({}) or the model's size",
+          options.batch_size, options.prefetch));
+    }
     if (result.epochs.empty()) {  // not the chief: rank 0 logs the run
       spdlog::info("done: {} {} of {}", options.role, options.shard_id,
                    options.role == "server" ? options.num_servers : options.num_shards);

@@ -1,7 +1,18 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include "apps/config.h"
 #include "troupe/error.h"
@@ -35,6 +46,60 @@ std::string errorOf(const std::string& file, const Overrides& overrides = {}) {
     return e.what();
   }
   return "";
+}
+
+// The InputError `load` throws, run in a child process that may use 512 MiB more address space
+// than this one and 10 s: a loader that reads /dev/zero or waits on a FIFO ends as a failure, not
+// as a test that fills the memory or hangs. "" if it loaded; "child: ..." if it ended otherwise.
+std::string boundedErrorOf(const std::function<void()>& load) {
+  int out[2];
+  if (::pipe(out) != 0) return "child: no pipe";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(out[0]);
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t limit = static_cast<rlim_t>(pages) * ::sysconf(_SC_PAGESIZE) + (512 << 20);
+    const rlimit as{limit, limit};
+    ::setrlimit(RLIMIT_AS, &as);
+    ::alarm(10);
+    std::string what;
+    int code = 0;
+    try {
+      load();
+    } catch (const InputError& e) {
+      what = e.what();
+    } catch (const std::exception& e) {
+      what = std::string("child: not an InputError: ") + e.what();
+      code = 2;
+    }
+    (void)!::write(out[1], what.data(), what.size());
+    ::_exit(code);
+  }
+  ::close(out[1]);
+  std::string what;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;)
+    what.append(buffer, static_cast<std::size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return "child: killed by signal " + std::to_string(WTERMSIG(status));
+  return what;
+}
+
+// Sets an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 TEST_F(ConfigTest, FileValuesOverrideDefaultsAndFlagsOverrideTheFile) {
@@ -177,6 +242,182 @@ TEST_F(ConfigTest, TheExampleConfigsLoad) {
     const std::string path = std::string(TROUPE_SOURCE_DIR) + "/configs/" + name + ".toml";
     EXPECT_NO_THROW(loadTrainOptions(path, {})) << path;
   }
+}
+
+// ---- values that must be refused (issue 10) ----
+
+TEST_F(ConfigTest, ADirectoryAsTheConfigFileIsRefusedNamingWhatItIs) {
+  const auto dir = fs::temp_directory_path() / ("troupe_config_dir_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  files_.push_back(dir);
+  const auto what = errorOf(dir.string());
+  EXPECT_TRUE(
+      contains(what, "config file '" + dir.string() + "' is a directory, not a regular file"))
+      << what;
+}
+
+TEST_F(ConfigTest, DevZeroAsTheConfigFileIsRefusedAtOnceWithoutReadingIt) {
+  const auto what = boundedErrorOf([] { loadTrainOptions("/dev/zero", {}); });
+  EXPECT_TRUE(contains(what, "config file '/dev/zero' is a character device, not a regular file"))
+      << what;
+}
+
+TEST_F(ConfigTest, AFifoAsTheConfigFileIsRefusedWithoutWaitingForAWriter) {
+  const auto fifo =
+      fs::temp_directory_path() / ("troupe_config_fifo_" + std::to_string(::getpid()));
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  files_.push_back(fifo);
+  const auto what = boundedErrorOf([&] { loadTrainOptions(fifo.string(), {}); });
+  EXPECT_TRUE(contains(what, "' is a FIFO, not a regular file")) << what;
+}
+
+TEST_F(ConfigTest, AConfigFileOverOneMebibyteIsRefusedNamingTheCap) {
+  const std::string line = "# " + std::string(98, 'x') + "\n";
+  std::string text;
+  while (text.size() < (1 << 20))
+    text += line;
+  text.resize(1 << 20);
+  text.back() = '\n';
+  EXPECT_NO_THROW(loadTrainOptions(write(text), {})) << "exactly 1 MiB loads";
+  const auto big = write(text + "\n");
+  const auto what = errorOf(big);
+  EXPECT_TRUE(contains(what, "config file '" + big + "' is 1048577 bytes, over the 1 MiB")) << what;
+}
+
+TEST_F(ConfigTest, ANegativeEpochSizeIsRefusedNamingTheRange) {
+  EXPECT_EQ(errorOf("", {{"epoch_size", "-5"}}),
+            "--epoch_size must be an integer in [0, 1099511627776], got -5");
+  const auto file = write("epoch_size = -5\n");
+  EXPECT_EQ(errorOf(file),
+            file + ": key 'epoch_size' must be an integer in [0, 1099511627776], got -5");
+  EXPECT_EQ(loadTrainOptions("", {{"epoch_size", "0"}}).epoch_size, 0) << "0: the whole set";
+}
+
+TEST_F(ConfigTest, ABatchSizeOfABillionIsRefusedNamingTheRange) {
+  EXPECT_EQ(errorOf("", {{"batch_size", "1000000000"}}),
+            "--batch_size must be an integer in [1, 1048576], got 1000000000");
+  EXPECT_TRUE(contains(errorOf("", {{"batch_size", "0"}}), "got 0"));
+  EXPECT_EQ(loadTrainOptions("", {{"batch_size", "1048576"}}).batch_size, 1 << 20);
+}
+
+TEST_F(ConfigTest, AHundredThousandThreadsAreRefusedNamingTheRange) {
+  EXPECT_EQ(errorOf("", {{"threads", "100000"}}),
+            "--threads must be an integer in [0, 1024], got 100000");
+  EXPECT_EQ(loadTrainOptions("", {{"threads", "1024"}}).threads, 1024);
+  EXPECT_EQ(loadTrainOptions("", {{"threads", "0"}}).threads, 0) << "0: the host's";
+}
+
+TEST_F(ConfigTest, AnInfiniteWeightDecayIsRefusedFromAFlagAndAFile) {
+  EXPECT_EQ(errorOf("", {{"weight_decay", "inf"}}),
+            "--weight_decay must be a finite number in [0, 1], got inf");
+  const auto file = write("weight_decay = -inf\n");
+  EXPECT_EQ(errorOf(file),
+            file + ": key 'weight_decay' must be a finite number in [0, 1], got -inf");
+}
+
+TEST_F(ConfigTest, ANanScaleIsRefusedFromAFlagAndAFile) {
+  EXPECT_EQ(errorOf("", {{"scale", "nan"}}),
+            "--scale must be a finite number in (0, 1000000], got nan");
+  EXPECT_TRUE(contains(errorOf(write("scale = nan\n")), "key 'scale' must be a finite number"));
+  EXPECT_TRUE(contains(errorOf("", {{"mean", "nan"}}), "--mean must be a finite number"));
+}
+
+TEST_F(ConfigTest, EveryNonFiniteNumberIsRefusedForEveryNumericKey) {
+  for (const auto& key : configKeys()) {
+    if (key.range.empty()) continue;
+    for (const char* text : {"inf", "-inf", "nan"}) {
+      const auto what = errorOf("", {{key.name, text}});
+      EXPECT_FALSE(what.empty()) << key.name << " = " << text << " was accepted";
+    }
+  }
+}
+
+TEST_F(ConfigTest, TimeoutsThatWouldOverflowADurationAreRefused) {
+  for (const char* key : {"step_timeout", "rendezvous_timeout", "peer_timeout", "stall_warning"}) {
+    EXPECT_EQ(errorOf("", {{key, "1e300"}}),
+              fmt::format("--{} must be a finite number in (0, 2592000], got 1e+300", key));
+    EXPECT_TRUE(contains(errorOf("", {{key, "0"}}), "got 0")) << key;
+    EXPECT_TRUE(contains(errorOf("", {{key, "2592001"}}), "(0, 2592000]")) << key;
+    EXPECT_EQ(errorOf("", {{key, "2592000"}}), "") << "30 days is the longest " << key;
+  }
+}
+
+TEST_F(ConfigTest, AMomentumOfOneOrThatRoundsToOneAsAFloatIsRefused) {
+  EXPECT_EQ(errorOf("", {{"momentum", "1"}}),
+            "--momentum must be a finite number in [0, 1), got 1");
+  EXPECT_EQ(errorOf("", {{"momentum", "0.99999999"}}),
+            "--momentum must be a finite number in [0, 1), got 0.99999999 (1 as a 32-bit float)");
+  EXPECT_FLOAT_EQ(loadTrainOptions("", {{"momentum", "0.999"}}).sgd.momentum, 0.999f);
+}
+
+TEST_F(ConfigTest, AnEnvironmentValueOutOfRangeNamesTheVariableAndTheKey) {
+  {
+    ScopedEnv rank("TROUPE_RANK", "70000");
+    EXPECT_EQ(errorOf(""),
+              "TROUPE_RANK=70000: key 'shard_id' must be an integer in [0, 65535], got 70000");
+  }
+  {
+    ScopedEnv workers("TROUPE_NUM_WORKERS", "0");
+    EXPECT_TRUE(contains(errorOf(""),
+                         "TROUPE_NUM_WORKERS=0: key 'num_shards' must be an integer "
+                         "in [1, 65536], got 0"));
+  }
+  ScopedEnv generation("TROUPE_GENERATION", "-1");
+  EXPECT_TRUE(contains(errorOf(""), "TROUPE_GENERATION=-1: key 'generation'"));
+}
+
+// TOML tells integers from floats: an integer key refuses 1.5 and 1e3 as the wrong type.
+TEST_F(ConfigTest, AnIntegerKeyGivenAFloatInAFileIsRefused) {
+  for (const char* value : {"1.5", "1e3", "64.0", "inf"}) {
+    const auto what = errorOf(write(std::string("batch_size = ") + value + "\n"));
+    EXPECT_TRUE(contains(what, "key 'batch_size' must be a integer, got floating-point"))
+        << value << ": " << what;
+  }
+  EXPECT_TRUE(contains(errorOf("", {{"batch_size", "1e3"}}), "expected a integer, got '1e3'"));
+}
+
+TEST_F(ConfigTest, EveryListElementMustBeFiniteAndInRange) {
+  const auto file = write("lr_milestones = [1, inf]\n");
+  EXPECT_EQ(errorOf(file), file +
+                               ": key 'lr_milestones' must be a list of finite numbers, each in "
+                               "[0, 1000000], got 1,inf (element 1 is inf)");
+  EXPECT_TRUE(contains(errorOf("", {{"work_load_list", "1,0"}}), "(element 1 is 0)"));
+  EXPECT_TRUE(contains(errorOf("", {{"work_load_list", "1,nan"}}), "(element 1 is nan)"));
+  EXPECT_TRUE(contains(errorOf("", {{"lr_milestones", "-1"}}), "(element 0 is -1)"));
+  std::string long_list = "1";
+  for (int i = 0; i < 20; ++i)
+    long_list += ",1";
+  EXPECT_EQ(errorOf("", {{"work_load_list", long_list + ",-2"}}),
+            "--work_load_list must be a list of finite numbers, each in (0, 1000000], got "
+            "1,1,1,1,1,1,1,1,... (element 21 is -2)");
+}
+
+TEST_F(ConfigTest, TheSeedTakesAnyUnsignedSixtyFourBitValue) {
+  EXPECT_EQ(loadTrainOptions("", {{"seed", "18446744073709551615"}}).seed,
+            std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(loadTrainOptions(write("seed = 9223372036854775807\n"), {}).seed,
+            9223372036854775807ull);
+  EXPECT_EQ(errorOf("", {{"seed", "-1"}}),
+            "--seed must be an integer in [0, 18446744073709551615], got '-1'");
+  EXPECT_TRUE(contains(errorOf(write("seed = -1\n")),
+                       "key 'seed' must be an integer in [0, 18446744073709551615], got -1"));
+}
+
+TEST_F(ConfigTest, EveryNumericKeyStatesItsRangeInItsHelp) {
+  int numeric = 0;
+  for (const auto& key : configKeys()) {
+    if (key.kind != "integer" && key.kind != "number" && key.kind != "list of numbers") continue;
+    ++numeric;
+    EXPECT_FALSE(key.range.empty()) << key.name;
+    EXPECT_TRUE(contains(key.help, key.range)) << key.name << ": " << key.help;
+    EXPECT_TRUE(std::isfinite(key.min) && std::isfinite(key.max)) << key.name;
+  }
+  EXPECT_GT(numeric, 25);
+}
+
+TEST_F(ConfigTest, TheSecretFileMustBeASmallRegularFile) {
+  const auto what = boundedErrorOf([] { loadTrainOptions("", {{"secret_file", "/dev/zero"}}); });
+  EXPECT_TRUE(contains(what, "secret file '/dev/zero' is a character device")) << what;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -251,6 +252,42 @@ TEST(TrainCommand, ResumeAutoContinuesFromTheNewestCheckpointOfTheRun) {
 TEST(TrainCommand, ACrossProcessScheduleSaysWhatIsMissing) {
   TempDir cwd("err_schedule");
   expectError(train(cwd, "--model mlp" + dataFlags() + " --schedule dist_sync"), "dist_sync");
+}
+
+// Values that must be refused (issue 10): one line naming the key, where the value came from and
+// what it may be, a non-zero exit, before any data is opened.
+void expectOneErrorLine(const testing::CommandResult& r, const std::string& needle) {
+  expectError(r, needle);
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(TrainCommand, AnInfiniteWeightDecayIsOneLineNamingTheKeyAndTheRange) {
+  TempDir cwd("err_weight_decay");
+  expectOneErrorLine(train(cwd, "--model mlp --train_data x --weight_decay inf"),
+                     "--weight_decay must be a finite number in [0, 1], got inf");
+}
+
+TEST(TrainCommand, AStepTimeoutThatWouldOverflowADurationIsRefusedFromTheConfigFile) {
+  TempDir cwd("err_step_timeout");
+  std::ofstream(cwd.path() / "bad.toml") << "step_timeout = 1e300\n";
+  expectOneErrorLine(train(cwd, "bad.toml --train_data x"),
+                     "bad.toml: key 'step_timeout' must be a finite number in (0, 2592000], got "
+                     "1e+300");
+}
+
+TEST(TrainCommand, AFolderAsTheConfigFileIsRefused) {
+  TempDir cwd("err_config_dir");
+  expectOneErrorLine(train(cwd, ". --train_data x"),
+                     "config file '.' is a directory, not a regular file");
+}
+
+TEST(TrainCommand, ABatchTooLargeForTheHostsMemoryNamesTheBytesNeededAndTheHosts) {
+  TempDir cwd("err_batch_memory");
+  const auto r = train(cwd,
+                       "--model mlp --train_data /nonexistent/train --batch_size 1048576 "
+                       "--image_size 4096 --num_channels 3");
+  expectOneErrorLine(r, "batch_size 1048576 needs 844424946909184 bytes");
+  EXPECT_NE(r.output.find("of memory this host has"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -97,9 +97,15 @@ std::string loadSecret(const std::string& secretFile) {
   }
   std::ifstream in(secretFile, std::ios::binary);
   if (!in) throw InputError(fmt::format("cannot read the secret file {}", secretFile));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string secret = text.str();
+  // Read at most one byte past the limit, whatever the file claims its size is (/dev/zero, /proc).
+  constexpr std::size_t kMaxSecretBytes = 64 << 10;
+  std::string secret(kMaxSecretBytes + 1, '\0');
+  in.read(secret.data(), static_cast<std::streamsize>(secret.size()));
+  secret.resize(static_cast<std::size_t>(in.gcount()));
+  if (secret.size() > kMaxSecretBytes) {
+    throw InputError(fmt::format("the secret file {} holds over {} KiB; a secret is one line",
+                                 secretFile, kMaxSecretBytes >> 10));
+  }
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r'))
     secret.pop_back();
   if (secret.empty()) throw InputError(fmt::format("the secret file {} is empty", secretFile));
