@@ -4,9 +4,13 @@
 // TROUPE_NUM_WORKERS, TROUPE_NUM_SERVERS, TROUPE_RUN_ID, TROUPE_GENERATION, TROUPE_RENDEZVOUS, and
 // every --env K=V). Every line a process prints is relayed with its role and rank in front
 // ("[worker 1] ..."). When any process exits non-zero or dies of a signal, the launcher stops the
-// others (SIGTERM, then SIGKILL after a grace period) and names the one that failed (host, role,
-// rank, exit code or signal); if within 0.5 s of a first failure another process turns out killed
-// by a signal, that one is named (the first is likely its peer, failing for want of it). Then,
+// others (SIGTERM and SIGCONT, so that a stopped process acts on it too, then SIGKILL after a
+// grace period) and names the one that failed (host, role, rank, exit code or signal); if within
+// 0.5 s of a first failure another process turns out killed by a signal, that one is named (the
+// first is likely its peer, failing for want of it). A process that failed for want of a peer
+// and said so on a culprit line ("troupe-culprit: server 0: REASON", see launcher_failure.h) has
+// that peer named first: "server 0 on HOST (pid P) is hung or gone: REASON; reported by worker 0,
+// which exited with code 1" (local: "is stopped (SIGSTOP or a stopped terminal)" when it is). Then,
 // on_failure "abort": it returns non-zero. "restart" (the model of torchelastic): once every
 // process of the world is gone it starts them all again, as generation 1, 2 ... (TROUPE_GENERATION;
 // the run id stays), each generation with a fresh embedded store, so nothing of an earlier one can
@@ -28,13 +32,14 @@
 //    remote login shell must be POSIX. Stopping a remote process: sshd runs the remote shell as a
 //    session and process-group leader with no tty, and that shell reports its pid ($$, so its
 //    group) in the first marker line, which the launcher swallows. To stop it the launcher runs a
-//    second `ssh HOST 'kill -s TERM -- -PGID'`, after which the ssh client ends by itself; after
-//    the grace period `kill -s KILL` goes the same way and the local client gets SIGKILL. Each such
-//    ssh runs with the main loop paused, for at most 30 s. The one gap: a launcher killed with
-//    SIGKILL cannot clean up; its ssh clients die with it (PR_SET_PDEATHSIG) and the remote
-//    processes go on until they next write output (SIGPIPE). SIGINT, SIGTERM and SIGHUP to the
-//    launcher stop every remote process first. A host that cannot be reached (ssh exits before the
-//    remote shell reported its pid) is named with the role, rank and ssh's exit code.
+//    second `ssh HOST 'kill -s TERM -- -PGID; kill -s CONT -- -PGID'`, after which the ssh client
+//    ends by itself; after the grace period `kill -s KILL` goes the same way and the local client
+//    gets SIGKILL. Each such ssh runs with the main loop paused, for at most 30 s. The one gap: a
+//    launcher killed with SIGKILL cannot clean up; its ssh clients die with it (PR_SET_PDEATHSIG)
+//    and the remote processes go on until they next write output (SIGPIPE). SIGINT, SIGTERM and
+//    SIGHUP to the launcher stop every remote process first. A host that cannot be reached (ssh
+//    exits before the remote shell reported its pid) is named with the role, rank and ssh's exit
+//    code.
 //  - mpi: one `mpirun -np S+W [--hostfile H] --tag-output --oversubscribe --allow-run-as-root
 //    [--mca plm_rsh_args ARGS] -x K=V... sh -c WRAPPER COMMAND...` (Open MPI). WRAPPER maps
 //    OMPI_COMM_WORLD_RANK to TROUPE_ROLE/TROUPE_RANK (ranks 0..S-1 servers, then workers), reports
@@ -46,6 +51,13 @@
 //    of a signal), else says that mpirun failed without naming one. Hostfile entries become an
 //    Open MPI hostfile (`host slots=K`); a port, if any, must be the same for every host and goes
 //    with the ssh options to Open MPI's ssh agent (plm_rsh_args).
+//
+// The launcher's output never holds up its supervision: every line it prints or relays goes
+// through a bounded OutputRelay (output_relay.h) with writer threads of its own; what a reader
+// that stalls cannot take is dropped and counted ("[launcher] N lines dropped: the launcher's
+// output was not read for S s"), SIGPIPE is ignored (a reader that is gone makes later lines
+// dropped, not the launcher dead), and at the end the launcher flushes for at most 5 s and exits
+// with the run's code regardless.
 //
 // The embedded rendezvous store binds 127.0.0.1 for local, and for ssh and mpi: the address of
 // --interface / $TROUPE_INTERFACE if given, else loopback when every host is localhost or 127.x

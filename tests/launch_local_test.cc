@@ -1,10 +1,18 @@
 // `troupe launch --launcher local`, and the launcher's hostfile and quoting helpers, in-process.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "apps/launcher.h"
 #include "cli_util.h"
@@ -13,6 +21,7 @@
 namespace troupe::testing {
 namespace {
 
+using namespace std::chrono_literals;
 using apps::readHostfile;
 using apps::shellQuote;
 
@@ -113,26 +122,200 @@ TEST(LaunchLocal, RestartGivesUpAfterMaxRestartsNamingTheLastFailure) {
       << r.output;
 }
 
-// A killed process leaves its Unix socket (and the run's socket folder) behind; the launcher
-// removes the folder of a generation once all of its processes have exited. The processes here
-// leave sockets as a killed troupe would, and the second generation looks for the first's.
-TEST(LaunchLocal, SocketFoldersLeftByAGenerationAreRemovedWhenItEnds) {
+// Links use abstract Unix sockets (transport/link.h): no run makes a folder in /tmp, and the
+// launcher removes none, least of all one that another user planted under the run's name.
+TEST(LaunchLocal, AFolderPlantedUnderTheRunsNameIsNeitherUsedNorRemoved) {
   TempDir cwd("launch_local_sockets");
   const std::string id = "sockets" + std::to_string(::getpid());
-  const std::string first = "/tmp/troupe-" + id, second = first + "-gen1";
+  const std::string planted = "/tmp/troupe-" + id;
+  std::filesystem::create_directories(planted + "/node0.sock");
+  const auto r = runCommand(launchIn(cwd, "-n 2 --run_id " + id + " -- true"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::is_directory(planted + "/node0.sock"));
+  std::filesystem::remove_all(planted);
+}
+
+// The pids in `path`, one a line, once it holds `count` of them (empty after `timeout`).
+std::vector<pid_t> waitForPids(const std::string& path, std::size_t count,
+                               std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::vector<pid_t> pids;
+    std::ifstream in(path);
+    for (long pid; in >> pid;)
+      pids.push_back(static_cast<pid_t>(pid));
+    if (pids.size() >= count) return pids;
+    if (std::chrono::steady_clock::now() >= deadline) return {};
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+// True once every pid in `pids` is reaped (kill(pid, 0) fails with ESRCH: not even a zombie),
+// polling up to `timeout`.
+bool allReaped(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool all = true;
+    for (const pid_t pid : pids)
+      all = all && ::kill(pid, 0) != 0 && errno == ESRCH;
+    if (all) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+// `troupe launch ARGS` run in `cwd` with its stdout into a pipe that nobody reads until
+// readToEnd(); its stderr goes into the same pipe, or, given `close_stdout`, into a pipe of its
+// own while the stdout pipe's read end is closed at once (its reader is gone).
+class UnreadLauncher {
+ public:
+  UnreadLauncher(const TempDir& cwd, const std::string& args, bool close_stdout = false) {
+    const std::string command =
+        "cd " + cwd.str() + " && exec " + troupeBinary() + " launch " + args;
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(close_stdout ? err[1] : out[1], STDERR_FILENO);
+      ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    if (close_stdout) {
+      ::close(out[0]);
+      read_ = err[0];
+    } else {
+      ::close(err[0]);
+      read_ = out[0];
+    }
+  }
+  ~UnreadLauncher() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (read_ >= 0) ::close(read_);
+  }
+  UnreadLauncher(const UnreadLauncher&) = delete;
+  UnreadLauncher& operator=(const UnreadLauncher&) = delete;
+
+  // Reads the pipe to its end, then waits for the launcher; gives up (killing it) after
+  // `timeout`, with exit code -1.
+  CommandResult readToEnd(std::chrono::milliseconds timeout) {
+    CommandResult r;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (read_ >= 0 && std::chrono::steady_clock::now() < deadline) {
+      pollfd fd{read_, POLLIN, 0};
+      if (::poll(&fd, 1, 100) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::read(read_, buf, sizeof buf);
+      if (n > 0) {
+        r.output.append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(read_);
+        read_ = -1;
+      }
+    }
+    while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      } else {
+        std::this_thread::sleep_for(20ms);
+      }
+    }
+    return r;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int read_ = -1;
+};
+
+// Two processes print about 5 MB each into a launcher whose own output nobody reads: it keeps
+// relaying into a bounded queue, drops what does not fit, reaps both, and once read says how
+// many lines it dropped.
+TEST(LaunchLocal, ALauncherWhoseOutputIsNotReadStillReapsItsProcessesAndCountsWhatItDropped) {
+  TempDir cwd("launch_local_unread");
+  const std::string pids = cwd.str() + "/pids";
+  UnreadLauncher launcher(cwd, "-n 2 -- sh -c 'echo $$ >> " + pids + "; seq 300000; exit 0'");
+  const auto children = waitForPids(pids, 2, 20s);
+  ASSERT_EQ(children.size(), 2u) << "the processes did not start";
+  EXPECT_TRUE(allReaped(children, 20s)) << "the processes were not reaped while nobody read";
+  const auto r = launcher.readToEnd(30s);
+  EXPECT_EQ(r.exit_code, 0) << r.output.substr(r.output.size() -
+                                               std::min<std::size_t>(r.output.size(), 2000));
+  EXPECT_TRUE(contains(r.output, " lines dropped: the launcher's output was not read for "));
+  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0"));
+  EXPECT_TRUE(contains(r.output, "[worker 0] 1\n"));
+}
+
+// The same with a process that fails: the other one is stopped and both are reaped while nobody
+// reads, and the exit code is the failing one's.
+TEST(LaunchLocal, AFailureWhileTheLaunchersOutputIsNotReadStillStopsTheOthersAndExitsWithItsCode) {
+  TempDir cwd("launch_local_unread_fail");
+  const std::string pids = cwd.str() + "/pids";
+  UnreadLauncher launcher(cwd, "-n 2 -- sh -c 'echo $$ >> " + pids +
+                                   "; seq 300000; if [ $TROUPE_RANK = 1 ]; then exit 3; fi; "
+                                   "exec sleep 60'");
+  const auto children = waitForPids(pids, 2, 20s);
+  ASSERT_EQ(children.size(), 2u) << "the processes did not start";
+  EXPECT_TRUE(allReaped(children, 20s)) << "the processes were not reaped while nobody read";
+  const auto r = launcher.readToEnd(30s);
+  const std::string tail =
+      r.output.substr(r.output.size() - std::min<std::size_t>(r.output.size(), 2000));
+  EXPECT_EQ(r.exit_code, 3) << tail;
+  EXPECT_TRUE(contains(r.output, " lines dropped: the launcher's output was not read for "))
+      << tail;
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: worker 1 on localhost exited with code 3"))
+      << tail;
+}
+
+// The reader of the launcher's stdout goes away (`troupe launch ... | head -1`): no SIGPIPE
+// ends the launcher; it goes on supervising, says on stderr what it could not write, and exits
+// with the run's code.
+TEST(LaunchLocal, ALauncherWhoseStdoutReaderIsGoneGoesOnAndExitsWithTheRunsCode) {
+  TempDir cwd("launch_local_stdout_gone");
+  UnreadLauncher launcher(cwd, "-n 1 -- sh -c 'seq 1000; exit 4'", /*close_stdout=*/true);
+  const auto r = launcher.readToEnd(30s);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: worker 0 on localhost exited with code 4"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, " lines dropped: the launcher's stdout could not be written"))
+      << r.output;
+}
+
+// A process that fails for want of a peer names it on a `troupe-culprit:` line; the launcher
+// names that peer first, finds it stopped, and stops it too: SIGTERM alone waits for a SIGCONT,
+// so without one it would go only at SIGKILL, after the 5 s grace period.
+TEST(LaunchLocal, AStoppedPeerNamedByTheProcessThatFailedIsBlamedAsStoppedAndStoppedForGood) {
+  TempDir cwd("launch_local_culprit");
+  const std::string pidfile = cwd.str() + "/server.pid";
+  const auto started = std::chrono::steady_clock::now();
   const auto r = runCommand(launchIn(
-      cwd, "-n 2 --run_id " + id +
-               " --on-failure restart -- bash -c 'd=/tmp/troupe-$TROUPE_RUN_ID; "
-               "if [ $TROUPE_GENERATION = 1 ]; then d=$d-gen1; [ -e " +
-               first +
-               " ] || echo first folder gone; fi; mkdir -p $d && touch $d/node$TROUPE_RANK.sock; "
-               "if [ $TROUPE_GENERATION$TROUPE_RANK = 01 ]; then kill -9 $$; fi; "
-               "if [ $TROUPE_GENERATION = 0 ]; then sleep 60; fi'"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker 0] first folder gone")) << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker 1] first folder gone")) << r.output;
-  EXPECT_FALSE(std::filesystem::exists(first));
-  EXPECT_FALSE(std::filesystem::exists(second));
+      cwd, "-n 1 -s 1 -- sh -c 'if [ $TROUPE_ROLE = server ]; then echo $$ > " + pidfile +
+               "; kill -STOP $$; exec sleep 60; fi; until grep -q \"^State:.*T\" "
+               "/proc/$(cat " +
+               pidfile +
+               " 2>/dev/null)/status 2>/dev/null; do sleep 0.05; done; echo \"troupe-culprit: "
+               "server 0: no pull answer for step 12 within 60 s (peer_timeout)\" >&2; exit 1'"));
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  const auto server = waitForPids(pidfile, 1, 0ms);
+  ASSERT_EQ(server.size(), 1u) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] troupe-culprit: server 0: no pull answer"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: server 0 on localhost (pid " +
+                                     std::to_string(server[0]) +
+                                     ") is stopped (SIGSTOP or a stopped terminal): no pull answer "
+                                     "for step 12 within 60 s (peer_timeout); reported by worker "
+                                     "0, which exited with code 1\n"))
+      << r.output;
+  EXPECT_TRUE(allReaped(server, 0ms)) << "the stopped server outlived the launcher";
+  EXPECT_LT(elapsed, 4500ms) << "the stopped server went only at SIGKILL\n" << r.output;
 }
 
 TEST(LaunchLocal, ARunIdThatLeavesItsFolderIsRefused) {

@@ -77,6 +77,25 @@ TEST(LaunchMpi, ARankKilledByASignalIsNamed) {
   EXPECT_TRUE(contains(r.output, "exited with code 137 (128 + signal 9, Killed)")) << r.output;
 }
 
+// A rank that fails for want of a peer names it on a `troupe-culprit:` line (on its stderr): the
+// launcher names the peer first, then the rank that reported it.
+TEST(LaunchMpi, APeerBlamedOnACulpritLineIsNamedBeforeTheRankThatFailed) {
+  TempDir cwd("launch_mpi_culprit");
+  const auto r = launchMpi(
+      cwd,
+      "-n 1 -s 1 -- bash -c 'if [ $TROUPE_ROLE = server ]; then sleep 60; fi; sleep 0.5; echo "
+      "\"troupe-culprit: server 0: no pull answer for step 3 within 1 s (peer_timeout)\" >&2; "
+      "exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] troupe-culprit: server 0: no pull answer"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: server 0 on ")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       ") is hung or gone: no pull answer for step 3 within 1 s (peer_timeout); "
+                       "reported by worker 0, which exited with code 1; mpirun "))
+      << r.output;
+}
+
 TEST(LaunchMpi, RestartRunsTheJobAgainAsTheNextGeneration) {
   TempDir cwd("launch_mpi_restart");
   const auto r = launchMpi(cwd,

@@ -128,6 +128,32 @@ TEST_F(LaunchSsh, AFailingRemoteProcessIsNamedAndTheOtherOneIsKilledRemotely) {
   EXPECT_TRUE(processGone(pid, 3s)) << "remote sleep " << pid << " outlived the launcher";
 }
 
+// A process that fails for want of a peer names it on a `troupe-culprit:` line: the launcher
+// names the peer first. The peer here is stopped: the remote SIGTERM comes with a SIGCONT, so it
+// goes at once rather than at the SIGKILL after the 5 s grace period.
+TEST_F(LaunchSsh, APeerBlamedOnACulpritLineIsNamedFirstAndAStoppedOneIsStoppedForGood) {
+  const std::string pidfile = cwd_.str() + "/server.pid";
+  const std::string host = sshd_->host();
+  const auto started = std::chrono::steady_clock::now();
+  const auto r = launch(
+      host + "\n", "-n 1 -s 1 -- bash -c 'if [ $TROUPE_ROLE = server ]; then echo $$ > " + pidfile +
+                       "; kill -STOP $$; exit 0; fi; until [ -s " + pidfile +
+                       " ]; do sleep 0.05; done; sleep 0.3; echo \"troupe-culprit: server "
+                       "0: no pull answer for step 3 within 1 s (peer_timeout)\" >&2; exit 1'");
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(r.exit_code, 1) << r.output << sshdLog();
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: server 0 on " + host + " (remote pid "))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       ") is hung or gone: no pull answer for step 3 within 1 s (peer_timeout); "
+                       "reported by worker 0, which exited with code 1\n"))
+      << r.output;
+  const std::string pid = readFile(pidfile);
+  ASSERT_FALSE(pid.empty()) << r.output;
+  EXPECT_TRUE(processGone(pid, 0s)) << "the stopped server " << pid << " outlived the launcher";
+  EXPECT_LT(elapsed, 4500ms) << "the stopped server went only at SIGKILL\n" << r.output;
+}
+
 TEST_F(LaunchSsh, RestartStopsTheRemoteProcessesAndStartsThemAllAgain) {
   const std::string pidfile = cwd_.str() + "/sleep.pid";
   const std::string host = sshd_->host();

@@ -1,0 +1,354 @@
+// The local and ssh launchers: one child process per role and rank, supervised from one loop
+// that polls their pipes, relays their lines, reaps them, names the failure and stops the rest.
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+
+#include "apps/launcher_run.h"
+#include "apps/launcher_ssh.h"
+#include "apps/output_relay.h"
+
+namespace troupe::apps::launch_detail {
+namespace {
+
+struct Child {
+  std::string role;
+  int rank = 0;
+  std::string host = "localhost";
+  pid_t pid = -1;
+  int out = -1;  // stdout and stderr, merged
+  std::string partial;
+  bool running = false;
+  int status = 0;
+  std::optional<Culprit> culprit;  // from its last culprit line
+  // ssh only.
+  const LaunchHost* remote = nullptr;
+  long remote_pgid = 0;  // from the wrapper's first marker line; 0: not known yet
+  std::optional<int> remote_exit;
+  bool term_sent = false;
+};
+
+std::string label(const Child& c) {
+  return fmt::format("{} {}", c.role, c.rank);
+}
+
+Outcome localOutcome(int status) {
+  return {WIFEXITED(status) && WEXITSTATUS(status) == 0, exitCodeOf(status), WIFSIGNALED(status),
+          describeExit(status)};
+}
+
+Outcome sshOutcome(const Child& c) {
+  if (c.remote_exit) {
+    const int code = *c.remote_exit;
+    return {code == 0, code, code > 128, describeShellCode(code)};
+  }
+  if (WIFSIGNALED(c.status)) {
+    return {false, exitCodeOf(c.status), true,
+            fmt::format("lost its ssh client, which {}", describeExit(c.status))};
+  }
+  const int code = WEXITSTATUS(c.status);
+  if (c.remote_pgid == 0) {
+    return {false, code ? code : 1, false,
+            fmt::format("could not be reached or started: ssh exited with code {}", code)};
+  }
+  return {false, code ? code : 1, code == 255,
+          fmt::format("ended without reporting an exit code (killed, or the connection was lost): "
+                      "ssh exited with code {}",
+                      code)};
+}
+
+class Supervisor {
+ public:
+  Supervisor(Kind kind, const RunContext& run)
+      : kind_(kind), run_(run), o_(run.options), ssh_options_(userSshOptions(run.options)) {}
+
+  Attempt run();
+
+ private:
+  void start();
+  bool pump();  // false: no pipe left to poll
+  void onLine(Child& c, std::string_view line);
+  void relayText(Child& c, std::string_view text);
+  void reap();
+  void fail(std::size_t index);
+  void stopOthers();
+  void killRemaining();
+  void signalRemote(const std::vector<Child*>& targets, const char* sig);
+  void terminateRemote();
+  Outcome outcomeOf(const Child& c) const {
+    return kind_ == Kind::kSsh ? sshOutcome(c) : localOutcome(c.status);
+  }
+  std::string pidOf(const Child& c) const;
+  std::string culpritFirst(const Child& failed, const Outcome& outcome) const;
+
+  const Kind kind_;
+  const RunContext& run_;
+  const LaunchOptions& o_;
+  const std::vector<std::string> ssh_options_;
+  std::vector<Child> children_;
+  FailurePicker picker_;
+  std::optional<std::size_t> failed_;
+  std::string failure_;  // the summary of the failure named
+  bool killing_ = false;
+  Clock::time_point kill_at_{};
+  int interrupted_ = 0;
+};
+
+void Supervisor::start() {
+  auto add = [&](const char* role, int count) {
+    for (int r = 0; r < count; ++r) {
+      Child c;
+      c.role = role;
+      c.rank = r;
+      if (kind_ == Kind::kSsh) {
+        c.remote = &run_.hosts[static_cast<std::size_t>(r) % run_.hosts.size()];
+        c.host = c.remote->display();
+      }
+      children_.push_back(std::move(c));
+    }
+  };
+  add("server", o_.num_servers);
+  add("worker", o_.num_workers);
+
+  const std::string dir =
+      o_.sync_dst_dir.empty() ? std::filesystem::current_path().string() : o_.sync_dst_dir;
+  // How many of the run's processes share each host, so each can size its thread pool.
+  std::map<std::string, int> per_host;
+  for (const auto& c : children_)
+    ++per_host[c.host];
+  for (auto& c : children_) {
+    auto env = o_.env;
+    env.emplace_back("TROUPE_LOCAL_SIZE", std::to_string(per_host[c.host]));
+    env.emplace_back("TROUPE_ROLE", c.role);
+    env.emplace_back("TROUPE_RANK", std::to_string(c.rank));
+    env.emplace_back("TROUPE_NUM_WORKERS", std::to_string(o_.num_workers));
+    env.emplace_back("TROUPE_NUM_SERVERS", std::to_string(o_.num_servers));
+    env.emplace_back("TROUPE_RUN_ID", run_.run_id);
+    env.emplace_back("TROUPE_GENERATION", std::to_string(run_.generation));
+    env.emplace_back("TROUPE_RENDEZVOUS", run_.rendezvous);
+    const auto started = kind_ == Kind::kSsh
+                             ? spawnSsh(ssh_options_, *c.remote, dir, env, run_.command)
+                             : spawnPiped(run_.command, env, std::nullopt);
+    c.pid = started.pid;
+    c.out = started.out;
+    c.running = true;
+  }
+}
+
+void Supervisor::relayText(Child& c, std::string_view text) {
+  if (auto culprit = parseCulprit(text)) c.culprit = std::move(culprit);
+  run_.relay.relay(OutputRelay::Stream::kOut, label(c), text);
+}
+
+// An ssh wrapper's marker lines are recorded; anything else is relayed.
+void Supervisor::onLine(Child& c, std::string_view line) {
+  const auto at = kind_ == Kind::kSsh ? line.find(kMarker) : std::string_view::npos;
+  if (at == std::string_view::npos) {
+    relayText(c, line);
+    return;
+  }
+  // Output without a final newline runs into the exit marker.
+  if (at > 0) relayText(c, line.substr(0, at));
+  const std::string rest(line.substr(at + kMarker.size()));
+  long value = 0;
+  char what[8] = {};
+  if (std::sscanf(rest.c_str(), " %7s %ld", what, &value) != 2) return;
+  if (std::string_view(what) == "pid") c.remote_pgid = value;
+  if (std::string_view(what) == "exit") c.remote_exit = static_cast<int>(value);
+}
+
+bool Supervisor::pump() {
+  std::vector<pollfd> fds;
+  std::vector<std::size_t> owners;
+  for (std::size_t i = 0; i < children_.size(); ++i) {
+    if (children_[i].out >= 0) {
+      fds.push_back({children_[i].out, POLLIN, 0});
+      owners.push_back(i);
+    }
+  }
+  if (fds.empty()) return false;
+  ::poll(fds.data(), fds.size(), 100);
+  for (std::size_t k = 0; k < fds.size(); ++k) {
+    if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto& c = children_[owners[k]];
+    auto line = [&](std::string_view text) { onLine(c, text); };
+    char buf[8192];
+    const ssize_t n = ::read(c.out, buf, sizeof buf);
+    if (n > 0) {
+      splitLines(c.partial, buf, static_cast<std::size_t>(n), line);
+    } else if (n == 0 || errno != EINTR) {
+      if (!c.partial.empty()) splitLines(c.partial, "\n", 1, line);
+      ::close(c.out);
+      c.out = -1;
+    }
+  }
+  return true;
+}
+
+// Reaps everyone who exited (once their output is drained: an ssh child's exit code comes in it).
+void Supervisor::reap() {
+  for (std::size_t i = 0; i < children_.size(); ++i) {
+    auto& c = children_[i];
+    if (!c.running || (kind_ == Kind::kSsh && c.out >= 0)) continue;
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+    c.running = false;
+    c.status = status;
+    picker_.ended(i, outcomeOf(c));
+  }
+}
+
+std::string Supervisor::pidOf(const Child& c) const {
+  if (kind_ == Kind::kSsh && c.remote_pgid > 0) return fmt::format("remote pid {}", c.remote_pgid);
+  return fmt::format("{}pid {}", kind_ == Kind::kSsh ? "ssh " : "", c.pid);
+}
+
+// The failure named after the peer that `failed` blamed on a culprit line; empty if none.
+std::string Supervisor::culpritFirst(const Child& failed, const Outcome& outcome) const {
+  if (!failed.culprit) return "";
+  const auto& line = *failed.culprit;
+  const auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
+    return c.role == line.role && c.rank == line.rank;
+  });
+  if (it != children_.end() && &*it == &failed) return "";  // blames itself: nothing to add
+  const Named reporter{label(failed), failed.host, pidOf(failed)};
+  if (it == children_.end())
+    return blame(line, nullptr, false, std::nullopt, reporter, outcome.what);
+  const Named culprit{label(*it), it->host, pidOf(*it)};
+  const bool stopped = kind_ == Kind::kLocal && it->running && processGroupStopped(it->pid);
+  std::optional<std::string> ended;
+  if (!it->running) ended = outcomeOf(*it).what;
+  return blame(line, &culprit, stopped, ended, reporter, outcome.what);
+}
+
+// Names the failure (before stopping anyone: a stopped culprit is seen as such) and stops the
+// others.
+void Supervisor::fail(std::size_t index) {
+  failed_ = index;
+  const auto& c = children_[index];
+  const Outcome& outcome = picker_.outcome();
+  failure_ = culpritFirst(c, outcome);
+  if (failure_.empty()) {
+    run_.relay.err("[launcher] {} on {} ({}) {}; stopping the others", label(c), c.host, pidOf(c),
+                   outcome.what);
+    failure_ = fmt::format("{} on {} {}", label(c), c.host, outcome.what);
+  } else {
+    run_.relay.err("[launcher] {}; stopping the others", failure_);
+  }
+  stopOthers();
+}
+
+// ssh: signals the remote process groups of `targets` through a second ssh each. TERM comes
+// with a CONT, which a stopped process needs to act on it.
+void Supervisor::signalRemote(const std::vector<Child*>& targets, const char* sig) {
+  std::vector<std::vector<std::string>> commands;
+  for (const auto* c : targets) {
+    const std::string kill =
+        std::string_view(sig) == "TERM"
+            ? fmt::format(
+                  "kill -s TERM -- -{0} 2>/dev/null; kill -s CONT -- -{0} 2>/dev/null; true",
+                  c->remote_pgid)
+            : fmt::format("kill -s {} -- -{} 2>/dev/null || true", sig, c->remote_pgid);
+    commands.push_back(sshRun(ssh_options_, *c->remote, kill));
+  }
+  const auto statuses = runAll(commands, std::chrono::seconds(30));
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (WIFEXITED(statuses[i]) && WEXITSTATUS(statuses[i]) == 0) continue;
+    run_.relay.err("[launcher] could not send SIG{} to {} on {} (remote pid {}): ssh {}", sig,
+                   label(*targets[i]), targets[i]->host, targets[i]->remote_pgid,
+                   describeExit(statuses[i]));
+  }
+}
+
+// ssh: the remote groups not yet told to stop, now that their pid is known.
+void Supervisor::terminateRemote() {
+  std::vector<Child*> targets;
+  for (auto& c : children_) {
+    if (c.running && c.remote_pgid > 0 && !c.term_sent) {
+      c.term_sent = true;
+      targets.push_back(&c);
+    }
+  }
+  if (!targets.empty()) signalRemote(targets, "TERM");
+}
+
+void Supervisor::stopOthers() {
+  if (kind_ == Kind::kSsh) {
+    terminateRemote();
+  } else {
+    for (auto& c : children_) {
+      if (c.running) terminateGroup(c.pid);
+    }
+  }
+  killing_ = true;
+  kill_at_ = Clock::now() + o_.grace;
+}
+
+void Supervisor::killRemaining() {
+  if (kind_ == Kind::kSsh) {
+    std::vector<Child*> targets;
+    for (auto& c : children_) {
+      if (c.running && c.remote_pgid > 0) targets.push_back(&c);
+    }
+    if (!targets.empty()) signalRemote(targets, "KILL");
+  }
+  for (auto& c : children_) {
+    if (c.running) ::kill(-c.pid, SIGKILL);
+  }
+  killing_ = false;
+}
+
+Attempt Supervisor::run() {
+  start();
+  std::optional<StopSignals> stop_signals;
+  if (kind_ == Kind::kSsh) stop_signals.emplace();
+  for (;;) {
+    const bool polled = pump();
+    reap();
+    const bool all_done =
+        std::none_of(children_.begin(), children_.end(), [](const Child& c) { return c.running; });
+    if (!interrupted_) {
+      if (const auto failed = picker_.pick(all_done)) fail(*failed);
+    }
+    if (stopSignal() && !interrupted_) {
+      interrupted_ = stopSignal();
+      run_.relay.err("[launcher] got signal {} ({}); stopping every process", interrupted_,
+                     strsignal(interrupted_));
+      if (!killing_) stopOthers();
+    }
+    if (killing_ && kind_ == Kind::kSsh) terminateRemote();
+    if (killing_ && Clock::now() >= kill_at_) killRemaining();
+    const bool any = std::any_of(children_.begin(), children_.end(),
+                                 [](const Child& c) { return c.running || c.out >= 0; });
+    if (!any) break;
+    if (!polled) ::usleep(20000);
+  }
+  if (interrupted_) {
+    run_.relay.err("[launcher] run stopped by signal {}", interrupted_);
+    return {128 + interrupted_, "", true};
+  }
+  if (failed_) {
+    const int code = picker_.outcome().code;
+    return {code ? code : 1, failure_};
+  }
+  run_.relay.out("[launcher] all {} process(es) exited 0", children_.size());
+  return {};
+}
+
+}  // namespace
+
+Attempt runChildren(Kind kind, const RunContext& run) {
+  return Supervisor(kind, run).run();
+}
+
+}  // namespace troupe::apps::launch_detail
