@@ -75,15 +75,19 @@ class ClusterImpl final : public Cluster {
     };
     handlers.onPeerLost = [this](transport::NodeId node, const std::string& why) {
       if (closing_) return;
+      if (options_.on_peer_lost && addressesKnown_ && node < addresses_.size()) {
+        return options_.on_peer_lost(static_cast<int>(node), addresses_[node], why);
+      }
       system_.fail(fmt::format("lost the link to node {}: {}", node, why));
     };
     transport_ = transport::makeTransport(t, std::move(handlers));
 
-    const auto addresses = rendezvous::exchange(*store_, o.rank, o.world, transport_->address(),
-                                                o.timeout, "transport-addresses");
+    addresses_ = rendezvous::exchange(*store_, o.rank, o.world, transport_->address(), o.timeout,
+                                      "transport-addresses");
+    addressesKnown_ = true;
     // Each pair links once: the higher rank connects to the lower one.
     for (int peer = 0; peer < o.rank; ++peer) {
-      transport_->connect(static_cast<transport::NodeId>(peer), addresses[peer]);
+      transport_->connect(static_cast<transport::NodeId>(peer), addresses_[peer]);
     }
     for (int peer = o.rank + 1; peer < o.world; ++peer) {
       transport_->waitForPeer(static_cast<transport::NodeId>(peer), o.timeout);
@@ -97,6 +101,7 @@ class ClusterImpl final : public Cluster {
   }
 
   rendezvous::Store& store() override { return *store_; }
+  const std::vector<std::string>& addresses() const override { return addresses_; }
 
   void send(Address from, Address to, std::unique_ptr<Envelope> message) override {
     const auto begin = Trace::Clock::now();
@@ -137,6 +142,8 @@ class ClusterImpl final : public Cluster {
   ActorSystem& system_;
   std::unique_ptr<rendezvous::TcpStoreServer> server_;
   std::shared_ptr<rendezvous::Store> store_;
+  std::vector<std::string> addresses_;  // read-only once addressesKnown_
+  std::atomic<bool> addressesKnown_{false};
   std::unique_ptr<transport::Transport> transport_;
   std::atomic<bool> closing_{false};
   std::atomic<std::uint64_t> sends_{0};

@@ -9,8 +9,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/system.h"
 
@@ -36,12 +38,18 @@ struct ClusterOptions {
   // A link with nothing, not even a heartbeat, for this long is lost (transport's peerTimeout).
   std::chrono::milliseconds peer_timeout{60000};
   Trace* trace = nullptr;  // send and receive spans
+  // A link to another process lost after the join (it exited, hung, or the link was cut): called
+  // on a transport thread with the node, the address it advertised and why. Unset: the system
+  // fails with "lost the link to node N".
+  std::function<void(int node, const std::string& address, const std::string& why)> on_peer_lost;
 };
 
 class Cluster {
  public:
   virtual ~Cluster() = default;
   virtual rendezvous::Store& store() = 0;
+  // The transport address each process advertised, by node.
+  virtual const std::vector<std::string>& addresses() const = 0;
   // The ActorSystem's RemoteSend. Any thread.
   virtual void send(Address from, Address to, std::unique_ptr<Envelope> message) = 0;
   // ActorSystem's RemoteBuffer (the transport's sendBuffer). Any thread.

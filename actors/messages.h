@@ -124,14 +124,24 @@ struct Watchdog {
   std::int64_t progress_mark = 0;
 };
 
-// Timer -> Reducer or Server: look for waits on other processes that have gone on too long.
+// Timer -> Reducer, Server or PS client: look for waits on other processes that have gone on too
+// long.
 struct StallCheck {};
 
 // How often an actor with waits bounded by `warning` and `timeout` looks at them.
 inline std::chrono::milliseconds stallCheckPeriod(std::chrono::milliseconds warning,
                                                   std::chrono::milliseconds timeout) {
   return std::clamp(std::min(warning, timeout) / 4, std::chrono::milliseconds(50),
-                    std::chrono::milliseconds(5000));
+                    std::chrono::milliseconds(1000));
+}
+
+// A hung process is named by whoever knows most, first: a server holding a pull names the worker
+// it waits for at peer_timeout; the worker whose pull it holds gives up on the server a grace
+// later (its watch alone would blame the server); a link's heartbeat watch, for a peer nobody
+// waits on, a grace after that. The grace covers one check period of the watch before, twice.
+inline std::chrono::milliseconds peerTimeoutGrace(std::chrono::milliseconds warning,
+                                                  std::chrono::milliseconds timeout) {
+  return std::max(std::chrono::milliseconds(1000), 2 * stallCheckPeriod(warning, timeout));
 }
 
 }  // namespace troupe::actors

@@ -54,46 +54,80 @@ class Server final : public Actor {
                    StallCheck{});
   }
 
-  // The workers a pull of step q waits for, with what it needs of them.
-  std::string lateWorkers(const Pull& q) const {
+  // A worker that a pull waits for, and what the pull needs of it.
+  struct Late {
+    Peer worker;
+    std::string state;    // "pushed through step 9"
+    std::string missing;  // "its push of step 11 (it pushed through step 9)"
+  };
+
+  // The workers a pull of step q waits for.
+  std::vector<Late> lateWorkers(const Pull& q) const {
     std::int64_t need = q.step - 1;  // dist_sync and epoch ends: every push of step q-1
     if (config_.mode == "ssp" && !q.epoch_end) need = q.step - 1 - config_.staleness;
-    std::vector<std::string> late;
+    std::vector<Late> late;
     for (std::size_t w = 0; w < clocks_.size(); ++w) {
+      const Peer worker = peerOf(config_.members, "worker", static_cast<int>(w));
       if (clocks_[w] < need) {
-        late.push_back(fmt::format("worker {} (pushed through step {})", w, clocks_[w]));
+        const auto state = fmt::format("pushed through step {}", clocks_[w]);
+        late.push_back({worker, state, fmt::format("its push of step {} (it {})", need, state)});
       } else if (q.epoch_end && std::none_of(pending_.begin(), pending_.end(), [&](const Pull& p) {
                    return p.epoch_end && p.worker == w;
                  })) {
-        late.push_back(fmt::format("worker {} (not at the epoch's end)", w));
+        late.push_back({worker, "not at the epoch's end", "its pull at the epoch's end"});
       }
     }
+    return late;
+  }
+
+  // "worker 1 (pushed through step 5), worker 2 (not at the epoch's end)".
+  static std::string describe(const std::vector<Late>& late) {
     if (late.empty()) return "no worker (the update itself)";
-    return fmt::format("{}", fmt::join(late, ", "));
+    std::vector<std::string> parts;
+    for (const auto& l : late)
+      parts.push_back(fmt::format("{} ({})", l.worker.str(), l.state));
+    return fmt::format("{}", fmt::join(parts, ", "));
   }
 
   // Horovod's stall report, for a parameter server: which workers a waiting pull waits for.
   void checkStalls() {
     const auto now = Clock::now();
+    const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
     for (const auto& q : pending_) {
       auto& w = waiting_[{q.worker, q.step}];
       const double waited = std::chrono::duration<double>(now - w.since).count();
+      const std::string when = describeStep(q.step, config_.steps_per_epoch);
       if (now - w.since >= config_.peer_timeout) {
-        throw TimeoutError(
-            fmt::format("server {}: worker {}'s pull of step {} waited {:.0f} s (peer_timeout) "
-                        "for {}",
-                        config_.index, q.worker, q.step, waited, lateWorkers(q)));
+        const auto late = lateWorkers(q);
+        const std::string what =
+            fmt::format("server {}: worker {}'s pull of {} waited {:.1f} s (peer_timeout) for {}",
+                        config_.index, q.worker, when, waited, describe(late));
+        if (late.empty()) throw TimeoutError(what);
+        throw PeerError(late.front().worker,
+                        fmt::format("server {} waited {:g} s (peer_timeout) for {}", config_.index,
+                                    limit, late.front().missing),
+                        what);
       }
       if (now - w.since >= config_.stall_warning && !w.warned) {
         w.warned = true;
         spdlog::warn(
-            "stall: server {} has held worker {}'s pull of step {} for {:.0f} s, "
-            "waiting for {}; the run fails after {:.0f} s",
-            config_.index, q.worker, q.step, waited, lateWorkers(q),
-            std::chrono::duration<double>(config_.peer_timeout).count());
+            "stall: server {} has held worker {}'s pull of {} for {:.1f} s, waiting for {}; the "
+            "run fails after {:g} s",
+            config_.index, q.worker, when, waited, describe(lateWorkers(q)), limit);
       }
     }
     armStallCheck();
+  }
+
+  // Fails the run when an update left inf or NaN in the shard: it diverged.
+  void checkFinite(bool finite, std::int64_t step, std::int64_t lo, std::int64_t hi,
+                   float lr) const {
+    if (finite) return;
+    throw NumericError(fmt::format(
+        "training diverged: server {}'s update of {} left inf or NaN in weights [{},{}) "
+        "(learning rate {:g}; a gradient was not finite, or too large)",
+        config_.index, describeStep(step, config_.steps_per_epoch), config_.key_begin + lo,
+        config_.key_begin + hi, lr));
   }
 
   struct StepPushes {
@@ -124,8 +158,9 @@ class Server final : public Actor {
       // than the ones it was computed from, so its step is scaled by 1/W.
       const float lr =
           kernels::learningRate(config_.lr, p.step) / static_cast<float>(config_.num_workers);
-      backend_->sgdUpdate(weights_.slice(lo, hi), p.data, momentum_.slice(lo, hi), lr, sgd.momentum,
-                          sgd.weight_decay, sgd.nesterov);
+      checkFinite(backend_->sgdUpdate(weights_.slice(lo, hi), p.data, momentum_.slice(lo, hi), lr,
+                                      sgd.momentum, sgd.weight_decay, sgd.nesterov),
+                  p.step, lo, hi, lr);
     }
     step.received[p.worker] += hi - lo;
     TROUPE_ENFORCE_LE(step.received[p.worker], size_);
@@ -137,8 +172,10 @@ class Server final : public Actor {
       for (std::size_t w = 1; w < step.sums.size(); ++w)
         backend_->axpy(1.0f, step.sums[w], total);
       const auto& sgd = config_.sgd;
-      backend_->sgdUpdate(weights_, total, momentum_, kernels::learningRate(config_.lr, p.step),
-                          sgd.momentum, sgd.weight_decay, sgd.nesterov);
+      const float lr = kernels::learningRate(config_.lr, p.step);
+      checkFinite(backend_->sgdUpdate(weights_, total, momentum_, lr, sgd.momentum,
+                                      sgd.weight_decay, sgd.nesterov),
+                  p.step, 0, size_, lr);
       applied_ = p.step + 1;
     }
     if (std::all_of(step.received.begin(), step.received.end(),
@@ -215,6 +252,7 @@ class PsClient final : public Actor {
     on<Reduced>([this](Reduced& r) { pushReduced(r); });
     on<PullReply>([this](PullReply& r) { pulled(r); });
     on<Resume>([this](Resume&) { broadcast(); });
+    on<StallCheck>([this](StallCheck&) { checkStall(); });
   }
 
   void started() override {
@@ -223,9 +261,60 @@ class PsClient final : public Actor {
     momentum_ = kernels::Tensor::host({weights_.numel()});
     // Start once every server agrees on step 0's weights (they may have been resumed).
     pull(false);
+    armStallCheck();
   }
 
  private:
+  void armStallCheck() {
+    system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+                   StallCheck{});
+  }
+
+  // The servers that have not answered the pull in flight.
+  std::vector<Peer> silentServers() const {
+    std::vector<Peer> silent;
+    for (std::size_t s = 0; s < answered_.size(); ++s) {
+      if (!answered_[s]) silent.push_back(peerOf(config_.members, "server", static_cast<int>(s)));
+    }
+    return silent;
+  }
+
+  // The worker's side of a stall: a server that does not answer a pull. A server that holds it
+  // for a late worker reports that worker at peer_timeout; this one gives up a grace later.
+  void checkStall() {
+    if (pulling_) {
+      const auto waited = std::chrono::steady_clock::now() - pull_since_;
+      const auto limit =
+          config_.peer_timeout + peerTimeoutGrace(config_.stall_warning, config_.peer_timeout);
+      const double seconds = std::chrono::duration<double>(waited).count();
+      const std::string when = describeStep(step_, config_.plan.steps_per_epoch);
+      const auto silent = silentServers();
+      std::vector<std::string> names;
+      for (const auto& p : silent)
+        names.push_back(p.str());
+      if (waited >= limit && !silent.empty()) {
+        const double peer_timeout = std::chrono::duration<double>(config_.peer_timeout).count();
+        const double total = std::chrono::duration<double>(limit).count();
+        throw PeerError(
+            silent.front(),
+            fmt::format("no pull answer for {} within {:g} s (peer_timeout {:g} s + grace)", when,
+                        total, peer_timeout),
+            fmt::format("worker {}: no answer from {} to its pull of {} for {:.1f} s "
+                        "(peer_timeout {:g} s + grace): hung or gone",
+                        config_.worker, fmt::join(names, ", "), when, seconds, peer_timeout));
+      }
+      if (waited >= config_.stall_warning && !warned_) {
+        warned_ = true;
+        spdlog::warn(
+            "stall: worker {} has waited {:.1f} s for {} to answer its pull of {}; the run fails "
+            "after {:g} s",
+            config_.worker, seconds, fmt::join(names, ", "), when,
+            std::chrono::duration<double>(limit).count());
+      }
+    }
+    armStallCheck();
+  }
+
   void pushReduced(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
     for (std::size_t s = 0; s < config_.servers.size(); ++s) {
@@ -249,6 +338,10 @@ class PsClient final : public Actor {
   void pull(bool epoch_end) {
     pulling_epoch_end_ = epoch_end;
     replies_ = 0;
+    pulling_ = true;
+    warned_ = false;
+    answered_.assign(config_.servers.size(), false);
+    pull_since_ = std::chrono::steady_clock::now();
     pull_started_ = Trace::Clock::now();
     for (const auto& server : config_.servers) {
       send(server, Pull{step_, config_.worker, epoch_end});
@@ -261,7 +354,14 @@ class PsClient final : public Actor {
     if (r.state.defined() && r.state.numel() > 0) {
       std::copy_n(r.state.f32(), r.state.numel(), momentum_.f32() + r.key_begin);
     }
+    for (std::size_t s = 0; s < config_.shards.size(); ++s) {
+      if (!answered_[s] && config_.shards[s] == std::make_pair(r.key_begin, r.key_end)) {
+        answered_[s] = true;
+        break;
+      }
+    }
     if (++replies_ < static_cast<int>(config_.servers.size())) return;
+    pulling_ = false;
     if (config_.trace) {
       config_.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
                                Trace::Clock::now());
@@ -286,7 +386,11 @@ class PsClient final : public Actor {
   std::int64_t pushed_ = 0;
   int replies_ = 0;
   bool pulling_epoch_end_ = false;
-  Trace::Clock::time_point pull_started_;
+  bool pulling_ = false;                              // a pull is in flight
+  bool warned_ = false;                               // its stall report was logged
+  std::vector<bool> answered_;                        // per server, for the pull in flight
+  Trace::Clock::time_point pull_started_;             // for the trace
+  std::chrono::steady_clock::time_point pull_since_;  // for the stall watch
 };
 
 }  // namespace

@@ -57,29 +57,35 @@ class Reducer final : public Actor {
     }
   }
 
-  // Horovod's stall report, for a ring: a bucket this rank has summed locally and started, that
-  // has not come back from the ring, waits on the previous rank (directly, or through it).
+  // Horovod's stall report, for a ring: a bucket this worker has summed locally and started, that
+  // has not come back from the ring, waits on the previous worker (directly, or through it).
   void checkStalls() {
     const auto now = Trace::Clock::now();
     const int previous = (config_.rank + config_.world - 1) % config_.world;
+    const Peer late = peerOf(config_.members, "worker", previous);
+    const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
     for (auto& [key, r] : in_ring_) {
       const auto& [step, begin] = key;
       const double waited = std::chrono::duration<double>(now - r.started).count();
+      const std::string when = describeStep(step, config_.steps_per_epoch);
       if (now - r.started >= config_.peer_timeout) {
-        throw TimeoutError(fmt::format(
-            "rank {}: the allreduce of bucket [{},{}) of step {} waited {:.0f} s for ring "
-            "chunks from rank {} (peer_timeout): that rank, or one before it in the ring, is "
-            "hung or gone",
-            config_.rank, begin, begin + r.sum.numel(), step, waited, previous));
+        throw PeerError(
+            late,
+            fmt::format("no ring chunks of {} within {:g} s (peer_timeout): it, or a worker "
+                        "before it in the ring, is hung or gone",
+                        when, limit),
+            fmt::format("worker {}: the allreduce of bucket [{},{}) of {} waited {:.1f} s for "
+                        "ring chunks from {} (peer_timeout): that worker, or one before it in the "
+                        "ring, is hung or gone",
+                        config_.rank, begin, begin + r.sum.numel(), when, waited, late.str()));
       }
       if (now - r.started >= config_.stall_warning && !r.warned) {
         r.warned = true;
         spdlog::warn(
-            "stall: rank {} has waited {:.0f} s in step {} for rank {} to send ring chunks of "
-            "bucket [{},{}); {} bucket(s) of this rank are unfinished; the run fails after {:.0f} "
-            "s",
-            config_.rank, waited, step, previous, begin, begin + r.sum.numel(), in_ring_.size(),
-            std::chrono::duration<double>(config_.peer_timeout).count());
+            "stall: worker {} has waited {:.1f} s in {} for {} to send ring chunks of bucket "
+            "[{},{}); {} bucket(s) of this worker are unfinished; the run fails after {:g} s",
+            config_.rank, waited, when, late.str(), begin, begin + r.sum.numel(), in_ring_.size(),
+            limit);
       }
     }
     armStallCheck();

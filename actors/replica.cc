@@ -1,5 +1,7 @@
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 #include <unordered_set>
@@ -89,9 +91,15 @@ class Replica final : public Actor {
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();
-    send(config_.coordinator,
-         StepDone{step, config_.index, metrics_host_.f32()[0], metrics_host_.f32()[1],
-                  batch.labels.numel(), batch.skipped});
+    const float loss_sum = metrics_host_.f32()[0];
+    if (!std::isfinite(loss_sum)) {
+      throw NumericError(fmt::format(
+          "training diverged: the loss of {} is {} on replica {} of worker {} (a learning rate or "
+          "weight decay too high?)",
+          describeStep(step, config_.steps_per_epoch), loss_sum, config_.index, config_.worker));
+    }
+    send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
+                                       batch.labels.numel(), batch.skipped});
   }
 
   // Back-propagates, handing gradients to the reducer in buckets as soon as they are final, so

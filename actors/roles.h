@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/peer.h"
 #include "actors/system.h"
 #include "data/dataset.h"
 #include "kernels/net.h"
@@ -30,6 +31,14 @@ struct StepPlan {
   std::int64_t last_step = 0;   // exclusive
 };
 
+// "step 12 (epoch 1)": a step as errors and reports name it (epochs count from 1; without
+// steps_per_epoch, the step alone).
+inline std::string describeStep(std::int64_t step, std::int64_t steps_per_epoch) {
+  std::string s = "step " + std::to_string(step);
+  if (steps_per_epoch > 0) s += " (epoch " + std::to_string(step / steps_per_epoch + 1) + ")";
+  return s;
+}
+
 struct ReaderConfig {
   data::DatasetOptions dataset;
   std::uint64_t seed = 1;
@@ -44,10 +53,14 @@ struct ReaderConfig {
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
 
+// A step whose loss is inf or NaN fails the run (NumericError naming the step, the replica and the
+// worker): the run diverged.
 struct ReplicaConfig {
   int index = 0;        // among all replicas of all processes
   int local_index = 0;  // among this process's
   int num_replicas = 1;
+  int worker = 0;                    // this process's rank, for errors
+  std::int64_t steps_per_epoch = 0;  // for errors: the epoch of a step
   kernels::NetOptions net;
   int threads = 1;
   float grad_scale = 1.0f;  // 1 / global batch
@@ -61,7 +74,7 @@ struct ReplicaConfig {
 std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 
 // Sums buckets over this process's replicas, then (world > 1) over all processes by ring
-// allreduce with the reducers of the other processes.
+// allreduce with the reducers of the other processes (the workers of the run, rank = worker).
 struct ReducerConfig {
   int num_replicas = 1;  // in this process
   int threads = 1;
@@ -72,13 +85,19 @@ struct ReducerConfig {
   std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
   Trace* trace = nullptr;                // spans go here when tracing
   // A bucket whose allreduce has waited this long logs a stall report (which step, which
-  // bucket, which rank it waits for), and fails the run after peer_timeout.
+  // bucket, which worker it waits for), and fails the run after peer_timeout (PeerError naming
+  // the previous worker of the ring).
   std::chrono::milliseconds stall_warning{30000};
   std::chrono::milliseconds peer_timeout{60000};
+  std::int64_t steps_per_epoch = 0;  // for reports: the epoch of a step
+  RunMembersPtr members;             // for reports: the workers' addresses
 };
 std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
 
+// An update that leaves an inf or NaN in the weights fails the run (NumericError naming the step
+// and the worker): the run diverged, and nothing of it is sent on or saved.
 struct UpdaterConfig {
+  int worker = 0;                    // this process's rank, for errors
   kernels::Tensor initial_weights;   // host
   kernels::Tensor initial_momentum;  // host; undefined: zeros
   kernels::Tensor initial_buffers;   // host; undefined: replicas keep their own
@@ -101,7 +120,8 @@ std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 //   ssp:        as dist_async (same learning-rate scaling), but answers a pull for step t only
 //               once every worker has pushed
 //               step t - staleness - 1 (no worker runs more than `staleness` steps ahead).
-// Epoch-end pulls wait for every worker and carry the momentum too.
+// Epoch-end pulls wait for every worker and carry the momentum too. An update that leaves an inf
+// or NaN in the shard fails the run (NumericError naming the step).
 struct ServerConfig {
   int index = 0;
   int num_workers = 1;
@@ -117,14 +137,18 @@ struct ServerConfig {
   int threads = 1;
   Trace* trace = nullptr;  // spans go here when tracing
   // A pull that has waited this long logs a stall report (which step, which workers have not
-  // pushed it), and fails the run after peer_timeout.
+  // pushed it), and fails the run after peer_timeout (PeerError naming the first of them).
   std::chrono::milliseconds stall_warning{30000};
   std::chrono::milliseconds peer_timeout{60000};
+  std::int64_t steps_per_epoch = 0;  // for reports: the epoch of a step
+  RunMembersPtr members;             // for reports: the workers' addresses
 };
 std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config);
 
 // A worker's side of the parameter servers, in the updater's place: pushes reduced buckets to the
-// servers that own their keys, pulls the next weights, hands them to the replicas.
+// servers that own their keys, pulls the next weights, hands them to the replicas. A pull that
+// some server has not answered for stall_warning logs a stall report naming the server and the
+// step; later it fails the run (PeerError naming the server).
 struct PsClientConfig {
   std::uint32_t worker = 0;
   kernels::Tensor initial_weights;  // host, all keys
@@ -134,6 +158,11 @@ struct PsClientConfig {
   std::vector<Address> replicas;
   Address coordinator;
   Trace* trace = nullptr;  // spans go here when tracing
+  // The pull fails after peer_timeout and a grace (peerTimeoutGrace): a server that holds it for
+  // a late worker names that worker first.
+  std::chrono::milliseconds stall_warning{30000};
+  std::chrono::milliseconds peer_timeout{60000};
+  RunMembersPtr members;  // for reports: the servers' addresses
 };
 std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
 

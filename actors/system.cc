@@ -126,13 +126,31 @@ class SystemImpl final : public ActorSystem {
     std::unique_lock lock(state_mu_);
     state_cv_.wait(lock, [this] { return done_; });
     auto error = error_;
+    auto cause = cause_;
     lock.unlock();
     stopAll();
-    if (error) throw Error(*error);
+    if (!error) return;
+    if (cause) {
+      try {
+        std::rethrow_exception(cause);
+      } catch (...) {
+        std::throw_with_nested(Error(*error));
+      }
+    }
+    throw Error(*error);
   }
 
   void shutdown() override { finish(std::nullopt); }
   void fail(const std::string& what) override { finish(what); }
+  void fail(std::exception_ptr error) override {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      finish(std::string(e.what()), error);
+    } catch (...) {
+      finish(std::string("unknown exception"), error);
+    }
+  }
 
   const SystemOptions& options() const override { return options_; }
 
@@ -314,7 +332,8 @@ class SystemImpl final : public ActorSystem {
       f();
       return true;
     } catch (const std::exception& e) {
-      fail("actor '" + c->actor->name() + "' failed handling " + what + ": " + e.what());
+      finish("actor '" + c->actor->name() + "' failed handling " + what + ": " + e.what(),
+             std::current_exception());
     } catch (...) {
       fail("actor '" + c->actor->name() + "' failed handling " + what + ": unknown exception");
     }
@@ -364,12 +383,13 @@ class SystemImpl final : public ActorSystem {
     return done_;
   }
 
-  void finish(std::optional<std::string> error) {
+  void finish(std::optional<std::string> error, std::exception_ptr cause = nullptr) {
     {
       std::lock_guard lock(state_mu_);
       if (done_) return;
       done_ = true;
       error_ = std::move(error);
+      cause_ = std::move(cause);
     }
     state_cv_.notify_all();
     std::lock_guard lock(cells_mu_);
@@ -425,6 +445,7 @@ class SystemImpl final : public ActorSystem {
   std::condition_variable state_cv_;
   bool done_ = false;
   std::optional<std::string> error_;
+  std::exception_ptr cause_;  // the exception behind error_, if one
 };
 
 kernels::Tensor ActorSystem::sendBuffer(Address to, kernels::Shape shape) const {

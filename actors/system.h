@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,12 +82,16 @@ class ActorSystem {
 
   // Starts the actors spawned so far, then blocks until shutdown() or a failure; a failure (an
   // actor's handler threw, a send timed out) is rethrown as troupe::Error naming the actor and the
-  // message type. Stops all actors on return.
+  // message type, with the exception that caused it nested (std::throw_with_nested), so that a
+  // typed error such as PeerError can still be found. Stops all actors on return.
   virtual void run() = 0;
   // Ends run() normally. Messages still queued are dropped.
   virtual void shutdown() = 0;
-  // Ends run() with an error (what an actor's exception does).
+  // Ends run() with an error. The first failure wins; later ones are dropped.
   virtual void fail(const std::string& what) = 0;
+  // The same with an exception (what an actor's exception does): run() throws Error(what()) with
+  // `error` nested in it.
+  virtual void fail(std::exception_ptr error) = 0;
 
   virtual const SystemOptions& options() const = 0;
   // The name an address was spawned with ("?" if unknown), for error messages.

@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -14,6 +16,8 @@
 
 #include "actors/checkpoint.h"
 #include "actors/cluster.h"
+#include "actors/messages.h"
+#include "actors/peer.h"
 #include "actors/roles.h"
 #include "actors/run_id.h"
 #include "actors/system.h"
@@ -122,6 +126,27 @@ std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
   return shares;
 }
 
+// The input batches in flight (prefetch per reader; the readers share the batch) must fit in the
+// host's memory: checked before any is allocated, so that too large a batch_size is one error
+// naming it, not std::bad_alloc in an actor. A lower bound: the nets' activations come on top.
+void checkBatchMemory(const TrainOptions& o) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double host = static_cast<double>(pages) * static_cast<double>(page);
+  const double input =
+      4.0 * (static_cast<double>(o.num_channels) * o.image_size * o.image_size + 1);  // + label
+  const double need = static_cast<double>(o.prefetch) * static_cast<double>(o.batch_size) * input;
+  if (need > host) {
+    throw InputError(fmt::format(
+        "batch_size {} needs {:.0f} bytes ({:.1f} GiB) for the input batches in flight (prefetch "
+        "{} x {} inputs of {}x{}x{} floats and a label), more than the {:.0f} bytes ({:.1f} GiB) "
+        "of memory this host has",
+        o.batch_size, need, need / (1 << 30), o.prefetch, o.batch_size, o.num_channels,
+        o.image_size, o.image_size, host, host / (1 << 30)));
+  }
+}
+
 void ensureWritableDir(const std::string& dir, const char* what) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -206,11 +231,11 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
   return n;
 }
 
-// Joins the run's other processes (every actor of this one already spawned) and checks that all
-// agree on the plan.
+// Joins the run's other processes (every actor of this one already spawned), checks that all
+// agree on the plan, and fills in where the members are.
 std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Trace* trace,
                                  NodeSystem& node, const StepPlan& plan, std::int64_t num_params,
-                                 const std::string& resumed_from) {
+                                 const std::string& resumed_from, RunMembers& members) {
   ClusterOptions c;
   c.rank = rank;
   c.world = nodes;
@@ -219,12 +244,23 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.serve_store = o.serve_store;
   c.interface = o.interface;
   c.secret = o.secret;
-  c.peer_timeout = milliseconds(o.peer_timeout_s);
+  // The heartbeat watch is the backstop for a peer nobody waits on: it comes after the actors'
+  // own watches (peerTimeoutGrace), which name the peer, the step and what they waited for.
+  const auto stall_warning = milliseconds(o.stall_warning_s);
+  const auto peer_timeout = milliseconds(o.peer_timeout_s);
+  c.peer_timeout = peer_timeout + 2 * peerTimeoutGrace(stall_warning, peer_timeout) +
+                   std::chrono::milliseconds(1000);  // + the transport's heartbeat interval
   c.trace = trace;
   c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
+  c.on_peer_lost = [&system = *node.system, &members](int peer, const std::string& address,
+                                                      const std::string& why) {
+    system.fail(std::make_exception_ptr(
+        lostLinkError(members.ofNode(static_cast<std::uint32_t>(peer), address), why)));
+  };
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from, c.timeout);
+  members.setAddresses(cluster->addresses());
   return cluster;
 }
 
@@ -278,7 +314,7 @@ std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
                       const kernels::LrPolicy& lr, std::int64_t num_params,
                       const kernels::Tensor& weights, const kernels::Tensor& momentum,
-                      const std::string& resumed_from) {
+                      const std::string& resumed_from, const std::shared_ptr<RunMembers>& members) {
   const int workers = o.num_shards;
   const auto shard = shardKeys(num_params, o.num_servers)[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;
@@ -298,6 +334,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
   config.stall_warning = milliseconds(o.stall_warning_s);
   config.peer_timeout = milliseconds(o.peer_timeout_s);
+  config.steps_per_epoch = plan.steps_per_epoch;
+  config.members = members;
   std::unique_ptr<Trace> trace;
   if (!o.trace.empty()) {
     trace = std::make_unique<Trace>(static_cast<std::uint32_t>(rank),
@@ -309,7 +347,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   auto& system = node.system;
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
-  auto cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from);
+  auto cluster =
+      joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -318,9 +357,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
-}  // namespace
-
-TrainResult runTraining(const TrainOptions& o) {
+TrainResult trainProcess(const TrainOptions& o) {
   validateSchedule(o);
   const bool server = o.role == "server";
   if (!server && o.role != "worker") {
@@ -344,6 +381,7 @@ TrainResult runTraining(const TrainOptions& o) {
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
   if (o.generation < 0) throw InputError("generation must be at least 0");
   const auto shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
+  checkBatchMemory(o);
   const int threads = o.threads > 0 ? o.threads : defaultThreads();
 
   data::DatasetOptions train;
@@ -436,9 +474,10 @@ TrainResult runTraining(const TrainOptions& o) {
     spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
 
+  const auto members = std::make_shared<RunMembers>(workers, o.num_servers);
   if (server) {
     return runServer(o, rank, nodes, plan, lr, num_params, updater.initial_weights,
-                     updater.initial_momentum, resumed_from);
+                     updater.initial_momentum, resumed_from, members);
   }
 
   TrainResult result;
@@ -514,6 +553,7 @@ TrainResult runTraining(const TrainOptions& o) {
                                         : makeFollower("coordinator")),
                     address(rank, 0));
 
+  updater.worker = rank;
   updater.sgd = o.sgd;
   updater.lr = lr;
   updater.plan = plan;
@@ -534,6 +574,9 @@ TrainResult runTraining(const TrainOptions& o) {
     client.replicas = local_replicas;
     client.coordinator = chief_address;
     client.trace = trace.get();
+    client.stall_warning = milliseconds(o.stall_warning_s);
+    client.peer_timeout = milliseconds(o.peer_timeout_s);
+    client.members = members;
     TROUPE_ENFORCE_EQ(system->spawn(makePsClient("ps-client", client), computeThread(0)),
                       updater_address);
   } else {
@@ -547,6 +590,8 @@ TrainResult runTraining(const TrainOptions& o) {
   reducer.trace = trace.get();
   reducer.stall_warning = milliseconds(o.stall_warning_s);
   reducer.peer_timeout = milliseconds(o.peer_timeout_s);
+  reducer.steps_per_epoch = plan.steps_per_epoch;
+  reducer.members = members;
   if (!ps) {  // with parameter servers, the servers sum over workers
     reducer.rank = rank;
     reducer.world = workers;
@@ -569,6 +614,8 @@ TrainResult runTraining(const TrainOptions& o) {
     replica.index = rank * o.replicas + static_cast<int>(r);
     replica.local_index = static_cast<int>(r);
     replica.num_replicas = o.replicas * workers;
+    replica.worker = rank;
+    replica.steps_per_epoch = plan.steps_per_epoch;
     replica.net = net;
     replica.threads = std::max(1, threads / o.replicas);
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
@@ -606,7 +653,7 @@ TrainResult runTraining(const TrainOptions& o) {
 
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1) {
-    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from);
+    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members);
   }
 
   system->run();
@@ -615,6 +662,21 @@ TrainResult runTraining(const TrainOptions& o) {
   if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close
   if (trace && cluster && chief) Trace::merge(o.trace, static_cast<std::uint32_t>(nodes));
   return result;
+}
+
+}  // namespace
+
+TrainResult runTraining(const TrainOptions& o) {
+  try {
+    return trainProcess(o);
+  } catch (const std::exception& e) {
+    // The run failed for another process: one line that names it, for the launcher's summary.
+    if (const auto peer = findPeerError(e)) {
+      std::fprintf(stderr, "%s\n", peer->culpritLine().c_str());
+      std::fflush(stderr);
+    }
+    throw;
+  }
 }
 
 }  // namespace troupe::actors

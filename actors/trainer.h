@@ -45,8 +45,11 @@ struct TrainOptions {
   std::string secret_file;   // holds the run's secret; empty: $TROUPE_SECRET
   std::string secret;        // the run's secret, read from there (never logged)
   double rendezvous_timeout_s = 60;
-  // A link silent this long (no heartbeat), or a collective or server waiting this long on a
-  // peer, fails the run naming the peer; a wait of stall_warning logs a stall report first.
+  // A collective or server waiting this long on a peer fails the run naming the peer by role and
+  // rank (PeerError); a wait of stall_warning logs a stall report first. A worker's pull, which a
+  // server may hold for another worker, and a link silent (no heartbeat) for a peer nobody waits
+  // on, fail a grace or two later (messages.h, peerTimeoutGrace): whoever knows the culprit
+  // names it first.
   double peer_timeout_s = 60;
   double stall_warning_s = 30;
   int replicas = 1;
@@ -110,7 +113,11 @@ struct TrainResult {
 };
 
 // Validates the options (InputError naming the offending one), opens the data, trains, and returns
-// when the last epoch is done. Errors from any actor end the run and are rethrown here.
+// when the last epoch is done. Errors from any actor end the run and are rethrown here (the
+// actor's exception nested, ActorSystem::run). A loss or an update that is not finite ends it with
+// a NumericError naming the step, the epoch and the replica or process: a diverged run writes no
+// checkpoint. A run that fails because another process of it is hung or gone (PeerError, peer.h)
+// first prints one line on stderr for the launcher: "troupe-culprit: server 0: <reason>".
 TrainResult runTraining(const TrainOptions& options);
 
 }  // namespace troupe::actors

@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include "actors/messages.h"
 #include "actors/roles.h"
 #include "actors/trace.h"
@@ -41,9 +43,16 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_EQ(r.step, step_);
     {
       TraceScope span(config_.trace, name(), "update");
-      optimizer_->stepRange(weights_.slice(r.begin, r.end), r.grads, r.begin, r.end,
-                            kernels::learningRate(config_.lr, step_));
+      const float lr = kernels::learningRate(config_.lr, step_);
+      const bool finite =
+          optimizer_->stepRange(weights_.slice(r.begin, r.end), r.grads, r.begin, r.end, lr);
       backend_->synchronize();
+      if (!finite) {
+        throw NumericError(fmt::format(
+            "training diverged: the update of {} on worker {} left inf or NaN in weights [{},{}) "
+            "(learning rate {:g}; a gradient was not finite, or too large)",
+            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, r.begin, r.end, lr));
+      }
     }
     reduced_ += r.end - r.begin;
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());

@@ -35,7 +35,9 @@ class Backend {
   virtual void scale(const Tensor& t, float alpha) = 0;
   // One SGD step over equal-sized flat tensors (PyTorch semantics): g' = g + weight_decay * w;
   // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
-  virtual void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
+  // Returns whether every updated weight is finite (no inf, no NaN), tested in the same pass: a
+  // host wait for the update on a device backend, free on the CPU.
+  virtual bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
                          float momentum, float weight_decay, bool nesterov) = 0;
   // Waits until all queued work is done.
   virtual void synchronize() = 0;

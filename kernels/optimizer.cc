@@ -15,19 +15,19 @@ class Sgd final : public Optimizer {
   Sgd(Backend& backend, std::int64_t size, const SgdOptions& options)
       : backend_(backend), options_(options), state_(backend.empty({size})) {}
 
-  void step(const Tensor& weights, const Tensor& grads, float lr) override {
+  bool step(const Tensor& weights, const Tensor& grads, float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), state_.numel());
     TROUPE_ENFORCE_EQ(grads.numel(), state_.numel());
-    backend_.sgdUpdate(weights, grads, state_, lr, options_.momentum, options_.weight_decay,
-                       options_.nesterov);
+    return backend_.sgdUpdate(weights, grads, state_, lr, options_.momentum, options_.weight_decay,
+                              options_.nesterov);
   }
 
-  void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
+  bool stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
                  float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
     TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
-    backend_.sgdUpdate(weights, grads, state_.slice(begin, end), lr, options_.momentum,
-                       options_.weight_decay, options_.nesterov);
+    return backend_.sgdUpdate(weights, grads, state_.slice(begin, end), lr, options_.momentum,
+                              options_.weight_decay, options_.nesterov);
   }
 
   const Tensor& state() const override { return state_; }

@@ -28,12 +28,13 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // weights -= step computed from grads (+ weight decay) at learning rate lr. weights, grads and
-  // state() have the same element count.
-  virtual void step(const Tensor& weights, const Tensor& grads, float lr) = 0;
+  // state() have the same element count. Returns whether every updated weight is finite (checked
+  // in the update's own pass; see Backend::sgdUpdate): false means the run diverged.
+  virtual bool step(const Tensor& weights, const Tensor& grads, float lr) = 0;
   // The same for elements [begin, end) only: `weights` and `grads` are those elements (slices).
   // Optimizers here are elementwise, so updating a bucket as soon as it is reduced gives exactly
   // the result of one step over the whole tensor.
-  virtual void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
+  virtual bool stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
                          std::int64_t end, float lr) = 0;
   // Momentum buffer; restore a checkpoint by copying into it.
   virtual const Tensor& state() const = 0;

@@ -1,12 +1,15 @@
-// Waits on other processes end: the reducer's ring and a parameter server log a stall report
-// naming who is late, then fail the run after the peer timeout.
+// Waits on other processes end: the reducer's ring, a parameter server and a worker's PS client log
+// a stall report naming who is late by role and rank, then fail the run after the peer timeout
+// with a PeerError that names the culprit.
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <optional>
 #include <sstream>
 
 #include "actors/messages.h"
+#include "actors/peer.h"
 #include "actors/roles.h"
 #include "actors/system.h"
 #include "log_capture.h"
@@ -27,17 +30,36 @@ std::unique_ptr<ActorSystem> systemWithSilentPeers() {
   return makeActorSystem(options);
 }
 
-// Runs `system` and returns its failure, or "" if it ended normally.
-std::string failureOf(ActorSystem& system) {
+// Fails the system after `after`: a watch that never fires fails its test instead of hanging it.
+void failAfter(ActorSystem& system, std::chrono::milliseconds after) {
+  struct Deadline final : Actor {
+    explicit Deadline(std::chrono::milliseconds after) : Actor("deadline") {
+      on<StallCheck>([after](StallCheck&) -> void {
+        throw TimeoutError(
+            "nothing failed within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(after).count()) + " s");
+      });
+    }
+  };
+  system.after(after, system.spawn(std::make_unique<Deadline>(after)), StallCheck{});
+}
+
+struct Failure {
+  std::string what;  // "" if the system ended normally
+  std::optional<PeerError> peer;
+};
+
+// Runs `system` and returns how it failed.
+Failure failureOf(ActorSystem& system) {
   try {
     system.run();
   } catch (const Error& e) {
-    return e.what();
+    return {e.what(), findPeerError(e)};
   }
-  return "";
+  return {};
 }
 
-TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousRank) {
+TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousWorker) {
   LogCapture log;
   auto system = systemWithSilentPeers();
   ReducerConfig config;
@@ -50,13 +72,17 @@ TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousRank)
   const Address reducer = system->spawn(makeReducer("reducer", config));
   system->tell(reducer, GradBucket{7, 0, 0, 1000, Tensor::host({1000})});
   const auto start = std::chrono::steady_clock::now();
-  const std::string failure = failureOf(*system);
+  const auto [failure, peer] = failureOf(*system);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 600ms);
-  EXPECT_NE(failure.find("rank 0: the allreduce of bucket [0,1000) of step 7"), std::string::npos)
+  EXPECT_NE(failure.find("worker 0: the allreduce of bucket [0,1000) of step 7"), std::string::npos)
       << failure;
-  EXPECT_NE(failure.find("ring chunks from rank 2"), std::string::npos) << failure;
-  EXPECT_NE(log.text().find("stall: rank 0 has waited"), std::string::npos) << log.text();
-  EXPECT_NE(log.text().find("for rank 2 to send ring chunks of bucket [0,1000)"), std::string::npos)
+  EXPECT_NE(failure.find("ring chunks from worker 2"), std::string::npos) << failure;
+  ASSERT_TRUE(peer.has_value()) << failure;
+  EXPECT_EQ(peer->culpritLine().rfind("troupe-culprit: worker 2: no ring chunks of step 7", 0), 0u)
+      << peer->culpritLine();
+  EXPECT_NE(log.text().find("stall: worker 0 has waited"), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find("for worker 2 to send ring chunks of bucket [0,1000)"),
+            std::string::npos)
       << log.text();
 }
 
@@ -76,14 +102,87 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   system->tell(server, Push{0, 0, 0, 10, Tensor::host({10})});
   system->tell(server, Push{0, 2, 0, 10, Tensor::host({10})});
   system->tell(server, Pull{1, 0, false});
-  const std::string failure = failureOf(*system);
+  const auto [failure, peer] = failureOf(*system);
   EXPECT_NE(failure.find("server 0: worker 0's pull of step 1 waited"), std::string::npos)
       << failure;
   EXPECT_NE(failure.find("worker 1 (pushed through step -1)"), std::string::npos) << failure;
   EXPECT_EQ(failure.find("worker 2"), std::string::npos) << failure;
+  ASSERT_TRUE(peer.has_value()) << failure;
+  EXPECT_EQ(peer->culpritLine(),
+            "troupe-culprit: worker 1: server 0 waited 0.6 s (peer_timeout) for its push of step 0 "
+            "(it pushed through step -1)");
   EXPECT_NE(log.text().find("stall: server 0 has held worker 0's pull of step 1"),
             std::string::npos)
       << log.text();
+}
+
+TEST(Stalls, APullNoServerAnswersIsReportedThenFailsNamingTheServerAGraceAfterThePeerTimeout) {
+  LogCapture log;
+  auto system = systemWithSilentPeers();
+  PsClientConfig config;
+  config.worker = 1;
+  config.initial_weights = Tensor::host({10});
+  config.servers = {Address{2, 0}, Address{3, 0}};
+  config.shards = shardKeys(10, 2);
+  config.plan.steps_per_epoch = 5;
+  config.plan.last_step = 10;
+  config.stall_warning = 150ms;
+  config.peer_timeout = 600ms;
+  // The client pulls step 0's weights as it starts; no server ever answers.
+  system->spawn(makePsClient("ps-client", config));
+  failAfter(*system, 10s);
+  const auto start = std::chrono::steady_clock::now();
+  const auto [failure, peer] = failureOf(*system);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 600ms + peerTimeoutGrace(150ms, 600ms));
+  EXPECT_LT(waited, 600ms + peerTimeoutGrace(150ms, 600ms) + 1s);
+  EXPECT_NE(failure.find("worker 1: no answer from server 0, server 1 to its pull of step 0 "
+                         "(epoch 1)"),
+            std::string::npos)
+      << failure;
+  ASSERT_TRUE(peer.has_value()) << failure;
+  EXPECT_EQ(peer->culpritLine(),
+            "troupe-culprit: server 0: no pull answer for step 0 (epoch 1) within 1.6 s "
+            "(peer_timeout 0.6 s + grace)");
+  EXPECT_NE(log.text().find("stall: worker 1 has waited "), std::string::npos) << log.text();
+  EXPECT_NE(log.text().find(" s for server 0, server 1 to answer its pull of step 0 (epoch 1)"),
+            std::string::npos)
+      << log.text();
+}
+
+TEST(Stalls, PeersAreNamedByRoleRankAndAddressNeverByNodeIdAlone) {
+  RunMembers members(2, 1);
+  members.setAddresses({"tcp://10.0.0.1:4000;unix:///tmp/a", "tcp://10.0.0.2:4001",
+                        "tcp://10.0.0.3:4002;unix:///tmp/c"});
+  EXPECT_EQ(members.ofNode(0).str(), "worker 0 at 10.0.0.1:4000");
+  EXPECT_EQ(members.ofNode(1).str(), "worker 1 at 10.0.0.2:4001");
+  EXPECT_EQ(members.ofNode(2).str(), "server 0 at 10.0.0.3:4002");
+  EXPECT_EQ(members.server(0).str(), "server 0 at 10.0.0.3:4002");
+  EXPECT_EQ(RunMembers(2, 1).ofNode(2).str(), "server 0");
+  const auto lost = lostLinkError(members.ofNode(2, "tcp://10.0.0.3:4002;unix://@x"),
+                                  "nothing arrived for 6000 ms");
+  EXPECT_STREQ(lost.what(),
+               "lost the link to server 0 at 10.0.0.3:4002: nothing arrived for 6000 ms");
+  EXPECT_EQ(lost.culpritLine(),
+            "troupe-culprit: server 0: lost the link (nothing arrived for 6000 ms)");
+}
+
+// A failure of an actor's handler reaches run()'s caller with the actor's exception nested, so a
+// PeerError thrown deep in an actor is still found for the culprit line.
+TEST(Stalls, APeerErrorThrownInAnActorIsFoundInWhatRunThrows) {
+  struct Thrower final : Actor {
+    Thrower() : Actor("thrower") {
+      on<StallCheck>([](StallCheck&) -> void {
+        throw PeerError({"server", 3, ""}, "gone", "server 3 is gone");
+      });
+    }
+  };
+  auto system = systemWithSilentPeers();
+  system->tell(system->spawn(std::make_unique<Thrower>()), StallCheck{});
+  const auto [failure, peer] = failureOf(*system);
+  EXPECT_EQ(failure, "actor 'thrower' failed handling StallCheck: server 3 is gone");
+  ASSERT_TRUE(peer.has_value());
+  EXPECT_EQ(peer->culpritLine(), "troupe-culprit: server 3: gone");
 }
 
 }  // namespace

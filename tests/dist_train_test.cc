@@ -597,14 +597,12 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   ::kill(victim, SIGKILL);  // in case the launcher left it
   EXPECT_LT(std::chrono::steady_clock::now() - stopped_at, std::chrono::seconds(30));
   EXPECT_NE(r.exit_code, 0) << r.output;
-  // Whichever notices first names it: the link's heartbeat watch, the ring's stall watch, or the
-  // server's.
-  const bool by_heartbeat = r.output.find("link to node 1") != std::string::npos &&
-                            r.output.find("not even a heartbeat") != std::string::npos;
-  const bool by_ring = r.output.find("ring chunks from rank 1") != std::string::npos;
-  const bool by_server =
-      r.output.find("(peer_timeout) for worker 1 (pushed through step") != std::string::npos;
-  EXPECT_TRUE(by_heartbeat || by_ring || by_server) << r.output;
+  // The watch of whoever waits on it names it (the link's heartbeat watch comes later): the ring's,
+  // or the server's; and its process prints the culprit line for the launcher.
+  const bool by_ring = r.output.find("ring chunks from worker 1 at ") != std::string::npos;
+  const bool by_server = r.output.find("(peer_timeout) for worker 1 at ") != std::string::npos;
+  EXPECT_TRUE(by_ring || by_server) << r.output;
+  EXPECT_NE(r.output.find("troupe-culprit: worker 1: "), std::string::npos) << r.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
@@ -612,6 +610,123 @@ INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            return std::string(info.param) == "dist_sync" ? "DistSync"
                                                                          : "BspAllreduce";
+                         });
+
+// A parameter server that hangs (SIGSTOP) while the workers pull from it: each worker reports the
+// stall after stall_warning, naming the server and the step, then fails naming it a grace after the
+// peer timeout, with the culprit line for the launcher; the launcher ends the run.
+TEST(DistributedTraining, AStoppedServerIsReportedThenEndsTheRunNamingIt) {
+  TempDir cwd("dist_stop_server");
+  const std::string run_id = "stopserver" + std::to_string(::getpid());
+  testing::CommandResult r;
+  std::thread launcher([&] {
+    r = runCommand(in(cwd, troupeBinary() + " launch -n 2 -s 1 --run_id " + run_id +
+                               " -- troupe train --model mlp" + dataFlags() +
+                               " --schedule dist_sync --num_epochs 50 --log_every 0 --threads 1 "
+                               "--stall_warning 1 --peer_timeout 3"));
+  });
+  const pid_t server = waitForProcess(run_id, "server", 0);
+  if (server < 0) {
+    launcher.join();
+    FAIL() << "server 0 never started\n" << r.output;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ::kill(server, SIGSTOP);
+  launcher.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  for (const pid_t pid : findProcesses(run_id)) {  // nothing of the run is left behind
+    ::kill(pid, SIGCONT);
+    ::kill(pid, SIGKILL);
+  }
+  ::kill(server, SIGCONT);
+  ::kill(server, SIGKILL);
+  std::cout << "[ measured ] the launcher exited " << seconds << " s after the stop\n";
+  // 3 s peer timeout + 1 s grace + a check period; then the launcher's 5 s grace for the server.
+  EXPECT_LT(seconds, 20) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  const auto stall = r.output.find(" s for server 0 at ");
+  const auto failure = r.output.find(": no answer from server 0 at ");
+  const auto culprit = r.output.find("troupe-culprit: server 0: no pull answer for step ");
+  ASSERT_NE(stall, std::string::npos) << "no stall report naming server 0\n" << r.output;
+  EXPECT_NE(r.output.rfind("stall: worker ", stall), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("to answer its pull of step ", stall), std::string::npos) << r.output;
+  ASSERT_NE(failure, std::string::npos) << r.output;
+  ASSERT_NE(culprit, std::string::npos) << r.output;
+  EXPECT_LT(stall, failure) << r.output;
+  EXPECT_EQ(r.output.find("link to node 2"), std::string::npos) << "named by node id\n" << r.output;
+  EXPECT_EQ(findProcesses(run_id).size(), 0u);
+}
+
+// A run that diverges stops every one of its processes, the first with the error naming the step,
+// and writes no checkpoint: nothing hangs waiting for the process that stopped.
+class DivergedRunTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DivergedRunTest, AnAbsurdLearningRateStopsEveryProcessNamingTheStep) {
+  TempDir cwd("dist_diverged");
+  const std::string schedule = GetParam();
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = runCommand(
+      in(cwd, troupeBinary() + " launch -n 2" + (schedule == "bsp-allreduce" ? "" : " -s 1") +
+                  " -- troupe train --model mlp" + dataFlags() + " --schedule " + schedule +
+                  " --num_epochs 2 --epoch_size 3200 --base_learning_rate 1e30 "
+                  "--checkpoint_every 1 --log_every 0 --threads 1 --peer_timeout 20 "
+                  "--checkpoint_dir " +
+                  cwd.str() + "/ck"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "[ measured ] " << schedule << ": the launcher exited after " << seconds << " s\n";
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(training diverged: the (loss|update) of step \d+ \(epoch 1\))")))
+      << r.output;
+  EXPECT_LT(seconds, 20) << "a process waited for the peer timeout\n" << r.output;
+  EXPECT_TRUE(!fs::exists(cwd.path() / "ck") || filesIn(cwd.path() / "ck", ".ckpt").empty())
+      << r.output;
+}
+
+// Without a launcher to stop the others, each process of a diverged run stops by itself: with the
+// error, or because a peer that stopped with it is gone; none waits for a timeout.
+TEST(DistributedTraining, EveryProcessOfADivergedRunStartedByHandStops) {
+  TempDir cwd("dist_diverged_hand");
+  const std::string common =
+      " train --model mlp" + dataFlags() +
+      " --num_epochs 2 --epoch_size 3200 --num_shards 2 --num_servers 1 --run_id diverged"
+      " --schedule dist_sync --base_learning_rate 1e30 --log_every 0 --threads 1 "
+      "--peer_timeout 30 --rendezvous tcp://127.0.0.1:" +
+      std::to_string(freeLoopbackPort());
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<CommandResult> results(3);
+  std::vector<std::thread> processes;
+  for (int i = 1; i < 3; ++i) {
+    const std::string who = i == 1 ? " --shard_id 1" : " --role server --shard_id 0";
+    processes.emplace_back(
+        [&, i, who] { results[i] = runCommand(in(cwd, troupeBinary() + common + who)); });
+  }
+  results[0] = runCommand(in(cwd, troupeBinary() + common + " --shard_id 0"));
+  for (auto& p : processes)
+    p.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "[ measured ] every process exited within " << seconds << " s\n";
+  EXPECT_LT(seconds, 20);
+  int diverged = 0;
+  for (const auto& r : results) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    diverged += r.output.find("training diverged: the ") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(diverged, 1) << results[0].output << results[1].output << results[2].output;
+  EXPECT_TRUE(filesIn(cwd.path(), ".ckpt").empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(DistributedTraining, DivergedRunTest,
+                         ::testing::Values("bsp-allreduce", "dist_sync", "dist_async"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           const std::string s = info.param;
+                           return s == "dist_sync"    ? std::string("DistSync")
+                                  : s == "dist_async" ? std::string("DistAsync")
+                                                      : std::string("BspAllreduce");
                          });
 
 }  // namespace

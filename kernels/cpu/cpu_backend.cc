@@ -64,7 +64,7 @@ class CpuBackend final : public Backend {
                    [&](std::int64_t b, std::int64_t e) { vec::scale(p + b, alpha, e - b); });
   }
 
-  void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
     TROUPE_ENFORCE_EQ(w.numel(), g.numel());
     TROUPE_ENFORCE_EQ(w.numel(), v.numel());
@@ -72,9 +72,14 @@ class CpuBackend final : public Backend {
     float* wp = w.f32();
     const float* gp = g.f32();
     float* vp = v.f32();
+    bool finite = true;
     cpu::forRanges(w.numel(), threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
-      vec::sgd(wp + b, gp + b, vp + b, e - b, lr, momentum, weight_decay, nesterov);
+      if (!vec::sgd(wp + b, gp + b, vp + b, e - b, lr, momentum, weight_decay, nesterov)) {
+#pragma omp atomic write
+        finite = false;
+      }
     });
+    return finite;
   }
 
   void synchronize() override {}

@@ -11,8 +11,9 @@ namespace troupe::kernels::cpu::vec {
 void reluForward(const float* x, float* y, std::int64_t n);
 // dx = dy where y > 0, else 0.
 void reluBackward(const float* y, const float* dy, float* dx, std::int64_t n);
-// PyTorch's SGD step (see Backend::sgdUpdate).
-void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
+// PyTorch's SGD step (see Backend::sgdUpdate). Returns whether every new w[i] is finite, tested
+// on the bits in the same pass (fast-math flags cannot fold the test away).
+bool sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
          float weight_decay, bool nesterov);
 // y += alpha * x.
 void axpy(float alpha, const float* x, float* y, std::int64_t n);

@@ -233,6 +233,7 @@ class AsioTransport final : public Transport {
   // `connection` is not registered).
   std::shared_ptr<Connection> registerLink(NodeId node,
                                            const std::shared_ptr<Connection>& connection);
+  std::shared_ptr<Connection> linkTo(NodeId node) const { return link(node); }
   // A connection accepted by `listener` authenticated or closed. Any thread.
   void releasePending(Listener listener);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
@@ -569,13 +570,18 @@ void Connection::onHello(wire::Hello::Reader hello) {
   if (!problem.empty()) return refuse(problem);
   node_ = hello.getNode();
   identified_ = true;
-  if (auto existing = owner_.registerLink(node_, shared_from_this())) {
-    return refuse(fmt::format(
+  const auto alreadyLinked = [&](const std::shared_ptr<Connection>& existing) {
+    refuse(fmt::format(
         "node {} is linked already (at {}), and a second process claims to be node {} from {}: "
         "two runs with one run id, or a process of an earlier start still running",
         node(), existing->remote(), node(), remote_));
-  }
+  };
+  if (auto existing = owner_.linkTo(node_)) return alreadyLinked(existing);
+  // Our Hello goes first: once the link is registered, other threads may queue messages on it.
   if (!expected_) enqueue(owner_.helloMessage(unix_));
+  if (auto existing = owner_.registerLink(node_, shared_from_this())) {
+    return alreadyLinked(existing);  // lost a race with another claimant
+  }
   mapPeerArena(hello);
   if (helloWaiter_) {
     helloWaiter_->set_value();

@@ -1,0 +1,81 @@
+// A run that diverges (inf or NaN in the loss or the weights) stops at the step where it happens,
+// naming it, and leaves no checkpoint behind.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <limits>
+#include <regex>
+
+#include "actors/trainer.h"
+#include "cli_util.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+namespace fs = std::filesystem;
+using troupe::testing::TempDir;
+using troupe::testing::testData;
+
+TrainOptions mlpOptions(const std::string& dir) {
+  TrainOptions o;
+  o.model.name = "mlp";
+  o.train_data = testData("lmdb") + "/train";
+  o.db_type = data::DbType::kLmdb;
+  o.batch_size = 64;
+  o.epoch_size = 64 * 20;
+  o.num_epochs = 2;
+  o.checkpoint_every = 1;
+  o.log_dir = dir;
+  o.log_every = 0;
+  o.threads = 1;
+  return o;
+}
+
+// The run's failure, "" if it ended normally.
+std::string failureOf(const TrainOptions& o) {
+  try {
+    runTraining(o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Checkpoints and their temporaries in `dir`.
+int checkpointFiles(const fs::path& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    n += e.path().filename().string().find(".ckpt") != std::string::npos ? 1 : 0;
+  return n;
+}
+
+TEST(Divergence, AnAbsurdLearningRateStopsTheRunNamingTheStepAndWritesNoCheckpoint) {
+  TempDir dir("diverged_lr");
+  auto o = mlpOptions(dir.str());
+  o.base_learning_rate = 1e30f;
+  const std::string failure = failureOf(o);
+  // Step 0 lands on weights of ~1e27; step 1's loss overflows.
+  EXPECT_TRUE(std::regex_search(
+      failure, std::regex(R"(training diverged: the loss of step 1 \(epoch 1\) is -?(nan|inf) on )"
+                          R"(replica 0 of worker 0)")))
+      << failure;
+  EXPECT_EQ(checkpointFiles(dir.path()), 0);
+}
+
+// Checked in the update's own pass: the run stops at the update that broke the weights, before
+// any replica computes with them.
+TEST(Divergence, AnUpdateThatLeavesInfOrNanInTheWeightsStopsTheRunAtThatStep) {
+  TempDir dir("diverged_update");
+  auto o = mlpOptions(dir.str());
+  o.sgd.weight_decay = std::numeric_limits<float>::infinity();
+  const std::string failure = failureOf(o);
+  EXPECT_NE(failure.find("training diverged: the update of step 0 (epoch 1) on worker 0 left inf "
+                         "or NaN in weights ["),
+            std::string::npos)
+      << failure;
+  EXPECT_EQ(checkpointFiles(dir.path()), 0);
+}
+
+}  // namespace
+}  // namespace troupe::actors
