@@ -136,7 +136,7 @@ class Launch:
     """One `troupe launch`, its output collected by a thread."""
 
     def __init__(self, args, folder, run_id, restart, servers=None, schedule=None,
-                 secret_file=None, read_output=True, epochs=None):
+                 secret_file=None, read_output=True, epochs=None, log_every=0):
         servers = args.servers if servers is None else servers
         command = [args.troupe, "launch", "-n", str(args.workers), "--launcher", "local",
                    "--run_id", run_id]
@@ -154,7 +154,7 @@ class Launch:
                     str(args.epoch_size),
                     "--batch_size", str(args.batch_size),
                     "--base_learning_rate", str(args.learning_rate),
-                    "--checkpoint_every", "1", "--log_every", "0", "--threads", "1",
+                    "--checkpoint_every", "1", "--log_every", str(log_every), "--threads", "1",
                     "--peer_timeout", str(args.peer_timeout),
                     "--stall_warning", str(max(0.5, args.peer_timeout / 2))]
         self.lines = []
@@ -376,15 +376,20 @@ def scenario_fds(args, index):
             ports = [p for p in _tcp_ports(target) if not p[0].startswith("0.")]
             time.sleep(0.05)
         for ip, port in ports[:1]:
+            if not launch.running():
+                break
             for _ in range(300):
                 s = socket.socket()
                 s.setblocking(False)
                 s.connect_ex((ip, port))
                 strangers.append(s)
+    during = launch.running()
     code = launch.wait(args.timeout)
     for s in strangers:
         s.close()
     end, lost = _outcome(args, launch, folder, code)
+    if len(strangers) < 300 or not during:
+        lost.append("the strangers did not all connect during the run: take more --scenario-epochs")
     lines = len(launch.lines)
     if lines > 2000:
         lost.append("%d output lines: the log was flooded" % lines)
@@ -396,20 +401,30 @@ def scenario_stalled_output(args, index):
     """Nobody reads the launcher's output for --stall-seconds while a worker is killed."""
     run_id = "chaos%d-stalled%d" % (os.getpid(), index)
     folder = tempfile.mkdtemp(prefix="troupe_chaos_stalled_")
+    # A line per step from every worker: far more than the 64 KiB a pipe holds.
     launch = Launch(args, folder, run_id, restart=True, read_output=False,
-                    epochs=args.scenario_epochs)
+                    epochs=args.scenario_epochs, log_every=1)
     workers = _wait_for_workers(launch, run_id, args.workers, args.timeout)
     time.sleep(0.5)
+    killed = False
     if workers:
-        os.kill(max(workers), signal.SIGKILL)
+        try:
+            os.kill(max(workers), signal.SIGKILL)
+            killed = True
+        except ProcessLookupError:
+            pass
     time.sleep(args.stall_seconds)
     code = launch.wait(args.timeout)
     end, lost = _outcome(args, launch, folder, code)
     left = run_processes(run_id)
     if left:
         lost.append("processes left: %s" % sorted(left))
+    if not killed:
+        lost.append("the run ended before a worker could be killed: take more --scenario-epochs")
     return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
-            "note": next((l for l in launch.lines if "dropped" in l), "no lines dropped")}
+            "note": "%d lines relayed; %s" % (
+                len(launch.lines),
+                next((l for l in launch.lines if "lines dropped" in l), "none dropped"))}
 
 
 def scenario_stop_server(args, index):
@@ -504,7 +519,7 @@ def main():
     parser.add_argument("--scenarios", default=None,
                         help="instead of kill/stop runs, run these faults (comma-separated, "
                              "or 'all'): " + ", ".join(SCENARIOS))
-    parser.add_argument("--scenario-epochs", type=int, default=3,
+    parser.add_argument("--scenario-epochs", type=int, default=30,
                         help="epochs of each scenario's run")
     parser.add_argument("--stall-seconds", type=float, default=20,
                         help="stalled-launcher-output: seconds nobody reads the launcher")
