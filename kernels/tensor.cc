@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "troupe/error.h"
 
@@ -47,7 +48,11 @@ Tensor Tensor::hostUninitialized(Shape shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
   const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
   void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
+  if (!p) {
+    throw ResourceError("out of memory: cannot allocate " + std::to_string(rounded) +
+                        " bytes for a tensor of shape " + toString(shape) +
+                        " (a smaller batch_size, or fewer replicas, needs less)");
+  }
   std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
 }

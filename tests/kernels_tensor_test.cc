@@ -30,5 +30,17 @@ TEST(Tensor, ViewKeepsElementCount) {
   EXPECT_THROW(t.view({5}), InvariantError);
 }
 
+TEST(Tensor, AnAllocationTheHostCannotMakeIsAResourceErrorNamingItsSize) {
+  // 256 TiB: more than x86-64's 128 TiB of user address space, so aligned_alloc fails whatever
+  // the overcommit policy.
+  try {
+    Tensor::host({std::int64_t{1} << 46});
+    FAIL() << "a 256 TiB tensor was allocated";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(std::string(e.what()).find("281474976710656 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch_size"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace troupe::kernels

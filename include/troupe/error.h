@@ -37,6 +37,12 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// The host lacks what the run asks of it (memory): the message says how much was asked for.
+class ResourceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A computed value is not finite (inf or NaN): the run diverged. The message names the step or
 // the file where it was found.
 class NumericError : public Error {
