@@ -6,7 +6,6 @@
 #include <random>
 #include <thread>
 
-#include "actors/run_id.h"
 #include "actors/trace.h"
 #include "actors/wire_codec.h"
 #include "rendezvous/exchange.h"

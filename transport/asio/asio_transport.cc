@@ -15,7 +15,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
-#include <filesystem>
 #include <future>
 #include <map>
 #include <mutex>
@@ -242,8 +241,11 @@ class AsioTransport final : public Transport {
  private:
   std::shared_ptr<Connection> link(NodeId node) const;  // null if none
   void listen();
-  void accept(asio::ip::tcp::acceptor& acceptor);
-  void accept(asio::local::stream_protocol::acceptor& acceptor);
+  // The accept loop of a listener, through its AcceptGate; each accepted socket goes to admit().
+  template <typename Acceptor>
+  void accept(Acceptor& acceptor, Listener listener);
+  // Adopts an accepted socket, or refuses it (a Unix peer of another user).
+  void admit(Socket socket, Listener listener);
   void adopt(Socket socket, const std::string& remote, Listener listener);
   AcceptGate& gate(Listener listener) {
     return listener == Listener::kTcp ? *tcpGate_ : *unixGate_;
@@ -577,12 +579,13 @@ void Connection::onHello(wire::Hello::Reader hello) {
         node(), existing->remote(), node(), remote_));
   };
   if (auto existing = owner_.linkTo(node_)) return alreadyLinked(existing);
-  // Our Hello goes first: once the link is registered, other threads may queue messages on it.
+  // Our Hello (and arena answer) go first: once the link is registered, other threads may queue
+  // messages on it.
   if (!expected_) enqueue(owner_.helloMessage(unix_));
+  mapPeerArena(hello);
   if (auto existing = owner_.registerLink(node_, shared_from_this())) {
     return alreadyLinked(existing);  // lost a race with another claimant
   }
-  mapPeerArena(hello);
   if (helloWaiter_) {
     helloWaiter_->set_value();
     helloWaiter_.reset();
@@ -705,6 +708,11 @@ void Connection::onWritten(const asio::error_code& error) {
   {
     std::lock_guard lock(mutex_);
     lastWrite_ = Clock::now();
+  }
+  if (error == asio::error::broken_pipe || error == asio::error::connection_reset) {
+    // The peer closed its end. Whether that was a clean close is for the read side to say (it
+    // sees the end at a frame boundary or mid-frame); nothing more is written (writing_ stays set).
+    if (refusal_.empty()) return;
   }
   if (error) {
     if (!closed_) closeOnStrand("write failed: " + error.message(), true);
@@ -831,7 +839,7 @@ void AsioTransport::listen() {
   tcpGate_ = std::make_unique<AcceptGate>(
       io_, fmt::format("transport node {} {}", options_.node, address_),
       options_.maxPendingHandshakes, log_);
-  asio::post(acceptStrand_, [this] { accept(tcpAcceptor_); });
+  asio::post(acceptStrand_, [this] { accept(tcpAcceptor_, Listener::kTcp); });
 
   if (options_.unixSocket) {
     // Abstract: nothing on disk to plant, rename or leave behind; random, so that no other run
@@ -854,63 +862,49 @@ void AsioTransport::listen() {
     unixGate_ = std::make_unique<AcceptGate>(
         io_, fmt::format("transport node {} unix://{}", options_.node, path),
         options_.maxPendingHandshakes, log_);
-    asio::post(acceptStrand_, [this] { accept(unixAcceptor_); });
+    asio::post(acceptStrand_, [this] { accept(unixAcceptor_, Listener::kUnix); });
   }
 }
 
-void AsioTransport::accept(asio::ip::tcp::acceptor& acceptor) {
-  tcpGate_->next([this, &acceptor] {
+template <typename Acceptor>
+void AsioTransport::accept(Acceptor& acceptor, Listener listener) {
+  gate(listener).next([this, &acceptor, listener] {
     auto socket = std::make_shared<Socket>(io_);
     acceptor.async_accept(
-        *socket, asio::bind_executor(acceptStrand_, [this, socket,
-                                                     &acceptor](const asio::error_code& error) {
+        *socket, asio::bind_executor(acceptStrand_, [this, socket, &acceptor,
+                                                     listener](const asio::error_code& error) {
           if (error == asio::error::operation_aborted || stopping_) return;
-          if (!error) {
-            tcpGate_->accepted();
-            asio::error_code ignored;
-            socket->set_option(asio::ip::tcp::no_delay(true), ignored);
-            const std::string remote = describe(socket->remote_endpoint(ignored), "tcp://?");
-            adopt(std::move(*socket), remote, Listener::kTcp);
+          if (error) {
+            gate(listener).failed(error);
           } else {
-            tcpGate_->failed(error);
+            gate(listener).accepted();
+            admit(std::move(*socket), listener);
           }
-          accept(acceptor);
+          accept(acceptor, listener);
         }));
   });
 }
 
-void AsioTransport::accept(asio::local::stream_protocol::acceptor& acceptor) {
-  unixGate_->next([this, &acceptor] {
-    auto socket = std::make_shared<Socket>(io_);
-    acceptor.async_accept(
-        *socket, asio::bind_executor(acceptStrand_, [this, socket,
-                                                     &acceptor](const asio::error_code& error) {
-          if (error == asio::error::operation_aborted || stopping_) return;
-          if (!error) {
-            unixGate_->accepted();
-            // Who is at the other end: the kernel says, whatever the peer claims.
-            ucred peer{};
-            socklen_t length = sizeof peer;
-            ::getsockopt(socket->native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &length);
-            const std::string remote = fmt::format("unix://{} (accepted from pid {}, uid {})",
-                                                   unixPath_, peer.pid, peer.uid);
-            if (peer.uid != ::geteuid()) {
-              log_->error(
-                  "transport node {}: refused {}: not this process's user (uid {}); only the "
-                  "run's own processes may link through its Unix socket",
-                  options_.node, remote, ::geteuid());
-              asio::error_code ignored;
-              socket->close(ignored);
-              unixGate_->release();
-            } else {
-              adopt(std::move(*socket), remote, Listener::kUnix);
-            }
-          } else {
-            unixGate_->failed(error);
-          }
-          accept(acceptor);
-        }));
-  });
+void AsioTransport::admit(Socket socket, Listener listener) {
+  asio::error_code ignored;
+  if (listener == Listener::kTcp) {
+    socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+    const std::string remote = describe(socket.remote_endpoint(ignored), "tcp://?");
+    return adopt(std::move(socket), remote, listener);
+  }
+  // Who is at the other end of a Unix socket: the kernel says, whatever the peer claims.
+  ucred peer{};
+  socklen_t length = sizeof peer;
+  ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &peer, &length);
+  const std::string remote =
+      fmt::format("unix://{} (accepted from pid {}, uid {})", unixPath_, peer.pid, peer.uid);
+  if (peer.uid == ::geteuid()) return adopt(std::move(socket), remote, listener);
+  log_->error(
+      "transport node {}: refused {}: not this process's user (uid {}); only the run's own "
+      "processes may link through its Unix socket",
+      options_.node, remote, ::geteuid());
+  socket.close(ignored);
+  gate(listener).release();
 }
 
 void AsioTransport::adopt(Socket socket, const std::string& remote, Listener listener) {
