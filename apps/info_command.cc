@@ -6,6 +6,7 @@
 
 #include "apps/commands.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
 #include "troupe/config.h"
 
 namespace troupe::apps {
@@ -16,6 +17,8 @@ void addInfoCommand(CLI::App& app) {
     fmt::print("troupe {}\n", TROUPE_VERSION);
     fmt::print("cuda backend: {}\n", TROUPE_USE_CUDA ? "built" : "not built");
     fmt::print("hardware threads: {}\n", std::thread::hardware_concurrency());
+    fmt::print("cpu kernels: {} (held lower by TROUPE_MAX_CPU_ISA or ONEDNN_MAX_CPU_ISA)\n",
+               kernels::cpu::isaName(kernels::cpu::cpuIsa()));
   });
 }
 

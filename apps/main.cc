@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "apps/commands.h"
+#include "kernels/cpu/isa.h"
 #include "troupe/error.h"
 
 namespace {
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   troupe::apps::addInfoCommand(app);
   troupe::apps::addBenchCommand(app);
   try {
+    troupe::kernels::cpu::cpuIsa();  // a bad TROUPE_MAX_CPU_ISA is refused before any work
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -232,7 +232,7 @@ TEST_F(NetTest, DifferentSeedsGiveDifferentInitialWeights) {
 
 // The whole net's gradient (residual adds, batch norm, strided shortcuts) against finite
 // differences on one weight of every parameter tensor. ReLU kinks and tiny-batch batch norm make a
-// few central differences unreliable, so most (not all) must agree. (Checked separately against
+// few finite differences unreliable, so most (not all) must agree. (Checked separately against
 // PyTorch in double precision: max relative error 4e-6.)
 TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
   auto backend = makeCpuBackend(1);
@@ -257,10 +257,24 @@ TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
     w[i] = keep - eps;
     const double down = loss();
     w[i] = keep;
-    const double numeric = (up - down) / (2 * eps);
+    const double centre = loss();
+    // Where L' is monotone on [w - eps, w + eps] (no ReLU kink or batch-norm turn inside), the
+    // mean value theorem puts L'(w) between the one-sided differences; each is off by at most
+    // 2 dL / eps for a loss rounded within dL of its exact value, and dL <= 2 ulp(L) (the final
+    // rounding and the mean of three per-image losses, each rounded once more).
+    const double forward = (up - centre) / eps, backward = (centre - down) / eps;
+    const double ulp = std::nextafter(static_cast<float>(std::abs(centre)), INFINITY) -
+                       static_cast<float>(std::abs(centre));
+    const double rounding = 2 * (2 * ulp) / eps;
     ++checked;
-    if (std::abs(numeric - grads[i]) <= 0.1 * std::max(0.1, std::abs(numeric))) ++agree;
+    if (grads[i] >= std::min(forward, backward) - rounding &&
+        grads[i] <= std::max(forward, backward) + rounding) {
+      ++agree;
+    }
   }
+  // Kinks inside the interval make L' non-monotone there for a few weights (two of 65 on
+  // AVX-512, AVX2 and baseline alike); a wrong gradient (a missing residual term, a transposed
+  // shortcut) leaves most of them outside.
   EXPECT_GE(agree, checked * 9 / 10) << "of " << checked;
 }
 

@@ -6,12 +6,17 @@
 #include <functional>
 #include <vector>
 
+#include "float_bounds.h"
 #include "kernels/backend.h"
 #include "kernels/random.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 namespace {
+
+using troupe::testing::gammaN;
+using troupe::testing::kFloatRoundoff;
+using troupe::testing::ReferenceSum;
 
 Tensor randomHost(Shape shape, std::uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
   Tensor t = Tensor::host(std::move(shape));
@@ -27,7 +32,18 @@ double dot(const Tensor& a, const Tensor& b) {
   return s;
 }
 
-// Compares analytic[i] with (L(v + eps e_i) - L(v - eps e_i)) / (2 eps) for every element of v.
+// Compares analytic[i] with (L(v + eps e_i) - L(v - eps e_i)) / (2 eps) for every element of v,
+// relative to the largest analytic gradient (at least 1e-3). The error bound: the central
+// difference's truncation, eps^2 / 6 * max |d3L/dv3|, is zero for the piecewise-linear ops
+// (convolution, inner product, ReLU, max pooling, on data with no kink within eps) and small for
+// batch norm and softmax at the eps they use; and the rounding of L. The kernels are
+// deterministic, so the outputs that v[i] does not reach round the same way in both evaluations
+// and cancel exactly: only the m outputs that v[i] reaches count, each within gamma_n * sum
+// |terms| (float_bounds.h). Here m <= 150 and n <= 150 with terms of order 1, so that rounding is
+// at most 150 * gammaN(150) * 150 / (2 eps) ~ 1e-1 absolute in the worst case and
+// 150 * probableGammaN(150) * 150 / (2 eps) ~ 6e-3 with errors of both signs, against gradients
+// of scale ~1. tol = 2e-2 covers that and the truncation; a wrong gradient (a missing term, a
+// transposed index) is off by O(1).
 void expectGradient(const char* what, const Tensor& v, const Tensor& analytic,
                     const std::function<double()>& loss, float eps = 1e-2f, double tol = 2e-2) {
   ASSERT_EQ(v.numel(), analytic.numel());
@@ -114,16 +130,19 @@ TEST_F(OpsTest, ConvolutionForwardMatchesADirectLoop) {
     for (int o = 0; o < 4; ++o)
       for (int oy = 0; oy < g.outHeight(); ++oy)
         for (int ox = 0; ox < g.outWidth(); ++ox) {
-          double s = b.f32()[o];
+          ReferenceSum s;
+          s.add(b.f32()[o]);
           for (int c = 0; c < 3; ++c)
             for (int ki = 0; ki < 3; ++ki)
               for (int kj = 0; kj < 3; ++kj) {
                 const int iy = oy * 2 - 1 + ki, ix = ox * 2 - 1 + kj;
                 if (iy < 0 || iy >= 6 || ix < 0 || ix >= 5) continue;
-                s += double(x.f32()[((n * 3 + c) * 6 + iy) * 5 + ix]) *
-                     w.f32()[((o * 3 + c) * 3 + ki) * 3 + kj];
+                s.add(double(x.f32()[((n * 3 + c) * 6 + iy) * 5 + ix]) *
+                      w.f32()[((o * 3 + c) * 3 + ki) * 3 + kj]);
               }
-          EXPECT_NEAR(y.f32()[((n * 4 + o) * g.outHeight() + oy) * g.outWidth() + ox], s, 1e-4);
+          // A dot product of at most 28 terms in any order: gamma_28 * sum |terms|.
+          EXPECT_NEAR(y.f32()[((n * 4 + o) * g.outHeight() + oy) * g.outWidth() + ox], s.value,
+                      s.floatBound());
         }
 }
 
@@ -151,32 +170,36 @@ TEST_F(OpsTest, FirstLayerConvolutionMatchesDirectLoops) {
       return double(dy.f32()[((n * g.out_channels + o) * oh + oy) * ow + ox]);
     };
     for (std::int64_t o = 0; o < g.out_channels; ++o) {
-      double bias_grad = 0;
+      // Each output is a dot product of channels * k * k terms (plus the bias), each gradient a
+      // sum over images and pixels: within gamma_n * sum |terms| in any order (float_bounds.h).
+      ReferenceSum bias_grad;
       for (std::int64_t n = 0; n < g.n; ++n)
         for (std::int64_t oy = 0; oy < oh; ++oy)
           for (std::int64_t ox = 0; ox < ow; ++ox) {
-            double s = g.bias ? b.f32()[o] : 0.0;
+            ReferenceSum s;
+            if (g.bias) s.add(b.f32()[o]);
             for (std::int64_t c = 0; c < g.channels; ++c)
               for (std::int64_t ki = 0; ki < k; ++ki)
                 for (std::int64_t kj = 0; kj < k; ++kj)
-                  s += xat(n, c, oy + ki, ox + kj) *
-                       w.f32()[((o * g.channels + c) * k + ki) * k + kj];
-            ASSERT_NEAR(y.f32()[((n * g.out_channels + o) * oh + oy) * ow + ox], s, 1e-4)
+                  s.add(xat(n, c, oy + ki, ox + kj) *
+                        w.f32()[((o * g.channels + c) * k + ki) * k + kj]);
+            ASSERT_NEAR(y.f32()[((n * g.out_channels + o) * oh + oy) * ow + ox], s.value,
+                        s.floatBound())
                 << "width " << g.width << " output channel " << o;
-            bias_grad += dyat(n, o, oy, ox);
+            bias_grad.add(dyat(n, o, oy, ox));
           }
       if (g.bias) {
-        ASSERT_NEAR(db.f32()[o], bias_grad, 1e-4) << "width " << g.width;
+        ASSERT_NEAR(db.f32()[o], bias_grad.value, bias_grad.floatBound()) << "width " << g.width;
       }
       for (std::int64_t c = 0; c < g.channels; ++c)
         for (std::int64_t ki = 0; ki < k; ++ki)
           for (std::int64_t kj = 0; kj < k; ++kj) {
-            double s = 0;
+            ReferenceSum s;
             for (std::int64_t n = 0; n < g.n; ++n)
               for (std::int64_t oy = 0; oy < oh; ++oy)
                 for (std::int64_t ox = 0; ox < ow; ++ox)
-                  s += dyat(n, o, oy, ox) * xat(n, c, oy + ki, ox + kj);
-            ASSERT_NEAR(dw.f32()[((o * g.channels + c) * k + ki) * k + kj], s, 1e-4)
+                  s.add(dyat(n, o, oy, ox) * xat(n, c, oy + ki, ox + kj));
+            ASSERT_NEAR(dw.f32()[((o * g.channels + c) * k + ki) * k + kj], s.value, s.floatBound())
                 << "width " << g.width << " output channel " << o;
           }
     }
@@ -304,30 +327,31 @@ TEST_F(OpsTest, InnerProductSplitAmongThreadsMatchesDirectLoops) {
   };
   for (std::int64_t i = 0; i < n; ++i) {
     for (std::int64_t o = 0; o < out; ++o) {
-      double v = at(b, out, 0, o);
+      ReferenceSum v;
+      v.add(at(b, out, 0, o));
       for (std::int64_t k = 0; k < in; ++k)
-        v += at(x, in, i, k) * at(w, in, o, k);
-      ASSERT_NEAR(at(y, out, i, o), v, 1e-4 * (1 + std::abs(v))) << "y " << i << "," << o;
+        v.add(at(x, in, i, k) * at(w, in, o, k));
+      ASSERT_NEAR(at(y, out, i, o), v.value, v.floatBound()) << "y " << i << "," << o;
     }
   }
   for (std::int64_t o = 0; o < out; ++o) {
-    double sum = 0;
+    ReferenceSum sum;
     for (std::int64_t i = 0; i < n; ++i)
-      sum += at(dy, out, i, o);
-    ASSERT_NEAR(at(db, out, 0, o), sum, 1e-4 * (1 + std::abs(sum))) << "db " << o;
+      sum.add(at(dy, out, i, o));
+    ASSERT_NEAR(at(db, out, 0, o), sum.value, sum.floatBound()) << "db " << o;
     for (std::int64_t k = 0; k < in; ++k) {
-      double v = 0;
+      ReferenceSum v;
       for (std::int64_t i = 0; i < n; ++i)
-        v += at(dy, out, i, o) * at(x, in, i, k);
-      ASSERT_NEAR(at(dw, in, o, k), v, 1e-4 * (1 + std::abs(v))) << "dw " << o << "," << k;
+        v.add(at(dy, out, i, o) * at(x, in, i, k));
+      ASSERT_NEAR(at(dw, in, o, k), v.value, v.floatBound()) << "dw " << o << "," << k;
     }
   }
   for (std::int64_t i = 0; i < n; ++i) {
     for (std::int64_t k = 0; k < in; ++k) {
-      double v = 0;
+      ReferenceSum v;
       for (std::int64_t o = 0; o < out; ++o)
-        v += at(dy, out, i, o) * at(w, in, o, k);
-      ASSERT_NEAR(at(dx, in, i, k), v, 1e-4 * (1 + std::abs(v))) << "dx " << i << "," << k;
+        v.add(at(dy, out, i, o) * at(w, in, o, k));
+      ASSERT_NEAR(at(dx, in, i, k), v.value, v.floatBound()) << "dx " << i << "," << k;
     }
   }
 }
@@ -377,11 +401,20 @@ TEST_F(OpsTest, BatchNormUpdatesRunningStatisticsWithMomentum) {
   Tensor mean = Tensor::host({1}), var = Tensor::host({1});
   var.f32()[0] = 1;
   op->forward(x, gamma, beta, mean, var, y, true);
-  EXPECT_NEAR(mean.f32()[0], 0.1 * 3, 1e-6);
-  EXPECT_NEAR(var.f32()[0], 0.9 + 0.1 * 14.0 / 3.0, 1e-6);
-  EXPECT_NEAR(y.f32()[0], (1 - 3) / std::sqrt(3.5 + 1e-5), 1e-5);
+  // The statistics are sums of 4 terms (squares of at most 9: sum |terms| <= 14 for the
+  // variance), within gamma_4 * sum |terms|, then a few (< 8) rounded scalings and adds; y adds a
+  // square root, a division and a multiply: its relative error is at most half the variance's
+  // plus 8 u.
+  const double u = kFloatRoundoff;
+  EXPECT_NEAR(mean.f32()[0], 0.1 * 3, 0.1 * gammaN(4) * 12 + 8 * u * 0.3);
+  const double var_error = gammaN(4) * 14 + 8 * u * 14.0 / 3.0;
+  EXPECT_NEAR(var.f32()[0], 0.9 + 0.1 * 14.0 / 3.0, 0.1 * var_error + 8 * u);
+  const double y0 = (1 - 3) / std::sqrt(3.5 + 1e-5);
+  EXPECT_NEAR(y.f32()[0], y0, std::abs(y0) * (var_error / 3.5 / 2 + 8 * u));
   op->forward(x, gamma, beta, mean, var, y, false);  // inference: running statistics
-  EXPECT_NEAR(y.f32()[0], (1 - 0.3) / std::sqrt(0.9 + 1.4 / 3.0 * 1.0 + 1e-5), 1e-5);
+  const double running_var = 0.9 + 1.4 / 3.0 * 1.0;
+  const double y1 = (1 - 0.3) / std::sqrt(running_var + 1e-5);
+  EXPECT_NEAR(y.f32()[0], y1, std::abs(y1) * ((0.1 * var_error + 8 * u) / running_var / 2 + 8 * u));
 }
 
 TEST_F(OpsTest, DropoutIsDeterministicGivenTheSeedAndScalesKeptElements) {
@@ -397,6 +430,7 @@ TEST_F(OpsTest, DropoutIsDeterministicGivenTheSeedAndScalesKeptElements) {
       EXPECT_FLOAT_EQ(y1.f32()[i], x.f32()[i] / 0.75f);
     }
   }
+  // The seed fixes the draw; any seed keeps Binomial(1000, 0.75) elements: sd 13.7, 60 = 4.4 sd.
   EXPECT_NEAR(kept, 750, 60);
   op->forward(x, y2, 8);
   EXPECT_NE(std::vector<float>(y1.f32(), y1.f32() + 1000),
@@ -459,7 +493,12 @@ TEST_F(OpsTest, SoftmaxLossCountsCorrectTopOnePredictions) {
   op->forward(z, labels, metrics);
   EXPECT_EQ(metrics.f32()[1], 2.0f);
   const double small = std::log(1 + 2 * std::exp(-5.0)), big = 5 + small;
-  EXPECT_NEAR(metrics.f32()[0], 2 * small + big, 1e-4);
+  // Each sample's loss, log(sum exp(z - max)) - (z_label - max), takes under 10 rounded
+  // operations of at most 4 ulp each (glibc's vector expf and logf are within 4 ulp) on values of
+  // at most |z| + log 3; the three losses are then summed.
+  const double bound =
+      3 * 10 * 4 * kFloatRoundoff * (5 + std::log(3.0)) + gammaN(3) * (2 * small + big);
+  EXPECT_NEAR(metrics.f32()[0], 2 * small + big, bound);
 }
 
 TEST_F(OpsTest, SoftmaxLossRejectsALabelOutsideTheClasses) {
@@ -499,6 +538,22 @@ TEST_F(OpsTest, ChunkedConvolutionMatchesOneImageAtATime) {
   Tensor dw = Tensor::host(w.shape()), db = Tensor::host(b.shape());
   op->forward(x, w, b, y);
   op->backward(x, w, dy, dx, dw, db);
+  // Both sides are float sums of the same terms in other orders, each within gamma_n * sum |terms|
+  // of the exact value (float_bounds.h), so they differ by at most twice that. The longest sum is
+  // a dx element's, over 50 output channels * 5 * 5 = 1250 terms; sum |terms| comes from the same
+  // op run on |x|, |w|, |b|, |dy| (a float sum of non-negative terms, within (1 + gamma_n) of it).
+  const double gamma = gammaN(1250), slack = 2 * gamma * (1 + gamma);
+  auto magnitude = [](const Tensor& t) {
+    Tensor a = Tensor::host(t.shape());
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      a.f32()[i] = std::abs(t.f32()[i]);
+    return a;
+  };
+  Tensor xa = magnitude(x), wa = magnitude(w), ba = magnitude(b), dya = magnitude(dy);
+  Tensor ya = Tensor::host(dy.shape()), dxa = Tensor::host(x.shape());
+  Tensor dwa = Tensor::host(w.shape()), dba = Tensor::host(b.shape());
+  op->forward(xa, wa, ba, ya);
+  op->backward(xa, wa, dya, dxa, dwa, dba);
   std::vector<double> sum_dw(w.numel()), sum_db(50);
   for (int i = 0; i < 9; ++i) {
     Tensor xi = x.slice(i * 2880, (i + 1) * 2880), dyi = dy.slice(i * 3200, (i + 1) * 3200);
@@ -507,18 +562,18 @@ TEST_F(OpsTest, ChunkedConvolutionMatchesOneImageAtATime) {
     single->forward(xi, w, b, yi);
     single->backward(xi, w, dyi, dxi, dwi, dbi);
     for (int k = 0; k < 3200; ++k)
-      ASSERT_NEAR(y.f32()[i * 3200 + k], yi.f32()[k], 1e-4);
+      ASSERT_NEAR(y.f32()[i * 3200 + k], yi.f32()[k], slack * ya.f32()[i * 3200 + k]);
     for (int k = 0; k < 2880; ++k)
-      ASSERT_NEAR(dx.f32()[i * 2880 + k], dxi.f32()[k], 1e-4);
+      ASSERT_NEAR(dx.f32()[i * 2880 + k], dxi.f32()[k], slack * dxa.f32()[i * 2880 + k]);
     for (int k = 0; k < w.numel(); ++k)
       sum_dw[k] += dwi.f32()[k];
     for (int k = 0; k < 50; ++k)
       sum_db[k] += dbi.f32()[k];
   }
   for (int k = 0; k < w.numel(); ++k)
-    ASSERT_NEAR(dw.f32()[k], sum_dw[k], 1e-3);
+    ASSERT_NEAR(dw.f32()[k], sum_dw[k], slack * dwa.f32()[k]);
   for (int k = 0; k < 50; ++k)
-    ASSERT_NEAR(db.f32()[k], sum_db[k], 1e-3);
+    ASSERT_NEAR(db.f32()[k], sum_db[k], slack * dba.f32()[k]);
 }
 
 }  // namespace

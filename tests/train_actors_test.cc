@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 
 #include "actors/trainer.h"
 #include "cli_util.h"
+#include "float_bounds.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -41,6 +43,10 @@ std::pair<double, double> relativeDifference(const kernels::Tensor& a, const ker
   return {max_diff / max_a, std::sqrt(sq_diff / sq_a)};
 }
 
+// One replica of batch 64 against replicas whose batches add up to 64: the same sums in other
+// orders (float_bounds.h; conv1's weight gradient sums 64 * 24 * 24 terms), momentum 0.9.
+const double kReplicasBound = troupe::testing::sgdTrajectoryBound(64 * 24 * 24, 0.9);
+
 // Caffe's LeNet learning rate, 0.01. (At 0.05 without warmup the first steps are chaotic enough
 // that float rounding alone, e.g. 1 vs 2 threads in one replica, grows to ~4e-5 by step 20.)
 TEST(Training, TwoReplicasOfBatch32GiveTheParametersOfOneReplicaOfBatch64) {
@@ -57,14 +63,17 @@ TEST(Training, TwoReplicasOfBatch32GiveTheParametersOfOneReplicaOfBatch64) {
   ASSERT_EQ(one.steps, 20);
   ASSERT_EQ(two.steps, 20);
   const auto [max_rel, norm_rel] = relativeDifference(one.weights, two.weights);
-  EXPECT_LE(max_rel, 1e-5);
-  EXPECT_LE(norm_rel, 1e-5);
-  // And training did move the weights: the comparison is not between two untouched inits.
+  std::cout << "[ measured ] 2 replicas vs 1: relative difference max " << max_rel << ", norm "
+            << norm_rel << " (bound " << kReplicasBound << ")\n";
+  EXPECT_LE(max_rel, kReplicasBound);
+  EXPECT_LE(norm_rel, kReplicasBound);
+  // And the bound can tell: 18 steps of training move the weights ten times as far, so the
+  // comparison is neither between two untouched inits nor blind to a lost step.
   o.num_epochs = 1;
   o.epoch_size = 64 * 2;
   o.replicas = 1;
   const auto early = runTraining(o);
-  EXPECT_GT(relativeDifference(one.weights, early.weights).second, 1e-3);
+  EXPECT_GT(relativeDifference(one.weights, early.weights).second, 10 * kReplicasBound);
 }
 
 TEST(Training, UnequalWorkLoadsStillMatchOneReplica) {
@@ -78,7 +87,7 @@ TEST(Training, UnequalWorkLoadsStillMatchOneReplica) {
   o.replicas = 2;
   o.work_load_list = {1, 3};  // 16 + 48
   const auto two = runTraining(o);
-  EXPECT_LE(relativeDifference(one.weights, two.weights).second, 1e-5);
+  EXPECT_LE(relativeDifference(one.weights, two.weights).second, kReplicasBound);
 }
 
 TEST(Training, ResumingFromAMidRunCheckpointGivesTheUninterruptedResult) {
@@ -97,9 +106,11 @@ TEST(Training, ResumingFromAMidRunCheckpointGivesTheUninterruptedResult) {
   EXPECT_EQ(resumed.steps, full.steps);
   ASSERT_EQ(resumed.epochs.size(), 2u);
   EXPECT_EQ(resumed.epochs.front().epoch, 2);
+  // The same kernels, thread count and order of every sum from the same checkpointed state: the
+  // resumed run repeats the uninterrupted one's float operations exactly.
   const auto [max_rel, norm_rel] = relativeDifference(full.weights, resumed.weights);
-  EXPECT_LE(max_rel, 1e-6);
-  EXPECT_LE(norm_rel, 1e-6);
+  EXPECT_EQ(max_rel, 0.0);
+  EXPECT_EQ(norm_rel, 0.0);
 }
 
 TEST(Training, LenetLearnsFashionMnistInOneEpoch) {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
+
 namespace troupe::kernels::cpu {
 namespace {
 
@@ -174,8 +176,8 @@ void addLanes(const float* lanes, std::int64_t n, float* out) {
 }  // namespace
 
 bool directConvFits(const ConvGeometry& g) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  return avx512 && g.stride == 1 && g.pad == 0 && g.outWidth() >= 1 && g.outWidth() <= 32;
+  return cpuIsa() == Isa::kAvx512 && g.stride == 1 && g.pad == 0 && g.outWidth() >= 1 &&
+         g.outWidth() <= 32;
 }
 
 void directConvForward(const ConvGeometry& g, const float* x, const float* w, const float* b,

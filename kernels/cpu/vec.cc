@@ -5,24 +5,9 @@
 #include <algorithm>
 #include <bit>
 
+#include "kernels/cpu/isa.h"
+
 namespace troupe::kernels::cpu::vec {
-
-#define TROUPE_VEC_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-TROUPE_VEC_CLONES void reluForward(const float* __restrict x, float* __restrict y, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    y[i] = std::max(x[i], 0.0f);
-}
-
-TROUPE_VEC_CLONES void reluBackward(const float* __restrict y, const float* __restrict dy,
-                                    float* __restrict dx, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
-}
-
 namespace {
 // The exponent bits of a float: all ones for inf and NaN only.
 constexpr std::uint32_t kExponentBits = 0x7f800000u;
@@ -30,84 +15,68 @@ inline std::uint32_t exponentBits(float x) {
   return std::bit_cast<std::uint32_t>(x) & kExponentBits;
 }
 }  // namespace
+}  // namespace troupe::kernels::cpu::vec
 
-TROUPE_VEC_CLONES bool sgd(float* __restrict w, const float* __restrict g, float* __restrict v,
-                           std::int64_t n, float lr, float momentum, float weight_decay,
-                           bool nesterov) {
-  // The finiteness test rides on the update: a max over values already in registers. Measured on
-  // the MLP's 235k weights, one thread, AVX2: 29.3 us with it, 29.4 us without; a separate pass
-  // over w costs 8 us more (2.4% of the MLP's 330 us training step).
-  std::uint32_t worst = 0;
-  if (nesterov) {
-#pragma omp simd reduction(max : worst)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float grad = g[i] + weight_decay * w[i];
-      const float vel = momentum * v[i] + grad;
-      v[i] = vel;
-      const float updated = w[i] - lr * (grad + momentum * vel);
-      w[i] = updated;
-      worst = std::max(worst, exponentBits(updated));
+// The loops, once per instruction set (what GCC's target_clones would make, but chosen by
+// cpuIsa() at run time, so TROUPE_MAX_CPU_ISA can hold an AVX-512 machine to AVX2's code).
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+namespace troupe::kernels::cpu::vec::avx512 {
+#include "kernels/cpu/vec_loops.inc"
+}  // namespace troupe::kernels::cpu::vec::avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+namespace troupe::kernels::cpu::vec::avx2 {
+#include "kernels/cpu/vec_loops.inc"
+}  // namespace troupe::kernels::cpu::vec::avx2
+#pragma GCC pop_options
+
+namespace troupe::kernels::cpu::vec::baseline {
+#include "kernels/cpu/vec_loops.inc"
+}  // namespace troupe::kernels::cpu::vec::baseline
+
+namespace troupe::kernels::cpu::vec {
+namespace {
+
+struct Loops {
+  decltype(&baseline::reluForward) reluForward;
+  decltype(&baseline::reluBackward) reluBackward;
+  decltype(&baseline::sgd) sgd;
+  decltype(&baseline::axpy) axpy;
+  decltype(&baseline::scale) scale;
+  decltype(&baseline::add) add;
+  decltype(&baseline::addScalar) addScalar;
+  decltype(&baseline::addRowVector) addRowVector;
+  decltype(&baseline::sumRows) sumRows;
+  decltype(&baseline::maxPool2x2Portable) maxPool2x2;
+};
+
+#define TROUPE_VEC_LOOPS(ns)                                                        \
+  Loops {                                                                           \
+    &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add, \
+        &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable    \
+  }
+
+const Loops& loops() {
+  static const Loops chosen = [] {
+    switch (cpuIsa()) {
+      case Isa::kAvx512:
+        return TROUPE_VEC_LOOPS(avx512);
+      case Isa::kAvx2:
+        return TROUPE_VEC_LOOPS(avx2);
+      case Isa::kBaseline:
+        break;
     }
-  } else {
-#pragma omp simd reduction(max : worst)
-    for (std::int64_t i = 0; i < n; ++i) {
-      const float grad = g[i] + weight_decay * w[i];
-      const float vel = momentum * v[i] + grad;
-      v[i] = vel;
-      const float updated = w[i] - lr * vel;
-      w[i] = updated;
-      worst = std::max(worst, exponentBits(updated));
-    }
-  }
-  return worst != kExponentBits;
+    return TROUPE_VEC_LOOPS(baseline);
+  }();
+  return chosen;
 }
 
-TROUPE_VEC_CLONES void axpy(float alpha, const float* __restrict x, float* __restrict y,
-                            std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    y[i] += alpha * x[i];
-}
+#undef TROUPE_VEC_LOOPS
 
-TROUPE_VEC_CLONES void scale(float* x, float alpha, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    x[i] *= alpha;
-}
-
-TROUPE_VEC_CLONES void add(const float* a, const float* b, float* y, std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    y[i] = a[i] + b[i];
-}
-
-TROUPE_VEC_CLONES void addScalar(const float* __restrict x, float bias, float* __restrict y,
-                                 std::int64_t n) {
-#pragma omp simd
-  for (std::int64_t i = 0; i < n; ++i)
-    y[i] = x[i] + bias;
-}
-
-TROUPE_VEC_CLONES void addRowVector(float* __restrict y, const float* __restrict b,
-                                    std::int64_t rows, std::int64_t cols) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float* row = y + r * cols;
-#pragma omp simd
-    for (std::int64_t c = 0; c < cols; ++c)
-      row[c] += b[c];
-  }
-}
-
-TROUPE_VEC_CLONES void sumRows(const float* __restrict x, std::int64_t ld, float* __restrict s,
-                               std::int64_t rows, std::int64_t cols) {
-  std::fill(s, s + cols, 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * ld;
-#pragma omp simd
-    for (std::int64_t c = 0; c < cols; ++c)
-      s[c] += row[c];
-  }
-}
+}  // namespace
 
 namespace {
 
@@ -164,32 +133,49 @@ __attribute__((target("avx512f"))) void maxPool2x2Avx512(const float* x, float* 
 
 }  // namespace
 
-TROUPE_VEC_CLONES void maxPool2x2(const float* __restrict x, float* __restrict y,
-                                  std::int32_t* __restrict argmax, std::int64_t h, std::int64_t w) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512 && w / 2 < 16) {
+void reluForward(const float* x, float* y, std::int64_t n) {
+  loops().reluForward(x, y, n);
+}
+
+void reluBackward(const float* y, const float* dy, float* dx, std::int64_t n) {
+  loops().reluBackward(y, dy, dx, n);
+}
+
+bool sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
+         float weight_decay, bool nesterov) {
+  return loops().sgd(w, g, v, n, lr, momentum, weight_decay, nesterov);
+}
+
+void axpy(float alpha, const float* x, float* y, std::int64_t n) {
+  loops().axpy(alpha, x, y, n);
+}
+
+void scale(float* x, float alpha, std::int64_t n) {
+  loops().scale(x, alpha, n);
+}
+
+void add(const float* a, const float* b, float* y, std::int64_t n) {
+  loops().add(a, b, y, n);
+}
+
+void addScalar(const float* x, float bias, float* y, std::int64_t n) {
+  loops().addScalar(x, bias, y, n);
+}
+
+void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols) {
+  loops().addRowVector(y, b, rows, cols);
+}
+
+void sumRows(const float* x, std::int64_t ld, float* s, std::int64_t rows, std::int64_t cols) {
+  loops().sumRows(x, ld, s, rows, cols);
+}
+
+void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, std::int64_t w) {
+  if (cpuIsa() == Isa::kAvx512 && w / 2 < 16) {
     maxPool2x2Avx512(x, y, argmax, h, w);
     return;
   }
-  const std::int64_t oh = h / 2, ow = w / 2;
-  const std::int32_t wi = static_cast<std::int32_t>(w);
-  for (std::int64_t oy = 0; oy < oh; ++oy) {
-    const float* r0 = x + 2 * oy * w;
-    const float* r1 = r0 + w;
-    float* o = y + oy * ow;
-    std::int32_t* idx = argmax + oy * ow;
-    const std::int32_t base = static_cast<std::int32_t>(2 * oy * w);
-#pragma omp simd
-    for (std::int64_t ox = 0; ox < ow; ++ox) {
-      const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
-      // Arithmetic instead of branches: the arg max of random data is unpredictable.
-      const std::int32_t ab = b > a, cd = d > c;
-      const float m0 = std::max(a, b), m1 = std::max(c, d);
-      const std::int32_t second = m1 > m0;
-      o[ox] = std::max(m0, m1);
-      idx[ox] = base + 2 * static_cast<std::int32_t>(ox) + ab + second * (wi + cd - ab);
-    }
-  }
+  loops().maxPool2x2(x, y, argmax, h, w);
 }
 
 }  // namespace troupe::kernels::cpu::vec
