@@ -148,17 +148,18 @@ class Server final : public Actor {
       step.sums.resize(clocks_.size());
       step.received.assign(clocks_.size(), 0);
     }
+    const kernels::Tensor grads = gradientOf(p, hi - lo);
     if (config_.mode == "dist_sync") {
       auto& sum = step.sums[p.worker];
       if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({size_});
-      backend_->copy(p.data, sum.slice(lo, hi));
+      backend_->copy(grads, sum.slice(lo, hi));
     } else {
       const auto& sgd = config_.sgd;
       // Staleness-aware (Zhang et al. 2016): a push lands on weights about W-1 pushes newer
       // than the ones it was computed from, so its step is scaled by 1/W.
       const float lr =
           kernels::learningRate(config_.lr, p.step) / static_cast<float>(config_.num_workers);
-      checkFinite(backend_->sgdUpdate(weights_.slice(lo, hi), p.data, momentum_.slice(lo, hi), lr,
+      checkFinite(backend_->sgdUpdate(weights_.slice(lo, hi), grads, momentum_.slice(lo, hi), lr,
                                       sgd.momentum, sgd.weight_decay, sgd.nesterov),
                   p.step, lo, hi, lr);
     }
@@ -184,6 +185,22 @@ class Server final : public Actor {
     }
     backend_->synchronize();
     answer();
+  }
+
+  // A push's gradient in float: as it came, or decoded (the run's gradient compression).
+  kernels::Tensor gradientOf(const Push& p, std::int64_t n) {
+    if (config_.compression.type == kernels::GradientCompression::kNone) {
+      if (p.data.dtype() != kernels::DType::kFloat32 || p.data.numel() != n) {
+        throw InputError(fmt::format(
+            "worker {} pushed keys [{}, {}) of step {} compressed or of the wrong size, to a "
+            "server without gradient compression",
+            p.worker, p.key_begin, p.key_end, p.step));
+      }
+      return p.data;
+    }
+    auto out = kernels::Tensor::hostUninitialized({n});
+    kernels::decode(config_.compression, p.data, out.f32(), n, /*accumulate=*/false);
+    return out;
   }
 
   // Pulls for step t need: dist_sync, the update of step t-1; dist_async, nothing (the worker's
@@ -323,8 +340,16 @@ class PsClient final : public Actor {
       if (b >= e) continue;
       // No copy: the replica writes these gradients again only after the servers answered the
       // pull below, which they do after reading this push (same link, in order).
-      send(config_.servers[s],
-           Push{r.step, config_.worker, b, e, r.grads.slice(b - r.begin, e - r.begin)});
+      kernels::Tensor data = r.grads.slice(b - r.begin, e - r.begin);
+      if (config_.compression.type != kernels::GradientCompression::kNone) {
+        float* residual = nullptr;
+        if (config_.compression.type == kernels::GradientCompression::k2Bit) {
+          if (residual_.empty()) residual_.assign(static_cast<std::size_t>(weights_.numel()), 0);
+          residual = residual_.data() + b;
+        }
+        data = kernels::encode(config_.compression, data.f32(), residual, e - b);
+      }
+      send(config_.servers[s], Push{r.step, config_.worker, b, e, std::move(data)});
     }
     pushed_ += r.end - r.begin;
     if (pushed_ < weights_.numel()) return;
@@ -384,6 +409,7 @@ class PsClient final : public Actor {
   kernels::Tensor weights_, momentum_;
   std::int64_t step_;
   std::int64_t pushed_ = 0;
+  std::vector<float> residual_;  // 2bit compression: per key of the model
   int replies_ = 0;
   bool pulling_epoch_end_ = false;
   bool pulling_ = false;                              // a pull is in flight

@@ -30,15 +30,19 @@ class Reducer final : public Actor {
             [this](RingChunk chunk) {
               // A copy: the transport writes later, and by then the replica's next backward
               // may be overwriting the gradient these chunks view. Into a send buffer, which is
-              // memory the next process reads in place when it runs on this host.
-              auto copy = system().sendBuffer(config_.next, {chunk.data.numel()});
-              std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
-              chunk.data = std::move(copy);
+              // memory the next process reads in place when it runs on this host. (Compressed
+              // chunks are encoded into memory of their own already.)
+              if (chunk.data.dtype() == kernels::DType::kFloat32) {
+                auto copy = system().sendBuffer(config_.next, {chunk.data.numel()});
+                std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
+                chunk.data = std::move(copy);
+              }
               send(config_.next, std::move(chunk));
             },
             [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
               finished(step, begin, end);
-            }) {
+            },
+            config_.compression) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
     on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });

@@ -8,12 +8,13 @@
 namespace troupe::actors {
 
 RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send,
-                             DoneFn done)
+                             DoneFn done, kernels::CompressionSpec compression)
     : rank_(rank),
       world_(world),
       segment_elements_(std::max<std::int64_t>(segment_elements, world)),
       send_(std::move(send)),
-      done_(std::move(done)) {
+      done_(std::move(done)),
+      compression_(compression) {
   TROUPE_ENFORCE(0 <= rank && rank < world, "rank ", rank, " of ", world);
 }
 
@@ -26,9 +27,21 @@ std::pair<std::int64_t, std::int64_t> RingAllreduce::chunkRange(const Bucket& b,
   return {seg_begin + seg_len * chunk / world_, seg_begin + seg_len * (chunk + 1) / world_};
 }
 
+kernels::Tensor RingAllreduce::encoded(const Bucket& b, std::int64_t begin, std::int64_t lo,
+                                       std::int64_t hi) {
+  if (compression_.type == kernels::GradientCompression::kNone) return b.values.slice(lo, hi);
+  float* residual = nullptr;
+  if (compression_.type == kernels::GradientCompression::k2Bit) {
+    const auto end = static_cast<std::size_t>(begin + hi);
+    if (residual_.size() < end) residual_.resize(end, 0.0f);
+    residual = residual_.data() + begin + lo;
+  }
+  return kernels::encode(compression_, b.values.f32() + lo, residual, hi - lo);
+}
+
 void RingAllreduce::sendChunk(const Bucket& b, std::int64_t step, std::int64_t begin,
                               std::int32_t segment, std::int32_t chunk, std::int32_t round,
-                              RingChunk::Phase phase) {
+                              RingChunk::Phase phase, kernels::Tensor data) {
   const auto [lo, hi] = chunkRange(b, segment, chunk);
   RingChunk c;
   c.step = step;
@@ -38,7 +51,7 @@ void RingAllreduce::sendChunk(const Bucket& b, std::int64_t step, std::int64_t b
   c.chunk = chunk;
   c.round = round;
   c.phase = phase;
-  c.data = b.values.slice(lo, hi);
+  c.data = data.raw() != nullptr ? std::move(data) : encoded(b, begin, lo, hi);
   send_(std::move(c));
 }
 
@@ -80,27 +93,42 @@ void RingAllreduce::handle(Bucket& b, RingChunk& c) {
                  " in a bucket of ", b.segments);
   const auto [lo, hi] = chunkRange(b, c.segment, c.chunk);
   TROUPE_ENFORCE_EQ(c.offset, c.bucket + lo);
-  TROUPE_ENFORCE_EQ(c.data.numel(), hi - lo);
+  const bool compressed = compression_.type != kernels::GradientCompression::kNone;
+  if (!compressed) TROUPE_ENFORCE_EQ(c.data.numel(), hi - lo);
   // __restrict: a received chunk never aliases the bucket, and so the loops vectorise.
   float* __restrict dst = b.values.f32() + lo;
-  const float* __restrict src = c.data.f32();
   const std::int64_t n = hi - lo;
   const std::int64_t step = c.step, begin = c.bucket;
   const int last_round = world_ - 2;
   if (c.phase == RingChunk::kReduceScatter) {
-    for (std::int64_t i = 0; i < n; ++i)
-      dst[i] += src[i];
+    if (compressed) {
+      kernels::decode(compression_, c.data, dst, n, /*accumulate=*/true);
+    } else {
+      const float* __restrict src = c.data.f32();
+      for (std::int64_t i = 0; i < n; ++i)
+        dst[i] += src[i];
+    }
     if (c.round < last_round) {
       sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kReduceScatter);
     } else {
-      // This rank holds the finished sum of this chunk: pass it around.
-      sendChunk(b, step, begin, c.segment, c.chunk, 0, RingChunk::kAllGather);
+      // This rank holds the finished sum of this chunk: pass it around (encoded once; this rank
+      // keeps what the others will decode).
+      kernels::Tensor out = encoded(b, begin, lo, hi);
+      if (compressed) kernels::decode(compression_, out, dst, n, /*accumulate=*/false);
+      sendChunk(b, step, begin, c.segment, c.chunk, 0, RingChunk::kAllGather, std::move(out));
       segmentGathered(b, step, begin, c.segment);
     }
   } else {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+    if (compressed) {
+      kernels::decode(compression_, c.data, dst, n, /*accumulate=*/false);
+    } else {
+      std::memcpy(dst, c.data.f32(), static_cast<std::size_t>(n) * sizeof(float));
+    }
     if (c.round < last_round) {
-      sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kAllGather);
+      // Compressed: the same bytes go on; else the bucket's own memory (which a shared-memory
+      // link can pass without a copy).
+      sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kAllGather,
+                compressed ? std::move(c.data) : kernels::Tensor());
     }
     segmentGathered(b, step, begin, c.segment);
   }

@@ -6,6 +6,11 @@
 // links stay busy (pipelining). Every rank ends with bitwise the same sums: each chunk is reduced
 // once, along the ring, and then copied.
 // Chunks may arrive before their bucket was started here (a faster neighbour); they wait.
+// With gradient compression (kernels/compression.h) every chunk travels encoded: a rank encodes
+// what it sends in the reduce-scatter (its partial sum; 2bit keeps a residual per element, and
+// each element is sent at most once per step by a rank), the owner of a finished chunk encodes it
+// once, adopts the decoded values itself and passes the same bytes around the all-gather, so
+// every rank still ends with bitwise the same values.
 // Thread safety: one thread at a time (the reducer actor's).
 #pragma once
 
@@ -15,6 +20,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/compression.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -28,7 +34,7 @@ struct RingChunk {
   std::int32_t chunk = 0;
   std::int32_t round = 0;
   Phase phase = kReduceScatter;
-  kernels::Tensor data;  // float, the chunk's elements
+  kernels::Tensor data;  // float, the chunk's elements; uint8 when compressed
 };
 
 class RingAllreduce {
@@ -36,7 +42,8 @@ class RingAllreduce {
   using SendFn = std::function<void(RingChunk chunk)>;  // to the next rank, (rank + 1) % world
   using DoneFn = std::function<void(std::int64_t step, std::int64_t begin, std::int64_t end)>;
 
-  RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send, DoneFn done);
+  RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send, DoneFn done,
+                kernels::CompressionSpec compression = {});
 
   // The local sum of bucket [begin, begin + values.numel()) of `step` is ready in `values`; the
   // result is written back into `values`, which must stay alive until done() is called for it.
@@ -58,8 +65,12 @@ class RingAllreduce {
   using Key = std::tuple<std::int64_t, std::int64_t>;
 
   void handle(Bucket& b, RingChunk& chunk);
+  // Sends `data`, or, when undefined, the chunk's values (encoded when compressing).
   void sendChunk(const Bucket& b, std::int64_t step, std::int64_t begin, std::int32_t segment,
-                 std::int32_t chunk, std::int32_t round, RingChunk::Phase phase);
+                 std::int32_t chunk, std::int32_t round, RingChunk::Phase phase,
+                 kernels::Tensor data = {});
+  // The chunk's values as they travel: a view, or encoded with this rank's residual.
+  kernels::Tensor encoded(const Bucket& b, std::int64_t begin, std::int64_t lo, std::int64_t hi);
   std::pair<std::int64_t, std::int64_t> chunkRange(const Bucket& b, std::int32_t segment,
                                                    std::int32_t chunk) const;
   void segmentGathered(Bucket& b, std::int64_t step, std::int64_t begin, std::int32_t segment);
@@ -68,6 +79,8 @@ class RingAllreduce {
   std::int64_t segment_elements_;
   SendFn send_;
   DoneFn done_;
+  kernels::CompressionSpec compression_;
+  std::vector<float> residual_;  // 2bit: per element of the flat gradient
   std::map<Key, Bucket> buckets_;
 };
 

@@ -11,6 +11,7 @@
 #include "actors/peer.h"
 #include "actors/system.h"
 #include "data/dataset.h"
+#include "kernels/compression.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
@@ -83,6 +84,7 @@ struct ReducerConfig {
   int world = 1;
   Address next;                          // the reducer of rank (rank + 1) % world
   std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
+  kernels::CompressionSpec compression;  // of the ring's chunks (kernels/compression.h)
   Trace* trace = nullptr;                // spans go here when tracing
   // A bucket whose allreduce has waited this long logs a stall report (which step, which
   // bucket, which worker it waits for), and fails the run after peer_timeout (PeerError naming
@@ -126,6 +128,7 @@ struct ServerConfig {
   int index = 0;
   int num_workers = 1;
   std::string mode = "dist_sync";
+  kernels::CompressionSpec compression;  // of the workers' pushes (kernels/compression.h)
   int staleness = 0;
   std::int64_t key_begin = 0;
   std::int64_t key_end = 0;
@@ -150,6 +153,7 @@ std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config);
 // some server has not answered for stall_warning logs a stall report naming the server and the
 // step; later it fails the run (PeerError naming the server).
 struct PsClientConfig {
+  kernels::CompressionSpec compression;  // of this worker's pushes (kernels/compression.h)
   std::uint32_t worker = 0;
   kernels::Tensor initial_weights;  // host, all keys
   std::vector<Address> servers;

@@ -1,6 +1,7 @@
 #include "actors/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "actors/checkpoint.h"
@@ -186,23 +188,42 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) 
   return lr;
 }
 
+kernels::CompressionSpec compressionOf(const TrainOptions& o) {
+  return {kernels::parseGradientCompression(o.gradient_compression),
+          o.gradient_compression_threshold};
+}
+
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
 // batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
-                 std::chrono::milliseconds timeout) {
+                 const kernels::CompressionSpec& compression, std::chrono::milliseconds timeout) {
   const std::string mine = fmt::format(
       "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={}",
+      "replicas={} resume={} gradient_compression={}",
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
-      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string());
+      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
+      kernels::describe(compression));
   if (rank == 0) store.set("plan", mine);
   const std::string chief = store.get("plan", timeout);
   if (chief != mine) {
+    // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
+    std::vector<std::string> ours, theirs, differ;
+    for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
+      std::istringstream in(*text);
+      for (std::string w; in >> w;)
+        words->push_back(w);
+    }
+    for (std::size_t i = 0; i < ours.size() && i < theirs.size(); ++i) {
+      if (ours[i] == theirs[i]) continue;
+      const auto eq = ours[i].find('=');
+      differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
+                                   theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
+    }
     throw InputError(
-        fmt::format("rank {} of {} disagrees with rank 0 on the run: rank 0 has '{}', "
+        fmt::format("rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
                     "this one '{}'",
-                    rank, nodes, chief, mine));
+                    rank, nodes, fmt::join(differ, "; "), chief, mine));
   }
 }
 
@@ -259,7 +280,8 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   };
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
-  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from, c.timeout);
+  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
+              compressionOf(o), c.timeout);
   members.setAddresses(cluster->addresses());
   return cluster;
 }
@@ -321,6 +343,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.index = o.shard_id;
   config.num_workers = workers;
   config.mode = o.schedule;
+  config.compression = compressionOf(o);
   config.staleness = o.staleness;
   config.key_begin = shard.first;
   config.key_end = shard.second;
@@ -359,6 +382,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
 
 TrainResult trainProcess(const TrainOptions& o) {
   validateSchedule(o);
+  compressionOf(o);  // an unknown name fails here, before any rendezvous
   const bool server = o.role == "server";
   if (!server && o.role != "worker") {
     throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
@@ -567,6 +591,7 @@ TrainResult trainProcess(const TrainOptions& o) {
     // The parameter servers update; this worker's PS client stands where the updater would.
     PsClientConfig client;
     client.worker = static_cast<std::uint32_t>(rank);
+    client.compression = compressionOf(o);
     client.initial_weights = updater.initial_weights;
     client.servers = servers;
     client.shards = shardKeys(num_params, o.num_servers);
@@ -596,6 +621,7 @@ TrainResult trainProcess(const TrainOptions& o) {
     reducer.rank = rank;
     reducer.world = workers;
     reducer.next = address((rank + 1) % workers, 2);
+    reducer.compression = compressionOf(o);
   }
   // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
   // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.

@@ -74,6 +74,12 @@ struct TrainOptions {
   double warmup_epochs = 0;
   kernels::SgdOptions sgd;
 
+  // What gradients travel as between processes (kernels/compression.h): none, fp16, bf16 or 2bit
+  // (MXNet's, with gradient_compression_threshold), on the ring and on pushes to the servers.
+  // Every process of a run must agree (checked at rendezvous).
+  std::string gradient_compression = "none";
+  float gradient_compression_threshold = 0.5f;
+
   double bucket_size_mb = 25;
   double first_bucket_mb = 1;
 

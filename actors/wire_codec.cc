@@ -18,6 +18,11 @@ std::unique_ptr<Envelope> wrap(M m) {
   return std::make_unique<Typed<M>>(std::move(m));
 }
 
+// Compressed gradients travel as bytes (kernels/compression.h), others as float32.
+kernels::DType dtypeOf(bool compressed) {
+  return compressed ? kernels::DType::kUInt8 : kernels::DType::kFloat32;
+}
+
 }  // namespace
 
 transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) {
@@ -84,6 +89,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setPhase(m->phase == RingChunk::kReduceScatter
                    ? transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
                    : transport::wire::AllreduceChunk::Phase::ALL_GATHER);
+    w.setCompressed(m->data.dtype() == kernels::DType::kUInt8);
     out.setTensor(w.initData(), m->data);
   } else if (auto* m = as<Push>(e)) {
     auto w = f.initPush();
@@ -91,6 +97,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setWorker(m->worker);
     w.setKeyBegin(m->key_begin);
     w.setKeyEnd(m->key_end);
+    w.setCompressed(m->data.dtype() == kernels::DType::kUInt8);
     out.setTensor(w.initData(), m->data);
   } else if (auto* m = as<Pull>(e)) {
     auto w = f.initPull();
@@ -179,14 +186,14 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
       c.phase = r.getPhase() == transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
                     ? RingChunk::kReduceScatter
                     : RingChunk::kAllGather;
-      c.data = in.tensor(r.getData());
+      c.data = in.tensor(r.getData(), {}, dtypeOf(r.getCompressed()));
       d.message = wrap(std::move(c));
       break;
     }
     case W::PUSH: {
       auto r = f.getPush();
-      d.message = wrap(
-          Push{r.getStep(), r.getWorker(), r.getKeyBegin(), r.getKeyEnd(), in.tensor(r.getData())});
+      d.message = wrap(Push{r.getStep(), r.getWorker(), r.getKeyBegin(), r.getKeyEnd(),
+                            in.tensor(r.getData(), {}, dtypeOf(r.getCompressed()))});
       break;
     }
     case W::PULL: {

@@ -217,6 +217,13 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
       TROUPE_INT_KEY("staleness", staleness, closed(0, kMillion),
                      "ssp: steps a worker may run ahead of the slowest"),
+      TROUPE_STRING_KEY("gradient_compression", gradient_compression,
+                        "what gradients travel as between processes: none, fp16, bf16 or 2bit "
+                        "(MXNet's)"),
+      // Gradients of a trained net are of order 1e-3..1; 2bit sends +-threshold, and MXNet's
+      // default is 0.5. Beyond 1e6 every value rounds to 0 for good.
+      TROUPE_FLOAT_KEY("gradient_compression_threshold", gradient_compression_threshold,
+                       openBelow(0, kMillion), "2bit: the magnitude each sent value takes"),
       TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
       TROUPE_INT_KEY("generation", generation, closed(0, kMillion),
                      "restarts of the run so far (set by troupe launch --on-failure restart); "

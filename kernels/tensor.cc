@@ -32,6 +32,8 @@ std::size_t sizeOf(DType dtype) {
     case DType::kFloat32:
     case DType::kInt32:
       return 4;
+    case DType::kUInt8:
+      return 1;
   }
   return 4;
 }

@@ -15,7 +15,8 @@
 
 namespace troupe::kernels {
 
-enum class DType : std::uint8_t { kFloat32, kInt32 };
+// kUInt8: raw bytes (compressed gradients, kernels/compression.h).
+enum class DType : std::uint8_t { kFloat32, kInt32, kUInt8 };
 enum class DeviceKind : std::uint8_t { kCpu, kCuda };
 
 struct Device {

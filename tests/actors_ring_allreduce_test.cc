@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <deque>
 #include <random>
 
 #include "actors/ring_allreduce.h"
+#include "float_bounds.h"
 
 namespace troupe::actors {
 namespace {
@@ -11,20 +14,22 @@ namespace {
 // N ranks in one thread; messages are delivered in a shuffled order across links (in order per
 // link, as a transport guarantees), to shake out ordering assumptions.
 struct Ring {
-  Ring(int world, std::int64_t segment, unsigned seed) : rng(seed), queues(world) {
+  Ring(int world, std::int64_t segment, unsigned seed, kernels::CompressionSpec compression = {})
+      : rng(seed), queues(world) {
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back(
           r, world, segment,
           [this, r, world](RingChunk c) {
             // Copy, as a wire would: the receiver must not depend on the sender's memory.
-            auto copy = kernels::Tensor::host({c.data.numel()});
-            std::copy_n(c.data.f32(), c.data.numel(), copy.f32());
+            auto copy = kernels::Tensor::host({c.data.numel()}, c.data.dtype());
+            std::memcpy(copy.raw(), c.data.raw(), c.data.bytes());
             c.data = copy;
             queues[static_cast<std::size_t>((r + 1) % world)].push_back(std::move(c));
           },
           [this, r](std::int64_t step, std::int64_t begin, std::int64_t end) {
             done.push_back({r, step, begin, end});
-          });
+          },
+          compression);
     }
   }
   void deliverAll() {
@@ -95,6 +100,90 @@ INSTANTIATE_TEST_SUITE_P(WorldsLengthsSegments, RingAllreduceTest,
                                            std::make_tuple(4, 3, 100),  // fewer elements than ranks
                                            std::make_tuple(4, 1001, 1001),
                                            std::make_tuple(5, 4097, 256)));
+
+// Rank r's gradient element i: small values of both signs, below 2bit's threshold.
+float gradient(int rank, std::int64_t i) {
+  return 0.01f * static_cast<float>((i * 7 + rank * 13) % 19 - 9);
+}
+
+class CompressedRingTest : public ::testing::TestWithParam<kernels::GradientCompression> {};
+
+// fp16 and bf16: each hop rounds its partial sum once (world - 1 times in the reduce-scatter,
+// once more when the owner encodes the finished sum), each within the format's unit roundoff of
+// what it rounds, whose magnitude is at most sum |x_r|: the result is within world * u * sum |x_r|
+// of the exact sum (u = 2^-11 for fp16, 2^-8 for bf16). And every rank holds the same bits.
+TEST_P(CompressedRingTest, HalfPrecisionSumsAreWithinTheirRoundingAndEqualOnEveryRank) {
+  const auto type = GetParam();
+  const double u = type == kernels::GradientCompression::kFp16 ? 0x1p-11 : 0x1p-8;
+  const int world = 4;
+  const std::int64_t n = 1003;
+  Ring ring(world, 256, 3, {type, 0.5f});
+  std::vector<kernels::Tensor> buckets;
+  for (int r = 0; r < world; ++r) {
+    buckets.push_back(kernels::Tensor::host({n}));
+    for (std::int64_t i = 0; i < n; ++i)
+      buckets[r].f32()[i] = gradient(r, i) * static_cast<float>(1 + i % 5);
+  }
+  for (int r = 0; r < world; ++r)
+    ring.ranks[r].start(0, 0, buckets[r]);
+  ring.deliverAll();
+  ASSERT_EQ(ring.done.size(), static_cast<std::size_t>(world));
+  for (std::int64_t i = 0; i < n; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < world; ++r) {
+      const double x = gradient(r, i) * static_cast<float>(1 + i % 5);
+      exact += x;
+      magnitude += std::abs(x);
+    }
+    const double bound = world * u * magnitude + testing::gammaN(world) * magnitude;
+    ASSERT_NEAR(buckets[0].f32()[i], exact, bound) << "element " << i;
+    for (int r = 1; r < world; ++r)
+      ASSERT_EQ(buckets[r].f32()[i], buckets[0].f32()[i]) << "rank " << r << " element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CompressedRingTest,
+                         ::testing::Values(kernels::GradientCompression::kFp16,
+                                           kernels::GradientCompression::kBf16));
+
+// 2bit keeps what it did not send in residuals: summed over many steps, the allreduced values
+// track the true sums. Every hop's residual stays below threshold + |its partial sum| (values of
+// that size are sent), so after T steps of the same gradients the mean result is within
+// (world - 1 + 1) hops * (threshold + max |partial sum|) / T of the true sum, on every rank alike.
+TEST(CompressedRing, TwoBitResidualsMakeTheMeanOverStepsTheTrueSum) {
+  const int world = 3, steps = 400;
+  const std::int64_t n = 257;
+  const float threshold = 0.5f;
+  Ring ring(world, 64, 5, {kernels::GradientCompression::k2Bit, threshold});
+  std::vector<std::vector<double>> mean(world, std::vector<double>(n, 0.0));
+  for (int t = 0; t < steps; ++t) {
+    std::vector<kernels::Tensor> buckets;
+    for (int r = 0; r < world; ++r) {
+      buckets.push_back(kernels::Tensor::host({n}));
+      for (std::int64_t i = 0; i < n; ++i)
+        buckets[r].f32()[i] = gradient(r, i);
+      ring.ranks[r].start(t, 0, buckets[r]);
+    }
+    ring.deliverAll();
+    for (int r = 0; r < world; ++r) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float v = buckets[r].f32()[i];
+        ASSERT_TRUE(v == 0 || std::abs(v) == threshold)
+            << "an all-gathered 2bit value is 0 or +-threshold, got " << v;
+        ASSERT_EQ(v, buckets[0].f32()[i]) << "rank " << r << " element " << i;
+        mean[r][i] += v / steps;
+      }
+    }
+  }
+  const double max_partial = world * 0.09;
+  const double bound = world * (threshold + max_partial) / steps;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int r = 0; r < world; ++r)
+      exact += gradient(r, i);
+    ASSERT_NEAR(mean[0][i], exact, bound) << "element " << i;
+  }
+}
 
 }  // namespace
 }  // namespace troupe::actors

@@ -115,6 +115,7 @@ struct AllreduceChunk {
   offset @6 :Int64;    # the chunk's first element in the flat gradient
   segment @7 :UInt32;  # which segment of the bucket (each segment is its own ring)
   round @8 :UInt32;    # 0 .. world-2 within the phase
+  compressed @9 :Bool;  # data is bytes of the run's gradient compression, not float32
 }
 
 # Parameter server: a worker pushes gradients of keys [keyBegin, keyEnd) ...
@@ -124,6 +125,7 @@ struct Push {
   keyBegin @2 :Int64;
   keyEnd @3 :Int64;
   data @4 :TensorData;
+  compressed @5 :Bool;  # data is bytes of the run's gradient compression, not float32
 }
 
 # ... and pulls the current values of keys [keyBegin, keyEnd).

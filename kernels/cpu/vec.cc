@@ -51,12 +51,19 @@ struct Loops {
   decltype(&baseline::addRowVector) addRowVector;
   decltype(&baseline::sumRows) sumRows;
   decltype(&baseline::maxPool2x2Portable) maxPool2x2;
+  decltype(&baseline::toHalf) toHalf;
+  decltype(&baseline::fromHalf) fromHalf;
+  decltype(&baseline::toBfloat16) toBfloat16;
+  decltype(&baseline::fromBfloat16) fromBfloat16;
+  decltype(&baseline::quantize2Bit) quantize2Bit;
+  decltype(&baseline::dequantize2Bit) dequantize2Bit;
 };
 
-#define TROUPE_VEC_LOOPS(ns)                                                        \
-  Loops {                                                                           \
-    &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add, \
-        &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable    \
+#define TROUPE_VEC_LOOPS(ns)                                                                      \
+  Loops {                                                                                         \
+    &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add,               \
+        &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable, &ns::toHalf,    \
+        &ns::fromHalf, &ns::toBfloat16, &ns::fromBfloat16, &ns::quantize2Bit, &ns::dequantize2Bit \
   }
 
 const Loops& loops() {
@@ -176,6 +183,32 @@ void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, 
     return;
   }
   loops().maxPool2x2(x, y, argmax, h, w);
+}
+
+void toHalf(const float* x, std::uint16_t* y, std::int64_t n) {
+  loops().toHalf(x, y, n);
+}
+
+void fromHalf(const std::uint16_t* x, float* y, std::int64_t n, bool accumulate) {
+  loops().fromHalf(x, y, n, accumulate);
+}
+
+void toBfloat16(const float* x, std::uint16_t* y, std::int64_t n) {
+  loops().toBfloat16(x, y, n);
+}
+
+void fromBfloat16(const std::uint16_t* x, float* y, std::int64_t n, bool accumulate) {
+  loops().fromBfloat16(x, y, n, accumulate);
+}
+
+void quantize2Bit(const float* x, float* residual, float threshold, std::uint8_t* out,
+                  std::int64_t n) {
+  loops().quantize2Bit(x, residual, threshold, out, n);
+}
+
+void dequantize2Bit(const std::uint8_t* in, float threshold, float* y, std::int64_t n,
+                    bool accumulate) {
+  loops().dequantize2Bit(in, threshold, y, n, accumulate);
 }
 
 }  // namespace troupe::kernels::cpu::vec

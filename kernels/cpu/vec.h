@@ -32,4 +32,18 @@ void sumRows(const float* x, std::int64_t ld, float* s, std::int64_t rows, std::
 // window's arg max as an index into the plane.
 void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, std::int64_t w);
 
+// Gradient compression (kernels/compression.h). `accumulate`: y += decoded, else y = decoded.
+// Half and bfloat16 round to nearest even (a NaN stays a NaN).
+void toHalf(const float* x, std::uint16_t* y, std::int64_t n);
+void fromHalf(const std::uint16_t* x, float* y, std::int64_t n, bool accumulate);
+void toBfloat16(const float* x, std::uint16_t* y, std::int64_t n);
+void fromBfloat16(const std::uint16_t* x, float* y, std::int64_t n, bool accumulate);
+// MXNet's 2-bit scheme: v = x + residual becomes +threshold, -threshold or 0, and residual keeps
+// v minus that; four codes a byte, element i in bits 2(i % 4) and up of byte i / 4 (0: 0,
+// 1: +threshold, 2: -threshold).
+void quantize2Bit(const float* x, float* residual, float threshold, std::uint8_t* out,
+                  std::int64_t n);
+void dequantize2Bit(const std::uint8_t* in, float threshold, float* y, std::int64_t n,
+                    bool accumulate);
+
 }  // namespace troupe::kernels::cpu::vec
