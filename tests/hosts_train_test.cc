@@ -1,0 +1,384 @@
+// Training across hosts (hosts_util.h: network namespaces with private /tmp, meeting only over
+// TCP): `troupe launch` by ssh and by mpirun, ranks started by hand with a Redis rendezvous, and
+// the faults of a real network (latency, loss, a link cut, a host whose processes all die).
+// The launcher runs on host 0 in its /tmp/run, which exists on every host (the remote processes
+// cd there); the hostfile names host 0 and host 1, so worker 0 runs on host 0 and worker 1 on
+// host 1, and the embedded store listens on host 0's address (the route to the first host).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.h"
+#include "hosts_util.h"
+
+namespace troupe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// `troupe train` of LeNet on Fashion-MNIST, bsp-allreduce, 10 steps of 2 x 64 an epoch.
+std::string trainCommand(const std::string& flags) {
+  return troupeBinary() + " train " + sourceDir() + "/configs/lenet.toml --train_data " +
+         testData("lmdb") + "/train --test_data " + testData("lmdb") +
+         "/test --db_type lmdb --schedule bsp-allreduce --epoch_size 1280 --threads 1 " + flags;
+}
+
+// The first line of `text` holding `part`; "" if none.
+std::string lineWith(const std::string& text, const std::string& part) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (contains(line, part)) return line;
+  }
+  return "";
+}
+
+// spdlog's "[YYYY-mm-dd HH:MM:SS.mmm]" (local time) on `line`, as seconds since the epoch; -1 if
+// the line has none.
+double stampSeconds(const std::string& line) {
+  static const std::regex stamp(R"(\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{3})\])");
+  std::smatch m;
+  if (!std::regex_search(line, m, stamp)) return -1;
+  std::tm tm{};
+  tm.tm_year = std::stoi(m[1]) - 1900;
+  tm.tm_mon = std::stoi(m[2]) - 1;
+  tm.tm_mday = std::stoi(m[3]);
+  tm.tm_hour = std::stoi(m[4]);
+  tm.tm_min = std::stoi(m[5]);
+  tm.tm_sec = std::stoi(m[6]);
+  tm.tm_isdst = -1;
+  return static_cast<double>(std::mktime(&tm)) + std::stoi(m[7]) / 1000.0;
+}
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Polls `done` every 20 ms for at most `timeout`; true once it holds.
+bool waitFor(const std::function<bool()>& done, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!done()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+std::vector<fs::path> filesIn(const fs::path& dir, const std::string& ext) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() == ext) out.push_back(it->path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Rows of a training log (a comment line and a header line come first).
+std::vector<std::string> logRows(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != '#' && line.rfind("time_spent,", 0) != 0) rows.push_back(line);
+  }
+  return rows;
+}
+
+class AcrossHosts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    try {
+      hosts_ = new Hosts(2);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete hosts_;
+    hosts_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(hosts_, nullptr) << "the hosts could not be made: " << error_;
+    for (int i = 0; i < hosts_->size(); ++i)
+      fs::create_directories(runDir(i));
+    std::ofstream(runDir(0) / "hosts") << hosts_->address(0) << "\n" << hosts_->address(1) << "\n";
+  }
+  void TearDown() override {
+    try {
+      hosts_->reset();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+
+  // Host i's /tmp/run, as this process opens it.
+  fs::path runDir(int i) const { return hosts_->pathOn(i, "/tmp/run"); }
+
+  // `troupe launch --launcher LAUNCHER -H hosts -n 2 FLAGS` on host 0; each worker says which
+  // host it is on ("on host1"), then runs trainCommand(TRAIN_FLAGS).
+  CommandResult launch(const std::string& launcher, const std::string& flags,
+                       const std::string& train_flags, std::chrono::seconds timeout = 120s) const {
+    return hosts_->run(0,
+                       troupeBinary() + " launch --launcher " + launcher + " -H hosts" +
+                           hosts_->launchFlags() + " -n 2 " + flags + " -- bash -c " +
+                           shellWord("echo on $(hostname); exec " + trainCommand(train_flags)),
+                       timeout, "/tmp/run");
+  }
+
+  // Worker i ran on host i: it said so, and its transport listened on host i's address.
+  void expectOneWorkerOnEachHost(const std::string& output) const {
+    for (int i : {0, 1}) {
+      const std::string w = "[worker " + std::to_string(i) + "] ";
+      EXPECT_TRUE(contains(output, w + "on host" + std::to_string(i) + "\n")) << output;
+      EXPECT_TRUE(contains(lineWith(output, "node " + std::to_string(i) + " of 2 linked"),
+                           "(tcp://" + hosts_->address(i) + ":"))
+          << output;
+    }
+  }
+
+  // The chief (worker 0, host 0) wrote the one log, with `epochs` rows of 1280 inputs each;
+  // host 1 has none.
+  void expectChiefsLog(int epochs) const {
+    const auto logs = filesIn(runDir(0), ".log");
+    ASSERT_EQ(logs.size(), 1u) << "the chief's log on host 0";
+    EXPECT_TRUE(filesIn(runDir(1), ".log").empty()) << "only the chief writes a log";
+    const auto rows = logRows(logs[0]);
+    ASSERT_EQ(rows.size(), static_cast<size_t>(epochs)) << logs[0];
+    std::vector<std::string> cells;
+    std::stringstream row(rows.back());
+    for (std::string c; std::getline(row, c, ',');)
+      cells.push_back(c);
+    ASSERT_EQ(cells.size(), 11u) << rows.back();
+    EXPECT_EQ(cells[2], "1280") << rows.back();  // 10 steps of 2 x 64
+  }
+
+  // The troupe processes host i still runs after up to `timeout` ("PID troupe" lines; "" once
+  // there are none).
+  std::string troupeLeftOn(int i, std::chrono::seconds timeout) const {
+    std::string left;
+    waitFor(
+        [&] {
+          left.clear();
+          std::istringstream lines(hosts_->processes(i));
+          for (std::string line; std::getline(lines, line);) {
+            if (line.size() > 7 && line.substr(line.size() - 7) == " troupe") left += line + "\n";
+          }
+          return left.empty();
+        },
+        timeout);
+    return left;
+  }
+
+  // TCP segments host i has resent since it came up.
+  long retransmissions(int i) const {
+    const auto r = hosts_->run(i,
+                               "awk '$1 == \"Tcp:\" { if (!c) { for (i = 1; i <= NF; ++i) if ($i "
+                               "== \"RetransSegs\") c = i } else print $c }' /proc/net/snmp",
+                               30s);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? std::stol(r.output) : -1;
+  }
+
+  static Hosts* hosts_;
+  static std::string error_;
+};
+
+Hosts* AcrossHosts::hosts_ = nullptr;
+std::string AcrossHosts::error_;
+
+TEST_F(AcrossHosts, LaunchSshTrainsLeNetWithOneWorkerOnEachHost) {
+  const auto start = Clock::now();
+  const auto r = launch("ssh", "", "--num_epochs 1");
+  const double seconds = secondsSince(start);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::cout << "[ measured ] ssh launch, 2 hosts, 1 epoch: " << seconds << " s\n";
+  EXPECT_TRUE(contains(r.output, "rendezvous tcp://" + hosts_->address(0) + ":")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
+  expectOneWorkerOnEachHost(r.output);
+  expectChiefsLog(1);
+  EXPECT_EQ(troupeLeftOn(1, 5s), "") << "worker 1 outlived the run";
+}
+
+// mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.
+TEST_F(AcrossHosts, LaunchMpiTrainsLeNetWithOneRankOnEachHost) {
+  const auto start = Clock::now();
+  const auto r = launch("mpi", "--ssh-opt=-oStrictHostKeyChecking=no", "--num_epochs 1");
+  const double seconds = secondsSince(start);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::cout << "[ measured ] mpi launch, 2 hosts, 1 epoch: " << seconds << " s\n";
+  EXPECT_TRUE(contains(r.output, "rendezvous tcp://" + hosts_->address(0) + ":")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
+  expectOneWorkerOnEachHost(r.output);
+  expectChiefsLog(1);
+  EXPECT_EQ(troupeLeftOn(1, 5s), "") << "rank 1 outlived the run";
+}
+
+// redis-server on host 0 (with a password: protected mode refuses other hosts without one); one
+// `troupe train` by hand on each host.
+TEST_F(AcrossHosts, RanksStartedByHandOnEachHostMeetThroughRedisOnHostZero) {
+  const std::string redis = hosts_->address(0) + ":6379";
+  const auto server = hosts_->run(0,
+                                  "redis-server --daemonize yes --bind " + hosts_->address(0) +
+                                      " --port 6379 --requirepass pw --save '' --appendonly no "
+                                      "--dir /tmp --logfile /tmp/redis.log",
+                                  30s);
+  ASSERT_EQ(server.exit_code, 0) << server.output;
+  const auto ping = hosts_->run(1,
+                                "for i in $(seq 100); do redis-cli -a pw --no-auth-warning -h " +
+                                    hosts_->address(0) +
+                                    " ping 2>&1 | grep -q PONG && exit 0; sleep 0.1; done; exit 1",
+                                30s);
+  ASSERT_EQ(ping.exit_code, 0) << "redis-server on host 0 never answered host 1\n" << ping.output;
+  const std::string flags =
+      "--num_epochs 1 --num_shards 2 --run_id byhand --rendezvous "
+      "redis://:pw@" +
+      redis + " --shard_id ";
+  CommandResult one;
+  std::thread second([&] { one = hosts_->run(1, trainCommand(flags + "1"), 120s, "/tmp/run"); });
+  const auto zero = hosts_->run(0, trainCommand(flags + "0"), 120s, "/tmp/run");
+  second.join();
+  ASSERT_EQ(zero.exit_code, 0) << zero.output;
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_TRUE(
+      contains(lineWith(zero.output, "node 0 of 2 linked"), "(tcp://" + hosts_->address(0) + ":"))
+      << zero.output;
+  EXPECT_TRUE(
+      contains(lineWith(one.output, "node 1 of 2 linked"), "(tcp://" + hosts_->address(1) + ":"))
+      << one.output;
+  EXPECT_TRUE(contains(zero.output, "done: 10 steps")) << zero.output;
+  EXPECT_TRUE(contains(one.output, "done: worker 1 of 2")) << one.output;
+  expectChiefsLog(1);
+}
+
+// 100 ms more on every packet host 1 sends (so 100 ms more round trip between the hosts).
+TEST_F(AcrossHosts, ARunWith100msOfLatencyFinishes) {
+  const std::string how = hosts_->shape(1, "delay 100ms");
+  const auto start = Clock::now();
+  const auto r = launch("ssh", "", "--num_epochs 1 --log_every 0");
+  const double seconds = secondsSince(start);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::cout << "[ measured ] " << how << ": the run took " << seconds << " s\n";
+  EXPECT_TRUE(contains(r.output, "done: 10 steps")) << r.output;
+  expectOneWorkerOnEachHost(r.output);
+  expectChiefsLog(1);
+}
+
+TEST_F(AcrossHosts, ARunWithOnePercentLossFinishes) {
+  const long before = retransmissions(0) + retransmissions(1);
+  const std::string how0 = hosts_->shape(0, "loss 1%");
+  const std::string how1 = hosts_->shape(1, "loss 1%");
+  const auto start = Clock::now();
+  const auto r = launch("ssh", "", "--num_epochs 1 --log_every 0");
+  const double seconds = secondsSince(start);
+  const long resent = retransmissions(0) + retransmissions(1) - before;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::cout << "[ measured ] " << how0 << "; " << how1 << ": the run took " << seconds << " s, "
+            << resent << " TCP segments resent\n";
+  EXPECT_GT(resent, 0) << "no packet was lost";
+  EXPECT_TRUE(contains(r.output, "done: 10 steps")) << r.output;
+  expectChiefsLog(1);
+}
+
+// Host 1's cable is pulled mid-run: worker 0 waits for ring chunks of worker 1 for the peer
+// timeout (3 s), fails naming it with its address, and the launcher names worker 1 and its host.
+// The launcher then tries to stop worker 1 by ssh, which cannot connect (3 s connect timeout, for
+// SIGTERM and again for SIGKILL after the 5 s grace); worker 1, cut off, ends by its own peer
+// timeout. So the launcher exits about 0.5 + 3 + 5 + 3 s after the detection.
+TEST_F(AcrossHosts, ALinkTakenDownMidEpochStopsTheRunNamingTheUnreachableHost) {
+  CommandResult r;
+  std::thread launcher([&] {
+    r = launch("ssh", "--ssh-opt=-oConnectTimeout=3",
+               "--num_epochs 200 --log_every 0 --peer_timeout 3");
+  });
+  const bool training = waitFor(
+      [&] {
+        const auto logs = filesIn(runDir(0), ".log");
+        return !logs.empty() && logRows(logs[0]).size() >= 2;
+      },
+      60s);
+  const double down_at = wallSeconds();
+  const auto down = Clock::now();
+  if (training) hosts_->link(1, false);
+  launcher.join();
+  const double exited = secondsSince(down);
+  hosts_->link(1, true);
+  ASSERT_TRUE(training) << "the chief logged no 2 epochs within 60 s\n" << r.output;
+  const std::string named = lineWith(r.output, "worker 1 at " + hosts_->address(1) + ":");
+  ASSERT_FALSE(named.empty()) << r.output;
+  const double detected = stampSeconds(named) - down_at;
+  std::cout << "[ measured ] link of host 1 down mid-epoch: detected after " << detected
+            << " s (peer_timeout 3 s), the launcher exited after " << exited << " s\n";
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[launcher] run failed: worker 1 on " + hosts_->address(1)))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "troupe-culprit: worker 1: ")) << r.output;
+  EXPECT_LT(detected, 3 + 3) << named;  // the peer timeout, the stall check's period, slack
+  EXPECT_LT(exited, 30) << r.output;
+  EXPECT_EQ(troupeLeftOn(1, 10s), "") << "worker 1, cut off, did not end by its peer timeout";
+}
+
+// Every process of host 1 (worker 1 and its ssh session) gets SIGKILL after the first checkpoint:
+// the launcher sees worker 1's ssh end, stops worker 0 and starts both again, and both resume
+// from the newest checkpoint. The checkpoints are on the folder every host sees (shared storage):
+// a process resumes from its own checkpoint_dir, and only the chief writes one.
+TEST_F(AcrossHosts, KillingEveryProcessOfAHostRestartsTheRunFromTheNewestCheckpoint) {
+  const std::string dir = hosts_->sharedDir() + "/restart_ck";
+  CommandResult r;
+  const auto start = Clock::now();
+  std::thread launcher([&] {
+    r = launch("ssh", "--on-failure restart --max-restarts 2",
+               "--num_epochs 8 --log_every 0 --checkpoint_every 1 --checkpoint_dir " + dir);
+  });
+  const bool checkpointed = waitFor([&] { return !filesIn(dir, ".ckpt").empty(); }, 60s);
+  const size_t written = filesIn(dir, ".ckpt").size();
+  const double killed_at = wallSeconds();
+  std::string killed;
+  if (checkpointed) killed = hosts_->killAll(1);
+  launcher.join();
+  const double seconds = secondsSince(start);
+  ASSERT_TRUE(checkpointed) << "no checkpoint within 60 s\n" << r.output;
+  ASSERT_EQ(r.exit_code, 0) << killed << "\n" << r.output;
+  ASSERT_TRUE(contains(r.output, "[launcher] worker 1 on " + hosts_->address(1)))
+      << "the kill came after the run's end\n"
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting every process (1 of 2 restarts)")) << r.output;
+  const std::regex resumed(R"(\[worker ([01])\] .* resuming from \S+_epoch(\d+)\.ckpt at step)");
+  int resumed_epoch[2] = {-1, -1};
+  double resumed_at = -1;
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), resumed), end; it != end; ++it) {
+    resumed_epoch[std::stoi((*it)[1])] = std::stoi((*it)[2]);
+    if ((*it)[1] == "1") resumed_at = stampSeconds(it->str());
+  }
+  ASSERT_GE(resumed_epoch[1], 1) << r.output;
+  std::cout << "[ measured ] every process of host 1 killed after " << written
+            << " checkpoint(s): worker 1 resumed from epoch " << resumed_epoch[1] << " "
+            << resumed_at - killed_at << " s after the kill; the run took " << seconds << " s\n";
+  EXPECT_EQ(resumed_epoch[0], resumed_epoch[1]) << r.output;
+  EXPECT_GE(static_cast<size_t>(resumed_epoch[1]), written) << "not the newest checkpoint";
+  EXPECT_TRUE(contains(r.output, "done: 80 steps")) << r.output;
+  EXPECT_LT(resumed_at - killed_at, 30) << r.output;
+  EXPECT_EQ(troupeLeftOn(0, 5s) + troupeLeftOn(1, 5s), "") << "a process outlived the run";
+}
+
+}  // namespace
+}  // namespace troupe::testing
