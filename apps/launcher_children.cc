@@ -36,6 +36,7 @@ struct Child {
   long remote_pgid = 0;  // from the wrapper's first marker line; 0: not known yet
   std::optional<int> remote_exit;
   bool term_sent = false;
+  bool unreachable = false;  // the ssh that carried SIGTERM could not reach the host (exit 255)
 };
 
 std::string label(const Child& c) {
@@ -264,6 +265,12 @@ void Supervisor::signalRemote(const std::vector<Child*>& targets, const char* si
   const auto statuses = runAll(commands, std::chrono::seconds(30));
   for (std::size_t i = 0; i < targets.size(); ++i) {
     if (WIFEXITED(statuses[i]) && WEXITSTATUS(statuses[i]) == 0) continue;
+    // ssh's own failure (no route, refused, timed out): a second ssh would wait as long again.
+    // Its local ssh client would wait for the dead connection too: end it now.
+    if (WIFEXITED(statuses[i]) && WEXITSTATUS(statuses[i]) == 255) {
+      targets[i]->unreachable = true;
+      ::kill(-targets[i]->pid, SIGKILL);
+    }
     run_.relay.err("[launcher] could not send SIG{} to {} on {} (remote pid {}): ssh {}", sig,
                    label(*targets[i]), targets[i]->host, targets[i]->remote_pgid,
                    describeExit(statuses[i]));
@@ -298,7 +305,7 @@ void Supervisor::killRemaining() {
   if (kind_ == Kind::kSsh) {
     std::vector<Child*> targets;
     for (auto& c : children_) {
-      if (c.running && c.remote_pgid > 0) targets.push_back(&c);
+      if (c.running && c.remote_pgid > 0 && !c.unreachable) targets.push_back(&c);
     }
     if (!targets.empty()) signalRemote(targets, "KILL");
   }
