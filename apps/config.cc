@@ -23,6 +23,7 @@
 #include <variant>
 
 #include "actors/run_id.h"
+#include "apps/cluster_env.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -771,6 +772,18 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   }
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
+  // Started by srun, an Indexed Job or mpirun without `troupe launch`: the place the engine
+  // gives, for what no flag and no TROUPE_* variable gave (cluster_env.h).
+  auto given_by = [&](std::string_view key) -> std::optional<std::string> {
+    if (const auto it = overrides.find(std::string(key)); it != overrides.end()) {
+      return fmt::format("--{} {}", key, it->second);
+    }
+    for (const auto& [var, k] : from_env) {
+      if (auto v = env(var); v && key == k) return fmt::format("{}={}", var, *v);
+    }
+    return std::nullopt;
+  };
+  applyClusterEnvironment(o, given_by, processEnvironment());
   // The secret file is read whole (transport::loadSecret): refused first if it is not a small
   // regular file, as a config file would be.
   const std::string secret_file =

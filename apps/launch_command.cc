@@ -1,5 +1,5 @@
-// `troupe launch -n WORKERS [-s SERVERS] --launcher local|ssh|mpi [-H HOSTFILE] -- troupe train
-// CONFIG ...`: MXNet's tools/launch.py conventions (see launcher.h).
+// `troupe launch -n WORKERS [-s SERVERS] --launcher local|ssh|mpi|slurm [-H HOSTFILE] -- troupe
+// train CONFIG ...`: MXNet's tools/launch.py conventions (see launcher.h).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -22,7 +22,7 @@ void addLaunchCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("launch", "Start and watch the processes of a distributed run");
   cmd->add_option("-n,--num-workers", o.num_workers, "worker processes")->required();
   cmd->add_option("-s,--num-servers", o.num_servers, "parameter-server processes");
-  cmd->add_option("--launcher", o.launcher, "local, ssh or mpi")->capture_default_str();
+  cmd->add_option("--launcher", o.launcher, "local, ssh, mpi or slurm")->capture_default_str();
   cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one host or host:port a line (ssh, mpi)");
   cmd->add_option("--sync-dst-dir", o.sync_dst_dir,
                   "rsync the working folder there on every host first, and run there (ssh)");
@@ -32,7 +32,7 @@ void addLaunchCommand(CLI::App& app) {
                   "words of $TROUPE_SSH_OPTS; before the launcher's own -o defaults)")
       ->allow_extra_args(false);
   cmd->add_option("--interface", o.interface,
-                  "ssh, mpi: serve the embedded store on this interface's address (default: "
+                  "ssh, mpi, slurm: serve the embedded store on this interface's address (default: "
                   "$TROUPE_INTERFACE, else the route to the first host, loopback if all local)");
   cmd->add_option("--env", state->env, "K=V set in every process (repeatable)")
       ->allow_extra_args(false);

@@ -1,5 +1,5 @@
 // `launch`: options, the run's secret and store, and the generations of a run; the work of one
-// generation is in launcher_children.cc (local, ssh) and launcher_mpi.cc.
+// generation is in launcher_children.cc (local, ssh), launcher_mpi.cc and launcher_slurm.cc.
 #include "apps/launcher.h"
 
 #include <fmt/format.h>
@@ -15,6 +15,7 @@
 
 #include "actors/run_id.h"
 #include "apps/launcher_run.h"
+#include "apps/launcher_slurm.h"
 #include "apps/launcher_ssh.h"
 #include "apps/output_relay.h"
 #include "rendezvous/tcp_store.h"
@@ -35,8 +36,13 @@ void checkOptions(const LaunchOptions& o) {
   if (o.num_workers < 1) throw InputError("-n: need at least one worker");
   if (o.num_servers < 0) throw InputError("-s: the number of servers cannot be negative");
   if (o.command.empty()) throw InputError("no command to launch: put it after --");
-  if (o.launcher != "local" && o.launcher != "ssh" && o.launcher != "mpi") {
-    throw InputError(fmt::format("unknown launcher '{}' (known: local, ssh, mpi)", o.launcher));
+  if (o.launcher != "local" && o.launcher != "ssh" && o.launcher != "mpi" &&
+      o.launcher != "slurm") {
+    throw InputError(
+        fmt::format("unknown launcher '{}' (known: local, ssh, mpi, slurm)", o.launcher));
+  }
+  if (o.launcher == "slurm" && !o.hostfile.empty()) {
+    throw InputError("--launcher slurm takes no -H: the Slurm allocation decides the hosts");
   }
   if (o.launcher == "ssh" && o.hostfile.empty()) {
     throw InputError("--launcher ssh needs -H HOSTFILE (one host or host:port a line)");
@@ -51,6 +57,7 @@ void checkOptions(const LaunchOptions& o) {
     throw InputError(
         fmt::format("--sync-dst-dir works with --launcher ssh only, not '{}'", o.launcher));
   }
+  if (o.launcher == "slurm") checkSlurmLaunch(o);
 }
 
 // Runs the generations of the run until one ends well, the launcher is stopped, or the failure
@@ -84,7 +91,9 @@ int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
     std::unique_ptr<rendezvous::TcpStoreServer> store;
     std::string rendezvous = o.rendezvous;
     if (rendezvous.empty()) {
-      const std::string bind = o.launcher == "local" ? "127.0.0.1" : storeBindAddress(o, hosts);
+      const std::string bind = o.launcher == "local"   ? "127.0.0.1"
+                               : o.launcher == "slurm" ? slurmStoreBindAddress(o)
+                                                       : storeBindAddress(o, hosts);
       store = rendezvous::startTcpStoreServer(bind, 0, secret);
       rendezvous = "tcp://" + store->address();
     }
@@ -98,8 +107,9 @@ int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
                           hosts.empty() ? "" : fmt::format(" over {} host line(s)", hosts.size())));
 
     const RunContext run{options, command, run_id, rendezvous, hosts, generation, relay};
-    const Attempt attempt = o.launcher == "mpi"
-                                ? runMpi(run)
+    const Attempt attempt = o.launcher == "mpi" ? runMpi(run)
+                            : o.launcher == "slurm"
+                                ? runSlurm(run)
                                 : runChildren(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, run);
     if (attempt.code == 0 || attempt.interrupted) return attempt.code;
     if (o.on_failure == "restart" && generation < o.max_restarts) {

@@ -51,6 +51,22 @@
 //    of a signal), else says that mpirun failed without naming one. Hostfile entries become an
 //    Open MPI hostfile (`host slots=K`); a port, if any, must be the same for every host and goes
 //    with the ssh options to Open MPI's ssh agent (plm_rsh_args).
+//  - slurm: one `srun --ntasks=S+W --label --kill-on-bad-exit=1 --export=ALL
+//    --job-name=troupe-RUN_ID sh -c WRAPPER COMMAND...` (launcher_slurm.h), inside the current
+//    allocation (sbatch, salloc) or asking for one of S+W tasks; srun takes its other options from
+//    Slurm's own variables (SLURM_PARTITION, SLURM_TIMELIMIT, SLURM_ACCOUNT, SLURM_OVERCOMMIT ...),
+//    and takes no -H. Inside an allocation of fewer tasks (SLURM_NTASKS) than S+W it refuses to
+//    start, naming both numbers. WRAPPER maps SLURM_PROCID to TROUPE_ROLE/TROUPE_RANK (ranks
+//    0..S-1 servers, then workers), reports its node, pid and step in a marker line, runs COMMAND
+//    (not exec'd: Slurm signals every process of the step) and reports its exit code in another.
+//    srun's "TASK: " labels become role/rank prefixes, its own lines "[srun] ...". When a task
+//    exits non-zero srun ends the step (--kill-on-bad-exit); the launcher names the first task
+//    whose marker reported a non-zero exit, else the task srun reports first ("srun: error: NODE:
+//    task N: ..."), else says that srun failed without naming one. Stopping: SIGTERM to srun
+//    (which cancels its step), after the grace period `scancel --signal=KILL --full JOB.STEP`
+//    and SIGKILL to srun. The values of the environment (the run's secret among them) go in
+//    srun's environment, never on its command line. Processes that srun starts without a
+//    launcher (`srun troupe train ...`) take their place from SLURM_* themselves: cluster_env.h.
 //
 // The launcher's output never holds up its supervision: every line it prints or relays goes
 // through a bounded OutputRelay (output_relay.h) with writer threads of its own; what a reader
@@ -62,7 +78,7 @@
 // The embedded rendezvous store binds 127.0.0.1 for local, and for ssh and mpi: the address of
 // --interface / $TROUPE_INTERFACE if given, else loopback when every host is localhost or 127.x
 // (or there is no hostfile), else the address this host's route to the first non-loopback host
-// leaves from.
+// leaves from; for slurm, see slurmStoreBindAddress (launcher_slurm.h).
 #pragma once
 
 #include <chrono>
@@ -76,14 +92,14 @@ namespace troupe::apps {
 struct LaunchOptions {
   int num_workers = 1;
   int num_servers = 0;
-  std::string launcher = "local";                        // local, ssh or mpi
+  std::string launcher = "local";                        // local, ssh, mpi or slurm
   std::string hostfile;                                  // required for ssh; optional for mpi
   std::string sync_dst_dir;                              // ssh only
   std::vector<std::pair<std::string, std::string>> env;  // --env K=V
   std::vector<std::string> command;                      // what each process runs
   std::string rendezvous;  // given: use it; empty: serve an embedded store
   std::string run_id;      // empty: made up
-  std::string interface;   // ssh, mpi: the store's interface; empty: $TROUPE_INTERFACE or routed
+  std::string interface;   // ssh, mpi, slurm: the store's interface; empty: see the header
   std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
   // File holding the run's secret, which every process reads (TROUPE_SECRET_FILE; with ssh it
   // must exist at that path on every host). Empty: $TROUPE_SECRET, else a fresh random one per

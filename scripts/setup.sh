@@ -12,7 +12,7 @@ packages=(
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   libhiredis-dev redis-server libssl-dev
-  openssh-client openssh-server rsync openmpi-bin
+  openssh-client openssh-server rsync openmpi-bin iproute2 util-linux python3 slurm-wlm munge
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev

@@ -355,9 +355,10 @@ TEST(LaunchLocal, BadFailurePoliciesAreRefused) {
 
 TEST(LaunchLocal, AnUnknownLauncherListsTheKnownOnes) {
   TempDir cwd("launch_local_unknown");
-  const auto r = runCommand(launchIn(cwd, "-n 1 --launcher slurm -- true"));
+  const auto r = runCommand(launchIn(cwd, "-n 1 --launcher pbs -- true"));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.output, "unknown launcher 'slurm' (known: local, ssh, mpi)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown launcher 'pbs' (known: local, ssh, mpi, slurm)"))
+      << r.output;
 }
 
 TEST(LaunchLocal, SshWithoutAHostfileIsRefused) {
