@@ -112,8 +112,8 @@ class ClusterImpl final : public Cluster {
     }
   }
 
-  kernels::Tensor sendBuffer(Address to, kernels::Shape shape) override {
-    return transport_->sendBuffer(static_cast<transport::NodeId>(to.node), std::move(shape));
+  kernels::Tensor sharedBuffer(Address to, kernels::Shape shape) override {
+    return transport_->sharedBuffer(static_cast<transport::NodeId>(to.node), std::move(shape));
   }
 
   void barrier(const std::string& name) override {

@@ -52,8 +52,9 @@ class Cluster {
   virtual const std::vector<std::string>& addresses() const = 0;
   // The ActorSystem's RemoteSend. Any thread.
   virtual void send(Address from, Address to, std::unique_ptr<Envelope> message) = 0;
-  // ActorSystem's RemoteBuffer (the transport's sendBuffer). Any thread.
-  virtual kernels::Tensor sendBuffer(Address to, kernels::Shape shape) = 0;
+  // ActorSystem's RemoteBuffer (the transport's sharedBuffer: undefined when `to` shares no
+  // memory with this process). Any thread.
+  virtual kernels::Tensor sharedBuffer(Address to, kernels::Shape shape) = 0;
   // Waits until every process reached `name` (TimeoutError naming who did not).
   virtual void barrier(const std::string& name) = 0;
   // The last call of a run: a barrier, after which rank 0 (which may serve the store) waits until

@@ -128,6 +128,13 @@ struct Watchdog {
 // long.
 struct StallCheck {};
 
+// Transport -> Reducer (in-process only): a ring chunk sent from the bucket [begin, ...) of
+// `step` without a copy was written (actors/lease.h); the bucket may change once all were.
+struct ChunkWritten {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+};
+
 // How often an actor with waits bounded by `warning` and `timeout` looks at them.
 inline std::chrono::milliseconds stallCheckPeriod(std::chrono::milliseconds warning,
                                                   std::chrono::milliseconds timeout) {

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/lease.h"
 #include "actors/messages.h"
 #include "actors/ring_allreduce.h"
 #include "actors/roles.h"
@@ -27,24 +28,14 @@ class Reducer final : public Actor {
         ring_(
             config_.rank, config_.world,
             config_.segment_bytes / static_cast<std::int64_t>(sizeof(float)),
-            [this](RingChunk chunk) {
-              // A copy: the transport writes later, and by then the replica's next backward
-              // may be overwriting the gradient these chunks view. Into a send buffer, which is
-              // memory the next process reads in place when it runs on this host. (Compressed
-              // chunks are encoded into memory of their own already.)
-              if (chunk.data.dtype() == kernels::DType::kFloat32) {
-                auto copy = system().sendBuffer(config_.next, {chunk.data.numel()});
-                std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
-                chunk.data = std::move(copy);
-              }
-              send(config_.next, std::move(chunk));
-            },
+            [this](RingChunk chunk) { sendChunk(std::move(chunk)); },
             [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
               finished(step, begin, end);
             },
             config_.compression) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
     on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
+    on<ChunkWritten>([this](ChunkWritten& w) { written(w); });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
   }
 
@@ -95,9 +86,47 @@ class Reducer final : public Actor {
     armStallCheck();
   }
 
+  // A chunk views the bucket, which the replica's next backward overwrites once the updater has
+  // the reduced bucket. To the next process on this host: copied into shared memory, which that
+  // process reads in place. Across hosts: sent from the bucket itself (no copy), and the bucket
+  // goes on to the updater only once the transport has written every such chunk (ChunkWritten).
+  // (Compressed chunks are encoded into memory of their own.)
+  void sendChunk(RingChunk chunk) {
+    if (chunk.data.dtype() == kernels::DType::kFloat32) {
+      const std::int64_t n = chunk.data.numel();
+      if (auto shared = system().sharedBuffer(config_.next, {n}); shared.raw() != nullptr) {
+        std::copy_n(chunk.data.f32(), n, shared.f32());
+        chunk.data = std::move(shared);
+      } else {
+        const std::pair<std::int64_t, std::int64_t> key{chunk.step, chunk.bucket};
+        ++in_ring_.at(key).unwritten;
+        chunk.data = leasedView(chunk.data, [&system = system(), me = self(), key] {
+          system.tell(me, ChunkWritten{key.first, key.second});
+        });
+      }
+    }
+    send(config_.next, std::move(chunk));
+  }
+
+  void written(const ChunkWritten& w) {
+    auto it = in_ring_.find({w.step, w.begin});
+    TROUPE_ENFORCE(it != in_ring_.end(), "a written chunk of an unknown bucket");
+    --it->second.unwritten;
+    if (it->second.reduced && it->second.unwritten == 0) handOn(it);
+  }
+
   void finished(std::int64_t step, std::int64_t begin, std::int64_t end) {
     auto it = in_ring_.find({step, begin});
     TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
+    it->second.reduced = true;
+    it->second.end = end;
+    if (it->second.unwritten == 0) handOn(it);
+  }
+
+  template <typename It>
+  void handOn(It it) {
+    const auto [step, begin] = it->first;
+    const std::int64_t end = it->second.end;
     if (config_.trace && config_.world > 1) {
       config_.trace->asyncSpan(
           name(), fmt::format("allreduce [{},{})", begin, end),
@@ -143,7 +172,10 @@ class Reducer final : public Actor {
   struct InRing {
     kernels::Tensor sum;
     Trace::Clock::time_point started;
-    bool warned = false;  // the stall report for it was logged
+    bool warned = false;   // the stall report for it was logged
+    bool reduced = false;  // the ring is done with it
+    std::int64_t end = 0;  // of the bucket, once reduced
+    int unwritten = 0;     // chunks sent from it that the transport has not released yet
   };
   std::map<std::pair<std::int64_t, std::int64_t>, InRing> in_ring_;
 };

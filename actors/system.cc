@@ -449,9 +449,15 @@ class SystemImpl final : public ActorSystem {
 };
 
 kernels::Tensor ActorSystem::sendBuffer(Address to, kernels::Shape shape) const {
+  auto shared = sharedBuffer(to, shape);
+  if (shared.raw() != nullptr) return shared;
+  return kernels::Tensor::hostUninitialized(std::move(shape));
+}
+
+kernels::Tensor ActorSystem::sharedBuffer(Address to, kernels::Shape shape) const {
   const auto& o = options();
   if (to.node != o.node && o.remote_buffer) return o.remote_buffer(to, std::move(shape));
-  return kernels::Tensor::hostUninitialized(std::move(shape));
+  return {};
 }
 
 void Actor::sendEnvelope(Address to, std::unique_ptr<Envelope> message) {

@@ -29,8 +29,8 @@ namespace troupe::actors {
 // Carries a message to an actor of another node (the transport, through the wire codec). Called on
 // the sender's thread; must not block for long.
 using RemoteSend = std::function<void(Address from, Address to, std::unique_ptr<Envelope> message)>;
-// Memory for a float tensor about to be sent to an actor of another node (the transport's
-// sendBuffer: shared memory for a peer on this host).
+// Shared memory for a float tensor about to be sent to an actor of another node on this host (the
+// transport's sharedBuffer); an undefined tensor when there is none.
 using RemoteBuffer = std::function<kernels::Tensor(Address to, kernels::Shape shape)>;
 
 struct SystemOptions {
@@ -73,6 +73,9 @@ class ActorSystem {
   // Memory for a float tensor that will be sent, unchanged after the send, to `to`: the cheapest
   // to carry there (shared with `to`'s process when it runs on this host), uninitialised.
   kernels::Tensor sendBuffer(Address to, kernels::Shape shape) const;
+  // Only the shared memory: undefined (raw() null) when `to` is in this process or shares no
+  // memory with it. See leasedView (actors/lease.h) for what to send then.
+  kernels::Tensor sharedBuffer(Address to, kernels::Shape shape) const;
 
   // Delivers message to `to` after `delay` (a timer; the sender is the system).
   template <typename M>

@@ -244,8 +244,7 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
       (*cluster)->send(from, to, std::move(message));
     };
     options.remote_buffer = [cluster = n.cluster](Address to, kernels::Shape shape) {
-      return *cluster ? (*cluster)->sendBuffer(to, std::move(shape))
-                      : kernels::Tensor::hostUninitialized(std::move(shape));
+      return *cluster ? (*cluster)->sharedBuffer(to, std::move(shape)) : kernels::Tensor();
     };
   }
   n.system = makeActorSystem(options);

@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "actors/cluster.h"
+#include "actors/lease.h"
+#include "actors/messages.h"
 #include "actors/ring_allreduce.h"
 #include "actors/roles.h"
 #include "actors/system.h"
@@ -128,24 +130,46 @@ class AllreduceBenchActor final : public actors::Actor {
         out_(std::move(out)),
         ring_(
             plan_.rank, plan_.world, plan_.segment_elements,
-            [this](RingChunk chunk) {
-              using Copy = AllreduceBenchOptions::ChunkCopy;
-              if (plan_.copy != Copy::kNone) {
-                const std::int64_t n = chunk.data.numel();
-                auto copy = plan_.copy == Copy::kSendBuffer ? system().sendBuffer(next_, {n})
-                            : plan_.copy == Copy::kAlloc    ? Tensor::host({n})
-                                                            : pool_->take(n);
-                std::copy_n(chunk.data.f32(), n, copy.f32());
-                chunk.data = std::move(copy);
-              }
-              send(next_, std::move(chunk));
-            },
+            [this](RingChunk chunk) { sendChunk(std::move(chunk)); },
             [this](std::int64_t step, std::int64_t, std::int64_t) {
-              if (step % 2 == 1) elapsed_ = Clock::now() - t0_;
-              send(self(), RingDone{step});
+              reduced_ = step;
+              if (unwritten_ == 0) ringDone();
             }) {
     on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
+    on<actors::ChunkWritten>([this](actors::ChunkWritten&) {
+      if (--unwritten_ == 0 && reduced_ >= 0) ringDone();
+    });
     on<RingDone>([this](RingDone& d) { d.step % 2 == 0 ? startTimed() : finishTimed(); });
+  }
+
+  // send-buffer does what the reducer does in training (actors/reducer.cc): into shared memory
+  // for a process on this host, else straight from the buffer, done once the transport wrote it.
+  void sendChunk(RingChunk chunk) {
+    using Copy = AllreduceBenchOptions::ChunkCopy;
+    const std::int64_t n = chunk.data.numel();
+    if (plan_.copy == Copy::kSendBuffer) {
+      if (auto shared = system().sharedBuffer(next_, {n}); shared.raw() != nullptr) {
+        std::copy_n(chunk.data.f32(), n, shared.f32());
+        chunk.data = std::move(shared);
+      } else {
+        ++unwritten_;
+        chunk.data = actors::leasedView(chunk.data, [&system = system(), me = self()] {
+          system.tell(me, actors::ChunkWritten{});
+        });
+      }
+    } else if (plan_.copy != Copy::kNone) {
+      auto copy = plan_.copy == Copy::kAlloc ? Tensor::host({n}) : pool_->take(n);
+      std::copy_n(chunk.data.f32(), n, copy.f32());
+      chunk.data = std::move(copy);
+    }
+    send(next_, std::move(chunk));
+  }
+
+  void ringDone() {
+    const std::int64_t step = reduced_;
+    reduced_ = -1;
+    if (step % 2 == 1) elapsed_ = Clock::now() - t0_;
+    send(self(), RingDone{step});
   }
 
   void started() override {
@@ -205,6 +229,8 @@ class AllreduceBenchActor final : public actors::Actor {
   std::shared_ptr<std::vector<Measured>> out_;
   std::shared_ptr<ChunkPool> pool_ = std::make_shared<ChunkPool>();
   actors::RingAllreduce ring_;
+  std::int64_t reduced_ = -1;  // the step whose ring is done, until its chunks are written too
+  int unwritten_ = 0;          // chunks sent from a buffer that the transport has not released
   Address next_;
   Tensor buffers_[2];
   Tensor barrier_;
@@ -274,7 +300,7 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
     (*cluster_ref)->send(from, to, std::move(message));
   };
   system_options.remote_buffer = [cluster_ref](Address to, kernels::Shape shape) {
-    return (*cluster_ref)->sendBuffer(to, std::move(shape));
+    return (*cluster_ref)->sharedBuffer(to, std::move(shape));
   };
   auto system = actors::makeActorSystem(system_options);
   auto measured = std::make_shared<std::vector<Measured>>();

@@ -65,6 +65,12 @@ class Transport {
   // tensor must not be written once it was sent. Any thread.
   virtual kernels::Tensor sendBuffer(NodeId node, kernels::Shape shape,
                                      kernels::DType dtype = kernels::DType::kFloat32) = 0;
+  // sendBuffer's shared memory only: an undefined tensor (raw() null) when the link to `node`
+  // has none (another host, no link yet, a full arena). A sender that has none writes from its
+  // own memory instead (no copy), keeping it unchanged until the transport releases it. Any
+  // thread.
+  virtual kernels::Tensor sharedBuffer(NodeId node, kernels::Shape shape,
+                                       kernels::DType dtype = kernels::DType::kFloat32) = 0;
 };
 
 // Starts listening at once. Throws InputError (bad options, unknown interface) or IoError.

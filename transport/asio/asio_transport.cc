@@ -210,6 +210,7 @@ class AsioTransport final : public Transport {
   void waitForPeer(NodeId node, std::chrono::milliseconds timeout) override;
   void send(NodeId node, OutgoingMessage message) override;
   kernels::Tensor sendBuffer(NodeId node, kernels::Shape shape, kernels::DType dtype) override;
+  kernels::Tensor sharedBuffer(NodeId node, kernels::Shape shape, kernels::DType dtype) override;
 
   // For connections.
   const TransportOptions& options() const { return options_; }
@@ -1102,6 +1103,13 @@ void AsioTransport::send(NodeId node, OutgoingMessage message) {
 }
 
 kernels::Tensor AsioTransport::sendBuffer(NodeId node, kernels::Shape shape, kernels::DType dtype) {
+  auto shared = sharedBuffer(node, shape, dtype);
+  if (shared.raw() != nullptr) return shared;
+  return kernels::Tensor::hostUninitialized(std::move(shape), dtype);
+}
+
+kernels::Tensor AsioTransport::sharedBuffer(NodeId node, kernels::Shape shape,
+                                            kernels::DType dtype) {
   // Small tensors go inline in their message: the arena's bookkeeping would cost more.
   constexpr std::size_t kMinSharedBytes = std::size_t{64} << 10;
   const std::size_t bytes =
@@ -1116,7 +1124,7 @@ kernels::Tensor AsioTransport::sendBuffer(NodeId node, kernels::Shape shape, ker
       }
     }
   }
-  return kernels::Tensor::hostUninitialized(std::move(shape), dtype);
+  return {};
 }
 
 }  // namespace
