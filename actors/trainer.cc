@@ -220,10 +220,17 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
       differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
                                    theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
     }
+    // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
+    const std::string hint =
+        chief.find("resume=none") == std::string::npos &&
+                mine.find("resume=none") != std::string::npos
+            ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
+              "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
+            : "";
     throw InputError(
         fmt::format("rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
-                    "this one '{}'",
-                    rank, nodes, fmt::join(differ, "; "), chief, mine));
+                    "this one '{}'{}",
+                    rank, nodes, fmt::join(differ, "; "), chief, mine, hint));
   }
 }
 
