@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "actors/hierarchical_allreduce.h"
 #include "actors/lease.h"
 #include "actors/messages.h"
 #include "actors/ring_allreduce.h"
@@ -21,30 +23,62 @@ namespace {
 // does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
 // several processes, over all of them by ring allreduce, while backward goes on.
 class Reducer final : public Actor {
+ private:
+  struct InRing {
+    kernels::Tensor sum;
+    Trace::Clock::time_point started;
+    bool warned = false;   // the stall report for it was logged
+    bool reduced = false;  // the ring is done with it
+    std::int64_t end = 0;  // of the bucket, once reduced
+    int unwritten = 0;     // chunks sent from it that the transport has not released yet
+  };
+  using InRings = std::map<std::pair<std::int64_t, std::int64_t>, InRing>;
+
  public:
   Reducer(std::string name, ReducerConfig config)
-      : Actor(std::move(name)),
-        config_(std::move(config)),
-        ring_(
-            config_.rank, config_.world,
-            config_.segment_bytes / static_cast<std::int64_t>(sizeof(float)),
-            [this](RingChunk chunk) { sendChunk(std::move(chunk)); },
-            [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
-              finished(step, begin, end);
-            },
-            config_.compression) {
+      : Actor(std::move(name)), config_(std::move(config)) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
-    on<RingChunk>([this](RingChunk& c) { ring_.receive(std::move(c)); });
+    on<RingChunk>([this](RingChunk& c) {
+      if (hierarchical_) {
+        hierarchical_->receive(std::move(c));
+      } else {
+        flat_->receive(std::move(c));
+      }
+    });
     on<ChunkWritten>([this](ChunkWritten& w) { written(w); });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
   }
 
   void started() override {
     backend_ = kernels::makeCpuBackend(config_.threads);
+    buildRings();
     armStallCheck();
   }
 
  private:
+  void buildRings() {
+    static const ReductionPlan kFlat;
+    const ReductionPlan& plan = config_.reduction ? *config_.reduction : kFlat;
+    const std::int64_t segment = config_.segment_bytes / static_cast<std::int64_t>(sizeof(float));
+    auto send = [this](RingChunk chunk) { sendChunk(std::move(chunk)); };
+    auto done = [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
+      finished(step, begin, end);
+    };
+    if (plan.host_ranks.empty()) {
+      flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression);
+      nexts_ = {config_.next};
+      return;
+    }
+    const auto& host = plan.host_ranks;
+    const auto& across = plan.across_ranks;
+    const int l = indexOf(host, config_.rank), h = indexOf(across, config_.rank);
+    const int local = static_cast<int>(host.size()), hosts = static_cast<int>(across.size());
+    hierarchical_.emplace(l, local, h, hosts, segment, send, done, config_.compression);
+    const Address next_in_host = address(host[static_cast<std::size_t>((l + 1) % local)]);
+    nexts_ = {next_in_host, address(across[static_cast<std::size_t>((h + 1) % hosts)]),
+              next_in_host};
+  }
+
   void armStallCheck() {
     if (config_.world > 1) {
       system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
@@ -92,20 +126,39 @@ class Reducer final : public Actor {
   // goes on to the updater only once the transport has written every such chunk (ChunkWritten).
   // (Compressed chunks are encoded into memory of their own.)
   void sendChunk(RingChunk chunk) {
+    const Address next = nexts_.at(chunk.ring);
     if (chunk.data.dtype() == kernels::DType::kFloat32) {
       const std::int64_t n = chunk.data.numel();
-      if (auto shared = system().sharedBuffer(config_.next, {n}); shared.raw() != nullptr) {
+      if (auto shared = system().sharedBuffer(next, {n}); shared.raw() != nullptr) {
         std::copy_n(chunk.data.f32(), n, shared.f32());
         chunk.data = std::move(shared);
       } else {
-        const std::pair<std::int64_t, std::int64_t> key{chunk.step, chunk.bucket};
+        const auto key = bucketOf(chunk.step, chunk.bucket)->first;
         ++in_ring_.at(key).unwritten;
         chunk.data = leasedView(chunk.data, [&system = system(), me = self(), key] {
           system.tell(me, ChunkWritten{key.first, key.second});
         });
       }
     }
-    send(config_.next, std::move(chunk));
+    send(next, std::move(chunk));
+  }
+
+  static int indexOf(const std::vector<int>& ranks, int rank) {
+    const auto it = std::find(ranks.begin(), ranks.end(), rank);
+    TROUPE_ENFORCE(it != ranks.end(), "rank ", rank, " is not in its own ring");
+    return static_cast<int>(it - ranks.begin());
+  }
+
+  static Address address(int rank) { return Address{static_cast<std::uint32_t>(rank), 2}; }
+
+  // The bucket of `step` that holds flat element `offset` (a slice's start, in the ring across
+  // hosts).
+  InRings::iterator bucketOf(std::int64_t step, std::int64_t offset) {
+    auto it = in_ring_.upper_bound({step, offset});
+    TROUPE_ENFORCE(it != in_ring_.begin(), "no bucket of step ", step, " holds ", offset);
+    --it;
+    TROUPE_ENFORCE(it->first.first == step, "no bucket of step ", step, " holds ", offset);
+    return it;
   }
 
   void written(const ChunkWritten& w) {
@@ -161,23 +214,22 @@ class Reducer final : public Actor {
     pending_.erase({b.step, b.begin});
     counts_.erase({b.step, b.begin});
     in_ring_[{b.step, b.begin}] = {sum, Trace::Clock::now(), false};
-    ring_.start(b.step, b.begin, sum);
+    if (hierarchical_) {
+      hierarchical_->start(b.step, b.begin, sum);
+    } else {
+      flat_->start(b.step, b.begin, sum);
+    }
   }
 
   ReducerConfig config_;
   std::unique_ptr<kernels::Backend> backend_;
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<kernels::Tensor>> pending_;
   std::map<std::pair<std::int64_t, std::int64_t>, int> counts_;
-  RingAllreduce ring_;
-  struct InRing {
-    kernels::Tensor sum;
-    Trace::Clock::time_point started;
-    bool warned = false;   // the stall report for it was logged
-    bool reduced = false;  // the ring is done with it
-    std::int64_t end = 0;  // of the bucket, once reduced
-    int unwritten = 0;     // chunks sent from it that the transport has not released yet
-  };
-  std::map<std::pair<std::int64_t, std::int64_t>, InRing> in_ring_;
+  // One of them, from the run's topology (ReducerConfig::reduction), once started.
+  std::optional<RingAllreduce> flat_;
+  std::optional<HierarchicalAllreduce> hierarchical_;
+  std::vector<Address> nexts_;  // where chunks of each ring (RingChunk::ring) go
+  InRings in_ring_;
 };
 
 }  // namespace

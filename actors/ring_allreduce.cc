@@ -8,14 +8,20 @@
 namespace troupe::actors {
 
 RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send,
-                             DoneFn done, kernels::CompressionSpec compression)
+                             DoneFn done, kernels::CompressionSpec compression, Mode mode,
+                             std::uint8_t ring)
     : rank_(rank),
       world_(world),
       segment_elements_(std::max<std::int64_t>(segment_elements, world)),
       send_(std::move(send)),
       done_(std::move(done)),
-      compression_(compression) {
+      compression_(compression),
+      mode_(mode),
+      ring_(ring) {
   TROUPE_ENFORCE(0 <= rank && rank < world, "rank ", rank, " of ", world);
+  TROUPE_ENFORCE(
+      mode == Mode::kAllreduce || compression.type == kernels::GradientCompression::kNone,
+      "compression is for whole allreduces only");
 }
 
 std::pair<std::int64_t, std::int64_t> RingAllreduce::chunkRange(const Bucket& b,
@@ -51,8 +57,14 @@ void RingAllreduce::sendChunk(const Bucket& b, std::int64_t step, std::int64_t b
   c.chunk = chunk;
   c.round = round;
   c.phase = phase;
+  c.ring = ring_;
   c.data = data.raw() != nullptr ? std::move(data) : encoded(b, begin, lo, hi);
   send_(std::move(c));
+}
+
+std::pair<std::int64_t, std::int64_t> RingAllreduce::ownedRange(std::int64_t n) const {
+  const std::int64_t chunk = (rank_ + 1) % world_;
+  return {n * chunk / world_, n * (chunk + 1) / world_};
 }
 
 void RingAllreduce::start(std::int64_t step, std::int64_t begin, const kernels::Tensor& values) {
@@ -67,8 +79,22 @@ void RingAllreduce::start(std::int64_t step, std::int64_t begin, const kernels::
   b.segments = static_cast<std::int32_t>(
       std::max<std::int64_t>(1, (values.numel() + segment_elements_ - 1) / segment_elements_));
   b.gathered.assign(static_cast<std::size_t>(b.segments), 0);
+  const std::int32_t owned = (rank_ + 1) % world_;
   for (std::int32_t s = 0; s < b.segments; ++s) {
-    sendChunk(b, step, begin, s, rank_, 0, RingChunk::kReduceScatter);
+    if (mode_ == Mode::kAllGather) {
+      sendChunk(b, step, begin, s, owned, 0, RingChunk::kAllGather);
+    } else {
+      sendChunk(b, step, begin, s, rank_, 0, RingChunk::kReduceScatter);
+    }
+  }
+  if (mode_ == Mode::kAllGather) {
+    // The own chunks are final already; the last bucket of a world may end right here.
+    for (std::int32_t s = 0; s < b.segments; ++s) {
+      auto it = buckets_.find({step, begin});
+      if (it == buckets_.end()) return;
+      segmentGathered(it->second, step, begin, s);
+    }
+    if (buckets_.find({step, begin}) == buckets_.end()) return;
   }
   auto early = std::move(b.early);
   for (auto& chunk : early) {
@@ -110,6 +136,8 @@ void RingAllreduce::handle(Bucket& b, RingChunk& c) {
     }
     if (c.round < last_round) {
       sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kReduceScatter);
+    } else if (mode_ == Mode::kReduceScatter) {
+      segmentGathered(b, step, begin, c.segment);  // this rank's own chunk is finished
     } else {
       // This rank holds the finished sum of this chunk: pass it around (encoded once; this rank
       // keeps what the others will decode).
@@ -136,8 +164,10 @@ void RingAllreduce::handle(Bucket& b, RingChunk& c) {
 
 void RingAllreduce::segmentGathered(Bucket& b, std::int64_t step, std::int64_t begin,
                                     std::int32_t segment) {
-  // Per segment: one chunk finished here plus N-1 received in the all-gather.
-  if (++b.gathered[static_cast<std::size_t>(segment)] < world_) return;
+  // Per segment: one chunk finished here plus N-1 received in the all-gather (reduce-scatter
+  // only: the one finished here).
+  const std::int32_t needed = mode_ == Mode::kReduceScatter ? 1 : world_;
+  if (++b.gathered[static_cast<std::size_t>(segment)] < needed) return;
   if (++b.done_segments < b.segments) return;
   const std::int64_t end = begin + b.values.numel();
   buckets_.erase({step, begin});

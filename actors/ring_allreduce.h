@@ -11,6 +11,10 @@
 // each element is sent at most once per step by a rank), the owner of a finished chunk encodes it
 // once, adopts the decoded values itself and passes the same bytes around the all-gather, so
 // every rank still ends with bitwise the same values.
+// Modes, for hierarchical reduction (actors/hierarchical_allreduce.h): kReduceScatter stops when
+// this rank holds the finished sum of its own chunk of each segment (chunk (rank + 1) % N) and
+// leaves the rest of the bucket partial; kAllGather starts from those finished chunks and only
+// passes them around.
 // Thread safety: one thread at a time (the reducer actor's).
 #pragma once
 
@@ -34,7 +38,8 @@ struct RingChunk {
   std::int32_t chunk = 0;
   std::int32_t round = 0;
   Phase phase = kReduceScatter;
-  kernels::Tensor data;  // float, the chunk's elements; uint8 when compressed
+  std::uint8_t ring = 0;  // which of a process's rings it belongs to (hierarchical reduction)
+  kernels::Tensor data;   // float, the chunk's elements; uint8 when compressed
 };
 
 class RingAllreduce {
@@ -42,8 +47,15 @@ class RingAllreduce {
   using SendFn = std::function<void(RingChunk chunk)>;  // to the next rank, (rank + 1) % world
   using DoneFn = std::function<void(std::int64_t step, std::int64_t begin, std::int64_t end)>;
 
+  enum class Mode : std::uint8_t { kAllreduce, kReduceScatter, kAllGather };
+
   RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send, DoneFn done,
-                kernels::CompressionSpec compression = {});
+                kernels::CompressionSpec compression = {}, Mode mode = Mode::kAllreduce,
+                std::uint8_t ring = 0);
+
+  // The elements [lo, hi) of a bucket of n that this rank finishes in kReduceScatter (and starts
+  // from in kAllGather), when segment_elements >= n (one segment).
+  std::pair<std::int64_t, std::int64_t> ownedRange(std::int64_t n) const;
 
   // The local sum of bucket [begin, begin + values.numel()) of `step` is ready in `values`; the
   // result is written back into `values`, which must stay alive until done() is called for it.
@@ -80,6 +92,8 @@ class RingAllreduce {
   SendFn send_;
   DoneFn done_;
   kernels::CompressionSpec compression_;
+  Mode mode_;
+  std::uint8_t ring_;
   std::vector<float> residual_;  // 2bit: per element of the flat gradient
   std::map<Key, Bucket> buckets_;
 };

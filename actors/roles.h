@@ -10,6 +10,7 @@
 
 #include "actors/peer.h"
 #include "actors/system.h"
+#include "actors/topology.h"
 #include "data/dataset.h"
 #include "kernels/compression.h"
 #include "kernels/net.h"
@@ -85,7 +86,14 @@ struct ReducerConfig {
   Address next;                          // the reducer of rank (rank + 1) % world
   std::int64_t segment_bytes = 4 << 20;  // ring messages carry segment_bytes / world
   kernels::CompressionSpec compression;  // of the ring's chunks (kernels/compression.h)
-  Trace* trace = nullptr;                // spans go here when tracing
+  // Hierarchical reduction (NCCL's across nodes): with several processes on each of several hosts,
+  // a bucket is reduce-scattered among the processes of this host (through shared memory), each
+  // process allreduces the slice it finished with the processes of the same local index on the
+  // other hosts (compressed, if compression is set), and the slices are all-gathered in the host.
+  // Filled in (actors/topology.h) once the processes met, before the actors start; null, or
+  // empty host_ranks: one flat ring over every worker.
+  std::shared_ptr<const ReductionPlan> reduction;
+  Trace* trace = nullptr;  // spans go here when tracing
   // A bucket whose allreduce has waited this long logs a stall report (which step, which
   // bucket, which worker it waits for), and fails the run after peer_timeout (PeerError naming
   // the previous worker of the ring).

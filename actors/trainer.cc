@@ -23,6 +23,7 @@
 #include "actors/roles.h"
 #include "actors/run_id.h"
 #include "actors/system.h"
+#include "actors/topology.h"
 #include "actors/trace.h"
 #include "actors/train_log.h"
 #include "kernels/backend.h"
@@ -197,13 +198,14 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o) {
 // batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
-                 const kernels::CompressionSpec& compression, std::chrono::milliseconds timeout) {
+                 const kernels::CompressionSpec& compression, const std::string& allreduce,
+                 std::chrono::milliseconds timeout) {
   const std::string mine = fmt::format(
       "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={} gradient_compression={}",
+      "replicas={} resume={} gradient_compression={} allreduce={}",
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
       replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
-      kernels::describe(compression));
+      kernels::describe(compression), allreduce);
   if (rank == 0) store.set("plan", mine);
   const std::string chief = store.get("plan", timeout);
   if (chief != mine) {
@@ -262,7 +264,8 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
 // agree on the plan, and fills in where the members are.
 std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Trace* trace,
                                  NodeSystem& node, const StepPlan& plan, std::int64_t num_params,
-                                 const std::string& resumed_from, RunMembers& members) {
+                                 const std::string& resumed_from, RunMembers& members,
+                                 ReductionPlan* reduction) {
   ClusterOptions c;
   c.rank = rank;
   c.world = nodes;
@@ -287,8 +290,14 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
-              compressionOf(o), c.timeout);
+              compressionOf(o), o.allreduce, c.timeout);
   members.setAddresses(cluster->addresses());
+  if (reduction) {
+    const auto hosts =
+        groupHosts(exchangeHostKeys(cluster->store(), rank, o.num_shards, c.timeout));
+    *reduction = planReduction(o.allreduce, hosts, rank);
+    if (rank == 0) spdlog::info("allreduce: {}", reduction->description);
+  }
   return cluster;
 }
 
@@ -377,7 +386,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
   auto cluster =
-      joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members);
+      joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members, nullptr);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -614,6 +623,7 @@ TrainResult trainProcess(const TrainOptions& o) {
     TROUPE_ENFORCE_EQ(system->spawn(makeUpdater("updater", updater), computeThread(0)),
                       updater_address);
   }
+  auto reduction = std::make_shared<ReductionPlan>();  // filled in by joinRun, before run()
   ReducerConfig reducer;
   reducer.num_replicas = o.replicas;
   reducer.threads = 1;
@@ -628,6 +638,7 @@ TrainResult trainProcess(const TrainOptions& o) {
     reducer.world = workers;
     reducer.next = address((rank + 1) % workers, 2);
     reducer.compression = compressionOf(o);
+    reducer.reduction = reduction;
   }
   // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
   // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
@@ -685,7 +696,8 @@ TrainResult trainProcess(const TrainOptions& o) {
 
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1) {
-    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members);
+    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members,
+                      ps ? nullptr : reduction.get());
   }
 
   system->run();

@@ -80,6 +80,11 @@ struct TrainOptions {
   std::string gradient_compression = "none";
   float gradient_compression_threshold = 0.5f;
 
+  // How bsp-allreduce sums across processes (actors/topology.h): "auto" (hierarchical when
+  // several hosts hold the same number, 2 or more, of workers each; else one flat ring), "ring"
+  // or "hierarchical" (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE).
+  std::string allreduce = "auto";
+
   double bucket_size_mb = 25;
   double first_bucket_mb = 1;
 

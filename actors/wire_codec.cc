@@ -90,6 +90,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
                    ? transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
                    : transport::wire::AllreduceChunk::Phase::ALL_GATHER);
     w.setCompressed(m->data.dtype() == kernels::DType::kUInt8);
+    w.setRing(m->ring);
     out.setTensor(w.initData(), m->data);
   } else if (auto* m = as<Push>(e)) {
     auto w = f.initPush();
@@ -186,6 +187,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
       c.phase = r.getPhase() == transport::wire::AllreduceChunk::Phase::REDUCE_SCATTER
                     ? RingChunk::kReduceScatter
                     : RingChunk::kAllGather;
+      c.ring = r.getRing();
       c.data = in.tensor(r.getData(), {}, dtypeOf(r.getCompressed()));
       d.message = wrap(std::move(c));
       break;

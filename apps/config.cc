@@ -218,6 +218,9 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
       TROUPE_INT_KEY("staleness", staleness, closed(0, kMillion),
                      "ssp: steps a worker may run ahead of the slowest"),
+      TROUPE_STRING_KEY("allreduce", allreduce,
+                        "bsp-allreduce across processes: auto, ring or hierarchical (inside each "
+                        "host, then across hosts)"),
       TROUPE_STRING_KEY("gradient_compression", gradient_compression,
                         "what gradients travel as between processes: none, fp16, bf16 or 2bit "
                         "(MXNet's)"),

@@ -116,6 +116,7 @@ struct AllreduceChunk {
   segment @7 :UInt32;  # which segment of the bucket (each segment is its own ring)
   round @8 :UInt32;    # 0 .. world-2 within the phase
   compressed @9 :Bool;  # data is bytes of the run's gradient compression, not float32
+  ring @10 :UInt8;      # which of the receiver's rings (hierarchical reduction: local or across)
 }
 
 # Parameter server: a worker pushes gradients of keys [keyBegin, keyEnd) ...
