@@ -32,8 +32,8 @@ HierarchicalAllreduce::HierarchicalAllreduce(int local_rank, int local_world, in
 
 void HierarchicalAllreduce::start(std::int64_t step, std::int64_t begin,
                                   const kernels::Tensor& values) {
-  TROUPE_ENFORCE(buckets_.emplace(std::make_tuple(step, begin), values).second, "bucket ", begin,
-                 " of step ", step, " started twice");
+  TROUPE_ENFORCE(buckets_.emplace(std::make_tuple(step, begin), Bucket{values, 0}).second,
+                 "bucket ", begin, " of step ", step, " started twice");
   in_host_.start(step, begin, values);
 }
 
@@ -54,9 +54,10 @@ void HierarchicalAllreduce::receive(RingChunk chunk) {
 }
 
 void HierarchicalAllreduce::scattered(std::int64_t step, std::int64_t begin) {
-  const auto& values = buckets_.at({step, begin});
-  const auto [lo, hi] = in_host_.ownedRange(values.numel());
-  across_.start(step, begin + lo, values.slice(lo, hi));
+  auto& b = buckets_.at({step, begin});
+  b.ring = 1;
+  const auto [lo, hi] = in_host_.ownedRange(b.values.numel());
+  across_.start(step, begin + lo, b.values.slice(lo, hi));
 }
 
 void HierarchicalAllreduce::reducedAcross(std::int64_t step, std::int64_t slice_begin) {
@@ -65,7 +66,13 @@ void HierarchicalAllreduce::reducedAcross(std::int64_t step, std::int64_t slice_
   TROUPE_ENFORCE(it != buckets_.begin() && std::get<0>(std::prev(it)->first) == step,
                  "no bucket of step ", step, " holds element ", slice_begin);
   --it;
-  gather_.start(step, std::get<1>(it->first), it->second);
+  it->second.ring = 2;
+  gather_.start(step, std::get<1>(it->first), it->second.values);
+}
+
+int HierarchicalAllreduce::ringOf(std::int64_t step, std::int64_t begin) const {
+  const auto it = buckets_.find({step, begin});
+  return it == buckets_.end() ? -1 : it->second.ring;
 }
 
 }  // namespace troupe::actors

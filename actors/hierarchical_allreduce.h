@@ -37,6 +37,8 @@ class HierarchicalAllreduce {
   void start(std::int64_t step, std::int64_t begin, const kernels::Tensor& values);
   void receive(RingChunk chunk);
   std::size_t pending() const { return buckets_.size(); }
+  // Which ring a started, unfinished bucket waits in (0, 1 or 2; see the header); -1 if none.
+  int ringOf(std::int64_t step, std::int64_t begin) const;
 
  private:
   void scattered(std::int64_t step, std::int64_t begin);
@@ -44,7 +46,11 @@ class HierarchicalAllreduce {
 
   DoneFn done_;
   RingAllreduce in_host_, across_, gather_;
-  std::map<std::tuple<std::int64_t, std::int64_t>, kernels::Tensor> buckets_;  // started here
+  struct Bucket {
+    kernels::Tensor values;
+    int ring = 0;
+  };
+  std::map<std::tuple<std::int64_t, std::int64_t>, Bucket> buckets_;  // started here
 };
 
 }  // namespace troupe::actors

@@ -77,6 +77,9 @@ class Reducer final : public Actor {
     const Address next_in_host = address(host[static_cast<std::size_t>((l + 1) % local)]);
     nexts_ = {next_in_host, address(across[static_cast<std::size_t>((h + 1) % hosts)]),
               next_in_host};
+    const int previous_in_host = host[static_cast<std::size_t>((l + local - 1) % local)];
+    previous_ = {previous_in_host, across[static_cast<std::size_t>((h + hosts - 1) % hosts)],
+                 previous_in_host};
   }
 
   void armStallCheck() {
@@ -91,10 +94,14 @@ class Reducer final : public Actor {
   void checkStalls() {
     const auto now = Trace::Clock::now();
     const int previous = (config_.rank + config_.world - 1) % config_.world;
-    const Peer late = peerOf(config_.members, "worker", previous);
     const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
     for (auto& [key, r] : in_ring_) {
       const auto& [step, begin] = key;
+      // Hierarchical: the previous worker of the ring the bucket waits in.
+      const int ring = hierarchical_ ? std::max(0, hierarchical_->ringOf(step, begin)) : 0;
+      const Peer late =
+          peerOf(config_.members, "worker",
+                 hierarchical_ ? previous_[static_cast<std::size_t>(ring)] : previous);
       const double waited = std::chrono::duration<double>(now - r.started).count();
       const std::string when = describeStep(step, config_.steps_per_epoch);
       if (now - r.started >= config_.peer_timeout) {
@@ -229,6 +236,7 @@ class Reducer final : public Actor {
   std::optional<RingAllreduce> flat_;
   std::optional<HierarchicalAllreduce> hierarchical_;
   std::vector<Address> nexts_;  // where chunks of each ring (RingChunk::ring) go
+  std::vector<int> previous_;   // hierarchical: whom each ring receives from
   InRings in_ring_;
 };
 
