@@ -41,8 +41,15 @@ using Overrides = std::map<std::string, std::string>;
 // Adds --key options for every config key to a subcommand; given ones land in *overrides.
 void addConfigOptions(CLI::App& command, Overrides* overrides);
 
-// defaults <- file (if not empty) <- troupe launch's TROUPE_* variables <- overrides, every value
-// checked against its key's range as it is set.
+// defaults <- file (if not empty) <- the cluster's variables <- troupe launch's TROUPE_* variables
+// <- overrides, every value checked against its key's range as it is set: flag > TROUPE_* >
+// cluster variables > config file. Any launcher (local, ssh, mpi, slurm) sets TROUPE_*, and a
+// process with TROUPE_ROLE or TROUPE_RANK reads no cluster variables. One started without a
+// launcher takes its place from the engine that started it (apps/cluster_env.h): Slurm's
+// SLURM_PROCID, SLURM_NTASKS and node list (task 0 serves the store on the first node; that run id
+// and rendezvous only where the file gives none), a Kubernetes Indexed Job's JOB_COMPLETION_INDEX,
+// or Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE. InputError for a bad value, naming
+// where it came from.
 actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& overrides);
 
 }  // namespace troupe::apps

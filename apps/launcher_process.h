@@ -71,9 +71,9 @@ bool processGroupStopped(pid_t pgid);
 // Tells group `pgid` to end: SIGTERM, then SIGCONT, which a stopped process needs to act on it.
 void terminateGroup(pid_t pgid);
 
-// SIGINT, SIGTERM and SIGHUP to the launcher, noted for the main loop while one lives (ssh and
-// mpi only: local processes die with the launcher through PR_SET_PDEATHSIG, remote ones need
-// the launcher).
+// SIGINT, SIGTERM and SIGHUP to the launcher, noted for the main loop while one lives (ssh, mpi
+// and slurm only: local processes die with the launcher through PR_SET_PDEATHSIG, remote ones
+// need the launcher).
 class StopSignals {
  public:
   StopSignals();

@@ -1,7 +1,16 @@
 // One start of a run's world (apps/launcher*.cc only; see launcher.h): the local and ssh
-// launchers (launcher_children.cc) and the mpi launcher (launcher_mpi.cc). Each starts every
+// launchers (launcher_children.cc), one child process per role and rank; the mpi and slurm
+// launchers (launcher_mpi.cc, launcher_slurm.cc), one mpirun or srun for the whole world whose
+// tasks report host, pid and exit code on marker lines (launcher_wrapped.h). Each starts every
 // process, relays their lines, names the failure, stops the rest and reaps everything before it
 // returns; none of them ever waits on the launcher's own output.
+//
+// Every launcher gives each process its place in TROUPE_* variables (launcher.h); a process that
+// has TROUPE_ROLE or TROUPE_RANK reads no cluster variables. One that no launcher started takes
+// its place from the engine that did (apps/cluster_env.h): under srun, SLURM_PROCID and
+// SLURM_NTASKS, task 0 serving the store on the first node of SLURM_STEP_NODELIST; in a Kubernetes
+// Indexed Job, JOB_COMPLETION_INDEX; under mpirun, OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE.
+// Precedence, key by key: flag > TROUPE_* > cluster variables > config file.
 #pragma once
 
 #include <string>
@@ -21,7 +30,7 @@ struct RunContext {
   const std::vector<std::string>& command;
   const std::string& run_id;
   const std::string& rendezvous;
-  const std::vector<LaunchHost>& hosts;  // ssh: required; mpi: may be empty
+  const std::vector<LaunchHost>& hosts;  // ssh: required; mpi: may be empty; slurm: empty
   int generation = 0;
   OutputRelay& relay;
 };
@@ -31,7 +40,7 @@ enum class Kind { kLocal, kSsh };
 // local and ssh: one child process per role and rank.
 Attempt runChildren(Kind kind, const RunContext& run);
 
-// mpi: one mpirun for the whole world.
+// mpi: one mpirun for the whole world (slurm: runSlurm, launcher_slurm.h).
 Attempt runMpi(const RunContext& run);
 
 }  // namespace troupe::apps::launch_detail

@@ -2,10 +2,13 @@
 // library.
 #include <sys/resource.h>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <exception>
+#include <memory>
 
 #include "apps/commands.h"
 #include "kernels/cpu/isa.h"
@@ -24,10 +27,22 @@ void raiseOpenFileLimit() {
   }
 }
 
+// A process of a launched run (TROUPE_ROLE set by any launcher) logs without colour codes: the
+// launcher relays its lines, and Open MPI gives the ranks on mpirun's own host a terminal.
+void plainLogsUnderALauncher() {
+  if (!std::getenv("TROUPE_ROLE")) return;
+  for (const auto& sink : spdlog::default_logger()->sinks()) {
+    if (auto colour = std::dynamic_pointer_cast<spdlog::sinks::stdout_color_sink_mt>(sink)) {
+      colour->set_color_mode(spdlog::color_mode::never);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   raiseOpenFileLimit();
+  plainLogsUnderALauncher();
   CLI::App app{"troupe: distributed deep-learning training"};
   app.require_subcommand(1);
   troupe::apps::addConvertCommand(app);

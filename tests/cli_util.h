@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -18,11 +19,13 @@ namespace troupe::testing {
 struct CommandResult {
   int exit_code = -1;
   std::string output;
+  std::chrono::duration<double> elapsed{};  // from start to exit
 };
 
 // Runs `command` with sh, stderr merged into stdout.
 inline CommandResult runCommand(const std::string& command) {
   CommandResult r;
+  const auto start = std::chrono::steady_clock::now();
   std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (!pipe) return r;
   std::array<char, 4096> buffer;
@@ -30,6 +33,7 @@ inline CommandResult runCommand(const std::string& command) {
     r.output += buffer.data();
   const int status = ::pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.elapsed = std::chrono::steady_clock::now() - start;
   return r;
 }
 

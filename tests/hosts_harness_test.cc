@@ -36,29 +36,8 @@ bool running(const std::string& pid) {
   return false;
 }
 
-// One Hosts(2) for the suite; each test starts from hosts as `up` left them.
-class HostsHarness : public ::testing::Test {
+class HostsHarness : public TwoHostsTest {
  protected:
-  static void SetUpTestSuite() {
-    try {
-      hosts_ = new Hosts(2);
-    } catch (const std::exception& e) {
-      error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() {
-    delete hosts_;
-    hosts_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(hosts_, nullptr) << "the hosts could not be made: " << error_; }
-  void TearDown() override {
-    try {
-      hosts_->reset();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-    }
-  }
-
   // Writes `text` to `path` in host i's private mount namespace.
   void writeOn(int i, const std::string& path, const std::string& text) const {
     std::ofstream(hosts_->pathOn(i, path)) << text;
@@ -79,13 +58,7 @@ class HostsHarness : public ::testing::Test {
     const auto at = r.output.find("connect ");
     return at == std::string::npos ? -1 : std::stod(r.output.substr(at + 8));
   }
-
-  static Hosts* hosts_;
-  static std::string error_;
 };
-
-Hosts* HostsHarness::hosts_ = nullptr;
-std::string HostsHarness::error_;
 
 TEST_F(HostsHarness, EveryHostHasItsOwnTmpHostnameAndAddress) {
   writeOn(0, "/tmp/mark", "on host 0\n");

@@ -104,31 +104,14 @@ std::vector<std::string> logRows(const fs::path& path) {
   return rows;
 }
 
-class AcrossHosts : public ::testing::Test {
+class AcrossHosts : public TwoHostsTest {
  protected:
-  static void SetUpTestSuite() {
-    try {
-      hosts_ = new Hosts(2);
-    } catch (const std::exception& e) {
-      error_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() {
-    delete hosts_;
-    hosts_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_NE(hosts_, nullptr) << "the hosts could not be made: " << error_;
+    TwoHostsTest::SetUp();
+    if (HasFatalFailure()) return;
     for (int i = 0; i < hosts_->size(); ++i)
       fs::create_directories(runDir(i));
     std::ofstream(runDir(0) / "hosts") << hosts_->address(0) << "\n" << hosts_->address(1) << "\n";
-  }
-  void TearDown() override {
-    try {
-      hosts_->reset();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-    }
   }
 
   // Host i's /tmp/run, as this process opens it.
@@ -138,11 +121,29 @@ class AcrossHosts : public ::testing::Test {
   // host it is on ("on host1"), then runs trainCommand(TRAIN_FLAGS).
   CommandResult launch(const std::string& launcher, const std::string& flags,
                        const std::string& train_flags, std::chrono::seconds timeout = 120s) const {
-    return hosts_->run(0,
-                       troupeBinary() + " launch --launcher " + launcher + " -H hosts" +
-                           hosts_->launchFlags() + " -n 2 " + flags + " -- bash -c " +
-                           shellWord("echo on $(hostname); exec " + trainCommand(train_flags)),
-                       timeout, "/tmp/run");
+    return hosts_->run(
+        0,
+        troupeBinary() + " launch --launcher " + launcher + " -H hosts" + hosts_->launchFlags() +
+            " -n 2 " + flags + " -- bash -c " +
+            apps::shellQuote("echo on $(hostname); exec " + trainCommand(train_flags)),
+        timeout, "/tmp/run");
+  }
+
+  // launch(LAUNCHER, FLAGS) of one epoch ends well: the store listened on host 0, worker i ran on
+  // host i, the chief wrote its log, and nothing of the run is left on host 1. Prints how long the
+  // run took.
+  void expectLaunchTrainsAnEpochWithOneWorkerOnEachHost(const std::string& launcher,
+                                                        const std::string& flags) const {
+    const auto start = Clock::now();
+    const auto r = launch(launcher, flags, "--num_epochs 1");
+    const double seconds = secondsSince(start);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::cout << "[ measured ] " << launcher << " launch, 2 hosts, 1 epoch: " << seconds << " s\n";
+    EXPECT_TRUE(contains(r.output, "rendezvous tcp://" + hosts_->address(0) + ":")) << r.output;
+    EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
+    expectOneWorkerOnEachHost(r.output);
+    expectChiefsLog(1);
+    EXPECT_EQ(troupeLeftOn(1, 5s), "") << "worker 1 outlived the run";
   }
 
   // Worker i ran on host i: it said so, and its transport listened on host i's address.
@@ -198,39 +199,15 @@ class AcrossHosts : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return r.exit_code == 0 ? std::stol(r.output) : -1;
   }
-
-  static Hosts* hosts_;
-  static std::string error_;
 };
 
-Hosts* AcrossHosts::hosts_ = nullptr;
-std::string AcrossHosts::error_;
-
 TEST_F(AcrossHosts, LaunchSshTrainsLeNetWithOneWorkerOnEachHost) {
-  const auto start = Clock::now();
-  const auto r = launch("ssh", "", "--num_epochs 1");
-  const double seconds = secondsSince(start);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::cout << "[ measured ] ssh launch, 2 hosts, 1 epoch: " << seconds << " s\n";
-  EXPECT_TRUE(contains(r.output, "rendezvous tcp://" + hosts_->address(0) + ":")) << r.output;
-  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
-  expectOneWorkerOnEachHost(r.output);
-  expectChiefsLog(1);
-  EXPECT_EQ(troupeLeftOn(1, 5s), "") << "worker 1 outlived the run";
+  expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("ssh", "");
 }
 
 // mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.
 TEST_F(AcrossHosts, LaunchMpiTrainsLeNetWithOneRankOnEachHost) {
-  const auto start = Clock::now();
-  const auto r = launch("mpi", "--ssh-opt=-oStrictHostKeyChecking=no", "--num_epochs 1");
-  const double seconds = secondsSince(start);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::cout << "[ measured ] mpi launch, 2 hosts, 1 epoch: " << seconds << " s\n";
-  EXPECT_TRUE(contains(r.output, "rendezvous tcp://" + hosts_->address(0) + ":")) << r.output;
-  EXPECT_TRUE(contains(r.output, "[launcher] all 2 process(es) exited 0")) << r.output;
-  expectOneWorkerOnEachHost(r.output);
-  expectChiefsLog(1);
-  EXPECT_EQ(troupeLeftOn(1, 5s), "") << "rank 1 outlived the run";
+  expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("mpi", "--ssh-opt=-oStrictHostKeyChecking=no");
 }
 
 // redis-server on host 0 (with a password: protected mode refuses other hosts without one); one

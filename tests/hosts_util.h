@@ -5,30 +5,20 @@
 // with the script's message, never skips.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "apps/launcher.h"
 #include "cli_util.h"
 
 namespace troupe::testing {
-
-// `s` as one POSIX shell word.
-inline std::string shellWord(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
 
 // The hosts exist from the constructor (which throws std::runtime_error with the script's output
 // when they cannot be made, after the script removed what it made) to the destructor, which
@@ -77,9 +67,10 @@ class Hosts {
   // later), the exit code is 124 and the output ends with a line naming the host and the timeout.
   CommandResult run(int i, const std::string& command, std::chrono::seconds timeout,
                     const std::string& cwd = "/") const {
-    auto r = runCommand("timeout -k 5 " + std::to_string(timeout.count()) + " " +
-                        scriptCommand("exec " + std::to_string(i) + " --cwd " + shellWord(cwd) +
-                                      " -- bash -c " + shellWord(command)));
+    auto r =
+        runCommand("timeout -k 5 " + std::to_string(timeout.count()) + " " +
+                   scriptCommand("exec " + std::to_string(i) + " --cwd " + apps::shellQuote(cwd) +
+                                 " -- bash -c " + apps::shellQuote(command)));
     if (r.exit_code == 124 || r.exit_code == 137) {
       r.output += "\n[hosts] timed out after " + std::to_string(timeout.count()) +
                   " s waiting for host " + std::to_string(i) + " to run: " + command + "\n";
@@ -165,7 +156,7 @@ class Hosts {
   }
 
   std::string scriptCommand(const std::string& args) const {
-    return "bash " + shellWord(scriptPath()) + " --prefix " + prefix_ + " " + args;
+    return "bash " + apps::shellQuote(scriptPath()) + " --prefix " + prefix_ + " " + args;
   }
 
   int n_;
@@ -173,6 +164,37 @@ class Hosts {
   std::vector<std::string> addresses_;
   std::string ssh_opts_;
   std::string shared_;
+};
+
+// A fixture whose suite shares one Hosts(2), made before the suite's first test and removed after
+// its last; each test starts from the hosts as `up` left them (Hosts::reset after it). When the
+// hosts cannot be made, every test of the suite fails with the reason.
+class TwoHostsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    error_.clear();
+    try {
+      hosts_ = new Hosts(2);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  }
+  static void TearDownTestSuite() {
+    delete hosts_;
+    hosts_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(hosts_, nullptr) << "the hosts could not be made: " << error_; }
+  void TearDown() override {
+    if (!hosts_) return;
+    try {
+      hosts_->reset();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+    }
+  }
+
+  inline static Hosts* hosts_ = nullptr;
+  inline static std::string error_;
 };
 
 }  // namespace troupe::testing
