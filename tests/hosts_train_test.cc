@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +20,9 @@
 #include <thread>
 #include <vector>
 
+#include "actors/checkpoint.h"
 #include "cli_util.h"
+#include "float_bounds.h"
 #include "hosts_util.h"
 
 namespace troupe::testing {
@@ -120,11 +123,12 @@ class AcrossHosts : public TwoHostsTest {
   // `troupe launch --launcher LAUNCHER -H hosts -n 2 FLAGS` on host 0; each worker says which
   // host it is on ("on host1"), then runs trainCommand(TRAIN_FLAGS).
   CommandResult launch(const std::string& launcher, const std::string& flags,
-                       const std::string& train_flags, std::chrono::seconds timeout = 120s) const {
+                       const std::string& train_flags, std::chrono::seconds timeout = 120s,
+                       int workers = 2) const {
     return hosts_->run(
         0,
         troupeBinary() + " launch --launcher " + launcher + " -H hosts" + hosts_->launchFlags() +
-            " -n 2 " + flags + " -- bash -c " +
+            " -n " + std::to_string(workers) + " " + flags + " -- bash -c " +
             apps::shellQuote("echo on $(hostname); exec " + trainCommand(train_flags)),
         timeout, "/tmp/run");
   }
@@ -208,6 +212,38 @@ TEST_F(AcrossHosts, LaunchSshTrainsLeNetWithOneWorkerOnEachHost) {
 // mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.
 TEST_F(AcrossHosts, LaunchMpiTrainsLeNetWithOneRankOnEachHost) {
   expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("mpi", "--ssh-opt=-oStrictHostKeyChecking=no");
+}
+
+// Four workers, two on each host (the ssh launcher deals them out round-robin: 0 and 2 on host
+// 0): the reduction goes in the host through shared memory and across hosts slice by slice, and
+// ends with the flat ring's parameters up to the rounding of sums in another order
+// (float_bounds.h: the global batch's sums have at most 4 x 64 x 24 x 24 terms; momentum 0.9).
+TEST_F(AcrossHosts, FourWorkersOnTwoHostsReduceHierarchicallyToTheFlatRingsParameters) {
+  const std::string train = "--num_epochs 1 --base_learning_rate 0.01 ";  // 5 steps of 4 x 64
+  const auto hierarchical =
+      launch("ssh", "", train + "--allreduce hierarchical --checkpoint_dir /tmp/run/hier", 120s, 4);
+  ASSERT_EQ(hierarchical.exit_code, 0) << hierarchical.output;
+  EXPECT_TRUE(contains(hierarchical.output, "allreduce: hierarchical: 2 hosts x 2 workers"))
+      << hierarchical.output;
+  const auto flat =
+      launch("ssh", "", train + "--allreduce ring --checkpoint_dir /tmp/run/flat", 120s, 4);
+  ASSERT_EQ(flat.exit_code, 0) << flat.output;
+  EXPECT_TRUE(contains(flat.output, "allreduce: flat ring of 4 workers")) << flat.output;
+  const auto a = actors::loadCheckpoint(filesIn(runDir(0) / "hier", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(runDir(0) / "flat", ".ckpt").at(0));
+  ASSERT_EQ(a.metaInt("step"), 5);
+  ASSERT_EQ(b.metaInt("step"), 5);
+  double sq_diff = 0, sq = 0;
+  for (std::int64_t i = 0; i < a.momentum.numel(); ++i) {
+    const double x = a.momentum.f32()[i], y = b.momentum.f32()[i];
+    sq_diff += (x - y) * (x - y);
+    sq += y * y;
+  }
+  const double bound = sgdTrajectoryBound(4 * 64 * 24 * 24, 0.9);
+  std::cout << "[ measured ] hierarchical vs flat ring, 2 hosts x 2 workers: relative difference "
+               "of momentum "
+            << std::sqrt(sq_diff / sq) << " (bound " << bound << ")\n";
+  EXPECT_LE(std::sqrt(sq_diff / sq), bound);
 }
 
 // redis-server on host 0 (with a password: protected mode refuses other hosts without one); one
