@@ -8,10 +8,10 @@ build_dir=${BUILD_DIR:-build}
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600
 # The numerically sensitive tests again with the CPU kernels held to AVX2 (troupe's own dispatch
 # and oneDNN's), so that an AVX-512 machine also runs an AVX2 machine's code and rounding: the
-# kernel and training tests (label numeric) and the distributed tests that compare parameters.
+# kernel tests (label numeric) and the training tests that compare parameters.
 held=(env TROUPE_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
 "${held[@]}" ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600 \
   -L numeric
 "${held[@]}" ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600 \
-  -R 'DistributedTraining[.](TwoProcesses|Fp16Compression)|DistSyncTest|RestartTest'
+  -R 'Training[.](TwoReplicas|UnequalWork|Resuming)|DistributedTraining[.](TwoProcesses|Fp16Compression)|DistSyncTest|RestartTest'
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-25}"

@@ -9,6 +9,7 @@
 #include "actors/hierarchical_allreduce.h"
 #include "actors/topology.h"
 #include "float_bounds.h"
+#include "shuffled_links.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -19,7 +20,7 @@ namespace {
 struct Hosts {
   Hosts(int hosts, int local, std::int64_t segment, unsigned seed,
         kernels::CompressionSpec compression = {})
-      : h(hosts), l(local), rng(seed), queues(static_cast<std::size_t>(3 * hosts * local)) {
+      : h(hosts), l(local), links(static_cast<std::size_t>(3 * hosts * local), seed) {
     for (int r = 0; r < h * l; ++r) {
       const int host = r / l, index = r % l;
       ranks.emplace_back(
@@ -29,7 +30,7 @@ struct Hosts {
             std::memcpy(copy.raw(), c.data.raw(), c.data.bytes());
             c.data = copy;
             const int to = c.ring == 1 ? ((host + 1) % h) * l + index : host * l + (index + 1) % l;
-            queues[static_cast<std::size_t>(3 * to + c.ring)].push_back(std::move(c));
+            links.push(static_cast<std::size_t>(3 * to + c.ring), std::move(c));
           },
           [this, r](std::int64_t step, std::int64_t begin, std::int64_t) {
             done.push_back({r, step, begin});
@@ -38,21 +39,10 @@ struct Hosts {
     }
   }
   void deliverAll() {
-    for (;;) {
-      std::vector<std::size_t> busy;
-      for (std::size_t i = 0; i < queues.size(); ++i) {
-        if (!queues[i].empty()) busy.push_back(i);
-      }
-      if (busy.empty()) return;
-      const auto i = busy[rng() % busy.size()];
-      auto c = std::move(queues[i].front());
-      queues[i].pop_front();
-      ranks[i / 3].receive(std::move(c));
-    }
+    links.deliverAll([this](std::size_t i, RingChunk c) { ranks[i / 3].receive(std::move(c)); });
   }
   int h, l;
-  std::mt19937 rng;
-  std::vector<std::deque<RingChunk>> queues;  // per receiving rank and ring
+  testing::ShuffledLinks<RingChunk> links;  // per receiving rank and ring: 3 * rank + ring
   std::deque<HierarchicalAllreduce> ranks;  // not moved once made: their rings call back
   std::vector<std::tuple<int, std::int64_t, std::int64_t>> done;
 };

@@ -7,6 +7,7 @@
 
 #include "actors/ring_allreduce.h"
 #include "float_bounds.h"
+#include "shuffled_links.h"
 
 namespace troupe::actors {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 // link, as a transport guarantees), to shake out ordering assumptions.
 struct Ring {
   Ring(int world, std::int64_t segment, unsigned seed, kernels::CompressionSpec compression = {})
-      : rng(seed), queues(world) {
+      : links(static_cast<std::size_t>(world), seed) {
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back(
           r, world, segment,
@@ -24,7 +25,7 @@ struct Ring {
             auto copy = kernels::Tensor::host({c.data.numel()}, c.data.dtype());
             std::memcpy(copy.raw(), c.data.raw(), c.data.bytes());
             c.data = copy;
-            queues[static_cast<std::size_t>((r + 1) % world)].push_back(std::move(c));
+            links.push(static_cast<std::size_t>((r + 1) % world), std::move(c));
           },
           [this, r](std::int64_t step, std::int64_t begin, std::int64_t end) {
             done.push_back({r, step, begin, end});
@@ -33,20 +34,9 @@ struct Ring {
     }
   }
   void deliverAll() {
-    for (;;) {
-      std::vector<std::size_t> busy;
-      for (std::size_t i = 0; i < queues.size(); ++i) {
-        if (!queues[i].empty()) busy.push_back(i);
-      }
-      if (busy.empty()) return;
-      const auto i = busy[rng() % busy.size()];
-      auto c = std::move(queues[i].front());
-      queues[i].pop_front();
-      ranks[i].receive(std::move(c));
-    }
+    links.deliverAll([this](std::size_t i, RingChunk c) { ranks[i].receive(std::move(c)); });
   }
-  std::mt19937 rng;
-  std::vector<std::deque<RingChunk>> queues;
+  testing::ShuffledLinks<RingChunk> links;
   std::vector<RingAllreduce> ranks;
   std::vector<std::tuple<int, std::int64_t, std::int64_t, std::int64_t>> done;
 };
