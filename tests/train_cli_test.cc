@@ -292,3 +292,29 @@ TEST(TrainCommand, ABatchTooLargeForTheHostsMemoryNamesTheBytesNeededAndTheHosts
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// TROUPE_MAX_CPU_ISA holds troupe's own kernels lower, and `troupe info` says which run; a
+// value it does not know is one clear error before any work.
+TEST(InfoCommand, TheCpuKernelsHeldToAvx2RunAvx2OrLessAndAnUnknownIsaIsRefused) {
+  const auto best = testing::runCommand(testing::troupeBinary() + " info");
+  ASSERT_EQ(best.exit_code, 0) << best.output;
+  EXPECT_NE(best.output.find("cpu kernels: "), std::string::npos) << best.output;
+  const auto held =
+      testing::runCommand("TROUPE_MAX_CPU_ISA=avx2 " + testing::troupeBinary() + " info");
+  ASSERT_EQ(held.exit_code, 0) << held.output;
+  EXPECT_EQ(held.output.find("cpu kernels: avx512"), std::string::npos) << held.output;
+  const auto baseline =
+      testing::runCommand("ONEDNN_MAX_CPU_ISA=SSE41 " + testing::troupeBinary() + " info");
+  EXPECT_NE(baseline.output.find("cpu kernels: baseline"), std::string::npos) << baseline.output;
+  const auto bad =
+      testing::runCommand("TROUPE_MAX_CPU_ISA=avx3 " + testing::troupeBinary() + " info");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("TROUPE_MAX_CPU_ISA=avx3: unknown instruction set"), std::string::npos)
+      << bad.output;
+}
+
+}  // namespace
+}  // namespace troupe
