@@ -1,5 +1,6 @@
 #include "actors/cluster.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -58,6 +59,7 @@ class ClusterImpl final : public Cluster {
     t.secret = o.secret;
     t.interface = o.interface;
     t.unixSocket = true;
+    t.connectionsPerPeer = o.connections_per_peer;
     t.incarnation = incarnation(*store_, o);
     t.connectTimeout = o.timeout;
     t.peerTimeout = o.peer_timeout;
@@ -91,7 +93,14 @@ class ClusterImpl final : public Cluster {
     for (int peer = o.rank + 1; peer < o.world; ++peer) {
       transport_->waitForPeer(static_cast<transport::NodeId>(peer), o.timeout);
     }
-    spdlog::info("node {} of {} linked ({})", o.rank, o.world, transport_->address());
+    int most = 1;  // TCP connections to a peer (connections_per_peer, to other hosts)
+    for (int peer = 0; peer < o.world; ++peer) {
+      if (peer != o.rank) {
+        most = std::max(most, transport_->connections(static_cast<transport::NodeId>(peer)));
+      }
+    }
+    spdlog::info("node {} of {} linked ({}){}", o.rank, o.world, transport_->address(),
+                 most > 1 ? fmt::format(", {} connections to a peer on another host", most) : "");
   }
 
   ~ClusterImpl() override {

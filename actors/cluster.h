@@ -34,6 +34,9 @@ struct ClusterOptions {
   // The run's secret (transport/auth.h): links and the embedded store refuse whoever lacks it.
   // Empty: they check the run id only (a warning says so).
   std::string secret;
+  // TCP connections to each peer on another host (transport::TransportOptions::
+  // connectionsPerPeer): ring chunks spread over them.
+  int connections_per_peer = 1;
   std::chrono::milliseconds timeout{60000};
   // A link with nothing, not even a heartbeat, for this long is lost (transport's peerTimeout).
   std::chrono::milliseconds peer_timeout{60000};

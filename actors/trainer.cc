@@ -274,6 +274,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.serve_store = o.serve_store;
   c.interface = o.interface;
   c.secret = o.secret;
+  c.connections_per_peer = o.connections_per_peer;
   // The heartbeat watch is the backstop for a peer nobody waits on: it comes after the actors'
   // own watches (peerTimeoutGrace), which name the peer, the step and what they waited for.
   const auto stall_warning = milliseconds(o.stall_warning_s);

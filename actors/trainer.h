@@ -84,6 +84,11 @@ struct TrainOptions {
   // several hosts hold the same number, 2 or more, of workers each; else one flat ring), "ring"
   // or "hierarchical" (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE).
   std::string allreduce = "auto";
+  // TCP connections to each peer on another host; ring chunks spread over them (as NCCL's
+  // NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS and Gloo's several pairs do). 1 until a gain is
+  // measured: on the 2-core test machine both ends of every link share two cores, and 2 showed
+  // none within its noise (bench/allreduce_hosts.py --troupe-args="--connections 2").
+  int connections_per_peer = 1;
 
   double bucket_size_mb = 25;
   double first_bucket_mb = 1;

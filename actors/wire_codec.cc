@@ -92,6 +92,9 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setCompressed(m->data.dtype() == kernels::DType::kUInt8);
     w.setRing(m->ring);
     out.setTensor(w.initData(), m->data);
+    // Chunks of different segments and rounds need no order among them: spread them over the
+    // link's connections.
+    out.setLane(m->segment + m->chunk);
   } else if (auto* m = as<Push>(e)) {
     auto w = f.initPush();
     w.setStep(m->step);

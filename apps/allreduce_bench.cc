@@ -275,6 +275,7 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
   c.run_id = requireEnv("TROUPE_RUN_ID");
   c.rendezvous = requireEnv("TROUPE_RENDEZVOUS");
   c.interface = o.interface;
+  c.connections_per_peer = o.connections;
   c.secret = transport::loadSecret("");
 
   BenchPlan plan;

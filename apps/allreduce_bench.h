@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/trainer.h"
+
 namespace troupe::apps {
 
 struct AllreduceBenchOptions {
@@ -20,9 +22,11 @@ struct AllreduceBenchOptions {
   int iters = 20;
   int warmup = 5;
   std::int64_t segment_bytes = 0;  // 0: ReducerConfig's default
-  // What happens to a chunk before it is sent. The training reducer copies it into a send buffer
-  // (it must copy: the replica may overwrite the gradient while the transport still reads it),
-  // which is shared memory when the next process runs on this host: kSendBuffer. kAlloc copies
+  // TCP connections to a process on another host (TrainOptions::connections_per_peer).
+  int connections = actors::TrainOptions{}.connections_per_peer;
+  // What happens to a chunk before it is sent. kSendBuffer does what the training reducer does:
+  // into shared memory for a process on this host, else straight from the buffer, done once the
+  // transport has written it (actors/lease.h). kAlloc copies
   // into a fresh host tensor (all bytes then cross the socket), kPool into buffers the transport
   // hands back once written (no allocation, page faults or zero-fill per chunk). kNone sends the
   // buffer itself: the benchmark leaves its buffers alone until every rank is done with them, so

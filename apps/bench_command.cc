@@ -42,7 +42,7 @@ std::vector<std::string> workerCommand(const AllreduceArgs& a, const std::string
   cmd.insert(cmd.end(), {"--sizes", sizes, "--iters", std::to_string(a.bench.iters), "--warmup",
                          std::to_string(a.bench.warmup), "--segment-mb",
                          fmt::format("{}", a.segment_mb), "--worker", "--results", results});
-  cmd.insert(cmd.end(), {"--copy", a.copy});
+  cmd.insert(cmd.end(), {"--copy", a.copy, "--connections", std::to_string(a.bench.connections)});
   if (!a.bench.interface.empty()) cmd.insert(cmd.end(), {"--interface", a.bench.interface});
   return cmd;
 }
@@ -118,6 +118,10 @@ void addBenchCommand(CLI::App& app) {
                   "alloc (copy into a new tensor), pool (copy into a reused buffer) or none (send "
                   "the buffer itself)")
       ->check(CLI::IsMember({"send-buffer", "alloc", "pool", "none"}))
+      ->capture_default_str();
+  cmd->add_option("--connections", args->bench.connections,
+                  "TCP connections to a process on another host (training's connections_per_peer)")
+      ->check(CLI::Range(1, 16))
       ->capture_default_str();
   cmd->add_option("--interface", args->bench.interface,
                   "network interface to listen on (default: TROUPE_INTERFACE or any)");

@@ -221,6 +221,10 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("allreduce", allreduce,
                         "bsp-allreduce across processes: auto, ring or hierarchical (inside each "
                         "host, then across hosts)"),
+      // More connections than a host has cores only add context switches; 16 is NCCL's cap.
+      TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),
+                     "TCP connections to each process on another host (ring chunks spread over "
+                     "them)"),
       TROUPE_STRING_KEY("gradient_compression", gradient_compression,
                         "what gradients travel as between processes: none, fp16, bf16 or 2bit "
                         "(MXNet's)"),

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -244,6 +245,24 @@ TEST_F(AcrossHosts, FourWorkersOnTwoHostsReduceHierarchicallyToTheFlatRingsParam
                "of momentum "
             << std::sqrt(sq_diff / sq) << " (bound " << bound << ")\n";
   EXPECT_LE(std::sqrt(sq_diff / sq), bound);
+}
+
+// Ring chunks spread over three TCP connections a pair of hosts arrive in another order, but each
+// chunk is reduced in ring order all the same: the parameters are bitwise those of one connection.
+TEST_F(AcrossHosts, ThreeConnectionsAPairTrainToTheSameBitsAsOne) {
+  const std::string train = "--num_epochs 1 --allreduce ring ";
+  const auto three =
+      launch("ssh", "", train + "--connections_per_peer 3 --checkpoint_dir /tmp/run/three");
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_TRUE(contains(three.output, "3 connections to a peer on another host")) << three.output;
+  const auto one =
+      launch("ssh", "", train + "--connections_per_peer 1 --checkpoint_dir /tmp/run/one");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto a = actors::loadCheckpoint(filesIn(runDir(0) / "three", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(runDir(0) / "one", ".ckpt").at(0));
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.momentum.raw(), b.momentum.raw(), a.momentum.bytes()), 0);
 }
 
 // redis-server on host 0 (with a password: protected mode refuses other hosts without one); one

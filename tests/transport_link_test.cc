@@ -291,6 +291,60 @@ TEST_F(TransportTest, MessagesToOneNodeArriveInSendOrderUnderLoad) {
   EXPECT_EQ(next[1], kPerThread);
 }
 
+// Several TCP connections a pair (connectionsPerPeer): the dialing node opens them all; messages
+// with a lane spread over them and all arrive, messages without one keep their send order.
+TEST_F(TransportTest, ExtraTcpConnectionsCarryLanedMessagesWhileOrderedOnesKeepTheirOrder) {
+  TransportOptions oa = options(0, false), ob = options(1, false);
+  oa.connectionsPerPeer = ob.connectionsPerPeer = 3;
+  Peer a(oa), b(ob);
+  connectPair(a, b);
+  EXPECT_EQ(a.transport->connections(1), 3);
+  for (int i = 0; i < 500 && b.transport->connections(0) < 3; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(b.transport->connections(0), 3) << "the accepting side sees every connection";
+  constexpr int kEach = 400;
+  for (Peer* from : {&a, &b}) {
+    Peer* to = from == &a ? &b : &a;
+    const std::size_t seen = to->count();
+    for (int i = 0; i < kEach; ++i) {
+      from->transport->send(to->transport->node(), stepDone(i, 0));  // ordered
+      auto laned = stepDone(i, 1);
+      laned.setLane(i);
+      from->transport->send(to->transport->node(), std::move(laned));
+    }
+    ASSERT_TRUE(to->waitMessages(seen + 2 * kEach, 20s));
+    std::int64_t next = 0;
+    std::vector<bool> got(kEach, false);
+    std::lock_guard lock(to->mutex);
+    for (std::size_t m = seen; m < to->messages.size(); ++m) {
+      auto done = to->messages[m].second.frame().getStepDone();
+      if (done.getReplica() == 0) {
+        ASSERT_EQ(done.getStep(), next++) << "an ordered message overtook another";
+      } else {
+        got.at(static_cast<std::size_t>(done.getStep())) = true;
+      }
+    }
+    EXPECT_EQ(next, kEach);
+    EXPECT_EQ(std::count(got.begin(), got.end(), true), kEach) << "laned messages lost";
+  }
+}
+
+TEST_F(TransportTest, APeerWithExtraConnectionsThatShutsDownIsReportedLostAndLeavesNone) {
+  TransportOptions oa = options(0, false), ob = options(1, false);
+  oa.connectionsPerPeer = ob.connectionsPerPeer = 2;
+  Peer a(oa);
+  auto b = std::make_unique<Peer>(ob);
+  connectPair(*b, a);
+  ASSERT_EQ(b->transport->connections(0), 2);
+  b.reset();
+  ASSERT_TRUE(a.waitLost(1));
+  EXPECT_EQ(a.lost[0].first, 1u);
+  for (int i = 0; i < 500 && a.transport->connections(1) > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(a.transport->connections(1), 0);
+  EXPECT_THROW(a.transport->send(1, stepDone(1, 0)), IoError);
+}
+
 // ---- tensors: zero copy and bulk chunks ----
 
 TEST_F(TransportTest, AOneMegabyteTensorArrivesAsAViewIntoTheReceiveBuffer) {

@@ -50,6 +50,9 @@ class Transport {
   // retries refused connections until options.connectTimeout. No-op if a link exists. Any thread
   // but the transport's. Throws TimeoutError, IoError, or InputError (bad address, wrong node).
   virtual void connect(NodeId node, const std::string& address) = 0;
+  // TCP connections to `node`: 0 without a link, else 1 plus the extra ones
+  // (TransportOptions::connectionsPerPeer). Any thread.
+  virtual int connections(NodeId node) const = 0;
   // Waits until a link to `node` exists (ours or the peer's). Throws TimeoutError.
   virtual void waitForPeer(NodeId node, std::chrono::milliseconds timeout) = 0;
 

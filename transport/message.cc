@@ -115,6 +115,10 @@ std::unique_ptr<OutgoingMessage::State> OutgoingMessage::takeState() {
   return std::move(state_);
 }
 
+void OutgoingMessage::setLane(int lane) {
+  lane_ = lane;
+}
+
 void OutgoingMessage::setTensor(wire::TensorData::Builder slot, kernels::Tensor tensor) {
   if (tensor.bytes() == 0) return;
   if (tensor.device().kind != kernels::DeviceKind::kCpu) {

@@ -36,12 +36,19 @@ class OutgoingMessage {
   // undefined or empty tensor gives an empty slot.
   void setTensor(wire::TensorData::Builder slot, kernels::Tensor tensor);
 
+  // Order between this message and others to the same node does not matter: the transport may
+  // send it on connection `lane % connections` to that node (TransportOptions::
+  // connectionsPerPeer). Default (-1): the first connection, in send order.
+  void setLane(int lane);
+
   // The transport's.
   struct State;
+  int lane() const { return lane_; }
   std::unique_ptr<State> takeState();
 
  private:
   std::unique_ptr<State> state_;
+  int lane_ = -1;
 };
 
 class IncomingMessage {

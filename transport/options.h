@@ -54,6 +54,11 @@ struct TransportOptions {
   std::uint64_t traversalLimitWords = (std::uint64_t{64} << 20) / 8;
   int nestingLimit = 64;
 
+  // TCP connections a dialing node opens to each peer (Unix-socket links always have one). The
+  // first carries every ordered message; messages sent with a lane (OutgoingMessage::setLane,
+  // for which order does not matter, e.g. ring chunks) spread over all of them, so that a
+  // transfer is not held to one connection's window and one core's TCP processing.
+  int connectionsPerPeer = 1;
   int ioThreads = 1;
   std::chrono::milliseconds connectTimeout{30000};
   // An accepted connection that has not authenticated within this is closed; at most

@@ -37,6 +37,7 @@ struct Hello {
   arenaToken @4 :UInt64;
   arenaBytes @5 :UInt64;
   incarnation @6 :Text;  # the run's incarnation (TransportOptions::incarnation)
+  lane @7 :UInt8;  # 0: the link; k > 0: its k-th extra TCP connection (connectionsPerPeer)
 }
 
 # Replica -> Reducer: gradients [begin, end) of the flat gradient tensor.

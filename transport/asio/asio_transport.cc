@@ -124,7 +124,7 @@ class AsioTransport;
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(AsioTransport& owner, Socket socket, std::string remote,
-             std::optional<NodeId> expected, Listener listener = Listener::kNone);
+             std::optional<NodeId> expected, Listener listener = Listener::kNone, int lane = 0);
 
   // Any thread.
   void start(std::shared_ptr<std::promise<void>> helloWaiter);
@@ -137,6 +137,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string peerName() const { return identified() ? std::to_string(node()) : "?"; }
   // The peer mapped this process's shared arena: tensors in it may go as shared parts.
   bool peerMappedArena() const { return peerMappedArena_.load(); }
+  // 0: the link to the node; k > 0: its k-th extra connection (TransportOptions::
+  // connectionsPerPeer).
+  int lane() const { return lane_.load(); }
 
  private:
   void handshake();
@@ -173,6 +176,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const Listener listener_;
   bool listenerReleased_ = false;  // strand only
   std::atomic<bool> peerMappedArena_{false};
+  std::atomic<int> lane_;
 
   // Strand only.
   Handshake handshake_;
@@ -218,7 +222,7 @@ class AsioTransport final : public Transport {
   BufferPool& pool() { return *pool_; }
   const std::shared_ptr<spdlog::logger>& log() const { return log_; }
   // The Hello this node sends; with its shared arena when `sameHost`.
-  std::unique_ptr<EncodedMessage> helloMessage(bool sameHost);
+  std::unique_ptr<EncodedMessage> helloMessage(bool sameHost, int lane = 0);
   // A frame of the transport's own (no tensors), from this node, filled in by fill(frame).
   template <typename Fill>
   std::unique_ptr<EncodedMessage> controlMessage(Fill fill) {
@@ -234,6 +238,11 @@ class AsioTransport final : public Transport {
   std::shared_ptr<Connection> registerLink(NodeId node,
                                            const std::shared_ptr<Connection>& connection);
   std::shared_ptr<Connection> linkTo(NodeId node) const { return link(node); }
+  // Registers an extra connection (lane > 0) of the link to `node`; returns the one registered
+  // for that lane already, if any (then `connection` is not registered).
+  std::shared_ptr<Connection> registerLane(NodeId node, int lane,
+                                           const std::shared_ptr<Connection>& connection);
+  int connections(NodeId node) const override;
   // A connection accepted by `listener` authenticated or closed. Any thread.
   void releasePending(Listener listener);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
@@ -274,13 +283,14 @@ class AsioTransport final : public Transport {
   mutable std::mutex mutex_;  // guards links_ and all_
   std::condition_variable linked_;
   std::map<NodeId, std::shared_ptr<Connection>> links_;
+  std::map<NodeId, std::map<int, std::shared_ptr<Connection>>> lanes_;  // extra connections
   std::set<std::shared_ptr<Connection>> all_;
 };
 
 // ---- Connection ----
 
 Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
-                       std::optional<NodeId> expected, Listener listener)
+                       std::optional<NodeId> expected, Listener listener, int lane)
     : owner_(owner),
       socket_(std::move(socket)),
       strand_(asio::make_strand(owner.io())),
@@ -288,6 +298,7 @@ Connection::Connection(AsioTransport& owner, Socket socket, std::string remote,
       expected_(expected),
       unix_(remote_.rfind("unix://", 0) == 0),
       listener_(listener),
+      lane_(lane),
       handshake_(owner.options().secret, owner.options().runId, expected.has_value()),
       authTimer_(owner.io()),
       heartbeatTimer_(owner.io()) {}
@@ -573,6 +584,26 @@ void Connection::onHello(wire::Hello::Reader hello) {
   if (!problem.empty()) return refuse(problem);
   node_ = hello.getNode();
   identified_ = true;
+  if (!expected_) lane_ = hello.getLane();
+  if (lane() > 0) {
+    // An extra connection of a link: the link (lane 0) came first, as connect() dials it first.
+    if (!owner_.linkTo(node_)) {
+      return refuse(fmt::format("extra connection {} of node {} from {} before its link", lane(),
+                                node(), remote_));
+    }
+    if (!expected_) enqueue(owner_.helloMessage(false, lane()));
+    if (auto existing = owner_.registerLane(node_, lane(), shared_from_this())) {
+      return refuse(
+          fmt::format("node {} has an extra connection {} already (at {}); a second "
+                      "one comes from {}",
+                      node(), lane(), existing->remote(), remote_));
+    }
+    if (helloWaiter_) {
+      helloWaiter_->set_value();
+      helloWaiter_.reset();
+    }
+    return;
+  }
   const auto alreadyLinked = [&](const std::shared_ptr<Connection>& existing) {
     refuse(fmt::format(
         "node {} is linked already (at {}), and a second process claims to be node {} from {}: "
@@ -925,10 +956,11 @@ void AsioTransport::releasePending(Listener listener) {
   });
 }
 
-std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost) {
+std::unique_ptr<EncodedMessage> AsioTransport::helloMessage(bool sameHost, int lane) {
   return controlMessage([&](wire::Frame::Builder frame) {
     auto hello = frame.initHello();
     hello.setNode(options_.node);
+    hello.setLane(static_cast<std::uint8_t>(lane));
     hello.setRunId(options_.runId);
     hello.setIncarnation(options_.incarnation);
     hello.setAddress(address_);
@@ -951,6 +983,20 @@ std::shared_ptr<Connection> AsioTransport::registerLink(
   return nullptr;
 }
 
+std::shared_ptr<Connection> AsioTransport::registerLane(
+    NodeId node, int lane, const std::shared_ptr<Connection>& connection) {
+  std::lock_guard lock(mutex_);
+  auto [it, added] = lanes_[node].try_emplace(lane, connection);
+  return added ? nullptr : it->second;
+}
+
+int AsioTransport::connections(NodeId node) const {
+  std::lock_guard lock(mutex_);
+  if (!links_.count(node)) return 0;
+  const auto it = lanes_.find(node);
+  return 1 + (it == lanes_.end() ? 0 : static_cast<int>(it->second.size()));
+}
+
 void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, const std::string& why,
                              bool error) {
   bool wasLink = false;
@@ -961,6 +1007,16 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
     if (it != links_.end() && it->second == connection) {
       links_.erase(it);
       wasLink = true;
+    }
+    // An extra connection lost is the link lost: its messages had nowhere else to go.
+    if (auto lanes = connection->identified() ? lanes_.find(connection->node()) : lanes_.end();
+        lanes != lanes_.end()) {
+      auto lane = lanes->second.find(connection->lane());
+      if (lane != lanes->second.end() && lane->second == connection) {
+        lanes->second.erase(lane);
+        wasLink = true;
+      }
+      if (lanes->second.empty()) lanes_.erase(lanes);
     }
   }
   if (stopping_) return;
@@ -1042,31 +1098,47 @@ void AsioTransport::connect(NodeId node, const std::string& address) {
         lastError = remote + ": " + error.message();
         continue;
       }
-      setCloseOnExec(socket->native_handle());
-      if (remote.rfind("tcp://", 0) == 0) {
-        asio::error_code ignored;
-        socket->set_option(asio::ip::tcp::no_delay(true), ignored);
-      }
-      auto connection = std::make_shared<Connection>(*this, std::move(*socket), remote, node);
-      {
-        std::lock_guard lock(mutex_);
-        all_.insert(connection);
-      }
-      auto hello = std::make_shared<std::promise<void>>();
-      auto helloDone = hello->get_future();
-      connection->enqueue(helloMessage(remote.rfind("unix://", 0) == 0));
-      connection->start(std::move(hello));
-      if (helloDone.wait_until(deadline) == std::future_status::timeout) {
-        connection->close("no Hello before the connect timeout", true);
-        throw TimeoutError(
-            fmt::format("transport node {}: node {} at {} sent no Hello within {} ms",
-                        options_.node, node, remote, options_.connectTimeout.count()));
-      }
-      try {
-        helloDone.get();
-      } catch (const IoError& e) {
-        throw IoError(fmt::format("transport node {}: connecting to node {} at {} failed: {}",
-                                  options_.node, node, remote, e.what()));
+      const bool tcp = remote.rfind("tcp://", 0) == 0;
+      // Starts connection `lane` of the link on `socket` and waits for the peer's Hello.
+      auto establish = [&](Socket& socket, int lane) {
+        setCloseOnExec(socket.native_handle());
+        if (tcp) {
+          asio::error_code ignored;
+          socket.set_option(asio::ip::tcp::no_delay(true), ignored);
+        }
+        auto connection = std::make_shared<Connection>(*this, std::move(socket), remote, node,
+                                                       Listener::kNone, lane);
+        {
+          std::lock_guard lock(mutex_);
+          all_.insert(connection);
+        }
+        auto hello = std::make_shared<std::promise<void>>();
+        auto helloDone = hello->get_future();
+        connection->enqueue(helloMessage(!tcp, lane));
+        connection->start(std::move(hello));
+        if (helloDone.wait_until(deadline) == std::future_status::timeout) {
+          connection->close("no Hello before the connect timeout", true);
+          throw TimeoutError(
+              fmt::format("transport node {}: node {} at {} sent no Hello within {} ms",
+                          options_.node, node, remote, options_.connectTimeout.count()));
+        }
+        try {
+          helloDone.get();
+        } catch (const IoError& e) {
+          throw IoError(fmt::format("transport node {}: connecting to node {} at {} failed: {}",
+                                    options_.node, node, remote, e.what()));
+        }
+      };
+      establish(*socket, 0);
+      // The link's extra TCP connections, once it stands (the peer knows the node by then).
+      for (int lane = 1; tcp && lane < options_.connectionsPerPeer; ++lane) {
+        auto extra = dial(endpoint, deadline, error);
+        if (!extra) {
+          throw IoError(
+              fmt::format("transport node {}: extra connection {} to node {} at {} failed: {}",
+                          options_.node, lane, node, remote, error.message()));
+        }
+        establish(*extra, lane);
       }
       return;
     }
@@ -1089,6 +1161,15 @@ void AsioTransport::waitForPeer(NodeId node, std::chrono::milliseconds timeout) 
 
 void AsioTransport::send(NodeId node, OutgoingMessage message) {
   auto connection = link(node);
+  if (connection && message.lane() > 0) {
+    std::lock_guard lock(mutex_);
+    if (const auto it = lanes_.find(node); it != lanes_.end() && !it->second.empty()) {
+      const int lane = message.lane() % (1 + static_cast<int>(it->second.size()));
+      if (const auto extra = it->second.find(lane); lane > 0 && extra != it->second.end()) {
+        connection = extra->second;
+      }
+    }
+  }
   if (!connection) {
     throw IoError(
         fmt::format("transport node {}: no link to node {} (connect first, or wait "
