@@ -1,9 +1,9 @@
 #include "actors/cluster.h"
 
-#include <algorithm>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <random>
 #include <thread>
 
