@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 build_dir=${BUILD_DIR:-build}
+# ctest runs two tests at once on two cores: OpenMP teams that spin-wait at their barriers then
+# steal each other's cores for whole time slices (a kernel test: 0.1 s alone, 60 s and more beside
+# another one). Waiting threads sleep instead.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600
 # The numerically sensitive tests again with the CPU kernels held to AVX2 (troupe's own dispatch
 # and oneDNN's), so that an AVX-512 machine also runs an AVX2 machine's code and rounding: the
