@@ -60,14 +60,19 @@ void HierarchicalAllreduce::scattered(std::int64_t step, std::int64_t begin) {
   across_.start(step, begin + lo, b.values.slice(lo, hi));
 }
 
-void HierarchicalAllreduce::reducedAcross(std::int64_t step, std::int64_t slice_begin) {
-  // The bucket of this step that holds the slice: the last one starting at or before it.
-  auto it = buckets_.upper_bound({step, slice_begin});
+std::int64_t HierarchicalAllreduce::bucketHolding(std::int64_t step, std::int64_t offset) const {
+  // The last bucket of this step starting at or before it.
+  auto it = buckets_.upper_bound({step, offset});
   TROUPE_ENFORCE(it != buckets_.begin() && std::get<0>(std::prev(it)->first) == step,
-                 "no bucket of step ", step, " holds element ", slice_begin);
-  --it;
-  it->second.ring = 2;
-  gather_.start(step, std::get<1>(it->first), it->second.values);
+                 "no bucket of step ", step, " holds element ", offset);
+  return std::get<1>(std::prev(it)->first);
+}
+
+void HierarchicalAllreduce::reducedAcross(std::int64_t step, std::int64_t slice_begin) {
+  const std::int64_t begin = bucketHolding(step, slice_begin);
+  auto& b = buckets_.at({step, begin});
+  b.ring = 2;
+  gather_.start(step, begin, b.values);
 }
 
 int HierarchicalAllreduce::ringOf(std::int64_t step, std::int64_t begin) const {

@@ -39,6 +39,9 @@ class HierarchicalAllreduce {
   std::size_t pending() const { return buckets_.size(); }
   // Which ring a started, unfinished bucket waits in (0, 1 or 2; see the header); -1 if none.
   int ringOf(std::int64_t step, std::int64_t begin) const;
+  // The first element of the started, unfinished bucket of `step` that holds element `offset`
+  // (a ring-1 chunk names its slice's start, RingChunk::bucket). Throws (TROUPE_ENFORCE) if none.
+  std::int64_t bucketHolding(std::int64_t step, std::int64_t offset) const;
 
  private:
   void scattered(std::int64_t step, std::int64_t begin);

@@ -8,9 +8,11 @@
 // message (ActorSystem::tell) to the actor that owns t.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 
+#include "actors/system.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -36,6 +38,24 @@ inline kernels::Tensor leasedView(const kernels::Tensor& t, std::function<void()
   void* data = t.raw();
   return kernels::Tensor(std::make_shared<Lease>(t, std::move(done)), data, t.shape(), t.dtype(),
                          t.device());
+}
+
+// What a float chunk `view` of memory its sender will write again should travel as to `to` (the
+// ring's policy, for training and for troupe bench allreduce): copied into memory shared with
+// `to`'s process where there is some (a process on this host reads it in place; nothing to wait
+// for), else `view` itself, leased: `written` runs once the transport has released it, and the
+// sender keeps the memory unchanged until then.
+struct Sendable {
+  kernels::Tensor data;
+  bool leased = false;
+};
+inline Sendable sendable(const ActorSystem& system, Address to, const kernels::Tensor& view,
+                         std::function<void()> written) {
+  if (auto shared = system.sharedBuffer(to, view.shape()); shared.raw() != nullptr) {
+    std::copy_n(view.f32(), view.numel(), shared.f32());
+    return {std::move(shared), false};
+  }
+  return {leasedView(view, std::move(written)), true};
 }
 
 }  // namespace troupe::actors

@@ -135,17 +135,15 @@ class Reducer final : public Actor {
   void sendChunk(RingChunk chunk) {
     const Address next = nexts_.at(chunk.ring);
     if (chunk.data.dtype() == kernels::DType::kFloat32) {
-      const std::int64_t n = chunk.data.numel();
-      if (auto shared = system().sharedBuffer(next, {n}); shared.raw() != nullptr) {
-        std::copy_n(chunk.data.f32(), n, shared.f32());
-        chunk.data = std::move(shared);
-      } else {
-        const auto key = bucketOf(chunk.step, chunk.bucket)->first;
-        ++in_ring_.at(key).unwritten;
-        chunk.data = leasedView(chunk.data, [&system = system(), me = self(), key] {
-          system.tell(me, ChunkWritten{key.first, key.second});
-        });
-      }
+      // Chunks of the ring across hosts name their slice's start; the others, their bucket.
+      const std::pair<std::int64_t, std::int64_t> key{
+          chunk.step,
+          chunk.ring == 1 ? hierarchical_->bucketHolding(chunk.step, chunk.bucket) : chunk.bucket};
+      auto out = sendable(system(), next, chunk.data, [&system = system(), me = self(), key] {
+        system.tell(me, ChunkWritten{key.first, key.second});
+      });
+      if (out.leased) ++in_ring_.at(key).unwritten;
+      chunk.data = std::move(out.data);
     }
     send(next, std::move(chunk));
   }
@@ -157,16 +155,6 @@ class Reducer final : public Actor {
   }
 
   static Address address(int rank) { return Address{static_cast<std::uint32_t>(rank), 2}; }
-
-  // The bucket of `step` that holds flat element `offset` (a slice's start, in the ring across
-  // hosts).
-  InRings::iterator bucketOf(std::int64_t step, std::int64_t offset) {
-    auto it = in_ring_.upper_bound({step, offset});
-    TROUPE_ENFORCE(it != in_ring_.begin(), "no bucket of step ", step, " holds ", offset);
-    --it;
-    TROUPE_ENFORCE(it->first.first == step, "no bucket of step ", step, " holds ", offset);
-    return it;
-  }
 
   void written(const ChunkWritten& w) {
     auto it = in_ring_.find({w.step, w.begin});

@@ -148,15 +148,11 @@ class AllreduceBenchActor final : public actors::Actor {
     using Copy = AllreduceBenchOptions::ChunkCopy;
     const std::int64_t n = chunk.data.numel();
     if (plan_.copy == Copy::kSendBuffer) {
-      if (auto shared = system().sharedBuffer(next_, {n}); shared.raw() != nullptr) {
-        std::copy_n(chunk.data.f32(), n, shared.f32());
-        chunk.data = std::move(shared);
-      } else {
-        ++unwritten_;
-        chunk.data = actors::leasedView(chunk.data, [&system = system(), me = self()] {
-          system.tell(me, actors::ChunkWritten{});
-        });
-      }
+      auto out = actors::sendable(system(), next_, chunk.data, [&system = system(), me = self()] {
+        system.tell(me, actors::ChunkWritten{});
+      });
+      if (out.leased) ++unwritten_;
+      chunk.data = std::move(out.data);
     } else if (plan_.copy != Copy::kNone) {
       auto copy = plan_.copy == Copy::kAlloc ? Tensor::host({n}) : pool_->take(n);
       std::copy_n(chunk.data.f32(), n, copy.f32());
