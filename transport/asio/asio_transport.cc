@@ -1160,12 +1160,14 @@ void AsioTransport::waitForPeer(NodeId node, std::chrono::milliseconds timeout) 
 }
 
 void AsioTransport::send(NodeId node, OutgoingMessage message) {
-  auto connection = link(node);
-  if (connection && message.lane() > 0) {
+  std::shared_ptr<Connection> connection;
+  {
     std::lock_guard lock(mutex_);
-    if (const auto it = lanes_.find(node); it != lanes_.end() && !it->second.empty()) {
-      const int lane = message.lane() % (1 + static_cast<int>(it->second.size()));
-      if (const auto extra = it->second.find(lane); lane > 0 && extra != it->second.end()) {
+    if (const auto it = links_.find(node); it != links_.end()) connection = it->second;
+    const auto lanes = message.lane() > 0 && connection ? lanes_.find(node) : lanes_.end();
+    if (lanes != lanes_.end()) {
+      const int lane = message.lane() % (1 + static_cast<int>(lanes->second.size()));
+      if (const auto extra = lanes->second.find(lane); extra != lanes->second.end()) {
         connection = extra->second;
       }
     }
