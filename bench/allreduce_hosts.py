@@ -43,12 +43,13 @@ import subprocess
 import sys
 import time
 
+from gloo_timing import PERIOD, timed_allreduces  # troupe bench's inputs and timing
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTS_SH = os.path.join(ROOT, "tests/hosts/hosts.sh")
 VENV = os.path.join(ROOT, ".venv-torch")
 VENV_PY = os.path.join(VENV, "bin/python")
 TORCH_VERSION = "2.15.0"
-PERIOD = 1021  # the input pattern of troupe's bench: rank r gives (r + 1) + (i % PERIOD)
 WORLD = 2
 TOOLS = ("troupe", "gloo", "mpi")
 
@@ -109,20 +110,7 @@ def gloo_worker(rank, master, sizes_mb, warmup, iters):
     world = dist.get_world_size()
     for mb in sizes_mb:
         count = max(1, round(mb * 1e6 / 4))
-        pattern = torch.arange(count, dtype=torch.int64) % PERIOD
-        mine = (pattern + (rank + 1)).to(torch.float32)
-        expected = (pattern * world + world * (world + 1) // 2).to(torch.float32)
-        buf = torch.empty(count, dtype=torch.float32)
-        times, wrong = [], 0
-        for i in range(warmup + iters):
-            buf.copy_(mine)
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                times.append(elapsed)
-            wrong += int((buf != expected).sum())
+        times, wrong = timed_allreduces(torch, dist, rank, world, count, warmup, iters)
         # [mean, -fastest]: MAX gives the slowest rank's mean and the fastest rank's fastest.
         t = torch.tensor([sum(times) / len(times), -min(times)], dtype=torch.float64)
         bad = torch.tensor([wrong], dtype=torch.int64)
@@ -139,6 +127,21 @@ def gloo_worker(rank, master, sizes_mb, warmup, iters):
 
 class ToolError(Exception):
     pass
+
+
+def interrupt_on_termination():
+    """SIGTERM and SIGHUP interrupt like Ctrl-C (KeyboardInterrupt), so that the hosts come down."""
+    def interrupted(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
+
+
+def take_down(hosts):
+    """hosts.down(), with Ctrl-C ignored meanwhile so that the teardown finishes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hosts.down()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class Hosts:
@@ -434,10 +437,7 @@ def main():
         sys.exit("mpicc/mpirun are missing: apt-get install -y libopenmpi-dev")
     torch_version = ensure_torch() if "gloo" in tools else "-"
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
+    interrupt_on_termination()
 
     hosts = Hosts(a.prefix, a.subnet)
     results = {}  # (rate, tool, mb) -> [(busbw, best)]
@@ -483,9 +483,7 @@ def main():
         print(f"# {e}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # let the teardown finish
-        hosts.down()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        take_down(hosts)
 
     def get(rate, tool, mb, k=0):
         return [v[k] for v in results.get((rate, tool, mb), [])]

@@ -18,14 +18,14 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gloo_timing import timed_allreduces
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PERIOD = 1021  # the same input pattern as troupe's bench: rank r gives (r + 1) + (i % PERIOD)
 
 
 def free_port():
@@ -40,20 +40,7 @@ def gloo_worker(rank, world, port, counts, warmup, iters, results):
                             world_size=world)
     rows = []
     for count in counts:
-        pattern = torch.arange(count, dtype=torch.int64) % PERIOD
-        mine = (pattern + (rank + 1)).to(torch.float32)
-        expected = (pattern * world + world * (world + 1) // 2).to(torch.float32)
-        buf = torch.empty(count, dtype=torch.float32)
-        times, wrong = [], 0
-        for i in range(warmup + iters):
-            buf.copy_(mine)
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-            elapsed = time.perf_counter() - start
-            if i >= warmup:
-                times.append(elapsed)
-            wrong += int((buf != expected).sum())
+        times, wrong = timed_allreduces(torch, dist, rank, world, count, warmup, iters)
         mean = torch.tensor([sum(times) / len(times)], dtype=torch.float64)
         bad = torch.tensor([wrong], dtype=torch.int64)
         dist.all_reduce(mean, op=dist.ReduceOp.MAX)

@@ -125,14 +125,14 @@ import os
 import platform
 import re
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce_hosts import Hosts, ToolError, cpu_times, tail, wait_all  # noqa: E402
+from allreduce_hosts import (Hosts, ToolError, cpu_times, interrupt_on_termination,  # noqa: E402
+                             tail, take_down, wait_all)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs/lenet.toml")
@@ -717,10 +717,7 @@ def measure(a):
     n_max = max(a.hosts_list)
     hosts = ManyHosts(a.prefix, a.subnet)
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
+    interrupt_on_termination()
     try:
         log(hosts.up_n(n_max).replace("\n", "\n# "))
         m = Measure(a, hosts)
@@ -775,9 +772,7 @@ def measure(a):
         log("interrupted")
         raise SystemExit(130)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        hosts.down()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        take_down(hosts)
     med = statistics.median
     raw["link"] = {n: {mb: med(v) for mb, v in d.items()} for n, d in link.items()}
     raw["shm"] = {mb: med(v) for mb, v in shm.items()}

@@ -29,14 +29,14 @@ A cell is the median over --rounds rounds, [min-max]; the rounds take every conf
 import argparse
 import csv
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce_hosts import Hosts, ToolError, ensure_torch, tail, wait_all  # noqa: E402
+from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
+                             tail, take_down, wait_all)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -206,10 +206,7 @@ def main():
     models = a.models.split(",")
     configs = ([] if a.no_ddp else ["ddp"]) + [f"troupe-{c}" for c in a.compression.split(",")]
 
-    def interrupted(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
+    interrupt_on_termination()
 
     hosts = Hosts(a.prefix, a.subnet)
     results = {}  # (model, config) -> [(inputs/s, test accuracy)]
@@ -246,9 +243,7 @@ def main():
         print(f"# {e}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        hosts.down()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        take_down(hosts)
 
     print(f"# 2 hosts x 1 process x 1 thread, link {a.rate} each way (tc tbf), batch {a.batch} "
           f"per process (global {a.batch * WORLD}), SGD lr 0.01 momentum 0.9 wd 5e-4, "
