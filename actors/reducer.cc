@@ -29,7 +29,6 @@ class Reducer final : public Actor {
     Trace::Clock::time_point started;
     bool warned = false;   // the stall report for it was logged
     bool reduced = false;  // the ring is done with it
-    std::int64_t end = 0;  // of the bucket, once reduced
     int unwritten = 0;     // chunks sent from it that the transport has not released yet
   };
   using InRings = std::map<std::pair<std::int64_t, std::int64_t>, InRing>;
@@ -61,8 +60,8 @@ class Reducer final : public Actor {
     const ReductionPlan& plan = config_.reduction ? *config_.reduction : kFlat;
     const std::int64_t segment = config_.segment_bytes / static_cast<std::int64_t>(sizeof(float));
     auto send = [this](RingChunk chunk) { sendChunk(std::move(chunk)); };
-    auto done = [this](std::int64_t step, std::int64_t begin, std::int64_t end) {
-      finished(step, begin, end);
+    auto done = [this](std::int64_t step, std::int64_t begin, std::int64_t) {
+      finished(step, begin);
     };
     if (plan.host_ranks.empty()) {
       flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression);
@@ -163,18 +162,16 @@ class Reducer final : public Actor {
     if (it->second.reduced && it->second.unwritten == 0) handOn(it);
   }
 
-  void finished(std::int64_t step, std::int64_t begin, std::int64_t end) {
+  void finished(std::int64_t step, std::int64_t begin) {
     auto it = in_ring_.find({step, begin});
     TROUPE_ENFORCE(it != in_ring_.end(), "ring finished an unknown bucket");
     it->second.reduced = true;
-    it->second.end = end;
     if (it->second.unwritten == 0) handOn(it);
   }
 
-  template <typename It>
-  void handOn(It it) {
+  void handOn(InRings::iterator it) {
     const auto [step, begin] = it->first;
-    const std::int64_t end = it->second.end;
+    const std::int64_t end = begin + it->second.sum.numel();
     if (config_.trace && config_.world > 1) {
       config_.trace->asyncSpan(
           name(), fmt::format("allreduce [{},{})", begin, end),
