@@ -17,12 +17,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct EpochStats {
-  double loss_sum = 0;
-  double correct = 0;
-  std::int64_t count = 0;
-  std::int64_t skipped = 0;
-};
+// A pause for a joining worker comes this many steps after the last one the coordinator saw
+// done: every updater is at most a step or two past it, so the PauseAt reaches each in time.
+constexpr std::int64_t kPauseMargin = 8;
 
 // Drives epochs: gathers step metrics, and at each epoch's end (the updater paused) evaluates,
 // writes the log row and the checkpoint, then resumes the updater or ends the run. A watchdog
@@ -54,8 +51,63 @@ class Coordinator final : public Actor {
     on<Watchdog>([this](Watchdog& w) { watchdog(w); });
   }
 
+  // The epoch so far and the totals go on to the next generation (elastic runs).
+  ~Coordinator() override {
+    if (!config_.carry) return;
+    auto& c = *config_.carry;
+    c.epoch = epoch_;
+    c.recent = recent_;
+    c.partial = steps_;
+    c.complete_through = complete_through_;
+    c.global_batch = config_.plan.global_batch;
+    c.epoch_index = config_.plan.epochOf(complete_through_);
+    c.left = Clock::now();
+    c.epoch_seconds =
+        epoch_seconds_before_ + std::chrono::duration<double>(c.left - epoch_start_).count();
+    c.cumulative_time = cumulative_time_;
+    c.cumulative_inputs = cumulative_inputs_;
+  }
+
   void started() override {
     epoch_start_ = Clock::now();
+    // The epoch so far, from this process's coordinator of the last generation (a chief that
+    // came in later starts counting where it came in).
+    if (config_.carry && config_.carry->global_batch > 0 &&
+        config_.carry->epoch_index == config_.plan.first_epoch) {
+      epoch_ = config_.carry->epoch;
+      // The epoch's time includes the re-forming between the generations.
+      if (config_.carry->epoch_seconds > 0) {
+        epoch_seconds_before_ =
+            config_.carry->epoch_seconds +
+            std::chrono::duration<double>(epoch_start_ - config_.carry->left).count();
+      }
+      cumulative_time_ = config_.carry->cumulative_time;
+      cumulative_inputs_ = config_.carry->cumulative_inputs;
+      // Steps done in the last generation that the state this one goes on from does not hold
+      // (a peer died before their update) are trained again: count them once.
+      for (const auto& [step, s] : config_.carry->recent) {
+        if (step < config_.plan.first_step) continue;
+        epoch_.loss_sum -= s.loss_sum;
+        epoch_.correct -= s.correct;
+        epoch_.count -= s.count;
+        epoch_.skipped -= s.skipped;
+      }
+      // Steps the state holds that not every replica reported (a worker died before its report
+      // came): their inputs were trained; loss and accuracy are those of the reports that came.
+      // (none came: those of the epoch so far).
+      const auto& carry = *config_.carry;
+      for (auto step = carry.complete_through; step < config_.plan.first_step; ++step) {
+        const auto it = carry.partial.find(step);
+        EpochStats s = it != carry.partial.end() ? it->second : EpochStats{};
+        if (s.count == 0) s = epoch_;
+        const double scale =
+            s.count > 0 ? static_cast<double>(carry.global_batch) / static_cast<double>(s.count)
+                        : 0.0;
+        epoch_.loss_sum += s.loss_sum * scale;
+        epoch_.correct += s.correct * scale;
+        epoch_.count += carry.global_batch;
+      }
+    }
     complete_through_ = config_.plan.first_step;
     armWatchdog();
     spdlog::info("{}: {} steps per epoch, global batch {}, {} replica(s), from step {} to {}",
@@ -82,30 +134,61 @@ class Coordinator final : public Actor {
     window_.loss_sum += agg.loss_sum;
     window_.correct += agg.correct;
     window_.count += agg.count;
+    if (config_.carry) {
+      recent_[s.step] = agg;
+      recent_.erase(recent_.begin(), recent_.lower_bound(s.step - 2 * kPauseMargin));
+    }
     steps_.erase(s.step);
     replies_.erase(s.step);
-    const std::int64_t in_epoch = s.step % config_.plan.steps_per_epoch + 1;
+    const std::int64_t in_epoch = config_.plan.indexInEpoch(s.step);
     if (options_.log_every > 0 && complete_through_ % options_.log_every == 0) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
       spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} inputs/s",
                    epochIndex() + 1, in_epoch, config_.plan.steps_per_epoch,
                    window_.loss_sum / std::max<std::int64_t>(1, window_.count),
                    window_.correct / std::max<std::int64_t>(1, window_.count),
-                   kernels::learningRate(config_.lr, s.step),
+                   kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step)),
                    static_cast<double>(window_.count) / std::max(secs, 1e-9));
       window_ = {};
       window_start_ = Clock::now();
     }
+    maybePause();
     maybeEndEpoch();
   }
 
-  std::int64_t epochIndex() const { return (complete_through_ - 1) / config_.plan.steps_per_epoch; }
+  std::int64_t epochIndex() const { return config_.plan.epochOf(complete_through_ - 1); }
+
+  // Elastic runs: a worker waiting to join pauses every updater a few steps on.
+  void maybePause() {
+    if (!config_.joiner_waiting || pause_at_ >= 0 || Clock::now() < next_join_check_) return;
+    next_join_check_ = Clock::now() + std::chrono::milliseconds(500);
+    if (!config_.joiner_waiting()) return;
+    const std::int64_t at = complete_through_ + kPauseMargin;
+    if (at >= config_.plan.last_step) return;  // the run ends first
+    pause_at_ = at;
+    spdlog::info("a worker waits to join: every worker pauses after step {} to re-form", at);
+    for (const auto& u : config_.updaters)
+      send(u, PauseAt{at});
+  }
+
+  // The world re-forms: every process leaves this generation's system (trainer.cc goes on).
+  void endGeneration(std::int64_t step) {
+    spdlog::info("paused after step {}: this generation ends", step);
+    for (const auto& f : config_.followers)
+      send(f, Shutdown{});
+    system().shutdown();
+  }
 
   void maybeEndEpoch() {
     if (!epoch_end_ || epoch_ends_ < config_.num_updaters || complete_through_ < epoch_end_->step) {
       return;
     }
-    epoch_time_ = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+    if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
+      endGeneration(pause_at_);
+      return;
+    }
+    epoch_time_ =
+        epoch_seconds_before_ + std::chrono::duration<double>(Clock::now() - epoch_start_).count();
     if (config_.has_buffers) {
       send(config_.replicas[0], BuffersRequest{});
     } else {
@@ -127,8 +210,7 @@ class Coordinator final : public Actor {
 
   void endEpoch() {
     const std::int64_t step = epoch_end_->step;
-    const std::int64_t epoch = (step + config_.plan.steps_per_epoch - 1) /
-                               config_.plan.steps_per_epoch;  // epochs completed (1-based)
+    const std::int64_t epoch = config_.plan.epochOf(step - 1) + 1;  // epochs completed
     cumulative_time_ += epoch_time_;
     cumulative_inputs_ += epoch_.count;
     LogRow row;
@@ -140,7 +222,7 @@ class Coordinator final : public Actor {
     row.inputs_per_sec = static_cast<double>(epoch_.count) / std::max(epoch_time_, 1e-9);
     row.accuracy = epoch_.correct / std::max<std::int64_t>(1, epoch_.count);
     row.epoch = epoch;
-    row.learning_rate = kernels::learningRate(config_.lr, step - 1);
+    row.learning_rate = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step - 1));
     row.loss = epoch_.loss_sum / std::max<std::int64_t>(1, epoch_.count);
     row.test_accuracy =
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
@@ -169,10 +251,17 @@ class Coordinator final : public Actor {
       system().shutdown();
       return;
     }
+    const bool pause = step == pause_at_;
     epoch_end_.reset();
     epoch_ends_ = 0;
     epoch_ = {};
+    recent_.clear();
+    epoch_seconds_before_ = 0;
     epoch_start_ = Clock::now();
+    if (pause) {
+      endGeneration(step);
+      return;
+    }
     window_start_ = epoch_start_;
     for (const auto& u : config_.updaters)
       send(u, Resume{});
@@ -232,6 +321,7 @@ class Coordinator final : public Actor {
   const TrainOptions& options_;
   std::map<std::int64_t, EpochStats> steps_;
   std::map<std::int64_t, int> replies_;
+  std::map<std::int64_t, EpochStats> recent_;  // the last steps done (elastic runs)
   std::int64_t complete_through_ = 0;
   EpochStats epoch_, window_, eval_;
   int evaluated_ = 0;
@@ -240,6 +330,9 @@ class Coordinator final : public Actor {
   kernels::Tensor buffers_;
   Clock::time_point epoch_start_, window_start_ = Clock::now(), last_progress_ = Clock::now();
   double epoch_time_ = 0;
+  double epoch_seconds_before_ = 0;  // of the epoch, in earlier generations (elastic runs)
+  std::int64_t pause_at_ = -1;
+  Clock::time_point next_join_check_ = Clock::now();
   double cumulative_time_ = 0;
   std::int64_t cumulative_inputs_ = 0;
   std::int64_t progress_ = 0;

@@ -69,6 +69,22 @@ struct EpochEnd {
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
 
+// Coordinator -> Updater, in an elastic run (actors/elastic.h): a worker waits to join, so pause
+// once `step` steps are done, as at an epoch's end (EpochEnd), for the world to re-form.
+struct PauseAt {
+  std::int64_t step = 0;
+};
+
+// Updater -> Updater, in an elastic run: the state a new generation goes on from, from the
+// process that holds the newest to each that does not (a worker that joins, one that fell a step
+// behind when a peer died). It is state after `step` steps.
+struct Handover {
+  std::int64_t step = 0;
+  Tensor weights;
+  Tensor momentum;
+  Tensor buffers;  // replica 0's (batch norm statistics); empty if the model has none
+};
+
 // Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).
 struct BuffersRequest {};
 struct Buffers {

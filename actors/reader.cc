@@ -37,12 +37,12 @@ class Reader final : public Actor {
 
   Batch read(std::int64_t step) {
     const auto& plan = config_.plan;
-    const std::int64_t epoch = step / plan.steps_per_epoch;
+    const std::int64_t epoch = plan.epochOf(step);
     if (epoch != order_epoch_) {
       order_ = data::epochOrder(dataset_->size(), config_.seed, epoch);
       order_epoch_ = epoch;
     }
-    const std::int64_t first = (step % plan.steps_per_epoch) * plan.global_batch + config_.offset;
+    const std::int64_t first = plan.recordOf(step) + config_.offset;
     indices_.resize(static_cast<std::size_t>(config_.count));
     const auto n = static_cast<std::int64_t>(order_.size());
     for (std::int64_t i = 0; i < config_.count; ++i) {

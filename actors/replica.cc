@@ -30,13 +30,15 @@ class Replica final : public Actor {
       batches_.emplace(step, std::move(b));
       tryStep();
     });
-    on<BuffersRequest>([this](BuffersRequest&) {
-      auto copy = kernels::Tensor::host({net_->buffers().numel()});
-      backend_->copy(net_->buffers(), copy);
-      backend_->synchronize();
-      send(config_.coordinator, Buffers{copy});
-    });
+    on<BuffersRequest>([this](BuffersRequest&) { send(config_.coordinator, Buffers{buffers()}); });
     on<Evaluate>([this](Evaluate& e) { evaluate(e); });
+  }
+
+  // Replica 0 of a process of an elastic run leaves its buffers for the next generation.
+  ~Replica() override {
+    if (config_.state && config_.local_index == 0 && net_ && net_->buffers().numel() > 0) {
+      config_.state->buffers = buffers();
+    }
   }
 
   void started() override {
@@ -46,6 +48,13 @@ class Replica final : public Actor {
   }
 
  private:
+  kernels::Tensor buffers() {
+    auto copy = kernels::Tensor::host({net_->buffers().numel()});
+    backend_->copy(net_->buffers(), copy);
+    backend_->synchronize();
+    return copy;
+  }
+
   void tryStep() {
     if (!weights_) return;
     auto it = batches_.find(weights_->step);

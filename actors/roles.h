@@ -2,8 +2,11 @@
 // the actor talks to; trainer.cc wires them for one process.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,13 +27,61 @@ struct TrainOptions;
 class TrainLog;
 class Trace;
 
-// Which records a step uses: the global batch of step s is positions [s' * G, s' * G + G) of
-// epoch e's order (s' = s mod steps_per_epoch), and a replica takes the slice [offset, offset+n).
+// Which records a step uses. Epoch e trains positions [0, epoch_size) of its order (a shuffle
+// of the training set, data::epochOrder), global_batch of them a step; a replica takes the slice
+// [offset, offset + n) of its step's batch. Usually the run starts at an epoch's start or at a
+// whole step of it. An elastic run (actors/elastic.h) may start a generation with another global
+// batch part way through an epoch: first_epoch_records of first_epoch's order are trained
+// already, and the rest of that epoch is cut into steps of this generation's global batch (a tail
+// shorter than one is left out, as every epoch's is).
 struct StepPlan {
-  std::int64_t steps_per_epoch = 0;
+  std::int64_t steps_per_epoch = 0;  // of a whole epoch
   std::int64_t global_batch = 0;
+  std::int64_t epoch_size = 0;  // records an epoch trains; 0: steps_per_epoch * global_batch
   std::int64_t first_step = 0;  // > 0 when resuming
   std::int64_t last_step = 0;   // exclusive
+  std::int64_t first_epoch = 0;
+  std::int64_t first_epoch_records = 0;
+  std::int64_t first_epoch_steps = 0;  // steps of first_epoch from first_step on
+
+  // Starts at `step`, a whole number of steps into its epoch (a run from scratch or a resumed
+  // one), and ends after `num_epochs` epochs.
+  void start(std::int64_t step, std::int64_t num_epochs) {
+    startAt(step, step / steps_per_epoch, (step % steps_per_epoch) * global_batch, num_epochs);
+  }
+  // Starts at `step` with `records` of epoch `epoch`'s order trained already.
+  void startAt(std::int64_t step, std::int64_t epoch, std::int64_t records,
+               std::int64_t num_epochs) {
+    const std::int64_t size = epoch_size > 0 ? epoch_size : steps_per_epoch * global_batch;
+    first_step = step;
+    first_epoch = epoch;
+    first_epoch_records = records;
+    first_epoch_steps = std::max<std::int64_t>(0, (size - records) / global_batch);
+    last_step = step + first_epoch_steps + (num_epochs - epoch - 1) * steps_per_epoch;
+  }
+
+  std::int64_t epochOf(std::int64_t step) const {
+    const std::int64_t past = step - first_step - first_epoch_steps;
+    return past < 0 ? first_epoch : first_epoch + 1 + past / steps_per_epoch;
+  }
+  // The position in its epoch's order of the step's first record.
+  std::int64_t recordOf(std::int64_t step) const {
+    const std::int64_t past = step - first_step - first_epoch_steps;
+    return past < 0 ? first_epoch_records + (step - first_step) * global_batch
+                    : (past % steps_per_epoch) * global_batch;
+  }
+  // Whether an epoch is over once `done` steps are.
+  bool epochEndsAt(std::int64_t done) const {
+    const std::int64_t past = done - first_step - first_epoch_steps;
+    return past >= 0 && past % steps_per_epoch == 0;
+  }
+  // The step as a 1-based count in its epoch, in steps of this plan's global batch.
+  std::int64_t indexInEpoch(std::int64_t step) const { return recordOf(step) / global_batch + 1; }
+  // The step the learning-rate schedule sees: whole epochs of steps_per_epoch, plus the step's
+  // place in its epoch. `step` itself unless a generation started part way through an epoch.
+  std::int64_t scheduleStep(std::int64_t step) const {
+    return epochOf(step) * steps_per_epoch + recordOf(step) / global_batch;
+  }
 };
 
 // "step 12 (epoch 1)": a step as errors and reports name it (epochs count from 1; without
@@ -40,6 +91,15 @@ inline std::string describeStep(std::int64_t step, std::int64_t steps_per_epoch)
   if (steps_per_epoch > 0) s += " (epoch " + std::to_string(step / steps_per_epoch + 1) + ")";
   return s;
 }
+
+// Where a process of an elastic run stands between generations (actors/elastic.h): the state
+// after `step` steps, with `epoch_records` of epoch `epoch`'s order trained. step -1: none.
+struct TrainState {
+  std::int64_t step = -1;
+  std::int64_t epoch = 0;
+  std::int64_t epoch_records = 0;
+  kernels::Tensor weights, momentum, buffers;  // host
+};
 
 struct ReaderConfig {
   data::DatasetOptions dataset;
@@ -71,7 +131,8 @@ struct ReplicaConfig {
   data::DatasetOptions test;      // path empty: no evaluation
   bool skip_bad_records = false;  // bad test records are left out of the evaluation
   Address reader, reducer, coordinator;
-  Trace* trace = nullptr;  // spans go here when tracing
+  Trace* trace = nullptr;             // spans go here when tracing
+  std::shared_ptr<TrainState> state;  // elastic runs: replica 0 leaves its buffers there
 };
 std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 
@@ -118,6 +179,12 @@ struct UpdaterConfig {
   std::vector<Address> replicas;
   Address coordinator;
   Trace* trace = nullptr;  // spans go here when tracing
+  // Elastic runs. When the updater goes (the generation ended, or failed mid-step), it leaves its
+  // last whole step's state in `state` (buffers: replica 0 leaves them). It waits for a Handover
+  // before its first step when `await_handover`, and sends one to each of `handover_to` first.
+  std::shared_ptr<TrainState> state;
+  bool await_handover = false;
+  std::vector<Address> handover_to;
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 
@@ -181,6 +248,31 @@ std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
 // Keys [0, num_params) cut into `servers` contiguous shards of (nearly) equal size.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers);
 
+// A training epoch's figures so far.
+struct EpochStats {
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t count = 0;
+  std::int64_t skipped = 0;
+};
+
+// What the chief's coordinator hands on to the next generation of an elastic run when the chief
+// stays the same process: the epoch in progress, and the totals of the run in this process.
+struct EpochCarry {
+  EpochStats epoch;
+  std::map<std::int64_t, EpochStats> recent;  // the epoch's last steps, included in `epoch`
+  // Steps some replicas had not reported when the generation ended (a worker died with its
+  // report), and the global batch they had.
+  std::map<std::int64_t, EpochStats> partial;
+  std::int64_t complete_through = 0;  // steps every replica had reported
+  std::int64_t global_batch = 0;      // 0: no coordinator of this process has run yet
+  std::int64_t epoch_index = 0;       // the epoch of `epoch`
+  double epoch_seconds = 0;
+  std::chrono::steady_clock::time_point left;  // when the last generation's coordinator went
+  double cumulative_time = 0;
+  std::int64_t cumulative_inputs = 0;
+};
+
 struct CoordinatorConfig {
   const TrainOptions* options = nullptr;
   StepPlan plan;
@@ -201,6 +293,11 @@ struct CoordinatorConfig {
   std::vector<Address> updaters;   // of every process
   std::vector<Address> followers;  // the coordinators of the other processes
   TrainResult* result = nullptr;   // filled as epochs end; read after the system stopped
+  // Elastic runs: whether a worker waits to join (asked at most twice a second, between steps);
+  // then every updater pauses a few steps later and the generation ends there. `carry` is read
+  // as the coordinator starts and written as it goes.
+  std::function<bool()> joiner_waiting;
+  std::shared_ptr<EpochCarry> carry;
 };
 // The chief coordinator, on rank 0, drives the whole run.
 std::unique_ptr<Actor> makeCoordinator(std::string name, CoordinatorConfig config);

@@ -1,27 +1,21 @@
 #include "actors/trainer.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <filesystem>
-#include <numeric>
 #include <optional>
-#include <sstream>
-#include <thread>
 
 #include "actors/checkpoint.h"
 #include "actors/cluster.h"
+#include "actors/elastic.h"
 #include "actors/messages.h"
 #include "actors/peer.h"
 #include "actors/roles.h"
 #include "actors/run_id.h"
+#include "actors/run_plan.h"
 #include "actors/system.h"
 #include "actors/topology.h"
 #include "actors/trace.h"
@@ -32,209 +26,6 @@
 
 namespace troupe::actors {
 namespace {
-
-namespace fs = std::filesystem;
-
-// Seconds from a config value, as milliseconds.
-std::chrono::milliseconds milliseconds(double seconds) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-}
-
-bool isParameterServerSchedule(const std::string& schedule) {
-  return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
-}
-
-void validateSchedule(const TrainOptions& o) {
-  const auto& schedule = o.schedule;
-  if (schedule == "local") {
-    if (o.num_shards > 1 || o.num_servers > 0) {
-      throw InputError(
-          fmt::format("schedule 'local' runs in one process, and this run has {} "
-                      "worker(s) and {} server(s); use bsp-allreduce, dist_sync, "
-                      "dist_async or ssp",
-                      o.num_shards, o.num_servers));
-    }
-    return;
-  }
-  if (schedule == "bsp-allreduce") {
-    if (o.num_servers > 0) {
-      throw InputError(
-          fmt::format("schedule 'bsp-allreduce' has no parameter servers, and this "
-                      "run has {}; drop -s or use dist_sync",
-                      o.num_servers));
-    }
-    return;
-  }
-  if (isParameterServerSchedule(schedule)) {
-    if (o.num_servers < 1) {
-      throw InputError(
-          fmt::format("schedule '{}' needs parameter servers: troupe launch -s 1 (or "
-                      "--num_servers)",
-                      schedule));
-    }
-    if (schedule == "ssp" && o.staleness < 0) throw InputError("staleness must be >= 0");
-    return;
-  }
-  if (schedule == "device") {
-    throw InputError(
-        "schedule 'device' sums gradients on a GPU, and this build has no CUDA "
-        "backend; use schedule 'local'");
-  }
-  throw InputError(
-      fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
-                  "dist_sync, dist_async, ssp)",
-                  schedule));
-}
-
-// All hardware threads, shared out among the run's processes on this host (troupe launch says how
-// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
-int defaultThreads() {
-  int local = 1;
-  for (const char* var : {"TROUPE_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) {
-      local = std::atoi(v);
-      break;
-    }
-  }
-  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return std::max(1, hardware / local);
-}
-
-// Each replica's share of the global batch, as MXNet's work_load_list splits it.
-std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
-                                     const std::vector<double>& work_load) {
-  std::vector<double> w = work_load;
-  if (w.empty()) w.assign(static_cast<std::size_t>(replicas), 1.0);
-  if (static_cast<int>(w.size()) != replicas) {
-    throw InputError(
-        fmt::format("work_load_list has {} entries for {} replicas", w.size(), replicas));
-  }
-  const double total = std::accumulate(w.begin(), w.end(), 0.0);
-  for (double x : w) {
-    if (!(x > 0)) throw InputError("work_load_list entries must be positive");
-  }
-  std::vector<std::int64_t> shares;
-  std::int64_t given = 0;
-  for (double x : w) {
-    shares.push_back(static_cast<std::int64_t>(std::floor(static_cast<double>(batch) * x / total)));
-    given += shares.back();
-  }
-  for (std::size_t i = 0; given < batch; i = (i + 1) % shares.size(), ++given)
-    ++shares[i];
-  for (std::size_t i = 0; i < shares.size(); ++i) {
-    if (shares[i] == 0) {
-      throw InputError(fmt::format("batch_size {} leaves replica {} with no inputs", batch, i));
-    }
-  }
-  return shares;
-}
-
-// The input batches in flight (prefetch per reader; the readers share the batch) must fit in the
-// host's memory: checked before any is allocated, so that too large a batch_size is one error
-// naming it, not std::bad_alloc in an actor. A lower bound: the nets' activations come on top.
-void checkBatchMemory(const TrainOptions& o) {
-  const long pages = ::sysconf(_SC_PHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return;
-  const double host = static_cast<double>(pages) * static_cast<double>(page);
-  const double input =
-      4.0 * (static_cast<double>(o.num_channels) * o.image_size * o.image_size + 1);  // + label
-  const double need = static_cast<double>(o.prefetch) * static_cast<double>(o.batch_size) * input;
-  if (need > host) {
-    throw InputError(fmt::format(
-        "batch_size {} needs {:.0f} bytes ({:.1f} GiB) for the input batches in flight (prefetch "
-        "{} x {} inputs of {}x{}x{} floats and a label), more than the {:.0f} bytes ({:.1f} GiB) "
-        "of memory this host has",
-        o.batch_size, need, need / (1 << 30), o.prefetch, o.batch_size, o.num_channels,
-        o.image_size, o.image_size, host, host / (1 << 30)));
-  }
-}
-
-void ensureWritableDir(const std::string& dir, const char* what) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  const std::string probe = dir + "/.troupe-write-test";
-  std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "w");
-  if (!f) throw IoError(fmt::format("{} folder '{}' is not writable", what, dir));
-  std::fclose(f);
-  fs::remove(probe, ec);
-}
-
-std::string experimentId(const TrainOptions& o) {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
-  const std::string name =
-      !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
-  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", name, o.replicas, o.batch_size, o.num_labels,
-                     o.base_learning_rate, stamp);
-}
-
-kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
-  kernels::LrPolicy lr;
-  lr.policy = o.lr_policy;
-  lr.base = o.base_learning_rate;
-  lr.gamma = o.gamma;
-  auto steps = [&](double epochs) {
-    return static_cast<std::int64_t>(std::llround(epochs * static_cast<double>(steps_per_epoch)));
-  };
-  lr.stepsize = steps(o.lr_step_epochs);
-  for (double e : o.lr_milestones)
-    lr.stepvalues.push_back(steps(e));
-  lr.max_steps = o.num_epochs * steps_per_epoch;
-  lr.warmup_steps = steps(o.warmup_epochs);
-  kernels::validate(lr);
-  return lr;
-}
-
-kernels::CompressionSpec compressionOf(const TrainOptions& o) {
-  return {kernels::parseGradientCompression(o.gradient_compression),
-          o.gradient_compression_threshold};
-}
-
-// Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
-// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
-void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
-                 std::int64_t num_params, int replicas, const std::string& resumed_from,
-                 const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 std::chrono::milliseconds timeout) {
-  const std::string mine = fmt::format(
-      "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={} gradient_compression={} allreduce={}",
-      plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
-      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
-      kernels::describe(compression), allreduce);
-  if (rank == 0) store.set("plan", mine);
-  const std::string chief = store.get("plan", timeout);
-  if (chief != mine) {
-    // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
-    std::vector<std::string> ours, theirs, differ;
-    for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
-      std::istringstream in(*text);
-      for (std::string w; in >> w;)
-        words->push_back(w);
-    }
-    for (std::size_t i = 0; i < ours.size() && i < theirs.size(); ++i) {
-      if (ours[i] == theirs[i]) continue;
-      const auto eq = ours[i].find('=');
-      differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
-                                   theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
-    }
-    // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
-    const std::string hint =
-        chief.find("resume=none") == std::string::npos &&
-                mine.find("resume=none") != std::string::npos
-            ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
-              "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
-            : "";
-    throw InputError(
-        fmt::format("rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
-                    "this one '{}'{}",
-                    rank, nodes, fmt::join(differ, "; "), chief, mine, hint));
-  }
-}
 
 // The actor system of node `rank`: sends to other nodes go through the cluster, once joined.
 struct NodeSystem {
@@ -262,14 +53,14 @@ NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
 
 // Joins the run's other processes (every actor of this one already spawned), checks that all
 // agree on the plan, and fills in where the members are.
-std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Trace* trace,
-                                 NodeSystem& node, const StepPlan& plan, std::int64_t num_params,
-                                 const std::string& resumed_from, RunMembers& members,
-                                 ReductionPlan* reduction) {
+std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_id, int rank,
+                                 int nodes, Trace* trace, NodeSystem& node, const StepPlan& plan,
+                                 std::int64_t num_params, const std::string& resumed_from,
+                                 RunMembers& members, ReductionPlan* reduction) {
   ClusterOptions c;
   c.rank = rank;
   c.world = nodes;
-  c.run_id = generationRunId(o.run_id, o.generation);
+  c.run_id = run_id;
   c.rendezvous = o.rendezvous;
   c.serve_store = o.serve_store;
   c.interface = o.interface;
@@ -277,8 +68,8 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
   c.connections_per_peer = o.connections_per_peer;
   // The heartbeat watch is the backstop for a peer nobody waits on: it comes after the actors'
   // own watches (peerTimeoutGrace), which name the peer, the step and what they waited for.
-  const auto stall_warning = milliseconds(o.stall_warning_s);
-  const auto peer_timeout = milliseconds(o.peer_timeout_s);
+  const auto stall_warning = fromSeconds(o.stall_warning_s);
+  const auto peer_timeout = fromSeconds(o.peer_timeout_s);
   c.peer_timeout = peer_timeout + 2 * peerTimeoutGrace(stall_warning, peer_timeout) +
                    std::chrono::milliseconds(1000);  // + the transport's heartbeat interval
   c.trace = trace;
@@ -300,52 +91,6 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, int rank, int nodes, Tra
     if (rank == 0) spdlog::info("allreduce: {}", reduction->description);
   }
   return cluster;
-}
-
-// What a run continues from.
-struct Resumed {
-  std::string path;
-  Checkpoint checkpoint;
-  bool latest = false;  // found in the checkpoint folder, not named by the user
-};
-
-// `resume` as given, or (with "auto", and in every restarted generation) the newest complete
-// checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
-// restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
-// starts from scratch (nullopt).
-std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
-                                  std::int64_t num_params, const StepPlan& plan) {
-  if (o.resume == "auto" || o.generation > 0) {
-    auto found = findLatestCheckpoint(dir, [&](const auto& meta) -> std::string {
-      auto get = [&](const char* key) {
-        const auto it = meta.find(key);
-        return it == meta.end() ? std::string() : it->second;
-      };
-      auto name = [](const std::string& id) { return id.empty() ? "(none)" : id; };
-      if (get("run_id") != o.run_id) {
-        return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
-                           name(o.run_id));
-      }
-      if (get("num_params") != std::to_string(num_params)) {
-        return fmt::format("it holds {} parameters, this model has {}", get("num_params"),
-                           num_params);
-      }
-      if (get("global_batch") != std::to_string(plan.global_batch) ||
-          get("steps_per_epoch") != std::to_string(plan.steps_per_epoch)) {
-        return fmt::format(
-            "it was written with global batch {} and {} steps per epoch, this run has {} and {}",
-            get("global_batch"), get("steps_per_epoch"), plan.global_batch, plan.steps_per_epoch);
-      }
-      return {};
-    });
-    if (found) return Resumed{found->path, std::move(found->checkpoint), true};
-    if (o.resume.empty() || o.resume == "auto") {
-      spdlog::info("no complete checkpoint of this run in '{}' yet: starting from scratch", dir);
-      return std::nullopt;
-    }
-  }
-  if (o.resume.empty()) return std::nullopt;
-  return Resumed{o.resume, loadCheckpoint(o.resume), false};
 }
 
 // A parameter-server process: one Server actor owning a shard of the keys.
@@ -371,8 +116,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.lr = lr;
   config.first_step = plan.first_step;
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
-  config.stall_warning = milliseconds(o.stall_warning_s);
-  config.peer_timeout = milliseconds(o.peer_timeout_s);
+  config.stall_warning = fromSeconds(o.stall_warning_s);
+  config.peer_timeout = fromSeconds(o.peer_timeout_s);
   config.steps_per_epoch = plan.steps_per_epoch;
   config.members = members;
   std::unique_ptr<Trace> trace;
@@ -386,8 +131,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   auto& system = node.system;
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
-  auto cluster =
-      joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members, nullptr);
+  auto cluster = joinRun(o, generationRunId(o.run_id, o.generation), rank, nodes, trace.get(), node,
+                         plan, num_params, resumed_from, *members, nullptr);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -396,7 +141,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
-TrainResult trainProcess(const TrainOptions& o) {
+// One process of the run; with `role`, one generation of an elastic run (actors/elastic.h).
+TrainResult trainProcess(const TrainOptions& o, GenerationRole* role) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
   const bool server = o.role == "server";
@@ -447,7 +193,13 @@ TrainResult trainProcess(const TrainOptions& o) {
     throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
                                  plan.global_batch));
   }
-  plan.last_step = o.num_epochs * plan.steps_per_epoch;
+  plan.epoch_size = epoch_size;
+  if (role) {
+    plan.startAt(role->start.step, role->start.epoch, role->start.epoch_records, o.num_epochs);
+    role->last_step = plan.last_step;
+  } else {
+    plan.start(0, o.num_epochs);
+  }
   const auto lr = lrPolicy(o, plan.steps_per_epoch);
 
   kernels::NetOptions net;
@@ -472,7 +224,7 @@ TrainResult trainProcess(const TrainOptions& o) {
 
   const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   CoordinatorConfig coordinator;
-  const auto resumed = findResume(o, checkpoint_dir, num_params, plan);
+  const auto resumed = role ? std::nullopt : findResume(o, checkpoint_dir, num_params, plan);
   const std::string resumed_from = resumed ? resumed->path : std::string();
   if (resumed) {
     const auto& ck = resumed->checkpoint;
@@ -489,7 +241,7 @@ TrainResult trainProcess(const TrainOptions& o) {
           path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
           plan.steps_per_epoch));
     }
-    plan.first_step = ck.metaInt("step");
+    plan.start(ck.metaInt("step"), o.num_epochs);
     if (plan.first_step >= plan.last_step && resumed->latest) {
       // The run already ended (a restart after its last checkpoint): every process sees the
       // same checkpoint and stops here.
@@ -513,6 +265,13 @@ TrainResult trainProcess(const TrainOptions& o) {
     coordinator.cumulative_inputs = ck.metaInt("cumulative_input_count");
     spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
+  // A generation of an elastic run goes on from this process's own state when it is the newest;
+  // else its updater waits for the newest from the process that has it (Handover).
+  if (role && role->state->step == plan.first_step && !role->await_handover) {
+    updater.initial_weights = role->state->weights;
+    updater.initial_momentum = role->state->momentum;
+    if (role->state->buffers.defined()) updater.initial_buffers = role->state->buffers;
+  }
 
   const auto members = std::make_shared<RunMembers>(workers, o.num_servers);
   if (server) {
@@ -529,10 +288,16 @@ TrainResult trainProcess(const TrainOptions& o) {
     for (const auto& tmp : removeStaleTemporaries(checkpoint_dir)) {
       spdlog::info("removed {}, left by a checkpoint save that never finished", tmp);
     }
-    log = std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
-    result.log_path = log->path();
-    result.experiment_id = log->id();
+    // An elastic run's chief keeps one log through its generations.
+    auto& slot = role ? *role->log : log;
+    if (!slot) {
+      slot =
+          std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
+    }
+    result.log_path = slot->path();
+    result.experiment_id = slot->id();
   }
+  TrainLog* const chief_log = role && chief ? role->log->get() : log.get();
 
   // Every process spawns the same actors in the same order, so an address is known everywhere:
   // 0 coordinator, 1 updater, 2 reducer, 3.. replicas, then readers.
@@ -580,7 +345,7 @@ TrainResult trainProcess(const TrainOptions& o) {
   coordinator.has_test = !o.test_data.empty();
   coordinator.has_buffers = has_buffers;
   coordinator.experiment_id = result.experiment_id;
-  coordinator.log = log.get();
+  coordinator.log = chief_log;
   coordinator.checkpoint_dir = checkpoint_dir;
   coordinator.num_params = num_params;
   coordinator.step_timeout =
@@ -589,6 +354,10 @@ TrainResult trainProcess(const TrainOptions& o) {
   coordinator.updaters = all_updaters;
   coordinator.followers = followers;
   coordinator.result = &result;
+  if (role) {
+    coordinator.joiner_waiting = role->joiner_waiting;
+    coordinator.carry = role->carry;
+  }
   TROUPE_ENFORCE_EQ(system->spawn(chief ? makeCoordinator("coordinator", coordinator)
                                         : makeFollower("coordinator")),
                     address(rank, 0));
@@ -603,6 +372,12 @@ TrainResult trainProcess(const TrainOptions& o) {
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
   updater.trace = trace.get();
+  if (role) {
+    updater.state = role->state;
+    updater.await_handover = role->await_handover;
+    for (const int r : role->handover_to)
+      updater.handover_to.push_back(address(r, 1));
+  }
   if (ps) {
     // The parameter servers update; this worker's PS client stands where the updater would.
     PsClientConfig client;
@@ -615,8 +390,8 @@ TrainResult trainProcess(const TrainOptions& o) {
     client.replicas = local_replicas;
     client.coordinator = chief_address;
     client.trace = trace.get();
-    client.stall_warning = milliseconds(o.stall_warning_s);
-    client.peer_timeout = milliseconds(o.peer_timeout_s);
+    client.stall_warning = fromSeconds(o.stall_warning_s);
+    client.peer_timeout = fromSeconds(o.peer_timeout_s);
     client.members = members;
     TROUPE_ENFORCE_EQ(system->spawn(makePsClient("ps-client", client), computeThread(0)),
                       updater_address);
@@ -630,8 +405,8 @@ TrainResult trainProcess(const TrainOptions& o) {
   reducer.threads = 1;
   reducer.updater = updater_address;
   reducer.trace = trace.get();
-  reducer.stall_warning = milliseconds(o.stall_warning_s);
-  reducer.peer_timeout = milliseconds(o.peer_timeout_s);
+  reducer.stall_warning = fromSeconds(o.stall_warning_s);
+  reducer.peer_timeout = fromSeconds(o.peer_timeout_s);
   reducer.steps_per_epoch = plan.steps_per_epoch;
   reducer.members = members;
   if (!ps) {  // with parameter servers, the servers sum over workers
@@ -674,6 +449,7 @@ TrainResult trainProcess(const TrainOptions& o) {
     replica.reducer = (k == 1 && nodes == 1) ? updater_address : reducer_address;
     replica.coordinator = chief_address;
     replica.trace = trace.get();
+    if (role) replica.state = role->state;
     TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
                                     computeThread(r)),
                       replica_address(rank, r));
@@ -697,7 +473,8 @@ TrainResult trainProcess(const TrainOptions& o) {
 
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1) {
-    cluster = joinRun(o, rank, nodes, trace.get(), node, plan, num_params, resumed_from, *members,
+    cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
+                      trace.get(), node, plan, num_params, role ? "" : resumed_from, *members,
                       ps ? nullptr : reduction.get());
   }
 
@@ -713,7 +490,12 @@ TrainResult trainProcess(const TrainOptions& o) {
 
 TrainResult runTraining(const TrainOptions& o) {
   try {
-    return trainProcess(o);
+    if (o.max_workers > 0) {
+      validateElastic(o);
+      return runElastic(
+          o, [](const TrainOptions& g, GenerationRole& role) { return trainProcess(g, &role); });
+    }
+    return trainProcess(o, nullptr);
   } catch (const std::exception& e) {
     // The run failed for another process: one line that names it, for the launcher's summary.
     if (const auto peer = findPeerError(e)) {

@@ -28,9 +28,14 @@ struct TrainOptions {
   std::string schedule = "local";
   // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through
   // TROUPE_NUM_WORKERS / TROUPE_RANK, or by hand. With several, batch_size is per process.
-  int num_shards = 1;           // workers
-  int shard_id = 0;             // this worker's rank, or this server's with role "server"
-  int num_servers = 0;          // parameter servers (dist_sync, dist_async, ssp)
+  int num_shards = 1;   // workers
+  int shard_id = 0;     // this worker's rank, or this server's with role "server"
+  int num_servers = 0;  // parameter servers (dist_sync, dist_async, ssp)
+  // An elastic run (num_workers = "MIN:MAX", actors/elastic.h): between min_workers and
+  // max_workers workers, which re-form between steps when one dies or one joins; num_shards and
+  // shard_id then come from each generation's rendezvous. 0: a fixed world of num_shards.
+  int min_workers = 0;
+  int max_workers = 0;
   std::string role = "worker";  // or "server" (TROUPE_ROLE)
   int staleness = 2;            // ssp: how many steps a worker may run ahead of the slowest
   std::string run_id;           // shared by the processes of one run

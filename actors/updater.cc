@@ -19,6 +19,27 @@ class Updater final : public Actor {
     // One replica in a one-process run hands its buckets straight here: nothing to sum.
     on<GradBucket>([this](GradBucket& b) { add(Reduced{b.step, b.begin, b.end, b.grads}); });
     on<Resume>([this](Resume&) { broadcast(); });
+    on<PauseAt>([this](PauseAt& p) {
+      if (p.step <= step_) {
+        throw InvariantError(fmt::format("pause after step {} reached worker {} at step {}", p.step,
+                                         config_.worker, step_));
+      }
+      pause_at_ = p.step;
+    });
+    on<Handover>([this](Handover& h) { adopt(h); });
+  }
+
+  // An elastic run's process keeps the last whole step's state for its next generation.
+  ~Updater() override {
+    if (!config_.state || !backend_) return;
+    auto& s = *config_.state;
+    const bool whole = reduced_ == 0 && !awaiting_;
+    s.step = whole ? step_ : snapshot_step_;
+    s.epoch = config_.plan.epochOf(s.step);
+    s.epoch_records = config_.plan.recordOf(s.step);
+    s.weights = hostCopy(whole ? weights_ : snapshot_weights_);
+    s.momentum = hostCopy(whole ? optimizer_->state() : snapshot_momentum_);
+    if (awaiting_) s.step = -1;  // never got the state it was to go on from
   }
 
   void started() override {
@@ -33,7 +54,13 @@ class Updater final : public Actor {
     }
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
-    if (step_ < config_.plan.last_step) broadcast();
+    if (!config_.handover_to.empty()) {
+      const Handover h{step_, hostCopy(weights_), hostCopy(optimizer_->state()), buffers_};
+      for (const auto& to : config_.handover_to)
+        send(to, h);
+    }
+    awaiting_ = config_.await_handover;
+    if (!awaiting_ && step_ < config_.plan.last_step) broadcast();
   }
 
  private:
@@ -41,9 +68,10 @@ class Updater final : public Actor {
   // same as one update of the whole step), reading the gradient where it lies: no copy.
   void add(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
+    if (config_.state && reduced_ == 0) snapshot();
     {
       TraceScope span(config_.trace, name(), "update");
-      const float lr = kernels::learningRate(config_.lr, step_);
+      const float lr = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
       const bool finite =
           optimizer_->stepRange(weights_.slice(r.begin, r.end), r.grads, r.begin, r.end, lr);
       backend_->synchronize();
@@ -60,8 +88,7 @@ class Updater final : public Actor {
 
     reduced_ = 0;
     ++step_;
-    const bool epoch_end = step_ % config_.plan.steps_per_epoch == 0;
-    if (epoch_end || step_ == config_.plan.last_step) {
+    if (config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_) {
       send(config_.coordinator, EpochEnd{step_, weights_, optimizer_->state()});
     } else {
       broadcast();
@@ -75,12 +102,48 @@ class Updater final : public Actor {
     buffers_ = kernels::Tensor();  // adopted once, at the start
   }
 
+  // The state from the process that has the newest (elastic runs), before the first step.
+  void adopt(const Handover& h) {
+    TROUPE_ENFORCE(awaiting_, "worker ", config_.worker, " got a second handover");
+    TROUPE_ENFORCE_EQ(h.step, step_);
+    TROUPE_ENFORCE_EQ(h.weights.numel(), weights_.numel());
+    backend_->copy(h.weights, weights_);
+    backend_->copy(h.momentum, optimizer_->state());
+    if (h.buffers.defined() && h.buffers.numel() > 0) buffers_ = h.buffers;
+    backend_->synchronize();
+    awaiting_ = false;
+    if (step_ < config_.plan.last_step) broadcast();
+  }
+
+  // Elastic runs: the state before a step's first bucket is applied, for a generation that ends
+  // part way through the step (a peer died).
+  void snapshot() {
+    if (snapshot_weights_.numel() != weights_.numel()) {
+      snapshot_weights_ = backend_->empty({weights_.numel()});
+      snapshot_momentum_ = backend_->empty({weights_.numel()});
+    }
+    backend_->copy(weights_, snapshot_weights_);
+    backend_->copy(optimizer_->state(), snapshot_momentum_);
+    snapshot_step_ = step_;
+  }
+
+  kernels::Tensor hostCopy(const kernels::Tensor& t) {
+    auto copy = kernels::Tensor::host({t.numel()});
+    backend_->copy(t, copy);
+    backend_->synchronize();
+    return copy;
+  }
+
   UpdaterConfig config_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Optimizer> optimizer_;
   kernels::Tensor weights_, buffers_;
   std::int64_t step_;
   std::int64_t reduced_ = 0;
+  std::int64_t pause_at_ = -1;
+  bool awaiting_ = false;
+  kernels::Tensor snapshot_weights_, snapshot_momentum_;
+  std::int64_t snapshot_step_ = 0;
 };
 
 }  // namespace

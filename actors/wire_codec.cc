@@ -63,6 +63,14 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     out.setTensor(w.initMomentum(), m->momentum);
   } else if (as<Resume>(e)) {
     f.setResume();
+  } else if (auto* m = as<PauseAt>(e)) {
+    f.setPauseAt(m->step);
+  } else if (auto* m = as<Handover>(e)) {
+    auto w = f.initHandover();
+    w.setStep(m->step);
+    out.setTensor(w.initWeights(), m->weights);
+    out.setTensor(w.initMomentum(), m->momentum);
+    out.setTensor(w.initBuffers(), m->buffers);
   } else if (auto* m = as<Evaluate>(e)) {
     auto w = f.initEvaluate();
     w.setEpoch(m->epoch);
@@ -161,6 +169,15 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     case W::RESUME:
       d.message = wrap(Resume{});
       break;
+    case W::PAUSE_AT:
+      d.message = wrap(PauseAt{f.getPauseAt()});
+      break;
+    case W::HANDOVER: {
+      auto r = f.getHandover();
+      d.message = wrap(Handover{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
+                                in.tensor(r.getBuffers())});
+      break;
+    }
     case W::EVALUATE: {
       auto r = f.getEvaluate();
       d.message =

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "actors/worker_bounds.h"
 #include "actors/run_id.h"
 #include "apps/cluster_env.h"
 #include "transport/auth.h"
@@ -211,6 +212,18 @@ const std::vector<Key>& keys() {
                         "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
       TROUPE_INT_KEY("num_shards", num_shards, kProcesses,
                      "worker processes (set by troupe launch)"),
+      Key{"num_workers", Kind::kString, kNotNumeric,
+          "worker processes: N, or MIN:MAX for an elastic run (workers may die or join)",
+          [](TrainOptions& o, const Value& v) {
+            const auto bounds = actors::parseNumWorkers(asString(v));
+            o.min_workers = bounds.min;
+            o.max_workers = bounds.max;
+            if (!bounds.elastic()) o.num_shards = bounds.fixed;
+          },
+          [](const TrainOptions& o) {
+            return o.max_workers > 0 ? fmt::format("{}:{}", o.min_workers, o.max_workers)
+                                     : std::to_string(o.num_shards);
+          }},
       TROUPE_INT_KEY("shard_id", shard_id, closed(0, kProcesses.hi - 1),
                      "this process's rank in its role (set by troupe launch)"),
       TROUPE_INT_KEY("num_servers", num_servers, closed(0, kProcesses.hi),
@@ -760,8 +773,15 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
                                                           {"TROUPE_GENERATION", "generation"},
                                                           {"TROUPE_RENDEZVOUS", "rendezvous"},
                                                           {"TROUPE_INTERFACE", "interface"}};
-  for (const auto& [var, key] : from_env) {
-    if (auto v = env(var); v && !overrides.count(key)) {
+  for (auto [var, key] : from_env) {
+    // `troupe launch --elastic MIN:MAX` says TROUPE_NUM_WORKERS=MIN:MAX.
+    if (auto v = env(var);
+        v && key == std::string_view("num_shards") && v->find(':') != std::string::npos) {
+      key = "num_workers";
+    }
+    if (auto v = env(var);
+        v && !overrides.count(key) &&
+        !(key == std::string_view("num_shards") && overrides.count("num_workers"))) {
       const Key& def = *findKey(key);
       Value value;
       try {

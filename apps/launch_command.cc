@@ -47,6 +47,9 @@ void addLaunchCommand(CLI::App& app) {
                   "when a process fails: abort (stop them all, exit non-zero) or restart (stop "
                   "them all, start them all again from the run's newest checkpoint)")
       ->capture_default_str();
+  cmd->add_option("--elastic", o.elastic,
+                  "MIN:MAX: an elastic run (troupe train --num_workers MIN:MAX): a worker that "
+                  "fails is left out and the others go on; more may join later (local, ssh)");
   cmd->add_option("--max-restarts", o.max_restarts,
                   "--on-failure restart: restarts before giving up")
       ->capture_default_str();

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 
+#include "actors/worker_bounds.h"
 #include "actors/run_id.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_slurm.h"
@@ -58,6 +59,27 @@ void checkOptions(const LaunchOptions& o) {
         fmt::format("--sync-dst-dir works with --launcher ssh only, not '{}'", o.launcher));
   }
   if (o.launcher == "slurm") checkSlurmLaunch(o);
+  if (!o.elastic.empty()) {
+    const auto bounds = actors::parseNumWorkers(o.elastic);
+    if (!bounds.elastic()) {
+      throw InputError(fmt::format("--elastic {}: expected MIN:MAX", o.elastic));
+    }
+    if (o.num_workers < bounds.min || o.num_workers > bounds.max) {
+      throw InputError(fmt::format("-n {}: an elastic run of --elastic {} starts {} to {} workers",
+                                   o.num_workers, o.elastic, bounds.min, bounds.max));
+    }
+    if (o.num_servers > 0) throw InputError("--elastic: an elastic run has no servers (-s)");
+    if (o.launcher != "local" && o.launcher != "ssh") {
+      throw InputError(fmt::format(
+          "--elastic works with --launcher local or ssh ({} stops every process when one fails)",
+          o.launcher));
+    }
+    if (o.on_failure == "restart") {
+      throw InputError(
+          "--elastic leaves a failed worker out and the others go on: --on-failure restart does "
+          "not apply");
+    }
+  }
 }
 
 // Runs the generations of the run until one ends well, the launcher is stopped, or the failure

@@ -16,7 +16,9 @@
 // the run id stays), each generation with a fresh embedded store, so nothing of an earlier one can
 // mix in; a training process of generation > 0 resumes from the newest complete checkpoint of the
 // run (see TrainOptions::generation). After max_restarts restarts it gives up, naming the last
-// failure. A launcher stopped by SIGINT, SIGTERM or SIGHUP never restarts.
+// failure. A launcher stopped by SIGINT, SIGTERM or SIGHUP never restarts. With `elastic`
+// (MIN:MAX, local and ssh launchers) a process that fails is left out and the others go on (they
+// re-form without it, actors/elastic.h); see LaunchOptions::elastic.
 //
 // Launchers:
 //  - local: fork/exec on this host; each process in its own process group.
@@ -108,6 +110,11 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   std::string on_failure = "abort";  // abort or restart
   int max_restarts = 3;              // restart: starts of the world after the first, at most
+  // "MIN:MAX": an elastic run (actors/elastic.h; local and ssh launchers). Every process gets
+  // TROUPE_NUM_WORKERS=MIN:MAX; a worker that fails is left out and the others go on without it
+  // (they re-form, as workers that join later do). The launcher exits 0 when a worker finished
+  // the run, else with the code of the last to fail (the one that gave up, naming why).
+  std::string elastic;
 };
 
 // Runs the processes to the end. Returns 0 when all exited 0 (in some generation), else the last

@@ -1,6 +1,7 @@
 // The local and ssh launchers: one child process per role and rank, supervised from one loop
 // that polls their pipes, relays their lines, reaps them, names the failure and stops the rest.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -82,6 +83,7 @@ class Supervisor {
   void relayText(Child& c, std::string_view text);
   void reap();
   void fail(std::size_t index);
+  void leftOut(std::size_t index, const Outcome& outcome);
   void stopOthers();
   void killRemaining();
   void signalRemote(const std::vector<Child*>& targets, const char* sig);
@@ -98,6 +100,9 @@ class Supervisor {
   const std::vector<std::string> ssh_options_;
   std::vector<Child> children_;
   FailurePicker picker_;
+  std::vector<std::string> left_out_;  // elastic runs: the failures the others went on without
+  std::optional<Outcome> last_left_out_;
+  int finished_ = 0;  // elastic runs: processes that exited 0
   std::optional<std::size_t> failed_;
   std::string failure_;  // the summary of the failure named
   bool killing_ = false;
@@ -132,7 +137,8 @@ void Supervisor::start() {
     env.emplace_back("TROUPE_LOCAL_SIZE", std::to_string(per_host[c.host]));
     env.emplace_back("TROUPE_ROLE", c.role);
     env.emplace_back("TROUPE_RANK", std::to_string(c.rank));
-    env.emplace_back("TROUPE_NUM_WORKERS", std::to_string(o_.num_workers));
+    env.emplace_back("TROUPE_NUM_WORKERS",
+                     o_.elastic.empty() ? std::to_string(o_.num_workers) : o_.elastic);
     env.emplace_back("TROUPE_NUM_SERVERS", std::to_string(o_.num_servers));
     env.emplace_back("TROUPE_RUN_ID", run_.run_id);
     env.emplace_back("TROUPE_GENERATION", std::to_string(run_.generation));
@@ -205,7 +211,12 @@ void Supervisor::reap() {
     if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
     c.running = false;
     c.status = status;
-    picker_.ended(i, outcomeOf(c));
+    const Outcome outcome = outcomeOf(c);
+    if (!o_.elastic.empty()) {
+      leftOut(i, outcome);
+    } else {
+      picker_.ended(i, outcome);
+    }
   }
 }
 
@@ -247,6 +258,19 @@ void Supervisor::fail(std::size_t index) {
     run_.relay.err("[launcher] {}; stopping the others", failure_);
   }
   stopOthers();
+}
+
+// An elastic run goes on without a process that failed (the others re-form without it).
+void Supervisor::leftOut(std::size_t index, const Outcome& outcome) {
+  const auto& c = children_[index];
+  if (outcome.ok) {
+    ++finished_;
+    return;
+  }
+  last_left_out_ = outcome;
+  left_out_.push_back(fmt::format("{} on {} {}", label(c), c.host, outcome.what));
+  run_.relay.err("[launcher] {} on {} ({}) {}; elastic run: the others go on without it", label(c),
+                 c.host, pidOf(c), outcome.what);
 }
 
 // ssh: signals the remote process groups of `targets` through a second ssh each. TERM comes
@@ -347,6 +371,16 @@ Attempt Supervisor::run() {
   if (failed_) {
     const int code = picker_.outcome().code;
     return {code ? code : 1, failure_};
+  }
+  if (last_left_out_) {
+    if (finished_ == 0) {  // the last to fail is the one that gave up on the run, naming why
+      const int code = last_left_out_->code;
+      return {code ? code : 1,
+              fmt::format("no process finished the elastic run; {}", fmt::join(left_out_, "; "))};
+    }
+    run_.relay.out("[launcher] {} of {} process(es) exited 0; left out: {}", finished_,
+                   children_.size(), fmt::join(left_out_, "; "));
+    return {};
   }
   run_.relay.out("[launcher] all {} process(es) exited 0", children_.size());
   return {};

@@ -34,6 +34,10 @@ void addTrainCommand(CLI::App& app) {
           "({}) or the model's size",
           options.batch_size, options.prefetch));
     }
+    if (result.epochs.empty() && options.max_workers > 0) {
+      spdlog::info("done: an elastic run's worker, at step {}", result.steps);
+      return;
+    }
     if (result.epochs.empty()) {  // not the chief: rank 0 logs the run
       spdlog::info("done: {} {} of {}", options.role, options.shard_id,
                    options.role == "server" ? options.num_servers : options.num_shards);

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +73,14 @@ inline std::string sourceDir() {
 // Fashion-MNIST converted by the setup_fashion_mnist test: <dir>/lmdb/{train,test}, leveldb too.
 inline std::string testData(const std::string& db) {
   return std::string(TROUPE_TESTDATA) + "/" + db;
+}
+
+// The whole of the file at `path`; "" when it cannot be read.
+inline std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // A fresh temporary folder, removed with the object.

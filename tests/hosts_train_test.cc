@@ -412,5 +412,54 @@ TEST_F(AcrossHosts, KillingEveryProcessOfAHostRestartsTheRunFromTheNewestCheckpo
   EXPECT_EQ(troupeLeftOn(0, 5s) + troupeLeftOn(1, 5s), "") << "a process outlived the run";
 }
 
+// An elastic run of 3 workers (workers 0 and 2 on host 0, worker 1 on host 1) loses every
+// process of host 1 after its first epoch: the two on host 0 re-form from the newest state in
+// their memory and finish; every epoch trains its records once (but the tail).
+TEST_F(AcrossHosts, AnElasticRunGoesOnWithoutAHostWhoseEveryProcessWasKilled) {
+  CommandResult r;
+  const auto start = Clock::now();
+  std::thread launcher(
+      [&] { r = launch("ssh", "--elastic 2:3", "--num_epochs 30 --log_every 0", 120s, 3); });
+  const bool epoch_done = waitFor(
+      [&] {
+        const auto logs = filesIn(runDir(0), ".log");
+        return !logs.empty() && !logRows(logs[0]).empty();
+      },
+      60s);
+  const double killed_at = wallSeconds();
+  std::string killed;
+  if (epoch_done) killed = hosts_->killAll(1);
+  launcher.join();
+  const double seconds = secondsSince(start);
+  ASSERT_TRUE(epoch_done) << "no epoch within 60 s\n" << r.output;
+  ASSERT_EQ(r.exit_code, 0) << killed << "\n" << r.output;
+  ASSERT_TRUE(contains(r.output, "[launcher] worker 1 on " + hosts_->address(1)))
+      << "the kill came after the run's end\n"
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "elastic run: the others go on without it")) << r.output;
+  const std::string reformed = lineWith(r.output, "generation 1: worker 0 of 2");
+  ASSERT_NE(reformed, "") << r.output;
+  std::cout << "[ measured ] every process of host 1 killed, elastic 2:3: the other 2 workers "
+            << "re-formed " << stampSeconds(reformed) - killed_at << " s after the kill; the run "
+            << "took " << seconds << " s\n";
+  EXPECT_LT(stampSeconds(reformed) - killed_at, 10) << r.output;
+  const auto logs = filesIn(runDir(0), ".log");
+  ASSERT_EQ(logs.size(), 1u);
+  const auto rows = logRows(logs[0]);
+  EXPECT_EQ(rows.size(), 30u) << logs[0];
+  for (const auto& row : rows) {
+    std::vector<std::string> cells;
+    std::stringstream in(row);
+    for (std::string c; std::getline(in, c, ',');)
+      cells.push_back(c);
+    ASSERT_EQ(cells.size(), 11u) << row;
+    // 1280 records an epoch: whole steps of 3 x 64 (1152) or 2 x 64 (1280), at most one
+    // global batch (192) short, never one record twice.
+    EXPECT_LE(std::stol(cells[2]), 1280) << row;
+    EXPECT_GT(std::stol(cells[2]), 1280 - 192) << row;
+  }
+  EXPECT_EQ(troupeLeftOn(0, 5s) + troupeLeftOn(1, 5s), "") << "a process outlived the run";
+}
+
 }  // namespace
 }  // namespace troupe::testing

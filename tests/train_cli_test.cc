@@ -17,17 +17,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::runCommand;
+using testing::slurp;
 using testing::sourceDir;
 using testing::TempDir;
 using testing::testData;
 using testing::troupeBinary;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::vector<fs::path> logsIn(const fs::path& dir) {
   std::vector<fs::path> out;

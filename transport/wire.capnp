@@ -81,6 +81,14 @@ struct EpochEnd {
   momentum @2 :TensorData;
 }
 
+# Updater -> Updater (elastic runs): the state a new generation goes on from.
+struct Handover {
+  step @0 :Int64;
+  weights @1 :TensorData;
+  momentum @2 :TensorData;
+  buffers @3 :TensorData;
+}
+
 # Coordinator -> Replica.
 struct Evaluate {
   epoch @0 :Int64;
@@ -174,5 +182,7 @@ struct Frame {
     arenaMapped @21 :Void;  # answer to a Hello's arena: mapped, send shared parts from now on
     heartbeat @23 :Void;    # a link with nothing else to send says it is alive
     refusal @24 :Text;      # the sender refuses this link, and says why; it closes it next
+    pauseAt @25 :Int64;     # coordinator -> updater (elastic runs): pause after this step count
+    handover @26 :Handover;
   }
 }

@@ -1,0 +1,291 @@
+#include "actors/run_plan.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "rendezvous/store.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+
+namespace fs = std::filesystem;
+
+// Seconds from a config value, as milliseconds.
+std::chrono::milliseconds fromSeconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+bool isParameterServerSchedule(const std::string& schedule) {
+  return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
+}
+
+void validateSchedule(const TrainOptions& o) {
+  const auto& schedule = o.schedule;
+  if (schedule == "local") {
+    if (o.num_shards > 1 || o.num_servers > 0) {
+      throw InputError(
+          fmt::format("schedule 'local' runs in one process, and this run has {} "
+                      "worker(s) and {} server(s); use bsp-allreduce, dist_sync, "
+                      "dist_async or ssp",
+                      o.num_shards, o.num_servers));
+    }
+    return;
+  }
+  if (schedule == "bsp-allreduce") {
+    if (o.num_servers > 0) {
+      throw InputError(
+          fmt::format("schedule 'bsp-allreduce' has no parameter servers, and this "
+                      "run has {}; drop -s or use dist_sync",
+                      o.num_servers));
+    }
+    return;
+  }
+  if (isParameterServerSchedule(schedule)) {
+    if (o.num_servers < 1) {
+      throw InputError(
+          fmt::format("schedule '{}' needs parameter servers: troupe launch -s 1 (or "
+                      "--num_servers)",
+                      schedule));
+    }
+    if (schedule == "ssp" && o.staleness < 0) throw InputError("staleness must be >= 0");
+    return;
+  }
+  if (schedule == "device") {
+    throw InputError(
+        "schedule 'device' sums gradients on a GPU, and this build has no CUDA "
+        "backend; use schedule 'local'");
+  }
+  throw InputError(
+      fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
+                  "dist_sync, dist_async, ssp)",
+                  schedule));
+}
+
+// All hardware threads, shared out among the run's processes on this host (troupe launch says how
+// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
+int defaultThreads() {
+  int local = 1;
+  for (const char* var : {"TROUPE_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, hardware / local);
+}
+
+// Each replica's share of the global batch, as MXNet's work_load_list splits it.
+std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
+                                     const std::vector<double>& work_load) {
+  std::vector<double> w = work_load;
+  if (w.empty()) w.assign(static_cast<std::size_t>(replicas), 1.0);
+  if (static_cast<int>(w.size()) != replicas) {
+    throw InputError(
+        fmt::format("work_load_list has {} entries for {} replicas", w.size(), replicas));
+  }
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  for (double x : w) {
+    if (!(x > 0)) throw InputError("work_load_list entries must be positive");
+  }
+  std::vector<std::int64_t> shares;
+  std::int64_t given = 0;
+  for (double x : w) {
+    shares.push_back(static_cast<std::int64_t>(std::floor(static_cast<double>(batch) * x / total)));
+    given += shares.back();
+  }
+  for (std::size_t i = 0; given < batch; i = (i + 1) % shares.size(), ++given)
+    ++shares[i];
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    if (shares[i] == 0) {
+      throw InputError(fmt::format("batch_size {} leaves replica {} with no inputs", batch, i));
+    }
+  }
+  return shares;
+}
+
+// The input batches in flight (prefetch per reader; the readers share the batch) must fit in the
+// host's memory: checked before any is allocated, so that too large a batch_size is one error
+// naming it, not std::bad_alloc in an actor. A lower bound: the nets' activations come on top.
+void checkBatchMemory(const TrainOptions& o) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double host = static_cast<double>(pages) * static_cast<double>(page);
+  const double input =
+      4.0 * (static_cast<double>(o.num_channels) * o.image_size * o.image_size + 1);  // + label
+  const double need = static_cast<double>(o.prefetch) * static_cast<double>(o.batch_size) * input;
+  if (need > host) {
+    throw InputError(fmt::format(
+        "batch_size {} needs {:.0f} bytes ({:.1f} GiB) for the input batches in flight (prefetch "
+        "{} x {} inputs of {}x{}x{} floats and a label), more than the {:.0f} bytes ({:.1f} GiB) "
+        "of memory this host has",
+        o.batch_size, need, need / (1 << 30), o.prefetch, o.batch_size, o.num_channels,
+        o.image_size, o.image_size, host, host / (1 << 30)));
+  }
+}
+
+void ensureWritableDir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string probe = dir + "/.troupe-write-test";
+  std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+  if (!f) throw IoError(fmt::format("{} folder '{}' is not writable", what, dir));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+std::string experimentId(const TrainOptions& o) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
+  const std::string name =
+      !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
+  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", name, o.replicas, o.batch_size, o.num_labels,
+                     o.base_learning_rate, stamp);
+}
+
+kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
+  kernels::LrPolicy lr;
+  lr.policy = o.lr_policy;
+  lr.base = o.base_learning_rate;
+  lr.gamma = o.gamma;
+  auto steps = [&](double epochs) {
+    return static_cast<std::int64_t>(std::llround(epochs * static_cast<double>(steps_per_epoch)));
+  };
+  lr.stepsize = steps(o.lr_step_epochs);
+  for (double e : o.lr_milestones)
+    lr.stepvalues.push_back(steps(e));
+  lr.max_steps = o.num_epochs * steps_per_epoch;
+  lr.warmup_steps = steps(o.warmup_epochs);
+  kernels::validate(lr);
+  return lr;
+}
+
+kernels::CompressionSpec compressionOf(const TrainOptions& o) {
+  return {kernels::parseGradientCompression(o.gradient_compression),
+          o.gradient_compression_threshold};
+}
+
+// Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
+// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
+void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
+                 std::int64_t num_params, int replicas, const std::string& resumed_from,
+                 const kernels::CompressionSpec& compression, const std::string& allreduce,
+                 std::chrono::milliseconds timeout) {
+  const std::string mine = fmt::format(
+      "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
+      "replicas={} resume={} gradient_compression={} allreduce={}",
+      plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
+      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
+      kernels::describe(compression), allreduce);
+  if (rank == 0) store.set("plan", mine);
+  const std::string chief = store.get("plan", timeout);
+  if (chief != mine) {
+    // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
+    std::vector<std::string> ours, theirs, differ;
+    for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
+      std::istringstream in(*text);
+      for (std::string w; in >> w;)
+        words->push_back(w);
+    }
+    for (std::size_t i = 0; i < ours.size() && i < theirs.size(); ++i) {
+      if (ours[i] == theirs[i]) continue;
+      const auto eq = ours[i].find('=');
+      differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
+                                   theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
+    }
+    // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
+    const std::string hint =
+        chief.find("resume=none") == std::string::npos &&
+                mine.find("resume=none") != std::string::npos
+            ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
+              "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
+            : "";
+    throw InputError(
+        fmt::format("rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
+                    "this one '{}'{}",
+                    rank, nodes, fmt::join(differ, "; "), chief, mine, hint));
+  }
+}
+
+// `resume` as given, or (with "auto", and in every restarted generation) the newest complete
+// checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
+// restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
+// starts from scratch (nullopt).
+std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
+                                  std::int64_t num_params, const StepPlan& plan) {
+  if (o.resume == "auto" || o.generation > 0) {
+    auto found = findLatestCheckpoint(dir, [&](const auto& meta) -> std::string {
+      auto get = [&](const char* key) {
+        const auto it = meta.find(key);
+        return it == meta.end() ? std::string() : it->second;
+      };
+      auto name = [](const std::string& id) { return id.empty() ? "(none)" : id; };
+      if (get("run_id") != o.run_id) {
+        return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
+                           name(o.run_id));
+      }
+      if (get("num_params") != std::to_string(num_params)) {
+        return fmt::format("it holds {} parameters, this model has {}", get("num_params"),
+                           num_params);
+      }
+      if (get("global_batch") != std::to_string(plan.global_batch) ||
+          get("steps_per_epoch") != std::to_string(plan.steps_per_epoch)) {
+        return fmt::format(
+            "it was written with global batch {} and {} steps per epoch, this run has {} and {}",
+            get("global_batch"), get("steps_per_epoch"), plan.global_batch, plan.steps_per_epoch);
+      }
+      return {};
+    });
+    if (found) return Resumed{found->path, std::move(found->checkpoint), true};
+    if (o.resume.empty() || o.resume == "auto") {
+      spdlog::info("no complete checkpoint of this run in '{}' yet: starting from scratch", dir);
+      return std::nullopt;
+    }
+  }
+  if (o.resume.empty()) return std::nullopt;
+  return Resumed{o.resume, loadCheckpoint(o.resume), false};
+}
+
+// An elastic run's options, checked before any rendezvous.
+void validateElastic(const TrainOptions& o) {
+  const std::string bounds = fmt::format("num_workers {}:{}", o.min_workers, o.max_workers);
+  if (o.min_workers < 1 || o.min_workers > o.max_workers) {
+    throw InputError(fmt::format("{}: need 1 <= MIN <= MAX", bounds));
+  }
+  if (o.schedule != "bsp-allreduce") {
+    throw InputError(fmt::format(
+        "{}: an elastic run needs schedule bsp-allreduce (this one has '{}')", bounds, o.schedule));
+  }
+  if (o.role != "worker" || o.num_servers > 0) {
+    throw InputError(fmt::format("{}: an elastic run has no parameter servers", bounds));
+  }
+  if (!o.resume.empty() || o.generation > 0) {
+    throw InputError(fmt::format(
+        "{}: an elastic run starts from scratch and keeps its state in memory; to go on from a "
+        "checkpoint, resume it with a fixed number of workers",
+        bounds));
+  }
+  if (o.rendezvous.empty() || o.run_id.empty()) {
+    throw InputError(fmt::format(
+        "{}: an elastic run needs --rendezvous tcp://HOST:PORT (or file://, redis://) and "
+        "--run_id, the same for every worker",
+        bounds));
+  }
+}
+
+}  // namespace troupe::actors

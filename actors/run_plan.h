@@ -1,0 +1,77 @@
+// A training run's plan, before any actor runs: the options checked, each replica's share of the
+// batch, the learning-rate schedule, the checkpoint a run continues from, and the agreement of
+// every process on all of it (trainer.cc runs the plan; this is its first stage).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/checkpoint.h"
+#include "actors/roles.h"
+#include "actors/trainer.h"
+#include "kernels/compression.h"
+#include "kernels/optimizer.h"
+
+namespace troupe::rendezvous {
+class Store;
+}
+
+namespace troupe::actors {
+
+// Seconds from a config value, as milliseconds.
+std::chrono::milliseconds fromSeconds(double seconds);
+
+bool isParameterServerSchedule(const std::string& schedule);
+
+// InputError naming what does not fit the schedule (the processes it has, an unknown name).
+void validateSchedule(const TrainOptions& o);
+
+// An elastic run's options (actors/elastic.h), checked before any rendezvous: InputError.
+void validateElastic(const TrainOptions& o);
+
+// All hardware threads, shared out among the run's processes on this host (troupe launch says how
+// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
+int defaultThreads();
+
+// Each replica's share of the global batch, as MXNet's work_load_list splits it.
+std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
+                                     const std::vector<double>& work_load);
+
+// InputError when the input batches in flight cannot fit in the host's memory.
+void checkBatchMemory(const TrainOptions& o);
+
+// IoError naming `what` folder when `dir` cannot be made or written.
+void ensureWritableDir(const std::string& dir, const char* what);
+
+// "lenet_cpu1_b64_L10_lr0.05_20260101_120000": Caffe2's experiment id.
+std::string experimentId(const TrainOptions& o);
+
+kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch);
+
+kernels::CompressionSpec compressionOf(const TrainOptions& o);
+
+// Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
+// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
+void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
+                 std::int64_t num_params, int replicas, const std::string& resumed_from,
+                 const kernels::CompressionSpec& compression, const std::string& allreduce,
+                 std::chrono::milliseconds timeout);
+
+// What a run continues from.
+struct Resumed {
+  std::string path;
+  Checkpoint checkpoint;
+  bool latest = false;  // found in the checkpoint folder, not named by the user
+};
+
+// `resume` as given, or (with "auto", and in every restarted generation) the newest complete
+// checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
+// restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
+// starts from scratch (nullopt).
+std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
+                                  std::int64_t num_params, const StepPlan& plan);
+
+}  // namespace troupe::actors

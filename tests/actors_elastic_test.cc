@@ -1,0 +1,210 @@
+// Elastic worlds' parts in-process: where a generation that starts part way through an epoch
+// reads, and the rendezvous rounds on a real embedded TCP store (actors/elastic.h).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/elastic.h"
+#include "actors/roles.h"
+#include "rendezvous/tcp_store.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+using namespace std::chrono_literals;
+
+StepPlan planOf(std::int64_t epoch_size, std::int64_t global_batch) {
+  StepPlan p;
+  p.epoch_size = epoch_size;
+  p.global_batch = global_batch;
+  p.steps_per_epoch = epoch_size / global_batch;
+  return p;
+}
+
+TEST(StepPlan, AWholeRunOrAResumedOneReadsAsStepTimesBatch) {
+  for (const std::int64_t first : {0, 7, 10, 23}) {
+    auto p = planOf(1000, 96);  // 10 steps an epoch, a tail of 40 records
+    p.start(first, 3);
+    EXPECT_EQ(p.last_step, 30);
+    for (std::int64_t s = first; s < p.last_step; ++s) {
+      EXPECT_EQ(p.epochOf(s), s / 10) << s;
+      EXPECT_EQ(p.recordOf(s), (s % 10) * 96) << s;
+      EXPECT_EQ(p.scheduleStep(s), s) << s;
+      EXPECT_EQ(p.epochEndsAt(s + 1), (s + 1) % 10 == 0) << s;
+    }
+  }
+}
+
+// Steps 0..k-1 of epoch 0 ran with 3 workers (global batch 192); the rest of the epoch and the
+// next run with 2 (128). Every record position of the epoch is trained once, but a tail shorter
+// than the new global batch; the next epoch starts at position 0 with whole steps of 128.
+TEST(StepPlan, ARegenerationPartWayCutsTheRestOfTheEpochSoNoRecordIsTrainedTwiceOrLost) {
+  const std::int64_t epoch_size = 60000;
+  for (const std::int64_t k : {1, 100, 178, 311}) {
+    auto before = planOf(epoch_size, 192);
+    before.start(0, 2);
+    std::vector<int> seen(static_cast<std::size_t>(epoch_size), 0);
+    auto mark = [&](const StepPlan& p, std::int64_t s) {
+      for (std::int64_t i = 0; i < p.global_batch; ++i)
+        ++seen[static_cast<std::size_t>(p.recordOf(s) + i)];
+    };
+    for (std::int64_t s = 0; s < k; ++s)
+      mark(before, s);
+    auto after = planOf(epoch_size, 128);
+    after.startAt(k, before.epochOf(k), before.recordOf(k), 2);
+    std::int64_t s = k;
+    for (; after.epochOf(s) == 0; ++s)
+      mark(after, s);
+    EXPECT_TRUE(after.epochEndsAt(s)) << k;
+    std::int64_t trained = 0;
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      ASSERT_LE(seen[i], 1) << "record position " << i << " trained twice, change at step " << k;
+      trained += seen[i];
+      if (seen[i] == 0) {
+        ASSERT_GE(static_cast<std::int64_t>(i), trained) << "a gap before the tail at " << i;
+      }
+    }
+    EXPECT_GT(trained, epoch_size - 128) << k;
+    EXPECT_EQ(after.recordOf(s), 0);
+    EXPECT_EQ(after.epochOf(s), 1);
+    EXPECT_EQ(after.last_step, s + epoch_size / 128);
+    // The learning-rate schedule sees the epoch's progress in the new batch's steps.
+    EXPECT_EQ(after.scheduleStep(s), after.steps_per_epoch);
+  }
+}
+
+TEST(ElasticBounds, ParseNumberOrMinMaxAndNameWhatIsWrong) {
+  EXPECT_EQ(parseNumWorkers("3").fixed, 3);
+  EXPECT_FALSE(parseNumWorkers("3").elastic());
+  const auto b = parseNumWorkers("2:4");
+  EXPECT_TRUE(b.elastic());
+  EXPECT_EQ(b.min, 2);
+  EXPECT_EQ(b.max, 4);
+  auto error = [](const char* text) {
+    try {
+      parseNumWorkers(text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error("4:2"), "num_workers 4:2: MIN 4 is more than MAX 2");
+  EXPECT_EQ(error("0:2"), "num_workers 0:2: MIN must be at least 1");
+  EXPECT_NE(error("two").find("num_workers 'two': expected a number of workers N, or MIN:MAX"),
+            std::string::npos);
+  EXPECT_NE(error("2:x").find("num_workers '2:x'"), std::string::npos);
+}
+
+class ElasticRendezvousTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<rendezvous::Store> client() {
+    return rendezvous::connectTcpStore("127.0.0.1", server_->port(), 5s);
+  }
+  Member member(const std::string& name, int old_rank, std::int64_t step) {
+    Member m;
+    m.name = name;
+    m.old_rank = old_rank;
+    m.step = step;
+    return m;
+  }
+  std::unique_ptr<rendezvous::TcpStoreServer> server_ =
+      rendezvous::startTcpStoreServer("127.0.0.1", 0);
+};
+
+// Two survivors (old ranks 1 and 0, one a step behind) and a newcomer: ranks keep the old order,
+// the newcomer comes last, and the state comes from the one with the most steps.
+TEST_F(ElasticRendezvousTest, SurvivorsKeepTheirOrderNewcomersComeLastTheNewestStateIsTheSource) {
+  const WorkerBounds bounds{0, 2, 4};
+  std::vector<Member> members = {member("a", 1, 41), member("b", 0, 42), member("c", -1, -1)};
+  std::vector<std::future<Generation>> joins;
+  for (const auto& m : members) {
+    joins.push_back(std::async(std::launch::async, [&, m] {
+      ElasticRendezvous r(client(), bounds, 10s);
+      return r.join(m);
+    }));
+  }
+  std::set<int> ranks;
+  for (auto& j : joins) {
+    const auto g = j.get();
+    ASSERT_EQ(g.world(), 3);
+    EXPECT_EQ(g.round, 0);
+    EXPECT_EQ(g.members[0].name, "b");
+    EXPECT_EQ(g.members[1].name, "a");
+    EXPECT_EQ(g.members[2].name, "c");
+    EXPECT_EQ(g.source, 0);
+    ranks.insert(g.rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+}
+
+// MAX 2: the round closes as the second comes; a third goes on to the next round, which the
+// running generation then sees waiting (if it has room).
+TEST_F(ElasticRendezvousTest, AWorkerPastMaxJoinsTheNextRoundWhichTheRunningOneSees) {
+  const WorkerBounds bounds{0, 1, 2};
+  auto first = std::async(std::launch::async, [&] {
+    return ElasticRendezvous(client(), bounds, 10s).join(member("a", -1, -1));
+  });
+  auto second = std::async(std::launch::async, [&] {
+    return ElasticRendezvous(client(), bounds, 10s).join(member("b", -1, -1));
+  });
+  EXPECT_EQ(first.get().world(), 2);
+  EXPECT_EQ(second.get().world(), 2);
+  ElasticRendezvous watcher(client(), bounds, 10s);
+  EXPECT_FALSE(watcher.joinerWaiting(0, 1));
+  auto third = std::async(std::launch::async, [&] {
+    return ElasticRendezvous(client(), bounds, 10s).join(member("c", -1, -1));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!watcher.joinerWaiting(0, 1) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(watcher.joinerWaiting(0, 1));
+  EXPECT_FALSE(watcher.joinerWaiting(0, 2)) << "a generation at MAX has no room";
+  const auto g = third.get();  // alone, MIN 1: it forms round 1 after the last call
+  EXPECT_EQ(g.round, 1);
+  EXPECT_EQ(g.world(), 1);
+}
+
+TEST_F(ElasticRendezvousTest, FewerThanMinEndTheWaitNamingTheRoundAndWhoCame) {
+  ElasticRendezvous r(client(), WorkerBounds{0, 2, 3}, 300ms);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    r.join(member("host:123", -1, -1));
+    FAIL() << "no error";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("elastic rendezvous round 0: 1 of at least 2 workers "
+                                   "(num_workers 2:3) came within 0.3 s (host:123); start more "
+                                   "workers, or lower MIN"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST_F(ElasticRendezvousTest, AWorkerThatComesAfterTheRunEndedIsToldSo) {
+  ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 10s).finishRun();
+  const auto g = ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 10s).join(member("z", -1, -1));
+  EXPECT_TRUE(g.run_over);
+}
+
+// A worker waiting for a round that never fills (the run has no room, then ends) is told the
+// run is over instead of waiting out its timeout.
+TEST_F(ElasticRendezvousTest, AWorkerWaitingWhenTheRunEndsIsToldSo) {
+  const auto start = std::chrono::steady_clock::now();
+  auto waiting = std::async(std::launch::async, [&] {
+    return ElasticRendezvous(client(), WorkerBounds{0, 2, 3}, 30s).join(member("late", -1, -1));
+  });
+  std::this_thread::sleep_for(200ms);
+  ElasticRendezvous(client(), WorkerBounds{0, 2, 3}, 30s).finishRun();
+  EXPECT_TRUE(waiting.get().run_over);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+}  // namespace
+}  // namespace troupe::actors

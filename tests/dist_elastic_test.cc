@@ -1,0 +1,183 @@
+// Elastic worlds with real processes (actors/elastic.h): `troupe launch --elastic MIN:MAX` and
+// `troupe train --num_workers MIN:MAX` started by hand, a worker killed mid-epoch, one joining.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "launch_util.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains;
+using testing::exitedWith;
+using testing::runCommand;
+using testing::slurp;
+using testing::sourceDir;
+using testing::TempDir;
+using testing::testData;
+using testing::troupeBinary;
+
+// Writes `body` as a bash script in `dir` and runs it there.
+testing::CommandResult runScript(const TempDir& dir, const std::string& body) {
+  const fs::path script = dir.path() / "script.sh";
+  std::ofstream(script) << "set -u\ncd " << dir.str() << "\nT=" << troupeBinary() << "\n" << body;
+  return runCommand("bash " + script.string());
+}
+
+std::string trainArgs(const std::string& schedule = "bsp-allreduce") {
+  return "--model lenet --train_data " + testData("lmdb") + "/train --test_data " +
+         testData("lmdb") + "/test --db_type lmdb --schedule " + schedule + " --threads 1";
+}
+
+// Waits (up to 60 s) until FILE holds a line matching PATTERN.
+const char* kWaitFor =
+    R"sh(wait_for() { for i in $(seq 3000); do grep -q "$2" "$1" && return 0; sleep 0.02; done; echo "never saw '$2' in $1"; cat "$1"; exit 1; }
+# The pid of the worker of rank $2 in generation line "generation G: worker R of W (host:pid, ...)".
+pid_of() { grep -o "generation 0: worker 0 of [0-9]* ([^)]*)" "$1" | head -1 | sed 's/.*(//; s/)//' | tr ',' '\n' | sed -n "$(($2 + 1))p" | cut -d: -f2; }
+)sh";
+
+// The issue's elastic run: 3 workers, one killed mid-epoch (the other two re-form from the
+// newest state in memory and re-split the epoch's rest), then a fourth started by hand joins
+// (every worker pauses between steps; the newcomer gets the state over the new links).
+TEST(ElasticTraining, KillOneOfThreeMidEpochThenAFourthJoinsAndNoRecordIsLostOrTrainedTwice) {
+  TempDir cwd("elastic_kill_join");
+  const std::string run_id = "elastic" + std::to_string(::getpid());
+  const std::string args = trainArgs() + " --num_epochs 6 --epoch_size 9600 --log_every 10";
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "echo elastic-test-secret-0123456789 > secret\n" +
+               "$T launch -n 3 --elastic 2:4 --run_id " + run_id +
+               " --secret-file secret -- troupe train " + args +
+               " > launch.out 2>&1 &\nL=$!\n"
+               // Mid-epoch: 20 of epoch 2's 50 steps are done.
+               "wait_for launch.out 'epoch 2 step 20/50'\n"
+               "P=$(pid_of launch.out 1)\nkill -9 $P\necho killed worker 1, pid $P\n"
+               "wait_for launch.out 'generation 1: worker 0 of 2'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "$T train " +
+               args + " --num_workers 2:4 --rendezvous $R --run_id " + run_id +
+               " --secret_file secret > fourth.out 2>&1\necho fourth exit $?\n"
+               "wait $L\necho launcher exit $?\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  const std::string fourth = slurp(cwd.path() / "fourth.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"killed worker 1", "fourth exit 0", "launcher exit 0"}))
+      << launch << "\n--- fourth:\n"
+      << fourth;
+  EXPECT_TRUE(testing::containsAll(
+      launch,
+      {"[launcher] worker 1 on localhost",
+       "was killed by signal 9 (Killed); elastic run: the "
+       "others go on without it",
+       "generation 0 lost a worker (lost the link to worker 1", "generation 1: worker 0 of 2",
+       "a worker waits to join", "generation 2: worker 0 of 3",
+       "[launcher] 2 of 3 process(es) exited 0; left out: worker 1 on localhost was killed by "
+       "signal 9"}));
+  // The kill landed part way through epoch 2.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      launch, m, std::regex(R"(generation 1: worker 0 of 2 .* \(epoch (\d+), (\d+) of its)")))
+      << launch;
+  EXPECT_EQ(m[1], "2");
+  EXPECT_GT(std::stoi(m[2]), 0) << "the kill came at an epoch's end";
+  // The newcomer went on from the others' state, handed over in memory.
+  ASSERT_TRUE(
+      std::regex_search(fourth, m, std::regex(R"(generation 2: worker 2 of 3 .*state from (\S+))")))
+      << fourth;
+  EXPECT_NE(m[1], "scratch");
+  // Every worker that finished holds bitwise the same parameters.
+  std::set<std::string> checksums;
+  const std::regex done(R"(elastic run done at step (\d+): parameters checksum ([0-9a-f]+))");
+  int finished = 0;
+  for (const auto* out : {&launch, &fourth}) {
+    for (auto it = std::sregex_iterator(out->begin(), out->end(), done);
+         it != std::sregex_iterator(); ++it, ++finished) {
+      checksums.insert((*it)[2]);
+    }
+  }
+  EXPECT_EQ(finished, 3) << launch << fourth;
+  EXPECT_EQ(checksums.size(), 1u) << launch << fourth;
+  // Each epoch trained its 9600 records once: all but a tail shorter than the global batch of
+  // its last generation (192 with 3 workers, 128 with 2), never one twice.
+  std::vector<fs::path> logs;
+  for (const auto& e : fs::directory_iterator(cwd.path())) {
+    if (e.path().extension() == ".log") logs.push_back(e.path());
+  }
+  ASSERT_EQ(logs.size(), 1u);
+  std::istringstream csv(slurp(logs[0]));
+  std::string line;
+  int epochs = 0;
+  while (std::getline(csv, line)) {
+    if (line.empty() || line[0] == '#' || line.rfind("time_spent", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');)
+      cells.push_back(cell);
+    ASSERT_GE(cells.size(), 11u) << line;
+    const long inputs = std::stol(cells[2]);
+    EXPECT_LE(inputs, 9600) << "epoch " << cells[7] << " trained a record twice: " << line;
+    EXPECT_GT(inputs, 9600 - 192) << "epoch " << cells[7] << " lost records: " << line;
+    ++epochs;
+  }
+  EXPECT_EQ(epochs, 6);
+  std::cout << "[ measured ] elastic run: test accuracy "
+            << launch.substr(launch.rfind("final test_accuracy ") + 20, 6) << "\n";
+}
+
+// A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the
+// bounds and who came; the launcher exits non-zero.
+TEST(ElasticTraining, FewerSurvivorsThanMinEndTheRunNamingTheRoundWithinTheTimeout) {
+  TempDir cwd("elastic_below_min");
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "$T launch -n 2 --elastic 2:3 -- troupe train " + trainArgs() +
+               " --num_epochs 50 --epoch_size 9600 --log_every 10 --rendezvous_timeout 3"
+               " > launch.out 2>&1 &\nL=$!\n"
+               "wait_for launch.out 'epoch 1 step 20/75'\n"
+               "kill -9 $(pid_of launch.out 1)\nSECONDS=0\nwait $L\n"
+               "echo launcher exit $? after $SECONDS s\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  EXPECT_TRUE(exitedWith(r, 0, {"launcher exit 1 after"})) << launch;
+  EXPECT_TRUE(testing::containsAll(
+      launch, {"elastic rendezvous round 1: 1 of at least 2 workers (num_workers 2:3) came within "
+               "3 s",
+               "no process finished the elastic run"}));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(after (\d+) s)")));
+  EXPECT_LE(std::stoi(m[1]), 10);
+}
+
+TEST(ElasticTraining, BadBoundsAreOneErrorNamingThem) {
+  TempDir cwd("elastic_bad");
+  const auto train = [&](const std::string& extra, const std::string& schedule = "bsp-allreduce") {
+    return runCommand("cd " + cwd.str() + " && " + troupeBinary() + " train " +
+                      trainArgs(schedule) + " --rendezvous tcp://127.0.0.1:1 --run_id bad " +
+                      extra);
+  };
+  EXPECT_TRUE(
+      exitedWith(train("--num_workers 4:2"), 1, {"num_workers 4:2: MIN 4 is more than MAX 2"}));
+  EXPECT_TRUE(exitedWith(train("--num_workers 2:4", "dist_sync"), 1,
+                         {"num_workers 2:4: an elastic run needs schedule bsp-allreduce (this one "
+                          "has 'dist_sync')"}));
+  EXPECT_TRUE(exitedWith(train("--num_workers 2:4 --resume auto"), 1,
+                         {"num_workers 2:4: an elastic run starts from scratch"}));
+  const auto launch = [&](const std::string& args) {
+    return runCommand("cd " + cwd.str() + " && " + troupeBinary() + " launch " + args + " -- true");
+  };
+  EXPECT_TRUE(
+      exitedWith(launch("-n 3 --elastic 4:2"), 1, {"num_workers 4:2: MIN 4 is more than MAX 2"}));
+  EXPECT_TRUE(exitedWith(launch("-n 5 --elastic 2:4"), 1,
+                         {"-n 5: an elastic run of --elastic 2:4 starts 2 to 4 workers"}));
+  EXPECT_TRUE(exitedWith(launch("-n 2 --elastic 2:4 --launcher mpi"), 1,
+                         {"--elastic works with --launcher local or ssh"}));
+}
+
+}  // namespace
+}  // namespace troupe
