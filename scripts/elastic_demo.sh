@@ -34,7 +34,7 @@ note "troupe launch -n 3 --elastic 2:4 --run_id elastic-demo --secret-file secre
 "$troupe" launch -n 3 --elastic 2:4 --run_id elastic-demo --secret-file secret -- troupe train \
   "${args[@]}" > launch.txt 2>&1 &
 launcher=$!
-wait_for launch.txt 'epoch 2 step 100/312'
+wait_for launch.txt 'epoch 2 step [0-9]*/312'
 # Rank 1's pid: the second name (host:pid) on a "generation 0: worker 0 of 3 (...)" line.
 victim=$(grep -o "generation 0: worker 0 of 3 ([^)]*)" launch.txt | head -1 | sed 's/.*(//; s/)//' |
   cut -d, -f2 | cut -d: -f2)
