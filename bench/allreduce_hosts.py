@@ -5,7 +5,7 @@ Two "hosts" from tests/hosts/hosts.sh (network namespaces on a bridge, each with
 /dev/shm and sshd; prefix --prefix, torn down at the end, also on an error or Ctrl-C), one rank
 per host, so every byte goes over TCP on the hosts' eth0. For each link rate (`hosts.sh shape I
 rate R` on both hosts' egress: tc tbf; "none" = unshaped veth) and each size, in --rounds rounds
-that take the three tools in turn:
+that take the tools in turn:
   troupe: `build/bin/troupe bench allreduce -n 2 --worker --interface eth0` started by hand on
           each host (TROUPE_RANK, TROUPE_NUM_WORKERS, TROUPE_RUN_ID, TROUPE_SECRET, and a file://
           rendezvous store in hosts.sh's shared folder); its default chunk copy (send-buffer:
@@ -15,6 +15,8 @@ that take the three tools in turn:
   mpi:    OpenMPI MPI_Allreduce, `mpirun --mca btl tcp,self --mca pml ob1 --bind-to none` on host
           0 with a hostfile of both hosts' addresses, its ssh agent logging in through the hosts'
           sshd (hosts.sh ssh-opts); the C program below is built with mpicc at run time.
+  tcp:    not an allreduce: the ceiling. The bytes a 2-rank allreduce sends (each rank S bytes to
+          the other while it receives S), over one TCP connection, not reduced (tcp_worker).
 All three: float32 sum, 1 MB = 1e6 bytes, --warmup untimed then --iters timed allreduces per
 size, each one after a barrier, sums checked; time = the slowest rank's mean over the timed
 iterations; busbw = size / time * 2(n-1)/n (= size / time at n = 2, which is the bytes each rank
@@ -28,7 +30,7 @@ host 0's process (its rank 0; mpi: mpirun with its local rank), from its rusage.
     apt-get install -y libopenmpi-dev                             # mpicc, mpirun (if missing)
     sudo python3 bench/allreduce_hosts.py [--rates none,1gbit,10gbit] [--sizes 1,25,100]
         [--iters 20] [--warmup 5] [--slow-iters 10] [--slow-warmup 3] [--rounds 3]
-        [--tools troupe,gloo,mpi] [--troupe-args="--copy alloc"] [--prefix bh]
+        [--tools troupe,gloo,mpi,tcp] [--troupe-args="--copy alloc"] [--prefix bh]
 (.venv-torch is made with torch==2.15.0 from PyPI if it lacks torch.)
 """
 import argparse
@@ -52,6 +54,7 @@ VENV_PY = os.path.join(VENV, "bin/python")
 TORCH_VERSION = "2.15.0"
 WORLD = 2
 TOOLS = ("troupe", "gloo", "mpi")
+CEILING = "tcp"  # not an allreduce: what the link carries, for the ratio troupe / ceiling
 
 # One MPI rank: the same convention as troupe's bench and the gloo worker. Rank 0 prints one line
 # per size: "MB COUNT MEAN_MS MIN_MS WRONG" (slowest rank's mean, fastest rank's fastest iteration).
@@ -121,6 +124,77 @@ def gloo_worker(rank, master, sizes_mb, warmup, iters):
                   f"{int(bad.item())}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+# --- the ceiling: the bytes of an allreduce, moved without reducing ---------------------------------
+
+def tcp_worker(rank, peer, sizes_mb, warmup, iters):
+    """At n = 2 a ring allreduce of S bytes sends S bytes each way (half in its reduce-scatter,
+    half in its all-gather) and adds S/2 bytes. Here each rank sends S bytes to the other while
+    it receives S bytes, over one TCP connection (TCP_NODELAY, Linux's buffer autotuning), with
+    no reduction and no copy but the kernel's: an upper bound for any allreduce on the link.
+    Timed as the allreduces: after a one-byte barrier, `warmup` untimed then `iters` timed;
+    rank 0 prints "MB COUNT MEAN_MS MIN_MS WRONG" (slowest rank's mean; WRONG counts exchanges
+    whose received bytes differ from what the peer sent)."""
+    import socket
+    import struct
+    import threading
+    host, port = peer.rsplit(":", 1)
+    if rank == 0:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", int(port)))
+        server.listen(1)
+        conn, _ = server.accept()
+    else:
+        deadline = time.time() + 60
+        while True:
+            try:
+                conn = socket.create_connection((host, int(port)))
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.05)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def recv_exactly(view):
+        got = 0
+        while got < len(view):
+            n = conn.recv_into(view[got:], min(len(view) - got, 1 << 22))
+            if n == 0:
+                raise ConnectionError("the peer closed the connection")
+            got += n
+
+    one = bytearray(1)
+    for mb in sizes_mb:
+        size = max(4, round(mb * 1e6 / 4) * 4)
+        mine = bytes((rank + 1 + i) % 251 for i in range(251)) * (size // 251 + 1)
+        mine = memoryview(mine)[:size]
+        theirs_expected = bytes((2 - rank + i) % 251 for i in range(251)) * (size // 251 + 1)
+        buf = bytearray(size)
+        times, wrong = [], 0
+        for it in range(warmup + iters):
+            conn.sendall(b"b")
+            recv_exactly(memoryview(one))
+            start = time.perf_counter()
+            sender = threading.Thread(target=conn.sendall, args=(mine,))
+            sender.start()
+            recv_exactly(memoryview(buf))
+            sender.join()
+            elapsed = time.perf_counter() - start
+            if it >= warmup:
+                times.append(elapsed)
+            wrong += buf != theirs_expected[:size]
+        mean, fastest = sum(times) / len(times), min(times)
+        conn.sendall(struct.pack("!ddq", mean, fastest, wrong))
+        other = bytearray(24)
+        recv_exactly(memoryview(other))
+        o_mean, o_fastest, o_wrong = struct.unpack("!ddq", other)
+        if rank == 0:
+            print(f"{mb:g} {size // 4} {max(mean, o_mean) * 1e3:.6f} "
+                  f"{min(fastest, o_fastest) * 1e3:.6f} {wrong + o_wrong}", flush=True)
+    conn.close()
 
 
 # --- the two hosts -------------------------------------------------------------------------------
@@ -345,10 +419,24 @@ class Bench:
         with open(p.log) as f:
             return parse_rows(f.read(), self.a.sizes_mb, "mpi")
 
+    def run_tcp(self, warmup, iters, timeout):
+        d = self.workdir("tcp")
+        peer = f"{self.hosts.addr[0]}:{29500 + self.counter % 1000}"
+        procs = [self.hosts.start(r, {}, [sys.executable, os.path.abspath(__file__),
+                                          "--tcp-worker", str(r), peer, "--sizes", self.sizes_arg,
+                                          "--warmup", str(warmup), "--iters", str(iters)],
+                                  f"{d}/rank{r}.log")
+                 for r in range(WORLD)]  # rank 0 listens first
+        wait_all(procs, timeout, "tcp")
+        self.host0 = procs[0]
+        with open(procs[0].log) as f:
+            return parse_rows(f.read(), self.a.sizes_mb, "tcp")
+
     def run(self, tool, rate_bps, warmup, iters):
         """{mb: (busbw, best)} and (the machine's CPUs' busy fraction while it ran, host 0's
         process's CPU seconds per second), or None, None on a failure."""
-        fn = {"troupe": self.run_troupe, "gloo": self.run_gloo, "mpi": self.run_mpi}[tool]
+        fn = {"troupe": self.run_troupe, "gloo": self.run_gloo, "mpi": self.run_mpi,
+              CEILING: self.run_tcp}[tool]
         t0, i0 = cpu_times()
         try:
             rows = fn(warmup, iters, self.timeout(rate_bps, warmup, iters))
@@ -411,20 +499,24 @@ def main():
     p.add_argument("--slow-iters", type=int, default=10, help="--iters for rates below 2 Gbit/s")
     p.add_argument("--slow-warmup", type=int, default=3, help="--warmup for rates below 2 Gbit/s")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each running every tool once")
-    p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--tools", default=",".join(TOOLS + (CEILING,)))
     p.add_argument("--troupe-args", default="", help="more flags for troupe bench allreduce")
     p.add_argument("--prefix", default="bh", help="hosts.sh prefix of this run's hosts")
     p.add_argument("--subnet", default="10.79.0", help="hosts.sh subnet A.B.C")
     p.add_argument("--gloo-worker", nargs=2, metavar=("RANK", "MASTER"), help=argparse.SUPPRESS)
+    p.add_argument("--tcp-worker", nargs=2, metavar=("RANK", "PEER"), help=argparse.SUPPRESS)
     a = p.parse_args()
     a.sizes_mb = [float(s) for s in a.sizes.split(",")]
     if a.gloo_worker:
         gloo_worker(int(a.gloo_worker[0]), a.gloo_worker[1], a.sizes_mb, a.warmup, a.iters)
         return 0
+    if a.tcp_worker:
+        tcp_worker(int(a.tcp_worker[0]), a.tcp_worker[1], a.sizes_mb, a.warmup, a.iters)
+        return 0
     a.troupe_extra = shlex.split(a.troupe_args)
     tools = a.tools.split(",")
-    if any(t not in TOOLS for t in tools):
-        sys.exit(f"--tools: want some of {','.join(TOOLS)}")
+    if any(t not in TOOLS + (CEILING,) for t in tools):
+        sys.exit(f"--tools: want some of {','.join(TOOLS + (CEILING,))}")
     rates = a.rates.split(",")
     line = {r: rate_bps(r) for r in rates}
 
@@ -498,20 +590,24 @@ def main():
           f"iterations, [min-max] over rounds; ratios of the medians; line = troupe's busbw / the "
           f"line rate's (rate/8; busbw = bytes each rank sends one way at n = 2)")
     w = 21
-    print(f"{'rate':>7} {'MB':>5} {'troupe':>{w}} {'gloo':>{w}} {'mpi':>{w}} {'t/gloo':>7} "
-          f"{'t/mpi':>6} {'t/line':>7}")
+    print(f"# tcp: not an allreduce but its bytes moved without reducing, each rank sending and "
+          f"receiving S at once (tcp_worker): the link's ceiling for an allreduce; t/tcp = troupe "
+          f"/ that ceiling")
+    print(f"{'rate':>7} {'MB':>5} {'troupe':>{w}} {'gloo':>{w}} {'mpi':>{w}} {'tcp':>{w}} "
+          f"{'t/gloo':>7} {'t/mpi':>6} {'t/tcp':>6} {'t/line':>7}")
     for rate in rates:
         for mb in a.sizes_mb:
-            t, g, m = (get(rate, tool, mb) for tool in TOOLS)
+            t, g, m, c = (get(rate, tool, mb) for tool in TOOLS + (CEILING,))
             frac = f"{med(t) / (line[rate] / 1e9):.0%}" if line[rate] and t else "-"
             print(f"{rate:>7} {mb:>5g} {cell(t):>{w}} {cell(g):>{w}} {cell(m):>{w}} "
-                  f"{ratio(med(t), med(g)):>7} {ratio(med(t), med(m)):>6} {frac:>7}")
+                  f"{cell(c):>{w}} {ratio(med(t), med(g)):>7} {ratio(med(t), med(m)):>6} "
+                  f"{ratio(med(t), med(c)):>6} {frac:>7}")
     print("\n# busbw of the fastest iteration, GB/s (median over rounds)")
-    print(f"{'rate':>7} {'MB':>5} {'troupe':>8} {'gloo':>8} {'mpi':>8}")
+    print(f"{'rate':>7} {'MB':>5} {'troupe':>8} {'gloo':>8} {'mpi':>8} {'tcp':>8}")
     for rate in rates:
         for mb in a.sizes_mb:
             print(f"{rate:>7} {mb:>5g} " + " ".join(
-                f"{med(get(rate, tool, mb, 1)):>8.3f}" for tool in TOOLS))
+                f"{med(get(rate, tool, mb, 1)):>8.3f}" for tool in TOOLS + (CEILING,)))
     print(f"\n# CPU, % (median [min-max] over rounds) over each tool's whole run (all sizes, "
           f"start-up and warm-up included): 'machine' = all {os.cpu_count()} CPUs busy (other "
           f"sessions' work included); 'host0' = host 0's process (troupe's or gloo's rank 0; "
