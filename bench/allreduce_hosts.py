@@ -15,8 +15,8 @@ that take the tools in turn:
   mpi:    OpenMPI MPI_Allreduce, `mpirun --mca btl tcp,self --mca pml ob1 --bind-to none` on host
           0 with a hostfile of both hosts' addresses, its ssh agent logging in through the hosts'
           sshd (hosts.sh ssh-opts); the C program below is built with mpicc at run time.
-  tcp:    not an allreduce: the ceiling. The bytes a 2-rank allreduce sends (each rank S bytes to
-          the other while it receives S), over one TCP connection, not reduced (tcp_worker).
+  tcp:    not an allreduce: the reference. The bytes a 2-rank allreduce sends (each rank S bytes to
+          the other while it receives S), over one plain TCP connection, not reduced (tcp_worker).
 All three: float32 sum, 1 MB = 1e6 bytes, --warmup untimed then --iters timed allreduces per
 size, each one after a barrier, sums checked; time = the slowest rank's mean over the timed
 iterations; busbw = size / time * 2(n-1)/n (= size / time at n = 2, which is the bytes each rank
@@ -54,7 +54,7 @@ VENV_PY = os.path.join(VENV, "bin/python")
 TORCH_VERSION = "2.15.0"
 WORLD = 2
 TOOLS = ("troupe", "gloo", "mpi")
-CEILING = "tcp"  # not an allreduce: what the link carries, for the ratio troupe / ceiling
+CEILING = "tcp"  # not an allreduce: the bytes of one over a plain socket, for troupe / that
 
 # One MPI rank: the same convention as troupe's bench and the gloo worker. Rank 0 prints one line
 # per size: "MB COUNT MEAN_MS MIN_MS WRONG" (slowest rank's mean, fastest rank's fastest iteration).
@@ -132,7 +132,9 @@ def tcp_worker(rank, peer, sizes_mb, warmup, iters):
     """At n = 2 a ring allreduce of S bytes sends S bytes each way (half in its reduce-scatter,
     half in its all-gather) and adds S/2 bytes. Here each rank sends S bytes to the other while
     it receives S bytes, over one TCP connection (TCP_NODELAY, Linux's buffer autotuning), with
-    no reduction and no copy but the kernel's: an upper bound for any allreduce on the link.
+    no reduction and no copy but the kernel's: what a plain socket carries of an allreduce's bytes
+    on the link, the reference for troupe's path (not a hard bound: a tuned path can beat
+    Python's one connection by a little).
     Timed as the allreduces: after a one-byte barrier, `warmup` untimed then `iters` timed;
     rank 0 prints "MB COUNT MEAN_MS MIN_MS WRONG" (slowest rank's mean; WRONG counts exchanges
     whose received bytes differ from what the peer sent)."""
@@ -591,8 +593,7 @@ def main():
           f"line rate's (rate/8; busbw = bytes each rank sends one way at n = 2)")
     w = 21
     print(f"# tcp: not an allreduce but its bytes moved without reducing, each rank sending and "
-          f"receiving S at once (tcp_worker): the link's ceiling for an allreduce; t/tcp = troupe "
-          f"/ that ceiling")
+          f"receiving S at once over one plain connection (tcp_worker); t/tcp = troupe / that")
     print(f"{'rate':>7} {'MB':>5} {'troupe':>{w}} {'gloo':>{w}} {'mpi':>{w}} {'tcp':>{w}} "
           f"{'t/gloo':>7} {'t/mpi':>6} {'t/tcp':>6} {'t/line':>7}")
     for rate in rates:
