@@ -13,5 +13,8 @@ void addTrainCommand(CLI::App& app);
 void addInfoCommand(CLI::App& app);
 void addLaunchCommand(CLI::App& app);
 void addBenchCommand(CLI::App& app);
+void addReportCommand(CLI::App& app);
+void addPlotCommand(CLI::App& app);
+void addDocsCommand(CLI::App& app);
 
 }  // namespace troupe::apps

@@ -22,9 +22,10 @@
 #include <type_traits>
 #include <variant>
 
-#include "actors/worker_bounds.h"
 #include "actors/run_id.h"
+#include "actors/worker_bounds.h"
 #include "apps/cluster_env.h"
+#include "apps/suggest.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -376,6 +377,45 @@ std::string knownKeys() {
   return out;
 }
 
+std::vector<std::string> keyNames() {
+  std::vector<std::string> names;
+  for (const auto& k : keys())
+    names.emplace_back(k.name);
+  return names;
+}
+
+// ": did you mean 'batch_size'?" for a misspelt key in a file, or "" when no key is near.
+std::string didYouMeanKey(std::string_view name) {
+  auto names = keyNames();
+  names.emplace_back("layers");
+  const auto nearest = nearestName(name, names);
+  return nearest ? fmt::format(": did you mean '{}'?", *nearest) : "";
+}
+
+// ": did you mean --batch_size?" for a misspelt flag, or "" when no key is near.
+std::string didYouMeanFlag(std::string_view name) {
+  const auto nearest = nearestName(name, keyNames());
+  return nearest ? fmt::format(": did you mean --{}?", *nearest) : "";
+}
+
+// What a run has before its file, variables and flags.
+TrainOptions defaultOptions() {
+  TrainOptions o;
+  o.model.name = "lenet";
+  return o;
+}
+
+// What `troupe launch` tells each process (MXNet's DMLC_* in troupe's names).
+constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
+    {"TROUPE_NUM_WORKERS", "num_shards"},
+    {"TROUPE_RANK", "shard_id"},
+    {"TROUPE_ROLE", "role"},
+    {"TROUPE_NUM_SERVERS", "num_servers"},
+    {"TROUPE_RUN_ID", "run_id"},
+    {"TROUPE_GENERATION", "generation"},
+    {"TROUPE_RENDEZVOUS", "rendezvous"},
+    {"TROUPE_INTERFACE", "interface"}};
+
 // MXNet's kvstore names map onto schedules; "kv_store" is accepted as a key alias too.
 std::string canonicalSchedule(const std::string& s) {
   if (s == "dist_device_sync") return "dist_sync";
@@ -685,6 +725,8 @@ const std::vector<ConfigKey>& configKeys() {
       c.name = k.name;
       c.kind = kindName(k.kind);
       c.help = k.help;
+      c.summary = k.help;
+      c.default_value = k.get(defaultOptions());
       if (k.kind == Kind::kInt || k.kind == Kind::kFloat || k.kind == Kind::kFloatList) {
         c.help += fmt::format(" ({})", accepted(k));
         c.range = k.range.text();
@@ -702,6 +744,12 @@ const std::vector<ConfigKey>& configKeys() {
     }
     return v;
   }();
+  return out;
+}
+
+const std::vector<std::pair<std::string, std::string>>& launcherVariables() {
+  static const std::vector<std::pair<std::string, std::string>> out(std::begin(kLauncherVariables),
+                                                                    std::end(kLauncherVariables));
   return out;
 }
 
@@ -724,8 +772,7 @@ void addConfigOptions(CLI::App& command, Overrides* overrides) {
 }
 
 actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& overrides) {
-  TrainOptions o;
-  o.model.name = "lenet";
+  TrainOptions o = defaultOptions();
   if (!file.empty()) {
     const std::string text = readConfigFile(file);
     checkNonAscii(file, text);
@@ -753,27 +800,18 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
       }
       const Key* def = findKey(key == "kv_store" ? "schedule" : key);
       if (!def) {
-        throw InputError(
-            fmt::format("{}: unknown key '{}' (known: {}, layers)", file, key, knownKeys()));
+        throw InputError(fmt::format("unknown key '{}' in {}{} (known: {}, layers)", key, file,
+                                     didYouMeanKey(key), knownKeys()));
       }
       assign(o, *def, fromToml(file, *def, node), fmt::format("{}: key '{}'", file, key));
     }
     if (!o.model.layers.empty() && !table.contains("model")) o.model.name.clear();
   }
-  // What `troupe launch` tells each process (MXNet's DMLC_* in troupe's names).
   auto env = [](const char* name) -> std::optional<std::string> {
     const char* v = std::getenv(name);
     return v && *v ? std::optional<std::string>(v) : std::nullopt;
   };
-  const std::pair<const char*, const char*> from_env[] = {{"TROUPE_NUM_WORKERS", "num_shards"},
-                                                          {"TROUPE_RANK", "shard_id"},
-                                                          {"TROUPE_ROLE", "role"},
-                                                          {"TROUPE_NUM_SERVERS", "num_servers"},
-                                                          {"TROUPE_RUN_ID", "run_id"},
-                                                          {"TROUPE_GENERATION", "generation"},
-                                                          {"TROUPE_RENDEZVOUS", "rendezvous"},
-                                                          {"TROUPE_INTERFACE", "interface"}};
-  for (auto [var, key] : from_env) {
+  for (auto [var, key] : kLauncherVariables) {
     // `troupe launch --elastic MIN:MAX` says TROUPE_NUM_WORKERS=MIN:MAX.
     if (auto v = env(var);
         v && key == std::string_view("num_shards") && v->find(':') != std::string::npos) {
@@ -794,7 +832,10 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
   }
   for (const auto& [name, text] : overrides) {
     const Key* def = findKey(name);
-    if (!def) throw InputError(fmt::format("unknown flag --{} (known: {})", name, knownKeys()));
+    if (!def) {
+      throw InputError(
+          fmt::format("unknown flag --{}{} (known: {})", name, didYouMeanFlag(name), knownKeys()));
+    }
     assign(o, *def, fromText(*def, text), "--" + name);
   }
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
@@ -805,7 +846,7 @@ actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& 
     if (const auto it = overrides.find(std::string(key)); it != overrides.end()) {
       return fmt::format("--{} {}", key, it->second);
     }
-    for (const auto& [var, k] : from_env) {
+    for (const auto& [var, k] : kLauncherVariables) {
       if (auto v = env(var); v && key == k) return fmt::format("{}={}", var, *v);
     }
     return std::nullopt;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/trainer.h"
@@ -22,8 +23,10 @@ namespace troupe::apps {
 // Every key, for --help and for error messages.
 struct ConfigKey {
   std::string name;
-  std::string kind;  // "integer", "number", "boolean", "string", "list of numbers"
-  std::string help;  // ends with the accepted values of a numeric key: "(an integer in [1, 64])"
+  std::string kind;     // "integer", "number", "boolean", "string", "list of numbers"
+  std::string help;     // ends with the accepted values of a numeric key: "(an integer in [1, 64])"
+  std::string summary;  // the help without those values
+  std::string default_value;  // as a run with no file, flag or variable has it
   // A numeric key's values (each element of a list): finite, from min to max, an open end
   // excluding its bound; `range` writes them as "[1, 64]" or "[0, 1)". Other keys: empty range,
   // infinite bounds.
@@ -34,6 +37,14 @@ struct ConfigKey {
   bool max_open = false;
 };
 const std::vector<ConfigKey>& configKeys();
+
+// The variables `troupe launch` (any launcher) sets, each with the key it gives a value:
+// {"TROUPE_RANK", "shard_id"} ... TROUPE_NUM_WORKERS=MIN:MAX gives num_workers instead.
+const std::vector<std::pair<std::string, std::string>>& launcherVariables();
+
+// docs/config.md: every key (type, accepted values, default, help) in Markdown, after a short
+// introduction to config files, flags and environment variables. `troupe docs config` prints it.
+std::string configReferenceMarkdown();
 
 // Values given on the command line, by key, as text.
 using Overrides = std::map<std::string, std::string>;

@@ -13,8 +13,8 @@
 #include <memory>
 #include <random>
 
-#include "actors/worker_bounds.h"
 #include "actors/run_id.h"
+#include "actors/worker_bounds.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_slurm.h"
 #include "apps/launcher_ssh.h"

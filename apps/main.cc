@@ -11,6 +11,8 @@
 #include <memory>
 
 #include "apps/commands.h"
+#include "apps/log_level.h"
+#include "apps/suggest.h"
 #include "kernels/cpu/isa.h"
 #include "troupe/error.h"
 
@@ -50,9 +52,19 @@ int main(int argc, char** argv) {
   troupe::apps::addLaunchCommand(app);
   troupe::apps::addInfoCommand(app);
   troupe::apps::addBenchCommand(app);
+  troupe::apps::addReportCommand(app);
+  troupe::apps::addPlotCommand(app);
+  troupe::apps::addDocsCommand(app);
+  troupe::apps::addLogLevelOptions(app);  // after the subcommands: each passes them up
   try {
     troupe::kernels::cpu::cpuIsa();  // a bad TROUPE_MAX_CPU_ISA is refused before any work
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    if (const auto message = troupe::apps::unknownFlagMessage(app)) {
+      spdlog::error("{}", *message);
+      return 1;
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const troupe::Error& e) {

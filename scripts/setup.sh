@@ -13,7 +13,7 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   libhiredis-dev redis-server libssl-dev
   openssh-client openssh-server rsync openmpi-bin iproute2 util-linux python3 slurm-wlm munge
-  libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev
+  libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev libcairo2-dev fonts-dejavu-core
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist

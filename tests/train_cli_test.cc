@@ -134,14 +134,15 @@ TEST(TrainCommand, AnUnknownDbTypeIsRefused) {
 
 TEST(TrainCommand, AnUnknownFlagIsRefused) {
   TempDir cwd("err_flag");
-  expectError(train(cwd, "--batch_sise 3"), "batch_sise");
+  expectError(train(cwd, "--batch_sise 3"),
+              "unknown flag --batch_sise of troupe train: did you mean --batch_size?");
 }
 
 TEST(TrainCommand, AnUnknownConfigKeyNamesFileAndKey) {
   TempDir cwd("err_key");
   std::ofstream(cwd.path() / "bad.toml") << "modle = \"lenet\"\n";
   const auto r = train(cwd, "bad.toml");
-  expectError(r, "bad.toml: unknown key 'modle'");
+  expectError(r, "unknown key 'modle' in bad.toml: did you mean 'model'? (known: model, ");
 }
 
 TEST(TrainCommand, AConfigValueOfTheWrongTypeNamesTheKey) {

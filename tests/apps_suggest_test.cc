@@ -1,0 +1,183 @@
+// "Did you mean ...?": the edit distance, the nearest name, and the messages for a misspelt config
+// key, flag (loadTrainOptions and CLI11's path through the binary) and log level.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/config.h"
+#include "apps/log_level.h"
+#include "apps/suggest.h"
+#include "cli_util.h"
+#include "troupe/error.h"
+
+namespace troupe::apps {
+namespace {
+
+using testing::runCommand;
+using testing::sourceDir;
+using testing::TempDir;
+using testing::troupeBinary;
+
+bool startsWith(const std::string& text, const std::string& start) {
+  return text.rfind(start, 0) == 0;
+}
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string errorOf(const std::string& file, const Overrides& overrides = {}) {
+  try {
+    loadTrainOptions(file, overrides);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(EditDistance, CountsInsertionsDeletionsAndReplacements) {
+  EXPECT_EQ(editDistance("bach_size", "batch_size"), 1u);
+  EXPECT_EQ(editDistance("batch_sizes", "batch_size"), 1u);
+  EXPECT_EQ(editDistance("batch_sise", "batch_size"), 1u);
+  EXPECT_EQ(editDistance("kitten", "sitting"), 3u);
+  EXPECT_EQ(editDistance("", "abc"), 3u);
+  EXPECT_EQ(editDistance("abc", ""), 3u);
+  EXPECT_EQ(editDistance("same", "same"), 0u);
+}
+
+TEST(EditDistance, CountsASwapOfAdjacentLettersAsOneEdit) {
+  EXPECT_EQ(editDistance("modle", "model"), 1u);
+  EXPECT_EQ(editDistance("ab", "ba"), 1u);
+  // Optimal string alignment: "ca" -> "ac" -> "abc" edits the swapped pair again, so 3, not 2.
+  EXPECT_EQ(editDistance("ca", "abc"), 3u);
+}
+
+TEST(EditDistance, IgnoresCaseAndDashesAgainstUnderscores) {
+  EXPECT_EQ(editDistance("Skip-Bad-Records", "skip_bad_records"), 0u);
+  EXPECT_EQ(editDistance("LOG-LEVEL", "log_level"), 0u);
+}
+
+TEST(NearestName, OffersTheNearestCandidateWithinAThirdOfTheNamesLength) {
+  const std::vector<std::string> names{"epoch_size", "batch_size", "num_epochs"};
+  EXPECT_EQ(nearestName("bach_size", names), "batch_size");
+  EXPECT_EQ(nearestName("num_epoch", names), "num_epochs");
+  // 10 characters: up to 3 edits are offered, 4 are not.
+  EXPECT_EQ(nearestName("bxxxh_size", {"batch_size"}), "batch_size");
+  EXPECT_EQ(nearestName("xxxxh_size", {"batch_size"}), std::nullopt);
+}
+
+TEST(NearestName, OffersOneEditEvenForAShortName) {
+  EXPECT_EQ(nearestName("lr", {"lx", "model"}), "lx");
+  EXPECT_EQ(nearestName("lr", {"model"}), std::nullopt);
+}
+
+TEST(NearestName, OffersNothingWhenNoCandidateIsNear) {
+  EXPECT_EQ(nearestName("zzzzzz", {"batch_size", "model", "seed"}), std::nullopt);
+  EXPECT_EQ(nearestName("anything", {}), std::nullopt);
+}
+
+TEST(NearestName, TakesTheFirstOfEquallyNearCandidates) {
+  EXPECT_EQ(nearestName("seex", {"seed", "seen"}), "seed");
+  EXPECT_EQ(nearestName("seex", {"seen", "seed"}), "seen");
+}
+
+TEST(ConfigSuggestion, AMisspeltKeyInAFileNamesTheFileAndTheNearestKeyThenListsTheKeys) {
+  TempDir dir("suggest_key");
+  const std::string file = dir.str() + "/bad.toml";
+  std::ofstream(file) << "bach_size = 3\n";
+  const auto what = errorOf(file);
+  EXPECT_TRUE(startsWith(what, "unknown key 'bach_size' in " + file +
+                                   ": did you mean 'batch_size'? (known: model, train_data, "))
+      << what;
+  EXPECT_TRUE(contains(what, ", trace, layers)")) << what;
+}
+
+TEST(ConfigSuggestion, AMisspeltLayersTableSuggestsLayers) {
+  TempDir dir("suggest_layers");
+  const std::string file = dir.str() + "/bad.toml";
+  std::ofstream(file) << "[[layer]]\ntype = \"relu\"\n";
+  EXPECT_TRUE(
+      contains(errorOf(file), "unknown key 'layer' in " + file + ": did you mean 'layers'?"))
+      << errorOf(file);
+}
+
+TEST(ConfigSuggestion, AKeyFarFromEveryKnownOneGetsNoSuggestion) {
+  TempDir dir("suggest_none");
+  const std::string file = dir.str() + "/bad.toml";
+  std::ofstream(file) << "zzzzzz = 1\n";
+  const auto what = errorOf(file);
+  EXPECT_TRUE(startsWith(what, "unknown key 'zzzzzz' in " + file + " (known: model, ")) << what;
+  EXPECT_FALSE(contains(what, "did you mean")) << what;
+}
+
+TEST(ConfigSuggestion, AMisspeltOverrideNamesTheNearestFlag) {
+  const auto what = errorOf("", {{"Base-Learning-Rat", "0.1"}});
+  EXPECT_TRUE(startsWith(what,
+                         "unknown flag --Base-Learning-Rat: did you mean --base_learning_rate? "
+                         "(known: model, "))
+      << what;
+}
+
+TEST(CliSuggestion, AMisspeltTrainFlagExitsOneNamingTheNearestFlag) {
+  const auto r =
+      runCommand(troupeBinary() + " train " + sourceDir() + "/configs/lenet.toml --bach_size 3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "[error] unknown flag --bach_size of troupe train: did you mean "
+                       "--batch_size? (known: --help, --model, --train_data, "))
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+}
+
+TEST(CliSuggestion, AMisspeltFlagWithItsValueAfterAnEqualsSignIsNamedWithoutTheValue) {
+  const auto r = runCommand(troupeBinary() + " train --num_epoch=3");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "unknown flag --num_epoch of troupe train: did you mean "
+                       "--num_epochs?"))
+      << r.output;
+}
+
+TEST(CliSuggestion, EveryCommandSuggestsAmongItsOwnFlags) {
+  const auto r = runCommand(troupeBinary() + " launch -n 2 --launchr ssh -- true");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(
+      contains(r.output, "unknown flag --launchr of troupe launch: did you mean --launcher?"))
+      << r.output;
+}
+
+TEST(CliSuggestion, AFlagFarFromEveryKnownOneIsNamedWithoutASuggestion) {
+  const auto r = runCommand(troupeBinary() + " info --zzzzzzzz");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "unknown flag --zzzzzzzz of troupe info (known: --help, "))
+      << r.output;
+}
+
+TEST(CliSuggestion, AStrayPositionalArgumentKeepsCli11sMessage) {
+  const auto r = runCommand(troupeBinary() + " info extra");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "The following argument was not expected: extra")) << r.output;
+}
+
+TEST(ParseLogLevel, EveryLevelIsKnownByNameInAnyCase) {
+  EXPECT_EQ(parseLogLevel("trace", "--log-level"), spdlog::level::trace);
+  EXPECT_EQ(parseLogLevel("WARN", "--log-level"), spdlog::level::warn);
+  EXPECT_EQ(parseLogLevel("error", "--log-level"), spdlog::level::err);
+  EXPECT_EQ(parseLogLevel("off", "--log-level"), spdlog::level::off);
+}
+
+TEST(ParseLogLevel, AnUnknownLevelNamesWhereItCameFromAndListsTheLevels) {
+  try {
+    parseLogLevel("wran", "TROUPE_LOG_LEVEL");
+    FAIL() << "'wran' was accepted";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(),
+                 "TROUPE_LOG_LEVEL: unknown log level 'wran': did you mean 'warn'? (valid: "
+                 "trace, debug, info, warn, error, critical, off)");
+  }
+}
+
+}  // namespace
+}  // namespace troupe::apps
