@@ -1,18 +1,8 @@
-// Training configuration: a TOML file of flat keys (plus [[layers]] for a custom model), any key
-// overridable on the command line as --key VALUE. The keys are Caffe2's trainer flags where Caffe2
-// has one (--train_data, --batch_size, --base_learning_rate ...), and troupe's own otherwise.
-// Unknown keys, values of the wrong type and numbers out of their key's range are InputErrors
-// naming the key and where the value came from (FILE: key 'k', --k, or VAR=VALUE). A config file
-// must be a regular file of at most 1 MiB.
+// The command line's side of a run's configuration (actors/train_config.h): every config key as a
+// --key VALUE option of a subcommand, which wins over the config file and the environment.
 #pragma once
 
-#include <limits>
-#include <map>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "actors/trainer.h"
+#include "actors/train_config.h"
 
 namespace CLI {
 class App;
@@ -20,47 +10,9 @@ class App;
 
 namespace troupe::apps {
 
-// Every key, for --help and for error messages.
-struct ConfigKey {
-  std::string name;
-  std::string kind;     // "integer", "number", "boolean", "string", "list of numbers"
-  std::string help;     // ends with the accepted values of a numeric key: "(an integer in [1, 64])"
-  std::string summary;  // the help without those values
-  std::string default_value;  // as a run with no file, flag or variable has it
-  // A numeric key's values (each element of a list): finite, from min to max, an open end
-  // excluding its bound; `range` writes them as "[1, 64]" or "[0, 1)". Other keys: empty range,
-  // infinite bounds.
-  std::string range;
-  double min = -std::numeric_limits<double>::infinity();
-  double max = std::numeric_limits<double>::infinity();
-  bool min_open = false;
-  bool max_open = false;
-};
-const std::vector<ConfigKey>& configKeys();
-
-// The variables `troupe launch` (any launcher) sets, each with the key it gives a value:
-// {"TROUPE_RANK", "shard_id"} ... TROUPE_NUM_WORKERS=MIN:MAX gives num_workers instead.
-const std::vector<std::pair<std::string, std::string>>& launcherVariables();
-
-// docs/config.md: every key (type, accepted values, default, help) in Markdown, after a short
-// introduction to config files, flags and environment variables. `troupe docs config` prints it.
-std::string configReferenceMarkdown();
-
-// Values given on the command line, by key, as text.
-using Overrides = std::map<std::string, std::string>;
-
-// Adds --key options for every config key to a subcommand; given ones land in *overrides.
-void addConfigOptions(CLI::App& command, Overrides* overrides);
-
-// defaults <- file (if not empty) <- the cluster's variables <- troupe launch's TROUPE_* variables
-// <- overrides, every value checked against its key's range as it is set: flag > TROUPE_* >
-// cluster variables > config file. Any launcher (local, ssh, mpi, slurm) sets TROUPE_*, and a
-// process with TROUPE_ROLE or TROUPE_RANK reads no cluster variables. One started without a
-// launcher takes its place from the engine that started it (apps/cluster_env.h): Slurm's
-// SLURM_PROCID, SLURM_NTASKS and node list (task 0 serves the store on the first node; that run id
-// and rendezvous only where the file gives none), a Kubernetes Indexed Job's JOB_COMPLETION_INDEX,
-// or Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE. InputError for a bad value, naming
-// where it came from.
-actors::TrainOptions loadTrainOptions(const std::string& file, const Overrides& overrides);
+// Adds --key options for every config key to a subcommand (a boolean's value optional; also
+// --kv_store and --kv-store for schedule, --secret-file, --skip-bad-records); given ones land in
+// *overrides, for actors::loadTrainOptions.
+void addConfigOptions(CLI::App& command, actors::ConfigOverrides* overrides);
 
 }  // namespace troupe::apps

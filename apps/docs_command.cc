@@ -2,8 +2,8 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
+#include "actors/train_config.h"
 #include "apps/commands.h"
-#include "apps/config.h"
 
 namespace troupe::apps {
 
@@ -11,7 +11,7 @@ void addDocsCommand(CLI::App& app) {
   auto* docs = app.add_subcommand("docs", "Print troupe's reference documents, made from the code");
   docs->require_subcommand(1);
   docs->add_subcommand("config", "Every troupe train config key, in Markdown (docs/config.md)")
-      ->callback([] { fmt::print("{}", configReferenceMarkdown()); });
+      ->callback([] { fmt::print("{}", actors::configReferenceMarkdown()); });
 }
 
 }  // namespace troupe::apps

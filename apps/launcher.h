@@ -68,7 +68,8 @@
 //    (which cancels its step), after the grace period `scancel --signal=KILL --full JOB.STEP`
 //    and SIGKILL to srun. The values of the environment (the run's secret among them) go in
 //    srun's environment, never on its command line. Processes that srun starts without a
-//    launcher (`srun troupe train ...`) take their place from SLURM_* themselves: cluster_env.h.
+//    launcher (`srun troupe train ...`) take their place from SLURM_* themselves:
+//    actors/cluster_env.h.
 //
 // The launcher's output never holds up its supervision: every line it prints or relays goes
 // through a bounded OutputRelay (output_relay.h) with writer threads of its own; what a reader

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <optional>
 
-#include "apps/cluster_env.h"
+#include "actors/cluster_env.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_wrapped.h"
 #include "transport/link.h"
@@ -225,7 +225,7 @@ std::string slurmStoreBindAddress(const LaunchOptions& o) {
   if (!interface.empty()) return transport::resolveInterface(interface);
   const std::string self = thisNode();
   if (const auto list = envValue("SLURM_JOB_NODELIST")) {
-    for (const auto& node : expandSlurmHostlist(*list, "SLURM_JOB_NODELIST=" + *list)) {
+    for (const auto& node : actors::expandSlurmHostlist(*list, "SLURM_JOB_NODELIST=" + *list)) {
       if (node != self) return routeSourceAddress(node);
     }
     return "127.0.0.1";

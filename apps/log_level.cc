@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "apps/suggest.h"
+#include "actors/nearest_name.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -42,7 +42,7 @@ spdlog::level::level_enum parseLogLevel(std::string_view text, std::string_view 
     if (lower == name) return level;
     names.emplace_back(name);
   }
-  const auto nearest = nearestName(lower, names);
+  const auto nearest = actors::nearestName(lower, names);
   throw InputError(fmt::format("{}: unknown log level '{}'{} (valid: {})", origin, text,
                                nearest ? fmt::format(": did you mean '{}'?", *nearest) : "",
                                fmt::join(names, ", ")));

@@ -17,14 +17,14 @@ namespace troupe::apps {
 void addTrainCommand(CLI::App& app) {
   struct State {
     std::string config;
-    Overrides overrides;
+    actors::ConfigOverrides overrides;
   };
   auto state = std::make_shared<State>();
   auto* cmd = app.add_subcommand("train", "Train a model (Caffe2 trainer flags accepted)");
   cmd->add_option("config", state->config, "TOML config file (optional)");
   addConfigOptions(*cmd, &state->overrides);
   cmd->callback([state] {
-    const auto options = loadTrainOptions(state->config, state->overrides);
+    const auto options = actors::loadTrainOptions(state->config, state->overrides);
     actors::TrainResult result;
     try {
       result = actors::runTraining(options);

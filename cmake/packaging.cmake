@@ -17,7 +17,8 @@ set_target_properties(libtroupe_shared PROPERTIES EXPORT_NAME troupe)
 set(TROUPE_STATIC_DEPS
     DNNL::dnnl OpenMP::OpenMP_CXX PkgConfig::LMDB leveldb::leveldb protobuf::libprotobuf
     PkgConfig::TURBOJPEG PkgConfig::PNG ZLIB::ZLIB PkgConfig::HIREDIS CapnProto::capnp
-    CapnProto::kj OpenSSL::Crypto spdlog::spdlog fmt::fmt Threads::Threads)
+    CapnProto::kj OpenSSL::Crypto tomlplusplus::tomlplusplus spdlog::spdlog fmt::fmt
+    Threads::Threads)
 target_link_libraries(libtroupe INTERFACE $<INSTALL_INTERFACE:${TROUPE_STATIC_DEPS}>)
 
 install(TARGETS libtroupe_shared troupe_cli EXPORT troupeTargets
@@ -57,6 +58,7 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # What linking libtroupe.a (find_package(troupe COMPONENTS static)) takes besides.
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS
     "libdnnl-dev, liblmdb-dev, libleveldb-dev, libprotobuf-dev, libturbojpeg0-dev, libpng-dev, \
-zlib1g-dev, libhiredis-dev, capnproto, libcapnp-dev, libssl-dev, libspdlog-dev, libfmt-dev")
+zlib1g-dev, libhiredis-dev, capnproto, libcapnp-dev, libssl-dev, libtomlplusplus-dev, \
+libspdlog-dev, libfmt-dev")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 include(CPack)

@@ -1,4 +1,4 @@
-// A process's place from the engine that started it (apps/cluster_env.h): srun's SLURM_*, an
+// A process's place from the engine that started it (actors/cluster_env.h): srun's SLURM_*, an
 // Indexed Job's JOB_COMPLETION_INDEX, mpirun's OMPI_COMM_WORLD_*, under flags and TROUPE_*.
 #include <gtest/gtest.h>
 
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "apps/cluster_env.h"
-#include "apps/config.h"
+#include "actors/cluster_env.h"
+#include "actors/train_config.h"
 #include "troupe/error.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 namespace {
 
 using Vars = std::map<std::string, std::string>;
@@ -263,4 +263,4 @@ TEST(ClusterEnvironmentPrecedence, FlagsBeatTroupeVariablesWhichBeatSlurms) {
 }
 
 }  // namespace
-}  // namespace troupe::apps
+}  // namespace troupe::actors

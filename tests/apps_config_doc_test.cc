@@ -5,10 +5,10 @@
 #include <sstream>
 #include <string>
 
-#include "apps/config.h"
+#include "actors/train_config.h"
 #include "cli_util.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 namespace {
 
 using testing::runCommand;
@@ -84,4 +84,4 @@ TEST(ConfigReference, TroupeDocsConfigPrintsIt) {
 }
 
 }  // namespace
-}  // namespace troupe::apps
+}  // namespace troupe::actors

@@ -14,10 +14,10 @@
 #include <functional>
 #include <limits>
 
-#include "apps/config.h"
+#include "actors/train_config.h"
 #include "troupe/error.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 namespace {
 
 namespace fs = std::filesystem;
@@ -39,7 +39,7 @@ class ConfigTest : public ::testing::Test {
   std::vector<fs::path> files_;
 };
 
-std::string errorOf(const std::string& file, const Overrides& overrides = {}) {
+std::string errorOf(const std::string& file, const ConfigOverrides& overrides = {}) {
   try {
     loadTrainOptions(file, overrides);
   } catch (const InputError& e) {
@@ -421,4 +421,4 @@ TEST_F(ConfigTest, TheSecretFileMustBeASmallRegularFile) {
 }
 
 }  // namespace
-}  // namespace troupe::apps
+}  // namespace troupe::actors

@@ -7,15 +7,19 @@
 #include <string>
 #include <vector>
 
-#include "apps/config.h"
+#include "actors/nearest_name.h"
+#include "actors/train_config.h"
 #include "apps/log_level.h"
-#include "apps/suggest.h"
 #include "cli_util.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
 namespace {
 
+using actors::ConfigOverrides;
+using actors::editDistance;
+using actors::loadTrainOptions;
+using actors::nearestName;
 using testing::runCommand;
 using testing::sourceDir;
 using testing::TempDir;
@@ -28,7 +32,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-std::string errorOf(const std::string& file, const Overrides& overrides = {}) {
+std::string errorOf(const std::string& file, const ConfigOverrides& overrides = {}) {
   try {
     loadTrainOptions(file, overrides);
   } catch (const InputError& e) {

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "apps/config.h"
+#include "actors/train_config.h"
 #include "fuzz_util.h"
 #include "troupe/error.h"
 
@@ -27,7 +27,7 @@ constexpr const char* kLaunchVars[] = {"TROUPE_NUM_WORKERS", "TROUPE_RANK",     
                                        "TROUPE_NUM_SERVERS", "TROUPE_RUN_ID",   "TROUPE_GENERATION",
                                        "TROUPE_RENDEZVOUS",  "TROUPE_INTERFACE"};
 
-bool inRange(const troupe::apps::ConfigKey& key, double x) {
+bool inRange(const troupe::actors::ConfigKey& key, double x) {
   return std::isfinite(x) && (key.min_open ? x > key.min : x >= key.min) &&
          (key.max_open ? x < key.max : x <= key.max);
 }
@@ -40,7 +40,7 @@ bool inRange(const troupe::apps::ConfigKey& key, double x) {
 
 // Every numeric parameter of a config that loaded: finite and inside its key's range.
 void checkInvariants(const troupe::actors::TrainOptions& options) {
-  const auto& keys = troupe::apps::configKeys();
+  const auto& keys = troupe::actors::configKeys();
   if (options.parameters.size() != keys.size()) finding("", "", "a key is missing");
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const auto& key = keys[i];
@@ -80,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   const auto split = input.find('\0');
   const std::string_view text = input.substr(0, split);
-  troupe::apps::Overrides overrides;
+  troupe::actors::ConfigOverrides overrides;
   for (const char* name : kLaunchVars)
     ::unsetenv(name);
   if (split != std::string_view::npos) {
@@ -105,7 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   try {
-    const auto options = troupe::apps::loadTrainOptions(
+    const auto options = troupe::actors::loadTrainOptions(
         text.empty() ? std::string()
                      : file.write(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()),
         overrides);

@@ -1,13 +1,13 @@
-// docs/config.md, rendered from the key table (apps/config.cc) so that it cannot drift from it:
-// tests/apps_config_doc_test.cc fails when the checked-in file differs.
+// docs/config.md, rendered from the key table (actors/config_keys.cc) so that it cannot drift from
+// it: tests/apps_config_doc_test.cc fails when the checked-in file differs.
 #include <fmt/format.h>
 
 #include <string>
 #include <string_view>
 
-#include "apps/config.h"
+#include "actors/train_config.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 namespace {
 
 // Text for a cell of a Markdown table: a '|' would end the cell.
@@ -30,7 +30,7 @@ std::string acceptedValues(const ConfigKey& key) {
 
 constexpr std::string_view kIntroduction = R"(# troupe train: configuration keys
 
-<!-- Generated from the key table in apps/config.cc by `troupe docs config`; do not edit. After
+<!-- Generated from the key table in actors/config_keys.cc by `troupe docs config`; do not edit. After
      changing a key, regenerate it: build/bin/troupe docs config > docs/config.md -->
 
 `troupe train` takes its settings from a TOML file of flat keys, from flags, and from a few
@@ -54,7 +54,7 @@ nearest one.
 
 A value comes from, last one winning: the defaults below, the config file, the cluster's variables
 (Slurm, a Kubernetes Indexed Job or Open MPI, for a process that no `troupe launch` started; see
-`apps/cluster_env.h`), the variables `troupe launch` sets, and the flags.
+`actors/cluster_env.h`), the variables `troupe launch` sets, and the flags.
 
 ## Environment variables
 
@@ -94,4 +94,4 @@ std::string configReferenceMarkdown() {
   return out;
 }
 
-}  // namespace troupe::apps
+}  // namespace troupe::actors

@@ -1,6 +1,6 @@
 // A process's place in its run, taken from the engine that started it when no `troupe launch` did
-// (see launcher.h for what the launcher sets), so that `srun troupe train ...`, an Indexed Job of
-// Kubernetes and `mpirun troupe train ...` need no troupe wrapper.
+// (see apps/launcher.h for what the launcher sets), so that `srun troupe train ...`, an Indexed Job
+// of Kubernetes and `mpirun troupe train ...` need no troupe wrapper.
 //
 // Precedence, key by key: a flag (--shard_id ...) > troupe's own TROUPE_* variable > the engine's
 // variables > the config file > the default. A process with TROUPE_RANK or TROUPE_ROLE in its
@@ -39,7 +39,7 @@
 
 #include "actors/trainer.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 
 // An environment variable's value; nullopt when it is unset or empty.
 using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
@@ -55,8 +55,7 @@ using GivenBy = std::function<std::optional<std::string>(std::string_view key)>;
 // engine's name ("mpi", "slurm", "kubernetes"), or "" when there is none (or troupe placed the
 // process). `o` holds the file's, TROUPE_* variables' and flags' values already. InputError as
 // the header says. Any thread; reads nothing but `env`.
-std::string applyClusterEnvironment(actors::TrainOptions& o, const GivenBy& given_by,
-                                    const EnvLookup& env);
+std::string applyClusterEnvironment(TrainOptions& o, const GivenBy& given_by, const EnvLookup& env);
 
 // The default rendezvous port of a Slurm job step: 29500 + (16 * job + step) mod 2000, below
 // Linux's ephemeral ports, the same for every task of the step and seldom the same for two steps
@@ -68,4 +67,4 @@ std::uint16_t slurmRendezvousPort(std::uint64_t job, std::uint64_t step);
 // empty or names more than a million hosts.
 std::vector<std::string> expandSlurmHostlist(std::string_view list, std::string_view what);
 
-}  // namespace troupe::apps
+}  // namespace troupe::actors

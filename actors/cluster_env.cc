@@ -1,4 +1,4 @@
-#include "apps/cluster_env.h"
+#include "actors/cluster_env.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 
 #include "troupe/error.h"
 
-namespace troupe::apps {
+namespace troupe::actors {
 namespace {
 
 constexpr std::size_t kMaxHosts = 1000000;
@@ -58,7 +58,7 @@ std::optional<Placement> placement(const EnvLookup& env) {
 }
 
 // The world as num_shards + num_servers: set from the engine's world, or checked against it.
-void settleWorld(actors::TrainOptions& o, const Placement& p, const GivenBy& given_by) {
+void settleWorld(TrainOptions& o, const Placement& p, const GivenBy& given_by) {
   const auto servers_by = given_by("num_servers");
   const std::string servers =
       servers_by ? *servers_by : fmt::format("num_servers {}", o.num_servers);
@@ -93,7 +93,7 @@ void settleWorld(actors::TrainOptions& o, const Placement& p, const GivenBy& giv
 }
 
 // Slurm's defaults for the run id and the rendezvous, when none is given.
-void slurmRendezvous(actors::TrainOptions& o, const EnvLookup& env) {
+void slurmRendezvous(TrainOptions& o, const EnvLookup& env) {
   if (!o.run_id.empty() && !o.rendezvous.empty()) return;
   constexpr std::int64_t kMaxId = 999999999999999LL;
   const auto job = wholeNumber(env, "SLURM_JOB_ID", 0, kMaxId, "the job's id");
@@ -205,7 +205,7 @@ std::vector<std::string> expandSlurmHostlist(std::string_view list, std::string_
   return hosts;
 }
 
-std::string applyClusterEnvironment(actors::TrainOptions& o, const GivenBy& given_by,
+std::string applyClusterEnvironment(TrainOptions& o, const GivenBy& given_by,
                                     const EnvLookup& env) {
   const auto p = placement(env);
   if (!p) return "";
@@ -219,4 +219,4 @@ std::string applyClusterEnvironment(actors::TrainOptions& o, const GivenBy& give
   return p->engine;
 }
 
-}  // namespace troupe::apps
+}  // namespace troupe::actors

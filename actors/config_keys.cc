@@ -1,0 +1,454 @@
+#include "actors/config_keys.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iterator>
+#include <type_traits>
+
+#include "actors/nearest_name.h"
+#include "actors/train_config.h"
+#include "actors/worker_bounds.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace config {
+namespace {
+
+constexpr Range closed(double lo, double hi) {
+  return {lo, hi, false, false};
+}
+constexpr Range openBelow(double lo, double hi) {  // (lo, hi]
+  return {lo, hi, true, false};
+}
+constexpr Range openAbove(double lo, double hi) {  // [lo, hi)
+  return {lo, hi, false, true};
+}
+
+// The ranges, and why. Every bound keeps the products the trainer forms (steps x batch, epochs x
+// steps per epoch, seconds x 1e9 in a std::chrono duration) inside an int64.
+constexpr double k2Pow20 = 1 << 20;
+constexpr double k2Pow40 = 1099511627776.0;
+constexpr double kMillion = 1e6;
+// Inputs per step and process. Published large-batch runs use 32k-64k inputs over hundreds of
+// devices; 2^20 in one process is beyond any of them. Memory is checked again when the run
+// starts (runTraining), from the image size.
+constexpr Range kBatchSize = closed(1, k2Pow20);
+// Inputs per epoch: 0 is the whole training set; 2^40 is far past any data set, and with
+// num_epochs <= 10^6 keeps every step count below 2^60.
+constexpr Range kEpochSize = closed(0, k2Pow40);
+// Points of the learning-rate schedule, in epochs: 10^6 of them in steps stay inside an int64.
+constexpr Range kEpochs = closed(0, kMillion);
+// Seconds: positive, and at most 30 days, so that a std::chrono duration of them (nanoseconds:
+// 2.6e15) never overflows; beyond a few hours a timeout no longer catches anything.
+constexpr Range kSeconds = openBelow(0, 30 * 24 * 3600);
+// Processes of a run, as troupe launch counts them; node ids stay far inside 32 bits.
+constexpr Range kProcesses = closed(1, 65536);
+// CPU threads: 0 is the host's own count. The largest hosts have 512 hardware threads; past 1024
+// a thread pool only fails to start (libgomp: "Thread creation failed").
+constexpr Range kThreads = closed(0, 1024);
+// Pixel values are 8- or 16-bit; a mean or scale far outside that is a typo.
+constexpr Range kMean = closed(-kMillion, kMillion);
+constexpr Range kScale = openBelow(0, kMillion);
+constexpr Range kBucketMb = closed(0, 4096);
+constexpr Range kNotNumeric{};
+
+std::int64_t asInt(const Value& v) {
+  return std::get<std::int64_t>(v);
+}
+double asFloat(const Value& v) {
+  return std::get<double>(v);
+}
+bool asBool(const Value& v) {
+  return std::get<bool>(v);
+}
+const std::string& asString(const Value& v) {
+  return std::get<std::string>(v);
+}
+const std::vector<double>& asList(const Value& v) {
+  return std::get<std::vector<double>>(v);
+}
+
+std::string listText(const std::vector<double>& list) {
+  std::string out;
+  for (std::size_t i = 0; i < list.size(); ++i)
+    out += (i ? "," : "") + fmt::format("{}", list[i]);
+  return out;
+}
+
+#define TROUPE_INT_KEY(key, field, range, help)                                                \
+  Key {                                                                                        \
+    key, Kind::kInt, range, help, [](TrainOptions& o, const Value& v) { o.field = asInt(v); }, \
+        [](const TrainOptions& o) { return fmt::format("{}", o.field); }                       \
+  }
+#define TROUPE_FLOAT_KEY(key, field, range, help)                         \
+  Key {                                                                   \
+    key, Kind::kFloat, range, help,                                       \
+        [](TrainOptions& o, const Value& v) {                             \
+          o.field = static_cast<decltype(o.field)>(asFloat(v));           \
+        },                                                                \
+        [](const TrainOptions& o) { return fmt::format("{}", o.field); }, \
+        std::is_same_v<decltype(TrainOptions{}.field), float>             \
+  }
+#define TROUPE_STRING_KEY(key, field, help)                             \
+  Key {                                                                 \
+    key, Kind::kString, kNotNumeric, help,                              \
+        [](TrainOptions& o, const Value& v) { o.field = asString(v); }, \
+        [](const TrainOptions& o) { return o.field; }                   \
+  }
+
+std::vector<std::string> keyNames() {
+  std::vector<std::string> names;
+  for (const auto& k : keys())
+    names.emplace_back(k.name);
+  return names;
+}
+
+}  // namespace
+
+bool Range::contains(double x) const {
+  return std::isfinite(x) && (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi);
+}
+
+std::string Range::text() const {
+  return fmt::format("{}{}, {}{}", lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
+}
+
+const char* kindName(Kind k) {
+  switch (k) {
+    case Kind::kInt:
+    case Kind::kUint:
+      return "integer";
+    case Kind::kFloat:
+      return "number";
+    case Kind::kBool:
+      return "boolean";
+    case Kind::kString:
+      return "string";
+    case Kind::kFloatList:
+      return "list of numbers";
+  }
+  return "?";
+}
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = {
+      Key{"model", Kind::kString, kNotNumeric,
+          "built-in model: mlp, lenet, resnet20 (or [[layers]] in the file)",
+          [](TrainOptions& o, const Value& v) { o.model.name = asString(v); },
+          [](const TrainOptions& o) { return o.model.name.empty() ? "custom" : o.model.name; }},
+      TROUPE_STRING_KEY("train_data", train_data, "training database"),
+      TROUPE_STRING_KEY("test_data", test_data, "test database (evaluated after every epoch)"),
+      Key{"db_type", Kind::kString, kNotNumeric, "lmdb or leveldb",
+          [](TrainOptions& o, const Value& v) { o.db_type = data::parseDbType(asString(v)); },
+          [](const TrainOptions& o) { return std::string(data::toString(o.db_type)); }},
+      TROUPE_INT_KEY("batch_size", batch_size, kBatchSize,
+                     "inputs per step, in total over the replicas"),
+      TROUPE_INT_KEY("epoch_size", epoch_size, kEpochSize,
+                     "inputs per epoch (0: the training set's size)"),
+      TROUPE_INT_KEY("num_epochs", num_epochs, closed(1, kMillion), "epochs to train"),
+      // A rate has no natural bound (it scales with the loss; tests drive runs to divergence with
+      // 1e30): finite, not negative, and 1e38 the round number below a float's largest.
+      TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, closed(0, 1e38), "learning rate"),
+      // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
+      TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
+      // At 1 or above the velocity never decays: the run diverges.
+      TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
+      Key{"nesterov", Kind::kBool, kNotNumeric, "Nesterov momentum",
+          [](TrainOptions& o, const Value& v) { o.sgd.nesterov = asBool(v); },
+          [](const TrainOptions& o) { return std::string(o.sgd.nesterov ? "true" : "false"); }},
+      TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep or cosine"),
+      // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
+      TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
+      TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
+                       "step: decay every this many epochs"),
+      Key{"lr_milestones", Kind::kFloatList, kEpochs, "multistep: epochs at which to decay",
+          [](TrainOptions& o, const Value& v) { o.lr_milestones = asList(v); },
+          [](const TrainOptions& o) { return listText(o.lr_milestones); }},
+      TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs"),
+      TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes"),
+      // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
+      TROUPE_INT_KEY("image_size", image_size, closed(1, 4096), "height and width of the images"),
+      TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
+      TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
+      TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
+      // A replica is a thread with a team of its own: no more of them than threads.
+      TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
+                     "model replicas in this process (the batch is split)"),
+      TROUPE_INT_KEY(
+          "threads", threads, kThreads,
+          "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
+      TROUPE_STRING_KEY("schedule", schedule,
+                        "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
+      TROUPE_INT_KEY("num_shards", num_shards, kProcesses,
+                     "worker processes (set by troupe launch)"),
+      Key{"num_workers", Kind::kString, kNotNumeric,
+          "worker processes: N, or MIN:MAX for an elastic run (workers may die or join)",
+          [](TrainOptions& o, const Value& v) {
+            const auto bounds = parseNumWorkers(asString(v));
+            o.min_workers = bounds.min;
+            o.max_workers = bounds.max;
+            if (!bounds.elastic()) o.num_shards = bounds.fixed;
+          },
+          [](const TrainOptions& o) {
+            return o.max_workers > 0 ? fmt::format("{}:{}", o.min_workers, o.max_workers)
+                                     : std::to_string(o.num_shards);
+          }},
+      TROUPE_INT_KEY("shard_id", shard_id, closed(0, kProcesses.hi - 1),
+                     "this process's rank in its role (set by troupe launch)"),
+      TROUPE_INT_KEY("num_servers", num_servers, closed(0, kProcesses.hi),
+                     "parameter-server processes (set by troupe launch)"),
+      TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
+      TROUPE_INT_KEY("staleness", staleness, closed(0, kMillion),
+                     "ssp: steps a worker may run ahead of the slowest"),
+      TROUPE_STRING_KEY("allreduce", allreduce,
+                        "bsp-allreduce across processes: auto, ring or hierarchical (inside each "
+                        "host, then across hosts)"),
+      // More connections than a host has cores only add context switches; 16 is NCCL's cap.
+      TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),
+                     "TCP connections to each process on another host (ring chunks spread over "
+                     "them)"),
+      TROUPE_STRING_KEY("gradient_compression", gradient_compression,
+                        "what gradients travel as between processes: none, fp16, bf16 or 2bit "
+                        "(MXNet's)"),
+      // Gradients of a trained net are of order 1e-3..1; 2bit sends +-threshold, and MXNet's
+      // default is 0.5. Beyond 1e6 every value rounds to 0 for good.
+      TROUPE_FLOAT_KEY("gradient_compression_threshold", gradient_compression_threshold,
+                       openBelow(0, kMillion), "2bit: the magnitude each sent value takes"),
+      TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
+      TROUPE_INT_KEY("generation", generation, closed(0, kMillion),
+                     "restarts of the run so far (set by troupe launch --on-failure restart); "
+                     "above 0 the run resumes as with --resume auto"),
+      TROUPE_STRING_KEY("rendezvous", rendezvous,
+                        "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT"),
+      TROUPE_STRING_KEY("interface", interface, "network interface to listen on (e.g. eth0)"),
+      TROUPE_STRING_KEY("secret_file", secret_file,
+                        "file holding the run's secret (default: $TROUPE_SECRET; troupe launch "
+                        "makes one per run)"),
+      TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s, kSeconds,
+                       "seconds to wait for the other processes"),
+      TROUPE_FLOAT_KEY("peer_timeout", peer_timeout_s, kSeconds,
+                       "seconds a link may be silent, or an allreduce or server wait on a peer, "
+                       "before the run fails naming it"),
+      TROUPE_FLOAT_KEY("stall_warning", stall_warning_s, kSeconds,
+                       "seconds of waiting on a peer before a stall report names who is late"),
+      Key{"work_load_list", Kind::kFloatList, openBelow(0, kMillion),
+          "relative share of the batch per replica",
+          [](TrainOptions& o, const Value& v) { o.work_load_list = asList(v); },
+          [](const TrainOptions& o) { return listText(o.work_load_list); }},
+      Key{"seed", Kind::kUint, kNotNumeric, "seed of initialisation and data order",
+          [](TrainOptions& o, const Value& v) { o.seed = std::get<std::uint64_t>(v); },
+          [](const TrainOptions& o) { return fmt::format("{}", o.seed); }},
+      // Batches in flight per reader: memory grows with it, speed stops growing after a few.
+      TROUPE_INT_KEY("prefetch", prefetch, closed(1, 1024), "batches a reader keeps in flight"),
+      Key{"skip_bad_records", Kind::kBool, kNotNumeric,
+          "skip (and count, and log once) records that do not parse, decode or fit, instead of "
+          "failing; also --skip-bad-records",
+          [](TrainOptions& o, const Value& v) { o.skip_bad_records = asBool(v); },
+          [](const TrainOptions& o) { return std::string(o.skip_bad_records ? "true" : "false"); }},
+      // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
+      TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
+      TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
+                       "size of the first bucket (MiB)"),
+      TROUPE_STRING_KEY("log_dir", log_dir, "folder of the CSV log"),
+      TROUPE_STRING_KEY("checkpoint_dir", checkpoint_dir,
+                        "folder of checkpoints (default: log_dir)"),
+      TROUPE_INT_KEY("checkpoint_every", checkpoint_every, closed(0, kMillion),
+                     "epochs between checkpoints (0: end only)"),
+      TROUPE_STRING_KEY("resume", resume,
+                        "checkpoint to continue from, or 'auto': the newest complete checkpoint "
+                        "of this run (same run_id) in checkpoint_dir, if any"),
+      TROUPE_INT_KEY("log_every", log_every, closed(0, k2Pow40),
+                     "steps between console lines (0: none)"),
+      TROUPE_FLOAT_KEY("step_timeout", step_timeout_s, kSeconds,
+                       "seconds without progress before failing"),
+      TROUPE_STRING_KEY("run_name", run_name, "prefix of the experiment id (default: the model)"),
+      TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
+  };
+  return table;
+}
+
+std::string accepted(const Key& key) {
+  switch (key.kind) {
+    case Kind::kInt:
+      return "an integer in " + key.range.text();
+    case Kind::kUint:
+      return fmt::format("an integer in [0, {}]", std::numeric_limits<std::uint64_t>::max());
+    case Kind::kFloat:
+      return "a finite number in " + key.range.text();
+    case Kind::kFloatList:
+      return "a list of finite numbers, each in " + key.range.text();
+    default:
+      return std::string("a ") + kindName(key.kind);
+  }
+}
+
+void assign(TrainOptions& o, const Key& key, Value value, const std::string& origin) {
+  auto refuse = [&](const std::string& got) {
+    return InputError(fmt::format("{} must be {}, got {}", origin, accepted(key), got));
+  };
+  switch (key.kind) {
+    case Kind::kInt: {
+      const auto i = asInt(value);
+      if (!key.range.contains(static_cast<double>(i))) throw refuse(std::to_string(i));
+      break;
+    }
+    case Kind::kUint:  // a TOML integer is signed
+      if (const auto* i = std::get_if<std::int64_t>(&value)) {
+        if (*i < 0) throw refuse(std::to_string(*i));
+        value = static_cast<std::uint64_t>(*i);
+      }
+      break;
+    case Kind::kFloat: {
+      const double x = asFloat(value);
+      if (!key.range.contains(x)) throw refuse(fmt::format("{}", x));
+      // 0.99999999 is 1 as a float: outside momentum's [0, 1).
+      if (key.single && !key.range.contains(static_cast<float>(x))) {
+        throw refuse(fmt::format("{} ({} as a 32-bit float)", x, static_cast<float>(x)));
+      }
+      break;
+    }
+    case Kind::kFloatList: {
+      const auto& list = asList(value);
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        if (!key.range.contains(list[i])) {
+          constexpr std::size_t kShown = 8;  // of a long list, its start
+          const std::vector<double> shown(list.begin(),
+                                          list.begin() + std::min(list.size(), kShown));
+          throw refuse(fmt::format("{}{} (element {} is {})", listText(shown),
+                                   list.size() > kShown ? ",..." : "", i, list[i]));
+        }
+      }
+      break;
+    }
+    case Kind::kBool:
+    case Kind::kString:
+      break;
+  }
+  key.set(o, value);
+}
+
+const Key* findKey(std::string_view name) {
+  for (const auto& k : keys()) {
+    if (name == k.name) return &k;
+  }
+  return nullptr;
+}
+
+std::string knownKeys() {
+  std::string out;
+  for (const auto& k : keys())
+    out += (out.empty() ? "" : ", ") + std::string(k.name);
+  return out;
+}
+
+std::string didYouMeanKey(std::string_view name) {
+  auto names = keyNames();
+  names.emplace_back("layers");
+  const auto nearest = nearestName(name, names);
+  return nearest ? fmt::format(": did you mean '{}'?", *nearest) : "";
+}
+
+std::string didYouMeanFlag(std::string_view name) {
+  const auto nearest = nearestName(name, keyNames());
+  return nearest ? fmt::format(": did you mean --{}?", *nearest) : "";
+}
+
+TrainOptions defaultOptions() {
+  TrainOptions o;
+  o.model.name = "lenet";
+  return o;
+}
+
+Value fromText(const Key& key, const std::string& text) {
+  auto wrong = [&] {
+    return InputError(
+        fmt::format("--{}: expected a {}, got '{}'", key.name, kindName(key.kind), text));
+  };
+  auto parseDouble = [&](std::string_view s) {
+    double d = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+    if (ec != std::errc() || p != s.data() + s.size() || s.empty()) throw wrong();
+    return d;
+  };
+  switch (key.kind) {
+    case Kind::kInt: {
+      std::int64_t i = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), i);
+      if (ec != std::errc() || p != text.data() + text.size() || text.empty()) throw wrong();
+      return i;
+    }
+    case Kind::kUint: {
+      std::uint64_t u = 0;
+      auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), u);
+      if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
+        throw InputError(fmt::format("--{} must be {}, got '{}'", key.name, accepted(key), text));
+      }
+      return u;
+    }
+    case Kind::kFloat:
+      return parseDouble(text);
+    case Kind::kBool:
+      if (text == "true" || text == "1" || text.empty()) return true;
+      if (text == "false" || text == "0") return false;
+      throw wrong();
+    case Kind::kString:
+      return text;
+    case Kind::kFloatList: {
+      std::vector<double> out;
+      std::string_view rest = text;
+      while (!rest.empty()) {
+        const auto comma = rest.find(',');
+        out.push_back(parseDouble(rest.substr(0, comma)));
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+      return out;
+    }
+  }
+  throw wrong();
+}
+
+}  // namespace config
+
+const std::vector<ConfigKey>& configKeys() {
+  using config::Kind;
+  static const std::vector<ConfigKey> out = [] {
+    std::vector<ConfigKey> v;
+    for (const auto& k : config::keys()) {
+      ConfigKey c;
+      c.name = k.name;
+      c.kind = config::kindName(k.kind);
+      c.help = k.help;
+      c.summary = k.help;
+      c.accepted = config::accepted(k);
+      c.default_value = k.get(config::defaultOptions());
+      if (k.kind == Kind::kInt || k.kind == Kind::kFloat || k.kind == Kind::kFloatList) {
+        c.help += fmt::format(" ({})", c.accepted);
+        c.range = k.range.text();
+        c.min = k.range.lo;
+        c.max = k.range.hi;
+        c.min_open = k.range.lo_open;
+        c.max_open = k.range.hi_open;
+      } else if (k.kind == Kind::kUint) {
+        c.help += fmt::format(" ({})", c.accepted);
+        c.range = fmt::format("[0, {}]", std::numeric_limits<std::uint64_t>::max());
+        c.min = 0;
+        c.max = static_cast<double>(std::numeric_limits<std::uint64_t>::max());
+      }
+      v.push_back(std::move(c));
+    }
+    return v;
+  }();
+  return out;
+}
+
+const std::vector<std::pair<std::string, std::string>>& launcherVariables() {
+  static const std::vector<std::pair<std::string, std::string>> out(
+      std::begin(config::kLauncherVariables), std::end(config::kLauncherVariables));
+  return out;
+}
+
+}  // namespace troupe::actors
