@@ -7,6 +7,7 @@
 
 #include "actors/checkpoint.h"
 #include "actors/messages.h"
+#include "actors/progress.h"
 #include "actors/roles.h"
 #include "actors/train_log.h"
 #include "actors/trainer.h"
@@ -17,9 +18,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A pause for a joining worker comes this many steps after the last one the coordinator saw
-// done: every updater is at most a step or two past it, so the PauseAt reaches each in time.
+// A pause (a worker joining an elastic run, a checkpoint or a stop asked through RunControl)
+// comes this many steps after the last one the coordinator saw done: every updater is at most a
+// step or two past it, so the PauseAt reaches each in time.
 constexpr std::int64_t kPauseMargin = 8;
+
+enum class PauseFor { kNothing, kJoin, kCheckpoint, kStop };
 
 // Drives epochs: gathers step metrics, and at each epoch's end (the updater paused) evaluates,
 // writes the log row and the checkpoint, then resumes the updater or ends the run. A watchdog
@@ -39,7 +43,12 @@ class Coordinator final : public Actor {
     on<Buffers>([this](Buffers& b) {
       ++progress_;
       buffers_ = b.buffers;
-      evaluate();
+      if (pause_buffers_) {
+        pause_buffers_ = false;
+        checkpointPaused();
+      } else {
+        evaluate();
+      }
     });
     on<Evaluated>([this](Evaluated& e) {
       ++progress_;
@@ -53,6 +62,7 @@ class Coordinator final : public Actor {
 
   // The epoch so far and the totals go on to the next generation (elastic runs).
   ~Coordinator() override {
+    progress_line_.clear();
     if (!config_.carry) return;
     auto& c = *config_.carry;
     c.epoch = epoch_;
@@ -138,10 +148,22 @@ class Coordinator final : public Actor {
       recent_[s.step] = agg;
       recent_.erase(recent_.begin(), recent_.lower_bound(s.step - 2 * kPauseMargin));
     }
+    const std::int64_t in_epoch = config_.plan.indexInEpoch(s.step);
+    if (config_.control) {
+      config_.control->steps.store(complete_through_);
+      if (const auto& on_step = config_.control->callbacks.on_step) {
+        const auto n = std::max<std::int64_t>(1, agg.count);
+        on_step(StepMetrics{complete_through_, epochIndex() + 1, in_epoch,
+                            config_.plan.steps_per_epoch, agg.loss_sum / static_cast<double>(n),
+                            agg.correct / static_cast<double>(n),
+                            kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step))});
+      }
+    }
     steps_.erase(s.step);
     replies_.erase(s.step);
-    const std::int64_t in_epoch = config_.plan.indexInEpoch(s.step);
-    if (options_.log_every > 0 && complete_through_ % options_.log_every == 0) {
+    showProgress(agg, in_epoch, s.step);
+    if (options_.log_every > 0 && !progress_line_.on() &&
+        complete_through_ % options_.log_every == 0) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
       spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} inputs/s",
                    epochIndex() + 1, in_epoch, config_.plan.steps_per_epoch,
@@ -158,21 +180,115 @@ class Coordinator final : public Actor {
 
   std::int64_t epochIndex() const { return config_.plan.epochOf(complete_through_ - 1); }
 
-  // Elastic runs: a worker waiting to join pauses every updater a few steps on.
+  // On a terminal, the live line: averages over the last ten steps or so, and the time left at
+  // that pace (evaluations not counted).
+  void showProgress(const EpochStats& step_stats, std::int64_t in_epoch, std::int64_t step) {
+    if (!progress_line_.on()) return;
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_step_at_).count();
+    last_step_at_ = now;
+    const double loss =
+        step_stats.loss_sum / static_cast<double>(std::max<std::int64_t>(1, step_stats.count));
+    step_seconds_ = step_seconds_ < 0 ? seconds : 0.9 * step_seconds_ + 0.1 * seconds;
+    loss_average_ = loss_average_ < 0 ? loss : 0.9 * loss_average_ + 0.1 * loss;
+    const double left =
+        static_cast<double>(config_.plan.last_step - complete_through_) * step_seconds_;
+    progress_line_.show(fmt::format(
+        "epoch {}/{}  step {}/{}  {:.0f} inputs/s  loss {:.4f}  lr {:.4g}  ETA {}",
+        epochIndex() + 1, options_.num_epochs, in_epoch, config_.plan.steps_per_epoch,
+        static_cast<double>(config_.plan.global_batch) / std::max(step_seconds_, 1e-9),
+        loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
+        formatDuration(left)));
+  }
+
+  // A stop or a checkpoint asked through RunControl, or a worker waiting to join an elastic run,
+  // pauses every updater a few steps on.
   void maybePause() {
-    if (!config_.joiner_waiting || pause_at_ >= 0 || Clock::now() < next_join_check_) return;
-    next_join_check_ = Clock::now() + std::chrono::milliseconds(500);
-    if (!config_.joiner_waiting()) return;
+    if (pause_at_ >= 0) return;
+    PauseFor why = PauseFor::kNothing;
+    if (config_.control && config_.control->stop.load()) {
+      why = PauseFor::kStop;
+    } else if (config_.control && config_.control->checkpoint.exchange(false)) {
+      why = PauseFor::kCheckpoint;
+    } else if (config_.joiner_waiting && Clock::now() >= next_join_check_) {
+      next_join_check_ = Clock::now() + std::chrono::milliseconds(500);
+      if (config_.joiner_waiting()) why = PauseFor::kJoin;
+    }
+    if (why == PauseFor::kNothing) return;
+    progress_line_.clear();
     const std::int64_t at = complete_through_ + kPauseMargin;
-    if (at >= config_.plan.last_step) return;  // the run ends first
+    if (at >= config_.plan.last_step) {
+      // The run ends first, with its last checkpoint; a stop then has nothing to stop.
+      if (why == PauseFor::kCheckpoint) config_.control->checkpoint.store(true);
+      return;
+    }
     pause_at_ = at;
-    spdlog::info("a worker waits to join: every worker pauses after step {} to re-form", at);
+    pause_for_ = why;
+    spdlog::info("{}: every worker pauses after step {}",
+                 why == PauseFor::kJoin         ? "a worker waits to join"
+                 : why == PauseFor::kCheckpoint ? "a checkpoint was asked for"
+                                                : "a stop was asked for",
+                 at);
     for (const auto& u : config_.updaters)
       send(u, PauseAt{at});
   }
 
+  // Every updater paused part way through an epoch: re-form, checkpoint or stop.
+  void paused() {
+    if (pause_for_ == PauseFor::kJoin) {
+      endGeneration(pause_at_);
+      return;
+    }
+    if (pause_for_ == PauseFor::kStop && !config_.control->checkpoint_at_stop.load()) {
+      stopRun();
+      return;
+    }
+    if (config_.has_buffers) {  // the checkpoint needs replica 0's batch-norm statistics
+      pause_buffers_ = true;
+      send(config_.replicas[0], BuffersRequest{});
+      return;
+    }
+    checkpointPaused();
+  }
+
+  void checkpointPaused() {
+    const std::int64_t step = epoch_end_->step;
+    const double elapsed =
+        epoch_seconds_before_ + std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+    writeCheckpoint(fmt::format("{}_step{}.ckpt", config_.experiment_id, step),
+                    config_.plan.epochOf(step),
+                    config_.cumulative_time + cumulative_time_ + elapsed,
+                    config_.cumulative_inputs + cumulative_inputs_ + epoch_.count);
+    if (pause_for_ == PauseFor::kStop) {
+      stopRun();
+      return;
+    }
+    epoch_end_.reset();
+    epoch_ends_ = 0;
+    pause_at_ = -1;
+    pause_for_ = PauseFor::kNothing;
+    for (const auto& u : config_.updaters)
+      send(u, Resume{});
+  }
+
+  // Ends the run before its last step, as asked (RunControl::stop).
+  void stopRun() {
+    progress_line_.clear();
+    const std::int64_t step = epoch_end_->step;
+    spdlog::info("stopped after step {}, as asked", step);
+    auto& result = *config_.result;
+    result.stopped = true;
+    result.steps = step;
+    result.weights = kernels::Tensor::host({epoch_end_->weights.numel()});
+    std::copy_n(epoch_end_->weights.f32(), result.weights.numel(), result.weights.f32());
+    for (const auto& f : config_.followers)
+      send(f, Shutdown{});
+    system().shutdown();
+  }
+
   // The world re-forms: every process leaves this generation's system (trainer.cc goes on).
   void endGeneration(std::int64_t step) {
+    progress_line_.clear();
     spdlog::info("paused after step {}: this generation ends", step);
     for (const auto& f : config_.followers)
       send(f, Shutdown{});
@@ -184,7 +300,7 @@ class Coordinator final : public Actor {
       return;
     }
     if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
-      endGeneration(pause_at_);
+      paused();
       return;
     }
     epoch_time_ =
@@ -209,6 +325,7 @@ class Coordinator final : public Actor {
   }
 
   void endEpoch() {
+    progress_line_.clear();
     const std::int64_t step = epoch_end_->step;
     const std::int64_t epoch = config_.plan.epochOf(step - 1) + 1;  // epochs completed
     cumulative_time_ += epoch_time_;
@@ -239,9 +356,25 @@ class Coordinator final : public Actor {
         {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});
     result.steps = step;
 
+    if (config_.control && config_.control->callbacks.on_epoch) {
+      config_.control->callbacks.on_epoch(EpochMetrics{epoch, step, row.loss, row.accuracy,
+                                                       row.test_accuracy, row.inputs_per_sec,
+                                                       row.time_spent});
+    }
     const bool last = step >= config_.plan.last_step;
     const auto every = options_.checkpoint_every;
-    if (last || (every > 0 && epoch % every == 0)) checkpoint(epoch, row);
+    // A checkpoint or a stop asked for at this epoch's end: with the epoch's name.
+    const PauseFor pause = step == pause_at_ ? pause_for_ : PauseFor::kNothing;
+    const bool asked = pause == PauseFor::kCheckpoint ||
+                       (pause == PauseFor::kStop && config_.control->checkpoint_at_stop.load());
+    if (last || asked || (every > 0 && epoch % every == 0)) {
+      writeCheckpoint(fmt::format("{}_epoch{}.ckpt", config_.experiment_id, epoch), epoch,
+                      row.cumulative_time_spent, row.cumulative_input_count);
+    }
+    if (pause == PauseFor::kStop) {
+      stopRun();
+      return;
+    }
     if (last) {
       auto weights = kernels::Tensor::host({epoch_end_->weights.numel()});
       std::copy_n(epoch_end_->weights.f32(), weights.numel(), weights.f32());
@@ -251,43 +384,51 @@ class Coordinator final : public Actor {
       system().shutdown();
       return;
     }
-    const bool pause = step == pause_at_;
     epoch_end_.reset();
     epoch_ends_ = 0;
     epoch_ = {};
     recent_.clear();
     epoch_seconds_before_ = 0;
     epoch_start_ = Clock::now();
-    if (pause) {
+    if (pause == PauseFor::kJoin) {
       endGeneration(step);
       return;
+    }
+    if (pause == PauseFor::kCheckpoint) {
+      pause_at_ = -1;
+      pause_for_ = PauseFor::kNothing;
     }
     window_start_ = epoch_start_;
     for (const auto& u : config_.updaters)
       send(u, Resume{});
   }
 
-  void checkpoint(std::int64_t epoch, const LogRow& row) {
+  // The paused updaters' state as `name` in the checkpoint folder; `epochs` completed so far.
+  void writeCheckpoint(const std::string& name, std::int64_t epochs, double cumulative_time,
+                       std::int64_t cumulative_inputs) {
     Checkpoint ck;
     ck.meta["model"] = options_.model.name.empty() ? "custom" : options_.model.name;
     ck.meta["step"] = std::to_string(epoch_end_->step);
-    ck.meta["epoch"] = std::to_string(epoch);
+    ck.meta["epoch"] = std::to_string(epochs);
     ck.meta["num_params"] = std::to_string(config_.num_params);
     ck.meta["global_batch"] = std::to_string(config_.plan.global_batch);
     ck.meta["steps_per_epoch"] = std::to_string(config_.plan.steps_per_epoch);
     ck.meta["seed"] = std::to_string(options_.seed);
     ck.meta["run_id"] = options_.run_id;  // what --resume auto matches
     ck.meta["experiment"] = config_.experiment_id;
-    ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", row.cumulative_time_spent);
-    ck.meta["cumulative_input_count"] = std::to_string(row.cumulative_input_count);
+    ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", cumulative_time);
+    ck.meta["cumulative_input_count"] = std::to_string(cumulative_inputs);
     ck.weights = epoch_end_->weights;
     ck.momentum = epoch_end_->momentum;
     ck.buffers = buffers_;
-    const std::string path =
-        fmt::format("{}/{}_epoch{}.ckpt", config_.checkpoint_dir, config_.experiment_id, epoch);
+    progress_line_.clear();
+    const std::string path = config_.checkpoint_dir + "/" + name;
     saveCheckpoint(path, ck);
     config_.result->checkpoints.push_back(path);
     spdlog::info("checkpoint {}", path);
+    if (config_.control && config_.control->callbacks.on_checkpoint) {
+      config_.control->callbacks.on_checkpoint(path, epoch_end_->step);
+    }
   }
 
   void armWatchdog() {
@@ -331,7 +472,13 @@ class Coordinator final : public Actor {
   Clock::time_point epoch_start_, window_start_ = Clock::now(), last_progress_ = Clock::now();
   double epoch_time_ = 0;
   double epoch_seconds_before_ = 0;  // of the epoch, in earlier generations (elastic runs)
+  ProgressLine progress_line_;
+  Clock::time_point last_step_at_ = Clock::now();
+  double step_seconds_ = -1;  // moving averages for the progress line
+  double loss_average_ = -1;
   std::int64_t pause_at_ = -1;
+  PauseFor pause_for_ = PauseFor::kNothing;
+  bool pause_buffers_ = false;  // replica 0's buffers were asked for a paused checkpoint
   Clock::time_point next_join_check_ = Clock::now();
   double cumulative_time_ = 0;
   std::int64_t cumulative_inputs_ = 0;

@@ -24,6 +24,7 @@ namespace troupe::actors {
 
 struct TrainResult;
 struct TrainOptions;
+struct RunControl;
 class TrainLog;
 class Trace;
 
@@ -298,6 +299,7 @@ struct CoordinatorConfig {
   // as the coordinator starts and written as it goes.
   std::function<bool()> joiner_waiting;
   std::shared_ptr<EpochCarry> carry;
+  RunControl* control = nullptr;  // callbacks and requests of an embedding caller (trainer.h)
 };
 // The chief coordinator, on rank 0, drives the whole run.
 std::unique_ptr<Actor> makeCoordinator(std::string name, CoordinatorConfig config);

@@ -142,7 +142,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
 }
 
 // One process of the run; with `role`, one generation of an elastic run (actors/elastic.h).
-TrainResult trainProcess(const TrainOptions& o, GenerationRole* role) {
+TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
   const bool server = o.role == "server";
@@ -354,6 +354,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role) {
   coordinator.updaters = all_updaters;
   coordinator.followers = followers;
   coordinator.result = &result;
+  coordinator.control = control;
   if (role) {
     coordinator.joiner_waiting = role->joiner_waiting;
     coordinator.carry = role->carry;
@@ -488,14 +489,15 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role) {
 
 }  // namespace
 
-TrainResult runTraining(const TrainOptions& o) {
+TrainResult runTraining(const TrainOptions& o, RunControl* control) {
   try {
     if (o.max_workers > 0) {
       validateElastic(o);
-      return runElastic(
-          o, [](const TrainOptions& g, GenerationRole& role) { return trainProcess(g, &role); });
+      return runElastic(o, [control](const TrainOptions& g, GenerationRole& role) {
+        return trainProcess(g, &role, control);
+      });
     }
-    return trainProcess(o, nullptr);
+    return trainProcess(o, nullptr, control);
   } catch (const std::exception& e) {
     // The run failed for another process: one line that names it, for the launcher's summary.
     if (const auto peer = findPeerError(e)) {

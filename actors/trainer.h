@@ -3,6 +3,7 @@
 // flags; a service can fill it itself and call runTraining.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
+#include "troupe/trainer.h"
 
 namespace troupe::actors {
 
@@ -124,6 +126,7 @@ struct EpochResult {
 };
 
 struct TrainResult {
+  bool stopped = false;      // ended early on RunControl::stop
   std::string resumed_from;  // the checkpoint the run continued from; empty: from scratch
   std::string experiment_id;
   std::string log_path;
@@ -139,6 +142,18 @@ struct TrainResult {
 // a NumericError naming the step, the epoch and the replica or process: a diverged run writes no
 // checkpoint. A run that fails because another process of it is hung or gone (PeerError, peer.h)
 // first prints one line on stderr for the launcher: "troupe-culprit: server 0: <reason>".
-TrainResult runTraining(const TrainOptions& options);
+TrainResult runTraining(const TrainOptions& options, struct RunControl* control = nullptr);
+
+// What a caller of runTraining watches and asks of the run while it goes (the public
+// troupe::Trainer, include/troupe/trainer.h). The chief's coordinator calls the callbacks and
+// reads the requests between steps; a request pauses every updater kPauseMargin steps on, as a
+// worker joining an elastic run does.
+struct RunControl {
+  TrainerCallbacks callbacks;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> checkpoint_at_stop{true};
+  std::atomic<bool> checkpoint{false};
+  std::atomic<std::int64_t> steps{0};  // steps done, for the caller to read
+};
 
 }  // namespace troupe::actors

@@ -1,0 +1,195 @@
+// troupe::Trainer (include/troupe/trainer.h), the library's non-blocking trainer, on real
+// Fashion-MNIST runs in this process: callbacks, a checkpoint asked for mid-epoch that a resumed
+// run continues from to the same bits, a graceful stop, waits with a timeout, errors as values.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "actors/checkpoint.h"
+#include "cli_util.h"
+#include "troupe/trainer.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::sourceDir;
+using testing::TempDir;
+using testing::testData;
+
+// MLP, 2 epochs of 2560 inputs at batch 64: 40 steps an epoch, 80 in all; one thread.
+Settings mlpRun(const TempDir& dir) {
+  return {{"train_data", testData("lmdb") + "/train"},
+          {"test_data", testData("lmdb") + "/test"},
+          {"db_type", "lmdb"},
+          {"num_epochs", "2"},
+          {"epoch_size", "2560"},
+          {"threads", "1"},
+          {"log_every", "0"},
+          {"checkpoint_every", "0"},  // only the last step's, and those asked for
+          {"log_dir", dir.str()}};
+}
+
+std::string config() {
+  return sourceDir() + "/configs/mlp.toml";
+}
+
+TEST(TrainerApi, CallbacksSeeEveryStepAndEpochAndWaitReturnsOk) {
+  TempDir dir("api_callbacks");
+  std::vector<StepMetrics> steps;
+  std::vector<EpochMetrics> epochs;
+  std::vector<std::string> checkpoints;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepMetrics& s) { steps.push_back(s); };
+  callbacks.on_epoch = [&](const EpochMetrics& e) { epochs.push_back(e); };
+  callbacks.on_checkpoint = [&](const std::string& path, std::int64_t) {
+    checkpoints.push_back(path);
+  };
+  auto started = Trainer::start(config(), mlpRun(dir), callbacks);
+  ASSERT_TRUE(started) << started.status().message();
+  auto& trainer = *started.value();
+  const Status done = trainer.wait(120s);
+  ASSERT_TRUE(done) << done.message();
+  EXPECT_FALSE(trainer.running());
+  EXPECT_EQ(trainer.steps(), 80);
+  ASSERT_EQ(steps.size(), 80u);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, static_cast<std::int64_t>(i) + 1);
+    EXPECT_EQ(steps[i].epoch, static_cast<std::int64_t>(i) / 40 + 1);
+    EXPECT_EQ(steps[i].step_in_epoch, static_cast<std::int64_t>(i) % 40 + 1);
+    EXPECT_EQ(steps[i].steps_in_epoch, 40);
+    EXPECT_GT(steps[i].loss, 0);
+  }
+  EXPECT_LT(steps.back().loss, steps.front().loss);
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_EQ(epochs[1].epoch, 2);
+  EXPECT_EQ(epochs[1].step, 80);
+  EXPECT_GT(epochs[1].test_accuracy, 0.5);
+  ASSERT_EQ(checkpoints.size(), 1u);  // the run's last step
+  EXPECT_TRUE(std::filesystem::exists(checkpoints[0]));
+}
+
+// A checkpoint asked for at step 5 is written after step 13 (kPauseMargin 8 steps on) while the
+// run goes on; a run resumed from it ends bitwise where the uninterrupted one did.
+TEST(TrainerApi, ACheckpointAskedForMidEpochResumesToTheSameBits) {
+  TempDir dir("api_checkpoint");
+  std::vector<std::pair<std::string, std::int64_t>> checkpoints;
+  std::unique_ptr<Trainer>* self = nullptr;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepMetrics& s) {
+    if (s.step == 5) (*self)->requestCheckpoint();
+  };
+  callbacks.on_checkpoint = [&](const std::string& path, std::int64_t step) {
+    checkpoints.emplace_back(path, step);
+  };
+  auto started = Trainer::start(config(), mlpRun(dir), callbacks);
+  ASSERT_TRUE(started) << started.status().message();
+  self = &started.value();
+  const Status done = started.value()->wait(120s);
+  ASSERT_TRUE(done) << done.message();
+  ASSERT_EQ(checkpoints.size(), 2u);
+  EXPECT_EQ(checkpoints[0].second, 13);
+  EXPECT_NE(checkpoints[0].first.find("_step13.ckpt"), std::string::npos) << checkpoints[0].first;
+  EXPECT_EQ(checkpoints[1].second, 80);
+  const auto uninterrupted = actors::loadCheckpoint(checkpoints[1].first);
+
+  TempDir resumed_dir("api_resumed");
+  auto settings = mlpRun(resumed_dir);
+  settings.emplace_back("resume", checkpoints[0].first);
+  std::string last;
+  TrainerCallbacks resumed_callbacks;
+  resumed_callbacks.on_checkpoint = [&](const std::string& path, std::int64_t) { last = path; };
+  auto resumed = Trainer::start(config(), settings, resumed_callbacks);
+  ASSERT_TRUE(resumed) << resumed.status().message();
+  const Status resumed_done = resumed.value()->wait(120s);
+  ASSERT_TRUE(resumed_done) << resumed_done.message();
+  const auto after = actors::loadCheckpoint(last);
+  EXPECT_EQ(after.metaInt("step"), 80);
+  // One thread, the same kernels and data order from the same state: the same float operations.
+  ASSERT_EQ(after.weights.numel(), uninterrupted.weights.numel());
+  for (std::int64_t i = 0; i < after.weights.numel(); ++i) {
+    ASSERT_EQ(after.weights.f32()[i], uninterrupted.weights.f32()[i]) << "weight " << i;
+    ASSERT_EQ(after.momentum.f32()[i], uninterrupted.momentum.f32()[i]) << "momentum " << i;
+  }
+}
+
+TEST(TrainerApi, AStopEndsTheRunAFewStepsOnWithACheckpoint) {
+  TempDir dir("api_stop");
+  std::unique_ptr<Trainer>* self = nullptr;
+  std::vector<std::int64_t> checkpoint_steps;
+  TrainerCallbacks callbacks;
+  callbacks.on_step = [&](const StepMetrics& s) {
+    if (s.step == 3) (*self)->stop();
+  };
+  callbacks.on_checkpoint = [&](const std::string&, std::int64_t step) {
+    checkpoint_steps.push_back(step);
+  };
+  auto settings = mlpRun(dir);
+  settings.emplace_back("num_epochs", "50");  // later entries win
+  auto started = Trainer::start(config(), settings, callbacks);
+  ASSERT_TRUE(started) << started.status().message();
+  self = &started.value();
+  const Status done = started.value()->wait(120s);
+  ASSERT_TRUE(done) << done.message();
+  EXPECT_EQ(started.value()->steps(), 11);
+  EXPECT_EQ(checkpoint_steps, std::vector<std::int64_t>{11});
+}
+
+TEST(TrainerApi, AWaitThatRunsOutSaysSoAndTheRunGoesOnUntilStopped) {
+  TempDir dir("api_wait");
+  auto settings = mlpRun(dir);
+  settings.emplace_back("num_epochs", "1000");
+  auto started = Trainer::start(config(), settings);
+  ASSERT_TRUE(started) << started.status().message();
+  auto& trainer = *started.value();
+  const Status early = trainer.wait(20ms);
+  EXPECT_EQ(early.kind(), ErrorKind::kTimeout);
+  EXPECT_NE(early.message().find("the run still goes after 20 ms"), std::string::npos)
+      << early.message();
+  EXPECT_TRUE(trainer.running());
+  trainer.stop(false);
+  const Status done = trainer.wait(120s);
+  EXPECT_TRUE(done) << done.message();
+  EXPECT_FALSE(trainer.running());
+}
+
+TEST(TrainerApi, BadSettingsAreAnErrorValueAndNothingRuns) {
+  TempDir dir("api_bad");
+  auto settings = mlpRun(dir);
+  settings.emplace_back("bach_size", "3");
+  auto bad_key = Trainer::start(config(), settings);
+  ASSERT_FALSE(bad_key);
+  EXPECT_EQ(bad_key.status().kind(), ErrorKind::kInput);
+  EXPECT_NE(bad_key.status().message().find("did you mean --batch_size?"), std::string::npos)
+      << bad_key.status().message();
+
+  settings = mlpRun(dir);
+  settings.emplace_back("train_data", dir.str() + "/missing");
+  auto missing = Trainer::start(config(), settings);
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.status().message().find(dir.str() + "/missing"), std::string::npos)
+      << missing.status().message();
+
+  auto no_config = Trainer::start(dir.str() + "/none.toml", mlpRun(dir));
+  ASSERT_FALSE(no_config);
+  EXPECT_NE(no_config.status().message().find("none.toml"), std::string::npos)
+      << no_config.status().message();
+}
+
+TEST(TrainerApi, ADivergedRunIsANumericErrorValue) {
+  TempDir dir("api_diverged");
+  auto settings = mlpRun(dir);
+  settings.emplace_back("base_learning_rate", "1e30");
+  auto started = Trainer::start(config(), settings);
+  ASSERT_TRUE(started) << started.status().message();
+  const Status done = started.value()->wait(120s);
+  EXPECT_EQ(done.kind(), ErrorKind::kNumeric) << done.message();
+  EXPECT_NE(done.message().find("diverged"), std::string::npos) << done.message();
+}
+
+}  // namespace
+}  // namespace troupe
