@@ -1,0 +1,183 @@
+// troupe::KVStore (include/troupe/kvstore.h): the local store, on troupe's optimizer and
+// gradient compression kernels.
+#include "troupe/kvstore.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "kernels/backend.h"
+#include "kernels/compression.h"
+#include "kernels/optimizer.h"
+#include "troupe/error.h"
+
+namespace troupe {
+namespace {
+
+Status inputError(std::string message) {
+  return {ErrorKind::kInput, std::move(message)};
+}
+
+class LocalKVStore final : public KVStore {
+ public:
+  LocalKVStore() : backend_(kernels::makeCpuBackend(1)) {}
+
+  std::string type() const override { return "local"; }
+  int rank() const override { return 0; }
+  int numWorkers() const override { return 1; }
+
+  Status init(int key, std::span<const float> value) override {
+    if (entries_.count(key))
+      return inputError(fmt::format("init of key {}: it has a value already", key));
+    if (value.empty()) return inputError(fmt::format("init of key {}: an empty value", key));
+    Entry e;
+    e.value = kernels::Tensor::host({static_cast<std::int64_t>(value.size())});
+    std::copy(value.begin(), value.end(), e.value.f32());
+    entries_.emplace(key, std::move(e));
+    return {};
+  }
+
+  Status push(int key, const std::vector<std::span<const float>>& values, int) override {
+    const auto it = entries_.find(key);
+    if (it == entries_.end()) return neverInitialised("push", key);
+    auto& e = it->second;
+    const auto n = e.value.numel();
+    if (values.empty()) return inputError(fmt::format("push of key {}: no array", key));
+    auto sum = kernels::Tensor::host({n});
+    std::fill_n(sum.f32(), n, 0.0f);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (static_cast<std::int64_t>(values[i].size()) != n) {
+        return inputError(fmt::format("push of key {}: array {} has {} values, the key's has {}",
+                                      key, i, values[i].size(), n));
+      }
+      for (std::int64_t j = 0; j < n; ++j)
+        sum.f32()[j] += values[i][static_cast<std::size_t>(j)];
+    }
+    try {
+      if (compression_.type != kernels::GradientCompression::kNone) compress(e, sum);
+      if (!optimizer_) {
+        std::copy_n(sum.f32(), n, e.value.f32());  // MXNet's local store without an updater
+        return {};
+      }
+      if (!e.optimizer) e.optimizer = kernels::makeSgd(*backend_, n, sgd_);
+      if (spec_.rescale_grad != 1.0f) {
+        for (std::int64_t j = 0; j < n; ++j)
+          sum.f32()[j] *= spec_.rescale_grad;
+      }
+      if (!e.optimizer->step(e.value, sum, spec_.learning_rate)) {
+        return {ErrorKind::kNumeric,
+                fmt::format("push of key {}: the update left inf or NaN in its value (learning "
+                            "rate {:g}; a gradient was not finite, or too large)",
+                            key, spec_.learning_rate)};
+      }
+    } catch (const Error& e) {
+      return {ErrorKind::kInternal, e.what()};
+    }
+    return {};
+  }
+
+  Status pull(int key, std::span<float> out, int) override {
+    const auto it = entries_.find(key);
+    if (it == entries_.end()) return neverInitialised("pull", key);
+    const auto& value = it->second.value;
+    if (static_cast<std::int64_t>(out.size()) != value.numel()) {
+      return inputError(fmt::format("pull of key {}: room for {} values, the key's has {}", key,
+                                    out.size(), value.numel()));
+    }
+    std::copy_n(value.f32(), value.numel(), out.data());
+    return {};
+  }
+
+  Status setOptimizer(const OptimizerSpec& o) override {
+    if (o.name != "sgd") {
+      return inputError(fmt::format("optimizer '{}': the known one is sgd", o.name));
+    }
+    for (const auto& [name, v] :
+         {std::pair{"learning_rate", o.learning_rate}, {"rescale_grad", o.rescale_grad}}) {
+      if (!std::isfinite(v) || v < 0) {
+        return inputError(fmt::format("optimizer: {} {} is not a finite number >= 0", name, v));
+      }
+    }
+    kernels::SgdOptions sgd;
+    sgd.momentum = o.momentum;
+    sgd.weight_decay = o.weight_decay;
+    sgd.nesterov = o.nesterov;
+    try {
+      kernels::makeSgd(*backend_, 1, sgd);  // checks momentum, weight decay and nesterov
+    } catch (const Error& e) {
+      return inputError(fmt::format("optimizer: {}", e.what()));
+    }
+    spec_ = o;
+    sgd_ = sgd;
+    optimizer_ = true;
+    for (auto& [key, e] : entries_)
+      e.optimizer.reset();  // a new optimizer starts with no momentum
+    return {};
+  }
+
+  Status setGradientCompression(const std::string& type, float threshold) override {
+    try {
+      kernels::CompressionSpec spec{kernels::parseGradientCompression(type), threshold};
+      if (spec.type == kernels::GradientCompression::k2Bit &&
+          !(threshold > 0 && std::isfinite(threshold))) {
+        return inputError(
+            fmt::format("gradient compression 2bit: threshold {} is not > 0", threshold));
+      }
+      compression_ = spec;
+    } catch (const Error& e) {
+      return inputError(e.what());
+    }
+    return {};
+  }
+
+  Status barrier() override { return {}; }
+
+ private:
+  struct Entry {
+    kernels::Tensor value;
+    std::unique_ptr<kernels::Optimizer> optimizer;
+    std::vector<float> residual;  // 2bit
+  };
+
+  static Status neverInitialised(const char* what, int key) {
+    return inputError(
+        fmt::format("{} of key {}: the key was never initialised (init it first)", what, key));
+  }
+
+  // What the push would be after crossing the wire.
+  void compress(Entry& e, kernels::Tensor& sum) {
+    const auto n = sum.numel();
+    if (e.residual.size() != static_cast<std::size_t>(n))
+      e.residual.assign(static_cast<std::size_t>(n), 0.0f);
+    const auto bytes = kernels::encode(compression_, sum.f32(), e.residual.data(), n);
+    kernels::decode(compression_, bytes, sum.f32(), n, /*accumulate=*/false);
+  }
+
+  std::unique_ptr<kernels::Backend> backend_;
+  std::map<int, Entry> entries_;
+  OptimizerSpec spec_;
+  kernels::SgdOptions sgd_;
+  bool optimizer_ = false;
+  kernels::CompressionSpec compression_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type) {
+  if (type == "local") return std::unique_ptr<KVStore>(new LocalKVStore());
+  if (type == "device" || type == "dist_sync" || type == "dist_async" || type == "ring" ||
+      type == "ssp" || type == "dist_device_sync") {
+    return inputError(fmt::format(
+        "kvstore '{}' is not in this build of the KVStore API yet (only 'local'); train with it "
+        "through troupe train --schedule",
+        type));
+  }
+  return inputError(fmt::format(
+      "unknown kvstore type '{}' (MXNet's: local, device, dist_sync, dist_async; troupe's: ring, "
+      "ssp)",
+      type));
+}
+
+}  // namespace troupe
