@@ -141,36 +141,57 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
-// One process of the run; with `role`, one generation of an elastic run (actors/elastic.h).
-TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
+// What one process of the run does, decided before anything runs: the options checked, its place
+// in the world, the batch split, the data, the step plan and learning rates, the net, and the
+// state it starts from (from scratch, a checkpoint, or an elastic generation's).
+struct ProcessPlan {
+  bool server = false, ps = false, chief = false;
+  int workers = 0, nodes = 0, rank = 0, threads = 1;
+  std::vector<std::int64_t> shares;  // of the batch, per replica
+  data::DatasetOptions train, test;
+  StepPlan plan;
+  kernels::LrPolicy lr;
+  kernels::NetOptions net;
+  std::int64_t num_params = 0;
+  bool has_buffers = false;
+  kernels::Tensor weights, momentum, buffers;  // to start from; momentum, buffers may be empty
+  std::string checkpoint_dir, resumed_from;
+  double cumulative_time = 0;  // carried over from a resumed checkpoint
+  std::int64_t cumulative_inputs = 0;
+  bool nothing_left = false;  // the newest checkpoint holds the run's last step already
+};
+
+// The plan stage; with `role`, for one generation of an elastic run (actors/elastic.h).
+ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
-  const bool server = o.role == "server";
+  ProcessPlan p;
+  const bool server = p.server = o.role == "server";
   if (!server && o.role != "worker") {
     throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
   }
-  const int workers = o.num_shards;
+  const int workers = p.workers = o.num_shards;
   const int shards_of_role = server ? o.num_servers : workers;
   if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
     throw InputError(
         fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
   }
-  const bool ps = isParameterServerSchedule(o.schedule);
+  p.ps = isParameterServerSchedule(o.schedule);
   // Node ids: workers 0 .. W-1, then servers W .. W+S-1. Worker 0 is the chief.
-  const int nodes = workers + o.num_servers;
-  const int rank = server ? workers + o.shard_id : o.shard_id;
-  const bool chief = rank == 0;
+  p.nodes = workers + o.num_servers;
+  p.rank = server ? workers + o.shard_id : o.shard_id;
+  p.chief = p.rank == 0;
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
   if (o.train_data.empty()) throw InputError("no training data: set train_data");
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
   if (o.generation < 0) throw InputError("generation must be at least 0");
-  const auto shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
+  p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   checkBatchMemory(o);
-  const int threads = o.threads > 0 ? o.threads : defaultThreads();
+  p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
-  data::DatasetOptions train;
+  data::DatasetOptions& train = p.train;
   train.path = o.train_data;
   train.type = o.db_type;
   train.channels = o.num_channels;
@@ -178,15 +199,15 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   train.num_labels = o.num_labels;
   train.mean = o.mean;
   train.scale = o.scale;
-  data::DatasetOptions test = train;
-  test.path = o.test_data;
+  p.test = train;
+  p.test.path = o.test_data;
 
   const std::int64_t train_size = data::openDataset(train)->size();
-  if (!o.test_data.empty()) data::openDataset(test);
+  if (!o.test_data.empty()) data::openDataset(p.test);
   const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : train_size;
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (see the cluster below).
-  StepPlan plan;
+  StepPlan& plan = p.plan;
   plan.global_batch = o.batch_size * workers;
   plan.steps_per_epoch = epoch_size / plan.global_batch;
   if (plan.steps_per_epoch < 1) {
@@ -200,14 +221,14 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   } else {
     plan.start(0, o.num_epochs);
   }
-  const auto lr = lrPolicy(o, plan.steps_per_epoch);
+  p.lr = lrPolicy(o, plan.steps_per_epoch);
 
-  kernels::NetOptions net;
+  kernels::NetOptions& net = p.net;
   net.model = o.model;
   net.channels = o.num_channels;
   net.height = net.width = o.image_size;
   net.num_labels = o.num_labels;
-  net.max_batch = *std::max_element(shares.begin(), shares.end());
+  net.max_batch = *std::max_element(p.shares.begin(), p.shares.end());
   net.seed = o.seed;
 
   // The initial weights (and the size of everything): one net built here, on the CPU.
@@ -215,17 +236,15 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   kernels::NetOptions probe = net;
   probe.max_batch = 1;
   auto init_net = kernels::makeNet(*init_backend, probe);
-  UpdaterConfig updater;
-  updater.initial_weights = kernels::Tensor::host({init_net->numParams()});
-  init_backend->copy(init_net->weights(), updater.initial_weights);
-  const bool has_buffers = init_net->buffers().numel() > 0;
-  const std::int64_t num_params = init_net->numParams();
+  p.weights = kernels::Tensor::host({init_net->numParams()});
+  init_backend->copy(init_net->weights(), p.weights);
+  p.has_buffers = init_net->buffers().numel() > 0;
+  const std::int64_t num_params = p.num_params = init_net->numParams();
   init_net.reset();
 
-  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
-  CoordinatorConfig coordinator;
-  const auto resumed = role ? std::nullopt : findResume(o, checkpoint_dir, num_params, plan);
-  const std::string resumed_from = resumed ? resumed->path : std::string();
+  p.checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+  const auto resumed = role ? std::nullopt : findResume(o, p.checkpoint_dir, num_params, plan);
+  p.resumed_from = resumed ? resumed->path : std::string();
   if (resumed) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
@@ -247,10 +266,8 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
       // same checkpoint and stops here.
       spdlog::info("checkpoint {} holds the run's last step {}: nothing left to train", path,
                    plan.first_step);
-      TrainResult done;
-      done.resumed_from = path;
-      done.steps = plan.first_step;
-      return done;
+      p.nothing_left = true;
+      return p;
     }
     if (plan.first_step >= plan.last_step) {
       throw InputError(
@@ -258,20 +275,52 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
                       "raise num_epochs to train further",
                       path, plan.first_step, plan.last_step));
     }
-    updater.initial_weights = ck.weights;
-    updater.initial_momentum = ck.momentum;
-    if (ck.buffers.numel() > 0) updater.initial_buffers = ck.buffers;
-    coordinator.cumulative_time = ck.metaDouble("cumulative_time_spent");
-    coordinator.cumulative_inputs = ck.metaInt("cumulative_input_count");
+    p.weights = ck.weights;
+    p.momentum = ck.momentum;
+    if (ck.buffers.numel() > 0) p.buffers = ck.buffers;
+    p.cumulative_time = ck.metaDouble("cumulative_time_spent");
+    p.cumulative_inputs = ck.metaInt("cumulative_input_count");
     spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
   // A generation of an elastic run goes on from this process's own state when it is the newest;
   // else its updater waits for the newest from the process that has it (Handover).
   if (role && role->state->step == plan.first_step && !role->await_handover) {
-    updater.initial_weights = role->state->weights;
-    updater.initial_momentum = role->state->momentum;
-    if (role->state->buffers.defined()) updater.initial_buffers = role->state->buffers;
+    p.weights = role->state->weights;
+    p.momentum = role->state->momentum;
+    if (role->state->buffers.defined()) p.buffers = role->state->buffers;
   }
+  return p;
+}
+
+// One process of the run, in stages: plan, (server) or spawn the worker's actors, rendezvous
+// (joinRun), run, finish. With `role`, one generation of an elastic run.
+TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
+  const ProcessPlan p = planProcess(o, role);
+  if (p.nothing_left) {
+    TrainResult done;
+    done.resumed_from = p.resumed_from;
+    done.steps = p.plan.first_step;
+    return done;
+  }
+  const bool server = p.server, ps = p.ps, chief = p.chief;
+  const int workers = p.workers, nodes = p.nodes, rank = p.rank, threads = p.threads;
+  const auto& shares = p.shares;
+  const auto& train = p.train;
+  const auto& test = p.test;
+  const StepPlan& plan = p.plan;
+  const auto& lr = p.lr;
+  const auto& net = p.net;
+  const std::int64_t num_params = p.num_params;
+  const bool has_buffers = p.has_buffers;
+  const std::string& checkpoint_dir = p.checkpoint_dir;
+  const std::string& resumed_from = p.resumed_from;
+  UpdaterConfig updater;
+  updater.initial_weights = p.weights;
+  updater.initial_momentum = p.momentum;
+  updater.initial_buffers = p.buffers;
+  CoordinatorConfig coordinator;
+  coordinator.cumulative_time = p.cumulative_time;
+  coordinator.cumulative_inputs = p.cumulative_inputs;
 
   const auto members = std::make_shared<RunMembers>(workers, o.num_servers);
   if (server) {
