@@ -35,8 +35,9 @@ struct Placement {
 };
 
 std::optional<Placement> placement(const EnvLookup& env) {
-  if (env("TROUPE_RANK") || env("TROUPE_ROLE")) return std::nullopt;  // troupe placed it
-  constexpr std::int64_t kMaxRank = 65535;                            // the config's shard_id range
+  // troupe placed it, or MXNet's launcher did (DMLC_ROLE: loadTrainOptions reads its variables)
+  if (env("TROUPE_RANK") || env("TROUPE_ROLE") || env("DMLC_ROLE")) return std::nullopt;
+  constexpr std::int64_t kMaxRank = 65535;  // the config's shard_id range
   if (env("OMPI_COMM_WORLD_RANK")) {
     Placement p{"mpi", 0, 0, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"};
     p.world = wholeNumber(env, "OMPI_COMM_WORLD_SIZE", 1, kMaxRank + 1, "the number of ranks");

@@ -4,8 +4,9 @@
 //
 // Precedence, key by key: a flag (--shard_id ...) > troupe's own TROUPE_* variable > the engine's
 // variables > the config file > the default. A process with TROUPE_RANK or TROUPE_ROLE in its
-// environment was placed by troupe (`troupe launch`, any launcher): the engine's variables are
-// not read at all. Otherwise the first engine found, in this order:
+// environment was placed by troupe (`troupe launch`, any launcher), one with DMLC_ROLE by MXNet's
+// tools/launch.py (train_config.h reads its DMLC_* variables): the engine's variables are not read
+// at all. Otherwise the first engine found, in this order:
 //  - mpi: OMPI_COMM_WORLD_RANK is set (Open MPI's mpirun; checked first because mpirun under
 //    Slurm starts its daemons with srun, whose SLURM_PROCID is a node's, not the rank's). The
 //    rank is OMPI_COMM_WORLD_RANK, the world OMPI_COMM_WORLD_SIZE. The rendezvous and run id

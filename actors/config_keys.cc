@@ -8,6 +8,7 @@
 #include <iterator>
 #include <type_traits>
 
+#include "actors/caffe2_flags.h"
 #include "actors/nearest_name.h"
 #include "actors/train_config.h"
 #include "actors/worker_bounds.h"
@@ -78,25 +79,25 @@ std::string listText(const std::vector<double>& list) {
   return out;
 }
 
-#define TROUPE_INT_KEY(key, field, range, help)                                                \
-  Key {                                                                                        \
-    key, Kind::kInt, range, help, [](TrainOptions& o, const Value& v) { o.field = asInt(v); }, \
-        [](const TrainOptions& o) { return fmt::format("{}", o.field); }                       \
+#define TROUPE_INT_KEY(key, field, range, help)                                                    \
+  Key {                                                                                            \
+    key, Kind::kInt, range, help, [](Settings& s, const Value& v) { s.options.field = asInt(v); }, \
+        [](const Settings& s) { return fmt::format("{}", s.options.field); }                       \
   }
-#define TROUPE_FLOAT_KEY(key, field, range, help)                         \
-  Key {                                                                   \
-    key, Kind::kFloat, range, help,                                       \
-        [](TrainOptions& o, const Value& v) {                             \
-          o.field = static_cast<decltype(o.field)>(asFloat(v));           \
-        },                                                                \
-        [](const TrainOptions& o) { return fmt::format("{}", o.field); }, \
-        std::is_same_v<decltype(TrainOptions{}.field), float>             \
+#define TROUPE_FLOAT_KEY(key, field, range, help)                               \
+  Key {                                                                         \
+    key, Kind::kFloat, range, help,                                             \
+        [](Settings& s, const Value& v) {                                       \
+          s.options.field = static_cast<decltype(s.options.field)>(asFloat(v)); \
+        },                                                                      \
+        [](const Settings& s) { return fmt::format("{}", s.options.field); },   \
+        std::is_same_v<decltype(TrainOptions{}.field), float>                   \
   }
-#define TROUPE_STRING_KEY(key, field, help)                             \
-  Key {                                                                 \
-    key, Kind::kString, kNotNumeric, help,                              \
-        [](TrainOptions& o, const Value& v) { o.field = asString(v); }, \
-        [](const TrainOptions& o) { return o.field; }                   \
+#define TROUPE_STRING_KEY(key, field, help)                                 \
+  Key {                                                                     \
+    key, Kind::kString, kNotNumeric, help,                                  \
+        [](Settings& s, const Value& v) { s.options.field = asString(v); }, \
+        [](const Settings& s) { return s.options.field; }                   \
   }
 
 std::vector<std::string> keyNames() {
@@ -133,17 +134,36 @@ const char* kindName(Kind k) {
   return "?";
 }
 
-const std::vector<Key>& keys() {
-  static const std::vector<Key> table = {
+namespace {
+
+std::vector<Key> buildTable() {
+  std::vector<Key> table = {
       Key{"model", Kind::kString, kNotNumeric,
           "built-in model: mlp, lenet, resnet20 (or [[layers]] in the file)",
-          [](TrainOptions& o, const Value& v) { o.model.name = asString(v); },
-          [](const TrainOptions& o) { return o.model.name.empty() ? "custom" : o.model.name; }},
-      TROUPE_STRING_KEY("train_data", train_data, "training database"),
+          [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
+          [](const Settings& s) {
+            return s.options.model.name.empty() ? "custom" : s.options.model.name;
+          }},
+      Key{"train_data", Kind::kString, kNotNumeric, "training database",
+          [](Settings& s, const Value& v) {
+            if (asString(v) == "null") {
+              throw Refusal(
+                  "Caffe2's simulated input, which troupe does not have: give a database (troupe "
+                  "convert makes one from images), or ./null for a database named null");
+            }
+            s.options.train_data = asString(v);
+          },
+          [](const Settings& s) { return s.options.train_data; }},
       TROUPE_STRING_KEY("test_data", test_data, "test database (evaluated after every epoch)"),
       Key{"db_type", Kind::kString, kNotNumeric, "lmdb or leveldb",
-          [](TrainOptions& o, const Value& v) { o.db_type = data::parseDbType(asString(v)); },
-          [](const TrainOptions& o) { return std::string(data::toString(o.db_type)); }},
+          [](Settings& s, const Value& v) {
+            try {
+              s.options.db_type = data::parseDbType(asString(v));
+            } catch (const InputError& e) {
+              throw Refusal(e.what());
+            }
+          },
+          [](const Settings& s) { return std::string(data::toString(s.options.db_type)); }},
       TROUPE_INT_KEY("batch_size", batch_size, kBatchSize,
                      "inputs per step, in total over the replicas"),
       TROUPE_INT_KEY("epoch_size", epoch_size, kEpochSize,
@@ -152,21 +172,30 @@ const std::vector<Key>& keys() {
       // A rate has no natural bound (it scales with the loss; tests drive runs to divergence with
       // 1e30): finite, not negative, and 1e38 the round number below a float's largest.
       TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, closed(0, 1e38), "learning rate"),
+      Key{"lr_scaling", Kind::kString, kNotNumeric,
+          "none, or per256: base_learning_rate is per 256 inputs and the run's rate is "
+          "base_learning_rate x global batch / 256 (Goyal et al.'s rule, as Caffe2 runs used it)",
+          [](Settings&, const Value& v) {
+            if (asString(v) != "none" && asString(v) != "per256") {
+              throw Refusal("expected none or per256");
+            }
+          },
+          [](const Settings& s) { return s.textOr("lr_scaling", "none"); }},
       // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
       TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
       // At 1 or above the velocity never decays: the run diverges.
       TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
       Key{"nesterov", Kind::kBool, kNotNumeric, "Nesterov momentum",
-          [](TrainOptions& o, const Value& v) { o.sgd.nesterov = asBool(v); },
-          [](const TrainOptions& o) { return std::string(o.sgd.nesterov ? "true" : "false"); }},
+          [](Settings& s, const Value& v) { s.options.sgd.nesterov = asBool(v); },
+          [](const Settings& s) { return std::string(s.options.sgd.nesterov ? "true" : "false"); }},
       TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep or cosine"),
       // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
       TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
       TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
                        "step: decay every this many epochs"),
       Key{"lr_milestones", Kind::kFloatList, kEpochs, "multistep: epochs at which to decay",
-          [](TrainOptions& o, const Value& v) { o.lr_milestones = asList(v); },
-          [](const TrainOptions& o) { return listText(o.lr_milestones); }},
+          [](Settings& s, const Value& v) { s.options.lr_milestones = asList(v); },
+          [](const Settings& s) { return listText(s.options.lr_milestones); }},
       TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs"),
       TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes"),
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
@@ -186,13 +215,14 @@ const std::vector<Key>& keys() {
                      "worker processes (set by troupe launch)"),
       Key{"num_workers", Kind::kString, kNotNumeric,
           "worker processes: N, or MIN:MAX for an elastic run (workers may die or join)",
-          [](TrainOptions& o, const Value& v) {
+          [](Settings& s, const Value& v) {
             const auto bounds = parseNumWorkers(asString(v));
-            o.min_workers = bounds.min;
-            o.max_workers = bounds.max;
-            if (!bounds.elastic()) o.num_shards = bounds.fixed;
+            s.options.min_workers = bounds.min;
+            s.options.max_workers = bounds.max;
+            if (!bounds.elastic()) s.options.num_shards = bounds.fixed;
           },
-          [](const TrainOptions& o) {
+          [](const Settings& s) {
+            const auto& o = s.options;
             return o.max_workers > 0 ? fmt::format("{}:{}", o.min_workers, o.max_workers)
                                      : std::to_string(o.num_shards);
           }},
@@ -236,22 +266,29 @@ const std::vector<Key>& keys() {
                        "seconds of waiting on a peer before a stall report names who is late"),
       Key{"work_load_list", Kind::kFloatList, openBelow(0, kMillion),
           "relative share of the batch per replica",
-          [](TrainOptions& o, const Value& v) { o.work_load_list = asList(v); },
-          [](const TrainOptions& o) { return listText(o.work_load_list); }},
+          [](Settings& s, const Value& v) { s.options.work_load_list = asList(v); },
+          [](const Settings& s) { return listText(s.options.work_load_list); }},
       Key{"seed", Kind::kUint, kNotNumeric, "seed of initialisation and data order",
-          [](TrainOptions& o, const Value& v) { o.seed = std::get<std::uint64_t>(v); },
-          [](const TrainOptions& o) { return fmt::format("{}", o.seed); }},
+          [](Settings& s, const Value& v) { s.options.seed = std::get<std::uint64_t>(v); },
+          [](const Settings& s) { return fmt::format("{}", s.options.seed); }},
       // Batches in flight per reader: memory grows with it, speed stops growing after a few.
       TROUPE_INT_KEY("prefetch", prefetch, closed(1, 1024), "batches a reader keeps in flight"),
       Key{"skip_bad_records", Kind::kBool, kNotNumeric,
           "skip (and count, and log once) records that do not parse, decode or fit, instead of "
           "failing; also --skip-bad-records",
-          [](TrainOptions& o, const Value& v) { o.skip_bad_records = asBool(v); },
-          [](const TrainOptions& o) { return std::string(o.skip_bad_records ? "true" : "false"); }},
+          [](Settings& s, const Value& v) { s.options.skip_bad_records = asBool(v); },
+          [](const Settings& s) {
+            return std::string(s.options.skip_bad_records ? "true" : "false");
+          }},
       // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
       TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
       TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
                        "size of the first bucket (MiB)"),
+  };
+  // Caffe2's resnet50_trainer flags troupe's own keys do not cover, then the files' keys.
+  const auto caffe2 = caffe2Keys();
+  table.insert(table.end(), caffe2.begin(), caffe2.end());
+  const Key last[] = {
       TROUPE_STRING_KEY("log_dir", log_dir, "folder of the CSV log"),
       TROUPE_STRING_KEY("checkpoint_dir", checkpoint_dir,
                         "folder of checkpoints (default: log_dir)"),
@@ -267,6 +304,14 @@ const std::vector<Key>& keys() {
       TROUPE_STRING_KEY("run_name", run_name, "prefix of the experiment id (default: the model)"),
       TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
   };
+  table.insert(table.end(), std::begin(last), std::end(last));
+  return table;
+}
+
+}  // namespace
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> table = buildTable();
   return table;
 }
 
@@ -285,9 +330,37 @@ std::string accepted(const Key& key) {
   }
 }
 
-void assign(TrainOptions& o, const Key& key, Value value, const std::string& origin) {
+const Given* Settings::find(std::string_view name) const {
+  const auto it = given.find(name);
+  return it == given.end() ? nullptr : &it->second;
+}
+
+std::string Settings::textOr(std::string_view name, std::string_view fallback) const {
+  const Given* g = find(name);
+  return g ? g->text : std::string(fallback);
+}
+
+std::string valueText(const Value& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return v ? "true" : "false";
+        } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+          return listText(v);
+        } else {
+          return fmt::format("{}", v);
+        }
+      },
+      value);
+}
+
+void assign(Settings& s, const Key& key, Value value, const Source& from) {
+  if (key.refusal) throw InputError(fmt::format("{}: {}", from.by, key.refusal));
   auto refuse = [&](const std::string& got) {
-    return InputError(fmt::format("{} must be {}, got {}", origin, accepted(key), got));
+    return InputError(fmt::format("{} must be {}, got {}", from.origin, accepted(key), got));
   };
   switch (key.kind) {
     case Kind::kInt: {
@@ -327,7 +400,21 @@ void assign(TrainOptions& o, const Key& key, Value value, const std::string& ori
     case Kind::kString:
       break;
   }
-  key.set(o, value);
+  // One source, two names for one key: neither may silently win.
+  const std::string target = key.sets ? key.sets : key.name;
+  if (const Given* before = s.find(target);
+      before && before->source.rank == from.rank && before->name != key.name) {
+    throw InputError(
+        fmt::format("{} and {} both set {}: give one", before->source.by, from.by, target));
+  }
+  try {
+    key.set(s, value);
+  } catch (const Refusal& e) {
+    throw InputError(fmt::format("{}: {}", from.by, e.what()));
+  }
+  Given given{key.name, valueText(value), from};
+  if (key.sets) s.given[key.sets] = given;
+  s.given[key.name] = std::move(given);
 }
 
 const Key* findKey(std::string_view name) {
@@ -356,10 +443,10 @@ std::string didYouMeanFlag(std::string_view name) {
   return nearest ? fmt::format(": did you mean --{}?", *nearest) : "";
 }
 
-TrainOptions defaultOptions() {
-  TrainOptions o;
-  o.model.name = "lenet";
-  return o;
+Settings defaultSettings() {
+  Settings s;
+  s.options.model.name = "lenet";
+  return s;
 }
 
 Value fromText(const Key& key, const std::string& text) {
@@ -391,8 +478,8 @@ Value fromText(const Key& key, const std::string& text) {
     case Kind::kFloat:
       return parseDouble(text);
     case Kind::kBool:
-      if (text == "true" || text == "1" || text.empty()) return true;
-      if (text == "false" || text == "0") return false;
+      if (text == "true" || text == "True" || text == "1" || text.empty()) return true;
+      if (text == "false" || text == "False" || text == "0") return false;
       throw wrong();
     case Kind::kString:
       return text;
@@ -424,7 +511,7 @@ const std::vector<ConfigKey>& configKeys() {
       c.help = k.help;
       c.summary = k.help;
       c.accepted = config::accepted(k);
-      c.default_value = k.get(config::defaultOptions());
+      c.default_value = k.get(config::defaultSettings());
       if (k.kind == Kind::kInt || k.kind == Kind::kFloat || k.kind == Kind::kFloatList) {
         c.help += fmt::format(" ({})", c.accepted);
         c.range = k.range.text();

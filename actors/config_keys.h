@@ -1,13 +1,14 @@
 // The key table behind actors/train_config.h: every key's name, type, accepted values, help, and
-// how it is set on and read from TrainOptions; the checked assignment every value passes, from a
-// file, a flag or a variable. Private to the config loader (config_keys.cc, train_config.cc);
-// everyone else reads the table through configKeys(). Any thread: the table is built once and
-// never changes.
+// how it is set on and read from TrainOptions (Caffe2's flags among them: caffe2_flags.h); the
+// checked assignment every value passes, from a file, a flag or a variable. Private to the config
+// loader (config_keys.cc, train_config.cc); everyone else reads the table through configKeys(). Any
+// thread: the table is built once and never changes.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "actors/trainer.h"
+#include "troupe/error.h"
 
 namespace troupe::actors::config {
 
@@ -38,16 +40,57 @@ struct Range {
   std::string text() const;  // "[1, 64]", "[0, 1)"
 };
 
-// A key: its name and kind, its range and help, and how it is set on and read from TrainOptions
-// (`get` gives the text the run logs and docs/config.md shows as its default).
+// Where a value came from, weakest first: a source of a higher rank overrides a lower one's value
+// (the loader reads them in this order), and two names that set one key from the same source are
+// an InputError.
+enum class Rank { kDefault, kFile, kMxnet, kLauncher, kFlag };
+
+struct Source {
+  Rank rank = Rank::kDefault;
+  std::string origin;  // for a value out of range: "FILE: key 'k'", "--k", "VAR=TEXT: key 'k'"
+  std::string by;      // for any other message: "FILE: k = V", "--k V", "VAR=V"
+};
+
+// A value that was given, and by whom.
+struct Given {
+  std::string name;  // the key or alias that gave it
+  std::string text;  // the value, as a flag would give it
+  Source source;
+};
+
+// A run's settings while the loader reads its sources: the options, what gave each key its value
+// (an alias's under its own name and under the key it sets), and what TrainOptions has no field
+// for (lr_scaling, and Caffe2's flags that combine: caffe2_flags.h).
+struct Settings {
+  TrainOptions options;
+  std::map<std::string, Given, std::less<>> given;
+
+  const Given* find(std::string_view name) const;
+  // The text `name` was given as; `fallback` when nothing gave it.
+  std::string textOr(std::string_view name, std::string_view fallback) const;
+};
+
+// Thrown by a key's `set` that refuses a value: assign() puts who gave it in front ("--dtype
+// float16: ...").
+class Refusal : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// A key: its name and kind, its range and help, and how it is set on and read from the settings
+// (`get` gives the text the run logs and docs/config.md shows as its default). An alias (one of
+// Caffe2's flags) names the key it `sets`; one that is always refused says why in `refusal`,
+// whatever its value.
 struct Key {
   const char* name;
   Kind kind;
   Range range;  // numeric kinds only
   const char* help;
-  std::function<void(TrainOptions&, const Value&)> set;
-  std::function<std::string(const TrainOptions&)> get;
+  std::function<void(Settings&, const Value&)> set;
+  std::function<std::string(const Settings&)> get;
   bool single = false;  // stored as a float: the range holds for the value rounded to one
+  const char* sets = nullptr;
+  const char* refusal = nullptr;
 };
 
 // Every key, in the order of --help, docs/config.md and TrainOptions::parameters.
@@ -69,17 +112,21 @@ std::string didYouMeanFlag(std::string_view name);
 std::string accepted(const Key& key);
 
 // Sets a key, checking the value against the key's range first: the one place every value, from
-// a file, a flag or troupe launch's environment, passes. `origin` names where the value came from
-// ("FILE: key 'k'", "--k", "VAR=TEXT: key 'k'").
-void assign(TrainOptions& o, const Key& key, Value value, const std::string& origin);
+// a file, a flag or a variable, passes. Records who gave it in `s.given`. InputError naming
+// `from` for a value out of range, a refused one, or a second name for the same key from the same
+// source ("--interface eth0 and --distributed_interfaces eth1 both set interface").
+void assign(Settings& s, const Key& key, Value value, const Source& from);
+
+// A value as a flag gives it: "64", "0.1", "true", "1,3".
+std::string valueText(const Value& value);
 
 // A value of `key`'s kind from a flag's or variable's text (a list comma-separated; a boolean
-// true, 1, empty, false or 0): InputError "--key: expected a ..., got 'TEXT'" otherwise. The
-// range is assign's to check.
+// true, 1, empty, false or 0, or Python's True and False): InputError "--key: expected a ..., got
+// 'TEXT'" otherwise. The range is assign's to check.
 Value fromText(const Key& key, const std::string& text);
 
 // What a run has before its file, variables and flags.
-TrainOptions defaultOptions();
+Settings defaultSettings();
 
 // What `troupe launch` tells each process (MXNet's DMLC_* in troupe's names).
 inline constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
@@ -91,5 +138,15 @@ inline constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
     {"TROUPE_GENERATION", "generation"},
     {"TROUPE_RENDEZVOUS", "rendezvous"},
     {"TROUPE_INTERFACE", "interface"}};
+
+// MXNet's variables (ps-lite's, as tools/launch.py and dmlc-core's trackers set them) that set a
+// key as they are, each unless a flag or a TROUPE_* variable gives that key. DMLC_WORKER_ID and
+// DMLC_SERVER_ID (shard_id, by role) and DMLC_PS_ROOT_URI with DMLC_PS_ROOT_PORT (rendezvous
+// tcp://URI:PORT) are read beside them (train_config.cc).
+inline constexpr std::pair<const char*, const char*> kMxnetVariables[] = {
+    {"DMLC_NUM_WORKER", "num_shards"},
+    {"DMLC_NUM_SERVER", "num_servers"},
+    {"DMLC_ROLE", "role"},
+    {"DMLC_INTERFACE", "interface"}};
 
 }  // namespace troupe::actors::config

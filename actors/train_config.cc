@@ -6,10 +6,13 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string_view>
 
+#include "actors/caffe2_flags.h"
 #include "actors/cluster_env.h"
 #include "actors/config_file.h"
 #include "actors/config_keys.h"
@@ -22,6 +25,7 @@ namespace {
 
 using config::Key;
 using config::Kind;
+using config::Rank;
 using config::Value;
 
 // MXNet's kvstore names map onto schedules; "kv_store" is accepted as a key alias too.
@@ -91,10 +95,109 @@ kernels::LayerSpec layerFromToml(const std::string& file, std::size_t index,
   return spec;
 }
 
+// A TOML value as the messages show it: "float16", "64", "[1, 2]".
+std::string nodeText(const toml::node& node) {
+  if (auto v = node.value_exact<std::string>()) return *v;
+  if (auto v = node.value_exact<std::int64_t>()) return std::to_string(*v);
+  if (auto v = node.value_exact<double>()) return fmt::format("{}", *v);
+  if (auto v = node.value_exact<bool>()) return *v ? "true" : "false";
+  if (const auto* arr = node.as_array()) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < arr->size(); ++i)
+      out += (i ? ", " : "") + nodeText(*arr->get(i));
+    return out + "]";
+  }
+  return std::string(toml::impl::node_type_friendly_names[static_cast<std::size_t>(node.type())]);
+}
+
+using KeyGiven = std::function<bool(std::string_view key)>;
+using SetFromVariable = std::function<void(const std::string& by, const std::string& text,
+                                           std::string_view key, Rank rank)>;
+
+// MXNet's variables, for the keys that neither a flag nor a TROUPE_* variable gives: what
+// tools/launch.py (dmlc-core's trackers) or a hand-made ps-lite script tells each process.
+void applyMxnetVariables(const EnvLookup& env, const KeyGiven& flag_gives,
+                         const SetFromVariable& set) {
+  auto open = [&](std::string_view key) {
+    if (flag_gives(key) || (key == "num_shards" && flag_gives("num_workers"))) return false;
+    for (const auto& [var, k] : config::kLauncherVariables) {
+      if (key == k && env(var)) return false;
+    }
+    return true;
+  };
+  const auto role = env("DMLC_ROLE");
+  if (role && *role == "scheduler" && open("role")) {
+    throw InputError(
+        "DMLC_ROLE=scheduler: troupe runs no scheduler process: worker 0 serves the rendezvous "
+        "at tcp://DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT itself (or troupe launch serves one): start "
+        "only the workers and the servers");
+  }
+  if (role && *role != "worker" && *role != "server" && open("role")) {
+    throw InputError(fmt::format("DMLC_ROLE={}: expected worker or server", *role));
+  }
+  for (const auto& [var, key] : config::kMxnetVariables) {
+    if (auto v = env(var); v && open(key)) {
+      set(fmt::format("{}={}", var, *v), *v, key, Rank::kMxnet);
+    }
+  }
+  const char* id = role && *role == "server" ? "DMLC_SERVER_ID" : "DMLC_WORKER_ID";
+  if (auto v = env(id); v && open("shard_id")) {
+    set(fmt::format("{}={}", id, *v), *v, "shard_id", Rank::kMxnet);
+  }
+  const auto uri = env("DMLC_PS_ROOT_URI");
+  const auto port = env("DMLC_PS_ROOT_PORT");
+  if ((uri || port) && open("rendezvous")) {
+    if (!uri || !port) {
+      throw InputError(fmt::format("{} without {}: the two name the rendezvous (tcp://URI:PORT)",
+                                   uri ? "DMLC_PS_ROOT_URI=" + *uri : "DMLC_PS_ROOT_PORT=" + *port,
+                                   uri ? "DMLC_PS_ROOT_PORT" : "DMLC_PS_ROOT_URI"));
+    }
+    const bool digits =
+        port->size() <= 5 && port->find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(*port) < 1 || std::stoi(*port) > 65535) {
+      throw InputError(fmt::format("DMLC_PS_ROOT_PORT={}: expected a port in [1, 65535]", *port));
+    }
+    const bool ipv6 = uri->find(':') != std::string::npos && !uri->starts_with('[');
+    set(fmt::format("DMLC_PS_ROOT_URI={} DMLC_PS_ROOT_PORT={}", *uri, *port),
+        fmt::format("tcp://{}:{}", ipv6 ? "[" + *uri + "]" : *uri, *port), "rendezvous",
+        Rank::kMxnet);
+  }
+}
+
+// What MXNet's variables leave to settle once every source is read: a run id from the rendezvous
+// when none is given (every process of the run sees the same DMLC_PS_ROOT_URI and _PORT), and a
+// rank for a process that DMLC_ROLE places among several of its role.
+void settleMxnetPlace(config::Settings& s, const EnvLookup& env) {
+  TrainOptions& o = s.options;
+  if (const auto* store = s.find("rendezvous");
+      store && store->source.rank == Rank::kMxnet && !s.find("run_id") && o.run_id.empty()) {
+    std::string id = "dmlc-" + store->text.substr(std::string_view("tcp://").size());
+    for (char& c : id) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '-';
+    }
+    o.run_id = id;
+  }
+  const auto role = env("DMLC_ROLE");
+  const auto* role_given = s.find("role");
+  if (!role || !role_given || role_given->source.rank != Rank::kMxnet || s.find("shard_id")) {
+    return;
+  }
+  const bool server = o.role == "server";
+  const int count = server ? o.num_servers : o.num_shards;
+  if (count > 1) {
+    throw InputError(fmt::format(
+        "DMLC_ROLE={} among {} {}s, but nothing gives this one's rank: ps-lite's scheduler numbers "
+        "processes as they join, and troupe has none: set {} (0 to {}), TROUPE_RANK or "
+        "--shard_id, or start the run with troupe launch",
+        *role, count, *role, server ? "DMLC_SERVER_ID" : "DMLC_WORKER_ID", count - 1));
+  }
+}
+
 }  // namespace
 
 TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& overrides) {
-  TrainOptions o = config::defaultOptions();
+  config::Settings s = config::defaultSettings();
+  TrainOptions& o = s.options;
   if (!file.empty()) {
     const std::string text = readConfigFile(file);
     checkNonAscii(file, text);
@@ -125,31 +228,45 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
         throw InputError(fmt::format("unknown key '{}' in {}{} (known: {}, layers)", key, file,
                                      config::didYouMeanKey(key), config::knownKeys()));
       }
-      config::assign(o, *def, fromToml(file, *def, node), fmt::format("{}: key '{}'", file, key));
+      const config::Source from{Rank::kFile, fmt::format("{}: key '{}'", file, key),
+                                fmt::format("{}: {} = {}", file, key, nodeText(node))};
+      if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
+      config::assign(s, *def, fromToml(file, *def, node), from);
     }
     if (!o.model.layers.empty() && !table.contains("model")) o.model.name.clear();
   }
-  auto env = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    return v && *v ? std::optional<std::string>(v) : std::nullopt;
+  const EnvLookup env = processEnvironment();
+  // A flag gives `key`: its own, or one of Caffe2's that sets it.
+  auto flag_gives = [&](std::string_view key) {
+    for (const auto& [name, text] : overrides) {
+      const Key* def = config::findKey(name);
+      if (name == key || (def && def->sets && key == def->sets)) return true;
+    }
+    return false;
   };
+  // `text` from a variable (`by`: "VAR=TEXT") for `key`.
+  auto from_variable = [&](const std::string& by, const std::string& text, std::string_view key,
+                           Rank rank) {
+    const Key& def = *config::findKey(key);
+    Value value;
+    try {
+      value = config::fromText(def, text);
+    } catch (const InputError& e) {
+      throw InputError(fmt::format("{}: {}", by, e.what()));
+    }
+    config::assign(s, def, std::move(value),
+                   config::Source{rank, fmt::format("{}: key '{}'", by, key), by});
+  };
+  applyMxnetVariables(env, flag_gives, from_variable);
   for (auto [var, key] : config::kLauncherVariables) {
     // `troupe launch --elastic MIN:MAX` says TROUPE_NUM_WORKERS=MIN:MAX.
     if (auto v = env(var);
         v && key == std::string_view("num_shards") && v->find(':') != std::string::npos) {
       key = "num_workers";
     }
-    if (auto v = env(var);
-        v && !overrides.count(key) &&
-        !(key == std::string_view("num_shards") && overrides.count("num_workers"))) {
-      const Key& def = *config::findKey(key);
-      Value value;
-      try {
-        value = config::fromText(def, *v);
-      } catch (const InputError& e) {
-        throw InputError(fmt::format("{}={}: {}", var, *v, e.what()));
-      }
-      config::assign(o, def, std::move(value), fmt::format("{}={}: key '{}'", var, *v, key));
+    if (auto v = env(var); v && !flag_gives(key) &&
+                           !(key == std::string_view("num_shards") && flag_gives("num_workers"))) {
+      from_variable(fmt::format("{}={}", var, *v), *v, key, Rank::kLauncher);
     }
   }
   for (const auto& [name, text] : overrides) {
@@ -158,22 +275,25 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
       throw InputError(fmt::format("unknown flag --{}{} (known: {})", name,
                                    config::didYouMeanFlag(name), config::knownKeys()));
     }
-    config::assign(o, *def, config::fromText(*def, text), "--" + name);
+    const config::Source from{Rank::kFlag, "--" + name,
+                              text.empty() ? "--" + name : fmt::format("--{} {}", name, text)};
+    if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
+    config::assign(s, *def, config::fromText(*def, text), from);
   }
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
+  config::resolveCaffe2Flags(s);
+  settleMxnetPlace(s, env);
   // Started by srun, an Indexed Job or mpirun without `troupe launch`: the place the engine
-  // gives, for what no flag and no TROUPE_* variable gave (actors/cluster_env.h).
+  // gives, for what no flag, TROUPE_* or DMLC_* variable gave (actors/cluster_env.h).
   auto given_by = [&](std::string_view key) -> std::optional<std::string> {
-    if (const auto it = overrides.find(std::string(key)); it != overrides.end()) {
-      return fmt::format("--{} {}", key, it->second);
-    }
+    if (const auto* g = s.find(key); g && g->source.rank >= Rank::kMxnet) return g->source.by;
     for (const auto& [var, k] : config::kLauncherVariables) {
       if (auto v = env(var); v && key == k) return fmt::format("{}={}", var, *v);
     }
     return std::nullopt;
   };
-  applyClusterEnvironment(o, given_by, processEnvironment());
+  applyClusterEnvironment(o, given_by, env);
   // The secret file is read whole (transport::loadSecret): refused first if it is not a small
   // regular file, as a config file would be.
   const std::string secret_file =
@@ -188,7 +308,8 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
     if (o.rendezvous.empty()) {
       throw InputError(
           fmt::format("{} processes need a rendezvous: --rendezvous tcp://HOST:PORT, "
-                      "file:///shared/dir or redis://HOST:PORT (troupe launch sets it)",
+                      "file:///shared/dir or redis://HOST:PORT (troupe launch sets it; so do "
+                      "Caffe2's --redis_host and --file_store_path)",
                       o.num_shards));
     }
     if (o.run_id.empty()) {
@@ -196,9 +317,11 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
     }
   }
   if (!o.run_id.empty()) checkRunId(o.run_id);
+  // As given: lr_scaling's factor is applied after (docs/config.md).
   for (const auto& k : config::keys())
-    o.parameters.emplace_back(k.name, k.get(o));
-  return o;
+    o.parameters.emplace_back(k.name, k.get(s));
+  config::applyLrScaling(s);
+  return std::move(s.options);
 }
 
 }  // namespace troupe::actors

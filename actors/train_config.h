@@ -1,6 +1,10 @@
 // A run's configuration: a TOML file of flat keys (plus [[layers]] for a custom model), any key
 // overridable as --key VALUE (ConfigOverrides). The keys are Caffe2's trainer flags where Caffe2
-// has one (--train_data, --batch_size, --base_learning_rate ...), and troupe's own otherwise.
+// has one (--train_data, --batch_size, --base_learning_rate ...), and troupe's own otherwise;
+// every other flag of Caffe2's resnet50_trainer.py is a key too, which sets a troupe key
+// (--redis_host H --redis_port P: rendezvous redis://H:P), is what troupe does anyway (--use_cpu)
+// or is refused naming what replaces it (--num_gpus without --use_cpu: replicas); see
+// docs/flags.md. Two names for one key from the same source (a file, the flags) are refused.
 // Unknown keys, values of the wrong type and numbers out of their key's range are InputErrors
 // naming the key and where the value came from (FILE: key 'k', --k, or VAR=VALUE). A config file
 // must be a regular file of at most 1 MiB (actors/config_file.h). The command line adds a --key
@@ -50,10 +54,18 @@ std::string configReferenceMarkdown();
 // Values given on the command line (or by a service in their place), by key, as text.
 using ConfigOverrides = std::map<std::string, std::string>;
 
-// defaults <- file (if not empty) <- the cluster's variables <- troupe launch's TROUPE_* variables
-// <- overrides, every value checked against its key's range as it is set: flag > TROUPE_* >
-// cluster variables > config file. Any launcher (local, ssh, mpi, slurm) sets TROUPE_*, and a
-// process with TROUPE_ROLE or TROUPE_RANK reads no cluster variables. One started without a
+// defaults <- file (if not empty) <- the cluster's variables <- MXNet's DMLC_* variables <- troupe
+// launch's TROUPE_* variables <- overrides, every value checked against its key's range as it is
+// set: flag > TROUPE_* > DMLC_* > cluster variables > config file. Any launcher (local, ssh, mpi,
+// slurm) sets TROUPE_*, and a process with TROUPE_ROLE or TROUPE_RANK reads no cluster variables.
+// MXNet's (tools/launch.py, ps-lite), for keys no flag or TROUPE_* variable gives: DMLC_ROLE
+// (worker or server; scheduler is refused: worker 0 serves the rendezvous itself), DMLC_NUM_WORKER,
+// DMLC_NUM_SERVER, DMLC_WORKER_ID or DMLC_SERVER_ID (by role; one of several of its role without
+// any rank is refused), DMLC_PS_ROOT_URI with DMLC_PS_ROOT_PORT (rendezvous tcp://URI:PORT, and
+// run id dmlc-URI-PORT when none is given) and DMLC_INTERFACE; a process with DMLC_ROLE reads no
+// cluster variables either. lr_scaling per256 multiplies base_learning_rate by the global batch
+// (batch_size x num_shards) / 256 once all of these are read; TrainOptions::parameters keep the
+// rate as given. One started without a
 // launcher takes its place from the engine that started it (actors/cluster_env.h): Slurm's
 // SLURM_PROCID, SLURM_NTASKS and node list (task 0 serves the store on the first node; that run id
 // and rendezvous only where the file gives none), a Kubernetes Indexed Job's JOB_COMPLETION_INDEX,

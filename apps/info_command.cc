@@ -1,24 +1,22 @@
-// `troupe info`: what this build has (version, backends, threads), for bug reports.
+// `troupe info [--json]`: this build and this machine, for bug reports (apps/system_info.h).
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include <thread>
+#include <memory>
 
 #include "apps/commands.h"
-#include "kernels/backend.h"
-#include "kernels/cpu/isa.h"
-#include "troupe/config.h"
+#include "apps/system_info.h"
 
 namespace troupe::apps {
 
 void addInfoCommand(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Print what this build of troupe has");
-  cmd->callback([] {
-    fmt::print("troupe {}\n", TROUPE_VERSION);
-    fmt::print("cuda backend: {}\n", TROUPE_USE_CUDA ? "built" : "not built");
-    fmt::print("hardware threads: {}\n", std::thread::hardware_concurrency());
-    fmt::print("cpu kernels: {} (held lower by TROUPE_MAX_CPU_ISA or ONEDNN_MAX_CPU_ISA)\n",
-               kernels::cpu::isaName(kernels::cpu::cpuIsa()));
+  auto json = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand(
+      "info", "Print this build (version, compiler, libraries) and machine, for bug reports");
+  cmd->add_flag("--json", *json, "One JSON object, for machines");
+  cmd->callback([json] {
+    const auto sections = systemInfo();
+    fmt::print("{}", *json ? infoJson(sections) : infoText(sections));
   });
 }
 

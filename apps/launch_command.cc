@@ -1,28 +1,70 @@
 // `troupe launch -n WORKERS [-s SERVERS] --launcher local|ssh|mpi|slurm [-H HOSTFILE] -- troupe
-// train CONFIG ...`: MXNet's tools/launch.py conventions (see launcher.h).
+// train CONFIG ...`: MXNet's tools/launch.py conventions (see launcher.h). Every option of
+// launch.py is taken with its meaning or refused naming what troupe has instead (docs/flags.md):
+// --env also takes MXNet's NAME (the launcher's value) and K:V, --env-worker / --env-server set
+// one role's variables; -SH, --byteps-launch, --scheduler-ip, --scheduler-port and --p3 are
+// refused, and so are --launcher sge and yarn (launcher.cc).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "apps/commands.h"
 #include "apps/launcher.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
+namespace {
+
+// "K=V" (troupe's) or "K:V" (MXNet's), split at the first of the two.
+std::pair<std::string, std::string> variable(const char* option, const std::string& kv) {
+  const auto split = kv.find_first_of("=:");
+  if (split == std::string::npos || split == 0) {
+    throw InputError(fmt::format("{} '{}': expected K=V (or MXNet's K:V)", option, kv));
+  }
+  return {kv.substr(0, split), kv.substr(split + 1)};
+}
+
+// MXNet's --env NAME[,NAME...]: this shell's value of each, which must be set.
+void appendPassedVariables(const std::string& names,
+                           std::vector<std::pair<std::string, std::string>>& env) {
+  std::size_t start = 0;
+  while (start <= names.size()) {
+    const auto end = std::min(names.find(',', start), names.size());
+    const std::string name = names.substr(start, end - start);
+    const char* value = name.empty() ? nullptr : std::getenv(name.c_str());
+    if (!value) {
+      throw InputError(fmt::format(
+          "--env {}: {} is not set here (a bare name passes the launcher's value, as MXNet's "
+          "launch.py does; give {}=VALUE to set one)",
+          names, name.empty() ? "an empty name" : name, name.empty() ? "K" : name));
+    }
+    env.emplace_back(name, value);
+    start = end + 1;
+  }
+}
+
+}  // namespace
 
 void addLaunchCommand(CLI::App& app) {
   struct State {
     LaunchOptions options;
-    std::vector<std::string> env;
+    std::vector<std::string> env, worker_env, server_env;
   };
   auto state = std::make_shared<State>();
   auto& o = state->options;
   auto* cmd = app.add_subcommand("launch", "Start and watch the processes of a distributed run");
   cmd->add_option("-n,--num-workers", o.num_workers, "worker processes")->required();
-  cmd->add_option("-s,--num-servers", o.num_servers, "parameter-server processes");
-  cmd->add_option("--launcher", o.launcher, "local, ssh, mpi or slurm")->capture_default_str();
+  cmd->add_option("-s,--num-servers", o.num_servers,
+                  "parameter-server processes (default 0; MXNet's launch.py starts as many as -n)");
+  cmd->add_option("--launcher", o.launcher,
+                  "local, ssh, mpi or slurm (MXNet's sge and yarn are refused: see slurm)")
+      ->capture_default_str();
   cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one host or host:port a line (ssh, mpi)");
   cmd->add_option("--sync-dst-dir", o.sync_dst_dir,
                   "rsync the working folder there on every host first, and run there (ssh)");
@@ -34,8 +76,53 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("--interface", o.interface,
                   "ssh, mpi, slurm: serve the embedded store on this interface's address (default: "
                   "$TROUPE_INTERFACE, else the route to the first host, loopback if all local)");
-  cmd->add_option("--env", state->env, "K=V set in every process (repeatable)")
+  cmd->add_option("--env", state->env,
+                  "K=V (or MXNet's K:V) set in every process, or NAME[,NAME...] passing this "
+                  "shell's value of each, as MXNet's launch.py does (repeatable)")
       ->allow_extra_args(false);
+  cmd->add_option("--env-worker", state->worker_env,
+                  "K:V (or K=V) set in the workers only (MXNet's; repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--env-server", state->server_env,
+                  "K:V (or K=V) set in the servers only (MXNet's; repeatable)")
+      ->allow_extra_args(false);
+  // MXNet's launch.py options that troupe does not have: each refused naming what it has instead.
+  // -S catches MXNet's -SH (CLI11 reads it as -S with the value H).
+  auto refuse = [cmd](const std::string& names, const std::string& shown, const std::string& why) {
+    cmd->add_option_function<std::string>(
+           names,
+           [shown, why](const std::string&) {
+             throw InputError(fmt::format("{}: {}", shown, why));
+           },
+           "MXNet's; refused: " + why)
+        ->allow_extra_args(false);
+  };
+  refuse("-S,--server-hostfile", "-SH/--server-hostfile",
+         "MXNet's hostfile for the servers of its BytePS launcher: troupe places the servers first "
+         "on the hosts of -H, then the workers (as MXNet's ssh launcher does)");
+  refuse("--scheduler-ip", "--scheduler-ip",
+         "the address of BytePS's scheduler: troupe launch serves its own rendezvous store "
+         "(--interface picks its address; --rendezvous names another one)");
+  refuse("--scheduler-port", "--scheduler-port",
+         "the port of BytePS's scheduler: troupe launch serves its own rendezvous store "
+         "(--interface picks its address; --rendezvous names another one)");
+  cmd->add_flag_callback(
+      "--byteps-launch",
+      [] {
+        throw InputError(
+            "--byteps-launch: troupe has no BytePS launcher: its parameter servers are -s N, with "
+            "troupe train --schedule dist_sync (or dist_async, ssp)");
+      },
+      "MXNet's; refused: troupe has no BytePS launcher");
+  cmd->add_flag_callback(
+      "--p3",
+      [] {
+        throw InputError(
+            "--p3: troupe has no P3 (MXNet's priority-based parameter propagation): its nearest is "
+            "sending gradients in buckets as the backward pass makes them (troupe train "
+            "--bucket_size_mb, --first_bucket_mb)");
+      },
+      "MXNet's; refused: troupe has no P3");
   cmd->add_option("--rendezvous", o.rendezvous,
                   "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
                   "(default: an embedded store served by the launcher)");
@@ -57,12 +144,16 @@ void addLaunchCommand(CLI::App& app) {
   cmd->callback([state] {
     auto options = state->options;
     for (const auto& kv : state->env) {
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0) {
-        throw InputError(fmt::format("--env '{}': expected K=V", kv));
+      if (kv.find_first_of("=:") == std::string::npos) {
+        appendPassedVariables(kv, options.env);
+      } else {
+        options.env.push_back(variable("--env", kv));
       }
-      options.env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
     }
+    for (const auto& kv : state->worker_env)
+      options.worker_env.push_back(variable("--env-worker", kv));
+    for (const auto& kv : state->server_env)
+      options.server_env.push_back(variable("--env-server", kv));
     const int code = launch(options);
     if (code != 0) std::exit(code);
   });

@@ -37,6 +37,12 @@ void checkOptions(const LaunchOptions& o) {
   if (o.num_workers < 1) throw InputError("-n: need at least one worker");
   if (o.num_servers < 0) throw InputError("-s: the number of servers cannot be negative");
   if (o.command.empty()) throw InputError("no command to launch: put it after --");
+  if (o.launcher == "sge" || o.launcher == "yarn") {
+    throw InputError(fmt::format(
+        "--launcher {}: troupe has no {} launcher (MXNet's tools/launch.py has): on a cluster "
+        "scheduler use --launcher slurm; on hosts you can reach, ssh or mpi with -H HOSTFILE",
+        o.launcher, o.launcher == "sge" ? "Sun Grid Engine" : "YARN"));
+  }
   if (o.launcher != "local" && o.launcher != "ssh" && o.launcher != "mpi" &&
       o.launcher != "slurm") {
     throw InputError(
@@ -57,6 +63,19 @@ void checkOptions(const LaunchOptions& o) {
   if (!o.sync_dst_dir.empty() && o.launcher != "ssh") {
     throw InputError(
         fmt::format("--sync-dst-dir works with --launcher ssh only, not '{}'", o.launcher));
+  }
+  for (const auto* role_env : {&o.worker_env, &o.server_env}) {
+    for (const auto& [name, value] : *role_env) {
+      const bool ok = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                      std::all_of(name.begin(), name.end(), [](char c) {
+                        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+                      });
+      if (!ok) {
+        throw InputError(fmt::format("--env-{} '{}={}': '{}' is not a variable name",
+                                     role_env == &o.worker_env ? "worker" : "server", name, value,
+                                     name));
+      }
+    }
   }
   if (o.launcher == "slurm") checkSlurmLaunch(o);
   if (!o.elastic.empty()) {
@@ -82,12 +101,31 @@ void checkOptions(const LaunchOptions& o) {
   }
 }
 
+// `command` under `sh -c`, which exports the variables of the process's role (TROUPE_ROLE, which
+// every launcher sets) and execs it; `command` itself without role variables.
+std::vector<std::string> withRoleEnvironment(const LaunchOptions& o,
+                                             std::vector<std::string> command) {
+  if (o.worker_env.empty() && o.server_env.empty()) return command;
+  auto exports = [](const std::vector<std::pair<std::string, std::string>>& env) {
+    std::string out;
+    for (const auto& [name, value] : env)
+      out += fmt::format("export {}={}; ", name, shellQuote(value));
+    return out;
+  };
+  const std::string script =
+      fmt::format("case \"$TROUPE_ROLE\" in server) {};; *) {};; esac; exec \"$@\"",
+                  exports(o.server_env), exports(o.worker_env));
+  command.insert(command.begin(), {"sh", "-c", script, "troupe-role-env"});
+  return command;
+}
+
 // Runs the generations of the run until one ends well, the launcher is stopped, or the failure
 // policy gives up; see launch().
 int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
   std::vector<std::string> command = o.command;
   // "troupe" means this troupe, whether or not it is on PATH.
   if (command[0] == "troupe") command[0] = selfExecutable();
+  command = withRoleEnvironment(o, std::move(command));
 
   std::vector<LaunchHost> hosts;
   if (o.launcher != "local" && !o.hostfile.empty()) hosts = readHostfile(o.hostfile);

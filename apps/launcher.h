@@ -95,14 +95,18 @@ namespace troupe::apps {
 struct LaunchOptions {
   int num_workers = 1;
   int num_servers = 0;
-  std::string launcher = "local";                        // local, ssh, mpi or slurm
-  std::string hostfile;                                  // required for ssh; optional for mpi
-  std::string sync_dst_dir;                              // ssh only
+  std::string launcher = "local";  // local, ssh, mpi or slurm (MXNet's sge, yarn: InputError)
+  std::string hostfile;            // required for ssh; optional for mpi
+  std::string sync_dst_dir;        // ssh only
   std::vector<std::pair<std::string, std::string>> env;  // --env K=V
-  std::vector<std::string> command;                      // what each process runs
-  std::string rendezvous;  // given: use it; empty: serve an embedded store
-  std::string run_id;      // empty: made up
-  std::string interface;   // ssh, mpi, slurm: the store's interface; empty: see the header
+  // MXNet's --env-worker / --env-server: K=V in the workers' (the servers') environment only. The
+  // command then runs under `sh -c`, which exports them by TROUPE_ROLE before it execs it.
+  std::vector<std::pair<std::string, std::string>> worker_env;
+  std::vector<std::pair<std::string, std::string>> server_env;
+  std::vector<std::string> command;  // what each process runs
+  std::string rendezvous;            // given: use it; empty: serve an embedded store
+  std::string run_id;                // empty: made up
+  std::string interface;  // ssh, mpi, slurm: the store's interface; empty: see the header
   std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
   // File holding the run's secret, which every process reads (TROUPE_SECRET_FILE; with ssh it
   // must exist at that path on every host). Empty: $TROUPE_SECRET, else a fresh random one per

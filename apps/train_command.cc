@@ -1,5 +1,5 @@
-// `troupe train [CONFIG.toml] [--key value ...]`: one process, Readers -> Replicas -> Reducer ->
-// Updater as actors.
+// `troupe train [CONFIG.toml] [--key value ...] [--dry-run]`: one process, Readers -> Replicas ->
+// Reducer -> Updater as actors; --dry-run checks and prints the plan instead (apps/dry_run.h).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
@@ -10,6 +10,7 @@
 #include "actors/trainer.h"
 #include "apps/commands.h"
 #include "apps/config.h"
+#include "apps/dry_run.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -18,13 +19,21 @@ void addTrainCommand(CLI::App& app) {
   struct State {
     std::string config;
     actors::ConfigOverrides overrides;
+    bool dry_run = false;
   };
   auto state = std::make_shared<State>();
   auto* cmd = app.add_subcommand("train", "Train a model (Caffe2 trainer flags accepted)");
   cmd->add_option("config", state->config, "TOML config file (optional)");
   addConfigOptions(*cmd, &state->overrides);
+  cmd->add_flag("--dry-run", state->dry_run,
+                "Check the config as a run would, print it resolved with the model's layers, the "
+                "data and the plan, and exit without training or writing anything");
   cmd->callback([state] {
     const auto options = actors::loadTrainOptions(state->config, state->overrides);
+    if (state->dry_run) {
+      fmt::print("{}", dryRunReport(state->config, state->overrides, options));
+      return;
+    }
     actors::TrainResult result;
     try {
       result = actors::runTraining(options);

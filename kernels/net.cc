@@ -369,6 +369,15 @@ class NetImpl final : public Net, private LayerContext {
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
   std::int64_t numParams() const override { return g_.num_params; }
+  std::vector<LayerInfo> layers() const override {
+    std::vector<LayerInfo> out;
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      const Layer& layer = *g_.layers[l];
+      out.push_back({g_.layer_names[l], layer.top >= 0 ? g_.blobs[layer.top].shape : Shape{},
+                     layer.param_end - layer.param_begin});
+    }
+    return out;
+  }
   const Tensor& weights() const override { return weights_; }
 
   void useWeights(const Tensor& weights) override {

@@ -50,6 +50,13 @@ struct ParamInfo {
   int layer = 0;  // index of the layer that owns it, in forward order
 };
 
+// One layer of a built net, for summaries (`troupe train --dry-run`).
+struct LayerInfo {
+  std::string name;             // "conv1", "stage1.block1.bn1", "loss"
+  Shape output;                 // per sample: {C, H, W} or {features}; {} for the loss
+  std::int64_t num_params = 0;  // trainable scalars of this layer
+};
+
 // Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
 // Ranges come in reverse layer order, never overlap, and together cover every parameter.
 using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end)>;
@@ -61,6 +68,8 @@ class Net {
   virtual const std::vector<ParamInfo>& params() const = 0;
   // Number of trainable scalars.
   virtual std::int64_t numParams() const = 0;
+  // The layers in forward order, the loss last (a flatten is no layer: the next one reads it).
+  virtual std::vector<LayerInfo> layers() const = 0;
   // Flat tensors of numParams() elements on the net's backend.
   virtual const Tensor& weights() const = 0;
   // Computes with `weights` (numParams() elements on the net's backend) from now on, in place of

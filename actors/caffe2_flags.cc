@@ -1,0 +1,305 @@
+#include "actors/caffe2_flags.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include "troupe/error.h"
+
+namespace troupe::actors::config {
+namespace {
+
+using SetFn = std::function<void(Settings&, const Value&)>;
+
+constexpr const char* kNoCuda = "troupe has no CUDA backend in this build";
+constexpr const char* kNoResNeXt =
+    "troupe has no built-in ResNe(X)t-N: its ResNet is model resnet20 (CIFAR's), and [[layers]] "
+    "have no residual connections to write one with";
+
+// A flag of Caffe2's that gives `sets` (or nothing, for nullptr) its value through `set`; `get`
+// is the value as given, else `fallback`.
+Key alias(const char* name, Kind kind, Range range, const char* help, const char* sets, SetFn set,
+          std::string fallback) {
+  Key key{name,
+          kind,
+          range,
+          help,
+          std::move(set),
+          [name, fallback = std::move(fallback)](const Settings& s) {
+            return s.textOr(name, fallback);
+          }};
+  key.sets = sets;
+  return key;
+}
+
+// A boolean flag that troupe takes as false and refuses as true, saying `why`.
+Key onlyFalse(const char* name, const char* help, const char* why) {
+  return alias(
+      name, Kind::kBool, Range{}, help, nullptr,
+      [why](Settings&, const Value& v) {
+        if (std::get<bool>(v)) throw Refusal(why);
+      },
+      "false");
+}
+
+// A flag that troupe refuses whatever its value, saying `why`.
+Key refused(const char* name, const char* help, const char* why) {
+  Key key{name,
+          Kind::kString,
+          Range{},
+          help,
+          [](Settings&, const Value&) {},
+          [](const Settings&) { return std::string(); }};
+  key.refusal = why;
+  return key;
+}
+
+// The number of ids in Caffe2's --gpus list ("0,1,3"): Refusal when it is not one.
+int deviceCount(const std::string& list) {
+  int count = 0;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const auto end = std::min(list.find(',', start), list.size());
+    const std::string id = list.substr(start, end - start);
+    if (id.empty() || id.size() > 4 || id.find_first_not_of("0123456789") != std::string::npos) {
+      throw Refusal("expected device ids, comma-separated (0,1,2,3)");
+    }
+    if (++count > 1024) throw Refusal("more than 1024 devices");
+    start = end + 1;
+  }
+  return count;
+}
+
+// Every element of a per-channel list, if they are all the same; else Refusal saying `alike`.
+double sameForEveryChannel(const Value& v, const char* alike) {
+  const auto& list = std::get<std::vector<double>>(v);
+  if (list.empty()) throw Refusal("expected a value per channel");
+  for (const double x : list) {
+    if (x != list.front()) {
+      throw Refusal(fmt::format("{}; per-channel values are not supported", alike));
+    }
+  }
+  return list.front();
+}
+
+// "host" as a URL's host: an IPv6 address in brackets.
+std::string urlHost(const std::string& host) {
+  return host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host;
+}
+
+}  // namespace
+
+std::vector<Key> caffe2Keys() {
+  constexpr Range kPort{1, 65535};
+  constexpr Range kDevices{1, 1024};
+  constexpr Range kSeconds{0, 30 * 24 * 3600, true, false};  // step_timeout's
+  return {
+      alias(
+          "gpus", Kind::kString, Range{},
+          "Caffe2's GPU ids: with use_cpu, that many replicas (Caffe2's CPU devices); without, "
+          "refused (no CUDA backend)",
+          "replicas", [](Settings&, const Value& v) { deviceCount(std::get<std::string>(v)); }, ""),
+      alias(
+          "num_gpus", Kind::kInt, kDevices,
+          "Caffe2's GPU count: with use_cpu, replicas (Caffe2's CPU devices); without, refused "
+          "(no CUDA backend)",
+          "replicas", [](Settings&, const Value&) {}, "1"),
+      onlyFalse("model_parallel", "Caffe2's: true is refused (no model parallelism)",
+                "troupe has no model parallelism: every replica holds the whole model (replicas "
+                "and num_shards split the data)"),
+      refused("cudnn_workspace_limit_mb", "Caffe2's: refused (no CUDA backend, no cuDNN)",
+              "troupe has no CUDA backend in this build, so no cuDNN workspace to limit (its CPU "
+              "kernels size their own)"),
+      refused("gpu_engine_workspace_limit_mb", "Caffe2's: refused (no CUDA backend)",
+              "troupe has no CUDA backend in this build, so no GPU engine workspace to limit (its "
+              "CPU kernels size their own)"),
+      alias(
+          "redis_host", Kind::kString, Range{},
+          "Caffe2's: rendezvous redis://HOST:PORT, PORT being redis_port", "rendezvous",
+          [](Settings&, const Value& v) {
+            if (std::get<std::string>(v).empty()) throw Refusal("expected a host name");
+          },
+          ""),
+      alias(
+          "redis_port", Kind::kInt, kPort, "Caffe2's: the port of redis_host", nullptr,
+          [](Settings&, const Value&) {}, "6379"),
+      alias(
+          "file_store_path", Kind::kString, Range{},
+          "Caffe2's: rendezvous file://DIR (a folder every process sees)", "rendezvous",
+          [](Settings&, const Value& v) {
+            if (std::get<std::string>(v).empty()) throw Refusal("expected a folder");
+          },
+          ""),
+      alias(
+          "save_model_name", Kind::kString, Range{},
+          "Caffe2's: run_name, which begins the names of the log and of the checkpoints "
+          "(NAME_cpu..._epochN.ckpt in checkpoint_dir)",
+          "run_name",
+          [](Settings& s, const Value& v) { s.options.run_name = std::get<std::string>(v); }, ""),
+      alias(
+          "load_model_path", Kind::kString, Range{},
+          "Caffe2's: resume (a troupe checkpoint; a Caffe2 .mdl is refused)", "resume",
+          [](Settings& s, const Value& v) {
+            const auto& path = std::get<std::string>(v);
+            if (path.ends_with(".mdl")) {
+              throw Refusal(
+                  "a Caffe2 model (minidb), which troupe cannot read: it resumes from its own "
+                  "checkpoints only (resume = a .ckpt file, or auto)");
+            }
+            s.options.resume = path;
+          },
+          ""),
+      alias(
+          "use_cpu", Kind::kBool, Range{},
+          "Caffe2's: true is what troupe does (it trains on the CPU); false is refused", nullptr,
+          [](Settings&, const Value& v) {
+            if (!std::get<bool>(v)) {
+              throw Refusal(
+                  fmt::format("{}: it always trains on the CPU (drop the flag)", kNoCuda));
+            }
+          },
+          "true"),
+      onlyFalse("use_nccl",
+                "Caffe2's: true is refused (no CUDA backend, so no NCCL; see allreduce)",
+                "troupe has no CUDA backend in this build, so no NCCL: processes sum gradients "
+                "with troupe's own TCP allreduce (allreduce = ring or hierarchical)"),
+      alias(
+          "use_ideep", Kind::kBool, Range{},
+          "Caffe2's: accepted either way (troupe's CPU kernels use oneDNN, which iDeep wraps)",
+          nullptr, [](Settings&, const Value&) {}, "false"),
+      alias(
+          "dtype", Kind::kString, Range{},
+          "Caffe2's: float; float16 is refused (see gradient_compression fp16)", nullptr,
+          [](Settings&, const Value& v) {
+            const auto& type = std::get<std::string>(v);
+            if (type == "float16") {
+              throw Refusal(
+                  "troupe trains in float32 only; the nearest is gradient_compression fp16 "
+                  "(gradients travel between processes as fp16)");
+            }
+            if (type != "float") {
+              throw Refusal("expected float (Caffe2's other choice, float16, troupe lacks)");
+            }
+          },
+          "float"),
+      onlyFalse("float16_compute", "Caffe2's: true is refused (troupe computes in float32)",
+                "troupe computes in float32 only; the nearest is gradient_compression fp16 "
+                "(gradients travel between processes as fp16)"),
+      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no CUDA backend)",
+                "Tensor Cores are NVIDIA GPU units, and troupe has no CUDA backend in this build "
+                "(its CPU kernels use oneDNN)"),
+      alias(
+          "distributed_transport", Kind::kString, Range{},
+          "Caffe2's: tcp (troupe's links are TCP); ibverbs is refused", nullptr,
+          [](Settings&, const Value& v) {
+            const auto& transport = std::get<std::string>(v);
+            if (transport == "ibverbs") {
+              throw Refusal(
+                  "troupe has no ibverbs transport: its links are TCP (connections_per_peer "
+                  "spreads each over several connections)");
+            }
+            if (transport != "tcp") throw Refusal("expected tcp (Caffe2's ibverbs troupe lacks)");
+          },
+          "tcp"),
+      alias(
+          "distributed_interfaces", Kind::kString, Range{},
+          "Caffe2's: interface, the first of a comma-separated list (Caffe2 used only the "
+          "first)",
+          "interface",
+          [](Settings& s, const Value& v) {
+            const auto& list = std::get<std::string>(v);
+            s.options.interface = list.substr(0, list.find(','));
+          },
+          ""),
+      refused("num_layers", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
+      refused("resnext_num_groups", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
+      refused("resnext_width_per_group", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
+      alias(
+          "image_mean_per_channel", Kind::kFloatList, Range{-1e6, 1e6},
+          "Caffe2's: mean, when it is the same for every channel (else refused)", "mean",
+          [](Settings& s, const Value& v) {
+            s.options.mean = static_cast<float>(
+                sameForEveryChannel(v, "troupe subtracts one mean from every channel (key mean)"));
+          },
+          ""),
+      alias(
+          "image_std_per_channel", Kind::kFloatList, Range{1e-6, 1e6},
+          "Caffe2's: scale = 1 / std, when it is the same for every channel (else refused)",
+          "scale",
+          [](Settings& s, const Value& v) {
+            s.options.scale = static_cast<float>(
+                1.0 / sameForEveryChannel(
+                          v, "troupe scales every channel alike (key scale, which is 1 / std)"));
+          },
+          ""),
+      refused("test_epoch_size", "Caffe2's: refused (troupe tests on the whole test_data)",
+              "troupe tests on the whole test_data after every epoch, and no key limits it (a "
+              "smaller test database does)"),
+      refused("first_iter_timeout", "Caffe2's: refused (see rendezvous_timeout, step_timeout)",
+              "troupe has no separate timeout for the first step: rendezvous_timeout bounds the "
+              "wait for the other processes, step_timeout every step"),
+      Key{"timeout", Kind::kFloat, kSeconds, "Caffe2's: step_timeout",
+          [](Settings& s, const Value& v) { s.options.step_timeout_s = std::get<double>(v); },
+          [](const Settings& s) { return fmt::format("{}", s.options.step_timeout_s); }, false,
+          "step_timeout"},
+  };
+}
+
+void resolveCaffe2Flags(Settings& s) {
+  auto& o = s.options;
+  if (const Given* port = s.find("redis_port"); port && !s.find("redis_host")) {
+    throw InputError(fmt::format(
+        "{} needs redis_host: troupe's rendezvous is redis://HOST:PORT (--redis_host HOST "
+        "--redis_port PORT, as Caffe2's)",
+        port->source.by));
+  }
+  if (const Given* store = s.find("rendezvous"); store && store->name == "redis_host") {
+    o.rendezvous =
+        fmt::format("redis://{}:{}", urlHost(store->text), s.textOr("redis_port", "6379"));
+  } else if (store && store->name == "file_store_path") {
+    std::error_code ec;  // a folder that cannot be made absolute stays as it is
+    const auto dir = std::filesystem::absolute(store->text, ec);
+    o.rendezvous = "file://" + (ec ? store->text : dir.lexically_normal().string());
+  }
+  if (const Given* devices = s.find("replicas");
+      devices && (devices->name == "num_gpus" || devices->name == "gpus")) {
+    const int count =
+        devices->name == "gpus" ? deviceCount(devices->text) : std::stoi(devices->text);
+    if (!s.find("use_cpu")) {
+      throw InputError(fmt::format(
+          "{}: {}: it trains on the CPU, {} model replica(s) with --replicas {} (or add "
+          "--use_cpu, as Caffe2 does for CPU devices)",
+          devices->source.by, kNoCuda, count, count));
+    }
+    o.replicas = count;
+  }
+}
+
+double lrScale(std::string_view scaling, std::int64_t global_batch) {
+  return scaling == "per256" ? static_cast<double>(global_batch) / 256.0 : 1.0;
+}
+
+void applyLrScaling(Settings& s) {
+  const std::string scaling = s.textOr("lr_scaling", "none");
+  if (scaling == "none") return;
+  auto& o = s.options;
+  if (o.max_workers > 0) {
+    throw InputError(fmt::format(
+        "lr_scaling {} needs a fixed number of workers: an elastic run's global batch (num_workers "
+        "{}:{}) changes as workers come and go",
+        scaling, o.min_workers, o.max_workers));
+  }
+  const std::int64_t global_batch = o.batch_size * o.num_shards;
+  const double rate = o.base_learning_rate * lrScale(scaling, global_batch);
+  if (!(rate <= 1e38)) {  // base_learning_rate's bound
+    throw InputError(fmt::format(
+        "lr_scaling {}: base_learning_rate {} x global batch {} / 256 is {:.4g}, above 1e+38",
+        scaling, o.base_learning_rate, global_batch, rate));
+  }
+  o.base_learning_rate = static_cast<float>(rate);
+}
+
+}  // namespace troupe::actors::config

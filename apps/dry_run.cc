@@ -1,0 +1,466 @@
+#include "apps/dry_run.h"
+
+#include <fmt/format.h>
+
+#include <toml++/toml.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "actors/cluster_env.h"
+#include "actors/config_file.h"
+#include "actors/run_plan.h"
+#include "data/dataset.h"
+#include "kernels/backend.h"
+#include "kernels/compression.h"
+#include "kernels/net.h"
+#include "kernels/optimizer.h"
+#include "troupe/error.h"
+
+namespace troupe::apps {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What the run would start from, worked out as trainProcess (actors/trainer.cc) works it out.
+struct Plan {
+  std::vector<std::int64_t> shares;
+  std::int64_t train_size = 0;
+  std::int64_t test_size = -1;  // -1: no test data
+  actors::StepPlan steps;
+  kernels::LrPolicy lr;
+  std::vector<kernels::LayerInfo> layers;
+  std::int64_t num_params = 0;
+  std::int64_t num_buffers = 0;
+  std::string resumed_from;
+  bool finished = false;  // the checkpoint resumed from holds the run's last step
+  int threads = 0;
+};
+
+// ensureWritableDir's verdict without its probe file: the nearest folder that exists must be one
+// this process may write in (and the rest can then be made in it).
+void checkWritableDir(const std::string& dir, const char* what) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec);
+  while (!ec && !p.empty() && !fs::exists(p, ec) && p != p.parent_path())
+    p = p.parent_path();
+  if (ec || !fs::is_directory(p, ec) || ::access(p.c_str(), W_OK | X_OK) != 0) {
+    throw IoError(fmt::format("{} folder '{}' is not writable", what, dir));
+  }
+}
+
+// The checks and plan of trainProcess up to its first rendezvous, with its error messages.
+Plan plan(const actors::TrainOptions& o) {
+  actors::validateSchedule(o);
+  actors::compressionOf(o);
+  const bool server = o.role == "server";
+  if (!server && o.role != "worker") {
+    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
+  }
+  const int workers = o.num_shards;
+  const int shards_of_role = server ? o.num_servers : workers;
+  if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
+    throw InputError(
+        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
+  }
+  if (o.replicas < 1) throw InputError("replicas must be at least 1");
+  if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
+  if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
+  if (o.train_data.empty()) throw InputError("no training data: set train_data");
+  if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
+  if (o.generation < 0) throw InputError("generation must be at least 0");
+  Plan p;
+  p.shares = actors::splitBatch(o.batch_size, o.replicas, o.work_load_list);
+  actors::checkBatchMemory(o);
+  p.threads = o.threads > 0 ? o.threads : actors::defaultThreads();
+
+  data::DatasetOptions train;
+  train.path = o.train_data;
+  train.type = o.db_type;
+  train.channels = o.num_channels;
+  train.height = train.width = o.image_size;
+  train.num_labels = o.num_labels;
+  train.mean = o.mean;
+  train.scale = o.scale;
+  data::DatasetOptions test = train;
+  test.path = o.test_data;
+  p.train_size = data::openDataset(train)->size();
+  if (!o.test_data.empty()) p.test_size = data::openDataset(test)->size();
+  const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : p.train_size;
+  p.steps.global_batch = o.batch_size * workers;
+  p.steps.steps_per_epoch = epoch_size / p.steps.global_batch;
+  if (p.steps.steps_per_epoch < 1) {
+    throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
+                                 p.steps.global_batch));
+  }
+  p.steps.epoch_size = epoch_size;
+  p.steps.start(0, o.num_epochs);
+  p.lr = actors::lrPolicy(o, p.steps.steps_per_epoch);
+
+  // The net as trainProcess builds its initial weights: on the CPU, for a batch of 1.
+  kernels::NetOptions net;
+  net.model = o.model;
+  net.channels = o.num_channels;
+  net.height = net.width = o.image_size;
+  net.num_labels = o.num_labels;
+  net.max_batch = 1;
+  net.seed = o.seed;
+  auto backend = kernels::makeCpuBackend(1);
+  const auto model = kernels::makeNet(*backend, net);
+  p.layers = model->layers();
+  p.num_params = model->numParams();
+  p.num_buffers = model->buffers().numel();
+
+  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+  if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
+    const auto& ck = resumed->checkpoint;
+    const std::string& path = resumed->path;
+    if (ck.weights.numel() != p.num_params) {
+      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
+                                   ck.weights.numel(), p.num_params));
+    }
+    if (ck.metaInt("global_batch") != p.steps.global_batch ||
+        ck.metaInt("steps_per_epoch") != p.steps.steps_per_epoch) {
+      throw InputError(fmt::format(
+          "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
+          "{} and {}: resume with the same batch_size and epoch_size",
+          path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), p.steps.global_batch,
+          p.steps.steps_per_epoch));
+    }
+    p.steps.start(ck.metaInt("step"), o.num_epochs);
+    p.resumed_from = path;
+    p.finished = p.steps.first_step >= p.steps.last_step;
+    if (p.finished && !resumed->latest) {
+      throw InputError(
+          fmt::format("checkpoint '{}' is at step {}, and this run ends at step {}: "
+                      "raise num_epochs to train further",
+                      path, p.steps.first_step, p.steps.last_step));
+    }
+  }
+  if (!server && o.shard_id == 0 && !p.finished) {
+    checkWritableDir(o.log_dir, "log");
+    checkWritableDir(checkpoint_dir, "checkpoint");
+  }
+  return p;
+}
+
+// ---- the config as TOML ----
+
+std::string tomlString(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += fmt::format("\\u{:04X}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+bool isNumber(std::string_view s) {
+  double d = 0;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+  return !s.empty() && ec == std::errc() && p == s.data() + s.size();
+}
+
+// A key's text (ConfigKey::kind says which kind) as a TOML value.
+std::string tomlValue(const std::string& kind, const std::string& text) {
+  if (kind == "integer" || kind == "number" || kind == "boolean") return text;  // fmt's are TOML
+  if (kind == "list of numbers") {
+    std::string out = "[";
+    for (std::size_t begin = 0; begin < text.size();) {
+      const auto comma = std::min(text.find(',', begin), text.size());
+      out += (begin ? ", " : "") + text.substr(begin, comma - begin);
+      begin = comma + 1;
+    }
+    return out + "]";
+  }
+  return tomlString(text);
+}
+
+// A [[layers]] argument as its file had it (the loader keeps them as text).
+std::string tomlArgument(const std::string& text) {
+  return text == "true" || text == "false" || isNumber(text) ? text : tomlString(text);
+}
+
+// One of Caffe2's trainer flags that troupe takes beside its own keys (actors/caffe2_flags.h):
+// the loader sets its troupe key from it, and its help says so.
+bool isCaffe2Flag(const actors::ConfigKey& key) {
+  return key.summary.rfind("Caffe2's", 0) == 0;
+}
+
+// Where each key's value came from, by the precedence of actors/train_config.h and
+// actors/cluster_env.h: a flag, a TROUPE_* variable, the cluster engine, the file, the default.
+class Provenance {
+ public:
+  Provenance(const std::string& file, const actors::ConfigOverrides& overrides,
+             const actors::TrainOptions& o)
+      : overrides_(overrides) {
+    if (!file.empty()) {
+      // The loader has parsed this file already: a failure here is the file changing meanwhile.
+      try {
+        const toml::table table = toml::parse(actors::readConfigFile(file), file);
+        for (const auto& [key, node] : table)
+          in_file_.insert(key == "kv_store" ? "schedule" : std::string(key.str()));
+        if (in_file_.count("layers")) in_file_.insert("model");
+      } catch (const std::exception&) {
+      }
+    }
+    const auto env = actors::processEnvironment();
+    for (const auto& [var, key] : actors::launcherVariables()) {
+      if (const auto v = env(var.c_str())) {
+        vars_.emplace(
+            key == "num_shards" && v->find(':') != std::string::npos ? "num_workers" : key, var);
+      }
+    }
+    // The engine that placed this process, asked again of a copy: its values are set already.
+    actors::TrainOptions copy = o;
+    try {
+      engine_ = actors::applyClusterEnvironment(
+          copy, [this](std::string_view key) { return given(std::string(key)); }, env);
+    } catch (const Error&) {
+    }
+    slurm_rendezvous_ = engine_ == "slurm" && o.num_shards + o.num_servers > 1;
+  }
+
+  std::string of(const std::string& key) const {
+    if (const auto g = given(key)) return *g;
+    if (!engine_.empty()) {
+      const bool placed = !given("role") && !given("shard_id");
+      if ((key == "role" || key == "shard_id") && placed) return engine_;
+      if ((key == "num_shards" || key == "num_workers") && engine_ != "kubernetes") return engine_;
+      if ((key == "run_id" || key == "rendezvous") && slurm_rendezvous_ && !inFile(key)) {
+        return engine_;
+      }
+    }
+    return inFile(key) ? "file" : "default";
+  }
+
+ private:
+  // num_shards and num_workers set each other.
+  static std::string twin(const std::string& key) {
+    return key == "num_shards" ? "num_workers" : key == "num_workers" ? "num_shards" : "";
+  }
+  bool inFile(const std::string& key) const {
+    return in_file_.count(key) || in_file_.count(twin(key));
+  }
+  std::optional<std::string> given(const std::string& key) const {
+    for (const auto& k : {key, twin(key)}) {
+      if (!k.empty() && overrides_.count(k)) return "--" + k;
+    }
+    for (const auto& k : {key, twin(key)}) {
+      if (const auto it = vars_.find(k); !k.empty() && it != vars_.end()) return it->second;
+    }
+    return std::nullopt;
+  }
+
+  const actors::ConfigOverrides& overrides_;
+  std::set<std::string> in_file_;
+  std::map<std::string, std::string> vars_;  // key -> the TROUPE_* variable that gave it
+  std::string engine_;
+  bool slurm_rendezvous_ = false;  // the engine gave the run id and rendezvous where none was
+};
+
+std::string configSection(const std::string& file, const actors::ConfigOverrides& overrides,
+                          const actors::TrainOptions& o) {
+  const Provenance provenance(file, overrides, o);
+  std::string out = fmt::format(
+      "# The resolved config (flag > TROUPE_* variable > cluster engine > file > default), each "
+      "key\n# followed by where its value came from; file: {}\n",
+      file.empty() ? "none" : file);
+  std::map<std::string, const actors::ConfigKey*> keys;
+  for (const auto& key : actors::configKeys())
+    keys.emplace(key.name, &key);
+  for (const auto& [name, text] : o.parameters) {
+    const auto it = keys.find(name);
+    const actors::ConfigKey* key = it == keys.end() ? nullptr : it->second;
+    std::string line = fmt::format("{} = {}", name, tomlValue(key ? key->kind : "", text));
+    std::string origin = provenance.of(name);
+    if (key && isCaffe2Flag(*key)) {
+      // Its value is in the key it sets; written beside it, a reload would refuse the pair.
+      if (origin == "default") continue;
+      line = "# " + line;
+      origin += " (Caffe2's flag: its value is in the key it sets)";
+    } else if (name == "model" && !o.model.layers.empty()) {
+      line = "# model: the [[layers]] below";
+    } else if (origin == "default" && key && text != key->default_value) {
+      origin = "another key or variable (a Caffe2 flag, DMLC_*)";
+    }
+    out += fmt::format("{:<48} # {}\n", line, origin);
+  }
+  for (const auto& layer : o.model.layers) {
+    out += fmt::format("\n[[layers]]\ntype = {}\n", tomlString(layer.type));
+    for (const auto& [name, value] : layer.args)
+      out += fmt::format("{} = {}\n", name, tomlArgument(value));
+  }
+  return out;
+}
+
+// ---- the rest, as comments ----
+
+std::string shapeText(const kernels::Shape& shape) {
+  if (shape.empty()) return "-";
+  std::string out;
+  for (const auto d : shape)
+    out += (out.empty() ? "" : " x ") + std::to_string(d);
+  return out;
+}
+
+std::string modelSection(const actors::TrainOptions& o, const Plan& p) {
+  std::size_t width = 5;
+  for (const auto& l : p.layers)
+    width = std::max(width, l.name.size());
+  std::string out = fmt::format(
+      "\n# model: {}, input {} x {} x {}, {} labels; output per sample (C x H x W) for a batch of "
+      "1\n",
+      o.model.layers.empty() ? o.model.name : "[[layers]]", o.num_channels, o.image_size,
+      o.image_size, o.num_labels);
+  out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", "layer", width, "output", "parameters");
+  for (const auto& l : p.layers)
+    out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", l.name, width, shapeText(l.output),
+                       l.num_params);
+  out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", "total", width, "", p.num_params);
+  if (p.num_buffers > 0) {
+    out += fmt::format("#   (and {} batch-norm statistics, not trained)\n", p.num_buffers);
+  }
+  return out;
+}
+
+std::string dataSection(const actors::TrainOptions& o, const Plan& p) {
+  std::string out = fmt::format("\n# data: {}, {} x {} x {} inputs\n", data::toString(o.db_type),
+                                o.num_channels, o.image_size, o.image_size);
+  out += fmt::format("#   train  {} records  {}\n", p.train_size, o.train_data);
+  if (p.test_size >= 0) {
+    out += fmt::format("#   test   {} records  {}\n", p.test_size, o.test_data);
+  } else {
+    out += "#   test   none (no evaluation)\n";
+  }
+  const std::int64_t trained = p.steps.steps_per_epoch * p.steps.global_batch;
+  out += fmt::format("#   epoch  {} records{}, {} trained ({} steps of {}{})\n", p.steps.epoch_size,
+                     o.epoch_size > 0 ? " (epoch_size)" : " (the training set)", trained,
+                     p.steps.steps_per_epoch, p.steps.global_batch,
+                     trained < p.steps.epoch_size ? "; the rest left out" : "");
+  return out;
+}
+
+std::string planSection(const actors::TrainOptions& o, const Plan& p) {
+  const int workers = o.num_shards;
+  const int processes = workers + o.num_servers;
+  const bool elastic = o.max_workers > 0;
+  std::string out = "\n# plan\n";
+  auto row = [&out](std::string_view what, const std::string& value) {
+    out += fmt::format("#   {:<15} {}\n", what, value);
+  };
+  row("workers",
+      elastic ? fmt::format("{} to {} (elastic; this plan is for {}: each generation re-plans for "
+                            "its own)",
+                            o.min_workers, o.max_workers, workers)
+              : fmt::format("{}", workers));
+  row("servers", fmt::format("{}", o.num_servers));
+  row("this process", fmt::format("{} {}{}", o.role, o.shard_id,
+                                  o.role == "worker" && o.shard_id == 0 ? " (the chief)" : ""));
+  row("schedule", o.schedule);
+  std::string shares;
+  for (const auto s : p.shares)
+    shares += (shares.empty() ? "" : ", ") + std::to_string(s);
+  row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
+  row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
+  row("threads", fmt::format("{} per process", p.threads));
+  const std::int64_t steps = p.steps.last_step - p.steps.first_step;
+  row("steps", fmt::format("{} per epoch x {} epochs = {}", p.steps.steps_per_epoch, o.num_epochs,
+                           p.steps.steps_per_epoch * o.num_epochs));
+  if (!p.resumed_from.empty()) {
+    row("resume", p.finished
+                      ? fmt::format("{} holds the last step: nothing left to train", p.resumed_from)
+                      : fmt::format("from {} at step {}: {} steps left", p.resumed_from,
+                                    p.steps.first_step, steps));
+  } else if (o.resume == "auto") {
+    row("resume", "auto: no checkpoint of this run yet, from scratch");
+  }
+  std::string lr = fmt::format("{} from {:g}", p.lr.policy, p.lr.base);
+  for (const auto& [name, value] : o.parameters) {
+    if (name == "lr_scaling" && !value.empty() && value != "none")
+      lr += fmt::format(" (base_learning_rate scaled by lr_scaling {})", value);
+  }
+  if (p.lr.policy == "step")
+    lr += fmt::format(", x {:g} every {} steps", p.lr.gamma, p.lr.stepsize);
+  if (p.lr.policy == "multistep") {
+    std::string at;
+    for (const auto s : p.lr.stepvalues)
+      at += (at.empty() ? "" : ", ") + std::to_string(s);
+    lr += fmt::format(", x {:g} at steps {}", p.lr.gamma, at);
+  }
+  if (p.lr.warmup_steps > 0) lr += fmt::format(", warmup {} steps", p.lr.warmup_steps);
+  row("learning rate", lr);
+  if (steps > 0) {
+    const auto first = p.steps.first_step, last = p.steps.last_step - 1;
+    row("", fmt::format("{:g} at step {}, {:g} at step {}", kernels::learningRate(p.lr, first),
+                        first, kernels::learningRate(p.lr, last), last));
+  }
+  row("optimizer", fmt::format("sgd, momentum {:g}{}, weight decay {:g}", o.sgd.momentum,
+                               o.sgd.nesterov ? " (nesterov)" : "", o.sgd.weight_decay));
+  if (processes > 1 || elastic) {
+    const bool serves = o.serve_store && o.role == "worker" && o.shard_id == 0 &&
+                        o.rendezvous.starts_with("tcp://");
+    row("rendezvous", o.rendezvous + (serves ? " (this process serves it)" : ""));
+    row("run id", o.run_id);
+    row("compression", kernels::describe(actors::compressionOf(o)));
+    if (o.schedule == "bsp-allreduce") row("allreduce", o.allreduce);
+  }
+  if (o.role == "worker" && o.shard_id == 0) {
+    const std::string checkpoints = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+    row("log", fmt::format("{}/{}.log", o.log_dir, actors::experimentId(o)));
+    row("checkpoints", o.checkpoint_every > 0
+                           ? fmt::format("every {} epoch(s) and at the end, in {}",
+                                         o.checkpoint_every, checkpoints)
+                           : fmt::format("at the end, in {}", checkpoints));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string dryRunReport(const std::string& file, const actors::ConfigOverrides& overrides,
+                         const actors::TrainOptions& options) {
+  actors::TrainOptions o = options;
+  if (o.max_workers > 0) {
+    actors::validateElastic(o);
+    o.num_shards = o.max_workers;  // as a generation of all of them would have it
+    o.shard_id = 0;
+  }
+  const Plan p = plan(o);
+  return "# troupe train --dry-run: nothing was trained or written\n" +
+         configSection(file, overrides, options) + modelSection(o, p) + dataSection(o, p) +
+         planSection(o, p);
+}
+
+}  // namespace troupe::apps
