@@ -288,4 +288,78 @@ void validateElastic(const TrainOptions& o) {
   }
 }
 
+void checkProcessOptions(const TrainOptions& o) {
+  validateSchedule(o);
+  compressionOf(o);  // an unknown name fails here, before any rendezvous
+  const bool server = o.role == "server";
+  if (!server && o.role != "worker") {
+    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
+  }
+  const int shards_of_role = server ? o.num_servers : o.num_shards;
+  if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
+    throw InputError(
+        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
+  }
+  if (o.replicas < 1) throw InputError("replicas must be at least 1");
+  if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
+  if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
+  if (o.train_data.empty()) throw InputError("no training data: set train_data");
+  if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
+  if (o.generation < 0) throw InputError("generation must be at least 0");
+}
+
+data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path) {
+  data::DatasetOptions d;
+  d.path = path;
+  d.type = o.db_type;
+  d.channels = o.num_channels;
+  d.height = d.width = o.image_size;
+  d.num_labels = o.num_labels;
+  d.mean = o.mean;
+  d.scale = o.scale;
+  return d;
+}
+
+StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size) {
+  const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : train_size;
+  StepPlan plan;
+  plan.global_batch = o.batch_size * workers;
+  plan.steps_per_epoch = epoch_size / plan.global_batch;
+  if (plan.steps_per_epoch < 1) {
+    throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
+                                 plan.global_batch));
+  }
+  plan.epoch_size = epoch_size;
+  plan.start(0, o.num_epochs);
+  return plan;
+}
+
+kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
+  kernels::NetOptions net;
+  net.model = o.model;
+  net.channels = o.num_channels;
+  net.height = net.width = o.image_size;
+  net.num_labels = o.num_labels;
+  net.max_batch = max_batch;
+  net.seed = o.seed;
+  return net;
+}
+
+void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan) {
+  const auto& ck = resumed.checkpoint;
+  const std::string& path = resumed.path;
+  if (ck.weights.numel() != num_params) {
+    throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
+                                 ck.weights.numel(), num_params));
+  }
+  if (ck.metaInt("global_batch") != plan.global_batch ||
+      ck.metaInt("steps_per_epoch") != plan.steps_per_epoch) {
+    throw InputError(fmt::format(
+        "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
+        "{} and {}: resume with the same batch_size and epoch_size",
+        path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
+        plan.steps_per_epoch));
+  }
+}
+
 }  // namespace troupe::actors

@@ -12,7 +12,9 @@
 #include "actors/checkpoint.h"
 #include "actors/roles.h"
 #include "actors/trainer.h"
+#include "data/dataset.h"
 #include "kernels/compression.h"
+#include "kernels/net.h"
 #include "kernels/optimizer.h"
 
 namespace troupe::rendezvous {
@@ -31,6 +33,22 @@ void validateSchedule(const TrainOptions& o);
 
 // An elastic run's options (actors/elastic.h), checked before any rendezvous: InputError.
 void validateElastic(const TrainOptions& o);
+
+// The checks of a process's options that need neither its data nor its peers: schedule, gradient
+// compression, role and shard, replicas, batch, epochs, training data named, prefetch,
+// generation. InputError naming the first that fails.
+void checkProcessOptions(const TrainOptions& o);
+
+// The database at `path` as the run's readers open it (type, shape, labels, mean and scale).
+data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path);
+
+// The step plan of `workers` workers over a training set of `train_size` records, from step 0:
+// global batch batch_size × workers, whole steps an epoch. InputError when an epoch is smaller than
+// one global batch.
+StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size);
+
+// The model as the run builds it, for batches of up to `max_batch`.
+kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch);
 
 // All hardware threads, shared out among the run's processes on this host (troupe launch says how
 // many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
@@ -73,5 +91,9 @@ struct Resumed {
 // starts from scratch (nullopt).
 std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
                                   std::int64_t num_params, const StepPlan& plan);
+
+// InputError when `resumed` does not fit this run: other parameters, another global batch or
+// epoch size.
+void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan);
 
 }  // namespace troupe::actors

@@ -163,58 +163,27 @@ struct ProcessPlan {
 
 // The plan stage; with `role`, for one generation of an elastic run (actors/elastic.h).
 ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
-  validateSchedule(o);
-  compressionOf(o);  // an unknown name fails here, before any rendezvous
+  checkProcessOptions(o);
   ProcessPlan p;
   const bool server = p.server = o.role == "server";
-  if (!server && o.role != "worker") {
-    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
-  }
   const int workers = p.workers = o.num_shards;
-  const int shards_of_role = server ? o.num_servers : workers;
-  if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
-    throw InputError(
-        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
-  }
   p.ps = isParameterServerSchedule(o.schedule);
   // Node ids: workers 0 .. W-1, then servers W .. W+S-1. Worker 0 is the chief.
   p.nodes = workers + o.num_servers;
   p.rank = server ? workers + o.shard_id : o.shard_id;
   p.chief = p.rank == 0;
-  if (o.replicas < 1) throw InputError("replicas must be at least 1");
-  if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
-  if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
-  if (o.train_data.empty()) throw InputError("no training data: set train_data");
-  if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
-  if (o.generation < 0) throw InputError("generation must be at least 0");
   p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
-  data::DatasetOptions& train = p.train;
-  train.path = o.train_data;
-  train.type = o.db_type;
-  train.channels = o.num_channels;
-  train.height = train.width = o.image_size;
-  train.num_labels = o.num_labels;
-  train.mean = o.mean;
-  train.scale = o.scale;
-  p.test = train;
-  p.test.path = o.test_data;
-
-  const std::int64_t train_size = data::openDataset(train)->size();
+  p.train = datasetOptions(o, o.train_data);
+  p.test = datasetOptions(o, o.test_data);
+  const std::int64_t train_size = data::openDataset(p.train)->size();
   if (!o.test_data.empty()) data::openDataset(p.test);
-  const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : train_size;
   // Every process computes the same plan from the same flags and data; rank 0's is checked
-  // against the others' through the store before any step (see the cluster below).
+  // against the others' through the store before any step (joinRun).
+  p.plan = stepPlan(o, workers, train_size);
   StepPlan& plan = p.plan;
-  plan.global_batch = o.batch_size * workers;
-  plan.steps_per_epoch = epoch_size / plan.global_batch;
-  if (plan.steps_per_epoch < 1) {
-    throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
-                                 plan.global_batch));
-  }
-  plan.epoch_size = epoch_size;
   if (role) {
     plan.startAt(role->start.step, role->start.epoch, role->start.epoch_records, o.num_epochs);
     role->last_step = plan.last_step;
@@ -223,13 +192,8 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   }
   p.lr = lrPolicy(o, plan.steps_per_epoch);
 
-  kernels::NetOptions& net = p.net;
-  net.model = o.model;
-  net.channels = o.num_channels;
-  net.height = net.width = o.image_size;
-  net.num_labels = o.num_labels;
-  net.max_batch = *std::max_element(p.shares.begin(), p.shares.end());
-  net.seed = o.seed;
+  p.net = netOptions(o, *std::max_element(p.shares.begin(), p.shares.end()));
+  const kernels::NetOptions& net = p.net;
 
   // The initial weights (and the size of everything): one net built here, on the CPU.
   auto init_backend = kernels::makeCpuBackend(1);
@@ -248,18 +212,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (resumed) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
-    if (ck.weights.numel() != num_params) {
-      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
-                                   ck.weights.numel(), num_params));
-    }
-    if (ck.metaInt("global_batch") != plan.global_batch ||
-        ck.metaInt("steps_per_epoch") != plan.steps_per_epoch) {
-      throw InputError(fmt::format(
-          "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
-          "{} and {}: resume with the same batch_size and epoch_size",
-          path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), plan.global_batch,
-          plan.steps_per_epoch));
-    }
+    checkResumable(*resumed, num_params, plan);
     plan.start(ck.metaInt("step"), o.num_epochs);
     if (plan.first_step >= plan.last_step && resumed->latest) {
       // The run already ended (a restart after its last checkpoint): every process sees the

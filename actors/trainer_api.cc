@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "actors/peer.h"
+#include "actors/run_plan.h"
 #include "actors/train_config.h"
 #include "actors/trainer.h"
 #include "data/dataset.h"
@@ -66,17 +67,10 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
       overrides.insert_or_assign(key, value);
     options = actors::loadTrainOptions(config_file, overrides);
     // The data is opened here too, so that a missing database is the answer, not a failed run.
-    data::DatasetOptions train;
-    train.path = options.train_data;
-    train.type = options.db_type;
-    train.channels = options.num_channels;
-    train.height = train.width = options.image_size;
-    train.num_labels = options.num_labels;
     if (options.train_data.empty()) throw InputError("no training data: set train_data");
-    data::openDataset(train);
+    data::openDataset(actors::datasetOptions(options, options.train_data));
     if (!options.test_data.empty()) {
-      train.path = options.test_data;
-      data::openDataset(train);
+      data::openDataset(actors::datasetOptions(options, options.test_data));
     }
   } catch (const std::exception& e) {
     return statusOf(e);

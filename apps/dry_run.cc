@@ -61,60 +61,23 @@ void checkWritableDir(const std::string& dir, const char* what) {
 
 // The checks and plan of trainProcess up to its first rendezvous, with its error messages.
 Plan plan(const actors::TrainOptions& o) {
-  actors::validateSchedule(o);
-  actors::compressionOf(o);
+  actors::checkProcessOptions(o);
   const bool server = o.role == "server";
-  if (!server && o.role != "worker") {
-    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
-  }
   const int workers = o.num_shards;
-  const int shards_of_role = server ? o.num_servers : workers;
-  if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
-    throw InputError(
-        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
-  }
-  if (o.replicas < 1) throw InputError("replicas must be at least 1");
-  if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
-  if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
-  if (o.train_data.empty()) throw InputError("no training data: set train_data");
-  if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
-  if (o.generation < 0) throw InputError("generation must be at least 0");
   Plan p;
   p.shares = actors::splitBatch(o.batch_size, o.replicas, o.work_load_list);
   actors::checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : actors::defaultThreads();
 
-  data::DatasetOptions train;
-  train.path = o.train_data;
-  train.type = o.db_type;
-  train.channels = o.num_channels;
-  train.height = train.width = o.image_size;
-  train.num_labels = o.num_labels;
-  train.mean = o.mean;
-  train.scale = o.scale;
-  data::DatasetOptions test = train;
-  test.path = o.test_data;
-  p.train_size = data::openDataset(train)->size();
-  if (!o.test_data.empty()) p.test_size = data::openDataset(test)->size();
-  const std::int64_t epoch_size = o.epoch_size > 0 ? o.epoch_size : p.train_size;
-  p.steps.global_batch = o.batch_size * workers;
-  p.steps.steps_per_epoch = epoch_size / p.steps.global_batch;
-  if (p.steps.steps_per_epoch < 1) {
-    throw InputError(fmt::format("epoch_size {} is smaller than the global batch {}", epoch_size,
-                                 p.steps.global_batch));
+  p.train_size = data::openDataset(actors::datasetOptions(o, o.train_data))->size();
+  if (!o.test_data.empty()) {
+    p.test_size = data::openDataset(actors::datasetOptions(o, o.test_data))->size();
   }
-  p.steps.epoch_size = epoch_size;
-  p.steps.start(0, o.num_epochs);
+  p.steps = actors::stepPlan(o, workers, p.train_size);
   p.lr = actors::lrPolicy(o, p.steps.steps_per_epoch);
 
   // The net as trainProcess builds its initial weights: on the CPU, for a batch of 1.
-  kernels::NetOptions net;
-  net.model = o.model;
-  net.channels = o.num_channels;
-  net.height = net.width = o.image_size;
-  net.num_labels = o.num_labels;
-  net.max_batch = 1;
-  net.seed = o.seed;
+  const kernels::NetOptions net = actors::netOptions(o, 1);
   auto backend = kernels::makeCpuBackend(1);
   const auto model = kernels::makeNet(*backend, net);
   p.layers = model->layers();
@@ -125,18 +88,7 @@ Plan plan(const actors::TrainOptions& o) {
   if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
-    if (ck.weights.numel() != p.num_params) {
-      throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
-                                   ck.weights.numel(), p.num_params));
-    }
-    if (ck.metaInt("global_batch") != p.steps.global_batch ||
-        ck.metaInt("steps_per_epoch") != p.steps.steps_per_epoch) {
-      throw InputError(fmt::format(
-          "checkpoint '{}' was written with batch_size {} and {} steps per epoch; this run has "
-          "{} and {}: resume with the same batch_size and epoch_size",
-          path, ck.metaInt("global_batch"), ck.metaInt("steps_per_epoch"), p.steps.global_batch,
-          p.steps.steps_per_epoch));
-    }
+    actors::checkResumable(*resumed, p.num_params, p.steps);
     p.steps.start(ck.metaInt("step"), o.num_epochs);
     p.resumed_from = path;
     p.finished = p.steps.first_step >= p.steps.last_step;
