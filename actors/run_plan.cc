@@ -192,9 +192,24 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
       replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
       kernels::describe(compression), allreduce);
-  if (rank == 0) store.set("plan", mine);
+  // Every other rank answers rank 0's plan with "ok" or its refusal, so that rank 0 names the
+  // rank that refused at once instead of waiting for it at the next rendezvous.
+  auto verdictKey = [](int r) { return fmt::format("plan-verdict/{}", r); };
+  if (rank == 0) {
+    store.set("plan", mine);
+    for (int r = 1; r < nodes; ++r) {
+      const std::string verdict = store.get(verdictKey(r), timeout);
+      if (verdict != "ok")
+        throw InputError(fmt::format("rank {} refused this run: {}", r, verdict));
+    }
+    return;
+  }
   const std::string chief = store.get("plan", timeout);
-  if (chief != mine) {
+  if (chief == mine) {
+    store.set(verdictKey(rank), "ok");
+    return;
+  }
+  {
     // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
     std::vector<std::string> ours, theirs, differ;
     for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
@@ -215,10 +230,12 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
             ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
               "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
             : "";
-    throw InputError(
-        fmt::format("rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
-                    "this one '{}'{}",
-                    rank, nodes, fmt::join(differ, "; "), chief, mine, hint));
+    const std::string refusal = fmt::format(
+        "rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
+        "this one '{}'{}",
+        rank, nodes, fmt::join(differ, "; "), chief, mine, hint);
+    store.set(verdictKey(rank), refusal);
+    throw InputError(refusal);
   }
 }
 

@@ -72,7 +72,9 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch);
 kernels::CompressionSpec compressionOf(const TrainOptions& o);
 
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
-// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
+// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch:
+// the rank that differs names what differs, and rank 0, which waits for every rank's verdict,
+// names that rank ("rank 1 refused this run: ...").
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,

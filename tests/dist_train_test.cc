@@ -208,6 +208,11 @@ TEST(DistributedTraining, RanksWithDifferentGradientCompressionAreRefusedNamingB
   EXPECT_NE(other.output.find("gradient_compression: rank 0 has fp16, this one none"),
             std::string::npos)
       << other.output;
+  // Rank 0 names the rank that refused, at once (not after the 60 s rendezvous timeout).
+  EXPECT_NE(chief.output.find("rank 1 refused this run: rank 1 of 2 disagrees with rank 0"),
+            std::string::npos)
+      << chief.output;
+  EXPECT_LT(chief.elapsed.count(), 30) << chief.output;
 }
 
 // The commands of the issue, as written, with parameter servers.
