@@ -245,17 +245,18 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   return p;
 }
 
-// One process of the run, in stages: plan, (server) or spawn the worker's actors, rendezvous
-// (joinRun), run, finish. With `role`, one generation of an elastic run.
-TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
-  const ProcessPlan p = planProcess(o, role);
-  if (p.nothing_left) {
-    TrainResult done;
-    done.resumed_from = p.resumed_from;
-    done.steps = p.plan.first_step;
-    return done;
-  }
-  const bool server = p.server, ps = p.ps, chief = p.chief;
+// The spawn stage of a worker: its coordinator (or follower), updater (or parameter-server
+// client), reducer, replicas and readers, spawned in the same order in every process so that
+// every address is known everywhere. The reduction plan is filled in at the rendezvous.
+struct WorkerActors {
+  NodeSystem node;
+  std::shared_ptr<ReductionPlan> reduction;
+};
+
+WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
+                         RunControl* control, TrainLog* chief_log, TrainResult& result,
+                         Trace* trace_ptr, const std::shared_ptr<RunMembers>& members) {
+  const bool ps = p.ps, chief = p.chief;
   const int workers = p.workers, nodes = p.nodes, rank = p.rank, threads = p.threads;
   const auto& shares = p.shares;
   const auto& train = p.train;
@@ -266,7 +267,6 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   const std::int64_t num_params = p.num_params;
   const bool has_buffers = p.has_buffers;
   const std::string& checkpoint_dir = p.checkpoint_dir;
-  const std::string& resumed_from = p.resumed_from;
   UpdaterConfig updater;
   updater.initial_weights = p.weights;
   updater.initial_momentum = p.momentum;
@@ -274,32 +274,6 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   CoordinatorConfig coordinator;
   coordinator.cumulative_time = p.cumulative_time;
   coordinator.cumulative_inputs = p.cumulative_inputs;
-
-  const auto members = std::make_shared<RunMembers>(workers, o.num_servers);
-  if (server) {
-    return runServer(o, rank, nodes, plan, lr, num_params, updater.initial_weights,
-                     updater.initial_momentum, resumed_from, members);
-  }
-
-  TrainResult result;
-  result.resumed_from = resumed_from;
-  std::unique_ptr<TrainLog> log;
-  if (chief) {
-    ensureWritableDir(o.log_dir, "log");
-    ensureWritableDir(checkpoint_dir, "checkpoint");
-    for (const auto& tmp : removeStaleTemporaries(checkpoint_dir)) {
-      spdlog::info("removed {}, left by a checkpoint save that never finished", tmp);
-    }
-    // An elastic run's chief keeps one log through its generations.
-    auto& slot = role ? *role->log : log;
-    if (!slot) {
-      slot =
-          std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
-    }
-    result.log_path = slot->path();
-    result.experiment_id = slot->id();
-  }
-  TrainLog* const chief_log = role && chief ? role->log->get() : log.get();
 
   // Every process spawns the same actors in the same order, so an address is known everywhere:
   // 0 coordinator, 1 updater, 2 reducer, 3.. replicas, then readers.
@@ -326,11 +300,6 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   for (int node = workers; node < nodes; ++node)
     servers.push_back(address(node, 0));
 
-  std::unique_ptr<Trace> trace;
-  if (!o.trace.empty()) {
-    trace =
-        std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
-  }
   auto node = makeNodeSystem(rank, 2, nodes > 1);
   auto& system = node.system;
   // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
@@ -374,7 +343,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   updater.threads = std::max(1, threads / o.replicas);
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
-  updater.trace = trace.get();
+  updater.trace = trace_ptr;
   if (role) {
     updater.state = role->state;
     updater.await_handover = role->await_handover;
@@ -392,7 +361,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     client.plan = plan;
     client.replicas = local_replicas;
     client.coordinator = chief_address;
-    client.trace = trace.get();
+    client.trace = trace_ptr;
     client.stall_warning = fromSeconds(o.stall_warning_s);
     client.peer_timeout = fromSeconds(o.peer_timeout_s);
     client.members = members;
@@ -407,7 +376,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   reducer.num_replicas = o.replicas;
   reducer.threads = 1;
   reducer.updater = updater_address;
-  reducer.trace = trace.get();
+  reducer.trace = trace_ptr;
   reducer.stall_warning = fromSeconds(o.stall_warning_s);
   reducer.peer_timeout = fromSeconds(o.peer_timeout_s);
   reducer.steps_per_epoch = plan.steps_per_epoch;
@@ -451,7 +420,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     // Alone in a one-process run, a replica skips the reducer (and a thread hop per bucket).
     replica.reducer = (k == 1 && nodes == 1) ? updater_address : reducer_address;
     replica.coordinator = chief_address;
-    replica.trace = trace.get();
+    replica.trace = trace_ptr;
     if (role) replica.state = role->state;
     TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
                                     computeThread(r)),
@@ -474,10 +443,63 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
         reader_address(r));
   }
 
+  return WorkerActors{std::move(node), reduction};
+}
+
+// One process of the run, in stages: plan (planProcess), the server's run or the worker's
+// log and spawn (spawnWorker), rendezvous (joinRun), run, finish. With `role`, one generation of
+// an elastic run.
+TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
+  const ProcessPlan p = planProcess(o, role);
+  if (p.nothing_left) {
+    TrainResult done;
+    done.resumed_from = p.resumed_from;
+    done.steps = p.plan.first_step;
+    return done;
+  }
+  const bool ps = p.ps, chief = p.chief;
+  const int nodes = p.nodes, rank = p.rank;
+  const std::string& checkpoint_dir = p.checkpoint_dir;
+  const std::string& resumed_from = p.resumed_from;
+
+  const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
+  if (p.server) {
+    return runServer(o, rank, nodes, p.plan, p.lr, p.num_params, p.weights, p.momentum,
+                     resumed_from, members);
+  }
+
+  TrainResult result;
+  result.resumed_from = resumed_from;
+  std::unique_ptr<TrainLog> log;
+  if (chief) {
+    ensureWritableDir(o.log_dir, "log");
+    ensureWritableDir(checkpoint_dir, "checkpoint");
+    for (const auto& tmp : removeStaleTemporaries(checkpoint_dir)) {
+      spdlog::info("removed {}, left by a checkpoint save that never finished", tmp);
+    }
+    // An elastic run's chief keeps one log through its generations.
+    auto& slot = role ? *role->log : log;
+    if (!slot) {
+      slot =
+          std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
+    }
+    result.log_path = slot->path();
+    result.experiment_id = slot->id();
+  }
+  TrainLog* const chief_log = role && chief ? role->log->get() : log.get();
+
+  std::unique_ptr<Trace> trace;
+  if (!o.trace.empty()) {
+    trace =
+        std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
+  }
+  auto [node, reduction] =
+      spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
+  auto& system = node.system;
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1) {
     cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
-                      trace.get(), node, plan, num_params, role ? "" : resumed_from, *members,
+                      trace.get(), node, p.plan, p.num_params, role ? "" : resumed_from, *members,
                       ps ? nullptr : reduction.get());
   }
 
