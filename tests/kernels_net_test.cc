@@ -305,5 +305,27 @@ TEST_F(NetTest, BackwardAfterAnEvaluationForwardThrows) {
   EXPECT_THROW(net->backward(1.0f, nullptr), InvariantError);
 }
 
+// Net::layers() (what troupe train --dry-run prints): every layer with its per-sample output
+// and parameters, which add up to numParams(); LeNet's from its known shapes.
+TEST_F(NetTest, LayersListOutputShapesAndParametersThatAddUpToTheNet) {
+  for (const char* model : {"mlp", "lenet", "resnet20"}) {
+    auto net = makeNet(*backend_, options(model, 2));
+    const auto layers = net->layers();
+    ASSERT_FALSE(layers.empty()) << model;
+    EXPECT_EQ(layers.back().name, "loss") << model;
+    std::int64_t total = 0;
+    for (const auto& l : layers)
+      total += l.num_params;
+    EXPECT_EQ(total, net->numParams()) << model;
+  }
+  const auto lenet = makeNet(*backend_, options("lenet", 1))->layers();
+  ASSERT_GE(lenet.size(), 5u);
+  EXPECT_EQ(lenet[0].name, "conv1");
+  EXPECT_EQ(lenet[0].output, (Shape{20, 24, 24}));
+  EXPECT_EQ(lenet[0].num_params, 20 * 1 * 5 * 5 + 20);
+  EXPECT_EQ(lenet[2].output, (Shape{50, 8, 8}));
+  EXPECT_EQ(lenet[2].num_params, 50 * 20 * 5 * 5 + 50);
+}
+
 }  // namespace
 }  // namespace troupe::kernels
