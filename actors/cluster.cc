@@ -114,7 +114,16 @@ class ClusterImpl final : public Cluster {
   void send(Address from, Address to, std::unique_ptr<Envelope> message) override {
     const auto begin = Trace::Clock::now();
     auto out = encodeMessage(from, to, *message);
-    transport_->send(static_cast<transport::NodeId>(to.node), std::move(out));
+    try {
+      transport_->send(static_cast<transport::NodeId>(to.node), std::move(out));
+    } catch (const transport::LinkLostError& e) {
+      // The peer is gone: that is the run's failure (a PeerError naming it), whichever of the
+      // link's loss and this send comes first; the sender's own error comes second.
+      if (!closing_ && options_.on_peer_lost && addressesKnown_ && to.node < addresses_.size()) {
+        options_.on_peer_lost(static_cast<int>(to.node), addresses_[to.node], e.what());
+      }
+      throw;
+    }
     if (options_.trace) {
       options_.trace->asyncSpan("transport out", "send " + messageName(message->type()),
                                 sends_.fetch_add(1), begin, Trace::Clock::now());

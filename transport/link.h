@@ -26,8 +26,16 @@
 
 #include "transport/message.h"
 #include "transport/options.h"
+#include "troupe/error.h"
 
 namespace troupe::transport {
+
+// Thrown by Transport::send to a node whose link was lost (the peer closed it, an I/O error, a
+// heartbeat timeout), as opposed to a node never linked: the peer is gone. The message says why.
+class LinkLostError : public IoError {
+ public:
+  using IoError::IoError;
+};
 
 struct TransportHandlers {
   // A message from `node` (never a Hello). Throwing from it drops that node's link.
@@ -58,8 +66,8 @@ class Transport {
 
   // Queues `message` for `node` and returns; tensors larger than the inline limit, or too large
   // together for one frame, go as bulk chunks (see frame.h). Any thread; ordered per node.
-  // Throws IoError if there is no link to `node`, InputError if the non-tensor part of the
-  // message alone exceeds the frame limit.
+  // Throws LinkLostError if the link to `node` was lost, IoError if there never was one,
+  // InputError if the non-tensor part of the message alone exceeds the frame limit.
   virtual void send(NodeId node, OutgoingMessage message) = 0;
 
   // Memory for a tensor that will be sent to `node`: in this process's shared arena when the

@@ -283,6 +283,7 @@ class AsioTransport final : public Transport {
   mutable std::mutex mutex_;  // guards links_ and all_
   std::condition_variable linked_;
   std::map<NodeId, std::shared_ptr<Connection>> links_;
+  std::map<NodeId, std::string> lost_;  // why each node's link was lost
   std::map<NodeId, std::map<int, std::shared_ptr<Connection>>> lanes_;  // extra connections
   std::set<std::shared_ptr<Connection>> all_;
 };
@@ -978,6 +979,7 @@ std::shared_ptr<Connection> AsioTransport::registerLink(
     std::lock_guard lock(mutex_);
     auto [it, added] = links_.try_emplace(node, connection);
     if (!added) return it->second;
+    lost_.erase(node);  // linked again: sends go to the new link
   }
   linked_.notify_all();
   return nullptr;
@@ -1006,6 +1008,7 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
     auto it = connection->identified() ? links_.find(connection->node()) : links_.end();
     if (it != links_.end() && it->second == connection) {
       links_.erase(it);
+      lost_[connection->node()] = why;
       wasLink = true;
     }
     // An extra connection lost is the link lost: its messages had nowhere else to go.
@@ -1173,6 +1176,15 @@ void AsioTransport::send(NodeId node, OutgoingMessage message) {
     }
   }
   if (!connection) {
+    std::string lost;
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto it = lost_.find(node); it != lost_.end()) lost = it->second;
+    }
+    if (!lost.empty()) {
+      throw LinkLostError(fmt::format("transport node {}: the link to node {} is lost: {}",
+                                      options_.node, node, lost));
+    }
     throw IoError(
         fmt::format("transport node {}: no link to node {} (connect first, or wait "
                     "for its Hello)",
