@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <numeric>
 #include <sstream>
@@ -41,6 +42,18 @@ constexpr const char* kDone = "elastic/done";
 std::string encode(const Member& m) {
   return fmt::format("{} {} {} {} {} {}", m.old_rank, m.launch_rank, m.step, m.epoch,
                      m.epoch_records, m.name);
+}
+
+// A round's size as the store holds it; InputError naming the key for anything else (a store
+// shared with something that is not troupe, or a corrupt value).
+int roundSize(const std::string& key, const std::string& text) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
+    throw InputError(fmt::format(
+        "elastic rendezvous: the store's '{}' holds '{}', not a round's size", key, text));
+  }
+  return value;
 }
 
 Member decode(const std::string& text) {
@@ -116,7 +129,7 @@ int ElasticRendezvous::lead(int round) {
       std::string why = "start more workers, or lower MIN";
       const std::string before = roundKey(round - 1, "closed");
       if (round > 0 && store_->check({before}) &&
-          std::stoi(store_->get(before, timeout_)) >= bounds_.max) {
+          roundSize(before, store_->get(before, timeout_)) >= bounds_.max) {
         why = fmt::format(
             "the run's generation {} has MAX {} workers: none can join until one "
             "leaves",
@@ -140,7 +153,7 @@ int ElasticRendezvous::waitClosed(int round) {
   const auto deadline = Clock::now() + timeout_ + kLastCall;
   const std::string closed = roundKey(round, "closed");
   for (;;) {
-    if (store_->check({closed})) return std::stoi(store_->get(closed, timeout_));
+    if (store_->check({closed})) return roundSize(closed, store_->get(closed, timeout_));
     if (store_->check({kDone})) return -1;
     if (Clock::now() > deadline) {
       throw TimeoutError(fmt::format(

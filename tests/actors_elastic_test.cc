@@ -187,6 +187,20 @@ TEST_F(ElasticRendezvousTest, FewerThanMinEndTheWaitNamingTheRoundAndWhoCame) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
 }
 
+// A store value that is not troupe's (a shared Redis, say) is one error naming the key.
+TEST_F(ElasticRendezvousTest, AMalformedRoundInTheStoreIsAnErrorNamingTheKey) {
+  client()->set("elastic/0/closed", "lots");
+  client()->add("elastic/0/count", 1);  // someone else leads round 0
+  try {
+    ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 5s).join(member("x", -1, -1));
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        "elastic rendezvous: the store's 'elastic/0/closed' holds 'lots', not a round's size");
+  }
+}
+
 TEST_F(ElasticRendezvousTest, AWorkerThatComesAfterTheRunEndedIsToldSo) {
   ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 10s).finishRun();
   const auto g = ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 10s).join(member("z", -1, -1));
