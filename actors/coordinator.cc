@@ -72,8 +72,7 @@ class Coordinator final : public Actor {
     c.global_batch = config_.plan.global_batch;
     c.epoch_index = config_.plan.epochOf(complete_through_);
     c.left = Clock::now();
-    c.epoch_seconds =
-        epoch_seconds_before_ + std::chrono::duration<double>(c.left - epoch_start_).count();
+    c.epoch_seconds = epochSeconds(c.left);
     c.cumulative_time = cumulative_time_;
     c.cumulative_inputs = cumulative_inputs_;
   }
@@ -180,6 +179,11 @@ class Coordinator final : public Actor {
 
   std::int64_t epochIndex() const { return config_.plan.epochOf(complete_through_ - 1); }
 
+  // The epoch's time until `now`, earlier generations' part included (elastic runs).
+  double epochSeconds(Clock::time_point now) const {
+    return epoch_seconds_before_ + std::chrono::duration<double>(now - epoch_start_).count();
+  }
+
   // On a terminal, the live line: averages over the last ten steps or so, and the time left at
   // that pace (evaluations not counted).
   void showProgress(const EpochStats& step_stats, std::int64_t in_epoch, std::int64_t step) {
@@ -215,13 +219,11 @@ class Coordinator final : public Actor {
       if (config_.joiner_waiting()) why = PauseFor::kJoin;
     }
     if (why == PauseFor::kNothing) return;
-    progress_line_.clear();
     const std::int64_t at = complete_through_ + kPauseMargin;
-    if (at >= config_.plan.last_step) {
-      // The run ends first, with its last checkpoint; a stop then has nothing to stop.
-      if (why == PauseFor::kCheckpoint) config_.control->checkpoint.store(true);
-      return;
-    }
+    // The run ends first, with its last checkpoint: that answers a checkpoint asked for, and a
+    // stop has nothing left to stop.
+    if (at >= config_.plan.last_step) return;
+    progress_line_.clear();
     pause_at_ = at;
     pause_for_ = why;
     spdlog::info("{}: every worker pauses after step {}",
@@ -253,11 +255,9 @@ class Coordinator final : public Actor {
 
   void checkpointPaused() {
     const std::int64_t step = epoch_end_->step;
-    const double elapsed =
-        epoch_seconds_before_ + std::chrono::duration<double>(Clock::now() - epoch_start_).count();
     writeCheckpoint(fmt::format("{}_step{}.ckpt", config_.experiment_id, step),
                     config_.plan.epochOf(step),
-                    config_.cumulative_time + cumulative_time_ + elapsed,
+                    config_.cumulative_time + cumulative_time_ + epochSeconds(Clock::now()),
                     config_.cumulative_inputs + cumulative_inputs_ + epoch_.count);
     if (pause_for_ == PauseFor::kStop) {
       stopRun();
@@ -303,8 +303,7 @@ class Coordinator final : public Actor {
       paused();
       return;
     }
-    epoch_time_ =
-        epoch_seconds_before_ + std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+    epoch_time_ = epochSeconds(Clock::now());
     if (config_.has_buffers) {
       send(config_.replicas[0], BuffersRequest{});
     } else {

@@ -67,14 +67,8 @@ Member decode(const std::string& text) {
 
 // Whether `e`, or an exception nested in it, is a TimeoutError.
 bool isTimeout(const std::exception& e) {
-  if (dynamic_cast<const TimeoutError*>(&e)) return true;
-  try {
-    std::rethrow_if_nested(e);
-  } catch (const std::exception& inner) {
-    return isTimeout(inner);
-  } catch (...) {
-  }
-  return false;
+  return visitNested(
+      e, [](const std::exception& x) { return dynamic_cast<const TimeoutError*>(&x) != nullptr; });
 }
 
 std::string hostName() {

@@ -13,17 +13,27 @@ std::string PeerError::culpritLine() const {
   return fmt::format("troupe-culprit: {} {}: {}", peer_.role, peer_.rank, reason_);
 }
 
-std::optional<PeerError> findPeerError(const std::exception& error) {
-  if (const auto* peer = dynamic_cast<const PeerError*>(&error)) return *peer;
+bool visitNested(const std::exception& error,
+                 const std::function<bool(const std::exception&)>& visit) {
+  if (visit(error)) return true;
   const auto* nested = dynamic_cast<const std::nested_exception*>(&error);
-  if (!nested || !nested->nested_ptr()) return std::nullopt;
+  if (!nested || !nested->nested_ptr()) return false;
   try {
     nested->rethrow_nested();
   } catch (const std::exception& inner) {
-    return findPeerError(inner);
+    return visitNested(inner, visit);
   } catch (...) {
   }
-  return std::nullopt;
+  return false;
+}
+
+std::optional<PeerError> findPeerError(const std::exception& error) {
+  std::optional<PeerError> found;
+  visitNested(error, [&](const std::exception& e) {
+    if (const auto* peer = dynamic_cast<const PeerError*>(&e)) found = *peer;
+    return found.has_value();
+  });
+  return found;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,8 +44,13 @@ class PeerError : public Error {
   std::string reason_;
 };
 
-// The PeerError in `error` or in the exceptions nested in it (std::nested_exception, as
-// ActorSystem::run throws them), if there is one.
+// Calls `visit` on `error`, then on the exceptions nested in it (std::nested_exception, as
+// ActorSystem::run throws them), outermost first, until `visit` returns true. Returns whether it
+// did. The exceptions live only while `visit` runs.
+bool visitNested(const std::exception& error,
+                 const std::function<bool(const std::exception&)>& visit);
+
+// The PeerError in `error` or in the exceptions nested in it, if there is one.
 std::optional<PeerError> findPeerError(const std::exception& error);
 
 // Who the transport nodes of a run are: workers 0 .. W-1, then servers W .. W+S-1 (trainer.cc

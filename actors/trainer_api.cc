@@ -30,22 +30,25 @@ namespace {
 // The kind of `e`: its own, or that of the first typed error nested in it (the actor system
 // rethrows an actor's error nested in one that names the actor). A peer that is gone or hung is
 // kPeer whatever carried it.
-ErrorKind kindOf(const std::exception& e) {
-  if (dynamic_cast<const InputError*>(&e)) return ErrorKind::kInput;
-  if (dynamic_cast<const IoError*>(&e)) return ErrorKind::kIo;
-  if (dynamic_cast<const TimeoutError*>(&e)) return ErrorKind::kTimeout;
-  if (dynamic_cast<const ResourceError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) {
-    return ErrorKind::kResource;
-  }
-  if (dynamic_cast<const NumericError*>(&e)) return ErrorKind::kNumeric;
-  if (dynamic_cast<const InvariantError*>(&e)) return ErrorKind::kInvariant;
-  try {
-    std::rethrow_if_nested(e);
-  } catch (const std::exception& inner) {
-    return kindOf(inner);
-  } catch (...) {
-  }
-  return ErrorKind::kInternal;
+ErrorKind kindOf(const std::exception& error) {
+  ErrorKind kind = ErrorKind::kInternal;
+  actors::visitNested(error, [&](const std::exception& e) {
+    if (dynamic_cast<const InputError*>(&e)) {
+      kind = ErrorKind::kInput;
+    } else if (dynamic_cast<const IoError*>(&e)) {
+      kind = ErrorKind::kIo;
+    } else if (dynamic_cast<const TimeoutError*>(&e)) {
+      kind = ErrorKind::kTimeout;
+    } else if (dynamic_cast<const ResourceError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) {
+      kind = ErrorKind::kResource;
+    } else if (dynamic_cast<const NumericError*>(&e)) {
+      kind = ErrorKind::kNumeric;
+    } else if (dynamic_cast<const InvariantError*>(&e)) {
+      kind = ErrorKind::kInvariant;
+    }
+    return kind != ErrorKind::kInternal;
+  });
+  return kind;
 }
 
 Status statusOf(const std::exception& e) {
