@@ -11,14 +11,12 @@
 namespace troupe::actors {
 namespace {
 
+using testing::contains;
+
 using testing::runCommand;
 using testing::slurp;
 using testing::sourceDir;
 using testing::troupeBinary;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 std::string keyRow(const std::string& key) {
   return "| `" + key + "` |";

@@ -15,10 +15,13 @@
 #include <limits>
 
 #include "actors/train_config.h"
+#include "config_util.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
 namespace {
+
+using testing::configErrorOf;
 
 namespace fs = std::filesystem;
 
@@ -38,15 +41,6 @@ class ConfigTest : public ::testing::Test {
   }
   std::vector<fs::path> files_;
 };
-
-std::string errorOf(const std::string& file, const ConfigOverrides& overrides = {}) {
-  try {
-    loadTrainOptions(file, overrides);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // The InputError `load` throws, run in a child process that may use 512 MiB more address space
 // than this one and 10 s: a loader that reads /dev/zero or waits on a FIFO ends as a failure, not
@@ -113,7 +107,7 @@ TEST_F(ConfigTest, FileValuesOverrideDefaultsAndFlagsOverrideTheFile) {
 
 TEST_F(ConfigTest, AnUnknownKeyNamesTheFileAndTheKey) {
   const auto file = write("batch_sise = 64\n");
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_NE(what.find(file), std::string::npos) << what;
   EXPECT_NE(what.find("unknown key 'batch_sise'"), std::string::npos) << what;
   EXPECT_NE(what.find("batch_size"), std::string::npos) << "known keys are listed: " << what;
@@ -121,7 +115,7 @@ TEST_F(ConfigTest, AnUnknownKeyNamesTheFileAndTheKey) {
 
 TEST_F(ConfigTest, AValueOfTheWrongTypeNamesTheKeyAndTheTypes) {
   const auto file = write("batch_size = \"64\"\n");
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_NE(what.find("key 'batch_size' must be a integer"), std::string::npos) << what;
   EXPECT_NE(what.find("string"), std::string::npos) << what;
 }
@@ -132,21 +126,21 @@ TEST_F(ConfigTest, AFloatKeyAcceptsAnInteger) {
 }
 
 TEST_F(ConfigTest, ABadFlagValueNamesTheFlag) {
-  EXPECT_NE(
-      errorOf("", {{"num_epochs", "ten"}}).find("--num_epochs: expected a integer, got 'ten'"),
-      std::string::npos);
+  EXPECT_NE(configErrorOf("", {{"num_epochs", "ten"}})
+                .find("--num_epochs: expected a integer, got 'ten'"),
+            std::string::npos);
 }
 
 // The run id names the run's socket folder and checkpoints: nothing that leaves a folder.
 TEST_F(ConfigTest, ARunIdWithASlashIsRefused) {
-  EXPECT_NE(errorOf("", {{"run_id", "../etc"}})
+  EXPECT_NE(configErrorOf("", {{"run_id", "../etc"}})
                 .find("run_id '../etc' may hold letters, digits, '.', '_' and '-' only"),
             std::string::npos);
   EXPECT_EQ(loadTrainOptions("", {{"run_id", "run-1.b_2"}}).run_id, "run-1.b_2");
 }
 
 TEST_F(ConfigTest, AnUnknownDbTypeIsRefused) {
-  EXPECT_NE(errorOf("", {{"db_type", "rocksdb"}}).find("rocksdb"), std::string::npos);
+  EXPECT_NE(configErrorOf("", {{"db_type", "rocksdb"}}).find("rocksdb"), std::string::npos);
 }
 
 TEST_F(ConfigTest, LayersDefineACustomModel) {
@@ -160,18 +154,18 @@ TEST_F(ConfigTest, LayersDefineACustomModel) {
 }
 
 TEST_F(ConfigTest, ALayerWithoutTypeIsRefused) {
-  const auto what = errorOf(write("[[layers]]\nnum_output = 10\n"));
+  const auto what = configErrorOf(write("[[layers]]\nnum_output = 10\n"));
   EXPECT_NE(what.find("layers[0] has no 'type'"), std::string::npos) << what;
 }
 
 TEST_F(ConfigTest, AMissingFileIsNamed) {
-  const auto what = errorOf("/nonexistent/troupe.toml");
+  const auto what = configErrorOf("/nonexistent/troupe.toml");
   EXPECT_NE(what.find("/nonexistent/troupe.toml"), std::string::npos) << what;
 }
 
 TEST_F(ConfigTest, ASyntaxErrorGivesFileLineAndColumn) {
   const auto file = write("batch_size = 64\nnum_epochs = = 3\n");
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_NE(what.find(file + ":2:"), std::string::npos) << what;
 }
 
@@ -179,20 +173,20 @@ TEST_F(ConfigTest, ASyntaxErrorGivesFileLineAndColumn) {
 // refuses them first.
 TEST_F(ConfigTest, ANonAsciiCharacterOutsideAStringOrCommentGivesFileLineAndColumn) {
   const auto file = write("num_epochs = 2\nbatch_size = 64\xc3\xa9\n");
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_NE(what.find(file + ":2:16: a non-ASCII character outside a string or comment"),
             std::string::npos)
       << what;
-  EXPECT_NE(errorOf(write("caf\xc3\xa9 = 1\n")).find("non-ASCII"), std::string::npos);
-  EXPECT_NE(errorOf(write("lr_milestones = [1, 2\xc2\xa7]\n")).find("non-ASCII"),
+  EXPECT_NE(configErrorOf(write("caf\xc3\xa9 = 1\n")).find("non-ASCII"), std::string::npos);
+  EXPECT_NE(configErrorOf(write("lr_milestones = [1, 2\xc2\xa7]\n")).find("non-ASCII"),
             std::string::npos);
   // A quote inside a bare word opens no string (toml++ reads it as part of the word).
-  EXPECT_NE(errorOf(write("model = mlp'x\xcf\x8f\n")).find("non-ASCII"), std::string::npos);
-  EXPECT_NE(errorOf(write("a = 0['''\xef\xb9\xbf\n")).find("non-ASCII"), std::string::npos);
+  EXPECT_NE(configErrorOf(write("model = mlp'x\xcf\x8f\n")).find("non-ASCII"), std::string::npos);
+  EXPECT_NE(configErrorOf(write("a = 0['''\xef\xb9\xbf\n")).find("non-ASCII"), std::string::npos);
 }
 
 TEST_F(ConfigTest, ANonAsciiCharacterAfterALineEndingBackslashIsRefused) {
-  const auto what = errorOf(write("run_name = \"\"\"\\\n  \xc2\xa7\"\"\"\n"));
+  const auto what = configErrorOf(write("run_name = \"\"\"\\\n  \xc2\xa7\"\"\"\n"));
   EXPECT_NE(what.find(":2:3: a non-ASCII character after a backslash in a multi-line string"),
             std::string::npos)
       << what;
@@ -213,7 +207,7 @@ TEST_F(ConfigTest, NonAsciiCharactersInStringsAndCommentsAreKept) {
   EXPECT_EQ(o.model.layers[0].type, "caf\xc3\xa9");
   EXPECT_EQ(o.model.layers[0].args.at("\xc3\xa9"), "\xc3\xa9");
   // In arrays and inline tables too: this is refused for its types only.
-  const auto what = errorOf(
+  const auto what = configErrorOf(
       write("lr_milestones = [\"\xc3\xa9\", # \xc3\xa9\n {a.\"\xc3\xa9\" = '\xc3\xa9'}]\n"));
   EXPECT_NE(what.find("must be a list of numbers"), std::string::npos) << what;
 }
@@ -250,7 +244,7 @@ TEST_F(ConfigTest, ADirectoryAsTheConfigFileIsRefusedNamingWhatItIs) {
   const auto dir = fs::temp_directory_path() / ("troupe_config_dir_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   files_.push_back(dir);
-  const auto what = errorOf(dir.string());
+  const auto what = configErrorOf(dir.string());
   EXPECT_TRUE(
       contains(what, "config file '" + dir.string() + "' is a directory, not a regular file"))
       << what;
@@ -280,53 +274,54 @@ TEST_F(ConfigTest, AConfigFileOverOneMebibyteIsRefusedNamingTheCap) {
   text.back() = '\n';
   EXPECT_NO_THROW(loadTrainOptions(write(text), {})) << "exactly 1 MiB loads";
   const auto big = write(text + "\n");
-  const auto what = errorOf(big);
+  const auto what = configErrorOf(big);
   EXPECT_TRUE(contains(what, "config file '" + big + "' is 1048577 bytes, over the 1 MiB")) << what;
 }
 
 TEST_F(ConfigTest, ANegativeEpochSizeIsRefusedNamingTheRange) {
-  EXPECT_EQ(errorOf("", {{"epoch_size", "-5"}}),
+  EXPECT_EQ(configErrorOf("", {{"epoch_size", "-5"}}),
             "--epoch_size must be an integer in [0, 1099511627776], got -5");
   const auto file = write("epoch_size = -5\n");
-  EXPECT_EQ(errorOf(file),
+  EXPECT_EQ(configErrorOf(file),
             file + ": key 'epoch_size' must be an integer in [0, 1099511627776], got -5");
   EXPECT_EQ(loadTrainOptions("", {{"epoch_size", "0"}}).epoch_size, 0) << "0: the whole set";
 }
 
 TEST_F(ConfigTest, ABatchSizeOfABillionIsRefusedNamingTheRange) {
-  EXPECT_EQ(errorOf("", {{"batch_size", "1000000000"}}),
+  EXPECT_EQ(configErrorOf("", {{"batch_size", "1000000000"}}),
             "--batch_size must be an integer in [1, 1048576], got 1000000000");
-  EXPECT_TRUE(contains(errorOf("", {{"batch_size", "0"}}), "got 0"));
+  EXPECT_TRUE(contains(configErrorOf("", {{"batch_size", "0"}}), "got 0"));
   EXPECT_EQ(loadTrainOptions("", {{"batch_size", "1048576"}}).batch_size, 1 << 20);
 }
 
 TEST_F(ConfigTest, AHundredThousandThreadsAreRefusedNamingTheRange) {
-  EXPECT_EQ(errorOf("", {{"threads", "100000"}}),
+  EXPECT_EQ(configErrorOf("", {{"threads", "100000"}}),
             "--threads must be an integer in [0, 1024], got 100000");
   EXPECT_EQ(loadTrainOptions("", {{"threads", "1024"}}).threads, 1024);
   EXPECT_EQ(loadTrainOptions("", {{"threads", "0"}}).threads, 0) << "0: the host's";
 }
 
 TEST_F(ConfigTest, AnInfiniteWeightDecayIsRefusedFromAFlagAndAFile) {
-  EXPECT_EQ(errorOf("", {{"weight_decay", "inf"}}),
+  EXPECT_EQ(configErrorOf("", {{"weight_decay", "inf"}}),
             "--weight_decay must be a finite number in [0, 1], got inf");
   const auto file = write("weight_decay = -inf\n");
-  EXPECT_EQ(errorOf(file),
+  EXPECT_EQ(configErrorOf(file),
             file + ": key 'weight_decay' must be a finite number in [0, 1], got -inf");
 }
 
 TEST_F(ConfigTest, ANanScaleIsRefusedFromAFlagAndAFile) {
-  EXPECT_EQ(errorOf("", {{"scale", "nan"}}),
+  EXPECT_EQ(configErrorOf("", {{"scale", "nan"}}),
             "--scale must be a finite number in (0, 1000000], got nan");
-  EXPECT_TRUE(contains(errorOf(write("scale = nan\n")), "key 'scale' must be a finite number"));
-  EXPECT_TRUE(contains(errorOf("", {{"mean", "nan"}}), "--mean must be a finite number"));
+  EXPECT_TRUE(
+      contains(configErrorOf(write("scale = nan\n")), "key 'scale' must be a finite number"));
+  EXPECT_TRUE(contains(configErrorOf("", {{"mean", "nan"}}), "--mean must be a finite number"));
 }
 
 TEST_F(ConfigTest, EveryNonFiniteNumberIsRefusedForEveryNumericKey) {
   for (const auto& key : configKeys()) {
     if (key.range.empty()) continue;
     for (const char* text : {"inf", "-inf", "nan"}) {
-      const auto what = errorOf("", {{key.name, text}});
+      const auto what = configErrorOf("", {{key.name, text}});
       EXPECT_FALSE(what.empty()) << key.name << " = " << text << " was accepted";
     }
   }
@@ -334,18 +329,18 @@ TEST_F(ConfigTest, EveryNonFiniteNumberIsRefusedForEveryNumericKey) {
 
 TEST_F(ConfigTest, TimeoutsThatWouldOverflowADurationAreRefused) {
   for (const char* key : {"step_timeout", "rendezvous_timeout", "peer_timeout", "stall_warning"}) {
-    EXPECT_EQ(errorOf("", {{key, "1e300"}}),
+    EXPECT_EQ(configErrorOf("", {{key, "1e300"}}),
               fmt::format("--{} must be a finite number in (0, 2592000], got 1e+300", key));
-    EXPECT_TRUE(contains(errorOf("", {{key, "0"}}), "got 0")) << key;
-    EXPECT_TRUE(contains(errorOf("", {{key, "2592001"}}), "(0, 2592000]")) << key;
-    EXPECT_EQ(errorOf("", {{key, "2592000"}}), "") << "30 days is the longest " << key;
+    EXPECT_TRUE(contains(configErrorOf("", {{key, "0"}}), "got 0")) << key;
+    EXPECT_TRUE(contains(configErrorOf("", {{key, "2592001"}}), "(0, 2592000]")) << key;
+    EXPECT_EQ(configErrorOf("", {{key, "2592000"}}), "") << "30 days is the longest " << key;
   }
 }
 
 TEST_F(ConfigTest, AMomentumOfOneOrThatRoundsToOneAsAFloatIsRefused) {
-  EXPECT_EQ(errorOf("", {{"momentum", "1"}}),
+  EXPECT_EQ(configErrorOf("", {{"momentum", "1"}}),
             "--momentum must be a finite number in [0, 1), got 1");
-  EXPECT_EQ(errorOf("", {{"momentum", "0.99999999"}}),
+  EXPECT_EQ(configErrorOf("", {{"momentum", "0.99999999"}}),
             "--momentum must be a finite number in [0, 1), got 0.99999999 (1 as a 32-bit float)");
   EXPECT_FLOAT_EQ(loadTrainOptions("", {{"momentum", "0.999"}}).sgd.momentum, 0.999f);
 }
@@ -353,41 +348,43 @@ TEST_F(ConfigTest, AMomentumOfOneOrThatRoundsToOneAsAFloatIsRefused) {
 TEST_F(ConfigTest, AnEnvironmentValueOutOfRangeNamesTheVariableAndTheKey) {
   {
     ScopedEnv rank("TROUPE_RANK", "70000");
-    EXPECT_EQ(errorOf(""),
+    EXPECT_EQ(configErrorOf(""),
               "TROUPE_RANK=70000: key 'shard_id' must be an integer in [0, 65535], got 70000");
   }
   {
     ScopedEnv workers("TROUPE_NUM_WORKERS", "0");
-    EXPECT_TRUE(contains(errorOf(""),
+    EXPECT_TRUE(contains(configErrorOf(""),
                          "TROUPE_NUM_WORKERS=0: key 'num_shards' must be an integer "
                          "in [1, 65536], got 0"));
   }
   ScopedEnv generation("TROUPE_GENERATION", "-1");
-  EXPECT_TRUE(contains(errorOf(""), "TROUPE_GENERATION=-1: key 'generation'"));
+  EXPECT_TRUE(contains(configErrorOf(""), "TROUPE_GENERATION=-1: key 'generation'"));
 }
 
 // TOML tells integers from floats: an integer key refuses 1.5 and 1e3 as the wrong type.
 TEST_F(ConfigTest, AnIntegerKeyGivenAFloatInAFileIsRefused) {
   for (const char* value : {"1.5", "1e3", "64.0", "inf"}) {
-    const auto what = errorOf(write(std::string("batch_size = ") + value + "\n"));
+    const auto what = configErrorOf(write(std::string("batch_size = ") + value + "\n"));
     EXPECT_TRUE(contains(what, "key 'batch_size' must be a integer, got floating-point"))
         << value << ": " << what;
   }
-  EXPECT_TRUE(contains(errorOf("", {{"batch_size", "1e3"}}), "expected a integer, got '1e3'"));
+  EXPECT_TRUE(
+      contains(configErrorOf("", {{"batch_size", "1e3"}}), "expected a integer, got '1e3'"));
 }
 
 TEST_F(ConfigTest, EveryListElementMustBeFiniteAndInRange) {
   const auto file = write("lr_milestones = [1, inf]\n");
-  EXPECT_EQ(errorOf(file), file +
-                               ": key 'lr_milestones' must be a list of finite numbers, each in "
-                               "[0, 1000000], got 1,inf (element 1 is inf)");
-  EXPECT_TRUE(contains(errorOf("", {{"work_load_list", "1,0"}}), "(element 1 is 0)"));
-  EXPECT_TRUE(contains(errorOf("", {{"work_load_list", "1,nan"}}), "(element 1 is nan)"));
-  EXPECT_TRUE(contains(errorOf("", {{"lr_milestones", "-1"}}), "(element 0 is -1)"));
+  EXPECT_EQ(configErrorOf(file),
+            file +
+                ": key 'lr_milestones' must be a list of finite numbers, each in "
+                "[0, 1000000], got 1,inf (element 1 is inf)");
+  EXPECT_TRUE(contains(configErrorOf("", {{"work_load_list", "1,0"}}), "(element 1 is 0)"));
+  EXPECT_TRUE(contains(configErrorOf("", {{"work_load_list", "1,nan"}}), "(element 1 is nan)"));
+  EXPECT_TRUE(contains(configErrorOf("", {{"lr_milestones", "-1"}}), "(element 0 is -1)"));
   std::string long_list = "1";
   for (int i = 0; i < 20; ++i)
     long_list += ",1";
-  EXPECT_EQ(errorOf("", {{"work_load_list", long_list + ",-2"}}),
+  EXPECT_EQ(configErrorOf("", {{"work_load_list", long_list + ",-2"}}),
             "--work_load_list must be a list of finite numbers, each in (0, 1000000], got "
             "1,1,1,1,1,1,1,1,... (element 21 is -2)");
 }
@@ -397,9 +394,9 @@ TEST_F(ConfigTest, TheSeedTakesAnyUnsignedSixtyFourBitValue) {
             std::numeric_limits<std::uint64_t>::max());
   EXPECT_EQ(loadTrainOptions(write("seed = 9223372036854775807\n"), {}).seed,
             9223372036854775807ull);
-  EXPECT_EQ(errorOf("", {{"seed", "-1"}}),
+  EXPECT_EQ(configErrorOf("", {{"seed", "-1"}}),
             "--seed must be an integer in [0, 18446744073709551615], got '-1'");
-  EXPECT_TRUE(contains(errorOf(write("seed = -1\n")),
+  EXPECT_TRUE(contains(configErrorOf(write("seed = -1\n")),
                        "key 'seed' must be an integer in [0, 18446744073709551615], got -1"));
 }
 

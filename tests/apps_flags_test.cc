@@ -19,11 +19,14 @@
 #include "actors/caffe2_flags.h"
 #include "actors/train_config.h"
 #include "cli_util.h"
+#include "config_util.h"
 #include "flags_doc.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
 namespace {
+
+using testing::configErrorOf;
 
 namespace fs = std::filesystem;
 using testing::FlagRow;
@@ -62,15 +65,6 @@ class Environment {
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;
 };
-
-std::string errorOf(const std::string& file, const ConfigOverrides& overrides = {}) {
-  try {
-    loadTrainOptions(file, overrides);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string parameter(const TrainOptions& o, const std::string& key) {
   for (const auto& [k, v] : o.parameters) {
@@ -239,12 +233,12 @@ TEST(Caffe2Flags, OneAlwaysRefusedInAFileIsRefusedForWhatItIsWhateverItsType) {
   Environment env;
   const ConfigFile file("num_layers = 50\n");
   EXPECT_EQ(
-      errorOf(file.path()),
+      configErrorOf(file.path()),
       file.path() +
           ": num_layers = 50: troupe has no built-in ResNe(X)t-N: its ResNet is model "
           "resnet20 (CIFAR's), and [[layers]] have no residual connections to write one with");
   const ConfigFile dtype("dtype = \"float16\"\n");
-  EXPECT_EQ(errorOf(dtype.path()),
+  EXPECT_EQ(configErrorOf(dtype.path()),
             dtype.path() +
                 ": dtype = float16: troupe trains in float32 only; the nearest is "
                 "gradient_compression fp16 (gradients travel between processes as fp16)");
@@ -253,13 +247,13 @@ TEST(Caffe2Flags, OneAlwaysRefusedInAFileIsRefusedForWhatItIsWhateverItsType) {
 TEST(Caffe2Flags, AKeyAndAFlagOfCaffe2sForItFromOneSourceAreRefusedNamingBoth) {
   Environment env;
   const ConfigFile file("interface = \"eth0\"\ndistributed_interfaces = \"eth1\"\n");
-  EXPECT_EQ(errorOf(file.path()),
+  EXPECT_EQ(configErrorOf(file.path()),
             fmt::format("{0}: distributed_interfaces = eth1 and {0}: interface = eth0 both set "
                         "interface: give one",
                         file.path()));
-  EXPECT_EQ(errorOf("", {{"rendezvous", "tcp://h:1"}, {"redis_host", "r"}}),
+  EXPECT_EQ(configErrorOf("", {{"rendezvous", "tcp://h:1"}, {"redis_host", "r"}}),
             "--redis_host r and --rendezvous tcp://h:1 both set rendezvous: give one");
-  EXPECT_EQ(errorOf("", {{"replicas", "2"}, {"use_cpu", ""}, {"num_gpus", "2"}}),
+  EXPECT_EQ(configErrorOf("", {{"replicas", "2"}, {"use_cpu", ""}, {"num_gpus", "2"}}),
             "--num_gpus 2 and --replicas 2 both set replicas: give one");
 }
 
@@ -284,8 +278,8 @@ TEST(Caffe2Flags, TroupeLaunchsRendezvousWinsOverTheFileButNotOverAFlag) {
   EXPECT_EQ(loadTrainOptions(file.path(), {}).rendezvous, "tcp://launcher:5000");
   EXPECT_EQ(loadTrainOptions("", {{"redis_host", "redis1"}}).rendezvous, "redis://redis1:6379");
   // --redis_port alone gives the rendezvous no host: refused, not left to TROUPE_RENDEZVOUS.
-  EXPECT_TRUE(
-      errorOf("", {{"redis_port", "7000"}}).starts_with("--redis_port 7000 needs redis_host"));
+  EXPECT_TRUE(configErrorOf("", {{"redis_port", "7000"}})
+                  .starts_with("--redis_port 7000 needs redis_host"));
 }
 
 TEST(Caffe2Flags, UseCpuFromTheFileMakesNumGpusFromAFlagCpuReplicas) {
@@ -293,7 +287,7 @@ TEST(Caffe2Flags, UseCpuFromTheFileMakesNumGpusFromAFlagCpuReplicas) {
   const ConfigFile file("use_cpu = true\n");
   EXPECT_EQ(loadTrainOptions(file.path(), {{"num_gpus", "3"}}).replicas, 3);
   EXPECT_EQ(loadTrainOptions(file.path(), {{"gpus", "0,2"}}).replicas, 2);
-  EXPECT_TRUE(errorOf("", {{"gpus", "0,x"}}).starts_with("--gpus 0,x: expected device ids"));
+  EXPECT_TRUE(configErrorOf("", {{"gpus", "0,x"}}).starts_with("--gpus 0,x: expected device ids"));
 }
 
 TEST(Caffe2Flags, ARelativeFileStorePathBecomesAnAbsoluteFileUrl) {
@@ -370,15 +364,15 @@ TEST(LrScaling, NoneLeavesTheRateAsGiven) {
 
 TEST(LrScaling, ARateScaledOutOfRangeOrAnElasticRunIsRefused) {
   Environment env;
-  EXPECT_EQ(errorOf("", {{"lr_scaling", "per256"},
-                         {"batch_size", "1048576"},
-                         {"base_learning_rate", "1e38"}}),
+  EXPECT_EQ(configErrorOf("", {{"lr_scaling", "per256"},
+                               {"batch_size", "1048576"},
+                               {"base_learning_rate", "1e38"}}),
             "lr_scaling per256: base_learning_rate 1e+38 x global batch 1048576 / 256 is "
             "4.096e+41, above 1e+38");
-  EXPECT_TRUE(errorOf("", {{"lr_scaling", "per256"},
-                           {"num_workers", "2:4"},
-                           {"run_id", "e"},
-                           {"rendezvous", "tcp://h:1"}})
+  EXPECT_TRUE(configErrorOf("", {{"lr_scaling", "per256"},
+                                 {"num_workers", "2:4"},
+                                 {"run_id", "e"},
+                                 {"rendezvous", "tcp://h:1"}})
                   .starts_with("lr_scaling per256 needs a fixed number of workers"));
 }
 
@@ -402,10 +396,10 @@ TEST(DmlcVariables, AFlagWinsOverThemAndABadValueNamesTheVariable) {
   Environment env("DMLC_NUM_WORKER=4 DMLC_WORKER_ID=1 DMLC_PS_ROOT_URI=h DMLC_PS_ROOT_PORT=1");
   EXPECT_EQ(loadTrainOptions("", {{"shard_id", "2"}}).shard_id, 2);
   Environment bad("DMLC_NUM_WORKER=0");
-  EXPECT_EQ(errorOf(""),
+  EXPECT_EQ(configErrorOf(""),
             "DMLC_NUM_WORKER=0: key 'num_shards' must be an integer in [1, 65536], got 0");
   Environment port("DMLC_PS_ROOT_URI=h DMLC_PS_ROOT_PORT=70000");
-  EXPECT_EQ(errorOf(""), "DMLC_PS_ROOT_PORT=70000: expected a port in [1, 65535]");
+  EXPECT_EQ(configErrorOf(""), "DMLC_PS_ROOT_PORT=70000: expected a port in [1, 65535]");
 }
 
 }  // namespace

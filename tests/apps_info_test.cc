@@ -9,13 +9,11 @@
 namespace troupe {
 namespace {
 
+using testing::contains;
+
 using testing::runCommand;
 using testing::TempDir;
 using testing::troupeBinary;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST(InfoCommand, SaysTheVersionBuildLibrariesDevicesAndWhatTheBuildCanRun) {
   const auto r = runCommand(troupeBinary() + " info");

@@ -14,6 +14,8 @@
 namespace troupe::apps {
 namespace {
 
+using testing::contains;
+
 using testing::runCommand;
 using testing::slurp;
 using testing::TempDir;
@@ -25,10 +27,6 @@ constexpr const char* kHeader =
 constexpr const char* kParameters =
     "# lenet_cpu1_b64_L10_lr0.05_20261123_101500 model=lenet batch_size=64 schedule=local "
     "num_shards=1 num_workers=1 num_servers=0 base_learning_rate=0.05";
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 class ReportTest : public ::testing::Test {
  protected:

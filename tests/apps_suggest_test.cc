@@ -11,10 +11,15 @@
 #include "actors/train_config.h"
 #include "apps/log_level.h"
 #include "cli_util.h"
+#include "config_util.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
 namespace {
+
+using testing::configErrorOf;
+
+using testing::contains;
 
 using actors::ConfigOverrides;
 using actors::editDistance;
@@ -28,19 +33,6 @@ using testing::troupeBinary;
 bool startsWith(const std::string& text, const std::string& start) {
   return text.rfind(start, 0) == 0;
 }
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string errorOf(const std::string& file, const ConfigOverrides& overrides = {}) {
-  try {
-    loadTrainOptions(file, overrides);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(EditDistance, CountsInsertionsDeletionsAndReplacements) {
   EXPECT_EQ(editDistance("bach_size", "batch_size"), 1u);
   EXPECT_EQ(editDistance("batch_sizes", "batch_size"), 1u);
@@ -91,7 +83,7 @@ TEST(ConfigSuggestion, AMisspeltKeyInAFileNamesTheFileAndTheNearestKeyThenListsT
   TempDir dir("suggest_key");
   const std::string file = dir.str() + "/bad.toml";
   std::ofstream(file) << "bach_size = 3\n";
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_TRUE(startsWith(what, "unknown key 'bach_size' in " + file +
                                    ": did you mean 'batch_size'? (known: model, train_data, "))
       << what;
@@ -103,21 +95,21 @@ TEST(ConfigSuggestion, AMisspeltLayersTableSuggestsLayers) {
   const std::string file = dir.str() + "/bad.toml";
   std::ofstream(file) << "[[layer]]\ntype = \"relu\"\n";
   EXPECT_TRUE(
-      contains(errorOf(file), "unknown key 'layer' in " + file + ": did you mean 'layers'?"))
-      << errorOf(file);
+      contains(configErrorOf(file), "unknown key 'layer' in " + file + ": did you mean 'layers'?"))
+      << configErrorOf(file);
 }
 
 TEST(ConfigSuggestion, AKeyFarFromEveryKnownOneGetsNoSuggestion) {
   TempDir dir("suggest_none");
   const std::string file = dir.str() + "/bad.toml";
   std::ofstream(file) << "zzzzzz = 1\n";
-  const auto what = errorOf(file);
+  const auto what = configErrorOf(file);
   EXPECT_TRUE(startsWith(what, "unknown key 'zzzzzz' in " + file + " (known: model, ")) << what;
   EXPECT_FALSE(contains(what, "did you mean")) << what;
 }
 
 TEST(ConfigSuggestion, AMisspeltOverrideNamesTheNearestFlag) {
-  const auto what = errorOf("", {{"Base-Learning-Rat", "0.1"}});
+  const auto what = configErrorOf("", {{"Base-Learning-Rat", "0.1"}});
   EXPECT_TRUE(startsWith(what,
                          "unknown flag --Base-Learning-Rat: did you mean --base_learning_rate? "
                          "(known: model, "))

@@ -75,6 +75,11 @@ inline std::string testData(const std::string& db) {
   return std::string(TROUPE_TESTDATA) + "/" + db;
 }
 
+// Whether `text` holds `part`.
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // The whole of the file at `path`; "" when it cannot be read.
 inline std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path);

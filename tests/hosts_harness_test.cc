@@ -23,10 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // A process that exists and is no zombie (a killed process here may wait a while to be reaped).
 bool running(const std::string& pid) {
   std::ifstream status("/proc/" + pid + "/status");

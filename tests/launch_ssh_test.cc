@@ -18,10 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // True once `pid` is gone (or a zombie nobody reaps), polling up to `timeout`.
 bool processGone(const std::string& pid, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

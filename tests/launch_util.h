@@ -10,10 +10,6 @@
 
 namespace troupe::testing {
 
-inline bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // Success when `output` holds every one of `parts`; else a failure naming those it lacks, then
 // the output.
 inline ::testing::AssertionResult containsAll(const std::string& output,

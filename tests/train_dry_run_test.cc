@@ -14,16 +14,14 @@
 namespace troupe {
 namespace {
 
+using testing::contains;
+
 namespace fs = std::filesystem;
 using testing::runCommand;
 using testing::sourceDir;
 using testing::TempDir;
 using testing::testData;
 using testing::troupeBinary;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 std::string dataFlags() {
   return " --train_data " + testData("lmdb") + "/train --test_data " + testData("lmdb") +

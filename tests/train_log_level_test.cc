@@ -10,15 +10,13 @@
 namespace troupe {
 namespace {
 
+using testing::contains;
+
 using testing::CommandResult;
 using testing::runCommand;
 using testing::TempDir;
 using testing::testData;
 using testing::troupeBinary;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // `ENV troupe BEFORE train ... AFTER`: a 1-epoch MLP run of 640 inputs in a fresh folder.
 CommandResult train(const std::string& env, const std::string& before, const std::string& after) {

@@ -10,6 +10,8 @@
 namespace troupe {
 namespace {
 
+using testing::contains;
+
 using testing::runCommand;
 using testing::TempDir;
 using testing::testData;
@@ -21,10 +23,6 @@ testing::CommandResult shortRun(const std::string& env) {
                     " train --model mlp --train_data " + testData("lmdb") +
                     "/train --db_type lmdb --num_epochs 1 --epoch_size 6400 --threads 1 "
                     "--log_every 20");
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 TEST(ProgressLine, OnATerminalOneLineIsRedrawnInPlaceInsteadOfThePeriodicLines) {

@@ -14,6 +14,8 @@
 namespace troupe {
 namespace {
 
+using testing::contains;
+
 namespace fs = std::filesystem;
 using testing::runCommand;
 using testing::slurp;
@@ -21,10 +23,6 @@ using testing::sourceDir;
 using testing::TempDir;
 using testing::testData;
 using testing::troupeBinary;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Trains configs/mlp.toml for 2 short epochs with `flags`; the path of the log it wrote.
 std::string trainMlp(const TempDir& dir, const std::string& name, const std::string& flags) {
