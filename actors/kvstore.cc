@@ -1,5 +1,5 @@
 // troupe::KVStore (include/troupe/kvstore.h): the local store, on troupe's optimizer and
-// gradient compression kernels.
+// gradient compression kernels; the distributed ones are in actors/kvstore_dist.cc.
 #include "troupe/kvstore.h"
 
 #include <fmt/format.h>
@@ -8,6 +8,10 @@
 #include <cmath>
 #include <map>
 
+#include "actors/kvstore_dist.h"
+#include "actors/kvstore_options.h"
+#include "actors/status_of.h"
+#include "actors/train_config.h"
 #include "kernels/backend.h"
 #include "kernels/compression.h"
 #include "kernels/optimizer.h"
@@ -22,9 +26,12 @@ Status inputError(std::string message) {
 
 class LocalKVStore final : public KVStore {
  public:
-  LocalKVStore() : backend_(kernels::makeCpuBackend(1)) {}
+  explicit LocalKVStore(std::string type)
+      : type_(std::move(type)), backend_(kernels::makeCpuBackend(1)) {}
 
-  std::string type() const override { return "local"; }
+  using KVStore::pull;
+  using KVStore::push;
+  std::string type() const override { return type_; }
   int rank() const override { return 0; }
   int numWorkers() const override { return 1; }
 
@@ -91,26 +98,10 @@ class LocalKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    if (o.name != "sgd") {
-      return inputError(fmt::format("optimizer '{}': the known one is sgd", o.name));
-    }
-    for (const auto& [name, v] :
-         {std::pair{"learning_rate", o.learning_rate}, {"rescale_grad", o.rescale_grad}}) {
-      if (!std::isfinite(v) || v < 0) {
-        return inputError(fmt::format("optimizer: {} {} is not a finite number >= 0", name, v));
-      }
-    }
-    kernels::SgdOptions sgd;
-    sgd.momentum = o.momentum;
-    sgd.weight_decay = o.weight_decay;
-    sgd.nesterov = o.nesterov;
-    try {
-      kernels::makeSgd(*backend_, 1, sgd);  // checks momentum, weight decay and nesterov
-    } catch (const Error& e) {
-      return inputError(fmt::format("optimizer: {}", e.what()));
-    }
+    auto sgd = actors::sgdOf(o);
+    if (!sgd) return sgd.status();
     spec_ = o;
-    sgd_ = sgd;
+    sgd_ = sgd.value();
     optimizer_ = true;
     for (auto& [key, e] : entries_)
       e.optimizer.reset();  // a new optimizer starts with no momentum
@@ -118,17 +109,9 @@ class LocalKVStore final : public KVStore {
   }
 
   Status setGradientCompression(const std::string& type, float threshold) override {
-    try {
-      kernels::CompressionSpec spec{kernels::parseGradientCompression(type), threshold};
-      if (spec.type == kernels::GradientCompression::k2Bit &&
-          !(threshold > 0 && std::isfinite(threshold))) {
-        return inputError(
-            fmt::format("gradient compression 2bit: threshold {} is not > 0", threshold));
-      }
-      compression_ = spec;
-    } catch (const Error& e) {
-      return inputError(e.what());
-    }
+    auto spec = actors::compressionSpecOf(type, threshold);
+    if (!spec) return spec.status();
+    compression_ = spec.value();
     return {};
   }
 
@@ -155,6 +138,7 @@ class LocalKVStore final : public KVStore {
     kernels::decode(compression_, bytes, sum.f32(), n, /*accumulate=*/false);
   }
 
+  std::string type_;
   std::unique_ptr<kernels::Backend> backend_;
   std::map<int, Entry> entries_;
   OptimizerSpec spec_;
@@ -165,19 +149,109 @@ class LocalKVStore final : public KVStore {
 
 }  // namespace
 
-Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type) {
-  if (type == "local") return std::unique_ptr<KVStore>(new LocalKVStore());
-  if (type == "device" || type == "dist_sync" || type == "dist_async" || type == "ring" ||
-      type == "ssp" || type == "dist_device_sync") {
+namespace actors {
+
+Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& o) {
+  if (o.name != "sgd")
+    return inputError(fmt::format("optimizer '{}': the known one is sgd", o.name));
+  for (const auto& [name, v] :
+       {std::pair{"learning_rate", o.learning_rate}, {"rescale_grad", o.rescale_grad}}) {
+    if (!std::isfinite(v) || v < 0) {
+      return inputError(fmt::format("optimizer: {} {} is not a finite number >= 0", name, v));
+    }
+  }
+  kernels::SgdOptions sgd;
+  sgd.momentum = o.momentum;
+  sgd.weight_decay = o.weight_decay;
+  sgd.nesterov = o.nesterov;
+  try {
+    auto backend = kernels::makeCpuBackend(1);
+    kernels::makeSgd(*backend, 1, sgd);  // checks momentum, weight decay and nesterov
+  } catch (const Error& e) {
+    return inputError(fmt::format("optimizer: {}", e.what()));
+  }
+  return sgd;
+}
+
+Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold) {
+  kernels::CompressionSpec spec;
+  try {
+    spec = {kernels::parseGradientCompression(type), threshold};
+  } catch (const Error& e) {
+    return inputError(e.what());
+  }
+  if (spec.type == kernels::GradientCompression::k2Bit &&
+      !(threshold > 0 && std::isfinite(threshold))) {
+    return inputError(fmt::format("gradient compression 2bit: threshold {} is not > 0", threshold));
+  }
+  return spec;
+}
+
+}  // namespace actors
+
+Status KVStore::push(const std::vector<int>& keys,
+                     const std::vector<std::span<const float>>& values, int priority) {
+  if (keys.size() != values.size()) {
+    return inputError(fmt::format("push of {} keys with {} arrays", keys.size(), values.size()));
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (Status s = push(keys[i], values[i], priority); !s) return s;
+  }
+  return {};
+}
+
+Status KVStore::pull(const std::vector<int>& keys, const std::vector<std::span<float>>& outs,
+                     int priority) {
+  if (keys.size() != outs.size()) {
+    return inputError(fmt::format("pull of {} keys into {} arrays", keys.size(), outs.size()));
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (Status s = pull(keys[i], outs[i], priority); !s) return s;
+  }
+  return {};
+}
+
+Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type,
+                                                 const KVStoreSettings& settings) {
+  if (type == "local" || type == "device") return std::unique_ptr<KVStore>(new LocalKVStore(type));
+  if (actors::isDistributedKVStore(type)) {
+    try {
+      return actors::makeDistKVStore(type, actors::loadTrainOptions("", settings));
+    } catch (const std::exception& e) {
+      return actors::statusOf(e);
+    }
+  }
+  if (type == "ring" || type == "dist_device_sync") {
     return inputError(fmt::format(
-        "kvstore '{}' is not in this build of the KVStore API yet (only 'local'); train with it "
-        "through troupe train --schedule",
+        "kvstore '{}' is not in this build of the KVStore API yet (local, device, dist_sync, "
+        "dist_async, ssp); train with it through troupe train --schedule",
         type));
   }
   return inputError(fmt::format(
       "unknown kvstore type '{}' (MXNet's: local, device, dist_sync, dist_async; troupe's: ring, "
       "ssp)",
       type));
+}
+
+bool KVStore::isServer(const KVStoreSettings& settings) {
+  try {
+    return actors::loadTrainOptions("", settings).role == "server";
+  } catch (const std::exception&) {
+    return false;  // create() or runServer() reports it
+  }
+}
+
+Status KVStore::runServer(const std::string& type, const KVStoreSettings& settings) {
+  if (!actors::isDistributedKVStore(type)) {
+    return inputError(fmt::format(
+        "runServer: kvstore '{}' has no servers (dist_sync, dist_async and ssp have)", type));
+  }
+  try {
+    actors::serveKVStore(type, actors::loadTrainOptions("", settings));
+  } catch (const std::exception& e) {
+    return actors::statusOf(e);
+  }
+  return {};
 }
 
 }  // namespace troupe

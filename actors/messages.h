@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "kernels/tensor.h"
 
@@ -118,10 +119,16 @@ struct Push {
 
 // ... then pulls the weights step `step` starts from. epoch_end: the server answers once every
 // worker reached this point, and adds the optimizer state (for checkpoints).
+// Keys [key_begin, key_end) must be one segment of the server's (its whole shard for the
+// trainer, a KVStore key's part there for the KVStore); the reply goes to actor `reply_actor` of
+// node `worker`.
 struct Pull {
   std::int64_t step = 0;
   std::uint32_t worker = 0;
   bool epoch_end = false;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  std::uint32_t reply_actor = 0;
 };
 
 struct PullReply {
@@ -130,6 +137,48 @@ struct PullReply {
   std::int64_t key_end = 0;
   Tensor data;
   Tensor state;  // momentum, with epoch_end pulls
+};
+
+// The KVStore (troupe/kvstore.h) on parameter servers. Worker 0 -> server: a new segment, keys
+// [key_begin, key_end) (a KVStore key's part on this server: server s's keys start at
+// s << kKvKeyShift, in the order of the inits), with its first value; answered by KvAck with the
+// same id.
+struct KvInit {
+  std::uint64_t id = 0;
+  std::uint32_t worker = 0;
+  std::uint32_t reply_actor = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor value;
+  std::int32_t key = 0;    // the KVStore's key, for messages
+  std::int64_t first = 0;  // the index in the key's values of the first one sent here
+};
+
+// Worker 0 -> server: the update rule for pushes from now on (set_optimizer,
+// set_gradient_compression); answered by KvAck.
+struct KvConfigure {
+  std::uint64_t id = 0;
+  std::uint32_t worker = 0;
+  std::uint32_t reply_actor = 0;
+  bool has_optimizer = false;
+  float learning_rate = 0;
+  float momentum = 0;
+  float weight_decay = 0;
+  float rescale_grad = 1;
+  bool nesterov = false;
+  std::uint8_t compression = 0;  // kernels::GradientCompression
+  float threshold = 0.5f;
+};
+
+// Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.
+struct KvAck {
+  std::uint64_t id = 0;
+  std::string error;
+};
+
+// Worker -> server: this worker is done with the store; the server ends once every worker is.
+struct KvDone {
+  std::uint32_t worker = 0;
 };
 
 // Chief coordinator -> the coordinator of every other process: the run is over, stop.

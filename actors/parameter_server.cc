@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "actors/messages.h"
@@ -17,19 +19,29 @@
 namespace troupe::actors {
 namespace {
 
+// Keys the server holds are segments: the trainer's server has one, its shard; the KVStore's has
+// one per part of a KVStore key that it owns, one after the other in the order of their inits.
+// Each segment keeps its own clocks, so a KVStore key is updated as soon as every worker pushed
+// it, whatever the other keys do. A push may span adjacent segments (and parts of the first and
+// last), a pull whole adjacent ones: one message for the keys a worker pushes or pulls together.
 class Server final : public Actor {
  public:
   Server(std::string name, ServerConfig config)
-      : Actor(std::move(name)),
-        config_(std::move(config)),
-        size_(config_.key_end - config_.key_begin),
-        clocks_(static_cast<std::size_t>(config_.num_workers), config_.first_step - 1),
-        applied_(config_.first_step) {
+      : Actor(std::move(name)), config_(std::move(config)) {
     on<Push>([this](Push& p) { push(p); });
     on<Pull>([this](Pull& p) {
+      checkWorker(p.worker, "pull");
+      cover(p.worker, "pulled", p.key_begin, p.key_end, /*whole=*/true);
       pending_.push_back(p);
-      waiting_[{p.worker, p.step}] = {Clock::now(), false};
+      waiting_[{p.worker, p.key_begin, p.step}] = {Clock::now(), false};
       answer();
+    });
+    on<KvInit>([this](KvInit& m) { kvInit(m); });
+    on<KvConfigure>([this](KvConfigure& m) { kvConfigure(m); });
+    on<KvDone>([this](KvDone& m) {
+      checkWorker(m.worker, "done");
+      done_.insert(m.worker);
+      if (static_cast<int>(done_.size()) == config_.num_workers) system().shutdown();
     });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
     on<Shutdown>([this](Shutdown&) { system().shutdown(); });
@@ -37,17 +49,87 @@ class Server final : public Actor {
 
   void started() override {
     backend_ = kernels::makeCpuBackend(config_.threads);
-    weights_ = backend_->empty({size_});
-    momentum_ = backend_->empty({size_});
-    backend_->copy(config_.initial_weights, weights_);
-    if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
-      backend_->copy(config_.initial_momentum, momentum_);
+    if (!config_.kvstore) {
+      Segment& s = addSegment(config_.key_begin, config_.key_end, config_.initial_weights,
+                              config_.first_step);
+      if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
+        backend_->copy(config_.initial_momentum, s.momentum);
+      }
     }
     armStallCheck();
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+
+  struct StepPushes {
+    std::vector<kernels::Tensor> sums;  // per worker, this segment's gradient
+    std::vector<std::int64_t> received;
+  };
+
+  struct Segment {
+    std::int64_t begin = 0, end = 0;
+    int key = -1;            // the KVStore's key
+    std::int64_t first = 0;  // the index of the segment's first value in its key's
+    kernels::Tensor weights, momentum;
+    std::vector<std::int64_t> clocks;  // per worker: the last step fully pushed here
+    std::int64_t applied = 0;          // dist_sync: steps applied
+    std::map<std::int64_t, StepPushes> steps;
+    std::int64_t size() const { return end - begin; }
+  };
+
+  Segment& addSegment(std::int64_t begin, std::int64_t end, const kernels::Tensor& value,
+                      std::int64_t first_step, int key = -1, std::int64_t first = 0) {
+    Segment s;
+    s.begin = begin;
+    s.end = end;
+    s.key = key;
+    s.first = first;
+    s.weights = backend_->empty({end - begin});
+    s.momentum = backend_->empty({end - begin});
+    backend_->copy(value, s.weights);
+    backend_->fill(s.momentum, 0.0f);
+    s.clocks.assign(static_cast<std::size_t>(config_.num_workers), first_step - 1);
+    s.applied = first_step;
+    return segments_.emplace(begin, std::move(s)).first->second;
+  }
+
+  void checkWorker(std::uint32_t worker, const char* what) const {
+    if (worker >= static_cast<std::uint32_t>(config_.num_workers)) {
+      throw InputError(fmt::format("server {}: a {} from worker {}, of a run of {} workers",
+                                   config_.index, what, worker, config_.num_workers));
+    }
+  }
+
+  // The segments that hold keys [lo, hi), in order, with no gap between them; `whole`: the
+  // range begins and ends with theirs. InputError naming the worker otherwise.
+  std::vector<Segment*> cover(std::uint32_t worker, const char* what, std::int64_t lo,
+                              std::int64_t hi, bool whole) {
+    std::vector<Segment*> segments;
+    auto it = segments_.upper_bound(lo);
+    if (lo < hi && it != segments_.begin()) {
+      --it;
+      std::int64_t at = lo;
+      while (it != segments_.end() && it->second.begin <= at && at < hi) {
+        segments.push_back(&it->second);
+        at = it->second.end;
+        ++it;
+      }
+      const bool covered = !segments.empty() && at >= hi;
+      if (covered && (!whole || (segments.front()->begin == lo && segments.back()->end == hi)))
+        return segments;
+    }
+    throw InputError(fmt::format(
+        "worker {} {} keys [{}, {}), which are not {} of server {}{}", worker, what, lo, hi,
+        whole ? "whole keys" : "keys", config_.index,
+        config_.kvstore ? " (a KVStore key never initialised, or a message not from troupe)" : ""));
+  }
+
+  // "step 12 (epoch 1)" for the trainer, "push 12 of key 3" for the KVStore.
+  std::string describe(const Segment& s, std::int64_t step) const {
+    if (!config_.kvstore) return describeStep(step, config_.steps_per_epoch);
+    return fmt::format("push {} of key {}", step, s.key);
+  }
 
   void armStallCheck() {
     system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
@@ -62,17 +144,21 @@ class Server final : public Actor {
   };
 
   // The workers a pull of step q waits for.
-  std::vector<Late> lateWorkers(const Pull& q) const {
+  std::vector<Late> lateWorkers(const Segment& s, const Pull& q) const {
     std::int64_t need = q.step - 1;  // dist_sync and epoch ends: every push of step q-1
     if (config_.mode == "ssp" && !q.epoch_end) need = q.step - 1 - config_.staleness;
     std::vector<Late> late;
-    for (std::size_t w = 0; w < clocks_.size(); ++w) {
+    for (std::size_t w = 0; w < s.clocks.size(); ++w) {
       const Peer worker = peerOf(config_.members, "worker", static_cast<int>(w));
-      if (clocks_[w] < need) {
-        const auto state = fmt::format("pushed through step {}", clocks_[w]);
-        late.push_back({worker, state, fmt::format("its push of step {} (it {})", need, state)});
+      if (s.clocks[w] < need) {
+        const auto state = config_.kvstore
+                               ? fmt::format("pushed key {} {} times", s.key, s.clocks[w] + 1)
+                               : fmt::format("pushed through step {}", s.clocks[w]);
+        const auto push = config_.kvstore ? fmt::format("push {} of key {}", need, s.key)
+                                          : fmt::format("push of step {}", need);
+        late.push_back({worker, state, fmt::format("its {} (it {})", push, state)});
       } else if (q.epoch_end && std::none_of(pending_.begin(), pending_.end(), [&](const Pull& p) {
-                   return p.epoch_end && p.worker == w;
+                   return p.epoch_end && p.worker == w && p.key_begin == s.begin;
                  })) {
         late.push_back({worker, "not at the epoch's end", "its pull at the epoch's end"});
       }
@@ -94,11 +180,12 @@ class Server final : public Actor {
     const auto now = Clock::now();
     const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
     for (const auto& q : pending_) {
-      auto& w = waiting_[{q.worker, q.step}];
+      auto& w = waiting_[{q.worker, q.key_begin, q.step}];
       const double waited = std::chrono::duration<double>(now - w.since).count();
-      const std::string when = describeStep(q.step, config_.steps_per_epoch);
+      const Segment& s = waitedSegment(q);
+      const std::string when = describe(s, q.step);
       if (now - w.since >= config_.peer_timeout) {
-        const auto late = lateWorkers(q);
+        const auto late = lateWorkers(s, q);
         const std::string what =
             fmt::format("server {}: worker {}'s pull of {} waited {:.1f} s (peer_timeout) for {}",
                         config_.index, q.worker, when, waited, describe(late));
@@ -113,78 +200,106 @@ class Server final : public Actor {
         spdlog::warn(
             "stall: server {} has held worker {}'s pull of {} for {:.1f} s, waiting for {}; the "
             "run fails after {:g} s",
-            config_.index, q.worker, when, waited, describe(lateWorkers(q)), limit);
+            config_.index, q.worker, when, waited, describe(lateWorkers(s, q)), limit);
       }
     }
     armStallCheck();
   }
 
-  // Fails the run when an update left inf or NaN in the shard: it diverged.
-  void checkFinite(bool finite, std::int64_t step, std::int64_t lo, std::int64_t hi,
-                   float lr) const {
-    if (finite) return;
-    throw NumericError(fmt::format(
-        "training diverged: server {}'s update of {} left inf or NaN in weights [{},{}) "
-        "(learning rate {:g}; a gradient was not finite, or too large)",
-        config_.index, describeStep(step, config_.steps_per_epoch), config_.key_begin + lo,
-        config_.key_begin + hi, lr));
+  // The first segment of a pull that is not ready (the one its stall report names).
+  const Segment& waitedSegment(const Pull& q) {
+    const auto segments = cover(q.worker, "pulled", q.key_begin, q.key_end, true);
+    for (const Segment* s : segments) {
+      if (!ready(*s, q)) return *s;
+    }
+    return *segments.front();
   }
 
-  struct StepPushes {
-    std::vector<kernels::Tensor> sums;  // per worker, this shard's gradient
-    std::vector<std::int64_t> received;
-  };
+  // Fails the run when an update left inf or NaN in the segment: it diverged.
+  void checkFinite(bool finite, const Segment& s, std::int64_t step, std::int64_t lo,
+                   std::int64_t hi, float lr) const {
+    if (finite) return;
+    throw NumericError(
+        fmt::format("training diverged: server {}'s update of {} left inf or NaN in {} [{},{}) "
+                    "(learning rate {:g}; a gradient was not finite, or too large)",
+                    config_.index, describe(s, step),
+                    config_.kvstore ? fmt::format("key {}'s values", s.key) : "weights",
+                    config_.kvstore ? s.first + lo : s.begin + lo,
+                    config_.kvstore ? s.first + hi : s.begin + hi, lr));
+  }
+
+  float learningRate(std::int64_t step) const {
+    return config_.kvstore ? kv_.learning_rate : kernels::learningRate(config_.lr, step);
+  }
 
   void push(const Push& p) {
     TraceScope span(config_.trace, name(), config_.mode == "dist_sync" ? "push" : "apply push");
-    TROUPE_ENFORCE(p.worker < clocks_.size(), "push from worker ", p.worker, " of ",
-                   clocks_.size());
-    TROUPE_ENFORCE(config_.key_begin <= p.key_begin && p.key_end <= config_.key_end,
-                   "push of keys [", p.key_begin, ",", p.key_end, ") to the server of [",
-                   config_.key_begin, ",", config_.key_end, ")");
-    const std::int64_t lo = p.key_begin - config_.key_begin, hi = p.key_end - config_.key_begin;
-    auto& step = steps_[p.step];
-    if (step.sums.empty()) {
-      step.sums.resize(clocks_.size());
-      step.received.assign(clocks_.size(), 0);
+    checkWorker(p.worker, "push");
+    const auto segments = cover(p.worker, "pushed", p.key_begin, p.key_end, /*whole=*/false);
+    const kernels::Tensor grads = gradientOf(p, p.key_end - p.key_begin);
+    if (config_.kvstore && kv_.rescale_grad != 1.0f) backend_->scale(grads, kv_.rescale_grad);
+    for (Segment* s : segments) {
+      const std::int64_t b = std::max(p.key_begin, s->begin), e = std::min(p.key_end, s->end);
+      pushSegment(*s, p, b - s->begin, e - s->begin, grads.slice(b - p.key_begin, e - p.key_begin));
     }
-    const kernels::Tensor grads = gradientOf(p, hi - lo);
+    backend_->synchronize();
+    answer();
+  }
+
+  // Values [lo, hi) of segment `s` from push `p`.
+  void pushSegment(Segment& s, const Push& p, std::int64_t lo, std::int64_t hi,
+                   const kernels::Tensor& grads) {
+    auto& step = s.steps[p.step];
+    if (step.sums.empty()) {
+      step.sums.resize(s.clocks.size());
+      step.received.assign(s.clocks.size(), 0);
+    }
+    const auto& sgd = config_.sgd;
     if (config_.mode == "dist_sync") {
       auto& sum = step.sums[p.worker];
-      if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({size_});
+      if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({s.size()});
       backend_->copy(grads, sum.slice(lo, hi));
     } else {
-      const auto& sgd = config_.sgd;
-      // Staleness-aware (Zhang et al. 2016): a push lands on weights about W-1 pushes newer
-      // than the ones it was computed from, so its step is scaled by 1/W.
-      const float lr =
-          kernels::learningRate(config_.lr, p.step) / static_cast<float>(config_.num_workers);
-      checkFinite(backend_->sgdUpdate(weights_.slice(lo, hi), grads, momentum_.slice(lo, hi), lr,
+      if (config_.kvstore && !kv_.has_optimizer) {
+        throw InputError(fmt::format(
+            "worker {} pushed key {} to server {} of a {} store without an optimizer "
+            "(setOptimizer first: an asynchronous store has no other way to apply a push)",
+            p.worker, s.key, config_.index, config_.mode));
+      }
+      // The trainer's asynchronous SGD is staleness-aware (Zhang et al. 2016): a push lands on
+      // weights about W-1 pushes newer than the ones it was computed from, so its step is scaled
+      // by 1/W. The KVStore applies the optimizer as set, as MXNet's servers do.
+      const float lr = config_.kvstore
+                           ? learningRate(p.step)
+                           : learningRate(p.step) / static_cast<float>(config_.num_workers);
+      checkFinite(backend_->sgdUpdate(s.weights.slice(lo, hi), grads, s.momentum.slice(lo, hi), lr,
                                       sgd.momentum, sgd.weight_decay, sgd.nesterov),
-                  p.step, lo, hi, lr);
+                  s, p.step, lo, hi, lr);
     }
     step.received[p.worker] += hi - lo;
-    TROUPE_ENFORCE_LE(step.received[p.worker], size_);
-    if (step.received[p.worker] == size_) clocks_[p.worker] = p.step;
-    if (config_.mode == "dist_sync" && std::all_of(step.received.begin(), step.received.end(),
-                                                   [&](std::int64_t n) { return n == size_; })) {
+    if (step.received[p.worker] > s.size()) {
+      throw InputError(fmt::format("worker {} pushed keys [{}, {}) of {} twice", p.worker,
+                                   p.key_begin, p.key_end, describe(s, p.step)));
+    }
+    if (step.received[p.worker] == s.size()) s.clocks[p.worker] = p.step;
+    const bool all_in = std::all_of(step.received.begin(), step.received.end(),
+                                    [&](std::int64_t n) { return n == s.size(); });
+    if (config_.mode == "dist_sync" && all_in) {
       // Every worker's gradient of step t is in: sum in worker order, then one update.
       auto& total = step.sums[0];
       for (std::size_t w = 1; w < step.sums.size(); ++w)
         backend_->axpy(1.0f, step.sums[w], total);
-      const auto& sgd = config_.sgd;
-      const float lr = kernels::learningRate(config_.lr, p.step);
-      checkFinite(backend_->sgdUpdate(weights_, total, momentum_, lr, sgd.momentum,
-                                      sgd.weight_decay, sgd.nesterov),
-                  p.step, 0, size_, lr);
-      applied_ = p.step + 1;
+      if (config_.kvstore && !kv_.has_optimizer) {
+        backend_->copy(total, s.weights);  // MXNet's server without an updater: the sum
+      } else {
+        const float lr = learningRate(p.step);
+        checkFinite(backend_->sgdUpdate(s.weights, total, s.momentum, lr, sgd.momentum,
+                                        sgd.weight_decay, sgd.nesterov),
+                    s, p.step, 0, s.size(), lr);
+      }
+      s.applied = p.step + 1;
     }
-    if (std::all_of(step.received.begin(), step.received.end(),
-                    [&](std::int64_t n) { return n == size_; })) {
-      steps_.erase(p.step);
-    }
-    backend_->synchronize();
-    answer();
+    if (all_in) s.steps.erase(p.step);
   }
 
   // A push's gradient in float: as it came, or decoded (the run's gradient compression).
@@ -196,45 +311,94 @@ class Server final : public Actor {
             "server without gradient compression",
             p.worker, p.key_begin, p.key_end, p.step));
       }
-      return p.data;
+      // The KVStore scales the push in place (rescale_grad): not the sender's memory.
+      return config_.kvstore ? snapshot(p.data) : p.data;
     }
     auto out = kernels::Tensor::hostUninitialized({n});
     kernels::decode(config_.compression, p.data, out.f32(), n, /*accumulate=*/false);
     return out;
   }
 
+  void kvInit(const KvInit& m) {
+    checkWorker(m.worker, "KVStore init");
+    KvAck ack{m.id, {}};
+    const auto overlaps = [&] {
+      auto it = segments_.lower_bound(m.key_end);
+      return it != segments_.begin() && std::prev(it)->second.end > m.key_begin;
+    };
+    if (!config_.kvstore) {
+      ack.error = fmt::format("server {} serves a training run, not a KVStore", config_.index);
+    } else if (m.key_end <= m.key_begin || m.value.numel() != m.key_end - m.key_begin ||
+               m.value.dtype() != kernels::DType::kFloat32) {
+      ack.error = fmt::format("init of key {}: {} values for keys [{}, {})", m.key, m.value.numel(),
+                              m.key_begin, m.key_end);
+    } else if (overlaps()) {
+      ack.error = fmt::format("init of key {}: server {} holds keys [{}, {}) already", m.key,
+                              config_.index, m.key_begin, m.key_end);
+    } else {
+      addSegment(m.key_begin, m.key_end, m.value, 0, m.key, m.first);
+    }
+    send(Address{m.worker, m.reply_actor}, std::move(ack));
+  }
+
+  void kvConfigure(const KvConfigure& m) {
+    checkWorker(m.worker, "KVStore configure");
+    KvAck ack{m.id, {}};
+    if (!config_.kvstore) {
+      ack.error = fmt::format("server {} serves a training run, not a KVStore", config_.index);
+    } else if (m.compression > static_cast<std::uint8_t>(kernels::GradientCompression::k2Bit)) {
+      ack.error = fmt::format("gradient compression {} is none of troupe's", m.compression);
+    } else {
+      kv_ = m;
+      config_.sgd.momentum = m.momentum;
+      config_.sgd.weight_decay = m.weight_decay;
+      config_.sgd.nesterov = m.nesterov;
+      config_.compression = {static_cast<kernels::GradientCompression>(m.compression), m.threshold};
+    }
+    send(Address{m.worker, m.reply_actor}, std::move(ack));
+  }
+
   // Pulls for step t need: dist_sync, the update of step t-1; dist_async, nothing (the worker's
   // own pushes came first on its link); ssp, every worker's pushes up to t-1-staleness.
-  bool ready(const Pull& q) const {
-    const std::int64_t min_clock = *std::min_element(clocks_.begin(), clocks_.end());
+  bool ready(const Segment& s, const Pull& q) const {
+    const std::int64_t min_clock = *std::min_element(s.clocks.begin(), s.clocks.end());
     if (q.epoch_end) {
       // Everyone has pushed everything before the epoch's end.
-      return min_clock >= q.step - 1 && (config_.mode != "dist_sync" || applied_ >= q.step);
+      return min_clock >= q.step - 1 && (config_.mode != "dist_sync" || s.applied >= q.step);
     }
-    if (config_.mode == "dist_sync") return applied_ >= q.step;
+    if (config_.mode == "dist_sync") return s.applied >= q.step;
     if (config_.mode == "ssp") return min_clock >= q.step - 1 - config_.staleness;
     return true;
   }
 
   void answer() {
-    // Epoch-end pulls are answered together, once every worker's is in.
-    std::int64_t epoch_end_pulls = 0;
+    // Epoch-end pulls (the trainer's: one segment) are answered together, once every worker's
+    // is in.
+    std::map<std::int64_t, int> epoch_end_pulls;  // by segment
     for (const auto& q : pending_)
-      epoch_end_pulls += q.epoch_end ? 1 : 0;
-    const bool barrier_complete = epoch_end_pulls == static_cast<std::int64_t>(clocks_.size());
+      epoch_end_pulls[q.key_begin] += q.epoch_end ? 1 : 0;
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if ((it->epoch_end && !barrier_complete) || !ready(*it)) {
+      const auto segments = cover(it->worker, "pulled", it->key_begin, it->key_end, true);
+      const bool barrier_complete = epoch_end_pulls[it->key_begin] == config_.num_workers;
+      const bool all_ready = std::all_of(segments.begin(), segments.end(),
+                                         [&](const Segment* s) { return ready(*s, *it); });
+      if ((it->epoch_end && !barrier_complete) || !all_ready) {
         ++it;
         continue;
       }
       PullReply reply;
       reply.step = it->step;
-      reply.key_begin = config_.key_begin;
-      reply.key_end = config_.key_end;
-      reply.data = snapshot(weights_);
-      if (it->epoch_end) reply.state = snapshot(momentum_);
-      send(Address{it->worker, 1}, std::move(reply));
-      waiting_.erase({it->worker, it->step});
+      reply.key_begin = it->key_begin;
+      reply.key_end = it->key_end;
+      // A copy: the weights go on changing while the transport writes (async schedules).
+      reply.data = kernels::Tensor::host({it->key_end - it->key_begin});
+      for (const Segment* s : segments)
+        backend_->copy(s->weights,
+                       reply.data.slice(s->begin - it->key_begin, s->end - it->key_begin));
+      if (it->epoch_end) reply.state = snapshot(segments.front()->momentum);
+      backend_->synchronize();
+      send(Address{it->worker, it->reply_actor}, std::move(reply));
+      waiting_.erase({it->worker, it->key_begin, it->step});
       it = pending_.erase(it);
     }
   }
@@ -248,18 +412,17 @@ class Server final : public Actor {
   }
 
   ServerConfig config_;
-  std::int64_t size_;
   std::unique_ptr<kernels::Backend> backend_;
-  kernels::Tensor weights_, momentum_;
-  std::map<std::int64_t, StepPushes> steps_;
-  std::vector<std::int64_t> clocks_;  // per worker: the last step fully pushed here
-  std::int64_t applied_;              // dist_sync: steps applied
+  std::map<std::int64_t, Segment> segments_;  // by first key
+  KvConfigure kv_;                            // the KVStore's optimizer
+  std::set<std::uint32_t> done_;              // workers done with the KVStore
   std::vector<Pull> pending_;
   struct Waited {
     Clock::time_point since;
     bool warned = false;
   };
-  std::map<std::pair<std::uint32_t, std::int64_t>, Waited> waiting_;  // per pending pull
+  // Per pending pull: worker, segment, step.
+  std::map<std::tuple<std::uint32_t, std::int64_t, std::int64_t>, Waited> waiting_;
 };
 
 class PsClient final : public Actor {
@@ -368,8 +531,9 @@ class PsClient final : public Actor {
     answered_.assign(config_.servers.size(), false);
     pull_since_ = std::chrono::steady_clock::now();
     pull_started_ = Trace::Clock::now();
-    for (const auto& server : config_.servers) {
-      send(server, Pull{step_, config_.worker, epoch_end});
+    for (std::size_t s = 0; s < config_.servers.size(); ++s) {
+      const auto [lo, hi] = config_.shards[s];
+      send(config_.servers[s], Pull{step_, config_.worker, epoch_end, lo, hi, self().actor});
     }
   }
 

@@ -202,6 +202,12 @@ std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 // or NaN in the shard fails the run (NumericError naming the step).
 struct ServerConfig {
   int index = 0;
+  // A KVStore's server (troupe/kvstore.h): it starts with no keys; KvInit messages bring them,
+  // KvConfigure the optimizer (the learning rate is the one set, not `lr`; no optimizer: a
+  // dist_sync update replaces the value by the sum of the pushes, as MXNet's); asynchronous
+  // pushes apply at the learning rate as set. The server ends when every worker sent KvDone.
+  // Otherwise a trainer's: keys [key_begin, key_end) from initial_weights.
+  bool kvstore = false;
   int num_workers = 1;
   std::string mode = "dist_sync";
   kernels::CompressionSpec compression;  // of the workers' pushes (kernels/compression.h)
@@ -245,6 +251,10 @@ struct PsClientConfig {
   RunMembersPtr members;  // for reports: the servers' addresses
 };
 std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
+
+// The KVStore's keys on server s are s << kKvKeyShift onwards: a KVStore key's part there is
+// the range its init takes next.
+inline constexpr int kKvKeyShift = 40;
 
 // Keys [0, num_params) cut into `servers` contiguous shards of (nearly) equal size.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers);

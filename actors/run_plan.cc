@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "actors/messages.h"
+#include "actors/peer.h"
 #include "rendezvous/store.h"
 #include "troupe/error.h"
 
@@ -22,6 +24,50 @@ namespace troupe::actors {
 namespace fs = std::filesystem;
 
 // Seconds from a config value, as milliseconds.
+NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
+  NodeSystem n;
+  SystemOptions options;
+  options.node = static_cast<std::uint32_t>(rank);
+  options.pool_threads = pool_threads;
+  if (multi_process) {
+    options.remote = [cluster = n.cluster](Address from, Address to,
+                                           std::unique_ptr<Envelope> message) {
+      (*cluster)->send(from, to, std::move(message));
+    };
+    options.remote_buffer = [cluster = n.cluster](Address to, kernels::Shape shape) {
+      return *cluster ? (*cluster)->sharedBuffer(to, std::move(shape)) : kernels::Tensor();
+    };
+  }
+  n.system = makeActorSystem(options);
+  return n;
+}
+
+ClusterOptions clusterOptions(const TrainOptions& o, const std::string& run_id, int rank, int nodes,
+                              ActorSystem& system, const RunMembers& members) {
+  ClusterOptions c;
+  c.rank = rank;
+  c.world = nodes;
+  c.run_id = run_id;
+  c.rendezvous = o.rendezvous;
+  c.serve_store = o.serve_store;
+  c.interface = o.interface;
+  c.secret = o.secret;
+  c.connections_per_peer = o.connections_per_peer;
+  // The heartbeat watch is the backstop for a peer nobody waits on: it comes after the actors'
+  // own watches (peerTimeoutGrace), which name the peer, the step and what they waited for.
+  const auto stall_warning = fromSeconds(o.stall_warning_s);
+  const auto peer_timeout = fromSeconds(o.peer_timeout_s);
+  c.peer_timeout = peer_timeout + 2 * peerTimeoutGrace(stall_warning, peer_timeout) +
+                   std::chrono::milliseconds(1000);  // + the transport's heartbeat interval
+  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
+  c.on_peer_lost = [&system, &members](int peer, const std::string& address,
+                                       const std::string& why) {
+    system.fail(std::make_exception_ptr(
+        lostLinkError(members.ofNode(static_cast<std::uint32_t>(peer), address), why)));
+  };
+  return c;
+}
+
 std::chrono::milliseconds fromSeconds(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }

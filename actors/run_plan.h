@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actors/checkpoint.h"
+#include "actors/cluster.h"
 #include "actors/roles.h"
 #include "actors/trainer.h"
 #include "data/dataset.h"
@@ -22,6 +23,20 @@ class Store;
 }
 
 namespace troupe::actors {
+
+// The actor system of node `rank`: with `multi_process`, its sends to other nodes go through the
+// cluster put in `cluster` once joined (ActorSystem's RemoteSend and RemoteBuffer).
+struct NodeSystem {
+  std::shared_ptr<Cluster*> cluster = std::make_shared<Cluster*>(nullptr);
+  std::unique_ptr<ActorSystem> system;
+};
+NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process);
+
+// How node `rank` of `nodes` joins run `run_id` with `o`'s rendezvous, secret, interface and
+// timeouts; a link lost later fails `system` with the peer named by `members` (both must outlive
+// the cluster).
+ClusterOptions clusterOptions(const TrainOptions& o, const std::string& run_id, int rank, int nodes,
+                              ActorSystem& system, const RunMembers& members);
 
 // Seconds from a config value, as milliseconds.
 std::chrono::milliseconds fromSeconds(double seconds);

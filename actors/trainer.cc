@@ -27,58 +27,14 @@
 namespace troupe::actors {
 namespace {
 
-// The actor system of node `rank`: sends to other nodes go through the cluster, once joined.
-struct NodeSystem {
-  std::shared_ptr<Cluster*> cluster = std::make_shared<Cluster*>(nullptr);
-  std::unique_ptr<ActorSystem> system;
-};
-
-NodeSystem makeNodeSystem(int rank, int pool_threads, bool multi_process) {
-  NodeSystem n;
-  SystemOptions options;
-  options.node = static_cast<std::uint32_t>(rank);
-  options.pool_threads = pool_threads;
-  if (multi_process) {
-    options.remote = [cluster = n.cluster](Address from, Address to,
-                                           std::unique_ptr<Envelope> message) {
-      (*cluster)->send(from, to, std::move(message));
-    };
-    options.remote_buffer = [cluster = n.cluster](Address to, kernels::Shape shape) {
-      return *cluster ? (*cluster)->sharedBuffer(to, std::move(shape)) : kernels::Tensor();
-    };
-  }
-  n.system = makeActorSystem(options);
-  return n;
-}
-
 // Joins the run's other processes (every actor of this one already spawned), checks that all
 // agree on the plan, and fills in where the members are.
 std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_id, int rank,
                                  int nodes, Trace* trace, NodeSystem& node, const StepPlan& plan,
                                  std::int64_t num_params, const std::string& resumed_from,
                                  RunMembers& members, ReductionPlan* reduction) {
-  ClusterOptions c;
-  c.rank = rank;
-  c.world = nodes;
-  c.run_id = run_id;
-  c.rendezvous = o.rendezvous;
-  c.serve_store = o.serve_store;
-  c.interface = o.interface;
-  c.secret = o.secret;
-  c.connections_per_peer = o.connections_per_peer;
-  // The heartbeat watch is the backstop for a peer nobody waits on: it comes after the actors'
-  // own watches (peerTimeoutGrace), which name the peer, the step and what they waited for.
-  const auto stall_warning = fromSeconds(o.stall_warning_s);
-  const auto peer_timeout = fromSeconds(o.peer_timeout_s);
-  c.peer_timeout = peer_timeout + 2 * peerTimeoutGrace(stall_warning, peer_timeout) +
-                   std::chrono::milliseconds(1000);  // + the transport's heartbeat interval
+  ClusterOptions c = clusterOptions(o, run_id, rank, nodes, *node.system, members);
   c.trace = trace;
-  c.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
-  c.on_peer_lost = [&system = *node.system, &members](int peer, const std::string& address,
-                                                      const std::string& why) {
-    system.fail(std::make_exception_ptr(
-        lostLinkError(members.ofNode(static_cast<std::uint32_t>(peer), address), why)));
-  };
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,

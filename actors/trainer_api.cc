@@ -8,6 +8,7 @@
 
 #include "actors/peer.h"
 #include "actors/run_plan.h"
+#include "actors/status_of.h"
 #include "actors/train_config.h"
 #include "actors/trainer.h"
 #include "data/dataset.h"
@@ -24,39 +25,6 @@ struct Trainer::State {
   bool done = false;
   Status status;
 };
-
-namespace {
-
-// The kind of `e`: its own, or that of the first typed error nested in it (the actor system
-// rethrows an actor's error nested in one that names the actor). A peer that is gone or hung is
-// kPeer whatever carried it.
-ErrorKind kindOf(const std::exception& error) {
-  ErrorKind kind = ErrorKind::kInternal;
-  actors::visitNested(error, [&](const std::exception& e) {
-    if (dynamic_cast<const InputError*>(&e)) {
-      kind = ErrorKind::kInput;
-    } else if (dynamic_cast<const IoError*>(&e)) {
-      kind = ErrorKind::kIo;
-    } else if (dynamic_cast<const TimeoutError*>(&e)) {
-      kind = ErrorKind::kTimeout;
-    } else if (dynamic_cast<const ResourceError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) {
-      kind = ErrorKind::kResource;
-    } else if (dynamic_cast<const NumericError*>(&e)) {
-      kind = ErrorKind::kNumeric;
-    } else if (dynamic_cast<const InvariantError*>(&e)) {
-      kind = ErrorKind::kInvariant;
-    }
-    return kind != ErrorKind::kInternal;
-  });
-  return kind;
-}
-
-Status statusOf(const std::exception& e) {
-  if (actors::findPeerError(e)) return {ErrorKind::kPeer, e.what()};
-  return {kindOf(e), e.what()};
-}
-
-}  // namespace
 
 Trainer::Trainer(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
@@ -76,7 +44,7 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
       data::openDataset(actors::datasetOptions(options, options.test_data));
     }
   } catch (const std::exception& e) {
-    return statusOf(e);
+    return actors::statusOf(e);
   }
   auto state = std::make_shared<State>();
   state->control.callbacks = std::move(callbacks);
@@ -85,7 +53,7 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
     try {
       actors::runTraining(options, &state->control);
     } catch (const std::exception& e) {
-      status = statusOf(e);
+      status = actors::statusOf(e);
     } catch (...) {
       status = Status(ErrorKind::kInternal, "the run ended with an exception that is no error");
     }

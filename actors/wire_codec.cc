@@ -116,6 +116,38 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setStep(m->step);
     w.setWorker(m->worker);
     w.setEpochEnd(m->epoch_end);
+    w.setKeyBegin(m->key_begin);
+    w.setKeyEnd(m->key_end);
+    w.setReplyActor(m->reply_actor);
+  } else if (auto* m = as<KvInit>(e)) {
+    auto w = f.initKvInit();
+    w.setId(m->id);
+    w.setWorker(m->worker);
+    w.setReplyActor(m->reply_actor);
+    w.setKeyBegin(m->key_begin);
+    w.setKeyEnd(m->key_end);
+    out.setTensor(w.initValue(), m->value);
+    w.setKey(m->key);
+    w.setFirst(m->first);
+  } else if (auto* m = as<KvConfigure>(e)) {
+    auto w = f.initKvConfigure();
+    w.setId(m->id);
+    w.setWorker(m->worker);
+    w.setReplyActor(m->reply_actor);
+    w.setHasOptimizer(m->has_optimizer);
+    w.setLearningRate(m->learning_rate);
+    w.setMomentum(m->momentum);
+    w.setWeightDecay(m->weight_decay);
+    w.setRescaleGrad(m->rescale_grad);
+    w.setNesterov(m->nesterov);
+    w.setCompression(m->compression);
+    w.setThreshold(m->threshold);
+  } else if (auto* m = as<KvAck>(e)) {
+    auto w = f.initKvAck();
+    w.setId(m->id);
+    w.setError(m->error);
+  } else if (auto* m = as<KvDone>(e)) {
+    f.setKvDone(m->worker);
   } else if (auto* m = as<PullReply>(e)) {
     auto w = f.initPullReply();
     w.setStep(m->step);
@@ -220,9 +252,32 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::PULL: {
       auto r = f.getPull();
-      d.message = wrap(Pull{r.getStep(), r.getWorker(), r.getEpochEnd()});
+      d.message = wrap(Pull{r.getStep(), r.getWorker(), r.getEpochEnd(), r.getKeyBegin(),
+                            r.getKeyEnd(), r.getReplyActor()});
       break;
     }
+    case W::KV_INIT: {
+      auto r = f.getKvInit();
+      d.message = wrap(KvInit{r.getId(), r.getWorker(), r.getReplyActor(), r.getKeyBegin(),
+                              r.getKeyEnd(), in.tensor(r.getValue()), r.getKey(), r.getFirst()});
+      break;
+    }
+    case W::KV_CONFIGURE: {
+      auto r = f.getKvConfigure();
+      d.message = wrap(KvConfigure{r.getId(), r.getWorker(), r.getReplyActor(), r.getHasOptimizer(),
+                                   r.getLearningRate(), r.getMomentum(), r.getWeightDecay(),
+                                   r.getRescaleGrad(), r.getNesterov(), r.getCompression(),
+                                   r.getThreshold()});
+      break;
+    }
+    case W::KV_ACK: {
+      auto r = f.getKvAck();
+      d.message = wrap(KvAck{r.getId(), r.getError()});
+      break;
+    }
+    case W::KV_DONE:
+      d.message = wrap(KvDone{f.getKvDone()});
+      break;
     case W::PULL_REPLY: {
       auto r = f.getPullReply();
       d.message = wrap(PullReply{r.getStep(), r.getKeyBegin(), r.getKeyEnd(),

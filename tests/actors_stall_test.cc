@@ -101,7 +101,7 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   // Workers 0 and 2 push step 0; worker 1 never does; worker 0 pulls step 1.
   system->tell(server, Push{0, 0, 0, 10, Tensor::host({10})});
   system->tell(server, Push{0, 2, 0, 10, Tensor::host({10})});
-  system->tell(server, Pull{1, 0, false});
+  system->tell(server, Pull{1, 0, false, 0, 10});
   const auto [failure, peer] = failureOf(*system);
   EXPECT_NE(failure.find("server 0: worker 0's pull of step 1 waited"), std::string::npos)
       << failure;

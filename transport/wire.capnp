@@ -145,6 +145,7 @@ struct Pull {
   keyBegin @2 :Int64;
   keyEnd @3 :Int64;
   epochEnd @4 :Bool;  # answer once every worker reached this point, with the optimizer state
+  replyActor @5 :UInt32;  # the actor of node `worker` that the reply goes to
 }
 
 struct PullReply {
@@ -153,6 +154,36 @@ struct PullReply {
   keyEnd @2 :Int64;
   data @3 :TensorData;
   state @4 :TensorData;  # momentum of the keys, when the pull asked for it
+}
+
+struct KvInit {
+  id @0 :UInt64;
+  worker @1 :UInt32;
+  replyActor @2 :UInt32;
+  keyBegin @3 :Int64;
+  keyEnd @4 :Int64;
+  value @5 :TensorData;
+  key @6 :Int32;    # the KVStore's key, for messages
+  first @7 :Int64;  # the index in the key's values of the first one sent here
+}
+
+struct KvConfigure {
+  id @0 :UInt64;
+  worker @1 :UInt32;
+  replyActor @2 :UInt32;
+  hasOptimizer @3 :Bool;
+  learningRate @4 :Float32;
+  momentum @5 :Float32;
+  weightDecay @6 :Float32;
+  rescaleGrad @7 :Float32;
+  nesterov @8 :Bool;
+  compression @9 :UInt8;
+  threshold @10 :Float32;
+}
+
+struct KvAck {
+  id @0 :UInt64;
+  error @1 :Text;  # empty: done
 }
 
 struct Frame {
@@ -184,5 +215,9 @@ struct Frame {
     refusal @24 :Text;      # the sender refuses this link, and says why; it closes it next
     pauseAt @25 :Int64;     # coordinator -> updater (elastic runs): pause after this step count
     handover @26 :Handover;
+    kvInit @27 :KvInit;          # the KVStore on parameter servers (troupe/kvstore.h)
+    kvConfigure @28 :KvConfigure;
+    kvAck @29 :KvAck;
+    kvDone @30 :UInt32;          # the worker that is done with the store
   }
 }

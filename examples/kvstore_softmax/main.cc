@@ -1,23 +1,31 @@
 // A training loop written by hand on troupe's KVStore, as MXNet users wrote theirs on mx.kv:
 // softmax regression on Fashion-MNIST (the IDX files of Debian's dataset-fashion-mnist), its
 // weights and bias held in the store under keys 0 and 1. Each step pulls them, computes the
-// gradient of the batch's mean cross-entropy here, and pushes it; the store's SGD updates.
+// gradient of the batch's cross-entropy here, and pushes it; the store's SGD updates.
 //
-//   kvstore_softmax [--kvstore local] [--epochs 1] [--batch 64] [--lr 0.1]
+//   kvstore_softmax [--kvstore local] [--epochs 1] [--batch 64] [--lr 0.02]
 //                   [--data /usr/share/datasets/fashion-mnist]
 //
-// Prints each epoch's training loss and test accuracy. Every troupe call answers with a Status;
-// the first that fails ends the program with its message.
+// With a distributed store it is MXNet's dist_sync example in C++: each worker trains on its part
+// of the training set (record i goes to worker i mod W) with --batch images a step, and the
+// servers apply the mean gradient of the W batches:
+//
+//   troupe launch -n 2 -s 1 -- kvstore_softmax --kvstore dist_sync
+//
+// The server processes serve (KVStore::runServer) and exit. Worker 0 prints each epoch's training
+// loss, test accuracy and the run's inputs/s (every worker's images over the epoch's time; the
+// workers start and end each epoch together). Every troupe call answers with a Status; the first
+// that fails ends the program with its message.
 #include <troupe/kvstore.h>
 #include <troupe/version.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,22 +89,57 @@ Set load(const std::string& dir, const std::string& prefix) {
   return s;
 }
 
-// Class scores of one image, softmax in place.
-void softmax(const float* x, const std::vector<float>& w, const std::vector<float>& b, float* p) {
-  float top = -1e30f;
+// Softmax probabilities p[i][c] of the images x[0..n) (n <= 4), from their class scores. The
+// images go together so that each weight read serves all of them.
+void probabilities(const float* const* x, int n, const std::vector<float>& w,
+                   const std::vector<float>& b, float* p) {
   for (int c = 0; c < kClasses; ++c) {
-    float z = b[c];
     const float* row = &w[static_cast<std::size_t>(c) * kPixels];
-    for (int j = 0; j < kPixels; ++j)
-      z += row[j] * x[j];
-    p[c] = z;
-    top = std::max(top, z);
+    float z0 = 0, z1 = 0, z2 = 0, z3 = 0;
+    const float* x0 = x[0];
+    const float* x1 = x[n > 1 ? 1 : 0];
+    const float* x2 = x[n > 2 ? 2 : 0];
+    const float* x3 = x[n > 3 ? 3 : 0];
+#pragma omp simd reduction(+ : z0, z1, z2, z3)  // vector dot products (-fopenmp-simd)
+    for (int j = 0; j < kPixels; ++j) {
+      z0 += row[j] * x0[j];
+      z1 += row[j] * x1[j];
+      z2 += row[j] * x2[j];
+      z3 += row[j] * x3[j];
+    }
+    const float z[4] = {z0, z1, z2, z3};
+    for (int i = 0; i < n; ++i)
+      p[i * kClasses + c] = z[i] + b[static_cast<std::size_t>(c)];
   }
-  float sum = 0;
-  for (int c = 0; c < kClasses; ++c)
-    sum += p[c] = std::exp(p[c] - top);
-  for (int c = 0; c < kClasses; ++c)
-    p[c] /= sum;
+  for (int i = 0; i < n; ++i) {
+    float* pi = p + i * kClasses;
+    const float top = *std::max_element(pi, pi + kClasses);
+    float sum = 0;
+    for (int c = 0; c < kClasses; ++c)
+      sum += pi[c] = std::exp(pi[c] - top);
+    for (int c = 0; c < kClasses; ++c)
+      pi[c] /= sum;
+  }
+}
+
+// Adds the gradients of the images x[0..n) (n <= 4) to gw and gb, given d[i][c], the derivative
+// of image i's loss by its score c.
+void addGradients(const float* const* x, int n, const float* d, std::vector<float>& gw,
+                  std::vector<float>& gb) {
+  for (int c = 0; c < kClasses; ++c) {
+    float dc[4] = {};
+    for (int i = 0; i < n; ++i) {
+      dc[i] = d[i * kClasses + c];
+      gb[static_cast<std::size_t>(c)] += dc[i];
+    }
+    float* row = &gw[static_cast<std::size_t>(c) * kPixels];
+    const float* x0 = x[0];
+    const float* x1 = x[n > 1 ? 1 : 0];
+    const float* x2 = x[n > 2 ? 2 : 0];
+    const float* x3 = x[n > 3 ? 3 : 0];
+    for (int j = 0; j < kPixels; ++j)
+      row[j] += dc[0] * x0[j] + dc[1] * x1[j] + dc[2] * x2[j] + dc[3] * x3[j];
+  }
 }
 
 }  // namespace
@@ -104,7 +147,7 @@ void softmax(const float* x, const std::vector<float>& w, const std::vector<floa
 int main(int argc, char** argv) {
   std::string type = "local", data = "/usr/share/datasets/fashion-mnist";
   int epochs = 1, batch = 64;
-  float lr = 0.1f;
+  float lr = 0.02f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--kvstore")
@@ -121,6 +164,11 @@ int main(int argc, char** argv) {
       fail("unknown flag " + flag);
   }
   if (epochs < 1 || batch < 1 || !(lr > 0)) fail("--epochs, --batch and --lr must be positive");
+  if (troupe::KVStore::isServer()) {
+    const troupe::Status served = troupe::KVStore::runServer(type);
+    if (!served) fail(served.message());
+    return 0;
+  }
   const Set train = load(data, "train"), test = load(data, "t10k");
 
   auto created = troupe::KVStore::create(type);
@@ -132,51 +180,72 @@ int main(int argc, char** argv) {
   troupe::OptimizerSpec sgd;
   sgd.learning_rate = lr;
   sgd.momentum = 0.9f;
-  sgd.rescale_grad = 1.0f / static_cast<float>(batch);  // the pushes are sums over the batch
+  // The pushes are sums over a batch; the servers add every worker's.
+  sgd.rescale_grad = 1.0f / static_cast<float>(batch * kv.numWorkers());
   check(kv.setOptimizer(sgd));
-  std::printf("%s; kvstore %s, rank %d of %d\n", troupe::buildSummary().c_str(), kv.type().c_str(),
-              kv.rank(), kv.numWorkers());
+  const bool chief = kv.rank() == 0;
+  if (chief) {
+    std::printf("%s; kvstore %s, %d worker(s)\n", troupe::buildSummary().c_str(), kv.type().c_str(),
+                kv.numWorkers());
+  }
 
-  std::vector<int> order(static_cast<std::size_t>(train.size()));
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937 random(1);
-  std::vector<float> gw(w.size()), gb(b.size()), p(kClasses);
+  // This worker's part of the training set.
+  std::vector<int> order;
+  for (int n = kv.rank(); n < train.size(); n += kv.numWorkers())
+    order.push_back(n);
+  // Every worker takes as many steps (dist_sync sums the n-th push of each): the smallest part's.
+  const int steps = train.size() / kv.numWorkers() / batch;
+  std::mt19937 random(1 + static_cast<unsigned>(kv.rank()));
+  std::vector<float> gw(w.size()), gb(b.size()), p(4 * kClasses);
   for (int epoch = 1; epoch <= epochs; ++epoch) {
     std::shuffle(order.begin(), order.end(), random);
+    check(kv.barrier());
+    const auto began = std::chrono::steady_clock::now();
     double loss = 0;
-    for (int start = 0; start + batch <= train.size(); start += batch) {
-      check(kv.pull(0, w));
-      check(kv.pull(1, b));
+    for (int start = 0; start < steps * batch; start += batch) {
+      check(kv.pull({0, 1}, {w, b}));  // both keys in one round trip
       std::fill(gw.begin(), gw.end(), 0.0f);
       std::fill(gb.begin(), gb.end(), 0.0f);
-      for (int i = start; i < start + batch; ++i) {
-        const int n = order[static_cast<std::size_t>(i)];
-        const float* x = &train.images[static_cast<std::size_t>(n) * kPixels];
-        softmax(x, w, b, p.data());
-        const int y = train.labels[static_cast<std::size_t>(n)];
-        loss -= std::log(std::max(p[y], 1e-12f));
-        for (int c = 0; c < kClasses; ++c) {
-          const float d = p[c] - (c == y ? 1.0f : 0.0f);  // d loss / d score
-          gb[c] += d;
-          float* row = &gw[static_cast<std::size_t>(c) * kPixels];
-          for (int j = 0; j < kPixels; ++j)
-            row[j] += d * x[j];
+      for (int i = start; i < start + batch; i += 4) {
+        const int n = std::min(4, start + batch - i);
+        const float* x[4];
+        for (int k = 0; k < n; ++k) {
+          const int r = order[static_cast<std::size_t>(i + k)];
+          x[k] = &train.images[static_cast<std::size_t>(r) * kPixels];
         }
+        probabilities(x, n, w, b, p.data());
+        for (int k = 0; k < n; ++k) {
+          const int r = order[static_cast<std::size_t>(i + k)];
+          float& py = p[static_cast<std::size_t>(k * kClasses + train.labels[r])];
+          loss -= std::log(std::max(py, 1e-12f));
+          py -= 1.0f;  // p becomes d loss / d score
+        }
+        addGradients(x, n, p.data(), gw, gb);
       }
-      check(kv.push(0, gw));
-      check(kv.push(1, gb));
+      check(kv.push({0, 1}, {gw, gb}));
     }
-    check(kv.pull(0, w));
-    check(kv.pull(1, b));
+    check(kv.pull({0, 1}, {w, b}));
+    check(kv.barrier());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    if (!chief) continue;
     int correct = 0;
-    for (int n = 0; n < test.size(); ++n) {
-      softmax(&test.images[static_cast<std::size_t>(n) * kPixels], w, b, p.data());
-      correct += std::max_element(p.begin(), p.end()) - p.begin() == test.labels[n];
+    for (int i = 0; i < test.size(); i += 4) {
+      const int n = std::min(4, test.size() - i);
+      const float* x[4];
+      for (int k = 0; k < n; ++k)
+        x[k] = &test.images[static_cast<std::size_t>(i + k) * kPixels];
+      probabilities(x, n, w, b, p.data());
+      for (int k = 0; k < n; ++k) {
+        const float* pk = &p[static_cast<std::size_t>(k) * kClasses];
+        correct += std::max_element(pk, pk + kClasses) - pk == test.labels[i + k];
+      }
     }
-    const int steps = train.size() / batch;
-    std::printf("epoch %d: train loss %.4f, test accuracy %.4f\n", epoch,
-                loss / (static_cast<double>(steps) * batch),
-                static_cast<double>(correct) / test.size());
+    const double images = static_cast<double>(steps) * batch;
+    std::printf("epoch %d: train loss %.4f, test accuracy %.4f, inputs/s %.0f\n", epoch,
+                loss / images, static_cast<double>(correct) / test.size(),
+                images * kv.numWorkers() / seconds);
+    std::fflush(stdout);
   }
   check(kv.barrier());
   return 0;

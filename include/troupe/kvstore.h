@@ -1,20 +1,41 @@
 // A key-value store with MXNet's semantics (mx.kv): what data-parallel loops written by hand use.
-// Keys are integers, values float32 arrays whose size init() fixes.
+// Keys are integers >= 0, values float32 arrays whose size init() fixes.
 //
-//   auto kv = troupe::KVStore::create("local");
+//   if (troupe::KVStore::isServer()) return troupe::KVStore::runServer("dist_sync") ? 0 : 1;
+//   auto kv = troupe::KVStore::create("dist_sync");        // or "local"
 //   kv.value()->init(3, weights);                          // the key's value
 //   kv.value()->setOptimizer({.learning_rate = 0.1f});     // or none: the push becomes the value
 //   kv.value()->push(3, gradient);                         // the optimizer applies it
 //   kv.value()->pull(3, weights);                          // the updated value
 //
-// Types (MXNet's names): "local" — one process: each push (the sum of the arrays pushed together,
-// as from several devices) is applied to the key's value at once, by the optimizer if one is set,
-// else it replaces the value; a pull reads the value. With gradient compression, each push is
-// encoded and decoded as it would cross the wire (2bit keeps its residual per key). "device",
-// "dist_sync", "dist_async", "ring" and "ssp" are not in this build yet: create() says so.
-// Every call answers with a Status; none throws.
+// Types (MXNet's names):
+//  - "local", "device": one process. Each push (the sum of the arrays pushed together, as from
+//    several devices) is applied to the key's value at once, by the optimizer if one is set, else
+//    it replaces the value; a pull reads the value. This build has no GPUs: "device" sums on the
+//    CPU as "local" does. With gradient compression, each push is encoded and decoded as it would
+//    cross the wire (2bit keeps its residual per key).
+//  - "dist_sync", "dist_async", and troupe's "ssp": workers and parameter-server processes, placed
+//    as `troupe train` places them: `troupe launch -n W -s S -- PROGRAM` (any launcher), MXNet's
+//    tools/launch.py (DMLC_* variables), or `settings`. A key's values live on the servers (a key
+//    of at least 1,000,000 values is cut across all of them, as MXNet's bigarray_bound; a smaller
+//    one lives on server key % S). init() on worker 0 gives the value and every worker waits for
+//    it; setOptimizer and setGradientCompression on worker 0 set the servers' (every worker must
+//    call them: the others wait for worker 0's). push() returns once the push is on its way;
+//    pull() waits for the value:
+//      dist_sync:  the servers sum the n-th push of a key from every worker, then update the key
+//                  once; a worker's pull after its n-th push waits for that update.
+//      dist_async: the servers apply each push as it arrives (an optimizer is needed); a pull
+//                  answers at once, with the worker's own pushes applied.
+//      ssp:        as dist_async, but a pull after a worker's n-th push of a key waits until
+//                  every worker pushed it n - staleness times (setting "staleness", default 2).
+//    Servers run runServer(), which returns once every worker's store is gone. A wait for a
+//    server or a worker that is gone or hung ends after peer_timeout with kPeer or kTimeout
+//    naming it.
+// "ring" is not in this build yet: create() says so. Every call answers with a Status; none
+// throws.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,9 +56,25 @@ struct OptimizerSpec {
   bool nesterov = false;
 };
 
+// Config keys of `troupe train` (docs/config.md) that place a distributed store's process, over
+// the launcher's variables: role, shard_id, num_shards (workers), num_servers, rendezvous,
+// run_id, secret_file, interface, staleness, peer_timeout, rendezvous_timeout, threads ...
+using KVStoreSettings = std::map<std::string, std::string>;
+
 class KVStore {
  public:
-  static Result<std::unique_ptr<KVStore>> create(const std::string& type);
+  static Result<std::unique_ptr<KVStore>> create(const std::string& type,
+                                                 const KVStoreSettings& settings = {});
+  // Whether this process was started as a parameter server (TROUPE_ROLE=server, DMLC_ROLE=server,
+  // or settings' role): then it serves with runServer() instead of create(). MXNet's C++
+  // package: KVStore::GetRole().
+  static bool isServer(const KVStoreSettings& settings = {});
+  // Serves this process's share of the keys of a distributed store of `type` until every worker's
+  // store is gone (MXNet's KVStore::RunServer).
+  static Status runServer(const std::string& type, const KVStoreSettings& settings = {});
+  // A distributed worker's store, when destroyed, tells the servers this worker is done and waits
+  // (up to rendezvous_timeout) for the run's other processes to be done too; what fails there is
+  // logged.
   virtual ~KVStore() = default;
 
   // The store's type, this worker's rank and the number of workers (MXNet's kv.type, kv.rank,
@@ -48,9 +85,9 @@ class KVStore {
 
   // Gives `key` its first value. A key is initialised once.
   virtual Status init(int key, std::span<const float> value) = 0;
-  // Pushes the sum of `values` (one or several arrays of the key's size) for `key`. `priority`
-  // orders pushes waiting to go out in a distributed store (higher first); local ones apply in
-  // the order of the calls.
+  // Pushes the sum of `values` (one or several arrays of the key's size) for `key`. `priority` is
+  // MXNet's hint for ordering pushes that wait to go out; troupe's stores apply (local) or send
+  // (distributed) each push at once, in the order of the calls, so nothing waits to be reordered.
   virtual Status push(int key, const std::vector<std::span<const float>>& values,
                       int priority = 0) = 0;
   Status push(int key, std::span<const float> value, int priority = 0) {
@@ -58,6 +95,13 @@ class KVStore {
   }
   // Copies the key's value into `out` (its size).
   virtual Status pull(int key, std::span<float> out, int priority = 0) = 0;
+  // Several keys at once, one array each (MXNet's list forms): a distributed store sends them
+  // together (the keys that a server holds side by side, as inited one after the other, in one
+  // message) and, for the pull, waits for all the answers at once.
+  virtual Status push(const std::vector<int>& keys,
+                      const std::vector<std::span<const float>>& values, int priority = 0);
+  virtual Status pull(const std::vector<int>& keys, const std::vector<std::span<float>>& outs,
+                      int priority = 0);
   // push, then pull into `out`.
   Status pushpull(int key, std::span<const float> value, std::span<float> out, int priority = 0) {
     if (Status s = push(key, value, priority); !s) return s;

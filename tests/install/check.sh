@@ -4,7 +4,9 @@
 #   1. `cmake --install BUILD --prefix P`, then tests/install/consumer built with find_package(troupe
 #      COMPONENTS static) against P, linking troupe::troupe (shared) and troupe::troupe_static, and
 #      run; tests/install/shared_only, with no component, looks for no third-party package;
-#   2. examples/ built against P, and its KVStore training loop run for an epoch (it must learn);
+#   2. examples/ built against P, and its KVStore training loop run for an epoch (it must learn),
+#      alone (local), as 2 workers and 1 server (dist_sync) under the installed `troupe launch`,
+#      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service;
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
 #   4. `cpack -G DEB`: the package holds the library, headers, CMake and pkg-config files and the
@@ -39,10 +41,41 @@ step "examples/ against the install: the KVStore training loop"
 quiet cmake -S "$src/examples" -B "$tmp/examples" -DCMAKE_PREFIX_PATH="$tmp/prefix"
 quiet cmake --build "$tmp/examples" -j2
 "$tmp/examples/kvstore_softmax" --epochs 1 | tee "$tmp/softmax.txt"
+# The test accuracy of the last line that matches $1 in file $2.
+accuracy() { sed -n "s/.*$1.*test accuracy \([0-9.]*\).*/\1/p" "$2" | tail -1; }
 # Softmax regression reaches about 0.82 on Fashion-MNIST after one epoch; 0.75 leaves room for
 # another machine's rounding and still fails a loop that does not learn.
-awk '/test accuracy/ { ok = $NF >= 0.75 } END { exit !ok }' "$tmp/softmax.txt" ||
+awk -v a="$(accuracy epoch "$tmp/softmax.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
   { echo "the KVStore loop did not learn"; exit 1; }
+step "the KVStore loop on 2 workers and 1 server (dist_sync), started by the installed troupe launch"
+"$tmp/prefix/bin/troupe" launch -n 2 -s 1 -- "$tmp/examples/kvstore_softmax" --kvstore dist_sync \
+  --epochs 1 > "$tmp/softmax_dist.txt" 2>&1 || { cat "$tmp/softmax_dist.txt"; exit 1; }
+grep -E "epoch|launcher\] all" "$tmp/softmax_dist.txt"
+awk -v a="$(accuracy "worker 0. epoch 1:" "$tmp/softmax_dist.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
+  { echo "the distributed KVStore loop did not learn"; exit 1; }
+grep -q "kvstore dist_sync, 2 worker(s)" "$tmp/softmax_dist.txt" ||
+  { echo "the distributed KVStore loop did not run on 2 workers"; exit 1; }
+grep -q "\[launcher\] all 3 process(es) exited 0" "$tmp/softmax_dist.txt" ||
+  { echo "a worker or the server of the distributed KVStore loop failed"; exit 1; }
+step "the standalone parameter-server service with 2 KVStore workers started by hand (MXNet's DMLC_*)"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dmlc=(DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT="$port")
+workers=()
+for w in 0 1; do
+  env "${dmlc[@]}" DMLC_ROLE=worker DMLC_WORKER_ID=$w timeout 120 "$tmp/examples/kvstore_softmax" \
+    --kvstore dist_sync --epochs 1 > "$tmp/by_hand_$w.txt" 2>&1 &
+  workers+=($!)
+done
+timeout 120 "$tmp/examples/ps_service" --kvstore dist_sync --workers 2 --servers 1 --index 0 \
+  --rendezvous "tcp://127.0.0.1:$port" --run_id "dmlc-127.0.0.1-$port" > "$tmp/ps_service.txt" 2>&1 ||
+  { cat "$tmp/ps_service.txt" "$tmp"/by_hand_*.txt; exit 1; }
+for pid in "${workers[@]}"; do
+  wait "$pid" || { cat "$tmp/ps_service.txt" "$tmp"/by_hand_*.txt; echo "a worker failed"; exit 1; }
+done
+grep -E "parameter server|every worker" "$tmp/ps_service.txt"
+grep "epoch 1" "$tmp/by_hand_0.txt"
+awk -v a="$(accuracy "epoch 1:" "$tmp/by_hand_0.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
+  { echo "the KVStore loop on the parameter-server service did not learn"; exit 1; }
 
 step "pkg-config --cflags --libs troupe"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"

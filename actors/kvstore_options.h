@@ -1,0 +1,20 @@
+// What every KVStore type checks of its optimizer and gradient compression settings
+// (troupe/kvstore.h), defined in actors/kvstore.cc.
+#pragma once
+
+#include <string>
+
+#include "kernels/compression.h"
+#include "kernels/optimizer.h"
+#include "troupe/kvstore.h"
+
+namespace troupe::actors {
+
+// troupe's SGD options from MXNet's optimizer settings; kInput naming the bad one (not sgd, a
+// learning rate or rescale_grad not finite and >= 0, a momentum or weight decay out of range).
+Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& optimizer);
+
+// "none", "fp16", "bf16" or "2bit" (threshold > 0); kInput naming the bad one.
+Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold);
+
+}  // namespace troupe::actors

@@ -1,0 +1,263 @@
+// troupe::KVStore's distributed types (include/troupe/kvstore.h) with two workers and one server,
+// each on a thread of its own with its own actor system, transport and links (they meet over TCP
+// on loopback through worker 0's embedded store, as processes do): MXNet's dist_sync, dist_async
+// and ssp semantics, and bad calls answered with error values that leave the store working.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.h"
+#include "troupe/kvstore.h"
+
+namespace troupe {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The settings of one process of a run of 2 workers and `servers` servers.
+KVStoreSettings place(const std::string& run, std::uint16_t port, const std::string& role, int rank,
+                      int servers = 1) {
+  return {{"role", role},
+          {"shard_id", std::to_string(rank)},
+          {"num_shards", "2"},
+          {"num_servers", std::to_string(servers)},
+          {"rendezvous", "tcp://127.0.0.1:" + std::to_string(port)},
+          {"run_id", run},
+          {"peer_timeout", "20"},
+          {"rendezvous_timeout", "20"}};
+}
+
+// Runs `worker` on two worker threads and each of `servers` servers on a thread of its own; the
+// first server's Status comes back (the others' are checked).
+Status runWorld(const std::string& type, const std::string& run,
+                const std::function<void(KVStore&)>& worker, const std::string& staleness = "",
+                int servers = 1) {
+  const auto port = testing::freeLoopbackPort();
+  std::vector<Status> served(static_cast<std::size_t>(servers));
+  std::vector<std::thread> server_threads;
+  for (int s = 0; s < servers; ++s) {
+    server_threads.emplace_back([&, s] {
+      auto settings = place(run, port, "server", s, servers);
+      if (!staleness.empty()) settings["staleness"] = staleness;
+      EXPECT_TRUE(KVStore::isServer(settings));
+      served[static_cast<std::size_t>(s)] = KVStore::runServer(type, settings);
+    });
+  }
+  std::vector<std::thread> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    workers.emplace_back([&, rank] {
+      auto settings = place(run, port, "worker", rank, servers);
+      if (!staleness.empty()) settings["staleness"] = staleness;
+      EXPECT_FALSE(KVStore::isServer(settings));
+      auto kv = KVStore::create(type, settings);
+      ASSERT_TRUE(kv) << kv.status().message();
+      EXPECT_EQ(kv.value()->type(), type);
+      EXPECT_EQ(kv.value()->rank(), rank);
+      EXPECT_EQ(kv.value()->numWorkers(), 2);
+      worker(*kv.value());
+    });
+  }
+  for (auto& w : workers)
+    w.join();
+  for (auto& t : server_threads)
+    t.join();
+  for (std::size_t s = 1; s < served.size(); ++s)
+    EXPECT_TRUE(served[s]) << "server " << s << ": " << served[s].message();
+  return served[0];
+}
+
+std::vector<float> pulled(KVStore& kv, int key, std::size_t n) {
+  std::vector<float> out(n);
+  const Status s = kv.pull(key, out);
+  EXPECT_TRUE(s) << s.message();
+  return out;
+}
+
+TEST(KVStoreDistSync, Worker0sInitWinsAndAPullAfterThePushesReadsTheirSumThenTheUpdate) {
+  const Status served = runWorld("dist_sync", "kv-sync", [](KVStore& kv) {
+    const float r = static_cast<float>(kv.rank());
+    // Every worker inits the key; worker 0's value is the one the servers keep.
+    ASSERT_TRUE(kv.init(7, std::vector<float>{r + 1, r + 1, r + 1}));
+    EXPECT_EQ(pulled(kv, 7, 3), (std::vector<float>{1, 1, 1}));
+    // No optimizer: the n-th pushes of every worker are summed and become the value (MXNet's).
+    ASSERT_TRUE(kv.push(7, std::vector<float>{r + 1, 2 * (r + 1), 10}));
+    EXPECT_EQ(pulled(kv, 7, 3), (std::vector<float>{3, 6, 20}));  // small integers: exact
+    // SGD on the servers: w -= lr * (g0 + g1), with lr and gradients powers of two: exact.
+    ASSERT_TRUE(kv.setOptimizer({.learning_rate = 0.5f}));
+    ASSERT_TRUE(kv.push(7, std::vector<float>{1, 2, 4}));
+    EXPECT_EQ(pulled(kv, 7, 3), (std::vector<float>{2, 4, 16}));
+    // Several arrays pushed together are summed first, as from several devices.
+    const std::vector<float> a{1, 1, 1}, b{1, 1, 1};
+    ASSERT_TRUE(kv.push(7, {a, b}));
+    EXPECT_EQ(pulled(kv, 7, 3), (std::vector<float>{0, 2, 14}));
+    ASSERT_TRUE(kv.barrier());
+  });
+  EXPECT_TRUE(served) << served.message();
+}
+
+TEST(KVStoreDistSync, BadCallsAreErrorValuesAndTheStoreGoesOn) {
+  const Status served = runWorld("dist_sync", "kv-bad", [](KVStore& kv) {
+    ASSERT_TRUE(kv.init(1, std::vector<float>{5, 5}));
+    const Status again = kv.init(1, std::vector<float>{5, 5});
+    ASSERT_FALSE(again);
+    EXPECT_EQ(again.kind(), ErrorKind::kInput);
+    EXPECT_EQ(again.message(), "init of key 1: it has a value already");
+    const Status shape = kv.push(1, std::vector<float>{1, 2, 3});
+    ASSERT_FALSE(shape);
+    EXPECT_EQ(shape.message(), "push of key 1: array 0 has 3 values, the key's has 2");
+    std::vector<float> out(2);
+    const Status never = kv.pull(9, out);
+    ASSERT_FALSE(never);
+    EXPECT_EQ(never.message(), "pull of key 9: the key was never initialised (init it first)");
+    std::vector<float> small(1);
+    const Status room = kv.pull(1, small);
+    ASSERT_FALSE(room);
+    EXPECT_EQ(room.message(), "pull of key 1: room for 1 values, the key's has 2");
+    const Status negative = kv.init(-1, std::vector<float>{1});
+    ASSERT_FALSE(negative);
+    EXPECT_EQ(negative.message(), "init of key -1: keys are >= 0");
+    const Status optimizer = kv.setOptimizer({.learning_rate = -1.0f});
+    ASSERT_FALSE(optimizer);
+    EXPECT_EQ(optimizer.message(), "optimizer: learning_rate -1 is not a finite number >= 0");
+    // None of that reached the servers: the store works as before.
+    ASSERT_TRUE(kv.push(1, std::vector<float>{1, 2}));
+    EXPECT_EQ(pulled(kv, 1, 2), (std::vector<float>{2, 4}));
+  });
+  EXPECT_TRUE(served) << served.message();
+}
+
+// Two servers; a key of at least MXNET_KVSTORE_BIGARRAY_BOUND values is cut across both, smaller
+// ones live on server key % 2; pushed and pulled together, with fp16 compression on the way.
+TEST(KVStoreDistSync, KeysOnTwoServersPushedAndPulledTogether) {
+  ASSERT_EQ(setenv("MXNET_KVSTORE_BIGARRAY_BOUND", "5", 1), 0);
+  const Status served = runWorld(
+      "dist_sync", "kv-two",
+      [](KVStore& kv) {
+        ASSERT_TRUE(kv.setGradientCompression("fp16"));
+        ASSERT_TRUE(kv.init(0, std::vector<float>{0, 0}));              // server 0
+        ASSERT_TRUE(kv.init(1, std::vector<float>{0, 0, 0}));           // server 1
+        ASSERT_TRUE(kv.init(2, std::vector<float>{1, 1, 1, 1, 1, 1}));  // both
+        ASSERT_TRUE(kv.init(4, std::vector<float>{0}));                 // server 0, after key 0
+        const float r = static_cast<float>(kv.rank());
+        const std::vector<float> a{1 + r, 2}, b{3, 4, 5 + r}, c{1, 2, 3, 4, 5, 6 + r}, d{7};
+        ASSERT_TRUE(kv.push({0, 1, 2, 4}, {a, b, c, d}));
+        std::vector<float> pa(2), pb(3), pc(6), pd(1);
+        ASSERT_TRUE(kv.pull({0, 1, 2, 4}, {pa, pb, pc, pd}));
+        // Without an optimizer the value is the sum of both workers' pushes; halves and small
+        // integers: exact in fp16 and float.
+        EXPECT_EQ(pa, (std::vector<float>{3, 4}));
+        EXPECT_EQ(pb, (std::vector<float>{6, 8, 11}));
+        EXPECT_EQ(pc, (std::vector<float>{2, 4, 6, 8, 10, 13}));
+        EXPECT_EQ(pd, (std::vector<float>{14}));
+        const Status twice = kv.pull({0, 0}, {pa, pa});
+        ASSERT_FALSE(twice);
+        EXPECT_EQ(twice.message(), "pull of key 0: twice in one pull");
+        const Status count = kv.push({0, 1}, {a});
+        ASSERT_FALSE(count);
+        EXPECT_EQ(count.message(), "push of 2 keys with 1 arrays");
+      },
+      "", 2);
+  unsetenv("MXNET_KVSTORE_BIGARRAY_BOUND");
+  EXPECT_TRUE(served) << served.message();
+}
+
+// Every worker inits the same keys in the same order: one that does not is told so once worker 0
+// has inited the key.
+TEST(KVStoreDistSync, KeysInitInAnotherOrderThanWorker0sAreRefused) {
+  const Status served = runWorld("dist_sync", "kv-order", [](KVStore& kv) {
+    if (kv.rank() == 0) {
+      EXPECT_TRUE(kv.init(1, std::vector<float>{1, 2, 3}));
+      EXPECT_TRUE(kv.init(2, std::vector<float>{1, 2, 3}));
+      return;
+    }
+    const Status first = kv.init(2, std::vector<float>{1, 2, 3});
+    ASSERT_FALSE(first);
+    EXPECT_EQ(first.message(),
+              "init of key 2: worker 0 inited it with 3 values, this worker with 3, or in another "
+              "order of keys (worker 0: 'ok 3 at 3', here: 'ok 3 at 0')");
+  });
+  EXPECT_TRUE(served) << served.message();
+}
+
+TEST(KVStoreDistAsync, APushAppliesAtOnceAndAPullSeesTheWorkersOwnPushes) {
+  const Status served = runWorld("dist_async", "kv-async", [](KVStore& kv) {
+    ASSERT_TRUE(kv.init(0, std::vector<float>{8, 8}));
+    const Status none = kv.push(0, std::vector<float>{1, 1});
+    ASSERT_FALSE(none);  // MXNet: "Updater needs to be set for async mode"
+    EXPECT_NE(none.message().find("none is set (setOptimizer first)"), std::string::npos)
+        << none.message();
+    ASSERT_TRUE(kv.setOptimizer({.learning_rate = 1.0f}));
+    // Worker r pushes (r+1, 2(r+1)); its own pull sees its own push applied, and maybe the other.
+    const float g = static_cast<float>(kv.rank() + 1);
+    ASSERT_TRUE(kv.push(0, std::vector<float>{g, 2 * g}));
+    const auto mine = pulled(kv, 0, 2);
+    const float other = 3 - g;
+    EXPECT_TRUE((mine == std::vector<float>{8 - g, 8 - 2 * g}) ||
+                (mine == std::vector<float>{8 - g - other, 8 - 2 * g - 2 * other}))
+        << mine[0] << " " << mine[1];
+    // After the barrier, both pushes are in.
+    ASSERT_TRUE(kv.barrier());
+    EXPECT_EQ(pulled(kv, 0, 2), (std::vector<float>{5, 2}));
+  });
+  EXPECT_TRUE(served) << served.message();
+}
+
+TEST(KVStoreSsp, APullWaitsOnlyForWorkersMoreThanStalenessPushesBehind) {
+  std::atomic<bool> worker1_pushed{false};
+  const Status served = runWorld(
+      "ssp", "kv-ssp",
+      [&](KVStore& kv) {
+        ASSERT_TRUE(kv.init(0, std::vector<float>{0}));
+        ASSERT_TRUE(kv.setOptimizer({.learning_rate = 1.0f}));
+        if (kv.rank() == 1) {
+          std::this_thread::sleep_for(300ms);
+          worker1_pushed = true;
+          ASSERT_TRUE(kv.push(0, std::vector<float>{1}));
+          return;
+        }
+        // Staleness 1: after its 1st push, worker 0 may run ahead of worker 1's 0 pushes ...
+        ASSERT_TRUE(kv.push(0, std::vector<float>{1}));
+        pulled(kv, 0, 1);
+        EXPECT_FALSE(worker1_pushed) << "the first pull waited for worker 1";
+        // ... but after its 2nd, it waits until worker 1 has pushed once.
+        ASSERT_TRUE(kv.push(0, std::vector<float>{1}));
+        pulled(kv, 0, 1);
+        EXPECT_TRUE(worker1_pushed) << "the second pull did not wait for worker 1";
+      },
+      "1");
+  EXPECT_TRUE(served) << served.message();
+}
+
+TEST(KVStoreDist, AStoreWithoutServersOrOfAServerIsRefusedByName) {
+  auto alone = KVStore::create("dist_sync", {{"num_servers", "0"}});
+  ASSERT_FALSE(alone);
+  EXPECT_EQ(alone.status().kind(), ErrorKind::kInput);
+  EXPECT_NE(alone.status().message().find("kvstore 'dist_sync' needs parameter servers"),
+            std::string::npos)
+      << alone.status().message();
+  const std::string store = "tcp://127.0.0.1:1";  // never reached: the place is refused first
+  auto server = KVStore::create(
+      "dist_sync",
+      {{"num_servers", "1"}, {"role", "server"}, {"rendezvous", store}, {"run_id", "r"}});
+  ASSERT_FALSE(server);
+  EXPECT_NE(server.status().message().find("troupe::KVStore::runServer(), not create()"),
+            std::string::npos)
+      << server.status().message();
+  const Status worker = KVStore::runServer(
+      "dist_sync", {{"num_servers", "1"}, {"rendezvous", store}, {"run_id", "r"}});
+  ASSERT_FALSE(worker);
+  EXPECT_NE(worker.message().find("not a server"), std::string::npos) << worker.message();
+  const Status local = KVStore::runServer("local");
+  ASSERT_FALSE(local);
+  EXPECT_NE(local.message().find("kvstore 'local' has no servers"), std::string::npos)
+      << local.message();
+}
+
+}  // namespace
+}  // namespace troupe
