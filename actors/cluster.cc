@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "actors/observers.h"
 #include "actors/trace.h"
 #include "actors/wire_codec.h"
 #include "rendezvous/exchange.h"
@@ -76,6 +77,10 @@ class ClusterImpl final : public Cluster {
     };
     handlers.onPeerLost = [this](transport::NodeId node, const std::string& why) {
       if (closing_) return;
+      if (isObserverNode(node)) {  // one that watched the run left: the run goes on
+        spdlog::info("observer node {} left the run ({})", node, why);
+        return;
+      }
       if (options_.on_peer_lost && addressesKnown_ && node < addresses_.size()) {
         return options_.on_peer_lost(static_cast<int>(node), addresses_[node], why);
       }
@@ -117,6 +122,7 @@ class ClusterImpl final : public Cluster {
     try {
       transport_->send(static_cast<transport::NodeId>(to.node), std::move(out));
     } catch (const transport::LinkLostError& e) {
+      if (isObserverNode(to.node)) return;  // it left; the run goes on without it
       // The peer is gone: that is the run's failure (a PeerError naming it), whichever of the
       // link's loss and this send comes first; the sender's own error comes second.
       if (!closing_ && options_.on_peer_lost && addressesKnown_ && to.node < addresses_.size()) {

@@ -33,6 +33,15 @@ struct Weights {
   Tensor buffers;  // batch-norm statistics to adopt; undefined/empty: keep the replica's own
 };
 
+// An observer of a run (troupe/observer.h: a process that joined it to watch, such as an
+// evaluator) -> the chief's updater or PS client: send the weights to actor `actor` of the
+// observer's node after every `every`-th step and after the last one, as Weights.
+struct Subscribe {
+  std::uint32_t node = 0;  // the observer's
+  std::uint32_t actor = 0;
+  std::int64_t every = 1;
+};
+
 // Replica -> Reducer: gradients [begin, end) of the flat gradient tensor for one step.
 struct GradBucket {
   std::int64_t step = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "actors/messages.h"
+#include "actors/observers.h"
 #include "actors/roles.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
@@ -433,6 +434,7 @@ class PsClient final : public Actor {
     on<PullReply>([this](PullReply& r) { pulled(r); });
     on<Resume>([this](Resume&) { broadcast(); });
     on<StallCheck>([this](StallCheck&) { checkStall(); });
+    on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
   }
 
   void started() override {
@@ -551,6 +553,10 @@ class PsClient final : public Actor {
     }
     if (++replies_ < static_cast<int>(config_.servers.size())) return;
     pulling_ = false;
+    observers_.offer(step_, step_ == config_.plan.last_step, weights_,
+                     [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
+                       send(to, Weights{step, weights, kernels::Tensor()});
+                     });
     if (config_.trace) {
       config_.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
                                Trace::Clock::now());
@@ -570,6 +576,7 @@ class PsClient final : public Actor {
   }
 
   PsClientConfig config_;
+  Observers observers_;  // the chief's: processes that watch the run
   kernels::Tensor weights_, momentum_;
   std::int64_t step_;
   std::int64_t pushed_ = 0;

@@ -12,6 +12,7 @@
 #include "actors/cluster.h"
 #include "actors/elastic.h"
 #include "actors/messages.h"
+#include "actors/observers.h"
 #include "actors/peer.h"
 #include "actors/roles.h"
 #include "actors/run_id.h"
@@ -40,6 +41,13 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
               compressionOf(o), o.allreduce, c.timeout);
   members.setAddresses(cluster->addresses());
+  if (rank == 0) {
+    // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them
+    // (the updater or the PS client, actor 1 of every worker), the plan, and the chief's address.
+    cluster->store().set(kObserveKey, fmt::format("1 {} {} {} {} {}", plan.steps_per_epoch,
+                                                  plan.first_step, plan.last_step, num_params,
+                                                  cluster->addresses()[0]));
+  }
   if (reduction) {
     const auto hosts =
         groupHosts(exchangeHostKeys(cluster->store(), rank, o.num_shards, c.timeout));

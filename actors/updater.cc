@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "actors/messages.h"
+#include "actors/observers.h"
 #include "actors/roles.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
@@ -27,6 +28,7 @@ class Updater final : public Actor {
       pause_at_ = p.step;
     });
     on<Handover>([this](Handover& h) { adopt(h); });
+    on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
   }
 
   // An elastic run's process keeps the last whole step's state for its next generation.
@@ -88,6 +90,10 @@ class Updater final : public Actor {
 
     reduced_ = 0;
     ++step_;
+    observers_.offer(step_, step_ == config_.plan.last_step, weights_,
+                     [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
+                       send(to, Weights{step, weights, kernels::Tensor()});
+                     });
     if (config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_) {
       send(config_.coordinator, EpochEnd{step_, weights_, optimizer_->state()});
     } else {
@@ -135,6 +141,7 @@ class Updater final : public Actor {
   }
 
   UpdaterConfig config_;
+  Observers observers_;  // the chief's: processes that watch the run
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Optimizer> optimizer_;
   kernels::Tensor weights_, buffers_;

@@ -148,6 +148,11 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setError(m->error);
   } else if (auto* m = as<KvDone>(e)) {
     f.setKvDone(m->worker);
+  } else if (auto* m = as<Subscribe>(e)) {
+    auto w = f.initSubscribe();
+    w.setNode(m->node);
+    w.setActor(m->actor);
+    w.setEvery(m->every);
   } else if (auto* m = as<PullReply>(e)) {
     auto w = f.initPullReply();
     w.setStep(m->step);
@@ -278,6 +283,16 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     case W::KV_DONE:
       d.message = wrap(KvDone{f.getKvDone()});
       break;
+    case W::SUBSCRIBE: {
+      auto r = f.getSubscribe();
+      if (r.getEvery() < 1 || r.getNode() != from_node) {
+        throw InputError("node " + std::to_string(from_node) + " subscribed node " +
+                         std::to_string(r.getNode()) + " to the weights every " +
+                         std::to_string(r.getEvery()) + " steps");
+      }
+      d.message = wrap(Subscribe{r.getNode(), r.getActor(), r.getEvery()});
+      break;
+    }
     case W::PULL_REPLY: {
       auto r = f.getPullReply();
       d.message = wrap(PullReply{r.getStep(), r.getKeyBegin(), r.getKeyEnd(),

@@ -186,6 +186,12 @@ struct KvAck {
   error @1 :Text;  # empty: done
 }
 
+struct Subscribe {
+  actor @0 :UInt32;
+  every @1 :Int64;
+  node @2 :UInt32;
+}
+
 struct Frame {
   target @0 :UInt32;       # actor id on the receiving node
   sourceNode @1 :UInt32;
@@ -219,5 +225,6 @@ struct Frame {
     kvConfigure @28 :KvConfigure;
     kvAck @29 :KvAck;
     kvDone @30 :UInt32;          # the worker that is done with the store
+    subscribe @31 :Subscribe;    # an observer of the run -> the chief's updater
   }
 }

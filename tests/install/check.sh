@@ -7,6 +7,8 @@
 #   2. examples/ built against P, and its KVStore training loop run for an epoch (it must learn),
 #      alone (local), as 2 workers and 1 server (dist_sync) under the installed `troupe launch`,
 #      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service;
+#      examples/evaluator joined to a 2-worker run of the installed troupe, its Prometheus
+#      metrics fetched over HTTP;
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
 #   4. `cpack -G DEB`: the package holds the library, headers, CMake and pkg-config files and the
@@ -76,6 +78,42 @@ grep -E "parameter server|every worker" "$tmp/ps_service.txt"
 grep "epoch 1" "$tmp/by_hand_0.txt"
 awk -v a="$(accuracy "epoch 1:" "$tmp/by_hand_0.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
   { echo "the KVStore loop on the parameter-server service did not learn"; exit 1; }
+
+step "the evaluator service joins a running training and serves its scores over HTTP"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+data="$build/testdata/lmdb"
+workers=()
+for r in 0 1; do
+  (cd "$tmp" && timeout 120 "$tmp/prefix/bin/troupe" train "$src/configs/mlp.toml" \
+    --train_data "$data/train" --num_epochs 2 --epoch_size 12800 --num_shards 2 --shard_id $r \
+    --run_id evaluated --rendezvous "tcp://127.0.0.1:$port" --schedule bsp-allreduce \
+    --threads 1 --log_every 0 --checkpoint_every 0 > "$tmp/evaluated_$r.txt" 2>&1) &
+  workers+=($!)
+done
+timeout 180 "$tmp/examples/evaluator" --config "$src/configs/mlp.toml" --data "$data/test" \
+  --records 2000 --every 20 --port 0 --linger 60 --rendezvous "tcp://127.0.0.1:$port" \
+  --run_id evaluated > "$tmp/evaluator.txt" 2>&1 &
+evaluator=$!
+for pid in "${workers[@]}"; do
+  wait "$pid" || { cat "$tmp"/evaluated_*.txt "$tmp/evaluator.txt"; echo "a worker failed"; exit 1; }
+done
+# The scores of the run's last step (200), fetched over HTTP while the service lingers.
+metrics_port=$(sed -n 's|.*serving http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$tmp/evaluator.txt")
+for _ in $(seq 100); do
+  python3 -c "import urllib.request, sys; sys.stdout.write(urllib.request.urlopen(
+    'http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode())" > "$tmp/metrics.txt" || true
+  grep -q '^troupe_eval_step{run="evaluated"} 200$' "$tmp/metrics.txt" && break
+  sleep 0.1
+done
+kill "$evaluator" 2>/dev/null || true
+grep -v "^#" "$tmp/metrics.txt" || { cat "$tmp/evaluator.txt"; echo "no metrics came"; exit 1; }
+grep -q '^troupe_eval_step{run="evaluated"} 200$' "$tmp/metrics.txt" ||
+  { cat "$tmp/evaluator.txt"; echo "the evaluator did not score the run's last step"; exit 1; }
+grep -q '^# TYPE troupe_eval_accuracy gauge$' "$tmp/metrics.txt" ||
+  { echo "the metrics are not in Prometheus's text format"; exit 1; }
+# An MLP reaches about 0.8 after 200 steps of 128 images; chance is 0.1.
+awk '/^troupe_eval_accuracy/ { ok = $2 + 0 >= 0.6 } END { exit !ok }' "$tmp/metrics.txt" ||
+  { cat "$tmp/evaluator.txt"; echo "the scored weights did not learn"; exit 1; }
 
 step "pkg-config --cflags --libs troupe"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"

@@ -1,0 +1,78 @@
+// The chief's side of a run's observers (troupe/observer.h): who subscribed to the weights, and
+// every how many steps. The updater (or the PS client) offers the weights after each step; an
+// observer that is gone is dropped, and the run goes on.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "actors/actor.h"
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+// Observers' node ids start here: above any run's workers and servers.
+inline constexpr std::uint32_t kObserverNodeBase = 1u << 20;
+
+inline bool isObserverNode(std::uint32_t node) {
+  return node >= kObserverNodeBase;
+}
+
+// The run's store key under which the chief says where observers find the weights:
+// "ACTOR STEPS_PER_EPOCH FIRST_STEP LAST_STEP NUM_PARAMS ADDRESS" (ACTOR of node 0; ADDRESS its
+// transport's). Observers count themselves under kObserversKey (their node: base + count - 1).
+inline constexpr const char* kObserveKey = "observe";
+inline constexpr const char* kObserversKey = "observers";
+
+class Observers {
+ public:
+  void add(Address observer, std::int64_t every);
+  bool empty() const { return subscribers_.empty(); }
+  // Sends a copy of `weights` (the weights after `step` steps) to each observer due at `step`
+  // (`last`: the run's last step, due to all) through `send`; one that cannot be reached any
+  // more is dropped, with a line in the log.
+  template <typename Send>
+  void offer(std::int64_t step, bool last, const kernels::Tensor& weights, Send&& send) {
+    kernels::Tensor copy;
+    bool copied = false;
+    for (auto it = subscribers_.begin(); it != subscribers_.end();) {
+      if (!last && step % it->every != 0) {
+        ++it;
+        continue;
+      }
+      if (!copied) {
+        copy = hostCopy(weights);
+        copied = true;
+      }
+      if (!deliver(*it, step, copy, send)) {
+        it = subscribers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+ private:
+  struct Subscriber {
+    Address address;
+    std::int64_t every = 1;
+  };
+  static kernels::Tensor hostCopy(const kernels::Tensor& weights);
+  static void dropped(const Subscriber& s, const char* why);
+
+  template <typename Send>
+  static bool deliver(const Subscriber& s, std::int64_t step, const kernels::Tensor& weights,
+                      Send& send) {
+    try {
+      send(s.address, step, weights);
+      return true;
+    } catch (const std::exception& e) {
+      dropped(s, e.what());
+      return false;
+    }
+  }
+
+  std::vector<Subscriber> subscribers_;
+};
+
+}  // namespace troupe::actors

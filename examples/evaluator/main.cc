@@ -1,0 +1,241 @@
+// An evaluator service: joins a running training as an observer (troupe::Observer), scores the
+// chief's weights every N steps on a database of its own (troupe::Model), and serves the scores
+// over HTTP in Prometheus's text format, for Prometheus to scrape or anyone to fetch:
+//
+//   evaluator --config configs/mlp.toml --data DIR/test [--every 100] [--records 0]
+//             [--rendezvous tcp://HOST:PORT --run_id ID --secret_file FILE]
+//             [--listen 127.0.0.1] [--port 9100] [--linger 0]
+//   curl http://127.0.0.1:9100/metrics
+//
+// The run is found as its workers find it: the flags, else the launcher's TROUPE_* variables.
+// --port 0 takes a free port; the line "serving http://ADDRESS:PORT/metrics" says which. Scores
+// come from a thread of their own that takes the newest weights (older ones not yet scored are
+// skipped), so a slow evaluation never holds the run up. When the run's last step has been
+// scored the service stays --linger seconds more (for a last scrape), then exits 0; it exits 1
+// with the error when it cannot join, or when the run ends before its last step.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <troupe/model.h>
+#include <troupe/observer.h>
+#include <troupe/version.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "evaluator: %s\n", message.c_str());
+  std::exit(1);
+}
+
+// The newest weights not yet scored, and the scores so far; shared by the observer's callback,
+// the scoring thread and the HTTP server.
+struct State {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::optional<std::pair<std::int64_t, std::vector<float>>> waiting;  // step, weights
+  std::int64_t steps_per_epoch = 0, last_step = 0;
+  bool done = false;  // the run is over: nothing more will come
+  // The newest score.
+  std::int64_t step = -1;
+  troupe::Score score;
+  double seconds = 0;        // that evaluation's time
+  std::int64_t scored = 0;   // evaluations so far
+  std::int64_t skipped = 0;  // weights replaced before they were scored
+  bool last_scored = false;
+};
+
+std::string metrics(State& s, const std::string& run) {
+  std::lock_guard lock(s.mu);
+  std::string out;
+  const auto gauge = [&](const char* name, const char* help, const char* type, double value) {
+    char line[512];
+    std::snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s{run=\"%s\"} %.17g\n", name,
+                  help, name, type, name, run.c_str(), value);
+    out += line;
+  };
+  if (s.step >= 0) {
+    gauge("troupe_eval_accuracy", "Top-1 accuracy of the newest weights scored.", "gauge",
+          s.score.accuracy);
+    gauge("troupe_eval_loss", "Mean cross-entropy of the newest weights scored.", "gauge",
+          s.score.loss);
+    gauge("troupe_eval_records", "Records the newest score is over.", "gauge",
+          static_cast<double>(s.score.count));
+    gauge("troupe_eval_epoch", "Epochs the scored weights were trained for.", "gauge",
+          s.steps_per_epoch > 0 ? static_cast<double>(s.step) / s.steps_per_epoch : 0);
+    gauge("troupe_eval_seconds", "Time the newest evaluation took.", "gauge", s.seconds);
+  }
+  gauge("troupe_eval_step", "Training step of the newest weights scored (-1: none yet).", "gauge",
+        static_cast<double>(s.step));
+  gauge("troupe_eval_scored_total", "Evaluations done.", "counter", static_cast<double>(s.scored));
+  gauge("troupe_eval_skipped_total", "Weights replaced by newer ones before they were scored.",
+        "counter", static_cast<double>(s.skipped));
+  return out;
+}
+
+// A minimal HTTP/1.0 server: GET /metrics answers with the scores, anything else with 404.
+class MetricsServer {
+ public:
+  MetricsServer(const std::string& address, int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ < 0) fail("socket: cannot make one");
+    const int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    if (::inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1)
+      fail("--listen " + address + ": not an IPv4 address");
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0)
+      fail("cannot listen on " + address + ":" + std::to_string(port));
+    socklen_t size = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &size);
+    port_ = ntohs(a.sin_port);
+  }
+  ~MetricsServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+  void serve(State& state, const std::string& run) {
+    thread_ = std::thread([this, &state, run] {
+      for (;;) {
+        const int client = ::accept(fd_, nullptr, nullptr);
+        if (client < 0) return;  // shut down
+        timeval limit{5, 0};     // a client that sends nothing is not waited for
+        ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+        char request[1024] = {};
+        const auto n = ::recv(client, request, sizeof request - 1, 0);
+        const std::string line(request, n > 0 ? static_cast<std::size_t>(n) : 0);
+        const bool wanted =
+            line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET /metrics\r", 0) == 0;
+        const std::string body = wanted ? metrics(state, run) : "not found: try /metrics\n";
+        const std::string reply =
+            std::string(wanted ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+            "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+        std::size_t sent = 0;
+        while (sent < reply.size()) {
+          const auto w = ::send(client, reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
+          if (w <= 0) break;
+          sent += static_cast<std::size_t>(w);
+        }
+        ::close(client);
+      }
+    });
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config, data, listen = "127.0.0.1";
+  std::int64_t every = 100, records = 0;
+  int port = 9100, linger = 0;
+  troupe::ObserverSettings settings;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) fail(flag + " needs a value");
+    const std::string value = argv[i + 1];
+    if (flag == "--config")
+      config = value;
+    else if (flag == "--data")
+      data = value;
+    else if (flag == "--every")
+      every = std::atoll(value.c_str());
+    else if (flag == "--records")
+      records = std::atoll(value.c_str());
+    else if (flag == "--listen")
+      listen = value;
+    else if (flag == "--port")
+      port = std::atoi(value.c_str());
+    else if (flag == "--linger")
+      linger = std::atoi(value.c_str());
+    else if (flag == "--rendezvous" || flag == "--run_id" || flag == "--secret_file")
+      settings[flag.substr(2)] = value;
+    else
+      fail("unknown flag " + flag);
+  }
+  if (config.empty() || data.empty()) fail("--config and --data are needed");
+  if (port < 0 || port > 65535 || linger < 0) fail("--port or --linger out of range");
+
+  auto model = troupe::Model::create(config);
+  if (!model) fail(model.status().message());
+  State state;
+  MetricsServer server(listen, port);
+  const std::string run = settings.count("run_id") ? settings["run_id"] : "run";
+  server.serve(state, run);
+  std::printf("%s; serving http://%s:%d/metrics\n", troupe::buildSummary().c_str(), listen.c_str(),
+              server.port());
+  std::fflush(stdout);
+
+  // Scores the newest weights, one evaluation at a time.
+  std::thread scorer([&] {
+    for (;;) {
+      std::pair<std::int64_t, std::vector<float>> next;
+      {
+        std::unique_lock lock(state.mu);
+        state.changed.wait(lock, [&] { return state.waiting.has_value() || state.done; });
+        if (!state.waiting) return;
+        next = std::move(*state.waiting);
+        state.waiting.reset();
+      }
+      const auto began = std::chrono::steady_clock::now();
+      auto score = model.value()->evaluate(next.second, data, records);
+      if (!score) fail(score.status().message());
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      std::lock_guard lock(state.mu);
+      state.step = next.first;
+      state.score = score.value();
+      state.seconds = seconds;
+      ++state.scored;
+      state.last_scored = next.first >= state.last_step;
+      std::printf("step %lld: accuracy %.4f, loss %.4f over %lld records (%.2f s)\n",
+                  static_cast<long long>(next.first), state.score.accuracy, state.score.loss,
+                  static_cast<long long>(state.score.count), seconds);
+      std::fflush(stdout);
+    }
+  });
+
+  auto observer = troupe::Observer::join(settings, every, [&](const troupe::ObservedWeights& w) {
+    std::lock_guard lock(state.mu);
+    state.steps_per_epoch = w.steps_per_epoch;
+    state.last_step = w.last_step;
+    if (state.waiting) ++state.skipped;
+    state.waiting.emplace(w.step, std::vector<float>(w.weights.begin(), w.weights.end()));
+    state.changed.notify_all();
+  });
+  if (!observer) fail(observer.status().message());
+  const troupe::Status ended = observer.value()->wait(std::chrono::hours(24 * 365));
+  {
+    std::lock_guard lock(state.mu);
+    state.done = true;
+    state.changed.notify_all();
+  }
+  scorer.join();
+  if (!ended) fail(ended.message());
+  std::printf("the run is over; serving %d s more\n", linger);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(linger));
+  return 0;
+}
