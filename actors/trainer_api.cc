@@ -1,5 +1,8 @@
 // troupe::Trainer (include/troupe/trainer.h): runTraining on a thread of its own, steered through
 // RunControl, its errors turned into Status values.
+#include <fmt/format.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -12,13 +15,19 @@
 #include "actors/train_config.h"
 #include "actors/trainer.h"
 #include "data/dataset.h"
+#include "data/memory_dataset.h"
 #include "troupe/error.h"
 #include "troupe/trainer.h"
 
 namespace troupe {
 
 struct Trainer::State {
+  ~State() {
+    for (const auto& path : memory_datasets)
+      data::unregisterMemoryDataset(path);
+  }
   actors::RunControl control;
+  std::vector<std::string> memory_datasets;  // registered for this run's TrainerData
   std::thread thread;
   mutable std::mutex mutex;
   std::condition_variable ended;
@@ -28,14 +37,70 @@ struct Trainer::State {
 
 Trainer::Trainer(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
+namespace {
+
+// A RecordSource as the Reader actors read a database.
+class SourceDataset final : public data::Dataset {
+ public:
+  SourceDataset(std::shared_ptr<const RecordSource> source, data::DatasetOptions options)
+      : source_(std::move(source)), options_(std::move(options)) {}
+  std::int64_t size() const override { return source_->size(); }
+  const data::DatasetOptions& options() const override { return options_; }
+  void read(const std::vector<std::int64_t>& indices, float* images,
+            std::int32_t* labels) override {
+    const std::size_t n =
+        static_cast<std::size_t>(options_.channels) * options_.height * options_.width;
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      const std::int64_t index = indices[i];
+      if (index < 0 || index >= size()) {
+        throw InputError(fmt::format("{}: index {} of {} records", options_.path, index, size()));
+      }
+      const Result<int> label = source_->read(index, {images + i * n, n});
+      const std::string key = std::to_string(index);
+      if (!label) throw data::BadRecordError(options_.path, key, label.status().message());
+      if (label.value() < 0 || label.value() >= options_.num_labels) {
+        throw data::BadRecordError(
+            options_.path, key,
+            fmt::format("label {} outside [0, {})", label.value(), options_.num_labels));
+      }
+      labels[i] = label.value();
+    }
+  }
+
+ private:
+  std::shared_ptr<const RecordSource> source_;
+  data::DatasetOptions options_;
+};
+
+// Registers `source` as a memory dataset of the run's shape, and names it in `overrides[key]`.
+void useSource(const std::shared_ptr<const RecordSource>& source, const char* key,
+               const std::string& config_file, actors::ConfigOverrides& overrides,
+               Trainer::State& state) {
+  if (!source) return;
+  static std::atomic<int> runs{0};
+  const std::string path = fmt::format("{}trainer-{}-{}", data::kMemoryScheme, runs++, key);
+  // The shape the run's model takes: the config's, as its databases would be read.
+  auto probe = overrides;
+  probe[key] = path;
+  const auto options = actors::datasetOptions(actors::loadTrainOptions(config_file, probe), path);
+  data::registerMemoryDataset(path, std::make_shared<SourceDataset>(source, options));
+  state.memory_datasets.push_back(path);
+  overrides[key] = path;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
                                                 const Settings& settings,
-                                                TrainerCallbacks callbacks) {
+                                                TrainerCallbacks callbacks, TrainerData data) {
   actors::TrainOptions options;
+  auto state = std::make_shared<State>();
   try {
     actors::ConfigOverrides overrides;
     for (const auto& [key, value] : settings)
       overrides.insert_or_assign(key, value);
+    useSource(data.train, "train_data", config_file, overrides, *state);
+    useSource(data.test, "test_data", config_file, overrides, *state);
     options = actors::loadTrainOptions(config_file, overrides);
     // The data is opened here too, so that a missing database is the answer, not a failed run.
     if (options.train_data.empty()) throw InputError("no training data: set train_data");
@@ -46,7 +111,6 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
   } catch (const std::exception& e) {
     return actors::statusOf(e);
   }
-  auto state = std::make_shared<State>();
   state->control.callbacks = std::move(callbacks);
   state->thread = std::thread([state, options = std::move(options)] {
     Status status;

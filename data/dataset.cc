@@ -1,6 +1,7 @@
 #include "data/dataset.h"
 
 #include "data/datum.h"
+#include "data/memory_dataset.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -79,6 +80,7 @@ std::uint64_t mix64(std::uint64_t z) {
 }  // namespace
 
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
+  if (isMemoryDataset(options.path)) return openMemoryDataset(options);
   return std::make_unique<DbDataset>(options);
 }
 

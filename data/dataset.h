@@ -60,7 +60,8 @@ class Dataset {
 };
 
 // Opens the database and loads its key list; throws as openDb() does, and InputError for a
-// non-positive shape or num_labels.
+// non-positive shape or num_labels. A path "memory://NAME" opens a dataset this process holds in
+// memory (data/memory_dataset.h).
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options);
 
 // The PRNG behind epochOrder and shuffled conversions, fixed here so that orders are the same on

@@ -3,6 +3,7 @@
 // run continues from to the same bits, a graceful stop, waits with a timeout, errors as values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <mutex>
@@ -11,6 +12,7 @@
 
 #include "actors/checkpoint.h"
 #include "cli_util.h"
+#include "troupe/record_source.h"
 #include "troupe/trainer.h"
 
 namespace troupe {
@@ -189,6 +191,71 @@ TEST(TrainerApi, ADivergedRunIsANumericErrorValue) {
   const Status done = started.value()->wait(120s);
   EXPECT_EQ(done.kind(), ErrorKind::kNumeric) << done.message();
   EXPECT_NE(done.message().find("diverged"), std::string::npos) << done.message();
+}
+
+// Records from memory: label L is an image whose rows 2L and 2L+1 are bright, every other pixel
+// dark; record `bad` (if any) cannot be read.
+class Stripes final : public RecordSource {
+ public:
+  Stripes(std::int64_t size, std::int64_t bad = -1) : size_(size), bad_(bad) {}
+  std::int64_t size() const override { return size_; }
+  Result<int> read(std::int64_t index, std::span<float> image) const override {
+    reads_.fetch_add(1);
+    if (index == bad_) return Status(ErrorKind::kIo, "the service lost this record");
+    const int label = static_cast<int>(index % 10);
+    std::fill(image.begin(), image.end(), 0.0f);
+    std::fill(image.begin() + 56 * label, image.begin() + 56 * (label + 1), 1.0f);
+    return label;
+  }
+  std::int64_t reads() const { return reads_.load(); }
+
+ private:
+  std::int64_t size_, bad_;
+  mutable std::atomic<std::int64_t> reads_{0};
+};
+
+// The run's settings without databases: the data is in memory.
+Settings memoryRun(const TempDir& dir) {
+  Settings settings;
+  for (auto& [key, value] : mlpRun(dir)) {
+    if (key != "train_data" && key != "test_data" && key != "db_type")
+      settings.emplace_back(key, value);
+  }
+  return settings;
+}
+
+TEST(TrainerApi, RecordsFromMemoryAreReadAsADatabaseIsAndLearned) {
+  TempDir dir("api_memory");
+  auto train = std::make_shared<Stripes>(2560);
+  auto test = std::make_shared<Stripes>(500);
+  double test_accuracy = -1;
+  TrainerCallbacks callbacks;
+  callbacks.on_epoch = [&](const EpochMetrics& e) { test_accuracy = e.test_accuracy; };
+  auto started =
+      Trainer::start(config(), memoryRun(dir), callbacks, {.train = train, .test = test});
+  ASSERT_TRUE(started) << started.status().message();
+  const Status done = started.value()->wait(120s);
+  ASSERT_TRUE(done) << done.message();
+  EXPECT_EQ(started.value()->steps(), 80);
+  // Every record of both epochs was read (2 x 40 steps x 64), and the test set after each epoch.
+  EXPECT_EQ(train->reads(), 2 * 2560);
+  EXPECT_EQ(test->reads(), 2 * 500);
+  // Ten patterns that a linear layer separates: an MLP gets nearly all of them in two epochs.
+  EXPECT_GT(test_accuracy, 0.9);
+}
+
+TEST(TrainerApi, ARecordTheSourceCannotReadEndsTheRunNamingIt) {
+  TempDir dir("api_memory_bad");
+  auto started = Trainer::start(config(), memoryRun(dir), {},
+                                {.train = std::make_shared<Stripes>(2560, 77), .test = nullptr});
+  ASSERT_TRUE(started) << started.status().message();
+  const Status done = started.value()->wait(120s);
+  ASSERT_FALSE(done);
+  EXPECT_EQ(done.kind(), ErrorKind::kInput) << done.message();
+  EXPECT_NE(done.message().find("memory://trainer-"), std::string::npos) << done.message();
+  EXPECT_NE(done.message().find("77"), std::string::npos) << done.message();
+  EXPECT_NE(done.message().find("the service lost this record"), std::string::npos)
+      << done.message();
 }
 
 }  // namespace

@@ -18,7 +18,8 @@
 // that fails ends the program with its message.
 #include <troupe/kvstore.h>
 #include <troupe/version.h>
-#include <zlib.h>
+
+#include "common/fashion_mnist.h"
 
 #include <algorithm>
 #include <chrono>
@@ -32,9 +33,8 @@
 
 namespace {
 
-constexpr int kPixels = 28 * 28;
-constexpr int kClasses = 10;
-
+using examples::kClasses;
+using examples::kPixels;
 [[noreturn]] void fail(const std::string& message) {
   std::fprintf(stderr, "kvstore_softmax: %s\n", message.c_str());
   std::exit(1);
@@ -42,51 +42,6 @@ constexpr int kClasses = 10;
 
 void check(const troupe::Status& s) {
   if (!s) fail(s.message());
-}
-
-// The whole of a gzip'ed file.
-std::vector<unsigned char> gunzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) fail("cannot open " + path);
-  std::vector<unsigned char> out;
-  unsigned char buf[1 << 16];
-  int n = 0;
-  while ((n = gzread(f, buf, sizeof buf)) > 0)
-    out.insert(out.end(), buf, buf + n);
-  gzclose(f);
-  if (n < 0) fail("cannot read " + path);
-  return out;
-}
-
-std::uint32_t bigEndian(const std::vector<unsigned char>& b, std::size_t at) {
-  return (std::uint32_t{b[at]} << 24) | (std::uint32_t{b[at + 1]} << 16) |
-         (std::uint32_t{b[at + 2]} << 8) | b[at + 3];
-}
-
-struct Set {
-  std::vector<float> images;  // n x 784, scaled to [0, 1]
-  std::vector<int> labels;
-  int size() const { return static_cast<int>(labels.size()); }
-};
-
-Set load(const std::string& dir, const std::string& prefix) {
-  const auto images = gunzip(dir + "/" + prefix + "-images-idx3-ubyte.gz");
-  const auto labels = gunzip(dir + "/" + prefix + "-labels-idx1-ubyte.gz");
-  if (images.size() < 16 || bigEndian(images, 0) != 2051 || labels.size() < 8 ||
-      bigEndian(labels, 0) != 2049) {
-    fail("not Fashion-MNIST IDX files in " + dir);
-  }
-  const std::uint32_t n = bigEndian(images, 4);
-  if (bigEndian(labels, 4) != n || images.size() != 16 + std::size_t{n} * kPixels ||
-      labels.size() != 8 + std::size_t{n}) {
-    fail("truncated IDX files in " + dir);
-  }
-  Set s;
-  s.images.resize(std::size_t{n} * kPixels);
-  for (std::size_t i = 0; i < s.images.size(); ++i)
-    s.images[i] = images[16 + i] / 255.0f;
-  s.labels.assign(labels.begin() + 8, labels.end());
-  return s;
 }
 
 // Softmax probabilities p[i][c] of the images x[0..n) (n <= 4), from their class scores. The
@@ -169,7 +124,13 @@ int main(int argc, char** argv) {
     if (!served) fail(served.message());
     return 0;
   }
-  const Set train = load(data, "train"), test = load(data, "t10k");
+  examples::FashionMnist train, test;
+  try {
+    train = examples::loadFashionMnist(data, "train");
+    test = examples::loadFashionMnist(data, "t10k");
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
 
   auto created = troupe::KVStore::create(type);
   if (!created) fail(created.status().message());

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/record_source.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -60,13 +61,21 @@ struct TrainerCallbacks {
   std::function<void(const std::string& path, std::int64_t step)> on_checkpoint;
 };
 
+// Records of one's own (troupe/record_source.h) in place of train_data's and test_data's
+// databases; null: the database the settings name.
+struct TrainerData {
+  std::shared_ptr<const RecordSource> train;
+  std::shared_ptr<const RecordSource> test;
+};
+
 class Trainer {
  public:
   // Loads `config_file` (TOML; empty: none) with `settings` over it, checks them, opens the data
   // and starts training. A bad setting or file is the error value, and nothing runs.
   static Result<std::unique_ptr<Trainer>> start(const std::string& config_file,
                                                 const Settings& settings,
-                                                TrainerCallbacks callbacks = {});
+                                                TrainerCallbacks callbacks = {},
+                                                TrainerData data = {});
 
   // Asks for a checkpoint a few steps on (every process pauses, the chief writes it, they go
   // on); on_checkpoint says where. Returns at once.

@@ -7,8 +7,8 @@
 #   2. examples/ built against P, and its KVStore training loop run for an epoch (it must learn),
 #      alone (local), as 2 workers and 1 server (dist_sync) under the installed `troupe launch`,
 #      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service;
-#      examples/evaluator joined to a 2-worker run of the installed troupe, its Prometheus
-#      metrics fetched over HTTP;
+#      examples/memory_reader trains on records from its memory; examples/evaluator joined to a
+#      2-worker run of the installed troupe, its Prometheus metrics fetched over HTTP;
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
 #   4. `cpack -G DEB`: the package holds the library, headers, CMake and pkg-config files and the
@@ -78,6 +78,14 @@ grep -E "parameter server|every worker" "$tmp/ps_service.txt"
 grep "epoch 1" "$tmp/by_hand_0.txt"
 awk -v a="$(accuracy "epoch 1:" "$tmp/by_hand_0.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
   { echo "the KVStore loop on the parameter-server service did not learn"; exit 1; }
+
+step "a service's in-memory records as the training data (examples/memory_reader)"
+(cd "$tmp" && timeout 300 "$tmp/examples/memory_reader" --config "$src/configs/mlp.toml" \
+  --epochs 1) > "$tmp/memory_reader.txt" 2>&1 || { cat "$tmp/memory_reader.txt"; exit 1; }
+grep -E "records in memory|^epoch" "$tmp/memory_reader.txt"
+# An MLP reaches about 0.84 on Fashion-MNIST's test set after an epoch.
+awk -v a="$(accuracy "epoch 1:" "$tmp/memory_reader.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
+  { echo "training on records from memory did not learn"; exit 1; }
 
 step "the evaluator service joins a running training and serves its scores over HTTP"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
