@@ -26,6 +26,7 @@
 #include "kernels/optimizer.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/store.h"
+#include "transport/link.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -520,6 +521,9 @@ class DistKVStore final : public KVStore {
   Status sendTo(Address to, M message) {
     try {
       node_.cluster->send(client_, to, std::make_unique<Typed<M>>(std::move(message)));
+    } catch (const transport::LinkLostError& e) {
+      // The server is gone: name it, as the run's failure (which may not be in yet) does.
+      return statusOf(lostLinkError(node_.members->ofNode(to.node), e.what()));
     } catch (const std::exception& e) {
       if (Status s = failure(); !s) return s;  // the lost link's PeerError comes first
       return statusOf(e);

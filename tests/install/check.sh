@@ -6,7 +6,8 @@
 #      run; tests/install/shared_only, with no component, looks for no third-party package;
 #   2. examples/ built against P, and its KVStore training loop run for an epoch (it must learn),
 #      alone (local), as 2 workers and 1 server (dist_sync) under the installed `troupe launch`,
-#      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service;
+#      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service
+#      (which, killed, each worker names at once);
 #      examples/memory_reader trains on records from its memory; examples/evaluator joined to a
 #      2-worker run of the installed troupe, its Prometheus metrics fetched over HTTP;
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
@@ -78,6 +79,28 @@ grep -E "parameter server|every worker" "$tmp/ps_service.txt"
 grep "epoch 1" "$tmp/by_hand_0.txt"
 awk -v a="$(accuracy "epoch 1:" "$tmp/by_hand_0.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
   { echo "the KVStore loop on the parameter-server service did not learn"; exit 1; }
+
+step "a parameter server killed mid-run: each worker stops at once, naming it"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+dmlc=(DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT="$port")
+workers=()
+for w in 0 1; do
+  env "${dmlc[@]}" DMLC_ROLE=worker DMLC_WORKER_ID=$w timeout 120 "$tmp/examples/kvstore_softmax" \
+    --kvstore dist_sync --epochs 100000 > "$tmp/orphan_$w.txt" 2>&1 &
+  workers+=($!)
+done
+"$tmp/examples/ps_service" --workers 2 --servers 1 --index 0 --rendezvous "tcp://127.0.0.1:$port" \
+  --run_id "dmlc-127.0.0.1-$port" > "$tmp/killed_service.txt" 2>&1 &
+service=$!
+for _ in $(seq 600); do grep -q "^epoch 1:" "$tmp/orphan_0.txt" && break; sleep 0.1; done
+{ kill -9 "$service" && wait "$service"; } 2> /dev/null || true  # killed, as meant
+for w in 0 1; do
+  if wait "${workers[$w]}"; then
+    cat "$tmp/orphan_$w.txt"; echo "worker $w went on without its server"; exit 1
+  fi
+  grep "kvstore_softmax: lost the link to server 0 at" "$tmp/orphan_$w.txt" ||
+    { cat "$tmp/orphan_$w.txt"; echo "worker $w did not name the lost server"; exit 1; }
+done
 
 step "a service's in-memory records as the training data (examples/memory_reader)"
 (cd "$tmp" && timeout 300 "$tmp/examples/memory_reader" --config "$src/configs/mlp.toml" \
