@@ -19,6 +19,7 @@
 #include "actors/messages.h"
 #include "actors/peer.h"
 #include "actors/roles.h"
+#include "actors/run_layout.h"
 #include "actors/run_plan.h"
 #include "actors/status_of.h"
 #include "kernels/backend.h"
@@ -189,8 +190,9 @@ class DistKVStore final : public KVStore {
                       SpawnOptions{.thread = "kvstore"},
                       std::make_shared<RunMembers>(o.num_shards, o.num_servers));
     client_ = Address{static_cast<std::uint32_t>(rank_), 0};
+    const RunLayout layout(o.num_shards, o.num_servers, 1);
     for (int s = 0; s < o.num_servers; ++s) {
-      servers_.push_back(Address{static_cast<std::uint32_t>(o.num_shards + s), 0});
+      servers_.push_back(layout.server(s));
       server_next_.push_back(static_cast<std::int64_t>(s) << kKvKeyShift);
     }
     thread_ = std::thread([this] {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "actors/actor.h"
+#include "troupe/actor.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {

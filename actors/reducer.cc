@@ -12,6 +12,7 @@
 #include "actors/messages.h"
 #include "actors/ring_allreduce.h"
 #include "actors/roles.h"
+#include "actors/run_layout.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
 #include "troupe/error.h"
@@ -153,7 +154,7 @@ class Reducer final : public Actor {
     return static_cast<int>(it - ranks.begin());
   }
 
-  static Address address(int rank) { return Address{static_cast<std::uint32_t>(rank), 2}; }
+  static Address address(int rank) { return RunLayout::reducer(rank); }
 
   void written(const ChunkWritten& w) {
     auto it = in_ring_.find({w.step, w.begin});

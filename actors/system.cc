@@ -245,6 +245,9 @@ class SystemImpl final : public ActorSystem {
   void post(Cell* c, F&& f) {
     if (c->thread_context) {
       asio::post(*c->thread_context, std::forward<F>(f));
+    } else if (options_.executor) {
+      // One drain at a time per actor (Cell::scheduled) keeps its handlers serial here too.
+      options_.executor(std::function<void()>(std::forward<F>(f)));
     } else {
       asio::post(*c->strand, std::forward<F>(f));
     }

@@ -21,7 +21,7 @@
 #include <string>
 #include <type_traits>
 
-#include "actors/actor.h"
+#include "troupe/actor.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -33,8 +33,15 @@ using RemoteSend = std::function<void(Address from, Address to, std::unique_ptr<
 // transport's sharedBuffer); an undefined tensor when there is none.
 using RemoteBuffer = std::function<kernels::Tensor(Address to, kernels::Shape shape)>;
 
+// Runs a task on an executor of the caller's (an Asio io_context's post, a thread pool's submit):
+// any thread, in any order; the system keeps each actor's handlers one at a time.
+using Executor = std::function<void(std::function<void()> task)>;
+
 struct SystemOptions {
   std::uint32_t node = 0;
+  // Set: actors spawned without a thread name run on it, not on the system's pool (whose
+  // threads then only fire timers).
+  Executor executor;
   RemoteSend remote;           // empty: sends to other nodes are errors
   RemoteBuffer remote_buffer;  // empty: sendBuffer gives ordinary host memory
   int pool_threads = 2;

@@ -16,6 +16,7 @@
 #include "actors/peer.h"
 #include "actors/roles.h"
 #include "actors/run_id.h"
+#include "actors/run_layout.h"
 #include "actors/run_plan.h"
 #include "actors/system.h"
 #include "actors/topology.h"
@@ -43,10 +44,11 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   members.setAddresses(cluster->addresses());
   if (rank == 0) {
     // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them
-    // (the updater or the PS client, actor 1 of every worker), the plan, and the chief's address.
-    cluster->store().set(kObserveKey, fmt::format("1 {} {} {} {} {}", plan.steps_per_epoch,
-                                                  plan.first_step, plan.last_step, num_params,
-                                                  cluster->addresses()[0]));
+    // (the chief's updater or PS client), the plan, and the chief's address.
+    cluster->store().set(
+        kObserveKey,
+        fmt::format("{} {} {} {} {} {}", RunLayout::updater(0).actor, plan.steps_per_epoch,
+                    plan.first_step, plan.last_step, num_params, cluster->addresses()[0]));
   }
   if (reduction) {
     const auto hosts =
@@ -239,30 +241,33 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   coordinator.cumulative_time = p.cumulative_time;
   coordinator.cumulative_inputs = p.cumulative_inputs;
 
-  // Every process spawns the same actors in the same order, so an address is known everywhere:
-  // 0 coordinator, 1 updater, 2 reducer, 3.. replicas, then readers.
+  // Every process spawns the same actors in the same order (actors/run_layout.h).
   const auto k = static_cast<std::uint32_t>(o.replicas);
-  auto address = [](int node, std::uint32_t i) {
-    return Address{static_cast<std::uint32_t>(node), i};
+  const RunLayout layout(workers, nodes - workers, o.replicas);
+  const Address chief_address = RunLayout::coordinator(0);
+  const Address updater_address = RunLayout::updater(rank);
+  const Address reducer_address = RunLayout::reducer(rank);
+  const auto replica_address = [](int node, std::uint32_t r) {
+    return RunLayout::replica(node, static_cast<int>(r));
   };
-  const Address chief_address = address(0, 0);
-  const Address updater_address = address(rank, 1);
-  const Address reducer_address = address(rank, 2);
-  auto replica_address = [&](int node, std::uint32_t r) { return address(node, 3 + r); };
-  auto reader_address = [&](std::uint32_t r) { return address(rank, 3 + k + r); };
+  const auto reader_address = [&](std::uint32_t r) {
+    return layout.reader(rank, static_cast<int>(r));
+  };
   std::vector<Address> local_replicas, all_replicas, all_updaters, followers;
   for (std::uint32_t r = 0; r < k; ++r)
     local_replicas.push_back(replica_address(rank, r));
   for (int node = 0; node < workers; ++node) {
     for (std::uint32_t r = 0; r < k; ++r)
       all_replicas.push_back(replica_address(node, r));
-    all_updaters.push_back(address(node, 1));
+    all_updaters.push_back(RunLayout::updater(node));
   }
   std::vector<Address> servers;
-  for (int node = 1; node < nodes; ++node)
-    followers.push_back(address(node, 0));
-  for (int node = workers; node < nodes; ++node)
-    servers.push_back(address(node, 0));
+  for (int node = 1; node < workers; ++node)
+    followers.push_back(RunLayout::coordinator(node));
+  for (int s = 0; s < nodes - workers; ++s) {
+    servers.push_back(layout.server(s));
+    followers.push_back(layout.server(s));  // the chief's Shutdown ends the servers too
+  }
 
   auto node = makeNodeSystem(rank, 2, nodes > 1);
   auto& system = node.system;
@@ -296,7 +301,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   }
   TROUPE_ENFORCE_EQ(system->spawn(chief ? makeCoordinator("coordinator", coordinator)
                                         : makeFollower("coordinator")),
-                    address(rank, 0));
+                    RunLayout::coordinator(rank));
 
   updater.worker = rank;
   updater.sgd = o.sgd;
@@ -312,7 +317,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     updater.state = role->state;
     updater.await_handover = role->await_handover;
     for (const int r : role->handover_to)
-      updater.handover_to.push_back(address(r, 1));
+      updater.handover_to.push_back(RunLayout::updater(r));
   }
   if (ps) {
     // The parameter servers update; this worker's PS client stands where the updater would.
@@ -348,7 +353,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   if (!ps) {  // with parameter servers, the servers sum over workers
     reducer.rank = rank;
     reducer.world = workers;
-    reducer.next = address((rank + 1) % workers, 2);
+    reducer.next = RunLayout::reducer((rank + 1) % workers);
     reducer.compression = compressionOf(o);
     reducer.reduction = reduction;
   }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "actors/actor.h"
+#include "troupe/actor.h"
 
 namespace troupe::transport {
 class OutgoingMessage;

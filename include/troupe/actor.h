@@ -4,7 +4,8 @@
 // handlers one message at a time, never concurrently, in the order messages arrived from each
 // sender. A handler that throws ends the whole run: the system reports the actor, the message type
 // and the error (see ActorSystem::run). Messages are plain C++ values moved into the receiver's
-// mailbox; in-process delivery never serializes.
+// mailbox; in-process delivery never serializes. Part of the public API: a service's own actors
+// derive from Actor and run in a troupe::ActorSystem (troupe/actor_system.h).
 #pragma once
 
 #include <cstdint>

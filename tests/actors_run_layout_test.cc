@@ -1,0 +1,41 @@
+// actors::RunLayout: every actor of a run by role and index, the same in every process.
+#include <gtest/gtest.h>
+
+#include "actors/run_layout.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+TEST(RunLayout, NamesAndAddressesGoBothWays) {
+  const RunLayout layout(3, 2, 2);  // 3 workers of 2 replicas, 2 servers
+  EXPECT_EQ(layout.actorsPerWorker(), 7u);
+  const std::vector<std::string> names = {"coordinator/0", "updater/2",  "reducer/1", "replica/1/0",
+                                          "replica/2/1",   "reader/0/1", "server/0",  "server/1"};
+  for (const auto& name : names) {
+    const Address a = layout.find(name);
+    EXPECT_EQ(layout.nameOf(a), name);
+  }
+  EXPECT_EQ(layout.find("updater/2"), (Address{2, 1}));
+  EXPECT_EQ(layout.find("reader/0/1"), (Address{0, 6}));  // after 3 roles and 2 replicas
+  EXPECT_EQ(layout.find("server/1"), (Address{4, 0}));    // servers follow the workers
+  EXPECT_EQ(layout.nameOf(Address{1, 9}), "node 1 actor 9");
+}
+
+TEST(RunLayout, ANameTheRunLacksIsAnInputErrorNamingIt) {
+  const RunLayout layout(2, 0, 1);
+  for (const std::string name : {"updater/2", "server/0", "replica/0/1", "replica/0", "mixer/0",
+                                 "updater/x", "updater/0/0"}) {
+    try {
+      layout.find(name);
+      ADD_FAILURE() << name << " was found";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("no actor '" + name + "' in a run of 2 worker(s)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::actors
