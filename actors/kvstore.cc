@@ -36,9 +36,7 @@ class LocalKVStore final : public KVStore {
   int numWorkers() const override { return 1; }
 
   Status init(int key, std::span<const float> value) override {
-    if (entries_.count(key))
-      return inputError(fmt::format("init of key {}: it has a value already", key));
-    if (value.empty()) return inputError(fmt::format("init of key {}: an empty value", key));
+    if (Status s = actors::checkInit(key, value.size(), entries_.count(key) > 0); !s) return s;
     Entry e;
     e.value = kernels::Tensor::host({static_cast<std::int64_t>(value.size())});
     std::copy(value.begin(), value.end(), e.value.f32());
@@ -173,6 +171,13 @@ Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& o) {
   return sgd;
 }
 
+Status checkInit(int key, std::size_t values, bool inited) {
+  if (key < 0) return inputError(fmt::format("init of key {}: keys are >= 0", key));
+  if (inited) return inputError(fmt::format("init of key {}: it has a value already", key));
+  if (values == 0) return inputError(fmt::format("init of key {}: an empty value", key));
+  return {};
+}
+
 Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold) {
   kernels::CompressionSpec spec;
   try {
@@ -221,11 +226,17 @@ Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type,
       return actors::statusOf(e);
     }
   }
-  if (type == "ring" || type == "dist_device_sync") {
-    return inputError(fmt::format(
-        "kvstore '{}' is not in this build of the KVStore API yet (local, device, dist_sync, "
-        "dist_async, ssp); train with it through troupe train --schedule",
-        type));
+  if (type == "ring") {
+    try {
+      return actors::makeRingKVStore(actors::loadTrainOptions("", settings));
+    } catch (const std::exception& e) {
+      return actors::statusOf(e);
+    }
+  }
+  if (type == "dist_device_sync") {
+    return inputError(
+        "kvstore 'dist_device_sync' needs GPUs, and this build has none (dist_sync sums on the "
+        "servers' CPUs)");
   }
   return inputError(fmt::format(
       "unknown kvstore type '{}' (MXNet's: local, device, dist_sync, dist_async; troupe's: ring, "

@@ -112,14 +112,6 @@ class KvClient final : public Actor {
   std::shared_ptr<Inbox> inbox_;
 };
 
-// A store's process in the run: its actor system, joined to the others.
-struct Node {
-  NodeSystem node;
-  std::shared_ptr<RunMembers> members;
-  std::unique_ptr<Cluster> cluster;
-  ActorSystem& system() { return *node.system; }
-};
-
 void checkPlace(const std::string& type, const TrainOptions& o) {
   if (o.num_servers < 1) {
     throw InputError(fmt::format(
@@ -128,37 +120,6 @@ void checkPlace(const std::string& type, const TrainOptions& o) {
         "num_shards, num_servers, role, shard_id, rendezvous)",
         type));
   }
-}
-
-// Spawns `actor` as actor 0 of node `rank`, joins the run's other processes (workers and
-// servers), names them in `members`, and checks that they all make a store of `type`.
-Node joinStore(const std::string& type, const TrainOptions& o, int rank,
-               std::unique_ptr<Actor> actor, SpawnOptions spawn,
-               std::shared_ptr<RunMembers> members) {
-  Node n;
-  n.node = makeNodeSystem(rank, 1, true);
-  n.node.system->spawn(std::move(actor), std::move(spawn));
-  n.members = std::move(members);
-  const ClusterOptions c =
-      clusterOptions(o, o.run_id, rank, o.num_shards + o.num_servers, *n.node.system, *n.members);
-  n.cluster = joinCluster(c, *n.node.system);
-  *n.node.cluster = n.cluster.get();
-  n.members->setAddresses(n.cluster->addresses());
-
-  // Every process must run the same kind of store: worker 0's is the run's.
-  const Peer me = n.members->ofNode(static_cast<std::uint32_t>(rank));
-  if (rank == 0) {
-    n.cluster->store().set("kvstore-type", type);
-  } else {
-    const auto theirs = n.cluster->store().get("kvstore-type", c.timeout);
-    if (theirs != type) {
-      throw InputError(
-          fmt::format("{} made a '{}' store, worker 0 a '{}' one: every process of "
-                      "a run must make the same kind",
-                      me.str(), type, theirs));
-    }
-  }
-  return n;
 }
 
 class DistKVStore final : public KVStore {
@@ -231,10 +192,7 @@ class DistKVStore final : public KVStore {
   Status init(int key, std::span<const float> value) override {
     std::lock_guard lock(mu_);
     if (Status s = failure(); !s) return s;
-    if (key < 0) return inputError(fmt::format("init of key {}: keys are >= 0", key));
-    if (keys_.count(key))
-      return inputError(fmt::format("init of key {}: it has a value already", key));
-    if (value.empty()) return inputError(fmt::format("init of key {}: an empty value", key));
+    if (Status s = checkInit(key, value.size(), keys_.count(key) > 0); !s) return s;
     Key k;
     k.size = static_cast<std::int64_t>(value.size());
     const int servers = static_cast<int>(servers_.size());
@@ -664,6 +622,35 @@ class DistKVStore final : public KVStore {
 };
 
 }  // namespace
+
+Node joinStore(const std::string& type, const TrainOptions& o, int rank,
+               std::unique_ptr<Actor> actor, SpawnOptions spawn,
+               std::shared_ptr<RunMembers> members) {
+  Node n;
+  n.node = makeNodeSystem(rank, 1, true);
+  n.node.system->spawn(std::move(actor), std::move(spawn));
+  n.members = std::move(members);
+  const ClusterOptions c =
+      clusterOptions(o, o.run_id, rank, o.num_shards + o.num_servers, *n.node.system, *n.members);
+  n.cluster = joinCluster(c, *n.node.system);
+  *n.node.cluster = n.cluster.get();
+  n.members->setAddresses(n.cluster->addresses());
+
+  // Every process must run the same kind of store: worker 0's is the run's.
+  const Peer me = n.members->ofNode(static_cast<std::uint32_t>(rank));
+  if (rank == 0) {
+    n.cluster->store().set("kvstore-type", type);
+  } else {
+    const auto theirs = n.cluster->store().get("kvstore-type", c.timeout);
+    if (theirs != type) {
+      throw InputError(
+          fmt::format("{} made a '{}' store, worker 0 a '{}' one: every process of "
+                      "a run must make the same kind",
+                      me.str(), type, theirs));
+    }
+  }
+  return n;
+}
 
 bool isDistributedKVStore(const std::string& type) {
   return type == "dist_sync" || type == "dist_async" || type == "ssp";

@@ -7,10 +7,28 @@
 #include <memory>
 #include <string>
 
+#include "actors/cluster.h"
+#include "actors/peer.h"
+#include "actors/run_plan.h"
 #include "actors/trainer.h"
 #include "troupe/kvstore.h"
 
 namespace troupe::actors {
+
+// A store's process in the run: its actor system, joined to the others.
+struct Node {
+  NodeSystem node;
+  std::shared_ptr<RunMembers> members;
+  std::unique_ptr<Cluster> cluster;
+  ActorSystem& system() { return *node.system; }
+};
+
+// Spawns `actor` as actor 0 of node `rank`, joins the run's other processes (workers and
+// servers), names them in `members`, and checks that they all make a store of `type` (worker 0's
+// is the run's: InputError naming both otherwise).
+Node joinStore(const std::string& type, const TrainOptions& o, int rank,
+               std::unique_ptr<Actor> actor, SpawnOptions spawn,
+               std::shared_ptr<RunMembers> members);
 
 // Whether `type` is a distributed store's.
 bool isDistributedKVStore(const std::string& type);
@@ -22,5 +40,9 @@ std::unique_ptr<KVStore> makeDistKVStore(const std::string& type, const TrainOpt
 
 // A server process's loop: joins the run, serves its keys until every worker is done, leaves.
 void serveKVStore(const std::string& type, const TrainOptions& options);
+
+// A worker's store of type "ring" (actors/kvstore_ring.cc): no servers; each push is summed over
+// every worker by ring allreduce, and each worker applies the same update to its own copy.
+std::unique_ptr<KVStore> makeRingKVStore(const TrainOptions& options);
 
 }  // namespace troupe::actors

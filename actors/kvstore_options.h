@@ -2,6 +2,7 @@
 // (troupe/kvstore.h), defined in actors/kvstore.cc.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "kernels/compression.h"
@@ -13,6 +14,9 @@ namespace troupe::actors {
 // troupe's SGD options from MXNet's optimizer settings; kInput naming the bad one (not sgd, a
 // learning rate or rescale_grad not finite and >= 0, a momentum or weight decay out of range).
 Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& optimizer);
+
+// init()'s checks of every type: a key >= 0, not inited yet (`inited`), a value of some size.
+Status checkInit(int key, std::size_t values, bool inited);
 
 // "none", "fp16", "bf16" or "2bit" (threshold > 0); kInput naming the bad one.
 Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold);

@@ -4,6 +4,7 @@
 // and ssp semantics, and bad calls answered with error values that leave the store working.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -39,7 +40,7 @@ Status runWorld(const std::string& type, const std::string& run,
                 const std::function<void(KVStore&)>& worker, const std::string& staleness = "",
                 int servers = 1) {
   const auto port = testing::freeLoopbackPort();
-  std::vector<Status> served(static_cast<std::size_t>(servers));
+  std::vector<Status> served(static_cast<std::size_t>(std::max(servers, 1)));
   std::vector<std::thread> server_threads;
   for (int s = 0; s < servers; ++s) {
     server_threads.emplace_back([&, s] {
@@ -232,6 +233,51 @@ TEST(KVStoreSsp, APullWaitsOnlyForWorkersMoreThanStalenessPushesBehind) {
       },
       "1");
   EXPECT_TRUE(served) << served.message();
+}
+
+// troupe's "ring": no servers; pushes summed over the workers by ring allreduce, each worker
+// applying them to its own copy.
+TEST(KVStoreRing, PushesAreSummedOverTheWorkersAndEveryCopyUpdatedAlike) {
+  const Status served = runWorld(
+      "ring", "kv-ring",
+      [](KVStore& kv) {
+        const float r = static_cast<float>(kv.rank());
+        ASSERT_TRUE(kv.init(3, std::vector<float>{r + 1, r + 1}));  // worker 0's value wins
+        ASSERT_TRUE(kv.init(4, std::vector<float>(3000, r + 7)));
+        EXPECT_EQ(pulled(kv, 3, 2), (std::vector<float>{1, 1}));
+        EXPECT_EQ(pulled(kv, 4, 3000), std::vector<float>(3000, 7));
+        // No optimizer: the sum of the workers' pushes becomes the value (small integers: exact).
+        ASSERT_TRUE(kv.push(3, std::vector<float>{r + 1, 10}));
+        EXPECT_EQ(pulled(kv, 3, 2), (std::vector<float>{3, 20}));
+        // SGD, lr 0.5: two pushes in flight before the pull, applied in order.
+        ASSERT_TRUE(kv.setOptimizer({.learning_rate = 0.5f}));
+        ASSERT_TRUE(kv.push(3, std::vector<float>{1, 2}));
+        ASSERT_TRUE(kv.push(3, std::vector<float>{1, 2}));
+        EXPECT_EQ(pulled(kv, 3, 2), (std::vector<float>{1, 16}));
+        const Status late = kv.setGradientCompression("fp16");
+        ASSERT_FALSE(late);
+        EXPECT_NE(late.message().find("before its first push"), std::string::npos)
+            << late.message();
+        ASSERT_TRUE(kv.barrier());
+      },
+      "", 0);
+  EXPECT_TRUE(served) << served.message();
+}
+
+TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
+  auto kv = KVStore::create("ring", {{"num_shards", "1"}});
+  ASSERT_TRUE(kv) << kv.status().message();
+  EXPECT_EQ(kv.value()->numWorkers(), 1);
+  ASSERT_TRUE(kv.value()->init(0, std::vector<float>{2, 4}));
+  ASSERT_TRUE(kv.value()->setOptimizer({.learning_rate = 0.25f}));
+  ASSERT_TRUE(kv.value()->push(0, std::vector<float>{4, 8}));
+  EXPECT_EQ(pulled(*kv.value(), 0, 2), (std::vector<float>{1, 2}));
+  auto with_servers = KVStore::create(
+      "ring", {{"num_servers", "1"}, {"rendezvous", "tcp://127.0.0.1:1"}, {"run_id", "r"}});
+  ASSERT_FALSE(with_servers);
+  EXPECT_NE(with_servers.status().message().find("kvstore 'ring' has no servers"),
+            std::string::npos)
+      << with_servers.status().message();
 }
 
 TEST(KVStoreDist, AStoreWithoutServersOrOfAServerIsRefusedByName) {

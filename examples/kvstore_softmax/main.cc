@@ -10,7 +10,8 @@
 // of the training set (record i goes to worker i mod W) with --batch images a step, and the
 // servers apply the mean gradient of the W batches:
 //
-//   troupe launch -n 2 -s 1 -- kvstore_softmax --kvstore dist_sync
+//   troupe launch -n 2 -s 1 -- kvstore_softmax --kvstore dist_sync    (or dist_async, ssp)
+//   troupe launch -n 2 -- kvstore_softmax --kvstore ring              (no servers)
 //
 // The server processes serve (KVStore::runServer) and exit. Worker 0 prints each epoch's training
 // loss, test accuracy and the run's inputs/s (every worker's images over the epoch's time; the

@@ -31,8 +31,13 @@
 //    Servers run runServer(), which returns once every worker's store is gone. A wait for a
 //    server or a worker that is gone or hung ends after peer_timeout with kPeer or kTimeout
 //    naming it.
-// "ring" is not in this build yet: create() says so. Every call answers with a Status; none
-// throws.
+//  - "ring" (troupe's): no servers, every process a worker (`troupe launch -n W -- PROGRAM`). Each
+//    worker keeps every key's value; a push is summed over all workers by ring allreduce (the
+//    trainer's, bitwise the same sum everywhere) and applied by each worker to its own copy with
+//    the same optimizer, so the copies stay equal: dist_sync's results without servers. init() is
+//    worker 0's value broadcast the same way; a pull applies this worker's pushes of the key as
+//    their sums come in. setGradientCompression goes before the first push.
+// Every call answers with a Status; none throws.
 #pragma once
 
 #include <map>
