@@ -3,6 +3,8 @@
 (examples/kvstore_softmax, on troupe::KVStore) vs `troupe train --schedule dist_sync`, the same
 model (softmax regression, 784 -> 10: configs/softmax.toml) on the same data (Fashion-MNIST),
 both as 2 workers and 1 parameter server started by `troupe launch -n 2 -s 1` on this machine.
+With --kvstore ring: the loop on the ring store vs `troupe train --schedule bsp-allreduce`, both
+as 2 workers and no server (`troupe launch -n 2`).
 
 Both: batch 64 per worker (global 128), SGD lr 0.02 fixed, momentum 0.9, no weight decay, the
 mean gradient of the global batch, 468 steps (59904 images) an epoch, one thread a process.
@@ -16,7 +18,7 @@ evaluation is not timed); accuracy = on the 10000 test images after epoch E. A c
 over --rounds rounds, [min-max]; rounds alternate the two programs.
 
     flock /tmp/troupe-build.lock ninja -C build -j2          # build/bin/troupe and libtroupe
-    python3 bench/kvstore_vs_train.py [--epochs 6] [--rounds 5]
+    python3 bench/kvstore_vs_train.py [--epochs 6] [--rounds 5] [--kvstore dist_sync|ring]
 """
 import argparse
 import os
@@ -44,9 +46,13 @@ def summarize(epochs):
     return sum(n for n, _, _ in timed) / seconds, epochs[-1][2]
 
 
-def kvstore_round(troupe, example, epochs, cwd):
-    out = run([troupe, "launch", "-n", "2", "-s", "1", "--", example, "--kvstore", "dist_sync",
-               "--epochs", str(epochs)], cwd)
+# Per store type: the launcher's servers and the trainer's schedule that it is compared with.
+PEERS = {"dist_sync": (["-s", "1"], "dist_sync"), "ring": ([], "bsp-allreduce")}
+
+
+def kvstore_round(troupe, example, kvstore, epochs, cwd):
+    out = run([troupe, "launch", "-n", "2"] + PEERS[kvstore][0] + ["--", example, "--kvstore",
+              kvstore, "--epochs", str(epochs)], cwd)
     rows = re.findall(r"\[worker 0\] epoch \d+: train loss [0-9.]+, test accuracy ([0-9.]+), "
                       r"inputs/s ([0-9.]+)", out)
     if len(rows) != epochs:
@@ -54,9 +60,10 @@ def kvstore_round(troupe, example, epochs, cwd):
     return summarize([(59904, float(rate), float(acc)) for acc, rate in rows])
 
 
-def train_round(troupe, data, epochs, cwd):
-    out = run([troupe, "launch", "-n", "2", "-s", "1", "--", troupe, "train",
-               os.path.join(ROOT, "configs/softmax.toml"), "--schedule", "dist_sync",
+def train_round(troupe, data, kvstore, epochs, cwd):
+    servers, schedule = PEERS[kvstore]
+    out = run([troupe, "launch", "-n", "2"] + servers + ["--", troupe, "train",
+               os.path.join(ROOT, "configs/softmax.toml"), "--schedule", schedule,
                "--train_data", os.path.join(data, "train"), "--test_data",
                os.path.join(data, "test"), "--num_epochs", str(epochs), "--threads", "1",
                "--log_every", "0"], cwd)
@@ -76,6 +83,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--kvstore", choices=sorted(PEERS), default="dist_sync")
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
@@ -96,20 +104,23 @@ def main():
         troupe = os.path.join(prefix, "bin/troupe")
         kv, tr = [], []
         for r in range(a.rounds):
-            kv.append(kvstore_round(troupe, os.path.join(examples, "kvstore_softmax"), a.epochs,
-                                    tmp))
-            tr.append(train_round(troupe, a.data, a.epochs, tmp))
+            kv.append(kvstore_round(troupe, os.path.join(examples, "kvstore_softmax"), a.kvstore,
+                                    a.epochs, tmp))
+            tr.append(train_round(troupe, a.data, a.kvstore, a.epochs, tmp))
             print(f"round {r + 1}: KVStore loop {kv[-1][0]:.0f} inputs/s, accuracy "
                   f"{kv[-1][1]:.4f}; troupe train {tr[-1][0]:.0f} inputs/s, accuracy "
                   f"{tr[-1][1]:.4f}", flush=True)
     ratios = [k[0] / t[0] for k, t in zip(kv, tr)]
-    print(f"\n2 workers + 1 server, dist_sync, softmax regression, {a.epochs} epochs, "
-          f"{a.rounds} rounds (median [min-max])\n")
+    servers, schedule = PEERS[a.kvstore]
+    print(f"\n2 workers{' + 1 server' if servers else ''}, kvstore {a.kvstore} vs --schedule "
+          f"{schedule}, softmax regression, {a.epochs} epochs, {a.rounds} rounds "
+          f"(median [min-max])\n")
     print("| program | inputs/s (epochs 2..) | test accuracy after the last epoch |")
     print("|---|---|---|")
-    print(f"| KVStore loop (examples/kvstore_softmax) | {cell([k[0] for k in kv], '{:.0f}')} | "
+    print(f"| KVStore loop (examples/kvstore_softmax --kvstore {a.kvstore}) | "
+          f"{cell([k[0] for k in kv], '{:.0f}')} | "
           f"{cell([k[1] for k in kv], '{:.4f}')} |")
-    print(f"| troupe train --schedule dist_sync | {cell([t[0] for t in tr], '{:.0f}')} | "
+    print(f"| troupe train --schedule {schedule} | {cell([t[0] for t in tr], '{:.0f}')} | "
           f"{cell([t[1] for t in tr], '{:.4f}')} |")
     print(f"\nKVStore loop / troupe train, inputs/s, per round: {cell(ratios, '{:.2f}')}")
     print(f"accuracy difference (KVStore - train), median: "
