@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "troupe/actor.h"
 #include "kernels/tensor.h"
+#include "troupe/actor.h"
 
 namespace troupe::actors {
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <type_traits>
 
-#include "troupe/actor.h"
 #include "kernels/tensor.h"
+#include "troupe/actor.h"
 
 namespace troupe::actors {
 
