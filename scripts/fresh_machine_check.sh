@@ -28,26 +28,32 @@ done
 [[ $(id -u) -eq 0 ]] || { echo "fresh_machine_check: run it as root (chroot, mounts)" >&2; exit 2; }
 command -v debootstrap > /dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
 
-mounted=()
-cleanup() {
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[$i]}" 2> /dev/null || true; done
+# Every mount under the roots, deepest first: ours, and what the tests mounted in the chroot.
+unmount_all() {
+  awk -v r="$root/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r target; do umount -l "$target" 2> /dev/null || true; done
 }
-trap cleanup EXIT
-# Mounts what a program in root $1 needs of the running kernel.
+trap unmount_all EXIT
+# Makes root $1 a machine to chroot into: a mount point of its own (so that the tests' mount
+# namespaces can make / a slave), and the running kernel's proc, sys (with its cgroup mount, for
+# slurmd) and dev.
 enter() {
-  for fs in proc sys dev dev/pts; do
+  mount --bind "$1" "$1"
+  mount -t proc proc "$1/proc"
+  for fs in sys dev; do
     mkdir -p "$1/$fs"
-    case $fs in
-      proc) mount -t proc proc "$1/proc" ;;
-      *) mount --bind "/$fs" "$1/$fs" ;;
-    esac
-    mounted+=("$1/$fs")
+    mount --rbind "/$fs" "$1/$fs"
+    mount --make-rslave "$1/$fs"
   done
   cp /etc/resolv.conf "$1/etc/resolv.conf"
 }
 step() { echo "== $(date +%T) $*"; }
 
-rm -rf "$root"
+# A root left by an earlier run that was killed may still have mounts: never remove through them.
+if [[ -d "$root" ]]; then
+  unmount_all
+  rm -rf --one-file-system "$root"
+fi
 mkdir -p "$root"
 step "debootstrap --variant=minbase bookworm (Debian's archive)"
 debootstrap --variant=minbase bookworm "$root/pristine" http://deb.debian.org/debian > "$root/debootstrap.log" 2>&1 ||
@@ -58,9 +64,9 @@ if $quickstart; then
   step "a clean clone of HEAD, and the quick start as the README writes it"
   fresh="$root/pristine"
   enter "$fresh"
+  git clone -q "$here" "$fresh/root/troupe"
   chroot "$fresh" /bin/bash -c "apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -q --no-install-recommends git ca-certificates sudo > /dev/null"
-  git clone -q "$here" "$fresh/root/troupe"
   chroot "$fresh" /bin/bash -c "cd /root/troupe && bash scripts/run.sh" 2>&1 | tee "$root/run.log" |
     grep -E "^setup:|epoch [0-9]+ done|done:|error" || true
   grep -q "done: .* final test_accuracy" "$root/run.log" ||

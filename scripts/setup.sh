@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build ccache pkg-config git
+  build-essential cmake ninja-build ccache pkg-config git file
   libasio-dev capnproto libcapnp-dev
   liblmdb-dev lmdb-utils libleveldb-dev libsnappy-dev
   libprotobuf-dev protobuf-compiler zlib1g-dev
