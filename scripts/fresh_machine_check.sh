@@ -34,9 +34,10 @@ unmount_all() {
     while read -r target; do umount -l "$target" 2> /dev/null || true; done
 }
 trap unmount_all EXIT
-# Makes root $1 a machine to chroot into: a mount point of its own (so that the tests' mount
-# namespaces can make / a slave), and the running kernel's proc, sys (with its cgroup mount, for
-# slurmd) and dev.
+# Makes root $1 a machine to chroot into, as a booted one is: a mount point of its own (so that
+# the tests' mount namespaces can make / a slave), the running kernel's proc, sys (with its cgroup
+# mount, for slurmd) and dev, a tmpfs on /run, and this machine's name and resolver (/etc/hosts
+# names it, as Debian's installer writes it; Slurm's node names must resolve).
 enter() {
   mount --bind "$1" "$1"
   mount -t proc proc "$1/proc"
@@ -45,7 +46,8 @@ enter() {
     mount --rbind "/$fs" "$1/$fs"
     mount --make-rslave "$1/$fs"
   done
-  cp /etc/resolv.conf "$1/etc/resolv.conf"
+  mount -t tmpfs tmpfs "$1/run"
+  cp /etc/resolv.conf /etc/hosts /etc/hostname "$1/etc/"
 }
 step() { echo "== $(date +%T) $*"; }
 
