@@ -114,7 +114,7 @@ relay_pids() {
   while read -r f; do
     pid="${f#/proc/}"
     pid="${pid%/cmdline}"
-    if tr '\0' ' ' 2>/dev/null <"$f" | grep -q -- "troupe-hosts-rela[y] $prefix "; then
+    if tr '\0' ' ' 2>/dev/null <"$f" | grep -- "troupe-hosts-rela[y] $prefix " > /dev/null; then
       echo "$pid"
     fi
   done < <(grep -a -l -F troupe-hosts-relay /proc/[0-9]*/cmdline 2>/dev/null || true)
@@ -271,10 +271,10 @@ cmd_up() {
   need ssh openssh-client
   [[ -x /usr/sbin/sshd ]] || die "/usr/sbin/sshd is missing: install the Debian package openssh-server"
   if [[ -d "$(state)" ]] || ip link show "$(bridge)" >/dev/null 2>&1 ||
-    ip netns list | grep -q "^$prefix-host[0-9]"; then
+    ip netns list | grep "^$prefix-host[0-9]" > /dev/null; then
     die "hosts of prefix '$prefix' exist already (a crashed run?): hosts.sh down --prefix $prefix"
   fi
-  if ((gateway)) && ip -4 route show | grep -q "^$subnet\.0/24"; then
+  if ((gateway)) && ip -4 route show | grep "^$subnet\.0/24" > /dev/null; then
     die "--gateway: $subnet.0/24 is routed here already: pick another --subnet"
   fi
   dir="$(state)"

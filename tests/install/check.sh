@@ -29,7 +29,8 @@ quiet cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_P
 quiet cmake --build "$tmp/consumer" -j2
 "$tmp/consumer/consumer_shared"
 "$tmp/consumer/consumer_static"
-ldd "$tmp/consumer/consumer_shared" | grep -q "libtroupe.so.0 => $tmp/prefix/lib/" ||
+# (grep > /dev/null, not grep -q: under pipefail, ldd killed by SIGPIPE would fail the line)
+ldd "$tmp/consumer/consumer_shared" | grep "libtroupe.so.0 => $tmp/prefix/lib/" > /dev/null ||
   { echo "consumer_shared does not load the installed libtroupe.so"; exit 1; }
 step "find_package(troupe) without components: the shared library only"
 quiet cmake -S "$src/tests/install/shared_only" -B "$tmp/shared_only" -DCMAKE_PREFIX_PATH="$tmp/prefix"

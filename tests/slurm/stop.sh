@@ -55,7 +55,7 @@ descendants() {
 }
 for p in /proc/[0-9]*; do
   [[ $(cat "$p/comm" 2>/dev/null) == slurmstepd ]] || continue
-  tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$dir/etc/slurm.conf" || continue
+  tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -xF "SLURM_CONF=$dir/etc/slurm.conf" > /dev/null || continue
   pid=${p#/proc/}
   # shellcheck disable=SC2046
   kill -KILL "$pid" $(descendants "$pid") 2>/dev/null
