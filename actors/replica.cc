@@ -102,13 +102,52 @@ class Replica final : public Actor {
     backend_->synchronize();
     const float loss_sum = metrics_host_.f32()[0];
     if (!std::isfinite(loss_sum)) {
-      throw NumericError(fmt::format(
-          "training diverged: the loss of {} is {} on replica {} of worker {} (a learning rate or "
-          "weight decay too high?)",
-          describeStep(step, config_.steps_per_epoch), loss_sum, config_.index, config_.worker));
+      throw NumericError(
+          fmt::format("training diverged: the loss of {} is {} on replica {} of worker {}: {}",
+                      describeStep(step, config_.steps_per_epoch), loss_sum, config_.index,
+                      config_.worker, whyNotFinite(weights.weights, batch.images)));
     }
     send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
                                        batch.labels.numel(), batch.skipped});
+  }
+
+  // What a non-finite loss came from, for its error: the weights the step was given, the batch,
+  // or neither (the forward pass overflowed on finite input: a learning rate too high).
+  std::string whyNotFinite(const kernels::Tensor& weights, const kernels::Tensor& images) {
+    struct Scan {
+      std::int64_t bad = 0, first = -1;
+      float largest = 0;
+    };
+    auto scan = [&](const kernels::Tensor& t) {
+      const auto host = kernels::Tensor::host({t.numel()});
+      backend_->copy(t.view({t.numel()}), host);
+      backend_->synchronize();
+      Scan r;
+      for (std::int64_t i = 0; i < host.numel(); ++i) {
+        const float v = host.f32()[i];
+        if (!std::isfinite(v)) {
+          if (r.bad++ == 0) r.first = i;
+        } else {
+          r.largest = std::max(r.largest, std::abs(v));
+        }
+      }
+      return r;
+    };
+    const Scan w = scan(weights), x = scan(images);
+    if (w.bad > 0) {
+      return fmt::format("{} of the {} weights it was given are not finite (the first at {})",
+                         w.bad, weights.numel(), w.first);
+    }
+    if (x.bad > 0) {
+      return fmt::format(
+          "the weights are finite, but {} of the batch's {} input values are not (the first at "
+          "{}): the reader's data is bad",
+          x.bad, images.numel(), x.first);
+    }
+    return fmt::format(
+        "weights and inputs are finite (largest |weight| {:g}): the forward pass overflowed (a "
+        "learning rate or weight decay too high?)",
+        w.largest);
   }
 
   // Back-propagates, handing gradients to the reducer in buckets as soon as they are final, so

@@ -32,6 +32,7 @@ struct Child {
   bool running = false;
   int status = 0;
   std::optional<Culprit> culprit;  // from its last culprit line
+  std::string first_error;         // the first error line it logged (its message)
   // ssh only.
   const LaunchHost* remote = nullptr;
   long remote_pgid = 0;  // from the wrapper's first marker line; 0: not known yet
@@ -93,6 +94,7 @@ class Supervisor {
   }
   std::string pidOf(const Child& c) const;
   std::string culpritFirst(const Child& failed, const Outcome& outcome) const;
+  const Child* failedOnItsOwn(const Child& failed) const;
 
   const Kind kind_;
   const RunContext& run_;
@@ -104,6 +106,7 @@ class Supervisor {
   std::optional<Outcome> last_left_out_;
   int finished_ = 0;  // elastic runs: processes that exited 0
   std::optional<std::size_t> failed_;
+  int code_ = 0;         // the exit code of the process named
   std::string failure_;  // the summary of the failure named
   bool killing_ = false;
   Clock::time_point kill_at_{};
@@ -154,6 +157,9 @@ void Supervisor::start() {
 
 void Supervisor::relayText(Child& c, std::string_view text) {
   if (auto culprit = parseCulprit(text)) c.culprit = std::move(culprit);
+  if (c.first_error.empty()) {
+    if (auto error = parseErrorLine(text)) c.first_error = std::move(*error);
+  }
   run_.relay.relay(OutputRelay::Stream::kOut, label(c), text);
 }
 
@@ -225,6 +231,20 @@ std::string Supervisor::pidOf(const Child& c) const {
   return fmt::format("{}pid {}", kind_ == Kind::kSsh ? "ssh " : "", c.pid);
 }
 
+// The process that `failed` blamed on a culprit line, if it is one of the run's and ended
+// non-zero on its own (no culprit line of its own) after logging an error: the first cause.
+const Child* Supervisor::failedOnItsOwn(const Child& failed) const {
+  if (!failed.culprit) return nullptr;
+  const auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
+    return c.role == failed.culprit->role && c.rank == failed.culprit->rank;
+  });
+  if (it == children_.end() || &*it == &failed || it->running || it->culprit ||
+      it->first_error.empty() || outcomeOf(*it).ok) {
+    return nullptr;
+  }
+  return &*it;
+}
+
 // The failure named after the peer that `failed` blamed on a culprit line; empty if none.
 std::string Supervisor::culpritFirst(const Child& failed, const Outcome& outcome) const {
   if (!failed.culprit) return "";
@@ -244,16 +264,31 @@ std::string Supervisor::culpritFirst(const Child& failed, const Outcome& outcome
 }
 
 // Names the failure (before stopping anyone: a stopped culprit is seen as such) and stops the
-// others.
+// others. A process blamed by the one that failed, which failed on its own with an error, is
+// named first, with its error: the others only lost it.
 void Supervisor::fail(std::size_t index) {
   failed_ = index;
   const auto& c = children_[index];
   const Outcome& outcome = picker_.outcome();
-  failure_ = culpritFirst(c, outcome);
+  code_ = outcome.code;
+  if (const Child* cause = failedOnItsOwn(c)) {
+    const Outcome own = outcomeOf(*cause);
+    code_ = own.code;
+    const Named reporter{label(c), c.host, pidOf(c)};
+    failure_ = ownFailure({label(*cause), cause->host, pidOf(*cause)}, own.what, cause->first_error,
+                          &*c.culprit, &reporter, outcome.what);
+  } else {
+    failure_ = culpritFirst(c, outcome);
+  }
   if (failure_.empty()) {
-    run_.relay.err("[launcher] {} on {} ({}) {}; stopping the others", label(c), c.host, pidOf(c),
-                   outcome.what);
-    failure_ = fmt::format("{} on {} {}", label(c), c.host, outcome.what);
+    if (c.first_error.empty()) {
+      run_.relay.err("[launcher] {} on {} ({}) {}; stopping the others", label(c), c.host, pidOf(c),
+                     outcome.what);
+      failure_ = fmt::format("{} on {} {}", label(c), c.host, outcome.what);
+    } else {
+      failure_ = ownFailure({label(c), c.host, pidOf(c)}, outcome.what, c.first_error);
+      run_.relay.err("[launcher] {}; stopping the others", failure_);
+    }
   } else {
     run_.relay.err("[launcher] {}; stopping the others", failure_);
   }
@@ -368,10 +403,7 @@ Attempt Supervisor::run() {
     run_.relay.err("[launcher] run stopped by signal {}", interrupted_);
     return {128 + interrupted_, "", true};
   }
-  if (failed_) {
-    const int code = picker_.outcome().code;
-    return {code ? code : 1, failure_};
-  }
+  if (failed_) return {code_ ? code_ : 1, failure_};
   if (last_left_out_) {
     if (finished_ == 0) {  // the last to fail is the one that gave up on the run, naming why
       const int code = last_left_out_->code;

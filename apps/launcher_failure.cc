@@ -39,6 +39,17 @@ std::optional<Culprit> parseCulprit(std::string_view line) {
   return c;
 }
 
+std::optional<std::string> parseErrorLine(std::string_view line) {
+  constexpr std::string_view kTag = "] [error] ";
+  const auto at = line.find(kTag);
+  if (at == std::string_view::npos || line.front() != '[') return std::nullopt;
+  std::string message(line.substr(at + kTag.size()));
+  while (!message.empty() && std::isspace(static_cast<unsigned char>(message.back())))
+    message.pop_back();
+  if (message.empty()) return std::nullopt;
+  return message;
+}
+
 void FailurePicker::ended(std::size_t who, const Outcome& outcome) {
   if (outcome.ok || picked_) return;
   if (!candidate_) settle_until_ = Clock::now() + kSettle;
@@ -71,6 +82,18 @@ std::string blame(const Culprit& line, const Named* culprit, bool stopped,
   const bool same_host = culprit != nullptr && culprit->host == reporter.host;
   return fmt::format("{} {}: {}; reported by {}{}, which {}", who, state, line.reason,
                      reporter.label, same_host ? "" : " on " + reporter.host, reporter_what);
+}
+
+std::string ownFailure(const Named& who, std::string_view what, std::string_view error,
+                       const Culprit* line, const Named* reporter, std::string_view reporter_what) {
+  std::string text = fmt::format("{} on {}{} {}: {}", who.label, who.host,
+                                 who.pid.empty() ? "" : fmt::format(" ({})", who.pid), what, error);
+  if (line != nullptr && reporter != nullptr) {
+    text += fmt::format("; {}{} lost it ({}) and {}", reporter->label,
+                        reporter->host == who.host ? "" : " on " + reporter->host, line->reason,
+                        reporter_what);
+  }
+  return text;
 }
 
 }  // namespace troupe::apps::launch_detail

@@ -65,6 +65,10 @@ class FailurePicker {
   bool picked_ = false;
 };
 
+// The message of a troupe process's error line ("[2026-11-25 06:56:04.921] [error] MESSAGE"), if
+// `line` is one. The first one a process logs is the likeliest cause of its exit.
+std::optional<std::string> parseErrorLine(std::string_view line);
+
 // A process of the run as a failure summary names it.
 struct Named {
   std::string label;  // "server 0"
@@ -79,5 +83,12 @@ struct Named {
 std::string blame(const Culprit& line, const Named* culprit, bool stopped,
                   const std::optional<std::string>& culprit_ended, const Named& reporter,
                   std::string_view reporter_what);
+
+// A process that failed on its own, with the first error it logged: "worker 1 on HOST (pid P)
+// WHAT: ERROR". When another process's culprit line blamed it (`line`, `reporter`), the others'
+// side follows: "; server 0 lost it (REASON) and exited with code 1".
+std::string ownFailure(const Named& who, std::string_view what, std::string_view error,
+                       const Culprit* line = nullptr, const Named* reporter = nullptr,
+                       std::string_view reporter_what = {});
 
 }  // namespace troupe::apps::launch_detail

@@ -26,6 +26,7 @@ struct Task {
   long pid = 0;
   std::optional<int> exit;
   std::optional<Culprit> culprit;  // from its last culprit line
+  std::string first_error;         // the first error line it logged (its message)
 };
 
 std::string label(const Task& t) {
@@ -83,6 +84,9 @@ void WrappedSupervisor::onLine(std::string_view line) {
   const auto relayed = text.substr(0, at);
   if (at == std::string_view::npos || at > 0) {
     if (auto culprit = parseCulprit(relayed)) t.culprit = std::move(culprit);
+    if (t.first_error.empty()) {
+      if (auto error = parseErrorLine(relayed)) t.first_error = std::move(*error);
+    }
     run_.relay.relay(OutputRelay::Stream::kOut, label(t), relayed);
   }
   if (at == std::string_view::npos) return;
@@ -177,6 +181,16 @@ Attempt WrappedSupervisor::summary(int status) {
     const std::string ended =
         fmt::format("{} {} and ended the {}", words_.name, describeExit(status), words_.group);
     const Task* culprit = t.culprit ? taskNamed(*t.culprit) : nullptr;
+    // The task it blamed failed on its own, with an error: that is the first cause.
+    if (culprit && culprit != &t && culprit->exit && *culprit->exit != 0 && !culprit->culprit &&
+        !culprit->first_error.empty()) {
+      const Named reporter = named(t, host);
+      return {*culprit->exit,
+              fmt::format("{}; {}",
+                          ownFailure(named(*culprit, unknown), describeShellCode(*culprit->exit),
+                                     culprit->first_error, &*t.culprit, &reporter, failure_->what),
+                          ended)};
+    }
     if (t.culprit && culprit != &t) {
       std::optional<Named> named_culprit;
       if (culprit) named_culprit = named(*culprit, unknown);
@@ -187,8 +201,9 @@ Attempt WrappedSupervisor::summary(int status) {
                                       gone, named(t, host), failure_->what),
                                 ended)};
     }
-    return {code, fmt::format("{} {} on {}{} {}; {}", t.role, t.rank, host,
-                              t.pid ? fmt::format(" (pid {})", t.pid) : "", failure_->what, ended)};
+    return {code, fmt::format("{} {} on {}{} {}{}; {}", t.role, t.rank, host,
+                              t.pid ? fmt::format(" (pid {})", t.pid) : "", failure_->what,
+                              t.first_error.empty() ? "" : ": " + t.first_error, ended)};
   }
   if (interrupted_) {
     run_.relay.err("[launcher] run stopped by signal {}; {} {}", interrupted_, words_.name,

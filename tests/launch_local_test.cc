@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -313,6 +314,28 @@ TEST(LaunchLocal, AStoppedPeerNamedByTheProcessThatFailedIsBlamedAsStoppedAndSto
       << r.output;
   EXPECT_TRUE(allReaped(server, 0ms)) << "the stopped server outlived the launcher";
   EXPECT_LT(elapsed, 4500ms) << "the stopped server went only at SIGKILL\n" << r.output;
+}
+
+// A process that fails on its own logs why; the peers that lose it then fail naming it on their
+// culprit lines. The launcher names the first cause, with its error, whichever was reaped first.
+TEST(LaunchLocal, APeerThatFailedOnItsOwnIsNamedWithItsOwnErrorNotWithTheLostLink) {
+  TempDir cwd("launch_local_own_error");
+  const std::string marker = cwd.str() + "/server-failed";
+  const auto r = runCommand(launchIn(
+      cwd,
+      "-n 2 -s 1 -- sh -c 'if [ $TROUPE_ROLE = server ]; then sleep 0.2; echo "
+      "\"troupe-culprit: worker 1: lost the link (peer closed the connection)\" >&2; touch " +
+          marker +
+          "; exit 1; fi; if [ $TROUPE_RANK = 1 ]; then echo \"[2026-11-25 06:56:04.921] "
+          "[error] training diverged: the loss of step 62 (epoch 1) is -nan\" >&2; until [ "
+          "-e " +
+          marker + " ]; do sleep 0.01; done; exit 2; fi; exec sleep 30'"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(std::regex_search(
+      r.output, std::regex(R"(\[launcher\] run failed: worker 1 on localhost \(pid [0-9]+\) )"
+                           R"(exited with code 2: training diverged: the loss of step 62 )")))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "is gone: it exited with code 2: lost the link")) << r.output;
 }
 
 TEST(LaunchLocal, ARunIdThatLeavesItsFolderIsRefused) {

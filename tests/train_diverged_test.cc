@@ -60,6 +60,10 @@ TEST(Divergence, AnAbsurdLearningRateStopsTheRunNamingTheStepAndWritesNoCheckpoi
       failure, std::regex(R"(training diverged: the loss of step 1 \(epoch 1\) is -?(nan|inf) on )"
                           R"(replica 0 of worker 0)")))
       << failure;
+  // The error says which: the weights it was given were finite, so was the batch.
+  EXPECT_NE(failure.find("weights and inputs are finite (largest |weight| "), std::string::npos)
+      << failure;
+  EXPECT_NE(failure.find("the forward pass overflowed"), std::string::npos) << failure;
   EXPECT_EQ(checkpointFiles(dir.path()), 0);
 }
 
