@@ -1,13 +1,12 @@
-#include "actors/run_layout.h"
+// troupe::Topology (troupe/topology.h); actors/run_layout.h is its throwing face inside troupe.
+#include "troupe/topology.h"
 
 #include <fmt/format.h>
 
 #include <charconv>
 #include <vector>
 
-#include "troupe/error.h"
-
-namespace troupe::actors {
+namespace troupe {
 namespace {
 
 // "replica/1/0" -> {"replica", 1, 0}; the numbers are -1 when absent or not numbers.
@@ -33,13 +32,17 @@ Parsed parse(const std::string& name) {
 
 }  // namespace
 
-RunLayout::RunLayout(int workers, int servers, int replicas)
-    : workers_(workers), servers_(servers), replicas_(replicas) {
-  TROUPE_ENFORCE(workers >= 1 && servers >= 0 && replicas >= 1, "a run of ", workers, " workers, ",
-                 servers, " servers and ", replicas, " replicas a worker");
+Result<Topology> Topology::create(int workers, int servers, int replicas) {
+  if (workers < 1 || servers < 0 || replicas < 1) {
+    return Status(ErrorKind::kInput,
+                  fmt::format("no run has {} worker(s), {} server(s) and {} replica(s) a worker "
+                              "(at least 1 worker, 0 servers and 1 replica)",
+                              workers, servers, replicas));
+  }
+  return Topology(workers, servers, replicas);
 }
 
-Address RunLayout::find(const std::string& name) const {
+Result<Topology::Address> Topology::find(const std::string& name) const {
   const Parsed p = parse(name);
   const auto in = [](int i, int n) { return i >= 0 && i < n; };
   const auto& i = p.indices;
@@ -53,13 +56,14 @@ Address RunLayout::find(const std::string& name) const {
     if (p.role == "reader") return reader(i[0], i[1]);
   }
   if (i.size() == 1 && p.role == "server" && in(i[0], servers_)) return server(i[0]);
-  throw InputError(fmt::format(
-      "no actor '{}' in a run of {} worker(s), {} server(s) and {} replica(s) a worker (names: "
-      "coordinator/N, updater/N, reducer/N, replica/N/I, reader/N/I, server/S)",
-      name, workers_, servers_, replicas_));
+  return Status(ErrorKind::kInput,
+                fmt::format("no actor '{}' in a run of {} worker(s), {} server(s) and {} "
+                            "replica(s) a worker (names: coordinator/N, updater/N, reducer/N, "
+                            "replica/N/I, reader/N/I, server/S)",
+                            name, workers_, servers_, replicas_));
 }
 
-std::string RunLayout::nameOf(Address a) const {
+std::string Topology::nameOf(Address a) const {
   const int node = static_cast<int>(a.node), actor = static_cast<int>(a.actor);
   if (node >= workers_ && node < workers_ + servers_ && actor == 0) {
     return fmt::format("server/{}", node - workers_);
@@ -76,4 +80,15 @@ std::string RunLayout::nameOf(Address a) const {
   return fmt::format("node {} actor {}", node, actor);
 }
 
-}  // namespace troupe::actors
+std::vector<std::string> Topology::names() const {
+  std::vector<std::string> all;
+  for (int w = 0; w < workers_; ++w) {
+    for (std::uint32_t a = 0; a < actorsPerWorker(); ++a)
+      all.push_back(nameOf(at(w, static_cast<int>(a))));
+  }
+  for (int s = 0; s < servers_; ++s)
+    all.push_back(nameOf(server(s)));
+  return all;
+}
+
+}  // namespace troupe

@@ -1,46 +1,32 @@
-// Where every actor of a run is. Every process spawns the same actors in the same order, so each
-// address follows from the run's plan (workers, servers, replicas a worker) and is known
-// everywhere; actors name each other through this, by role and index, never by spawn order.
-//   worker N (node N):    coordinator (the chief's, N = 0; a follower elsewhere), updater (or PS
-//                         client), reducer, replica 0..R-1, reader 0..R-1
-//   server S (node W+S):  server
-// Names: "coordinator/N", "updater/N", "reducer/N", "replica/N/I", "reader/N/I", "server/S".
+// The run's topology (troupe/topology.h) for the code inside troupe, where counts that no run has
+// and names that are none of its actors are bad settings to throw: every process spawns the same
+// actors in the same order, so each address follows from the run's plan and is known everywhere;
+// actors name each other through this, by role and index, never by spawn order.
 #pragma once
 
-#include <cstdint>
 #include <string>
+#include <utility>
 
-#include "troupe/actor.h"
+#include "troupe/error.h"
+#include "troupe/topology.h"
 
 namespace troupe::actors {
 
-class RunLayout {
+class RunLayout : public Topology {
  public:
-  RunLayout(int workers, int servers, int replicas);
+  // InputError when no run has these counts.
+  RunLayout(int workers, int servers, int replicas)
+      : Topology(orThrow(Topology::create(workers, servers, replicas))) {}
 
-  int workers() const { return workers_; }
-  int servers() const { return servers_; }
-  int replicas() const { return replicas_; }
-
-  static Address coordinator(int worker) { return at(worker, 0); }
-  static Address updater(int worker) { return at(worker, 1); }
-  static Address reducer(int worker) { return at(worker, 2); }
-  static Address replica(int worker, int r) { return at(worker, 3 + r); }
-  Address reader(int worker, int r) const { return at(worker, 3 + replicas_ + r); }
-  Address server(int s) const { return at(workers_ + s, 0); }
-  // The spawn order of a worker's actors ends here.
-  std::uint32_t actorsPerWorker() const { return 3 + 2 * static_cast<std::uint32_t>(replicas_); }
-
-  // The address of a name above; InputError naming it when the run has no such actor.
-  Address find(const std::string& name) const;
-  // The name of an address ("node N actor A" when it is none of the run's).
-  std::string nameOf(Address address) const;
+  // InputError naming `name` when the run has no such actor.
+  Address find(const std::string& name) const { return orThrow(Topology::find(name)); }
 
  private:
-  static Address at(int node, int actor) {
-    return Address{static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(actor)};
+  template <typename T>
+  static T orThrow(Result<T> r) {
+    if (!r) throw InputError(r.status().message());
+    return std::move(r.value());
   }
-  int workers_, servers_, replicas_;
 };
 
 }  // namespace troupe::actors

@@ -244,6 +244,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // Every process spawns the same actors in the same order (actors/run_layout.h).
   const auto k = static_cast<std::uint32_t>(o.replicas);
   const RunLayout layout(workers, nodes - workers, o.replicas);
+  if (control != nullptr) {
+    control->servers.store(layout.servers());
+    control->workers.store(layout.workers());
+  }
   const Address chief_address = RunLayout::coordinator(0);
   const Address updater_address = RunLayout::updater(rank);
   const Address reducer_address = RunLayout::reducer(rank);

@@ -154,6 +154,9 @@ struct RunControl {
   std::atomic<bool> checkpoint_at_stop{true};
   std::atomic<bool> checkpoint{false};
   std::atomic<std::int64_t> steps{0};  // steps done, for the caller to read
+  // The world of the run's current generation, set as it spawns (0: not formed yet).
+  std::atomic<int> workers{0};
+  std::atomic<int> servers{0};
 };
 
 }  // namespace troupe::actors

@@ -33,6 +33,9 @@ struct Trainer::State {
   std::condition_variable ended;
   bool done = false;
   Status status;
+  // The world from the settings: fixed runs know it before they form.
+  int workers = 1, servers = 0, replicas = 1;
+  bool elastic = false;
 };
 
 Trainer::Trainer(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -111,6 +114,10 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
   } catch (const std::exception& e) {
     return actors::statusOf(e);
   }
+  state->workers = options.num_shards;
+  state->servers = options.num_servers;
+  state->replicas = options.replicas;
+  state->elastic = options.min_workers > 0;
   state->control.callbacks = std::move(callbacks);
   state->thread = std::thread([state, options = std::move(options)] {
     Status status;
@@ -155,6 +162,19 @@ bool Trainer::running() const {
 
 std::int64_t Trainer::steps() const {
   return state_->control.steps.load();
+}
+
+Result<Topology> Trainer::topology() const {
+  const int workers = state_->control.workers.load();
+  if (workers > 0) {
+    return Topology::create(workers, state_->control.servers.load(), state_->replicas);
+  }
+  if (state_->elastic) {
+    return Status(ErrorKind::kInput,
+                  "an elastic run's topology is known once its generation has formed (its "
+                  "workers meet at rendezvous): ask again after the first step");
+  }
+  return Topology::create(state_->workers, state_->servers, state_->replicas);
 }
 
 Trainer::~Trainer() {

@@ -1,5 +1,10 @@
-// actors::RunLayout: every actor of a run by role and index, the same in every process.
+// troupe::Topology and its throwing face inside troupe, actors::RunLayout: every actor of a run by
+// role and index, the same in every process.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <tuple>
+#include <vector>
 
 #include "actors/run_layout.h"
 #include "troupe/error.h"
@@ -35,6 +40,40 @@ TEST(RunLayout, ANameTheRunLacksIsAnInputErrorNamingIt) {
           << e.what();
     }
   }
+}
+
+// The public API answers with error values.
+TEST(Topology, CountsNoRunHasAreAnErrorValueNamingThem) {
+  for (const auto& [workers, servers, replicas] :
+       {std::tuple{0, 0, 1}, std::tuple{1, -1, 1}, std::tuple{2, 1, 0}}) {
+    const auto t = Topology::create(workers, servers, replicas);
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.status().kind(), ErrorKind::kInput);
+    EXPECT_NE(
+        t.status().message().find(fmt::format(
+            "no run has {} worker(s), {} server(s) and {} replica(s)", workers, servers, replicas)),
+        std::string::npos)
+        << t.status().message();
+  }
+  EXPECT_THROW(RunLayout(0, 0, 1), InputError);
+}
+
+TEST(Topology, NamesListsEveryActorOnceWorkerByWorkerThenTheServers) {
+  const auto t = Topology::create(2, 1, 2);
+  ASSERT_TRUE(t) << t.status().message();
+  const auto names = t.value().names();
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "coordinator/0", "updater/0", "reducer/0", "replica/0/0", "replica/0/1",
+                       "reader/0/0", "reader/0/1", "coordinator/1", "updater/1", "reducer/1",
+                       "replica/1/0", "replica/1/1", "reader/1/0", "reader/1/1", "server/0"}));
+  for (const auto& name : names) {
+    const auto a = t.value().find(name);
+    ASSERT_TRUE(a) << a.status().message();
+    EXPECT_EQ(t.value().nameOf(a.value()), name);
+  }
+  const auto missing = t.value().find("reader/2/0");
+  ASSERT_FALSE(missing);
+  EXPECT_NE(missing.status().message().find("no actor 'reader/2/0'"), std::string::npos);
 }
 
 }  // namespace

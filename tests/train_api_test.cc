@@ -73,6 +73,22 @@ TEST(TrainerApi, CallbacksSeeEveryStepAndEpochAndWaitReturnsOk) {
   EXPECT_GT(epochs[1].test_accuracy, 0.5);
   ASSERT_EQ(checkpoints.size(), 1u);  // the run's last step
   EXPECT_TRUE(std::filesystem::exists(checkpoints[0]));
+  // The run's actors by name: one worker of one replica, no server.
+  const auto topology = trainer.topology();
+  ASSERT_TRUE(topology) << topology.status().message();
+  EXPECT_EQ(topology.value().names(),
+            (std::vector<std::string>{"coordinator/0", "updater/0", "reducer/0", "replica/0/0",
+                                      "reader/0/0"}));
+  const auto reader = topology.value().find("reader/0/0");
+  ASSERT_TRUE(reader) << reader.status().message();
+  EXPECT_EQ(reader.value(), (actors::Address{0, 4}));
+  const auto server = topology.value().find("server/0");
+  ASSERT_FALSE(server);
+  EXPECT_EQ(server.status().kind(), ErrorKind::kInput);
+  EXPECT_NE(server.status().message().find("no actor 'server/0' in a run of 1 worker(s), 0 "
+                                           "server(s) and 1 replica(s) a worker"),
+            std::string::npos)
+      << server.status().message();
 }
 
 // A checkpoint asked for at step 5 is written after step 13 (kPauseMargin 8 steps on) while the

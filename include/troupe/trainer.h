@@ -26,6 +26,7 @@
 
 #include "troupe/record_source.h"
 #include "troupe/status.h"
+#include "troupe/topology.h"
 
 namespace troupe {
 
@@ -89,6 +90,10 @@ class Trainer {
   bool running() const;
   // Steps the run has done (0 until its first step ends).
   std::int64_t steps() const;
+  // Where the run's actors are (troupe/topology.h): an evaluator or a reader of one's own finds
+  // them by name. An elastic run's is known once its current generation has formed (kInput
+  // until then) and changes with it.
+  Result<Topology> topology() const;
 
   // Stops the run (without a checkpoint) and waits for it.
   ~Trainer();
