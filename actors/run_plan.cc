@@ -366,9 +366,19 @@ void checkProcessOptions(const TrainOptions& o) {
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
-  if (o.train_data.empty()) throw InputError("no training data: set train_data");
+  checkTrainingData(o);
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
   if (o.generation < 0) throw InputError("generation must be at least 0");
+}
+
+void checkTrainingData(const TrainOptions& o) {
+  if (!o.reader_factory) {
+    if (o.train_data.empty()) throw InputError("no training data: set train_data");
+  } else if (o.epoch_size <= 0) {
+    throw InputError(
+        "a reader of one's own (TrainerData::reader) needs epoch_size, the inputs an epoch "
+        "trains: troupe cannot count its records");
+  }
 }
 
 data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path) {

@@ -53,6 +53,8 @@ void validateElastic(const TrainOptions& o);
 // compression, role and shard, replicas, batch, epochs, training data named, prefetch,
 // generation. InputError naming the first that fails.
 void checkProcessOptions(const TrainOptions& o);
+// The training data is named: train_data, or a reader of one's own with epoch_size (InputError).
+void checkTrainingData(const TrainOptions& o);
 
 // The database at `path` as the run's readers open it (type, shape, labels, mean and scale).
 data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path);

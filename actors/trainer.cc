@@ -144,7 +144,9 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
 
   p.train = datasetOptions(o, o.train_data);
   p.test = datasetOptions(o, o.test_data);
-  const std::int64_t train_size = data::openDataset(p.train)->size();
+  // A reader of one's own reads no database: epoch_size says how many inputs an epoch trains.
+  const std::int64_t train_size =
+      o.reader_factory && o.train_data.empty() ? o.epoch_size : data::openDataset(p.train)->size();
   if (!o.test_data.empty()) data::openDataset(p.test);
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (joinRun).
@@ -399,7 +401,33 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                                     computeThread(r)),
                       replica_address(rank, r));
   }
-  for (std::uint32_t r = 0; r < k; ++r) {
+  for (std::uint32_t r = 0; o.reader_factory && r < k; ++r) {
+    ReaderSpec spec;
+    spec.name = layout.nameOf(reader_address(r));
+    spec.worker = rank;
+    spec.replica = static_cast<int>(r);
+    spec.to = replica_address(rank, r);
+    spec.first_step = plan.first_step;
+    spec.last_step = plan.last_step;
+    spec.steps_per_epoch = plan.steps_per_epoch;
+    spec.global_batch = plan.global_batch;
+    spec.offset = offset;
+    spec.batch = shares[r];
+    spec.channels = train.channels;
+    spec.height = train.height;
+    spec.width = train.width;
+    spec.num_labels = train.num_labels;
+    spec.seed = o.seed;
+    spec.prefetch = o.prefetch;
+    offset += shares[r];
+    auto actor = o.reader_factory(spec);
+    if (!actor)
+      throw InputError(fmt::format("TrainerData::reader made no actor for {}", spec.name));
+    TROUPE_ENFORCE_EQ(
+        system->spawn(std::move(actor), spare_core ? SpawnOptions{} : computeThread(r)),
+        reader_address(r));
+  }
+  for (std::uint32_t r = 0; !o.reader_factory && r < k; ++r) {
     ReaderConfig reader;
     reader.dataset = train;
     reader.seed = o.seed;

@@ -112,6 +112,10 @@ struct TrainOptions {
   std::string run_name;          // experiment id prefix; empty: the model's name
   std::string trace;             // Chrome trace file to write; empty: none
 
+  // Not a key: the readers of one's own (TrainerData::reader, troupe/trainer.h) that replace the
+  // training database's; null: read train_data.
+  std::function<std::unique_ptr<ReaderActor>(const ReaderSpec&)> reader_factory;
+
   // The flags as given, written at the top of the CSV log.
   std::vector<std::pair<std::string, std::string>> parameters;
 };

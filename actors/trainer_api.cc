@@ -105,9 +105,12 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
     useSource(data.train, "train_data", config_file, overrides, *state);
     useSource(data.test, "test_data", config_file, overrides, *state);
     options = actors::loadTrainOptions(config_file, overrides);
+    options.reader_factory = std::move(data.reader);
     // The data is opened here too, so that a missing database is the answer, not a failed run.
-    if (options.train_data.empty()) throw InputError("no training data: set train_data");
-    data::openDataset(actors::datasetOptions(options, options.train_data));
+    actors::checkTrainingData(options);
+    if (!options.train_data.empty()) {
+      data::openDataset(actors::datasetOptions(options, options.train_data));
+    }
     if (!options.test_data.empty()) {
       data::openDataset(actors::datasetOptions(options, options.test_data));
     }

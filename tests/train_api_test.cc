@@ -247,8 +247,10 @@ TEST(TrainerApi, RecordsFromMemoryAreReadAsADatabaseIsAndLearned) {
   double test_accuracy = -1;
   TrainerCallbacks callbacks;
   callbacks.on_epoch = [&](const EpochMetrics& e) { test_accuracy = e.test_accuracy; };
-  auto started =
-      Trainer::start(config(), memoryRun(dir), callbacks, {.train = train, .test = test});
+  TrainerData data;
+  data.train = train;
+  data.test = test;
+  auto started = Trainer::start(config(), memoryRun(dir), callbacks, data);
   ASSERT_TRUE(started) << started.status().message();
   const Status done = started.value()->wait(120s);
   ASSERT_TRUE(done) << done.message();
@@ -262,8 +264,9 @@ TEST(TrainerApi, RecordsFromMemoryAreReadAsADatabaseIsAndLearned) {
 
 TEST(TrainerApi, ARecordTheSourceCannotReadEndsTheRunNamingIt) {
   TempDir dir("api_memory_bad");
-  auto started = Trainer::start(config(), memoryRun(dir), {},
-                                {.train = std::make_shared<Stripes>(2560, 77), .test = nullptr});
+  TrainerData data;
+  data.train = std::make_shared<Stripes>(2560, 77);
+  auto started = Trainer::start(config(), memoryRun(dir), {}, data);
   ASSERT_TRUE(started) << started.status().message();
   const Status done = started.value()->wait(120s);
   ASSERT_FALSE(done);

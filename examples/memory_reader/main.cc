@@ -82,9 +82,12 @@ int main(int argc, char** argv) {
   };
   // No train_data or test_data setting: the records come from memory. Only the run's final
   // checkpoint is written (checkpoint_every 0), in the working directory.
+  troupe::TrainerData sources;
+  sources.train = train;
+  sources.test = test;
   auto trainer = troupe::Trainer::start(
       config, {{"num_epochs", epochs}, {"checkpoint_every", "0"}, {"log_every", "0"}},
-      std::move(callbacks), {.train = train, .test = test});
+      std::move(callbacks), std::move(sources));
   if (!trainer) fail(trainer.status().message());
   const troupe::Status done = trainer.value()->wait(std::chrono::hours(1));
   if (!done) fail(done.message());

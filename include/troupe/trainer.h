@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/reader.h"
 #include "troupe/record_source.h"
 #include "troupe/status.h"
 #include "troupe/topology.h"
@@ -67,6 +68,10 @@ struct TrainerCallbacks {
 struct TrainerData {
   std::shared_ptr<const RecordSource> train;
   std::shared_ptr<const RecordSource> test;
+  // Readers of one's own (troupe/reader.h), one for each replica, in place of the training
+  // database's: the run then needs epoch_size (the inputs an epoch trains: troupe cannot count
+  // a reader's records), and train_data may stay unset. Test data is read as without it.
+  std::function<std::unique_ptr<ReaderActor>(const ReaderSpec&)> reader;
 };
 
 class Trainer {

@@ -8,7 +8,8 @@
 #      alone (local), as 2 workers and 1 server (dist_sync) under the installed `troupe launch`,
 #      and as 2 workers started by hand with MXNet's DMLC_* variables and examples/ps_service
 #      (which, killed, each worker names at once);
-#      examples/memory_reader trains on records from its memory; examples/evaluator joined to a
+#      examples/memory_reader trains on records from its memory, examples/custom_reader from a
+#      Reader actor of its own; examples/evaluator joined to a
 #      2-worker run of the installed troupe, its Prometheus metrics fetched over HTTP;
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
@@ -110,6 +111,17 @@ grep -E "records in memory|^epoch" "$tmp/memory_reader.txt"
 # An MLP reaches about 0.84 on Fashion-MNIST's test set after an epoch.
 awk -v a="$(accuracy "epoch 1:" "$tmp/memory_reader.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
   { echo "training on records from memory did not learn"; exit 1; }
+
+step "a Reader actor of one's own feeds the replicas from a table that fills (examples/custom_reader)"
+(cd "$tmp" && timeout 300 "$tmp/examples/custom_reader" --config "$src/configs/mlp.toml" \
+  --epochs 1 --replicas 2) > "$tmp/custom_reader.txt" 2>&1 || { cat "$tmp/custom_reader.txt"; exit 1; }
+grep -E "arrive|^epoch|^readers" "$tmp/custom_reader.txt"
+# Class-balanced sampling from the same records: about the accuracy of the database run.
+awk -v a="$(accuracy "epoch 1:" "$tmp/custom_reader.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
+  { echo "training from a reader of one's own did not learn"; exit 1; }
+# Each of the 2 readers sent each of the epoch's 937 steps once.
+grep -q "^readers: 1874 batches sent" "$tmp/custom_reader.txt" ||
+  { echo "the readers did not send one batch a step each"; exit 1; }
 
 step "the evaluator service joins a running training and serves its scores over HTTP"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
