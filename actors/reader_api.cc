@@ -6,33 +6,14 @@
 #include <cmath>
 
 #include "actors/messages.h"
+#include "actors/status_of.h"
 #include "actors/system.h"
-#include "troupe/error.h"
 #include "troupe/reader.h"
 
 namespace troupe {
 namespace {
 
-struct RetryCredit {};
-
-// Ends the run with `status`: the actor system names the reader and the message it handled.
-void orFail(const Status& status) {
-  if (status) return;
-  switch (status.kind()) {
-    case ErrorKind::kInput:
-      throw InputError(status.message());
-    case ErrorKind::kIo:
-      throw IoError(status.message());
-    case ErrorKind::kTimeout:
-      throw TimeoutError(status.message());
-    case ErrorKind::kResource:
-      throw ResourceError(status.message());
-    case ErrorKind::kNumeric:
-      throw NumericError(status.message());
-    default:
-      throw Error(status.message());
-  }
-}
+struct RetryCredit {};  // retryAfter's: call onCredit() again
 
 }  // namespace
 
@@ -49,12 +30,12 @@ ReaderActor::ReaderActor(ReaderSpec spec)
 }
 
 void ReaderActor::started() {
-  orFail(open());
+  actors::throwIfError(open());
   offer();
 }
 
 void ReaderActor::offer() {
-  if (credit() > 0 && !finished() && !retry_pending_) orFail(onCredit());
+  if (credit() > 0 && !finished() && !retry_pending_) actors::throwIfError(onCredit());
 }
 
 void ReaderActor::retryAfter(std::chrono::milliseconds delay) {

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "troupe/error.h"
+#include "actors/status_of.h"
 #include "troupe/topology.h"
 
 namespace troupe::actors {
@@ -24,7 +24,7 @@ class RunLayout : public Topology {
  private:
   template <typename T>
   static T orThrow(Result<T> r) {
-    if (!r) throw InputError(r.status().message());
+    throwIfError(r.status());
     return std::move(r.value());
   }
 };

@@ -39,4 +39,25 @@ Status statusOf(const std::exception& e) {
   return {kindOf(e), e.what()};
 }
 
+void throwIfError(const Status& status) {
+  switch (status.kind()) {
+    case ErrorKind::kOk:
+      return;
+    case ErrorKind::kInput:
+      throw InputError(status.message());
+    case ErrorKind::kIo:
+      throw IoError(status.message());
+    case ErrorKind::kTimeout:
+      throw TimeoutError(status.message());
+    case ErrorKind::kResource:
+      throw ResourceError(status.message());
+    case ErrorKind::kNumeric:
+      throw NumericError(status.message());
+    case ErrorKind::kInvariant:
+      throw InvariantError(status.message());
+    default:
+      throw Error(status.message());
+  }
+}
+
 }  // namespace troupe::actors

@@ -12,4 +12,8 @@ namespace troupe::actors {
 // A peer that is gone or hung is ErrorKind::kPeer whatever carried it.
 Status statusOf(const std::exception& error);
 
+// The other way, inside troupe: throws the troupe::Error of `status`'s kind (InputError for
+// kInput, ...; a plain Error for kPeer and kInternal) carrying its message; nothing when ok.
+void throwIfError(const Status& status);
+
 }  // namespace troupe::actors

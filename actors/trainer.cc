@@ -146,7 +146,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.test = datasetOptions(o, o.test_data);
   // A reader of one's own reads no database: epoch_size says how many inputs an epoch trains.
   const std::int64_t train_size =
-      o.reader_factory && o.train_data.empty() ? o.epoch_size : data::openDataset(p.train)->size();
+      o.reader_factory ? o.epoch_size : data::openDataset(p.train)->size();
   if (!o.test_data.empty()) data::openDataset(p.test);
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (joinRun).
@@ -401,46 +401,45 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                                     computeThread(r)),
                       replica_address(rank, r));
   }
-  for (std::uint32_t r = 0; o.reader_factory && r < k; ++r) {
-    ReaderSpec spec;
-    spec.name = layout.nameOf(reader_address(r));
-    spec.worker = rank;
-    spec.replica = static_cast<int>(r);
-    spec.to = replica_address(rank, r);
-    spec.first_step = plan.first_step;
-    spec.last_step = plan.last_step;
-    spec.steps_per_epoch = plan.steps_per_epoch;
-    spec.global_batch = plan.global_batch;
-    spec.offset = offset;
-    spec.batch = shares[r];
-    spec.channels = train.channels;
-    spec.height = train.height;
-    spec.width = train.width;
-    spec.num_labels = train.num_labels;
-    spec.seed = o.seed;
-    spec.prefetch = o.prefetch;
+  for (std::uint32_t r = 0; r < k; ++r) {
+    std::unique_ptr<Actor> reader;
+    if (o.reader_factory) {  // the caller's (troupe/reader.h)
+      ReaderSpec spec;
+      spec.name = layout.nameOf(reader_address(r));
+      spec.worker = rank;
+      spec.replica = static_cast<int>(r);
+      spec.to = replica_address(rank, r);
+      spec.first_step = plan.first_step;
+      spec.last_step = plan.last_step;
+      spec.steps_per_epoch = plan.steps_per_epoch;
+      spec.global_batch = plan.global_batch;
+      spec.offset = offset;
+      spec.batch = shares[r];
+      spec.channels = train.channels;
+      spec.height = train.height;
+      spec.width = train.width;
+      spec.num_labels = train.num_labels;
+      spec.seed = o.seed;
+      spec.prefetch = o.prefetch;
+      reader = o.reader_factory(spec);
+      if (!reader) {
+        throw InputError(fmt::format("TrainerData::reader made no actor for {}", spec.name));
+      }
+    } else {
+      ReaderConfig database;
+      database.dataset = train;
+      database.seed = o.seed;
+      database.plan = plan;
+      database.offset = offset;
+      database.count = shares[r];
+      database.prefetch = o.prefetch;
+      database.skip_bad_records = o.skip_bad_records;
+      database.replica = replica_address(rank, r);
+      reader = makeReader(fmt::format("reader/{}", rank * o.replicas + r), database);
+    }
     offset += shares[r];
-    auto actor = o.reader_factory(spec);
-    if (!actor)
-      throw InputError(fmt::format("TrainerData::reader made no actor for {}", spec.name));
     TROUPE_ENFORCE_EQ(
-        system->spawn(std::move(actor), spare_core ? SpawnOptions{} : computeThread(r)),
-        reader_address(r));
-  }
-  for (std::uint32_t r = 0; !o.reader_factory && r < k; ++r) {
-    ReaderConfig reader;
-    reader.dataset = train;
-    reader.seed = o.seed;
-    reader.plan = plan;
-    reader.offset = offset;
-    reader.count = shares[r];
-    reader.prefetch = o.prefetch;
-    reader.skip_bad_records = o.skip_bad_records;
-    reader.replica = replica_address(rank, r);
-    offset += shares[r];
-    TROUPE_ENFORCE_EQ(
-        system->spawn(makeReader(fmt::format("reader/{}", rank * o.replicas + r), reader),
-                      spare_core ? SpawnOptions{} : computeThread(r)),
+        system->spawn(std::move(reader), spare_core ? SpawnOptions{} : computeThread(r)),
         reader_address(r));
   }
 

@@ -95,6 +95,7 @@ class Supervisor {
   std::string pidOf(const Child& c) const;
   std::string culpritFirst(const Child& failed, const Outcome& outcome) const;
   const Child* failedOnItsOwn(const Child& failed) const;
+  const Child* childNamed(const Culprit& line) const;
 
   const Kind kind_;
   const RunContext& run_;
@@ -235,31 +236,34 @@ std::string Supervisor::pidOf(const Child& c) const {
 // non-zero on its own (no culprit line of its own) after logging an error: the first cause.
 const Child* Supervisor::failedOnItsOwn(const Child& failed) const {
   if (!failed.culprit) return nullptr;
-  const auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
-    return c.role == failed.culprit->role && c.rank == failed.culprit->rank;
-  });
-  if (it == children_.end() || &*it == &failed || it->running || it->culprit ||
-      it->first_error.empty() || outcomeOf(*it).ok) {
+  const Child* blamed = childNamed(*failed.culprit);
+  if (blamed == nullptr || blamed == &failed || blamed->running || blamed->culprit ||
+      blamed->first_error.empty() || outcomeOf(*blamed).ok) {
     return nullptr;
   }
-  return &*it;
+  return blamed;
+}
+
+// The process of the run a culprit line names; null when it names none of them.
+const Child* Supervisor::childNamed(const Culprit& line) const {
+  const auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
+    return c.role == line.role && c.rank == line.rank;
+  });
+  return it == children_.end() ? nullptr : &*it;
 }
 
 // The failure named after the peer that `failed` blamed on a culprit line; empty if none.
 std::string Supervisor::culpritFirst(const Child& failed, const Outcome& outcome) const {
   if (!failed.culprit) return "";
   const auto& line = *failed.culprit;
-  const auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) {
-    return c.role == line.role && c.rank == line.rank;
-  });
-  if (it != children_.end() && &*it == &failed) return "";  // blames itself: nothing to add
+  const Child* blamed = childNamed(line);
+  if (blamed == &failed) return "";  // blames itself: nothing to add
   const Named reporter{label(failed), failed.host, pidOf(failed)};
-  if (it == children_.end())
-    return blame(line, nullptr, false, std::nullopt, reporter, outcome.what);
-  const Named culprit{label(*it), it->host, pidOf(*it)};
-  const bool stopped = kind_ == Kind::kLocal && it->running && processGroupStopped(it->pid);
+  if (blamed == nullptr) return blame(line, nullptr, false, std::nullopt, reporter, outcome.what);
+  const Named culprit{label(*blamed), blamed->host, pidOf(*blamed)};
+  const bool stopped = kind_ == Kind::kLocal && blamed->running && processGroupStopped(blamed->pid);
   std::optional<std::string> ended;
-  if (!it->running) ended = outcomeOf(*it).what;
+  if (!blamed->running) ended = outcomeOf(*blamed).what;
   return blame(line, &culprit, stopped, ended, reporter, outcome.what);
 }
 
