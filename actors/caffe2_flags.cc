@@ -73,18 +73,6 @@ int deviceCount(const std::string& list) {
   return count;
 }
 
-// Every element of a per-channel list, if they are all the same; else Refusal saying `alike`.
-double sameForEveryChannel(const Value& v, const char* alike) {
-  const auto& list = std::get<std::vector<double>>(v);
-  if (list.empty()) throw Refusal("expected a value per channel");
-  for (const double x : list) {
-    if (x != list.front()) {
-      throw Refusal(fmt::format("{}; per-channel values are not supported", alike));
-    }
-  }
-  return list.front();
-}
-
 // "host" as a URL's host: an IPv6 address in brackets.
 std::string urlHost(const std::string& host) {
   return host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host;
@@ -219,20 +207,16 @@ std::vector<Key> caffe2Keys() {
       refused("resnext_width_per_group", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
       alias(
           "image_mean_per_channel", Kind::kFloatList, Range{-1e6, 1e6},
-          "Caffe2's: mean, when it is the same for every channel (else refused)", "mean",
+          "Caffe2's: mean_per_channel", "mean_per_channel",
           [](Settings& s, const Value& v) {
-            s.options.mean = static_cast<float>(
-                sameForEveryChannel(v, "troupe subtracts one mean from every channel (key mean)"));
+            s.options.mean_per_channel = std::get<std::vector<double>>(v);
           },
           ""),
       alias(
-          "image_std_per_channel", Kind::kFloatList, Range{1e-6, 1e6},
-          "Caffe2's: scale = 1 / std, when it is the same for every channel (else refused)",
-          "scale",
+          "image_std_per_channel", Kind::kFloatList, Range{1e-6, 1e6}, "Caffe2's: std_per_channel",
+          "std_per_channel",
           [](Settings& s, const Value& v) {
-            s.options.scale = static_cast<float>(
-                1.0 / sameForEveryChannel(
-                          v, "troupe scales every channel alike (key scale, which is 1 / std)"));
+            s.options.std_per_channel = std::get<std::vector<double>>(v);
           },
           ""),
       refused("test_epoch_size", "Caffe2's: refused (troupe tests on the whole test_data)",

@@ -54,6 +54,8 @@ constexpr Range kThreads = closed(0, 1024);
 constexpr Range kMean = closed(-kMillion, kMillion);
 constexpr Range kScale = openBelow(0, kMillion);
 constexpr Range kBucketMb = closed(0, 4096);
+// JPEG's own limit on a side.
+constexpr double kImageSide = 65535;
 constexpr Range kNotNumeric{};
 
 std::int64_t asInt(const Value& v) {
@@ -70,6 +72,15 @@ const std::string& asString(const Value& v) {
 }
 const std::vector<double>& asList(const Value& v) {
   return std::get<std::vector<double>>(v);
+}
+
+// A list of two numbers, low then high.
+const std::vector<double>& pairOf(const Value& v, const char* key) {
+  const auto& list = std::get<std::vector<double>>(v);
+  if (list.size() != 2 || list[0] > list[1]) {
+    throw Refusal(fmt::format("{} is two numbers, low then high", key));
+  }
+  return list;
 }
 
 std::string listText(const std::vector<double>& list) {
@@ -203,6 +214,77 @@ std::vector<Key> buildTable() {
       TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
       TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
       TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
+      Key{"mean_per_channel", Kind::kFloatList, kMean,
+          "Caffe2's: subtracted from each channel's values, in the stored order (BGR in Caffe's "
+          "and troupe's databases); replaces mean",
+          [](Settings& s, const Value& v) { s.options.mean_per_channel = asList(v); },
+          [](const Settings& s) { return listText(s.options.mean_per_channel); }},
+      Key{"std_per_channel", Kind::kFloatList, openBelow(0, kMillion),
+          "Caffe2's: each channel's values are divided by it after the mean; replaces scale",
+          [](Settings& s, const Value& v) { s.options.std_per_channel = asList(v); },
+          [](const Settings& s) { return listText(s.options.std_per_channel); }},
+      TROUPE_INT_KEY("resize_short", transform.resize_short, closed(0, kImageSide),
+                     "Caffe2's scale: the short side is resized to this before the crop (0: no "
+                     "resize)"),
+      TROUPE_INT_KEY("crop", transform.crop, closed(0, kImageSide),
+                     "height and width of the crop the net sees (random when training, centred "
+                     "when testing); records may then be of any size, and image_size is crop (0: "
+                     "no crop)"),
+      TROUPE_INT_KEY("pad", transform.pad, closed(0, kImageSide),
+                     "training crops may reach this many pixels past each edge, filled with 0 "
+                     "(CIFAR's recipe: 4)"),
+      Key{"random_resized_crop", Kind::kBool, kNotNumeric,
+          "training: the Inception crop (random_area, random_aspect_ratio), resized to crop; "
+          "testing: resize_short (default crop / 0.875) and the centre",
+          [](Settings& s, const Value& v) { s.options.transform.random_resized_crop = asBool(v); },
+          [](const Settings& s) {
+            return std::string(s.options.transform.random_resized_crop ? "true" : "false");
+          }},
+      Key{"random_area", Kind::kFloatList, openBelow(0, 1),
+          "random_resized_crop: the range of the crop's share of the image's area (DALI's name)",
+          [](Settings& s, const Value& v) {
+            const auto& r = pairOf(v, "random_area");
+            s.options.transform.min_area = r[0];
+            s.options.transform.max_area = r[1];
+          },
+          [](const Settings& s) {
+            return listText({s.options.transform.min_area, s.options.transform.max_area});
+          }},
+      Key{"random_aspect_ratio", Kind::kFloatList, openBelow(0, 100),
+          "random_resized_crop: the range of the crop's width / height, drawn log-uniform",
+          [](Settings& s, const Value& v) {
+            const auto& r = pairOf(v, "random_aspect_ratio");
+            s.options.transform.min_aspect = r[0];
+            s.options.transform.max_aspect = r[1];
+          },
+          [](const Settings& s) {
+            return listText({s.options.transform.min_aspect, s.options.transform.max_aspect});
+          }},
+      Key{"mirror", Kind::kBool, kNotNumeric, "training: flip images left-right at random (1 in 2)",
+          [](Settings& s, const Value& v) { s.options.transform.mirror = asBool(v); },
+          [](const Settings& s) {
+            return std::string(s.options.transform.mirror ? "true" : "false");
+          }},
+      Key{"color_jitter", Kind::kFloatList, closed(0, 1),
+          "training: brightness, contrast and saturation, each factor drawn from [1 - j, 1 + j] "
+          "(torchvision's ColorJitter without hue; empty: none)",
+          [](Settings& s, const Value& v) {
+            const auto& j = asList(v);
+            if (!j.empty() && j.size() != 3) {
+              throw Refusal("expected three numbers: brightness, contrast, saturation");
+            }
+            auto& t = s.options.transform;
+            t.brightness = j.empty() ? 0 : static_cast<float>(j[0]);
+            t.contrast = j.empty() ? 0 : static_cast<float>(j[1]);
+            t.saturation = j.empty() ? 0 : static_cast<float>(j[2]);
+          },
+          [](const Settings& s) {
+            const auto& t = s.options.transform;
+            if (t.brightness == 0 && t.contrast == 0 && t.saturation == 0) return std::string();
+            return listText({t.brightness, t.contrast, t.saturation});
+          }},
+      TROUPE_INT_KEY("decode_threads", decode_threads, closed(1, 1024),
+                     "threads that decode each reader's records (MXNet's preprocess_threads)"),
       // A replica is a thread with a team of its own: no more of them than threads.
       TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                      "model replicas in this process (the batch is split)"),

@@ -54,7 +54,7 @@ class ModelImpl final : public Model {
           indices[static_cast<std::size_t>(i)] = first + i;
         auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
         auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
-        dataset.read(indices, images.f32(), labels.i32());
+        dataset.read(indices, /*epoch=*/0, images.f32(), labels.i32());
         net_->forward(images, labels, /*train=*/false);
         backend_->copy(net_->metrics(), metrics_);
         backend_->synchronize();

@@ -55,17 +55,17 @@ class Reader final : public Actor {
         kernels::Tensor::hostUninitialized({config_.count, d.channels, d.height, d.width});
     batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
     try {
-      dataset_->read(indices_, batch.images.f32(), batch.labels.i32());
+      dataset_->read(indices_, epoch, batch.images.f32(), batch.labels.i32());
     } catch (const data::BadRecordError&) {
       if (!config_.skip_bad_records) throw;
-      batch.skipped = readSkipping(first, batch);
+      batch.skipped = readSkipping(first, epoch, batch);
     }
     return batch;
   }
 
   // The batch again, record by record: a bad record's slot goes to the next good record of the
   // epoch's order. Returns how many slots held a bad record.
-  std::int64_t readSkipping(std::int64_t first, Batch& batch) {
+  std::int64_t readSkipping(std::int64_t first, std::int64_t epoch, Batch& batch) {
     const auto& d = config_.dataset;
     const std::size_t image_size = static_cast<std::size_t>(d.channels) * d.height * d.width;
     const auto n = static_cast<std::int64_t>(order_.size());
@@ -86,7 +86,7 @@ class Reader final : public Actor {
           continue;
         }
         try {
-          dataset_->read(one, image, label);
+          dataset_->read(one, epoch, image, label);
           break;
         } catch (const data::BadRecordError& e) {
           bad_.insert(one[0]);

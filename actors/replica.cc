@@ -195,7 +195,7 @@ class Replica final : public Actor {
       auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
       std::int64_t good = count;
       try {
-        test_->read(indices, images.f32(), labels.i32());
+        test_->read(indices, /*epoch=*/0, images.f32(), labels.i32());
       } catch (const data::BadRecordError&) {
         if (!config_.skip_bad_records) throw;
         good = readGoodTestRecords(indices, images, labels);
@@ -226,7 +226,7 @@ class Replica final : public Actor {
       if (bad_test_.count(index)) continue;
       one[0] = index;
       try {
-        test_->read(one, images.f32() + static_cast<std::size_t>(good) * image_size,
+        test_->read(one, /*epoch=*/0, images.f32() + static_cast<std::size_t>(good) * image_size,
                     labels.i32() + good);
         ++good;
       } catch (const data::BadRecordError& e) {

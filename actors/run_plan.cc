@@ -381,7 +381,7 @@ void checkTrainingData(const TrainOptions& o) {
   }
 }
 
-data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path) {
+data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path, bool train) {
   data::DatasetOptions d;
   d.path = path;
   d.type = o.db_type;
@@ -390,6 +390,12 @@ data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& pa
   d.num_labels = o.num_labels;
   d.mean = o.mean;
   d.scale = o.scale;
+  d.mean_per_channel.assign(o.mean_per_channel.begin(), o.mean_per_channel.end());
+  d.std_per_channel.assign(o.std_per_channel.begin(), o.std_per_channel.end());
+  d.transform = o.transform;
+  d.train = train;
+  d.seed = o.seed;
+  d.decode_threads = o.decode_threads;
   return d;
 }
 

@@ -56,8 +56,11 @@ void checkProcessOptions(const TrainOptions& o);
 // The training data is named: train_data, or a reader of one's own with epoch_size (InputError).
 void checkTrainingData(const TrainOptions& o);
 
-// The database at `path` as the run's readers open it (type, shape, labels, mean and scale).
-data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path);
+// The database at `path` as the run's readers open it (type, shape, labels, normalisation,
+// transform, decode threads). `train`: the training set's, whose transform draws random crops,
+// mirror and jitter.
+data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path,
+                                    bool train = false);
 
 // The step plan of `workers` workers over a training set of `train_size` records, from step 0:
 // global batch batch_size × workers, whole steps an epoch. InputError when an epoch is smaller than

@@ -23,6 +23,35 @@
 namespace troupe::actors {
 namespace {
 
+// crop is the size the net sees: image_size follows it, unless given by as strong a source (a
+// flag over a file's crop, or the same file) with another value; per-channel values come one
+// per channel, or one for all.
+void resolveImageKeys(config::Settings& s) {
+  auto& o = s.options;
+  if (o.transform.crop > 0) {
+    const auto* crop = s.find("crop");
+    if (const auto* g = s.find("image_size");
+        g && o.image_size != o.transform.crop && crop && g->source.rank >= crop->source.rank) {
+      throw InputError(fmt::format(
+          "{} and crop {} disagree: crop is the height and width of the images the net sees "
+          "(leave image_size out)",
+          g->source.by, o.transform.crop));
+    }
+    o.image_size = o.transform.crop;
+  }
+  for (const char* key : {"mean_per_channel", "std_per_channel"}) {
+    const auto& list = key[0] == 'm' ? o.mean_per_channel : o.std_per_channel;
+    if (list.size() > 1 && list.size() != static_cast<std::size_t>(o.num_channels)) {
+      throw InputError(fmt::format("{}: {} values for images of num_channels {}",
+                                   s.find(key) ? s.find(key)->source.by : key, list.size(),
+                                   o.num_channels));
+    }
+  }
+  if ((o.transform.resize_short > 0 || o.transform.random_resized_crop) && o.transform.crop == 0) {
+    throw InputError("resize_short and random_resized_crop need crop, the size the net sees");
+  }
+}
+
 using config::Key;
 using config::Kind;
 using config::Rank;
@@ -283,6 +312,7 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
   if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
   o.schedule = canonicalSchedule(o.schedule);
   config::resolveCaffe2Flags(s);
+  resolveImageKeys(s);
   settleMxnetPlace(s, env);
   // Started by srun, an Indexed Job or mpirun without `troupe launch`: the place the engine
   // gives, for what no flag, TROUPE_* or DMLC_* variable gave (actors/cluster_env.h).

@@ -142,7 +142,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
-  p.train = datasetOptions(o, o.train_data);
+  p.train = datasetOptions(o, o.train_data, /*train=*/true);
   p.test = datasetOptions(o, o.test_data);
   // A reader of one's own reads no database: epoch_size says how many inputs an epoch trains.
   const std::int64_t train_size =

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "data/db.h"
+#include "data/image_transform.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
@@ -26,6 +27,13 @@ struct TrainOptions {
   int num_labels = 10;
   float mean = 0.0f;
   float scale = 1.0f / 255.0f;
+  // Caffe2's per-channel normalisation, (value - mean_c) / std_c, replacing mean and scale.
+  std::vector<double> mean_per_channel;
+  std::vector<double> std_per_channel;
+  // Crops, resizing, mirror and colour jitter of the image input (data/image_transform.h); with
+  // crop > 0, image_size is crop and records may be of any size.
+  data::ImageTransformOptions transform;
+  int decode_threads = 1;  // per reader (and per replica's test set)
 
   std::string schedule = "local";
   // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through

@@ -49,7 +49,7 @@ class SourceDataset final : public data::Dataset {
       : source_(std::move(source)), options_(std::move(options)) {}
   std::int64_t size() const override { return source_->size(); }
   const data::DatasetOptions& options() const override { return options_; }
-  void read(const std::vector<std::int64_t>& indices, float* images,
+  void read(const std::vector<std::int64_t>& indices, std::int64_t /*epoch*/, float* images,
             std::int32_t* labels) override {
     const std::size_t n =
         static_cast<std::size_t>(options_.channels) * options_.height * options_.width;

@@ -16,7 +16,7 @@ set_target_properties(libtroupe_shared PROPERTIES EXPORT_NAME troupe)
 # Installed, the static library's users link what its objects need.
 set(TROUPE_STATIC_DEPS
     DNNL::dnnl OpenMP::OpenMP_CXX PkgConfig::LMDB leveldb::leveldb protobuf::libprotobuf
-    PkgConfig::TURBOJPEG PkgConfig::PNG ZLIB::ZLIB PkgConfig::HIREDIS CapnProto::capnp
+    PkgConfig::TURBOJPEG PkgConfig::JPEG PkgConfig::PNG ZLIB::ZLIB PkgConfig::HIREDIS CapnProto::capnp
     CapnProto::kj OpenSSL::Crypto tomlplusplus::tomlplusplus spdlog::spdlog fmt::fmt
     Threads::Threads)
 target_link_libraries(libtroupe INTERFACE $<INSTALL_INTERFACE:${TROUPE_STATIC_DEPS}>)
@@ -57,7 +57,7 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION science)
 # What linking libtroupe.a (find_package(troupe COMPONENTS static)) takes besides.
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS
-    "libdnnl-dev, liblmdb-dev, libleveldb-dev, libprotobuf-dev, libturbojpeg0-dev, libpng-dev, \
+    "libdnnl-dev, liblmdb-dev, libleveldb-dev, libprotobuf-dev, libturbojpeg0-dev, libjpeg62-turbo-dev, libpng-dev, \
 zlib1g-dev, libhiredis-dev, capnproto, libcapnp-dev, libssl-dev, libtomlplusplus-dev, \
 libspdlog-dev, libfmt-dev")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)

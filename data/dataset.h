@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/db.h"
+#include "data/image_transform.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -40,6 +41,18 @@ struct DatasetOptions {
   // pixel value -> (value - mean) * scale
   float mean = 0.0f;
   float scale = 1.0f / 255.0f;
+  // Caffe2's: pixel value -> (value - mean_per_channel[c]) / std_per_channel[c], replacing mean
+  // and scale (one list without the other keeps the other's single value), in the order of the
+  // stored channels (BGR in databases of Caffe and troupe).
+  std::vector<float> mean_per_channel;
+  std::vector<float> std_per_channel;
+  // Crops, resizing, mirror and jitter (data/image_transform.h). Records of any size are read when
+  // transform.crop > 0: it is the height and width above, which must equal it.
+  ImageTransformOptions transform;
+  bool train = false;      // random crops, mirror and jitter (else centre crops)
+  std::uint64_t seed = 1;  // with the epoch and the record's index, seeds its draws
+  // Records decoded at once by this many threads (MXNet's preprocess_threads).
+  int decode_threads = 1;
 };
 
 class Dataset {
@@ -54,8 +67,9 @@ class Dataset {
   // channels are in the order stored (BGR for databases written by Caffe or troupe). Throws
   // BadRecordError for the first record that does not parse, does not decode, has another shape
   // or a label outside [0, num_labels); InputError for an index out of range. images and labels
-  // are partly written when it throws.
-  virtual void read(const std::vector<std::int64_t>& indices, float* images,
+  // are partly written when it throws. A transform draws each record's crop from (seed, epoch,
+  // index): the same in every run, whichever process or thread reads it.
+  virtual void read(const std::vector<std::int64_t>& indices, std::int64_t epoch, float* images,
                     std::int32_t* labels) = 0;
 };
 
@@ -76,6 +90,9 @@ class SplitMix64 {
  private:
   std::uint64_t state_;
 };
+
+// The generator of one record's transform in an epoch: splitmix64 seeded by mixing the three.
+SplitMix64 recordRandom(std::uint64_t seed, std::int64_t epoch, std::int64_t index);
 
 // Fisher-Yates from the back: for i = n-1 down to 1, swap values[i] with values[rng.below(i+1)].
 void shuffle(std::vector<std::int64_t>& values, SplitMix64& rng);

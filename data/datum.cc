@@ -86,15 +86,37 @@ BadRecordError::BadRecordError(std::string database, std::string key, const std:
 DatumDecoder::DatumDecoder(const DatasetOptions& options) : options_(options) {
   for (int v = 0; v < 256; ++v)
     lut_[v] = (static_cast<float>(v) - options_.mean) * options_.scale;
+  if (options_.transform.active() || !options_.mean_per_channel.empty() ||
+      !options_.std_per_channel.empty()) {
+    std::vector<float> mean{options_.mean}, scale{options_.scale};
+    if (!options_.mean_per_channel.empty()) mean = options_.mean_per_channel;
+    if (!options_.std_per_channel.empty()) {
+      scale.clear();
+      for (const float std : options_.std_per_channel)
+        scale.push_back(1.0f / std);
+    }
+    try {
+      transform_ =
+          std::make_unique<ImageTransform>(options_.transform, options_.train, options_.channels,
+                                           options_.height, options_.width, mean, scale);
+    } catch (const InputError& e) {
+      throw InputError(detail::concat("dataset '", options_.path, "': ", e.what()));
+    }
+  }
 }
 
 void DatumDecoder::bad(const std::string& key, const std::string& what) const {
   throw BadRecordError(options_.path, key, what);
 }
 
-std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes, float* out) {
+std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes, SplitMix64& rng,
+                                  float* out) {
   if (RawDatum raw; raw.parse(bytes) && !raw.encoded) {
     checkLabel(key, raw.label);
+    if (transform_) {
+      transformRaw(key, raw.data, raw.channels, raw.height, raw.width, rng, out);
+      return raw.label;
+    }
     checkShape(key, raw.channels, raw.height, raw.width);
     checkPixels(key, raw.data.size());
     toFloats(reinterpret_cast<const std::uint8_t*>(raw.data.data()), out, raw.data.size(),
@@ -107,12 +129,43 @@ std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes
   }
   const std::int32_t label = datum_.label();
   checkLabel(key, label);
-  if (datum_.encoded()) {
+  if (transform_ && datum_.encoded()) {
+    try {
+      transform_->encoded(datum_.data(), rng, out);
+    } catch (const InputError& e) {
+      // "is 1x1, smaller than the crop ..." as it is; a decoder's error after "does not decode".
+      const std::string_view what = e.what();
+      bad(key, what.starts_with("is ") || what.starts_with("has ")
+                   ? std::string(what)
+                   : detail::concat("does not decode: ", what));
+    }
+  } else if (transform_) {
+    if (datum_.float_data_size() > 0) {
+      bad(key, "holds float_data, which troupe does not crop or resize (store uint8 pixels)");
+    }
+    transformRaw(key, datum_.data(), datum_.channels(), datum_.height(), datum_.width(), rng, out);
+  } else if (datum_.encoded()) {
     decodeEncoded(key, out);
   } else {
     decodeRaw(key, out);
   }
   return label;
+}
+
+void DatumDecoder::transformRaw(const std::string& key, std::string_view pixels, int channels,
+                                int height, int width, SplitMix64& rng, float* out) {
+  if (channels <= 0 || height <= 0 || width <= 0 ||
+      static_cast<unsigned __int128>(pixels.size()) !=
+          static_cast<unsigned __int128>(channels) * height * width) {
+    bad(key, detail::concat("holds ", pixels.size(), " pixel bytes for its shape ", channels, "x",
+                            height, "x", width, "; corrupt or truncated"));
+  }
+  try {
+    transform_->raw(reinterpret_cast<const std::uint8_t*>(pixels.data()), channels, height, width,
+                    rng, out);
+  } catch (const InputError& e) {
+    bad(key, e.what());
+  }
 }
 
 void DatumDecoder::checkShape(const std::string& key, int channels, int height, int width) const {

@@ -12,11 +12,13 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "data/dataset.h"
 #include "data/image.h"
+#include "data/image_transform.h"
 
 namespace troupe::data {
 
@@ -28,10 +30,11 @@ class DatumDecoder {
   explicit DatumDecoder(const DatasetOptions& options);
 
   // Decodes the record `bytes`, stored under `key`, into out (C x H x W floats) and returns its
-  // label. Throws BadRecordError naming the database (options.path) and the key for a record that
-  // does not parse, does not decode, has another shape or a label outside [0, num_labels); out is
+  // label; options.transform draws from rng. Throws BadRecordError naming the database
+  // (options.path) and the key for a record that does not parse, does not decode, has another
+  // shape (or, transformed, is too small for the crop) or a label outside [0, num_labels); out is
   // partly written then.
-  std::int32_t decode(const std::string& key, std::string_view bytes, float* out);
+  std::int32_t decode(const std::string& key, std::string_view bytes, SplitMix64& rng, float* out);
 
  private:
   [[noreturn]] void bad(const std::string& key, const std::string& what) const;
@@ -40,11 +43,15 @@ class DatumDecoder {
   void checkPixels(const std::string& key, std::size_t bytes) const;
   void decodeRaw(const std::string& key, float* out) const;
   void decodeEncoded(const std::string& key, float* out);
+  void transformRaw(const std::string& key, std::string_view pixels, int channels, int height,
+                    int width, SplitMix64& rng, float* out);
 
   DatasetOptions options_;
   std::array<float, 256> lut_{};
   caffe::Datum datum_;
   Image image_;
+  std::unique_ptr<ImageTransform>
+      transform_;  // when the options transform or normalise per channel
 };
 
 }  // namespace troupe::data

@@ -5,8 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csetjmp>
+#include <cstdio>
 #include <cstring>
 #include <memory>
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <jerror.h>
+#include <jpeglib.h>
 
 #include "troupe/error.h"
 
@@ -54,20 +60,115 @@ ImageInfo probeJpeg(std::string_view bytes) {
   return {height, width, colorspace == TJCS_GRAY ? 1 : 3};
 }
 
+// libjpeg reports errors by calling error_exit, which must not return: it jumps back to the
+// setjmp of decodeRegion, past libjpeg's own C frames only. Warnings are kept but for one: data
+// that end early (a truncated file), which libjpeg would fill with gray.
+struct JpegErrors {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+  bool truncated;
+};
+
+void onJpegError(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void onJpegMessage(j_common_ptr cinfo, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) errors->truncated = true;
+}
+
+// One decompressor per thread, reused (jpeg_abort_decompress after each image).
+struct JpegDecoder {
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  JpegDecoder() {
+    cinfo.err = jpeg_std_error(&errors.mgr);
+    errors.mgr.error_exit = onJpegError;
+    errors.mgr.emit_message = onJpegMessage;
+    jpeg_create_decompress(&cinfo);
+  }
+  ~JpegDecoder() { jpeg_destroy_decompress(&cinfo); }
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+};
+
+constexpr int kRegionMargin = 2;
+
+struct RegionJob {
+  std::string_view bytes;
+  int denominator;
+  Rect region;
+  int channels;
+  ImageRegion* out;
+  std::vector<JSAMPROW> rows;
+};
+
+// Returns nullptr, or what went wrong. C++ objects that this frame changes after setjmp are
+// reached through `job` (memory, not registers), as a longjmp back here requires.
+const char* decodeRegion(JpegDecoder& d, RegionJob& job) {
+  jpeg_decompress_struct* cinfo = &d.cinfo;
+  d.errors.truncated = false;
+  if (setjmp(d.errors.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return d.errors.message;  // "JPEG does not decode: " goes before it
+  }
+  jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(job.bytes.data()),
+               static_cast<unsigned long>(job.bytes.size()));
+  jpeg_read_header(cinfo, TRUE);
+  if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK) {
+    jpeg_abort_decompress(cinfo);
+    return "a CMYK JPEG, which troupe does not decode (convert it to RGB first)";
+  }
+  const bool gray_file = cinfo->jpeg_color_space == JCS_GRAYSCALE;
+  const int channels = job.channels == 0 ? (gray_file ? 1 : 3) : job.channels;
+  cinfo->out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_EXT_BGR;
+  cinfo->scale_num = 1;
+  cinfo->scale_denom = static_cast<unsigned>(job.denominator);
+  jpeg_start_decompress(cinfo);
+  ImageRegion& out = *job.out;
+  out.full_width = static_cast<int>(cinfo->output_width);
+  out.full_height = static_cast<int>(cinfo->output_height);
+  // A margin of kRegionMargin pixels around the region: libjpeg upsamples the chroma at the edge
+  // of what it decodes from that edge alone, so the outermost decoded pixels may differ from the
+  // whole image's; those inside the margin do not.
+  const Rect& r = job.region;
+  const int x0 = std::clamp(r.x - kRegionMargin, 0, out.full_width - 1);
+  const int y0 = std::clamp(r.y - kRegionMargin, 0, out.full_height - 1);
+  const int x1 = std::clamp(r.x + r.width + kRegionMargin, x0 + 1, out.full_width);
+  const int y1 = std::clamp(r.y + r.height + kRegionMargin, y0 + 1, out.full_height);
+  auto xoffset = static_cast<JDIMENSION>(x0);
+  auto width = static_cast<JDIMENSION>(x1 - x0);
+  if (width < cinfo->output_width) jpeg_crop_scanline(cinfo, &xoffset, &width);
+  out.x = static_cast<int>(xoffset);
+  out.y = y0;
+  out.image.width = static_cast<int>(width);
+  out.image.height = y1 - y0;
+  out.image.channels = channels;
+  const std::size_t stride = static_cast<std::size_t>(width) * channels;
+  out.image.pixels.resize(stride * out.image.height);
+  if (y0 > 0) jpeg_skip_scanlines(cinfo, static_cast<JDIMENSION>(y0));
+  job.rows.resize(static_cast<std::size_t>(out.image.height));
+  for (int r = 0; r < out.image.height; ++r)
+    job.rows[static_cast<std::size_t>(r)] = out.image.pixels.data() + stride * r;
+  while (cinfo->output_scanline < static_cast<JDIMENSION>(y1)) {
+    const auto done = static_cast<std::size_t>(cinfo->output_scanline) - y0;
+    jpeg_read_scanlines(cinfo, job.rows.data() + done,
+                        static_cast<JDIMENSION>(y1) - cinfo->output_scanline);
+  }
+  jpeg_abort_decompress(cinfo);
+  return d.errors.truncated ? "a truncated JPEG (its data end before the image does)" : nullptr;
+}
+
 void decodeJpeg(std::string_view bytes, int channels, Image& out) {
   const ImageInfo info = probeJpeg(bytes);
-  if (channels == 0) channels = info.channels;
-  out.height = info.height;
-  out.width = info.width;
-  out.channels = channels;
-  out.pixels.resize(static_cast<std::size_t>(info.height) * info.width * channels);
-  tjhandle tj = decompressor();
-  // Warnings (e.g. extraneous bytes) are accepted, as OpenCV does; errors are not.
-  if (tjDecompress2(tj, bytesOf(bytes), bytes.size(), out.pixels.data(), info.width, 0, info.height,
-                    channels == 1 ? TJPF_GRAY : TJPF_BGR, 0) != 0 &&
-      tjGetErrorCode(tj) != TJERR_WARNING) {
-    throw InputError(detail::concat("JPEG does not decode: ", tjGetErrorStr2(tj)));
-  }
+  ImageRegion region;
+  region.image = std::move(out);
+  decodeJpegRegion(bytes, 1, Rect{0, 0, info.width, info.height}, channels, region);
+  out = std::move(region.image);
 }
 
 struct PngImage {
@@ -154,6 +255,28 @@ ImageInfo probeImage(std::string_view bytes) {
     }
     default:
       throw InputError("not a JPEG or PNG image");
+  }
+}
+
+int scaledJpegSide(int side, int denominator) {
+  return (side + denominator - 1) / denominator;
+}
+
+void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int channels,
+                      ImageRegion& out) {
+  checkChannels(channels);
+  if (denominator != 1 && denominator != 2 && denominator != 4 && denominator != 8) {
+    throw InputError(detail::concat("cannot decode a JPEG at 1/", denominator,
+                                    " of its size (only 1, 2, 4 or 8)"));
+  }
+  if (sniffImageFormat(bytes) != ImageFormat::kJpeg) throw InputError("not a JPEG image");
+  thread_local JpegDecoder decoder;
+  RegionJob job{bytes, denominator, region, channels, &out, {}};
+  if (const char* error = decodeRegion(decoder, job)) {
+    if (error == decoder.errors.message) {
+      throw InputError(detail::concat("JPEG does not decode: ", error));
+    }
+    throw InputError(error);
   }
 }
 

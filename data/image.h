@@ -34,8 +34,42 @@ struct ImageInfo {
 // Reads the header only.
 ImageInfo probeImage(std::string_view bytes);
 
+// Columns [x, x + width) and rows [y, y + height) of an image.
+struct Rect {
+  int x = 0;
+  int y = 0;
+  int width = 0;
+  int height = 0;
+};
+
+// Part of a JPEG decoded at 1/denominator of its size.
+struct ImageRegion {
+  Image image;                          // the pixels decoded
+  int x = 0;                            // where image's first column and row lie in the whole
+  int y = 0;                            //   scaled image
+  int full_height = 0, full_width = 0;  // the whole scaled image's size
+};
+
+// The side of a JPEG's image decoded at 1/denominator: ceil(side / denominator), as libjpeg scales.
+int scaledJpegSide(int side, int denominator);
+
+// Decodes only the rows and columns of `region` (in the pixels of the image scaled by
+// 1/denominator, 1, 2, 4 or 8: libjpeg's DCT-domain scaling, which skips most of the inverse DCT's
+// work; clipped to the image) as `channels` channels (1, 3, or 0 for the file's own). Rows above
+// the region are entropy-decoded only, rows below it not at all. out covers the region and a
+// margin of a few pixels (wider where libjpeg crops at an iMCU boundary): out.x and out.y say
+// where it starts. The region's pixels are those of the whole image decoded; the margin's
+// outermost may not be (libjpeg upsamples chroma at the edge of what it decodes from the edge). The
+// libjpeg API of libjpeg-turbo, since the TurboJPEG API of its 2.1 release (Debian 12's) crops
+// nothing. Throws InputError for bytes that are not a JPEG, a CMYK/YCCK JPEG, data that end before
+// the region does (truncated) or do not decode, and a denominator or channel count outside those
+// above.
+void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int channels,
+                      ImageRegion& out);
+
 // Decodes into `out` (its buffer is reused) as `channels` channels: 1 converts color to gray
-// (luma), 3 replicates gray, 0 keeps the file's own (gray or BGR). Alpha is dropped.
+// (luma), 3 replicates gray, 0 keeps the file's own (gray or BGR). Alpha is dropped; 16-bit PNGs
+// are reduced to 8 bits. JPEGs decode as decodeJpegRegion's whole image, with its errors.
 void decodeImage(std::string_view bytes, int channels, Image& out);
 
 std::string encodePng(const Image& image);

@@ -21,9 +21,9 @@ class Registered final : public Dataset {
       : inner_(std::move(inner)), options_(std::move(options)) {}
   std::int64_t size() const override { return inner_->size(); }
   const DatasetOptions& options() const override { return options_; }
-  void read(const std::vector<std::int64_t>& indices, float* images,
+  void read(const std::vector<std::int64_t>& indices, std::int64_t epoch, float* images,
             std::int32_t* labels) override {
-    inner_->read(indices, images, labels);
+    inner_->read(indices, epoch, images, labels);
   }
 
  private:
@@ -61,6 +61,13 @@ std::unique_ptr<Dataset> openMemoryDataset(const DatasetOptions& options) {
     throw InputError("dataset '" + options.path +
                      "': no such dataset in this process's memory (a service registers its "
                      "records with troupe::Trainer::start's TrainerData)");
+  }
+  if (options.transform.active() || !options.mean_per_channel.empty() ||
+      !options.std_per_channel.empty()) {
+    throw InputError("dataset '" + options.path +
+                     "': crop, resize_short, mirror, color_jitter and the per-channel mean and std "
+                     "apply to databases of images, not to a service's records (which come as "
+                     "the model takes them)");
   }
   const auto& o = dataset->options();
   if (o.channels != options.channels || o.height != options.height || o.width != options.width ||

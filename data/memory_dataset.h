@@ -20,7 +20,8 @@ void registerMemoryDataset(const std::string& path, std::shared_ptr<Dataset> dat
 void unregisterMemoryDataset(const std::string& path);
 
 // The registered dataset of options.path, checked against the options' shape; InputError naming
-// the path when none is registered, or when its shape is not the options'.
+// the path when none is registered, when its shape is not the options', or when the options
+// transform images (memory datasets hold the model's inputs as they are).
 std::unique_ptr<Dataset> openMemoryDataset(const DatasetOptions& options);
 
 }  // namespace troupe::data

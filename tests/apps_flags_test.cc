@@ -219,14 +219,14 @@ TEST(Caffe2Flags, AConfigFileMayHoldThem) {
   const ConfigFile file(
       "redis_host = \"redis1\"\nredis_port = 7000\nsave_model_name = \"r50\"\nuse_cpu = true\n"
       "num_gpus = 2\ndistributed_interfaces = \"ib0,eth0\"\ntimeout = 90\n"
-      "image_std_per_channel = [2, 2, 2]\n");
+      "num_channels = 3\nimage_std_per_channel = [2, 2, 2]\n");
   const auto o = loadTrainOptions(file.path(), {});
   EXPECT_EQ(o.rendezvous, "redis://redis1:7000");
   EXPECT_EQ(o.run_name, "r50");
   EXPECT_EQ(o.replicas, 2);
   EXPECT_EQ(o.interface, "ib0");
   EXPECT_EQ(o.step_timeout_s, 90);
-  EXPECT_EQ(o.scale, 0.5f);
+  EXPECT_EQ(o.std_per_channel, (std::vector<double>{2, 2, 2}));
 }
 
 TEST(Caffe2Flags, OneAlwaysRefusedInAFileIsRefusedForWhatItIsWhateverItsType) {

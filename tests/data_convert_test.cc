@@ -29,15 +29,7 @@ using testing::TempDir;
 
 constexpr const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
-template <typename Fn>
-std::string errorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::errorOf;
 
 std::string quote(const std::string& s) {
   return "'" + s + "'";
@@ -136,7 +128,7 @@ TEST_F(FashionMnistCliTest, WritesSixtyAndTenThousandRecordsWithLabelsInRange) {
       std::vector<std::int64_t> indices(1000);
       for (int i = 0; i < 1000; ++i)
         indices[i] = start + i;
-      dataset->read(indices, images.data(), labels.data());
+      dataset->read(indices, 0, images.data(), labels.data());
       for (auto label : labels)
         ++per_label[label];
     }
@@ -156,7 +148,7 @@ TEST_F(FashionMnistCliTest, RecordsHoldTheIdxPixelsAndLabels) {
   for (std::int64_t index : {0, 1, 4321, 9999}) {
     std::vector<float> image(784);
     std::int32_t label = -1;
-    dataset->read({index}, image.data(), &label);
+    dataset->read({index}, 0, image.data(), &label);
     EXPECT_EQ(label, static_cast<unsigned char>(labels[8 + index]));
     for (int j = 0; j < 784; ++j) {
       ASSERT_EQ(image[j], static_cast<unsigned char>(images[16 + index * 784 + j]))
@@ -179,7 +171,7 @@ TEST_F(FashionMnistCliTest, ReadsA64RecordBatchQuickly) {
     const std::vector<std::int64_t> indices(order.begin() + batch * 64,
                                             order.begin() + (batch + 1) * 64);
     const auto start = std::chrono::steady_clock::now();
-    dataset->read(indices, images.data(), labels.data());
+    dataset->read(indices, 0, images.data(), labels.data());
     micros.push_back(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count());
@@ -265,8 +257,8 @@ TEST(ConvertFashionMnistTest, GzippedAndPlainEncodedAndRawGiveTheSamePixels) {
       all[i] = static_cast<std::int64_t>(i);
     std::vector<float> a(all.size() * 784), b(all.size() * 784);
     std::vector<std::int32_t> la(all.size()), lb(all.size());
-    raw->read(all, a.data(), la.data());
-    png->read(all, b.data(), lb.data());
+    raw->read(all, 0, a.data(), la.data());
+    png->read(all, 0, b.data(), lb.data());
     EXPECT_EQ(a, b);
     EXPECT_EQ(la, lb);
     for (std::size_t i = 0; i < all.size(); ++i) {
@@ -391,7 +383,7 @@ TEST_F(ImagesetTest, ResizedRawRecordsHaveCaffeKeysAndBgrPlanes) {
   auto dataset = openDataset(read);
   std::vector<float> image(3 * 30);
   std::int32_t label = -1;
-  dataset->read({1}, image.data(), &label);
+  dataset->read({1}, 0, image.data(), &label);
   EXPECT_EQ(label, 1);
   for (int j = 0; j < 30; ++j) {  // uniform planes survive resizing: B = 200, G = R = 30
     EXPECT_EQ(image[j], 200);
@@ -494,7 +486,7 @@ TEST_F(ImagesetTest, CliWritesLevelDbAndReportsMissingImage) {
   ASSERT_EQ(dataset->size(), 6);
   std::vector<float> images(6 * 63);
   std::vector<std::int32_t> labels(6);
-  dataset->read({0, 1, 2, 3, 4, 5}, images.data(), labels.data());
+  dataset->read({0, 1, 2, 3, 4, 5}, 0, images.data(), labels.data());
   std::sort(labels.begin(), labels.end());
   EXPECT_EQ(labels, (std::vector<std::int32_t>{0, 1, 2, 3, 4, 5}));
 

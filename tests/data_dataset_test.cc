@@ -26,15 +26,7 @@ using ::testing::HasSubstr;
 using testing::RawDatum;
 using testing::TempDir;
 
-template <typename Fn>
-std::string errorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::errorOf;
 
 // Writes the given values under keys "%08d", as Caffe's convert_mnist_data does.
 void writeDb(const std::string& path, DbType type, const std::vector<std::string>& values) {
@@ -56,7 +48,7 @@ std::vector<float> readOne(Dataset& dataset, std::int64_t index, std::int32_t* l
   const auto& o = dataset.options();
   std::vector<float> image(static_cast<std::size_t>(o.channels) * o.height * o.width);
   std::int32_t l = -1;
-  dataset.read({index}, image.data(), &l);
+  dataset.read({index}, 0, image.data(), &l);
   if (label) *label = l;
   return image;
 }
@@ -79,7 +71,7 @@ TEST_P(DatasetTest, ReadsHandWrittenCaffeDatumsByIndex) {
   const std::vector<std::int64_t> indices = {7, 0, 7, 3};
   std::vector<float> images(indices.size() * 28 * 28);
   std::vector<std::int32_t> labels(indices.size());
-  dataset->read(indices, images.data(), labels.data());
+  dataset->read(indices, 0, images.data(), labels.data());
   EXPECT_EQ(labels, (std::vector<std::int32_t>{7, 0, 7, 3}));
   for (std::size_t b = 0; b < indices.size(); ++b) {
     const std::string pixels = testing::pattern(28 * 28, static_cast<int>(indices[b]));

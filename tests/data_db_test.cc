@@ -17,15 +17,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-template <typename Fn>
-std::string errorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::errorOf;
 
 class DbTest : public ::testing::TestWithParam<DbType> {};
 

@@ -13,7 +13,20 @@
 #include <string>
 #include <vector>
 
+#include "troupe/error.h"
+
 namespace troupe::data::testing {
+
+// What fn throws as troupe::Error, or "(no error)".
+template <typename Fn>
+std::string errorOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // A fresh folder under the system's temp folder, removed with everything in it.
 class TempDir {
