@@ -39,11 +39,11 @@ void resolveImageKeys(config::Settings& s) {
     }
     o.image_size = o.transform.crop;
   }
-  for (const char* key : {"mean_per_channel", "std_per_channel"}) {
-    const auto& list = key[0] == 'm' ? o.mean_per_channel : o.std_per_channel;
-    if (list.size() > 1 && list.size() != static_cast<std::size_t>(o.num_channels)) {
+  for (const auto& [key, list] : {std::pair{"mean_per_channel", &o.mean_per_channel},
+                                  std::pair{"std_per_channel", &o.std_per_channel}}) {
+    if (list->size() > 1 && list->size() != static_cast<std::size_t>(o.num_channels)) {
       throw InputError(fmt::format("{}: {} values for images of num_channels {}",
-                                   s.find(key) ? s.find(key)->source.by : key, list.size(),
+                                   s.find(key) ? s.find(key)->source.by : key, list->size(),
                                    o.num_channels));
     }
   }

@@ -53,6 +53,11 @@ struct DatasetOptions {
   std::uint64_t seed = 1;  // with the epoch and the record's index, seeds its draws
   // Records decoded at once by this many threads (MXNet's preprocess_threads).
   int decode_threads = 1;
+
+  // Whether records go through an ImageTransform: a transform, or per-channel normalisation.
+  bool transforms() const {
+    return transform.active() || !mean_per_channel.empty() || !std_per_channel.empty();
+  }
 };
 
 class Dataset {

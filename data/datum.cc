@@ -86,8 +86,7 @@ BadRecordError::BadRecordError(std::string database, std::string key, const std:
 DatumDecoder::DatumDecoder(const DatasetOptions& options) : options_(options) {
   for (int v = 0; v < 256; ++v)
     lut_[v] = (static_cast<float>(v) - options_.mean) * options_.scale;
-  if (options_.transform.active() || !options_.mean_per_channel.empty() ||
-      !options_.std_per_channel.empty()) {
+  if (options_.transforms()) {
     std::vector<float> mean{options_.mean}, scale{options_.scale};
     if (!options_.mean_per_channel.empty()) mean = options_.mean_per_channel;
     if (!options_.std_per_channel.empty()) {

@@ -62,8 +62,7 @@ std::unique_ptr<Dataset> openMemoryDataset(const DatasetOptions& options) {
                      "': no such dataset in this process's memory (a service registers its "
                      "records with troupe::Trainer::start's TrainerData)");
   }
-  if (options.transform.active() || !options.mean_per_channel.empty() ||
-      !options.std_per_channel.empty()) {
+  if (options.transforms()) {
     throw InputError("dataset '" + options.path +
                      "': crop, resize_short, mirror, color_jitter and the per-channel mean and std "
                      "apply to databases of images, not to a service's records (which come as "
