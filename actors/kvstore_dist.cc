@@ -59,7 +59,8 @@ struct Inbox {
 
 // Where the servers' answers to a worker's store arrive. The store's caller sends its requests
 // itself, from its own thread and in the order of its calls (Cluster::send); answers can only come
-// in through an actor.
+// in through an actor, whose handlers (a copy, a count) run on the transport's thread as they
+// arrive (SpawnOptions::inline_handlers): the caller waits for one thread's wake-up, not two.
 class KvClient final : public Actor {
  public:
   KvClient(std::uint32_t worker, std::shared_ptr<Inbox> inbox)
@@ -148,7 +149,7 @@ class DistKVStore final : public KVStore {
       bigarray_bound_ = v;
     }
     node_ = joinStore(type, o, rank_, std::make_unique<KvClient>(rank_, inbox_),
-                      SpawnOptions{.thread = "kvstore"},
+                      SpawnOptions{.inline_handlers = true},
                       std::make_shared<RunMembers>(o.num_shards, o.num_servers));
     client_ = Address{static_cast<std::uint32_t>(rank_), 0};
     const RunLayout layout(o.num_shards, o.num_servers, 1);

@@ -431,6 +431,10 @@ class PsClient final : public Actor {
   PsClient(std::string name, PsClientConfig config)
       : Actor(std::move(name)), config_(std::move(config)), step_(config_.plan.first_step) {
     on<Reduced>([this](Reduced& r) { pushReduced(r); });
+    // A worker with one replica has nothing to sum: its buckets come straight from the replica.
+    on<GradBucket>([this](GradBucket& b) {
+      pushReduced(Reduced{b.step, b.begin, b.end, b.grads});
+    });
     on<PullReply>([this](PullReply& r) { pulled(r); });
     on<Resume>([this](Resume&) { broadcast(); });
     on<StallCheck>([this](StallCheck&) { checkStall(); });

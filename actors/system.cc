@@ -53,6 +53,7 @@ struct Cell {
   // Executes drain(): a strand of the shared pool, or a named thread's io_context.
   asio::io_context* thread_context = nullptr;
   std::optional<asio::strand<asio::io_context::executor_type>> strand;
+  bool inline_handlers = false;  // SpawnOptions::inline_handlers (on the pool's strand otherwise)
 
   std::mutex mu;
   std::condition_variable room;  // for external senders
@@ -94,7 +95,8 @@ class SystemImpl final : public ActorSystem {
       actor->self_ = address;
       actor->system_ = this;
       cell->actor = std::move(actor);
-      if (!spawn_options.thread.empty()) {
+      cell->inline_handlers = spawn_options.inline_handlers;
+      if (!spawn_options.thread.empty() && !spawn_options.inline_handlers) {
         auto& t = threads_[spawn_options.thread];
         if (!t.context) {
           t.context = std::make_unique<asio::io_context>(1);
@@ -310,6 +312,16 @@ class SystemImpl final : public ActorSystem {
       std::lock_guard lock(c->mu);
       if (c->scheduled || (c->mailbox.empty() && c->outbox.empty())) return;
       c->scheduled = true;
+    }
+    // Inline on this thread, unless it is in an inline drain already (no nesting, no recursion).
+    thread_local bool draining_inline = false;
+    if (c->inline_handlers && !draining_inline) {
+      struct Draining {
+        Draining() { draining_inline = true; }
+        ~Draining() { draining_inline = false; }
+      } draining;
+      drain(c);
+      return;
     }
     post(c, [this, c] { drain(c); });
   }

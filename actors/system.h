@@ -52,6 +52,11 @@ struct SystemOptions {
 struct SpawnOptions {
   // Non-empty: run on the thread of this name (made at the first spawn naming it), not the pool.
   std::string thread;
+  // The actor's handlers run on the thread that delivers its message (the transport's, for one
+  // from another process; a local sender's), one at a time as ever, sparing a thread's wake-up
+  // per message; started() and what arrives while a handler of it runs on that thread go to the
+  // pool. Only for handlers that are short and never block: they hold up the deliverer.
+  bool inline_handlers = false;
   // 0: SystemOptions::mailbox_capacity.
   std::size_t mailbox_capacity = 0;
 };

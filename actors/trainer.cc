@@ -392,8 +392,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.test = test;
     replica.skip_bad_records = o.skip_bad_records;
     replica.reader = reader_address(r);
-    // Alone in a one-process run, a replica skips the reducer (and a thread hop per bucket).
-    replica.reducer = (k == 1 && nodes == 1) ? updater_address : reducer_address;
+    // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
+    // be summed with other workers' on the way: alone in the run, or with parameter servers
+    // (they sum; the PS client runs on this replica's thread all the same).
+    replica.reducer = (k == 1 && (nodes == 1 || ps)) ? updater_address : reducer_address;
     replica.coordinator = chief_address;
     replica.trace = trace_ptr;
     if (role) replica.state = role->state;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -195,6 +196,54 @@ TEST(ActorSystem, AnActorOnANamedThreadAlwaysRunsOnIt) {
   ASSERT_EQ(ids.size(), 50u);
   for (auto id : ids)
     EXPECT_EQ(id, ids[0]);
+}
+
+// SpawnOptions::inline_handlers: a handler runs on the deliverer's thread, before tell() returns;
+// what the actor sends itself meanwhile comes after, in order.
+TEST(ActorSystem, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
+  struct Recorder : Actor {
+    explicit Recorder(std::atomic<bool>* started) : Actor("inline"), started_(started) {
+      on<Ping>([this](Ping& p) {
+        std::lock_guard lock(mu);
+        seen.emplace_back(p.n, std::this_thread::get_id());
+        if (p.n == 100) send(self(), Ping{101});
+      });
+    }
+    void started() override { started_->store(true); }
+    std::atomic<bool>* started_;
+    std::mutex mu;
+    std::vector<std::pair<int, std::thread::id>> seen;
+  };
+  auto system = makeActorSystem({});
+  std::atomic<bool> started{false};
+  auto owned = std::make_unique<Recorder>(&started);
+  Recorder* recorder = owned.get();
+  const auto a = system->spawn(std::move(owned), SpawnOptions{.inline_handlers = true});
+  std::thread runner([&] { system->run(); });
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!started.load() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(started.load());
+  for (int i = 0; i < 20; ++i) {
+    system->tell(a, Ping{i});
+    std::lock_guard lock(recorder->mu);
+    ASSERT_EQ(recorder->seen.size(), static_cast<std::size_t>(i + 1)) << "not handled in tell()";
+    EXPECT_EQ(recorder->seen.back().first, i);
+    EXPECT_EQ(recorder->seen.back().second, std::this_thread::get_id());
+  }
+  system->tell(a, Ping{100});
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard lock(recorder->mu);
+      if (recorder->seen.size() == 22) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  system->shutdown();
+  runner.join();
+  ASSERT_EQ(recorder->seen.size(), 22u);
+  EXPECT_EQ(recorder->seen[20].first, 100);
+  EXPECT_EQ(recorder->seen[21].first, 101);
 }
 
 TEST(ActorSystem, SendingToAnotherNodeWithoutTransportIsAnError) {

@@ -291,6 +291,42 @@ TEST_F(TransportTest, MessagesToOneNodeArriveInSendOrderUnderLoad) {
   EXPECT_EQ(next[1], kPerThread);
 }
 
+// A sender writes on its own thread what the socket takes at once and leaves the rest to the io
+// thread: messages far larger than the socket's buffer, from two threads at once, over TCP and
+// Unix sockets, arrive whole and in each thread's order (a partly written message finishes
+// before the next one starts).
+TEST_F(TransportTest, MessagesLargerThanTheSocketBufferFromTwoThreadsArriveWholeAndInOrder) {
+  for (const bool unix_socket : {false, true}) {
+    Peer a(options(0, unix_socket)), b(options(1, unix_socket));
+    connectPair(a, b);
+    constexpr int kPerThread = 40;
+    constexpr std::int64_t kFloats = 300 * 1024;  // 1.2 MB each, inline in the frame
+    std::vector<std::thread> senders;
+    for (int t = 0; t < 2; ++t) {
+      senders.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i)
+          a.transport->send(1, gradBucket(t * kPerThread + i, iota(kFloats, 1000.0f * i + t)));
+      });
+    }
+    for (auto& s : senders)
+      s.join();
+    ASSERT_TRUE(b.waitMessages(2 * kPerThread, 60s)) << (unix_socket ? "unix" : "tcp");
+    int next[2] = {0, 0};
+    for (std::size_t m = 0; m < b.messages.size(); ++m) {
+      auto message = b.message(m);
+      const auto bucket = message.frame().getGradBucket();
+      const int t = static_cast<int>(bucket.getStep() / kPerThread);
+      const int i = static_cast<int>(bucket.getStep() % kPerThread);
+      ASSERT_EQ(i, next[t]++) << "thread " << t << (unix_socket ? ", unix" : ", tcp");
+      const Tensor got = message.tensor(bucket.getGrads());
+      const Tensor want = iota(kFloats, 1000.0f * i + t);
+      ASSERT_EQ(got.numel(), kFloats);
+      ASSERT_EQ(checksum(got.raw(), got.bytes()), checksum(want.raw(), want.bytes()))
+          << "message " << i << " of thread " << t << (unix_socket ? ", unix" : ", tcp");
+    }
+  }
+}
+
 // Several TCP connections a pair (connectionsPerPeer): the dialing node opens them all; messages
 // with a lane spread over them and all arrive, messages without one keep their send order.
 TEST_F(TransportTest, ExtraTcpConnectionsCarryLanedMessagesWhileOrderedOnesKeepTheirOrder) {

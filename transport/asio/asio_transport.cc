@@ -7,9 +7,11 @@
 #include <netinet/in.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <asio.hpp>
 #include <atomic>
 #include <condition_variable>
@@ -22,6 +24,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "transport/accept_gate.h"
 #include "transport/auth.h"
@@ -162,6 +165,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void failRead(const asio::error_code& error, const std::string& during);
   void closeOnStrand(const std::string& why, bool error);
   void startWrite();
+  // Writes what the socket takes without blocking (mutex_ held); returns the bytes written.
+  std::size_t writeNow(const EncodedMessage& message);
   void onWritten(const asio::error_code& error);
 
   AsioTransport& owner_;
@@ -194,11 +199,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::unique_ptr<EncodedMessage>> inflight_;
   std::vector<asio::const_buffer> buffers_;
 
-  std::mutex mutex_;  // guards queue_, writing_ and authenticated_
+  // Guards queue_, sentOfFront_, writing_, authenticated_, lastWrite_, the descriptor's closing
+  // and refusal_'s setting.
+  std::mutex mutex_;
   std::deque<std::unique_ptr<EncodedMessage>> queue_;
+  std::size_t sentOfFront_ = 0;  // bytes of queue_.front() that enqueue() wrote itself
   bool writing_ = false;
   bool authenticated_ = false;  // until then queued messages wait
-  std::string refusal_;         // non-empty: close once the queue is written
+  std::string refusal_;         // non-empty: close once the queue is written (set under mutex_)
   Clock::time_point lastWrite_ = Clock::now();
 };
 
@@ -324,11 +332,38 @@ void Connection::enqueue(std::unique_ptr<EncodedMessage> message) {
   if (closed_) {
     throw IoError("transport: the link to node " + peerName() + " (" + remote_ + ") is closed");
   }
+  if (!writing_ && authenticated_ && refusal_.empty()) {
+    // Nothing is being written (so nothing waits in queue_): the calling thread writes what the
+    // socket takes at once. That spares a wake-up of the io thread per message, tens of
+    // microseconds on a busy machine, on every step's critical path; the rest goes on the strand.
+    const std::size_t sent = writeNow(*message);
+    if (sent == message->bytes) {
+      lastWrite_ = Clock::now();
+      return;
+    }
+    sentOfFront_ = sent;
+  }
   queue_.push_back(std::move(message));
   if (!writing_ && authenticated_) {
     writing_ = true;
     asio::post(strand_, [self = shared_from_this()] { self->startWrite(); });
   }
+}
+
+std::size_t Connection::writeNow(const EncodedMessage& message) {
+  std::array<iovec, 64> iov{};
+  std::size_t count = 0;
+  for (const auto piece : message.pieces) {
+    if (piece.empty()) continue;
+    if (count == iov.size()) return 0;  // a message of many parts: the strand writes it
+    iov[count++] = {const_cast<std::byte*>(piece.data()), piece.size()};
+  }
+  msghdr header{};
+  header.msg_iov = iov.data();
+  header.msg_iovlen = count;
+  const ssize_t sent = ::sendmsg(socket_.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Would block, or failed: the strand writes it all and, if the link is broken, says so.
+  return sent > 0 ? static_cast<std::size_t>(sent) : 0;
 }
 
 void Connection::close(const std::string& why, bool error) {
@@ -626,7 +661,10 @@ void Connection::onHello(wire::Hello::Reader hello) {
 }
 
 void Connection::refuse(const std::string& why) {
-  refusal_ = why;
+  {
+    std::lock_guard lock(mutex_);  // enqueue() reads it on other threads
+    refusal_ = why;
+  }
   owner_.log()->error("transport node {}: refused the link from {}: {}", owner_.options().node,
                       remote_, why);
   enqueue(owner_.controlMessage([&](wire::Frame::Builder f) { f.setRefusal(why); }));
@@ -696,11 +734,13 @@ void Connection::closeOnStrand(const std::string& why, bool error) {
   releaseListener();
   authTimer_.cancel();
   heartbeatTimer_.cancel();
-  asio::error_code ignored;
-  socket_.shutdown(asio::socket_base::shutdown_both, ignored);
-  socket_.close(ignored);
   {
+    // Under the lock: enqueue() writes to the descriptor from other threads, and must not write
+    // to one that is closed and perhaps already reused.
     std::lock_guard lock(mutex_);
+    asio::error_code ignored;
+    socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+    socket_.close(ignored);
     queue_.clear();
   }
   bulk_ = {};
@@ -712,6 +752,7 @@ void Connection::closeOnStrand(const std::string& why, bool error) {
 }
 
 void Connection::startWrite() {
+  std::size_t skip = 0;  // of the first message, written by enqueue() already
   {
     std::lock_guard lock(mutex_);
     if (closed_ || queue_.empty()) {
@@ -722,11 +763,16 @@ void Connection::startWrite() {
       inflight_.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
+    skip = std::exchange(sentOfFront_, 0);
   }
   buffers_.clear();
   for (const auto& message : inflight_) {
-    for (auto piece : message->pieces)
-      buffers_.emplace_back(piece.data(), piece.size());
+    for (auto piece : message->pieces) {
+      const std::size_t skipped = std::min(skip, piece.size());
+      skip -= skipped;
+      if (skipped < piece.size())
+        buffers_.emplace_back(piece.data() + skipped, piece.size() - skipped);
+    }
   }
   asio::async_write(socket_, buffers_,
                     asio::bind_executor(strand_, [self = shared_from_this()](
