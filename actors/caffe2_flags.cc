@@ -16,8 +16,8 @@ using SetFn = std::function<void(Settings&, const Value&)>;
 
 constexpr const char* kNoCuda = "troupe has no CUDA backend in this build";
 constexpr const char* kNoResNeXt =
-    "troupe has no built-in ResNe(X)t-N: its ResNet is model resnet20 (CIFAR's), and [[layers]] "
-    "have no residual connections to write one with";
+    "troupe has no ResNeXt (grouped convolutions): its ImageNet ResNets are model resnet18, "
+    "resnet34 and resnet50 (Caffe2's --num_layers 18, 34, 50)";
 
 // A flag of Caffe2's that gives `sets` (or nothing, for nullptr) its value through `set`; `get`
 // is the value as given, else `fallback`.
@@ -43,6 +43,18 @@ Key onlyFalse(const char* name, const char* help, const char* why) {
         if (std::get<bool>(v)) throw Refusal(why);
       },
       "false");
+}
+
+// An integer flag that troupe takes at `accepted` only (Caffe2's default), refusing any other value
+// saying `why`.
+Key onlyInt(const char* name, Range range, const char* help, std::int64_t accepted,
+            const char* why) {
+  return alias(
+      name, Kind::kInt, range, help, nullptr,
+      [accepted, why](Settings&, const Value& v) {
+        if (std::get<std::int64_t>(v) != accepted) throw Refusal(why);
+      },
+      std::to_string(accepted));
 }
 
 // A flag that troupe refuses whatever its value, saying `why`.
@@ -202,9 +214,24 @@ std::vector<Key> caffe2Keys() {
             s.options.interface = list.substr(0, list.find(','));
           },
           ""),
-      refused("num_layers", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
-      refused("resnext_num_groups", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
-      refused("resnext_width_per_group", "Caffe2's: refused (no built-in ResNe(X)t-N)", kNoResNeXt),
+      alias(
+          "num_layers", Kind::kInt, Range{1, 1000},
+          "Caffe2's: model resnet18, resnet34 or resnet50", "model",
+          [](Settings& s, const Value& v) {
+            const auto depth = std::get<std::int64_t>(v);
+            if (depth != 18 && depth != 34 && depth != 50) {
+              throw Refusal(
+                  "troupe's built-in ImageNet ResNets are 18, 34 and 50 layers deep (model "
+                  "resnet18, resnet34, resnet50); deeper ones are not built in");
+            }
+            s.options.model.name = fmt::format("resnet{}", depth);
+          },
+          ""),
+      onlyInt("resnext_num_groups", Range{1, 1024},
+              "Caffe2's: 1 (a plain ResNet) accepted, more refused (no ResNeXt)", 1, kNoResNeXt),
+      onlyInt("resnext_width_per_group", Range{1, 65536},
+              "Caffe2's: 64 (a plain ResNet) accepted, others refused (no ResNeXt)", 64,
+              kNoResNeXt),
       alias(
           "image_mean_per_channel", Kind::kFloatList, Range{-1e6, 1e6},
           "Caffe2's: mean_per_channel", "mean_per_channel",

@@ -150,7 +150,8 @@ namespace {
 std::vector<Key> buildTable() {
   std::vector<Key> table = {
       Key{"model", Kind::kString, kNotNumeric,
-          "built-in model: mlp, lenet, resnet20 (or [[layers]] in the file)",
+          "built-in model: mlp, lenet, resnet20 and resnet56 (CIFAR), resnet18, resnet34 and "
+          "resnet50 (ImageNet, as torchvision's); or [[layers]] in the file",
           [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
           [](const Settings& s) {
             return s.options.model.name.empty() ? "custom" : s.options.model.name;
@@ -212,6 +213,13 @@ std::vector<Key> buildTable() {
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
       TROUPE_INT_KEY("image_size", image_size, closed(1, 4096), "height and width of the images"),
       TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
+      Key{"zero_init_residual", Kind::kBool, kNotNumeric,
+          "resnet18/34/50: each block's last batch-norm scale starts at 0, so every block starts "
+          "as the identity (Goyal et al.; torchvision's zero_init_residual)",
+          [](Settings& s, const Value& v) { s.options.zero_init_residual = asBool(v); },
+          [](const Settings& s) {
+            return std::string(s.options.zero_init_residual ? "true" : "false");
+          }},
       TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
       TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
       Key{"mean_per_channel", Kind::kFloatList, kMean,

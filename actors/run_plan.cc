@@ -416,6 +416,7 @@ StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size) {
 kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   kernels::NetOptions net;
   net.model = o.model;
+  net.zero_init_residual = o.zero_init_residual;
   net.channels = o.num_channels;
   net.height = net.width = o.image_size;
   net.num_labels = o.num_labels;

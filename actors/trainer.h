@@ -19,6 +19,7 @@ namespace troupe::actors {
 
 struct TrainOptions {
   kernels::ModelSpec model;
+  bool zero_init_residual = false;  // kernels::NetOptions::zero_init_residual
   std::string train_data;
   std::string test_data;  // empty: no evaluation (test_accuracy -1 in the log)
   data::DbType db_type = data::DbType::kLmdb;

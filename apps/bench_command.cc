@@ -97,8 +97,9 @@ void runLauncher(const AllreduceArgs& a) {
 }  // namespace
 
 void addBenchCommand(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Measure troupe's communication");
+  auto* bench = app.add_subcommand("bench", "Measure troupe's communication and input");
   bench->require_subcommand(1);
+  addInputBenchCommand(*bench);
   auto args = std::make_shared<AllreduceArgs>();
   auto* cmd = bench->add_subcommand(
       "allreduce", "Ring allreduce (sum, float32) between N local processes, as nccl-tests");

@@ -13,6 +13,8 @@ void addTrainCommand(CLI::App& app);
 void addInfoCommand(CLI::App& app);
 void addLaunchCommand(CLI::App& app);
 void addBenchCommand(CLI::App& app);
+// `troupe bench input`, under addBenchCommand's `bench` (apps/input_bench.cc).
+void addInputBenchCommand(CLI::App& bench);
 void addReportCommand(CLI::App& app);
 void addPlotCommand(CLI::App& app);
 void addDocsCommand(CLI::App& app);

@@ -1,5 +1,6 @@
 // `troupe convert`: builds LMDB/LevelDB databases of Caffe Datum records, from Fashion-MNIST's IDX
-// files or from an image list (as Caffe's convert_mnist_data and convert_imageset).
+// files, CIFAR-10's binary files or an image list (as Caffe's convert_mnist_data,
+// convert_cifar_data and convert_imageset).
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -18,26 +19,34 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void addFashionMnist(CLI::App& convert) {
+using ConvertSet = data::ConvertStats (*)(const std::string& source, const std::string& out,
+                                          data::DbType type, bool encoded);
+
+// A data set of its own format -> OUT/train and OUT/test; no default_source: --source required.
+void addTrainTestSet(CLI::App& convert, const char* name, const char* description,
+                     const char* source_help, std::string default_source, ConvertSet run) {
   struct Args {
     std::string out;
     std::string db = "lmdb";
-    std::string source = "/usr/share/datasets/fashion-mnist";
+    std::string source;
     bool encoded = false;
   };
   auto args = std::make_shared<Args>();
-  auto* cmd = convert.add_subcommand(
-      "fashion-mnist", "Fashion-MNIST IDX files -> OUT/train (60000) and OUT/test (10000)");
+  args->source = std::move(default_source);
+  auto* cmd = convert.add_subcommand(name, description);
   cmd->add_option("--out", args->out, "Output folder")->required();
   cmd->add_option("--db", args->db, "Database type: lmdb or leveldb")->capture_default_str();
-  cmd->add_option("--source", args->source, "Folder with the IDX files (gzipped or not)")
-      ->capture_default_str();
+  auto* source = cmd->add_option("--source", args->source, source_help);
+  if (args->source.empty()) {
+    source->required();
+  } else {
+    source->capture_default_str();
+  }
   cmd->add_flag("--encoded", args->encoded, "Store PNG-encoded images instead of raw pixels");
-  cmd->callback([args] {
+  cmd->callback([args, run] {
     const data::DbType type = data::parseDbType(args->db);
     const auto start = std::chrono::steady_clock::now();
-    const data::ConvertStats stats =
-        data::convertFashionMnist(args->source, args->out, type, args->encoded);
+    const data::ConvertStats stats = run(args->source, args->out, type, args->encoded);
     spdlog::info("wrote {} train and {} test records ({}{}) to {} in {:.2f} s", stats.train,
                  stats.test, data::toString(type), args->encoded ? ", PNG-encoded" : "", args->out,
                  secondsSince(start));
@@ -65,6 +74,12 @@ void addImages(CLI::App& convert) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--resize_width", args->options.resize_width, "Resize to this width")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resize", args->options.resize_short,
+                  "Resize the short side to this, keeping the aspect ratio (antialiased; for "
+                  "variable-size --encoded records, e.g. 256 for ImageNet)")
+      ->check(CLI::PositiveNumber)
+      ->excludes("--resize_height")
+      ->excludes("--resize_width");
   cmd->add_flag("--gray", args->options.gray, "One gray channel instead of BGR");
   cmd->add_flag("--encoded", args->options.encoded, "Store encoded images");
   cmd->add_option("--encode_type", args->options.encode_type,
@@ -86,7 +101,15 @@ void addImages(CLI::App& convert) {
 void addConvertCommand(CLI::App& app) {
   auto* convert = app.add_subcommand("convert", "Convert a data set into an LMDB/LevelDB database");
   convert->require_subcommand(1);
-  addFashionMnist(*convert);
+  addTrainTestSet(*convert, "fashion-mnist",
+                  "Fashion-MNIST IDX files -> OUT/train (60000) and OUT/test (10000)",
+                  "Folder with the IDX files (gzipped or not)", "/usr/share/datasets/fashion-mnist",
+                  data::convertFashionMnist);
+  addTrainTestSet(*convert, "cifar10",
+                  "CIFAR-10's binary files -> OUT/train (50000) and OUT/test (10000), BGR 32x32",
+                  "Folder with data_batch_1.bin .. data_batch_5.bin and test_batch.bin (or the "
+                  "folder holding cifar-10-batches-bin)",
+                  "", data::convertCifar10);
   addImages(*convert);
 }
 

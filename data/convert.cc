@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/datum.h"
 #include "data/image.h"
+#include "data/image_transform.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -168,6 +170,95 @@ std::int64_t writeIdxSet(const IdxSet& set, const std::string& path, DbType type
   return set.count;
 }
 
+constexpr int kCifarSide = 32;
+constexpr std::size_t kCifarPlane = kCifarSide * kCifarSide;
+constexpr std::size_t kCifarRecord = 1 + 3 * kCifarPlane;  // a label byte, then R, G, B planes
+constexpr int kCifarLabels = 10;
+
+struct CifarFile {
+  std::string path;
+  std::string bytes;
+};
+
+std::vector<CifarFile> readCifarFiles(const std::string& dir,
+                                      const std::vector<std::string>& names) {
+  std::vector<CifarFile> files;
+  for (const auto& name : names) {
+    CifarFile file;
+    file.path = (fs::path(dir) / name).string();
+    std::error_code ec;
+    if (!fs::is_regular_file(file.path, ec)) {
+      throw InputError(detail::concat("CIFAR-10 folder '", dir, "' has no '", name, "'"));
+    }
+    file.bytes = readMaybeGzipped(file.path);
+    if (file.bytes.empty() || file.bytes.size() % kCifarRecord != 0) {
+      throw InputError(detail::concat("file '", file.path, "' has ", file.bytes.size(),
+                                      " bytes, not a whole number of CIFAR-10 records of ",
+                                      kCifarRecord, " bytes"));
+    }
+    for (std::size_t r = 0; r < file.bytes.size() / kCifarRecord; ++r) {
+      const int label = static_cast<unsigned char>(file.bytes[r * kCifarRecord]);
+      if (label >= kCifarLabels) {
+        throw InputError(detail::concat("file '", file.path, "' has label ", label, " at record ",
+                                        r, ", expected 0..", kCifarLabels - 1));
+      }
+    }
+    files.push_back(std::move(file));
+  }
+  return files;
+}
+
+std::int64_t writeCifarSet(const std::vector<CifarFile>& files, const std::string& path,
+                           DbType type, bool encoded) {
+  auto db = createDb(path, type);
+  caffe::Datum datum;
+  datum.set_channels(3);
+  datum.set_height(kCifarSide);
+  datum.set_width(kCifarSide);
+  datum.set_encoded(encoded);
+  Image image;
+  image.channels = 3;
+  image.height = image.width = kCifarSide;
+  image.pixels.resize(3 * kCifarPlane);
+  std::string planes(3 * kCifarPlane, '\0'), value;
+  std::int64_t index = 0;
+  for (const auto& file : files) {
+    for (std::size_t at = 0; at < file.bytes.size(); at += kCifarRecord) {
+      const char* rgb = file.bytes.data() + at + 1;
+      for (int c = 0; c < 3; ++c)  // BGR plane c is CIFAR's plane 2 - c
+        std::copy_n(rgb + (2 - c) * kCifarPlane, kCifarPlane, planes.data() + c * kCifarPlane);
+      if (encoded) {
+        for (std::size_t j = 0; j < kCifarPlane; ++j) {
+          for (int c = 0; c < 3; ++c)
+            image.pixels[3 * j + c] = static_cast<std::uint8_t>(planes[c * kCifarPlane + j]);
+        }
+        datum.set_data(encodePng(image));
+      } else {
+        datum.set_data(planes);
+      }
+      datum.set_label(static_cast<unsigned char>(file.bytes[at]));
+      datum.SerializeToString(&value);
+      db->put(fmt::format("{:05d}", index++), value);
+    }
+  }
+  db->commit();
+  return index;
+}
+
+// out_dir/train and out_dir/test, both checked before either is written: write(set, path).
+template <typename Set, typename Write>
+ConvertStats writeTrainAndTest(const std::string& out_dir, DbType type, const Set& train,
+                               const Set& test, Write write) {
+  const std::string train_db = (fs::path(out_dir) / "train").string();
+  const std::string test_db = (fs::path(out_dir) / "test").string();
+  checkNewDb(train_db, type);
+  checkNewDb(test_db, type);
+  ConvertStats stats;
+  stats.train = write(train, train_db);
+  stats.test = write(test, test_db);
+  return stats;
+}
+
 struct ListEntry {
   std::string path;
   int label = 0;
@@ -237,14 +328,32 @@ ConvertStats convertFashionMnist(const std::string& source_dir, const std::strin
   }
   const IdxSet train = readIdxSet(source_dir, "train");
   const IdxSet test = readIdxSet(source_dir, "t10k");
-  const std::string train_db = (fs::path(out_dir) / "train").string();
-  const std::string test_db = (fs::path(out_dir) / "test").string();
-  checkNewDb(train_db, type);
-  checkNewDb(test_db, type);
-  ConvertStats stats;
-  stats.train = writeIdxSet(train, train_db, type, encoded);
-  stats.test = writeIdxSet(test, test_db, type, encoded);
-  return stats;
+  return writeTrainAndTest(out_dir, type, train, test,
+                           [&](const IdxSet& set, const std::string& db) {
+                             return writeIdxSet(set, db, type, encoded);
+                           });
+}
+
+ConvertStats convertCifar10(const std::string& source_dir, const std::string& out_dir, DbType type,
+                            bool encoded) {
+  std::error_code ec;
+  if (!fs::is_directory(source_dir, ec)) {
+    throw InputError(detail::concat("CIFAR-10 folder '", source_dir, "' does not exist"));
+  }
+  std::string dir = source_dir;
+  const fs::path inner = fs::path(source_dir) / "cifar-10-batches-bin";
+  if (!fs::exists(fs::path(dir) / "test_batch.bin", ec) && fs::is_directory(inner, ec)) {
+    dir = inner.string();
+  }
+  std::vector<std::string> train_names;
+  for (int b = 1; b <= 5; ++b)
+    train_names.push_back(fmt::format("data_batch_{}.bin", b));
+  const auto train = readCifarFiles(dir, train_names);
+  const auto test = readCifarFiles(dir, {"test_batch.bin"});
+  return writeTrainAndTest(out_dir, type, train, test,
+                           [&](const std::vector<CifarFile>& set, const std::string& db) {
+                             return writeCifarSet(set, db, type, encoded);
+                           });
 }
 
 std::int64_t convertImageset(const std::string& list_file, const std::string& root,
@@ -254,7 +363,12 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
     throw InputError(detail::concat("resize needs both a height and a width > 0, got ",
                                     options.resize_height, "x", options.resize_width));
   }
-  const bool resize = options.resize_height > 0;
+  if (options.resize_short < 0 || (options.resize_short > 0 && options.resize_height > 0)) {
+    throw InputError(detail::concat(
+        "resize (the short side) must be > 0 and excludes resize_height and resize_width, got ",
+        options.resize_short, " with ", options.resize_height, "x", options.resize_width));
+  }
+  const bool resize = options.resize_height > 0 || options.resize_short > 0;
   std::optional<ImageFormat> encode_as;
   if (!options.encode_type.empty()) encode_as = formatFromName(options.encode_type, "convert");
   std::vector<ListEntry> entries = readList(list_file);
@@ -295,7 +409,14 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
     } catch (const InputError& e) {
       throw InputError(detail::concat(where(), ": ", e.what()));
     }
-    if (resize) image = resizeBilinear(image, options.resize_height, options.resize_width);
+    if (options.resize_short > 0) {
+      const double f =
+          static_cast<double>(options.resize_short) / std::min(image.height, image.width);
+      image = resizeAntialiased(image, std::max(1, static_cast<int>(std::lround(image.height * f))),
+                                std::max(1, static_cast<int>(std::lround(image.width * f))));
+    } else if (resize) {
+      image = resizeBilinear(image, options.resize_height, options.resize_width);
+    }
 
     datum.Clear();
     datum.set_label(entry.label);

@@ -25,6 +25,18 @@ struct ConvertStats {
 ConvertStats convertFashionMnist(const std::string& source_dir, const std::string& out_dir,
                                  DbType type, bool encoded);
 
+// Reads CIFAR-10's binary files from source_dir (data_batch_1.bin .. data_batch_5.bin and
+// test_batch.bin, as the cifar-10-batches-bin folder of its archive holds them; a folder holding
+// that folder does too): records of a label byte and 3 x 32 x 32 pixels, planes R, G, B. Writes
+// out_dir/train (the five batches in order) and out_dir/test, keys "%05d" as Caffe's
+// convert_cifar_data, Datum 3 x 32 x 32 with the planes in BGR order as every colour record of
+// troupe (and of Caffe2's image input); Caffe's own converter kept CIFAR's RGB. encoded: PNG.
+// Everything is read and checked first. Throws InputError naming the file for a missing file, a
+// size that is not a whole number of records, or a label > 9; and as convertFashionMnist for the
+// output.
+ConvertStats convertCifar10(const std::string& source_dir, const std::string& out_dir, DbType type,
+                            bool encoded);
+
 struct ImagesetOptions {
   DbType type = DbType::kLmdb;
   // Shuffle the list's lines with shuffle(..., SplitMix64(seed)) (see dataset.h) before writing.
@@ -33,6 +45,10 @@ struct ImagesetOptions {
   // Both > 0: resize every image (bilinear) to resize_height x resize_width; both 0: keep sizes.
   int resize_height = 0;
   int resize_width = 0;
+  // > 0: resize every image so that its short side is this long, keeping its aspect ratio (Caffe2's
+  // `scale`: ImageNet databases are often stored at 256 or so), with the antialiased filter of
+  // the training transform. Exclusive of resize_height and resize_width.
+  int resize_short = 0;
   // One gray channel instead of three (BGR).
   bool gray = false;
   // Store encoded images (as convert_imageset --encoded) instead of decoded pixels. The file's own
@@ -46,11 +62,11 @@ struct ImagesetOptions {
 // What Caffe's convert_imageset does. list_file holds lines "relative/path.jpg LABEL" (the label
 // after the last blank, so paths may hold spaces; blank lines are skipped); images (JPEG or PNG)
 // are read from root/relative/path.jpg. Keys are "%08d_%s" (index after shuffling, path as in the
-// list). Raw records hold C x H x W uint8 pixels in BGR order, as Caffe's; without a resize they
-// must all have the first image's size. Returns the number of records written.
-// Throws InputError naming the image and the list's line number for a missing or undecodable
-// image, InputError naming the list for a missing list or a malformed line, and as createDb()
-// for the output.
+// list). Raw records hold C x H x W uint8 pixels in BGR order, as Caffe's; without a resize to
+// resize_height x resize_width they must all have the first image's size. Returns the number of
+// records written. Throws InputError naming the image and the list's line number for a missing or
+// undecodable image, InputError naming the list for a missing list or a malformed line, and as
+// createDb() for the output.
 std::int64_t convertImageset(const std::string& list_file, const std::string& root,
                              const std::string& out_db, const ImagesetOptions& options);
 

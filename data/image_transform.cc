@@ -374,6 +374,26 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
   }
 }
 
+Image resizeAntialiased(const Image& image, int height, int width) {
+  if (height < 1 || width < 1) {
+    throw InputError(detail::concat("cannot resize an image to ", height, "x", width));
+  }
+  ImageTransformOptions options;
+  options.layout = Layout::kNhwc;
+  ImageTransform t(options, false, image.channels, height, width);
+  ImageTransform::Window whole;
+  whole.width = image.width;
+  whole.height = image.height;
+  t.planTaps(whole, 1, image.height, image.width);
+  Image out;
+  out.height = height;
+  out.width = width;
+  out.channels = image.channels;
+  out.pixels.resize(static_cast<std::size_t>(height) * width * image.channels);
+  t.resample(image, whole, out.pixels.data());
+  return out;
+}
+
 void ImageTransform::jitter(const Window& window) {
   if (window.brightness == 1 && window.contrast == 1 && window.saturation == 1) return;
   auto clamp255 = [](float v) { return std::clamp(v, 0.0f, 255.0f); };

@@ -53,6 +53,10 @@ struct ImageTransformOptions {
 // set (ImageNet's largest is about 35 megapixels); a header claiming more is corrupt or hostile.
 inline constexpr std::int64_t kMaxImagePixels = 100'000'000;
 
+// The whole image resized to height x width with the transform's antialiased filter (what
+// `troupe convert images --resize` stores). InputError for a size below 1.
+Image resizeAntialiased(const Image& image, int height, int width);
+
 class ImageTransform {
  public:
   // `train` draws the random crop, mirror and jitter; otherwise centre crops and nothing random.
@@ -101,6 +105,7 @@ class ImageTransform {
   template <typename T>
   void resample(const Image& source, const Window& window, T* out);
   void jitter(const Window& window);
+  friend Image resizeAntialiased(const Image& image, int height, int width);
 
   ImageTransformOptions options_;
   bool train_;

@@ -66,7 +66,9 @@ class ConvLayer final : public Layer {
 
 class PoolLayer final : public Layer {
  public:
-  PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m) {
+  PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m,
+            bool ceil_mode) {
+    g_.ceil_mode = ceil_mode;
     g_.channels = in[0];
     g_.height = in[1];
     g_.width = in[2];
@@ -271,8 +273,8 @@ std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
   return std::make_unique<ConvLayer>(in, out_channels, kernel, stride, pad, bias);
 }
 std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
-                                     std::int64_t pad, PoolMethod method) {
-  return std::make_unique<PoolLayer>(in, kernel, stride, pad, method);
+                                     std::int64_t pad, PoolMethod method, bool ceil_mode) {
+  return std::make_unique<PoolLayer>(in, kernel, stride, pad, method, ceil_mode);
 }
 std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out) {
   return std::make_unique<InnerProductLayer>(in, out);

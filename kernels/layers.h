@@ -46,7 +46,7 @@ std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
                                      std::int64_t kernel, std::int64_t stride, std::int64_t pad,
                                      bool bias);
 std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
-                                     std::int64_t pad, PoolMethod method);
+                                     std::int64_t pad, PoolMethod method, bool ceil_mode = true);
 std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out);
 std::unique_ptr<Layer> makeReluLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeBatchNormLayer(const Shape& in);

@@ -1,6 +1,7 @@
 #include "kernels/net.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -68,15 +69,16 @@ class Builder {
   }
 
   Node pool(const Node& in, const std::string& name, std::int64_t k, std::int64_t s, std::int64_t p,
-            PoolMethod method) {
+            PoolMethod method, bool ceil_mode = true) {
     PoolGeometry geo;
     geo.height = in.shape[1];
     geo.width = in.shape[2];
     geo.kernel = k;
     geo.stride = s;
     geo.pad = p;
+    geo.ceil_mode = ceil_mode;
     const Shape out{in.shape[0], geo.outHeight(), geo.outWidth()};
-    return add(makePoolLayer(in.shape, k, s, p, method), name, {in}, out);
+    return add(makePoolLayer(in.shape, k, s, p, method, ceil_mode), name, {in}, out);
   }
 
   Node fc(const Node& in, const std::string& name, std::int64_t out) {
@@ -92,10 +94,11 @@ class Builder {
     return add(makeReluLayer(numelOf(in.shape)), name, {in}, in.shape);
   }
 
-  Node bn(const Node& in, const std::string& name) {
+  // gamma: the scale's first value (0 for the last batch norm of a residual branch, Goyal et al.).
+  Node bn(const Node& in, const std::string& name, float gamma = 1.0f) {
     const std::int64_t c = in.shape[0];
     beginParams();
-    addParam(name + ".weight", {c}, {true, 1.0f});
+    addParam(name + ".weight", {c}, {true, gamma});
     addParam(name + ".bias", {c}, {true, 0.0f});
     const std::int64_t buffers = g_.num_buffers;
     g_.buffer_fills.push_back({buffers + c, buffers + 2 * c, 1.0f});  // running variance
@@ -204,21 +207,70 @@ Node basicBlock(Builder& b, const Node& x, const std::string& name, std::int64_t
   return b.relu(b.sum(y, shortcut, name + ".add"), name + ".relu2");
 }
 
-Node buildResnet20(Builder& b, Node x, std::int64_t classes) {
+// He et al.'s CIFAR ResNet-(6n+2): three stages of n basic blocks, 16, 32 and 64 wide.
+Node buildCifarResnet(Builder& b, Node x, std::int64_t classes, int blocks) {
   x = b.relu(b.bn(b.conv(x, "conv1", 16, 3, 1, 1, false), "bn1"), "relu1");
   const std::int64_t widths[] = {16, 32, 64};
   for (int stage = 0; stage < 3; ++stage)
-    for (int block = 0; block < 3; ++block)
+    for (int block = 0; block < blocks; ++block)
       x = basicBlock(b, x,
                      "stage" + std::to_string(stage + 1) + ".block" + std::to_string(block + 1),
                      widths[stage], stage > 0 && block == 0 ? 2 : 1);
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
 }
 
+// torchvision's ImageNet ResNets (v1.5: a bottleneck strides in its 3x3 convolution), layer for
+// layer and named as torchvision names them ("layer1.0.conv1", "layer1.0.downsample.0"). gamma:
+// the first scale of each block's last batch norm (0: Goyal et al.'s zero-init residuals).
+struct ImageNetResnet {
+  bool bottleneck = false;
+  std::array<int, 4> blocks = {2, 2, 2, 2};
+};
+
+Node imagenetBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
+                   std::int64_t stride, bool bottleneck, float gamma) {
+  const std::int64_t out = bottleneck ? 4 * width : width;
+  Node y;
+  if (bottleneck) {
+    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 1, 1, 0, false), name + ".bn1"),
+               name + ".relu1");
+    y = b.relu(b.bn(b.conv(y, name + ".conv2", width, 3, stride, 1, false), name + ".bn2"),
+               name + ".relu2");
+    y = b.bn(b.conv(y, name + ".conv3", out, 1, 1, 0, false), name + ".bn3", gamma);
+  } else {
+    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 3, stride, 1, false), name + ".bn1"),
+               name + ".relu1");
+    y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2", gamma);
+  }
+  Node shortcut = x;
+  if (stride != 1 || x.shape[0] != out) {
+    shortcut =
+        b.bn(b.conv(x, name + ".downsample.0", out, 1, stride, 0, false), name + ".downsample.1");
+  }
+  return b.relu(b.sum(y, shortcut, name + ".add"), name + ".relu");
+}
+
+Node buildImageNetResnet(Builder& b, Node x, std::int64_t classes, const ImageNetResnet& r,
+                         float gamma) {
+  x = b.relu(b.bn(b.conv(x, "conv1", 64, 7, 2, 3, false), "bn1"), "relu");
+  x = b.pool(x, "maxpool", 3, 2, 1, PoolMethod::kMax, false);
+  for (int stage = 0; stage < 4; ++stage) {
+    for (int block = 0; block < r.blocks[stage]; ++block) {
+      x = imagenetBlock(b, x, "layer" + std::to_string(stage + 1) + "." + std::to_string(block),
+                        std::int64_t{64} << stage, stage > 0 && block == 0 ? 2 : 1, r.bottleneck,
+                        gamma);
+    }
+  }
+  return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
+}
+
 // ---- layers written in a config ----
 
-const std::vector<std::string> kLayerTypes = {"conv", "pool",    "fc",     "relu",
-                                              "bn",   "dropout", "flatten"};
+const std::vector<std::string> kLayerTypes = {"conv", "pool",    "fc",  "relu",
+                                              "bn",   "dropout", "add", "flatten"};
+// Arguments every layer takes: a name later layers may refer to, and the output it reads (a named
+// layer's, or "data", the input) instead of the previous layer's.
+const std::vector<std::string> kEveryLayerArgs = {"name", "input"};
 
 std::string join(const std::vector<std::string>& names) {
   std::string out;
@@ -227,10 +279,15 @@ std::string join(const std::vector<std::string>& names) {
   return out;
 }
 
+std::string layerWhere(const LayerSpec& spec, std::size_t index) {
+  return "layer " + std::to_string(index) + " (" + spec.type + ")";
+}
+
 class SpecArgs {
  public:
   SpecArgs(const LayerSpec& spec, std::size_t index, std::vector<std::string> known)
       : spec_(spec), index_(index), known_(std::move(known)) {
+    known_.insert(known_.end(), kEveryLayerArgs.begin(), kEveryLayerArgs.end());
     for (const auto& [key, value] : spec.args)
       if (std::find(known_.begin(), known_.end(), key) == known_.end())
         fail(key, "is not an argument of it" + (known_.empty() ? std::string(" (it takes none)")
@@ -264,6 +321,14 @@ class SpecArgs {
     return v;
   }
 
+  // The value as written; `fallback` if it is absent (nullptr: it is required).
+  std::string string(const std::string& key, const char* fallback) {
+    auto it = spec_.args.find(key);
+    if (it != spec_.args.end()) return it->second;
+    if (!fallback) fail(key, "is missing");
+    return fallback;
+  }
+
   std::string text(const std::string& key, const std::vector<std::string>& allowed,
                    const std::string& fallback) {
     auto it = spec_.args.find(key);
@@ -276,7 +341,7 @@ class SpecArgs {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw InputError(where() + ": argument '" + key + "' " + what);
   }
-  std::string where() const { return "layer " + std::to_string(index_) + " (" + spec_.type + ")"; }
+  std::string where() const { return layerWhere(spec_, index_); }
 
  private:
   const LayerSpec& spec_;
@@ -284,11 +349,60 @@ class SpecArgs {
   std::vector<std::string> known_;
 };
 
+// The layers' names (each one's own, or its type and count: "conv2") and the outputs that layers
+// may read by name: "data" (the input) and each layer named in the file.
+class LayerNames {
+ public:
+  explicit LayerNames(const Node& data) { named_.emplace("data", data); }
+
+  // Layer `index`'s name; InputError if it is empty or taken.
+  std::string claim(const LayerSpec& spec, std::size_t index) {
+    const auto given = spec.args.find("name");
+    const std::string name =
+        given != spec.args.end() ? given->second : spec.type + std::to_string(++counts_[spec.type]);
+    const std::string what = given != spec.args.end() ? "argument 'name' = '" + name + "'"
+                                                      : "its default name '" + name + "'";
+    if (name.empty()) throw InputError(layerWhere(spec, index) + ": argument 'name' is empty");
+    if (name == "data") throw InputError(layerWhere(spec, index) + ": " + what + " is the input's");
+    if (const auto [it, fresh] = used_.emplace(name, index); !fresh) {
+      throw InputError(layerWhere(spec, index) + ": " + what + " is taken by layer " +
+                       std::to_string(it->second) +
+                       (given == spec.args.end() ? ": name one of them" : ""));
+    }
+    return name;
+  }
+
+  const Node& output(const LayerSpec& spec, std::size_t index, const std::string& key,
+                     const std::string& name) const {
+    auto it = named_.find(name);
+    if (it == named_.end()) {
+      std::vector<std::string> names;
+      for (const auto& entry : named_)
+        names.push_back(entry.first);
+      throw InputError(layerWhere(spec, index) + ": argument '" + key + "' = '" + name +
+                       "' names no earlier layer (named so far: " + join(names) + ")");
+    }
+    return it->second;
+  }
+
+  // After layer `index` is built: its output, if the file named it.
+  void built(const LayerSpec& spec, const std::string& name, const Node& out) {
+    if (spec.args.count("name")) named_.emplace(name, out);
+  }
+
+ private:
+  std::map<std::string, int> counts_;
+  std::map<std::string, std::size_t> used_;
+  std::map<std::string, Node> named_;
+};
+
 Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
-  std::map<std::string, int> counts;
+  LayerNames names(x);
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& spec = layers[i];
-    const std::string name = spec.type + std::to_string(++counts[spec.type]);
+    const std::string name = names.claim(spec, i);
+    if (const auto input = spec.args.find("input"); input != spec.args.end())
+      x = names.output(spec, i, "input", input->second);
     const bool spatial = x.shape.size() == 3;
     auto needSpatial = [&](const SpecArgs& args) {
       if (!spatial)
@@ -308,8 +422,17 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
                          toString(x.shape) + " input");
       x = b.conv(x, name, oc, k, s, p, bias);
     } else if (spec.type == "pool") {
-      SpecArgs args(spec, i, {"kernel", "stride", "pad", "method"});
+      SpecArgs args(spec, i, {"kernel", "stride", "pad", "method", "global", "round_mode"});
       needSpatial(args);
+      if (args.text("global", {"true", "false"}, "false") == "true") {  // Caffe's global_pooling
+        for (const char* key : {"kernel", "stride", "pad", "round_mode"})
+          if (spec.args.count(key)) args.fail(key, "is not taken by a global pool");
+        if (args.text("method", {"max", "ave"}, "ave") != "ave")
+          args.fail("method", "= max: a global pool averages (method ave)");
+        x = b.globalAvgPool(x, name);
+        names.built(spec, name, x);
+        continue;
+      }
       const std::int64_t zero = 0;
       const std::int64_t k = args.integer("kernel", 1, nullptr);
       const std::int64_t s = args.integer("stride", 1, &k);
@@ -319,7 +442,9 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
       if (x.shape[1] + 2 * p < k || x.shape[2] + 2 * p < k)
         throw InputError(args.where() + ": kernel " + std::to_string(k) + " exceeds the padded " +
                          toString(x.shape) + " input");
-      x = b.pool(x, name, k, s, p, max ? PoolMethod::kMax : PoolMethod::kAverage);
+      // Caffe's ceil by default; floor as PyTorch's and Caffe2's (torchvision's ResNets).
+      const bool ceil = args.text("round_mode", {"ceil", "floor"}, "ceil") == "ceil";
+      x = b.pool(x, name, k, s, p, max ? PoolMethod::kMax : PoolMethod::kAverage, ceil);
     } else if (spec.type == "fc") {
       SpecArgs args(spec, i, {"num_output"});
       x = b.fc(x, name, args.integer("num_output", 1, nullptr));
@@ -327,11 +452,22 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
       SpecArgs args(spec, i, {});
       x = b.relu(x, name);
     } else if (spec.type == "bn") {
-      SpecArgs args(spec, i, {});
-      x = b.bn(x, name);
+      SpecArgs args(spec, i, {"gamma"});
+      // The scale's first value: 0 for a residual branch's last batch norm (Goyal et al.).
+      x = b.bn(x, name, args.real("gamma", -1e6f, 1e6f, 1.0f));
     } else if (spec.type == "dropout") {
       SpecArgs args(spec, i, {"ratio"});
       x = b.dropout(x, name, args.real("ratio", 0.0f, 1.0f, 0.5f));
+    } else if (spec.type == "add") {
+      // The residual connection: this input plus an earlier layer's output, of the same shape.
+      SpecArgs args(spec, i, {"with"});
+      const Node& other = names.output(spec, i, "with", args.string("with", nullptr));
+      if (other.blob == x.blob) args.fail("with", "names this layer's own input");
+      if (other.shape != x.shape) {
+        args.fail("with", "= '" + spec.args.at("with") + "' gives " + toString(other.shape) +
+                              " per sample, the input " + toString(x.shape));
+      }
+      x = b.sum(x, other, name);
     } else if (spec.type == "flatten") {
       SpecArgs args(spec, i, {});
       x = Builder::flatten(x);
@@ -339,6 +475,7 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
       throw InputError("layer " + std::to_string(i) + " has unknown type '" + spec.type +
                        "' (known: " + join(kLayerTypes) + ")");
     }
+    names.built(spec, name, x);
   }
   return x;
 }
@@ -502,7 +639,7 @@ class NetImpl final : public Net, private LayerContext {
 }  // namespace
 
 std::vector<std::string> builtinModels() {
-  return {"mlp", "lenet", "resnet20"};
+  return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50"};
 }
 
 std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
@@ -528,8 +665,17 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
       if (options.height < 16 || options.width < 16)
         throw InputError("lenet needs inputs of at least 16x16");
       x = buildLenet(b, x, options.num_labels);
-    } else if (model.name == "resnet20") {
-      x = buildResnet20(b, x, options.num_labels);
+    } else if (model.name == "resnet20" || model.name == "resnet56") {
+      x = buildCifarResnet(b, x, options.num_labels, model.name == "resnet20" ? 3 : 9);
+    } else if (model.name == "resnet18" || model.name == "resnet34" || model.name == "resnet50") {
+      // Five halvings (conv1, maxpool, three stages) leave at least one pixel.
+      if (options.height < 32 || options.width < 32)
+        throw InputError(model.name + " needs inputs of at least 32x32");
+      ImageNetResnet r;
+      r.bottleneck = model.name == "resnet50";
+      if (model.name != "resnet18") r.blocks = {3, 4, 6, 3};
+      x = buildImageNetResnet(b, x, options.num_labels, r,
+                              options.zero_init_residual ? 0.0f : 1.0f);
     } else {
       throw InputError("unknown model '" + model.name + "' (built-in: " + join(builtinModels()) +
                        ")");

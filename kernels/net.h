@@ -24,7 +24,9 @@ struct LayerSpec {
   std::map<std::string, std::string> args;
 };
 
-// Either a built-in model by name ("mlp", "lenet", "resnet20") or a list of layers.
+// Either a built-in model by name (builtinModels(): "mlp", "lenet", the CIFAR ResNets "resnet20"
+// and "resnet56", torchvision's ImageNet ResNets "resnet18", "resnet34", "resnet50") or a list of
+// layers.
 struct ModelSpec {
   std::string name;
   std::vector<LayerSpec> layers;
@@ -39,6 +41,9 @@ struct NetOptions {
   // The largest batch forward() will see; memory is sized for it.
   std::int64_t max_batch = 64;
   std::uint64_t seed = 1;
+  // The built-in ImageNet ResNets start each block's last batch-norm scale at 0, so that every
+  // block starts as the identity (Goyal et al.; torchvision's zero_init_residual).
+  bool zero_init_residual = false;
 };
 
 // Where a parameter lives in the flat weight / gradient tensors.

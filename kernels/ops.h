@@ -35,12 +35,14 @@ class ConvOp {
 enum class PoolMethod : std::uint8_t { kMax, kAverage };
 
 // Caffe's pooling: outHeight = ceil((height + 2 pad - kernel) / stride) + 1, dropping a last window
-// that would start inside the padding. Average pooling divides by the window clipped to the padded
-// input (Caffe's rule); padding never wins a max.
+// that would start inside the padding; with ceil_mode false, floor instead of ceil (PyTorch's and
+// Caffe2's default, which torchvision's ResNets are built with). Average pooling divides by the
+// window clipped to the padded input (Caffe's rule); padding never wins a max.
 struct PoolGeometry {
   std::int64_t n = 1, channels = 1, height = 1, width = 1;
   std::int64_t kernel = 2, stride = 2, pad = 0;
   PoolMethod method = PoolMethod::kMax;
+  bool ceil_mode = true;
   std::int64_t outHeight() const;
   std::int64_t outWidth() const;
 };

@@ -231,12 +231,11 @@ TEST(Caffe2Flags, AConfigFileMayHoldThem) {
 
 TEST(Caffe2Flags, OneAlwaysRefusedInAFileIsRefusedForWhatItIsWhateverItsType) {
   Environment env;
-  const ConfigFile file("num_layers = 50\n");
-  EXPECT_EQ(
-      configErrorOf(file.path()),
-      file.path() +
-          ": num_layers = 50: troupe has no built-in ResNe(X)t-N: its ResNet is model "
-          "resnet20 (CIFAR's), and [[layers]] have no residual connections to write one with");
+  const ConfigFile file("test_epoch_size = 50000\n");
+  EXPECT_EQ(configErrorOf(file.path()),
+            file.path() +
+                ": test_epoch_size = 50000: troupe tests on the whole test_data after every "
+                "epoch, and no key limits it (a smaller test database does)");
   const ConfigFile dtype("dtype = \"float16\"\n");
   EXPECT_EQ(configErrorOf(dtype.path()),
             dtype.path() +

@@ -329,6 +329,114 @@ TEST_F(BadIdxTest, MissingFileIsNamed) {
   EXPECT_THAT(convertError(), HasSubstr("t10k-labels-idx1-ubyte"));
 }
 
+// CIFAR-10's binary format: per record a label byte and 32 x 32 R, G and B planes. Record r of a
+// file gets label (first + r) % 10 and plane values that say which record and plane they are.
+std::string cifarRecords(int count, int first) {
+  std::string bytes;
+  for (int r = 0; r < count; ++r) {
+    bytes.push_back(static_cast<char>((first + r) % 10));
+    for (int plane = 0; plane < 3; ++plane) {
+      for (int j = 0; j < 1024; ++j)
+        bytes.push_back(static_cast<char>((first + r) * 7 + plane * 50 + j % 5));
+    }
+  }
+  return bytes;
+}
+
+// data_batch_1..5.bin with 2, 3, 2, 2, 1 records and test_batch.bin with 3, in dir.
+void writeSmallCifar(const fs::path& dir) {
+  fs::create_directories(dir);
+  const int counts[] = {2, 3, 2, 2, 1};
+  int first = 0;
+  for (int b = 0; b < 5; ++b) {
+    writeFile(dir / fmt::format("data_batch_{}.bin", b + 1), cifarRecords(counts[b], first), false);
+    first += counts[b];
+  }
+  writeFile(dir / "test_batch.bin", cifarRecords(3, 100), false);
+}
+
+TEST(ConvertCifar10Test, RecordsHoldBgrPlanesAndLabelsInFileOrder) {
+  TempDir dir;
+  writeSmallCifar(dir / "src/cifar-10-batches-bin");  // the archive's layout, found from its parent
+  auto result = testing::runTroupe("convert cifar10 --source " + quote(dir / "src") + " --out " +
+                                   quote(dir / "raw"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_THAT(result.output, AllOf(HasSubstr("10 train"), HasSubstr("3 test")));
+  result =
+      testing::runTroupe("convert cifar10 --encoded --db leveldb --source " +
+                         quote(dir / "src/cifar-10-batches-bin") + " --out " + quote(dir / "png"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  auto raw = openDb(dir / "raw/train", DbType::kLmdb);
+  EXPECT_EQ(raw->keys(), (std::vector<std::string>{"00000", "00001", "00002", "00003", "00004",
+                                                   "00005", "00006", "00007", "00008", "00009"}));
+  EXPECT_EQ(openDb(dir / "raw/test", DbType::kLmdb)->size(), 3);
+  caffe::Datum datum;
+  ASSERT_TRUE(datum.ParseFromString(raw->get("00004")));  // data_batch_2's second record
+  EXPECT_EQ(datum.label(), 4);
+  EXPECT_EQ(datum.channels(), 3);
+  EXPECT_EQ(datum.height(), 32);
+  EXPECT_EQ(datum.width(), 32);
+  EXPECT_FALSE(datum.encoded());
+  ASSERT_EQ(datum.data().size(), 3072u);
+  for (int c = 0; c < 3; ++c) {  // BGR: plane c is CIFAR's plane 2 - c
+    for (int j : {0, 1, 1023}) {
+      EXPECT_EQ(static_cast<unsigned char>(datum.data()[c * 1024 + j]),
+                4 * 7 + (2 - c) * 50 + j % 5)
+          << "plane " << c << " pixel " << j;
+    }
+  }
+
+  // The PNG records decode to the raw records' values, through the same reader.
+  for (const char* set : {"train", "test"}) {
+    DatasetOptions options;
+    options.path = dir / (std::string("raw/") + set);
+    options.channels = 3;
+    options.height = options.width = 32;
+    options.scale = 1.0f;
+    auto from_raw = openDataset(options);
+    options.path = dir / (std::string("png/") + set);
+    options.type = DbType::kLevelDb;
+    auto from_png = openDataset(options);
+    ASSERT_EQ(from_png->size(), from_raw->size());
+    std::vector<std::int64_t> all;
+    for (std::int64_t i = 0; i < from_raw->size(); ++i)
+      all.push_back(i);
+    std::vector<float> a(all.size() * 3072), b(a.size());
+    std::vector<std::int32_t> la(all.size()), lb(all.size());
+    from_raw->read(all, 0, a.data(), la.data());
+    from_png->read(all, 0, b.data(), lb.data());
+    EXPECT_EQ(a, b) << set;
+    EXPECT_EQ(la, lb) << set;
+  }
+}
+
+TEST(ConvertCifar10Test, BadFilesAreNamedAndNothingIsWritten) {
+  TempDir dir;
+  writeSmallCifar(dir / "src");
+  fs::remove(dir / "src/data_batch_3.bin");
+  auto error = errorOf([&] { convertCifar10(dir / "src", dir / "out", DbType::kLmdb, false); });
+  EXPECT_THAT(error, AllOf(HasSubstr("data_batch_3.bin"), HasSubstr(dir / "src")));
+
+  writeFile(dir / "src/data_batch_3.bin", cifarRecords(2, 0) + "x", false);
+  error = errorOf([&] { convertCifar10(dir / "src", dir / "out", DbType::kLmdb, false); });
+  EXPECT_THAT(error, AllOf(HasSubstr(dir / "src/data_batch_3.bin"), HasSubstr("6147 bytes"),
+                           HasSubstr("3073")));
+
+  std::string records = cifarRecords(3, 0);
+  records[2 * 3073] = 10;  // the third record's label
+  writeFile(dir / "src/data_batch_3.bin", records, false);
+  error = errorOf([&] { convertCifar10(dir / "src", dir / "out", DbType::kLmdb, false); });
+  EXPECT_THAT(error, AllOf(HasSubstr(dir / "src/data_batch_3.bin"), HasSubstr("label 10"),
+                           HasSubstr("record 2")));
+  EXPECT_FALSE(fs::exists(dir / "out"));
+
+  const auto result = testing::runTroupe("convert cifar10 --source " + quote(dir / "nowhere") +
+                                         " --out " + quote(dir / "out"));
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.output, HasSubstr(dir / "nowhere"));
+}
+
 // Image lists, as Caffe's convert_imageset reads them.
 class ImagesetTest : public ::testing::Test {
  protected:
@@ -452,6 +560,34 @@ TEST_F(ImagesetTest, EncodedKeepsFileBytesUnlessAskedToReencode) {
   ASSERT_TRUE(datum.ParseFromString(
       openDb(dir_ / "png", DbType::kLmdb)->get(fmt::format("{:08d}_{}", 2, names_[2]))));
   EXPECT_EQ(sniffImageFormat(datum.data()), ImageFormat::kPng);  // was a JPEG file
+}
+
+TEST_F(ImagesetTest, ResizeScalesTheShortSideAndKeepsTheAspectRatio) {
+  auto result =
+      testing::runTroupe("convert images " + quote(dir_ / "list.txt") + " " + quote(dir_ / "root") +
+                         " --out " + quote(dir_ / "db") + " --encoded --resize 6");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  auto db = openDb(dir_ / "db", DbType::kLmdb);
+  caffe::Datum datum;
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(datum.ParseFromString(db->get(fmt::format("{:08d}_{}", i, names_[i]))));
+    // 8x10 -> 6x7.5, rounded to 6x8; 12x10 -> 7.2x6, rounded to 7x6.
+    Image decoded;
+    decodeImage(datum.data(), 3, decoded);
+    EXPECT_EQ(decoded.height, i % 2 ? 7 : 6) << names_[i];
+    EXPECT_EQ(decoded.width, i % 2 ? 6 : 8) << names_[i];
+    EXPECT_EQ(datum.height(), decoded.height);
+    EXPECT_EQ(datum.width(), decoded.width);
+    if (sniffImageFormat(datum.data()) == ImageFormat::kPng) {  // lossless: uniform planes stay
+      for (std::size_t j = 0; j < decoded.pixels.size(); ++j)
+        ASSERT_EQ(decoded.pixels[j], j % 3 == 0 ? 200 : 20 + i * 10) << names_[i] << " " << j;
+    }
+  }
+  result = testing::runTroupe("convert images " + quote(dir_ / "list.txt") + " " +
+                              quote(dir_ / "root") + " --out " + quote(dir_ / "db2") +
+                              " --resize 6 --resize_height 4 --resize_width 4");
+  EXPECT_NE(result.exit_code, 0);  // CLI11's exit code for excluded options
+  EXPECT_THAT(result.output, AllOf(HasSubstr("--resize"), HasSubstr("--resize_height")));
 }
 
 TEST_F(ImagesetTest, MissingImageNamesFileAndLine) {

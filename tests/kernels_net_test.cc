@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
 
+#include "actors/train_config.h"
 #include "kernels/backend.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
@@ -101,6 +104,127 @@ TEST_F(NetTest, BuiltinModelsHaveTheirKnownParameterCounts) {
   EXPECT_LT(resnet->numParams(), 280000);
 }
 
+// torchvision's parameter counts for 1000 classes (torchvision.models.resnetN().parameters()).
+TEST_F(NetTest, ImageNetResnetsHaveTorchvisionsParameterCountsAndNames) {
+  const std::map<std::string, std::int64_t> torchvision = {
+      {"resnet18", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};
+  for (const auto& [model, count] : torchvision) {
+    NetOptions o = options(model, 1, 3, 224);
+    o.num_labels = 1000;
+    auto net = makeNet(*backend_, o);
+    EXPECT_EQ(net->numParams(), count) << model;
+    std::map<std::string, Shape> shapes;
+    for (const auto& p : net->params())
+      shapes[p.name] = p.shape;
+    EXPECT_EQ(shapes["conv1.weight"], (Shape{64, 3, 7, 7})) << model;
+    EXPECT_EQ(shapes["layer2.0.downsample.0.weight"],
+              (model == "resnet50" ? Shape{512, 256, 1, 1} : Shape{128, 64, 1, 1}))
+        << model;
+    EXPECT_EQ(shapes["fc.weight"], (Shape{1000, model == "resnet50" ? 2048 : 512})) << model;
+    // Floor-mode max pooling, as torchvision's: 224 -> 112 (conv1) -> 56 -> 28 -> 14 -> 7.
+    std::map<std::string, Shape> outputs;
+    for (const auto& l : net->layers())
+      outputs[l.name] = l.output;
+    EXPECT_EQ(outputs["maxpool"], (Shape{64, 56, 56})) << model;
+    const std::string last = model == "resnet18" ? "layer4.1.relu" : "layer4.2.relu";
+    EXPECT_EQ(outputs[last], (Shape{model == "resnet50" ? 2048 : 512, 7, 7})) << model;
+  }
+  EXPECT_EQ(makeNet(*backend_, options("resnet50", 1, 3, 224))->params()[3].name,
+            "layer1.0.conv1.weight");
+}
+
+TEST_F(NetTest, Resnet56HasNineBlocksAStage) {
+  // He et al.'s ResNet-56 (0.85M) with 1x1-conv shortcuts at the two stage changes: conv1 and bn1
+  // 432 + 32; stage 1, 9 x (2 x 16*16*9 + 2 x 32); stage 2, (16*32*9 + 32*32*9 + 128 + 32*16 +
+  // 64) + 8 x (2 x 32*32*9 + 128); stage 3, (32*64*9 + 64*64*9 + 256 + 64*32 + 128) + 8 x
+  // (2 x 64*64*9 + 256); fc 64*10 + 10.
+  EXPECT_EQ(makeNet(*backend_, options("resnet56", 1, 3, 32))->numParams(),
+            432 + 32 + 9 * (2 * 2304 + 64) + (4608 + 9216 + 128 + 512 + 64) + 8 * (2 * 9216 + 128) +
+                (18432 + 36864 + 256 + 2048 + 128) + 8 * (2 * 36864 + 256) + 650);
+}
+
+TEST_F(NetTest, ZeroInitResidualZeroesEachBlocksLastBatchNormScaleOnly) {
+  for (const std::string model : {"resnet18", "resnet50"}) {
+    NetOptions o = options(model, 1, 3, 64);
+    o.zero_init_residual = true;
+    auto net = makeNet(*backend_, o);
+    const std::string last = model == "resnet18" ? "bn2" : "bn3";
+    int zeroed = 0;
+    for (const auto& p : net->params()) {
+      if (p.name.find("bn") == std::string::npos &&
+          p.name.find("downsample.1") == std::string::npos)
+        continue;
+      if (p.name.size() < 7 || p.name.compare(p.name.size() - 7, 7, ".weight") != 0) continue;
+      const bool block_last = p.name.find("." + last + ".") != std::string::npos;
+      const float* w = net->weights().f32() + p.offset;
+      for (std::int64_t i = 0; i < p.size; ++i)
+        ASSERT_EQ(w[i], block_last ? 0.0f : 1.0f) << model << " " << p.name;
+      zeroed += block_last ? 1 : 0;
+    }
+    EXPECT_EQ(zeroed, model == "resnet18" ? 8 : 16) << model;  // one per block
+  }
+}
+
+// configs/resnet20_layers.toml, the built-in resnet20 written as [[layers]] with named outputs,
+// branches (input) and add layers: the same parameters in the same order, so the same initial
+// weights, and the same loss on a batch, to the bit.
+TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
+  const auto file = actors::loadTrainOptions(
+      std::string(TROUPE_SOURCE_DIR) + "/configs/resnet20_layers.toml", {});
+  NetOptions layers = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
+  layers.model = file.model;
+  ASSERT_FALSE(layers.model.layers.empty());
+  auto a = makeNet(*backend_, layers), b = makeNet(*backend_, builtin);
+  ASSERT_EQ(a->numParams(), b->numParams());
+  ASSERT_EQ(a->params().size(), b->params().size());
+  for (std::size_t i = 0; i < a->params().size(); ++i)
+    EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
+  EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
+  Batch batch = fixedBatch(2, 1, 28, 28);
+  a->forward(batch.images, batch.labels, true);
+  b->forward(batch.images, batch.labels, true);
+  EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
+  a->backward(1.0f, nullptr);
+  b->backward(1.0f, nullptr);
+  EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
+}
+
+TEST_F(NetTest, NamedOutputsAndAddLayersRefuseWhatDoesNotFit) {
+  const LayerSpec conv{"conv", {{"num_output", "4"}, {"kernel", "3"}, {"pad", "1"}}};
+  auto with = [](LayerSpec spec, std::map<std::string, std::string> more) {
+    spec.args.insert(more.begin(), more.end());
+    return spec;
+  };
+  const LayerSpec head{"fc", {{"num_output", "10"}}};
+  auto error = [&](std::vector<LayerSpec> layers) {
+    layers.push_back(head);
+    return errorOf(*backend_, custom(std::move(layers)));
+  };
+  EXPECT_EQ(error({with(conv, {{"name", "a"}}), {"add", {{"with", "b"}}}}),
+            "layer 1 (add): argument 'with' = 'b' names no earlier layer (named so far: a, data)");
+  EXPECT_EQ(
+      error({with(conv, {{"name", "a"}}), {"pool", {{"kernel", "2"}}}, {"add", {{"with", "a"}}}}),
+      "layer 2 (add): argument 'with' = 'a' gives [4,28,28] per sample, the input "
+      "[4,14,14]");
+  EXPECT_EQ(error({with(conv, {{"name", "a"}}), with(conv, {{"name", "a"}})}),
+            "layer 1 (conv): argument 'name' = 'a' is taken by layer 0");
+  EXPECT_EQ(error({with(conv, {{"name", "conv1"}}), conv}),
+            "layer 1 (conv): its default name 'conv1' is taken by layer 0: name one of them");
+  EXPECT_EQ(error({with(conv, {{"name", "a"}}), {"add", {{"with", "a"}}}}),
+            "layer 1 (add): argument 'with' names this layer's own input");
+  EXPECT_EQ(error({with(conv, {{"name", "data"}})}),
+            "layer 0 (conv): argument 'name' = 'data' is the input's");
+  EXPECT_EQ(error({with(conv, {{"input", "x"}})}),
+            "layer 0 (conv): argument 'input' = 'x' names no earlier layer (named so far: data)");
+  EXPECT_EQ(error({conv, {"pool", {{"global", "true"}, {"kernel", "2"}}}}),
+            "layer 1 (pool): argument 'kernel' is not taken by a global pool");
+  // A layer reads the input by its name: a conv on the images and an add of the images, 1 channel.
+  const LayerSpec one{"conv", {{"num_output", "1"}, {"kernel", "3"}, {"pad", "1"}}};
+  auto net = makeNet(
+      *backend_, custom({one, {"add", {{"with", "data"}}}, with(one, {{"input", "data"}}), head}));
+  EXPECT_EQ(net->params().size(), 6u);  // two convs and the fc, weights and biases
+}
+
 void expectReadyRangesCoverParamsInReverse(Backend& backend, const NetOptions& o) {
   auto net = makeNet(backend, o);
   Batch b = fixedBatch(2, o.channels, o.height, o.width);
@@ -148,6 +272,10 @@ TEST_F(NetTest, MlpLossFallsOnAFixedBatch) {
 }
 TEST_F(NetTest, Resnet20LossFallsOnAFixedBatch) {
   expectLossDecreases(*backend_, options("resnet20", 8, 3, 16), 15, 0.05f);
+}
+
+TEST_F(NetTest, Resnet18LossFallsOnAFixedBatch) {
+  expectLossDecreases(*backend_, options("resnet18", 4, 3, 32), 10, 0.05f);
 }
 
 TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {

@@ -13,9 +13,9 @@
 namespace troupe::kernels {
 namespace {
 
-std::int64_t pooledSize(std::int64_t in, std::int64_t kernel, std::int64_t stride,
-                        std::int64_t pad) {
-  std::int64_t out = (in + 2 * pad - kernel + stride - 1) / stride + 1;
+std::int64_t pooledSize(std::int64_t in, std::int64_t kernel, std::int64_t stride, std::int64_t pad,
+                        bool ceil_mode) {
+  std::int64_t out = (in + 2 * pad - kernel + (ceil_mode ? stride - 1 : 0)) / stride + 1;
   if (pad > 0 && (out - 1) * stride >= in + pad) --out;
   return out;
 }
@@ -23,10 +23,10 @@ std::int64_t pooledSize(std::int64_t in, std::int64_t kernel, std::int64_t strid
 }  // namespace
 
 std::int64_t PoolGeometry::outHeight() const {
-  return pooledSize(height, kernel, stride, pad);
+  return pooledSize(height, kernel, stride, pad, ceil_mode);
 }
 std::int64_t PoolGeometry::outWidth() const {
-  return pooledSize(width, kernel, stride, pad);
+  return pooledSize(width, kernel, stride, pad, ceil_mode);
 }
 
 namespace cpu {
