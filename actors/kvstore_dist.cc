@@ -148,8 +148,9 @@ class DistKVStore final : public KVStore {
       }
       bigarray_bound_ = v;
     }
-    node_ = joinStore(type, o, rank_, std::make_unique<KvClient>(rank_, inbox_),
-                      SpawnOptions{.inline_handlers = true},
+    SpawnOptions inline_handlers;
+    inline_handlers.inline_handlers = true;
+    node_ = joinStore(type, o, rank_, std::make_unique<KvClient>(rank_, inbox_), inline_handlers,
                       std::make_shared<RunMembers>(o.num_shards, o.num_servers));
     client_ = Address{static_cast<std::uint32_t>(rank_), 0};
     const RunLayout layout(o.num_shards, o.num_servers, 1);

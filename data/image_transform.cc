@@ -310,29 +310,60 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
                      across_.first.back() + across_.count.back() <= source.width &&
                      down_.first.back() + down_.count.back() <= source.height,
                  "the filter reads past the ", source.width, "x", source.height, " pixels decoded");
-  // Horizontal pass over the rows the vertical pass reads.
-  const int row_lo = down_.first.front();
-  const int row_hi = down_.first.back() + down_.count.back();
-  const std::size_t row_len = static_cast<std::size_t>(width_) * c;
-  rows_.resize(static_cast<std::size_t>(row_hi - row_lo) * row_len);
-  const std::size_t src_stride = static_cast<std::size_t>(source.width) * c;
+  // From here on a colour pixel is 4 floats (B, G, R and a lane that is never read), so that each
+  // tap is one 4-wide multiply-add, which the compiler makes SIMD at the baseline ISA; gray is 1.
+  const int lanes = c == 3 ? 4 : 1;
+  // The source's pixels that the filter reads, as floats: rows [row_lo, row_hi), columns
+  // [col_lo, col_hi) (first taps grow with the output pixel, so the last is the farthest).
+  const int row_lo = down_.first.front(), row_hi = down_.first.back() + down_.count.back();
+  const int col_lo = across_.first.front(), col_hi = across_.first.back() + across_.count.back();
+  const std::size_t cols = static_cast<std::size_t>(col_hi - col_lo) * lanes;
+  source_.resize(static_cast<std::size_t>(row_hi - row_lo) * cols);
   for (int y = row_lo; y < row_hi; ++y) {
-    const std::uint8_t* src = source.pixels.data() + src_stride * y;
+    const std::uint8_t* src =
+        source.pixels.data() + (static_cast<std::size_t>(y) * source.width + col_lo) * c;
+    float* dst = source_.data() + static_cast<std::size_t>(y - row_lo) * cols;
+    if (lanes == 4) {
+      // Converted where they lie (a loop the compiler makes SIMD), then spread into lanes.
+      const auto n = static_cast<std::size_t>(col_hi - col_lo);
+      float* packed = dst + n;  // the row's last quarter, overwritten last
+#pragma omp simd
+      for (std::size_t x = 0; x < 3 * n; ++x)
+        packed[x] = src[x];
+      for (std::size_t x = 0; x < n; ++x) {
+        const float b = packed[3 * x], g = packed[3 * x + 1], r = packed[3 * x + 2];
+        dst[4 * x] = b;
+        dst[4 * x + 1] = g;
+        dst[4 * x + 2] = r;
+        dst[4 * x + 3] = 0.0f;
+      }
+    } else {
+#pragma omp simd
+      for (std::size_t x = 0; x < cols; ++x)
+        dst[x] = src[x];
+    }
+  }
+
+  // Horizontal pass over those rows.
+  const std::size_t row_len = static_cast<std::size_t>(width_) * lanes;
+  rows_.resize(static_cast<std::size_t>(row_hi - row_lo) * row_len);
+  for (int y = row_lo; y < row_hi; ++y) {
+    const float* src = source_.data() + static_cast<std::size_t>(y - row_lo) * cols;
     float* dst = rows_.data() + static_cast<std::size_t>(y - row_lo) * row_len;
     for (int j = 0; j < width_; ++j) {
-      const std::uint8_t* s = src + static_cast<std::size_t>(across_.first[j]) * c;
+      const float* s = src + static_cast<std::size_t>(across_.first[j] - col_lo) * lanes;
       const float* w = across_.weights.data() + static_cast<std::size_t>(j) * across_.stride;
       const int n = across_.count[j];
-      if (c == 3) {
-        float b = 0, g = 0, r = 0;
+      if (lanes == 4) {
+        float acc[4] = {0, 0, 0, 0};
         for (int k = 0; k < n; ++k) {
-          b += w[k] * s[3 * k];
-          g += w[k] * s[3 * k + 1];
-          r += w[k] * s[3 * k + 2];
+#pragma omp simd
+          for (int l = 0; l < 4; ++l)
+            acc[l] += w[k] * s[4 * k + l];
         }
-        dst[3 * j] = b;
-        dst[3 * j + 1] = g;
-        dst[3 * j + 2] = r;
+#pragma omp simd
+        for (int l = 0; l < 4; ++l)
+          dst[4 * j + l] = acc[l];
       } else {
         float v = 0;
         for (int k = 0; k < n; ++k)
@@ -342,33 +373,60 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
     }
   }
 
-  // Vertical pass into pixels_ (H x W x C, 0..255), then jitter, mirror, normalise and lay out.
-  std::vector<float>& pixels = pixels_;
-  pixels.assign(static_cast<std::size_t>(height_) * row_len, 0.0f);
-  for (int i = 0; i < height_; ++i) {
+  // Vertical pass, a row of the output at a time: into pixels_ (H x W x lanes, 0..255) when colour
+  // jitter needs the whole image, else into one row that is laid out at once, while in cache.
+  const bool whole = window.brightness != 1 || window.contrast != 1 || window.saturation != 1;
+  pixels_.resize(whole ? static_cast<std::size_t>(height_) * row_len : row_len);
+  auto vertical = [&](int i, float* dst) {
     const float* w = down_.weights.data() + static_cast<std::size_t>(i) * down_.stride;
-    float* dst = pixels.data() + static_cast<std::size_t>(i) * row_len;
     for (int k = 0; k < down_.count[i]; ++k) {
       const float* src =
           rows_.data() + static_cast<std::size_t>(down_.first[i] + k - row_lo) * row_len;
       const float wk = w[k];
-      for (std::size_t x = 0; x < row_len; ++x)
-        dst[x] += wk * src[x];
+      if (k == 0) {
+#pragma omp simd
+        for (std::size_t x = 0; x < row_len; ++x)
+          dst[x] = wk * src[x];
+      } else {
+#pragma omp simd
+        for (std::size_t x = 0; x < row_len; ++x)
+          dst[x] += wk * src[x];
+      }
     }
+  };
+  if (whole) {
+    for (int i = 0; i < height_; ++i)
+      vertical(i, pixels_.data() + static_cast<std::size_t>(i) * row_len);
+    jitter(window);
   }
-  jitter(window);
+  // Mirror, normalise and lay out, row by row.
   const std::size_t plane = static_cast<std::size_t>(height_) * width_;
+  const bool nchw = options_.layout == Layout::kNchw;
   for (int i = 0; i < height_; ++i) {
-    const float* src = pixels.data() + static_cast<std::size_t>(i) * row_len;
-    for (int j = 0; j < width_; ++j) {
-      const int x = window.mirror ? width_ - 1 - j : j;
-      for (int k = 0; k < c; ++k) {
-        const float v = src[static_cast<std::size_t>(x) * c + k];
-        const float value = std::is_same_v<T, float> ? (v - mean_[k]) * scale_[k] : v;
-        const std::size_t at = options_.layout == Layout::kNchw
-                                   ? k * plane + static_cast<std::size_t>(i) * width_ + j
-                                   : (static_cast<std::size_t>(i) * width_ + j) * c + k;
-        out[at] = store<T>(value);
+    float* row = pixels_.data() + (whole ? static_cast<std::size_t>(i) * row_len : 0);
+    if (!whole) vertical(i, row);
+    for (int k = 0; k < c; ++k) {
+      const float mean = mean_[k], scale = scale_[k];
+      // NCHW: the row of plane k; NHWC: every c-th value of the row from k.
+      T* dst = nchw ? out + k * plane + static_cast<std::size_t>(i) * width_
+                    : out + static_cast<std::size_t>(i) * width_ * c + k;
+      const float* src = row + k;
+      auto value = [&](std::size_t x) {
+        const float v = src[x * lanes];
+        return store<T>(std::is_same_v<T, float> ? (v - mean) * scale : v);
+      };
+      const auto w = static_cast<std::size_t>(width_);
+      if (nchw && !window.mirror) {  // the common case, in loops the compiler makes SIMD
+#pragma omp simd
+        for (std::size_t j = 0; j < w; ++j)
+          dst[j] = value(j);
+      } else if (nchw) {
+#pragma omp simd
+        for (std::size_t j = 0; j < w; ++j)
+          dst[j] = value(w - 1 - j);
+      } else {
+        for (std::size_t j = 0; j < w; ++j)
+          dst[j * c] = value(window.mirror ? w - 1 - j : j);
       }
     }
   }
@@ -397,12 +455,14 @@ Image resizeAntialiased(const Image& image, int height, int width) {
 void ImageTransform::jitter(const Window& window) {
   if (window.brightness == 1 && window.contrast == 1 && window.saturation == 1) return;
   auto clamp255 = [](float v) { return std::clamp(v, 0.0f, 255.0f); };
-  std::vector<float>& p = pixels_;
+  std::vector<float>& p = pixels_;  // resample's layout: a colour pixel in 4 lanes, gray in 1
   const int c = channels_;
+  const std::size_t lanes = c == 3 ? 4 : 1;
   const std::size_t n = static_cast<std::size_t>(height_) * width_;
   // Luma of BGR as torchvision's grayscale: 0.299 R + 0.587 G + 0.114 B.
   auto gray = [&](std::size_t i) {
-    return c == 1 ? p[i] : 0.114f * p[3 * i] + 0.587f * p[3 * i + 1] + 0.299f * p[3 * i + 2];
+    const float* q = p.data() + lanes * i;
+    return c == 1 ? q[0] : 0.114f * q[0] + 0.587f * q[1] + 0.299f * q[2];
   };
   if (window.brightness != 1) {
     for (float& v : p)
@@ -419,8 +479,8 @@ void ImageTransform::jitter(const Window& window) {
   if (window.saturation != 1 && c == 3) {
     for (std::size_t i = 0; i < n; ++i) {
       const float g = gray(i);
-      for (int k = 0; k < 3; ++k)
-        p[3 * i + k] = clamp255(g + window.saturation * (p[3 * i + k] - g));
+      for (std::size_t k = 0; k < 3; ++k)
+        p[lanes * i + k] = clamp255(g + window.saturation * (p[lanes * i + k] - g));
     }
   }
 }

@@ -113,8 +113,10 @@ class ImageTransform {
   std::vector<float> mean_, scale_;  // per output channel
   ImageRegion region_;
   Image image_, padded_;
-  std::vector<float> rows_;    // the horizontal pass: source rows x width x channels
-  std::vector<float> pixels_;  // the output before normalisation: height x width x channels
+  // resample's buffers; a colour pixel is 4 floats in them (B, G, R, unused), a gray one 1.
+  std::vector<float> source_;  // the source's pixels the filter reads
+  std::vector<float> rows_;    // the horizontal pass: source rows x width
+  std::vector<float> pixels_;  // the output before normalisation: height x width
   Taps across_, down_;
 };
 

@@ -218,7 +218,9 @@ TEST(ActorSystem, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
   std::atomic<bool> started{false};
   auto owned = std::make_unique<Recorder>(&started);
   Recorder* recorder = owned.get();
-  const auto a = system->spawn(std::move(owned), SpawnOptions{.inline_handlers = true});
+  SpawnOptions options;
+  options.inline_handlers = true;
+  const auto a = system->spawn(std::move(owned), options);
   std::thread runner([&] { system->run(); });
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!started.load() && std::chrono::steady_clock::now() < deadline)
