@@ -132,14 +132,17 @@ class Coordinator final : public Actor {
     agg.correct += s.correct;
     agg.count += s.count;
     agg.skipped += s.skipped;
+    agg.input_wait += s.input_wait;
+    agg.waited += s.input_wait > 0 ? 1 : 0;
+    agg.replica_steps += 1;
+    agg.ready_sum += s.ready;
+    agg.fewest_ready = std::min(agg.fewest_ready, s.ready);
+    agg.read_seconds += s.read_seconds;
     if (++replies_[s.step] < config_.num_replicas) return;
     // Steps complete in order: a replica cannot start step t+1 before step t is applied.
     TROUPE_ENFORCE_EQ(s.step, complete_through_);
     ++complete_through_;
-    epoch_.loss_sum += agg.loss_sum;
-    epoch_.correct += agg.correct;
-    epoch_.count += agg.count;
-    epoch_.skipped += agg.skipped;
+    epoch_.add(agg);
     window_.loss_sum += agg.loss_sum;
     window_.correct += agg.correct;
     window_.count += agg.count;
@@ -323,6 +326,21 @@ class Coordinator final : public Actor {
     }
   }
 
+  // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,
+  // how fast they decode (readers of troupe's own; a caller's reader reports no time).
+  void logInput(std::int64_t epoch) const {
+    const auto& e = epoch_;
+    if (e.replica_steps == 0) return;
+    spdlog::info(
+        "epoch {} input: replicas waited {:.3f} s for batches ({} of {} steps); {:.1f} batches "
+        "ready at a step, {} at the fewest{}",
+        epoch, e.input_wait, e.waited, e.replica_steps,
+        static_cast<double>(e.ready_sum) / static_cast<double>(e.replica_steps), e.fewest_ready,
+        e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} inputs/s",
+                                         static_cast<double>(e.count) / e.read_seconds)
+                           : std::string());
+  }
+
   void endEpoch() {
     progress_line_.clear();
     const std::int64_t step = epoch_end_->step;
@@ -350,6 +368,7 @@ class Coordinator final : public Actor {
         epoch, row.loss, row.accuracy, row.test_accuracy, row.input_count, row.time_spent,
         row.inputs_per_sec,
         options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
+    logInput(epoch);
     auto& result = *config_.result;
     result.epochs.push_back(
         {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});

@@ -19,6 +19,7 @@ struct Batch {
   Tensor images;             // [n, C, H, W] float, host
   Tensor labels;             // [n] int32, host
   std::int64_t skipped = 0;  // bad records whose slots went to other records (skip_bad_records)
+  double read_seconds = 0;   // the reader's time reading and decoding it
 };
 
 // Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch).
@@ -67,6 +68,12 @@ struct StepDone {
   double correct = 0;
   std::int64_t count = 0;
   std::int64_t skipped = 0;  // bad records skipped in the step's batch
+  // The input: how long the replica waited for the step's batch once it had the weights (0: the
+  // batch was there), how many batches it held when the step began (the reader's queue, this
+  // step's included) and the reader's time on the batch.
+  double input_wait = 0;
+  int ready = 0;
+  double read_seconds = 0;
 };
 
 // Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.

@@ -4,6 +4,7 @@
 
 #include "actors/messages.h"
 #include "actors/roles.h"
+#include "actors/trace.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -54,12 +55,16 @@ class Reader final : public Actor {
     batch.images =
         kernels::Tensor::hostUninitialized({config_.count, d.channels, d.height, d.width});
     batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
+    const auto began = Trace::Clock::now();
     try {
       dataset_->read(indices_, epoch, batch.images.f32(), batch.labels.i32());
     } catch (const data::BadRecordError&) {
       if (!config_.skip_bad_records) throw;
       batch.skipped = readSkipping(first, epoch, batch);
     }
+    const auto ended = Trace::Clock::now();
+    batch.read_seconds = std::chrono::duration<double>(ended - began).count();
+    if (config_.trace) config_.trace->span(name(), "read", began, ended);
     return batch;
   }
 

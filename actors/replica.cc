@@ -23,6 +23,7 @@ class Replica final : public Actor {
       TROUPE_ENFORCE(!weights_.has_value(), "weights for step ", w.step, " arrived while step ",
                      weights_ ? weights_->step : -1, " was pending");
       weights_ = std::move(w);
+      if (!batches_.count(weights_->step)) waiting_since_ = Trace::Clock::now();
       tryStep();
     });
     on<Batch>([this](Batch& b) {
@@ -60,10 +61,18 @@ class Replica final : public Actor {
     auto it = batches_.find(weights_->step);
     if (it == batches_.end()) return;
     Batch batch = std::move(it->second);
+    const int ready = static_cast<int>(batches_.size());  // this step's batch and those behind it
     batches_.erase(it);
     Weights weights = std::move(*weights_);
     weights_.reset();
-    runStep(weights, batch);
+    double input_wait = 0;
+    if (waiting_since_) {
+      const auto now = Trace::Clock::now();
+      input_wait = std::chrono::duration<double>(now - *waiting_since_).count();
+      if (config_.trace) config_.trace->span(name(), "input wait", *waiting_since_, now);
+      waiting_since_.reset();
+    }
+    runStep(weights, batch, input_wait, ready);
   }
 
   // The tensor itself if it already lives on the replica's device, else a copy there.
@@ -88,7 +97,7 @@ class Replica final : public Actor {
     if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
   }
 
-  void runStep(const Weights& weights, const Batch& batch) {
+  void runStep(const Weights& weights, const Batch& batch, double input_wait, int ready) {
     const std::int64_t step = batch.step;
     adopt(weights.weights, weights.buffers);
     {
@@ -107,8 +116,9 @@ class Replica final : public Actor {
                       describeStep(step, config_.steps_per_epoch), loss_sum, config_.index,
                       config_.worker, whyNotFinite(weights.weights, batch.images)));
     }
-    send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
-                                       batch.labels.numel(), batch.skipped});
+    send(config_.coordinator,
+         StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1], batch.labels.numel(),
+                  batch.skipped, input_wait, ready, batch.read_seconds});
   }
 
   // What a non-finite loss came from, for its error: the weights the step was given, the batch,
@@ -245,6 +255,8 @@ class Replica final : public Actor {
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
+  // Since when the replica has had the weights of a step whose batch is not here.
+  std::optional<Trace::Clock::time_point> waiting_since_;
   std::unordered_set<std::int64_t> bad_test_;  // test records found bad (each logged once)
 };
 

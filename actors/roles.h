@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,6 +114,7 @@ struct ReaderConfig {
   // each batch says how many of its records were skipped.
   bool skip_bad_records = false;
   Address replica;
+  Trace* trace = nullptr;  // a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
 
@@ -265,6 +267,27 @@ struct EpochStats {
   double correct = 0;
   std::int64_t count = 0;
   std::int64_t skipped = 0;
+  // The input, over the replicas' steps (StepDone): seconds waited and steps that waited, batches
+  // held at a step's start (their sum and the fewest), the readers' seconds on the batches.
+  double input_wait = 0;
+  std::int64_t waited = 0;
+  std::int64_t replica_steps = 0;
+  std::int64_t ready_sum = 0;
+  int fewest_ready = std::numeric_limits<int>::max();
+  double read_seconds = 0;
+
+  void add(const EpochStats& s) {
+    loss_sum += s.loss_sum;
+    correct += s.correct;
+    count += s.count;
+    skipped += s.skipped;
+    input_wait += s.input_wait;
+    waited += s.waited;
+    replica_steps += s.replica_steps;
+    ready_sum += s.ready_sum;
+    fewest_ready = std::min(fewest_ready, s.fewest_ready);
+    read_seconds += s.read_seconds;
+  }
 };
 
 // What the chief's coordinator hands on to the next generation of an elastic run when the chief

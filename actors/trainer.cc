@@ -437,6 +437,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
       database.prefetch = o.prefetch;
       database.skip_bad_records = o.skip_bad_records;
       database.replica = replica_address(rank, r);
+      database.trace = trace_ptr;
       reader = makeReader(fmt::format("reader/{}", rank * o.replicas + r), database);
     }
     offset += shares[r];

@@ -56,6 +56,9 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setCorrect(m->correct);
     w.setCount(m->count);
     w.setSkipped(m->skipped);
+    w.setInputWait(m->input_wait);
+    w.setReady(m->ready);
+    w.setReadSeconds(m->read_seconds);
   } else if (auto* m = as<EpochEnd>(e)) {
     auto w = f.initEpochEnd();
     w.setStep(m->step);
@@ -193,8 +196,9 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::STEP_DONE: {
       auto r = f.getStepDone();
-      d.message = wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(),
-                                r.getCount(), r.getSkipped()});
+      d.message =
+          wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(), r.getCount(),
+                        r.getSkipped(), r.getInputWait(), r.getReady(), r.getReadSeconds()});
       break;
     }
     case W::EPOCH_END: {

@@ -290,7 +290,8 @@ TEST(DistributedTraining, ATraceShowsAllreduceOverlappingBackward) {
   std::map<std::string, int> count;
   for (const auto& e : events)
     count[e.name.substr(0, e.name.find(' '))] += 1;
-  for (const char* name : {"forward", "backward", "update", "allreduce", "send", "receive"}) {
+  for (const char* name :
+       {"forward", "backward", "update", "allreduce", "send", "receive", "read"}) {
     EXPECT_GT(count[name], 0) << "no " << name << " span";
   }
   // An allreduce of an early bucket begins while the same process is still in backward.

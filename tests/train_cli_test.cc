@@ -130,6 +130,11 @@ TEST(TrainCommand, ACifar10FormatDatabaseTrainsResnet20ForAnEpochWithAugmentatio
                      "--mean_per_channel 125,125,125 --std_per_channel 64,64,64 --batch_size 32 "
                      "--num_epochs 1 --base_learning_rate 0.01 --momentum 0.9 --log_every 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The epoch's input: the replica's waits for batches, the reader's queue and its speed.
+  EXPECT_NE(r.output.find("epoch 1 input: replicas waited "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" of 100 steps); "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" batches ready at a step, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; a reader decodes "), std::string::npos) << r.output;
   const auto logs = logsIn(cwd.path());
   ASSERT_EQ(logs.size(), 1u) << r.output;
   std::istringstream lines(slurp(logs[0]));

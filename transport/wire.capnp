@@ -72,6 +72,9 @@ struct StepDone {
   correct @3 :Float64;
   count @4 :Int64;
   skipped @5 :Int64;  # bad records skipped in the step's batch (skip_bad_records)
+  inputWait @6 :Float64;    # seconds the replica waited for the batch
+  ready @7 :Int32;          # batches the replica held when the step began
+  readSeconds @8 :Float64;  # the reader's time on the batch
 }
 
 # Updater -> Coordinator.
