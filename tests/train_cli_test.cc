@@ -5,12 +5,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
+#include "actors/checkpoint.h"
 #include "cli_util.h"
 #include "data/db.h"
+#include "data/image.h"
 
 namespace troupe {
 namespace {
@@ -153,6 +159,92 @@ TEST(TrainCommand, ACifar10FormatDatabaseTrainsResnet20ForAnEpochWithAugmentatio
   // Chance is 0.1; this run scored 0.79 (AVX-512) and 0.87 (AVX2) where it was written: the bound
   // leaves room for the chaotic part of a short run, not for a net that learns nothing.
   EXPECT_GT(std::stod(cells[10]), 0.5) << row;
+}
+
+// The checkpoint `run`_..._epochN.ckpt of the highest N in `dir` ("" if none, or no folder yet).
+std::string newestCheckpoint(const fs::path& dir, const std::string& run) {
+  std::string best;
+  int best_epoch = -1;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return best;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    const auto at = name.rfind("_epoch");
+    if (name.rfind(run, 0) != 0 || at == std::string::npos || e.path().extension() != ".ckpt")
+      continue;
+    const int epoch = std::stoi(name.substr(at + 6));
+    if (epoch > best_epoch) best_epoch = epoch, best = e.path().string();
+  }
+  return best;
+}
+
+// Issue 14: random crops (random-resized, mirror, colour jitter) come from the seed, the epoch and
+// the record, never from a process's history: a run killed mid-epoch and resumed with
+// --resume auto trains on the same crops as one never interrupted, so it ends with the same
+// weights, bit for bit (the same kernels and thread count repeat the same float operations).
+TEST(TrainCommand, CropsAreTheSameAcrossAKillAndResumeAuto) {
+  TempDir cwd("cli_crops_resume");
+  fs::create_directories(cwd.path() / "jpegs");
+  {
+    std::ofstream list(cwd.path() / "list.txt");
+    for (int i = 0; i < 48; ++i) {
+      data::Image image;
+      image.height = 36 + i % 7;
+      image.width = 40 + (i * 3) % 11;
+      image.channels = 3;
+      image.pixels.resize(static_cast<std::size_t>(image.height) * image.width * 3);
+      for (std::size_t j = 0; j < image.pixels.size(); ++j)
+        image.pixels[j] = static_cast<std::uint8_t>((j * (7 + i % 5) + i * 31) % 251);
+      const std::string name = std::to_string(i) + ".jpg";
+      std::ofstream(cwd.path() / "jpegs" / name, std::ios::binary) << data::encodeJpeg(image);
+      list << name << " " << i % 4 << "\n";
+    }
+  }
+  auto r = runCommand(troupeBinary() + " convert images " + cwd.str() + "/list.txt " + cwd.str() +
+                      "/jpegs --encoded --shuffle --out " + cwd.str() + "/db");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string common =
+      " --model mlp --train_data db --num_labels 4 --num_channels 3 --crop 24 "
+      "--random_resized_crop --mirror --color_jitter 0.3,0.3,0.3 --batch_size 8 --epoch_size 400 "
+      "--num_epochs 8 --checkpoint_every 1 --log_every 0 --threads 1 --base_learning_rate 0.01";
+  // Each run in a folder of its own: --resume auto takes the newest checkpoint of the run_id.
+  r = train(cwd, common + " --checkpoint_dir whole");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // The same run, killed once its second epoch's checkpoint is out, then resumed.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::chdir(cwd.str().c_str());
+    const std::string command =
+        troupeBinary() + " train" + common + " --checkpoint_dir cut > cut.out 2>&1";
+    ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (newestCheckpoint(cwd.path() / "cut", "mlp").find("_epoch2.ckpt") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it was killed:\n"
+                                   << slurp(cwd.path() / "cut.out");
+  const std::string at_kill = newestCheckpoint(cwd.path() / "cut", "mlp");
+  ASSERT_NE(at_kill.find("_epoch"), std::string::npos);
+  ASSERT_EQ(at_kill.find("_epoch8.ckpt"), std::string::npos) << "killed after its last epoch";
+  r = train(cwd, common + " --checkpoint_dir cut --resume auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from cut/mlp_"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("starting from scratch"), std::string::npos) << r.output;
+
+  const auto whole = actors::loadCheckpoint(newestCheckpoint(cwd.path() / "whole", "mlp"));
+  const auto cut = actors::loadCheckpoint(newestCheckpoint(cwd.path() / "cut", "mlp"));
+  EXPECT_EQ(whole.metaInt("step"), 400);  // 8 epochs of 50 steps
+  EXPECT_EQ(cut.metaInt("step"), 400);
+  ASSERT_EQ(whole.weights.numel(), cut.weights.numel());
+  EXPECT_EQ(0, std::memcmp(whole.weights.raw(), cut.weights.raw(), whole.weights.bytes()))
+      << "the resumed run's weights differ from the uninterrupted run's";
 }
 
 TEST(TrainCommand, TwoReplicasRunInOneProcess) {
