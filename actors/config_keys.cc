@@ -197,6 +197,11 @@ std::vector<Key> buildTable() {
       TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
       // At 1 or above the velocity never decays: the run diverges.
       TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
+      Key{"no_wd", Kind::kBool, kNotNumeric,
+          "no weight decay on biases and batch-norm scales and shifts (Goyal et al.; GluonCV's "
+          "--no-wd)",
+          [](Settings& s, const Value& v) { s.options.no_wd = asBool(v); },
+          [](const Settings& s) { return std::string(s.options.no_wd ? "true" : "false"); }},
       Key{"nesterov", Kind::kBool, kNotNumeric, "Nesterov momentum",
           [](Settings& s, const Value& v) { s.options.sgd.nesterov = asBool(v); },
           [](const Settings& s) { return std::string(s.options.sgd.nesterov ? "true" : "false"); }},

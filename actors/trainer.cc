@@ -61,9 +61,10 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
 
 // A parameter-server process: one Server actor owning a shard of the keys.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
-                      const kernels::LrPolicy& lr, std::int64_t num_params,
-                      const kernels::Tensor& weights, const kernels::Tensor& momentum,
-                      const std::string& resumed_from, const std::shared_ptr<RunMembers>& members) {
+                      const kernels::LrPolicy& lr, const kernels::SgdOptions& sgd,
+                      std::int64_t num_params, const kernels::Tensor& weights,
+                      const kernels::Tensor& momentum, const std::string& resumed_from,
+                      const std::shared_ptr<RunMembers>& members) {
   const int workers = o.num_shards;
   const auto shard = shardKeys(num_params, o.num_servers)[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;
@@ -78,7 +79,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   if (momentum.defined() && momentum.numel() > 0) {
     config.initial_momentum = momentum.slice(shard.first, shard.second);
   }
-  config.sgd = o.sgd;
+  config.sgd = sgd;
   config.lr = lr;
   config.first_step = plan.first_step;
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
@@ -117,6 +118,7 @@ struct ProcessPlan {
   data::DatasetOptions train, test;
   StepPlan plan;
   kernels::LrPolicy lr;
+  kernels::SgdOptions sgd;  // TrainOptions::sgd, with no_wd's ranges
   kernels::NetOptions net;
   std::int64_t num_params = 0;
   bool has_buffers = false;
@@ -172,6 +174,8 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   init_backend->copy(init_net->weights(), p.weights);
   p.has_buffers = init_net->buffers().numel() > 0;
   const std::int64_t num_params = p.num_params = init_net->numParams();
+  p.sgd = o.sgd;
+  if (o.no_wd) p.sgd.no_decay = kernels::noDecayRanges(init_net->params());
   init_net.reset();
 
   p.checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
@@ -310,7 +314,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                     RunLayout::coordinator(rank));
 
   updater.worker = rank;
-  updater.sgd = o.sgd;
+  updater.sgd = p.sgd;
   updater.lr = lr;
   updater.plan = plan;
   // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
@@ -467,7 +471,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
 
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
-    return runServer(o, rank, nodes, p.plan, p.lr, p.num_params, p.weights, p.momentum,
+    return runServer(o, rank, nodes, p.plan, p.lr, p.sgd, p.num_params, p.weights, p.momentum,
                      resumed_from, members);
   }
 

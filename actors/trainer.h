@@ -20,6 +20,8 @@ namespace troupe::actors {
 struct TrainOptions {
   kernels::ModelSpec model;
   bool zero_init_residual = false;  // kernels::NetOptions::zero_init_residual
+  // No weight decay on biases and batch-norm scales and shifts (Goyal et al.; GluonCV's --no-wd).
+  bool no_wd = false;
   std::string train_data;
   std::string test_data;  // empty: no evaluation (test_accuracy -1 in the log)
   data::DbType db_type = data::DbType::kLmdb;

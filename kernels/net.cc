@@ -64,7 +64,7 @@ class Builder {
     const float bound = 1.0f / std::sqrt(static_cast<float>(in.shape[0] * k * k));
     beginParams();
     addParam(name + ".weight", {oc, in.shape[0], k, k}, {false, bound});
-    if (bias) addParam(name + ".bias", {oc}, {false, bound});
+    if (bias) addParam(name + ".bias", {oc}, {false, bound}, false);
     return add(std::move(layer), name, {in}, out);
   }
 
@@ -86,7 +86,7 @@ class Builder {
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
     beginParams();
     addParam(name + ".weight", {out, fan_in}, {false, bound});
-    addParam(name + ".bias", {out}, {false, bound});
+    addParam(name + ".bias", {out}, {false, bound}, false);
     return add(makeInnerProductLayer(fan_in, out), name, {in}, {out});
   }
 
@@ -98,8 +98,8 @@ class Builder {
   Node bn(const Node& in, const std::string& name, float gamma = 1.0f) {
     const std::int64_t c = in.shape[0];
     beginParams();
-    addParam(name + ".weight", {c}, {true, gamma});
-    addParam(name + ".bias", {c}, {true, 0.0f});
+    addParam(name + ".weight", {c}, {true, gamma}, false);
+    addParam(name + ".bias", {c}, {true, 0.0f}, false);
     const std::int64_t buffers = g_.num_buffers;
     g_.buffer_fills.push_back({buffers + c, buffers + 2 * c, 1.0f});  // running variance
     g_.num_buffers += 2 * c;
@@ -144,9 +144,10 @@ class Builder {
 
   void beginParams() { pending_begin_ = g_.num_params; }
 
-  void addParam(const std::string& name, const Shape& shape, Init init) {
+  void addParam(const std::string& name, const Shape& shape, Init init, bool decays = true) {
     ParamInfo info;
     info.name = name;
+    info.decays = decays;
     info.shape = shape;
     info.offset = g_.num_params;
     info.size = numelOf(shape);
@@ -637,6 +638,20 @@ class NetImpl final : public Net, private LayerContext {
 };
 
 }  // namespace
+
+std::vector<std::pair<std::int64_t, std::int64_t>> noDecayRanges(
+    const std::vector<ParamInfo>& params) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& p : params) {  // in offset order
+    if (p.decays || p.size == 0) continue;
+    if (!ranges.empty() && ranges.back().second == p.offset) {
+      ranges.back().second += p.size;
+    } else {
+      ranges.emplace_back(p.offset, p.offset + p.size);
+    }
+  }
+  return ranges;
+}
 
 std::vector<std::string> builtinModels() {
   return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50"};

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -53,7 +54,15 @@ struct ParamInfo {
   std::int64_t offset = 0;
   std::int64_t size = 0;
   int layer = 0;  // index of the layer that owns it, in forward order
+  // False for a bias and a batch norm's scale and shift: what Goyal et al. (and GluonCV's --no-wd)
+  // keep out of weight decay.
+  bool decays = true;
 };
+
+// The parameters that do not decay (ParamInfo::decays false), as sorted, merged ranges of the flat
+// parameters (kernels::SgdOptions::no_decay).
+std::vector<std::pair<std::int64_t, std::int64_t>> noDecayRanges(
+    const std::vector<ParamInfo>& params);
 
 // One layer of a built net, for summaries (`troupe train --dry-run`).
 struct LayerInfo {

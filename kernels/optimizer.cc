@@ -18,16 +18,15 @@ class Sgd final : public Optimizer {
   bool step(const Tensor& weights, const Tensor& grads, float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), state_.numel());
     TROUPE_ENFORCE_EQ(grads.numel(), state_.numel());
-    return backend_.sgdUpdate(weights, grads, state_, lr, options_.momentum, options_.weight_decay,
-                              options_.nesterov);
+    return sgdUpdateRange(backend_, weights, grads, state_, 0, state_.numel(), lr, options_);
   }
 
   bool stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
                  float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
     TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
-    return backend_.sgdUpdate(weights, grads, state_.slice(begin, end), lr, options_.momentum,
-                              options_.weight_decay, options_.nesterov);
+    return sgdUpdateRange(backend_, weights, grads, state_.slice(begin, end), begin, end, lr,
+                          options_);
   }
 
   const Tensor& state() const override { return state_; }
@@ -40,6 +39,34 @@ class Sgd final : public Optimizer {
 
 }  // namespace
 
+bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
+                    const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
+                    const SgdOptions& options) {
+  bool finite = true;
+  auto update = [&](std::int64_t lo, std::int64_t hi, float decay) {
+    if (lo >= hi) return;
+    finite = backend.sgdUpdate(weights.slice(lo - begin, hi - begin),
+                               grads.slice(lo - begin, hi - begin),
+                               momentum.slice(lo - begin, hi - begin), lr, options.momentum, decay,
+                               options.nesterov) &&
+             finite;
+  };
+  if (options.no_decay.empty() || options.weight_decay == 0.0f) {
+    return backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
+                             options.nesterov);
+  }
+  std::int64_t at = begin;
+  for (const auto& [lo, hi] : options.no_decay) {
+    if (hi <= at) continue;
+    if (lo >= end) break;
+    update(at, std::min(lo, end), options.weight_decay);
+    update(std::max(lo, at), std::min(hi, end), 0.0f);
+    at = std::min(hi, end);
+  }
+  update(at, end, options.weight_decay);
+  return finite;
+}
+
 std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options) {
   if (!(options.momentum >= 0.0f && options.momentum < 1.0f))
     throw InputError("sgd momentum = " + std::to_string(options.momentum) + " is outside [0, 1)");
@@ -48,6 +75,15 @@ std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const Sg
   if (options.nesterov && options.momentum == 0.0f)
     throw InputError("sgd nesterov needs a momentum above 0");
   if (size < 0) throw InputError("sgd over " + std::to_string(size) + " parameters");
+  std::int64_t after = 0;
+  for (const auto& [lo, hi] : options.no_decay) {
+    if (!(after <= lo && lo < hi && hi <= size)) {
+      throw InputError("sgd no_decay range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                       ") is empty, out of order or outside the " + std::to_string(size) +
+                       " parameters");
+    }
+    after = hi;
+  }
   return std::make_unique<Sgd>(backend, size, options);
 }
 

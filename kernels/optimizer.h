@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -16,11 +17,24 @@ namespace troupe::kernels {
 
 class Backend;
 
+// A range [first, second) of a flat parameter tensor.
+using ParamRange = std::pair<std::int64_t, std::int64_t>;
+
 struct SgdOptions {
   float momentum = 0.9f;
   float weight_decay = 0.0f;
   bool nesterov = false;
+  // Ranges of parameters that weight decay leaves alone (biases and batch-norm scales and shifts
+  // in Goyal et al.'s recipe; kernels::noDecayRanges), sorted and disjoint.
+  std::vector<ParamRange> no_decay;
 };
+
+// The SGD update of elements [begin, end) of the flat parameters (weights, grads and momentum are
+// those elements), with no weight decay on options.no_decay: Backend::sgdUpdate over each piece.
+// Returns whether every updated weight is finite.
+bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
+                    const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
+                    const SgdOptions& options);
 
 // SGD with PyTorch's semantics: g' = g + weight_decay * w; v = momentum * v + g';
 // w -= lr * v, or with nesterov w -= lr * (g' + momentum * v). The momentum buffer starts at zero.

@@ -232,7 +232,8 @@ TEST_F(ConfigTest, ParametersRecordEveryKeyWithItsFinalValue) {
 }
 
 TEST_F(ConfigTest, TheExampleConfigsLoad) {
-  for (const char* name : {"lenet", "mlp", "resnet20", "lenet_layers", "resnet20_layers"}) {
+  for (const char* name :
+       {"lenet", "mlp", "resnet20", "lenet_layers", "resnet20_layers", "resnet50_imagenet"}) {
     const std::string path = std::string(TROUPE_SOURCE_DIR) + "/configs/" + name + ".toml";
     EXPECT_NO_THROW(loadTrainOptions(path, {})) << path;
   }

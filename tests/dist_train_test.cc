@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +21,8 @@
 #include "actors/checkpoint.h"
 #include "cli_util.h"
 #include "float_bounds.h"
+#include "kernels/backend.h"
+#include "kernels/net.h"
 #include "redis_util.h"
 
 namespace troupe {
@@ -153,6 +156,33 @@ TEST_P(DistSyncTest, TwoWorkersOfBatch32MatchOneProcessOfBatch64) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Servers, DistSyncTest, ::testing::Values(1, 2));
+
+// no_wd on the parameter servers (dist_sync, one worker and one server): after one step the
+// biases trained with weight decay and no_wd are those trained without it, bit for bit, and the
+// other weights decayed (the server applies the update, so the ranges must reach it).
+TEST(DistributedTraining, NoWdKeepsTheServersWeightDecayOffTheBiases) {
+  TempDir cwd("dist_no_wd");
+  const std::string common = " launch -n 1 -s 1 -- troupe train --model lenet" + dataFlags() +
+                             " --schedule dist_sync --num_epochs 1 --epoch_size 32 --batch_size 32"
+                             " --momentum 0 --log_every 0 --threads 1 --checkpoint_dir ";
+  for (const std::string run : {"exempt", "plain"}) {
+    const auto r = runCommand(
+        in(cwd, troupeBinary() + common + run +
+                    (run == "exempt" ? " --weight_decay 0.5 --no_wd" : " --weight_decay 0")));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const auto exempt = actors::loadCheckpoint(filesIn(cwd.path() / "exempt", ".ckpt").at(0));
+  const auto plain = actors::loadCheckpoint(filesIn(cwd.path() / "plain", ".ckpt").at(0));
+  kernels::NetOptions net;
+  net.model.name = "lenet";
+  auto backend = kernels::makeCpuBackend(1);
+  const auto lenet = kernels::makeNet(*backend, net);
+  for (const auto& p : lenet->params()) {
+    const bool same = std::memcmp(exempt.weights.f32() + p.offset, plain.weights.f32() + p.offset,
+                                  static_cast<std::size_t>(p.size) * sizeof(float)) == 0;
+    EXPECT_EQ(same, p.name.find(".bias") != std::string::npos) << p.name;
+  }
+}
 
 double finalTestAccuracy(const std::string& output);  // below
 

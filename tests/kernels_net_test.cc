@@ -133,6 +133,26 @@ TEST_F(NetTest, ImageNetResnetsHaveTorchvisionsParameterCountsAndNames) {
             "layer1.0.conv1.weight");
 }
 
+// no_wd's ranges: every bias and batch-norm scale and shift, nothing else, merged where adjacent.
+TEST_F(NetTest, NoDecayRangesAreTheBiasesAndBatchNormParameters) {
+  auto net = makeNet(*backend_, options("resnet20", 1, 3, 32));
+  std::vector<bool> kept(static_cast<std::size_t>(net->numParams()), false);
+  for (const auto& [lo, hi] : noDecayRanges(net->params()))
+    std::fill(kept.begin() + lo, kept.begin() + hi, true);
+  std::int64_t exempt = 0;
+  for (const auto& p : net->params()) {
+    const bool bias_or_bn =
+        p.name.find(".bias") != std::string::npos || p.name.find("bn") != std::string::npos;
+    EXPECT_EQ(p.decays, !bias_or_bn) << p.name;
+    for (std::int64_t i = p.offset; i < p.offset + p.size; ++i)
+      ASSERT_EQ(kept[static_cast<std::size_t>(i)], bias_or_bn) << p.name;
+    exempt += bias_or_bn ? p.size : 0;
+  }
+  // Batch norms of 16 (the stem), 6 x 16, 6 x 32, 6 x 64 (two a block) and 32 + 64 (shortcuts)
+  // channels, a scale and a shift each; the fc's 10 biases.
+  EXPECT_EQ(exempt, 2 * (16 + 6 * 16 + 6 * 32 + 6 * 64 + 32 + 64) + 10);
+}
+
 TEST_F(NetTest, Resnet56HasNineBlocksAStage) {
   // He et al.'s ResNet-56 (0.85M) with 1x1-conv shortcuts at the two stage changes: conv1 and bn1
   // 432 + 32; stage 1, 9 x (2 x 16*16*9 + 2 x 32); stage 2, (16*32*9 + 32*32*9 + 128 + 32*16 +
@@ -250,7 +270,7 @@ TEST_F(NetTest, ReadyRangesCoverAllParametersOnceInReverseLayerOrder) {
 
 void expectLossDecreases(Backend& backend, const NetOptions& o, int steps, float lr) {
   auto net = makeNet(backend, o);
-  auto sgd = makeSgd(backend, net->numParams(), {0.9f, 0.0f, false});
+  auto sgd = makeSgd(backend, net->numParams(), {0.9f, 0.0f, false, {}});
   Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
   net->forward(b.images, b.labels, true);
   const float first = net->metrics().f32()[0];
@@ -291,7 +311,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
     auto backend = makeCpuBackend(2);
     auto net = makeNet(*backend, o);
     net->reseed(11);
-    auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, true});
+    auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, true, {}});
     Batch b = fixedBatch(4, 1, 10, 10);
     for (int i = 0; i < 5; ++i) {
       net->forward(b.images, b.labels, true);
@@ -313,7 +333,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) 
     for (int run = 0; run < 2; ++run) {
       auto backend = makeCpuBackend(2);
       auto net = makeNet(*backend, o);
-      auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, false});
+      auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, false, {}});
       Batch b = fixedBatch(8, 1, o.height, o.width);
       for (int i = 0; i < 3; ++i) {
         net->forward(b.images, b.labels, true);
@@ -336,7 +356,7 @@ TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
   Batch batch = fixedBatch(4, 1, 28, 28);
   user->useWeights(owner->weights());
   EXPECT_EQ(user->weights().raw(), owner->weights().raw());
-  auto sgd = makeSgd(*backend_, owner->numParams(), {0.9f, 0.0f, false});
+  auto sgd = makeSgd(*backend_, owner->numParams(), {0.9f, 0.0f, false, {}});
   for (int step = 0; step < 2; ++step) {  // the second step sees the first one's update
     owner->forward(batch.images, batch.labels, true);
     owner->backward(0.25f, nullptr);

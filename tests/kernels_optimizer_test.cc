@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <utility>
+
 #include <cmath>
 #include <numbers>
 
@@ -24,27 +27,27 @@ struct Sgd1 {
 };
 
 TEST(Sgd, MomentumStepsMatchHandComputedValues) {
-  Sgd1 s({0.9f, 0.0f, false});
+  Sgd1 s({0.9f, 0.0f, false, {}});
   EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.9f);   // v = 1, w = 1 - 0.1
   EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.71f);  // v = 1.9, w = 0.9 - 0.19
   EXPECT_FLOAT_EQ(s.opt->state().f32()[0], 1.9f);
 }
 
 TEST(Sgd, NesterovStepsMatchPyTorchsFormulation) {
-  Sgd1 s({0.9f, 0.0f, true});
+  Sgd1 s({0.9f, 0.0f, true, {}});
   EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.81f);   // v = 1, w = 1 - 0.1 * (1 + 0.9)
   EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.539f);  // v = 1.9, w = 0.81 - 0.1 * (1 + 1.71)
 }
 
 TEST(Sgd, WeightDecayIsAddedToTheGradient) {
-  Sgd1 s({0.0f, 0.5f, false});
+  Sgd1 s({0.0f, 0.5f, false, {}});
   EXPECT_FLOAT_EQ(s.step(1.0f, 0.1f), 0.85f);  // g' = 1 + 0.5, w = 1 - 0.15
 }
 
 TEST(Sgd, UpdatesEveryElementOfALargeFlatTensor) {
   auto backend = makeCpuBackend(2);
   const std::int64_t n = 1 << 20;
-  auto opt = makeSgd(*backend, n, {0.9f, 0.0f, false});
+  auto opt = makeSgd(*backend, n, {0.9f, 0.0f, false, {}});
   Tensor w = Tensor::host({n}), g = Tensor::host({n});
   for (std::int64_t i = 0; i < n; ++i)
     g.f32()[i] = static_cast<float>(i % 7);
@@ -53,9 +56,40 @@ TEST(Sgd, UpdatesEveryElementOfALargeFlatTensor) {
     EXPECT_EQ(w.f32()[i], -0.5f * (i % 7));
 }
 
+// no_decay: weight decay leaves those ranges alone, in a whole step and in a bucket's range that
+// cuts through them. With a zero gradient and no momentum, a decayed weight of 1 becomes
+// 1 - lr * wd (0.5 * 0.2 = 0.1: 0.9) and one that does not decay stays 1.
+TEST(Sgd, NoDecayRangesAreLeftOutOfWeightDecayInStepsAndRanges) {
+  auto backend = makeCpuBackend(1);
+  const std::int64_t n = 20;
+  const SgdOptions options{0.0f, 0.2f, false, {{2, 5}, {9, 10}, {15, 20}}};
+  auto expected = [&](std::int64_t i) {
+    const bool kept = (2 <= i && i < 5) || i == 9 || 15 <= i;
+    return kept ? 1.0f : 0.9f;
+  };
+  auto whole = makeSgd(*backend, n, options);
+  Tensor w = Tensor::host({n}), g = Tensor::host({n});
+  std::fill_n(w.f32(), n, 1.0f);
+  std::fill_n(g.f32(), n, 0.0f);
+  EXPECT_TRUE(whole->step(w, g, 0.5f));
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_FLOAT_EQ(w.f32()[i], expected(i)) << "element " << i;
+
+  auto buckets = makeSgd(*backend, n, options);
+  std::fill_n(w.f32(), n, 1.0f);
+  for (const auto& [lo, hi] : {std::pair<std::int64_t, std::int64_t>{12, 20}, {3, 12}, {0, 3}}) {
+    EXPECT_TRUE(buckets->stepRange(w.slice(lo, hi), g.slice(lo, hi), lo, hi, 0.5f));
+  }
+  for (std::int64_t i = 0; i < n; ++i)
+    EXPECT_FLOAT_EQ(w.f32()[i], expected(i)) << "element " << i << ", by buckets";
+
+  EXPECT_THROW(makeSgd(*backend, n, {0.0f, 0.2f, false, {{5, 8}, {6, 9}}}), InputError);
+  EXPECT_THROW(makeSgd(*backend, n, {0.0f, 0.2f, false, {{18, 21}}}), InputError);
+}
+
 TEST(Sgd, RejectsAMomentumOfOneOrMore) {
   auto backend = makeCpuBackend(1);
-  EXPECT_THROW(makeSgd(*backend, 1, {1.0f, 0.0f, false}), InputError);
+  EXPECT_THROW(makeSgd(*backend, 1, {1.0f, 0.0f, false, {}}), InputError);
 }
 
 TEST(LearningRate, FixedPolicyIsTheBaseRate) {

@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 
 #include "actors/trainer.h"
 #include "cli_util.h"
 #include "float_bounds.h"
+#include "kernels/backend.h"
+#include "kernels/net.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -111,6 +114,42 @@ TEST(Training, ResumingFromAMidRunCheckpointGivesTheUninterruptedResult) {
   const auto [max_rel, norm_rel] = relativeDifference(full.weights, resumed.weights);
   EXPECT_EQ(max_rel, 0.0);
   EXPECT_EQ(norm_rel, 0.0);
+}
+
+// no_wd (Goyal et al.): after one step, biases trained with weight decay and no_wd are those
+// trained without weight decay, bit for bit (their gradient comes from the same initial weights),
+// while the other weights decayed; without no_wd the biases decay too.
+TEST(Training, NoWdKeepsWeightDecayOffTheBiases) {
+  TempDir dir("no_wd");
+  auto o = lenetOptions(dir.str());
+  o.batch_size = 32;
+  o.epoch_size = 32;  // one step
+  o.num_epochs = 1;
+  o.sgd.momentum = 0.0f;
+  o.sgd.weight_decay = 0.5f;
+  o.no_wd = true;
+  const auto exempt = runTraining(o);
+  o.no_wd = false;
+  const auto decayed = runTraining(o);
+  o.sgd.weight_decay = 0.0f;
+  const auto plain = runTraining(o);
+
+  kernels::NetOptions net;
+  net.model.name = "lenet";
+  auto backend = kernels::makeCpuBackend(1);
+  const auto params = kernels::makeNet(*backend, net)->params();
+  int biases = 0;
+  for (const auto& p : params) {
+    auto same = [&](const TrainResult& a, const TrainResult& b) {
+      return std::memcmp(a.weights.f32() + p.offset, b.weights.f32() + p.offset,
+                         static_cast<std::size_t>(p.size) * sizeof(float)) == 0;
+    };
+    const bool bias = p.name.find(".bias") != std::string::npos;
+    biases += bias ? 1 : 0;
+    EXPECT_EQ(same(exempt, plain), bias) << p.name;
+    EXPECT_FALSE(same(decayed, plain)) << p.name;
+  }
+  EXPECT_EQ(biases, 4);  // conv1, conv2, ip1, ip2
 }
 
 TEST(Training, LenetLearnsFashionMnistInOneEpoch) {
