@@ -226,7 +226,7 @@ std::vector<Key> caffe2Keys() {
             }
             s.options.model.name = fmt::format("resnet{}", depth);
           },
-          ""),
+          "50"),  // Caffe2's default; it sets model only when given
       onlyInt("resnext_num_groups", Range{1, 1024},
               "Caffe2's: 1 (a plain ResNet) accepted, more refused (no ResNeXt)", 1, kNoResNeXt),
       onlyInt("resnext_width_per_group", Range{1, 65536},
