@@ -362,11 +362,12 @@ class Coordinator final : public Actor {
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
     row.skipped_records = epoch_.skipped;
     config_.log->write(row);
+    // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did).
     spdlog::info(
-        "epoch {} done: loss {:.4f} accuracy {:.4f} test_accuracy {:.4f} ({} inputs in {:.2f} s, "
-        "{:.0f} inputs/s{})",
-        epoch, row.loss, row.accuracy, row.test_accuracy, row.input_count, row.time_spent,
-        row.inputs_per_sec,
+        "epoch {} done: loss {:.4f} accuracy {:.4f}{} ({} inputs in {:.2f} s, {:.0f} inputs/s{})",
+        epoch, row.loss, row.accuracy,
+        config_.has_test ? fmt::format(" test_accuracy {:.4f}", row.test_accuracy) : std::string(),
+        row.input_count, row.time_spent, row.inputs_per_sec,
         options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
     logInput(epoch);
     auto& result = *config_.result;

@@ -52,8 +52,12 @@ void addTrainCommand(CLI::App& app) {
                    options.role == "server" ? options.num_servers : options.num_shards);
       return;
     }
-    spdlog::info("done: {} steps, final test_accuracy {:.4f}, log {}", result.steps,
-                 result.epochs.back().test_accuracy, result.log_path);
+    if (options.test_data.empty()) {
+      spdlog::info("done: {} steps, log {}", result.steps, result.log_path);
+    } else {
+      spdlog::info("done: {} steps, final test_accuracy {:.4f}, log {}", result.steps,
+                   result.epochs.back().test_accuracy, result.log_path);
+    }
   });
 }
 
