@@ -298,6 +298,16 @@ std::vector<Key> buildTable() {
           }},
       TROUPE_INT_KEY("decode_threads", decode_threads, closed(1, 1024),
                      "threads that decode each reader's records (MXNet's preprocess_threads)"),
+      Key{"input_dtype", Kind::kString, kNotNumeric,
+          "float32, or uint8: training images travel from the reader as bytes before the mean "
+          "and scale, and each replica normalises them on its device (MXNet's ImageRecordIter "
+          "dtype)",
+          [](Settings& s, const Value& v) {
+            const auto& dtype = asString(v);
+            if (dtype != "float32" && dtype != "uint8") throw Refusal("expected float32 or uint8");
+            s.options.input_dtype = dtype;
+          },
+          [](const Settings& s) { return s.options.input_dtype; }},
       // A replica is a thread with a team of its own: no more of them than threads.
       TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                      "model replicas in this process (the batch is split)"),

@@ -52,12 +52,13 @@ class Reader final : public Actor {
     const auto& d = config_.dataset;
     Batch batch;
     batch.step = step;
-    batch.images =
-        kernels::Tensor::hostUninitialized({config_.count, d.channels, d.height, d.width});
+    batch.images = kernels::Tensor::hostUninitialized(
+        {config_.count, d.channels, d.height, d.width},
+        d.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32);
     batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
     const auto began = Trace::Clock::now();
     try {
-      dataset_->read(indices_, epoch, batch.images.f32(), batch.labels.i32());
+      readInto(indices_, epoch, batch.images, 0, batch.labels.i32());
     } catch (const data::BadRecordError&) {
       if (!config_.skip_bad_records) throw;
       batch.skipped = readSkipping(first, epoch, batch);
@@ -72,12 +73,10 @@ class Reader final : public Actor {
   // epoch's order. Returns how many slots held a bad record.
   std::int64_t readSkipping(std::int64_t first, std::int64_t epoch, Batch& batch) {
     const auto& d = config_.dataset;
-    const std::size_t image_size = static_cast<std::size_t>(d.channels) * d.height * d.width;
     const auto n = static_cast<std::int64_t>(order_.size());
     std::int64_t skipped = 0;
     std::vector<std::int64_t> one(1);
     for (std::int64_t i = 0; i < config_.count; ++i) {
-      float* image = batch.images.f32() + static_cast<std::size_t>(i) * image_size;
       std::int32_t* label = batch.labels.i32() + i;
       bool slot_bad = false;
       for (std::int64_t probe = 0;; ++probe) {
@@ -91,7 +90,7 @@ class Reader final : public Actor {
           continue;
         }
         try {
-          dataset_->read(one, epoch, image, label);
+          readInto(one, epoch, batch.images, i, label);
           break;
         } catch (const data::BadRecordError& e) {
           bad_.insert(one[0]);
@@ -102,6 +101,18 @@ class Reader final : public Actor {
       skipped += slot_bad ? 1 : 0;
     }
     return skipped;
+  }
+
+  // Reads records into images from slot `first` on, as floats or (DatasetOptions::uint8) bytes.
+  void readInto(const std::vector<std::int64_t>& indices, std::int64_t epoch,
+                const kernels::Tensor& images, std::int64_t first, std::int32_t* labels) {
+    const auto& d = config_.dataset;
+    const auto at = static_cast<std::size_t>(first) * d.channels * d.height * d.width;
+    if (images.dtype() == kernels::DType::kUInt8) {
+      dataset_->read(indices, epoch, static_cast<std::uint8_t*>(images.raw()) + at, labels);
+    } else {
+      dataset_->read(indices, epoch, images.f32() + at, labels);
+    }
   }
 
   ReaderConfig config_;

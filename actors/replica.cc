@@ -97,12 +97,27 @@ class Replica final : public Actor {
     if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
   }
 
+  // A batch's images as floats: uint8 ones (input_dtype uint8) normalised here.
+  kernels::Tensor floatImages(const kernels::Tensor& images) {
+    if (images.dtype() != kernels::DType::kUInt8) return images;
+    TraceScope span(config_.trace, name(), "normalise");
+    if (!floats_.defined() || floats_.numel() != images.numel()) {
+      floats_ = kernels::Tensor::hostUninitialized(images.shape());
+    }
+    const auto& shape = images.shape();
+    data::normaliseImages(static_cast<const std::uint8_t*>(images.raw()), floats_.f32(), shape[0],
+                          static_cast<int>(shape[1]), shape[2] * shape[3], config_.input.mean,
+                          config_.input.scale);
+    return floats_;
+  }
+
   void runStep(const Weights& weights, const Batch& batch, double input_wait, int ready) {
     const std::int64_t step = batch.step;
     adopt(weights.weights, weights.buffers);
+    const kernels::Tensor images = floatImages(batch.images);
     {
       TraceScope span(config_.trace, name(), "forward");
-      net_->forward(onDevice(batch.images), onDevice(batch.labels), /*train=*/true);
+      net_->forward(onDevice(images), onDevice(batch.labels), /*train=*/true);
     }
     backward(step);
     send(config_.reader, BatchConsumed{step});
@@ -114,7 +129,7 @@ class Replica final : public Actor {
       throw NumericError(
           fmt::format("training diverged: the loss of {} is {} on replica {} of worker {}: {}",
                       describeStep(step, config_.steps_per_epoch), loss_sum, config_.index,
-                      config_.worker, whyNotFinite(weights.weights, batch.images)));
+                      config_.worker, whyNotFinite(weights.weights, images)));
     }
     send(config_.coordinator,
          StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1], batch.labels.numel(),
@@ -255,6 +270,7 @@ class Replica final : public Actor {
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
+  kernels::Tensor floats_;  // uint8 batches, normalised
   // Since when the replica has had the weights of a step whose batch is not here.
   std::optional<Trace::Clock::time_point> waiting_since_;
   std::unordered_set<std::int64_t> bad_test_;  // test records found bad (each logged once)

@@ -128,7 +128,8 @@ struct ReplicaConfig {
   std::int64_t steps_per_epoch = 0;  // for errors: the epoch of a step
   kernels::NetOptions net;
   int threads = 1;
-  float grad_scale = 1.0f;  // 1 / global batch
+  float grad_scale = 1.0f;    // 1 / global batch
+  data::Normalisation input;  // what a batch of uint8 images becomes (input_dtype uint8)
   std::int64_t bucket_bytes = 25 << 20;
   std::int64_t first_bucket_bytes = 1 << 20;
   data::DatasetOptions test;      // path empty: no evaluation

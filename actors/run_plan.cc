@@ -396,6 +396,7 @@ data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& pa
   d.train = train;
   d.seed = o.seed;
   d.decode_threads = o.decode_threads;
+  d.uint8 = train && o.input_dtype == "uint8";
   return d;
 }
 

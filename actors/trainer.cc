@@ -391,6 +391,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
     replica.grad_scale = 1.0f / static_cast<float>(plan.global_batch);
+    replica.input = data::normalisationOf(train);
     replica.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
     replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
     replica.test = test;

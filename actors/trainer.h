@@ -37,6 +37,9 @@ struct TrainOptions {
   // crop > 0, image_size is crop and records may be of any size.
   data::ImageTransformOptions transform;
   int decode_threads = 1;  // per reader (and per replica's test set)
+  // "float32", or "uint8": readers send training images as bytes before the mean and scale, and
+  // each replica normalises them on its device (MXNet's ImageRecordIter dtype).
+  std::string input_dtype = "float32";
 
   std::string schedule = "local";
   // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through

@@ -31,7 +31,7 @@ struct InputBenchArgs {
   int warmup = 5;
 };
 
-std::string describeTransform(const data::ImageTransformOptions& t, int size) {
+std::string describeTransform(const data::ImageTransformOptions& t, int size, bool uint8) {
   std::vector<std::string> parts;
   if (t.random_resized_crop) {
     parts.push_back(
@@ -49,7 +49,8 @@ std::string describeTransform(const data::ImageTransformOptions& t, int size) {
     parts.push_back(
         fmt::format("colour jitter {:g}/{:g}/{:g}", t.brightness, t.contrast, t.saturation));
   }
-  parts.push_back("normalised fp32 NCHW");
+  parts.push_back(uint8 ? "uint8 NCHW (input_dtype uint8: normalised on the replica)"
+                        : "normalised fp32 NCHW");
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
@@ -63,8 +64,10 @@ Timing measure(data::DatasetOptions options, int threads, const InputBenchArgs& 
   options.decode_threads = threads;
   auto dataset = data::openDataset(options);
   const std::int64_t n = dataset->size();
-  std::vector<float> images(
-      static_cast<std::size_t>(batch * options.channels * options.height * options.width));
+  const auto values =
+      static_cast<std::size_t>(batch * options.channels * options.height * options.width);
+  std::vector<float> images(options.uint8 ? 0 : values);
+  std::vector<std::uint8_t> bytes(options.uint8 ? values : 0);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   std::vector<std::int64_t> indices(static_cast<std::size_t>(batch));
   std::vector<std::int64_t> order;
@@ -77,7 +80,11 @@ Timing measure(data::DatasetOptions options, int threads, const InputBenchArgs& 
       }
       index = order[static_cast<std::size_t>(at++ % n)];
     }
-    dataset->read(indices, epoch, images.data(), labels.data());
+    if (options.uint8) {
+      dataset->read(indices, epoch, bytes.data(), labels.data());
+    } else {
+      dataset->read(indices, epoch, images.data(), labels.data());
+    }
   };
   for (int b = 0; b < a.warmup; ++b)
     next();
@@ -107,8 +114,8 @@ void run(const InputBenchArgs& a) {
   fmt::print(
       "# troupe input: {} ({} records), {} channels, {}; batch {}, {} untimed + {} timed "
       "batches in the seed's epoch order\n",
-      o.train_data, size, o.num_channels, describeTransform(o.transform, o.image_size), batch,
-      a.warmup, a.batches);
+      o.train_data, size, o.num_channels,
+      describeTransform(o.transform, o.image_size, options.uint8), batch, a.warmup, a.batches);
   fmt::print("| decode_threads | images/s | images/s per thread | ms per batch |\n");
   fmt::print("|---|---|---|---|\n");
   std::fflush(stdout);

@@ -40,6 +40,18 @@ class DbDataset final : public Dataset {
 
   void read(const std::vector<std::int64_t>& indices, std::int64_t epoch, float* images,
             std::int32_t* labels) override {
+    readInto(indices, epoch, images, labels);
+  }
+
+  void read(const std::vector<std::int64_t>& indices, std::int64_t epoch, std::uint8_t* images,
+            std::int32_t* labels) override {
+    readInto(indices, epoch, images, labels);
+  }
+
+ private:
+  template <typename T>
+  void readInto(const std::vector<std::int64_t>& indices, std::int64_t epoch, T* images,
+                std::int32_t* labels) {
     const std::size_t image_size =
         static_cast<std::size_t>(options_.channels) * options_.height * options_.width;
     for (const std::int64_t index : indices) {
@@ -74,7 +86,6 @@ class DbDataset final : public Dataset {
     }
   }
 
- private:
   // Records come in a random order, each a miss in every cache, and decoding one waits on its
   // misses one after another. A load of every cache line of every record first, independent
   // loads that the CPU overlaps, halves the time of a batch (prefetch instructions did not).
@@ -101,6 +112,38 @@ class DbDataset final : public Dataset {
 };
 
 }  // namespace
+
+void Dataset::read(const std::vector<std::int64_t>&, std::int64_t, std::uint8_t*, std::int32_t*) {
+  throw InputError(detail::concat("dataset '", options().path,
+                                  "' holds float images: input_dtype uint8 needs a database"));
+}
+
+Normalisation normalisationOf(const DatasetOptions& options) {
+  Normalisation n{{options.mean}, {options.scale}};
+  if (!options.mean_per_channel.empty()) n.mean = options.mean_per_channel;
+  if (!options.std_per_channel.empty()) {
+    n.scale.clear();
+    for (const float std : options.std_per_channel)
+      n.scale.push_back(1.0f / std);
+  }
+  return n;
+}
+
+void normaliseImages(const std::uint8_t* in, float* out, std::int64_t n, int channels,
+                     std::int64_t plane, const std::vector<float>& mean,
+                     const std::vector<float>& scale) {
+  TROUPE_ENFORCE(!mean.empty() && !scale.empty(), "normaliseImages without mean or scale");
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (int c = 0; c < channels; ++c) {
+      const float m = mean[mean.size() == 1 ? 0 : static_cast<std::size_t>(c)];
+      const float s = scale[scale.size() == 1 ? 0 : static_cast<std::size_t>(c)];
+      const std::size_t at = (static_cast<std::size_t>(i) * channels + c) * plane;
+#pragma omp simd
+      for (std::int64_t j = 0; j < plane; ++j)
+        out[at + j] = (static_cast<float>(in[at + j]) - m) * s;
+    }
+  }
+}
 
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
   if (isMemoryDataset(options.path)) return openMemoryDataset(options);

@@ -53,6 +53,9 @@ struct DatasetOptions {
   std::uint64_t seed = 1;  // with the epoch and the record's index, seeds its draws
   // Records decoded at once by this many threads (MXNet's preprocess_threads).
   int decode_threads = 1;
+  // The training reader asks for uint8 images, the values before mean and scale, which the
+  // replica normalises on its device (TrainOptions::input_dtype "uint8"): a quarter of the bytes.
+  bool uint8 = false;
 
   // Whether records go through an ImageTransform: a transform, or per-channel normalisation.
   bool transforms() const {
@@ -76,7 +79,25 @@ class Dataset {
   // index): the same in every run, whichever process or thread reads it.
   virtual void read(const std::vector<std::int64_t>& indices, std::int64_t epoch, float* images,
                     std::int32_t* labels) = 0;
+  // The same as uint8 values before the mean and scale (crops, mirror and jitter applied). A record
+  // of float_data is a BadRecordError; a dataset without uint8 images (memory://) an InputError.
+  virtual void read(const std::vector<std::int64_t>& indices, std::int64_t epoch,
+                    std::uint8_t* images, std::int32_t* labels);
 };
+
+// What a value of channel c becomes: (value - mean[c]) * scale[c], one element standing for every
+// channel: mean_per_channel and 1 / std_per_channel where given, else mean and scale.
+struct Normalisation {
+  std::vector<float> mean, scale;
+};
+Normalisation normalisationOf(const DatasetOptions& options);
+
+// The images of uint8 values as read(..., std::uint8_t*) gives them, normalised as read(...,
+// float*) does: (value - mean[c]) * scale[c] of channel c, n images of channels x plane values.
+// mean and scale hold one value per channel, or one for all.
+void normaliseImages(const std::uint8_t* in, float* out, std::int64_t n, int channels,
+                     std::int64_t plane, const std::vector<float>& mean,
+                     const std::vector<float>& scale);
 
 // Opens the database and loads its key list; throws as openDb() does, and InputError for a
 // non-positive shape or num_labels. A path "memory://NAME" opens a dataset this process holds in

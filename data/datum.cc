@@ -1,5 +1,8 @@
 #include "data/datum.h"
 
+#include <algorithm>
+#include <type_traits>
+
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -87,13 +90,7 @@ DatumDecoder::DatumDecoder(const DatasetOptions& options) : options_(options) {
   for (int v = 0; v < 256; ++v)
     lut_[v] = (static_cast<float>(v) - options_.mean) * options_.scale;
   if (options_.transforms()) {
-    std::vector<float> mean{options_.mean}, scale{options_.scale};
-    if (!options_.mean_per_channel.empty()) mean = options_.mean_per_channel;
-    if (!options_.std_per_channel.empty()) {
-      scale.clear();
-      for (const float std : options_.std_per_channel)
-        scale.push_back(1.0f / std);
-    }
+    auto [mean, scale] = normalisationOf(options_);
     try {
       transform_ =
           std::make_unique<ImageTransform>(options_.transform, options_.train, options_.channels,
@@ -110,6 +107,25 @@ void DatumDecoder::bad(const std::string& key, const std::string& what) const {
 
 std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes, SplitMix64& rng,
                                   float* out) {
+  return decodeTo(key, bytes, rng, out);
+}
+
+std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes, SplitMix64& rng,
+                                  std::uint8_t* out) {
+  return decodeTo(key, bytes, rng, out);
+}
+
+void DatumDecoder::pixels(const std::uint8_t* in, std::size_t n, float* out) const {
+  toFloats(in, out, n, options_.mean, options_.scale);
+}
+
+void DatumDecoder::pixels(const std::uint8_t* in, std::size_t n, std::uint8_t* out) const {
+  std::copy_n(in, n, out);
+}
+
+template <typename T>
+std::int32_t DatumDecoder::decodeTo(const std::string& key, std::string_view bytes, SplitMix64& rng,
+                                    T* out) {
   if (RawDatum raw; raw.parse(bytes) && !raw.encoded) {
     checkLabel(key, raw.label);
     if (transform_) {
@@ -118,8 +134,7 @@ std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes
     }
     checkShape(key, raw.channels, raw.height, raw.width);
     checkPixels(key, raw.data.size());
-    toFloats(reinterpret_cast<const std::uint8_t*>(raw.data.data()), out, raw.data.size(),
-             options_.mean, options_.scale);
+    pixels(reinterpret_cast<const std::uint8_t*>(raw.data.data()), raw.data.size(), out);
     return raw.label;
   }
   if (!datum_.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) [[unlikely]] {
@@ -151,16 +166,17 @@ std::int32_t DatumDecoder::decode(const std::string& key, std::string_view bytes
   return label;
 }
 
-void DatumDecoder::transformRaw(const std::string& key, std::string_view pixels, int channels,
-                                int height, int width, SplitMix64& rng, float* out) {
+template <typename T>
+void DatumDecoder::transformRaw(const std::string& key, std::string_view bytes, int channels,
+                                int height, int width, SplitMix64& rng, T* out) {
   if (channels <= 0 || height <= 0 || width <= 0 ||
-      static_cast<unsigned __int128>(pixels.size()) !=
+      static_cast<unsigned __int128>(bytes.size()) !=
           static_cast<unsigned __int128>(channels) * height * width) {
-    bad(key, detail::concat("holds ", pixels.size(), " pixel bytes for its shape ", channels, "x",
+    bad(key, detail::concat("holds ", bytes.size(), " pixel bytes for its shape ", channels, "x",
                             height, "x", width, "; corrupt or truncated"));
   }
   try {
-    transform_->raw(reinterpret_cast<const std::uint8_t*>(pixels.data()), channels, height, width,
+    transform_->raw(reinterpret_cast<const std::uint8_t*>(bytes.data()), channels, height, width,
                     rng, out);
   } catch (const InputError& e) {
     bad(key, e.what());
@@ -190,26 +206,31 @@ void DatumDecoder::checkPixels(const std::string& key, std::size_t bytes) const 
   }
 }
 
-void DatumDecoder::decodeRaw(const std::string& key, float* out) const {
+template <typename T>
+void DatumDecoder::decodeRaw(const std::string& key, T* out) const {
   checkShape(key, datum_.channels(), datum_.height(), datum_.width());
   const std::size_t n =
       static_cast<std::size_t>(options_.channels) * options_.height * options_.width;
   if (datum_.float_data_size() > 0) {
-    if (static_cast<std::size_t>(datum_.float_data_size()) != n) [[unlikely]] {
-      bad(key, detail::concat("holds ", datum_.float_data_size(), " floats, expected ", n));
+    if constexpr (std::is_same_v<T, std::uint8_t>) {
+      bad(key, "holds float_data, which has no uint8 form (input_dtype uint8 needs uint8 pixels)");
+    } else {
+      if (static_cast<std::size_t>(datum_.float_data_size()) != n) [[unlikely]] {
+        bad(key, detail::concat("holds ", datum_.float_data_size(), " floats, expected ", n));
+      }
+      const float* in = datum_.float_data().data();
+      for (std::size_t j = 0; j < n; ++j)
+        out[j] = (in[j] - options_.mean) * options_.scale;
+      return;
     }
-    const float* in = datum_.float_data().data();
-    for (std::size_t j = 0; j < n; ++j)
-      out[j] = (in[j] - options_.mean) * options_.scale;
-    return;
   }
   const std::string& data = datum_.data();
   checkPixels(key, data.size());
-  toFloats(reinterpret_cast<const std::uint8_t*>(data.data()), out, n, options_.mean,
-           options_.scale);
+  pixels(reinterpret_cast<const std::uint8_t*>(data.data()), n, out);
 }
 
-void DatumDecoder::decodeEncoded(const std::string& key, float* out) {
+template <typename T>
+void DatumDecoder::decodeEncoded(const std::string& key, T* out) {
   if (options_.channels != 1 && options_.channels != 3) {
     bad(key, detail::concat("is an encoded image, which decodes to 1 or 3 channels, not ",
                             options_.channels));
@@ -233,9 +254,14 @@ void DatumDecoder::decodeEncoded(const std::string& key, float* out) {
   const std::size_t plane = static_cast<std::size_t>(image_.height) * image_.width;
   const std::uint8_t* in = image_.pixels.data();
   for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
-    float* dst = out + k * plane;
-    for (std::size_t j = 0; j < plane; ++j)
-      dst[j] = lut_[in[j * c + k]];
+    T* dst = out + k * plane;
+    for (std::size_t j = 0; j < plane; ++j) {
+      if constexpr (std::is_same_v<T, float>) {
+        dst[j] = lut_[in[j * c + k]];
+      } else {
+        dst[j] = in[j * c + k];
+      }
+    }
   }
 }
 

@@ -35,16 +35,28 @@ class DatumDecoder {
   // shape (or, transformed, is too small for the crop) or a label outside [0, num_labels); out is
   // partly written then.
   std::int32_t decode(const std::string& key, std::string_view bytes, SplitMix64& rng, float* out);
+  // The same as uint8 values before the mean and scale (DatasetOptions::uint8); a record of
+  // float_data has no such form and is a BadRecordError.
+  std::int32_t decode(const std::string& key, std::string_view bytes, SplitMix64& rng,
+                      std::uint8_t* out);
 
  private:
+  template <typename T>
+  std::int32_t decodeTo(const std::string& key, std::string_view bytes, SplitMix64& rng, T* out);
   [[noreturn]] void bad(const std::string& key, const std::string& what) const;
   void checkLabel(const std::string& key, std::int32_t label) const;
   void checkShape(const std::string& key, int channels, int height, int width) const;
   void checkPixels(const std::string& key, std::size_t bytes) const;
-  void decodeRaw(const std::string& key, float* out) const;
-  void decodeEncoded(const std::string& key, float* out);
+  template <typename T>
+  void decodeRaw(const std::string& key, T* out) const;
+  template <typename T>
+  void decodeEncoded(const std::string& key, T* out);
+  template <typename T>
   void transformRaw(const std::string& key, std::string_view pixels, int channels, int height,
-                    int width, SplitMix64& rng, float* out);
+                    int width, SplitMix64& rng, T* out);
+  // Pixels to out: (value - mean) * scale as floats, or the values themselves as uint8.
+  void pixels(const std::uint8_t* in, std::size_t n, float* out) const;
+  void pixels(const std::uint8_t* in, std::size_t n, std::uint8_t* out) const;
 
   DatasetOptions options_;
   std::array<float, 256> lut_{};

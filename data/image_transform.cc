@@ -230,6 +230,17 @@ void ImageTransform::fromPadded(Window w, T* out) {
 
 void ImageTransform::raw(const std::uint8_t* chw, int channels, int height, int width,
                          SplitMix64& rng, float* out) {
+  rawTo(chw, channels, height, width, rng, out);
+}
+
+void ImageTransform::raw(const std::uint8_t* chw, int channels, int height, int width,
+                         SplitMix64& rng, std::uint8_t* out) {
+  rawTo(chw, channels, height, width, rng, out);
+}
+
+template <typename T>
+void ImageTransform::rawTo(const std::uint8_t* chw, int channels, int height, int width,
+                           SplitMix64& rng, T* out) {
   if (channels != channels_) {
     throw InputError(detail::concat("has ", channels, " channels, expected ", channels_));
   }

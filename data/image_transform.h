@@ -74,6 +74,8 @@ class ImageTransform {
   // A raw image, C x H x W uint8 as Caffe stores it.
   void raw(const std::uint8_t* chw, int channels, int height, int width, SplitMix64& rng,
            float* out);
+  void raw(const std::uint8_t* chw, int channels, int height, int width, SplitMix64& rng,
+           std::uint8_t* out);
 
   // Where the output's pixels come from, in the image's pixels (floats: resized crops start
   // between pixels), drawn as encoded() draws it; for tests.
@@ -94,6 +96,8 @@ class ImageTransform {
 
   template <typename T>
   void encodedTo(std::string_view bytes, SplitMix64& rng, T* out);
+  template <typename T>
+  void rawTo(const std::uint8_t* chw, int channels, int height, int width, SplitMix64& rng, T* out);
   template <typename T>
   void fromWhole(const Window& window, T* out);
   template <typename T>

@@ -51,6 +51,10 @@ void unregisterMemoryDataset(const std::string& path) {
 }
 
 std::unique_ptr<Dataset> openMemoryDataset(const DatasetOptions& options) {
+  if (options.uint8) {
+    throw InputError("dataset '" + options.path +
+                     "' holds float images: input_dtype uint8 needs a database");
+  }
   std::shared_ptr<Dataset> dataset;
   {
     std::lock_guard lock(registry_mu);

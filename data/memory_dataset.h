@@ -21,7 +21,7 @@ void unregisterMemoryDataset(const std::string& path);
 
 // The registered dataset of options.path, checked against the options' shape; InputError naming
 // the path when none is registered, when its shape is not the options', or when the options
-// transform images (memory datasets hold the model's inputs as they are).
+// transform images or ask for uint8 ones (memory datasets hold the model's inputs as they are).
 std::unique_ptr<Dataset> openMemoryDataset(const DatasetOptions& options);
 
 }  // namespace troupe::data

@@ -398,30 +398,40 @@ TEST(ThreadTeam, RunsEveryIterationOnceAndRethrowsTheFirstError) {
 
 // A database of JPEGs of several sizes, read as a training set: crops of any size, the same with
 // one decoder or three, the same again for the same epoch and other for the next.
-TEST(TransformedDataset, ReadsJpegsOfAnySizeTheSameWithAnyNumberOfThreads) {
-  TempDir dir;
-  const std::string path = dir / "jpegs";
-  {
-    auto writer = createDb(path, DbType::kLmdb);
-    for (int i = 0; i < 24; ++i) {
-      RawDatum d;
-      d.encoded = true;
-      d.data = encodeJpeg(photo(100 + 13 * i, 180 - 5 * i), 90);
-      d.label = i % 10;
-      writer->put(fmt::format("{:08d}", i), testing::datumBytes(d));
-    }
-    writer->commit();
+// An LMDB of n JPEG records (quality 90) of image(i), labels i % 10, keys "%08d".
+template <typename MakeImage>
+void writeJpegDb(const std::string& path, int n, MakeImage image) {
+  auto writer = createDb(path, DbType::kLmdb);
+  for (int i = 0; i < n; ++i) {
+    RawDatum d;
+    d.encoded = true;
+    d.data = encodeJpeg(image(i), 90);
+    d.label = i % 10;
+    writer->put(fmt::format("{:08d}", i), testing::datumBytes(d));
   }
+  writer->commit();
+}
+
+// The ResNet training input at `size`: random-resized crops, mirror, per-channel mean and std.
+DatasetOptions trainingCrops(const std::string& path, int size) {
   DatasetOptions o;
   o.path = path;
   o.channels = 3;
-  o.height = o.width = 64;
+  o.height = o.width = size;
   o.train = true;
   o.transform.random_resized_crop = true;
-  o.transform.crop = 64;
+  o.transform.crop = size;
   o.transform.mirror = true;
   o.mean_per_channel = {104, 117, 123};
   o.std_per_channel = {57, 57, 58};
+  return o;
+}
+
+TEST(TransformedDataset, ReadsJpegsOfAnySizeTheSameWithAnyNumberOfThreads) {
+  TempDir dir;
+  const std::string path = dir / "jpegs";
+  writeJpegDb(path, 24, [](int i) { return photo(100 + 13 * i, 180 - 5 * i); });
+  DatasetOptions o = trainingCrops(path, 64);
   std::vector<std::int64_t> indices(24);
   std::iota(indices.begin(), indices.end(), 0);
   std::reverse(indices.begin(), indices.end());
@@ -442,6 +452,39 @@ TEST(TransformedDataset, ReadsJpegsOfAnySizeTheSameWithAnyNumberOfThreads) {
   const auto [lo, hi] = std::minmax_element(one.begin(), one.end());
   EXPECT_GE(*lo, -123.0f / 57);
   EXPECT_LE(*hi, (255.0f - 104) / 57);
+}
+
+// input_dtype uint8: the same crops as bytes before the mean and std; normalised (normaliseImages)
+// they are the float read's values up to the rounding of each value to a byte, half a level:
+// |float - (byte - mean) / std| <= 0.5 / std. Raw records without a transform are exact.
+TEST(TransformedDataset, Uint8ImagesAreTheFloatOnesBeforeTheMeanAndStd) {
+  TempDir dir;
+  const std::string path = dir / "jpegs";
+  writeJpegDb(path, 8, [](int i) { return photo(90 + 11 * i, 150 - 7 * i); });
+  DatasetOptions o = trainingCrops(path, 48);
+  const std::vector<std::int64_t> indices = {3, 1, 7, 0, 5};
+  const std::size_t n = indices.size() * 3 * 48 * 48;
+  std::vector<float> floats(n), normalised(n);
+  std::vector<std::uint8_t> bytes(n);
+  std::vector<std::int32_t> labels(indices.size()), byte_labels(indices.size());
+  auto dataset = openDataset(o);
+  dataset->read(indices, 2, floats.data(), labels.data());
+  o.uint8 = true;
+  openDataset(o)->read(indices, 2, bytes.data(), byte_labels.data());
+  EXPECT_EQ(labels, byte_labels);
+  const auto norm = normalisationOf(o);
+  normaliseImages(bytes.data(), normalised.data(), static_cast<std::int64_t>(indices.size()), 3,
+                  48 * 48, norm.mean, norm.scale);
+  for (std::size_t j = 0; j < n; ++j) {
+    const float scale = norm.scale[(j / (48 * 48)) % 3];
+    ASSERT_LE(std::abs(floats[j] - normalised[j]), 0.5f * scale * (1 + 1e-5f)) << "value " << j;
+  }
+
+  // A memory dataset has no bytes to give.
+  DatasetOptions memory = o;
+  memory.path = "memory://uint8";
+  EXPECT_EQ(errorOf([&] { openDataset(memory); }),
+            "dataset 'memory://uint8' holds float images: input_dtype uint8 needs a database");
 }
 
 TEST(TransformedDataset, ABadRecordIsNamedWhicheverThreadReadsIt) {

@@ -152,6 +152,22 @@ TEST(Training, NoWdKeepsWeightDecayOffTheBiases) {
   EXPECT_EQ(biases, 4);  // conv1, conv2, ip1, ip2
 }
 
+// input_dtype uint8: readers send the raw records' bytes and the replica normalises them with
+// the same (value - mean) * scale a float reader computes, so training is the same to the bit.
+TEST(Training, Uint8InputTrainsAsFloatInputBitForBit) {
+  TempDir dir("uint8");
+  auto o = lenetOptions(dir.str());
+  o.batch_size = 32;
+  o.epoch_size = 32 * 10;
+  o.num_epochs = 1;
+  o.replicas = 2;
+  const auto floats = runTraining(o);
+  o.input_dtype = "uint8";
+  const auto bytes = runTraining(o);
+  ASSERT_EQ(floats.weights.numel(), bytes.weights.numel());
+  EXPECT_EQ(0, std::memcmp(floats.weights.f32(), bytes.weights.f32(), floats.weights.bytes()));
+}
+
 TEST(Training, LenetLearnsFashionMnistInOneEpoch) {
   TempDir dir("lenet");
   auto o = lenetOptions(dir.str());
