@@ -118,17 +118,6 @@ void Dataset::read(const std::vector<std::int64_t>&, std::int64_t, std::uint8_t*
                                   "' holds float images: input_dtype uint8 needs a database"));
 }
 
-Normalisation normalisationOf(const DatasetOptions& options) {
-  Normalisation n{{options.mean}, {options.scale}};
-  if (!options.mean_per_channel.empty()) n.mean = options.mean_per_channel;
-  if (!options.std_per_channel.empty()) {
-    n.scale.clear();
-    for (const float std : options.std_per_channel)
-      n.scale.push_back(1.0f / std);
-  }
-  return n;
-}
-
 void normaliseImages(const std::uint8_t* in, float* out, std::int64_t n, int channels,
                      std::int64_t plane, const std::vector<float>& mean,
                      const std::vector<float>& scale) {

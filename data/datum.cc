@@ -81,6 +81,17 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) vo
 
 }  // namespace
 
+Normalisation normalisationOf(const DatasetOptions& options) {
+  Normalisation n{{options.mean}, {options.scale}};
+  if (!options.mean_per_channel.empty()) n.mean = options.mean_per_channel;
+  if (!options.std_per_channel.empty()) {
+    n.scale.clear();
+    for (const float std : options.std_per_channel)
+      n.scale.push_back(1.0f / std);
+  }
+  return n;
+}
+
 BadRecordError::BadRecordError(std::string database, std::string key, const std::string& why)
     : InputError(detail::concat("database '", database, "': record '", key, "' ", why)),
       database_(std::move(database)),

@@ -59,13 +59,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static troupe::data::DatumDecoder train(transformed(true));
   static troupe::data::DatumDecoder test(transformed(false));
   static std::vector<float> out(3 * 28 * 28);
+  static std::vector<std::uint8_t> out_bytes(3 * 28 * 28);  // input_dtype uint8
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   for (auto* decoder : {&gray, &color, &train, &test}) {
-    try {
-      troupe::data::SplitMix64 rng(size);
-      decoder->decode("00000000", bytes, rng, out.data());
-    } catch (const troupe::Error&) {
-      // The record is refused, naming the database and the key.
+    for (const bool as_bytes : {false, true}) {
+      try {
+        troupe::data::SplitMix64 rng(size);
+        if (as_bytes) {
+          decoder->decode("00000000", bytes, rng, out_bytes.data());
+        } else {
+          decoder->decode("00000000", bytes, rng, out.data());
+        }
+      } catch (const troupe::Error&) {
+        // The record is refused, naming the database and the key.
+      }
     }
   }
   return 0;
