@@ -111,6 +111,13 @@ std::string listText(const std::vector<double>& list) {
         [](const Settings& s) { return s.options.field; }                   \
   }
 
+#define TROUPE_BOOL_KEY(key, field, help)                                                 \
+  Key {                                                                                   \
+    key, Kind::kBool, kNotNumeric, help,                                                  \
+        [](Settings& s, const Value& v) { s.options.field = asBool(v); },                 \
+        [](const Settings& s) { return std::string(s.options.field ? "true" : "false"); } \
+  }
+
 std::vector<std::string> keyNames() {
   std::vector<std::string> names;
   for (const auto& k : keys())
@@ -197,14 +204,11 @@ std::vector<Key> buildTable() {
       TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
       // At 1 or above the velocity never decays: the run diverges.
       TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
-      Key{"no_wd", Kind::kBool, kNotNumeric,
+      TROUPE_BOOL_KEY(
+          "no_wd", no_wd,
           "no weight decay on biases and batch-norm scales and shifts (Goyal et al.; GluonCV's "
-          "--no-wd)",
-          [](Settings& s, const Value& v) { s.options.no_wd = asBool(v); },
-          [](const Settings& s) { return std::string(s.options.no_wd ? "true" : "false"); }},
-      Key{"nesterov", Kind::kBool, kNotNumeric, "Nesterov momentum",
-          [](Settings& s, const Value& v) { s.options.sgd.nesterov = asBool(v); },
-          [](const Settings& s) { return std::string(s.options.sgd.nesterov ? "true" : "false"); }},
+          "--no-wd)"),
+      TROUPE_BOOL_KEY("nesterov", sgd.nesterov, "Nesterov momentum"),
       TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep or cosine"),
       // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
       TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
@@ -218,13 +222,10 @@ std::vector<Key> buildTable() {
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
       TROUPE_INT_KEY("image_size", image_size, closed(1, 4096), "height and width of the images"),
       TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
-      Key{"zero_init_residual", Kind::kBool, kNotNumeric,
+      TROUPE_BOOL_KEY(
+          "zero_init_residual", zero_init_residual,
           "resnet18/34/50: each block's last batch-norm scale starts at 0, so every block starts "
-          "as the identity (Goyal et al.; torchvision's zero_init_residual)",
-          [](Settings& s, const Value& v) { s.options.zero_init_residual = asBool(v); },
-          [](const Settings& s) {
-            return std::string(s.options.zero_init_residual ? "true" : "false");
-          }},
+          "as the identity (Goyal et al.; torchvision's zero_init_residual)"),
       TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
       TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
       Key{"mean_per_channel", Kind::kFloatList, kMean,
@@ -246,13 +247,10 @@ std::vector<Key> buildTable() {
       TROUPE_INT_KEY("pad", transform.pad, closed(0, kImageSide),
                      "training crops may reach this many pixels past each edge, filled with 0 "
                      "(CIFAR's recipe: 4)"),
-      Key{"random_resized_crop", Kind::kBool, kNotNumeric,
+      TROUPE_BOOL_KEY(
+          "random_resized_crop", transform.random_resized_crop,
           "training: the Inception crop (random_area, random_aspect_ratio), resized to crop; "
-          "testing: resize_short (default crop / 0.875) and the centre",
-          [](Settings& s, const Value& v) { s.options.transform.random_resized_crop = asBool(v); },
-          [](const Settings& s) {
-            return std::string(s.options.transform.random_resized_crop ? "true" : "false");
-          }},
+          "testing: resize_short (default crop / 0.875) and the centre"),
       Key{"random_area", Kind::kFloatList, openBelow(0, 1),
           "random_resized_crop: the range of the crop's share of the image's area (DALI's name)",
           [](Settings& s, const Value& v) {
@@ -273,11 +271,8 @@ std::vector<Key> buildTable() {
           [](const Settings& s) {
             return listText({s.options.transform.min_aspect, s.options.transform.max_aspect});
           }},
-      Key{"mirror", Kind::kBool, kNotNumeric, "training: flip images left-right at random (1 in 2)",
-          [](Settings& s, const Value& v) { s.options.transform.mirror = asBool(v); },
-          [](const Settings& s) {
-            return std::string(s.options.transform.mirror ? "true" : "false");
-          }},
+      TROUPE_BOOL_KEY("mirror", transform.mirror,
+                      "training: flip images left-right at random (1 in 2)"),
       Key{"color_jitter", Kind::kFloatList, closed(0, 1),
           "training: brightness, contrast and saturation, each factor drawn from [1 - j, 1 + j] "
           "(torchvision's ColorJitter without hue; empty: none)",
@@ -378,13 +373,10 @@ std::vector<Key> buildTable() {
           [](const Settings& s) { return fmt::format("{}", s.options.seed); }},
       // Batches in flight per reader: memory grows with it, speed stops growing after a few.
       TROUPE_INT_KEY("prefetch", prefetch, closed(1, 1024), "batches a reader keeps in flight"),
-      Key{"skip_bad_records", Kind::kBool, kNotNumeric,
+      TROUPE_BOOL_KEY(
+          "skip_bad_records", skip_bad_records,
           "skip (and count, and log once) records that do not parse, decode or fit, instead of "
-          "failing; also --skip-bad-records",
-          [](Settings& s, const Value& v) { s.options.skip_bad_records = asBool(v); },
-          [](const Settings& s) {
-            return std::string(s.options.skip_bad_records ? "true" : "false");
-          }},
+          "failing; also --skip-bad-records"),
       // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
       TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
       TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,

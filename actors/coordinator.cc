@@ -128,16 +128,8 @@ class Coordinator final : public Actor {
   void stepDone(const StepDone& s) {
     ++progress_;
     auto& agg = steps_[s.step];
-    agg.loss_sum += s.loss_sum;
-    agg.correct += s.correct;
-    agg.count += s.count;
-    agg.skipped += s.skipped;
-    agg.input_wait += s.input_wait;
-    agg.waited += s.input_wait > 0 ? 1 : 0;
-    agg.replica_steps += 1;
-    agg.ready_sum += s.ready;
-    agg.fewest_ready = std::min(agg.fewest_ready, s.ready);
-    agg.read_seconds += s.read_seconds;
+    agg.add(EpochStats{s.loss_sum, s.correct, s.count, s.skipped, s.input_wait,
+                       s.input_wait > 0 ? 1 : 0, 1, s.ready, s.ready, s.read_seconds});
     if (++replies_[s.step] < config_.num_replicas) return;
     // Steps complete in order: a replica cannot start step t+1 before step t is applied.
     TROUPE_ENFORCE_EQ(s.step, complete_through_);

@@ -2,8 +2,8 @@
 // reader decodes and transforms from the run's training data, with the run's own settings (every
 // train key, the transform's included), at each decode_threads asked. What a reader does, without
 // the training: batches of batch_size records in the epoch's order (the seed's), read by the
-// dataset with decode_threads threads into float tensors. A few untimed batches first (the
-// database's pages, the threads, the buffers), then the timed ones.
+// dataset with decode_threads threads into float tensors (bytes under input_dtype uint8). A few
+// untimed batches first (the database's pages, the threads, the buffers), then the timed ones.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -410,10 +409,8 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
       throw InputError(detail::concat(where(), ": ", e.what()));
     }
     if (options.resize_short > 0) {
-      const double f =
-          static_cast<double>(options.resize_short) / std::min(image.height, image.width);
-      image = resizeAntialiased(image, std::max(1, static_cast<int>(std::lround(image.height * f))),
-                                std::max(1, static_cast<int>(std::lround(image.width * f))));
+      const ImageSize size = shortSideResized(image.height, image.width, options.resize_short);
+      image = resizeAntialiased(image, size.height, size.width);
     } else if (resize) {
       image = resizeBilinear(image, options.resize_height, options.resize_width);
     }

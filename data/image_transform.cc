@@ -123,9 +123,9 @@ ImageTransform::Window ImageTransform::window(int height, int width, SplitMix64&
     double sx = 1, sy = 1;
     int rw = width, rh = height;
     if (short_side > 0) {
-      const double s = static_cast<double>(short_side) / std::min(height, width);
-      rw = std::max(1, static_cast<int>(std::lround(width * s)));
-      rh = std::max(1, static_cast<int>(std::lround(height * s)));
+      const ImageSize resized = shortSideResized(height, width, short_side);
+      rw = resized.width;
+      rh = resized.height;
       sx = static_cast<double>(rw) / width;
       sy = static_cast<double>(rh) / height;
     }
@@ -441,6 +441,12 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
       }
     }
   }
+}
+
+ImageSize shortSideResized(int height, int width, int short_side) {
+  const double s = static_cast<double>(short_side) / std::min(height, width);
+  return {std::max(1, static_cast<int>(std::lround(height * s))),
+          std::max(1, static_cast<int>(std::lround(width * s)))};
 }
 
 Image resizeAntialiased(const Image& image, int height, int width) {

@@ -57,6 +57,13 @@ inline constexpr std::int64_t kMaxImagePixels = 100'000'000;
 // `troupe convert images --resize` stores). InputError for a size below 1.
 Image resizeAntialiased(const Image& image, int height, int width);
 
+// A height x width image's size once its short side is resized to short_side (resize_short,
+// Caffe2's scale), the aspect ratio kept: each side rounded to the nearest pixel, at least 1.
+struct ImageSize {
+  int height = 0, width = 0;
+};
+ImageSize shortSideResized(int height, int width, int short_side);
+
 class ImageTransform {
  public:
   // `train` draws the random crop, mirror and jitter; otherwise centre crops and nothing random.

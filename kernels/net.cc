@@ -196,16 +196,40 @@ Node buildLenet(Builder& b, Node x, std::int64_t classes) {
   return b.fc(x, "ip2", classes);
 }
 
-Node basicBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
-                std::int64_t stride) {
-  Node y = b.conv(x, name + ".conv1", width, 3, stride, 1, false);
-  y = b.relu(b.bn(y, name + ".bn1"), name + ".relu1");
-  y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2");
+// A residual block: basic (two 3x3 convolutions) or bottleneck (1x1, 3x3 that strides, 1x1 to
+// four times the width), a projection shortcut where the shape changes, the add, a ReLU. gamma: the
+// first scale of the branch's last batch norm (0: Goyal et al.'s zero-init residuals). The
+// shortcut's and the last ReLU's names differ between He et al.'s CIFAR nets and torchvision's.
+struct BlockStyle {
+  bool bottleneck = false;
+  float gamma = 1.0f;
+  const char* shortcut_conv;
+  const char* shortcut_bn;
+  const char* relu;
+};
+constexpr BlockStyle kCifarBlock{false, 1.0f, ".shortcut.conv", ".shortcut.bn", ".relu2"};
+
+Node residualBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
+                   std::int64_t stride, const BlockStyle& style) {
+  const std::int64_t out = style.bottleneck ? 4 * width : width;
+  Node y;
+  if (style.bottleneck) {
+    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 1, 1, 0, false), name + ".bn1"),
+               name + ".relu1");
+    y = b.relu(b.bn(b.conv(y, name + ".conv2", width, 3, stride, 1, false), name + ".bn2"),
+               name + ".relu2");
+    y = b.bn(b.conv(y, name + ".conv3", out, 1, 1, 0, false), name + ".bn3", style.gamma);
+  } else {
+    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 3, stride, 1, false), name + ".bn1"),
+               name + ".relu1");
+    y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2", style.gamma);
+  }
   Node shortcut = x;
-  if (stride != 1 || x.shape[0] != width)
-    shortcut =
-        b.bn(b.conv(x, name + ".shortcut.conv", width, 1, stride, 0, false), name + ".shortcut.bn");
-  return b.relu(b.sum(y, shortcut, name + ".add"), name + ".relu2");
+  if (stride != 1 || x.shape[0] != out) {
+    shortcut = b.bn(b.conv(x, name + style.shortcut_conv, out, 1, stride, 0, false),
+                    name + style.shortcut_bn);
+  }
+  return b.relu(b.sum(y, shortcut, name + ".add"), name + style.relu);
 }
 
 // He et al.'s CIFAR ResNet-(6n+2): three stages of n basic blocks, 16, 32 and 64 wide.
@@ -214,52 +238,28 @@ Node buildCifarResnet(Builder& b, Node x, std::int64_t classes, int blocks) {
   const std::int64_t widths[] = {16, 32, 64};
   for (int stage = 0; stage < 3; ++stage)
     for (int block = 0; block < blocks; ++block)
-      x = basicBlock(b, x,
-                     "stage" + std::to_string(stage + 1) + ".block" + std::to_string(block + 1),
-                     widths[stage], stage > 0 && block == 0 ? 2 : 1);
+      x = residualBlock(b, x,
+                        "stage" + std::to_string(stage + 1) + ".block" + std::to_string(block + 1),
+                        widths[stage], stage > 0 && block == 0 ? 2 : 1, kCifarBlock);
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
 }
 
 // torchvision's ImageNet ResNets (v1.5: a bottleneck strides in its 3x3 convolution), layer for
-// layer and named as torchvision names them ("layer1.0.conv1", "layer1.0.downsample.0"). gamma:
-// the first scale of each block's last batch norm (0: Goyal et al.'s zero-init residuals).
+// layer and named as torchvision names them ("layer1.0.conv1", "layer1.0.downsample.0").
 struct ImageNetResnet {
   bool bottleneck = false;
   std::array<int, 4> blocks = {2, 2, 2, 2};
 };
 
-Node imagenetBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
-                   std::int64_t stride, bool bottleneck, float gamma) {
-  const std::int64_t out = bottleneck ? 4 * width : width;
-  Node y;
-  if (bottleneck) {
-    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 1, 1, 0, false), name + ".bn1"),
-               name + ".relu1");
-    y = b.relu(b.bn(b.conv(y, name + ".conv2", width, 3, stride, 1, false), name + ".bn2"),
-               name + ".relu2");
-    y = b.bn(b.conv(y, name + ".conv3", out, 1, 1, 0, false), name + ".bn3", gamma);
-  } else {
-    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 3, stride, 1, false), name + ".bn1"),
-               name + ".relu1");
-    y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2", gamma);
-  }
-  Node shortcut = x;
-  if (stride != 1 || x.shape[0] != out) {
-    shortcut =
-        b.bn(b.conv(x, name + ".downsample.0", out, 1, stride, 0, false), name + ".downsample.1");
-  }
-  return b.relu(b.sum(y, shortcut, name + ".add"), name + ".relu");
-}
-
 Node buildImageNetResnet(Builder& b, Node x, std::int64_t classes, const ImageNetResnet& r,
                          float gamma) {
   x = b.relu(b.bn(b.conv(x, "conv1", 64, 7, 2, 3, false), "bn1"), "relu");
   x = b.pool(x, "maxpool", 3, 2, 1, PoolMethod::kMax, false);
+  const BlockStyle style{r.bottleneck, gamma, ".downsample.0", ".downsample.1", ".relu"};
   for (int stage = 0; stage < 4; ++stage) {
     for (int block = 0; block < r.blocks[stage]; ++block) {
-      x = imagenetBlock(b, x, "layer" + std::to_string(stage + 1) + "." + std::to_string(block),
-                        std::int64_t{64} << stage, stage > 0 && block == 0 ? 2 : 1, r.bottleneck,
-                        gamma);
+      x = residualBlock(b, x, "layer" + std::to_string(stage + 1) + "." + std::to_string(block),
+                        std::int64_t{64} << stage, stage > 0 && block == 0 ? 2 : 1, style);
     }
   }
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);

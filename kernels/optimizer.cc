@@ -42,6 +42,10 @@ class Sgd final : public Optimizer {
 bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
                     const SgdOptions& options) {
+  if (options.no_decay.empty() || options.weight_decay == 0.0f) {
+    return backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
+                             options.nesterov);
+  }
   bool finite = true;
   auto update = [&](std::int64_t lo, std::int64_t hi, float decay) {
     if (lo >= hi) return;
@@ -51,10 +55,6 @@ bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
                                options.nesterov) &&
              finite;
   };
-  if (options.no_decay.empty() || options.weight_decay == 0.0f) {
-    return backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
-                             options.nesterov);
-  }
   std::int64_t at = begin;
   for (const auto& [lo, hi] : options.no_decay) {
     if (hi <= at) continue;

@@ -25,16 +25,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::RawDatum;
 using testing::TempDir;
+using testing::writeDb;
 
 using testing::errorOf;
-
-// Writes the given values under keys "%08d", as Caffe's convert_mnist_data does.
-void writeDb(const std::string& path, DbType type, const std::vector<std::string>& values) {
-  auto writer = createDb(path, type);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    writer->put(fmt::format("{:08d}", i), values[i]);
-  writer->commit();
-}
 
 DatasetOptions optionsFor(const std::string& path, DbType type = DbType::kLmdb) {
   DatasetOptions options;

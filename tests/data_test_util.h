@@ -2,6 +2,7 @@
 // CLI.
 #pragma once
 
+#include <fmt/core.h>
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -13,9 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "data/db.h"
 #include "troupe/error.h"
 
 namespace troupe::data::testing {
+
+// Writes the given values under keys "%08d", as Caffe's convert_mnist_data does.
+inline void writeDb(const std::string& path, DbType type, const std::vector<std::string>& values) {
+  auto writer = createDb(path, type);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    writer->put(fmt::format("{:08d}", i), values[i]);
+  writer->commit();
+}
 
 // What fn throws as troupe::Error, or "(no error)".
 template <typename Fn>

@@ -396,20 +396,18 @@ TEST(ThreadTeam, RunsEveryIterationOnceAndRethrowsTheFirstError) {
               HasSubstr("iteration 37"));
 }
 
-// A database of JPEGs of several sizes, read as a training set: crops of any size, the same with
-// one decoder or three, the same again for the same epoch and other for the next.
 // An LMDB of n JPEG records (quality 90) of image(i), labels i % 10, keys "%08d".
 template <typename MakeImage>
 void writeJpegDb(const std::string& path, int n, MakeImage image) {
-  auto writer = createDb(path, DbType::kLmdb);
+  std::vector<std::string> records;
   for (int i = 0; i < n; ++i) {
     RawDatum d;
     d.encoded = true;
     d.data = encodeJpeg(image(i), 90);
     d.label = i % 10;
-    writer->put(fmt::format("{:08d}", i), testing::datumBytes(d));
+    records.push_back(testing::datumBytes(d));
   }
-  writer->commit();
+  testing::writeDb(path, DbType::kLmdb, records);
 }
 
 // The ResNet training input at `size`: random-resized crops, mirror, per-channel mean and std.
@@ -427,6 +425,8 @@ DatasetOptions trainingCrops(const std::string& path, int size) {
   return o;
 }
 
+// A database of JPEGs of several sizes, read as a training set: crops of any size, the same with
+// one decoder or three, the same again for the same epoch and other for the next.
 TEST(TransformedDataset, ReadsJpegsOfAnySizeTheSameWithAnyNumberOfThreads) {
   TempDir dir;
   const std::string path = dir / "jpegs";
@@ -490,18 +490,16 @@ TEST(TransformedDataset, Uint8ImagesAreTheFloatOnesBeforeTheMeanAndStd) {
 TEST(TransformedDataset, ABadRecordIsNamedWhicheverThreadReadsIt) {
   TempDir dir;
   const std::string path = dir / "jpegs";
-  {
-    auto writer = createDb(path, DbType::kLevelDb);
-    for (int i = 0; i < 8; ++i) {
-      RawDatum d;
-      d.encoded = true;
-      d.data = encodeJpeg(photo(60, 80), 90);
-      if (i == 5) d.data.resize(d.data.size() / 3);   // truncated
-      if (i == 6) d.data = encodePng(photo(10, 10));  // too small for the crop
-      writer->put(fmt::format("{:08d}", i), testing::datumBytes(d));
-    }
-    writer->commit();
+  std::vector<std::string> records;
+  for (int i = 0; i < 8; ++i) {
+    RawDatum d;
+    d.encoded = true;
+    d.data = encodeJpeg(photo(60, 80), 90);
+    if (i == 5) d.data.resize(d.data.size() / 3);   // truncated
+    if (i == 6) d.data = encodePng(photo(10, 10));  // too small for the crop
+    records.push_back(testing::datumBytes(d));
   }
+  testing::writeDb(path, DbType::kLevelDb, records);
   DatasetOptions o;
   o.path = path;
   o.type = DbType::kLevelDb;

@@ -37,6 +37,28 @@ std::vector<fs::path> logsIn(const fs::path& dir) {
   return out;
 }
 
+// The start of a troupe train log: its "# ..." parameters line, the CSV header, the first row and
+// its cells, and whether another row follows.
+struct LogStart {
+  std::string params, header, row;
+  std::vector<std::string> cells;
+  bool more_rows = false;
+};
+
+LogStart readLogStart(const fs::path& path) {
+  std::istringstream lines(slurp(path));
+  LogStart log;
+  std::getline(lines, log.params);
+  std::getline(lines, log.header);
+  std::getline(lines, log.row);
+  std::stringstream row(log.row);
+  for (std::string cell; std::getline(row, cell, ',');)
+    log.cells.push_back(cell);
+  std::string extra;
+  log.more_rows = static_cast<bool>(std::getline(lines, extra));
+  return log;
+}
+
 // Runs troupe train in `cwd`, with the lmdb test data.
 testing::CommandResult train(const TempDir& cwd, const std::string& args) {
   const std::string data = testData("lmdb");
@@ -56,27 +78,18 @@ TEST(TrainCommand, LenetConfigAsWrittenTrainsAndLogsInTheCurrentFolder) {
   ASSERT_EQ(logs.size(), 1u) << r.output;
   const auto name = logs[0].filename().string();
   EXPECT_EQ(name.rfind("lenet_cpu1_b64_L10_lr0.05_", 0), 0u) << name;
-  const auto text = slurp(logs[0]);
-  std::istringstream lines(text);
-  std::string params, header, row, extra;
-  std::getline(lines, params);
-  std::getline(lines, header);
-  std::getline(lines, row);
-  EXPECT_EQ(params.rfind("# lenet_cpu1", 0), 0u) << params;
-  EXPECT_NE(params.find("batch_size=64"), std::string::npos) << params;
-  EXPECT_EQ(header,
+  const auto log = readLogStart(logs[0]);
+  EXPECT_EQ(log.params.rfind("# lenet_cpu1", 0), 0u) << log.params;
+  EXPECT_NE(log.params.find("batch_size=64"), std::string::npos) << log.params;
+  EXPECT_EQ(log.header,
             "time_spent,cumulative_time_spent,input_count,cumulative_input_count,"
             "cumulative_batch_count,inputs_per_sec,accuracy,epoch,learning_rate,loss,"
             "test_accuracy");
-  std::vector<std::string> cells;
-  std::stringstream rs(row);
-  for (std::string c; std::getline(rs, c, ',');)
-    cells.push_back(c);
-  ASSERT_EQ(cells.size(), 11u) << row;
-  EXPECT_EQ(cells[2], "59968");  // 937 steps of 64
-  EXPECT_EQ(cells[7], "1");
-  EXPECT_GT(std::stod(cells[10]), 0.8) << row;
-  EXPECT_FALSE(std::getline(lines, extra)) << "one row per epoch";
+  ASSERT_EQ(log.cells.size(), 11u) << log.row;
+  EXPECT_EQ(log.cells[2], "59968");  // 937 steps of 64
+  EXPECT_EQ(log.cells[7], "1");
+  EXPECT_GT(std::stod(log.cells[10]), 0.8) << log.row;
+  EXPECT_FALSE(log.more_rows) << "one row per epoch";
 }
 
 TEST(TrainCommand, MlpConfigAsWrittenTrains) {
@@ -143,22 +156,14 @@ TEST(TrainCommand, ACifar10FormatDatabaseTrainsResnet20ForAnEpochWithAugmentatio
   EXPECT_NE(r.output.find("; a reader decodes "), std::string::npos) << r.output;
   const auto logs = logsIn(cwd.path());
   ASSERT_EQ(logs.size(), 1u) << r.output;
-  std::istringstream lines(slurp(logs[0]));
-  std::string params, header, row;
-  std::getline(lines, params);
-  std::getline(lines, header);
-  std::getline(lines, row);
-  EXPECT_NE(params.find("crop=32"), std::string::npos) << params;
-  EXPECT_NE(params.find("mirror=true"), std::string::npos) << params;
-  std::vector<std::string> cells;
-  std::stringstream rs(row);
-  for (std::string c; std::getline(rs, c, ',');)
-    cells.push_back(c);
-  ASSERT_EQ(cells.size(), 11u) << row;
-  EXPECT_EQ(cells[2], "3200");  // 100 steps of 32
+  const auto log = readLogStart(logs[0]);
+  EXPECT_NE(log.params.find("crop=32"), std::string::npos) << log.params;
+  EXPECT_NE(log.params.find("mirror=true"), std::string::npos) << log.params;
+  ASSERT_EQ(log.cells.size(), 11u) << log.row;
+  EXPECT_EQ(log.cells[2], "3200");  // 100 steps of 32
   // Chance is 0.1; this run scored 0.79 (AVX-512) and 0.87 (AVX2) where it was written: the bound
   // leaves room for the chaotic part of a short run, not for a net that learns nothing.
-  EXPECT_GT(std::stod(cells[10]), 0.5) << row;
+  EXPECT_GT(std::stod(log.cells[10]), 0.5) << log.row;
 }
 
 // The checkpoint `run`_..._epochN.ckpt of the highest N in `dir` ("" if none, or no folder yet).
