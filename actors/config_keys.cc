@@ -293,6 +293,10 @@ std::vector<Key> buildTable() {
           }},
       TROUPE_INT_KEY("decode_threads", decode_threads, closed(1, 1024),
                      "threads that decode each reader's records (MXNet's preprocess_threads)"),
+      TROUPE_BOOL_KEY("shared_reader", shared_reader,
+                      "one reader per process feeds all its replicas, its decode_threads decoding "
+                      "for all of them (MXNet's one iterator per process); else a reader per "
+                      "replica"),
       Key{"input_dtype", Kind::kString, kNotNumeric,
           "float32, or uint8: training images travel from the reader as bytes before the mean "
           "and scale, and each replica normalises them on its device (MXNet's ImageRecordIter "

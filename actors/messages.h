@@ -25,6 +25,7 @@ struct Batch {
 // Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch).
 struct BatchConsumed {
   std::int64_t step = 0;
+  int replica = 0;  // the sender's index among its process's replicas (one reader may feed several)
 };
 
 // Updater -> Replica: the weights that step `step` starts from.

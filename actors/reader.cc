@@ -13,9 +13,12 @@ namespace {
 class Reader final : public Actor {
  public:
   Reader(std::string name, ReaderConfig config)
-      : Actor(std::move(name)), config_(std::move(config)), next_(config_.plan.first_step) {
-    on<BatchConsumed>([this](BatchConsumed&) {
-      --in_flight_;
+      : Actor(std::move(name)),
+        config_(std::move(config)),
+        next_(config_.targets.size(), config_.plan.first_step),
+        in_flight_(config_.targets.size(), 0) {
+    on<BatchConsumed>([this](BatchConsumed& m) {
+      --in_flight_[targetOf(m.replica)];
       fill();
     });
   }
@@ -29,33 +32,49 @@ class Reader final : public Actor {
   }
 
  private:
+  std::size_t targetOf(int replica) const {
+    for (std::size_t t = 0; t < config_.targets.size(); ++t) {
+      if (config_.targets[t].local_index == replica) return t;
+    }
+    throw std::logic_error(fmt::format("{} feeds no replica {}", name(), replica));
+  }
+
+  // Step by step, each replica's share in turn: the replica furthest behind with credit first.
   void fill() {
-    while (in_flight_ < config_.prefetch && next_ < config_.plan.last_step) {
-      send(config_.replica, read(next_++));
-      ++in_flight_;
+    for (;;) {
+      std::size_t best = config_.targets.size();
+      for (std::size_t t = 0; t < config_.targets.size(); ++t) {
+        if (in_flight_[t] < config_.prefetch && next_[t] < config_.plan.last_step &&
+            (best == config_.targets.size() || next_[t] < next_[best])) {
+          best = t;
+        }
+      }
+      if (best == config_.targets.size()) return;
+      send(config_.targets[best].replica, read(next_[best]++, config_.targets[best]));
+      ++in_flight_[best];
     }
   }
 
-  Batch read(std::int64_t step) {
+  Batch read(std::int64_t step, const ReaderTarget& target) {
     const auto& plan = config_.plan;
     const std::int64_t epoch = plan.epochOf(step);
     if (epoch != order_epoch_) {
       order_ = data::epochOrder(dataset_->size(), config_.seed, epoch);
       order_epoch_ = epoch;
     }
-    const std::int64_t first = plan.recordOf(step) + config_.offset;
-    indices_.resize(static_cast<std::size_t>(config_.count));
+    const std::int64_t first = plan.recordOf(step) + target.offset;
+    indices_.resize(static_cast<std::size_t>(target.count));
     const auto n = static_cast<std::int64_t>(order_.size());
-    for (std::int64_t i = 0; i < config_.count; ++i) {
+    for (std::int64_t i = 0; i < target.count; ++i) {
       indices_[static_cast<std::size_t>(i)] = order_[static_cast<std::size_t>((first + i) % n)];
     }
     const auto& d = config_.dataset;
     Batch batch;
     batch.step = step;
     batch.images = kernels::Tensor::hostUninitialized(
-        {config_.count, d.channels, d.height, d.width},
+        {target.count, d.channels, d.height, d.width},
         d.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32);
-    batch.labels = kernels::Tensor::hostUninitialized({config_.count}, kernels::DType::kInt32);
+    batch.labels = kernels::Tensor::hostUninitialized({target.count}, kernels::DType::kInt32);
     const auto began = Trace::Clock::now();
     try {
       readInto(indices_, epoch, batch.images, 0, batch.labels.i32());
@@ -76,7 +95,7 @@ class Reader final : public Actor {
     const auto n = static_cast<std::int64_t>(order_.size());
     std::int64_t skipped = 0;
     std::vector<std::int64_t> one(1);
-    for (std::int64_t i = 0; i < config_.count; ++i) {
+    for (std::int64_t i = 0; i < batch.labels.numel(); ++i) {
       std::int32_t* label = batch.labels.i32() + i;
       bool slot_bad = false;
       for (std::int64_t probe = 0;; ++probe) {
@@ -121,14 +140,15 @@ class Reader final : public Actor {
   std::int64_t order_epoch_ = -1;
   std::vector<std::int64_t> indices_;
   std::unordered_set<std::int64_t> bad_;  // records found bad (each logged once)
-  std::int64_t next_;
-  int in_flight_ = 0;
+  std::vector<std::int64_t> next_;        // per target: the step of its next batch
+  std::vector<int> in_flight_;            // per target: batches sent and not yet consumed
 };
 
 }  // namespace
 
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config) {
   TROUPE_ENFORCE_GT(config.plan.steps_per_epoch, 0);
+  TROUPE_ENFORCE(!config.targets.empty());
   return std::make_unique<Reader>(std::move(name), std::move(config));
 }
 

@@ -120,7 +120,7 @@ class Replica final : public Actor {
       net_->forward(onDevice(images), onDevice(batch.labels), /*train=*/true);
     }
     backward(step);
-    send(config_.reader, BatchConsumed{step});
+    send(config_.reader, BatchConsumed{step, config_.local_index});
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();

@@ -103,17 +103,25 @@ struct TrainState {
   kernels::Tensor weights, momentum, buffers;  // host
 };
 
+// One replica a reader feeds: its share of each step's global batch.
+struct ReaderTarget {
+  Address replica;
+  int local_index = 0;      // among its process's replicas (BatchConsumed::replica)
+  std::int64_t offset = 0;  // of its share within the global batch
+  std::int64_t count = 0;
+};
+
+// A reader feeds one replica, or (TrainOptions::shared_reader) all the replicas of its process:
+// batches go out step by step, a replica's share after another's, `prefetch` in flight to each.
 struct ReaderConfig {
   data::DatasetOptions dataset;
   std::uint64_t seed = 1;
   StepPlan plan;
-  std::int64_t offset = 0;  // of this replica's share within the global batch
-  std::int64_t count = 0;
+  std::vector<ReaderTarget> targets;
   int prefetch = 4;
   // A bad record's slot goes to the next good record of the epoch's order (see TrainOptions);
   // each batch says how many of its records were skipped.
   bool skip_bad_records = false;
-  Address replica;
   Trace* trace = nullptr;  // a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);

@@ -378,6 +378,10 @@ void checkTrainingData(const TrainOptions& o) {
     throw InputError(
         "a reader of one's own (TrainerData::reader) needs epoch_size, the inputs an epoch "
         "trains: troupe cannot count its records");
+  } else if (o.shared_reader) {
+    throw InputError(
+        "shared_reader shares troupe's database reader among replicas; a reader of one's own "
+        "(TrainerData::reader) feeds one replica each");
   }
 }
 

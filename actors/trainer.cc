@@ -225,6 +225,19 @@ struct WorkerActors {
   std::shared_ptr<ReductionPlan> reduction;
 };
 
+// A database reader's settings, less the replicas it feeds.
+ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& train,
+                          const StepPlan& plan, Trace* trace) {
+  ReaderConfig reader;
+  reader.dataset = train;
+  reader.seed = o.seed;
+  reader.plan = plan;
+  reader.prefetch = o.prefetch;
+  reader.skip_bad_records = o.skip_bad_records;
+  reader.trace = trace;
+  return reader;
+}
+
 WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
                          RunControl* control, TrainLog* chief_log, TrainResult& result,
                          Trace* trace_ptr, const std::shared_ptr<RunMembers>& members) {
@@ -396,7 +409,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
     replica.test = test;
     replica.skip_bad_records = o.skip_bad_records;
-    replica.reader = reader_address(r);
+    replica.reader = reader_address(o.shared_reader ? 0 : r);
     // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
     // be summed with other workers' on the way: alone in the run, or with parameter servers
     // (they sum; the PS client runs on this replica's thread all the same).
@@ -408,7 +421,18 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                                     computeThread(r)),
                       replica_address(rank, r));
   }
-  for (std::uint32_t r = 0; r < k; ++r) {
+  if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
+    ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
+    for (std::uint32_t r = 0; r < k; ++r) {
+      database.targets.push_back(
+          {replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
+      offset += shares[r];
+    }
+    TROUPE_ENFORCE_EQ(system->spawn(makeReader(fmt::format("reader/{}", rank), database),
+                                    spare_core ? SpawnOptions{} : computeThread(0)),
+                      reader_address(0));
+  }
+  for (std::uint32_t r = 0; r < k && !o.shared_reader; ++r) {
     std::unique_ptr<Actor> reader;
     if (o.reader_factory) {  // the caller's (troupe/reader.h)
       ReaderSpec spec;
@@ -433,16 +457,9 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
         throw InputError(fmt::format("TrainerData::reader made no actor for {}", spec.name));
       }
     } else {
-      ReaderConfig database;
-      database.dataset = train;
-      database.seed = o.seed;
-      database.plan = plan;
-      database.offset = offset;
-      database.count = shares[r];
-      database.prefetch = o.prefetch;
-      database.skip_bad_records = o.skip_bad_records;
-      database.replica = replica_address(rank, r);
-      database.trace = trace_ptr;
+      ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
+      database.targets.push_back(
+          {replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
       reader = makeReader(fmt::format("reader/{}", rank * o.replicas + r), database);
     }
     offset += shares[r];

@@ -37,6 +37,9 @@ struct TrainOptions {
   // crop > 0, image_size is crop and records may be of any size.
   data::ImageTransformOptions transform;
   int decode_threads = 1;  // per reader (and per replica's test set)
+  // One reader per process feeds all its replicas, its decode_threads decoding for all of them
+  // (MXNet's one iterator per process), instead of a reader per replica. Not with reader_factory.
+  bool shared_reader = false;
   // "float32", or "uint8": readers send training images as bytes before the mean and scale, and
   // each replica normalises them on its device (MXNet's ImageRecordIter dtype).
   std::string input_dtype = "float32";

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 
 #include "actors/trainer.h"
@@ -166,6 +167,43 @@ TEST(Training, Uint8InputTrainsAsFloatInputBitForBit) {
   const auto bytes = runTraining(o);
   ASSERT_EQ(floats.weights.numel(), bytes.weights.numel());
   EXPECT_EQ(0, std::memcmp(floats.weights.f32(), bytes.weights.f32(), floats.weights.bytes()));
+}
+
+std::string fileText(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// shared_reader: one reader reads every replica's share, with the same crops (drawn from seed,
+// epoch and record), so training is the same to the bit as with a reader per replica. Unequal
+// shares and prefetch 1 test that each replica's credit comes back to it.
+TEST(Training, ASharedReaderFeedsItsReplicasWhatAReaderEachWould) {
+  TempDir dir("shared_reader");
+  auto o = lenetOptions(dir.str());
+  o.model.name = "mlp";
+  o.transform.crop = 24;
+  o.transform.mirror = true;
+  o.image_size = 24;
+  o.decode_threads = 2;
+  o.replicas = 2;
+  o.work_load_list = {1, 3};
+  o.prefetch = 1;
+  o.batch_size = 32;
+  o.epoch_size = 32 * 10;
+  o.num_epochs = 2;
+  const std::string each_json = (dir.path() / "each.json").string();
+  const std::string shared_json = (dir.path() / "shared.json").string();
+  o.trace = each_json;
+  const auto each = runTraining(o);
+  o.shared_reader = true;
+  o.trace = shared_json;
+  const auto shared = runTraining(o);
+  ASSERT_EQ(each.weights.numel(), shared.weights.numel());
+  EXPECT_EQ(0, std::memcmp(each.weights.f32(), shared.weights.f32(), each.weights.bytes()));
+  const std::string each_trace = fileText(each_json), shared_trace = fileText(shared_json);
+  EXPECT_NE(each_trace.find("\"reader/1\""), std::string::npos) << each_trace.substr(0, 2000);
+  EXPECT_NE(shared_trace.find("\"reader/0\""), std::string::npos) << shared_trace.substr(0, 2000);
+  EXPECT_EQ(shared_trace.find("\"reader/1\""), std::string::npos) << "one reader";
 }
 
 TEST(Training, LenetLearnsFashionMnistInOneEpoch) {

@@ -271,5 +271,18 @@ TEST(ReaderApi, WithoutEpochSizeTheRunIsRefusedBeforeItStarts) {
       << started.status().message();
 }
 
+TEST(ReaderApi, SharedReaderWithAReaderOfOnesOwnIsRefusedBeforeItStarts) {
+  TempDir dir("reader_api_shared");
+  Settings settings = readerRun(dir);
+  settings.emplace_back("shared_reader", "true");
+  TrainerData data;
+  data.reader = [](const ReaderSpec& s) { return std::make_unique<FaultyReader>(s, ""); };
+  const auto started = Trainer::start(config(), settings, {}, data);
+  ASSERT_FALSE(started);
+  EXPECT_EQ(started.status().kind(), ErrorKind::kInput);
+  EXPECT_NE(started.status().message().find("shared_reader"), std::string::npos)
+      << started.status().message();
+}
+
 }  // namespace
 }  // namespace troupe
