@@ -14,7 +14,7 @@ namespace {
 
 using SetFn = std::function<void(Settings&, const Value&)>;
 
-constexpr const char* kNoCuda = "troupe has no CUDA backend in this build";
+constexpr const char* kNoCuda = "troupe does not train on GPUs yet";
 constexpr const char* kNoResNeXt =
     "troupe has no ResNeXt (grouped convolutions): its ImageNet ResNets are model resnet18, "
     "resnet34 and resnet50 (Caffe2's --num_layers 18, 34, 50)";
@@ -100,21 +100,21 @@ std::vector<Key> caffe2Keys() {
       alias(
           "gpus", Kind::kString, Range{},
           "Caffe2's GPU ids: with use_cpu, that many replicas (Caffe2's CPU devices); without, "
-          "refused (no CUDA backend)",
+          "refused (no GPU training yet)",
           "replicas", [](Settings&, const Value& v) { deviceCount(std::get<std::string>(v)); }, ""),
       alias(
           "num_gpus", Kind::kInt, kDevices,
           "Caffe2's GPU count: with use_cpu, replicas (Caffe2's CPU devices); without, refused "
-          "(no CUDA backend)",
+          "(no GPU training yet)",
           "replicas", [](Settings&, const Value&) {}, "1"),
       onlyFalse("model_parallel", "Caffe2's: true is refused (no model parallelism)",
                 "troupe has no model parallelism: every replica holds the whole model (replicas "
                 "and num_shards split the data)"),
-      refused("cudnn_workspace_limit_mb", "Caffe2's: refused (no CUDA backend, no cuDNN)",
-              "troupe has no CUDA backend in this build, so no cuDNN workspace to limit (its CPU "
+      refused("cudnn_workspace_limit_mb", "Caffe2's: refused (no GPU training yet, no cuDNN)",
+              "troupe does not train on GPUs yet, so no cuDNN workspace to limit (its CPU "
               "kernels size their own)"),
-      refused("gpu_engine_workspace_limit_mb", "Caffe2's: refused (no CUDA backend)",
-              "troupe has no CUDA backend in this build, so no GPU engine workspace to limit (its "
+      refused("gpu_engine_workspace_limit_mb", "Caffe2's: refused (no GPU training yet)",
+              "troupe does not train on GPUs yet, so no GPU engine workspace to limit (its "
               "CPU kernels size their own)"),
       alias(
           "redis_host", Kind::kString, Range{},
@@ -163,8 +163,8 @@ std::vector<Key> caffe2Keys() {
           },
           "true"),
       onlyFalse("use_nccl",
-                "Caffe2's: true is refused (no CUDA backend, so no NCCL; see allreduce)",
-                "troupe has no CUDA backend in this build, so no NCCL: processes sum gradients "
+                "Caffe2's: true is refused (no GPU training yet, so no NCCL; see allreduce)",
+                "troupe does not train on GPUs yet, so no NCCL: processes sum gradients "
                 "with troupe's own TCP allreduce (allreduce = ring or hierarchical)"),
       alias(
           "use_ideep", Kind::kBool, Range{},
@@ -188,8 +188,8 @@ std::vector<Key> caffe2Keys() {
       onlyFalse("float16_compute", "Caffe2's: true is refused (troupe computes in float32)",
                 "troupe computes in float32 only; the nearest is gradient_compression fp16 "
                 "(gradients travel between processes as fp16)"),
-      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no CUDA backend)",
-                "Tensor Cores are NVIDIA GPU units, and troupe has no CUDA backend in this build "
+      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no GPU training yet)",
+                "Tensor Cores are NVIDIA GPU units, and troupe does not train on GPUs yet "
                 "(its CPU kernels use oneDNN)"),
       alias(
           "distributed_transport", Kind::kString, Range{},

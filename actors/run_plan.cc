@@ -109,8 +109,8 @@ void validateSchedule(const TrainOptions& o) {
   }
   if (schedule == "device") {
     throw InputError(
-        "schedule 'device' sums gradients on a GPU, and this build has no CUDA "
-        "backend; use schedule 'local'");
+        "schedule 'device' sums gradients on a GPU, and troupe does not train on GPUs yet; "
+        "use schedule 'local'");
   }
   throw InputError(
       fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "

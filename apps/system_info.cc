@@ -33,6 +33,7 @@
 
 #include "actors/run_plan.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cuda_plugin.h"
 #include "troupe/config.h"
 #include "troupe/error.h"
 #include "troupe/version.h"
@@ -208,6 +209,37 @@ std::string gib(long long bytes) {
   return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
+// "13.0" of 13000 (CUDA's encoding), "9.19.0" of 91900 (cuDNN's), "2.28.4" of 22804 (NCCL's).
+std::string cudaVersion(long long v) {
+  return fmt::format("{}.{}", v / 1000, v % 1000 / 10);
+}
+std::string threePart(long long v, long long major, long long minor) {
+  return v ? fmt::format("{}.{}.{}", v / major, v % major / minor, v % minor) : "unknown";
+}
+
+// What the CUDA plugin loaded (kernels/cuda_plugin.h): the libraries it runs with, the GPUs.
+void cudaDevices(std::vector<InfoField>& out) {
+  const auto& c = kernels::cudaInfo();
+  if (!c.loaded) {
+    out.push_back(text("cuda plugin", "cuda_plugin", c.problem));
+    return;
+  }
+  out.push_back(text("cuda plugin", "cuda_plugin", c.library));
+  out.push_back(text("cuda code", "cuda_architectures", c.architectures));
+  out.push_back(text("cuda runtime", "cuda_runtime", cudaVersion(c.runtime)));
+  out.push_back(text("cuda driver", "cuda_driver", c.driver ? cudaVersion(c.driver) : "none"));
+  out.push_back(text("cuDNN", "cudnn", threePart(c.cudnn, 10000, 100)));
+  out.push_back(text("cuBLAS", "cublas", threePart(c.cublas, 10000, 100)));
+  out.push_back(text("NCCL", "nccl", threePart(c.nccl, 10000, 100)));
+  out.push_back(number("gpus", "gpus", static_cast<long long>(c.devices.size())));
+  if (!c.problem.empty()) out.push_back(text("no gpu", "gpu_problem", c.problem));
+  for (const auto& d : c.devices) {
+    out.push_back(text(fmt::format("cuda:{}", d.index), fmt::format("cuda_{}", d.index),
+                       fmt::format("{}, sm_{}{}, {}, {} multiprocessors", d.name, d.major, d.minor,
+                                   gib(d.memory), d.multiprocessors)));
+  }
+}
+
 std::vector<InfoField> devices() {
   std::vector<InfoField> out;
   utsname os{};
@@ -255,6 +287,7 @@ std::vector<InfoField> devices() {
     out.push_back(text("memory limit", "memory_limit", limit + " bytes (cgroup)"));
   }
   out.push_back(text("cuda backend", "cuda_backend", TROUPE_USE_CUDA ? "built" : "not built"));
+  if (TROUPE_USE_CUDA) cudaDevices(out);
   return out;
 }
 
@@ -279,8 +312,7 @@ std::vector<InfoItem> schedules() {
       {"local", {"local"}, "one process; its replicas' gradients summed in memory"},
       {"device",
        {"device"},
-       std::string("one process; gradients summed on a GPU (") +
-           (TROUPE_USE_CUDA ? "built" : "needs the CUDA backend, not in this build") + ")"},
+       "one process; gradients summed on a GPU (not yet: troupe does not train on GPUs)"},
       {"bsp-allreduce",
        {},
        "workers sum gradients by ring or hierarchical allreduce, every step (Horovod's way)"},

@@ -242,6 +242,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
+    # Where the peers are already installed (the GPU machine's python3 has torchvision and
+    # scikit-image but no DALI): that python, and the peers to run.
+    ap.add_argument("--python", help="a python with the peers; default: .venv-torch, installed")
+    ap.add_argument("--peers", default="torchvision,dali")
     # Internal: the peers' side, under .venv-torch's python.
     ap.add_argument("--peer", choices=["torchvision", "dali"])
     ap.add_argument("--make-photos")
@@ -255,11 +259,16 @@ def main():
         sys.exit("--threads >= 1, --rounds >= 1, --batches >= 1, --images >= --batch")
     if not os.path.exists(a.troupe):
         sys.exit(f"{a.troupe} is missing: build it first (see the top of this file)")
-    ensure_peers()
+    peers = [p for p in a.peers.split(",") if p]
+    if any(p not in ("torchvision", "dali") for p in peers):
+        sys.exit(f"--peers: torchvision and/or dali, not {a.peers}")
+    python = a.python or VENV_PY
+    if not a.python:
+        ensure_peers()
     me = os.path.abspath(__file__)
     common = ["--batch", str(a.batch), "--batches", str(a.batches), "--warmup", str(a.warmup)]
     with tempfile.TemporaryDirectory(prefix="input_vs_peers.") as tmp:
-        made = last_json(run([VENV_PY, me, "--make-photos", tmp, "--images", str(a.images),
+        made = last_json(run([python, me, "--make-photos", tmp, "--images", str(a.images),
                               "--seed", str(a.seed)]))
         db = os.path.join(tmp, "db")
         run([a.troupe, "convert", "images", os.path.join(tmp, "list.txt"),
@@ -270,27 +279,29 @@ def main():
               f"average) cut from {made['sources']} sample photographs; batch {a.batch}, "
               f"{a.warmup} + {a.batches} batches, {a.rounds} rounds; {os.cpu_count()} cores",
               flush=True)
-        rates = {(p, t): [] for p in ["troupe", "torchvision", "dali"] for t in threads}
+        rates = {(p, t): [] for p in ["troupe"] + peers for t in threads}
         for r in range(a.rounds):
             for t, rate in troupe_rates(a.troupe, db, threads, a.batch, a.batches,
                                         a.warmup).items():
                 rates[("troupe", t)].append(rate)
-            for peer in ["torchvision", "dali"]:
+            for peer in peers:
                 for t in threads:
                     rates[(peer, t)].append(last_json(run(
-                        [VENV_PY, me, "--peer", peer, "--folder", tmp, "--threads-one", str(t)]
+                        [python, me, "--peer", peer, "--folder", tmp, "--threads-one", str(t)]
                         + common))["rate"])
             print(f"round {r + 1}: " + ", ".join(
-                f"{p} x{t} {rates[(p, t)][-1]:.0f}" for p in ["troupe", "torchvision", "dali"]
+                f"{p} x{t} {rates[(p, t)][-1]:.0f}" for p in ["troupe"] + peers
                 for t in threads), flush=True)
-    print("\n| threads | troupe images/s | torchvision images/s | DALI-CPU images/s | "
-          "troupe / torchvision | troupe / DALI-CPU | troupe per core |")
-    print("|---|---|---|---|---|---|---|")
+    names = {"torchvision": "torchvision", "dali": "DALI-CPU"}
+    print("\n| threads | troupe images/s | " + " | ".join(f"{names[p]} images/s" for p in peers)
+          + " | " + " | ".join(f"troupe / {names[p]}" for p in peers) + " | troupe per core |")
+    print("|---" * (2 + 2 * len(peers) + 1) + "|")
     for t in threads:
-        tr, tv, da = rates[("troupe", t)], rates[("torchvision", t)], rates[("dali", t)]
-        print(f"| {t} | {cell(tr)} | {cell(tv)} | {cell(da)} | "
-              f"{cell([x / y for x, y in zip(tr, tv)], 2)} | "
-              f"{cell([x / y for x, y in zip(tr, da)], 2)} | {statistics.median(tr) / t:.1f} |")
+        tr = rates[("troupe", t)]
+        print(f"| {t} | {cell(tr)} | "
+              + " | ".join(cell(rates[(p, t)]) for p in peers) + " | "
+              + " | ".join(cell([x / y for x, y in zip(tr, rates[(p, t)])], 2) for p in peers)
+              + f" | {statistics.median(tr) / t:.1f} |")
 
 
 if __name__ == "__main__":

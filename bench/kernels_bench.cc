@@ -1,9 +1,12 @@
-// Training-step throughput of the built-in models on the CPU backend: forward + backward + SGD
+// Training-step throughput of the built-in models on a backend: forward + backward + SGD
 // (momentum 0.9) at a fixed batch, printed as samples/s, plus a per-op breakdown of LeNet and the
-// MLP. Compare with bench/kernels_vs_pytorch.py, which runs the same models in PyTorch.
+// MLP. Compare with bench/kernels_vs_pytorch.py (CPU) and bench/gpu_vs_pytorch.py (GPU), which run
+// the same models in PyTorch. Inputs are the model's own: 1x28x28 and 10 classes for lenet and
+// mlp, 3x32x32 and 10 for the CIFAR ResNets, 3x224x224 and 1000 for the ImageNet ones.
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
-//                        [--no-ops]
+//                        [--no-ops] [--device cpu|cuda:N] [--tf32]
+// On a GPU each row also gives the backend's peak memory in use.
 #include <time.h>
 
 #include <chrono>
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/random.h"
@@ -64,20 +68,35 @@ Tensor randomTensor(Backend& backend, Shape shape, std::uint64_t stream) {
   return t;
 }
 
+struct Input {
+  int channels, size, labels;
+};
+Input inputOf(const std::string& model) {
+  if (model == "lenet" || model == "mlp" || model == "softmax") return {1, 28, 10};
+  if (model.rfind("resnet", 0) == 0 && model != "resnet20" && model != "resnet56") {
+    return {3, 224, 1000};
+  }
+  return {3, 32, 10};
+}
+
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds) {
+  const Input in = inputOf(model);
   NetOptions options;
   options.model.name = model;
   options.max_batch = batch;
+  options.channels = in.channels;
+  options.height = options.width = in.size;
+  options.num_labels = in.labels;
   auto net = makeNet(backend, options);
   auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
   // Several random batches in turn, so that training never converges to a zero loss.
   constexpr int kBatches = 8;
   std::vector<Tensor> images, labels;
   for (int b = 0; b < kBatches; ++b) {
-    images.push_back(randomTensor(backend, {batch, 1, 28, 28}, b + 1));
+    images.push_back(randomTensor(backend, {batch, in.channels, in.size, in.size}, b + 1));
     Tensor host = Tensor::host({batch}, DType::kInt32);
     for (std::int64_t i = 0; i < batch; ++i)
-      host.i32()[i] = static_cast<int>(randomBits(9, b, i) % 10);
+      host.i32()[i] = static_cast<int>(randomBits(9, b, i) % static_cast<unsigned>(in.labels));
     labels.push_back(backend.empty({batch}, DType::kInt32));
     backend.copy(host, labels.back());
   }
@@ -149,6 +168,8 @@ int main(int argc, char** argv) {
   double seconds = 3.0;
   std::string models = "lenet,mlp,resnet20";
   bool ops = true;
+  std::string device = "cpu";
+  CudaOptions cuda;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -168,18 +189,40 @@ int main(int argc, char** argv) {
       models = next();
     else if (arg == "--no-ops")
       ops = false;
+    else if (arg == "--device")
+      device = next();
+    else if (arg == "--tf32")
+      cuda.tf32 = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;
     }
   }
-  auto backend = makeCpuBackend(threads);
+  std::unique_ptr<Backend> backend;
+  try {
+    if (device == "cpu") {
+      backend = makeCpuBackend(threads);
+    } else if (device.rfind("cuda:", 0) == 0) {
+      backend = makeCudaBackend(std::stoi(device.substr(5)), cuda);
+    } else {
+      std::fprintf(stderr, "--device: cpu or cuda:N, not %s\n", device.c_str());
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
   std::stringstream list(models);
   for (std::string model; std::getline(list, model, ',');) {
     const double step = trainStep(*backend, model, batch, seconds);
-    std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)\n",
+    std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)",
                 model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
                 g_cpu_per_call * 1e3);
+    if (device != "cpu") {
+      std::printf(" device=%s tf32=%d peak_memory_mib=%.0f", device.c_str(), cuda.tf32 ? 1 : 0,
+                  static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   if (ops) {

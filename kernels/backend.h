@@ -16,6 +16,13 @@
 
 namespace troupe::kernels {
 
+// Bytes of device memory a backend holds (zeros on the CPU, whose tensors are plain host memory).
+struct MemoryStats {
+  std::int64_t in_use = 0;       // in live tensors and workspaces
+  std::int64_t peak_in_use = 0;  // the most in_use ever was
+  std::int64_t reserved = 0;     // taken from the device, cached blocks included
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -41,6 +48,7 @@ class Backend {
                          float momentum, float weight_decay, bool nesterov) = 0;
   // Waits until all queued work is done.
   virtual void synchronize() = 0;
+  virtual MemoryStats memory() const { return {}; }
 
   // Op factories (kernels/ops.h); each op is fixed to its geometry and used on this backend only.
   virtual std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) = 0;

@@ -310,10 +310,10 @@ TEST(Caffe2Flags, TheLogRecordsEachAsGiven) {
 TEST(Caffe2Flags, RefusedFlagsExitOneWithTheirErrorFromTroupeTrain) {
   const std::map<std::string, std::string> cases = {
       {"--num_gpus 8",
-       "[error] --num_gpus 8: troupe has no CUDA backend in this build: it trains on the CPU, 8 "
+       "[error] --num_gpus 8: troupe does not train on GPUs yet: it trains on the CPU, 8 "
        "model replica(s) with --replicas 8"},
       {"--dtype float16", "[error] --dtype float16: troupe trains in float32 only"},
-      {"--use_nccl", "[error] --use_nccl: troupe has no CUDA backend in this build, so no NCCL"},
+      {"--use_nccl", "[error] --use_nccl: troupe does not train on GPUs yet, so no NCCL"},
       {"--distributed_transport ibverbs",
        "[error] --distributed_transport ibverbs: troupe has no ibverbs transport"},
       {"--redis_port 7000", "[error] --redis_port 7000 needs redis_host"},

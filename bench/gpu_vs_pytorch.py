@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""GPU training-step throughput, troupe's CUDA backend vs PyTorch eager, side by side in one run.
+
+troupe: troupe_kernels_bench --device cuda:0 (forward + backward + SGD with momentum, on random
+inputs already on the GPU; the kernels-level figure, without the actors). PyTorch: torchvision's
+model of the same name, cudnn.benchmark, channels_last, SGD with momentum 0.9, random inputs already
+on the GPU, timed after warm-up steps with the GPU synchronised at both ends. Precision: fp32 with
+TF32 off on both sides, and fp32 with TF32 on (troupe --tf32; PyTorch's allow_tf32 flags).
+torch.compile is timed too when --compile is given (it compiles for a minute or more). Peak GPU
+memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
+
+Run on the GPU machine by scripts/gpu.sh run; by hand:
+    python3 bench/gpu_vs_pytorch.py --bench build/bench/troupe_kernels_bench --batches 64,128,256
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+
+
+def troupe_rate(bench, model, batch, seconds, tf32):
+    cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
+           str(seconds), "--no-ops"] + (["--tf32"] if tf32 else [])
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
+    if p.returncode != 0 or not m:
+        return {"error": p.stdout[-2000:]}
+    return {"rate": float(m.group(1)), "peak_mib": float(m.group(2))}
+
+
+def pytorch_rate(*args, **kwargs):
+    try:
+        return pytorch_timed(*args, **kwargs)
+    except Exception as e:  # a row that fails is reported, the others still run
+        return {"error": f"{type(e).__name__}: {e}"[-2000:]}
+
+
+def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, warmup=10):
+    import torch
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.manual_seed(1)
+    model = getattr(torchvision.models, model_name)(num_classes=1000).cuda()
+    model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    step_model = torch.compile(model) if compile_model else model
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(step_model(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+        if steps % 5 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    return {"rate": batch * steps / elapsed,
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", default="build/bench/troupe_kernels_bench")
+    ap.add_argument("--models", default="resnet50")
+    ap.add_argument("--batches", default="64,128,256")
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--compile", action="store_true")
+    a = ap.parse_args()
+    rows = []
+    for model in a.models.split(","):
+        for batch in [int(b) for b in a.batches.split(",")]:
+            for tf32 in (False, True):
+                t = troupe_rate(a.bench, model, batch, a.seconds, tf32)
+                p = pytorch_rate(model, batch, a.seconds, tf32)
+                row = {"model": model, "batch": batch, "tf32": tf32, "troupe": t, "pytorch": p}
+                if a.compile and not tf32:
+                    row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("\n| model | batch | TF32 | troupe images/s | PyTorch eager images/s | troupe / eager | "
+          "troupe peak MiB | PyTorch peak MiB | torch.compile images/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    def num(d, key):
+        return f"{d[key]:.0f}" if key in d else "failed"
+
+    for r in rows:
+        t, p = r["troupe"], r["pytorch"]
+        ratio = f"{t['rate'] / p['rate']:.2f}" if "rate" in t and "rate" in p else "-"
+        comp = r.get("pytorch_compile", {})
+        print(f"| {r['model']} | {r['batch']} | {'on' if r['tf32'] else 'off'} | "
+              f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
+              f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} |")
+    failed = [(side, r) for r in rows for side in ("troupe", "pytorch", "pytorch_compile")
+              if "error" in r.get(side, {})]
+    for side, r in failed[:2]:
+        print(f"\n{side} failed at {r['model']} batch {r['batch']}:\n{r[side]['error']}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+#include "kernels/cuda/allocator.h"
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/cuda/cuda_util.h"
+
+namespace troupe::kernels::cuda {
+
+std::size_t roundedSize(std::size_t bytes) {
+  constexpr std::size_t kSmall = 512, kLarge = 2 << 20;
+  if (bytes == 0) bytes = 1;
+  const std::size_t granule = bytes < (1 << 20) ? kSmall : kLarge;
+  return (bytes + granule - 1) / granule * granule;
+}
+
+DeviceAllocator::~DeviceAllocator() {
+  std::lock_guard lock(mu_);
+  cudaSetDevice(device_);
+  for (auto& [size, p] : free_)
+    cudaFree(p);  // at exit, a failure has nobody to tell
+}
+
+std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
+  const std::size_t size = roundedSize(bytes);
+  void* p = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = free_.find(size); it != free_.end()) {
+      p = it->second;
+      free_.erase(it);
+    } else {
+      TROUPE_CUDA_CHECK(cudaSetDevice(device_));
+      cudaError_t e = cudaMalloc(&p, size);
+      if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // clears the sticky-free error state of the runtime
+        cudaDeviceSynchronize();
+        emptyCache();
+        e = cudaMalloc(&p, size);
+      }
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw ResourceError("out of GPU memory on cuda:" + std::to_string(device_) +
+                            ": asked for " + std::to_string(size) + " bytes with " +
+                            std::to_string(stats_.in_use) + " in use (" + cudaGetErrorString(e) +
+                            ")");
+      }
+      stats_.reserved += static_cast<std::int64_t>(size);
+      ++stats_.device_mallocs;
+    }
+    stats_.in_use += static_cast<std::int64_t>(size);
+    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
+  }
+  auto self = shared_from_this();
+  return std::shared_ptr<void>(p, [self, size](void* q) { self->release(q, size); });
+}
+
+void DeviceAllocator::release(void* p, std::size_t size) {
+  std::lock_guard lock(mu_);
+  stats_.in_use -= static_cast<std::int64_t>(size);
+  free_.emplace(size, p);
+}
+
+void DeviceAllocator::emptyCache() {
+  for (auto& [size, p] : free_) {
+    cudaFree(p);
+    stats_.reserved -= static_cast<std::int64_t>(size);
+  }
+  free_.clear();
+}
+
+DeviceAllocator::Stats DeviceAllocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace troupe::kernels::cuda

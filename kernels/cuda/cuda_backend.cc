@@ -1,0 +1,605 @@
+// The CUDA backend (kernels/backend.h) of libtroupe_cuda.so: one GPU, one stream. Convolution and
+// batch norm on cuDNN, inner products on cuBLAS, the rest on troupe's own kernels
+// (kernels/cuda/kernels.cu). Memory comes from a caching allocator (allocator.h); convolution
+// algorithms are measured once per geometry (cudnnFind*) and cached in the backend.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "kernels/cuda/allocator.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda_plugin.h"
+
+namespace troupe::kernels::cuda {
+
+[[noreturn]] void throwCuda(const std::string& library, const std::string& call,
+                            const std::string& message, bool out_of_memory, const char* file,
+                            int line) {
+  const std::string what = library + " failed: " + call + ": " + message + " (" + file + ":" +
+                           std::to_string(line) + ")";
+  if (out_of_memory) throw ResourceError("out of GPU memory: " + what);
+  throw Error(what);
+}
+
+namespace {
+
+constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // per convolution algorithm
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.raw());
+}
+bool wanted(const Tensor& t) {
+  return t.raw() != nullptr;
+}
+
+// What the ops share: the stream, the library handles, memory and a growing workspace.
+struct Context {
+  int device = 0;
+  CudaOptions options;
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t cudnn = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::shared_ptr<DeviceAllocator> allocator;
+  std::shared_ptr<void> workspace;
+  std::size_t workspace_bytes = 0;
+
+  void* scratch(std::size_t bytes) {
+    if (bytes > workspace_bytes) {
+      workspace = allocator->allocate(bytes);  // the old one returns to the cache, stream-ordered
+      workspace_bytes = roundedSize(bytes);
+    }
+    return workspace.get();
+  }
+  Tensor empty(Shape shape, DType dtype) {
+    const auto bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
+    auto storage = allocator->allocate(bytes);
+    void* data = storage.get();
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
+    return Tensor(std::move(storage), data, std::move(shape), dtype,
+                  Device{DeviceKind::kCuda, device});
+  }
+};
+
+// A 4-d NCHW float tensor descriptor, destroyed with its owner.
+class TensorDesc {
+ public:
+  TensorDesc(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+    TROUPE_CUDA_CHECK(cudnnCreateTensorDescriptor(&d_));
+    TROUPE_CUDA_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                 static_cast<int>(n), static_cast<int>(c),
+                                                 static_cast<int>(h), static_cast<int>(w)));
+  }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+  cudnnTensorDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnTensorDescriptor_t d_ = nullptr;
+};
+
+// The algorithms of one convolution geometry, measured once.
+struct ConvAlgos {
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  std::size_t workspace = 0;
+};
+
+// The fastest deterministic algorithm that ran, else the fastest that ran: a run repeats to the
+// bit where cuDNN offers a deterministic algorithm of the shape.
+template <typename Perf>
+const Perf& pickAlgo(const Perf* perf, int count, const char* what) {
+  const Perf* any = nullptr;
+  for (int i = 0; i < count; ++i) {  // sorted by time
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
+    if (perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
+    if (!any) any = &perf[i];
+  }
+  if (!any) throw Error(std::string("cuDNN has no ") + what + " algorithm for this convolution");
+  return *any;
+}
+
+class CudaConv final : public ConvOp {
+ public:
+  CudaConv(Context& ctx, const ConvGeometry& g,
+           std::map<std::vector<std::int64_t>, ConvAlgos>& cache)
+      : ctx_(ctx),
+        g_(g),
+        x_(g.n, g.channels, g.height, g.width),
+        y_(g.n, g.out_channels, g.outHeight(), g.outWidth()),
+        bias_(1, g.out_channels, 1, 1) {
+    TROUPE_CUDA_CHECK(cudnnCreateFilterDescriptor(&w_));
+    TROUPE_CUDA_CHECK(cudnnSetFilter4dDescriptor(
+        w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
+        static_cast<int>(g.channels), static_cast<int>(g.kernel), static_cast<int>(g.kernel)));
+    TROUPE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+    const int pad = static_cast<int>(g.pad), stride = static_cast<int>(g.stride);
+    TROUPE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad, pad, stride, stride, 1, 1,
+                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(
+        conv_, ctx.options.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    const std::vector<std::int64_t> key{g.n,      g.channels,     g.height,
+                                        g.width,  g.out_channels, g.kernel,
+                                        g.stride, g.pad,          ctx.options.tf32};
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, measure()).first;
+    algos_ = it->second;
+  }
+  ~CudaConv() override {
+    cudnnDestroyConvolutionDescriptor(conv_);
+    cudnnDestroyFilterDescriptor(w_);
+  }
+
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    void* ws = ctx_.scratch(algos_.workspace);
+    TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_.get(), x.raw(), w_, w.raw(),
+                                              conv_, algos_.fwd, ws, algos_.workspace, &kZero,
+                                              y_.get(), y.raw()));
+    if (g_.bias) {
+      TROUPE_CUDA_CHECK(
+          cudnnAddTensor(ctx_.cudnn, &kOne, bias_.get(), b.raw(), &kOne, y_.get(), y.raw()));
+    }
+  }
+
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                const Tensor& dw, const Tensor& db) override {
+    void* ws = ctx_.scratch(algos_.workspace);
+    if (wanted(dw)) {
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_.get(), x.raw(),
+                                                       y_.get(), dy.raw(), conv_, algos_.bwd_filter,
+                                                       ws, algos_.workspace, &kZero, w_, dw.raw()));
+    }
+    if (g_.bias && wanted(db)) {
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn, &kOne, y_.get(), dy.raw(), &kZero,
+                                                     bias_.get(), db.raw()));
+    }
+    if (wanted(dx)) {
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, w.raw(), y_.get(),
+                                                     dy.raw(), conv_, algos_.bwd_data, ws,
+                                                     algos_.workspace, &kZero, x_.get(), dx.raw()));
+    }
+  }
+
+ private:
+  // cudnnFind* times every algorithm on scratch tensors of this geometry (once per geometry).
+  ConvAlgos measure() {
+    ConvAlgos a{};
+    constexpr int kMax = 16;
+    int count = 0;
+    cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_.get(), w_, conv_,
+                                                           y_.get(), kMax, &count, fwd));
+    const auto& f = pickAlgo(fwd, count, "forward");
+    cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_.get(), conv_,
+                                                                x_.get(), kMax, &count, data));
+    const auto& d = pickAlgo(data, count, "backward-data");
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_.get(), y_.get(),
+                                                                  conv_, w_, kMax, &count, filter));
+    const auto& b = pickAlgo(filter, count, "backward-filter");
+    a.fwd = f.algo;
+    a.bwd_data = d.algo;
+    a.bwd_filter = b.algo;
+    a.workspace = std::max({f.memory, d.memory, b.memory});
+    return a;
+  }
+
+  Context& ctx_;
+  ConvGeometry g_;
+  TensorDesc x_, y_, bias_;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  ConvAlgos algos_{};
+};
+
+class CudaPool final : public PoolOp {
+ public:
+  CudaPool(Context& ctx, const PoolGeometry& g) : ctx_(ctx) {
+    shape_ = PoolShape{g.n * g.channels, g.height,     g.width,
+                       g.outHeight(),    g.outWidth(), g.kernel,
+                       g.stride,         g.pad,        g.method == PoolMethod::kMax};
+    TROUPE_ENFORCE(shape_.oh > 0 && shape_.ow > 0, "pooling output of ", shape_.oh, "x", shape_.ow);
+    if (shape_.max) argmax_ = ctx.empty({shape_.planes * shape_.oh * shape_.ow}, DType::kInt32);
+  }
+  void forward(const Tensor& x, const Tensor& y) override {
+    poolForward(shape_, f32(x), f32(y), static_cast<std::int32_t*>(argmax_.raw()), ctx_.stream);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    poolBackward(shape_, f32(dy), static_cast<const std::int32_t*>(argmax_.raw()), f32(dx),
+                 ctx_.stream);
+  }
+
+ private:
+  Context& ctx_;
+  PoolShape shape_{};
+  Tensor argmax_;
+};
+
+// y[n, out] = x[n, in] w[out, in]^T + b, in cuBLAS's column-major terms (row-major x is x^T).
+class CudaInnerProduct final : public InnerProductOp {
+ public:
+  CudaInnerProduct(Context& ctx, const InnerProductGeometry& g) : ctx_(ctx), g_(g) {}
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    const int n = static_cast<int>(g_.n), in = static_cast<int>(g_.in),
+              out = static_cast<int>(g_.out);
+    TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &kOne, f32(w),
+                                  in, f32(x), in, &kZero, f32(y), out));
+    if (wanted(b)) addRowVector(f32(y), f32(b), g_.n, g_.out, ctx_.stream);
+  }
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                const Tensor& dw, const Tensor& db) override {
+    const int n = static_cast<int>(g_.n), in = static_cast<int>(g_.in),
+              out = static_cast<int>(g_.out);
+    if (wanted(dw)) {
+      TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &kOne,
+                                    f32(x), in, f32(dy), out, &kZero, f32(dw), in));
+    }
+    if (wanted(db)) sumRows(f32(dy), f32(db), g_.n, g_.out, ctx_.stream);
+    if (wanted(dx)) {
+      TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &kOne,
+                                    f32(w), in, f32(dy), out, &kZero, f32(dx), in));
+    }
+  }
+
+ private:
+  Context& ctx_;
+  InnerProductGeometry g_;
+};
+
+// cuDNN's spatial batch norm: the batch's biased variance to normalise, the unbiased one into the
+// running variance, as PyTorch (kernels/ops.h).
+class CudaBatchNorm final : public BatchNormOp {
+ public:
+  CudaBatchNorm(Context& ctx, const BatchNormGeometry& g)
+      : ctx_(ctx),
+        g_(g),
+        x_(g.n, g.channels, g.spatial, 1),
+        param_(1, g.channels, 1, 1),
+        mean_(ctx.empty({g.channels}, DType::kFloat32)),
+        invstd_(ctx.empty({g.channels}, DType::kFloat32)) {
+    if (g.eps < CUDNN_BN_MIN_EPSILON) {
+      throw InputError("batch norm eps " + std::to_string(g.eps) + " is below cuDNN's minimum " +
+                       std::to_string(CUDNN_BN_MIN_EPSILON));
+    }
+  }
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+               const Tensor& running_var, const Tensor& y, bool train) override {
+    if (train) {
+      TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), x.raw(), x_.get(), y.raw(),
+          param_.get(), gamma.raw(), beta.raw(), g_.momentum, running_mean.raw(), running_var.raw(),
+          g_.eps, mean_.raw(), invstd_.raw()));
+    } else {
+      TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardInference(
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), x.raw(), x_.get(), y.raw(),
+          param_.get(), gamma.raw(), beta.raw(), running_mean.raw(), running_var.raw(), g_.eps));
+    }
+  }
+  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                const Tensor& dgamma, const Tensor& dbeta) override {
+    // cuDNN computes all three; what the caller does not want lands in scratch.
+    const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), DType::kFloat32);
+    const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
+    const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+    TROUPE_CUDA_CHECK(cudnnBatchNormalizationBackward(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_.get(), x.raw(),
+        x_.get(), dy.raw(), x_.get(), dx_out.raw(), param_.get(), gamma.raw(), dg.raw(), dbt.raw(),
+        g_.eps, mean_.raw(), invstd_.raw()));
+  }
+
+ private:
+  Context& ctx_;
+  BatchNormGeometry g_;
+  TensorDesc x_, param_;
+  Tensor mean_, invstd_;  // of the last training forward, for the backward
+};
+
+class CudaRelu final : public ReluOp {
+ public:
+  CudaRelu(Context& ctx, std::int64_t numel) : ctx_(ctx), numel_(numel) {}
+  void forward(const Tensor& x, const Tensor& y) override {
+    reluForward(f32(x), f32(y), numel_, ctx_.stream);
+  }
+  void backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+    reluBackward(f32(y), f32(dy), f32(dx), numel_, ctx_.stream);
+  }
+
+ private:
+  Context& ctx_;
+  std::int64_t numel_;
+};
+
+class CudaDropout final : public DropoutOp {
+ public:
+  CudaDropout(Context& ctx, std::int64_t numel, float ratio)
+      : ctx_(ctx), numel_(numel), ratio_(ratio), mask_(ctx.empty({numel}, DType::kFloat32)) {}
+  void forward(const Tensor& x, const Tensor& y, std::uint64_t seed) override {
+    dropoutForward(f32(x), f32(y), f32(mask_), numel_, ratio_, seed, ctx_.stream);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    multiply(f32(dy), f32(mask_), f32(dx), numel_, ctx_.stream);
+  }
+
+ private:
+  Context& ctx_;
+  std::int64_t numel_;
+  float ratio_;
+  Tensor mask_;
+};
+
+class CudaAdd final : public AddOp {
+ public:
+  CudaAdd(Context& ctx, std::int64_t numel) : ctx_(ctx), numel_(numel) {}
+  void forward(const Tensor& a, const Tensor& b, const Tensor& y) override {
+    add(f32(a), f32(b), f32(y), numel_, ctx_.stream);
+  }
+
+ private:
+  Context& ctx_;
+  std::int64_t numel_;
+};
+
+class CudaGlobalAvgPool final : public GlobalAvgPoolOp {
+ public:
+  CudaGlobalAvgPool(Context& ctx, std::int64_t planes, std::int64_t spatial)
+      : ctx_(ctx), planes_(planes), spatial_(spatial) {}
+  void forward(const Tensor& x, const Tensor& y) override {
+    globalAvgPoolForward(f32(x), f32(y), planes_, spatial_, ctx_.stream);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    globalAvgPoolBackward(f32(dy), f32(dx), planes_, spatial_, ctx_.stream);
+  }
+
+ private:
+  Context& ctx_;
+  std::int64_t planes_, spatial_;
+};
+
+// The kernel records the first bad label; the forward's caller reads the metrics anyway, so the
+// report rides along: backward() waits for the forward's flag (the forward is the last op before
+// it) and throws InputError as the CPU op does.
+class CudaSoftmaxLoss final : public SoftmaxLossOp {
+ public:
+  CudaSoftmaxLoss(Context& ctx, std::int64_t n, std::int64_t classes)
+      : ctx_(ctx),
+        n_(n),
+        classes_(classes),
+        prob_(ctx.empty({n * classes}, DType::kFloat32)),
+        rows_(ctx.empty({4 * n}, DType::kFloat32)),
+        bad_(ctx.empty({2}, DType::kInt32)) {
+    TROUPE_CUDA_CHECK(cudaMallocHost(&bad_host_, 2 * sizeof(int)));
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+  }
+  ~CudaSoftmaxLoss() override {
+    cudaEventDestroy(done_);
+    cudaFreeHost(bad_host_);
+  }
+  void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) override {
+    TROUPE_ENFORCE_EQ(logits.numel(), n_ * classes_);
+    TROUPE_ENFORCE_EQ(labels.numel(), n_);
+    TROUPE_ENFORCE_EQ(metrics.numel(), 2);
+    labels_ = labels;
+    softmaxLossForward(f32(logits), static_cast<const std::int32_t*>(labels.raw()), f32(prob_),
+                       f32(metrics), static_cast<int*>(bad_.raw()), rows_.raw(), n_, classes_,
+                       ctx_.stream);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.raw(), 2 * sizeof(int),
+                                      cudaMemcpyDeviceToHost, ctx_.stream));
+    TROUPE_CUDA_CHECK(cudaEventRecord(done_, ctx_.stream));
+    checked_ = false;
+  }
+  void backward(float scale, const Tensor& dlogits) override {
+    checkLabels();
+    softmaxLossBackward(f32(prob_), static_cast<const std::int32_t*>(labels_.raw()), f32(dlogits),
+                        n_, classes_, scale, ctx_.stream);
+  }
+
+ private:
+  void checkLabels() {
+    if (checked_) return;
+    TROUPE_CUDA_CHECK(cudaEventSynchronize(done_));
+    checked_ = true;
+    if (bad_host_[0] > 0) {
+      throw InputError("label " + std::to_string(bad_host_[1]) + " of sample " +
+                       std::to_string(bad_host_[0] - 1) + " is outside [0, " +
+                       std::to_string(classes_) + ")");
+    }
+  }
+
+  Context& ctx_;
+  std::int64_t n_, classes_;
+  Tensor prob_, rows_, bad_, labels_;
+  int* bad_host_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  bool checked_ = true;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int index, const CudaOptions& options) {
+    ctx_.device = index;
+    ctx_.options = options;
+    TROUPE_CUDA_CHECK(cudaSetDevice(index));
+    TROUPE_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    TROUPE_CUDA_CHECK(cudnnCreate(&ctx_.cudnn));
+    TROUPE_CUDA_CHECK(cudnnSetStream(ctx_.cudnn, ctx_.stream));
+    TROUPE_CUDA_CHECK(cublasCreate(&ctx_.cublas));
+    TROUPE_CUDA_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream));
+    TROUPE_CUDA_CHECK(cublasSetMathMode(
+        ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+    ctx_.allocator = std::make_shared<DeviceAllocator>(index);
+    TROUPE_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(int)));
+    flag_ = ctx_.empty({1}, DType::kInt32);
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(ctx_.stream);
+    cudaFreeHost(flag_host_);
+    cublasDestroy(ctx_.cublas);
+    cudnnDestroy(ctx_.cudnn);
+    cudaStreamDestroy(ctx_.stream);
+  }
+
+  Device device() const override { return Device{DeviceKind::kCuda, ctx_.device}; }
+  int threads() const override { return 1; }
+
+  Tensor empty(Shape shape, DType dtype) override {
+    setDevice();
+    return ctx_.empty(std::move(shape), dtype);
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
+    TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
+    if (src.bytes() == 0 || src.raw() == dst.raw()) return;
+    if (src.device().kind == DeviceKind::kCpu && dst.device().kind == DeviceKind::kCpu) {
+      std::memmove(dst.raw(), src.raw(), src.bytes());
+      return;
+    }
+    setDevice();
+    // To or from pageable host memory the call returns once the host side is done with it.
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDefault, ctx_.stream));
+  }
+
+  void fill(const Tensor& t, float value) override {
+    cuda::fill(f32(t), t.numel(), value, ctx_.stream);
+  }
+  void axpy(float alpha, const Tensor& x, const Tensor& y) override {
+    TROUPE_ENFORCE_EQ(x.numel(), y.numel());
+    cuda::axpy(alpha, f32(x), f32(y), x.numel(), ctx_.stream);
+  }
+  void scale(const Tensor& t, float alpha) override {
+    cuda::scale(f32(t), alpha, t.numel(), ctx_.stream);
+  }
+  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+                 float weight_decay, bool nesterov) override {
+    TROUPE_ENFORCE_EQ(w.numel(), g.numel());
+    TROUPE_ENFORCE_EQ(w.numel(), v.numel());
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(flag_.raw(), 0, sizeof(int), ctx_.stream));
+    cuda::sgd(f32(w), f32(g), f32(v), w.numel(), lr, momentum, weight_decay, nesterov,
+              static_cast<int*>(flag_.raw()), ctx_.stream);
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(flag_host_, flag_.raw(), sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream));
+    synchronize();
+    return *flag_host_ == 0;
+  }
+  void synchronize() override {
+    TROUPE_CUDA_CHECK(cudaGetLastError());  // a launch that failed
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  MemoryStats memory() const override {
+    const auto s = ctx_.allocator->stats();
+    return MemoryStats{s.in_use, s.peak_in_use, s.reserved};
+  }
+
+  std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
+    setDevice();
+    return std::make_unique<CudaConv>(ctx_, g, conv_algos_);
+  }
+  std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
+    TROUPE_ENFORCE(
+        g.n > 0 && g.channels > 0 && g.kernel > 0 && g.stride > 0 && g.pad >= 0 && g.pad < g.kernel,
+        "bad pooling geometry");
+    setDevice();
+    return std::make_unique<CudaPool>(ctx_, g);
+  }
+  std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
+    return std::make_unique<CudaInnerProduct>(ctx_, g);
+  }
+  std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
+    setDevice();
+    return std::make_unique<CudaBatchNorm>(ctx_, g);
+  }
+  std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
+    return std::make_unique<CudaRelu>(ctx_, numel);
+  }
+  std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio) override {
+    TROUPE_ENFORCE(ratio >= 0.0f && ratio < 1.0f, "dropout ratio ", ratio);
+    setDevice();
+    return std::make_unique<CudaDropout>(ctx_, numel, ratio);
+  }
+  std::unique_ptr<AddOp> makeAdd(std::int64_t numel) override {
+    return std::make_unique<CudaAdd>(ctx_, numel);
+  }
+  std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
+                                                     std::int64_t spatial) override {
+    return std::make_unique<CudaGlobalAvgPool>(ctx_, n * channels, spatial);
+  }
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
+    setDevice();
+    return std::make_unique<CudaSoftmaxLoss>(ctx_, n, classes);
+  }
+
+ private:
+  // Calls may come from any thread (one at a time): each sets the device it works on.
+  void setDevice() { TROUPE_CUDA_CHECK(cudaSetDevice(ctx_.device)); }
+
+  Context ctx_;
+  std::map<std::vector<std::int64_t>, ConvAlgos> conv_algos_;
+  Tensor flag_;
+  int* flag_host_ = nullptr;
+};
+
+CudaInfo describe() {
+  CudaInfo info;
+  cudaRuntimeGetVersion(&info.runtime);
+  cudaDriverGetVersion(&info.driver);
+  info.cudnn = static_cast<std::int64_t>(cudnnGetVersion());
+  info.cublas = 0;
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS) {
+    info.cublas = major * 10000 + minor * 100 + patch;
+  }
+  ncclGetVersion(&info.nccl);
+  info.architectures = TROUPE_CUDA_ARCHITECTURES;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    info.problem = info.driver == 0
+                       ? "no NVIDIA driver on this machine (libcuda.so.1 is not loadable)"
+                       : std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    return info;
+  }
+  if (count == 0) info.problem = "the driver sees no CUDA device";
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    CudaDeviceInfo d;
+    d.index = i;
+    d.name = p.name;
+    d.major = p.major;
+    d.minor = p.minor;
+    d.memory = static_cast<std::int64_t>(p.totalGlobalMem);
+    d.multiprocessors = p.multiProcessorCount;
+    info.devices.push_back(d);
+  }
+  return info;
+}
+
+std::unique_ptr<Backend> make(int index, const CudaOptions& options) {
+  return std::make_unique<CudaBackend>(index, options);
+}
+
+}  // namespace
+}  // namespace troupe::kernels::cuda
+
+extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
+troupe_cuda_plugin() {
+  static const troupe::kernels::CudaPlugin plugin{troupe::kernels::CudaPlugin::kAbi,
+                                                  &troupe::kernels::cuda::describe,
+                                                  &troupe::kernels::cuda::make};
+  return &plugin;
+}

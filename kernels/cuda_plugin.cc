@@ -1,0 +1,115 @@
+// Finds and loads libtroupe_cuda.so (kernels/cuda_plugin.h).
+#include "kernels/cuda_plugin.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+constexpr const char* kLibrary = "libtroupe_cuda.so";
+
+struct Loaded {
+  const CudaPlugin* plugin = nullptr;
+  CudaInfo info;
+};
+
+// The folder of the running binary (for a test or the CLI: build/tests, build/bin, /usr/bin).
+std::filesystem::path binaryFolder() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : exe.parent_path();
+}
+
+// Where to look, in order; a name without a slash goes to the loader's search path.
+std::vector<std::string> candidates() {
+  std::vector<std::string> out;
+  if (const char* env = std::getenv("TROUPE_CUDA_LIBRARY"); env && *env) {
+    out.emplace_back(env);
+    return out;
+  }
+  const auto folder = binaryFolder();
+  if (!folder.empty()) {
+    for (const auto& p : {folder / kLibrary, folder / ".." / "lib" / kLibrary}) {
+      std::error_code ec;
+      if (std::filesystem::exists(p, ec)) out.push_back(p.lexically_normal().string());
+    }
+  }
+  out.emplace_back(kLibrary);
+  return out;
+}
+
+Loaded load() {
+  Loaded l;
+  std::string tried;
+  for (const auto& path : candidates()) {
+    // Never closed: backends and their tensors may live until exit.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char* why = dlerror();
+      tried += (tried.empty() ? "" : "; ") + path + ": " + (why ? why : "not loadable");
+      continue;
+    }
+    using Entry = const CudaPlugin* (*)();
+    auto entry = reinterpret_cast<Entry>(dlsym(handle, "troupe_cuda_plugin"));
+    if (!entry) {
+      tried += (tried.empty() ? "" : "; ") + path + ": no troupe_cuda_plugin symbol";
+      continue;
+    }
+    const CudaPlugin* plugin = entry();
+    if (!plugin || plugin->abi != CudaPlugin::kAbi) {
+      tried += (tried.empty() ? "" : "; ") + path + ": from another troupe build (plugin ABI " +
+               std::to_string(plugin ? plugin->abi : -1) + ", this build's " +
+               std::to_string(CudaPlugin::kAbi) + ")";
+      continue;
+    }
+    l.plugin = plugin;
+    try {
+      l.info = plugin->info();
+    } catch (const std::exception& e) {
+      l.info.problem = e.what();
+    }
+    l.info.loaded = true;
+    l.info.library = path;
+    return l;
+  }
+  l.info.problem = "the CUDA backend (" + std::string(kLibrary) + ") is not loadable: " + tried;
+  return l;
+}
+
+const Loaded& loaded() {
+  static const Loaded l = load();
+  return l;
+}
+
+}  // namespace
+
+const CudaInfo& cudaInfo() {
+  return loaded().info;
+}
+
+std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options) {
+  const Loaded& l = loaded();
+  if (!l.plugin) throw InputError("cuda:" + std::to_string(index) + ": " + l.info.problem);
+  if (l.info.devices.empty()) {
+    throw InputError("cuda:" + std::to_string(index) + ": no CUDA device: " + l.info.problem);
+  }
+  if (index < 0 || index >= static_cast<int>(l.info.devices.size())) {
+    throw InputError("cuda:" + std::to_string(index) + ": this machine has " +
+                     std::to_string(l.info.devices.size()) + " CUDA device(s)");
+  }
+  return l.plugin->make(index, options);
+}
+
+std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptions& options) {
+  if (device.kind == DeviceKind::kCuda) return makeCudaBackend(device.index, options);
+  return makeCpuBackend(threads);
+}
+
+}  // namespace troupe::kernels

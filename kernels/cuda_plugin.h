@@ -1,0 +1,68 @@
+// The CUDA backend as a plugin: libtroupe_cuda.so (kernels/cuda/), built wherever CMake finds the
+// CUDA toolkit with cuDNN and NCCL, and loaded on first use. troupe itself links no CUDA library,
+// so the same binaries run on machines without a GPU or without the CUDA libraries, and report
+// why they cannot use one (`troupe info`).
+//
+//   const auto& info = kernels::cudaInfo();          // versions, devices, or the problem
+//   auto backend = kernels::makeCudaBackend(0, {});  // cuda:0, or InputError saying why not
+//
+// The plugin is looked for in $TROUPE_CUDA_LIBRARY, then beside the running binary and in its
+// ../lib, then on the loader's path (LD_LIBRARY_PATH, rpath).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace troupe::kernels {
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  std::int64_t memory = 0;   // bytes
+  int multiprocessors = 0;
+};
+
+// Versions as the libraries report them at run time (the ones actually loaded), 0 when unknown.
+struct CudaInfo {
+  bool loaded = false;        // the plugin was found and loaded
+  std::string library;        // its path
+  std::string problem;        // why there is no plugin or no device; empty when devices were found
+  int runtime = 0;            // cudaRuntimeGetVersion: 13000 is 13.0
+  int driver = 0;             // cudaDriverGetVersion; 0: no driver
+  std::int64_t cudnn = 0;     // cudnnGetVersion: 91900 is 9.19.0
+  int cublas = 0;             // cublasGetVersion: 130000 is 13.0.0
+  int nccl = 0;               // ncclGetVersion: 22804 is 2.28.4
+  std::string architectures;  // the GPU code built in, e.g. "sm_90"
+  std::vector<CudaDeviceInfo> devices;
+};
+
+struct CudaOptions {
+  // TensorFloat-32 in convolutions and matrix products (faster, 10-bit mantissa products). Off:
+  // fp32 ops compute in IEEE fp32, as the CPU backend does.
+  bool tf32 = false;
+};
+
+// What the plugin knows, loading it on the first call (thread-safe; never throws).
+const CudaInfo& cudaInfo();
+
+// A backend on GPU `index`: throws InputError naming what is missing (the plugin, a driver, the
+// device) when there is none.
+std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options = {});
+
+// A backend on `device`: makeCpuBackend(threads) or makeCudaBackend(device.index).
+std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptions& options = {});
+
+// The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
+struct CudaPlugin {
+  static constexpr int kAbi = 2;  // bumped whenever this struct or Backend changes
+  int abi = kAbi;
+  CudaInfo (*info)() = nullptr;
+  std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;
+};
+
+}  // namespace troupe::kernels

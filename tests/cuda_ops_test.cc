@@ -1,0 +1,347 @@
+// The CUDA plugin (kernels/cuda_plugin.h): that it loads and reports its libraries everywhere, and,
+// on a machine with a GPU, every CUDA op against the CPU op on the same random inputs. The GPU
+// tests skip, saying why, where there is no GPU: the only tests of the suite that may skip.
+//
+// Tolerance: TF32 is off (CudaOptions::tf32 false), so both backends compute in IEEE fp32 and
+// differ only in summation order. A sum of K float terms is within gammaN(K) * sum |terms| of the
+// exact value on each side (float_bounds.h); the largest K here is 3 * 3 * 16 = 144 (convolution)
+// and 8 * 6 * 6 = 288 (batch norm over a channel), gammaN(288) = 1.7e-5, with sum |terms| within a
+// few times the largest output for these inputs (uniform in [-1, 1]). The bound, a
+// normwise relative error of at most 1e-4 (max |cpu - gpu| / max |cpu|), holds with that margin;
+// a wrong index or a missing term is off by O(1).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
+#include "kernels/net.h"
+#include "kernels/random.h"
+#include "troupe/config.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+constexpr double kRelative = 1e-4;
+
+TEST(CudaPlugin, LoadsWhereBuiltAndReportsTheLibrariesItRunsWith) {
+  const CudaInfo& info = cudaInfo();
+  if (!TROUPE_USE_CUDA) {
+    EXPECT_FALSE(info.loaded);
+    EXPECT_NE(info.problem.find("libtroupe_cuda.so"), std::string::npos) << info.problem;
+    return;
+  }
+  ASSERT_TRUE(info.loaded) << info.problem;
+  EXPECT_NE(info.library.find("libtroupe_cuda.so"), std::string::npos) << info.library;
+  EXPECT_GE(info.runtime, 12000) << "CUDA runtime";
+  EXPECT_GE(info.cudnn, 90000) << "cuDNN 9";
+  EXPECT_GT(info.cublas, 0);
+  EXPECT_GE(info.nccl, 20000) << "NCCL 2";
+  EXPECT_NE(info.architectures.find("sm_"), std::string::npos) << info.architectures;
+}
+
+TEST(CudaPlugin, ABackendOnAMissingDeviceIsRefusedNamingIt) {
+  const int missing = static_cast<int>(cudaInfo().devices.size());  // one past the last
+  try {
+    makeCudaBackend(missing);
+    FAIL() << "cuda:" << missing << " made a backend";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cuda:" + std::to_string(missing)), std::string::npos) << what;
+    if (cudaInfo().devices.empty()) {
+      EXPECT_TRUE(what.find("no CUDA device") != std::string::npos ||
+                  what.find("not loadable") != std::string::npos)
+          << what;
+    } else {
+      EXPECT_NE(what.find("CUDA device(s)"), std::string::npos) << what;
+    }
+  }
+}
+
+Tensor randomHost(Shape shape, std::uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::host(std::move(shape));
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = lo + (hi - lo) * uniform01(randomBits(7, stream, static_cast<std::uint64_t>(i)));
+  return t;
+}
+
+// max |a - b| / max |a| (absolute where a is all zeros).
+double relativeError(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::abs(double(a.f32()[i]) - b.f32()[i]));
+    scale = std::max(scale, std::abs(double(a.f32()[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cudaInfo().devices.empty()) {
+      GTEST_SKIP() << "no CUDA device, so no CUDA op runs here: "
+                   << (cudaInfo().problem.empty() ? "none found" : cudaInfo().problem);
+    }
+    cpu_ = makeCpuBackend(1);
+    gpu_ = makeCudaBackend(0, CudaOptions{.tf32 = false});
+  }
+
+  // The host tensor on the GPU.
+  Tensor up(const Tensor& host) {
+    Tensor t = gpu_->empty(host.shape(), host.dtype());
+    gpu_->copy(host, t);
+    return t;
+  }
+  // The GPU tensor on the host, once the queued work is done.
+  Tensor down(const Tensor& device) {
+    Tensor t = Tensor::host(device.shape(), device.dtype());
+    gpu_->copy(device, t);
+    gpu_->synchronize();
+    return t;
+  }
+  Tensor copyOf(const Tensor& host) {
+    Tensor t = Tensor::host(host.shape(), host.dtype());
+    std::memcpy(t.raw(), host.raw(), host.bytes());
+    return t;
+  }
+  void expectClose(const char* what, const Tensor& cpu, const Tensor& gpu, double tol = kRelative) {
+    const Tensor g = gpu.device().kind == DeviceKind::kCuda ? down(gpu) : gpu;
+    ASSERT_EQ(cpu.numel(), g.numel()) << what;
+    EXPECT_LE(relativeError(cpu, g), tol) << what;
+  }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+TEST_F(CudaOps, ConvolutionForwardAndBackward) {
+  for (const auto& g :
+       {ConvGeometry{2, 16, 9, 9, 8, 3, 1, 1, true}, ConvGeometry{2, 16, 9, 9, 12, 3, 2, 1, true},
+        ConvGeometry{3, 4, 8, 8, 6, 1, 1, 0, false}}) {
+    SCOPED_TRACE(::testing::Message() << "kernel " << g.kernel << " stride " << g.stride);
+    const Shape xs{g.n, g.channels, g.height, g.width};
+    const Shape ys{g.n, g.out_channels, g.outHeight(), g.outWidth()};
+    const Tensor x = randomHost(xs, 1),
+                 w = randomHost({g.out_channels, g.channels, g.kernel, g.kernel}, 2),
+                 b = randomHost({g.out_channels}, 3), dy = randomHost(ys, 4);
+    auto c = cpu_->makeConv(g);
+    auto d = gpu_->makeConv(g);
+    Tensor y = Tensor::host(ys), dx = Tensor::host(xs), dw = Tensor::host(w.shape()),
+           db = Tensor::host(b.shape());
+    c->forward(x, w, b, y);
+    c->backward(x, w, dy, dx, dw, db);
+    const Tensor gx = up(x), gw = up(w), gb = up(b), gdy = up(dy);
+    Tensor gy = gpu_->empty(ys), gdx = gpu_->empty(xs), gdw = gpu_->empty(w.shape()),
+           gdb = gpu_->empty(b.shape());
+    d->forward(gx, gw, gb, gy);
+    d->backward(gx, gw, gdy, gdx, gdw, gdb);
+    expectClose("y", y, gy);
+    expectClose("dx", dx, gdx);
+    expectClose("dw", dw, gdw);
+    if (g.bias) expectClose("db", db, gdb);
+  }
+}
+
+TEST_F(CudaOps, PoolingWithCaffesCeilModeAndClippedAverages) {
+  for (const auto method : {PoolMethod::kMax, PoolMethod::kAverage}) {
+    for (const bool ceil_mode : {true, false}) {
+      PoolGeometry g{2, 3, 7, 7, 3, 2, 1, method, ceil_mode};
+      SCOPED_TRACE(::testing::Message()
+                   << "max " << (method == PoolMethod::kMax) << " ceil " << ceil_mode);
+      const Shape xs{g.n, g.channels, g.height, g.width},
+          ys{g.n, g.channels, g.outHeight(), g.outWidth()};
+      const Tensor x = randomHost(xs, 5), dy = randomHost(ys, 6);
+      auto c = cpu_->makePool(g);
+      auto d = gpu_->makePool(g);
+      Tensor y = Tensor::host(ys), dx = Tensor::host(xs);
+      c->forward(x, y);
+      c->backward(dy, dx);
+      const Tensor gx = up(x), gdy = up(dy);
+      Tensor gy = gpu_->empty(ys), gdx = gpu_->empty(xs);
+      d->forward(gx, gy);
+      d->backward(gdy, gdx);
+      expectClose("y", y, gy);
+      expectClose("dx", dx, gdx);
+    }
+  }
+}
+
+TEST_F(CudaOps, InnerProductForwardAndBackward) {
+  const InnerProductGeometry g{5, 37, 11};
+  const Tensor x = randomHost({g.n, g.in}, 7), w = randomHost({g.out, g.in}, 8),
+               b = randomHost({g.out}, 9), dy = randomHost({g.n, g.out}, 10);
+  auto c = cpu_->makeInnerProduct(g);
+  auto d = gpu_->makeInnerProduct(g);
+  Tensor y = Tensor::host({g.n, g.out}), dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()),
+         db = Tensor::host(b.shape());
+  c->forward(x, w, b, y);
+  c->backward(x, w, dy, dx, dw, db);
+  const Tensor gx = up(x), gw = up(w), gb = up(b), gdy = up(dy);
+  Tensor gy = gpu_->empty(y.shape()), gdx = gpu_->empty(x.shape()), gdw = gpu_->empty(w.shape()),
+         gdb = gpu_->empty(b.shape());
+  d->forward(gx, gw, gb, gy);
+  d->backward(gx, gw, gdy, gdx, gdw, gdb);
+  expectClose("y", y, gy);
+  expectClose("dx", dx, gdx);
+  expectClose("dw", dw, gdw);
+  expectClose("db", db, gdb);
+}
+
+TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
+  const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+  const Shape xs{g.n, g.channels, g.spatial};
+  const Tensor x = randomHost(xs, 11, -2.0f, 3.0f), gamma = randomHost({g.channels}, 12),
+               beta = randomHost({g.channels}, 13), dy = randomHost(xs, 14);
+  Tensor rm = randomHost({g.channels}, 15), rv = randomHost({g.channels}, 16, 0.5f, 2.0f);
+  Tensor grm = up(rm), grv = up(rv);
+  auto c = cpu_->makeBatchNorm(g);
+  auto d = gpu_->makeBatchNorm(g);
+  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host(gamma.shape()),
+         dbeta = Tensor::host(beta.shape());
+  c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
+  c->backward(x, gamma, dy, dx, dg, dbeta);
+  const Tensor gx = up(x), ggamma = up(gamma), gbeta = up(beta), gdy = up(dy);
+  Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty(gamma.shape()),
+         gdbeta = gpu_->empty(beta.shape());
+  d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/true);
+  d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
+  expectClose("y", y, gy);
+  expectClose("running mean", rm, grm);
+  expectClose("running var (unbiased)", rv, grv);
+  expectClose("dx", dx, gdx);
+  expectClose("dgamma", dg, gdg);
+  expectClose("dbeta", dbeta, gdbeta);
+  c->forward(x, gamma, beta, rm, rv, y, /*train=*/false);
+  d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/false);
+  expectClose("inference y", y, gy);
+}
+
+TEST_F(CudaOps, ElementwiseOpsAndTheDropoutMaskOfTheCpu) {
+  const std::int64_t n = 10007;  // not a multiple of a block
+  const Tensor a = randomHost({n}, 17), b = randomHost({n}, 18), dy = randomHost({n}, 19);
+  const Tensor ga = up(a), gb = up(b), gdy = up(dy);
+  Tensor y = Tensor::host({n}), dx = Tensor::host({n});
+  Tensor gy = gpu_->empty({n}), gdx = gpu_->empty({n});
+
+  auto relu = cpu_->makeRelu(n);
+  auto grelu = gpu_->makeRelu(n);
+  relu->forward(a, y);
+  relu->backward(y, dy, dx);
+  grelu->forward(ga, gy);
+  grelu->backward(gy, gdy, gdx);
+  expectClose("relu y", y, gy, 0);
+  expectClose("relu dx", dx, gdx, 0);
+
+  auto drop = cpu_->makeDropout(n, 0.3f);
+  auto gdrop = gpu_->makeDropout(n, 0.3f);
+  drop->forward(a, y, 99);
+  drop->backward(dy, dx);
+  gdrop->forward(ga, gy, 99);
+  gdrop->backward(gdy, gdx);
+  expectClose("dropout y (the same mask)", y, gy, 0);
+  expectClose("dropout dx", dx, gdx, 0);
+
+  auto add = cpu_->makeAdd(n);
+  auto gadd = gpu_->makeAdd(n);
+  add->forward(a, b, y);
+  gadd->forward(ga, gb, gy);
+  expectClose("add", y, gy, 0);
+
+  Tensor ax = copyOf(b);
+  Tensor gax = up(b);
+  cpu_->axpy(0.25f, a, ax);
+  gpu_->axpy(0.25f, ga, gax);
+  cpu_->scale(ax, -3.0f);
+  gpu_->scale(gax, -3.0f);
+  expectClose("axpy then scale", ax, gax, 1e-6);
+  gpu_->fill(gax, 2.5f);
+  const Tensor filled = down(gax);
+  EXPECT_EQ(filled.f32()[0], 2.5f);
+  EXPECT_EQ(filled.f32()[n - 1], 2.5f);
+}
+
+TEST_F(CudaOps, GlobalAveragePooling) {
+  const std::int64_t n = 3, c = 7, s = 49;
+  const Tensor x = randomHost({n, c, s}, 20), dy = randomHost({n, c}, 21);
+  auto op = cpu_->makeGlobalAvgPool(n, c, s);
+  auto gop = gpu_->makeGlobalAvgPool(n, c, s);
+  Tensor y = Tensor::host({n, c}), dx = Tensor::host({n, c, s});
+  Tensor gy = gpu_->empty({n, c}), gdx = gpu_->empty({n, c, s});
+  op->forward(x, y);
+  op->backward(dy, dx);
+  gop->forward(up(x), gy);
+  gop->backward(up(dy), gdx);
+  expectClose("y", y, gy);
+  expectClose("dx", dx, gdx);
+}
+
+TEST_F(CudaOps, SoftmaxLossAndABadLabelError) {
+  const std::int64_t n = 6, classes = 1000;  // more classes than a block has threads
+  const Tensor logits = randomHost({n, classes}, 22, -4.0f, 4.0f);
+  Tensor labels = Tensor::host({n}, DType::kInt32);
+  for (std::int64_t i = 0; i < n; ++i)
+    labels.i32()[i] = static_cast<std::int32_t>((i * 389) % classes);
+  auto op = cpu_->makeSoftmaxLoss(n, classes);
+  auto gop = gpu_->makeSoftmaxLoss(n, classes);
+  Tensor metrics = Tensor::host({2}), d = Tensor::host({n, classes});
+  Tensor gmetrics = gpu_->empty({2}), gd = gpu_->empty({n, classes});
+  op->forward(logits, labels, metrics);
+  op->backward(0.5f, d);
+  const Tensor glabels = up(labels);
+  gop->forward(up(logits), glabels, gmetrics);
+  gop->backward(0.5f, gd);
+  const Tensor m = down(gmetrics);
+  EXPECT_NEAR(m.f32()[0], metrics.f32()[0], kRelative * std::abs(metrics.f32()[0]));
+  EXPECT_EQ(m.f32()[1], metrics.f32()[1]);
+  expectClose("dlogits", d, gd);
+
+  labels.i32()[3] = static_cast<std::int32_t>(classes);
+  gop->forward(up(logits), up(labels), gmetrics);
+  try {
+    gop->backward(0.5f, gd);
+    FAIL() << "a label of " << classes << " went through";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("label 1000 of sample 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CudaOps, SgdUpdateAsTheCpusAndItsFinitenessTest) {
+  const std::int64_t n = 5003;
+  for (const bool nesterov : {false, true}) {
+    Tensor w = randomHost({n}, 23), v = randomHost({n}, 24);
+    const Tensor g = randomHost({n}, 25);
+    Tensor gw = up(w), gv = up(v);
+    EXPECT_TRUE(cpu_->sgdUpdate(w, g, v, 0.1f, 0.9f, 1e-4f, nesterov));
+    EXPECT_TRUE(gpu_->sgdUpdate(gw, up(g), gv, 0.1f, 0.9f, 1e-4f, nesterov));
+    expectClose("w", w, gw, 1e-6);
+    expectClose("v", v, gv, 1e-6);
+  }
+  Tensor w = randomHost({n}, 26), v = Tensor::host({n}), g = randomHost({n}, 27);
+  g.f32()[n - 1] = INFINITY;
+  EXPECT_FALSE(gpu_->sgdUpdate(up(w), up(g), up(v), 0.1f, 0.9f, 0.0f, false));
+}
+
+// LeNet's forward and backward on the GPU against the CPU's: the layers compose on the device.
+TEST_F(CudaOps, LenetStepGivesTheCpusLossAndGradients) {
+  NetOptions o;
+  o.model.name = "lenet";
+  o.max_batch = 16;
+  auto cnet = makeNet(*cpu_, o);
+  auto gnet = makeNet(*gpu_, o);
+  const Tensor images = randomHost({16, 1, 28, 28}, 28, 0.0f, 1.0f);
+  Tensor labels = Tensor::host({16}, DType::kInt32);
+  for (int i = 0; i < 16; ++i)
+    labels.i32()[i] = i % 10;
+  cnet->forward(images, labels, true);
+  cnet->backward(1.0f / 16, [](std::int64_t, std::int64_t) {});
+  gnet->forward(up(images), up(labels), true);
+  gnet->backward(1.0f / 16, [](std::int64_t, std::int64_t) {});
+  const Tensor cm = copyOf(cnet->metrics()), gm = down(gnet->metrics());
+  EXPECT_NEAR(gm.f32()[0], cm.f32()[0], kRelative * std::abs(cm.f32()[0]));
+  expectClose("gradients", cnet->grads(), gnet->grads());
+}
+
+}  // namespace
+}  // namespace troupe::kernels
