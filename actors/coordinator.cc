@@ -9,6 +9,7 @@
 #include "actors/messages.h"
 #include "actors/progress.h"
 #include "actors/roles.h"
+#include "actors/run_plan.h"
 #include "actors/train_log.h"
 #include "actors/trainer.h"
 #include "troupe/error.h"
@@ -425,7 +426,8 @@ class Coordinator final : public Actor {
     ck.meta["global_batch"] = std::to_string(config_.plan.global_batch);
     ck.meta["steps_per_epoch"] = std::to_string(config_.plan.steps_per_epoch);
     ck.meta["seed"] = std::to_string(options_.seed);
-    ck.meta["run_id"] = options_.run_id;  // what --resume auto matches
+    ck.meta["run_id"] = options_.run_id;  // what --resume auto matches, with run_name
+    ck.meta["run_name"] = runName(options_);
     ck.meta["experiment"] = config_.experiment_id;
     ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", cumulative_time);
     ck.meta["cumulative_input_count"] = std::to_string(cumulative_inputs);

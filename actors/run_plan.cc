@@ -192,16 +192,18 @@ void ensureWritableDir(const std::string& dir, const char* what) {
   fs::remove(probe, ec);
 }
 
+std::string runName(const TrainOptions& o) {
+  return !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
+}
+
 std::string experimentId(const TrainOptions& o) {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   localtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
-  const std::string name =
-      !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
-  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", name, o.replicas, o.batch_size, o.num_labels,
-                     o.base_learning_rate, stamp);
+  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", runName(o), o.replicas, o.batch_size,
+                     o.num_labels, o.base_learning_rate, stamp);
 }
 
 kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
@@ -301,6 +303,10 @@ std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
       if (get("run_id") != o.run_id) {
         return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
                            name(o.run_id));
+      }
+      // Checkpoints written before run_name was recorded carry none: they match as before.
+      if (const auto run_name = get("run_name"); !run_name.empty() && run_name != runName(o)) {
+        return fmt::format("it belongs to run_name {}, this run's is {}", run_name, runName(o));
       }
       if (get("num_params") != std::to_string(num_params)) {
         return fmt::format("it holds {} parameters, this model has {}", get("num_params"),

@@ -86,6 +86,8 @@ void ensureWritableDir(const std::string& dir, const char* what);
 
 // "lenet_cpu1_b64_L10_lr0.05_20260101_120000": Caffe2's experiment id.
 std::string experimentId(const TrainOptions& o);
+// The name that begins the experiment id: run_name, else the model's name ("custom" for layers).
+std::string runName(const TrainOptions& o);
 
 kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch);
 

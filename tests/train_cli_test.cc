@@ -398,6 +398,13 @@ TEST(TrainCommand, ResumeAutoContinuesFromTheNewestCheckpointOfTheRun) {
             std::string::npos)
       << again.output;
 
+  // Another run_name in the same folder is another run: its checkpoints are passed over.
+  const auto named = train(cwd, common + " --num_epochs 1 --run_name other --resume auto");
+  ASSERT_EQ(named.exit_code, 0) << named.output;
+  EXPECT_NE(named.output.find("it belongs to run_name mlp, this run's is other"), std::string::npos)
+      << named.output;
+  EXPECT_NE(named.output.find("starting from scratch"), std::string::npos) << named.output;
+
   // Checkpoints of another plan are passed over, naming why.
   const auto other = train(cwd, common + " --num_epochs 1 --batch_size 32 --resume auto");
   ASSERT_EQ(other.exit_code, 0) << other.output;
