@@ -36,7 +36,7 @@ class Reader final : public Actor {
     for (std::size_t t = 0; t < config_.targets.size(); ++t) {
       if (config_.targets[t].local_index == replica) return t;
     }
-    throw std::logic_error(fmt::format("{} feeds no replica {}", name(), replica));
+    throw InvariantError(fmt::format("{} feeds no replica {}", name(), replica));
   }
 
   // Step by step, each replica's share in turn: the replica furthest behind with credit first.

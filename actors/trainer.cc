@@ -391,7 +391,6 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // waits for it at its next barrier: it then reads on its replica's thread, between steps
   // (measured on the MLP, 2 threads on 2 cores: a step's reader wake-up cost 30 us of 235 us).
   const bool spare_core = threads < defaultThreads();
-  std::int64_t offset = o.batch_size * rank;
   for (std::uint32_t r = 0; r < k; ++r) {
     ReplicaConfig replica;
     replica.index = rank * o.replicas + static_cast<int>(r);
@@ -421,31 +420,35 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                                     computeThread(r)),
                       replica_address(rank, r));
   }
+  // Each replica's share of the global batch, in replica order.
+  std::vector<ReaderTarget> targets;
+  std::int64_t offset = o.batch_size * rank;
+  for (std::uint32_t r = 0; r < k; ++r) {
+    targets.push_back({replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
+    offset += shares[r];
+  }
   if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
     ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
-    for (std::uint32_t r = 0; r < k; ++r) {
-      database.targets.push_back(
-          {replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
-      offset += shares[r];
-    }
+    database.targets = targets;
     TROUPE_ENFORCE_EQ(system->spawn(makeReader(fmt::format("reader/{}", rank), database),
                                     spare_core ? SpawnOptions{} : computeThread(0)),
                       reader_address(0));
   }
   for (std::uint32_t r = 0; r < k && !o.shared_reader; ++r) {
+    const ReaderTarget& target = targets[r];
     std::unique_ptr<Actor> reader;
     if (o.reader_factory) {  // the caller's (troupe/reader.h)
       ReaderSpec spec;
       spec.name = layout.nameOf(reader_address(r));
       spec.worker = rank;
-      spec.replica = static_cast<int>(r);
-      spec.to = replica_address(rank, r);
+      spec.replica = target.local_index;
+      spec.to = target.replica;
       spec.first_step = plan.first_step;
       spec.last_step = plan.last_step;
       spec.steps_per_epoch = plan.steps_per_epoch;
       spec.global_batch = plan.global_batch;
-      spec.offset = offset;
-      spec.batch = shares[r];
+      spec.offset = target.offset;
+      spec.batch = target.count;
       spec.channels = train.channels;
       spec.height = train.height;
       spec.width = train.width;
@@ -458,11 +461,9 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
       }
     } else {
       ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
-      database.targets.push_back(
-          {replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
+      database.targets = {target};
       reader = makeReader(fmt::format("reader/{}", rank * o.replicas + r), database);
     }
-    offset += shares[r];
     TROUPE_ENFORCE_EQ(
         system->spawn(std::move(reader), spare_core ? SpawnOptions{} : computeThread(r)),
         reader_address(r));

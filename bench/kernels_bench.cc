@@ -198,16 +198,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  Device on;  // cpu, or cuda:N
+  if (device.rfind("cuda:", 0) == 0) {
+    on = Device{DeviceKind::kCuda, std::atoi(device.c_str() + 5)};
+  } else if (device != "cpu") {
+    std::fprintf(stderr, "--device: cpu or cuda:N, not %s\n", device.c_str());
+    return 2;
+  }
   std::unique_ptr<Backend> backend;
   try {
-    if (device == "cpu") {
-      backend = makeCpuBackend(threads);
-    } else if (device.rfind("cuda:", 0) == 0) {
-      backend = makeCudaBackend(std::stoi(device.substr(5)), cuda);
-    } else {
-      std::fprintf(stderr, "--device: cpu or cuda:N, not %s\n", device.c_str());
-      return 2;
-    }
+    backend = makeBackend(on, threads, cuda);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
     std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)",
                 model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
                 g_cpu_per_call * 1e3);
-    if (device != "cpu") {
+    if (on.kind == DeviceKind::kCuda) {
       std::printf(" device=%s tf32=%d peak_memory_mib=%.0f", device.c_str(), cuda.tf32 ? 1 : 0,
                   static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
     }

@@ -2,11 +2,9 @@
 #include "kernels/cuda_plugin.h"
 
 #include <dlfcn.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 
 #include "troupe/error.h"
 
@@ -47,26 +45,29 @@ std::vector<std::string> candidates() {
 
 Loaded load() {
   Loaded l;
-  std::string tried;
+  std::string tried;  // each candidate that failed, and why
+  auto failed = [&](const std::string& path, const std::string& why) {
+    tried += (tried.empty() ? "" : "; ") + path + ": " + why;
+  };
   for (const auto& path : candidates()) {
     // Never closed: backends and their tensors may live until exit.
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + path + ": " + (why ? why : "not loadable");
+      failed(path, why ? why : "not loadable");
       continue;
     }
     using Entry = const CudaPlugin* (*)();
     auto entry = reinterpret_cast<Entry>(dlsym(handle, "troupe_cuda_plugin"));
     if (!entry) {
-      tried += (tried.empty() ? "" : "; ") + path + ": no troupe_cuda_plugin symbol";
+      failed(path, "no troupe_cuda_plugin symbol");
       continue;
     }
     const CudaPlugin* plugin = entry();
     if (!plugin || plugin->abi != CudaPlugin::kAbi) {
-      tried += (tried.empty() ? "" : "; ") + path + ": from another troupe build (plugin ABI " +
-               std::to_string(plugin ? plugin->abi : -1) + ", this build's " +
-               std::to_string(CudaPlugin::kAbi) + ")";
+      failed(path, "from another troupe build (plugin ABI " +
+                       std::to_string(plugin ? plugin->abi : -1) + ", this build's " +
+                       std::to_string(CudaPlugin::kAbi) + ")");
       continue;
     }
     l.plugin = plugin;

@@ -113,6 +113,26 @@ class CudaOps : public ::testing::Test {
     EXPECT_LE(relativeError(cpu, g), tol) << what;
   }
 
+  // An op y = f(x, w, b) with backward (x, w, dy) -> (dx, dw, db), convolution or inner product:
+  // the CPU's op and the GPU's on the same host inputs, every output compared.
+  template <typename Op>
+  void expectWeightedOpsAgree(Op& cpu, Op& gpu, const Tensor& x, const Tensor& w, const Tensor& b,
+                              const Tensor& dy, bool bias) {
+    Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()),
+           db = Tensor::host(b.shape());
+    cpu.forward(x, w, b, y);
+    cpu.backward(x, w, dy, dx, dw, db);
+    const Tensor gx = up(x), gw = up(w), gb = up(b), gdy = up(dy);
+    Tensor gy = gpu_->empty(dy.shape()), gdx = gpu_->empty(x.shape()), gdw = gpu_->empty(w.shape()),
+           gdb = gpu_->empty(b.shape());
+    gpu.forward(gx, gw, gb, gy);
+    gpu.backward(gx, gw, gdy, gdx, gdw, gdb);
+    expectClose("y", y, gy);
+    expectClose("dx", dx, gdx);
+    expectClose("dw", dw, gdw);
+    if (bias) expectClose("db", db, gdb);
+  }
+
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
@@ -128,19 +148,7 @@ TEST_F(CudaOps, ConvolutionForwardAndBackward) {
                  b = randomHost({g.out_channels}, 3), dy = randomHost(ys, 4);
     auto c = cpu_->makeConv(g);
     auto d = gpu_->makeConv(g);
-    Tensor y = Tensor::host(ys), dx = Tensor::host(xs), dw = Tensor::host(w.shape()),
-           db = Tensor::host(b.shape());
-    c->forward(x, w, b, y);
-    c->backward(x, w, dy, dx, dw, db);
-    const Tensor gx = up(x), gw = up(w), gb = up(b), gdy = up(dy);
-    Tensor gy = gpu_->empty(ys), gdx = gpu_->empty(xs), gdw = gpu_->empty(w.shape()),
-           gdb = gpu_->empty(b.shape());
-    d->forward(gx, gw, gb, gy);
-    d->backward(gx, gw, gdy, gdx, gdw, gdb);
-    expectClose("y", y, gy);
-    expectClose("dx", dx, gdx);
-    expectClose("dw", dw, gdw);
-    if (g.bias) expectClose("db", db, gdb);
+    expectWeightedOpsAgree(*c, *d, x, w, b, dy, g.bias);
   }
 }
 
@@ -174,19 +182,7 @@ TEST_F(CudaOps, InnerProductForwardAndBackward) {
                b = randomHost({g.out}, 9), dy = randomHost({g.n, g.out}, 10);
   auto c = cpu_->makeInnerProduct(g);
   auto d = gpu_->makeInnerProduct(g);
-  Tensor y = Tensor::host({g.n, g.out}), dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()),
-         db = Tensor::host(b.shape());
-  c->forward(x, w, b, y);
-  c->backward(x, w, dy, dx, dw, db);
-  const Tensor gx = up(x), gw = up(w), gb = up(b), gdy = up(dy);
-  Tensor gy = gpu_->empty(y.shape()), gdx = gpu_->empty(x.shape()), gdw = gpu_->empty(w.shape()),
-         gdb = gpu_->empty(b.shape());
-  d->forward(gx, gw, gb, gy);
-  d->backward(gx, gw, gdy, gdx, gdw, gdb);
-  expectClose("y", y, gy);
-  expectClose("dx", dx, gdx);
-  expectClose("dw", dw, gdw);
-  expectClose("db", db, gdb);
+  expectWeightedOpsAgree(*c, *d, x, w, b, dy, /*bias=*/true);
 }
 
 TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {

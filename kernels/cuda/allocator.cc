@@ -34,7 +34,7 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
       TROUPE_CUDA_CHECK(cudaSetDevice(device_));
       cudaError_t e = cudaMalloc(&p, size);
       if (e == cudaErrorMemoryAllocation) {
-        cudaGetLastError();  // clears the sticky-free error state of the runtime
+        cudaGetLastError();  // clears the failed call's error before the retry
         cudaDeviceSynchronize();
         emptyCache();
         e = cudaMalloc(&p, size);

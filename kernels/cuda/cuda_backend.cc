@@ -555,7 +555,6 @@ CudaInfo describe() {
   cudaRuntimeGetVersion(&info.runtime);
   cudaDriverGetVersion(&info.driver);
   info.cudnn = static_cast<std::int64_t>(cudnnGetVersion());
-  info.cublas = 0;
   int major = 0, minor = 0, patch = 0;
   if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
       cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
