@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "troupe/error.h"
 
@@ -14,7 +16,6 @@ namespace {
 
 using SetFn = std::function<void(Settings&, const Value&)>;
 
-constexpr const char* kNoCuda = "troupe does not train on GPUs yet";
 constexpr const char* kNoResNeXt =
     "troupe has no ResNeXt (grouped convolutions): its ImageNet ResNets are model resnet18, "
     "resnet34 and resnet50 (Caffe2's --num_layers 18, 34, 50)";
@@ -69,9 +70,9 @@ Key refused(const char* name, const char* help, const char* why) {
   return key;
 }
 
-// The number of ids in Caffe2's --gpus list ("0,1,3"): Refusal when it is not one.
-int deviceCount(const std::string& list) {
-  int count = 0;
+// The ids of Caffe2's --gpus list ("0,1,3"): Refusal when it is not one.
+std::vector<int> deviceIds(const std::string& list) {
+  std::vector<int> ids;
   std::size_t start = 0;
   while (start <= list.size()) {
     const auto end = std::min(list.find(',', start), list.size());
@@ -79,10 +80,15 @@ int deviceCount(const std::string& list) {
     if (id.empty() || id.size() > 4 || id.find_first_not_of("0123456789") != std::string::npos) {
       throw Refusal("expected device ids, comma-separated (0,1,2,3)");
     }
-    if (++count > 1024) throw Refusal("more than 1024 devices");
+    const int value = std::stoi(id);
+    if (std::find(ids.begin(), ids.end(), value) != ids.end()) {
+      throw Refusal(fmt::format("GPU {} is named twice", value));
+    }
+    ids.push_back(value);
+    if (ids.size() > 1024) throw Refusal("more than 1024 devices");
     start = end + 1;
   }
-  return count;
+  return ids;
 }
 
 // "host" as a URL's host: an IPv6 address in brackets.
@@ -99,23 +105,25 @@ std::vector<Key> caffe2Keys() {
   return {
       alias(
           "gpus", Kind::kString, Range{},
-          "Caffe2's GPU ids: with use_cpu, that many replicas (Caffe2's CPU devices); without, "
-          "refused (no GPU training yet)",
-          "replicas", [](Settings&, const Value& v) { deviceCount(std::get<std::string>(v)); }, ""),
+          "Caffe2's and MXNet's GPU ids (0,1): one replica on each GPU; with use_cpu, that many "
+          "replicas on the CPU (Caffe2's CPU devices)",
+          "replicas", [](Settings&, const Value& v) { deviceIds(std::get<std::string>(v)); }, ""),
       alias(
           "num_gpus", Kind::kInt, kDevices,
-          "Caffe2's GPU count: with use_cpu, replicas (Caffe2's CPU devices); without, refused "
-          "(no GPU training yet)",
+          "Caffe2's GPU count: replicas on GPUs 0 .. num_gpus-1; with use_cpu, that many "
+          "replicas on the CPU (Caffe2's CPU devices)",
           "replicas", [](Settings&, const Value&) {}, "1"),
       onlyFalse("model_parallel", "Caffe2's: true is refused (no model parallelism)",
                 "troupe has no model parallelism: every replica holds the whole model (replicas "
                 "and num_shards split the data)"),
-      refused("cudnn_workspace_limit_mb", "Caffe2's: refused (no GPU training yet, no cuDNN)",
-              "troupe does not train on GPUs yet, so no cuDNN workspace to limit (its CPU "
-              "kernels size their own)"),
-      refused("gpu_engine_workspace_limit_mb", "Caffe2's: refused (no GPU training yet)",
-              "troupe does not train on GPUs yet, so no GPU engine workspace to limit (its "
-              "CPU kernels size their own)"),
+      refused("cudnn_workspace_limit_mb",
+              "Caffe2's: refused (troupe's cuDNN convolutions size their own workspace)",
+              "troupe's cuDNN convolutions size their own workspace (the fastest deterministic "
+              "algorithm's, up to 1 GiB), and there is no limit to set yet"),
+      refused("gpu_engine_workspace_limit_mb",
+              "Caffe2's: refused (troupe's GPU kernels size their own workspace)",
+              "troupe's GPU kernels size their own workspace (cuDNN's, up to 1 GiB an "
+              "algorithm), and there is no limit to set yet"),
       alias(
           "redis_host", Kind::kString, Range{},
           "Caffe2's: rendezvous redis://HOST:PORT, PORT being redis_port", "rendezvous",
@@ -154,18 +162,14 @@ std::vector<Key> caffe2Keys() {
           ""),
       alias(
           "use_cpu", Kind::kBool, Range{},
-          "Caffe2's: true is what troupe does (it trains on the CPU); false is refused", nullptr,
-          [](Settings&, const Value& v) {
-            if (!std::get<bool>(v)) {
-              throw Refusal(
-                  fmt::format("{}: it always trains on the CPU (drop the flag)", kNoCuda));
-            }
-          },
-          "true"),
-      onlyFalse("use_nccl",
-                "Caffe2's: true is refused (no GPU training yet, so no NCCL; see allreduce)",
-                "troupe does not train on GPUs yet, so no NCCL: processes sum gradients "
-                "with troupe's own TCP allreduce (allreduce = ring or hierarchical)"),
+          "Caffe2's: true trains on the CPU (gpus and num_gpus count CPU replicas); false on "
+          "GPUs (gpus, num_gpus; GPU 0 without them). Without it, troupe trains on the CPU "
+          "unless gpus or num_gpus is given",
+          nullptr, [](Settings& s, const Value& v) { s.use_cpu = std::get<bool>(v); }, "true"),
+      onlyFalse("use_nccl", "Caffe2's: true is refused (no NCCL reduction yet; see allreduce)",
+                "troupe does not reduce with NCCL yet: replicas on GPUs sum on one GPU (schedule "
+                "device) or on the CPU (local), and processes with troupe's own TCP allreduce "
+                "(allreduce = ring or hierarchical)"),
       alias(
           "use_ideep", Kind::kBool, Range{},
           "Caffe2's: accepted either way (troupe's CPU kernels use oneDNN, which iDeep wraps)",
@@ -188,9 +192,8 @@ std::vector<Key> caffe2Keys() {
       onlyFalse("float16_compute", "Caffe2's: true is refused (troupe computes in float32)",
                 "troupe computes in float32 only; the nearest is gradient_compression fp16 "
                 "(gradients travel between processes as fp16)"),
-      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no GPU training yet)",
-                "Tensor Cores are NVIDIA GPU units, and troupe does not train on GPUs yet "
-                "(its CPU kernels use oneDNN)"),
+      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no fp16 training yet)",
+                "Caffe2's Tensor Core math is fp16, and troupe trains in float32 only so far"),
       alias(
           "distributed_transport", Kind::kString, Range{},
           "Caffe2's: tcp (troupe's links are TCP); ibverbs is refused", nullptr,
@@ -275,17 +278,20 @@ void resolveCaffe2Flags(Settings& s) {
     const auto dir = std::filesystem::absolute(store->text, ec);
     o.rendezvous = "file://" + (ec ? store->text : dir.lexically_normal().string());
   }
-  if (const Given* devices = s.find("replicas");
-      devices && (devices->name == "num_gpus" || devices->name == "gpus")) {
-    const int count =
-        devices->name == "gpus" ? deviceCount(devices->text) : std::stoi(devices->text);
-    if (!s.find("use_cpu")) {
-      throw InputError(fmt::format(
-          "{}: {}: it trains on the CPU, {} model replica(s) with --replicas {} (or add "
-          "--use_cpu, as Caffe2 does for CPU devices)",
-          devices->source.by, kNoCuda, count, count));
-    }
-    o.replicas = count;
+  // Caffe2's devices: --gpus 0,1 or --num_gpus 2, one replica each, on those GPUs or, with
+  // --use_cpu, on the CPU; --use_cpu false alone is Caffe2's default of one GPU, GPU 0.
+  std::vector<int> ids;
+  if (const Given* devices = s.find("replicas"); devices && devices->name == "gpus") {
+    ids = deviceIds(devices->text);
+  } else if (devices && devices->name == "num_gpus") {
+    for (int i = 0; i < std::stoi(devices->text); ++i)
+      ids.push_back(i);
+  } else if (s.use_cpu == false) {
+    ids = {0};
+  }
+  if (!ids.empty()) {
+    o.replicas = static_cast<int>(ids.size());
+    if (s.use_cpu != true) o.gpus = ids;
   }
 }
 

@@ -26,8 +26,9 @@ std::vector<Key> caffe2Keys();
 // What the flags defer until every source is read, applied where the flag is the last to give
 // its key (`s.given`): redis_host (with redis_port, default 6379) as rendezvous
 // redis://HOST:PORT, file_store_path as file://DIR (made absolute), and num_gpus or gpus as
-// replicas when use_cpu is given too (Caffe2's CPU devices). InputError naming the flag: num_gpus
-// or gpus without use_cpu (troupe does not train on GPUs yet), redis_port without redis_host.
+// replicas, one on each GPU (TrainOptions::gpus) or, with use_cpu, on the CPU (Caffe2's CPU
+// devices); use_cpu false alone is one replica on GPU 0. InputError naming the flag: redis_port
+// without redis_host.
 void resolveCaffe2Flags(Settings& s);
 
 // What lr_scaling multiplies base_learning_rate by for a step of `global_batch` inputs over all

@@ -165,10 +165,10 @@ std::vector<Key> buildTable() {
           }},
       Key{"train_data", Kind::kString, kNotNumeric, "training database",
           [](Settings& s, const Value& v) {
+            // Caffe2's simulated input; ./null names a database called null.
             if (asString(v) == "null") {
-              throw Refusal(
-                  "Caffe2's simulated input, which troupe does not have: give a database (troupe "
-                  "convert makes one from images), or ./null for a database named null");
+              s.options.synthetic = true;
+              return;
             }
             s.options.train_data = asString(v);
           },
@@ -293,6 +293,9 @@ std::vector<Key> buildTable() {
           }},
       TROUPE_INT_KEY("decode_threads", decode_threads, closed(1, 1024),
                      "threads that decode each reader's records (MXNet's preprocess_threads)"),
+      TROUPE_BOOL_KEY("synthetic", synthetic,
+                      "random inputs made once and sent every step, to measure the compute alone "
+                      "(Caffe2's train_data null); needs epoch_size, not train_data"),
       TROUPE_BOOL_KEY("shared_reader", shared_reader,
                       "one reader per process feeds all its replicas, its decode_threads decoding "
                       "for all of them (MXNet's one iterator per process); else a reader per "

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -64,6 +65,7 @@ struct Given {
 struct Settings {
   TrainOptions options;
   std::map<std::string, Given, std::less<>> given;
+  std::optional<bool> use_cpu;  // Caffe2's --use_cpu, as given
 
   const Given* find(std::string_view name) const;
   // The text `name` was given as; `fallback` when nothing gave it.

@@ -1,5 +1,10 @@
 // The messages of a training run. In-process they move as C++ values and tensors travel as
 // handles (no copy); across processes each gets a Cap'n Proto schema in transport/.
+//
+// Ownership: a tensor in a message is lent, read-only, to its receiver unless the message says
+// otherwise; each message that lends memory says until when. Memory a device may still be
+// writing travels with the Event after which it is final (kernels/event.h): the receiver waits
+// for it (Backend::waitFor, on its own device where it can) before it reads.
 #pragma once
 
 #include <algorithm>
@@ -7,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/event.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -28,11 +34,15 @@ struct BatchConsumed {
   int replica = 0;  // the sender's index among its process's replicas (one reader may feed several)
 };
 
-// Updater -> Replica: the weights that step `step` starts from.
+// Updater -> Replica: the weights that step `step` starts from. They stay the sender's memory:
+// the replica may read them in place (or copy them to its device) until it has sent every
+// GradBucket of the step, since the sender writes a range only once every replica handed in that
+// range's gradients.
 struct Weights {
   std::int64_t step = 0;
   Tensor weights;
-  Tensor buffers;  // batch-norm statistics to adopt; undefined/empty: keep the replica's own
+  Tensor buffers;        // batch-norm statistics to adopt (a copy); undefined/empty: keep one's own
+  kernels::Event ready;  // after the update that wrote `weights`
 };
 
 // An observer of a run (troupe/observer.h: a process that joined it to watch, such as an
@@ -44,21 +54,28 @@ struct Subscribe {
   std::int64_t every = 1;
 };
 
-// Replica -> Reducer: gradients [begin, end) of the flat gradient tensor for one step.
+// Replica -> Reducer (or straight to the updater): gradients [begin, end) of the flat gradient
+// tensor for one step, a slice of the replica's own gradients on its device. They are lent,
+// writable: the reducer may sum the other replicas' into them. The replica writes them again only
+// in its next backward, after the Weights of the next step, which the updater sends only once the
+// reduced bucket is applied; whoever holds the bucket is done with it by then.
 struct GradBucket {
   std::int64_t step = 0;
   int replica = 0;
   std::int64_t begin = 0;
   std::int64_t end = 0;
   Tensor grads;
+  kernels::Event ready;  // after the backward work that wrote `grads`
 };
 
-// Reducer -> Updater: the sum over replicas of one bucket.
+// Reducer -> Updater: the sum over replicas (and processes) of one bucket, lent until the updater
+// applied it: in one of the replicas' buckets, or in memory of the reducer's.
 struct Reduced {
   std::int64_t step = 0;
   std::int64_t begin = 0;
   std::int64_t end = 0;
   Tensor grads;
+  kernels::Event ready;  // after the work that wrote the sum
 };
 
 // Replica -> Coordinator: a step's training metrics.

@@ -434,7 +434,7 @@ class PsClient final : public Actor {
     on<Reduced>([this](Reduced& r) { pushReduced(r); });
     // A worker with one replica has nothing to sum: its buckets come straight from the replica.
     on<GradBucket>([this](GradBucket& b) {
-      pushReduced(Reduced{b.step, b.begin, b.end, b.grads});
+      pushReduced(Reduced{b.step, b.begin, b.end, b.grads, b.ready});
     });
     on<PullReply>([this](PullReply& r) { pulled(r); });
     on<Resume>([this](Resume&) { broadcast(); });
@@ -502,8 +502,11 @@ class PsClient final : public Actor {
     armStallCheck();
   }
 
+  // The gradients go out from host memory (the replicas copy theirs there for this client), once
+  // final: a host wait on their event.
   void pushReduced(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
+    r.ready.wait();
     for (std::size_t s = 0; s < config_.servers.size(); ++s) {
       const auto [lo, hi] = config_.shards[s];
       const std::int64_t b = std::max(lo, r.begin), e = std::min(hi, r.end);
@@ -560,7 +563,7 @@ class PsClient final : public Actor {
     pulling_ = false;
     observers_.offer(step_, step_ == config_.plan.last_step, weights_,
                      [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
-                       send(to, Weights{step, weights, kernels::Tensor()});
+                       send(to, Weights{step, weights, kernels::Tensor(), {}});
                      });
     if (config_.trace) {
       config_.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
@@ -576,7 +579,7 @@ class PsClient final : public Actor {
   void broadcast() {
     if (step_ >= config_.plan.last_step) return;
     for (const auto& replica : config_.replicas) {
-      send(replica, Weights{step_, weights_, kernels::Tensor()});
+      send(replica, Weights{step_, weights_, kernels::Tensor(), {}});
     }
   }
 

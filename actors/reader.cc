@@ -5,6 +5,7 @@
 #include "actors/messages.h"
 #include "actors/roles.h"
 #include "actors/trace.h"
+#include "kernels/random.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -24,6 +25,11 @@ class Reader final : public Actor {
   }
 
   void started() override {
+    if (config_.synthetic) {
+      makeSynthetic();
+      fill();
+      return;
+    }
     dataset_ = data::openDataset(config_.dataset);
     if (config_.plan.global_batch > 0 && dataset_->size() == 0) {
       throw InputError("training database '" + config_.dataset.path + "' has no records");
@@ -55,7 +61,42 @@ class Reader final : public Actor {
     }
   }
 
+  // One batch of each target's size: images uniform in [-1, 1) (bytes uniform in [0, 256) for
+  // uint8 input) and labels uniform in [0, num_labels), from the seed and the target.
+  void makeSynthetic() {
+    const auto& d = config_.dataset;
+    for (const auto& target : config_.targets) {
+      Batch b;
+      b.images = kernels::Tensor::hostUninitialized(
+          {target.count, d.channels, d.height, d.width},
+          d.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32);
+      b.labels = kernels::Tensor::hostUninitialized({target.count}, kernels::DType::kInt32);
+      const auto stream = static_cast<std::uint64_t>(target.offset) * 2;
+      for (std::int64_t i = 0; i < b.images.numel(); ++i) {
+        const std::uint64_t bits = kernels::randomBits(config_.seed, stream, i);
+        if (d.uint8) {
+          static_cast<std::uint8_t*>(b.images.raw())[i] = static_cast<std::uint8_t>(bits >> 56);
+        } else {
+          b.images.f32()[i] = 2.0f * kernels::uniform01(bits) - 1.0f;
+        }
+      }
+      for (std::int64_t i = 0; i < target.count; ++i) {
+        b.labels.i32()[i] =
+            static_cast<std::int32_t>(kernels::randomBits(config_.seed, stream + 1, i) %
+                                      static_cast<std::uint64_t>(d.num_labels));
+      }
+      synthetic_.push_back(std::move(b));
+    }
+    spdlog::info("{}: synthetic input, {} random batch(es) made once and sent every step", name(),
+                 synthetic_.size());
+  }
+
   Batch read(std::int64_t step, const ReaderTarget& target) {
+    if (config_.synthetic) {
+      Batch b = synthetic_[targetOf(target.local_index)];
+      b.step = step;
+      return b;
+    }
     const auto& plan = config_.plan;
     const std::int64_t epoch = plan.epochOf(step);
     if (epoch != order_epoch_) {
@@ -142,6 +183,7 @@ class Reader final : public Actor {
   std::unordered_set<std::int64_t> bad_;  // records found bad (each logged once)
   std::vector<std::int64_t> next_;        // per target: the step of its next batch
   std::vector<int> in_flight_;            // per target: batches sent and not yet consumed
+  std::vector<Batch> synthetic_;          // per target, with config_.synthetic
 };
 
 }  // namespace

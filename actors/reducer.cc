@@ -15,6 +15,7 @@
 #include "actors/run_layout.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -27,6 +28,7 @@ class Reducer final : public Actor {
  private:
   struct InRing {
     kernels::Tensor sum;
+    kernels::Event ready;  // after the work that wrote `sum`
     Trace::Clock::time_point started;
     bool warned = false;   // the stall report for it was logged
     bool reduced = false;  // the ring is done with it
@@ -50,7 +52,8 @@ class Reducer final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeCpuBackend(config_.threads);
+    backend_ = kernels::makeBackend(config_.device, config_.threads);
+    device_copies_.resize(static_cast<std::size_t>(config_.num_replicas));
     buildRings();
     armStallCheck();
   }
@@ -179,7 +182,7 @@ class Reducer final : public Actor {
           static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(begin),
           it->second.started, Trace::Clock::now());
     }
-    send(config_.updater, Reduced{step, begin, end, it->second.sum});
+    send(config_.updater, Reduced{step, begin, end, it->second.sum, it->second.ready});
     in_ring_.erase(it);
   }
 
@@ -192,9 +195,11 @@ class Reducer final : public Actor {
     TROUPE_ENFORCE(!slot.defined() || slot.numel() == 0, "replica ", b.replica, " sent bucket [",
                    b.begin, ",", b.end, ") of step ", b.step, " twice");
     TROUPE_ENFORCE_EQ(b.grads.numel(), b.end - b.begin);
-    slot = b.grads;
+    slot = here(b);
     if (++counts_[{b.step, b.begin}] < config_.num_replicas) return;
 
+    // The sum goes into replica 0's bucket (GradBucket lends it writable), or into the staging
+    // copy of it here.
     kernels::Tensor sum = parts[0];
     if (parts.size() > 1) {
       TraceScope span(config_.trace, name(), "reduce");
@@ -202,11 +207,23 @@ class Reducer final : public Actor {
         TROUPE_ENFORCE_EQ(parts[r].numel(), sum.numel());
         backend_->axpy(1.0f, parts[r], sum);
       }
-      backend_->synchronize();
     }
     pending_.erase({b.step, b.begin});
     counts_.erase({b.step, b.begin});
-    in_ring_[{b.step, b.begin}] = {sum, Trace::Clock::now(), false};
+    InRing& entry = in_ring_[{b.step, b.begin}];
+    entry.started = Trace::Clock::now();
+    if (config_.world > 1 && sum.device().kind != kernels::DeviceKind::kCpu) {
+      // The ring reads and writes host memory: the sum goes there, then on as a host tensor.
+      auto host = staging(host_, b.begin, sum.numel(), kernels::Device{});
+      backend_->copy(sum, host);
+      sum = host;
+    }
+    if (config_.world > 1 || sum.device().kind == kernels::DeviceKind::kCpu) {
+      backend_->synchronize();
+    } else {
+      entry.ready = backend_->record();
+    }
+    entry.sum = sum;
     if (hierarchical_) {
       hierarchical_->start(b.step, b.begin, sum);
     } else {
@@ -214,8 +231,33 @@ class Reducer final : public Actor {
     }
   }
 
+  // The bucket's gradients where this reducer computes, once their event fired there: in place
+  // if on its device, else a copy in staging memory of its own.
+  kernels::Tensor here(const GradBucket& b) {
+    backend_->waitFor(b.ready);
+    if (b.grads.device() == backend_->device()) return b.grads;
+    auto copy = staging(device_copies_[static_cast<std::size_t>(b.replica)], b.begin,
+                        b.grads.numel(), backend_->device());
+    backend_->copy(b.grads, copy);
+    return copy;
+  }
+
+  // Memory for the bucket starting at `begin`, made at the first step and reused after.
+  kernels::Tensor staging(std::map<std::int64_t, kernels::Tensor>& buffers, std::int64_t begin,
+                          std::int64_t numel, kernels::Device device) {
+    auto& t = buffers[begin];
+    if (t.numel() != numel) {
+      t = device.kind == kernels::DeviceKind::kCpu ? backend_->hostBuffer({numel})
+                                                   : backend_->empty({numel});
+    }
+    return t;
+  }
+
   ReducerConfig config_;
   std::unique_ptr<kernels::Backend> backend_;
+  // Staging: buckets of each replica copied to this device, and sums copied to the host.
+  std::map<std::int64_t, kernels::Tensor> host_;
+  std::vector<std::map<std::int64_t, kernels::Tensor>> device_copies_;
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<kernels::Tensor>> pending_;
   std::map<std::pair<std::int64_t, std::int64_t>, int> counts_;
   // One of them, from the run's topology (ReducerConfig::reduction), once started.

@@ -10,6 +10,7 @@
 #include "actors/roles.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -43,9 +44,11 @@ class Replica final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeCpuBackend(config_.threads);
+    backend_ = kernels::makeBackend(config_.device, config_.threads);
     net_ = kernels::makeNet(*backend_, config_.net);
     metrics_host_ = kernels::Tensor::host({2});
+    if (config_.reduce_on != config_.device && config_.reduce_on.kind == kernels::DeviceKind::kCpu)
+      host_grads_ = backend_->hostBuffer({net_->numParams()});
   }
 
  private:
@@ -75,10 +78,14 @@ class Replica final : public Actor {
     runStep(weights, batch, input_wait, ready);
   }
 
-  // The tensor itself if it already lives on the replica's device, else a copy there.
-  kernels::Tensor onDevice(const kernels::Tensor& t) {
+  // The tensor itself if it already lives on the replica's device, else a copy there, in `slot`
+  // (grown when too small, else reused: the stream runs the copy after the last step's reads).
+  kernels::Tensor onDevice(const kernels::Tensor& t, kernels::Tensor& slot) {
     if (t.device() == backend_->device()) return t;
-    auto copy = backend_->empty(t.shape(), t.dtype());
+    if (slot.numel() < t.numel() || slot.dtype() != t.dtype()) {
+      slot = backend_->empty({t.numel()}, t.dtype());
+    }
+    auto copy = slot.slice(0, t.numel()).view(t.shape());
     backend_->copy(t, copy);
     return copy;
   }
@@ -86,38 +93,38 @@ class Replica final : public Actor {
   // Weights already on this device are read in place, not copied. Their sender (the updater,
   // the PS client, the coordinator) changes a range of them only once every replica has handed
   // in that range's gradients for the step, when no replica reads it any more.
-  void adopt(const kernels::Tensor& weights, const kernels::Tensor& buffers) {
+  void adopt(const kernels::Tensor& weights, const kernels::Tensor& buffers,
+             const kernels::Event& ready = {}) {
+    backend_->waitFor(ready);
     if (weights.device() == backend_->device()) {
       net_->useWeights(weights);
     } else {
-      if (!own_weights_.defined()) own_weights_ = backend_->empty({net_->numParams()});
+      if (own_weights_.numel() == 0) own_weights_ = backend_->empty({net_->numParams()});
       backend_->copy(weights, own_weights_);
       net_->useWeights(own_weights_);
     }
     if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
   }
 
-  // A batch's images as floats: uint8 ones (input_dtype uint8) normalised here.
-  kernels::Tensor floatImages(const kernels::Tensor& images) {
-    if (images.dtype() != kernels::DType::kUInt8) return images;
+  // A batch's images as floats on this device. uint8 ones (input_dtype uint8) cross to it as
+  // bytes, a quarter of the floats, and are normalised there.
+  kernels::Tensor deviceImages(const kernels::Tensor& images) {
+    if (images.dtype() != kernels::DType::kUInt8) return onDevice(images, images_here_);
     TraceScope span(config_.trace, name(), "normalise");
-    if (!floats_.defined() || floats_.numel() != images.numel()) {
-      floats_ = kernels::Tensor::hostUninitialized(images.shape());
-    }
-    const auto& shape = images.shape();
-    data::normaliseImages(static_cast<const std::uint8_t*>(images.raw()), floats_.f32(), shape[0],
-                          static_cast<int>(shape[1]), shape[2] * shape[3], config_.input.mean,
-                          config_.input.scale);
-    return floats_;
+    const kernels::Tensor bytes = onDevice(images, bytes_here_);
+    if (floats_.numel() < images.numel()) floats_ = backend_->empty({images.numel()});
+    const kernels::Tensor out = floats_.slice(0, images.numel()).view(images.shape());
+    backend_->normalise(bytes, out, config_.input.mean, config_.input.scale);
+    return out;
   }
 
   void runStep(const Weights& weights, const Batch& batch, double input_wait, int ready) {
     const std::int64_t step = batch.step;
-    adopt(weights.weights, weights.buffers);
-    const kernels::Tensor images = floatImages(batch.images);
+    adopt(weights.weights, weights.buffers, weights.ready);
+    const kernels::Tensor images = deviceImages(batch.images);
     {
       TraceScope span(config_.trace, name(), "forward");
-      net_->forward(onDevice(images), onDevice(batch.labels), /*train=*/true);
+      net_->forward(images, onDevice(batch.labels, labels_here_), /*train=*/true);
     }
     backward(step);
     send(config_.reader, BatchConsumed{step, config_.local_index});
@@ -175,16 +182,23 @@ class Replica final : public Actor {
         w.largest);
   }
 
-  // Back-propagates, handing gradients to the reducer in buckets as soon as they are final, so
-  // their reduction overlaps the rest of the backward pass.
+  // Back-propagates, handing gradients to the reducer in buckets as soon as they are queued, each
+  // with the event after which it is final, so their reduction overlaps the rest of the backward
+  // pass. For a reducer on the host, a bucket on a device goes through host memory.
   void backward(std::int64_t step) {
     TraceScope span(config_.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
     auto flush = [&] {
       if (bucket_begin < 0) return;
-      send(config_.reducer, GradBucket{step, config_.local_index, bucket_begin, bucket_end,
-                                       net_->grads().slice(bucket_begin, bucket_end)});
+      kernels::Tensor grads = net_->grads().slice(bucket_begin, bucket_end);
+      if (host_grads_.numel() > 0) {
+        auto host = host_grads_.slice(bucket_begin, bucket_end);
+        backend_->copy(grads, host);
+        grads = host;
+      }
+      send(config_.reducer, GradBucket{step, config_.local_index, bucket_begin, bucket_end, grads,
+                                       backend_->record()});
       bucket_begin = bucket_end = -1;
       cap = config_.bucket_bytes;
     };
@@ -229,7 +243,8 @@ class Replica final : public Actor {
                      .view({good, t.channels, t.height, t.width});
         labels = labels.slice(0, good);
       }
-      net_->forward(onDevice(images), onDevice(labels), /*train=*/false);
+      net_->forward(onDevice(images, images_here_), onDevice(labels, labels_here_),
+                    /*train=*/false);
       backend_->copy(net_->metrics(), metrics_host_);
       backend_->synchronize();
       result.loss_sum += metrics_host_.f32()[0];
@@ -268,9 +283,11 @@ class Replica final : public Actor {
   std::unique_ptr<data::Dataset> test_;
   kernels::Tensor metrics_host_;
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
+  kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
+  kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
-  kernels::Tensor floats_;  // uint8 batches, normalised
+  kernels::Tensor floats_;  // uint8 batches, normalised on this device
   // Since when the replica has had the weights of a step whose batch is not here.
   std::optional<Trace::Clock::time_point> waiting_since_;
   std::unordered_set<std::int64_t> bad_test_;  // test records found bad (each logged once)

@@ -122,6 +122,9 @@ struct ReaderConfig {
   // A bad record's slot goes to the next good record of the epoch's order (see TrainOptions);
   // each batch says how many of its records were skipped.
   bool skip_bad_records = false;
+  // No database: each target gets one batch of random images and labels (from the seed), made at
+  // the start and sent again every step (TrainOptions::synthetic). The replicas only read it.
+  bool synthetic = false;
   Trace* trace = nullptr;  // a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
@@ -135,6 +138,10 @@ struct ReplicaConfig {
   int worker = 0;                    // this process's rank, for errors
   std::int64_t steps_per_epoch = 0;  // for errors: the epoch of a step
   kernels::NetOptions net;
+  kernels::Device device;  // where its net lives and computes (the run's plan says)
+  // Where the receiver of its buckets computes: a bucket is copied to the host first when that is
+  // the CPU and the replica is on a device (MXNet's `local`: gradients are summed on the CPU).
+  kernels::Device reduce_on;
   int threads = 1;
   float grad_scale = 1.0f;    // 1 / global batch
   data::Normalisation input;  // what a batch of uint8 images becomes (input_dtype uint8)
@@ -152,6 +159,9 @@ std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 // allreduce with the reducers of the other processes (the workers of the run, rank = worker).
 struct ReducerConfig {
   int num_replicas = 1;  // in this process
+  // Where it sums: the CPU, or the device of replica 0 (schedule `device`). The ring between
+  // processes reads host memory: a sum on a device is copied to the host for it.
+  kernels::Device device;
   int threads = 1;
   Address updater;
   int rank = 0;
@@ -187,6 +197,7 @@ struct UpdaterConfig {
   kernels::SgdOptions sgd;
   kernels::LrPolicy lr;
   StepPlan plan;
+  kernels::Device device;  // where the weights and the optimizer live (the reducer's)
   int threads = 1;
   std::vector<Address> replicas;
   Address coordinator;

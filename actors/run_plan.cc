@@ -16,6 +16,7 @@
 
 #include "actors/messages.h"
 #include "actors/peer.h"
+#include "kernels/cuda_plugin.h"
 #include "rendezvous/store.h"
 #include "troupe/error.h"
 
@@ -78,13 +79,18 @@ bool isParameterServerSchedule(const std::string& schedule) {
 
 void validateSchedule(const TrainOptions& o) {
   const auto& schedule = o.schedule;
-  if (schedule == "local") {
+  if (schedule == "local" || schedule == "device") {
     if (o.num_shards > 1 || o.num_servers > 0) {
       throw InputError(
-          fmt::format("schedule 'local' runs in one process, and this run has {} "
+          fmt::format("schedule '{}' runs in one process, and this run has {} "
                       "worker(s) and {} server(s); use bsp-allreduce, dist_sync, "
                       "dist_async or ssp",
-                      o.num_shards, o.num_servers));
+                      schedule, o.num_shards, o.num_servers));
+    }
+    if (schedule == "device" && o.gpus.empty()) {
+      throw InputError(
+          "schedule 'device' sums gradients on a GPU, and this run has none: name them with "
+          "gpus (--gpus 0,1 or --num_gpus 2), or use schedule 'local'");
     }
     return;
   }
@@ -106,11 +112,6 @@ void validateSchedule(const TrainOptions& o) {
     }
     if (schedule == "ssp" && o.staleness < 0) throw InputError("staleness must be >= 0");
     return;
-  }
-  if (schedule == "device") {
-    throw InputError(
-        "schedule 'device' sums gradients on a GPU, and troupe does not train on GPUs yet; "
-        "use schedule 'local'");
   }
   throw InputError(
       fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
@@ -202,8 +203,8 @@ std::string experimentId(const TrainOptions& o) {
   localtime_r(&now, &tm);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
-  return fmt::format("{}_cpu{}_b{}_L{}_lr{:.2f}_{}", runName(o), o.replicas, o.batch_size,
-                     o.num_labels, o.base_learning_rate, stamp);
+  return fmt::format("{}_{}{}_b{}_L{}_lr{:.2f}_{}", runName(o), o.gpus.empty() ? "cpu" : "gpu",
+                     o.replicas, o.batch_size, o.num_labels, o.base_learning_rate, stamp);
 }
 
 kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
@@ -357,6 +358,25 @@ void validateElastic(const TrainOptions& o) {
   }
 }
 
+void checkGpus(const TrainOptions& o) {
+  if (o.gpus.empty()) return;
+  const std::string list = fmt::format("{}", fmt::join(o.gpus, ","));
+  if (static_cast<int>(o.gpus.size()) != o.replicas) {
+    throw InputError(fmt::format("gpus {} names {} GPU(s) for {} replica(s): one replica a GPU",
+                                 list, o.gpus.size(), o.replicas));
+  }
+  const auto& cuda = kernels::cudaInfo();
+  for (const int id : o.gpus) {
+    if (id < 0 || id >= static_cast<int>(cuda.devices.size())) {
+      throw InputError(fmt::format(
+          "gpus {}: there is no cuda:{} here: {}", list, id,
+          cuda.devices.empty() ? cuda.problem
+                               : fmt::format("this machine has {} GPU(s), cuda:0 to cuda:{}",
+                                             cuda.devices.size(), cuda.devices.size() - 1)));
+    }
+  }
+}
+
 void checkProcessOptions(const TrainOptions& o) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
@@ -370,6 +390,7 @@ void checkProcessOptions(const TrainOptions& o) {
         fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
   }
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
+  if (!server) checkGpus(o);
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
   checkTrainingData(o);
@@ -378,7 +399,21 @@ void checkProcessOptions(const TrainOptions& o) {
 }
 
 void checkTrainingData(const TrainOptions& o) {
-  if (!o.reader_factory) {
+  if (o.synthetic) {
+    if (!o.train_data.empty()) {
+      throw InputError(
+          fmt::format("synthetic input and train_data '{}' both give the training input: give one",
+                      o.train_data));
+    }
+    if (o.reader_factory) {
+      throw InputError(
+          "synthetic input and a reader of one's own (TrainerData::reader) both give the "
+          "training input: give one");
+    }
+    if (o.epoch_size <= 0) {
+      throw InputError("synthetic input needs epoch_size, the inputs an epoch trains");
+    }
+  } else if (!o.reader_factory) {
     if (o.train_data.empty()) throw InputError("no training data: set train_data");
   } else if (o.epoch_size <= 0) {
     throw InputError(

@@ -1,6 +1,7 @@
 #include "actors/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -108,12 +109,37 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
+// Where the compute actors of a worker process run. Replica r runs on GPU gpus[r], or on the CPU.
+// Its buckets are summed on the first GPU under schedule device (and bsp-allreduce, whose ring
+// then reads a copy on the host), on the CPU under local (MXNet's) and with parameter servers;
+// the updater works where the sums are. A process's only replica, alone in the run, hands its
+// buckets to the updater, which then works on that replica's device (as MXNet updates a single
+// device's weights there, whatever the kvstore).
+struct ProcessDevices {
+  std::vector<kernels::Device> replicas;
+  kernels::Device reducer, updater;
+};
+
+ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
+  ProcessDevices d;
+  for (int r = 0; r < o.replicas; ++r) {
+    d.replicas.push_back(o.gpus.empty() ? kernels::Device{}
+                                        : kernels::Device{kernels::DeviceKind::kCuda,
+                                                          o.gpus[static_cast<std::size_t>(r)]});
+  }
+  const bool on_gpu = !o.gpus.empty() && !ps && o.schedule != "local";
+  d.reducer = on_gpu ? d.replicas[0] : kernels::Device{};
+  d.updater = (o.replicas == 1 && nodes == 1) ? d.replicas[0] : d.reducer;
+  return d;
+}
+
 // What one process of the run does, decided before anything runs: the options checked, its place
 // in the world, the batch split, the data, the step plan and learning rates, the net, and the
 // state it starts from (from scratch, a checkpoint, or an elastic generation's).
 struct ProcessPlan {
   bool server = false, ps = false, chief = false;
   int workers = 0, nodes = 0, rank = 0, threads = 1;
+  ProcessDevices devices;
   std::vector<std::int64_t> shares;  // of the batch, per replica
   data::DatasetOptions train, test;
   StepPlan plan;
@@ -141,6 +167,20 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.rank = server ? workers + o.shard_id : o.shard_id;
   p.chief = p.rank == 0;
   p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
+  p.devices = devicesOf(o, p.ps, p.nodes);
+  if (!o.gpus.empty() && !server) {
+    std::vector<std::string> replicas;
+    for (const auto& d : p.devices.replicas)
+      replicas.push_back(kernels::toString(d));
+    const std::string servers = "the parameter servers";
+    if (o.replicas == 1 && p.nodes == 1) {
+      spdlog::info("replica on {}, weights updated there", replicas[0]);
+    } else {
+      spdlog::info("replicas on {}; gradients summed on {}, weights updated on {}",
+                   fmt::join(replicas, ", "), p.ps ? servers : kernels::toString(p.devices.reducer),
+                   p.ps ? servers : kernels::toString(p.devices.updater));
+    }
+  }
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
@@ -148,7 +188,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.test = datasetOptions(o, o.test_data);
   // A reader of one's own reads no database: epoch_size says how many inputs an epoch trains.
   const std::int64_t train_size =
-      o.reader_factory ? o.epoch_size : data::openDataset(p.train)->size();
+      o.reader_factory || o.synthetic ? o.epoch_size : data::openDataset(p.train)->size();
   if (!o.test_data.empty()) data::openDataset(p.test);
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (joinRun).
@@ -234,6 +274,7 @@ ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& tra
   reader.plan = plan;
   reader.prefetch = o.prefetch;
   reader.skip_bad_records = o.skip_bad_records;
+  reader.synthetic = o.synthetic;
   reader.trace = trace;
   return reader;
 }
@@ -327,6 +368,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                     RunLayout::coordinator(rank));
 
   updater.worker = rank;
+  updater.device = p.devices.updater;
   updater.sgd = p.sgd;
   updater.lr = lr;
   updater.plan = plan;
@@ -366,6 +408,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   auto reduction = std::make_shared<ReductionPlan>();  // filled in by joinRun, before run()
   ReducerConfig reducer;
   reducer.num_replicas = o.replicas;
+  reducer.device = p.devices.reducer;
   reducer.threads = 1;
   reducer.updater = updater_address;
   reducer.trace = trace_ptr;
@@ -399,6 +442,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.worker = rank;
     replica.steps_per_epoch = plan.steps_per_epoch;
     replica.net = net;
+    replica.device = p.devices.replicas[r];
     replica.threads = std::max(1, threads / o.replicas);
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
@@ -413,6 +457,9 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     // be summed with other workers' on the way: alone in the run, or with parameter servers
     // (they sum; the PS client runs on this replica's thread all the same).
     replica.reducer = (k == 1 && (nodes == 1 || ps)) ? updater_address : reducer_address;
+    replica.reduce_on = replica.reducer == reducer_address ? p.devices.reducer
+                        : ps                               ? kernels::Device{}
+                                                           : p.devices.updater;
     replica.coordinator = chief_address;
     replica.trace = trace_ptr;
     if (role) replica.state = role->state;

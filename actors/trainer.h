@@ -40,6 +40,9 @@ struct TrainOptions {
   // One reader per process feeds all its replicas, its decode_threads decoding for all of them
   // (MXNet's one iterator per process), instead of a reader per replica. Not with reader_factory.
   bool shared_reader = false;
+  // Random inputs made once and sent every step (Caffe2's --train_data null): for measuring the
+  // compute alone, with no reading or decoding. Needs epoch_size; not with train_data.
+  bool synthetic = false;
   // "float32", or "uint8": readers send training images as bytes before the mean and scale, and
   // each replica normalises them on its device (MXNet's ImageRecordIter dtype).
   std::string input_dtype = "float32";
@@ -77,6 +80,9 @@ struct TrainOptions {
   double peer_timeout_s = 60;
   double stall_warning_s = 30;
   int replicas = 1;
+  // The GPUs of this process (Caffe2's --gpus / --num_gpus): replica r on cuda:gpus[r], so
+  // replicas = gpus.size(); empty: every replica on the CPU.
+  std::vector<int> gpus;
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas
   std::vector<double> work_load_list;  // relative share of each replica; empty: equal

@@ -5,6 +5,7 @@
 #include "actors/roles.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -18,7 +19,9 @@ class Updater final : public Actor {
       : Actor(std::move(name)), config_(std::move(config)), step_(config_.plan.first_step) {
     on<Reduced>([this](Reduced& r) { add(r); });
     // One replica in a one-process run hands its buckets straight here: nothing to sum.
-    on<GradBucket>([this](GradBucket& b) { add(Reduced{b.step, b.begin, b.end, b.grads}); });
+    on<GradBucket>([this](GradBucket& b) {
+      add(Reduced{b.step, b.begin, b.end, b.grads, b.ready});
+    });
     on<Resume>([this](Resume&) { broadcast(); });
     on<PauseAt>([this](PauseAt& p) {
       if (p.step <= step_) {
@@ -45,7 +48,7 @@ class Updater final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeCpuBackend(config_.threads);
+    backend_ = kernels::makeBackend(config_.device, config_.threads);
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);
@@ -67,15 +70,23 @@ class Updater final : public Actor {
 
  private:
   // Updates each bucket as soon as it is reduced (the optimizer is elementwise, so this is the
-  // same as one update of the whole step), reading the gradient where it lies: no copy.
+  // same as one update of the whole step), reading the gradient where it lies if it is on this
+  // updater's device (no copy), else from a copy here.
   void add(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
     if (config_.state && reduced_ == 0) snapshot();
     {
       TraceScope span(config_.trace, name(), "update");
       const float lr = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
+      backend_->waitFor(r.ready);
+      kernels::Tensor grads = r.grads;
+      if (grads.device() != backend_->device()) {
+        if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
+        grads = grads_here_.slice(r.begin, r.end);
+        backend_->copy(r.grads, grads);
+      }
       const bool finite =
-          optimizer_->stepRange(weights_.slice(r.begin, r.end), r.grads, r.begin, r.end, lr);
+          optimizer_->stepRange(weights_.slice(r.begin, r.end), grads, r.begin, r.end, lr);
       backend_->synchronize();
       if (!finite) {
         throw NumericError(fmt::format(
@@ -92,10 +103,10 @@ class Updater final : public Actor {
     ++step_;
     observers_.offer(step_, step_ == config_.plan.last_step, weights_,
                      [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
-                       send(to, Weights{step, weights, kernels::Tensor()});
+                       send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
                      });
     if (config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_) {
-      send(config_.coordinator, EpochEnd{step_, weights_, optimizer_->state()});
+      send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state())});
     } else {
       broadcast();
     }
@@ -103,8 +114,9 @@ class Updater final : public Actor {
 
   void broadcast() {
     if (step_ >= config_.plan.last_step) return;
+    const kernels::Event ready = backend_->record();
     for (const auto& replica : config_.replicas)
-      send(replica, Weights{step_, weights_, buffers_});
+      send(replica, Weights{step_, weights_, buffers_, ready});
     buffers_ = kernels::Tensor();  // adopted once, at the start
   }
 
@@ -139,12 +151,18 @@ class Updater final : public Actor {
     backend_->synchronize();
     return copy;
   }
+  // `t` itself on the CPU (the coordinator reads it while this updater waits for Resume), else a
+  // copy on the host.
+  kernels::Tensor onHost(const kernels::Tensor& t) {
+    return t.device().kind == kernels::DeviceKind::kCpu ? t : hostCopy(t);
+  }
 
   UpdaterConfig config_;
   Observers observers_;  // the chief's: processes that watch the run
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Optimizer> optimizer_;
   kernels::Tensor weights_, buffers_;
+  kernels::Tensor grads_here_;  // reduced gradients that arrive on another device, copied here
   std::int64_t step_;
   std::int64_t reduced_ = 0;
   std::int64_t pause_at_ = -1;

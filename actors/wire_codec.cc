@@ -36,16 +36,19 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setReplica(m->replica);
     w.setBegin(m->begin);
     w.setEnd(m->end);
+    m->ready.wait();  // the transport reads the tensor on the host: once it is final
     out.setTensor(w.initGrads(), m->grads);
   } else if (auto* m = as<Reduced>(e)) {
     auto w = f.initReduced();
     w.setStep(m->step);
     w.setBegin(m->begin);
     w.setEnd(m->end);
+    m->ready.wait();
     out.setTensor(w.initGrads(), m->grads);
   } else if (auto* m = as<Weights>(e)) {
     auto w = f.initWeights();
     w.setStep(m->step);
+    m->ready.wait();
     out.setTensor(w.initWeights(), m->weights);
     out.setTensor(w.initBuffers(), m->buffers);
   } else if (auto* m = as<StepDone>(e)) {
@@ -180,18 +183,19 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
   switch (f.which()) {
     case W::GRAD_BUCKET: {
       auto r = f.getGradBucket();
-      d.message = wrap(GradBucket{r.getStep(), r.getReplica(), r.getBegin(), r.getEnd(),
-                                  in.tensor(r.getGrads())});
+      d.message = wrap(GradBucket{
+          r.getStep(), r.getReplica(), r.getBegin(), r.getEnd(), in.tensor(r.getGrads()), {}});
       break;
     }
     case W::REDUCED: {
       auto r = f.getReduced();
-      d.message = wrap(Reduced{r.getStep(), r.getBegin(), r.getEnd(), in.tensor(r.getGrads())});
+      d.message = wrap(Reduced{r.getStep(), r.getBegin(), r.getEnd(), in.tensor(r.getGrads()), {}});
       break;
     }
     case W::WEIGHTS: {
       auto r = f.getWeights();
-      d.message = wrap(Weights{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getBuffers())});
+      d.message =
+          wrap(Weights{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getBuffers()), {}});
       break;
     }
     case W::STEP_DONE: {

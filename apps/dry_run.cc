@@ -69,7 +69,8 @@ Plan plan(const actors::TrainOptions& o) {
   actors::checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : actors::defaultThreads();
 
-  p.train_size = data::openDataset(actors::datasetOptions(o, o.train_data))->size();
+  p.train_size = o.synthetic ? o.epoch_size
+                             : data::openDataset(actors::datasetOptions(o, o.train_data))->size();
   if (!o.test_data.empty()) {
     p.test_size = data::openDataset(actors::datasetOptions(o, o.test_data))->size();
   }
@@ -310,7 +311,9 @@ std::string modelSection(const actors::TrainOptions& o, const Plan& p) {
 std::string dataSection(const actors::TrainOptions& o, const Plan& p) {
   std::string out = fmt::format("\n# data: {}, {} x {} x {} inputs\n", data::toString(o.db_type),
                                 o.num_channels, o.image_size, o.image_size);
-  out += fmt::format("#   train  {} records  {}\n", p.train_size, o.train_data);
+  out +=
+      fmt::format("#   train  {} records  {}\n", p.train_size,
+                  o.synthetic ? std::string("synthetic (random inputs, made once)") : o.train_data);
   if (p.test_size >= 0) {
     out += fmt::format("#   test   {} records  {}\n", p.test_size, o.test_data);
   } else {

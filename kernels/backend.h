@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
+#include "kernels/event.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 
@@ -33,6 +35,10 @@ class Backend {
 
   // Memory owned by this backend, zero-filled.
   virtual Tensor empty(Shape shape, DType dtype = DType::kFloat32) = 0;
+  // Host memory, zero-filled, that this backend's copies to and from run asynchronously (pinned,
+  // on a GPU; plain host memory on the CPU): for staging what goes between host and device.
+  // Allocating it is slow on a GPU: keep it, never make it per step.
+  virtual Tensor hostBuffer(Shape shape, DType dtype = DType::kFloat32) = 0;
   // Copies src into dst (same dtype and element count); either may be on the host or this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& t, float value) = 0;
@@ -40,6 +46,12 @@ class Backend {
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
   // t *= alpha.
   virtual void scale(const Tensor& t, float alpha) = 0;
+  // Images [n, C, H, W] of uint8 `bytes` to float `out` (same shape): (value - mean[c]) * scale[c]
+  // for channel c, each of mean and scale holding C values or one for all (at most kMaxChannels).
+  // A batch read as bytes (input_dtype uint8) crosses to a device as bytes and is normalised there.
+  static constexpr int kMaxChannels = 16;
+  virtual void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
+                         const std::vector<float>& scale) = 0;
   // One SGD step over equal-sized flat tensors (PyTorch semantics): g' = g + weight_decay * w;
   // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
   // Returns whether every updated weight is finite (no inf, no NaN), tested in the same pass: a
@@ -48,6 +60,11 @@ class Backend {
                          float momentum, float weight_decay, bool nesterov) = 0;
   // Waits until all queued work is done.
   virtual void synchronize() = 0;
+  // An event done once the work queued so far is (on the CPU, at once: a default Event).
+  virtual Event record() = 0;
+  // Work queued from now on starts only once `e` is done: on the device where it can (another
+  // stream's CUDA event), else by waiting on the host. Returns at once on a device.
+  virtual void waitFor(const Event& e) = 0;
   virtual MemoryStats memory() const { return {}; }
 
   // Op factories (kernels/ops.h); each op is fixed to its geometry and used on this backend only.

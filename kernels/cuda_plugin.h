@@ -59,7 +59,7 @@ std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptio
 
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
-  static constexpr int kAbi = 2;  // bumped whenever this struct or Backend changes
+  static constexpr int kAbi = 4;  // bumped whenever this struct or Backend changes
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -38,6 +39,14 @@ enum class PoolMethod : std::uint8_t { kMax, kAverage };
 // that would start inside the padding; with ceil_mode false, floor instead of ceil (PyTorch's and
 // Caffe2's default, which torchvision's ResNets are built with). Average pooling divides by the
 // window clipped to the padded input (Caffe's rule); padding never wins a max.
+// The images of Backend::normalise: n images of `channels` planes of `plane` values. Checked by
+// normaliseShape (InvariantError on a mismatch of shape, dtype, or mean and scale).
+struct NormaliseShape {
+  std::int64_t n = 0, channels = 0, plane = 0;
+};
+NormaliseShape normaliseShape(const Tensor& bytes, const Tensor& out,
+                              const std::vector<float>& mean, const std::vector<float>& scale);
+
 struct PoolGeometry {
   std::int64_t n = 1, channels = 1, height = 1, width = 1;
   std::int64_t kernel = 2, stride = 2, pad = 0;

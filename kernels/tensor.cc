@@ -65,14 +65,22 @@ Tensor Tensor::host(Shape shape, DType dtype) {
   return t;
 }
 
+std::string toString(const Device& device) {
+  return device.kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(device.index);
+}
+
 float* Tensor::f32() const {
   TROUPE_ENFORCE(dtype_ == DType::kFloat32, "tensor of shape ", toString(shape_),
                  " is not float32");
+  TROUPE_ENFORCE(device_.kind == DeviceKind::kCpu, "host access to a tensor of shape ",
+                 toString(shape_), " on ", toString(device_));
   return static_cast<float*>(data_);
 }
 
 std::int32_t* Tensor::i32() const {
   TROUPE_ENFORCE(dtype_ == DType::kInt32, "tensor of shape ", toString(shape_), " is not int32");
+  TROUPE_ENFORCE(device_.kind == DeviceKind::kCpu, "host access to a tensor of shape ",
+                 toString(shape_), " on ", toString(device_));
   return static_cast<std::int32_t*>(data_);
 }
 

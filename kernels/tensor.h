@@ -29,6 +29,7 @@ using Shape = std::vector<std::int64_t>;
 
 std::int64_t numelOf(const Shape& shape);
 std::string toString(const Shape& shape);
+std::string toString(const Device& device);  // "cpu", "cuda:1"
 std::size_t sizeOf(DType dtype);
 
 class Tensor {
@@ -50,9 +51,11 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
 
+  // The memory where it lives: a device pointer for a tensor on a device.
   void* raw() const { return data_; }
-  float* f32() const;         // enforces dtype kFloat32
-  std::int32_t* i32() const;  // enforces dtype kInt32
+  // Host access: enforce the dtype and a tensor on the CPU.
+  float* f32() const;
+  std::int32_t* i32() const;
 
   // A flat view of elements [begin, end) sharing this tensor's storage.
   Tensor slice(std::int64_t begin, std::int64_t end) const;

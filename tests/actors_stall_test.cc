@@ -70,7 +70,7 @@ TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousWorke
   config.stall_warning = 150ms;
   config.peer_timeout = 600ms;
   const Address reducer = system->spawn(makeReducer("reducer", config));
-  system->tell(reducer, GradBucket{7, 0, 0, 1000, Tensor::host({1000})});
+  system->tell(reducer, GradBucket{7, 0, 0, 1000, Tensor::host({1000}), {}});
   const auto start = std::chrono::steady_clock::now();
   const auto [failure, peer] = failureOf(*system);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 600ms);

@@ -284,9 +284,29 @@ TEST(Caffe2Flags, TroupeLaunchsRendezvousWinsOverTheFileButNotOverAFlag) {
 TEST(Caffe2Flags, UseCpuFromTheFileMakesNumGpusFromAFlagCpuReplicas) {
   Environment env;
   const ConfigFile file("use_cpu = true\n");
-  EXPECT_EQ(loadTrainOptions(file.path(), {{"num_gpus", "3"}}).replicas, 3);
-  EXPECT_EQ(loadTrainOptions(file.path(), {{"gpus", "0,2"}}).replicas, 2);
+  auto o = loadTrainOptions(file.path(), {{"num_gpus", "3"}});
+  EXPECT_EQ(o.replicas, 3);
+  EXPECT_TRUE(o.gpus.empty());
+  o = loadTrainOptions(file.path(), {{"gpus", "0,2"}});
+  EXPECT_EQ(o.replicas, 2);
+  EXPECT_TRUE(o.gpus.empty());
   EXPECT_TRUE(configErrorOf("", {{"gpus", "0,x"}}).starts_with("--gpus 0,x: expected device ids"));
+}
+
+TEST(Caffe2Flags, GpusWithoutUseCpuPutAReplicaOnEachGpuNamed) {
+  Environment env;
+  auto o = loadTrainOptions("", {{"gpus", "1,3"}});
+  EXPECT_EQ(o.replicas, 2);
+  EXPECT_EQ(o.gpus, (std::vector<int>{1, 3}));
+  o = loadTrainOptions("", {{"num_gpus", "3"}});
+  EXPECT_EQ(o.gpus, (std::vector<int>{0, 1, 2}));
+  const ConfigFile gpu("use_cpu = false\n");  // Caffe2's default: one GPU, GPU 0
+  o = loadTrainOptions(gpu.path(), {});
+  EXPECT_EQ(o.replicas, 1);
+  EXPECT_EQ(o.gpus, (std::vector<int>{0}));
+  EXPECT_EQ(loadTrainOptions(gpu.path(), {{"num_gpus", "2"}}).gpus, (std::vector<int>{0, 1}));
+  EXPECT_TRUE(loadTrainOptions("", {}).gpus.empty());
+  EXPECT_EQ(configErrorOf("", {{"gpus", "0,1,0"}}), "--gpus 0,1,0: GPU 0 is named twice");
 }
 
 TEST(Caffe2Flags, ARelativeFileStorePathBecomesAnAbsoluteFileUrl) {
@@ -309,11 +329,8 @@ TEST(Caffe2Flags, TheLogRecordsEachAsGiven) {
 // Through the binary: the error, on one line, and exit code 1.
 TEST(Caffe2Flags, RefusedFlagsExitOneWithTheirErrorFromTroupeTrain) {
   const std::map<std::string, std::string> cases = {
-      {"--num_gpus 8",
-       "[error] --num_gpus 8: troupe does not train on GPUs yet: it trains on the CPU, 8 "
-       "model replica(s) with --replicas 8"},
       {"--dtype float16", "[error] --dtype float16: troupe trains in float32 only"},
-      {"--use_nccl", "[error] --use_nccl: troupe does not train on GPUs yet, so no NCCL"},
+      {"--use_nccl", "[error] --use_nccl: troupe does not reduce with NCCL yet"},
       {"--distributed_transport ibverbs",
        "[error] --distributed_transport ibverbs: troupe has no ibverbs transport"},
       {"--redis_port 7000", "[error] --redis_port 7000 needs redis_host"},

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda_plugin.h"
@@ -256,6 +258,44 @@ TEST_F(CudaOps, ElementwiseOpsAndTheDropoutMaskOfTheCpu) {
   const Tensor filled = down(gax);
   EXPECT_EQ(filled.f32()[0], 2.5f);
   EXPECT_EQ(filled.f32()[n - 1], 2.5f);
+}
+
+// input_dtype uint8: bytes normalised on the GPU as on the CPU, per channel and for all; the
+// same float operations, so the same bits.
+TEST_F(CudaOps, NormaliseAsTheCpuToTheBit) {
+  const Shape shape{5, 3, 17, 19};
+  Tensor bytes = Tensor::host(shape, DType::kUInt8);
+  for (std::int64_t i = 0; i < bytes.numel(); ++i)
+    static_cast<std::uint8_t*>(bytes.raw())[i] = static_cast<std::uint8_t>(i * 37 % 256);
+  const Tensor gbytes = up(bytes);
+  for (const auto& [mean, scale] : std::vector<std::pair<std::vector<float>, std::vector<float>>>{
+           {{123.68f, 116.78f, 103.94f}, {1 / 58.4f, 1 / 57.1f, 1 / 57.4f}},
+           {{0.0f}, {1 / 255.0f}}}) {
+    Tensor y = Tensor::host(shape);
+    Tensor gy = gpu_->empty(shape);
+    cpu_->normalise(bytes, y, mean, scale);
+    gpu_->normalise(gbytes, gy, mean, scale);
+    expectClose("normalised", y, gy, 0);
+  }
+}
+
+// A stream waits for another's event on the device (no host wait), then copies to pinned memory,
+// whose copy is done when its own event says so.
+TEST_F(CudaOps, AnotherStreamWaitsForAnEventBeforeItCopiesToPinnedMemory) {
+  auto other = makeCudaBackend(0, CudaOptions{});
+  const std::int64_t n = 1 << 24;
+  const Tensor t = gpu_->empty({n});
+  for (int i = 0; i < 20; ++i)
+    gpu_->fill(t, static_cast<float>(i));  // enough work to be running still
+  const Event written = gpu_->record();
+  other->waitFor(written);
+  const Tensor pinned = other->hostBuffer({n});
+  other->copy(t, pinned);
+  const Event copied = other->record();
+  copied.wait();
+  EXPECT_TRUE(written.done());
+  EXPECT_EQ(pinned.f32()[0], 19.0f);
+  EXPECT_EQ(pinned.f32()[n - 1], 19.0f);
 }
 
 TEST_F(CudaOps, GlobalAveragePooling) {

@@ -252,6 +252,29 @@ TEST(TrainCommand, CropsAreTheSameAcrossAKillAndResumeAuto) {
       << "the resumed run's weights differ from the uninterrupted run's";
 }
 
+// Caffe2's --train_data null: the compute alone, on random inputs made once.
+TEST(TrainCommand, NullTrainDataTrainsOnSyntheticInputWithoutADatabase) {
+  TempDir cwd("cli_synthetic");
+  auto r = train(cwd,
+                 "--model lenet --train_data null --epoch_size 640 --batch_size 32 --replicas 2 "
+                 "--num_epochs 2 --checkpoint_dir ck");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("synthetic input, 1 random batch(es) made once"), std::string::npos)
+      << r.output;
+  const auto logs = logsIn(cwd.path());
+  ASSERT_EQ(logs.size(), 1u);
+  const auto log = readLogStart(logs[0]);
+  EXPECT_NE(log.params.find("synthetic=true"), std::string::npos) << log.params;
+  r = train(cwd, "--model lenet --synthetic --num_epochs 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("[error] synthetic input needs epoch_size"), std::string::npos)
+      << r.output;
+  r = train(cwd, "--model lenet --synthetic --epoch_size 64" + dataFlags());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("[error] synthetic input and train_data '"), std::string::npos)
+      << r.output;
+}
+
 TEST(TrainCommand, TwoReplicasRunInOneProcess) {
   TempDir cwd("cli_replicas");
   const auto r = train(cwd, sourceDir() + "/configs/lenet.toml" + dataFlags() +

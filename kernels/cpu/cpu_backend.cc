@@ -34,6 +34,9 @@ class CpuBackend final : public Backend {
   int threads() const override { return threads_; }
 
   Tensor empty(Shape shape, DType dtype) override { return Tensor::host(std::move(shape), dtype); }
+  Tensor hostBuffer(Shape shape, DType dtype) override {
+    return Tensor::host(std::move(shape), dtype);
+  }
 
   void copy(const Tensor& src, const Tensor& dst) override {
     TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
@@ -64,6 +67,26 @@ class CpuBackend final : public Backend {
                    [&](std::int64_t b, std::int64_t e) { vec::scale(p + b, alpha, e - b); });
   }
 
+  void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
+                 const std::vector<float>& scale) override {
+    const NormaliseShape s = normaliseShape(bytes, out, mean, scale);
+    const auto* in = static_cast<const std::uint8_t*>(bytes.raw());
+    float* o = out.f32();
+    const std::int64_t grain =
+        std::max<std::int64_t>(1, kParallelGrain / std::max<std::int64_t>(1, s.plane));
+    cpu::forRanges(s.n * s.channels, threads_, grain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t p = b; p < e; ++p) {
+        const auto c = static_cast<std::size_t>(p % s.channels);
+        const float m = mean[mean.size() == 1 ? 0 : c];
+        const float k = scale[scale.size() == 1 ? 0 : c];
+        const std::int64_t at = p * s.plane;
+#pragma omp simd
+        for (std::int64_t j = 0; j < s.plane; ++j)
+          o[at + j] = (static_cast<float>(in[at + j]) - m) * k;
+      }
+    });
+  }
+
   bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
     TROUPE_ENFORCE_EQ(w.numel(), g.numel());
@@ -83,6 +106,12 @@ class CpuBackend final : public Backend {
   }
 
   void synchronize() override {}
+  Event record() override {
+    return Event();
+  }
+  void waitFor(const Event& e) override {
+    e.wait();
+  }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
     return cpu::makeConv(g, threads_, dnnl_);

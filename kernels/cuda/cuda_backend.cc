@@ -424,6 +424,32 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp {
   bool checked_ = true;
 };
 
+// A CUDA event recorded on a backend's stream, destroyed with its last handle.
+class CudaEvent final : public EventImpl {
+ public:
+  CudaEvent(int device, cudaStream_t stream) : device_(device) {
+    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+
+  bool done() const override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    TROUPE_CUDA_CHECK(e);
+    return true;
+  }
+  void wait() const override { TROUPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
+  cudaEvent_t event() const { return event_; }
+  int device() const { return device_; }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+static_assert(sizeof(cuda::ChannelValues::mean) / sizeof(float) == Backend::kMaxChannels);
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int index, const CudaOptions& options) {
@@ -457,6 +483,17 @@ class CudaBackend final : public Backend {
     return ctx_.empty(std::move(shape), dtype);
   }
 
+  Tensor hostBuffer(Shape shape, DType dtype) override {
+    setDevice();
+    const auto bytes =
+        std::max<std::size_t>(1, static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype));
+    void* p = nullptr;
+    TROUPE_CUDA_CHECK(cudaMallocHost(&p, bytes));
+    std::memset(p, 0, bytes);
+    std::shared_ptr<void> storage(p, [](void* q) { cudaFreeHost(q); });
+    return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+  }
+
   void copy(const Tensor& src, const Tensor& dst) override {
     TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
     TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
@@ -466,7 +503,8 @@ class CudaBackend final : public Backend {
       return;
     }
     setDevice();
-    // To or from pageable host memory the call returns once the host side is done with it.
+    // To or from pageable host memory the call returns once the host side is done with it; to
+    // and from hostBuffer()'s pinned memory it returns at once.
     TROUPE_CUDA_CHECK(
         cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDefault, ctx_.stream));
   }
@@ -480,6 +518,17 @@ class CudaBackend final : public Backend {
   }
   void scale(const Tensor& t, float alpha) override {
     cuda::scale(f32(t), alpha, t.numel(), ctx_.stream);
+  }
+  void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
+                 const std::vector<float>& scale) override {
+    const NormaliseShape s = normaliseShape(bytes, out, mean, scale);
+    cuda::ChannelValues values;
+    values.means = static_cast<int>(mean.size());
+    values.scales = static_cast<int>(scale.size());
+    std::copy(mean.begin(), mean.end(), values.mean);
+    std::copy(scale.begin(), scale.end(), values.scale);
+    cuda::normalise(static_cast<const std::uint8_t*>(bytes.raw()), f32(out), s.n * s.channels,
+                    s.channels, s.plane, values, ctx_.stream);
   }
   bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
@@ -496,6 +545,19 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     TROUPE_CUDA_CHECK(cudaGetLastError());  // a launch that failed
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  Event record() override {
+    setDevice();
+    return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream));
+  }
+  void waitFor(const Event& e) override {
+    if (e.done()) return;
+    // Another device's event works too: a stream may wait on any event of the process.
+    if (const auto* cuda_event = dynamic_cast<const CudaEvent*>(e.impl())) {
+      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream, cuda_event->event(), 0));
+    } else {
+      e.wait();
+    }
   }
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();

@@ -33,6 +33,16 @@ __global__ void scaleKernel(float* p, float alpha, std::int64_t n) {
   TROUPE_FOR_EACH(i, n) p[i] *= alpha;
 }
 
+__global__ void normaliseKernel(const std::uint8_t* in, float* out, std::int64_t n,
+                                std::int64_t channels, std::int64_t plane, ChannelValues v) {
+  TROUPE_FOR_EACH(i, n) {
+    const auto c = static_cast<int>((i / plane) % channels);
+    const float m = v.mean[v.means == 1 ? 0 : c];
+    const float k = v.scale[v.scales == 1 ? 0 : c];
+    out[i] = (static_cast<float>(in[i]) - m) * k;
+  }
+}
+
 __global__ void sgdKernel(float* w, const float* g, float* v, std::int64_t n, float lr,
                           float momentum, float weight_decay, bool nesterov, int* bad) {
   bool finite = true;
@@ -281,6 +291,13 @@ void axpy(float alpha, const float* x, float* y, std::int64_t n, cudaStream_t st
 }
 void scale(float* p, float alpha, std::int64_t n, cudaStream_t stream) {
   if (n > 0) scaleKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, alpha, n);
+}
+void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int64_t channels,
+               std::int64_t plane, const ChannelValues& values, cudaStream_t stream) {
+  const std::int64_t n = planes * plane;
+  if (n > 0) {
+    normaliseKernel<<<blocksFor(n), kThreads, 0, stream>>>(in, out, n, channels, plane, values);
+  }
 }
 void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
          float weight_decay, bool nesterov, int* bad, cudaStream_t stream) {

@@ -14,6 +14,14 @@ namespace troupe::kernels::cuda {
 void fill(float* p, std::int64_t n, float value, cudaStream_t stream);
 void axpy(float alpha, const float* x, float* y, std::int64_t n, cudaStream_t stream);
 void scale(float* p, float alpha, std::int64_t n, cudaStream_t stream);
+// Backend::normalise over `planes` planes of `plane` bytes, plane p of channel p % channels; each
+// channel's mean and scale by value (one for all when count is 1).
+struct ChannelValues {
+  float mean[16], scale[16];
+  int means = 1, scales = 1;
+};
+void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int64_t channels,
+               std::int64_t plane, const ChannelValues& values, cudaStream_t stream);
 // PyTorch's SGD as kernels/backend.h states it; *bad (device) becomes 1 if an updated weight is
 // not finite, and is left alone otherwise.
 void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,

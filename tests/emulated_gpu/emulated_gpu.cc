@@ -1,0 +1,462 @@
+// A stand-in for libtroupe_cuda.so that the tests load where no GPU is (TROUPE_CUDA_LIBRARY): it
+// reports $TROUPE_EMULATED_GPUS devices (2 unless set) and gives backends that behave, towards
+// the code that uses them, as the CUDA backend does:
+//   - their tensors say they live on cuda:N, so the host may not touch them (Tensor::f32 throws);
+//     the memory is host memory underneath;
+//   - work is queued on a stream, a thread of the backend's own, and runs later: a caller that
+//     reads what it did not wait for (an Event, synchronize) reads it too early. With
+//     $TROUPE_EMULATED_GPU_DELAY_US each piece of work first sleeps that long, so that such a read
+//     finds old values nearly always;
+//   - copies to pageable host memory return once done, copies from it once the source was read,
+//     as cudaMemcpyAsync's do; copies to its hostBuffer()s (pinned) return at once; sgdUpdate and
+//     the softmax loss's backward wait for their result.
+// The arithmetic is the CPU backend's with one thread, so results match a CPU run with one thread
+// per replica to the bit.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels::emulated {
+namespace {
+
+int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+bool onHost(const Tensor& t) {
+  return t.device().kind == DeviceKind::kCpu;
+}
+
+// The same memory as a host tensor, holding `t` alive.
+Tensor hostView(const Tensor& t) {
+  if (t.raw() == nullptr || onHost(t)) return t;
+  auto keep = std::make_shared<Tensor>(t);
+  return Tensor(std::shared_ptr<void>(keep, t.raw()), t.raw(), t.shape(), t.dtype(), Device{});
+}
+
+// A stream: work runs in order on a thread of its own. The first failure is kept and thrown at
+// the next host wait (work after it still runs, so that events still fire).
+class Stream {
+ public:
+  Stream() : delay_(envInt("TROUPE_EMULATED_GPU_DELAY_US", 0)), thread_([this] { run(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void enqueue(std::function<void()> work) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(work));
+      ++queued_;
+    }
+    wake_.notify_all();
+  }
+
+  // Blocks until everything queued so far ran; rethrows a failure.
+  void drain() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t target = queued_;
+    done_.wait(lock, [&] { return ran_ >= target; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (delay_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_));
+      std::exception_ptr failure;
+      try {
+        work();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        if (failure && !failure_) failure_ = failure;
+        ++ran_;
+      }
+      done_.notify_all();
+    }
+  }
+
+  const int delay_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::deque<std::function<void()>> queue_;
+  std::uint64_t queued_ = 0, ran_ = 0;
+  std::exception_ptr failure_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Done once its stream ran everything queued before it.
+class StreamEvent final : public EventImpl {
+ public:
+  bool done() const override {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  void wait() const override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  void fire() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+};
+
+// The host buffers a backend handed out as pinned, while they live.
+class PinnedRanges {
+ public:
+  void add(const void* p, std::size_t bytes) {
+    std::lock_guard lock(mutex_);
+    ranges_[static_cast<const char*>(p)] = bytes;
+  }
+  void remove(const void* p) {
+    std::lock_guard lock(mutex_);
+    ranges_.erase(static_cast<const char*>(p));
+  }
+  bool holds(const void* p, std::size_t bytes) const {
+    std::lock_guard lock(mutex_);
+    const auto* c = static_cast<const char*>(p);
+    auto it = ranges_.upper_bound(c);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return c + bytes <= it->first + it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<const char*, std::size_t> ranges_;
+};
+
+// Each op of the CPU backend, its calls queued on the stream with host views of their tensors.
+template <typename Op>
+class Queued {
+ public:
+  Queued(std::shared_ptr<Stream> stream, std::unique_ptr<Op> op)
+      : stream_(std::move(stream)), op_(std::move(op)) {}
+
+ protected:
+  template <typename Call, typename... Tensors>
+  void queue(Call call, const Tensors&... tensors) {
+    stream_->enqueue([op = op_, call, views = std::make_tuple(hostView(tensors)...)]() mutable {
+      std::apply([&](auto&... t) { call(*op, t...); }, views);
+    });
+  }
+  std::shared_ptr<Stream> stream_;
+  std::shared_ptr<Op> op_;  // shared with queued work: a net may go before its work ran
+};
+
+class Conv final : public ConvOp, Queued<ConvOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    queue([](ConvOp& op, auto&... t) { op.forward(t...); }, x, w, b, y);
+  }
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                const Tensor& dw, const Tensor& db) override {
+    queue([](ConvOp& op, auto&... t) { op.backward(t...); }, x, w, dy, dx, dw, db);
+  }
+};
+
+class Pool final : public PoolOp, Queued<PoolOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& y) override {
+    queue([](PoolOp& op, auto&... t) { op.forward(t...); }, x, y);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    queue([](PoolOp& op, auto&... t) { op.backward(t...); }, dy, dx);
+  }
+};
+
+class InnerProduct final : public InnerProductOp, Queued<InnerProductOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    queue([](InnerProductOp& op, auto&... t) { op.forward(t...); }, x, w, b, y);
+  }
+  void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                const Tensor& dw, const Tensor& db) override {
+    queue([](InnerProductOp& op, auto&... t) { op.backward(t...); }, x, w, dy, dx, dw, db);
+  }
+};
+
+class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+               const Tensor& running_var, const Tensor& y, bool train) override {
+    queue([train](BatchNormOp& op, auto&... t) { op.forward(t..., train); }, x, gamma, beta,
+          running_mean, running_var, y);
+  }
+  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                const Tensor& dgamma, const Tensor& dbeta) override {
+    queue([](BatchNormOp& op, auto&... t) { op.backward(t...); }, x, gamma, dy, dx, dgamma, dbeta);
+  }
+};
+
+class Relu final : public ReluOp, Queued<ReluOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& y) override {
+    queue([](ReluOp& op, auto&... t) { op.forward(t...); }, x, y);
+  }
+  void backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+    queue([](ReluOp& op, auto&... t) { op.backward(t...); }, y, dy, dx);
+  }
+};
+
+class Dropout final : public DropoutOp, Queued<DropoutOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& y, std::uint64_t seed) override {
+    queue([seed](DropoutOp& op, auto&... t) { op.forward(t..., seed); }, x, y);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    queue([](DropoutOp& op, auto&... t) { op.backward(t...); }, dy, dx);
+  }
+};
+
+class Add final : public AddOp, Queued<AddOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& a, const Tensor& b, const Tensor& y) override {
+    queue([](AddOp& op, auto&... t) { op.forward(t...); }, a, b, y);
+  }
+};
+
+class GlobalAvgPool final : public GlobalAvgPoolOp, Queued<GlobalAvgPoolOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& x, const Tensor& y) override {
+    queue([](GlobalAvgPoolOp& op, auto&... t) { op.forward(t...); }, x, y);
+  }
+  void backward(const Tensor& dy, const Tensor& dx) override {
+    queue([](GlobalAvgPoolOp& op, auto&... t) { op.backward(t...); }, dy, dx);
+  }
+};
+
+// Backward waits for its result, as the CUDA op's does: a bad label is thrown from here.
+class SoftmaxLoss final : public SoftmaxLossOp, Queued<SoftmaxLossOp> {
+ public:
+  using Queued::Queued;
+  void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) override {
+    queue([](SoftmaxLossOp& op, auto&... t) { op.forward(t...); }, logits, labels, metrics);
+  }
+  void backward(float scale, const Tensor& dlogits) override {
+    queue([scale](SoftmaxLossOp& op, auto&... t) { op.backward(scale, t...); }, dlogits);
+    stream_->drain();
+  }
+};
+
+class EmulatedBackend final : public Backend {
+ public:
+  explicit EmulatedBackend(int index)
+      : index_(index), cpu_(makeCpuBackend(1)), stream_(std::make_shared<Stream>()) {}
+  ~EmulatedBackend() override {
+    try {
+      stream_->drain();
+    } catch (...) {  // thrown at a host wait before, or nobody waited: gone with the backend
+    }
+  }
+
+  Device device() const override { return Device{DeviceKind::kCuda, index_}; }
+  int threads() const override { return 1; }
+
+  // Pinned: copies into it do not wait (the stream writes it later), as cudaMemcpyAsync's to
+  // cudaMallocHost memory do not.
+  Tensor hostBuffer(Shape shape, DType dtype) override {
+    const auto bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
+    void* p = std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));
+    if (p == nullptr) throw ResourceError("out of host memory for a pinned buffer");
+    std::memset(p, 0, bytes);
+    pinned_->add(p, bytes);
+    std::shared_ptr<void> storage(p, [pinned = pinned_](void* q) {
+      pinned->remove(q);
+      std::free(q);
+    });
+    return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+  }
+
+  Tensor empty(Shape shape, DType dtype) override {
+    const Tensor host = Tensor::host(std::move(shape), dtype);
+    auto keep = std::make_shared<Tensor>(host);
+    return Tensor(std::shared_ptr<void>(keep, host.raw()), host.raw(), host.shape(), dtype,
+                  device());
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
+    TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
+    if (src.bytes() == 0 || src.raw() == dst.raw()) return;
+    if (onHost(src) && onHost(dst)) {
+      std::memmove(dst.raw(), src.raw(), src.bytes());
+      return;
+    }
+    if (onHost(src) && !pinned(src)) {  // pageable: read now, written in stream order
+      auto staged =
+          Tensor::hostUninitialized({static_cast<std::int64_t>(src.bytes())}, DType::kUInt8);
+      std::memcpy(staged.raw(), src.raw(), src.bytes());
+      stream_->enqueue(
+          [staged, to = hostView(dst)] { std::memcpy(to.raw(), staged.raw(), staged.bytes()); });
+      return;
+    }
+    stream_->enqueue([from = hostView(src), to = hostView(dst)] {
+      std::memmove(to.raw(), from.raw(), from.bytes());
+    });
+    if (onHost(dst) && !pinned(dst)) stream_->drain();  // to pageable memory: once done
+  }
+
+  void fill(const Tensor& t, float value) override {
+    stream_->enqueue([cpu = cpu_, t = hostView(t), value] { cpu->fill(t, value); });
+  }
+  void axpy(float alpha, const Tensor& x, const Tensor& y) override {
+    stream_->enqueue(
+        [cpu = cpu_, alpha, x = hostView(x), y = hostView(y)] { cpu->axpy(alpha, x, y); });
+  }
+  void scale(const Tensor& t, float alpha) override {
+    stream_->enqueue([cpu = cpu_, t = hostView(t), alpha] { cpu->scale(t, alpha); });
+  }
+  void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
+                 const std::vector<float>& scale) override {
+    stream_->enqueue([cpu = cpu_, b = hostView(bytes), o = hostView(out), mean, scale] {
+      cpu->normalise(b, o, mean, scale);
+    });
+  }
+  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+                 float weight_decay, bool nesterov) override {
+    auto finite = std::make_shared<bool>(true);
+    stream_->enqueue([=, cpu = cpu_, w = hostView(w), g = hostView(g), v = hostView(v)] {
+      *finite = cpu->sgdUpdate(w, g, v, lr, momentum, weight_decay, nesterov);
+    });
+    stream_->drain();
+    return *finite;
+  }
+  void synchronize() override { stream_->drain(); }
+  Event record() override {
+    auto event = std::make_shared<StreamEvent>();
+    stream_->enqueue([event] { event->fire(); });
+    return Event(event);
+  }
+  void waitFor(const Event& e) override {
+    if (e.done()) return;
+    if (dynamic_cast<const StreamEvent*>(e.impl()) != nullptr) {
+      stream_->enqueue([e] { e.wait(); });
+    } else {
+      e.wait();
+    }
+  }
+
+  std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
+    return std::make_unique<Conv>(stream_, cpu_->makeConv(g));
+  }
+  std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
+    return std::make_unique<Pool>(stream_, cpu_->makePool(g));
+  }
+  std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
+    return std::make_unique<InnerProduct>(stream_, cpu_->makeInnerProduct(g));
+  }
+  std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
+    return std::make_unique<BatchNorm>(stream_, cpu_->makeBatchNorm(g));
+  }
+  std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
+    return std::make_unique<Relu>(stream_, cpu_->makeRelu(numel));
+  }
+  std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio) override {
+    return std::make_unique<Dropout>(stream_, cpu_->makeDropout(numel, ratio));
+  }
+  std::unique_ptr<AddOp> makeAdd(std::int64_t numel) override {
+    return std::make_unique<Add>(stream_, cpu_->makeAdd(numel));
+  }
+  std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
+                                                     std::int64_t spatial) override {
+    return std::make_unique<GlobalAvgPool>(stream_, cpu_->makeGlobalAvgPool(n, channels, spatial));
+  }
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
+    return std::make_unique<SoftmaxLoss>(stream_, cpu_->makeSoftmaxLoss(n, classes));
+  }
+
+ private:
+  bool pinned(const Tensor& t) const { return pinned_->holds(t.raw(), t.bytes()); }
+
+  int index_;
+  std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
+  std::shared_ptr<Stream> stream_;
+  std::shared_ptr<PinnedRanges> pinned_ = std::make_shared<PinnedRanges>();
+};
+
+CudaInfo describe() {
+  CudaInfo info;
+  info.architectures = "emulated";
+  const int count = envInt("TROUPE_EMULATED_GPUS", 2);
+  for (int i = 0; i < count; ++i) {
+    CudaDeviceInfo d;
+    d.index = i;
+    d.name = "troupe's emulated GPU (host memory, the CPU backend's ops on a stream thread)";
+    info.devices.push_back(d);
+  }
+  if (count == 0) info.problem = "the emulator was asked for no devices (TROUPE_EMULATED_GPUS=0)";
+  return info;
+}
+
+std::unique_ptr<Backend> make(int index, const CudaOptions&) {
+  const int count = envInt("TROUPE_EMULATED_GPUS", 2);
+  if (index < 0 || index >= count) {
+    throw InputError("there is no cuda:" + std::to_string(index) + ": the emulator has " +
+                     std::to_string(count) + " device(s)");
+  }
+  return std::make_unique<EmulatedBackend>(index);
+}
+
+}  // namespace
+}  // namespace troupe::kernels::emulated
+
+extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
+troupe_cuda_plugin() {
+  static const troupe::kernels::CudaPlugin plugin{troupe::kernels::CudaPlugin::kAbi,
+                                                  &troupe::kernels::emulated::describe,
+                                                  &troupe::kernels::emulated::make};
+  return &plugin;
+}

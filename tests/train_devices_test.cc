@@ -1,0 +1,146 @@
+// The device-aware core (issue 12): replicas, reducer and updater on the devices the run's plan
+// names, buckets and weights handed over with the events after which they are final. These
+// tests run where there is no GPU, on troupe's emulated one (tests/emulated_gpu: memory the host
+// may not touch, work that runs late on a stream thread, each piece of it delayed here so that a
+// read that does not wait for its event reads stale values). The emulator computes with the CPU
+// backend's ops on one thread, so a run on emulated GPUs must end with the weights of the same
+// run on the CPU with one thread per replica, to the bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "actors/checkpoint.h"
+#include "cli_util.h"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::runCommand;
+using testing::TempDir;
+using testing::testData;
+using testing::troupeBinary;
+
+// The emulated GPUs for one command: `gpus` of them, each piece of work delayed 100 us.
+std::string emulated(int gpus = 2) {
+  return "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
+         " TROUPE_EMULATED_GPUS=" + std::to_string(gpus) + " TROUPE_EMULATED_GPU_DELAY_US=100 ";
+}
+
+// LeNet on Fashion-MNIST for 1280 inputs in steps of `batch` a process and an evaluation, its
+// checkpoint in `dir`.
+// `prefix` goes before the command: variables, a launcher (troupe launch ... --).
+testing::CommandResult trainLenet(const TempDir& cwd, const std::string& dir,
+                                  const std::string& prefix, const std::string& flags,
+                                  int batch = 64) {
+  return runCommand("cd " + cwd.str() + " && " + prefix + troupeBinary() +
+                    " train --model lenet --train_data " + testData("lmdb") +
+                    "/train --test_data " + testData("lmdb") + "/test --batch_size " +
+                    std::to_string(batch) +
+                    " --epoch_size 1280 --num_epochs 1 --log_every 0 "
+                    "--base_learning_rate 0.05 --momentum 0.9 --checkpoint_dir " +
+                    dir + " " + flags);
+}
+
+actors::Checkpoint checkpointIn(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".ckpt") return actors::loadCheckpoint(e.path().string());
+  }
+  ADD_FAILURE() << "no checkpoint in " << dir;
+  return {};
+}
+
+::testing::AssertionResult sameWeights(const fs::path& a, const fs::path& b) {
+  const auto x = checkpointIn(a), y = checkpointIn(b);
+  if (x.weights.numel() == 0 || x.weights.numel() != y.weights.numel()) {
+    return ::testing::AssertionFailure()
+           << "weights of " << x.weights.numel() << " and " << y.weights.numel() << " elements";
+  }
+  if (x.metaInt("step") != y.metaInt("step")) {
+    return ::testing::AssertionFailure()
+           << "steps " << x.metaInt("step") << " and " << y.metaInt("step");
+  }
+  if (std::memcmp(x.weights.raw(), y.weights.raw(), x.weights.bytes()) != 0) {
+    return ::testing::AssertionFailure() << a << " and " << b << " hold different weights";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Trains on the CPU with `cpu` and on emulated GPUs with `gpu` (after `launch`, if any, in both);
+// the GPU run must say `placement` and end with the CPU run's weights.
+void expectTheCpusWeights(const std::string& name, const std::string& cpu, const std::string& gpu,
+                          const std::string& placement, const std::string& launch = "",
+                          int batch = 64) {
+  TempDir cwd(name);
+  auto r = trainLenet(cwd, "cpu", launch, cpu, batch);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "gpu", emulated() + launch, gpu, batch);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(placement), std::string::npos) << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
+}
+
+// With input_dtype uint8, batches cross to each GPU as bytes and are normalised there.
+TEST(Devices, TwoReplicasOnGpusSummingOnTheFirstTrainAsTwoOnTheCpu) {
+  expectTheCpusWeights(
+      "devices_device", "--replicas 2 --threads 2 --input_dtype uint8",
+      "--gpus 0,1 --schedule device --threads 2 --input_dtype uint8",
+      "replicas on cuda:0, cuda:1; gradients summed on cuda:0, weights updated on cuda:0");
+}
+
+// MXNet's local: the replicas' buckets go through pinned host memory to a reducer and updater on
+// the CPU, and the weights back to each GPU.
+TEST(Devices, TwoReplicasOnGpusSummingOnTheCpuTrainAsTwoOnTheCpu) {
+  expectTheCpusWeights("devices_local", "--replicas 2 --threads 2", "--num_gpus 2 --threads 2",
+                       "gradients summed on cpu, weights updated on cpu");
+}
+
+// One replica alone hands its buckets to the updater, which then lives on its GPU too.
+TEST(Devices, AReplicaAloneOnAGpuIsUpdatedThere) {
+  expectTheCpusWeights("devices_one", "--threads 1", "--gpus 1 --threads 1",
+                       "replica on cuda:1, weights updated there");
+}
+
+// Two processes, each with its replica on cuda:0 (two processes sharing one GPU, or two
+// machines): the sums leave the GPU for the ring allreduce through pinned host memory and come
+// back.
+TEST(Devices, TwoProcessesWithAReplicaOnAGpuEachTrainAsTwoOnTheCpu) {
+  expectTheCpusWeights("devices_processes", "--schedule bsp-allreduce --threads 1",
+                       "--schedule bsp-allreduce --threads 1 --gpus 0",
+                       "replicas on cuda:0; gradients summed on cuda:0, weights updated on cuda:0",
+                       troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
+TEST(Devices, AGpuTheMachineLacksIsNamedBeforeTheRun) {
+  TempDir cwd("devices_missing");
+  auto r = trainLenet(cwd, "gpu", emulated(1), "--gpus 0,1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[error] gpus 0,1: there is no cuda:1 here: this machine has 1 GPU(s), "
+                          "cuda:0 to cuda:0"),
+            std::string::npos)
+      << r.output;
+  // No CUDA backend at all: why not, from the loader.
+  r = trainLenet(cwd, "gpu", "TROUPE_CUDA_LIBRARY=/nonexistent/libtroupe_cuda.so ", "--num_gpus 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[error] gpus 0: there is no cuda:0 here: the CUDA backend "
+                          "(libtroupe_cuda.so) is not loadable: /nonexistent/libtroupe_cuda.so: "),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(cwd.path() / "gpu")) << "a refused run wrote its checkpoint folder";
+}
+
+TEST(Devices, ScheduleDeviceWithoutGpusSaysHowToNameThem) {
+  TempDir cwd("devices_schedule");
+  const auto r = trainLenet(cwd, "cpu", "", "--schedule device");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[error] schedule 'device' sums gradients on a GPU, and this run has "
+                          "none: name them with gpus (--gpus 0,1 or --num_gpus 2), or use "
+                          "schedule 'local'"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace troupe
