@@ -58,7 +58,8 @@ class Backend {
   // host wait for the update on a device backend, free on the CPU.
   virtual bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
                          float momentum, float weight_decay, bool nesterov) = 0;
-  // Waits until all queued work is done.
+  // Waits until all queued work is done; throws what that work found wrong on the device (a bad
+  // label of a softmax loss).
   virtual void synchronize() = 0;
   // An event done once the work queued so far is (on the CPU, at once: a default Event).
   virtual Event record() = 0;

@@ -135,7 +135,8 @@ class SoftmaxLossOp {
  public:
   virtual ~SoftmaxLossOp() = default;
   // metrics (2 floats) = {sum of -log p(label), number of rows whose arg max is the label}.
-  // A label outside [0, classes) throws InputError.
+  // A label outside [0, classes) throws InputError: from here on the CPU; on a device, where the
+  // labels are read by the device, from the backend's next synchronize() (its row left out).
   virtual void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) = 0;
   // dlogits = scale * (softmax - onehot(label)), from the last forward.
   virtual void backward(float scale, const Tensor& dlogits) = 0;

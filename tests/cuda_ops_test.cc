@@ -333,10 +333,12 @@ TEST_F(CudaOps, SoftmaxLossAndABadLabelError) {
   EXPECT_EQ(m.f32()[1], metrics.f32()[1]);
   expectClose("dlogits", d, gd);
 
+  // On the GPU a bad label comes out at the next synchronize(), not from backward (no host wait).
   labels.i32()[3] = static_cast<std::int32_t>(classes);
   gop->forward(up(logits), up(labels), gmetrics);
+  gop->backward(0.5f, gd);
   try {
-    gop->backward(0.5f, gd);
+    gpu_->synchronize();
     FAIL() << "a label of " << classes << " went through";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("label 1000 of sample 3"), std::string::npos) << e.what();

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cuda/allocator.h"
 #include "kernels/cuda/cuda_util.h"
@@ -41,6 +42,14 @@ bool wanted(const Tensor& t) {
   return t.raw() != nullptr;
 }
 
+// What an op checks on the host once the stream has done its work (a softmax loss's bad labels):
+// the backend's next synchronize() calls check(), so that no op waits on its own.
+class Checked {
+ public:
+  virtual ~Checked() = default;
+  virtual void check() = 0;
+};
+
 // What the ops share: the stream, the library handles, memory and a growing workspace.
 struct Context {
   int device = 0;
@@ -51,6 +60,7 @@ struct Context {
   std::shared_ptr<DeviceAllocator> allocator;
   std::shared_ptr<void> workspace;
   std::size_t workspace_bytes = 0;
+  std::vector<Checked*> unchecked;  // in the order their work was queued
 
   void* scratch(std::size_t bytes) {
     if (bytes > workspace_bytes) {
@@ -369,7 +379,7 @@ class CudaGlobalAvgPool final : public GlobalAvgPoolOp {
 // The kernel records the first bad label; the forward's caller reads the metrics anyway, so the
 // report rides along: backward() waits for the forward's flag (the forward is the last op before
 // it) and throws InputError as the CPU op does.
-class CudaSoftmaxLoss final : public SoftmaxLossOp {
+class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
  public:
   CudaSoftmaxLoss(Context& ctx, std::int64_t n, std::int64_t classes)
       : ctx_(ctx),
@@ -382,10 +392,16 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp {
     TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
   ~CudaSoftmaxLoss() override {
+    std::erase(ctx_.unchecked, static_cast<Checked*>(this));
     cudaEventDestroy(done_);
     cudaFreeHost(bad_host_);
   }
+  // The bad labels of the last forward, which the backend's synchronize() calls for once the
+  // stream is done with it.
+  void check() override { checkLabels(); }
+
   void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) override {
+    checkLabels();  // a forward never checked yet (no synchronize since): before its flag goes
     TROUPE_ENFORCE_EQ(logits.numel(), n_ * classes_);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     TROUPE_ENFORCE_EQ(metrics.numel(), 2);
@@ -397,9 +413,10 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp {
                                       cudaMemcpyDeviceToHost, ctx_.stream));
     TROUPE_CUDA_CHECK(cudaEventRecord(done_, ctx_.stream));
     checked_ = false;
+    ctx_.unchecked.push_back(this);
   }
+  // Rows with a bad label get zeros; the error comes at the next synchronize().
   void backward(float scale, const Tensor& dlogits) override {
-    checkLabels();
     softmaxLossBackward(f32(prob_), static_cast<const std::int32_t*>(labels_.raw()), f32(dlogits),
                         n_, classes_, scale, ctx_.stream);
   }
@@ -409,6 +426,7 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp {
     if (checked_) return;
     TROUPE_CUDA_CHECK(cudaEventSynchronize(done_));
     checked_ = true;
+    std::erase(ctx_.unchecked, static_cast<Checked*>(this));
     if (bad_host_[0] > 0) {
       throw InputError("label " + std::to_string(bad_host_[1]) + " of sample " +
                        std::to_string(bad_host_[0] - 1) + " is outside [0, " +
@@ -545,6 +563,8 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     TROUPE_CUDA_CHECK(cudaGetLastError());  // a launch that failed
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+    while (!ctx_.unchecked.empty())
+      ctx_.unchecked.front()->check();  // removes itself
   }
   Event record() override {
     setDevice();

@@ -8,8 +8,8 @@
 //     $TROUPE_EMULATED_GPU_DELAY_US each piece of work first sleeps that long, so that such a read
 //     finds old values nearly always;
 //   - copies to pageable host memory return once done, copies from it once the source was read,
-//     as cudaMemcpyAsync's do; copies to its hostBuffer()s (pinned) return at once; sgdUpdate and
-//     the softmax loss's backward wait for their result.
+//     as cudaMemcpyAsync's do; copies to its hostBuffer()s (pinned) return at once; sgdUpdate
+//     waits for its result; what the work threw (a bad label) comes at the next host wait.
 // The arithmetic is the CPU backend's with one thread, so results match a CPU run with one thread
 // per replica to the bit.
 #include <algorithm>
@@ -278,7 +278,7 @@ class GlobalAvgPool final : public GlobalAvgPoolOp, Queued<GlobalAvgPoolOp> {
   }
 };
 
-// Backward waits for its result, as the CUDA op's does: a bad label is thrown from here.
+// A bad label fails the forward on the stream: thrown at the next host wait, as the CUDA op's.
 class SoftmaxLoss final : public SoftmaxLossOp, Queued<SoftmaxLossOp> {
  public:
   using Queued::Queued;
@@ -287,7 +287,6 @@ class SoftmaxLoss final : public SoftmaxLossOp, Queued<SoftmaxLossOp> {
   }
   void backward(float scale, const Tensor& dlogits) override {
     queue([scale](SoftmaxLossOp& op, auto&... t) { op.backward(scale, t...); }, dlogits);
-    stream_->drain();
   }
 };
 
