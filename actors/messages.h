@@ -19,7 +19,8 @@ namespace troupe::actors {
 
 using kernels::Tensor;
 
-// Reader -> Replica: the replica's share of the global batch of one step.
+// Reader -> Replica: the replica's share of the global batch of one step, lent read-only until
+// the replica's BatchConsumed for it (and its event).
 struct Batch {
   std::int64_t step = 0;
   Tensor images;             // [n, C, H, W] float, host
@@ -28,10 +29,12 @@ struct Batch {
   double read_seconds = 0;   // the reader's time reading and decoding it
 };
 
-// Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch).
+// Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch), and
+// write the batch's memory again once `ready` is done (the replica's copy of it to its device).
 struct BatchConsumed {
   std::int64_t step = 0;
   int replica = 0;  // the sender's index among its process's replicas (one reader may feed several)
+  kernels::Event ready;
 };
 
 // Updater -> Replica: the weights that step `step` starts from. They stay the sender's memory:

@@ -5,6 +5,7 @@
 #include "actors/messages.h"
 #include "actors/roles.h"
 #include "actors/trace.h"
+#include "kernels/cuda_plugin.h"
 #include "kernels/random.h"
 #include "troupe/error.h"
 
@@ -17,9 +18,12 @@ class Reader final : public Actor {
       : Actor(std::move(name)),
         config_(std::move(config)),
         next_(config_.targets.size(), config_.plan.first_step),
-        in_flight_(config_.targets.size(), 0) {
+        in_flight_(config_.targets.size(), 0),
+        pool_(config_.targets.size()) {
     on<BatchConsumed>([this](BatchConsumed& m) {
-      --in_flight_[targetOf(m.replica)];
+      const std::size_t t = targetOf(m.replica);
+      --in_flight_[t];
+      if (config_.pinned) slotOf(t, m.step).consumed = m.ready;
       fill();
     });
   }
@@ -56,9 +60,51 @@ class Reader final : public Actor {
         }
       }
       if (best == config_.targets.size()) return;
-      send(config_.targets[best].replica, read(next_[best]++, config_.targets[best]));
+      send(config_.targets[best].replica, read(next_[best]++, best));
       ++in_flight_[best];
     }
+  }
+
+  // Memory for a batch of `count` inputs: plain host memory, or pinned (config_.pinned).
+  kernels::Tensor hostTensor(kernels::Shape shape, kernels::DType dtype) const {
+    return config_.pinned ? kernels::pinnedHostBuffer(std::move(shape), dtype)
+                          : kernels::Tensor::hostUninitialized(std::move(shape), dtype);
+  }
+  kernels::Shape imageShape(std::int64_t count) const {
+    const auto& d = config_.dataset;
+    return {count, d.channels, d.height, d.width};
+  }
+  kernels::DType imageType() const {
+    return config_.dataset.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32;
+  }
+
+  // A pinned batch buffer of target t: the one of `step` modulo prefetch. In flight are at most
+  // prefetch batches, consumed in step order, so its last batch was consumed; its memory is
+  // written again once that batch's copy to the device is done.
+  struct Slot {
+    kernels::Tensor images, labels;
+    kernels::Event consumed;
+  };
+  Slot& slotOf(std::size_t t, std::int64_t step) {
+    auto& slots = pool_[t];
+    if (slots.empty()) slots.resize(static_cast<std::size_t>(config_.prefetch));
+    return slots[static_cast<std::size_t>(step % config_.prefetch)];
+  }
+  void takeBuffers(std::size_t t, std::int64_t step, Batch& batch) {
+    const std::int64_t count = config_.targets[t].count;
+    if (!config_.pinned) {
+      batch.images = hostTensor(imageShape(count), imageType());
+      batch.labels = hostTensor({count}, kernels::DType::kInt32);
+      return;
+    }
+    Slot& slot = slotOf(t, step);
+    if (slot.images.numel() == 0) {
+      slot.images = hostTensor(imageShape(count), imageType());
+      slot.labels = hostTensor({count}, kernels::DType::kInt32);
+    }
+    slot.consumed.wait();  // a host wait for a copy that is done nearly always
+    batch.images = slot.images;
+    batch.labels = slot.labels;
   }
 
   // One batch of each target's size: images uniform in [-1, 1) (bytes uniform in [0, 256) for
@@ -67,10 +113,8 @@ class Reader final : public Actor {
     const auto& d = config_.dataset;
     for (const auto& target : config_.targets) {
       Batch b;
-      b.images = kernels::Tensor::hostUninitialized(
-          {target.count, d.channels, d.height, d.width},
-          d.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32);
-      b.labels = kernels::Tensor::hostUninitialized({target.count}, kernels::DType::kInt32);
+      b.images = hostTensor(imageShape(target.count), imageType());
+      b.labels = hostTensor({target.count}, kernels::DType::kInt32);
       const auto stream = static_cast<std::uint64_t>(target.offset) * 2;
       for (std::int64_t i = 0; i < b.images.numel(); ++i) {
         const std::uint64_t bits = kernels::randomBits(config_.seed, stream, i);
@@ -91,9 +135,10 @@ class Reader final : public Actor {
                  synthetic_.size());
   }
 
-  Batch read(std::int64_t step, const ReaderTarget& target) {
+  Batch read(std::int64_t step, std::size_t t) {
+    const ReaderTarget& target = config_.targets[t];
     if (config_.synthetic) {
-      Batch b = synthetic_[targetOf(target.local_index)];
+      Batch b = synthetic_[t];
       b.step = step;
       return b;
     }
@@ -109,13 +154,9 @@ class Reader final : public Actor {
     for (std::int64_t i = 0; i < target.count; ++i) {
       indices_[static_cast<std::size_t>(i)] = order_[static_cast<std::size_t>((first + i) % n)];
     }
-    const auto& d = config_.dataset;
     Batch batch;
     batch.step = step;
-    batch.images = kernels::Tensor::hostUninitialized(
-        {target.count, d.channels, d.height, d.width},
-        d.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32);
-    batch.labels = kernels::Tensor::hostUninitialized({target.count}, kernels::DType::kInt32);
+    takeBuffers(t, step, batch);
     const auto began = Trace::Clock::now();
     try {
       readInto(indices_, epoch, batch.images, 0, batch.labels.i32());
@@ -184,6 +225,7 @@ class Reader final : public Actor {
   std::vector<std::int64_t> next_;        // per target: the step of its next batch
   std::vector<int> in_flight_;            // per target: batches sent and not yet consumed
   std::vector<Batch> synthetic_;          // per target, with config_.synthetic
+  std::vector<std::vector<Slot>> pool_;   // per target, with config_.pinned
 };
 
 }  // namespace

@@ -127,7 +127,7 @@ class Replica final : public Actor {
       net_->forward(images, onDevice(batch.labels, labels_here_), /*train=*/true);
     }
     backward(step);
-    send(config_.reader, BatchConsumed{step, config_.local_index});
+    send(config_.reader, BatchConsumed{step, config_.local_index, backend_->record()});
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();

@@ -125,6 +125,10 @@ struct ReaderConfig {
   // No database: each target gets one batch of random images and labels (from the seed), made at
   // the start and sent again every step (TrainOptions::synthetic). The replicas only read it.
   bool synthetic = false;
+  // The targets compute on GPUs: batches go out in pinned host memory (kernels::pinnedHostBuffer),
+  // which their copies to the device read asynchronously; `prefetch` buffers per target, each
+  // written again once the BatchConsumed of its last batch came and its event is done.
+  bool pinned = false;
   Trace* trace = nullptr;  // a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);

@@ -275,6 +275,7 @@ ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& tra
   reader.prefetch = o.prefetch;
   reader.skip_bad_records = o.skip_bad_records;
   reader.synthetic = o.synthetic;
+  reader.pinned = !o.gpus.empty();
   reader.trace = trace;
   return reader;
 }

@@ -108,6 +108,12 @@ std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options) 
   return l.plugin->make(index, options);
 }
 
+Tensor pinnedHostBuffer(Shape shape, DType dtype) {
+  const Loaded& l = loaded();
+  if (!l.plugin || l.info.devices.empty()) return Tensor::host(std::move(shape), dtype);
+  return l.plugin->host_buffer(std::move(shape), dtype);
+}
+
 std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptions& options) {
   if (device.kind == DeviceKind::kCuda) return makeCudaBackend(device.index, options);
   return makeCpuBackend(threads);

@@ -57,12 +57,18 @@ std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options =
 // A backend on `device`: makeCpuBackend(threads) or makeCudaBackend(device.index).
 std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptions& options = {});
 
+// Host memory, zero-filled, that the GPUs copy to and from asynchronously (pinned: what
+// Backend::hostBuffer gives on a GPU), for whoever stages data for a device without a backend of
+// its own (a reader); plain host memory where there is no CUDA device. Slow to allocate: keep it.
+Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
+
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
-  static constexpr int kAbi = 4;  // bumped whenever this struct or Backend changes
+  static constexpr int kAbi = 5;  // bumped whenever this struct or Backend changes
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;
+  Tensor (*host_buffer)(Shape shape, DType dtype) = nullptr;
 };
 
 }  // namespace troupe::kernels

@@ -91,9 +91,11 @@ TEST(Devices, TwoReplicasOnGpusSummingOnTheFirstTrainAsTwoOnTheCpu) {
 }
 
 // MXNet's local: the replicas' buckets go through pinned host memory to a reducer and updater on
-// the CPU, and the weights back to each GPU.
+// the CPU, and the weights back to each GPU. With prefetch 1 each reader writes its one pinned
+// batch buffer again as soon as its replica's copy of the last batch is done, not before.
 TEST(Devices, TwoReplicasOnGpusSummingOnTheCpuTrainAsTwoOnTheCpu) {
-  expectTheCpusWeights("devices_local", "--replicas 2 --threads 2", "--num_gpus 2 --threads 2",
+  expectTheCpusWeights("devices_local", "--replicas 2 --threads 2 --prefetch 1",
+                       "--num_gpus 2 --threads 2 --prefetch 1",
                        "gradients summed on cpu, weights updated on cpu");
 }
 

@@ -468,6 +468,17 @@ class CudaEvent final : public EventImpl {
 
 static_assert(sizeof(cuda::ChannelValues::mean) / sizeof(float) == Backend::kMaxChannels);
 
+// Page-locked host memory (every device copies it asynchronously), zero-filled.
+Tensor pinned(Shape shape, DType dtype) {
+  const auto bytes =
+      std::max<std::size_t>(1, static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype));
+  void* p = nullptr;
+  TROUPE_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  std::memset(p, 0, bytes);
+  std::shared_ptr<void> storage(p, [](void* q) { cudaFreeHost(q); });
+  return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int index, const CudaOptions& options) {
@@ -503,13 +514,7 @@ class CudaBackend final : public Backend {
 
   Tensor hostBuffer(Shape shape, DType dtype) override {
     setDevice();
-    const auto bytes =
-        std::max<std::size_t>(1, static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype));
-    void* p = nullptr;
-    TROUPE_CUDA_CHECK(cudaMallocHost(&p, bytes));
-    std::memset(p, 0, bytes);
-    std::shared_ptr<void> storage(p, [](void* q) { cudaFreeHost(q); });
-    return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+    return pinned(std::move(shape), dtype);
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
@@ -679,8 +684,8 @@ std::unique_ptr<Backend> make(int index, const CudaOptions& options) {
 
 extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
 troupe_cuda_plugin() {
-  static const troupe::kernels::CudaPlugin plugin{troupe::kernels::CudaPlugin::kAbi,
-                                                  &troupe::kernels::cuda::describe,
-                                                  &troupe::kernels::cuda::make};
+  static const troupe::kernels::CudaPlugin plugin{
+      troupe::kernels::CudaPlugin::kAbi, &troupe::kernels::cuda::describe,
+      &troupe::kernels::cuda::make, &troupe::kernels::cuda::pinned};
   return &plugin;
 }

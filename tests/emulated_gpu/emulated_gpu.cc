@@ -145,7 +145,8 @@ class StreamEvent final : public EventImpl {
   bool done_ = false;
 };
 
-// The host buffers a backend handed out as pinned, while they live.
+// The host buffers handed out as pinned, while they live (any emulated device copies them
+// asynchronously, as any GPU does pinned memory).
 class PinnedRanges {
  public:
   void add(const void* p, std::size_t bytes) {
@@ -169,6 +170,26 @@ class PinnedRanges {
   mutable std::mutex mutex_;
   std::map<const char*, std::size_t> ranges_;
 };
+
+// Shared with the buffers' deleters, which may run after everything else here is gone.
+const std::shared_ptr<PinnedRanges>& pinnedRanges() {
+  static const auto ranges = std::make_shared<PinnedRanges>();
+  return ranges;
+}
+
+// The plugin's pinned host memory: plain host memory, registered while it lives.
+Tensor pinned(Shape shape, DType dtype) {
+  const auto bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
+  void* p = std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));
+  if (p == nullptr) throw ResourceError("out of host memory for a pinned buffer");
+  std::memset(p, 0, bytes);
+  pinnedRanges()->add(p, bytes);
+  std::shared_ptr<void> storage(p, [ranges = pinnedRanges()](void* q) {
+    ranges->remove(q);
+    std::free(q);
+  });
+  return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+}
 
 // Each op of the CPU backend, its calls queued on the stream with host views of their tensors.
 template <typename Op>
@@ -307,16 +328,7 @@ class EmulatedBackend final : public Backend {
   // Pinned: copies into it do not wait (the stream writes it later), as cudaMemcpyAsync's to
   // cudaMallocHost memory do not.
   Tensor hostBuffer(Shape shape, DType dtype) override {
-    const auto bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
-    void* p = std::aligned_alloc(64, std::max<std::size_t>(64, (bytes + 63) / 64 * 64));
-    if (p == nullptr) throw ResourceError("out of host memory for a pinned buffer");
-    std::memset(p, 0, bytes);
-    pinned_->add(p, bytes);
-    std::shared_ptr<void> storage(p, [pinned = pinned_](void* q) {
-      pinned->remove(q);
-      std::free(q);
-    });
-    return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
+    return emulated::pinned(std::move(shape), dtype);
   }
 
   Tensor empty(Shape shape, DType dtype) override {
@@ -334,7 +346,7 @@ class EmulatedBackend final : public Backend {
       std::memmove(dst.raw(), src.raw(), src.bytes());
       return;
     }
-    if (onHost(src) && !pinned(src)) {  // pageable: read now, written in stream order
+    if (onHost(src) && !isPinned(src)) {  // pageable: read now, written in stream order
       auto staged =
           Tensor::hostUninitialized({static_cast<std::int64_t>(src.bytes())}, DType::kUInt8);
       std::memcpy(staged.raw(), src.raw(), src.bytes());
@@ -345,7 +357,7 @@ class EmulatedBackend final : public Backend {
     stream_->enqueue([from = hostView(src), to = hostView(dst)] {
       std::memmove(to.raw(), from.raw(), from.bytes());
     });
-    if (onHost(dst) && !pinned(dst)) stream_->drain();  // to pageable memory: once done
+    if (onHost(dst) && !isPinned(dst)) stream_->drain();  // to pageable memory: once done
   }
 
   void fill(const Tensor& t, float value) override {
@@ -418,12 +430,11 @@ class EmulatedBackend final : public Backend {
   }
 
  private:
-  bool pinned(const Tensor& t) const { return pinned_->holds(t.raw(), t.bytes()); }
+  static bool isPinned(const Tensor& t) { return pinnedRanges()->holds(t.raw(), t.bytes()); }
 
   int index_;
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
   std::shared_ptr<Stream> stream_;
-  std::shared_ptr<PinnedRanges> pinned_ = std::make_shared<PinnedRanges>();
 };
 
 CudaInfo describe() {
@@ -454,8 +465,8 @@ std::unique_ptr<Backend> make(int index, const CudaOptions&) {
 
 extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
 troupe_cuda_plugin() {
-  static const troupe::kernels::CudaPlugin plugin{troupe::kernels::CudaPlugin::kAbi,
-                                                  &troupe::kernels::emulated::describe,
-                                                  &troupe::kernels::emulated::make};
+  static const troupe::kernels::CudaPlugin plugin{
+      troupe::kernels::CudaPlugin::kAbi, &troupe::kernels::emulated::describe,
+      &troupe::kernels::emulated::make, &troupe::kernels::emulated::pinned};
   return &plugin;
 }
