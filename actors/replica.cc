@@ -4,7 +4,9 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "actors/messages.h"
 #include "actors/roles.h"
@@ -121,16 +123,20 @@ class Replica final : public Actor {
   void runStep(const Weights& weights, const Batch& batch, double input_wait, int ready) {
     const std::int64_t step = batch.step;
     adopt(weights.weights, weights.buffers, weights.ready);
+    marks_.clear();
+    mark("start");
     const kernels::Tensor images = deviceImages(batch.images);
     {
       TraceScope span(config_.trace, name(), "forward");
       net_->forward(images, onDevice(batch.labels, labels_here_), /*train=*/true);
     }
+    mark("forward");
     backward(step);
     send(config_.reader, BatchConsumed{step, config_.local_index, backend_->record()});
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();
+    traceDevice();
     const float loss_sum = metrics_host_.f32()[0];
     if (!std::isfinite(loss_sum)) {
       throw NumericError(
@@ -197,8 +203,10 @@ class Replica final : public Actor {
         backend_->copy(grads, host);
         grads = host;
       }
-      send(config_.reducer, GradBucket{step, config_.local_index, bucket_begin, bucket_end, grads,
-                                       backend_->record()});
+      mark(fmt::format("backward, to bucket [{},{})", bucket_begin, bucket_end));
+      const kernels::Event ready = marks_.empty() ? backend_->record() : marks_.back().at;
+      send(config_.reducer,
+           GradBucket{step, config_.local_index, bucket_begin, bucket_end, grads, ready});
       bucket_begin = bucket_end = -1;
       cap = config_.bucket_bytes;
     };
@@ -213,6 +221,29 @@ class Replica final : public Actor {
       if ((bucket_end - bucket_begin) * static_cast<std::int64_t>(sizeof(float)) >= cap) flush();
     });
     flush();
+  }
+
+  // On a device, with a trace: the device's own times of the step's work, on a track of its own
+  // ("replica/0 cuda:0"): forward, then backward piece by piece, each piece ending as a bucket is
+  // final. The host's spans of the same work time only its queueing.
+  void mark(std::string what) {
+    if (config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu)
+      marks_.push_back({std::move(what), backend_->recordTimed()});
+  }
+
+  // After the step's host wait: its last mark was reached about as the wait returned, and the
+  // others are placed before it by the device's clock.
+  void traceDevice() {
+    if (marks_.size() < 2) return;
+    const auto end = Trace::Clock::now();
+    const kernels::Event& last = marks_.back().at;
+    auto before = [&](const kernels::Event& e) {
+      return end - std::chrono::duration_cast<Trace::Clock::duration>(
+                       std::chrono::duration<double>(backend_->elapsed(e, last)));
+    };
+    const std::string track = fmt::format("{} {}", name(), kernels::toString(backend_->device()));
+    for (std::size_t i = 1; i < marks_.size(); ++i)
+      config_.trace->span(track, marks_[i].what, before(marks_[i - 1].at), before(marks_[i].at));
   }
 
   void evaluate(const Evaluate& e) {
@@ -285,6 +316,11 @@ class Replica final : public Actor {
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
   kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device
+  struct Mark {
+    std::string what;  // the work that ends here
+    kernels::Event at;
+  };
+  std::vector<Mark> marks_;  // of the step, on a device with a trace
   std::optional<Weights> weights_;
   std::map<std::int64_t, Batch> batches_;
   kernels::Tensor floats_;  // uint8 batches, normalised on this device

@@ -66,6 +66,11 @@ class Backend {
   // Work queued from now on starts only once `e` is done: on the device where it can (another
   // stream's CUDA event), else by waiting on the host. Returns at once on a device.
   virtual void waitFor(const Event& e) = 0;
+  // As record(), and the device notes when it gets there, for traces (a little costlier).
+  virtual Event recordTimed() = 0;
+  // Seconds from `from` to `to`, two done recordTimed() events of this backend; 0 on the CPU,
+  // whose work the host times itself.
+  virtual double elapsed(const Event& from, const Event& to) = 0;
   virtual MemoryStats memory() const { return {}; }
 
   // Op factories (kernels/ops.h); each op is fixed to its geometry and used on this backend only.

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "actors/checkpoint.h"
@@ -113,6 +114,27 @@ TEST(Devices, TwoProcessesWithAReplicaOnAGpuEachTrainAsTwoOnTheCpu) {
                        "--schedule bsp-allreduce --threads 1 --gpus 0",
                        "replicas on cuda:0; gradients summed on cuda:0, weights updated on cuda:0",
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
+// The trace has a track per GPU with the device's own times: forward, then backward in pieces,
+// each ending as a bucket is final, beside the host's tracks.
+TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
+  TempDir cwd("devices_trace");
+  const auto r = trainLenet(cwd, "gpu", emulated(),
+                            "--gpus 0,1 --schedule device --threads 2 --trace trace.json "
+                            "--bucket_size_mb 0.05 --first_bucket_mb 0.01");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string trace = testing::slurp(cwd.path() / "trace.json");
+  EXPECT_NE(trace.find("\"replica/0 cuda:0\""), std::string::npos);
+  EXPECT_NE(trace.find("\"replica/1 cuda:1\""), std::string::npos);
+  EXPECT_NE(trace.find("\"forward\""), std::string::npos);
+  // LeNet's layers from the last, in buckets of 10 KB, then 50 KB: ip2, ip1, conv2, conv1.
+  std::set<std::string> buckets;
+  for (auto at = trace.find("backward, to bucket ["); at != std::string::npos;
+       at = trace.find("backward, to bucket [", at + 1)) {
+    buckets.insert(trace.substr(at, trace.find(')', at) - at + 1));
+  }
+  EXPECT_GE(buckets.size(), 3u) << trace.substr(0, 2000);
 }
 
 TEST(Devices, AGpuTheMachineLacksIsNamedBeforeTheRun) {

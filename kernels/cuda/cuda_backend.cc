@@ -445,8 +445,9 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
 // A CUDA event recorded on a backend's stream, destroyed with its last handle.
 class CudaEvent final : public EventImpl {
  public:
-  CudaEvent(int device, cudaStream_t stream) : device_(device) {
-    TROUPE_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  CudaEvent(int device, cudaStream_t stream, bool timed = false) : device_(device) {
+    TROUPE_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
     TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
@@ -574,6 +575,18 @@ class CudaBackend final : public Backend {
   Event record() override {
     setDevice();
     return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream));
+  }
+  Event recordTimed() override {
+    setDevice();
+    return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream, /*timed=*/true));
+  }
+  double elapsed(const Event& from, const Event& to) override {
+    const auto* a = dynamic_cast<const CudaEvent*>(from.impl());
+    const auto* b = dynamic_cast<const CudaEvent*>(to.impl());
+    TROUPE_ENFORCE(a != nullptr && b != nullptr, "elapsed() between events of another backend");
+    float ms = 0;
+    TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event(), b->event()));
+    return ms / 1000.0;
   }
   void waitFor(const Event& e) override {
     if (e.done()) return;

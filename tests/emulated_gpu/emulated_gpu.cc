@@ -135,14 +135,20 @@ class StreamEvent final : public EventImpl {
     {
       std::lock_guard lock(mutex_);
       done_ = true;
+      when_ = std::chrono::steady_clock::now();
     }
     cv_.notify_all();
+  }
+  std::chrono::steady_clock::time_point when() const {
+    std::lock_guard lock(mutex_);
+    return when_;
   }
 
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point when_;
 };
 
 // The host buffers handed out as pinned, while they live (any emulated device copies them
@@ -390,6 +396,14 @@ class EmulatedBackend final : public Backend {
     auto event = std::make_shared<StreamEvent>();
     stream_->enqueue([event] { event->fire(); });
     return Event(event);
+  }
+  Event recordTimed() override { return record(); }
+  double elapsed(const Event& from, const Event& to) override {
+    const auto* a = dynamic_cast<const StreamEvent*>(from.impl());
+    const auto* b = dynamic_cast<const StreamEvent*>(to.impl());
+    TROUPE_ENFORCE(a != nullptr && b != nullptr && a->done() && b->done(),
+                   "elapsed() between events not done, or of another backend");
+    return std::chrono::duration<double>(b->when() - a->when()).count();
   }
   void waitFor(const Event& e) override {
     if (e.done()) return;
