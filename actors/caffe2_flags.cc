@@ -192,8 +192,10 @@ std::vector<Key> caffe2Keys() {
       onlyFalse("float16_compute", "Caffe2's: true is refused (troupe computes in float32)",
                 "troupe computes in float32 only; the nearest is gradient_compression fp16 "
                 "(gradients travel between processes as fp16)"),
-      onlyFalse("enable_tensor_core", "Caffe2's: true is refused (no fp16 training yet)",
-                "Caffe2's Tensor Core math is fp16, and troupe trains in float32 only so far"),
+      alias(
+          "enable_tensor_core", Kind::kBool, Range{},
+          "Caffe2's: Tensor Core math on GPUs; troupe's in float32 is TF32 (tf32)", "tf32",
+          [](Settings& s, const Value& v) { s.options.tf32 = std::get<bool>(v); }, "false"),
       alias(
           "distributed_transport", Kind::kString, Range{},
           "Caffe2's: tcp (troupe's links are TCP); ibverbs is refused", nullptr,

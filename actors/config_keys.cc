@@ -313,6 +313,10 @@ std::vector<Key> buildTable() {
       // A replica is a thread with a team of its own: no more of them than threads.
       TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                      "model replicas in this process (the batch is split)"),
+      TROUPE_BOOL_KEY("tf32", tf32,
+                      "on GPUs, convolutions and matrix products in TensorFloat-32 (10-bit "
+                      "mantissa products, fp32 sums: PyTorch's allow_tf32); off, float32 is IEEE "
+                      "float32 as on the CPU"),
       TROUPE_INT_KEY(
           "threads", threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),

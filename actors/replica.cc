@@ -46,7 +46,8 @@ class Replica final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeBackend(config_.device, config_.threads);
+    backend_ = kernels::makeBackend(config_.device, config_.threads,
+                                    kernels::CudaOptions{.tf32 = config_.tf32});
     net_ = kernels::makeNet(*backend_, config_.net);
     metrics_host_ = kernels::Tensor::host({2});
     if (config_.reduce_on != config_.device && config_.reduce_on.kind == kernels::DeviceKind::kCpu)

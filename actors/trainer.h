@@ -83,6 +83,9 @@ struct TrainOptions {
   // The GPUs of this process (Caffe2's --gpus / --num_gpus): replica r on cuda:gpus[r], so
   // replicas = gpus.size(); empty: every replica on the CPU.
   std::vector<int> gpus;
+  // On GPUs, convolutions and matrix products in TensorFloat-32 (PyTorch's allow_tf32, Caffe2's
+  // --enable_tensor_core); off, fp32 ops compute in IEEE fp32, as the CPU does.
+  bool tf32 = false;
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas
   std::vector<double> work_load_list;  // relative share of each replica; empty: equal

@@ -137,6 +137,16 @@ TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
   EXPECT_GE(buckets.size(), 3u) << trace.substr(0, 2000);
 }
 
+TEST(Devices, TheDryRunShowsTheGpusAndTf32) {
+  TempDir cwd("devices_dry_run");
+  const auto r = trainLenet(cwd, "gpu", emulated(), "--num_gpus 2 --enable_tensor_core --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("#   gpus            cuda:0, cuda:1 (a replica each), TF32 on"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("#   replicas        2 per worker"), std::string::npos) << r.output;
+}
+
 TEST(Devices, AGpuTheMachineLacksIsNamedBeforeTheRun) {
   TempDir cwd("devices_missing");
   auto r = trainLenet(cwd, "gpu", emulated(1), "--gpus 0,1");
