@@ -3,6 +3,7 @@
 # Included from the top CMakeLists.txt unless TROUPE_USE_CUDA is OFF.
 
 include(CheckLanguage)
+include(GNUInstallDirs)
 if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
@@ -65,4 +66,10 @@ function(troupe_cuda_plugin)
                                                BUILD_RPATH "${CUDAToolkit_LIBRARY_DIR}")
   # Tests and the CLI load it at run time; building them builds it.
   add_dependencies(troupe_kernels troupe_cuda)
+  # Installed only when asked for (cmake --install BUILD --component cuda), into the library folder
+  # beside bin/, where an installed troupe looks: the Debian package keeps its Debian-only
+  # dependencies (cuDNN and NCCL are not Debian's), and the plugin finds them where it was built.
+  set_target_properties(troupe_cuda PROPERTIES INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
+  install(TARGETS troupe_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT cuda
+          EXCLUDE_FROM_ALL)
 endfunction()

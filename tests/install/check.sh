@@ -14,7 +14,10 @@
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
 #   4. `cpack -G DEB`: the package holds the library, headers, CMake and pkg-config files and the
-#      CLI; unpacked, its troupe runs; apt resolves its dependencies from Debian (simulated).
+#      CLI, not the CUDA plugin; unpacked, its troupe runs; apt resolves its dependencies from
+#      Debian (simulated).
+# Where the build has the CUDA plugin, `cmake --install BUILD --component cuda` installs it, and the
+# installed troupe loads it.
 set -euo pipefail
 build=$(realpath "$1")
 src=$(realpath "$2")
@@ -25,6 +28,12 @@ quiet() { "$@" > "$tmp/out.log" 2>&1 || { cat "$tmp/out.log"; echo "failed: $*";
 
 step "cmake --install $build --prefix P"
 quiet cmake --install "$build" --prefix "$tmp/prefix"
+if [[ -f "$build/lib/libtroupe_cuda.so" ]]; then
+  step "cmake --install $build --component cuda: the CUDA plugin, which the installed troupe loads"
+  quiet cmake --install "$build" --prefix "$tmp/prefix" --component cuda
+  "$tmp/prefix/bin/troupe" info | grep "cuda plugin: $tmp/prefix/lib/libtroupe_cuda.so" ||
+    { "$tmp/prefix/bin/troupe" info; echo "the installed troupe does not load the installed plugin"; exit 1; }
+fi
 step "find_package(troupe): shared and static"
 quiet cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$tmp/prefix"
 quiet cmake --build "$tmp/consumer" -j2
@@ -192,6 +201,9 @@ for path in ./usr/bin/troupe ./usr/lib/libtroupe.a ./usr/lib/libtroupe.so.0 ./us
   ./usr/include/troupe/config.h ./usr/lib/cmake/troupe/troupeConfig.cmake ./usr/lib/pkgconfig/troupe.pc; do
   grep -q " $path" "$tmp/contents" || { echo "$deb lacks $path"; cat "$tmp/contents"; exit 1; }
 done
+if grep -q "libtroupe_cuda" "$tmp/contents"; then
+  echo "$deb holds the CUDA plugin, whose cuDNN and NCCL Debian lacks"; exit 1
+fi
 dpkg-deb -f "$deb" Depends
 dpkg-deb -x "$deb" "$tmp/root"
 LD_LIBRARY_PATH="$tmp/root/usr/lib" "$tmp/root/usr/bin/troupe" info | head -1
