@@ -91,7 +91,9 @@ run() {
   rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xJf .gpu/bundle.tar.xz || { echo "no .gpu/bundle.tar.xz: carry .gpu"; exit 2; }
   export LD_LIBRARY_PATH="$root/lib:$(wheel_libs):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-  export TROUPE_CUDA_LIBRARY="$root/lib/libtroupe_cuda.so"
+  # GPU_PLUGIN: another plugin, e.g. the tests' emulated GPU to rehearse the call here
+  # (GPU_PLUGIN=$PWD/build/tests/libtroupe_emulated_gpu.so).
+  export TROUPE_CUDA_LIBRARY="${GPU_PLUGIN:-$root/lib/libtroupe_cuda.so}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$OUT/summary.txt"
   failed=0
   BUDGET=${BUDGET:-570}
@@ -103,10 +105,10 @@ run() {
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
   part convert 60 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
-    --num_epochs 3 --log_every 0)
-  part lenet_gpu 90 "$troupe" train "${lenet[@]}" --gpus 0 --log_dir "$OUT/lenet_gpu" \
-    --checkpoint_dir "$root/ck_gpu"
-  part lenet_cpu 90 "$troupe" train "${lenet[@]}" --log_dir "$OUT/lenet_cpu" \
+    --log_every 0)
+  part lenet_gpu 90 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 \
+    --log_dir "$OUT/lenet_gpu" --checkpoint_dir "$root/ck_gpu"
+  part lenet_cpu 90 "$troupe" train "${lenet[@]}" --num_epochs 3 --log_dir "$OUT/lenet_cpu" \
     --checkpoint_dir "$root/ck_cpu"
   part resnet50 200 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-5}"
