@@ -70,27 +70,6 @@ Key refused(const char* name, const char* help, const char* why) {
   return key;
 }
 
-// The ids of Caffe2's --gpus list ("0,1,3"): Refusal when it is not one.
-std::vector<int> deviceIds(const std::string& list) {
-  std::vector<int> ids;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const auto end = std::min(list.find(',', start), list.size());
-    const std::string id = list.substr(start, end - start);
-    if (id.empty() || id.size() > 4 || id.find_first_not_of("0123456789") != std::string::npos) {
-      throw Refusal("expected device ids, comma-separated (0,1,2,3)");
-    }
-    const int value = std::stoi(id);
-    if (std::find(ids.begin(), ids.end(), value) != ids.end()) {
-      throw Refusal(fmt::format("GPU {} is named twice", value));
-    }
-    ids.push_back(value);
-    if (ids.size() > 1024) throw Refusal("more than 1024 devices");
-    start = end + 1;
-  }
-  return ids;
-}
-
 // "host" as a URL's host: an IPv6 address in brackets.
 std::string urlHost(const std::string& host) {
   return host.find(':') != std::string::npos && !host.starts_with('[') ? "[" + host + "]" : host;
@@ -104,15 +83,16 @@ std::vector<Key> caffe2Keys() {
   constexpr Range kSeconds{0, 30 * 24 * 3600, true, false};  // step_timeout's
   return {
       alias(
-          "gpus", Kind::kString, Range{},
-          "Caffe2's and MXNet's GPU ids (0,1): one replica on each GPU; with use_cpu, that many "
-          "replicas on the CPU (Caffe2's CPU devices)",
-          "replicas", [](Settings&, const Value& v) { deviceIds(std::get<std::string>(v)); }, ""),
-      alias(
           "num_gpus", Kind::kInt, kDevices,
-          "Caffe2's GPU count: replicas on GPUs 0 .. num_gpus-1; with use_cpu, that many "
-          "replicas on the CPU (Caffe2's CPU devices)",
-          "replicas", [](Settings&, const Value&) {}, "1"),
+          "Caffe2's GPU count: gpus 0 .. num_gpus-1; with use_cpu, that many replicas on the CPU "
+          "(Caffe2's CPU devices)",
+          "gpus",
+          [](Settings& s, const Value& v) {
+            s.options.gpus.clear();
+            for (std::int64_t i = 0; i < std::get<std::int64_t>(v); ++i)
+              s.options.gpus.push_back(static_cast<int>(i));
+          },
+          "1"),
       onlyFalse("model_parallel", "Caffe2's: true is refused (no model parallelism)",
                 "troupe has no model parallelism: every replica holds the whole model (replicas "
                 "and num_shards split the data)"),
@@ -280,21 +260,23 @@ void resolveCaffe2Flags(Settings& s) {
     const auto dir = std::filesystem::absolute(store->text, ec);
     o.rendezvous = "file://" + (ec ? store->text : dir.lexically_normal().string());
   }
-  // Caffe2's devices: --gpus 0,1 or --num_gpus 2, one replica each, on those GPUs or, with
-  // --use_cpu, on the CPU; --use_cpu false alone is Caffe2's default of one GPU, GPU 0.
-  std::vector<int> ids;
-  if (const Given* devices = s.find("replicas"); devices && devices->name == "gpus") {
-    ids = deviceIds(devices->text);
-  } else if (devices && devices->name == "num_gpus") {
-    for (int i = 0; i < std::stoi(devices->text); ++i)
-      ids.push_back(i);
-  } else if (s.use_cpu == false) {
-    ids = {0};
+  // Caffe2's devices: with --use_cpu, --gpus and --num_gpus count replicas on the CPU (Caffe2's
+  // CPU devices); --use_cpu false alone is Caffe2's default, GPU 0. On GPUs, a replica each.
+  const Given* gpus = s.find("gpus");
+  const Given* replicas = s.find("replicas");
+  if (s.use_cpu == true && !o.gpus.empty()) {
+    if (gpus && replicas && replicas->source.rank == gpus->source.rank) {
+      throw InputError(fmt::format("{} and {} both set replicas: give one", gpus->source.by,
+                                   replicas->source.by));
+    }
+    if (!replicas || (gpus && replicas->source.rank < gpus->source.rank))
+      o.replicas = static_cast<int>(o.gpus.size());
+    o.gpus.clear();
+    return;
   }
-  if (!ids.empty()) {
-    o.replicas = static_cast<int>(ids.size());
-    if (s.use_cpu != true) o.gpus = ids;
-  }
+  if (s.use_cpu == false && o.gpus.empty()) o.gpus = {0};
+  // An explicit replicas must match (checkGpus says so, naming both).
+  if (!o.gpus.empty() && !replicas) o.replicas = static_cast<int>(o.gpus.size());
 }
 
 double lrScale(std::string_view scaling, std::int64_t global_batch) {

@@ -1,6 +1,7 @@
 #include "actors/config_keys.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -123,6 +124,27 @@ std::vector<std::string> keyNames() {
   for (const auto& k : keys())
     names.emplace_back(k.name);
   return names;
+}
+
+// The ids of Caffe2's --gpus list ("0,1,3"): Refusal when it is not one.
+std::vector<int> deviceIds(const std::string& list) {
+  std::vector<int> ids;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const auto end = std::min(list.find(',', start), list.size());
+    const std::string id = list.substr(start, end - start);
+    if (id.empty() || id.size() > 4 || id.find_first_not_of("0123456789") != std::string::npos) {
+      throw Refusal("expected device ids, comma-separated (0,1,2,3)");
+    }
+    const int value = std::stoi(id);
+    if (std::find(ids.begin(), ids.end(), value) != ids.end()) {
+      throw Refusal(fmt::format("GPU {} is named twice", value));
+    }
+    ids.push_back(value);
+    if (ids.size() > 1024) throw Refusal("more than 1024 devices");
+    start = end + 1;
+  }
+  return ids;
 }
 
 }  // namespace
@@ -313,6 +335,12 @@ std::vector<Key> buildTable() {
       // A replica is a thread with a team of its own: no more of them than threads.
       TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                      "model replicas in this process (the batch is split)"),
+      Key{"gpus", Kind::kString, kNotNumeric,
+          "GPU ids, one replica on each (Caffe2's and MXNet's --gpus 0,1); empty: the CPU",
+          [](Settings& s, const Value& v) {
+            s.options.gpus = asString(v).empty() ? std::vector<int>{} : deviceIds(asString(v));
+          },
+          [](const Settings& s) { return fmt::format("{}", fmt::join(s.options.gpus, ",")); }},
       TROUPE_BOOL_KEY("tf32", tf32,
                       "on GPUs, convolutions and matrix products in TensorFloat-32 (10-bit "
                       "mantissa products, fp32 sums: PyTorch's allow_tf32); off, float32 is IEEE "

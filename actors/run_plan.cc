@@ -77,6 +77,32 @@ bool isParameterServerSchedule(const std::string& schedule) {
   return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
 }
 
+ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
+  ProcessDevices d;
+  for (int r = 0; r < o.replicas; ++r) {
+    d.replicas.push_back(o.gpus.empty() ? kernels::Device{}
+                                        : kernels::Device{kernels::DeviceKind::kCuda,
+                                                          o.gpus[static_cast<std::size_t>(r)]});
+  }
+  const bool on_gpu = !o.gpus.empty() && !ps && o.schedule != "local";
+  d.reducer = on_gpu ? d.replicas[0] : kernels::Device{};
+  d.updater = (o.replicas == 1 && nodes == 1) ? d.replicas[0] : d.reducer;
+  return d;
+}
+
+std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, int nodes) {
+  std::vector<std::string> replicas;
+  for (const auto& device : d.replicas)
+    replicas.push_back(kernels::toString(device));
+  if (o.replicas == 1 && nodes == 1) {
+    return fmt::format("replica on {}, weights updated there", replicas[0]);
+  }
+  const std::string servers = "the parameter servers";
+  return fmt::format("replicas on {}; gradients summed on {}, weights updated on {}",
+                     fmt::join(replicas, ", "), ps ? servers : kernels::toString(d.reducer),
+                     ps ? servers : kernels::toString(d.updater));
+}
+
 void validateSchedule(const TrainOptions& o) {
   const auto& schedule = o.schedule;
   if (schedule == "local" || schedule == "device") {

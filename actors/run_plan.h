@@ -43,6 +43,21 @@ std::chrono::milliseconds fromSeconds(double seconds);
 
 bool isParameterServerSchedule(const std::string& schedule);
 
+// Where the compute actors of a worker process run. Replica r runs on GPU gpus[r], or on the CPU.
+// Its buckets are summed on the first GPU under schedule device (and bsp-allreduce, whose ring
+// then reads a copy on the host), on the CPU under local (MXNet's) and with parameter servers;
+// the updater works where the sums are. A process's only replica, alone in the run, hands its
+// buckets to the updater, which then works on that replica's device (as MXNet updates a single
+// device's weights there, whatever the kvstore).
+struct ProcessDevices {
+  std::vector<kernels::Device> replicas;
+  kernels::Device reducer, updater;
+};
+ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes);
+// "replicas on cuda:0, cuda:1; gradients summed on cuda:0, weights updated on cuda:0", for the
+// log and --dry-run.
+std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, int nodes);
+
 // InputError naming what does not fit the schedule (the processes it has, an unknown name).
 void validateSchedule(const TrainOptions& o);
 

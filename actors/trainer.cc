@@ -109,30 +109,6 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
-// Where the compute actors of a worker process run. Replica r runs on GPU gpus[r], or on the CPU.
-// Its buckets are summed on the first GPU under schedule device (and bsp-allreduce, whose ring
-// then reads a copy on the host), on the CPU under local (MXNet's) and with parameter servers;
-// the updater works where the sums are. A process's only replica, alone in the run, hands its
-// buckets to the updater, which then works on that replica's device (as MXNet updates a single
-// device's weights there, whatever the kvstore).
-struct ProcessDevices {
-  std::vector<kernels::Device> replicas;
-  kernels::Device reducer, updater;
-};
-
-ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
-  ProcessDevices d;
-  for (int r = 0; r < o.replicas; ++r) {
-    d.replicas.push_back(o.gpus.empty() ? kernels::Device{}
-                                        : kernels::Device{kernels::DeviceKind::kCuda,
-                                                          o.gpus[static_cast<std::size_t>(r)]});
-  }
-  const bool on_gpu = !o.gpus.empty() && !ps && o.schedule != "local";
-  d.reducer = on_gpu ? d.replicas[0] : kernels::Device{};
-  d.updater = (o.replicas == 1 && nodes == 1) ? d.replicas[0] : d.reducer;
-  return d;
-}
-
 // What one process of the run does, decided before anything runs: the options checked, its place
 // in the world, the batch split, the data, the step plan and learning rates, the net, and the
 // state it starts from (from scratch, a checkpoint, or an elastic generation's).
@@ -168,19 +144,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.chief = p.rank == 0;
   p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   p.devices = devicesOf(o, p.ps, p.nodes);
-  if (!o.gpus.empty() && !server) {
-    std::vector<std::string> replicas;
-    for (const auto& d : p.devices.replicas)
-      replicas.push_back(kernels::toString(d));
-    const std::string servers = "the parameter servers";
-    if (o.replicas == 1 && p.nodes == 1) {
-      spdlog::info("replica on {}, weights updated there", replicas[0]);
-    } else {
-      spdlog::info("replicas on {}; gradients summed on {}, weights updated on {}",
-                   fmt::join(replicas, ", "), p.ps ? servers : kernels::toString(p.devices.reducer),
-                   p.ps ? servers : kernels::toString(p.devices.updater));
-    }
-  }
+  if (!o.gpus.empty() && !server) spdlog::info("{}", describe(p.devices, o, p.ps, p.nodes));
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 

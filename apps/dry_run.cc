@@ -349,10 +349,10 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     shares += (shares.empty() ? "" : ", ") + std::to_string(s);
   row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
   if (!o.gpus.empty()) {
-    std::string gpus;
-    for (const int g : o.gpus)
-      gpus += fmt::format("{}cuda:{}", gpus.empty() ? "" : ", ", g);
-    row("gpus", fmt::format("{} (a replica each), TF32 {}", gpus, o.tf32 ? "on" : "off"));
+    const bool ps = actors::isParameterServerSchedule(o.schedule);
+    const auto devices = actors::devicesOf(o, ps, processes);
+    row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
+                               o.tf32 ? "on" : "off"));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
   row("threads", fmt::format("{} per process", p.threads));

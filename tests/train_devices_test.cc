@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -141,10 +142,20 @@ TEST(Devices, TheDryRunShowsTheGpusAndTf32) {
   TempDir cwd("devices_dry_run");
   const auto r = trainLenet(cwd, "gpu", emulated(), "--num_gpus 2 --enable_tensor_core --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("#   gpus            cuda:0, cuda:1 (a replica each), TF32 on"),
+  EXPECT_NE(r.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed on "
+                          "cpu, weights updated on cpu; TF32 on"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("#   replicas        2 per worker"), std::string::npos) << r.output;
+  // Its output is a config that resolves to the same devices.
+  std::ofstream(cwd.path() / "dry.toml") << r.output;
+  const auto again = runCommand(emulated() + troupeBinary() + " train " +
+                                (cwd.path() / "dry.toml").string() + " --dry-run");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed "
+                              "on cpu, weights updated on cpu; TF32 on"),
+            std::string::npos)
+      << again.output;
 }
 
 TEST(Devices, AGpuTheMachineLacksIsNamedBeforeTheRun) {
