@@ -130,7 +130,8 @@ class Coordinator final : public Actor {
     ++progress_;
     auto& agg = steps_[s.step];
     agg.add(EpochStats{s.loss_sum, s.correct, s.count, s.skipped, s.input_wait,
-                       s.input_wait > 0 ? 1 : 0, 1, s.ready, s.ready, s.read_seconds});
+                       s.input_wait > 0 ? 1 : 0, 1, s.ready, s.ready, s.read_seconds,
+                       s.device_peak});
     if (++replies_[s.step] < config_.num_replicas) return;
     // Steps complete in order: a replica cannot start step t+1 before step t is applied.
     TROUPE_ENFORCE_EQ(s.step, complete_through_);
@@ -332,6 +333,11 @@ class Coordinator final : public Actor {
         e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} inputs/s",
                                          static_cast<double>(e.count) / e.read_seconds)
                            : std::string());
+    // As torch.cuda.max_memory_allocated: the live tensors and workspaces at their most.
+    if (e.device_peak > 0) {
+      spdlog::info("epoch {} gpu memory: peak {:.1f} MiB in a replica's tensors and workspaces",
+                   epoch, static_cast<double>(e.device_peak) / (1 << 20));
+    }
   }
 
   void endEpoch() {

@@ -95,6 +95,9 @@ struct StepDone {
   double input_wait = 0;
   int ready = 0;
   double read_seconds = 0;
+  // Bytes: the most the replica's device memory held so far (Backend::memory().peak_in_use; 0 on
+  // the CPU, whose memory no backend counts).
+  std::int64_t device_peak = 0;
 };
 
 // Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.

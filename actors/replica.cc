@@ -145,9 +145,9 @@ class Replica final : public Actor {
                       describeStep(step, config_.steps_per_epoch), loss_sum, config_.index,
                       config_.worker, whyNotFinite(weights.weights, images)));
     }
-    send(config_.coordinator,
-         StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1], batch.labels.numel(),
-                  batch.skipped, input_wait, ready, batch.read_seconds});
+    send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
+                                       batch.labels.numel(), batch.skipped, input_wait, ready,
+                                       batch.read_seconds, backend_->memory().peak_in_use});
   }
 
   // What a non-finite loss came from, for its error: the weights the step was given, the batch,

@@ -300,6 +300,7 @@ struct EpochStats {
   std::int64_t ready_sum = 0;
   int fewest_ready = std::numeric_limits<int>::max();
   double read_seconds = 0;
+  std::int64_t device_peak = 0;  // the most any replica's device memory held (bytes)
 
   void add(const EpochStats& s) {
     loss_sum += s.loss_sum;
@@ -312,6 +313,7 @@ struct EpochStats {
     ready_sum += s.ready_sum;
     fewest_ready = std::min(fewest_ready, s.fewest_ready);
     read_seconds += s.read_seconds;
+    device_peak = std::max(device_peak, s.device_peak);
   }
 };
 

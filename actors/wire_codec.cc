@@ -62,6 +62,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setInputWait(m->input_wait);
     w.setReady(m->ready);
     w.setReadSeconds(m->read_seconds);
+    w.setDevicePeak(m->device_peak);
   } else if (auto* m = as<EpochEnd>(e)) {
     auto w = f.initEpochEnd();
     w.setStep(m->step);
@@ -200,9 +201,9 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::STEP_DONE: {
       auto r = f.getStepDone();
-      d.message =
-          wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(), r.getCount(),
-                        r.getSkipped(), r.getInputWait(), r.getReady(), r.getReadSeconds()});
+      d.message = wrap(StepDone{r.getStep(), r.getReplica(), r.getLossSum(), r.getCorrect(),
+                                r.getCount(), r.getSkipped(), r.getInputWait(), r.getReady(),
+                                r.getReadSeconds(), r.getDevicePeak()});
       break;
     }
     case W::EPOCH_END: {

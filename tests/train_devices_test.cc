@@ -81,6 +81,7 @@ void expectTheCpusWeights(const std::string& name, const std::string& cpu, const
   r = trainLenet(cwd, "gpu", emulated() + launch, gpu, batch);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(placement), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1 gpu memory: peak "), std::string::npos) << r.output;
   EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
 }
 

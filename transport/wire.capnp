@@ -75,6 +75,7 @@ struct StepDone {
   inputWait @6 :Float64;    # seconds the replica waited for the batch
   ready @7 :Int32;          # batches the replica held when the step began
   readSeconds @8 :Float64;  # the reader's time on the batch
+  devicePeak @9 :Int64;     # bytes: the peak of the replica's device memory so far (0: the CPU)
 }
 
 # Updater -> Coordinator.

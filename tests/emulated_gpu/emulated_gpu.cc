@@ -151,6 +151,25 @@ class StreamEvent final : public EventImpl {
   std::chrono::steady_clock::time_point when_;
 };
 
+// A device's memory in live tensors, and its most.
+class MemoryCounter {
+ public:
+  void add(std::int64_t bytes) {
+    std::lock_guard lock(mutex_);
+    stats_.in_use += bytes;
+    stats_.reserved = stats_.in_use;
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+  }
+  MemoryStats stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  MemoryStats stats_;
+};
+
 // The host buffers handed out as pinned, while they live (any emulated device copies them
 // asynchronously, as any GPU does pinned memory).
 class PinnedRanges {
@@ -337,12 +356,19 @@ class EmulatedBackend final : public Backend {
     return emulated::pinned(std::move(shape), dtype);
   }
 
+  // Counted as a GPU's memory is (Backend::memory), freed when its last view goes.
   Tensor empty(Shape shape, DType dtype) override {
     const Tensor host = Tensor::host(std::move(shape), dtype);
-    auto keep = std::make_shared<Tensor>(host);
+    const auto bytes = static_cast<std::int64_t>(host.bytes());
+    memory_->add(bytes);
+    std::shared_ptr<Tensor> keep(new Tensor(host), [memory = memory_, bytes](Tensor* t) {
+      memory->add(-bytes);
+      delete t;
+    });
     return Tensor(std::shared_ptr<void>(keep, host.raw()), host.raw(), host.shape(), dtype,
                   device());
   }
+  MemoryStats memory() const override { return memory_->stats(); }
 
   void copy(const Tensor& src, const Tensor& dst) override {
     TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
@@ -449,6 +475,7 @@ class EmulatedBackend final : public Backend {
   int index_;
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
   std::shared_ptr<Stream> stream_;
+  std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
 };
 
 CudaInfo describe() {
