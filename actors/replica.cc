@@ -32,6 +32,7 @@ class Replica final : public Actor {
     on<Batch>([this](Batch& b) {
       const auto step = b.step;
       batches_.emplace(step, std::move(b));
+      stage();
       tryStep();
     });
     on<BuffersRequest>([this](BuffersRequest&) { send(config_.coordinator, Buffers{buffers()}); });
@@ -48,6 +49,9 @@ class Replica final : public Actor {
   void started() override {
     backend_ = kernels::makeBackend(config_.device, config_.threads,
                                     kernels::CudaOptions{.tf32 = config_.tf32});
+    if (config_.device.kind != kernels::DeviceKind::kCpu) {
+      copier_ = kernels::makeBackend(config_.device, 1);
+    }
     net_ = kernels::makeNet(*backend_, config_.net);
     metrics_host_ = kernels::Tensor::host({2});
     if (config_.reduce_on != config_.device && config_.reduce_on.kind == kernels::DeviceKind::kCpu)
@@ -121,19 +125,74 @@ class Replica final : public Actor {
     return out;
   }
 
+  // On a device, each batch is copied there on a stream of its own (copier_) as soon as one of two
+  // slots is free, so that the copy of step t+1's batch overlaps step t's compute. A slot is free
+  // once the step that used it was queued; the copy into it waits for that step's reads on the
+  // device, and the step that reads it waits for the copy.
+  struct Slot {
+    kernels::Tensor images, labels;
+    kernels::Event read;  // after the last step that read it
+    bool staged = false;  // holds a batch whose step has not been queued yet
+  };
+  struct Staged {
+    kernels::Tensor images, labels;  // views of a slot
+    kernels::Event copied;
+  };
+
+  void stage() {
+    if (!copier_) return;
+    for (const auto& [step, batch] : batches_) {
+      Slot& slot = slots_[step % 2];
+      if (staged_.count(step) || slot.staged) continue;
+      const auto& images = batch.images;
+      if (slot.images.numel() < images.numel() || slot.images.dtype() != images.dtype() ||
+          slot.labels.numel() < batch.labels.numel()) {
+        slot.images = backend_->empty({images.numel()}, images.dtype());
+        slot.labels = backend_->empty({batch.labels.numel()}, kernels::DType::kInt32);
+        slot.read = backend_->record();  // after its zero fill, queued on the compute stream
+      }
+      Staged s{slot.images.slice(0, images.numel()).view(images.shape()),
+               slot.labels.slice(0, batch.labels.numel()),
+               {}};
+      copier_->waitFor(slot.read);
+      copier_->copy(images, s.images);
+      copier_->copy(batch.labels, s.labels);
+      s.copied = copier_->record();
+      slot.staged = true;
+      staged_.emplace(step, std::move(s));
+    }
+  }
+
   void runStep(const Weights& weights, const Batch& batch, double input_wait, int ready) {
     const std::int64_t step = batch.step;
     adopt(weights.weights, weights.buffers, weights.ready);
     marks_.clear();
     mark("start");
-    const kernels::Tensor images = deviceImages(batch.images);
+    kernels::Tensor images, labels;
+    const auto staged = staged_.find(step);
+    if (staged != staged_.end()) {
+      backend_->waitFor(staged->second.copied);
+      images = deviceImages(staged->second.images);
+      labels = staged->second.labels;
+    } else {
+      images = deviceImages(batch.images);
+      labels = onDevice(batch.labels, labels_here_);
+    }
     {
       TraceScope span(config_.trace, name(), "forward");
-      net_->forward(images, onDevice(batch.labels, labels_here_), /*train=*/true);
+      net_->forward(images, labels, /*train=*/true);
     }
     mark("forward");
     backward(step);
-    send(config_.reader, BatchConsumed{step, config_.local_index, backend_->record()});
+    const kernels::Event read = backend_->record();
+    send(config_.reader, BatchConsumed{step, config_.local_index, read});
+    if (staged != staged_.end()) {
+      Slot& slot = slots_[step % 2];
+      slot.read = read;
+      slot.staged = false;
+      staged_.erase(staged);
+      stage();
+    }
 
     backend_->copy(net_->metrics(), metrics_host_);
     backend_->synchronize();
@@ -317,6 +376,9 @@ class Replica final : public Actor {
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
   kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device
+  std::unique_ptr<kernels::Backend> copier_;                // on a device: copies batches there
+  Slot slots_[2];
+  std::map<std::int64_t, Staged> staged_;  // batches of steps not queued yet, copied or on the way
   struct Mark {
     std::string what;  // the work that ends here
     kernels::Event at;

@@ -25,10 +25,12 @@ using testing::TempDir;
 using testing::testData;
 using testing::troupeBinary;
 
-// The emulated GPUs for one command: `gpus` of them, each piece of work delayed 100 us.
+// The emulated GPUs for one command: `gpus` of them, each piece of work delayed 100 us, and each
+// copy from pinned host memory 2 ms more.
 std::string emulated(int gpus = 2) {
   return "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
-         " TROUPE_EMULATED_GPUS=" + std::to_string(gpus) + " TROUPE_EMULATED_GPU_DELAY_US=100 ";
+         " TROUPE_EMULATED_GPUS=" + std::to_string(gpus) +
+         " TROUPE_EMULATED_GPU_DELAY_US=100 TROUPE_EMULATED_GPU_COPY_DELAY_US=2000 ";
 }
 
 // LeNet on Fashion-MNIST for 1280 inputs in steps of `batch` a process and an evaluation, its

@@ -6,7 +6,9 @@
 //   - work is queued on a stream, a thread of the backend's own, and runs later: a caller that
 //     reads what it did not wait for (an Event, synchronize) reads it too early. With
 //     $TROUPE_EMULATED_GPU_DELAY_US each piece of work first sleeps that long, so that such a read
-//     finds old values nearly always;
+//     finds old values nearly always, and copies from pinned memory sleep
+//     $TROUPE_EMULATED_GPU_COPY_DELAY_US more, so that its writer, had it not waited, would
+//     change it first;
 //   - copies to pageable host memory return once done, copies from it once the source was read,
 //     as cudaMemcpyAsync's do; copies to its hostBuffer()s (pinned) return at once; sgdUpdate
 //     waits for its result; what the work threw (a bad label) comes at the next host wait.
@@ -386,7 +388,11 @@ class EmulatedBackend final : public Backend {
           [staged, to = hostView(dst)] { std::memcpy(to.raw(), staged.raw(), staged.bytes()); });
       return;
     }
-    stream_->enqueue([from = hostView(src), to = hostView(dst)] {
+    // From pinned memory the stream reads the source late: $TROUPE_EMULATED_GPU_COPY_DELAY_US
+    // later still, so that a source written again too early shows.
+    const int late = onHost(src) ? copy_delay_ : 0;
+    stream_->enqueue([from = hostView(src), to = hostView(dst), late] {
+      if (late > 0) std::this_thread::sleep_for(std::chrono::microseconds(late));
       std::memmove(to.raw(), from.raw(), from.bytes());
     });
     if (onHost(dst) && !isPinned(dst)) stream_->drain();  // to pageable memory: once done
@@ -476,6 +482,7 @@ class EmulatedBackend final : public Backend {
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
   std::shared_ptr<Stream> stream_;
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
+  const int copy_delay_ = envInt("TROUPE_EMULATED_GPU_COPY_DELAY_US", 0);
 };
 
 CudaInfo describe() {
