@@ -19,7 +19,8 @@ class Reader final : public Actor {
         config_(std::move(config)),
         next_(config_.targets.size(), config_.plan.first_step),
         in_flight_(config_.targets.size(), 0),
-        pool_(config_.targets.size()) {
+        pool_(config_.pinned ? config_.targets.size() : 0,
+              std::vector<Slot>(static_cast<std::size_t>(config_.prefetch))) {
     on<BatchConsumed>([this](BatchConsumed& m) {
       const std::size_t t = targetOf(m.replica);
       --in_flight_[t];
@@ -65,7 +66,7 @@ class Reader final : public Actor {
     }
   }
 
-  // Memory for a batch of `count` inputs: plain host memory, or pinned (config_.pinned).
+  // Host memory for a batch: plain, or pinned (config_.pinned).
   kernels::Tensor hostTensor(kernels::Shape shape, kernels::DType dtype) const {
     return config_.pinned ? kernels::pinnedHostBuffer(std::move(shape), dtype)
                           : kernels::Tensor::hostUninitialized(std::move(shape), dtype);
@@ -86,9 +87,7 @@ class Reader final : public Actor {
     kernels::Event consumed;
   };
   Slot& slotOf(std::size_t t, std::int64_t step) {
-    auto& slots = pool_[t];
-    if (slots.empty()) slots.resize(static_cast<std::size_t>(config_.prefetch));
-    return slots[static_cast<std::size_t>(step % config_.prefetch)];
+    return pool_[t][static_cast<std::size_t>(step % config_.prefetch)];
   }
   void takeBuffers(std::size_t t, std::int64_t step, Batch& batch) {
     const std::int64_t count = config_.targets[t].count;

@@ -85,14 +85,18 @@ class Replica final : public Actor {
     runStep(weights, batch, input_wait, ready);
   }
 
-  // The tensor itself if it already lives on the replica's device, else a copy there, in `slot`
-  // (grown when too small, else reused: the stream runs the copy after the last step's reads).
+  // Memory of `slot` on this device shaped as `shape`: the slot is made anew when too small or of
+  // another dtype, else reused (work queued on it runs after the work queued before).
+  kernels::Tensor fitted(kernels::Tensor& slot, const kernels::Shape& shape, kernels::DType dtype) {
+    const std::int64_t n = kernels::numelOf(shape);
+    if (slot.numel() < n || slot.dtype() != dtype) slot = backend_->empty({n}, dtype);
+    return slot.slice(0, n).view(shape);
+  }
+
+  // The tensor itself if it already lives on the replica's device, else a copy there, in `slot`.
   kernels::Tensor onDevice(const kernels::Tensor& t, kernels::Tensor& slot) {
     if (t.device() == backend_->device()) return t;
-    if (slot.numel() < t.numel() || slot.dtype() != t.dtype()) {
-      slot = backend_->empty({t.numel()}, t.dtype());
-    }
-    auto copy = slot.slice(0, t.numel()).view(t.shape());
+    auto copy = fitted(slot, t.shape(), t.dtype());
     backend_->copy(t, copy);
     return copy;
   }
@@ -119,8 +123,7 @@ class Replica final : public Actor {
     if (images.dtype() != kernels::DType::kUInt8) return onDevice(images, images_here_);
     TraceScope span(config_.trace, name(), "normalise");
     const kernels::Tensor bytes = onDevice(images, bytes_here_);
-    if (floats_.numel() < images.numel()) floats_ = backend_->empty({images.numel()});
-    const kernels::Tensor out = floats_.slice(0, images.numel()).view(images.shape());
+    const kernels::Tensor out = fitted(floats_, images.shape(), kernels::DType::kFloat32);
     backend_->normalise(bytes, out, config_.input.mean, config_.input.scale);
     return out;
   }
@@ -144,18 +147,15 @@ class Replica final : public Actor {
     for (const auto& [step, batch] : batches_) {
       Slot& slot = slots_[step % 2];
       if (staged_.count(step) || slot.staged) continue;
-      const auto& images = batch.images;
-      if (slot.images.numel() < images.numel() || slot.images.dtype() != images.dtype() ||
-          slot.labels.numel() < batch.labels.numel()) {
-        slot.images = backend_->empty({images.numel()}, images.dtype());
-        slot.labels = backend_->empty({batch.labels.numel()}, kernels::DType::kInt32);
+      const void* before[] = {slot.images.raw(), slot.labels.raw()};
+      Staged s{fitted(slot.images, batch.images.shape(), batch.images.dtype()),
+               fitted(slot.labels, batch.labels.shape(), kernels::DType::kInt32),
+               {}};
+      if (slot.images.raw() != before[0] || slot.labels.raw() != before[1]) {
         slot.read = backend_->record();  // after its zero fill, queued on the compute stream
       }
-      Staged s{slot.images.slice(0, images.numel()).view(images.shape()),
-               slot.labels.slice(0, batch.labels.numel()),
-               {}};
       copier_->waitFor(slot.read);
-      copier_->copy(images, s.images);
+      copier_->copy(batch.images, s.images);
       copier_->copy(batch.labels, s.labels);
       s.copied = copier_->record();
       slot.staged = true;

@@ -423,9 +423,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     // be summed with other workers' on the way: alone in the run, or with parameter servers
     // (they sum; the PS client runs on this replica's thread all the same).
     replica.reducer = (k == 1 && (nodes == 1 || ps)) ? updater_address : reducer_address;
-    replica.reduce_on = replica.reducer == reducer_address ? p.devices.reducer
-                        : ps                               ? kernels::Device{}
-                                                           : p.devices.updater;
+    // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
+    replica.reduce_on = replica.reducer == reducer_address ? p.devices.reducer : p.devices.updater;
     replica.coordinator = chief_address;
     replica.trace = trace_ptr;
     if (role) replica.state = role->state;

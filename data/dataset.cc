@@ -118,22 +118,6 @@ void Dataset::read(const std::vector<std::int64_t>&, std::int64_t, std::uint8_t*
                                   "' holds float images: input_dtype uint8 needs a database"));
 }
 
-void normaliseImages(const std::uint8_t* in, float* out, std::int64_t n, int channels,
-                     std::int64_t plane, const std::vector<float>& mean,
-                     const std::vector<float>& scale) {
-  TROUPE_ENFORCE(!mean.empty() && !scale.empty(), "normaliseImages without mean or scale");
-  for (std::int64_t i = 0; i < n; ++i) {
-    for (int c = 0; c < channels; ++c) {
-      const float m = mean[mean.size() == 1 ? 0 : static_cast<std::size_t>(c)];
-      const float s = scale[scale.size() == 1 ? 0 : static_cast<std::size_t>(c)];
-      const std::size_t at = (static_cast<std::size_t>(i) * channels + c) * plane;
-#pragma omp simd
-      for (std::int64_t j = 0; j < plane; ++j)
-        out[at + j] = (static_cast<float>(in[at + j]) - m) * s;
-    }
-  }
-}
-
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
   if (isMemoryDataset(options.path)) return openMemoryDataset(options);
   return std::make_unique<DbDataset>(options);

@@ -86,18 +86,12 @@ class Dataset {
 };
 
 // What a value of channel c becomes: (value - mean[c]) * scale[c], one element standing for every
-// channel: mean_per_channel and 1 / std_per_channel where given, else mean and scale.
+// channel: mean_per_channel and 1 / std_per_channel where given, else mean and scale. The images
+// read(..., std::uint8_t*) gives become read(..., float*)'s through Backend::normalise with them.
 struct Normalisation {
   std::vector<float> mean, scale;
 };
 Normalisation normalisationOf(const DatasetOptions& options);
-
-// The images of uint8 values as read(..., std::uint8_t*) gives them, normalised as read(...,
-// float*) does: (value - mean[c]) * scale[c] of channel c, n images of channels x plane values.
-// mean and scale hold one value per channel, or one for all.
-void normaliseImages(const std::uint8_t* in, float* out, std::int64_t n, int channels,
-                     std::int64_t plane, const std::vector<float>& mean,
-                     const std::vector<float>& scale);
 
 // Opens the database and loads its key list; throws as openDb() does, and InputError for a
 // non-positive shape or num_labels. A path "memory://NAME" opens a dataset this process holds in

@@ -18,6 +18,7 @@
 #include "data/image_transform.h"
 #include "data/thread_team.h"
 #include "data_test_util.h"
+#include "kernels/backend.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -454,8 +455,9 @@ TEST(TransformedDataset, ReadsJpegsOfAnySizeTheSameWithAnyNumberOfThreads) {
   EXPECT_LE(*hi, (255.0f - 104) / 57);
 }
 
-// input_dtype uint8: the same crops as bytes before the mean and std; normalised (normaliseImages)
-// they are the float read's values up to the rounding of each value to a byte, half a level:
+// input_dtype uint8: the same crops as bytes before the mean and std; normalised (the CPU backend's
+// normalise, as a replica on the CPU does) they are the float read's values up to the rounding of
+// each value to a byte, half a level:
 // |float - (byte - mean) / std| <= 0.5 / std. Raw records without a transform are exact.
 TEST(TransformedDataset, Uint8ImagesAreTheFloatOnesBeforeTheMeanAndStd) {
   TempDir dir;
@@ -464,20 +466,22 @@ TEST(TransformedDataset, Uint8ImagesAreTheFloatOnesBeforeTheMeanAndStd) {
   DatasetOptions o = trainingCrops(path, 48);
   const std::vector<std::int64_t> indices = {3, 1, 7, 0, 5};
   const std::size_t n = indices.size() * 3 * 48 * 48;
-  std::vector<float> floats(n), normalised(n);
-  std::vector<std::uint8_t> bytes(n);
+  const kernels::Shape shape{static_cast<std::int64_t>(indices.size()), 3, 48, 48};
+  std::vector<float> floats(n);
+  const auto bytes = kernels::Tensor::host(shape, kernels::DType::kUInt8);
+  const auto normalised = kernels::Tensor::host(shape);
   std::vector<std::int32_t> labels(indices.size()), byte_labels(indices.size());
   auto dataset = openDataset(o);
   dataset->read(indices, 2, floats.data(), labels.data());
   o.uint8 = true;
-  openDataset(o)->read(indices, 2, bytes.data(), byte_labels.data());
+  openDataset(o)->read(indices, 2, static_cast<std::uint8_t*>(bytes.raw()), byte_labels.data());
   EXPECT_EQ(labels, byte_labels);
   const auto norm = normalisationOf(o);
-  normaliseImages(bytes.data(), normalised.data(), static_cast<std::int64_t>(indices.size()), 3,
-                  48 * 48, norm.mean, norm.scale);
+  kernels::makeCpuBackend(2)->normalise(bytes, normalised, norm.mean, norm.scale);
   for (std::size_t j = 0; j < n; ++j) {
     const float scale = norm.scale[(j / (48 * 48)) % 3];
-    ASSERT_LE(std::abs(floats[j] - normalised[j]), 0.5f * scale * (1 + 1e-5f)) << "value " << j;
+    ASSERT_LE(std::abs(floats[j] - normalised.f32()[j]), 0.5f * scale * (1 + 1e-5f))
+        << "value " << j;
   }
 
   // A memory dataset has no bytes to give.
