@@ -156,22 +156,17 @@ std::vector<Key> caffe2Keys() {
           nullptr, [](Settings&, const Value&) {}, "false"),
       alias(
           "dtype", Kind::kString, Range{},
-          "Caffe2's: float; float16 is refused (see gradient_compression fp16)", nullptr,
-          [](Settings&, const Value& v) {
+          "Caffe2's: float, or float16 (precision fp16: mixed precision on GPUs)", "precision",
+          [](Settings& s, const Value& v) {
             const auto& type = std::get<std::string>(v);
-            if (type == "float16") {
-              throw Refusal(
-                  "troupe trains in float32 only; the nearest is gradient_compression fp16 "
-                  "(gradients travel between processes as fp16)");
-            }
-            if (type != "float") {
-              throw Refusal("expected float (Caffe2's other choice, float16, troupe lacks)");
-            }
+            if (type != "float" && type != "float16") throw Refusal("expected float or float16");
+            s.options.precision = type == "float16" ? "fp16" : "fp32";
           },
           "float"),
-      onlyFalse("float16_compute", "Caffe2's: true is refused (troupe computes in float32)",
-                "troupe computes in float32 only; the nearest is gradient_compression fp16 "
-                "(gradients travel between processes as fp16)"),
+      onlyFalse("float16_compute",
+                "Caffe2's: true is refused (troupe's fp16 accumulates in float32)",
+                "troupe's fp16 (--dtype float16, precision fp16) multiplies in fp16 and "
+                "accumulates in float32; it has no fp16 accumulation"),
       alias(
           "enable_tensor_core", Kind::kBool, Range{},
           "Caffe2's: Tensor Core math on GPUs; troupe's in float32 is TF32 (tf32)", "tf32",

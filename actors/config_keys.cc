@@ -345,6 +345,26 @@ std::vector<Key> buildTable() {
                       "on GPUs, convolutions and matrix products in TensorFloat-32 (10-bit "
                       "mantissa products, fp32 sums: PyTorch's allow_tf32); off, float32 is IEEE "
                       "float32 as on the CPU"),
+      Key{"precision", Kind::kString, kNotNumeric,
+          "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions and "
+          "matrix products in 16 bits, accumulating in fp32; float32 weights, gradients, batch "
+          "norm and loss, as PyTorch's autocast)",
+          [](Settings& s, const Value& v) {
+            const auto& p = asString(v);
+            if (p != "fp32" && p != "fp16" && p != "bf16")
+              throw Refusal("expected fp32, fp16 or bf16");
+            s.options.precision = p;
+          },
+          [](const Settings& s) { return s.options.precision; }},
+      TROUPE_FLOAT_KEY("loss_scale", loss_scale, closed(0, 1e38),
+                       "fp16's loss scale: 0 dynamic (2^initial_scale_power to start, halved and "
+                       "the step skipped "
+                       "on an inf or NaN gradient, doubled after loss_scale_window clean steps, "
+                       "as PyTorch's GradScaler); > 0 fixed (for any precision)"),
+      TROUPE_INT_KEY("initial_scale_power", initial_scale_power, closed(0, 120),
+                     "a dynamic loss scale starts at 2^initial_scale_power (DeepSpeed's key)"),
+      TROUPE_INT_KEY("loss_scale_window", loss_scale_window, closed(1, kMillion),
+                     "clean steps after which a dynamic loss scale doubles"),
       TROUPE_INT_KEY(
           "threads", threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),

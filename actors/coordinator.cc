@@ -340,6 +340,17 @@ class Coordinator final : public Actor {
     }
   }
 
+  // Mixed precision with a loss scale: where it stands, and the steps skipped for inf or NaN
+  // gradients (their batches trained nothing).
+  void logLossScale(std::int64_t epoch) {
+    if (epoch_end_->loss_scale <= 0) return;
+    const std::int64_t total = epoch_end_->overflow_steps;
+    spdlog::info(
+        "epoch {} loss scale {:g}: {} step(s) skipped for inf or NaN gradients ({} in all)", epoch,
+        epoch_end_->loss_scale, total - overflow_logged_, total);
+    overflow_logged_ = total;
+  }
+
   void endEpoch() {
     progress_line_.clear();
     const std::int64_t step = epoch_end_->step;
@@ -369,6 +380,7 @@ class Coordinator final : public Actor {
         row.input_count, row.time_spent, row.inputs_per_sec,
         options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
     logInput(epoch);
+    logLossScale(epoch);
     auto& result = *config_.result;
     result.epochs.push_back(
         {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});
@@ -486,6 +498,7 @@ class Coordinator final : public Actor {
   EpochStats epoch_, window_, eval_;
   int evaluated_ = 0;
   std::optional<EpochEnd> epoch_end_;
+  std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
   int epoch_ends_ = 0;
   kernels::Tensor buffers_;
   Clock::time_point epoch_start_, window_start_ = Clock::now(), last_progress_ = Clock::now();

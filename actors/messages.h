@@ -46,6 +46,9 @@ struct Weights {
   Tensor weights;
   Tensor buffers;        // batch-norm statistics to adopt (a copy); undefined/empty: keep one's own
   kernels::Event ready;  // after the update that wrote `weights`
+  // The replica multiplies the loss by this before its backward (mixed precision's loss scale,
+  // UpdaterConfig::loss_scale), and the updater divides the reduced gradients by it.
+  float loss_scale = 1.0f;
 };
 
 // An observer of a run (troupe/observer.h: a process that joined it to watch, such as an
@@ -105,6 +108,10 @@ struct EpochEnd {
   std::int64_t step = 0;  // steps applied so far
   Tensor weights;
   Tensor momentum;
+  // Mixed precision with a loss scale: the scale now, and the steps skipped so far because their
+  // gradients held inf or NaN. loss_scale 0: no loss scale.
+  float loss_scale = 0;
+  std::int64_t overflow_steps = 0;
 };
 
 // Coordinator -> Updater: go on with the next epoch.

@@ -183,7 +183,7 @@ class Replica final : public Actor {
       net_->forward(images, labels, /*train=*/true);
     }
     mark("forward");
-    backward(step);
+    backward(step, weights.loss_scale);
     const kernels::Event read = backend_->record();
     send(config_.reader, BatchConsumed{step, config_.local_index, read});
     if (staged != staged_.end()) {
@@ -250,8 +250,9 @@ class Replica final : public Actor {
 
   // Back-propagates, handing gradients to the reducer in buckets as soon as they are queued, each
   // with the event after which it is final, so their reduction overlaps the rest of the backward
-  // pass. For a reducer on the host, a bucket on a device goes through host memory.
-  void backward(std::int64_t step) {
+  // pass. For a reducer on the host, a bucket on a device goes through host memory. The gradients
+  // are of the loss times loss_scale (the updater's, for mixed precision), which it divides out.
+  void backward(std::int64_t step, float loss_scale) {
     TraceScope span(config_.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
@@ -270,7 +271,7 @@ class Replica final : public Actor {
       bucket_begin = bucket_end = -1;
       cap = config_.bucket_bytes;
     };
-    net_->backward(config_.grad_scale, [&](std::int64_t begin, std::int64_t end) {
+    net_->backward(config_.grad_scale * loss_scale, [&](std::int64_t begin, std::int64_t end) {
       if (bucket_begin < 0) {
         bucket_begin = begin;
         bucket_end = end;

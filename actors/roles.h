@@ -194,6 +194,15 @@ std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
 
 // An update that leaves an inf or NaN in the weights fails the run (NumericError naming the step
 // and the worker): the run diverged, and nothing of it is sent on or saved.
+// Mixed precision's loss scale (TrainOptions::loss_scale): the replicas' gradients come multiplied
+// by it. Dynamic: halved, and the step skipped, when a step's reduced gradients hold inf or NaN;
+// doubled after `window` steps in a row without. initial 0: none.
+struct LossScale {
+  float initial = 0;
+  bool dynamic = false;
+  std::int64_t window = 2000;
+};
+
 struct UpdaterConfig {
   int worker = 0;                    // this process's rank, for errors
   kernels::Tensor initial_weights;   // host
@@ -204,6 +213,7 @@ struct UpdaterConfig {
   StepPlan plan;
   kernels::Device device;  // where the weights and the optimizer live (the reducer's)
   int threads = 1;
+  LossScale loss_scale;
   std::vector<Address> replicas;
   Address coordinator;
   Trace* trace = nullptr;  // spans go here when tracing

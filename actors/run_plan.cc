@@ -416,7 +416,10 @@ void checkProcessOptions(const TrainOptions& o) {
         fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
   }
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
-  if (!server) checkGpus(o);
+  if (!server) {
+    checkGpus(o);
+    checkPrecision(o);
+  }
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
   checkTrainingData(o);
@@ -495,6 +498,53 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.max_batch = max_batch;
   net.seed = o.seed;
   return net;
+}
+
+void checkPrecision(const TrainOptions& o) {
+  if (isParameterServerSchedule(o.schedule) && (o.precision == "fp16" || o.loss_scale > 0)) {
+    throw InputError(fmt::format(
+        "precision {} with a loss scale under schedule '{}': the parameter servers, each holding "
+        "a shard, neither divide the scale out nor skip an overflowing step together; use "
+        "precision bf16 (no loss scale), or bsp-allreduce",
+        o.precision, o.schedule));
+  }
+  if (o.precision != "fp32" && o.gpus.empty()) {
+    throw InputError(fmt::format(
+        "precision {} computes on GPUs, and this run has none: name them with gpus (--gpus 0 or "
+        "--num_gpus 1), or use precision fp32 (CPU replicas compute in float32)",
+        o.precision));
+  }
+}
+
+kernels::DType precisionOf(const TrainOptions& o) {
+  if (o.gpus.empty()) return kernels::DType::kFloat32;
+  if (o.precision == "fp16") return kernels::DType::kFloat16;
+  if (o.precision == "bf16") return kernels::DType::kBFloat16;
+  return kernels::DType::kFloat32;
+}
+
+LossScale lossScaleOf(const TrainOptions& o) {
+  LossScale scale;
+  scale.window = o.loss_scale_window;
+  if (o.loss_scale > 0) {
+    scale.initial = static_cast<float>(o.loss_scale);
+  } else if (precisionOf(o) == kernels::DType::kFloat16) {
+    scale.initial = std::ldexp(1.0f, o.initial_scale_power);  // 2^16: PyTorch's GradScaler's
+    scale.dynamic = true;
+  }
+  return scale;
+}
+
+std::string describePrecision(const TrainOptions& o) {
+  if (precisionOf(o) == kernels::DType::kFloat32) return "fp32";
+  const LossScale scale = lossScaleOf(o);
+  return fmt::format(
+      "{} activations, convolutions and products; fp32 weights, gradients and updates{}",
+      o.precision,
+      scale.initial <= 0 ? std::string()
+      : scale.dynamic ? fmt::format("; loss scale dynamic from {:g}, doubled after {} clean steps",
+                                    scale.initial, scale.window)
+                      : fmt::format("; loss scale {:g}", scale.initial));
 }
 
 void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan) {

@@ -85,6 +85,15 @@ StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size);
 // The model as the run builds it, for batches of up to `max_batch`.
 kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch);
 
+// Mixed precision (precision, loss_scale): the dtype a GPU replica computes in, and the loss scale
+// of its updater. InputError for a precision below fp32 without GPUs, or fp16 under a parameter
+// server schedule (whose servers, each holding a shard, cannot skip a step together).
+void checkPrecision(const TrainOptions& o);
+kernels::DType precisionOf(const TrainOptions& o);
+LossScale lossScaleOf(const TrainOptions& o);
+// "bf16 activations, convolutions and products; fp32 weights, gradients and updates", or "fp32".
+std::string describePrecision(const TrainOptions& o);
+
 // All hardware threads, shared out among the run's processes on this host (troupe launch says how
 // many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
 int defaultThreads();

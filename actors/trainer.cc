@@ -144,7 +144,10 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.chief = p.rank == 0;
   p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   p.devices = devicesOf(o, p.ps, p.nodes);
-  if (!o.gpus.empty() && !server) spdlog::info("{}", describe(p.devices, o, p.ps, p.nodes));
+  if (!o.gpus.empty() && !server) {
+    spdlog::info("{}", describe(p.devices, o, p.ps, p.nodes));
+    if (o.precision != "fp32") spdlog::info("precision: {}", describePrecision(o));
+  }
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
@@ -337,6 +340,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   updater.sgd = p.sgd;
   updater.lr = lr;
   updater.plan = plan;
+  updater.loss_scale = lossScaleOf(o);
   // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
   // cores of the other replicas.
   updater.threads = std::max(1, threads / o.replicas);
@@ -409,6 +413,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.net = net;
     replica.device = p.devices.replicas[r];
     replica.tf32 = o.tf32;
+    replica.net.precision = precisionOf(o);
     replica.threads = std::max(1, threads / o.replicas);
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.

@@ -86,6 +86,16 @@ struct TrainOptions {
   // On GPUs, convolutions and matrix products in TensorFloat-32 (PyTorch's allow_tf32, Caffe2's
   // --enable_tensor_core); off, fp32 ops compute in IEEE fp32, as the CPU does.
   bool tf32 = false;
+  // Mixed precision on GPUs (kernels::NetOptions::precision): fp32, fp16 or bf16 activations and
+  // convolution/matrix arithmetic, float32 master weights, gradients and updates.
+  std::string precision = "fp32";
+  // The loss scale of fp16: 0 is dynamic (PyTorch's GradScaler: 2^16 to start, halved on a step
+  // whose gradients hold inf or NaN, which is skipped, and doubled after loss_scale_window steps
+  // without one); > 0 fixes it (a step with inf or NaN then fails the run). bf16 and fp32 need
+  // none (1) unless one is given.
+  double loss_scale = 0;
+  int initial_scale_power = 16;  // a dynamic scale starts at 2^this (DeepSpeed's key)
+  std::int64_t loss_scale_window = 2000;
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas
   std::vector<double> work_load_list;  // relative share of each replica; empty: equal

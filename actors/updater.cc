@@ -1,4 +1,7 @@
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <vector>
 
 #include "actors/messages.h"
 #include "actors/observers.h"
@@ -16,7 +19,10 @@ namespace {
 class Updater final : public Actor {
  public:
   Updater(std::string name, UpdaterConfig config)
-      : Actor(std::move(name)), config_(std::move(config)), step_(config_.plan.first_step) {
+      : Actor(std::move(name)),
+        config_(std::move(config)),
+        step_(config_.plan.first_step),
+        loss_scale_(config_.loss_scale.initial) {
     on<Reduced>([this](Reduced& r) { add(r); });
     // One replica in a one-process run hands its buckets straight here: nothing to sum.
     on<GradBucket>([this](GradBucket& b) {
@@ -71,13 +77,13 @@ class Updater final : public Actor {
  private:
   // Updates each bucket as soon as it is reduced (the optimizer is elementwise, so this is the
   // same as one update of the whole step), reading the gradient where it lies if it is on this
-  // updater's device (no copy), else from a copy here.
+  // updater's device (no copy), else from a copy here. With a loss scale the step's buckets are
+  // held until the last one, so that one test of them all decides whether the step is applied.
   void add(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
     if (config_.state && reduced_ == 0) snapshot();
     {
       TraceScope span(config_.trace, name(), "update");
-      const float lr = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
       backend_->waitFor(r.ready);
       kernels::Tensor grads = r.grads;
       if (grads.device() != backend_->device()) {
@@ -85,19 +91,16 @@ class Updater final : public Actor {
         grads = grads_here_.slice(r.begin, r.end);
         backend_->copy(r.grads, grads);
       }
-      const bool finite =
-          optimizer_->stepRange(weights_.slice(r.begin, r.end), grads, r.begin, r.end, lr);
-      backend_->synchronize();
-      if (!finite) {
-        throw NumericError(fmt::format(
-            "training diverged: the update of {} on worker {} left inf or NaN in weights [{},{}) "
-            "(learning rate {:g}; a gradient was not finite, or too large)",
-            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, r.begin, r.end, lr));
+      if (loss_scale_ > 0) {
+        held_.push_back({r.begin, r.end, grads});
+      } else {
+        apply(r.begin, r.end, grads);
       }
     }
     reduced_ += r.end - r.begin;
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());
     if (reduced_ < weights_.numel()) return;
+    if (loss_scale_ > 0) applyScaled();
 
     reduced_ = 0;
     ++step_;
@@ -106,17 +109,73 @@ class Updater final : public Actor {
                        send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
                      });
     if (config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_) {
-      send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state())});
+      send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
+                                         loss_scale_, overflow_steps_});
     } else {
       broadcast();
     }
+  }
+
+  void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
+    const float lr = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
+    const bool finite = optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, lr);
+    backend_->synchronize();
+    if (!finite) {
+      throw NumericError(fmt::format(
+          "training diverged: the update of {} on worker {} left inf or NaN in weights [{},{}) "
+          "(learning rate {:g}; a gradient was not finite, or too large)",
+          describeStep(step_, config_.plan.steps_per_epoch), config_.worker, begin, end, lr));
+    }
+  }
+
+  // The step's gradients, all held, are of the loss times loss_scale_: if they are finite, divided
+  // by it and applied; else the step is skipped and a dynamic scale halves (PyTorch's GradScaler).
+  void applyScaled() {
+    std::vector<kernels::Tensor> all;
+    for (const auto& h : held_)
+      all.push_back(h.grads);
+    const bool finite = backend_->allFinite(all);  // the step's one host wait for it
+    const float scale = loss_scale_;
+    if (finite) {
+      for (const auto& h : held_) {
+        backend_->scale(h.grads, 1.0f / scale);
+        apply(h.begin, h.end, h.grads);
+      }
+      if (config_.loss_scale.dynamic && ++clean_steps_ >= config_.loss_scale.window) {
+        loss_scale_ *= 2.0f;
+        clean_steps_ = 0;
+      }
+    } else {
+      if (!config_.loss_scale.dynamic) {
+        throw NumericError(fmt::format(
+            "training diverged: the gradients of {} on worker {} hold inf or NaN at the fixed "
+            "loss scale {:g} (a smaller loss_scale, or 0 for a dynamic one)",
+            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, scale));
+      }
+      ++overflow_steps_;
+      clean_steps_ = 0;
+      loss_scale_ = scale / 2.0f;
+      // Below float16's smallest normal the scale shrinks gradients instead of keeping them: no
+      // scale brings these back, the gradients themselves are inf or NaN.
+      if (loss_scale_ < kSmallestLossScale) {
+        throw NumericError(fmt::format(
+            "training diverged: the gradients of {} on worker {} hold inf or NaN at every loss "
+            "scale down to {:g} ({} steps skipped so far)",
+            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, scale,
+            overflow_steps_));
+      }
+      spdlog::debug("{} skipped: inf or NaN gradients; loss scale now {:g}",
+                    describeStep(step_, config_.plan.steps_per_epoch), loss_scale_);
+    }
+    held_.clear();
   }
 
   void broadcast() {
     if (step_ >= config_.plan.last_step) return;
     const kernels::Event ready = backend_->record();
     for (const auto& replica : config_.replicas)
-      send(replica, Weights{step_, weights_, buffers_, ready});
+      send(replica,
+           Weights{step_, weights_, buffers_, ready, loss_scale_ > 0 ? loss_scale_ : 1.0f});
     buffers_ = kernels::Tensor();  // adopted once, at the start
   }
 
@@ -169,6 +228,15 @@ class Updater final : public Actor {
   bool awaiting_ = false;
   kernels::Tensor snapshot_weights_, snapshot_momentum_;
   std::int64_t snapshot_step_ = 0;
+  // Mixed precision's loss scale (0: none), and the step's buckets held until its last.
+  static constexpr float kSmallestLossScale = 0x1p-14f;
+  struct Held {
+    std::int64_t begin, end;
+    kernels::Tensor grads;
+  };
+  float loss_scale_ = 0;
+  std::int64_t clean_steps_ = 0, overflow_steps_ = 0;
+  std::vector<Held> held_;
 };
 
 }  // namespace

@@ -51,6 +51,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     m->ready.wait();
     out.setTensor(w.initWeights(), m->weights);
     out.setTensor(w.initBuffers(), m->buffers);
+    w.setLossScale(m->loss_scale);
   } else if (auto* m = as<StepDone>(e)) {
     auto w = f.initStepDone();
     w.setStep(m->step);
@@ -68,6 +69,8 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setStep(m->step);
     out.setTensor(w.initWeights(), m->weights);
     out.setTensor(w.initMomentum(), m->momentum);
+    w.setLossScale(m->loss_scale);
+    w.setOverflowSteps(m->overflow_steps);
   } else if (as<Resume>(e)) {
     f.setResume();
   } else if (auto* m = as<PauseAt>(e)) {
@@ -195,8 +198,8 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::WEIGHTS: {
       auto r = f.getWeights();
-      d.message =
-          wrap(Weights{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getBuffers()), {}});
+      d.message = wrap(Weights{
+          r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getBuffers()), {}, r.getLossScale()});
       break;
     }
     case W::STEP_DONE: {
@@ -208,8 +211,8 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::EPOCH_END: {
       auto r = f.getEpochEnd();
-      d.message =
-          wrap(EpochEnd{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum())});
+      d.message = wrap(EpochEnd{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
+                                r.getLossScale(), r.getOverflowSteps()});
       break;
     }
     case W::RESUME:

@@ -353,6 +353,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     const auto devices = actors::devicesOf(o, ps, processes);
     row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
                                o.tf32 ? "on" : "off"));
+    row("precision", actors::describePrecision(o));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
   row("threads", fmt::format("{} per process", p.threads));

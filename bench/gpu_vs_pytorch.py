@@ -5,7 +5,9 @@ troupe: troupe_kernels_bench --device cuda:0 (forward + backward + SGD with mome
 inputs already on the GPU; the kernels-level figure, without the actors). PyTorch: torchvision's
 model of the same name, cudnn.benchmark, channels_last, SGD with momentum 0.9, random inputs already
 on the GPU, timed after warm-up steps with the GPU synchronised at both ends. Precision: fp32 with
-TF32 off on both sides, and fp32 with TF32 on (troupe --tf32; PyTorch's allow_tf32 flags).
+TF32 off on both sides, fp32 with TF32 on (troupe --tf32; PyTorch's allow_tf32 flags), and mixed
+precision: bf16 and fp16 (troupe --precision; PyTorch's autocast to the same type, fp16 with a
+GradScaler, whose unscale and inf test troupe's fp16 step does too).
 torch.compile is timed too when --compile is given (it compiles for a minute or more). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
 
@@ -20,9 +22,9 @@ import sys
 import time
 
 
-def troupe_rate(bench, model, batch, seconds, tf32):
+def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32"):
     cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
-           str(seconds), "--no-ops"] + (["--tf32"] if tf32 else [])
+           str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else [])
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
     if p.returncode != 0 or not m:
@@ -37,7 +39,8 @@ def pytorch_rate(*args, **kwargs):
         return {"error": f"{type(e).__name__}: {e}"[-2000:]}
 
 
-def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, warmup=10):
+def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, precision="fp32",
+                  warmup=10):
     import torch
     import torchvision
 
@@ -52,11 +55,24 @@ def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, warmup=
     y = torch.randint(0, 1000, (batch,), device="cuda")
     step_model = torch.compile(model) if compile_model else model
     loss_fn = torch.nn.CrossEntropyLoss()
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss_fn(step_model(x), y).backward()
-        opt.step()
+        if amp is None:
+            loss_fn(step_model(x), y).backward()
+            opt.step()
+            return
+        with torch.autocast("cuda", dtype=amp):
+            loss = loss_fn(step_model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
 
     for _ in range(warmup):
         step()
@@ -81,19 +97,25 @@ def main():
     ap.add_argument("--batches", default="64,128,256")
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--precisions", default="fp32,tf32,bf16,fp16",
+                    help="rows to time: fp32 (TF32 off), tf32, bf16 and fp16 (mixed precision)")
     a = ap.parse_args()
     rows = []
     for model in a.models.split(","):
         for batch in [int(b) for b in a.batches.split(",")]:
-            for tf32 in (False, True):
-                t = troupe_rate(a.bench, model, batch, a.seconds, tf32)
-                p = pytorch_rate(model, batch, a.seconds, tf32)
-                row = {"model": model, "batch": batch, "tf32": tf32, "troupe": t, "pytorch": p}
-                if a.compile and not tf32:
-                    row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True)
+            for precision in a.precisions.split(","):
+                tf32 = precision == "tf32"
+                kind = "fp32" if tf32 else precision
+                t = troupe_rate(a.bench, model, batch, a.seconds, tf32, kind)
+                p = pytorch_rate(model, batch, a.seconds, tf32, precision=kind)
+                row = {"model": model, "batch": batch, "precision": precision, "troupe": t,
+                       "pytorch": p}
+                if a.compile:
+                    row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True,
+                                                          precision=kind)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| model | batch | TF32 | troupe images/s | PyTorch eager images/s | troupe / eager | "
+    print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | troupe / eager | "
           "troupe peak MiB | PyTorch peak MiB | torch.compile images/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     def num(d, key):
@@ -103,7 +125,7 @@ def main():
         t, p = r["troupe"], r["pytorch"]
         ratio = f"{t['rate'] / p['rate']:.2f}" if "rate" in t and "rate" in p else "-"
         comp = r.get("pytorch_compile", {})
-        print(f"| {r['model']} | {r['batch']} | {'on' if r['tf32'] else 'off'} | "
+        print(f"| {r['model']} | {r['batch']} | {r['precision']} | "
               f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
               f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} |")
     failed = [(side, r) for r in rows for side in ("troupe", "pytorch", "pytorch_compile")

@@ -5,8 +5,10 @@
 // mlp, 3x32x32 and 10 for the CIFAR ResNets, 3x224x224 and 1000 for the ImageNet ones.
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
-//                        [--no-ops] [--device cpu|cuda:N] [--tf32]
-// On a GPU each row also gives the backend's peak memory in use.
+//                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
+// On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
+// a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
+// test of the gradients and their unscaling), as PyTorch's GradScaler does.
 #include <time.h>
 
 #include <chrono>
@@ -79,7 +81,8 @@ Input inputOf(const std::string& model) {
   return {3, 32, 10};
 }
 
-double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds) {
+double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
+                 DType precision) {
   const Input in = inputOf(model);
   NetOptions options;
   options.model.name = model;
@@ -87,6 +90,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.channels = in.channels;
   options.height = options.width = in.size;
   options.num_labels = in.labels;
+  options.precision = precision;
   auto net = makeNet(backend, options);
   auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
   // Several random batches in turn, so that training never converges to a zero loss.
@@ -104,8 +108,11 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   return timeIt(
       [&] {
         const int b = step++ % kBatches;
+        const float loss_scale = precision == DType::kFloat16 ? 65536.0f : 1.0f;
         net->forward(images[b], labels[b], true);
-        net->backward(1.0f / static_cast<float>(batch), nullptr);
+        net->backward(loss_scale / static_cast<float>(batch), nullptr);
+        if (precision == DType::kFloat16 && backend.allFinite({net->grads()}))
+          backend.scale(net->grads(), 1.0f / loss_scale);
         sgd->step(net->weights(), net->grads(), 0.01f);
         backend.synchronize();
       },
@@ -170,6 +177,8 @@ int main(int argc, char** argv) {
   bool ops = true;
   std::string device = "cpu";
   CudaOptions cuda;
+  DType precision = DType::kFloat32;
+  std::string precision_name = "fp32";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -193,7 +202,17 @@ int main(int argc, char** argv) {
       device = next();
     else if (arg == "--tf32")
       cuda.tf32 = true;
-    else {
+    else if (arg == "--precision") {
+      precision_name = next();
+      if (precision_name == "fp16") {
+        precision = DType::kFloat16;
+      } else if (precision_name == "bf16") {
+        precision = DType::kBFloat16;
+      } else if (precision_name != "fp32") {
+        std::fprintf(stderr, "--precision: fp32, fp16 or bf16, not %s\n", precision_name.c_str());
+        return 2;
+      }
+    } else {
       std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
       return 2;
     }
@@ -214,12 +233,13 @@ int main(int argc, char** argv) {
   }
   std::stringstream list(models);
   for (std::string model; std::getline(list, model, ',');) {
-    const double step = trainStep(*backend, model, batch, seconds);
+    const double step = trainStep(*backend, model, batch, seconds, precision);
     std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)",
                 model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
                 g_cpu_per_call * 1e3);
     if (on.kind == DeviceKind::kCuda) {
-      std::printf(" device=%s tf32=%d peak_memory_mib=%.0f", device.c_str(), cuda.tf32 ? 1 : 0,
+      std::printf(" device=%s tf32=%d precision=%s peak_memory_mib=%.0f", device.c_str(),
+                  cuda.tf32 ? 1 : 0, precision_name.c_str(),
                   static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
     }
     std::printf("\n");

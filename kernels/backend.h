@@ -41,6 +41,10 @@ class Backend {
   virtual Tensor hostBuffer(Shape shape, DType dtype = DType::kFloat32) = 0;
   // Copies src into dst (same dtype and element count); either may be on the host or this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // dst = src (same element count, both on this backend) converted between float32, float16 and
+  // bfloat16, rounding to nearest even; a value beyond float16's range becomes inf.
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  // fill, axpy and scale take float32 tensors, and on a device also float16 and bfloat16 ones.
   virtual void fill(const Tensor& t, float value) = 0;
   // y += alpha * x over all elements.
   virtual void axpy(float alpha, const Tensor& x, const Tensor& y) = 0;
@@ -56,6 +60,9 @@ class Backend {
   // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
   // Returns whether every updated weight is finite (no inf, no NaN), tested in the same pass: a
   // host wait for the update on a device backend, free on the CPU.
+  // Whether every element of these float32 tensors is finite (no inf, no NaN): one host wait for
+  // them all on a device. A step whose loss-scaled gradients are not is skipped (mixed precision).
+  virtual bool allFinite(const std::vector<Tensor>& tensors) = 0;
   virtual bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
                          float momentum, float weight_decay, bool nesterov) = 0;
   // Waits until all queued work is done; throws what that work found wrong on the device (a bad

@@ -50,6 +50,7 @@ class ConvLayer final : public Layer {
   void backward(LayerContext& ctx, std::int64_t n, float) override {
     op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
   }
+  bool reducedParams() const override { return true; }
 
  private:
   ConvOp& op(LayerContext& ctx, std::int64_t n) {
@@ -113,6 +114,7 @@ class InnerProductLayer final : public Layer {
   void backward(LayerContext& ctx, std::int64_t n, float) override {
     op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
   }
+  bool reducedParams() const override { return true; }
 
  private:
   InnerProductOp& op(LayerContext& ctx, std::int64_t n) {

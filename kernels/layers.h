@@ -34,6 +34,9 @@ class Layer {
   virtual void forward(LayerContext& ctx, std::int64_t n, bool train) = 0;
   // Writes ctx.diff() of every bottom and the layer's parameter gradients.
   virtual void backward(LayerContext& ctx, std::int64_t n, float grad_scale) = 0;
+  // Whether the layer computes with its parameters in the net's precision (a convolution, an inner
+  // product), rather than in float32 (batch norm).
+  virtual bool reducedParams() const { return false; }
 
   std::vector<int> bottoms;
   int top = -1;

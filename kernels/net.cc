@@ -486,22 +486,36 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
 class NetImpl final : public Net, private LayerContext {
  public:
   NetImpl(Backend& backend, const NetOptions& options, Graph graph)
-      : backend_(backend), options_(options), g_(std::move(graph)) {
+      : backend_(backend), options_(options), g_(std::move(graph)), act_(options.precision) {
+    TROUPE_ENFORCE(act_ == DType::kFloat32 || act_ == DType::kFloat16 || act_ == DType::kBFloat16,
+                   "a net computing in ", toString(act_));
     for (std::size_t b = 1; b < g_.blobs.size(); ++b) {
       Blob& blob = g_.blobs[b];
-      blob.data = backend_.empty({options.max_batch * blob.per});
-      blob.diff = backend_.empty({options.max_batch * blob.per});
+      blob.data = backend_.empty({options.max_batch * blob.per}, act_);
+      blob.diff = backend_.empty({options.max_batch * blob.per}, act_);
       max_per_ = std::max(max_per_, blob.per);
     }
     for (auto& s : scratch_)
-      s = backend_.empty({options.max_batch * max_per_});
+      s = backend_.empty({options.max_batch * max_per_}, act_);
     weights_ = backend_.empty({g_.num_params});
     grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
+    if (act_ != DType::kFloat32) {
+      input_ = backend_.empty({options.max_batch * g_.blobs[0].per}, act_);
+      reduced_weights_ = backend_.empty({g_.num_params}, act_);
+      reduced_grads_ = backend_.empty({g_.num_params}, act_);
+      for (const auto& layer : g_.layers) {
+        if (!layer->reducedParams() || layer->param_end == layer->param_begin) continue;
+        if (!reduced_ranges_.empty() && reduced_ranges_.back().second == layer->param_begin) {
+          reduced_ranges_.back().second = layer->param_end;
+        } else {
+          reduced_ranges_.emplace_back(layer->param_begin, layer->param_end);
+        }
+      }
+    }
     initialise();
-    for (auto& layer : g_.layers)
-      layer->bind(weights_, grads_, buffers_);
+    bindLayers();
     written_.assign(g_.blobs.size(), false);
   }
 
@@ -524,8 +538,7 @@ class NetImpl final : public Net, private LayerContext {
                    "weights for a net must be float32 on its device");
     if (weights.raw() == weights_.raw()) return;
     weights_ = weights;
-    for (auto& layer : g_.layers)
-      layer->bind(weights_, grads_, buffers_);
+    bindLayers();
   }
   const Tensor& grads() const override { return grads_; }
   const Tensor& buffers() const override { return buffers_; }
@@ -541,6 +554,14 @@ class NetImpl final : public Net, private LayerContext {
                    options_.max_batch);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     images_ = images;
+    if (act_ != DType::kFloat32) {
+      if (images.dtype() != act_) {
+        images_ = input_.slice(0, images.numel()).view(images.shape());
+        backend_.cast(images, images_);
+      }
+      for (const auto& [begin, end] : reduced_ranges_)
+        backend_.cast(weights_.slice(begin, end), reduced_weights_.slice(begin, end));
+    }
     labels_ = labels;
     trained_ = train;
     ++forward_count_;
@@ -559,8 +580,12 @@ class NetImpl final : public Net, private LayerContext {
       for (auto& [scratch, blob] : pending_)
         backend_.axpy(1.0f, scratch_[scratch].slice(0, n_ * g_.blobs[blob].per),
                       g_.blobs[blob].diff.slice(0, n_ * g_.blobs[blob].per));
-      if (layer.param_end > layer.param_begin && on_ready)
-        on_ready(layer.param_begin, layer.param_end);
+      if (layer.param_end == layer.param_begin) continue;
+      if (act_ != DType::kFloat32 && layer.reducedParams()) {  // widened as it becomes final
+        backend_.cast(reduced_grads_.slice(layer.param_begin, layer.param_end),
+                      grads_.slice(layer.param_begin, layer.param_end));
+      }
+      if (on_ready) on_ready(layer.param_begin, layer.param_end);
     }
     current_ = nullptr;
   }
@@ -597,6 +622,18 @@ class NetImpl final : public Net, private LayerContext {
     return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
   }
 
+  // Layers computing in the net's precision read its reduced copy of their parameters, batch norm
+  // reads float32.
+  void bindLayers() {
+    for (auto& layer : g_.layers) {
+      if (act_ != DType::kFloat32 && layer->reducedParams()) {
+        layer->bind(reduced_weights_, reduced_grads_, buffers_);
+      } else {
+        layer->bind(weights_, grads_, buffers_);
+      }
+    }
+  }
+
   Tensor shaped(const Tensor& store, int blob) const {
     Shape shape{n_};
     for (auto d : g_.blobs[blob].shape)
@@ -626,9 +663,14 @@ class NetImpl final : public Net, private LayerContext {
   NetOptions options_;
   Graph g_;
   std::int64_t max_per_ = 1;
+  DType act_;  // of activations and of the reduced parameters
   Tensor weights_, grads_, buffers_, metrics_;
   Tensor scratch_[2];
   Tensor images_, labels_;
+  // Reduced precision only: the input cast to it, and the parameters of the layers that compute
+  // in it (reduced_ranges_ of the flat parameters), and their gradients.
+  Tensor input_, reduced_weights_, reduced_grads_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> reduced_ranges_;
   std::int64_t n_ = 0;
   bool trained_ = false;
   std::uint64_t seed_ = 0, forward_count_ = 0;

@@ -45,6 +45,12 @@ struct NetOptions {
   // The built-in ImageNet ResNets start each block's last batch-norm scale at 0, so that every
   // block starts as the identity (Goyal et al.; torchvision's zero_init_residual).
   bool zero_init_residual = false;
+  // What activations and the convolutions' and inner products' arithmetic use: float32, or
+  // float16 / bfloat16 for mixed precision on a device (as PyTorch's autocast: batch norm
+  // statistics, the loss and every parameter and gradient stay float32; convolutions and inner
+  // products read a reduced copy of their weights, made each forward, and their weight gradients
+  // are widened into grads() as they become final). The CPU backend computes in float32 only.
+  DType precision = DType::kFloat32;
 };
 
 // Where a parameter lives in the flat weight / gradient tensors.

@@ -1,6 +1,8 @@
 #include "kernels/tensor.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -34,8 +36,68 @@ std::size_t sizeOf(DType dtype) {
       return 4;
     case DType::kUInt8:
       return 1;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
   }
   return 4;
+}
+
+std::string toString(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+  }
+  return "dtype " + std::to_string(static_cast<int>(dtype));
+}
+
+std::uint16_t toFloat16(float value) {
+  const auto f = std::bit_cast<std::uint32_t>(value);
+  const std::uint32_t sign = (f >> 16) & 0x8000u;
+  const std::uint32_t magnitude = f & 0x7fffffffu;
+  if (magnitude >= 0x7f800000u)  // inf, NaN (kept quiet)
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (magnitude > 0x7f800000u ? 0x200u : 0u));
+  if (magnitude >= 0x477ff000u)
+    return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal float16 (or zero)
+    // Scale so that float16's subnormal step 2^-24 is 1, and let the float unit round to even.
+    const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;  // 2^24, exact
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>(std::nearbyint(scaled)));
+  }
+  // Normal: rebias the exponent (127 -> 15), then round the 13 dropped bits to nearest even.
+  const std::uint32_t rebased = magnitude - 0x38000000u;
+  const std::uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | (rounded >> 13));
+}
+
+float fromFloat16(std::uint16_t bits) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t exponent = (bits >> 10) & 0x1fu;
+  const std::uint32_t mantissa = bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float v = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+std::uint16_t toBFloat16(float value) {
+  const auto f = std::bit_cast<std::uint32_t>(value);
+  if ((f & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((f >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((f + 0x7fffu + ((f >> 16) & 1u)) >> 16);
+}
+
+float fromBFloat16(std::uint16_t bits) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
 }
 
 Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dtype, Device device)

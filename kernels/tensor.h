@@ -15,14 +15,18 @@
 
 namespace troupe::kernels {
 
-// kUInt8: raw bytes (compressed gradients, kernels/compression.h).
-enum class DType : std::uint8_t { kFloat32, kInt32, kUInt8 };
+// kUInt8: raw bytes (compressed gradients, kernels/compression.h). kFloat16 (IEEE binary16) and
+// kBFloat16 (float32's top half): the activations of a net computing in reduced precision
+// (NetOptions::precision); a device backend computes on them, the CPU one only casts them.
+enum class DType : std::uint8_t { kFloat32, kInt32, kUInt8, kFloat16, kBFloat16 };
 enum class DeviceKind : std::uint8_t { kCpu, kCuda };
 
 struct Device {
   DeviceKind kind = DeviceKind::kCpu;
   int index = 0;
-  bool operator==(const Device&) const = default;
+  // Written out: nvcc compiles this header as C++17 (kernels/cuda/kernels.h).
+  bool operator==(const Device& o) const { return kind == o.kind && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
 };
 
 using Shape = std::vector<std::int64_t>;
@@ -31,6 +35,14 @@ std::int64_t numelOf(const Shape& shape);
 std::string toString(const Shape& shape);
 std::string toString(const Device& device);  // "cpu", "cuda:1"
 std::size_t sizeOf(DType dtype);
+std::string toString(DType dtype);  // "float32", "float16", "bfloat16", ...
+
+// float32 to and from the 16-bit formats on the host, rounding to nearest even (as the device's
+// conversions do); a float32 beyond float16's range becomes inf, NaN stays NaN.
+std::uint16_t toFloat16(float value);
+float fromFloat16(std::uint16_t bits);
+std::uint16_t toBFloat16(float value);
+float fromBFloat16(std::uint16_t bits);
 
 class Tensor {
  public:

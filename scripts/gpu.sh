@@ -110,11 +110,16 @@ run() {
     --log_dir "$OUT/lenet_gpu" --checkpoint_dir "$root/ck_gpu"
   part lenet_cpu 90 "$troupe" train "${lenet[@]}" --num_epochs 3 --log_dir "$OUT/lenet_cpu" \
     --checkpoint_dir "$root/ck_cpu"
-  part resnet50 200 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
-    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-5}"
+  part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
+    --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"
+  # fp32 (TF32 off), TF32, bf16 and fp16 at each batch: 24 timed rows.
+  part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
+    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \
+    --precisions "${PRECISIONS:-fp32,tf32,bf16,fp16}"
   part resnet50_trainer 90 "$troupe" train --model resnet50 --train_data null --num_channels 3 \
     --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 --num_epochs 3 \
-    --gpus 0 --log_every 10 --log_dir "$OUT/resnet50_trainer" --checkpoint_dir "$root/ck_r50" \
+    --gpus 0 --precision bf16 --log_every 10 --log_dir "$OUT/resnet50_trainer" \
+    --checkpoint_dir "$root/ck_r50" \
     --trace "$OUT/trace_resnet50.json"
   # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
   # one alone: step times and traces.

@@ -236,11 +236,11 @@ TEST(Caffe2Flags, OneAlwaysRefusedInAFileIsRefusedForWhatItIsWhateverItsType) {
             file.path() +
                 ": test_epoch_size = 50000: troupe tests on the whole test_data after every "
                 "epoch, and no key limits it (a smaller test database does)");
-  const ConfigFile dtype("dtype = \"float16\"\n");
-  EXPECT_EQ(configErrorOf(dtype.path()),
-            dtype.path() +
-                ": dtype = float16: troupe trains in float32 only; the nearest is "
-                "gradient_compression fp16 (gradients travel between processes as fp16)");
+  const ConfigFile compute("float16_compute = true\n");
+  EXPECT_EQ(configErrorOf(compute.path()),
+            compute.path() +
+                ": float16_compute = true: troupe's fp16 (--dtype float16, precision fp16) "
+                "multiplies in fp16 and accumulates in float32; it has no fp16 accumulation");
 }
 
 TEST(Caffe2Flags, AKeyAndAFlagOfCaffe2sForItFromOneSourceAreRefusedNamingBoth) {
@@ -329,7 +329,7 @@ TEST(Caffe2Flags, TheLogRecordsEachAsGiven) {
 // Through the binary: the error, on one line, and exit code 1.
 TEST(Caffe2Flags, RefusedFlagsExitOneWithTheirErrorFromTroupeTrain) {
   const std::map<std::string, std::string> cases = {
-      {"--dtype float16", "[error] --dtype float16: troupe trains in float32 only"},
+      {"--dtype float64", "[error] --dtype float64: expected float or float16"},
       {"--use_nccl", "[error] --use_nccl: troupe does not reduce with NCCL yet"},
       {"--distributed_transport ibverbs",
        "[error] --distributed_transport ibverbs: troupe has no ibverbs transport"},

@@ -384,5 +384,220 @@ TEST_F(CudaOps, LenetStepGivesTheCpusLossAndGradients) {
   expectClose("gradients", cnet->grads(), gnet->grads());
 }
 
+// ---- float16 and bfloat16 (NetOptions::precision) ----
+//
+// Tolerance: the inputs are rounded to the reduced type on the host first, and the CPU computes in
+// float32 from those same values. A product of two float16s (11-bit significands) or bfloat16s
+// (8-bit) is exact in float32 (24 bits), and cuDNN's and cuBLAS's configurations used here
+// accumulate in float32, whose part of the error is kRelative's, as above. Each output is then
+// rounded once to the reduced type: at most u = 2^-11 (float16) or 2^-8 (bfloat16) relative. A
+// transform-based convolution (Winograd) may round its transformed inputs to the type too, which
+// is a second u at most: 2u + kRelative in all. A wrong element type read as another (float16 bits
+// as bfloat16) is off by orders of magnitude.
+class CudaReducedOps : public CudaOps, public ::testing::WithParamInterface<DType> {
+ protected:
+  DType type() const { return GetParam(); }
+  double tolerance() const {
+    return 2 * (type() == DType::kFloat16 ? 0x1p-11 : 0x1p-8) + kRelative;
+  }
+  // The host float tensor with each value rounded to the reduced type (what the GPU will hold).
+  Tensor rounded(const Tensor& x) const {
+    Tensor narrow = Tensor::host(x.shape(), type()), out = Tensor::host(x.shape());
+    cpu_->cast(x, narrow);
+    cpu_->cast(narrow, out);
+    return out;
+  }
+  // On the GPU in the reduced type (cast there from float32), and back to a host float tensor.
+  Tensor upReduced(const Tensor& host) {
+    const Tensor wide = up(host);
+    Tensor t = gpu_->empty(host.shape(), type());
+    gpu_->cast(wide, t);
+    return t;
+  }
+  Tensor empty(const Shape& shape) { return gpu_->empty(shape, type()); }
+  Tensor downWide(const Tensor& device) {
+    Tensor wide = gpu_->empty(device.shape());
+    gpu_->cast(device, wide);
+    return down(wide);
+  }
+  void expectNear(const char* what, const Tensor& cpu, const Tensor& gpu_reduced) {
+    expectClose(what, cpu, downWide(gpu_reduced), tolerance());
+  }
+};
+
+TEST_P(CudaReducedOps, CastRoundsAsTheHostDoes) {
+  const std::int64_t n = 10007;
+  Tensor x = randomHost({n}, 40, -70000.0f, 70000.0f);  // float16 overflows beyond 65504
+  x.f32()[0] = 1e-7f;                                   // a float16 subnormal
+  const Tensor g = upReduced(x);
+  Tensor narrow = Tensor::host({n}, type());
+  cpu_->cast(x, narrow);
+  const Tensor bits = down(g);
+  EXPECT_EQ(std::memcmp(bits.raw(), narrow.raw(), narrow.bytes()), 0);
+  expectClose("widened", rounded(x), downWide(g), 0);
+}
+
+TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
+  const ConvGeometry g{2, 16, 9, 9, 8, 3, 1, 1, true};
+  const Shape xs{g.n, g.channels, g.height, g.width}, ys{g.n, g.out_channels, 9, 9};
+  const Tensor x = rounded(randomHost(xs, 41)), w = rounded(randomHost({8, 16, 3, 3}, 42)),
+               b = rounded(randomHost({8}, 43)), dy = rounded(randomHost(ys, 44));
+  Tensor y = Tensor::host(ys), dx = Tensor::host(xs), dw = Tensor::host(w.shape()),
+         db = Tensor::host({8});
+  auto c = cpu_->makeConv(g);
+  c->forward(x, w, b, y);
+  c->backward(x, w, dy, dx, dw, db);
+  auto d = gpu_->makeConv(g);
+  const Tensor gx = upReduced(x), gw = upReduced(w), gb = upReduced(b), gdy = upReduced(dy);
+  Tensor gy = empty(ys), gdx = empty(xs), gdw = empty(w.shape()), gdb = empty({8});
+  d->forward(gx, gw, gb, gy);
+  d->backward(gx, gw, gdy, gdx, gdw, gdb);
+  expectNear("conv y", y, gy);
+  expectNear("conv dx", dx, gdx);
+  expectNear("conv dw", dw, gdw);
+  expectNear("conv db", db, gdb);
+
+  const InnerProductGeometry f{5, 37, 11};
+  const Tensor fx = rounded(randomHost({5, 37}, 45)), fw = rounded(randomHost({11, 37}, 46)),
+               fb = rounded(randomHost({11}, 47)), fdy = rounded(randomHost({5, 11}, 48));
+  Tensor fy = Tensor::host({5, 11}), fdx = Tensor::host({5, 37}), fdw = Tensor::host({11, 37}),
+         fdb = Tensor::host({11});
+  auto ip = cpu_->makeInnerProduct(f);
+  ip->forward(fx, fw, fb, fy);
+  ip->backward(fx, fw, fdy, fdx, fdw, fdb);
+  auto gip = gpu_->makeInnerProduct(f);
+  const Tensor gfx = upReduced(fx), gfw = upReduced(fw), gfdy = upReduced(fdy);
+  Tensor gfy = empty({5, 11}), gfdx = empty({5, 37}), gfdw = empty({11, 37}), gfdb = empty({11});
+  gip->forward(gfx, gfw, upReduced(fb), gfy);
+  gip->backward(gfx, gfw, gfdy, gfdx, gfdw, gfdb);
+  expectNear("fc y", fy, gfy);
+  expectNear("fc dx", fdx, gfdx);
+  expectNear("fc dw", fdw, gfdw);
+  expectNear("fc db", fdb, gfdb);
+}
+
+// Batch norm reads and writes the reduced type; its scale, shift and statistics stay float32.
+TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
+  const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+  const Shape xs{g.n, g.channels, g.spatial};
+  const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
+               beta = randomHost({5}, 51), dy = rounded(randomHost(xs, 52));
+  Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+  cpu_->fill(rv, 1.0f);
+  Tensor grm = up(rm), grv = up(rv);
+  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
+         dbeta = Tensor::host({5});
+  auto c = cpu_->makeBatchNorm(g);
+  c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
+  c->backward(x, gamma, dy, dx, dg, dbeta);
+  auto d = gpu_->makeBatchNorm(g);
+  const Tensor gx = upReduced(x), ggamma = up(gamma), gdy = upReduced(dy);
+  Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
+  d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
+  d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
+  expectNear("y", y, gy);
+  expectNear("dx", dx, gdx);
+  expectClose("running mean", rm, grm, tolerance());
+  expectClose("dgamma", dg, gdg, tolerance());
+  expectClose("dbeta", dbeta, gdbeta, tolerance());
+}
+
+TEST_P(CudaReducedOps, PoolingElementwiseAndTheLoss) {
+  const PoolGeometry pg{2, 3, 7, 7, 3, 2, 1, PoolMethod::kMax, true};
+  const Shape ps{2, 3, 7, 7}, pys{2, 3, pg.outHeight(), pg.outWidth()};
+  const Tensor px = rounded(randomHost(ps, 53)), pdy = rounded(randomHost(pys, 54));
+  Tensor py = Tensor::host(pys), pdx = Tensor::host(ps);
+  auto pool = cpu_->makePool(pg);
+  pool->forward(px, py);
+  pool->backward(pdy, pdx);
+  auto gpool = gpu_->makePool(pg);
+  Tensor gpy = empty(pys), gpdx = empty(ps);
+  gpool->forward(upReduced(px), gpy);
+  gpool->backward(upReduced(pdy), gpdx);
+  expectNear("max pool y", py, gpy);
+  expectNear("max pool dx", pdx, gpdx);
+
+  const std::int64_t n = 10007;
+  const Tensor a = rounded(randomHost({n}, 55)), b = rounded(randomHost({n}, 56)),
+               dy = rounded(randomHost({n}, 57));
+  Tensor y = Tensor::host({n}), dx = Tensor::host({n});
+  Tensor ga = upReduced(a), gy = empty({n}), gdx = empty({n});
+  auto relu = cpu_->makeRelu(n);
+  auto grelu = gpu_->makeRelu(n);
+  relu->forward(a, y);
+  relu->backward(y, dy, dx);
+  grelu->forward(ga, gy);
+  grelu->backward(gy, upReduced(dy), gdx);
+  expectNear("relu y", y, gy);
+  expectNear("relu dx", dx, gdx);
+  auto add = cpu_->makeAdd(n);
+  auto gadd = gpu_->makeAdd(n);
+  add->forward(a, b, y);
+  gadd->forward(ga, upReduced(b), gy);
+  expectNear("add", y, gy);
+  Tensor ax = copyOf(b);
+  Tensor gax = upReduced(b);
+  cpu_->axpy(0.25f, a, ax);
+  gpu_->axpy(0.25f, ga, gax);
+  expectNear("axpy", ax, gax);
+
+  const std::int64_t rows = 6, classes = 1000;
+  const Tensor logits = rounded(randomHost({rows, classes}, 58, -4.0f, 4.0f));
+  Tensor labels = Tensor::host({rows}, DType::kInt32);
+  for (std::int64_t i = 0; i < rows; ++i)
+    labels.i32()[i] = static_cast<std::int32_t>((i * 389) % classes);
+  auto loss = cpu_->makeSoftmaxLoss(rows, classes);
+  auto gloss = gpu_->makeSoftmaxLoss(rows, classes);
+  Tensor metrics = Tensor::host({2}), d = Tensor::host({rows, classes});
+  Tensor gmetrics = gpu_->empty({2}), gd = empty({rows, classes});
+  loss->forward(logits, labels, metrics);
+  loss->backward(0.5f, d);
+  gloss->forward(upReduced(logits), up(labels), gmetrics);
+  gloss->backward(0.5f, gd);
+  expectClose("loss and correct (float32 from the same logits)", metrics, gmetrics);
+  expectNear("dlogits", d, gd);
+}
+
+// A net in reduced precision on the GPU: its loss and gradients near the CPU's float32 ones. The
+// net is smooth (convolution, batch norm, average pooling, inner product, softmax loss: no max and
+// no ReLU, whose gradients jump where rounding reorders a window or flips a sign), so first-order
+// error analysis holds: each of its 5 layers rounds its output once more than the CPU does,
+// forward and back, each within tolerance(), about 10 tolerance() in all. The loss is scaled by
+// 2^10 as a run's loss scale would (unscaled, float16's gradients of order 1e-6 would be
+// subnormal, with fewer bits than the bound assumes).
+TEST_P(CudaReducedOps, ASmoothNetStepInReducedPrecision) {
+  NetOptions o;
+  o.max_batch = 16;
+  o.model.layers = {{"conv", {{"num_output", "8"}, {"kernel", "5"}}},
+                    {"bn", {}},
+                    {"pool", {{"method", "ave"}, {"kernel", "2"}, {"stride", "2"}}},
+                    {"conv", {{"num_output", "12"}, {"kernel", "3"}}},
+                    {"fc", {{"num_output", "10"}}}};
+  auto cnet = makeNet(*cpu_, o);
+  o.precision = type();
+  auto gnet = makeNet(*gpu_, o);
+  const Tensor images = rounded(randomHost({16, 1, 28, 28}, 59, 0.0f, 1.0f));
+  Tensor labels = Tensor::host({16}, DType::kInt32);
+  for (int i = 0; i < 16; ++i)
+    labels.i32()[i] = i % 10;
+  const float loss_scale = 1024.0f;
+  cnet->forward(images, labels, true);
+  cnet->backward(loss_scale / 16, [](std::int64_t, std::int64_t) {});
+  gnet->forward(up(images), up(labels), true);
+  std::int64_t covered = 0;
+  gnet->backward(loss_scale / 16, [&](std::int64_t b, std::int64_t e) { covered += e - b; });
+  EXPECT_EQ(covered, gnet->numParams());
+  EXPECT_EQ(gnet->grads().dtype(), DType::kFloat32);
+  const Tensor cm = copyOf(cnet->metrics()), gm = down(gnet->metrics());
+  EXPECT_NEAR(gm.f32()[0], cm.f32()[0], 10 * tolerance() * std::abs(cm.f32()[0]));
+  expectClose("gradients", cnet->grads(), gnet->grads(), 10 * tolerance());
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaReducedOps,
+                         ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return info.param == DType::kFloat16 ? "float16" : "bfloat16";
+                         });
+
 }  // namespace
 }  // namespace troupe::kernels

@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "troupe/error.h"
 
@@ -44,3 +49,89 @@ TEST(Tensor, AnAllocationTheHostCannotMakeIsAResourceErrorNamingItsSize) {
 
 }  // namespace
 }  // namespace troupe::kernels
+
+namespace reduced {
+
+using troupe::kernels::DType;
+using troupe::kernels::fromBFloat16;
+using troupe::kernels::fromFloat16;
+using troupe::kernels::Tensor;
+using troupe::kernels::toBFloat16;
+using troupe::kernels::toFloat16;
+
+// IEEE binary16's landmarks, each rounding to nearest with ties to even.
+TEST(ReducedPrecision, Float16RoundsToNearestEven) {
+  EXPECT_EQ(toFloat16(1.0f), 0x3c00);
+  EXPECT_EQ(toFloat16(-2.0f), 0xc000);
+  EXPECT_EQ(toFloat16(-0.0f), 0x8000);
+  EXPECT_EQ(toFloat16(65504.0f), 0x7bff);                      // the largest
+  EXPECT_EQ(toFloat16(65519.0f), 0x7bff);                      // below the halfway point to 2^16
+  EXPECT_EQ(toFloat16(65520.0f), 0x7c00);                      // the tie goes to even: inf
+  EXPECT_EQ(toFloat16(1e30f), 0x7c00);                         // beyond: inf
+  EXPECT_EQ(toFloat16(std::ldexp(1.0f, -14)), 0x0400);         // the smallest normal
+  EXPECT_EQ(toFloat16(std::ldexp(1.0f, -24)), 0x0001);         // the smallest subnormal
+  EXPECT_EQ(toFloat16(std::ldexp(1.0f, -25)), 0x0000);         // half of it: the tie to even 0
+  EXPECT_EQ(toFloat16(std::ldexp(3.0f, -25)), 0x0002);         // 1.5 steps: the tie to even 2
+  EXPECT_EQ(toFloat16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // a tie: down to even
+  EXPECT_EQ(toFloat16(1.0f + std::ldexp(3.0f, -11)), 0x3c02);  // a tie: up to even
+  EXPECT_EQ(toFloat16(1.0f + std::ldexp(1.0f, -12) + std::ldexp(1.0f, -11)), 0x3c01);
+  EXPECT_EQ(toFloat16(std::ldexp(1.0f, -14) - std::ldexp(1.0f, -26)), 0x0400);  // rounds up
+  EXPECT_EQ(toFloat16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_TRUE(std::isnan(fromFloat16(toFloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+// Every float16 that is not NaN widens exactly and narrows back to itself.
+TEST(ReducedPrecision, EveryFloat16RoundTripsThroughFloat32) {
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) continue;  // NaN
+    ASSERT_EQ(toFloat16(fromFloat16(h)), h) << "bits " << bits;
+  }
+  EXPECT_EQ(fromFloat16(0x7bff), 65504.0f);
+  EXPECT_EQ(fromFloat16(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(fromFloat16(0x3555), 0.333251953125f);
+}
+
+TEST(ReducedPrecision, BFloat16KeepsTheTopHalfRoundedToNearestEven) {
+  EXPECT_EQ(toBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(toBFloat16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // a tie: down to even
+  EXPECT_EQ(toBFloat16(1.0f + std::ldexp(3.0f, -8)), 0x3f82);  // a tie: up to even
+  EXPECT_EQ(toBFloat16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(toBFloat16(3e38f), 0x7f62);  // float32's range: no overflow below its largest
+  EXPECT_EQ(toBFloat16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
+  EXPECT_TRUE(std::isnan(fromBFloat16(toBFloat16(std::numeric_limits<float>::quiet_NaN()))));
+  for (std::uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    if ((h & 0x7f80u) == 0x7f80u && (h & 0x7fu) != 0) continue;  // NaN
+    ASSERT_EQ(toBFloat16(fromBFloat16(h)), h) << "bits " << bits;
+  }
+}
+
+// The CPU backend casts (it computes in float32 only) and finds inf and NaN among float32s.
+TEST(ReducedPrecision, TheCpuBackendCastsAndTestsFiniteness) {
+  auto cpu = troupe::kernels::makeCpuBackend(2);
+  const std::int64_t n = 100000;  // several threads' ranges
+  auto x = Tensor::host({n});
+  for (std::int64_t i = 0; i < n; ++i)
+    x.f32()[i] = static_cast<float>(i % 977) * 0.37f - 100.0f;
+  auto h = Tensor::host({n}, DType::kFloat16), b = Tensor::host({n}, DType::kBFloat16);
+  auto back = Tensor::host({n});
+  cpu->cast(x, h);
+  cpu->cast(x, b);
+  cpu->cast(h, back);
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(static_cast<const std::uint16_t*>(h.raw())[i], toFloat16(x.f32()[i]));
+    ASSERT_EQ(static_cast<const std::uint16_t*>(b.raw())[i], toBFloat16(x.f32()[i]));
+    ASSERT_EQ(back.f32()[i], fromFloat16(toFloat16(x.f32()[i])));
+  }
+  auto y = Tensor::host({7});
+  EXPECT_TRUE(cpu->allFinite({x, y}));
+  x.f32()[n - 1] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(cpu->allFinite({y, x}));
+  x.f32()[n - 1] = 0.0f;
+  y.f32()[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(cpu->allFinite({x, y}));
+  EXPECT_THROW(cpu->cast(x, Tensor::host({n}, DType::kInt32)), troupe::InvariantError);
+}
+
+}  // namespace reduced

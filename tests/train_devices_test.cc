@@ -7,6 +7,7 @@
 // run on the CPU with one thread per replica, to the bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,8 @@
 
 #include "actors/checkpoint.h"
 #include "cli_util.h"
+#include "kernels/backend.h"
+#include "kernels/net.h"
 
 namespace troupe {
 namespace {
@@ -187,6 +190,100 @@ TEST(Devices, ScheduleDeviceWithoutGpusSaysHowToNameThem) {
                           "none: name them with gpus (--gpus 0,1 or --num_gpus 2), or use "
                           "schedule 'local'"),
             std::string::npos)
+      << r.output;
+}
+
+// ---- mixed precision (precision fp16 / bf16): the emulated GPU computes each op on float16 or
+// bfloat16 tensors in float32 and rounds its outputs once, as cuDNN's float-accumulating
+// configurations do.
+
+// The figure after `label` in `output` (0 when the label is missing, a failure then).
+double figureAfter(const std::string& output, const std::string& label) {
+  const auto at = output.find(label);
+  EXPECT_NE(at, std::string::npos) << "no '" << label << "' in " << output;
+  return at == std::string::npos ? 0.0 : std::stod(output.substr(at + label.size()));
+}
+
+// bf16 activations change the arithmetic, so the weights differ from float32's; and the run
+// learns: its training loss ends below 0.9 ln 10 (chance is ln 10 = 2.303; this run in float32
+// ends at 1.92).
+TEST(Devices, Bf16ComputesInReducedPrecisionAndLearns) {
+  TempDir cwd("devices_bf16");
+  auto r = trainLenet(cwd, "fp32", emulated(1), "--gpus 0 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "bf16", emulated(1), "--gpus 0 --threads 1 --precision bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("precision: bf16 activations, convolutions and products; fp32 weights, "
+                          "gradients and updates\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("loss scale"), std::string::npos) << r.output;  // bf16 needs none
+  EXPECT_FALSE(sameWeights(cwd.path() / "fp32", cwd.path() / "bf16"));
+  EXPECT_LT(figureAfter(r.output, "epoch 1 done: loss "), 0.9 * std::log(10.0)) << r.output;
+}
+
+// A dynamic loss scale of 2^24 makes the first step's output gradients overflow float16: the
+// softmax's 2^24 / 64 * (1 - p) is above 65504 for any p below 0.75, and at the first step p is
+// about 0.1. Each such step is skipped and the scale halved; no step of the 20 doubles it (the
+// window is 2000), so after K skipped steps the scale is 2^(24 - K).
+TEST(Devices, Fp16SkipsStepsWhoseGradientsOverflowAndHalvesItsLossScale) {
+  TempDir cwd("devices_fp16");
+  const auto r = trainLenet(cwd, "fp16", emulated(1),
+                            "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 24");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string label = "epoch 1 loss scale ";
+  const double scale = figureAfter(r.output, label);
+  const double skipped = figureAfter(r.output.substr(r.output.find(label)), ": ");
+  EXPECT_GE(skipped, 1) << r.output;
+  EXPECT_LT(skipped, 20) << r.output;  // some steps trained
+  EXPECT_EQ(scale, std::ldexp(1.0, 24 - static_cast<int>(skipped))) << r.output;
+  EXPECT_NE(r.output.find(" step(s) skipped for inf or NaN gradients (" +
+                          std::to_string(static_cast<int>(skipped)) + " in all)"),
+            std::string::npos)
+      << r.output;
+}
+
+// At 2^40 every step of the epoch overflows (2^40 / 64 / 2^20 is still above 65504): each is
+// skipped, so the weights end as they began: LeNet's initial weights from seed 1, to the bit.
+TEST(Devices, Fp16StepsSkippedForOverflowLeaveTheWeightsAlone) {
+  TempDir cwd("devices_fp16_skipped");
+  const auto r = trainLenet(cwd, "fp16", emulated(1),
+                            "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 40");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 1 loss scale 1.04858e+06: 20 step(s) skipped for inf or NaN "
+                          "gradients (20 in all)"),
+            std::string::npos)
+      << r.output;
+  kernels::NetOptions lenet;  // Fashion-MNIST's 1x28x28 and 10 labels, seed 1: the run's
+  lenet.model.name = "lenet";
+  auto cpu = kernels::makeCpuBackend(1);
+  const auto initial = kernels::makeNet(*cpu, lenet);
+  const auto ck = checkpointIn(cwd.path() / "fp16");
+  ASSERT_EQ(ck.weights.numel(), initial->numParams());
+  EXPECT_EQ(ck.metaInt("step"), 20);
+  EXPECT_EQ(std::memcmp(ck.weights.raw(), initial->weights().raw(), ck.weights.bytes()), 0);
+}
+
+TEST(Devices, ReducedPrecisionWithoutGpusOrUnderParameterServersIsRefused) {
+  const std::string data = " --model lenet --train_data " + testData("lmdb") + "/train";
+  auto r = runCommand(troupeBinary() + " train" + data + " --precision bf16");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("[error] precision bf16 computes on GPUs, and this run has none: name "
+                          "them with gpus (--gpus 0 or --num_gpus 1), or use precision fp32"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(emulated(1) + troupeBinary() + " launch -n 1 -s 1 --launcher local -- " +
+                 troupeBinary() + " train" + data +
+                 " --gpus 0 --precision fp16 --schedule dist_sync --epoch_size 640");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("precision fp16 with a loss scale under schedule 'dist_sync': the "
+                          "parameter servers, each holding a shard, neither divide the scale out "
+                          "nor skip an overflowing step together"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(troupeBinary() + " train" + data + " --precision fp8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--precision fp8: expected fp32, fp16 or bf16"), std::string::npos)
       << r.output;
 }
 

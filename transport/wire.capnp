@@ -62,6 +62,7 @@ struct Weights {
   step @0 :Int64;
   weights @1 :TensorData;
   buffers @2 :TensorData;  # empty: keep the replica's own
+  lossScale @3 :Float32 = 1.0;  # the loss is multiplied by it before the backward
 }
 
 # Replica -> Coordinator.
@@ -83,6 +84,8 @@ struct EpochEnd {
   step @0 :Int64;
   weights @1 :TensorData;
   momentum @2 :TensorData;
+  lossScale @3 :Float32;      # 0: no loss scale
+  overflowSteps @4 :Int64;    # steps skipped so far for inf or NaN gradients
 }
 
 # Updater -> Updater (elastic runs): the state a new generation goes on from.

@@ -1,5 +1,6 @@
 #include <dnnl.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/backend.h"
@@ -44,6 +45,64 @@ class CpuBackend final : public Backend {
     TROUPE_ENFORCE(src.device().kind == DeviceKind::kCpu && dst.device().kind == DeviceKind::kCpu,
                    "the CPU backend copies host tensors only");
     if (src.bytes() && src.raw() != dst.raw()) std::memmove(dst.raw(), src.raw(), src.bytes());
+  }
+
+  // The CPU computes in float32 only; it converts, for host copies of reduced-precision tensors
+  // and for tests.
+  void cast(const Tensor& src, const Tensor& dst) override {
+    TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
+    TROUPE_ENFORCE(src.device().kind == DeviceKind::kCpu && dst.device().kind == DeviceKind::kCpu,
+                   "the CPU backend casts host tensors only");
+    const DType from = src.dtype(), to = dst.dtype();
+    const auto floating = [](DType d) {
+      return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+    };
+    TROUPE_ENFORCE(floating(from) && floating(to), "cast from ", toString(from), " to ",
+                   toString(to));
+    const auto load = [from](const void* p, std::int64_t i) {
+      switch (from) {
+        case DType::kFloat16:
+          return fromFloat16(static_cast<const std::uint16_t*>(p)[i]);
+        case DType::kBFloat16:
+          return fromBFloat16(static_cast<const std::uint16_t*>(p)[i]);
+        default:
+          return static_cast<const float*>(p)[i];
+      }
+    };
+    const void* in = src.raw();
+    void* out = dst.raw();
+    cpu::forRanges(src.numel(), threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) {
+        const float v = load(in, i);
+        if (to == DType::kFloat16) {
+          static_cast<std::uint16_t*>(out)[i] = toFloat16(v);
+        } else if (to == DType::kBFloat16) {
+          static_cast<std::uint16_t*>(out)[i] = toBFloat16(v);
+        } else {
+          static_cast<float*>(out)[i] = v;
+        }
+      }
+    });
+  }
+
+  bool allFinite(const std::vector<Tensor>& tensors) override {
+    bool finite = true;
+    for (const Tensor& t : tensors) {
+      t.f32();  // a float32 host tensor
+      const auto* p = static_cast<const std::uint32_t*>(t.raw());
+      cpu::forRanges(t.numel(), threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
+        // On the bits: exponent all ones is inf or NaN (no flag of the compiler's folds it away).
+        std::uint32_t worst = 0;
+#pragma omp simd reduction(max : worst)
+        for (std::int64_t i = b; i < e; ++i)
+          worst = std::max(worst, p[i] & 0x7f800000u);
+        if (worst == 0x7f800000u) {
+#pragma omp atomic write
+          finite = false;
+        }
+      });
+    }
+    return finite;
   }
 
   void fill(const Tensor& t, float value) override {

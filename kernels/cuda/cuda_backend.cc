@@ -36,7 +36,42 @@ constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // per convolution 
 const float kOne = 1.0f, kZero = 0.0f;
 
 float* f32(const Tensor& t) {
+  TROUPE_ENFORCE(t.dtype() == DType::kFloat32 || t.raw() == nullptr, "a ", toString(t.dtype()),
+                 " tensor of shape ", toString(t.shape()), " where float32 is needed");
   return static_cast<float*>(t.raw());
+}
+// An activation: float32, float16 or bfloat16 (NetOptions::precision).
+void* act(const Tensor& t) {
+  TROUPE_ENFORCE(
+      t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16,
+      "a ", toString(t.dtype()), " tensor where a floating-point one is needed");
+  return t.raw();
+}
+
+cudnnDataType_t cudnnType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return CUDNN_DATA_HALF;
+    case DType::kBFloat16:
+      return CUDNN_DATA_BFLOAT16;
+    case DType::kFloat32:
+      return CUDNN_DATA_FLOAT;
+    default:
+      throw InvariantError("cuDNN computes on floating-point tensors, not " + toString(dtype));
+  }
+}
+
+cudaDataType_t cublasType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    default:
+      throw InvariantError("cuBLAS computes on floating-point tensors, not " + toString(dtype));
+  }
 }
 bool wanted(const Tensor& t) {
   return t.raw() != nullptr;
@@ -79,12 +114,13 @@ struct Context {
   }
 };
 
-// A 4-d NCHW float tensor descriptor, destroyed with its owner.
+// A 4-d NCHW tensor descriptor, destroyed with its owner.
 class TensorDesc {
  public:
-  TensorDesc(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
+  TensorDesc(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+             DType dtype = DType::kFloat32) {
     TROUPE_CUDA_CHECK(cudnnCreateTensorDescriptor(&d_));
-    TROUPE_CUDA_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+    TROUPE_CUDA_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, cudnnType(dtype),
                                                  static_cast<int>(n), static_cast<int>(c),
                                                  static_cast<int>(h), static_cast<int>(w)));
   }
@@ -119,83 +155,98 @@ const Perf& pickAlgo(const Perf* perf, int count, const char* what) {
   return *any;
 }
 
+// A convolution's cuDNN descriptors for the element type of its tensors, made on the first call
+// (the type comes with the tensors: NetOptions::precision); the algorithms are measured then.
 class CudaConv final : public ConvOp {
  public:
   CudaConv(Context& ctx, const ConvGeometry& g,
            std::map<std::vector<std::int64_t>, ConvAlgos>& cache)
-      : ctx_(ctx),
-        g_(g),
-        x_(g.n, g.channels, g.height, g.width),
-        y_(g.n, g.out_channels, g.outHeight(), g.outWidth()),
-        bias_(1, g.out_channels, 1, 1) {
-    TROUPE_CUDA_CHECK(cudnnCreateFilterDescriptor(&w_));
-    TROUPE_CUDA_CHECK(cudnnSetFilter4dDescriptor(
-        w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
-        static_cast<int>(g.channels), static_cast<int>(g.kernel), static_cast<int>(g.kernel)));
-    TROUPE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
-    const int pad = static_cast<int>(g.pad), stride = static_cast<int>(g.stride);
-    TROUPE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad, pad, stride, stride, 1, 1,
-                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(
-        conv_, ctx.options.tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-    const std::vector<std::int64_t> key{g.n,      g.channels,     g.height,
-                                        g.width,  g.out_channels, g.kernel,
-                                        g.stride, g.pad,          ctx.options.tf32};
-    auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, measure()).first;
-    algos_ = it->second;
-  }
+      : ctx_(ctx), g_(g), cache_(cache) {}
   ~CudaConv() override {
-    cudnnDestroyConvolutionDescriptor(conv_);
-    cudnnDestroyFilterDescriptor(w_);
+    if (conv_) cudnnDestroyConvolutionDescriptor(conv_);
+    if (w_) cudnnDestroyFilterDescriptor(w_);
   }
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
+    prepare(x.dtype());
     void* ws = ctx_.scratch(algos_.workspace);
-    TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_.get(), x.raw(), w_, w.raw(),
+    TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_->get(), act(x), w_, act(w),
                                               conv_, algos_.fwd, ws, algos_.workspace, &kZero,
-                                              y_.get(), y.raw()));
+                                              y_->get(), act(y)));
     if (g_.bias) {
       TROUPE_CUDA_CHECK(
-          cudnnAddTensor(ctx_.cudnn, &kOne, bias_.get(), b.raw(), &kOne, y_.get(), y.raw()));
+          cudnnAddTensor(ctx_.cudnn, &kOne, bias_->get(), act(b), &kOne, y_->get(), y.raw()));
     }
   }
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
+    prepare(x.dtype());
     void* ws = ctx_.scratch(algos_.workspace);
     if (wanted(dw)) {
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_.get(), x.raw(),
-                                                       y_.get(), dy.raw(), conv_, algos_.bwd_filter,
-                                                       ws, algos_.workspace, &kZero, w_, dw.raw()));
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_->get(), act(x),
+                                                       y_->get(), act(dy), conv_, algos_.bwd_filter,
+                                                       ws, algos_.workspace, &kZero, w_, act(dw)));
     }
     if (g_.bias && wanted(db)) {
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn, &kOne, y_.get(), dy.raw(), &kZero,
-                                                     bias_.get(), db.raw()));
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn, &kOne, y_->get(), act(dy), &kZero,
+                                                     bias_->get(), act(db)));
     }
     if (wanted(dx)) {
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, w.raw(), y_.get(),
-                                                     dy.raw(), conv_, algos_.bwd_data, ws,
-                                                     algos_.workspace, &kZero, x_.get(), dx.raw()));
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, act(w), y_->get(),
+                                                     act(dy), conv_, algos_.bwd_data, ws,
+                                                     algos_.workspace, &kZero, x_->get(), act(dx)));
     }
   }
 
  private:
+  // float16 and bfloat16 data accumulate in float (cuDNN's "pseudo" configurations) on tensor
+  // cores; float32 uses them only under TF32.
+  void prepare(DType dtype) {
+    if (x_) {
+      TROUPE_ENFORCE(dtype == dtype_, "a convolution made for ", toString(dtype_), " called with ",
+                     toString(dtype), " tensors");
+      return;
+    }
+    dtype_ = dtype;
+    const ConvGeometry& g = g_;
+    x_ = std::make_unique<TensorDesc>(g.n, g.channels, g.height, g.width, dtype);
+    y_ = std::make_unique<TensorDesc>(g.n, g.out_channels, g.outHeight(), g.outWidth(), dtype);
+    bias_ = std::make_unique<TensorDesc>(1, g.out_channels, 1, 1, dtype);
+    TROUPE_CUDA_CHECK(cudnnCreateFilterDescriptor(&w_));
+    TROUPE_CUDA_CHECK(cudnnSetFilter4dDescriptor(
+        w_, cudnnType(dtype), CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
+        static_cast<int>(g.channels), static_cast<int>(g.kernel), static_cast<int>(g.kernel)));
+    TROUPE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+    const int pad = static_cast<int>(g.pad), stride = static_cast<int>(g.stride);
+    TROUPE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad, pad, stride, stride, 1, 1,
+                                                      CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    const bool tensor_cores = dtype != DType::kFloat32 || ctx_.options.tf32;
+    TROUPE_CUDA_CHECK(
+        cudnnSetConvolutionMathType(conv_, tensor_cores ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    const std::vector<std::int64_t> key{
+        g.n,      g.channels, g.height, g.width,           g.out_channels,
+        g.kernel, g.stride,   g.pad,    ctx_.options.tf32, static_cast<std::int64_t>(dtype)};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
+    algos_ = it->second;
+  }
+
   // cudnnFind* times every algorithm on scratch tensors of this geometry (once per geometry).
   ConvAlgos measure() {
     ConvAlgos a{};
     constexpr int kMax = 16;
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
-    TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_.get(), w_, conv_,
-                                                           y_.get(), kMax, &count, fwd));
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_->get(), w_, conv_,
+                                                           y_->get(), kMax, &count, fwd));
     const auto& f = pickAlgo(fwd, count, "forward");
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
-    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_.get(), conv_,
-                                                                x_.get(), kMax, &count, data));
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_->get(), conv_,
+                                                                x_->get(), kMax, &count, data));
     const auto& d = pickAlgo(data, count, "backward-data");
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
-    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_.get(), y_.get(),
+    TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_->get(), y_->get(),
                                                                   conv_, w_, kMax, &count, filter));
     const auto& b = pickAlgo(filter, count, "backward-filter");
     a.fwd = f.algo;
@@ -207,7 +258,9 @@ class CudaConv final : public ConvOp {
 
   Context& ctx_;
   ConvGeometry g_;
-  TensorDesc x_, y_, bias_;
+  std::map<std::vector<std::int64_t>, ConvAlgos>& cache_;
+  DType dtype_ = DType::kFloat32;
+  std::unique_ptr<TensorDesc> x_, y_, bias_;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   ConvAlgos algos_{};
@@ -223,11 +276,12 @@ class CudaPool final : public PoolOp {
     if (shape_.max) argmax_ = ctx.empty({shape_.planes * shape_.oh * shape_.ow}, DType::kInt32);
   }
   void forward(const Tensor& x, const Tensor& y) override {
-    poolForward(shape_, f32(x), f32(y), static_cast<std::int32_t*>(argmax_.raw()), ctx_.stream);
+    poolForward(x.dtype(), shape_, act(x), act(y), static_cast<std::int32_t*>(argmax_.raw()),
+                ctx_.stream);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    poolBackward(shape_, f32(dy), static_cast<const std::int32_t*>(argmax_.raw()), f32(dx),
-                 ctx_.stream);
+    poolBackward(dy.dtype(), shape_, act(dy), static_cast<const std::int32_t*>(argmax_.raw()),
+                 act(dx), ctx_.stream);
   }
 
  private:
@@ -236,6 +290,23 @@ class CudaPool final : public PoolOp {
   Tensor argmax_;
 };
 
+// c = a b (column-major, as cuBLAS) with a, b and c of one type: cublasSgemm for float32 (TF32
+// as the handle's math mode says), cublasGemmEx accumulating in float for float16 and bfloat16.
+void gemm(Context& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+          const Tensor& a, int lda, const Tensor& b, int ldb, const Tensor& c, int ldc) {
+  if (c.dtype() == DType::kFloat32) {
+    TROUPE_CUDA_CHECK(cublasSgemm(ctx.cublas, ta, tb, m, n, k, &kOne, f32(a), lda, f32(b), ldb,
+                                  &kZero, f32(c), ldc));
+    return;
+  }
+  const cudaDataType_t type = cublasType(c.dtype());
+  TROUPE_ENFORCE(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "a product of ",
+                 toString(a.dtype()), " and ", toString(b.dtype()), " into ", toString(c.dtype()));
+  TROUPE_CUDA_CHECK(cublasGemmEx(ctx.cublas, ta, tb, m, n, k, &kOne, a.raw(), type, lda, b.raw(),
+                                 type, ldb, &kZero, c.raw(), type, ldc, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+}
+
 // y[n, out] = x[n, in] w[out, in]^T + b, in cuBLAS's column-major terms (row-major x is x^T).
 class CudaInnerProduct final : public InnerProductOp {
  public:
@@ -243,23 +314,16 @@ class CudaInnerProduct final : public InnerProductOp {
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     const int n = static_cast<int>(g_.n), in = static_cast<int>(g_.in),
               out = static_cast<int>(g_.out);
-    TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &kOne, f32(w),
-                                  in, f32(x), in, &kZero, f32(y), out));
-    if (wanted(b)) addRowVector(f32(y), f32(b), g_.n, g_.out, ctx_.stream);
+    gemm(ctx_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w, in, x, in, y, out);
+    if (wanted(b)) addRowVector(y.dtype(), act(y), act(b), g_.n, g_.out, ctx_.stream);
   }
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
     const int n = static_cast<int>(g_.n), in = static_cast<int>(g_.in),
               out = static_cast<int>(g_.out);
-    if (wanted(dw)) {
-      TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &kOne,
-                                    f32(x), in, f32(dy), out, &kZero, f32(dw), in));
-    }
-    if (wanted(db)) sumRows(f32(dy), f32(db), g_.n, g_.out, ctx_.stream);
-    if (wanted(dx)) {
-      TROUPE_CUDA_CHECK(cublasSgemm(ctx_.cublas, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &kOne,
-                                    f32(w), in, f32(dy), out, &kZero, f32(dx), in));
-    }
+    if (wanted(dw)) gemm(ctx_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, in, dy, out, dw, in);
+    if (wanted(db)) sumRows(dy.dtype(), act(dy), act(db), g_.n, g_.out, ctx_.stream);
+    if (wanted(dx)) gemm(ctx_, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, w, in, dy, out, dx, in);
   }
 
  private:
@@ -268,13 +332,14 @@ class CudaInnerProduct final : public InnerProductOp {
 };
 
 // cuDNN's spatial batch norm: the batch's biased variance to normalise, the unbiased one into the
-// running variance, as PyTorch (kernels/ops.h).
+// running variance, as PyTorch (kernels/ops.h). x, y and their gradients may be float16 or
+// bfloat16; the scale, shift and statistics are float32 (cuDNN's rule, and PyTorch's under
+// autocast).
 class CudaBatchNorm final : public BatchNormOp {
  public:
   CudaBatchNorm(Context& ctx, const BatchNormGeometry& g)
       : ctx_(ctx),
         g_(g),
-        x_(g.n, g.channels, g.spatial, 1),
         param_(1, g.channels, 1, 1),
         mean_(ctx.empty({g.channels}, DType::kFloat32)),
         invstd_(ctx.empty({g.channels}, DType::kFloat32)) {
@@ -285,33 +350,50 @@ class CudaBatchNorm final : public BatchNormOp {
   }
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
+    prepare(x.dtype());
+    act(x);
+    act(y);
     if (train) {
       TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
-          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), x.raw(), x_.get(), y.raw(),
-          param_.get(), gamma.raw(), beta.raw(), g_.momentum, running_mean.raw(), running_var.raw(),
-          g_.eps, mean_.raw(), invstd_.raw()));
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_->get(), x.raw(), x_->get(),
+          y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum, running_mean.raw(),
+          running_var.raw(), g_.eps, mean_.raw(), invstd_.raw()));
     } else {
       TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardInference(
-          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_.get(), x.raw(), x_.get(), y.raw(),
-          param_.get(), gamma.raw(), beta.raw(), running_mean.raw(), running_var.raw(), g_.eps));
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_->get(), x.raw(), x_->get(),
+          y.raw(), param_.get(), f32(gamma), f32(beta), running_mean.raw(), running_var.raw(),
+          g_.eps));
     }
   }
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
                 const Tensor& dgamma, const Tensor& dbeta) override {
+    prepare(x.dtype());
     // cuDNN computes all three; what the caller does not want lands in scratch.
-    const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), DType::kFloat32);
+    const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
     const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
     const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
     TROUPE_CUDA_CHECK(cudnnBatchNormalizationBackward(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_.get(), x.raw(),
-        x_.get(), dy.raw(), x_.get(), dx_out.raw(), param_.get(), gamma.raw(), dg.raw(), dbt.raw(),
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_->get(), act(x),
+        x_->get(), act(dy), x_->get(), act(dx_out), param_.get(), f32(gamma), f32(dg), f32(dbt),
         g_.eps, mean_.raw(), invstd_.raw()));
   }
 
  private:
+  void prepare(DType dtype) {
+    if (x_) {
+      TROUPE_ENFORCE(dtype == dtype_, "a batch norm made for ", toString(dtype_), " called with ",
+                     toString(dtype), " tensors");
+      return;
+    }
+    dtype_ = dtype;
+    x_ = std::make_unique<TensorDesc>(g_.n, g_.channels, g_.spatial, 1, dtype);
+  }
+
   Context& ctx_;
   BatchNormGeometry g_;
-  TensorDesc x_, param_;
+  DType dtype_ = DType::kFloat32;
+  std::unique_ptr<TensorDesc> x_;  // of the tensors' type, made on the first call
+  TensorDesc param_;
   Tensor mean_, invstd_;  // of the last training forward, for the backward
 };
 
@@ -319,10 +401,10 @@ class CudaRelu final : public ReluOp {
  public:
   CudaRelu(Context& ctx, std::int64_t numel) : ctx_(ctx), numel_(numel) {}
   void forward(const Tensor& x, const Tensor& y) override {
-    reluForward(f32(x), f32(y), numel_, ctx_.stream);
+    reluForward(x.dtype(), act(x), act(y), numel_, ctx_.stream);
   }
   void backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
-    reluBackward(f32(y), f32(dy), f32(dx), numel_, ctx_.stream);
+    reluBackward(y.dtype(), act(y), act(dy), act(dx), numel_, ctx_.stream);
   }
 
  private:
@@ -335,10 +417,10 @@ class CudaDropout final : public DropoutOp {
   CudaDropout(Context& ctx, std::int64_t numel, float ratio)
       : ctx_(ctx), numel_(numel), ratio_(ratio), mask_(ctx.empty({numel}, DType::kFloat32)) {}
   void forward(const Tensor& x, const Tensor& y, std::uint64_t seed) override {
-    dropoutForward(f32(x), f32(y), f32(mask_), numel_, ratio_, seed, ctx_.stream);
+    dropoutForward(x.dtype(), act(x), act(y), f32(mask_), numel_, ratio_, seed, ctx_.stream);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    multiply(f32(dy), f32(mask_), f32(dx), numel_, ctx_.stream);
+    multiply(dy.dtype(), act(dy), f32(mask_), act(dx), numel_, ctx_.stream);
   }
 
  private:
@@ -352,7 +434,7 @@ class CudaAdd final : public AddOp {
  public:
   CudaAdd(Context& ctx, std::int64_t numel) : ctx_(ctx), numel_(numel) {}
   void forward(const Tensor& a, const Tensor& b, const Tensor& y) override {
-    add(f32(a), f32(b), f32(y), numel_, ctx_.stream);
+    add(a.dtype(), act(a), act(b), act(y), numel_, ctx_.stream);
   }
 
  private:
@@ -365,10 +447,10 @@ class CudaGlobalAvgPool final : public GlobalAvgPoolOp {
   CudaGlobalAvgPool(Context& ctx, std::int64_t planes, std::int64_t spatial)
       : ctx_(ctx), planes_(planes), spatial_(spatial) {}
   void forward(const Tensor& x, const Tensor& y) override {
-    globalAvgPoolForward(f32(x), f32(y), planes_, spatial_, ctx_.stream);
+    globalAvgPoolForward(x.dtype(), act(x), act(y), planes_, spatial_, ctx_.stream);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    globalAvgPoolBackward(f32(dy), f32(dx), planes_, spatial_, ctx_.stream);
+    globalAvgPoolBackward(dy.dtype(), act(dy), act(dx), planes_, spatial_, ctx_.stream);
   }
 
  private:
@@ -406,9 +488,9 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     TROUPE_ENFORCE_EQ(metrics.numel(), 2);
     labels_ = labels;
-    softmaxLossForward(f32(logits), static_cast<const std::int32_t*>(labels.raw()), f32(prob_),
-                       f32(metrics), static_cast<int*>(bad_.raw()), rows_.raw(), n_, classes_,
-                       ctx_.stream);
+    softmaxLossForward(logits.dtype(), act(logits), static_cast<const std::int32_t*>(labels.raw()),
+                       f32(prob_), f32(metrics), static_cast<int*>(bad_.raw()), rows_.raw(), n_,
+                       classes_, ctx_.stream);
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.raw(), 2 * sizeof(int),
                                       cudaMemcpyDeviceToHost, ctx_.stream));
     TROUPE_CUDA_CHECK(cudaEventRecord(done_, ctx_.stream));
@@ -417,8 +499,9 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
   }
   // Rows with a bad label get zeros; the error comes at the next synchronize().
   void backward(float scale, const Tensor& dlogits) override {
-    softmaxLossBackward(f32(prob_), static_cast<const std::int32_t*>(labels_.raw()), f32(dlogits),
-                        n_, classes_, scale, ctx_.stream);
+    softmaxLossBackward(dlogits.dtype(), f32(prob_),
+                        static_cast<const std::int32_t*>(labels_.raw()), act(dlogits), n_, classes_,
+                        scale, ctx_.stream);
   }
 
  private:
@@ -533,15 +616,32 @@ class CudaBackend final : public Backend {
         cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(), cudaMemcpyDefault, ctx_.stream));
   }
 
+  void cast(const Tensor& src, const Tensor& dst) override {
+    TROUPE_ENFORCE_EQ(src.numel(), dst.numel());
+    setDevice();
+    cuda::cast(src.dtype(), act(src), dst.dtype(), act(dst), src.numel(), ctx_.stream);
+  }
+  bool allFinite(const std::vector<Tensor>& tensors) override {
+    setDevice();
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(flag_.raw(), 0, sizeof(int), ctx_.stream));
+    for (const Tensor& t : tensors)
+      cuda::nonFinite(f32(t), t.numel(), static_cast<int*>(flag_.raw()), ctx_.stream);
+    TROUPE_CUDA_CHECK(
+        cudaMemcpyAsync(flag_host_, flag_.raw(), sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream));
+    synchronize();
+    return *flag_host_ == 0;
+  }
   void fill(const Tensor& t, float value) override {
-    cuda::fill(f32(t), t.numel(), value, ctx_.stream);
+    cuda::fill(t.dtype(), act(t), t.numel(), value, ctx_.stream);
   }
   void axpy(float alpha, const Tensor& x, const Tensor& y) override {
     TROUPE_ENFORCE_EQ(x.numel(), y.numel());
-    cuda::axpy(alpha, f32(x), f32(y), x.numel(), ctx_.stream);
+    TROUPE_ENFORCE(x.dtype() == y.dtype(), "axpy of ", toString(x.dtype()), " into ",
+                   toString(y.dtype()));
+    cuda::axpy(x.dtype(), alpha, act(x), act(y), x.numel(), ctx_.stream);
   }
   void scale(const Tensor& t, float alpha) override {
-    cuda::scale(f32(t), alpha, t.numel(), ctx_.stream);
+    cuda::scale(t.dtype(), act(t), alpha, t.numel(), ctx_.stream);
   }
   void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
                  const std::vector<float>& scale) override {

@@ -1,5 +1,10 @@
 // troupe's own CUDA kernels (kernels/cuda/kernels.h). Element-wise kernels are grid-stride loops;
-// reductions run in a fixed order, so that a run repeats to the bit.
+// reductions run in a fixed order, so that a run repeats to the bit. Kernels over activations are
+// templates on the element type T (float, __half, __nv_bfloat16): they load T, compute in float and
+// round once on the store.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cfloat>
 #include <cstdint>
 
@@ -17,20 +22,75 @@ unsigned blocksFor(std::int64_t n) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 132 * 32 ? 132 * 32 : blocks));
 }
 
+__device__ inline float ld(float v) {
+  return v;
+}
+__device__ inline float ld(__half v) {
+  return __half2float(v);
+}
+__device__ inline float ld(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ inline T st(float v);
+template <>
+__device__ inline float st<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __half st<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ inline __nv_bfloat16 st<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Calls fn(T{}) with the element type of `dtype`.
+template <typename Fn>
+void dispatch(DType dtype, Fn fn) {
+  switch (dtype) {
+    case DType::kFloat16:
+      fn(__half{});
+      return;
+    case DType::kBFloat16:
+      fn(__nv_bfloat16{});
+      return;
+    default:
+      fn(float{});
+  }
+}
+
 #define TROUPE_FOR_EACH(i, n)                                                                      \
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void fillKernel(float* p, std::int64_t n, float value) {
-  TROUPE_FOR_EACH(i, n) p[i] = value;
+template <typename T>
+__global__ void fillKernel(T* p, std::int64_t n, float value) {
+  const T v = st<T>(value);
+  TROUPE_FOR_EACH(i, n) p[i] = v;
 }
 
-__global__ void axpyKernel(float alpha, const float* x, float* y, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) y[i] += alpha * x[i];
+template <typename T>
+__global__ void axpyKernel(float alpha, const T* x, T* y, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) y[i] = st<T>(ld(y[i]) + alpha * ld(x[i]));
 }
 
-__global__ void scaleKernel(float* p, float alpha, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) p[i] *= alpha;
+template <typename T>
+__global__ void scaleKernel(T* p, float alpha, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) p[i] = st<T>(ld(p[i]) * alpha);
+}
+
+template <typename From, typename To>
+__global__ void castKernel(const From* in, To* out, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) out[i] = st<To>(ld(in[i]));
+}
+
+// *bad becomes 1 if an element is inf or NaN (tested on the bits), and is left alone otherwise.
+__global__ void nonFiniteKernel(const float* p, std::int64_t n, int* bad) {
+  bool finite = true;
+  TROUPE_FOR_EACH(i, n) finite = finite && (__float_as_uint(p[i]) & 0x7f800000u) != 0x7f800000u;
+  if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
 
 __global__ void normaliseKernel(const std::uint8_t* in, float* out, std::int64_t n,
@@ -57,30 +117,35 @@ __global__ void sgdKernel(float* w, const float* g, float* v, std::int64_t n, fl
   if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
 
-__global__ void reluForwardKernel(const float* x, float* y, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+template <typename T>
+__global__ void reluForwardKernel(const T* x, T* y, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) y[i] = ld(x[i]) > 0.0f ? x[i] : st<T>(0.0f);
 }
 
-__global__ void reluBackwardKernel(const float* y, const float* dy, float* dx, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+template <typename T>
+__global__ void reluBackwardKernel(const T* y, const T* dy, T* dx, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) dx[i] = ld(y[i]) > 0.0f ? dy[i] : st<T>(0.0f);
 }
 
-__global__ void dropoutForwardKernel(const float* x, float* y, float* mask, std::int64_t n,
-                                     float ratio, float keep, std::uint64_t seed) {
+template <typename T>
+__global__ void dropoutForwardKernel(const T* x, T* y, float* mask, std::int64_t n, float ratio,
+                                     float keep, std::uint64_t seed) {
   TROUPE_FOR_EACH(i, n) {
     const float m =
         uniform01(randomBits(seed, 0, static_cast<std::uint64_t>(i))) < ratio ? 0.0f : keep;
     mask[i] = m;
-    y[i] = x[i] * m;
+    y[i] = st<T>(ld(x[i]) * m);
   }
 }
 
-__global__ void multiplyKernel(const float* a, const float* b, float* y, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) y[i] = a[i] * b[i];
+template <typename T>
+__global__ void multiplyKernel(const T* a, const float* b, T* y, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) y[i] = st<T>(ld(a[i]) * b[i]);
 }
 
-__global__ void addKernel(const float* a, const float* b, float* y, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) y[i] = a[i] + b[i];
+template <typename T>
+__global__ void addKernel(const T* a, const T* b, T* y, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) y[i] = st<T>(ld(a[i]) + ld(b[i]));
 }
 
 // Sums a block's values in a fixed tree; every thread gets the total.
@@ -98,26 +163,29 @@ __device__ float blockSum(float v) {
 }
 
 // One block per plane.
-__global__ void globalAvgPoolForwardKernel(const float* x, float* y, std::int64_t spatial) {
-  const float* in = x + blockIdx.x * spatial;
+template <typename T>
+__global__ void globalAvgPoolForwardKernel(const T* x, T* y, std::int64_t spatial) {
+  const T* in = x + blockIdx.x * spatial;
   float s = 0.0f;
   for (std::int64_t q = threadIdx.x; q < spatial; q += kThreads)
-    s += in[q];
+    s += ld(in[q]);
   s = blockSum(s);
-  if (threadIdx.x == 0) y[blockIdx.x] = s / static_cast<float>(spatial);
+  if (threadIdx.x == 0) y[blockIdx.x] = st<T>(s / static_cast<float>(spatial));
 }
 
-__global__ void globalAvgPoolBackwardKernel(const float* dy, float* dx, std::int64_t n,
+template <typename T>
+__global__ void globalAvgPoolBackwardKernel(const T* dy, T* dx, std::int64_t n,
                                             std::int64_t spatial) {
   const float inv = 1.0f / static_cast<float>(spatial);
-  TROUPE_FOR_EACH(i, n) dx[i] = dy[i / spatial] * inv;
+  TROUPE_FOR_EACH(i, n) dx[i] = st<T>(ld(dy[i / spatial]) * inv);
 }
 
-__global__ void poolForwardKernel(PoolShape s, const float* x, float* y, std::int32_t* argmax) {
+template <typename T>
+__global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* argmax) {
   const std::int64_t n = s.planes * s.oh * s.ow;
   TROUPE_FOR_EACH(i, n) {
     const std::int64_t ox = i % s.ow, oy = (i / s.ow) % s.oh, plane = i / (s.ow * s.oh);
-    const float* in = x + plane * s.h * s.w;
+    const T* in = x + plane * s.h * s.w;
     const std::int64_t y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
     const std::int64_t y1 = min(y0 + s.kernel, s.h + s.pad), x1 = min(x0 + s.kernel, s.w + s.pad);
     const std::int64_t ya = max(y0, std::int64_t{0}), yb = min(y1, s.h);
@@ -127,22 +195,23 @@ __global__ void poolForwardKernel(PoolShape s, const float* x, float* y, std::in
       std::int64_t best = -1;
       for (std::int64_t iy = ya; iy < yb; ++iy)
         for (std::int64_t ix = xa; ix < xb; ++ix)
-          if (best < 0 || in[iy * s.w + ix] > v) v = in[iy * s.w + ix], best = iy * s.w + ix;
-      y[i] = v;
+          if (best < 0 || ld(in[iy * s.w + ix]) > v)
+            v = ld(in[iy * s.w + ix]), best = iy * s.w + ix;
+      y[i] = st<T>(v);
       argmax[i] = static_cast<std::int32_t>(best);
     } else {
       float sum = 0.0f;
       for (std::int64_t iy = ya; iy < yb; ++iy)
         for (std::int64_t ix = xa; ix < xb; ++ix)
-          sum += in[iy * s.w + ix];
-      y[i] = sum * (1.0f / static_cast<float>((y1 - y0) * (x1 - x0)));
+          sum += ld(in[iy * s.w + ix]);
+      y[i] = st<T>(sum * (1.0f / static_cast<float>((y1 - y0) * (x1 - x0))));
     }
   }
 }
 
 // One thread per input element gathers from the windows that hold it (no atomics).
-__global__ void poolBackwardKernel(PoolShape s, const float* dy, const std::int32_t* argmax,
-                                   float* dx) {
+template <typename T>
+__global__ void poolBackwardKernel(PoolShape s, const T* dy, const std::int32_t* argmax, T* dx) {
   const std::int64_t n = s.planes * s.h * s.w;
   TROUPE_FOR_EACH(i, n) {
     const std::int64_t ix = i % s.w, iy = (i / s.w) % s.h, plane = i / (s.w * s.h);
@@ -157,16 +226,16 @@ __global__ void poolBackwardKernel(PoolShape s, const float* dy, const std::int3
       for (std::int64_t ox = ox_lo; ox <= ox_hi; ++ox) {
         const std::int64_t o = base + oy * s.ow + ox;
         if (s.max) {
-          if (argmax[o] == iy * s.w + ix) sum += dy[o];
+          if (argmax[o] == iy * s.w + ix) sum += ld(dy[o]);
         } else {
           const std::int64_t y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
           const std::int64_t y1 = min(y0 + s.kernel, s.h + s.pad);
           const std::int64_t x1 = min(x0 + s.kernel, s.w + s.pad);
-          sum += dy[o] / static_cast<float>((y1 - y0) * (x1 - x0));
+          sum += ld(dy[o]) / static_cast<float>((y1 - y0) * (x1 - x0));
         }
       }
     }
-    dx[i] = sum;
+    dx[i] = st<T>(sum);
   }
 }
 
@@ -177,17 +246,18 @@ struct RowResult {
 };
 
 // One block per row: max (the first arg max, as the CPU's strict >), sum of exponentials, loss.
-__global__ void softmaxRowKernel(const float* logits, const std::int32_t* labels, float* prob,
+template <typename T>
+__global__ void softmaxRowKernel(const T* logits, const std::int32_t* labels, float* prob,
                                  RowResult* rows, std::int64_t classes) {
   const std::int64_t row = blockIdx.x;
-  const float* z = logits + row * classes;
+  const T* z = logits + row * classes;
   float* p = prob + row * classes;
   __shared__ float best_v[kThreads];
   __shared__ std::int64_t best_i[kThreads];
   float bv = -FLT_MAX;
   std::int64_t bi = -1;
   for (std::int64_t k = threadIdx.x; k < classes; k += kThreads) {
-    if (bi < 0 || z[k] > bv) bv = z[k], bi = k;
+    if (bi < 0 || ld(z[k]) > bv) bv = ld(z[k]), bi = k;
   }
   best_v[threadIdx.x] = bv;
   best_i[threadIdx.x] = bi;
@@ -209,7 +279,7 @@ __global__ void softmaxRowKernel(const float* logits, const std::int32_t* labels
   const std::int64_t best = best_i[0];
   float sum = 0.0f;
   for (std::int64_t k = threadIdx.x; k < classes; k += kThreads) {
-    const float e = expf(z[k] - mx);
+    const float e = expf(ld(z[k]) - mx);
     p[k] = e;
     sum += e;
   }
@@ -221,7 +291,7 @@ __global__ void softmaxRowKernel(const float* logits, const std::int32_t* labels
     const std::int32_t label = labels[row];
     RowResult r{0.0f, 0.0f, label, 0};
     if (label >= 0 && label < classes) {
-      r.loss = logf(sum) - (z[label] - mx);
+      r.loss = logf(sum) - (ld(z[label]) - mx);
       r.correct = best == label ? 1.0f : 0.0f;
       r.bad_label = 0;
       r.ok = 1;
@@ -255,42 +325,73 @@ __global__ void softmaxTotalKernel(const RowResult* rows, std::int64_t n, float*
   }
 }
 
-__global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* labels, float* d,
+template <typename T>
+__global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* labels, T* d,
                                       std::int64_t n, std::int64_t classes, float scale) {
   TROUPE_FOR_EACH(i, n * classes) {
     const std::int64_t row = i / classes, k = i % classes;
     const std::int32_t label = labels[row];
     if (label < 0 || label >= classes) {
-      d[i] = 0.0f;
+      d[i] = st<T>(0.0f);
     } else {
-      d[i] = scale * prob[i] - (k == label ? scale : 0.0f);
+      d[i] = st<T>(scale * prob[i] - (k == label ? scale : 0.0f));
     }
   }
 }
 
-__global__ void addRowVectorKernel(float* y, const float* b, std::int64_t rows, std::int64_t cols) {
-  TROUPE_FOR_EACH(i, rows * cols) y[i] += b[i % cols];
+template <typename T>
+__global__ void addRowVectorKernel(T* y, const T* b, std::int64_t rows, std::int64_t cols) {
+  TROUPE_FOR_EACH(i, rows * cols) y[i] = st<T>(ld(y[i]) + ld(b[i % cols]));
 }
 
-__global__ void sumRowsKernel(const float* dy, float* db, std::int64_t rows, std::int64_t cols) {
+template <typename T>
+__global__ void sumRowsKernel(const T* dy, T* db, std::int64_t rows, std::int64_t cols) {
   TROUPE_FOR_EACH(j, cols) {
     float s = 0.0f;
     for (std::int64_t i = 0; i < rows; ++i)
-      s += dy[i * cols + j];
-    db[j] = s;
+      s += ld(dy[i * cols + j]);
+    db[j] = st<T>(s);
   }
 }
 
 }  // namespace
 
-void fill(float* p, std::int64_t n, float value, cudaStream_t stream) {
-  if (n > 0) fillKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, n, value);
+// The element type of an activation tensor, as a template argument.
+#define TROUPE_TYPED(dtype, ...)   \
+  dispatch(dtype, [&](auto zero) { \
+    using T = decltype(zero);      \
+    __VA_ARGS__;                   \
+  })
+
+void fill(DType t, void* p, std::int64_t n, float value, cudaStream_t stream) {
+  if (n > 0)
+    TROUPE_TYPED(t,
+                 fillKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<T*>(p), n, value));
 }
-void axpy(float alpha, const float* x, float* y, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) axpyKernel<<<blocksFor(n), kThreads, 0, stream>>>(alpha, x, y, n);
+void axpy(DType t, float alpha, const void* x, void* y, std::int64_t n, cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(t, axpyKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        alpha, static_cast<const T*>(x), static_cast<T*>(y), n));
+  }
 }
-void scale(float* p, float alpha, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) scaleKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, alpha, n);
+void scale(DType t, void* p, float alpha, std::int64_t n, cudaStream_t stream) {
+  if (n > 0)
+    TROUPE_TYPED(t,
+                 scaleKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<T*>(p), alpha, n));
+}
+void cast(DType from, const void* in, DType to, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  dispatch(from, [&](auto a) {
+    using From = decltype(a);
+    dispatch(to, [&](auto b) {
+      using To = decltype(b);
+      castKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
+                                                        static_cast<To*>(out), n);
+    });
+  });
+}
+void nonFinite(const float* p, std::int64_t n, int* bad, cudaStream_t stream) {
+  if (n > 0) nonFiniteKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, n, bad);
 }
 void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int64_t channels,
                std::int64_t plane, const ChannelValues& values, cudaStream_t stream) {
@@ -306,74 +407,104 @@ void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float mom
                                                      nesterov, bad);
   }
 }
-void reluForward(const float* x, float* y, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) reluForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(x, y, n);
+void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(t, reluForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(x), static_cast<T*>(y), n));
+  }
 }
-void reluBackward(const float* y, const float* dy, float* dx, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) reluBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(y, dy, dx, n);
+void reluBackward(DType t, const void* y, const void* dy, void* dx, std::int64_t n,
+                  cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(t,
+                 reluBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                     static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n));
+  }
 }
-void dropoutForward(const float* x, float* y, float* mask, std::int64_t n, float ratio,
+void dropoutForward(DType t, const void* x, void* y, float* mask, std::int64_t n, float ratio,
                     std::uint64_t seed, cudaStream_t stream) {
   if (n > 0) {
-    dropoutForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(x, y, mask, n, ratio,
-                                                                1.0f / (1.0f - ratio), seed);
+    TROUPE_TYPED(t, dropoutForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(x), static_cast<T*>(y), mask, n, ratio,
+                        1.0f / (1.0f - ratio), seed));
   }
 }
-void multiply(const float* a, const float* b, float* y, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) multiplyKernel<<<blocksFor(n), kThreads, 0, stream>>>(a, b, y, n);
+void multiply(DType t, const void* a, const float* b, void* y, std::int64_t n,
+              cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(t, multiplyKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(a), b, static_cast<T*>(y), n));
+  }
 }
-void add(const float* a, const float* b, float* y, std::int64_t n, cudaStream_t stream) {
-  if (n > 0) addKernel<<<blocksFor(n), kThreads, 0, stream>>>(a, b, y, n);
+void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(t, addKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n));
+  }
 }
-void globalAvgPoolForward(const float* x, float* y, std::int64_t planes, std::int64_t spatial,
-                          cudaStream_t stream) {
+void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,
+                          std::int64_t spatial, cudaStream_t stream) {
   if (planes > 0) {
-    globalAvgPoolForwardKernel<<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(x, y,
-                                                                                       spatial);
+    TROUPE_TYPED(t,
+                 globalAvgPoolForwardKernel<<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(
+                     static_cast<const T*>(x), static_cast<T*>(y), spatial));
   }
 }
-void globalAvgPoolBackward(const float* dy, float* dx, std::int64_t planes, std::int64_t spatial,
-                           cudaStream_t stream) {
+void globalAvgPoolBackward(DType t, const void* dy, void* dx, std::int64_t planes,
+                           std::int64_t spatial, cudaStream_t stream) {
   const std::int64_t n = planes * spatial;
-  if (n > 0) globalAvgPoolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(dy, dx, n, spatial);
+  if (n > 0) {
+    TROUPE_TYPED(t, globalAvgPoolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(dy), static_cast<T*>(dx), n, spatial));
+  }
 }
-void poolForward(const PoolShape& s, const float* x, float* y, std::int32_t* argmax,
+void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
                  cudaStream_t stream) {
   const std::int64_t n = s.planes * s.oh * s.ow;
-  if (n > 0) poolForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(s, x, y, argmax);
+  if (n > 0) {
+    TROUPE_TYPED(t, poolForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        s, static_cast<const T*>(x), static_cast<T*>(y), argmax));
+  }
 }
-void poolBackward(const PoolShape& s, const float* dy, const std::int32_t* argmax, float* dx,
+void poolBackward(DType t, const PoolShape& s, const void* dy, const std::int32_t* argmax, void* dx,
                   cudaStream_t stream) {
   const std::int64_t n = s.planes * s.h * s.w;
-  if (n > 0) poolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(s, dy, argmax, dx);
+  if (n > 0) {
+    TROUPE_TYPED(t, poolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
+                        s, static_cast<const T*>(dy), argmax, static_cast<T*>(dx)));
+  }
 }
-void softmaxLossForward(const float* logits, const std::int32_t* labels, float* prob,
+void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels, float* prob,
                         float* metrics, int* bad, void* rows, std::int64_t n, std::int64_t classes,
                         cudaStream_t stream) {
   auto* results = static_cast<RowResult*>(rows);
   static_assert(sizeof(RowResult) <= 4 * sizeof(float));
   if (n > 0) {
-    softmaxRowKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, labels, prob,
-                                                                        results, classes);
+    TROUPE_TYPED(t, softmaxRowKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+                        static_cast<const T*>(logits), labels, prob, results, classes));
   }
   softmaxTotalKernel<<<1, kThreads, 0, stream>>>(results, n, metrics, bad);
 }
-void softmaxLossBackward(const float* prob, const std::int32_t* labels, float* dlogits,
+void softmaxLossBackward(DType t, const float* prob, const std::int32_t* labels, void* dlogits,
                          std::int64_t n, std::int64_t classes, float scale, cudaStream_t stream) {
   if (n * classes > 0) {
-    softmaxBackwardKernel<<<blocksFor(n * classes), kThreads, 0, stream>>>(prob, labels, dlogits, n,
-                                                                           classes, scale);
+    TROUPE_TYPED(t, softmaxBackwardKernel<<<blocksFor(n * classes), kThreads, 0, stream>>>(
+                        prob, labels, static_cast<T*>(dlogits), n, classes, scale));
   }
 }
-void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols,
+void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols,
                   cudaStream_t stream) {
   if (rows * cols > 0) {
-    addRowVectorKernel<<<blocksFor(rows * cols), kThreads, 0, stream>>>(y, b, rows, cols);
+    TROUPE_TYPED(t, addRowVectorKernel<<<blocksFor(rows * cols), kThreads, 0, stream>>>(
+                        static_cast<T*>(y), static_cast<const T*>(b), rows, cols));
   }
 }
-void sumRows(const float* dy, float* db, std::int64_t rows, std::int64_t cols,
+void sumRows(DType t, const void* dy, void* db, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream) {
-  if (cols > 0) sumRowsKernel<<<blocksFor(cols), kThreads, 0, stream>>>(dy, db, rows, cols);
+  if (cols > 0) {
+    TROUPE_TYPED(t, sumRowsKernel<<<blocksFor(cols), kThreads, 0, stream>>>(
+                        static_cast<const T*>(dy), static_cast<T*>(db), rows, cols));
+  }
 }
 
 }  // namespace troupe::kernels::cuda

@@ -2,18 +2,26 @@
 // Caffe's pooling rules, global average pooling, dropout with the CPU's mask, softmax loss with a
 // bad-label report. Each launcher queues its kernel on `stream` and returns; sizes are element
 // counts. The semantics are the CPU ops' (kernels/ops.h, kernels/cpu/), so that the two backends
-// agree within rounding.
+// agree within rounding. Launchers over activations take their element type (`t`: float32,
+// float16 or bfloat16) and compute in float, rounding once on the store; other arguments are
+// float32 (a dropout mask, a softmax's probabilities, the SGD update's weights).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
+#include "kernels/tensor.h"
+
 namespace troupe::kernels::cuda {
 
-void fill(float* p, std::int64_t n, float value, cudaStream_t stream);
-void axpy(float alpha, const float* x, float* y, std::int64_t n, cudaStream_t stream);
-void scale(float* p, float alpha, std::int64_t n, cudaStream_t stream);
+void fill(DType t, void* p, std::int64_t n, float value, cudaStream_t stream);
+void axpy(DType t, float alpha, const void* x, void* y, std::int64_t n, cudaStream_t stream);
+void scale(DType t, void* p, float alpha, std::int64_t n, cudaStream_t stream);
+// out = in converted, rounding to nearest even.
+void cast(DType from, const void* in, DType to, void* out, std::int64_t n, cudaStream_t stream);
+// *bad (device) becomes 1 if an element is inf or NaN, and is left alone otherwise.
+void nonFinite(const float* p, std::int64_t n, int* bad, cudaStream_t stream);
 // Backend::normalise over `planes` planes of `plane` bytes, plane p of channel p % channels; each
 // channel's mean and scale by value (one for all when count is 1).
 struct ChannelValues {
@@ -27,19 +35,21 @@ void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int
 void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
          float weight_decay, bool nesterov, int* bad, cudaStream_t stream);
 
-void reluForward(const float* x, float* y, std::int64_t n, cudaStream_t stream);
-void reluBackward(const float* y, const float* dy, float* dx, std::int64_t n, cudaStream_t stream);
+void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream);
+void reluBackward(DType t, const void* y, const void* dy, void* dx, std::int64_t n,
+                  cudaStream_t stream);
 // mask[i] = 0 with probability ratio (randomBits(seed, 0, i), kernels/random.h), else 1/(1-ratio).
-void dropoutForward(const float* x, float* y, float* mask, std::int64_t n, float ratio,
+void dropoutForward(DType t, const void* x, void* y, float* mask, std::int64_t n, float ratio,
                     std::uint64_t seed, cudaStream_t stream);
-void multiply(const float* a, const float* b, float* y, std::int64_t n, cudaStream_t stream);
-void add(const float* a, const float* b, float* y, std::int64_t n, cudaStream_t stream);
+// y = a * b with b float32 (a dropout mask).
+void multiply(DType t, const void* a, const float* b, void* y, std::int64_t n, cudaStream_t stream);
+void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream);
 
 // y[p] = mean of x's plane p (planes of `spatial` values); the backward spreads dy[p] / spatial.
-void globalAvgPoolForward(const float* x, float* y, std::int64_t planes, std::int64_t spatial,
-                          cudaStream_t stream);
-void globalAvgPoolBackward(const float* dy, float* dx, std::int64_t planes, std::int64_t spatial,
-                           cudaStream_t stream);
+void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,
+                          std::int64_t spatial, cudaStream_t stream);
+void globalAvgPoolBackward(DType t, const void* dy, void* dx, std::int64_t planes,
+                           std::int64_t spatial, cudaStream_t stream);
 
 // Caffe's pooling over planes of h x w into oh x ow (kernels/ops.h, PoolGeometry); max pooling
 // records each window's arg max (within its plane) for the backward.
@@ -47,25 +57,27 @@ struct PoolShape {
   std::int64_t planes, h, w, oh, ow, kernel, stride, pad;
   bool max;
 };
-void poolForward(const PoolShape& s, const float* x, float* y, std::int32_t* argmax,
+void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
                  cudaStream_t stream);
-void poolBackward(const PoolShape& s, const float* dy, const std::int32_t* argmax, float* dx,
+void poolBackward(DType t, const PoolShape& s, const void* dy, const std::int32_t* argmax, void* dx,
                   cudaStream_t stream);
 
 // Softmax cross-entropy over n rows of `classes` logits: prob (n x classes) keeps the softmax,
 // metrics[0] the summed loss, metrics[1] the rows whose arg max is the label, summed in a fixed
 // order (the same bits every run). A label outside [0, classes) leaves its row out and writes
 // bad[0] = the first such row + 1, bad[1] = its label; else bad[0] = 0. rows: 4n words of scratch.
-void softmaxLossForward(const float* logits, const std::int32_t* labels, float* prob,
+// The logits are of type t; prob and metrics float32.
+void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels, float* prob,
                         float* metrics, int* bad, void* rows, std::int64_t n, std::int64_t classes,
                         cudaStream_t stream);
 // dlogits = scale * (prob - onehot(label)); rows with a bad label get zeros.
-void softmaxLossBackward(const float* prob, const std::int32_t* labels, float* dlogits,
+void softmaxLossBackward(DType t, const float* prob, const std::int32_t* labels, void* dlogits,
                          std::int64_t n, std::int64_t classes, float scale, cudaStream_t stream);
 
 // y[i, j] += b[j] over rows of `cols` (a bias); db[j] = sum over rows of dy[i, j].
-void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols,
+void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols,
                   cudaStream_t stream);
-void sumRows(const float* dy, float* db, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+void sumRows(DType t, const void* dy, void* db, std::int64_t rows, std::int64_t cols,
+             cudaStream_t stream);
 
 }  // namespace troupe::kernels::cuda

@@ -15,6 +15,7 @@
 // The arithmetic is the CPU backend's with one thread, so results match a CPU run with one thread
 // per replica to the bit.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -218,7 +219,55 @@ Tensor pinned(Shape shape, DType dtype) {
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
 }
 
-// Each op of the CPU backend, its calls queued on the stream with host views of their tensors.
+bool reduced(const Tensor& t) {
+  return t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16;
+}
+
+// A GPU computes on float16 and bfloat16 tensors and the CPU ops take float32: a Widened is a
+// float32 copy of such a tensor for one call, rounded back into it after the call where the call
+// changed it (elements it did not write are not stored to, so that an input read elsewhere at the
+// same time is left alone). A cuDNN op on these types computes in float too, rounding its output
+// once. Other tensors pass through.
+class Widened {
+ public:
+  explicit Widened(const Tensor& t) : narrow_(t) {
+    if (!reduced(t)) {
+      wide_ = t;
+      return;
+    }
+    wide_ = Tensor::hostUninitialized(t.shape());
+    const auto* in = static_cast<const std::uint16_t*>(t.raw());
+    float* out = wide_.f32();
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      out[i] = t.dtype() == DType::kFloat16 ? fromFloat16(in[i]) : fromBFloat16(in[i]);
+  }
+  const Tensor& get() const { return wide_; }
+  void narrowBack() const {
+    if (!reduced(narrow_)) return;
+    auto* out = static_cast<std::uint16_t*>(narrow_.raw());
+    const float* in = wide_.f32();
+    for (std::int64_t i = 0; i < narrow_.numel(); ++i) {
+      const std::uint16_t v =
+          narrow_.dtype() == DType::kFloat16 ? toFloat16(in[i]) : toBFloat16(in[i]);
+      if (v != out[i]) out[i] = v;
+    }
+  }
+
+ private:
+  Tensor narrow_, wide_;
+};
+
+// Calls fn with the Widened copies of `tensors`, then rounds back what it wrote.
+template <typename Fn, typename... Tensors>
+void widened(Fn&& fn, const Tensors&... tensors) {
+  const std::array<Widened, sizeof...(Tensors)> wide{Widened(tensors)...};
+  std::apply([&](const auto&... w) { fn(w.get()...); }, wide);
+  for (const auto& w : wide)
+    w.narrowBack();
+}
+
+// Each op of the CPU backend, its calls queued on the stream with host views of their tensors
+// (float32 copies of reduced-precision ones).
 template <typename Op>
 class Queued {
  public:
@@ -229,7 +278,9 @@ class Queued {
   template <typename Call, typename... Tensors>
   void queue(Call call, const Tensors&... tensors) {
     stream_->enqueue([op = op_, call, views = std::make_tuple(hostView(tensors)...)]() mutable {
-      std::apply([&](auto&... t) { call(*op, t...); }, views);
+      std::apply(
+          [&](const auto&... t) { widened([&](const auto&... w) { call(*op, w...); }, t...); },
+          views);
     });
   }
   std::shared_ptr<Stream> stream_;
@@ -398,15 +449,33 @@ class EmulatedBackend final : public Backend {
     if (onHost(dst) && !isPinned(dst)) stream_->drain();  // to pageable memory: once done
   }
 
+  void cast(const Tensor& src, const Tensor& dst) override {
+    stream_->enqueue(
+        [cpu = cpu_, from = hostView(src), to = hostView(dst)] { cpu->cast(from, to); });
+  }
+  bool allFinite(const std::vector<Tensor>& tensors) override {
+    auto finite = std::make_shared<bool>(true);
+    std::vector<Tensor> views;
+    for (const auto& t : tensors)
+      views.push_back(hostView(t));
+    stream_->enqueue([cpu = cpu_, views, finite] { *finite = cpu->allFinite(views); });
+    stream_->drain();
+    return *finite;
+  }
   void fill(const Tensor& t, float value) override {
-    stream_->enqueue([cpu = cpu_, t = hostView(t), value] { cpu->fill(t, value); });
+    stream_->enqueue([cpu = cpu_, t = hostView(t), value] {
+      widened([&](const Tensor& w) { cpu->fill(w, value); }, t);
+    });
   }
   void axpy(float alpha, const Tensor& x, const Tensor& y) override {
-    stream_->enqueue(
-        [cpu = cpu_, alpha, x = hostView(x), y = hostView(y)] { cpu->axpy(alpha, x, y); });
+    stream_->enqueue([cpu = cpu_, alpha, x = hostView(x), y = hostView(y)] {
+      widened([&](const Tensor& a, const Tensor& b) { cpu->axpy(alpha, a, b); }, x, y);
+    });
   }
   void scale(const Tensor& t, float alpha) override {
-    stream_->enqueue([cpu = cpu_, t = hostView(t), alpha] { cpu->scale(t, alpha); });
+    stream_->enqueue([cpu = cpu_, t = hostView(t), alpha] {
+      widened([&](const Tensor& w) { cpu->scale(w, alpha); }, t);
+    });
   }
   void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
                  const std::vector<float>& scale) override {
