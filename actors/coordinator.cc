@@ -449,6 +449,10 @@ class Coordinator final : public Actor {
     ck.meta["experiment"] = config_.experiment_id;
     ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", cumulative_time);
     ck.meta["cumulative_input_count"] = std::to_string(cumulative_inputs);
+    // A dynamic loss scale goes on from where it was (PyTorch keeps its GradScaler's state_dict
+    // beside the model's), so that a resumed run repeats an uninterrupted one.
+    if (epoch_end_->loss_scale > 0)
+      ck.meta["loss_scale"] = fmt::format("{:.9g}", epoch_end_->loss_scale);
     ck.weights = epoch_end_->weights;
     ck.momentum = epoch_end_->momentum;
     ck.buffers = buffers_;

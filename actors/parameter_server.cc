@@ -273,10 +273,9 @@ class Server final : public Actor {
       const float lr = config_.kvstore
                            ? learningRate(p.step)
                            : learningRate(p.step) / static_cast<float>(config_.num_workers);
-      checkFinite(
-          kernels::sgdUpdateRange(*backend_, s.weights.slice(lo, hi), grads,
-                                  s.momentum.slice(lo, hi), s.begin + lo, s.begin + hi, lr, sgd),
-          s, p.step, lo, hi, lr);
+      kernels::sgdUpdateRange(*backend_, s.weights.slice(lo, hi), grads, s.momentum.slice(lo, hi),
+                              s.begin + lo, s.begin + hi, lr, sgd);
+      checkFinite(backend_->updatesFinite(), s, p.step, lo, hi, lr);
     }
     step.received[p.worker] += hi - lo;
     if (step.received[p.worker] > s.size()) {
@@ -295,9 +294,8 @@ class Server final : public Actor {
         backend_->copy(total, s.weights);  // MXNet's server without an updater: the sum
       } else {
         const float lr = learningRate(p.step);
-        checkFinite(kernels::sgdUpdateRange(*backend_, s.weights, total, s.momentum, s.begin, s.end,
-                                            lr, sgd),
-                    s, p.step, 0, s.size(), lr);
+        kernels::sgdUpdateRange(*backend_, s.weights, total, s.momentum, s.begin, s.end, lr, sgd);
+        checkFinite(backend_->updatesFinite(), s, p.step, 0, s.size(), lr);
       }
       s.applied = p.step + 1;
     }

@@ -128,6 +128,7 @@ struct ProcessPlan {
   std::string checkpoint_dir, resumed_from;
   double cumulative_time = 0;  // carried over from a resumed checkpoint
   std::int64_t cumulative_inputs = 0;
+  float loss_scale = 0;       // a resumed checkpoint's dynamic loss scale; 0: none there
   bool nothing_left = false;  // the newest checkpoint holds the run's last step already
 };
 
@@ -212,6 +213,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     if (ck.buffers.numel() > 0) p.buffers = ck.buffers;
     p.cumulative_time = ck.metaDouble("cumulative_time_spent");
     p.cumulative_inputs = ck.metaInt("cumulative_input_count");
+    if (ck.meta.count("loss_scale")) p.loss_scale = static_cast<float>(ck.metaDouble("loss_scale"));
     spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
   // A generation of an elastic run goes on from this process's own state when it is the newest;
@@ -341,6 +343,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   updater.lr = lr;
   updater.plan = plan;
   updater.loss_scale = lossScaleOf(o);
+  if (updater.loss_scale.dynamic && p.loss_scale > 0) updater.loss_scale.initial = p.loss_scale;
   // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
   // cores of the other replicas.
   updater.threads = std::max(1, threads / o.replicas);

@@ -101,6 +101,7 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());
     if (reduced_ < weights_.numel()) return;
     if (loss_scale_ > 0) applyScaled();
+    checkFinite();
 
     reduced_ = 0;
     ++step_;
@@ -116,16 +117,22 @@ class Updater final : public Actor {
     }
   }
 
+  // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).
   void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
-    const float lr = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
-    const bool finite = optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, lr);
-    backend_->synchronize();
-    if (!finite) {
-      throw NumericError(fmt::format(
-          "training diverged: the update of {} on worker {} left inf or NaN in weights [{},{}) "
-          "(learning rate {:g}; a gradient was not finite, or too large)",
-          describeStep(step_, config_.plan.steps_per_epoch), config_.worker, begin, end, lr));
-    }
+    optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate());
+  }
+
+  // The step's one host wait on a device: whether its updates left every weight finite.
+  void checkFinite() {
+    if (optimizer_->finite()) return;
+    throw NumericError(fmt::format(
+        "training diverged: the update of {} on worker {} left inf or NaN in the weights "
+        "(learning rate {:g}; a gradient was not finite, or too large)",
+        describeStep(step_, config_.plan.steps_per_epoch), config_.worker, learningRate()));
+  }
+
+  float learningRate() const {
+    return kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
   }
 
   // The step's gradients, all held, are of the loss times loss_scale_: if they are finite, divided

@@ -56,15 +56,18 @@ class Backend {
   static constexpr int kMaxChannels = 16;
   virtual void normalise(const Tensor& bytes, const Tensor& out, const std::vector<float>& mean,
                          const std::vector<float>& scale) = 0;
-  // One SGD step over equal-sized flat tensors (PyTorch semantics): g' = g + weight_decay * w;
-  // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
-  // Returns whether every updated weight is finite (no inf, no NaN), tested in the same pass: a
-  // host wait for the update on a device backend, free on the CPU.
   // Whether every element of these float32 tensors is finite (no inf, no NaN): one host wait for
   // them all on a device. A step whose loss-scaled gradients are not is skipped (mixed precision).
   virtual bool allFinite(const std::vector<Tensor>& tensors) = 0;
-  virtual bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
+  // One SGD step over equal-sized flat tensors (PyTorch semantics): g' = g + weight_decay * w;
+  // v = momentum * v + g'; w -= lr * v, or with nesterov w -= lr * (g' + momentum * v).
+  // Whether every updated weight is finite (no inf, no NaN) is tested in the same pass and
+  // gathered, without a host wait, until updatesFinite() reads it.
+  virtual void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
                          float momentum, float weight_decay, bool nesterov) = 0;
+  // Whether every weight that sgdUpdate updated since the last call is finite; resets. A host
+  // wait for those updates on a device backend (call it once per step), free on the CPU.
+  virtual bool updatesFinite() = 0;
   // Waits until all queued work is done; throws what that work found wrong on the device (a bad
   // label of a softmax loss).
   virtual void synchronize() = 0;

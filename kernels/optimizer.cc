@@ -18,16 +18,18 @@ class Sgd final : public Optimizer {
   bool step(const Tensor& weights, const Tensor& grads, float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), state_.numel());
     TROUPE_ENFORCE_EQ(grads.numel(), state_.numel());
-    return sgdUpdateRange(backend_, weights, grads, state_, 0, state_.numel(), lr, options_);
+    sgdUpdateRange(backend_, weights, grads, state_, 0, state_.numel(), lr, options_);
+    return finite();
   }
 
-  bool stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
+  void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
                  float lr) override {
     TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
     TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
-    return sgdUpdateRange(backend_, weights, grads, state_.slice(begin, end), begin, end, lr,
-                          options_);
+    sgdUpdateRange(backend_, weights, grads, state_.slice(begin, end), begin, end, lr, options_);
   }
+
+  bool finite() override { return backend_.updatesFinite(); }
 
   const Tensor& state() const override { return state_; }
 
@@ -39,21 +41,19 @@ class Sgd final : public Optimizer {
 
 }  // namespace
 
-bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
+void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
                     const SgdOptions& options) {
   if (options.no_decay.empty() || options.weight_decay == 0.0f) {
-    return backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
-                             options.nesterov);
+    backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
+                      options.nesterov);
+    return;
   }
-  bool finite = true;
   auto update = [&](std::int64_t lo, std::int64_t hi, float decay) {
     if (lo >= hi) return;
-    finite = backend.sgdUpdate(weights.slice(lo - begin, hi - begin),
-                               grads.slice(lo - begin, hi - begin),
-                               momentum.slice(lo - begin, hi - begin), lr, options.momentum, decay,
-                               options.nesterov) &&
-             finite;
+    backend.sgdUpdate(weights.slice(lo - begin, hi - begin), grads.slice(lo - begin, hi - begin),
+                      momentum.slice(lo - begin, hi - begin), lr, options.momentum, decay,
+                      options.nesterov);
   };
   std::int64_t at = begin;
   for (const auto& [lo, hi] : options.no_decay) {
@@ -64,7 +64,6 @@ bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
     at = std::min(hi, end);
   }
   update(at, end, options.weight_decay);
-  return finite;
 }
 
 std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options) {

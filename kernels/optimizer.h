@@ -31,8 +31,8 @@ struct SgdOptions {
 
 // The SGD update of elements [begin, end) of the flat parameters (weights, grads and momentum are
 // those elements), with no weight decay on options.no_decay: Backend::sgdUpdate over each piece.
-// Returns whether every updated weight is finite.
-bool sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
+// Whether every updated weight is finite is the backend's updatesFinite() to say.
+void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
                     const SgdOptions& options);
 
@@ -42,14 +42,19 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // weights -= step computed from grads (+ weight decay) at learning rate lr. weights, grads and
-  // state() have the same element count. Returns whether every updated weight is finite (checked
-  // in the update's own pass; see Backend::sgdUpdate): false means the run diverged.
+  // state() have the same element count. Returns whether every weight updated since the last
+  // finite() is finite (checked in the update's own pass; see Backend::sgdUpdate): false means the
+  // run diverged. A host wait for the update on a device.
   virtual bool step(const Tensor& weights, const Tensor& grads, float lr) = 0;
-  // The same for elements [begin, end) only: `weights` and `grads` are those elements (slices).
-  // Optimizers here are elementwise, so updating a bucket as soon as it is reduced gives exactly
-  // the result of one step over the whole tensor.
-  virtual bool stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
+  // The same for elements [begin, end) only: `weights` and `grads` are those elements (slices),
+  // and no host wait: finite() says after the last range of a step. Optimizers here are
+  // elementwise, so updating a bucket as soon as it is reduced gives exactly the result of one
+  // step over the whole tensor.
+  virtual void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
                          std::int64_t end, float lr) = 0;
+  // Whether every weight updated since the last call (or step()) is finite
+  // (Backend::updatesFinite).
+  virtual bool finite() = 0;
   // Momentum buffer; restore a checkpoint by copying into it.
   virtual const Tensor& state() const = 0;
 };

@@ -354,14 +354,22 @@ TEST_F(CudaOps, SgdUpdateAsTheCpusAndItsFinitenessTest) {
     Tensor w = randomHost({n}, 23), v = randomHost({n}, 24);
     const Tensor g = randomHost({n}, 25);
     Tensor gw = up(w), gv = up(v);
-    EXPECT_TRUE(cpu_->sgdUpdate(w, g, v, 0.1f, 0.9f, 1e-4f, nesterov));
-    EXPECT_TRUE(gpu_->sgdUpdate(gw, up(g), gv, 0.1f, 0.9f, 1e-4f, nesterov));
+    cpu_->sgdUpdate(w, g, v, 0.1f, 0.9f, 1e-4f, nesterov);
+    gpu_->sgdUpdate(gw, up(g), gv, 0.1f, 0.9f, 1e-4f, nesterov);
+    EXPECT_TRUE(cpu_->updatesFinite());
+    EXPECT_TRUE(gpu_->updatesFinite());
     expectClose("w", w, gw, 1e-6);
     expectClose("v", v, gv, 1e-6);
   }
+  // The test gathers over updates until it is read, and resets then.
   Tensor w = randomHost({n}, 26), v = Tensor::host({n}), g = randomHost({n}, 27);
   g.f32()[n - 1] = INFINITY;
-  EXPECT_FALSE(gpu_->sgdUpdate(up(w), up(g), up(v), 0.1f, 0.9f, 0.0f, false));
+  const Tensor gw = up(w), gv = up(v), good = up(randomHost({n}, 28));
+  gpu_->sgdUpdate(gw, up(g), gv, 0.1f, 0.9f, 0.0f, false);
+  gpu_->sgdUpdate(up(w), good, up(v), 0.1f, 0.9f, 0.0f, false);
+  EXPECT_FALSE(gpu_->updatesFinite());
+  gpu_->sgdUpdate(up(w), good, up(v), 0.1f, 0.9f, 0.0f, false);
+  EXPECT_TRUE(gpu_->updatesFinite());
 }
 
 // LeNet's forward and backward on the GPU against the CPU's: the layers compose on the device.

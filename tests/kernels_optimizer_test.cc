@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <utility>
 
@@ -77,14 +79,31 @@ TEST(Sgd, NoDecayRangesAreLeftOutOfWeightDecayInStepsAndRanges) {
 
   auto buckets = makeSgd(*backend, n, options);
   std::fill_n(w.f32(), n, 1.0f);
-  for (const auto& [lo, hi] : {std::pair<std::int64_t, std::int64_t>{12, 20}, {3, 12}, {0, 3}}) {
-    EXPECT_TRUE(buckets->stepRange(w.slice(lo, hi), g.slice(lo, hi), lo, hi, 0.5f));
-  }
+  for (const auto& [lo, hi] : {std::pair<std::int64_t, std::int64_t>{12, 20}, {3, 12}, {0, 3}})
+    buckets->stepRange(w.slice(lo, hi), g.slice(lo, hi), lo, hi, 0.5f);
+  EXPECT_TRUE(buckets->finite());
   for (std::int64_t i = 0; i < n; ++i)
     EXPECT_FLOAT_EQ(w.f32()[i], expected(i)) << "element " << i << ", by buckets";
 
   EXPECT_THROW(makeSgd(*backend, n, {0.0f, 0.2f, false, {{5, 8}, {6, 9}}}), InputError);
   EXPECT_THROW(makeSgd(*backend, n, {0.0f, 0.2f, false, {{18, 21}}}), InputError);
+}
+
+// Ranges say nothing until finite(), which gathers every range since the last call and resets:
+// one host wait per step on a device.
+TEST(Sgd, FiniteGathersEveryRangeSinceItsLastCall) {
+  auto backend = makeCpuBackend(2);
+  const std::int64_t n = 100000;  // ranges over several threads
+  auto sgd = makeSgd(*backend, n, SgdOptions{});
+  Tensor w = Tensor::host({n}), g = Tensor::host({n});
+  g.f32()[n / 2] = std::numeric_limits<float>::infinity();
+  sgd->stepRange(w.slice(0, n / 4), g.slice(0, n / 4), 0, n / 4, 0.1f);
+  sgd->stepRange(w.slice(n / 4, n), g.slice(n / 4, n), n / 4, n, 0.1f);  // holds the inf
+  sgd->stepRange(w.slice(0, n / 4), g.slice(0, n / 4), 0, n / 4, 0.1f);
+  EXPECT_FALSE(sgd->finite());
+  sgd->stepRange(w.slice(0, n / 4), g.slice(0, n / 4), 0, n / 4, 0.1f);
+  EXPECT_TRUE(sgd->finite());           // reset by the last call; this range is finite
+  EXPECT_FALSE(sgd->step(w, g, 0.1f));  // w[n / 2] is inf since the first step
 }
 
 TEST(Sgd, RejectsAMomentumOfOneOrMore) {

@@ -5,6 +5,7 @@
 // read that does not wait for its event reads stale values). The emulator computes with the CPU
 // backend's ops on one thread, so a run on emulated GPUs must end with the weights of the same
 // run on the CPU with one thread per replica, to the bit.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -262,6 +263,47 @@ TEST(Devices, Fp16StepsSkippedForOverflowLeaveTheWeightsAlone) {
   ASSERT_EQ(ck.weights.numel(), initial->numParams());
   EXPECT_EQ(ck.metaInt("step"), 20);
   EXPECT_EQ(std::memcmp(ck.weights.raw(), initial->weights().raw(), ck.weights.bytes()), 0);
+}
+
+// The newest checkpoint in `dir` (the highest step).
+actors::Checkpoint newestIn(const fs::path& dir) {
+  actors::Checkpoint newest;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".ckpt") continue;
+    auto ck = actors::loadCheckpoint(e.path().string());
+    if (newest.weights.numel() == 0 || ck.metaInt("step") > newest.metaInt("step"))
+      newest = std::move(ck);
+  }
+  EXPECT_GT(newest.weights.numel(), 0) << "no checkpoint in " << dir;
+  return newest;
+}
+
+// The checkpoint keeps a dynamic loss scale, and a resumed run goes on from it: killed after
+// epoch 1 and resumed, an fp16 run ends as the uninterrupted one, to the bit. (Restarted at 2^24,
+// the resumed epoch would skip steps that the uninterrupted one trained.)
+TEST(Devices, Fp16ResumesWithItsLossScale) {
+  TempDir cwd("devices_fp16_resume");
+  const std::string run = "cd " + cwd.str() + " && " + emulated(1) + troupeBinary() +
+                          " train --model lenet --train_data " + testData("lmdb") +
+                          "/train --batch_size 64 --epoch_size 1280 --log_every 0 "
+                          "--base_learning_rate 0.05 --momentum 0.9 --gpus 0 --threads 1 "
+                          "--precision fp16 --initial_scale_power 24 ";
+  auto r = runCommand(run + "--num_epochs 2 --checkpoint_dir whole");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = runCommand(run + "--num_epochs 1 --checkpoint_dir parts");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto first = newestIn(cwd.path() / "parts");
+  EXPECT_EQ(first.meta.at("loss_scale"),
+            fmt::format("{:.9g}", figureAfter(r.output, "epoch 1 loss scale ")));
+  r = runCommand(run + "--num_epochs 2 --checkpoint_dir parts --resume auto");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from "), std::string::npos) << r.output;
+  const auto whole = newestIn(cwd.path() / "whole"), parts = newestIn(cwd.path() / "parts");
+  EXPECT_EQ(whole.metaInt("step"), 40);
+  EXPECT_EQ(parts.metaInt("step"), 40);
+  EXPECT_EQ(whole.meta.at("loss_scale"), parts.meta.at("loss_scale"));
+  ASSERT_EQ(whole.weights.numel(), parts.weights.numel());
+  EXPECT_EQ(std::memcmp(whole.weights.raw(), parts.weights.raw(), whole.weights.bytes()), 0);
 }
 
 TEST(Devices, ReducedPrecisionWithoutGpusOrUnderParameterServersIsRefused) {

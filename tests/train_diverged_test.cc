@@ -75,7 +75,7 @@ TEST(Divergence, AnUpdateThatLeavesInfOrNanInTheWeightsStopsTheRunAtThatStep) {
   o.sgd.weight_decay = std::numeric_limits<float>::infinity();
   const std::string failure = failureOf(o);
   EXPECT_NE(failure.find("training diverged: the update of step 0 (epoch 1) on worker 0 left inf "
-                         "or NaN in weights ["),
+                         "or NaN in the weights (learning rate "),
             std::string::npos)
       << failure;
   EXPECT_EQ(checkpointFiles(dir.path()), 0);

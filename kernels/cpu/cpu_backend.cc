@@ -146,7 +146,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+  void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
     TROUPE_ENFORCE_EQ(w.numel(), g.numel());
     TROUPE_ENFORCE_EQ(w.numel(), v.numel());
@@ -161,6 +161,11 @@ class CpuBackend final : public Backend {
         finite = false;
       }
     });
+    updates_finite_ = updates_finite_ && finite;
+  }
+  bool updatesFinite() override {
+    const bool finite = updates_finite_;
+    updates_finite_ = true;
     return finite;
   }
 
@@ -209,6 +214,7 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  bool updates_finite_ = true;  // since the last updatesFinite()
   DnnlContext dnnl_;
 };
 

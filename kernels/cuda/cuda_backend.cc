@@ -579,6 +579,7 @@ class CudaBackend final : public Backend {
     ctx_.allocator = std::make_shared<DeviceAllocator>(index);
     TROUPE_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(int)));
     flag_ = ctx_.empty({1}, DType::kInt32);
+    updates_flag_ = ctx_.empty({1}, DType::kInt32);
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
@@ -654,15 +655,20 @@ class CudaBackend final : public Backend {
     cuda::normalise(static_cast<const std::uint8_t*>(bytes.raw()), f32(out), s.n * s.channels,
                     s.channels, s.plane, values, ctx_.stream);
   }
-  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+  // The finiteness of the updates gathers in a flag of its own on the device (zero from the
+  // backend's creation and after each read).
+  void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
     TROUPE_ENFORCE_EQ(w.numel(), g.numel());
     TROUPE_ENFORCE_EQ(w.numel(), v.numel());
-    TROUPE_CUDA_CHECK(cudaMemsetAsync(flag_.raw(), 0, sizeof(int), ctx_.stream));
     cuda::sgd(f32(w), f32(g), f32(v), w.numel(), lr, momentum, weight_decay, nesterov,
-              static_cast<int*>(flag_.raw()), ctx_.stream);
-    TROUPE_CUDA_CHECK(
-        cudaMemcpyAsync(flag_host_, flag_.raw(), sizeof(int), cudaMemcpyDeviceToHost, ctx_.stream));
+              static_cast<int*>(updates_flag_.raw()), ctx_.stream);
+  }
+  bool updatesFinite() override {
+    setDevice();
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(flag_host_, updates_flag_.raw(), sizeof(int),
+                                      cudaMemcpyDeviceToHost, ctx_.stream));
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(updates_flag_.raw(), 0, sizeof(int), ctx_.stream));
     synchronize();
     return *flag_host_ == 0;
   }
@@ -746,7 +752,7 @@ class CudaBackend final : public Backend {
 
   Context ctx_;
   std::map<std::vector<std::int64_t>, ConvAlgos> conv_algos_;
-  Tensor flag_;
+  Tensor flag_, updates_flag_;  // allFinite's; sgdUpdate's, gathered until updatesFinite()
   int* flag_host_ = nullptr;
 };
 

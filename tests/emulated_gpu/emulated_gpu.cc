@@ -483,12 +483,16 @@ class EmulatedBackend final : public Backend {
       cpu->normalise(b, o, mean, scale);
     });
   }
-  bool sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+  // The finiteness gathers in the CPU backend that computes on the stream; read there.
+  void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
                  float weight_decay, bool nesterov) override {
-    auto finite = std::make_shared<bool>(true);
     stream_->enqueue([=, cpu = cpu_, w = hostView(w), g = hostView(g), v = hostView(v)] {
-      *finite = cpu->sgdUpdate(w, g, v, lr, momentum, weight_decay, nesterov);
+      cpu->sgdUpdate(w, g, v, lr, momentum, weight_decay, nesterov);
     });
+  }
+  bool updatesFinite() override {
+    auto finite = std::make_shared<bool>(true);
+    stream_->enqueue([cpu = cpu_, finite] { *finite = cpu->updatesFinite(); });
     stream_->drain();
     return *finite;
   }
