@@ -112,6 +112,23 @@ std::string listText(const std::vector<double>& list) {
         [](const Settings& s) { return s.options.field; }                   \
   }
 
+// A string key that takes one of its choices (a Refusal names them otherwise).
+std::string oneOf(const std::string& value, const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
+  std::string list;
+  for (std::size_t i = 0; i < choices.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  throw Refusal("expected " + list);
+}
+#define TROUPE_CHOICE_KEY(key, field, help, ...)                                       \
+  Key {                                                                                \
+    key, Kind::kString, kNotNumeric, help,                                             \
+        [](Settings& s, const Value& v) {                                              \
+          s.options.field = oneOf(asString(v), std::vector<std::string>{__VA_ARGS__}); \
+        },                                                                             \
+        [](const Settings& s) { return s.options.field; }                              \
+  }
+
 #define TROUPE_BOOL_KEY(key, field, help)                                                 \
   Key {                                                                                   \
     key, Kind::kBool, kNotNumeric, help,                                                  \
@@ -322,16 +339,11 @@ std::vector<Key> buildTable() {
                       "one reader per process feeds all its replicas, its decode_threads decoding "
                       "for all of them (MXNet's one iterator per process); else a reader per "
                       "replica"),
-      Key{"input_dtype", Kind::kString, kNotNumeric,
-          "float32, or uint8: training images travel from the reader as bytes before the mean "
-          "and scale, and each replica normalises them on its device (MXNet's ImageRecordIter "
-          "dtype)",
-          [](Settings& s, const Value& v) {
-            const auto& dtype = asString(v);
-            if (dtype != "float32" && dtype != "uint8") throw Refusal("expected float32 or uint8");
-            s.options.input_dtype = dtype;
-          },
-          [](const Settings& s) { return s.options.input_dtype; }},
+      TROUPE_CHOICE_KEY("input_dtype", input_dtype,
+                        "float32, or uint8: training images travel from the reader as bytes "
+                        "before the mean and scale, and each replica normalises them on its device "
+                        "(MXNet's ImageRecordIter dtype)",
+                        "float32", "uint8"),
       // A replica is a thread with a team of its own: no more of them than threads.
       TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                      "model replicas in this process (the batch is split)"),
@@ -345,17 +357,16 @@ std::vector<Key> buildTable() {
                       "on GPUs, convolutions and matrix products in TensorFloat-32 (10-bit "
                       "mantissa products, fp32 sums: PyTorch's allow_tf32); off, float32 is IEEE "
                       "float32 as on the CPU"),
-      Key{"precision", Kind::kString, kNotNumeric,
-          "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions and "
-          "matrix products in 16 bits, accumulating in fp32; float32 weights, gradients, batch "
-          "norm and loss, as PyTorch's autocast)",
-          [](Settings& s, const Value& v) {
-            const auto& p = asString(v);
-            if (p != "fp32" && p != "fp16" && p != "bf16")
-              throw Refusal("expected fp32, fp16 or bf16");
-            s.options.precision = p;
-          },
-          [](const Settings& s) { return s.options.precision; }},
+      TROUPE_CHOICE_KEY("precision", precision,
+                        "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
+                        "and matrix products in 16 bits, accumulating in fp32; float32 weights, "
+                        "gradients, batch norm and loss, as PyTorch's autocast)",
+                        "fp32", "fp16", "bf16"),
+      TROUPE_CHOICE_KEY("memory_format", memory_format,
+                        "images in GPU memory: nhwc (channels last, PyTorch's channels_last), "
+                        "nchw, or auto (nhwc where tensor cores compute, in fp16, bf16 or tf32, "
+                        "and the model is the same either way)",
+                        "auto", "nchw", "nhwc"),
       TROUPE_FLOAT_KEY("loss_scale", loss_scale, closed(0, 1e38),
                        "fp16's loss scale: 0 dynamic (2^initial_scale_power to start, halved and "
                        "the step skipped "

@@ -535,16 +535,36 @@ LossScale lossScaleOf(const TrainOptions& o) {
   return scale;
 }
 
-std::string describePrecision(const TrainOptions& o) {
-  if (precisionOf(o) == kernels::DType::kFloat32) return "fp32";
+bool channelsLastOf(const TrainOptions& o, const std::string& misfit) {
+  if (o.memory_format == "nchw") return false;
+  if (o.memory_format == "nhwc") {
+    if (o.gpus.empty()) {
+      throw InputError(
+          "memory_format nhwc lays images out for GPUs, and this run has none (CPU replicas "
+          "compute in NCHW): name them with gpus, or use memory_format auto or nchw");
+    }
+    if (!misfit.empty()) {
+      throw InputError("memory_format nhwc would change this model: " + misfit +
+                       "; use memory_format nchw (or auto)");
+    }
+    return true;
+  }
+  const bool tensor_cores = precisionOf(o) != kernels::DType::kFloat32 || o.tf32;
+  return !o.gpus.empty() && tensor_cores && misfit.empty();
+}
+
+std::string describePrecision(const TrainOptions& o, bool channels_last) {
+  const std::string layout = channels_last ? "; channels-last images" : "";
+  if (precisionOf(o) == kernels::DType::kFloat32) return "fp32" + layout;
   const LossScale scale = lossScaleOf(o);
   return fmt::format(
-      "{} activations, convolutions and products; fp32 weights, gradients and updates{}",
+      "{} activations, convolutions and products; fp32 weights, gradients and updates{}{}",
       o.precision,
       scale.initial <= 0 ? std::string()
       : scale.dynamic ? fmt::format("; loss scale dynamic from {:g}, doubled after {} clean steps",
                                     scale.initial, scale.window)
-                      : fmt::format("; loss scale {:g}", scale.initial));
+                      : fmt::format("; loss scale {:g}", scale.initial),
+      layout);
 }
 
 void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan) {

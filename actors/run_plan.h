@@ -91,8 +91,13 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch);
 void checkPrecision(const TrainOptions& o);
 kernels::DType precisionOf(const TrainOptions& o);
 LossScale lossScaleOf(const TrainOptions& o);
-// "bf16 activations, convolutions and products; fp32 weights, gradients and updates", or "fp32".
-std::string describePrecision(const TrainOptions& o);
+// Whether GPU replicas keep images channels-last (memory_format), given why the model would change
+// with it (kernels::Net::channelsLastMisfit; empty: it would not). InputError for nhwc without
+// GPUs or for a model it would change.
+bool channelsLastOf(const TrainOptions& o, const std::string& misfit);
+// "bf16 activations, convolutions and products; fp32 weights, gradients and updates", or "fp32";
+// with `channels_last`, "...; channels-last images".
+std::string describePrecision(const TrainOptions& o, bool channels_last = false);
 
 // All hardware threads, shared out among the run's processes on this host (troupe launch says how
 // many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).

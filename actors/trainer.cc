@@ -145,10 +145,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.chief = p.rank == 0;
   p.shares = splitBatch(o.batch_size, o.replicas, o.work_load_list);
   p.devices = devicesOf(o, p.ps, p.nodes);
-  if (!o.gpus.empty() && !server) {
-    spdlog::info("{}", describe(p.devices, o, p.ps, p.nodes));
-    if (o.precision != "fp32") spdlog::info("precision: {}", describePrecision(o));
-  }
+  if (!o.gpus.empty() && !server) spdlog::info("{}", describe(p.devices, o, p.ps, p.nodes));
   checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : defaultThreads();
 
@@ -184,6 +181,11 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   const std::int64_t num_params = p.num_params = init_net->numParams();
   p.sgd = o.sgd;
   if (o.no_wd) p.sgd.no_decay = kernels::noDecayRanges(init_net->params());
+  // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
+  p.net.precision = precisionOf(o);
+  p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
+  if (!o.gpus.empty() && !server && (o.precision != "fp32" || p.net.channels_last))
+    spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
   init_net.reset();
 
   p.checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
@@ -416,7 +418,6 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.net = net;
     replica.device = p.devices.replicas[r];
     replica.tf32 = o.tf32;
-    replica.net.precision = precisionOf(o);
     replica.threads = std::max(1, threads / o.replicas);
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.

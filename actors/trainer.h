@@ -96,6 +96,10 @@ struct TrainOptions {
   double loss_scale = 0;
   int initial_scale_power = 16;  // a dynamic scale starts at 2^this (DeepSpeed's key)
   std::int64_t loss_scale_window = 2000;
+  // Images in GPU memory: nhwc (channels last, PyTorch's channels_last: cuDNN's tensor-core
+  // convolutions read it natively), nchw, or auto: nhwc where tensor cores compute (fp16, bf16,
+  // or tf32) and the model is the same either way (no inner product reads an image).
+  std::string memory_format = "auto";
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas
   std::vector<double> work_load_list;  // relative share of each replica; empty: equal

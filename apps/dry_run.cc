@@ -42,6 +42,7 @@ struct Plan {
   std::vector<kernels::LayerInfo> layers;
   std::int64_t num_params = 0;
   std::int64_t num_buffers = 0;
+  bool channels_last = false;  // GPU replicas keep images NHWC (memory_format)
   std::string resumed_from;
   bool finished = false;  // the checkpoint resumed from holds the run's last step
   int threads = 0;
@@ -84,6 +85,7 @@ Plan plan(const actors::TrainOptions& o) {
   p.layers = model->layers();
   p.num_params = model->numParams();
   p.num_buffers = model->buffers().numel();
+  p.channels_last = actors::channelsLastOf(o, model->channelsLastMisfit());
 
   const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
@@ -353,7 +355,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     const auto devices = actors::devicesOf(o, ps, processes);
     row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
                                o.tf32 ? "on" : "off"));
-    row("precision", actors::describePrecision(o));
+    row("precision", actors::describePrecision(o, p.channels_last));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
   row("threads", fmt::format("{} per process", p.threads));

@@ -7,7 +7,8 @@ model of the same name, cudnn.benchmark, channels_last, SGD with momentum 0.9, r
 on the GPU, timed after warm-up steps with the GPU synchronised at both ends. Precision: fp32 with
 TF32 off on both sides, fp32 with TF32 on (troupe --tf32; PyTorch's allow_tf32 flags), and mixed
 precision: bf16 and fp16 (troupe --precision; PyTorch's autocast to the same type, fp16 with a
-GradScaler, whose unscale and inf test troupe's fp16 step does too).
+GradScaler, whose unscale and inf test troupe's fp16 step does too). troupe's images are NHWC where
+tensor cores compute (tf32, bf16, fp16: its memory_format auto), NCHW in strict fp32.
 torch.compile is timed too when --compile is given (it compiles for a minute or more). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
 
@@ -23,8 +24,11 @@ import time
 
 
 def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32"):
+    # troupe's memory_format auto: channels-last where tensor cores compute (tf32, bf16, fp16).
+    nhwc = tf32 or precision != "fp32"
     cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
-           str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else [])
+           str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else []) + \
+          (["--channels-last"] if nhwc else [])
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
     if p.returncode != 0 or not m:

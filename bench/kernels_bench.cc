@@ -6,9 +6,11 @@
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
+//                        [--channels-last]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
-// test of the gradients and their unscaling), as PyTorch's GradScaler does.
+// test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
+// images on the device (NetOptions::channels_last; memory_format nhwc).
 #include <time.h>
 
 #include <chrono>
@@ -82,7 +84,7 @@ Input inputOf(const std::string& model) {
 }
 
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
-                 DType precision) {
+                 DType precision, bool channels_last) {
   const Input in = inputOf(model);
   NetOptions options;
   options.model.name = model;
@@ -91,6 +93,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.height = options.width = in.size;
   options.num_labels = in.labels;
   options.precision = precision;
+  options.channels_last = channels_last;
   auto net = makeNet(backend, options);
   auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
   // Several random batches in turn, so that training never converges to a zero loss.
@@ -195,6 +198,7 @@ int main(int argc, char** argv) {
   CudaOptions cuda;
   DType precision = DType::kFloat32;
   std::string precision_name = "fp32";
+  bool channels_last = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -218,6 +222,8 @@ int main(int argc, char** argv) {
       device = next();
     else if (arg == "--tf32")
       cuda.tf32 = true;
+    else if (arg == "--channels-last")
+      channels_last = true;
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {
@@ -249,13 +255,19 @@ int main(int argc, char** argv) {
   }
   std::stringstream list(models);
   for (std::string model; std::getline(list, model, ',');) {
-    const double step = trainStep(*backend, model, batch, seconds, precision);
+    double step = 0;
+    try {
+      step = trainStep(*backend, model, batch, seconds, precision, channels_last);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: %s\n", model.c_str(), e.what());
+      return 1;
+    }
     std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)",
                 model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
                 g_cpu_per_call * 1e3);
     if (on.kind == DeviceKind::kCuda) {
-      std::printf(" device=%s tf32=%d precision=%s peak_memory_mib=%.0f", device.c_str(),
-                  cuda.tf32 ? 1 : 0, precision_name.c_str(),
+      std::printf(" device=%s tf32=%d precision=%s layout=%s peak_memory_mib=%.0f", device.c_str(),
+                  cuda.tf32 ? 1 : 0, precision_name.c_str(), channels_last ? "nhwc" : "nchw",
                   static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
     }
     std::printf("\n");

@@ -44,6 +44,10 @@ class Backend {
   // dst = src (same element count, both on this backend) converted between float32, float16 and
   // bfloat16, rounding to nearest even; a value beyond float16's range becomes inf.
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  // dst[b][j][i] = src[b][i][j] for b < batches, i < rows, j < cols, converted as cast() does:
+  // NCHW images to NHWC (rows = C, cols = H W) and back, a filter to cuDNN's channels-last KRSC.
+  virtual void transpose(const Tensor& src, const Tensor& dst, std::int64_t batches,
+                         std::int64_t rows, std::int64_t cols) = 0;
   // fill, axpy and scale take float32 tensors, and on a device also float16 and bfloat16 ones.
   virtual void fill(const Tensor& t, float value) = 0;
   // y += alpha * x over all elements.
@@ -92,7 +96,8 @@ class Backend {
   virtual std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio) = 0;
   virtual std::unique_ptr<AddOp> makeAdd(std::int64_t numel) = 0;
   virtual std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
-                                                             std::int64_t spatial) = 0;
+                                                             std::int64_t spatial,
+                                                             bool channels_last = false) = 0;
   virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) = 0;
 };
 

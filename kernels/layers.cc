@@ -5,6 +5,15 @@
 #include "troupe/error.h"
 
 namespace troupe::kernels {
+
+void Layer::copyParams(Backend& backend, const Tensor& weights, const Tensor& copy, bool) {
+  backend.cast(weights.slice(param_begin, param_end), copy.slice(param_begin, param_end));
+}
+
+void Layer::widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads, bool) {
+  backend.cast(copy_grads.slice(param_begin, param_end), grads.slice(param_begin, param_end));
+}
+
 namespace {
 
 // Ops are fixed to a batch size; a layer keeps one per batch size it has seen.
@@ -51,12 +60,39 @@ class ConvLayer final : public Layer {
     op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
   }
   bool reducedParams() const override { return true; }
+  // Channels last: the filter [out][in][k k] becomes [out][k k][in] (KRSC) in the copy.
+  void copyParams(Backend& backend, const Tensor& weights, const Tensor& copy,
+                  bool channels_last) override {
+    if (!channels_last) return Layer::copyParams(backend, weights, copy, false);
+    const std::int64_t wn = filterSize();
+    backend.transpose(weights.slice(param_begin, param_begin + wn),
+                      copy.slice(param_begin, param_begin + wn), g_.out_channels, g_.channels,
+                      g_.kernel * g_.kernel);
+    if (g_.bias) {
+      backend.cast(weights.slice(param_begin + wn, param_end),
+                   copy.slice(param_begin + wn, param_end));
+    }
+  }
+  void widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads,
+                  bool channels_last) override {
+    if (!channels_last) return Layer::widenGrads(backend, copy_grads, grads, false);
+    const std::int64_t wn = filterSize();
+    backend.transpose(copy_grads.slice(param_begin, param_begin + wn),
+                      grads.slice(param_begin, param_begin + wn), g_.out_channels,
+                      g_.kernel * g_.kernel, g_.channels);
+    if (g_.bias) {
+      backend.cast(copy_grads.slice(param_begin + wn, param_end),
+                   grads.slice(param_begin + wn, param_end));
+    }
+  }
 
  private:
+  std::int64_t filterSize() const { return g_.out_channels * g_.channels * g_.kernel * g_.kernel; }
   ConvOp& op(LayerContext& ctx, std::int64_t n) {
     return ops_.get(n, [&](std::int64_t m) {
       ConvGeometry g = g_;
       g.n = m;
+      g.channels_last = ctx.channelsLast();
       return ctx.backend().makeConv(g);
     });
   }
@@ -92,6 +128,7 @@ class PoolLayer final : public Layer {
     return ops_.get(n, [&](std::int64_t m) {
       PoolGeometry g = g_;
       g.n = m;
+      g.channels_last = ctx.channelsLast();
       return ctx.backend().makePool(g);
     });
   }
@@ -173,6 +210,7 @@ class BatchNormLayer final : public Layer {
       g.n = m;
       g.channels = channels_;
       g.spatial = spatial_;
+      g.channels_last = ctx.channelsLast();
       return ctx.backend().makeBatchNorm(g);
     });
   }
@@ -241,8 +279,9 @@ class GlobalAvgPoolLayer final : public Layer {
 
  private:
   GlobalAvgPoolOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(
-        n, [&](std::int64_t m) { return ctx.backend().makeGlobalAvgPool(m, channels_, spatial_); });
+    return ops_.get(n, [&](std::int64_t m) {
+      return ctx.backend().makeGlobalAvgPool(m, channels_, spatial_, ctx.channelsLast());
+    });
   }
   std::int64_t channels_, spatial_;
   OpCache<GlobalAvgPoolOp> ops_;

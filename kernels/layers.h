@@ -24,6 +24,8 @@ class LayerContext {
   virtual Tensor labels() = 0;
   virtual Tensor metrics() = 0;
   virtual std::uint64_t dropoutSeed(int layer) = 0;
+  // Whether images are channels-last (NHWC) in memory (NetOptions::channels_last).
+  virtual bool channelsLast() = 0;
 };
 
 class Layer {
@@ -34,9 +36,16 @@ class Layer {
   virtual void forward(LayerContext& ctx, std::int64_t n, bool train) = 0;
   // Writes ctx.diff() of every bottom and the layer's parameter gradients.
   virtual void backward(LayerContext& ctx, std::int64_t n, float grad_scale) = 0;
-  // Whether the layer computes with its parameters in the net's precision (a convolution, an inner
-  // product), rather than in float32 (batch norm).
+  // Whether the layer computes from a copy of its parameters in the net's precision and layout (a
+  // convolution, an inner product), rather than from the float32 parameters (batch norm).
   virtual bool reducedParams() const { return false; }
+  // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
+  // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
+  // convolution's filter a transpose to cuDNN's KRSC and back.
+  virtual void copyParams(Backend& backend, const Tensor& weights, const Tensor& copy,
+                          bool channels_last);
+  virtual void widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads,
+                          bool channels_last);
 
   std::vector<int> bottoms;
   int top = -1;

@@ -43,6 +43,9 @@ struct Graph {
   std::int64_t num_params = 0;
   std::int64_t num_buffers = 0;
   std::vector<BufferFill> buffer_fills;
+  // Why the model is not the same model with channels-last images: an inner product that reads
+  // an image (its weights' order would change); empty when it is.
+  std::string channels_last_misfit;
 };
 
 // A node is a blob with its per-sample shape.
@@ -82,6 +85,12 @@ class Builder {
   }
 
   Node fc(const Node& in, const std::string& name, std::int64_t out) {
+    const Shape& stored = g_.blobs[in.blob].shape;
+    if (stored.size() == 3 && stored[1] * stored[2] > 1 && g_.channels_last_misfit.empty()) {
+      g_.channels_last_misfit = "its inner product '" + name + "' reads a " +
+                                std::to_string(stored[0]) + "x" + std::to_string(stored[1]) + "x" +
+                                std::to_string(stored[2]) + " map as a vector";
+    }
     const std::int64_t fan_in = numelOf(in.shape);
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
     beginParams();
@@ -486,9 +495,18 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
 class NetImpl final : public Net, private LayerContext {
  public:
   NetImpl(Backend& backend, const NetOptions& options, Graph graph)
-      : backend_(backend), options_(options), g_(std::move(graph)), act_(options.precision) {
+      : backend_(backend),
+        options_(options),
+        g_(std::move(graph)),
+        act_(options.precision),
+        nhwc_(options.channels_last),
+        copies_(act_ != DType::kFloat32 || nhwc_) {
     TROUPE_ENFORCE(act_ == DType::kFloat32 || act_ == DType::kFloat16 || act_ == DType::kBFloat16,
                    "a net computing in ", toString(act_));
+    if (nhwc_ && !g_.channels_last_misfit.empty()) {
+      throw InputError("channels-last images (memory_format nhwc) would change this model: " +
+                       g_.channels_last_misfit + "; use memory_format nchw");
+    }
     for (std::size_t b = 1; b < g_.blobs.size(); ++b) {
       Blob& blob = g_.blobs[b];
       blob.data = backend_.empty({options.max_batch * blob.per}, act_);
@@ -501,18 +519,10 @@ class NetImpl final : public Net, private LayerContext {
     grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
-    if (act_ != DType::kFloat32) {
+    if (copies_) {
       input_ = backend_.empty({options.max_batch * g_.blobs[0].per}, act_);
       reduced_weights_ = backend_.empty({g_.num_params}, act_);
       reduced_grads_ = backend_.empty({g_.num_params}, act_);
-      for (const auto& layer : g_.layers) {
-        if (!layer->reducedParams() || layer->param_end == layer->param_begin) continue;
-        if (!reduced_ranges_.empty() && reduced_ranges_.back().second == layer->param_begin) {
-          reduced_ranges_.back().second = layer->param_end;
-        } else {
-          reduced_ranges_.emplace_back(layer->param_begin, layer->param_end);
-        }
-      }
     }
     initialise();
     bindLayers();
@@ -520,6 +530,7 @@ class NetImpl final : public Net, private LayerContext {
   }
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
+  const std::string& channelsLastMisfit() const override { return g_.channels_last_misfit; }
   std::int64_t numParams() const override { return g_.num_params; }
   std::vector<LayerInfo> layers() const override {
     std::vector<LayerInfo> out;
@@ -554,13 +565,19 @@ class NetImpl final : public Net, private LayerContext {
                    options_.max_batch);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     images_ = images;
-    if (act_ != DType::kFloat32) {
-      if (images.dtype() != act_) {
-        images_ = input_.slice(0, images.numel()).view(images.shape());
-        backend_.cast(images, images_);
+    if (nhwc_) {
+      images_ = input_.slice(0, images.numel()).view(images.shape());
+      backend_.transpose(images, images_, n_, options_.channels,
+                         std::int64_t{options_.height} * options_.width);
+    } else if (images.dtype() != act_) {
+      images_ = input_.slice(0, images.numel()).view(images.shape());
+      backend_.cast(images, images_);
+    }
+    if (copies_) {
+      for (auto& layer : g_.layers) {
+        if (layer->reducedParams() && layer->param_end > layer->param_begin)
+          layer->copyParams(backend_, weights_, reduced_weights_, nhwc_);
       }
-      for (const auto& [begin, end] : reduced_ranges_)
-        backend_.cast(weights_.slice(begin, end), reduced_weights_.slice(begin, end));
     }
     labels_ = labels;
     trained_ = train;
@@ -581,10 +598,8 @@ class NetImpl final : public Net, private LayerContext {
         backend_.axpy(1.0f, scratch_[scratch].slice(0, n_ * g_.blobs[blob].per),
                       g_.blobs[blob].diff.slice(0, n_ * g_.blobs[blob].per));
       if (layer.param_end == layer.param_begin) continue;
-      if (act_ != DType::kFloat32 && layer.reducedParams()) {  // widened as it becomes final
-        backend_.cast(reduced_grads_.slice(layer.param_begin, layer.param_end),
-                      grads_.slice(layer.param_begin, layer.param_end));
-      }
+      if (copies_ && layer.reducedParams())  // widened as it becomes final
+        layer.widenGrads(backend_, reduced_grads_, grads_, nhwc_);
       if (on_ready) on_ready(layer.param_begin, layer.param_end);
     }
     current_ = nullptr;
@@ -621,12 +636,13 @@ class NetImpl final : public Net, private LayerContext {
   std::uint64_t dropoutSeed(int layer) override {
     return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
   }
+  bool channelsLast() override { return nhwc_; }
 
   // Layers computing in the net's precision read its reduced copy of their parameters, batch norm
   // reads float32.
   void bindLayers() {
     for (auto& layer : g_.layers) {
-      if (act_ != DType::kFloat32 && layer->reducedParams()) {
+      if (copies_ && layer->reducedParams()) {
         layer->bind(reduced_weights_, reduced_grads_, buffers_);
       } else {
         layer->bind(weights_, grads_, buffers_);
@@ -663,14 +679,15 @@ class NetImpl final : public Net, private LayerContext {
   NetOptions options_;
   Graph g_;
   std::int64_t max_per_ = 1;
-  DType act_;  // of activations and of the reduced parameters
+  DType act_;    // of activations and of the reduced parameters
+  bool nhwc_;    // images channels-last in memory
+  bool copies_;  // convolutions and inner products compute from a copy of their weights
   Tensor weights_, grads_, buffers_, metrics_;
   Tensor scratch_[2];
   Tensor images_, labels_;
-  // Reduced precision only: the input cast to it, and the parameters of the layers that compute
-  // in it (reduced_ranges_ of the flat parameters), and their gradients.
+  // With copies_: the input in the net's precision and layout, and the copies of the parameters
+  // of the layers that compute from one (Layer::copyParams), and their gradients.
   Tensor input_, reduced_weights_, reduced_grads_;
-  std::vector<std::pair<std::int64_t, std::int64_t>> reduced_ranges_;
   std::int64_t n_ = 0;
   bool trained_ = false;
   std::uint64_t seed_ = 0, forward_count_ = 0;

@@ -51,6 +51,12 @@ struct NetOptions {
   // products read a reduced copy of their weights, made each forward, and their weight gradients
   // are widened into grads() as they become final). The CPU backend computes in float32 only.
   DType precision = DType::kFloat32;
+  // Images channels-last (NHWC) in memory, as PyTorch's channels_last: cuDNN's tensor-core
+  // convolutions read NHWC natively. On a device backend only; shapes still say [n, C, H, W].
+  // A convolution's filter is then KRSC in its copy, transposed from the float32 weights (whose
+  // order, and so checkpoints, do not change). InputError for a model whose inner product reads
+  // an image as a vector (Net::channelsLastMisfit), whose weights' meaning it would change.
+  bool channels_last = false;
 };
 
 // Where a parameter lives in the flat weight / gradient tensors.
@@ -86,6 +92,9 @@ class Net {
   virtual ~Net() = default;
 
   virtual const std::vector<ParamInfo>& params() const = 0;
+  // Why NetOptions::channels_last would change this model ("its inner product 'ip1' reads a
+  // 50x4x4 map as a vector"); empty when it would not.
+  virtual const std::string& channelsLastMisfit() const = 0;
   // Number of trainable scalars.
   virtual std::int64_t numParams() const = 0;
   // The layers in forward order, the loss last (a flatten is no layer: the next one reads it).

@@ -5,6 +5,11 @@
 //
 // Tensors passed in live on the op's backend. Backward methods overwrite their outputs (never
 // accumulate); an output with no memory (a default-constructed Tensor) is not wanted: skipped.
+//
+// Layout: an image tensor's shape is always [n, C, H, W]; its memory is NCHW, or NHWC (channels
+// last, PyTorch's channels_last) for an op made with channels_last, which device backends offer
+// and the CPU one refuses. A channels-last convolution's filter is [out, kernel, kernel, channels]
+// in memory (cuDNN's KRSC); other parameters are per channel either way.
 // Thread safety: like the backend that made it, one thread at a time.
 #pragma once
 
@@ -20,6 +25,7 @@ struct ConvGeometry {
   std::int64_t n = 1, channels = 1, height = 1, width = 1;
   std::int64_t out_channels = 1, kernel = 1, stride = 1, pad = 0;
   bool bias = true;
+  bool channels_last = false;
   std::int64_t outHeight() const { return (height + 2 * pad - kernel) / stride + 1; }
   std::int64_t outWidth() const { return (width + 2 * pad - kernel) / stride + 1; }
 };
@@ -52,6 +58,7 @@ struct PoolGeometry {
   std::int64_t kernel = 2, stride = 2, pad = 0;
   PoolMethod method = PoolMethod::kMax;
   bool ceil_mode = true;
+  bool channels_last = false;
   std::int64_t outHeight() const;
   std::int64_t outWidth() const;
 };
@@ -83,6 +90,7 @@ struct BatchNormGeometry {
   std::int64_t n = 1, channels = 1, spatial = 1;
   float momentum = 0.1f;
   float eps = 1e-5f;
+  bool channels_last = false;  // [n, spatial, channels] in memory
 };
 
 class BatchNormOp {
@@ -122,7 +130,8 @@ class AddOp {
   virtual void forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
 };
 
-// [n, channels, spatial] -> [n, channels].
+// [n, channels, spatial] -> [n, channels]; the input [n, spatial, channels] in memory when made
+// channels_last.
 class GlobalAvgPoolOp {
  public:
   virtual ~GlobalAvgPoolOp() = default;

@@ -607,5 +607,121 @@ INSTANTIATE_TEST_SUITE_P(Types, CudaReducedOps,
                            return info.param == DType::kFloat16 ? "float16" : "bfloat16";
                          });
 
+// ---- channels-last (NHWC) ops, float32: the CPU's NCHW op on the same values, transposed ----
+// (CudaOps's tolerance: both sum the same terms in float32, in other orders.)
+class CudaChannelsLastOps : public CudaOps {
+ protected:
+  // [n, c, s] NCHW on the host as NHWC on the GPU, and back.
+  Tensor upNhwc(const Tensor& nchw, std::int64_t n, std::int64_t c, std::int64_t s) {
+    Tensor t = Tensor::host(nchw.shape());
+    cpu_->transpose(nchw, t, n, c, s);
+    return up(t);
+  }
+  Tensor downNchw(const Tensor& nhwc, std::int64_t n, std::int64_t c, std::int64_t s) {
+    const Tensor t = down(nhwc);
+    Tensor out = Tensor::host(nhwc.shape());
+    cpu_->transpose(t, out, n, s, c);
+    return out;
+  }
+};
+
+TEST_F(CudaChannelsLastOps, TransposeMovesEveryElementAndConverts) {
+  const Tensor x = randomHost({3, 5, 7}, 60);
+  Tensor expected = Tensor::host({3, 5, 7});
+  cpu_->transpose(x, expected, 3, 5, 7);
+  const Tensor gx = up(x);
+  Tensor gy = gpu_->empty({3, 5, 7});
+  gpu_->transpose(gx, gy, 3, 5, 7);
+  expectClose("transposed", expected, gy, 0);
+  Tensor gh = gpu_->empty({3, 5, 7}, DType::kBFloat16), back = gpu_->empty({3, 5, 7});
+  gpu_->transpose(gx, gh, 3, 5, 7);
+  gpu_->cast(gh, back);
+  Tensor narrow = Tensor::host({3, 5, 7}, DType::kBFloat16), wide = Tensor::host({3, 5, 7});
+  cpu_->cast(expected, narrow);
+  cpu_->cast(narrow, wide);
+  expectClose("transposed to bfloat16", wide, back, 0);
+}
+
+TEST_F(CudaChannelsLastOps, ConvolutionWithAKrscFilter) {
+  ConvGeometry g{2, 16, 9, 9, 8, 3, 2, 1, true};
+  const std::int64_t hw = 81, ohw = g.outHeight() * g.outWidth(), rs = 9;
+  const Tensor x = randomHost({2, 16, 9, 9}, 61), w = randomHost({8, 16, 3, 3}, 62),
+               b = randomHost({8}, 63), dy = randomHost({2, 8, g.outHeight(), g.outWidth()}, 64);
+  Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()),
+         db = Tensor::host({8});
+  auto c = cpu_->makeConv(g);
+  c->forward(x, w, b, y);
+  c->backward(x, w, dy, dx, dw, db);
+  g.channels_last = true;
+  auto d = gpu_->makeConv(g);
+  const Tensor gx = upNhwc(x, 2, 16, hw), gw = upNhwc(w, 8, 16, rs), gdy = upNhwc(dy, 2, 8, ohw);
+  const Tensor gb = up(b);
+  Tensor gy = gpu_->empty(dy.shape()), gdx = gpu_->empty(x.shape()), gdw = gpu_->empty(w.shape()),
+         gdb = gpu_->empty({8});
+  d->forward(gx, gw, gb, gy);
+  d->backward(gx, gw, gdy, gdx, gdw, gdb);
+  expectClose("y", y, downNchw(gy, 2, 8, ohw));
+  expectClose("dx", dx, downNchw(gdx, 2, 16, hw));
+  expectClose("dw", dw, downNchw(gdw, 8, 16, rs));
+  expectClose("db", db, gdb);
+}
+
+TEST_F(CudaChannelsLastOps, PoolingBatchNormAndGlobalPooling) {
+  for (const auto method : {PoolMethod::kMax, PoolMethod::kAverage}) {
+    PoolGeometry g{2, 3, 7, 7, 3, 2, 1, method, true};
+    const std::int64_t ohw = g.outHeight() * g.outWidth();
+    const Tensor x = randomHost({2, 3, 7, 7}, 65),
+                 dy = randomHost({2, 3, g.outHeight(), g.outWidth()}, 66);
+    Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape());
+    auto c = cpu_->makePool(g);
+    c->forward(x, y);
+    c->backward(dy, dx);
+    g.channels_last = true;
+    auto d = gpu_->makePool(g);
+    Tensor gy = gpu_->empty(dy.shape()), gdx = gpu_->empty(x.shape());
+    d->forward(upNhwc(x, 2, 3, 49), gy);
+    d->backward(upNhwc(dy, 2, 3, ohw), gdx);
+    expectClose("pool y", y, downNchw(gy, 2, 3, ohw));
+    expectClose("pool dx", dx, downNchw(gdx, 2, 3, 49));
+  }
+
+  BatchNormGeometry bg{8, 5, 36, 0.1f, 1e-5f};
+  const Shape xs{8, 5, 36};
+  const Tensor x = randomHost(xs, 67, -2.0f, 3.0f), gamma = randomHost({5}, 68),
+               beta = randomHost({5}, 69), dy = randomHost(xs, 70);
+  Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+  cpu_->fill(rv, 1.0f);
+  Tensor grm = up(rm), grv = up(rv);
+  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
+         dbeta = Tensor::host({5});
+  auto c = cpu_->makeBatchNorm(bg);
+  c->forward(x, gamma, beta, rm, rv, y, true);
+  c->backward(x, gamma, dy, dx, dg, dbeta);
+  bg.channels_last = true;
+  auto d = gpu_->makeBatchNorm(bg);
+  const Tensor gx = upNhwc(x, 8, 5, 36), ggamma = up(gamma);
+  Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty({5}),
+         gdbeta = gpu_->empty({5});
+  d->forward(gx, ggamma, up(beta), grm, grv, gy, true);
+  d->backward(gx, ggamma, upNhwc(dy, 8, 5, 36), gdx, gdg, gdbeta);
+  expectClose("bn y", y, downNchw(gy, 8, 5, 36));
+  expectClose("bn dx", dx, downNchw(gdx, 8, 5, 36));
+  expectClose("bn running mean", rm, grm);
+  expectClose("bn dgamma", dg, gdg);
+  expectClose("bn dbeta", dbeta, gdbeta);
+
+  const Tensor px = randomHost({3, 7, 49}, 71), pdy = randomHost({3, 7}, 72);
+  Tensor py = Tensor::host({3, 7}), pdx = Tensor::host({3, 7, 49});
+  auto gap = cpu_->makeGlobalAvgPool(3, 7, 49);
+  gap->forward(px, py);
+  gap->backward(pdy, pdx);
+  auto ggap = gpu_->makeGlobalAvgPool(3, 7, 49, /*channels_last=*/true);
+  Tensor gpy = gpu_->empty({3, 7}), gpdx = gpu_->empty({3, 7, 49});
+  ggap->forward(upNhwc(px, 3, 7, 49), gpy);
+  ggap->backward(up(pdy), gpdx);
+  expectClose("global pool y", py, gpy);
+  expectClose("global pool dx", pdx, downNchw(gpdx, 3, 7, 49));
+}
+
 }  // namespace
 }  // namespace troupe::kernels

@@ -306,6 +306,74 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
   EXPECT_EQ(std::memcmp(whole.weights.raw(), parts.weights.raw(), whole.weights.bytes()), 0);
 }
 
+// ---- channels-last images (memory_format) ----
+
+// ResNet-20 for 4 steps of 32 synthetic images on an emulated GPU, its checkpoint in `dir`.
+testing::CommandResult trainResnet20(const TempDir& cwd, const std::string& dir,
+                                     const std::string& flags) {
+  return runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() +
+                    " train --model resnet20 --train_data null --num_channels 3 --image_size 32 "
+                    "--num_labels 10 --epoch_size 128 --batch_size 32 --num_epochs 1 "
+                    "--log_every 0 --gpus 0 --threads 1 --checkpoint_dir " +
+                    dir + " " + flags);
+}
+
+// NHWC is a layout, not another model: the emulated GPU computes a channels-last op by the CPU's
+// NCHW one between exact transposes, so every layer (convolution with its KRSC filter, batch
+// norm, pooling, global pooling, the input's transpose, the filters' copies and their
+// gradients' way back) must give the NCHW run's weights to the bit, in float32 and in bf16.
+TEST(Devices, ChannelsLastImagesTrainAsNchwToTheBit) {
+  TempDir cwd("devices_nhwc");
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    auto r =
+        trainResnet20(cwd, precision + "_nchw", "--memory_format nchw --precision " + precision);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = trainResnet20(cwd, precision + "_nhwc", "--memory_format nhwc --precision " + precision);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("; channels-last images\n"), std::string::npos) << r.output;
+    EXPECT_TRUE(
+        sameWeights(cwd.path() / (precision + "_nchw"), cwd.path() / (precision + "_nhwc")));
+  }
+}
+
+// auto: channels last where tensor cores compute (bf16, fp16, tf32) and the model stays the same;
+// LeNet's first inner product reads a 50x4x4 map, whose order NHWC would change.
+TEST(Devices, ChannelsLastWhereTensorCoresComputeAndTheModelStaysTheSame) {
+  const std::string dry = emulated(1) + troupeBinary() +
+                          " train --train_data null --epoch_size 640 --gpus 0 --dry-run ";
+  auto r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224 --precision bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("#   precision       bf16 activations, convolutions and products; fp32 "
+                          "weights, gradients and updates; channels-last images\n"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224");
+  EXPECT_NE(r.output.find("#   precision       fp32\n"), std::string::npos) << r.output;
+  r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224 --tf32");
+  EXPECT_NE(r.output.find("#   precision       fp32; channels-last images\n"), std::string::npos)
+      << r.output;
+  r = runCommand(dry + "--model lenet --precision bf16");
+  EXPECT_NE(r.output.find("#   precision       bf16 activations, convolutions and products; fp32 "
+                          "weights, gradients and updates\n"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(dry + "--model lenet --memory_format nhwc");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("[error] memory_format nhwc would change this model: its inner product "
+                          "'ip1' reads a 50x4x4 map as a vector; use memory_format nchw (or "
+                          "auto)"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(troupeBinary() + " train --train_data null --epoch_size 640 --model lenet " +
+                 "--memory_format nhwc");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("[error] memory_format nhwc lays images out for GPUs, and this run has "
+                          "none"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Devices, ReducedPrecisionWithoutGpusOrUnderParameterServersIsRefused) {
   const std::string data = " --model lenet --train_data " + testData("lmdb") + "/train";
   auto r = runCommand(troupeBinary() + " train" + data + " --precision bf16");

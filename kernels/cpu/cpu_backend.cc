@@ -85,6 +85,27 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void transpose(const Tensor& src, const Tensor& dst, std::int64_t batches, std::int64_t rows,
+                 std::int64_t cols) override {
+    TROUPE_ENFORCE(src.numel() == batches * rows * cols && dst.numel() == src.numel(),
+                   "a transpose of ", batches, "x", rows, "x", cols, " from ", src.numel(),
+                   " into ", dst.numel(), " elements");
+    // Through float32 when a type changes: cast the source whole, then move elements.
+    Tensor from = src;
+    if (src.dtype() != dst.dtype() || src.raw() == dst.raw()) {
+      from = Tensor::hostUninitialized(src.shape(), dst.dtype());
+      cast(src, from);
+    }
+    const std::size_t size = sizeOf(dst.dtype());
+    const auto* in = static_cast<const char*>(from.raw());
+    auto* out = static_cast<char*>(dst.raw());
+    for (std::int64_t b = 0; b < batches; ++b)
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j)
+          std::memcpy(out + ((b * cols + j) * rows + i) * size,
+                      in + ((b * rows + i) * cols + j) * size, size);
+  }
+
   bool allFinite(const std::vector<Tensor>& tensors) override {
     bool finite = true;
     for (const Tensor& t : tensors) {
@@ -184,15 +205,18 @@ class CpuBackend final : public Backend {
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
+    nchwOnly(g.channels_last, "convolution");
     return cpu::makeConv(g, threads_, dnnl_);
   }
   std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
+    nchwOnly(g.channels_last, "pooling");
     return cpu::makePool(g, threads_);
   }
   std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
     return cpu::makeInnerProduct(g, threads_);
   }
   std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
+    nchwOnly(g.channels_last, "batch norm");
     return cpu::makeBatchNorm(g, threads_);
   }
   std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
@@ -205,7 +229,9 @@ class CpuBackend final : public Backend {
     return cpu::makeAdd(numel, threads_);
   }
   std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
-                                                     std::int64_t spatial) override {
+                                                     std::int64_t spatial,
+                                                     bool channels_last) override {
+    nchwOnly(channels_last, "global average pooling");
     return cpu::makeGlobalAvgPool(n, channels, spatial, threads_);
   }
   std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
@@ -213,6 +239,11 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The CPU's ops compute in NCHW (kernels/ops.h); channels-last is for devices.
+  static void nchwOnly(bool channels_last, const char* op) {
+    TROUPE_ENFORCE(!channels_last, "a channels-last ", op, " on the CPU, whose ops are NCHW");
+  }
+
   int threads_;
   bool updates_finite_ = true;  // since the last updatesFinite()
   DnnlContext dnnl_;

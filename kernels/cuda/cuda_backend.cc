@@ -114,15 +114,15 @@ struct Context {
   }
 };
 
-// A 4-d NCHW tensor descriptor, destroyed with its owner.
+// A 4-d tensor descriptor, NCHW or channels-last NHWC in memory, destroyed with its owner.
 class TensorDesc {
  public:
   TensorDesc(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
-             DType dtype = DType::kFloat32) {
+             DType dtype = DType::kFloat32, bool channels_last = false) {
     TROUPE_CUDA_CHECK(cudnnCreateTensorDescriptor(&d_));
-    TROUPE_CUDA_CHECK(cudnnSetTensor4dDescriptor(d_, CUDNN_TENSOR_NCHW, cudnnType(dtype),
-                                                 static_cast<int>(n), static_cast<int>(c),
-                                                 static_cast<int>(h), static_cast<int>(w)));
+    TROUPE_CUDA_CHECK(cudnnSetTensor4dDescriptor(
+        d_, channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, cudnnType(dtype),
+        static_cast<int>(n), static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
   TensorDesc(const TensorDesc&) = delete;
@@ -210,13 +210,16 @@ class CudaConv final : public ConvOp {
     }
     dtype_ = dtype;
     const ConvGeometry& g = g_;
-    x_ = std::make_unique<TensorDesc>(g.n, g.channels, g.height, g.width, dtype);
-    y_ = std::make_unique<TensorDesc>(g.n, g.out_channels, g.outHeight(), g.outWidth(), dtype);
-    bias_ = std::make_unique<TensorDesc>(1, g.out_channels, 1, 1, dtype);
+    const bool nhwc = g.channels_last;
+    x_ = std::make_unique<TensorDesc>(g.n, g.channels, g.height, g.width, dtype, nhwc);
+    y_ =
+        std::make_unique<TensorDesc>(g.n, g.out_channels, g.outHeight(), g.outWidth(), dtype, nhwc);
+    bias_ = std::make_unique<TensorDesc>(1, g.out_channels, 1, 1, dtype, nhwc);
     TROUPE_CUDA_CHECK(cudnnCreateFilterDescriptor(&w_));
     TROUPE_CUDA_CHECK(cudnnSetFilter4dDescriptor(
-        w_, cudnnType(dtype), CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
-        static_cast<int>(g.channels), static_cast<int>(g.kernel), static_cast<int>(g.kernel)));
+        w_, cudnnType(dtype), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+        static_cast<int>(g.out_channels), static_cast<int>(g.channels), static_cast<int>(g.kernel),
+        static_cast<int>(g.kernel)));
     TROUPE_CUDA_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
     const int pad = static_cast<int>(g.pad), stride = static_cast<int>(g.stride);
     TROUPE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad, pad, stride, stride, 1, 1,
@@ -224,9 +227,17 @@ class CudaConv final : public ConvOp {
     const bool tensor_cores = dtype != DType::kFloat32 || ctx_.options.tf32;
     TROUPE_CUDA_CHECK(
         cudnnSetConvolutionMathType(conv_, tensor_cores ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-    const std::vector<std::int64_t> key{
-        g.n,      g.channels, g.height, g.width,           g.out_channels,
-        g.kernel, g.stride,   g.pad,    ctx_.options.tf32, static_cast<std::int64_t>(dtype)};
+    const std::vector<std::int64_t> key{g.n,
+                                        g.channels,
+                                        g.height,
+                                        g.width,
+                                        g.out_channels,
+                                        g.kernel,
+                                        g.stride,
+                                        g.pad,
+                                        ctx_.options.tf32,
+                                        static_cast<std::int64_t>(dtype),
+                                        g.channels_last};
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
     algos_ = it->second;
@@ -269,9 +280,16 @@ class CudaConv final : public ConvOp {
 class CudaPool final : public PoolOp {
  public:
   CudaPool(Context& ctx, const PoolGeometry& g) : ctx_(ctx) {
-    shape_ = PoolShape{g.n * g.channels, g.height,     g.width,
-                       g.outHeight(),    g.outWidth(), g.kernel,
-                       g.stride,         g.pad,        g.method == PoolMethod::kMax};
+    shape_ = PoolShape{g.n * g.channels,
+                       g.height,
+                       g.width,
+                       g.outHeight(),
+                       g.outWidth(),
+                       g.kernel,
+                       g.stride,
+                       g.pad,
+                       g.method == PoolMethod::kMax,
+                       g.channels_last ? g.channels : 0};
     TROUPE_ENFORCE(shape_.oh > 0 && shape_.ow > 0, "pooling output of ", shape_.oh, "x", shape_.ow);
     if (shape_.max) argmax_ = ctx.empty({shape_.planes * shape_.oh * shape_.ow}, DType::kInt32);
   }
@@ -386,7 +404,7 @@ class CudaBatchNorm final : public BatchNormOp {
       return;
     }
     dtype_ = dtype;
-    x_ = std::make_unique<TensorDesc>(g_.n, g_.channels, g_.spatial, 1, dtype);
+    x_ = std::make_unique<TensorDesc>(g_.n, g_.channels, g_.spatial, 1, dtype, g_.channels_last);
   }
 
   Context& ctx_;
@@ -444,18 +462,21 @@ class CudaAdd final : public AddOp {
 
 class CudaGlobalAvgPool final : public GlobalAvgPoolOp {
  public:
-  CudaGlobalAvgPool(Context& ctx, std::int64_t planes, std::int64_t spatial)
-      : ctx_(ctx), planes_(planes), spatial_(spatial) {}
+  CudaGlobalAvgPool(Context& ctx, std::int64_t planes, std::int64_t spatial,
+                    std::int64_t channels_last)
+      : ctx_(ctx), planes_(planes), spatial_(spatial), channels_last_(channels_last) {}
   void forward(const Tensor& x, const Tensor& y) override {
-    globalAvgPoolForward(x.dtype(), act(x), act(y), planes_, spatial_, ctx_.stream);
+    globalAvgPoolForward(x.dtype(), act(x), act(y), planes_, spatial_, channels_last_, ctx_.stream);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    globalAvgPoolBackward(dy.dtype(), act(dy), act(dx), planes_, spatial_, ctx_.stream);
+    globalAvgPoolBackward(dy.dtype(), act(dy), act(dx), planes_, spatial_, channels_last_,
+                          ctx_.stream);
   }
 
  private:
   Context& ctx_;
   std::int64_t planes_, spatial_;
+  std::int64_t channels_last_;  // the channels when [n, spatial, channels] in memory; else 0
 };
 
 // The kernel records the first bad label; the forward's caller reads the metrics anyway, so the
@@ -622,6 +643,15 @@ class CudaBackend final : public Backend {
     setDevice();
     cuda::cast(src.dtype(), act(src), dst.dtype(), act(dst), src.numel(), ctx_.stream);
   }
+  void transpose(const Tensor& src, const Tensor& dst, std::int64_t batches, std::int64_t rows,
+                 std::int64_t cols) override {
+    TROUPE_ENFORCE(src.numel() == batches * rows * cols && dst.numel() == src.numel(),
+                   "a transpose of ", batches, "x", rows, "x", cols, " from ", src.numel(),
+                   " into ", dst.numel(), " elements");
+    TROUPE_ENFORCE(src.raw() != dst.raw(), "a transpose in place");
+    setDevice();
+    cuda::transpose(src.dtype(), act(src), dst.dtype(), act(dst), batches, rows, cols, ctx_.stream);
+  }
   bool allFinite(const std::vector<Tensor>& tensors) override {
     setDevice();
     TROUPE_CUDA_CHECK(cudaMemsetAsync(flag_.raw(), 0, sizeof(int), ctx_.stream));
@@ -738,8 +768,10 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaAdd>(ctx_, numel);
   }
   std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
-                                                     std::int64_t spatial) override {
-    return std::make_unique<CudaGlobalAvgPool>(ctx_, n * channels, spatial);
+                                                     std::int64_t spatial,
+                                                     bool channels_last) override {
+    return std::make_unique<CudaGlobalAvgPool>(ctx_, n * channels, spatial,
+                                               channels_last ? channels : 0);
   }
   std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
     setDevice();

@@ -173,19 +173,66 @@ __global__ void globalAvgPoolForwardKernel(const T* x, T* y, std::int64_t spatia
   if (threadIdx.x == 0) y[blockIdx.x] = st<T>(s / static_cast<float>(spatial));
 }
 
+// Channels last: one thread per (n, c), neighbouring threads reading neighbouring channels; each
+// sums its spatial positions in order.
 template <typename T>
-__global__ void globalAvgPoolBackwardKernel(const T* dy, T* dx, std::int64_t n,
-                                            std::int64_t spatial) {
-  const float inv = 1.0f / static_cast<float>(spatial);
-  TROUPE_FOR_EACH(i, n) dx[i] = st<T>(ld(dy[i / spatial]) * inv);
+__global__ void globalAvgPoolForwardNhwcKernel(const T* x, T* y, std::int64_t planes,
+                                               std::int64_t spatial, std::int64_t channels) {
+  TROUPE_FOR_EACH(p, planes) {
+    const std::int64_t n = p / channels, c = p % channels;
+    const T* in = x + n * spatial * channels + c;
+    float s = 0.0f;
+    for (std::int64_t q = 0; q < spatial; ++q)
+      s += ld(in[q * channels]);
+    y[p] = st<T>(s / static_cast<float>(spatial));
+  }
 }
 
+// dx[i] = dy[plane of i] / spatial; i is the memory index, NCHW or (channels > 0) NHWC.
+template <typename T>
+__global__ void globalAvgPoolBackwardKernel(const T* dy, T* dx, std::int64_t n,
+                                            std::int64_t spatial, std::int64_t channels) {
+  const float inv = 1.0f / static_cast<float>(spatial);
+  TROUPE_FOR_EACH(i, n) {
+    const std::int64_t plane =
+        channels > 0 ? i / (spatial * channels) * channels + i % channels : i / spatial;
+    dx[i] = st<T>(ld(dy[plane]) * inv);
+  }
+}
+
+// Where element (plane, row, col) of an image of h x w lies in memory, NCHW or NHWC.
+__device__ inline std::int64_t pixelAt(std::int64_t channels_last, std::int64_t plane,
+                                       std::int64_t row, std::int64_t col, std::int64_t h,
+                                       std::int64_t w) {
+  if (channels_last == 0) return (plane * h + row) * w + col;
+  const std::int64_t n = plane / channels_last, c = plane % channels_last;
+  return ((n * h + row) * w + col) * channels_last + c;
+}
+
+// The (plane, row, col) of memory index i of an image of h x w: the inverse of pixelAt, so that
+// neighbouring threads touch neighbouring memory in either layout.
+__device__ inline void pixelOf(std::int64_t channels_last, std::int64_t i, std::int64_t h,
+                               std::int64_t w, std::int64_t& plane, std::int64_t& row,
+                               std::int64_t& col) {
+  if (channels_last == 0) {
+    col = i % w;
+    row = (i / w) % h;
+    plane = i / (w * h);
+    return;
+  }
+  const std::int64_t c = i % channels_last;
+  col = (i / channels_last) % w;
+  row = (i / (channels_last * w)) % h;
+  plane = i / (channels_last * w * h) * channels_last + c;
+}
+
+// argmax[i] holds the within-plane index (row * w + col) of output i's maximum.
 template <typename T>
 __global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* argmax) {
   const std::int64_t n = s.planes * s.oh * s.ow;
   TROUPE_FOR_EACH(i, n) {
-    const std::int64_t ox = i % s.ow, oy = (i / s.ow) % s.oh, plane = i / (s.ow * s.oh);
-    const T* in = x + plane * s.h * s.w;
+    std::int64_t plane, oy, ox;
+    pixelOf(s.channels_last, i, s.oh, s.ow, plane, oy, ox);
     const std::int64_t y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
     const std::int64_t y1 = min(y0 + s.kernel, s.h + s.pad), x1 = min(x0 + s.kernel, s.w + s.pad);
     const std::int64_t ya = max(y0, std::int64_t{0}), yb = min(y1, s.h);
@@ -193,17 +240,19 @@ __global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* a
     if (s.max) {
       float v = -FLT_MAX;
       std::int64_t best = -1;
-      for (std::int64_t iy = ya; iy < yb; ++iy)
-        for (std::int64_t ix = xa; ix < xb; ++ix)
-          if (best < 0 || ld(in[iy * s.w + ix]) > v)
-            v = ld(in[iy * s.w + ix]), best = iy * s.w + ix;
+      for (std::int64_t iy = ya; iy < yb; ++iy) {
+        for (std::int64_t ix = xa; ix < xb; ++ix) {
+          const float u = ld(x[pixelAt(s.channels_last, plane, iy, ix, s.h, s.w)]);
+          if (best < 0 || u > v) v = u, best = iy * s.w + ix;
+        }
+      }
       y[i] = st<T>(v);
       argmax[i] = static_cast<std::int32_t>(best);
     } else {
       float sum = 0.0f;
       for (std::int64_t iy = ya; iy < yb; ++iy)
         for (std::int64_t ix = xa; ix < xb; ++ix)
-          sum += ld(in[iy * s.w + ix]);
+          sum += ld(x[pixelAt(s.channels_last, plane, iy, ix, s.h, s.w)]);
       y[i] = st<T>(sum * (1.0f / static_cast<float>((y1 - y0) * (x1 - x0))));
     }
   }
@@ -214,17 +263,17 @@ template <typename T>
 __global__ void poolBackwardKernel(PoolShape s, const T* dy, const std::int32_t* argmax, T* dx) {
   const std::int64_t n = s.planes * s.h * s.w;
   TROUPE_FOR_EACH(i, n) {
-    const std::int64_t ix = i % s.w, iy = (i / s.w) % s.h, plane = i / (s.w * s.h);
+    std::int64_t plane, iy, ix;
+    pixelOf(s.channels_last, i, s.h, s.w, plane, iy, ix);
     // Windows oy with oy * stride - pad <= iy < oy * stride - pad + kernel.
     const std::int64_t oy_lo = max(std::int64_t{0}, (iy + s.pad - s.kernel + s.stride) / s.stride);
     const std::int64_t oy_hi = min(s.oh - 1, (iy + s.pad) / s.stride);
     const std::int64_t ox_lo = max(std::int64_t{0}, (ix + s.pad - s.kernel + s.stride) / s.stride);
     const std::int64_t ox_hi = min(s.ow - 1, (ix + s.pad) / s.stride);
-    const std::int64_t base = plane * s.oh * s.ow;
     float sum = 0.0f;
     for (std::int64_t oy = oy_lo; oy <= oy_hi; ++oy) {
       for (std::int64_t ox = ox_lo; ox <= ox_hi; ++ox) {
-        const std::int64_t o = base + oy * s.ow + ox;
+        const std::int64_t o = pixelAt(s.channels_last, plane, oy, ox, s.oh, s.ow);
         if (s.max) {
           if (argmax[o] == iy * s.w + ix) sum += ld(dy[o]);
         } else {
@@ -236,6 +285,16 @@ __global__ void poolBackwardKernel(PoolShape s, const T* dy, const std::int32_t*
       }
     }
     dx[i] = st<T>(sum);
+  }
+}
+
+// out[b][j][i] = in[b][i][j]: one thread per output element, writes in order.
+template <typename From, typename To>
+__global__ void transposeKernel(const From* in, To* out, std::int64_t n, std::int64_t rows,
+                                std::int64_t cols) {
+  TROUPE_FOR_EACH(o, n) {
+    const std::int64_t i = o % rows, j = (o / rows) % cols, b = o / (rows * cols);
+    out[o] = st<To>(ld(in[(b * rows + i) * cols + j]));
   }
 }
 
@@ -443,20 +502,38 @@ void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStr
   }
 }
 void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,
-                          std::int64_t spatial, cudaStream_t stream) {
-  if (planes > 0) {
+                          std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream) {
+  if (planes <= 0) return;
+  if (channels_last > 0) {
     TROUPE_TYPED(t,
-                 globalAvgPoolForwardKernel<<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(
-                     static_cast<const T*>(x), static_cast<T*>(y), spatial));
+                 globalAvgPoolForwardNhwcKernel<<<blocksFor(planes), kThreads, 0, stream>>>(
+                     static_cast<const T*>(x), static_cast<T*>(y), planes, spatial, channels_last));
+    return;
   }
+  TROUPE_TYPED(t,
+               globalAvgPoolForwardKernel<<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(
+                   static_cast<const T*>(x), static_cast<T*>(y), spatial));
 }
 void globalAvgPoolBackward(DType t, const void* dy, void* dx, std::int64_t planes,
-                           std::int64_t spatial, cudaStream_t stream) {
+                           std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream) {
   const std::int64_t n = planes * spatial;
   if (n > 0) {
     TROUPE_TYPED(t, globalAvgPoolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(dy), static_cast<T*>(dx), n, spatial));
+                        static_cast<const T*>(dy), static_cast<T*>(dx), n, spatial, channels_last));
   }
+}
+void transpose(DType from, const void* in, DType to, void* out, std::int64_t batches,
+               std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
+  const std::int64_t n = batches * rows * cols;
+  if (n <= 0) return;
+  dispatch(from, [&](auto a) {
+    using From = decltype(a);
+    dispatch(to, [&](auto b) {
+      using To = decltype(b);
+      transposeKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
+                                                             static_cast<To*>(out), n, rows, cols);
+    });
+  });
 }
 void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
                  cudaStream_t stream) {

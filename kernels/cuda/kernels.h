@@ -20,6 +20,9 @@ void axpy(DType t, float alpha, const void* x, void* y, std::int64_t n, cudaStre
 void scale(DType t, void* p, float alpha, std::int64_t n, cudaStream_t stream);
 // out = in converted, rounding to nearest even.
 void cast(DType from, const void* in, DType to, void* out, std::int64_t n, cudaStream_t stream);
+// out[b][j][i] = in[b][i][j] converted (Backend::transpose).
+void transpose(DType from, const void* in, DType to, void* out, std::int64_t batches,
+               std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 // *bad (device) becomes 1 if an element is inf or NaN, and is left alone otherwise.
 void nonFinite(const float* p, std::int64_t n, int* bad, cudaStream_t stream);
 // Backend::normalise over `planes` planes of `plane` bytes, plane p of channel p % channels; each
@@ -46,16 +49,19 @@ void multiply(DType t, const void* a, const float* b, void* y, std::int64_t n, c
 void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream);
 
 // y[p] = mean of x's plane p (planes of `spatial` values); the backward spreads dy[p] / spatial.
+// channels_last > 0: x is [n, spatial, channels_last] in memory (plane p = n * C + c).
 void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,
-                          std::int64_t spatial, cudaStream_t stream);
+                          std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream);
 void globalAvgPoolBackward(DType t, const void* dy, void* dx, std::int64_t planes,
-                           std::int64_t spatial, cudaStream_t stream);
+                           std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream);
 
 // Caffe's pooling over planes of h x w into oh x ow (kernels/ops.h, PoolGeometry); max pooling
-// records each window's arg max (within its plane) for the backward.
+// records each window's arg max (within its plane) for the backward. channels_last > 0: x and y
+// are NHWC in memory with that many channels (planes = n * channels).
 struct PoolShape {
   std::int64_t planes, h, w, oh, ow, kernel, stride, pad;
   bool max;
+  std::int64_t channels_last;
 };
 void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
                  cudaStream_t stream);

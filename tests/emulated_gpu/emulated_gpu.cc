@@ -266,8 +266,28 @@ void widened(Fn&& fn, const Tensors&... tensors) {
     w.narrowBack();
 }
 
+// dst[b][j][i] = src[b][i][j], float32 host tensors.
+void hostTranspose(const Tensor& src, const Tensor& dst, std::int64_t batches, std::int64_t rows,
+                   std::int64_t cols) {
+  const float* in = src.f32();
+  float* out = dst.f32();
+  for (std::int64_t b = 0; b < batches; ++b)
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j)
+        out[(b * cols + j) * rows + i] = in[(b * rows + i) * cols + j];
+}
+
+// An argument of a channels-last op: an image tensor [n, c, s] that is [n, s, c] in memory (a
+// filter [out, in, k k] that is [out, k k, in] likewise), and whether the op writes it. n 0: no
+// image (a bias, a batch norm's scale).
+struct Nhwc {
+  std::int64_t n = 0, c = 0, s = 0;
+  bool out = false;
+};
+
 // Each op of the CPU backend, its calls queued on the stream with host views of their tensors
-// (float32 copies of reduced-precision ones).
+// (float32 copies of reduced-precision ones). A channels-last op's images go to the CPU's NCHW op
+// as NCHW copies, and what it writes comes back to NHWC.
 template <typename Op>
 class Queued {
  public:
@@ -275,6 +295,40 @@ class Queued {
       : stream_(std::move(stream)), op_(std::move(op)) {}
 
  protected:
+  template <typename Call, typename... Tensors>
+  void queueNhwc(Call call, std::vector<Nhwc> layout, const Tensors&... tensors) {
+    constexpr std::size_t kCount = sizeof...(Tensors);
+    stream_->enqueue([op = op_, call, layout, views = std::make_tuple(hostView(tensors)...)] {
+      std::apply(
+          [&](const auto&... t) {
+            widened(
+                [&](const auto&... w) {
+                  const std::array<Tensor, kCount> given{w...};
+                  std::array<Tensor, kCount> nchw = given;
+                  for (std::size_t k = 0; k < kCount; ++k) {
+                    const Nhwc& l = layout[k];
+                    if (l.n == 0 || given[k].raw() == nullptr) continue;
+                    nchw[k] = Tensor::hostUninitialized(given[k].shape());
+                    hostTranspose(given[k], nchw[k], l.n, l.s, l.c);
+                  }
+                  callWith(call, *op, nchw, std::make_index_sequence<kCount>{});
+                  for (std::size_t k = 0; k < kCount; ++k) {
+                    const Nhwc& l = layout[k];
+                    if (l.n == 0 || !l.out || given[k].raw() == nullptr) continue;
+                    hostTranspose(nchw[k], given[k], l.n, l.c, l.s);
+                  }
+                },
+                t...);
+          },
+          views);
+    });
+  }
+  template <typename Call, std::size_t N, std::size_t... I>
+  static void callWith(Call& call, Op& op, const std::array<Tensor, N>& args,
+                       std::index_sequence<I...>) {
+    call(op, args[I]...);
+  }
+
   template <typename Call, typename... Tensors>
   void queue(Call call, const Tensors&... tensors) {
     stream_->enqueue([op = op_, call, views = std::make_tuple(hostView(tensors)...)]() mutable {
@@ -289,25 +343,60 @@ class Queued {
 
 class Conv final : public ConvOp, Queued<ConvOp> {
  public:
-  using Queued::Queued;
+  Conv(std::shared_ptr<Stream> stream, Backend& cpu, const ConvGeometry& g)
+      : Queued(std::move(stream), cpu.makeConv(nchw(g))), g_(g) {}
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
-    queue([](ConvOp& op, auto&... t) { op.forward(t...); }, x, w, b, y);
+    auto call = [](ConvOp& op, auto&... t) { op.forward(t...); };
+    if (!g_.channels_last) return queue(call, x, w, b, y);
+    queueNhwc(call, {in(), filter(), {}, out(true)}, x, w, b, y);
   }
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
-    queue([](ConvOp& op, auto&... t) { op.backward(t...); }, x, w, dy, dx, dw, db);
+    auto call = [](ConvOp& op, auto&... t) { op.backward(t...); };
+    if (!g_.channels_last) return queue(call, x, w, dy, dx, dw, db);
+    Nhwc dx_layout = in(), dw_layout = filter();
+    dx_layout.out = dw_layout.out = true;
+    queueNhwc(call, {in(), filter(), out(false), dx_layout, dw_layout, {}}, x, w, dy, dx, dw, db);
   }
+
+ private:
+  static ConvGeometry nchw(ConvGeometry g) {
+    g.channels_last = false;
+    return g;
+  }
+  Nhwc in() const { return {g_.n, g_.channels, g_.height * g_.width, false}; }
+  Nhwc out(bool written) const {
+    return {g_.n, g_.out_channels, g_.outHeight() * g_.outWidth(), written};
+  }
+  Nhwc filter() const { return {g_.out_channels, g_.channels, g_.kernel * g_.kernel, false}; }
+  ConvGeometry g_;
 };
 
 class Pool final : public PoolOp, Queued<PoolOp> {
  public:
-  using Queued::Queued;
+  Pool(std::shared_ptr<Stream> stream, Backend& cpu, const PoolGeometry& g)
+      : Queued(std::move(stream), cpu.makePool(nchw(g))), g_(g) {}
   void forward(const Tensor& x, const Tensor& y) override {
-    queue([](PoolOp& op, auto&... t) { op.forward(t...); }, x, y);
+    auto call = [](PoolOp& op, auto&... t) { op.forward(t...); };
+    if (!g_.channels_last) return queue(call, x, y);
+    queueNhwc(call, {in(false), out(true)}, x, y);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    queue([](PoolOp& op, auto&... t) { op.backward(t...); }, dy, dx);
+    auto call = [](PoolOp& op, auto&... t) { op.backward(t...); };
+    if (!g_.channels_last) return queue(call, dy, dx);
+    queueNhwc(call, {out(false), in(true)}, dy, dx);
   }
+
+ private:
+  static PoolGeometry nchw(PoolGeometry g) {
+    g.channels_last = false;
+    return g;
+  }
+  Nhwc in(bool written) const { return {g_.n, g_.channels, g_.height * g_.width, written}; }
+  Nhwc out(bool written) const {
+    return {g_.n, g_.channels, g_.outHeight() * g_.outWidth(), written};
+  }
+  PoolGeometry g_;
 };
 
 class InnerProduct final : public InnerProductOp, Queued<InnerProductOp> {
@@ -324,16 +413,30 @@ class InnerProduct final : public InnerProductOp, Queued<InnerProductOp> {
 
 class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
  public:
-  using Queued::Queued;
+  BatchNorm(std::shared_ptr<Stream> stream, Backend& cpu, const BatchNormGeometry& g)
+      : Queued(std::move(stream), cpu.makeBatchNorm(nchw(g))), g_(g) {}
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
-    queue([train](BatchNormOp& op, auto&... t) { op.forward(t..., train); }, x, gamma, beta,
-          running_mean, running_var, y);
+    auto call = [train](BatchNormOp& op, auto&... t) { op.forward(t..., train); };
+    if (!g_.channels_last) return queue(call, x, gamma, beta, running_mean, running_var, y);
+    queueNhwc(call, {image(false), {}, {}, {}, {}, image(true)}, x, gamma, beta, running_mean,
+              running_var, y);
   }
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
                 const Tensor& dgamma, const Tensor& dbeta) override {
-    queue([](BatchNormOp& op, auto&... t) { op.backward(t...); }, x, gamma, dy, dx, dgamma, dbeta);
+    auto call = [](BatchNormOp& op, auto&... t) { op.backward(t...); };
+    if (!g_.channels_last) return queue(call, x, gamma, dy, dx, dgamma, dbeta);
+    queueNhwc(call, {image(false), {}, image(false), image(true), {}, {}}, x, gamma, dy, dx, dgamma,
+              dbeta);
   }
+
+ private:
+  static BatchNormGeometry nchw(BatchNormGeometry g) {
+    g.channels_last = false;
+    return g;
+  }
+  Nhwc image(bool written) const { return {g_.n, g_.channels, g_.spatial, written}; }
+  BatchNormGeometry g_;
 };
 
 class Relu final : public ReluOp, Queued<ReluOp> {
@@ -368,13 +471,23 @@ class Add final : public AddOp, Queued<AddOp> {
 
 class GlobalAvgPool final : public GlobalAvgPoolOp, Queued<GlobalAvgPoolOp> {
  public:
-  using Queued::Queued;
+  GlobalAvgPool(std::shared_ptr<Stream> stream, std::unique_ptr<GlobalAvgPoolOp> op, Nhwc layout)
+      : Queued(std::move(stream), std::move(op)), layout_(layout) {}
   void forward(const Tensor& x, const Tensor& y) override {
-    queue([](GlobalAvgPoolOp& op, auto&... t) { op.forward(t...); }, x, y);
+    auto call = [](GlobalAvgPoolOp& op, auto&... t) { op.forward(t...); };
+    if (layout_.n == 0) return queue(call, x, y);
+    queueNhwc(call, {layout_, {}}, x, y);
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
-    queue([](GlobalAvgPoolOp& op, auto&... t) { op.backward(t...); }, dy, dx);
+    auto call = [](GlobalAvgPoolOp& op, auto&... t) { op.backward(t...); };
+    if (layout_.n == 0) return queue(call, dy, dx);
+    Nhwc written = layout_;
+    written.out = true;
+    queueNhwc(call, {{}, written}, dy, dx);
   }
+
+ private:
+  Nhwc layout_;  // of the input, when channels last
 };
 
 // A bad label fails the forward on the stream: thrown at the next host wait, as the CUDA op's.
@@ -453,6 +566,12 @@ class EmulatedBackend final : public Backend {
     stream_->enqueue(
         [cpu = cpu_, from = hostView(src), to = hostView(dst)] { cpu->cast(from, to); });
   }
+  void transpose(const Tensor& src, const Tensor& dst, std::int64_t batches, std::int64_t rows,
+                 std::int64_t cols) override {
+    stream_->enqueue([=, cpu = cpu_, from = hostView(src), to = hostView(dst)] {
+      cpu->transpose(from, to, batches, rows, cols);
+    });
+  }
   bool allFinite(const std::vector<Tensor>& tensors) override {
     auto finite = std::make_shared<bool>(true);
     std::vector<Tensor> views;
@@ -520,16 +639,16 @@ class EmulatedBackend final : public Backend {
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
-    return std::make_unique<Conv>(stream_, cpu_->makeConv(g));
+    return std::make_unique<Conv>(stream_, *cpu_, g);
   }
   std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
-    return std::make_unique<Pool>(stream_, cpu_->makePool(g));
+    return std::make_unique<Pool>(stream_, *cpu_, g);
   }
   std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
     return std::make_unique<InnerProduct>(stream_, cpu_->makeInnerProduct(g));
   }
   std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
-    return std::make_unique<BatchNorm>(stream_, cpu_->makeBatchNorm(g));
+    return std::make_unique<BatchNorm>(stream_, *cpu_, g);
   }
   std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
     return std::make_unique<Relu>(stream_, cpu_->makeRelu(numel));
@@ -541,8 +660,11 @@ class EmulatedBackend final : public Backend {
     return std::make_unique<Add>(stream_, cpu_->makeAdd(numel));
   }
   std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
-                                                     std::int64_t spatial) override {
-    return std::make_unique<GlobalAvgPool>(stream_, cpu_->makeGlobalAvgPool(n, channels, spatial));
+                                                     std::int64_t spatial,
+                                                     bool channels_last) override {
+    return std::make_unique<GlobalAvgPool>(
+        stream_, cpu_->makeGlobalAvgPool(n, channels, spatial),
+        channels_last ? Nhwc{n, channels, spatial, false} : Nhwc{});
   }
   std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
     return std::make_unique<SoftmaxLoss>(stream_, cpu_->makeSoftmaxLoss(n, classes));
