@@ -357,6 +357,10 @@ std::vector<Key> buildTable() {
                       "on GPUs, convolutions and matrix products in TensorFloat-32 (10-bit "
                       "mantissa products, fp32 sums: PyTorch's allow_tf32); off, float32 is IEEE "
                       "float32 as on the CPU"),
+      TROUPE_BOOL_KEY("cudnn_deterministic", cudnn_deterministic,
+                      "on GPUs, convolutions only with cuDNN's deterministic algorithms, so that a "
+                      "run repeats to the bit (PyTorch's cudnn.deterministic); off, the fastest "
+                      "measured (cudnn.benchmark)"),
       TROUPE_CHOICE_KEY("precision", precision,
                         "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
                         "and matrix products in 16 bits, accumulating in fp32; float32 weights, "

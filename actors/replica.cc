@@ -47,8 +47,9 @@ class Replica final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeBackend(config_.device, config_.threads,
-                                    kernels::CudaOptions{.tf32 = config_.tf32});
+    backend_ = kernels::makeBackend(
+        config_.device, config_.threads,
+        kernels::CudaOptions{.tf32 = config_.tf32, .deterministic = config_.cudnn_deterministic});
     if (config_.device.kind != kernels::DeviceKind::kCpu) {
       copier_ = kernels::makeBackend(config_.device, 1);
     }

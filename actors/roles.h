@@ -142,8 +142,9 @@ struct ReplicaConfig {
   int worker = 0;                    // this process's rank, for errors
   std::int64_t steps_per_epoch = 0;  // for errors: the epoch of a step
   kernels::NetOptions net;
-  kernels::Device device;  // where its net lives and computes (the run's plan says)
-  bool tf32 = false;       // on a GPU (kernels::CudaOptions::tf32)
+  kernels::Device device;            // where its net lives and computes (the run's plan says)
+  bool tf32 = false;                 // on a GPU (kernels::CudaOptions::tf32)
+  bool cudnn_deterministic = false;  // on a GPU (kernels::CudaOptions::deterministic)
   // Where the receiver of its buckets computes: a bucket is copied to the host first when that is
   // the CPU and the replica is on a device (MXNet's `local`: gradients are summed on the CPU).
   kernels::Device reduce_on;

@@ -418,6 +418,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.net = net;
     replica.device = p.devices.replicas[r];
     replica.tf32 = o.tf32;
+    replica.cudnn_deterministic = o.cudnn_deterministic;
     replica.threads = std::max(1, threads / o.replicas);
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.

@@ -86,6 +86,9 @@ struct TrainOptions {
   // On GPUs, convolutions and matrix products in TensorFloat-32 (PyTorch's allow_tf32, Caffe2's
   // --enable_tensor_core); off, fp32 ops compute in IEEE fp32, as the CPU does.
   bool tf32 = false;
+  // On GPUs, convolutions only with cuDNN's deterministic algorithms, so that a run repeats to the
+  // bit (PyTorch's torch.backends.cudnn.deterministic); off, the fastest measured.
+  bool cudnn_deterministic = false;
   // Mixed precision on GPUs (kernels::NetOptions::precision): fp32, fp16 or bf16 activations and
   // convolution/matrix arithmetic, float32 master weights, gradients and updates.
   std::string precision = "fp32";

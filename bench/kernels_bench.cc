@@ -6,7 +6,7 @@
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
-//                        [--channels-last]
+//                        [--channels-last] [--deterministic]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
 // test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
@@ -222,6 +222,8 @@ int main(int argc, char** argv) {
       device = next();
     else if (arg == "--tf32")
       cuda.tf32 = true;
+    else if (arg == "--deterministic")
+      cuda.deterministic = true;
     else if (arg == "--channels-last")
       channels_last = true;
     else if (arg == "--precision") {

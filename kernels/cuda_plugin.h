@@ -45,6 +45,9 @@ struct CudaOptions {
   // TensorFloat-32 in convolutions and matrix products (faster, 10-bit mantissa products). Off:
   // fp32 ops compute in IEEE fp32, as the CPU backend does.
   bool tf32 = false;
+  // Convolutions only with cuDNN's deterministic algorithms, so that a run repeats to the bit
+  // (PyTorch's torch.backends.cudnn.deterministic); off, the fastest measured, as cudnn.benchmark.
+  bool deterministic = false;
 };
 
 // What the plugin knows, loading it on the first call (thread-safe; never throws).
@@ -64,7 +67,7 @@ Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
 
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
-  static constexpr int kAbi = 5;  // bumped whenever this struct or Backend changes
+  static constexpr int kAbi = 6;  // bumped whenever this struct or Backend changes
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;

@@ -141,14 +141,14 @@ struct ConvAlgos {
   std::size_t workspace = 0;
 };
 
-// The fastest deterministic algorithm that ran, else the fastest that ran: a run repeats to the
-// bit where cuDNN offers a deterministic algorithm of the shape.
+// The fastest algorithm that ran; with `deterministic` (CudaOptions), the fastest deterministic
+// one, else the fastest: a run repeats to the bit where cuDNN offers a deterministic algorithm.
 template <typename Perf>
-const Perf& pickAlgo(const Perf* perf, int count, const char* what) {
+const Perf& pickAlgo(const Perf* perf, int count, const char* what, bool deterministic) {
   const Perf* any = nullptr;
   for (int i = 0; i < count; ++i) {  // sorted by time
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
-    if (perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
+    if (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
     if (!any) any = &perf[i];
   }
   if (!any) throw Error(std::string("cuDNN has no ") + what + " algorithm for this convolution");
@@ -237,7 +237,8 @@ class CudaConv final : public ConvOp {
                                         g.pad,
                                         ctx_.options.tf32,
                                         static_cast<std::int64_t>(dtype),
-                                        g.channels_last};
+                                        g.channels_last,
+                                        ctx_.options.deterministic};
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
     algos_ = it->second;
@@ -251,15 +252,16 @@ class CudaConv final : public ConvOp {
     cudnnConvolutionFwdAlgoPerf_t fwd[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_->get(), w_, conv_,
                                                            y_->get(), kMax, &count, fwd));
-    const auto& f = pickAlgo(fwd, count, "forward");
+    const bool deterministic = ctx_.options.deterministic;
+    const auto& f = pickAlgo(fwd, count, "forward", deterministic);
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_->get(), conv_,
                                                                 x_->get(), kMax, &count, data));
-    const auto& d = pickAlgo(data, count, "backward-data");
+    const auto& d = pickAlgo(data, count, "backward-data", deterministic);
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_->get(), y_->get(),
                                                                   conv_, w_, kMax, &count, filter));
-    const auto& b = pickAlgo(filter, count, "backward-filter");
+    const auto& b = pickAlgo(filter, count, "backward-filter", deterministic);
     a.fwd = f.algo;
     a.bwd_data = d.algo;
     a.bwd_filter = b.algo;
@@ -320,9 +322,15 @@ void gemm(Context& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n
   const cudaDataType_t type = cublasType(c.dtype());
   TROUPE_ENFORCE(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "a product of ",
                  toString(a.dtype()), " and ", toString(b.dtype()), " into ", toString(c.dtype()));
-  TROUPE_CUDA_CHECK(cublasGemmEx(ctx.cublas, ta, tb, m, n, k, &kOne, a.raw(), type, lda, b.raw(),
-                                 type, ldb, &kZero, c.raw(), type, ldc, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
+  // The handle's pedantic mode (float32 without TF32) may keep 16-bit products off the tensor
+  // cores; their float accumulation is the same either way.
+  TROUPE_CUDA_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
+  const cublasStatus_t status =
+      cublasGemmEx(ctx.cublas, ta, tb, m, n, k, &kOne, a.raw(), type, lda, b.raw(), type, ldb,
+                   &kZero, c.raw(), type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  TROUPE_CUDA_CHECK(cublasSetMathMode(
+      ctx.cublas, ctx.options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  TROUPE_CUDA_CHECK(status);
 }
 
 // y[n, out] = x[n, in] w[out, in]^T + b, in cuBLAS's column-major terms (row-major x is x^T).
