@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -484,30 +485,58 @@ TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
   expectNear("fc db", fdb, gfdb);
 }
 
-// Batch norm reads and writes the reduced type; its scale, shift and statistics stay float32.
+// Batch norm reads and writes the reduced type, NCHW or channels last; its scale, shift and
+// statistics stay float32. Each way: cuDNN's own, and the wide way (float32 NCHW copies, forced by
+// $TROUPE_CUDA_WIDE_BATCH_NORM) that the op takes where cuDNN refuses a type or a layout.
 TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
-  const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
-  const Shape xs{g.n, g.channels, g.spatial};
-  const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
-               beta = randomHost({5}, 51), dy = rounded(randomHost(xs, 52));
-  Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
-  cpu_->fill(rv, 1.0f);
-  Tensor grm = up(rm), grv = up(rv);
-  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
-         dbeta = Tensor::host({5});
-  auto c = cpu_->makeBatchNorm(g);
-  c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
-  c->backward(x, gamma, dy, dx, dg, dbeta);
-  auto d = gpu_->makeBatchNorm(g);
-  const Tensor gx = upReduced(x), ggamma = up(gamma), gdy = upReduced(dy);
-  Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
-  d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
-  d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
-  expectNear("y", y, gy);
-  expectNear("dx", dx, gdx);
-  expectClose("running mean", rm, grm, tolerance());
-  expectClose("dgamma", dg, gdg, tolerance());
-  expectClose("dbeta", dbeta, gdbeta, tolerance());
+  for (const bool wide : {false, true}) {
+    for (const bool channels_last : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "wide " << wide << " channels_last " << channels_last);
+      if (wide) {
+        setenv("TROUPE_CUDA_WIDE_BATCH_NORM", "1", 1);
+      } else {
+        unsetenv("TROUPE_CUDA_WIDE_BATCH_NORM");
+      }
+      BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+      const Shape xs{g.n, g.channels, g.spatial};
+      const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
+                   beta = randomHost({5}, 51), dy = rounded(randomHost(xs, 52));
+      Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+      cpu_->fill(rv, 1.0f);
+      Tensor grm = up(rm), grv = up(rv);
+      Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
+             dbeta = Tensor::host({5});
+      auto c = cpu_->makeBatchNorm(g);
+      c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
+      c->backward(x, gamma, dy, dx, dg, dbeta);
+      g.channels_last = channels_last;
+      auto d = gpu_->makeBatchNorm(g);
+      // The GPU's images in its layout: channels last is [n][spatial][c] in memory.
+      auto layout = [&](const Tensor& nchw) {
+        if (!channels_last) return upReduced(nchw);
+        Tensor t = Tensor::host(nchw.shape());
+        cpu_->transpose(nchw, t, 8, 5, 36);
+        return upReduced(t);
+      };
+      auto nchwOf = [&](const Tensor& gpu) {
+        const Tensor t = downWide(gpu);
+        if (!channels_last) return t;
+        Tensor out = Tensor::host(t.shape());
+        cpu_->transpose(t, out, 8, 36, 5);
+        return out;
+      };
+      const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
+      Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
+      d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
+      d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
+      expectClose("y", y, nchwOf(gy), tolerance());
+      expectClose("dx", dx, nchwOf(gdx), tolerance());
+      expectClose("running mean", rm, grm, tolerance());
+      expectClose("dgamma", dg, gdg, tolerance());
+      expectClose("dbeta", dbeta, gdbeta, tolerance());
+    }
+  }
+  unsetenv("TROUPE_CUDA_WIDE_BATCH_NORM");
 }
 
 TEST_P(CudaReducedOps, PoolingElementwiseAndTheLoss) {

@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -359,37 +360,45 @@ class CudaInnerProduct final : public InnerProductOp {
 
 // cuDNN's spatial batch norm: the batch's biased variance to normalise, the unbiased one into the
 // running variance, as PyTorch (kernels/ops.h). x, y and their gradients may be float16 or
-// bfloat16; the scale, shift and statistics are float32 (cuDNN's rule, and PyTorch's under
-// autocast).
+// bfloat16, and channels last; the scale, shift and statistics are float32 (cuDNN's rule, and
+// PyTorch's under autocast). Where cuDNN's batch norm refuses the type or the layout, the op goes
+// "wide" for good: its images to float32 NCHW copies, cuDNN's float32 batch norm, and back (three
+// more passes over the images; $TROUPE_CUDA_WIDE_BATCH_NORM=1 forces it, for the tests).
 class CudaBatchNorm final : public BatchNormOp {
  public:
   CudaBatchNorm(Context& ctx, const BatchNormGeometry& g)
       : ctx_(ctx),
         g_(g),
         param_(1, g.channels, 1, 1),
+        wide_desc_(g.n, g.channels, g.spatial, 1),
         mean_(ctx.empty({g.channels}, DType::kFloat32)),
         invstd_(ctx.empty({g.channels}, DType::kFloat32)) {
     if (g.eps < CUDNN_BN_MIN_EPSILON) {
       throw InputError("batch norm eps " + std::to_string(g.eps) + " is below cuDNN's minimum " +
                        std::to_string(CUDNN_BN_MIN_EPSILON));
     }
+    const char* forced = std::getenv("TROUPE_CUDA_WIDE_BATCH_NORM");
+    wide_ = forced && std::string(forced) == "1";
   }
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
     prepare(x.dtype());
     act(x);
     act(y);
-    if (train) {
-      TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
-          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_->get(), x.raw(), x_->get(),
-          y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum, running_mean.raw(),
-          running_var.raw(), g_.eps, mean_.raw(), invstd_.raw()));
-    } else {
-      TROUPE_CUDA_CHECK(cudnnBatchNormalizationForwardInference(
-          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, x_->get(), x.raw(), x_->get(),
-          y.raw(), param_.get(), f32(gamma), f32(beta), running_mean.raw(), running_var.raw(),
-          g_.eps));
-    }
+    auto call = [&](cudnnTensorDescriptor_t d, const void* in, void* out) {
+      return train ? cudnnBatchNormalizationForwardTraining(
+                         ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d, in, d, out,
+                         param_.get(), f32(gamma), f32(beta), g_.momentum, running_mean.raw(),
+                         running_var.raw(), g_.eps, mean_.raw(), invstd_.raw())
+                   : cudnnBatchNormalizationForwardInference(
+                         ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d, in, d, out,
+                         param_.get(), f32(gamma), f32(beta), running_mean.raw(), running_var.raw(),
+                         g_.eps);
+    };
+    if (!wide_ && !refused(call(x_->get(), x.raw(), y.raw()))) return;
+    const Tensor wx = widened(x), wy = ctx_.empty(x.shape(), DType::kFloat32);
+    TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wy.raw()));
+    narrow(wy, y);
   }
   void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
                 const Tensor& dgamma, const Tensor& dbeta) override {
@@ -398,10 +407,15 @@ class CudaBatchNorm final : public BatchNormOp {
     const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
     const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
     const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
-    TROUPE_CUDA_CHECK(cudnnBatchNormalizationBackward(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, x_->get(), act(x),
-        x_->get(), act(dy), x_->get(), act(dx_out), param_.get(), f32(gamma), f32(dg), f32(dbt),
-        g_.eps, mean_.raw(), invstd_.raw()));
+    auto call = [&](cudnnTensorDescriptor_t d, const void* in, const void* grad, void* out) {
+      return cudnnBatchNormalizationBackward(
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, d, in, d, grad, d, out,
+          param_.get(), f32(gamma), f32(dg), f32(dbt), g_.eps, mean_.raw(), invstd_.raw());
+    };
+    if (!wide_ && !refused(call(x_->get(), act(x), act(dy), act(dx_out)))) return;
+    const Tensor wx = widened(x), wdy = widened(dy), wdx = ctx_.empty(x.shape(), DType::kFloat32);
+    TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wdy.raw(), wdx.raw()));
+    narrow(wdx, dx_out);
   }
 
  private:
@@ -413,13 +427,44 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     dtype_ = dtype;
     x_ = std::make_unique<TensorDesc>(g_.n, g_.channels, g_.spatial, 1, dtype, g_.channels_last);
+    if (dtype == DType::kFloat32 && !g_.channels_last) wide_ = false;  // nothing wider
+  }
+  // Whether cuDNN refused this type or layout (the op then goes wide for good); else checks.
+  bool refused(cudnnStatus_t status) {
+    const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
+    if (widenable && (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM)) {
+      wide_ = true;
+      return true;
+    }
+    TROUPE_CUDA_CHECK(status);
+    return false;
+  }
+  // [n, C, spatial] of the op's type and layout as float32 NCHW, and back.
+  Tensor widened(const Tensor& t) {
+    const Tensor w = ctx_.empty(t.shape(), DType::kFloat32);
+    if (g_.channels_last) {
+      transpose(t.dtype(), t.raw(), DType::kFloat32, w.raw(), g_.n, g_.spatial, g_.channels,
+                ctx_.stream);
+    } else {
+      cast(t.dtype(), t.raw(), DType::kFloat32, w.raw(), t.numel(), ctx_.stream);
+    }
+    return w;
+  }
+  void narrow(const Tensor& wide, const Tensor& t) {
+    if (g_.channels_last) {
+      transpose(DType::kFloat32, wide.raw(), t.dtype(), t.raw(), g_.n, g_.channels, g_.spatial,
+                ctx_.stream);
+    } else {
+      cast(DType::kFloat32, wide.raw(), t.dtype(), t.raw(), t.numel(), ctx_.stream);
+    }
   }
 
   Context& ctx_;
   BatchNormGeometry g_;
   DType dtype_ = DType::kFloat32;
-  std::unique_ptr<TensorDesc> x_;  // of the tensors' type, made on the first call
-  TensorDesc param_;
+  std::unique_ptr<TensorDesc> x_;  // of the tensors' type and layout, made on the first call
+  TensorDesc param_, wide_desc_;   // wide_desc_: float32 NCHW, for the wide way
+  bool wide_ = false;
   Tensor mean_, invstd_;  // of the last training forward, for the backward
 };
 
