@@ -42,6 +42,7 @@ struct Plan {
   std::vector<kernels::LayerInfo> layers;
   std::int64_t num_params = 0;
   std::int64_t num_buffers = 0;
+  kernels::NetMemory memory;   // of the net at batch 1 in float32
   bool channels_last = false;  // GPU replicas keep images NHWC (memory_format)
   std::string resumed_from;
   bool finished = false;  // the checkpoint resumed from holds the run's last step
@@ -85,6 +86,7 @@ Plan plan(const actors::TrainOptions& o) {
   p.layers = model->layers();
   p.num_params = model->numParams();
   p.num_buffers = model->buffers().numel();
+  p.memory = model->memory();
   p.channels_last = actors::channelsLastOf(o, model->channelsLastMisfit());
 
   const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
@@ -358,6 +360,17 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("precision", actors::describePrecision(o, p.channels_last));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
+  {
+    // Linear in the batch, and in the element size of the replica's precision.
+    const std::int64_t batch = *std::max_element(p.shares.begin(), p.shares.end());
+    const double scale = static_cast<double>(batch) *
+                         (actors::precisionOf(o) == kernels::DType::kFloat32 ? 1.0 : 0.5) /
+                         (1 << 20);
+    row("memory", fmt::format("activations {:.1f} MiB and their gradients {:.1f} MiB a replica "
+                              "(batch {})",
+                              static_cast<double>(p.memory.activations) * scale,
+                              static_cast<double>(p.memory.gradients) * scale, batch));
+  }
   row("threads", fmt::format("{} per process", p.threads));
   const std::int64_t steps = p.steps.last_step - p.steps.first_step;
   row("steps", fmt::format("{} per epoch x {} epochs = {}", p.steps.steps_per_epoch, o.num_epochs,

@@ -18,7 +18,9 @@ namespace {
 struct Blob {
   Shape shape;  // per sample
   std::int64_t per = 0;
-  Tensor data, diff;  // [max_batch * per]; the input blob has none (it is the caller's images)
+  // data: [max_batch * per]; the input blob has none (it is the caller's images). diff: at least
+  // that, shared with blobs whose gradients live at other times (NetImpl::assignDiffs).
+  Tensor data, diff;
   bool needs_diff = true;
 };
 
@@ -510,9 +512,9 @@ class NetImpl final : public Net, private LayerContext {
     for (std::size_t b = 1; b < g_.blobs.size(); ++b) {
       Blob& blob = g_.blobs[b];
       blob.data = backend_.empty({options.max_batch * blob.per}, act_);
-      blob.diff = backend_.empty({options.max_batch * blob.per}, act_);
       max_per_ = std::max(max_per_, blob.per);
     }
+    assignDiffs(options.max_batch);
     for (auto& s : scratch_)
       s = backend_.empty({options.max_batch * max_per_}, act_);
     weights_ = backend_.empty({g_.num_params});
@@ -531,6 +533,19 @@ class NetImpl final : public Net, private LayerContext {
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
   const std::string& channelsLastMisfit() const override { return g_.channels_last_misfit; }
+  NetMemory memory() const override {
+    NetMemory m;
+    std::vector<const void*> seen;
+    for (const auto& blob : g_.blobs) {
+      m.activations += static_cast<std::int64_t>(blob.data.bytes());
+      if (blob.diff.raw() == nullptr ||
+          std::find(seen.begin(), seen.end(), blob.diff.raw()) != seen.end())
+        continue;
+      seen.push_back(blob.diff.raw());
+      m.gradients += static_cast<std::int64_t>(blob.diff.bytes());
+    }
+    return m;
+  }
   std::int64_t numParams() const override { return g_.num_params; }
   std::vector<LayerInfo> layers() const override {
     std::vector<LayerInfo> out;
@@ -637,6 +652,60 @@ class NetImpl final : public Net, private LayerContext {
     return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
   }
   bool channelsLast() override { return nhwc_; }
+
+  // The gradient of blob b is live from the backward of its last reader in forward order (the
+  // first to write it) to that of the layer that made b (which reads it last). Buffers are shared
+  // among gradients whose lives do not overlap, each taking the smallest free one that fits (as
+  // PyTorch frees an activation's gradient once used): a deep net holds a few, not one a blob.
+  // A blob no layer reads (a dead end) gets a zero gradient of its own.
+  void assignDiffs(std::int64_t max_batch) {
+    std::vector<bool> read(g_.blobs.size(), false);
+    for (const auto& layer : g_.layers)
+      for (int b : layer->bottoms)
+        read[static_cast<std::size_t>(b)] = true;
+    // Slots, planned in backward order: a gradient takes the smallest free slot that fits, else
+    // grows the largest free one, else opens a slot; so there are no more slots than gradients
+    // live at once, none larger than the largest.
+    std::vector<std::int64_t> slot_size;
+    std::vector<int> free_slots, slot_of(g_.blobs.size(), -1);
+    for (std::size_t l = g_.layers.size(); l-- > 0;) {
+      const Layer& layer = *g_.layers[l];
+      for (int b : layer.bottoms) {
+        const auto bi = static_cast<std::size_t>(b);
+        if (!g_.blobs[bi].needs_diff || slot_of[bi] >= 0) continue;
+        const std::int64_t need = max_batch * g_.blobs[bi].per;
+        auto pick = free_slots.end();
+        for (auto it = free_slots.begin(); it != free_slots.end(); ++it) {
+          const bool fits = slot_size[*it] >= need;
+          if (pick == free_slots.end() ||
+              (fits && (slot_size[*pick] < need || slot_size[*it] < slot_size[*pick])) ||
+              (!fits && slot_size[*pick] < need && slot_size[*it] > slot_size[*pick]))
+            pick = it;
+        }
+        if (pick == free_slots.end()) {
+          slot_of[bi] = static_cast<int>(slot_size.size());
+          slot_size.push_back(need);
+        } else {
+          slot_of[bi] = *pick;
+          slot_size[*pick] = std::max(slot_size[*pick], need);
+          free_slots.erase(pick);
+        }
+      }
+      const int top = layer.top;
+      if (top >= 0 && read[static_cast<std::size_t>(top)] &&
+          slot_of[static_cast<std::size_t>(top)] >= 0)
+        free_slots.push_back(slot_of[static_cast<std::size_t>(top)]);
+    }
+    std::vector<Tensor> slots;
+    for (const std::int64_t size : slot_size)
+      slots.push_back(backend_.empty({size}, act_));
+    for (std::size_t b = 0; b < g_.blobs.size(); ++b) {
+      Blob& blob = g_.blobs[b];
+      if (!blob.needs_diff) continue;
+      blob.diff = slot_of[b] >= 0 ? slots[static_cast<std::size_t>(slot_of[b])]
+                                  : backend_.empty({max_batch * blob.per}, act_);
+    }
+  }
 
   // Layers computing in the net's precision read its reduced copy of their parameters, batch norm
   // reads float32.

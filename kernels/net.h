@@ -83,6 +83,13 @@ struct LayerInfo {
   std::int64_t num_params = 0;  // trainable scalars of this layer
 };
 
+// Bytes a net holds for its images, at its max_batch: every blob's activations (kept from the
+// forward for the backward), and the buffers their gradients share (kernels/net.cc, assignDiffs).
+struct NetMemory {
+  std::int64_t activations = 0;
+  std::int64_t gradients = 0;
+};
+
 // Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
 // Ranges come in reverse layer order, never overlap, and together cover every parameter.
 using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end)>;
@@ -95,6 +102,7 @@ class Net {
   // Why NetOptions::channels_last would change this model ("its inner product 'ip1' reads a
   // 50x4x4 map as a vector"); empty when it would not.
   virtual const std::string& channelsLastMisfit() const = 0;
+  virtual NetMemory memory() const = 0;
   // Number of trainable scalars.
   virtual std::int64_t numParams() const = 0;
   // The layers in forward order, the loss last (a flatten is no layer: the next one reads it).
