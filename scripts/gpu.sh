@@ -16,7 +16,8 @@
 # (bench/input_vs_peers.py; DALI is not on that machine). Each part's log is its own file; a part
 # that fails does not stop the others, and the exit status says whether any failed. The parts
 # share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and none
-# starts with less than 20.
+# starts with less than 20. PARTS="resnet50 input" runs only the parts named (a second call
+# going on where a first one's budget ran out; the names are those of summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -68,6 +69,8 @@ EOF
 part() {  # part NAME TIMEOUT COMMAND...: runs it, its output in $OUT/NAME.txt
   local name=$1 limit=$2
   shift 2
+  # PARTS="resnet50 input": only those (a second call goes on where a first one's budget ended).
+  if [[ -n "${PARTS:-}" && " $PARTS " != *" $name "* ]]; then return; fi
   local left=$((BUDGET - (SECONDS - began)))
   if ((left < 20)); then
     echo "== $name: skipped, ${left} s of the budget left" | tee -a "$OUT/summary.txt"
@@ -112,10 +115,10 @@ run() {
     --checkpoint_dir "$root/ck_cpu"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
     --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"
-  # fp32 (TF32 off), TF32, bf16 and fp16 at each batch: 24 timed rows.
+  # bf16, fp32 (TF32 off), fp16 and TF32, each at every batch: 24 timed rows, printed one by one.
   part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \
-    --precisions "${PRECISIONS:-fp32,tf32,bf16,fp16}"
+    --precisions "${PRECISIONS:-bf16,fp32,fp16,tf32}"
   part resnet50_trainer 90 "$troupe" train --model resnet50 --train_data null --num_channels 3 \
     --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 --num_epochs 3 \
     --gpus 0 --precision bf16 --log_every 10 --log_dir "$OUT/resnet50_trainer" \
