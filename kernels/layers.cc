@@ -175,6 +175,7 @@ class ReluLayer final : public Layer {
     const Tensor dx = ctx.diff(bottoms[0]);
     if (dx.raw()) op(ctx, n).backward(ctx.data(top), ctx.diff(top), dx);
   }
+  bool inPlace() const override { return true; }
 
  private:
   ReluOp& op(LayerContext& ctx, std::int64_t n) {

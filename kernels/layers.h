@@ -39,6 +39,9 @@ class Layer {
   // Whether the layer computes from a copy of its parameters in the net's precision and layout (a
   // convolution, an inner product), rather than from the float32 parameters (batch norm).
   virtual bool reducedParams() const { return false; }
+  // Whether the layer may write its output over its input (a ReLU: its backward reads its output,
+  // never its input), which the net then does where no other layer reads that input.
+  virtual bool inPlace() const { return false; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.

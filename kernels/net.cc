@@ -509,11 +509,7 @@ class NetImpl final : public Net, private LayerContext {
       throw InputError("channels-last images (memory_format nhwc) would change this model: " +
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
-    for (std::size_t b = 1; b < g_.blobs.size(); ++b) {
-      Blob& blob = g_.blobs[b];
-      blob.data = backend_.empty({options.max_batch * blob.per}, act_);
-      max_per_ = std::max(max_per_, blob.per);
-    }
+    assignData(options.max_batch);
     assignDiffs(options.max_batch);
     for (auto& s : scratch_)
       s = backend_.empty({options.max_batch * max_per_}, act_);
@@ -537,7 +533,11 @@ class NetImpl final : public Net, private LayerContext {
     NetMemory m;
     std::vector<const void*> seen;
     for (const auto& blob : g_.blobs) {
-      m.activations += static_cast<std::int64_t>(blob.data.bytes());
+      if (blob.data.raw() != nullptr &&
+          std::find(seen.begin(), seen.end(), blob.data.raw()) == seen.end()) {
+        seen.push_back(blob.data.raw());
+        m.activations += static_cast<std::int64_t>(blob.data.bytes());
+      }
       if (blob.diff.raw() == nullptr ||
           std::find(seen.begin(), seen.end(), blob.diff.raw()) != seen.end())
         continue;
@@ -652,6 +652,28 @@ class NetImpl final : public Net, private LayerContext {
     return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
   }
   bool channelsLast() override { return nhwc_; }
+
+  // Every blob keeps its activations for the backward, in memory of its own, but for a layer that
+  // may write its output over its input (Layer::inPlace: a ReLU) whose input no other layer reads:
+  // that output shares its input's memory, as PyTorch's ReLU(inplace=True) after a batch norm.
+  void assignData(std::int64_t max_batch) {
+    std::vector<int> readers(g_.blobs.size(), 0);
+    for (const auto& layer : g_.layers)
+      for (int b : layer->bottoms)
+        ++readers[static_cast<std::size_t>(b)];
+    for (const auto& layer : g_.layers) {
+      if (layer->top < 0) continue;
+      Blob& top = g_.blobs[static_cast<std::size_t>(layer->top)];
+      max_per_ = std::max(max_per_, top.per);
+      const int in = layer->bottoms.size() == 1 ? layer->bottoms[0] : 0;
+      if (layer->inPlace() && in > 0 && readers[static_cast<std::size_t>(in)] == 1 &&
+          g_.blobs[static_cast<std::size_t>(in)].per == top.per) {
+        top.data = g_.blobs[static_cast<std::size_t>(in)].data;
+      } else {
+        top.data = backend_.empty({max_batch * top.per}, act_);
+      }
+    }
+  }
 
   // The gradient of blob b is live from the backward of its last reader in forward order (the
   // first to write it) to that of the layer that made b (which reads it last). Buffers are shared
