@@ -509,8 +509,12 @@ class NetImpl final : public Net, private LayerContext {
       throw InputError("channels-last images (memory_format nhwc) would change this model: " +
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
-    assignData(options.max_batch);
-    assignDiffs(options.max_batch);
+    std::vector<int> readers(g_.blobs.size(), 0);  // layers that read each blob
+    for (const auto& layer : g_.layers)
+      for (int b : layer->bottoms)
+        ++readers[static_cast<std::size_t>(b)];
+    assignData(options.max_batch, readers);
+    assignDiffs(options.max_batch, readers);
     for (auto& s : scratch_)
       s = backend_.empty({options.max_batch * max_per_}, act_);
     weights_ = backend_.empty({g_.num_params});
@@ -656,11 +660,7 @@ class NetImpl final : public Net, private LayerContext {
   // Every blob keeps its activations for the backward, in memory of its own, but for a layer that
   // may write its output over its input (Layer::inPlace: a ReLU) whose input no other layer reads:
   // that output shares its input's memory, as PyTorch's ReLU(inplace=True) after a batch norm.
-  void assignData(std::int64_t max_batch) {
-    std::vector<int> readers(g_.blobs.size(), 0);
-    for (const auto& layer : g_.layers)
-      for (int b : layer->bottoms)
-        ++readers[static_cast<std::size_t>(b)];
+  void assignData(std::int64_t max_batch, const std::vector<int>& readers) {
     for (const auto& layer : g_.layers) {
       if (layer->top < 0) continue;
       Blob& top = g_.blobs[static_cast<std::size_t>(layer->top)];
@@ -680,11 +680,7 @@ class NetImpl final : public Net, private LayerContext {
   // among gradients whose lives do not overlap, each taking the smallest free one that fits (as
   // PyTorch frees an activation's gradient once used): a deep net holds a few, not one a blob.
   // A blob no layer reads (a dead end) gets a zero gradient of its own.
-  void assignDiffs(std::int64_t max_batch) {
-    std::vector<bool> read(g_.blobs.size(), false);
-    for (const auto& layer : g_.layers)
-      for (int b : layer->bottoms)
-        read[static_cast<std::size_t>(b)] = true;
+  void assignDiffs(std::int64_t max_batch, const std::vector<int>& readers) {
     // Slots, planned in backward order: a gradient takes the smallest free slot that fits, else
     // grows the largest free one, else opens a slot; so there are no more slots than gradients
     // live at once, none larger than the largest.
@@ -714,7 +710,7 @@ class NetImpl final : public Net, private LayerContext {
         }
       }
       const int top = layer.top;
-      if (top >= 0 && read[static_cast<std::size_t>(top)] &&
+      if (top >= 0 && readers[static_cast<std::size_t>(top)] > 0 &&
           slot_of[static_cast<std::size_t>(top)] >= 0)
         free_slots.push_back(slot_of[static_cast<std::size_t>(top)]);
     }

@@ -105,6 +105,18 @@ class CudaOps : public ::testing::Test {
     gpu_->synchronize();
     return t;
   }
+  // A host [n, c, s] NCHW tensor as NHWC ([n][s][c] in memory), and back: how channels-last
+  // ops (kernels/ops.h) see the CPU's images.
+  Tensor nhwcOf(const Tensor& nchw, std::int64_t n, std::int64_t c, std::int64_t s) {
+    Tensor t = Tensor::host(nchw.shape());
+    cpu_->transpose(nchw, t, n, c, s);
+    return t;
+  }
+  Tensor nchwOf(const Tensor& nhwc, std::int64_t n, std::int64_t c, std::int64_t s) {
+    Tensor t = Tensor::host(nhwc.shape());
+    cpu_->transpose(nhwc, t, n, s, c);
+    return t;
+  }
   Tensor copyOf(const Tensor& host) {
     Tensor t = Tensor::host(host.shape(), host.dtype());
     std::memcpy(t.raw(), host.raw(), host.bytes());
@@ -511,26 +523,19 @@ TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
       c->backward(x, gamma, dy, dx, dg, dbeta);
       g.channels_last = channels_last;
       auto d = gpu_->makeBatchNorm(g);
-      // The GPU's images in its layout: channels last is [n][spatial][c] in memory.
+      // The GPU's images in its layout, and back.
       auto layout = [&](const Tensor& nchw) {
-        if (!channels_last) return upReduced(nchw);
-        Tensor t = Tensor::host(nchw.shape());
-        cpu_->transpose(nchw, t, 8, 5, 36);
-        return upReduced(t);
+        return upReduced(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw);
       };
-      auto nchwOf = [&](const Tensor& gpu) {
-        const Tensor t = downWide(gpu);
-        if (!channels_last) return t;
-        Tensor out = Tensor::host(t.shape());
-        cpu_->transpose(t, out, 8, 36, 5);
-        return out;
+      auto unlayout = [&](const Tensor& gpu) {
+        return channels_last ? nchwOf(downWide(gpu), 8, 5, 36) : downWide(gpu);
       };
       const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
       Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
       d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
       d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
-      expectClose("y", y, nchwOf(gy), tolerance());
-      expectClose("dx", dx, nchwOf(gdx), tolerance());
+      expectClose("y", y, unlayout(gy), tolerance());
+      expectClose("dx", dx, unlayout(gdx), tolerance());
       expectClose("running mean", rm, grm, tolerance());
       expectClose("dgamma", dg, gdg, tolerance());
       expectClose("dbeta", dbeta, gdbeta, tolerance());
@@ -642,15 +647,10 @@ class CudaChannelsLastOps : public CudaOps {
  protected:
   // [n, c, s] NCHW on the host as NHWC on the GPU, and back.
   Tensor upNhwc(const Tensor& nchw, std::int64_t n, std::int64_t c, std::int64_t s) {
-    Tensor t = Tensor::host(nchw.shape());
-    cpu_->transpose(nchw, t, n, c, s);
-    return up(t);
+    return up(nhwcOf(nchw, n, c, s));
   }
   Tensor downNchw(const Tensor& nhwc, std::int64_t n, std::int64_t c, std::int64_t s) {
-    const Tensor t = down(nhwc);
-    Tensor out = Tensor::host(nhwc.shape());
-    cpu_->transpose(t, out, n, s, c);
-    return out;
+    return nchwOf(down(nhwc), n, c, s);
   }
 };
 

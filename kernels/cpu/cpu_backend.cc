@@ -90,7 +90,8 @@ class CpuBackend final : public Backend {
     TROUPE_ENFORCE(src.numel() == batches * rows * cols && dst.numel() == src.numel(),
                    "a transpose of ", batches, "x", rows, "x", cols, " from ", src.numel(),
                    " into ", dst.numel(), " elements");
-    // Through float32 when a type changes: cast the source whole, then move elements.
+    // When the type changes (or dst is src), the source is cast whole into the destination's type
+    // first, then its elements move.
     Tensor from = src;
     if (src.dtype() != dst.dtype() || src.raw() == dst.raw()) {
       from = Tensor::hostUninitialized(src.shape(), dst.dtype());

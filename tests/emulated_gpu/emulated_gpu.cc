@@ -266,17 +266,6 @@ void widened(Fn&& fn, const Tensors&... tensors) {
     w.narrowBack();
 }
 
-// dst[b][j][i] = src[b][i][j], float32 host tensors.
-void hostTranspose(const Tensor& src, const Tensor& dst, std::int64_t batches, std::int64_t rows,
-                   std::int64_t cols) {
-  const float* in = src.f32();
-  float* out = dst.f32();
-  for (std::int64_t b = 0; b < batches; ++b)
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < cols; ++j)
-        out[(b * cols + j) * rows + i] = in[(b * rows + i) * cols + j];
-}
-
 // An argument of a channels-last op: an image tensor [n, c, s] that is [n, s, c] in memory (a
 // filter [out, in, k k] that is [out, k k, in] likewise), and whether the op writes it. n 0: no
 // image (a bias, a batch norm's scale).
@@ -287,41 +276,44 @@ struct Nhwc {
 
 // Each op of the CPU backend, its calls queued on the stream with host views of their tensors
 // (float32 copies of reduced-precision ones). A channels-last op's images go to the CPU's NCHW op
-// as NCHW copies, and what it writes comes back to NHWC.
+// as NCHW copies, transposed by the CPU backend (`cpu`, used on the stream only), and what it
+// writes comes back to NHWC.
 template <typename Op>
 class Queued {
  public:
-  Queued(std::shared_ptr<Stream> stream, std::unique_ptr<Op> op)
-      : stream_(std::move(stream)), op_(std::move(op)) {}
+  Queued(std::shared_ptr<Stream> stream, std::unique_ptr<Op> op,
+         std::shared_ptr<Backend> cpu = nullptr)
+      : stream_(std::move(stream)), op_(std::move(op)), cpu_(std::move(cpu)) {}
 
  protected:
   template <typename Call, typename... Tensors>
   void queueNhwc(Call call, std::vector<Nhwc> layout, const Tensors&... tensors) {
     constexpr std::size_t kCount = sizeof...(Tensors);
-    stream_->enqueue([op = op_, call, layout, views = std::make_tuple(hostView(tensors)...)] {
-      std::apply(
-          [&](const auto&... t) {
-            widened(
-                [&](const auto&... w) {
-                  const std::array<Tensor, kCount> given{w...};
-                  std::array<Tensor, kCount> nchw = given;
-                  for (std::size_t k = 0; k < kCount; ++k) {
-                    const Nhwc& l = layout[k];
-                    if (l.n == 0 || given[k].raw() == nullptr) continue;
-                    nchw[k] = Tensor::hostUninitialized(given[k].shape());
-                    hostTranspose(given[k], nchw[k], l.n, l.s, l.c);
-                  }
-                  callWith(call, *op, nchw, std::make_index_sequence<kCount>{});
-                  for (std::size_t k = 0; k < kCount; ++k) {
-                    const Nhwc& l = layout[k];
-                    if (l.n == 0 || !l.out || given[k].raw() == nullptr) continue;
-                    hostTranspose(nchw[k], given[k], l.n, l.c, l.s);
-                  }
-                },
-                t...);
-          },
-          views);
-    });
+    stream_->enqueue(
+        [op = op_, cpu = cpu_, call, layout, views = std::make_tuple(hostView(tensors)...)] {
+          std::apply(
+              [&](const auto&... t) {
+                widened(
+                    [&](const auto&... w) {
+                      const std::array<Tensor, kCount> given{w...};
+                      std::array<Tensor, kCount> nchw = given;
+                      for (std::size_t k = 0; k < kCount; ++k) {
+                        const Nhwc& l = layout[k];
+                        if (l.n == 0 || given[k].raw() == nullptr) continue;
+                        nchw[k] = Tensor::hostUninitialized(given[k].shape());
+                        cpu->transpose(given[k], nchw[k], l.n, l.s, l.c);
+                      }
+                      callWith(call, *op, nchw, std::make_index_sequence<kCount>{});
+                      for (std::size_t k = 0; k < kCount; ++k) {
+                        const Nhwc& l = layout[k];
+                        if (l.n == 0 || !l.out || given[k].raw() == nullptr) continue;
+                        cpu->transpose(nchw[k], given[k], l.n, l.c, l.s);
+                      }
+                    },
+                    t...);
+              },
+              views);
+        });
   }
   template <typename Call, std::size_t N, std::size_t... I>
   static void callWith(Call& call, Op& op, const std::array<Tensor, N>& args,
@@ -338,13 +330,14 @@ class Queued {
     });
   }
   std::shared_ptr<Stream> stream_;
-  std::shared_ptr<Op> op_;  // shared with queued work: a net may go before its work ran
+  std::shared_ptr<Op> op_;        // shared with queued work: a net may go before its work ran
+  std::shared_ptr<Backend> cpu_;  // for channels-last ops
 };
 
 class Conv final : public ConvOp, Queued<ConvOp> {
  public:
-  Conv(std::shared_ptr<Stream> stream, Backend& cpu, const ConvGeometry& g)
-      : Queued(std::move(stream), cpu.makeConv(nchw(g))), g_(g) {}
+  Conv(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu, const ConvGeometry& g)
+      : Queued(std::move(stream), cpu->makeConv(nchw(g)), cpu), g_(g) {}
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     auto call = [](ConvOp& op, auto&... t) { op.forward(t...); };
     if (!g_.channels_last) return queue(call, x, w, b, y);
@@ -374,8 +367,8 @@ class Conv final : public ConvOp, Queued<ConvOp> {
 
 class Pool final : public PoolOp, Queued<PoolOp> {
  public:
-  Pool(std::shared_ptr<Stream> stream, Backend& cpu, const PoolGeometry& g)
-      : Queued(std::move(stream), cpu.makePool(nchw(g))), g_(g) {}
+  Pool(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu, const PoolGeometry& g)
+      : Queued(std::move(stream), cpu->makePool(nchw(g)), cpu), g_(g) {}
   void forward(const Tensor& x, const Tensor& y) override {
     auto call = [](PoolOp& op, auto&... t) { op.forward(t...); };
     if (!g_.channels_last) return queue(call, x, y);
@@ -413,8 +406,9 @@ class InnerProduct final : public InnerProductOp, Queued<InnerProductOp> {
 
 class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
  public:
-  BatchNorm(std::shared_ptr<Stream> stream, Backend& cpu, const BatchNormGeometry& g)
-      : Queued(std::move(stream), cpu.makeBatchNorm(nchw(g))), g_(g) {}
+  BatchNorm(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu,
+            const BatchNormGeometry& g)
+      : Queued(std::move(stream), cpu->makeBatchNorm(nchw(g)), cpu), g_(g) {}
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
     auto call = [train](BatchNormOp& op, auto&... t) { op.forward(t..., train); };
@@ -471,8 +465,10 @@ class Add final : public AddOp, Queued<AddOp> {
 
 class GlobalAvgPool final : public GlobalAvgPoolOp, Queued<GlobalAvgPoolOp> {
  public:
-  GlobalAvgPool(std::shared_ptr<Stream> stream, std::unique_ptr<GlobalAvgPoolOp> op, Nhwc layout)
-      : Queued(std::move(stream), std::move(op)), layout_(layout) {}
+  GlobalAvgPool(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu, std::int64_t n,
+                std::int64_t channels, std::int64_t spatial, bool channels_last)
+      : Queued(std::move(stream), cpu->makeGlobalAvgPool(n, channels, spatial), cpu),
+        layout_(channels_last ? Nhwc{n, channels, spatial, false} : Nhwc{}) {}
   void forward(const Tensor& x, const Tensor& y) override {
     auto call = [](GlobalAvgPoolOp& op, auto&... t) { op.forward(t...); };
     if (layout_.n == 0) return queue(call, x, y);
@@ -639,16 +635,16 @@ class EmulatedBackend final : public Backend {
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
-    return std::make_unique<Conv>(stream_, *cpu_, g);
+    return std::make_unique<Conv>(stream_, cpu_, g);
   }
   std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
-    return std::make_unique<Pool>(stream_, *cpu_, g);
+    return std::make_unique<Pool>(stream_, cpu_, g);
   }
   std::unique_ptr<InnerProductOp> makeInnerProduct(const InnerProductGeometry& g) override {
     return std::make_unique<InnerProduct>(stream_, cpu_->makeInnerProduct(g));
   }
   std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
-    return std::make_unique<BatchNorm>(stream_, *cpu_, g);
+    return std::make_unique<BatchNorm>(stream_, cpu_, g);
   }
   std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
     return std::make_unique<Relu>(stream_, cpu_->makeRelu(numel));
@@ -662,9 +658,7 @@ class EmulatedBackend final : public Backend {
   std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
                                                      std::int64_t spatial,
                                                      bool channels_last) override {
-    return std::make_unique<GlobalAvgPool>(
-        stream_, cpu_->makeGlobalAvgPool(n, channels, spatial),
-        channels_last ? Nhwc{n, channels, spatial, false} : Nhwc{});
+    return std::make_unique<GlobalAvgPool>(stream_, cpu_, n, channels, spatial, channels_last);
   }
   std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
     return std::make_unique<SoftmaxLoss>(stream_, cpu_->makeSoftmaxLoss(n, classes));
