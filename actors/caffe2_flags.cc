@@ -146,10 +146,15 @@ std::vector<Key> caffe2Keys() {
           "GPUs (gpus, num_gpus; GPU 0 without them). Without it, troupe trains on the CPU "
           "unless gpus or num_gpus is given",
           nullptr, [](Settings& s, const Value& v) { s.use_cpu = std::get<bool>(v); }, "true"),
-      onlyFalse("use_nccl", "Caffe2's: true is refused (no NCCL reduction yet; see allreduce)",
-                "troupe does not reduce with NCCL yet: replicas on GPUs sum on one GPU (schedule "
-                "device) or on the CPU (local), and processes with troupe's own TCP allreduce "
-                "(allreduce = ring or hierarchical)"),
+      alias(
+          "use_nccl", Kind::kBool, Range{},
+          "Caffe2's: true sums GPU replicas' gradients with NCCL (reducer nccl), false with "
+          "troupe's own sums and ring (reducer troupe)",
+          "reducer",
+          [](Settings& s, const Value& v) {
+            s.options.reducer = std::get<bool>(v) ? "nccl" : "troupe";
+          },
+          "false"),
       alias(
           "use_ideep", Kind::kBool, Range{},
           "Caffe2's: accepted either way (troupe's CPU kernels use oneDNN, which iDeep wraps)",

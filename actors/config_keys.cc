@@ -383,8 +383,17 @@ std::vector<Key> buildTable() {
       TROUPE_INT_KEY(
           "threads", threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
-      TROUPE_STRING_KEY("schedule", schedule,
-                        "local, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names)"),
+      Key{"schedule", Kind::kString, kNotNumeric,
+          "local, device, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names); "
+          "nccl is device with reducer nccl, as MXNet's kvstore nccl",
+          [](Settings& s, const Value& v) {
+            s.options.schedule = asString(v);
+            if (s.options.schedule == "nccl") {
+              s.options.schedule = "device";
+              s.options.reducer = "nccl";
+            }
+          },
+          [](const Settings& s) { return s.options.schedule; }},
       TROUPE_INT_KEY("num_shards", num_shards, kProcesses,
                      "worker processes (set by troupe launch)"),
       Key{"num_workers", Kind::kString, kNotNumeric,
@@ -410,6 +419,10 @@ std::vector<Key> buildTable() {
       TROUPE_STRING_KEY("allreduce", allreduce,
                         "bsp-allreduce across processes: auto, ring or hierarchical (inside each "
                         "host, then across hosts)"),
+      TROUPE_CHOICE_KEY("reducer", reducer,
+                        "what sums gradients of GPU replicas: troupe (its own sums and ring) or "
+                        "nccl (NCCL over every GPU of the run)",
+                        "troupe", "nccl"),
       // More connections than a host has cores only add context switches; 16 is NCCL's cap.
       TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),
                      "TCP connections to each process on another host (ring chunks spread over "

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <optional>
 #include <utility>
@@ -23,7 +24,8 @@ namespace {
 
 // Sums each gradient bucket over the replicas of this process, in replica order (so the result
 // does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
-// several processes, over all of them by ring allreduce, while backward goes on.
+// several processes, over all of them by ring allreduce, while backward goes on. With
+// reducer = nccl, NCCL sums the replicas' buckets over every GPU of the run instead.
 class Reducer final : public Actor {
  private:
   struct InRing {
@@ -35,6 +37,17 @@ class Reducer final : public Actor {
     int unwritten = 0;     // chunks sent from it that the transport has not released yet
   };
   using InRings = std::map<std::pair<std::int64_t, std::int64_t>, InRing>;
+  // A bucket's parts from this process's replicas, as they arrive.
+  struct Pending {
+    std::vector<kernels::Tensor> parts;
+    std::vector<kernels::Event> ready;  // reducer = nccl: each part's event
+    int count = 0;
+  };
+  struct NcclSum {
+    std::int64_t step = 0, begin = 0, end = 0;
+    kernels::Event summed;
+    Trace::Clock::time_point started;
+  };
 
  public:
   Reducer(std::string name, ReducerConfig config)
@@ -52,10 +65,11 @@ class Reducer final : public Actor {
   }
 
   void started() override {
+    armStallCheck();
+    if (config_.nccl) return;  // NCCL sums, on its own streams
     backend_ = kernels::makeBackend(config_.device, config_.threads);
     device_copies_.resize(static_cast<std::size_t>(config_.num_replicas));
     buildRings();
-    armStallCheck();
   }
 
  private:
@@ -86,7 +100,7 @@ class Reducer final : public Actor {
   }
 
   void armStallCheck() {
-    if (config_.world > 1) {
+    if (config_.world > 1 || config_.nccl) {
       system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
                      StallCheck{});
     }
@@ -95,6 +109,11 @@ class Reducer final : public Actor {
   // Horovod's stall report, for a ring: a bucket this worker has summed locally and started, that
   // has not come back from the ring, waits on the previous worker (directly, or through it).
   void checkStalls() {
+    if (config_.nccl) {
+      checkNcclStalls();
+      armStallCheck();
+      return;
+    }
     const auto now = Trace::Clock::now();
     const int previous = (config_.rank + config_.world - 1) % config_.world;
     const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
@@ -189,28 +208,42 @@ class Reducer final : public Actor {
   void add(GradBucket& b) {
     TROUPE_ENFORCE(0 <= b.replica && b.replica < config_.num_replicas, "bucket from replica ",
                    b.replica, " of ", config_.num_replicas);
-    auto& parts = pending_[{b.step, b.begin}];
-    if (parts.empty()) parts.resize(static_cast<std::size_t>(config_.num_replicas));
-    auto& slot = parts[static_cast<std::size_t>(b.replica)];
+    const std::pair<std::int64_t, std::int64_t> key{b.step, b.begin};
+    Pending& pending = pending_[key];
+    if (pending.parts.empty()) {
+      pending.parts.resize(static_cast<std::size_t>(config_.num_replicas));
+      pending.ready.resize(pending.parts.size());
+    }
+    auto& slot = pending.parts[static_cast<std::size_t>(b.replica)];
     TROUPE_ENFORCE(!slot.defined() || slot.numel() == 0, "replica ", b.replica, " sent bucket [",
                    b.begin, ",", b.end, ") of step ", b.step, " twice");
     TROUPE_ENFORCE_EQ(b.grads.numel(), b.end - b.begin);
-    slot = here(b);
-    if (++counts_[{b.step, b.begin}] < config_.num_replicas) return;
+    if (config_.nccl) {
+      // NCCL reads each replica's bucket on its own GPU once its event fired.
+      slot = b.grads;
+      pending.ready[static_cast<std::size_t>(b.replica)] = b.ready;
+    } else {
+      slot = here(b);
+    }
+    if (++pending.count < config_.num_replicas) return;
+    const Pending parts = std::move(pending);
+    pending_.erase(key);
+    if (config_.nccl) {
+      ncclSum(b.step, b.begin, parts);
+      return;
+    }
 
     // The sum goes into replica 0's bucket (GradBucket lends it writable), or into the staging
     // copy of it here.
-    kernels::Tensor sum = parts[0];
-    if (parts.size() > 1) {
+    kernels::Tensor sum = parts.parts[0];
+    if (parts.parts.size() > 1) {
       TraceScope span(config_.trace, name(), "reduce");
-      for (std::size_t r = 1; r < parts.size(); ++r) {
-        TROUPE_ENFORCE_EQ(parts[r].numel(), sum.numel());
-        backend_->axpy(1.0f, parts[r], sum);
+      for (std::size_t r = 1; r < parts.parts.size(); ++r) {
+        TROUPE_ENFORCE_EQ(parts.parts[r].numel(), sum.numel());
+        backend_->axpy(1.0f, parts.parts[r], sum);
       }
     }
-    pending_.erase({b.step, b.begin});
-    counts_.erase({b.step, b.begin});
-    InRing& entry = in_ring_[{b.step, b.begin}];
+    InRing& entry = in_ring_[key];
     entry.started = Trace::Clock::now();
     if (config_.world > 1 && sum.device().kind != kernels::DeviceKind::kCpu) {
       // The ring reads and writes host memory: the sum goes there, then on as a host tensor.
@@ -228,6 +261,56 @@ class Reducer final : public Actor {
       hierarchical_->start(b.step, b.begin, sum);
     } else {
       flat_->start(b.step, b.begin, sum);
+    }
+  }
+
+  // reducer = nccl: the replicas' buckets are summed in place over every GPU of the run, queued
+  // on NCCL's streams; the updater gets replica 0's with the event of the sums, at once.
+  void ncclSum(std::int64_t step, std::int64_t begin, const Pending& parts) {
+    TROUPE_ENFORCE(config_.nccl->comm != nullptr, "reducer nccl without its NCCL group");
+    const std::int64_t end = begin + parts.parts[0].numel();
+    kernels::Event summed = config_.nccl->comm->allreduce(parts.parts, parts.ready);
+    forgetSummed();
+    in_nccl_.push_back({step, begin, end, summed, Trace::Clock::now()});
+    send(config_.updater, Reduced{step, begin, end, parts.parts[0], std::move(summed)});
+  }
+
+  // The NCCL sums done by now leave the watch (checkNcclStalls).
+  void forgetSummed() {
+    while (!in_nccl_.empty() && in_nccl_.front().summed.done())
+      in_nccl_.pop_front();
+  }
+
+  // reducer = nccl: NCCL reports what it found wrong (a peer's connection closed) but says not
+  // who is late, and its kernels wait for ever on a hung peer: a sum still running after
+  // peer_timeout aborts the group (so that the updater's wait for it ends) and fails the run.
+  void checkNcclStalls() {
+    auto& comm = *config_.nccl->comm;
+    if (const std::string error = comm.error(); !error.empty()) {
+      comm.abort();
+      throw Error(fmt::format("worker {}: {}; the NCCL group was aborted", config_.rank, error));
+    }
+    forgetSummed();
+    if (in_nccl_.empty()) return;
+    const NcclSum& oldest = in_nccl_.front();
+    const auto waited = Trace::Clock::now() - oldest.started;
+    const double seconds = std::chrono::duration<double>(waited).count();
+    const std::string when = describeStep(oldest.step, config_.steps_per_epoch);
+    if (waited >= config_.peer_timeout) {
+      comm.abort();
+      throw TimeoutError(fmt::format(
+          "worker {}: the NCCL sum of bucket [{},{}) of {} did not finish within {:.1f} s "
+          "(peer_timeout): a process of the run is hung or gone (NCCL does not say which); the "
+          "NCCL group was aborted",
+          config_.rank, oldest.begin, oldest.end, when, seconds));
+    }
+    if (waited >= config_.stall_warning && oldest.step != warned_nccl_step_) {
+      warned_nccl_step_ = oldest.step;
+      spdlog::warn(
+          "stall: worker {} has waited {:.1f} s in {} for NCCL to sum bucket [{},{}); {} sum(s) "
+          "of this worker are unfinished; the run fails after {:g} s",
+          config_.rank, seconds, when, oldest.begin, oldest.end, in_nccl_.size(),
+          std::chrono::duration<double>(config_.peer_timeout).count());
     }
   }
 
@@ -258,8 +341,9 @@ class Reducer final : public Actor {
   // Staging: buckets of each replica copied to this device, and sums copied to the host.
   std::map<std::int64_t, kernels::Tensor> host_;
   std::vector<std::map<std::int64_t, kernels::Tensor>> device_copies_;
-  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<kernels::Tensor>> pending_;
-  std::map<std::pair<std::int64_t, std::int64_t>, int> counts_;
+  std::map<std::pair<std::int64_t, std::int64_t>, Pending> pending_;
+  std::deque<NcclSum> in_nccl_;  // reducer = nccl: the sums queued, oldest first
+  std::int64_t warned_nccl_step_ = -1;
   // One of them, from the run's topology (ReducerConfig::reduction), once started.
   std::optional<RingAllreduce> flat_;
   std::optional<HierarchicalAllreduce> hierarchical_;

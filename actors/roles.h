@@ -16,6 +16,7 @@
 #include "actors/system.h"
 #include "actors/topology.h"
 #include "data/dataset.h"
+#include "kernels/communicator.h"
 #include "kernels/compression.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
@@ -163,6 +164,12 @@ std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 
 // Sums buckets over this process's replicas, then (world > 1) over all processes by ring
 // allreduce with the reducers of the other processes (the workers of the run, rank = worker).
+// reducer = nccl: this process's part of the NCCL group of the run's GPUs, formed once the
+// processes met (trainer.cc, before the actors run).
+struct NcclGroup {
+  std::unique_ptr<kernels::Communicator> comm;
+};
+
 struct ReducerConfig {
   int num_replicas = 1;  // in this process
   // Where it sums: the CPU, or the device of replica 0 (schedule `device`). The ring between
@@ -182,6 +189,9 @@ struct ReducerConfig {
   // Filled in (actors/topology.h) once the processes met, before the actors start; null, or
   // empty host_ranks: one flat ring over every worker.
   std::shared_ptr<const ReductionPlan> reduction;
+  // Set (reducer = nccl): each bucket, once every replica of this process sent it, is summed in
+  // place over every GPU of the run by NCCL, on its own streams; no sum here, no ring.
+  std::shared_ptr<NcclGroup> nccl;
   Trace* trace = nullptr;  // spans go here when tracing
   // A bucket whose allreduce has waited this long logs a stall report (which step, which
   // bucket, which worker it waits for), and fails the run after peer_timeout (PeerError naming

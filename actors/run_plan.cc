@@ -94,6 +94,12 @@ std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, in
   std::vector<std::string> replicas;
   for (const auto& device : d.replicas)
     replicas.push_back(kernels::toString(device));
+  if (o.reducer == "nccl") {
+    return fmt::format(
+        "replica{} on {}; gradients summed by NCCL over the run's {} GPU(s), weights updated on {}",
+        replicas.size() == 1 ? "" : "s", fmt::join(replicas, ", "), o.replicas * nodes,
+        kernels::toString(d.updater));
+  }
   if (o.replicas == 1 && nodes == 1) {
     return fmt::format("replica on {}, weights updated there", replicas[0]);
   }
@@ -260,13 +266,13 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o) {
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 std::chrono::milliseconds timeout) {
+                 const std::string& reducer, std::chrono::milliseconds timeout) {
   const std::string mine = fmt::format(
       "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={} gradient_compression={} allreduce={}",
+      "replicas={} resume={} gradient_compression={} allreduce={} reducer={}",
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
       replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
-      kernels::describe(compression), allreduce);
+      kernels::describe(compression), allreduce, reducer);
   // Every other rank answers rank 0's plan with "ok" or its refusal, so that rank 0 names the
   // rank that refused at once instead of waiting for it at the next rendezvous.
   auto verdictKey = [](int r) { return fmt::format("plan-verdict/{}", r); };
@@ -418,6 +424,7 @@ void checkProcessOptions(const TrainOptions& o) {
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
   if (!server) {
     checkGpus(o);
+    checkReducer(o);
     checkPrecision(o);
   }
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
@@ -498,6 +505,44 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.max_batch = max_batch;
   net.seed = o.seed;
   return net;
+}
+
+void checkReducer(const TrainOptions& o) {
+  if (o.reducer != "nccl") return;
+  auto refuse = [](const std::string& why) { throw InputError("reducer nccl: " + why); };
+  if (o.gpus.empty()) {
+    refuse(
+        "NCCL sums on GPUs, and this run has none: name them with gpus (--gpus 0,1 or --num_gpus "
+        "2), or use reducer troupe");
+  }
+  if (isParameterServerSchedule(o.schedule)) {
+    refuse(fmt::format(
+        "under schedule '{}' the parameter servers sum the gradients; use schedule bsp-allreduce, "
+        "or reducer troupe",
+        o.schedule));
+  }
+  if (o.schedule == "local") {
+    refuse(
+        "schedule 'local' sums gradients on the CPU (MXNet's local); use schedule device (one "
+        "process) or bsp-allreduce (several), where NCCL sums on the GPUs");
+  }
+  if (o.gradient_compression != "none") {
+    refuse(fmt::format(
+        "NCCL sums float32 gradients, and gradient_compression is {}; use gradient_compression "
+        "none, or reducer troupe",
+        o.gradient_compression));
+  }
+  if (o.allreduce != "auto") {
+    refuse(fmt::format(
+        "allreduce {} picks troupe's own ring; NCCL picks its own rings and trees: leave "
+        "allreduce auto, or use reducer troupe",
+        o.allreduce));
+  }
+  if (o.max_workers > 0) {
+    refuse(
+        "an elastic run re-forms its group of workers between steps, and an NCCL group is fixed "
+        "when it forms; use reducer troupe (its ring re-forms), or a fixed num_workers");
+  }
 }
 
 void checkPrecision(const TrainOptions& o) {

@@ -88,6 +88,9 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch);
 // Mixed precision (precision, loss_scale): the dtype a GPU replica computes in, and the loss scale
 // of its updater. InputError for a precision below fp32 without GPUs, or fp16 under a parameter
 // server schedule (whose servers, each holding a shard, cannot skip a step together).
+// reducer nccl needs GPUs, and a schedule where the workers sum (device, bsp-allreduce), without
+// compression, troupe's allreduce choice, or an elastic world: InputError saying what to change.
+void checkReducer(const TrainOptions& o);
 void checkPrecision(const TrainOptions& o);
 kernels::DType precisionOf(const TrainOptions& o);
 LossScale lossScaleOf(const TrainOptions& o);
@@ -129,7 +132,7 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o);
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 std::chrono::milliseconds timeout);
+                 const std::string& reducer, std::chrono::milliseconds timeout);
 
 // What a run continues from.
 struct Resumed {

@@ -143,6 +143,10 @@ class SystemImpl final : public ActorSystem {
   }
 
   void shutdown() override { finish(std::nullopt); }
+  void onFailure(std::function<void()> hook) override {
+    std::lock_guard lock(state_mu_);
+    on_failure_ = std::move(hook);
+  }
   void fail(const std::string& what) override { finish(what); }
   void fail(std::exception_ptr error) override {
     try {
@@ -399,13 +403,16 @@ class SystemImpl final : public ActorSystem {
   }
 
   void finish(std::optional<std::string> error, std::exception_ptr cause = nullptr) {
+    std::function<void()> hook;
     {
       std::lock_guard lock(state_mu_);
       if (done_) return;
       done_ = true;
+      if (error) hook = std::move(on_failure_);
       error_ = std::move(error);
       cause_ = std::move(cause);
     }
+    if (hook) hook();
     state_cv_.notify_all();
     std::lock_guard lock(cells_mu_);
     for (auto& c : cells_)
@@ -461,6 +468,7 @@ class SystemImpl final : public ActorSystem {
   bool done_ = false;
   std::optional<std::string> error_;
   std::exception_ptr cause_;  // the exception behind error_, if one
+  std::function<void()> on_failure_;
 };
 
 kernels::Tensor ActorSystem::sendBuffer(Address to, kernels::Shape shape) const {

@@ -107,6 +107,10 @@ class ActorSystem {
   // The same with an exception (what an actor's exception does): run() throws Error(what()) with
   // `error` nested in it.
   virtual void fail(std::exception_ptr error) = 0;
+  // Runs `hook` once, on the failing thread, when the run is to end with an error, before the
+  // actors stop: for what must let go of a wait that holds an actor's thread (an NCCL group,
+  // aborted, ends the device work an updater waits for). Replaces an earlier hook.
+  virtual void onFailure(std::function<void()> hook) = 0;
 
   virtual const SystemOptions& options() const = 0;
   // The name an address was spawned with ("?" if unknown), for error messages.

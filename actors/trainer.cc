@@ -41,7 +41,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
-              compressionOf(o), o.allreduce, c.timeout);
+              compressionOf(o), o.allreduce, o.reducer, c.timeout);
   members.setAddresses(cluster->addresses());
   if (rank == 0) {
     // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them
@@ -58,6 +58,31 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
     if (rank == 0) spdlog::info("allreduce: {}", reduction->description);
   }
   return cluster;
+}
+
+// reducer nccl: this process's part of the NCCL group of the run's GPUs (replicas x processes of
+// them, ranked by process, then replica), its id made by rank 0 and passed through the store.
+std::unique_ptr<kernels::Communicator> formNcclGroup(const TrainOptions& o,
+                                                     rendezvous::Store* store, int rank,
+                                                     int nodes) {
+  const auto timeout = fromSeconds(o.rendezvous_timeout_s);
+  kernels::CommunicatorSpec spec;
+  if (rank == 0) {
+    spec.id = kernels::newNcclGroupId();
+    if (store) store->set("nccl-id", spec.id);
+  } else {
+    spec.id = store->get("nccl-id", timeout);
+  }
+  spec.ranks = o.replicas * nodes;
+  spec.first_rank = o.replicas * rank;
+  spec.devices = o.gpus;
+  spec.timeout = timeout;
+  auto comm = kernels::makeNcclCommunicator(spec);
+  if (rank == 0) {
+    spdlog::info("NCCL: a group of {} GPU(s) in {} process(es) sums the gradients", spec.ranks,
+                 nodes);
+  }
+  return comm;
 }
 
 // A parameter-server process: one Server actor owning a shard of the keys.
@@ -234,6 +259,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
 struct WorkerActors {
   NodeSystem node;
   std::shared_ptr<ReductionPlan> reduction;
+  std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed by formNcclGroup, before run()
 };
 
 // A database reader's settings, less the replicas it feeds.
@@ -390,6 +416,14 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   reducer.peer_timeout = fromSeconds(o.peer_timeout_s);
   reducer.steps_per_epoch = plan.steps_per_epoch;
   reducer.members = members;
+  if (o.reducer == "nccl") {
+    reducer.nccl = std::make_shared<NcclGroup>();
+    // NCCL cannot say whom a sum waits for: it gives up two graces after the links' heartbeat
+    // watch (peer_timeout, two graces and a heartbeat interval: clusterOptions), which names a
+    // silent peer, as the backstop for a peer that still beats but is hung in its GPU.
+    reducer.peer_timeout += 4 * peerTimeoutGrace(reducer.stall_warning, reducer.peer_timeout) +
+                            std::chrono::milliseconds(1000);
+  }
   if (!ps) {  // with parameter servers, the servers sum over workers
     reducer.rank = rank;
     reducer.world = workers;
@@ -432,7 +466,9 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
     // be summed with other workers' on the way: alone in the run, or with parameter servers
     // (they sum; the PS client runs on this replica's thread all the same).
-    replica.reducer = (k == 1 && (nodes == 1 || ps)) ? updater_address : reducer_address;
+    // NCCL sums even one GPU's buckets (a group of one), as asked.
+    const bool alone = k == 1 && (nodes == 1 || ps) && !reducer.nccl;
+    replica.reducer = alone ? updater_address : reducer_address;
     // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
     replica.reduce_on = replica.reducer == reducer_address ? p.devices.reducer : p.devices.updater;
     replica.coordinator = chief_address;
@@ -491,7 +527,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
         reader_address(r));
   }
 
-  return WorkerActors{std::move(node), reduction};
+  return WorkerActors{std::move(node), reduction, reducer.nccl};
 }
 
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's
@@ -541,14 +577,20 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     trace =
         std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
   }
-  auto [node, reduction] =
+  auto [node, reduction, nccl] =
       spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
   auto& system = node.system;
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1) {
     cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
                       trace.get(), node, p.plan, p.num_params, role ? "" : resumed_from, *members,
-                      ps ? nullptr : reduction.get());
+                      ps || nccl ? nullptr : reduction.get());
+  }
+  if (nccl) {
+    nccl->comm = formNcclGroup(o, cluster ? &cluster->store() : nullptr, rank, nodes);
+    // A run that fails aborts the group first: NCCL's kernels wait for ever on a peer that is
+    // gone, and so would the updater's wait for them, and the actors' ends with it.
+    system->onFailure([group = nccl] { group->comm->abort(); });
   }
 
   system->run();

@@ -134,6 +134,10 @@ struct TrainOptions {
   // several hosts hold the same number, 2 or more, of workers each; else one flat ring), "ring"
   // or "hierarchical" (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE).
   std::string allreduce = "auto";
+  // What sums the gradients of replicas on GPUs: "troupe" (its own sums on a GPU or the CPU and
+  // its ring between processes) or "nccl" (NCCL over every GPU of the run, in the machine and
+  // across machines, its group's id passed through the rendezvous; Caffe2's --use_nccl).
+  std::string reducer = "troupe";
   // TCP connections to each peer on another host; ring chunks spread over them (as NCCL's
   // NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS and Gloo's several pairs do). 1 until a gain is
   // measured: on the 2-core test machine both ends of every link share two cores, and 2 showed

@@ -89,6 +89,14 @@ const Loaded& loaded() {
   return l;
 }
 
+// The plugin, with at least one device, for what `what` needs; else InputError saying why not.
+const CudaPlugin& pluginWithDevices(const std::string& what) {
+  const Loaded& l = loaded();
+  if (!l.plugin) throw InputError(what + ": " + l.info.problem);
+  if (l.info.devices.empty()) throw InputError(what + ": no CUDA device: " + l.info.problem);
+  return *l.plugin;
+}
+
 }  // namespace
 
 const CudaInfo& cudaInfo() {
@@ -96,22 +104,39 @@ const CudaInfo& cudaInfo() {
 }
 
 std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options) {
-  const Loaded& l = loaded();
-  if (!l.plugin) throw InputError("cuda:" + std::to_string(index) + ": " + l.info.problem);
-  if (l.info.devices.empty()) {
-    throw InputError("cuda:" + std::to_string(index) + ": no CUDA device: " + l.info.problem);
-  }
-  if (index < 0 || index >= static_cast<int>(l.info.devices.size())) {
+  const CudaPlugin& plugin = pluginWithDevices("cuda:" + std::to_string(index));
+  const auto& devices = loaded().info.devices;
+  if (index < 0 || index >= static_cast<int>(devices.size())) {
     throw InputError("cuda:" + std::to_string(index) + ": this machine has " +
-                     std::to_string(l.info.devices.size()) + " CUDA device(s)");
+                     std::to_string(devices.size()) + " CUDA device(s)");
   }
-  return l.plugin->make(index, options);
+  return plugin.make(index, options);
 }
 
 Tensor pinnedHostBuffer(Shape shape, DType dtype) {
   const Loaded& l = loaded();
   if (!l.plugin || l.info.devices.empty()) return Tensor::host(std::move(shape), dtype);
   return l.plugin->host_buffer(std::move(shape), dtype);
+}
+
+std::string newNcclGroupId() {
+  return pluginWithDevices("NCCL").nccl_id();
+}
+
+std::unique_ptr<Communicator> makeNcclCommunicator(const CommunicatorSpec& spec) {
+  const CudaPlugin& plugin = pluginWithDevices("NCCL");
+  const auto& devices = loaded().info.devices;
+  TROUPE_ENFORCE(!spec.devices.empty() && spec.ranks >= 1 && spec.first_rank >= 0 &&
+                     spec.first_rank + static_cast<int>(spec.devices.size()) <= spec.ranks,
+                 "an NCCL group of ", spec.ranks, " rank(s) with ", spec.devices.size(),
+                 " from rank ", spec.first_rank);
+  for (const int d : spec.devices) {
+    if (d < 0 || d >= static_cast<int>(devices.size())) {
+      throw InputError("NCCL: there is no cuda:" + std::to_string(d) + ": this machine has " +
+                       std::to_string(devices.size()) + " CUDA device(s)");
+    }
+  }
+  return plugin.communicator(spec);
 }
 
 std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptions& options) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/communicator.h"
 
 namespace troupe::kernels {
 
@@ -67,11 +68,14 @@ Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
 
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
-  static constexpr int kAbi = 6;  // bumped whenever this struct or Backend changes
+  // Bumped whenever this struct, Backend or Communicator changes.
+  static constexpr int kAbi = 7;
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;
   Tensor (*host_buffer)(Shape shape, DType dtype) = nullptr;
+  std::string (*nccl_id)() = nullptr;
+  std::unique_ptr<Communicator> (*communicator)(const CommunicatorSpec& spec) = nullptr;
 };
 
 }  // namespace troupe::kernels

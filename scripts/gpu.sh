@@ -115,6 +115,14 @@ run() {
     --checkpoint_dir "$root/ck_cpu"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
     --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"
+  # reducer nccl: a group of one GPU in one process (NCCL refuses two ranks on one GPU, so two
+  # processes here must fail at once, naming NCCL's refusal, rather than hang).
+  part lenet_nccl 60 "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule device \
+    --reducer nccl --log_dir "$OUT/lenet_nccl" --checkpoint_dir "$root/ck_nccl"
+  part nccl_one_gpu_two_processes 60 bash -c '! "$@"' _ "$troupe" launch -n 2 --launcher local \
+    -- "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule bsp-allreduce \
+    --reducer nccl --rendezvous_timeout 30 --log_dir "$OUT/nccl_two" \
+    --checkpoint_dir "$root/ck_nccl_two"
   # bf16, fp32 (TF32 off), fp16 and TF32, each at every batch: 24 timed rows, printed one by one.
   part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \

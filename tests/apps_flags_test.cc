@@ -330,7 +330,6 @@ TEST(Caffe2Flags, TheLogRecordsEachAsGiven) {
 TEST(Caffe2Flags, RefusedFlagsExitOneWithTheirErrorFromTroupeTrain) {
   const std::map<std::string, std::string> cases = {
       {"--dtype float64", "[error] --dtype float64: expected float or float16"},
-      {"--use_nccl", "[error] --use_nccl: troupe does not reduce with NCCL yet"},
       {"--distributed_transport ibverbs",
        "[error] --distributed_transport ibverbs: troupe has no ibverbs transport"},
       {"--redis_port 7000", "[error] --redis_port 7000 needs redis_host"},

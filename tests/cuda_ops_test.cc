@@ -11,6 +11,7 @@
 // a wrong index or a missing term is off by O(1).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/communicator.h"
 #include "kernels/cuda_plugin.h"
 #include "kernels/net.h"
 #include "kernels/random.h"
@@ -312,6 +314,66 @@ TEST_F(CudaOps, AnotherStreamWaitsForAnEventBeforeItCopiesToPinnedMemory) {
   EXPECT_GT(gpu_->elapsed(began, written), 0.25e-3);
   EXPECT_EQ(pinned.f32()[0], 19.0f);
   EXPECT_EQ(pinned.f32()[n - 1], 19.0f);
+}
+
+// reducer nccl's sums: one group of every GPU here, in this process. Each buffer holds small
+// integers, whose sums are exact in float32 in any order; they are written by work queued after
+// a long one, so that a sum that did not wait for its buffer's event would read the old zeros.
+TEST_F(CudaOps, NcclSumsEveryGpuHereAfterEachBuffersEvent) {
+  const int gpus = static_cast<int>(cudaInfo().devices.size());
+  CommunicatorSpec spec;
+  spec.id = newNcclGroupId();
+  spec.ranks = gpus;
+  for (int d = 0; d < gpus; ++d)
+    spec.devices.push_back(d);
+  auto comm = makeNcclCommunicator(spec);
+  const std::int64_t n = (1 << 22) + 3;  // NCCL's chunks, and a ragged end
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Tensor> buffers;
+  std::vector<Event> ready;
+  for (int d = 0; d < gpus; ++d) {
+    backends.push_back(makeCudaBackend(d));
+    Backend& b = *backends.back();
+    buffers.push_back(b.empty({n}));
+    const Tensor busy = b.empty({1 << 24});
+    for (int i = 0; i < 20; ++i)
+      b.fill(busy, static_cast<float>(i));
+    b.fill(buffers.back(), static_cast<float>(d + 1));
+    ready.push_back(b.record());
+  }
+  const Event summed = comm->allreduce(buffers, ready);
+  summed.wait();
+  EXPECT_EQ(comm->error(), "");
+  const float expected = static_cast<float>(gpus * (gpus + 1) / 2);
+  for (int d = 0; d < gpus; ++d) {
+    Tensor host = Tensor::host({n});
+    backends[static_cast<std::size_t>(d)]->copy(buffers[static_cast<std::size_t>(d)], host);
+    backends[static_cast<std::size_t>(d)]->synchronize();
+    std::int64_t wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      wrong += host.f32()[i] != expected;
+    EXPECT_EQ(wrong, 0) << "cuda:" << d << ": elements that are not " << expected;
+  }
+  // Aborted, the group sums no more, and says so.
+  comm->abort();
+  EXPECT_THROW(comm->allreduce(buffers, ready), Error);
+}
+
+// A group whose other ranks never come: an error naming the group after the timeout, not a hang.
+TEST_F(CudaOps, AnNcclGroupMissingARankTimesOut) {
+  CommunicatorSpec spec;
+  spec.id = newNcclGroupId();
+  spec.ranks = 2;  // rank 1 is nowhere
+  spec.devices = {0};
+  spec.timeout = std::chrono::milliseconds(3000);
+  const auto began = std::chrono::steady_clock::now();
+  try {
+    makeNcclCommunicator(spec);
+    FAIL() << "a group of 2 formed with 1 rank";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("the group of 2 GPU(s)"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(30));
 }
 
 TEST_F(CudaOps, GlobalAveragePooling) {

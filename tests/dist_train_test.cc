@@ -525,6 +525,7 @@ struct AbortCase {
   const char* schedule;
   const char* victim_role;
   int victim_rank;
+  bool nccl = false;  // a GPU each (emulated), summed by NCCL, whose sums the killed one leaves
 };
 void PrintTo(const AbortCase& c, std::ostream* out) {
   *out << c.name;
@@ -538,9 +539,13 @@ TEST_P(AbortTest, KillingAProcessEndsTheRunNamingItWithin30Seconds) {
   const std::string run_id = std::string("kill") + c.name + std::to_string(::getpid());
   testing::CommandResult r;
   std::thread launcher([&] {
-    r = runCommand(in(cwd, troupeBinary() + " launch " + c.launch + " --run_id " + run_id +
+    const std::string gpus = c.nccl ? "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
+                                          " TROUPE_EMULATED_GPUS=1 "
+                                    : "";
+    r = runCommand(in(cwd, gpus + troupeBinary() + " launch " + c.launch + " --run_id " + run_id +
                                " -- troupe train --model lenet" + dataFlags() + " --schedule " +
-                               c.schedule + " --num_epochs 50 --log_every 0"));
+                               c.schedule + (c.nccl ? " --gpus 0 --reducer nccl" : "") +
+                               " --num_epochs 50 --log_every 0"));
   });
   const pid_t victim = waitForProcess(run_id, c.victim_role, c.victim_rank);
   if (victim < 0) {
@@ -566,7 +571,8 @@ TEST_P(AbortTest, KillingAProcessEndsTheRunNamingItWithin30Seconds) {
 INSTANTIATE_TEST_SUITE_P(
     Schedules, AbortTest,
     ::testing::Values(AbortCase{"BspWorker", "-n 2", "bsp-allreduce", "worker", 1},
-                      AbortCase{"DistSyncServer", "-n 2 -s 1", "dist_sync", "server", 0}),
+                      AbortCase{"DistSyncServer", "-n 2 -s 1", "dist_sync", "server", 0},
+                      AbortCase{"NcclWorker", "-n 2", "bsp-allreduce", "worker", 1, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --on-failure restart: a process is killed with SIGKILL mid-run (after the first checkpoint); the
@@ -693,14 +699,21 @@ class HungWorkerTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   TempDir cwd("dist_hang");
-  const std::string schedule = GetParam();
-  const std::string run_id = "hang" + schedule.substr(0, 4) + std::to_string(::getpid());
+  const std::string param = GetParam();
+  // "nccl": bsp-allreduce on a GPU each (emulated), summed by NCCL, which cannot name the culprit
+  // itself: the links' heartbeat watch must, before NCCL's own timeout.
+  const bool nccl = param == "nccl";
+  const std::string schedule = nccl ? "bsp-allreduce" : param;
+  const std::string gpus =
+      nccl ? "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) + " TROUPE_EMULATED_GPUS=1 "
+           : "";
+  const std::string run_id = "hang" + param.substr(0, 4) + std::to_string(::getpid());
   testing::CommandResult r;
   std::thread launcher([&] {
-    r = runCommand(in(cwd, troupeBinary() + " launch -n 2" +
+    r = runCommand(in(cwd, gpus + troupeBinary() + " launch -n 2" +
                                (schedule == "dist_sync" ? " -s 1" : "") + " --run_id " + run_id +
                                " -- troupe train --model mlp" + dataFlags() + " --schedule " +
-                               schedule +
+                               schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
                                " --num_epochs 50 --log_every 0 --threads 1 --peer_timeout 3 "
                                "--stall_warning 1"));
   });
@@ -724,10 +737,12 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
-                         ::testing::Values("bsp-allreduce", "dist_sync"),
+                         ::testing::Values("bsp-allreduce", "dist_sync", "nccl"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param) == "dist_sync" ? "DistSync"
-                                                                         : "BspAllreduce";
+                           const std::string param = info.param;
+                           return param == "dist_sync" ? "DistSync"
+                                  : param == "nccl"    ? "Nccl"
+                                                       : "BspAllreduce";
                          });
 
 // A parameter server that hangs (SIGSTOP) while the workers pull from it: each worker reports the

@@ -145,6 +145,73 @@ TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
   EXPECT_GE(buckets.size(), 3u) << trace.substr(0, 2000);
 }
 
+// ---- reducer nccl: the emulated NCCL sums in rank order, which for two GPUs is the one sum
+// a + b, as troupe's own sums and ring make it, so that the weights match the CPU's to the bit.
+
+// MXNet's kvstore nccl: two GPUs of a process, each bucket summed over both by NCCL in place.
+TEST(Devices, NcclSumsTheGpusOfAProcessAsTheCpuDoes) {
+  expectTheCpusWeights("devices_nccl", "--replicas 2 --threads 2",
+                       "--gpus 0,1 --schedule device --reducer nccl --threads 2",
+                       "replicas on cuda:0, cuda:1; gradients summed by NCCL over the run's 2 "
+                       "GPU(s), weights updated on cuda:0");
+}
+
+// Two processes with a GPU each (two machines): one NCCL group of two ranks, its id passed
+// through the rendezvous store; Caffe2's --use_nccl asks for it.
+TEST(Devices, NcclSumsAcrossProcessesAsTheRingDoes) {
+  expectTheCpusWeights("devices_nccl_processes", "--schedule bsp-allreduce --threads 1",
+                       "--schedule bsp-allreduce --threads 1 --gpus 0 --use_nccl",
+                       "replica on cuda:0; gradients summed by NCCL over the run's 2 GPU(s), "
+                       "weights updated on cuda:0",
+                       troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
+// MXNet's --kv-store nccl: the schedule device, summed by NCCL.
+TEST(Devices, MxnetsKvstoreNcclIsScheduleDeviceWithReducerNccl) {
+  TempDir cwd("devices_kvstore_nccl");
+  const auto r = trainLenet(cwd, "gpu", emulated(), "--gpus 0,1 --kv-store nccl --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("schedule = \"device\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reducer = \"nccl\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed by "
+                          "NCCL over the run's 2 GPU(s), weights updated on cuda:0"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Devices, NcclWhereItCannotSumIsRefused) {
+  const std::string data = " --model lenet --train_data " + testData("lmdb") + "/train";
+  const std::pair<std::string, std::string> cases[] = {
+      {" --reducer nccl",
+       "[error] reducer nccl: NCCL sums on GPUs, and this run has none: name them with gpus "
+       "(--gpus 0,1 or --num_gpus 2), or use reducer troupe"},
+      {" --num_gpus 2 --reducer nccl",
+       "[error] reducer nccl: schedule 'local' sums gradients on the CPU (MXNet's local); use "
+       "schedule device (one process) or bsp-allreduce (several), where NCCL sums on the GPUs"},
+      {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --gradient_compression 2bit",
+       "[error] reducer nccl: NCCL sums float32 gradients, and gradient_compression is 2bit; use "
+       "gradient_compression none, or reducer troupe"},
+      {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --allreduce hierarchical",
+       "[error] reducer nccl: allreduce hierarchical picks troupe's own ring; NCCL picks its own "
+       "rings and trees: leave allreduce auto, or use reducer troupe"},
+      {" --num_gpus 1 --reducer gloo", "--reducer gloo: expected troupe or nccl"},
+  };
+  for (const auto& [flags, error] : cases) {
+    const auto r = runCommand(emulated() + troupeBinary() + " train" + data + flags);
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(error), std::string::npos) << flags << "\n" << r.output;
+  }
+  // Under parameter servers, which sum themselves.
+  const auto r = runCommand(
+      emulated(1) + troupeBinary() + " launch -n 1 -s 1 --launcher local -- " + troupeBinary() +
+      " train" + data + " --gpus 0 --reducer nccl --schedule dist_sync --epoch_size 640");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("reducer nccl: under schedule 'dist_sync' the parameter servers sum the "
+                          "gradients; use schedule bsp-allreduce, or reducer troupe"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Devices, TheDryRunShowsTheGpusAndTf32) {
   TempDir cwd("devices_dry_run");
   const auto r = trainLenet(cwd, "gpu", emulated(), "--num_gpus 2 --enable_tensor_core --dry-run");

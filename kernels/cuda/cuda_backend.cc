@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/cuda_event.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda_plugin.h"
 
 namespace troupe::kernels::cuda {
@@ -599,31 +601,6 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
   bool checked_ = true;
 };
 
-// A CUDA event recorded on a backend's stream, destroyed with its last handle.
-class CudaEvent final : public EventImpl {
- public:
-  CudaEvent(int device, cudaStream_t stream, bool timed = false) : device_(device) {
-    TROUPE_CUDA_CHECK(
-        cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
-    TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream));
-  }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
-
-  bool done() const override {
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
-    TROUPE_CUDA_CHECK(e);
-    return true;
-  }
-  void wait() const override { TROUPE_CUDA_CHECK(cudaEventSynchronize(event_)); }
-  cudaEvent_t event() const { return event_; }
-  int device() const { return device_; }
-
- private:
-  int device_;
-  cudaEvent_t event_ = nullptr;
-};
-
 static_assert(sizeof(cuda::ChannelValues::mean) / sizeof(float) == Backend::kMaxChannels);
 
 // Page-locked host memory (every device copies it asynchronously), zero-filled.
@@ -777,15 +754,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event(), b->event()));
     return ms / 1000.0;
   }
-  void waitFor(const Event& e) override {
-    if (e.done()) return;
-    // Another device's event works too: a stream may wait on any event of the process.
-    if (const auto* cuda_event = dynamic_cast<const CudaEvent*>(e.impl())) {
-      TROUPE_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream, cuda_event->event(), 0));
-    } else {
-      e.wait();
-    }
-  }
+  void waitFor(const Event& e) override { streamWaitFor(ctx_.stream, e); }
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();
     return MemoryStats{s.in_use, s.peak_in_use, s.reserved};
@@ -890,6 +859,7 @@ extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlu
 troupe_cuda_plugin() {
   static const troupe::kernels::CudaPlugin plugin{
       troupe::kernels::CudaPlugin::kAbi, &troupe::kernels::cuda::describe,
-      &troupe::kernels::cuda::make, &troupe::kernels::cuda::pinned};
+      &troupe::kernels::cuda::make,      &troupe::kernels::cuda::pinned,
+      &troupe::kernels::cuda::ncclId,    &troupe::kernels::cuda::makeCommunicator};
   return &plugin;
 }

@@ -1,0 +1,136 @@
+// The emulated GPU's streams and events (tests/emulated_gpu): work queued on a thread of its own,
+// and events that fire when that thread gets to them. Shared by its backends and its NCCL.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "kernels/event.h"
+#include "kernels/tensor.h"
+
+namespace troupe::kernels::emulated {
+
+inline int envInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+inline bool onHost(const Tensor& t) {
+  return t.device().kind == DeviceKind::kCpu;
+}
+
+// The same memory as a host tensor, holding `t` alive.
+inline Tensor hostView(const Tensor& t) {
+  if (t.raw() == nullptr || onHost(t)) return t;
+  auto keep = std::make_shared<Tensor>(t);
+  return Tensor(std::shared_ptr<void>(keep, t.raw()), t.raw(), t.shape(), t.dtype(), Device{});
+}
+
+// A stream: work runs in order on a thread of its own. The first failure is kept and thrown at
+// the next host wait (work after it still runs, so that events still fire).
+class Stream {
+ public:
+  Stream() : delay_(envInt("TROUPE_EMULATED_GPU_DELAY_US", 0)), thread_([this] { run(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void enqueue(std::function<void()> work) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(work));
+      ++queued_;
+    }
+    wake_.notify_all();
+  }
+
+  // Blocks until everything queued so far ran; rethrows a failure.
+  void drain() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t target = queued_;
+    done_.wait(lock, [&] { return ran_ >= target; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (delay_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_));
+      std::exception_ptr failure;
+      try {
+        work();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        if (failure && !failure_) failure_ = failure;
+        ++ran_;
+      }
+      done_.notify_all();
+    }
+  }
+
+  const int delay_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::deque<std::function<void()>> queue_;
+  std::uint64_t queued_ = 0, ran_ = 0;
+  std::exception_ptr failure_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Done once its stream ran everything queued before it.
+class StreamEvent final : public EventImpl {
+ public:
+  bool done() const override {
+    std::lock_guard lock(mutex_);
+    return done_;
+  }
+  void wait() const override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  void fire() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+      when_ = std::chrono::steady_clock::now();
+    }
+    cv_.notify_all();
+  }
+  std::chrono::steady_clock::time_point when() const {
+    std::lock_guard lock(mutex_);
+    return when_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::chrono::steady_clock::time_point when_;
+};
+
+}  // namespace troupe::kernels::emulated
