@@ -268,11 +268,39 @@ class Reducer final : public Actor {
   // on NCCL's streams; the updater gets replica 0's with the event of the sums, at once.
   void ncclSum(std::int64_t step, std::int64_t begin, const Pending& parts) {
     TROUPE_ENFORCE(config_.nccl->comm != nullptr, "reducer nccl without its NCCL group");
+    auto& comm = *config_.nccl->comm;
     const std::int64_t end = begin + parts.parts[0].numel();
-    kernels::Event summed = config_.nccl->comm->allreduce(parts.parts, parts.ready);
+    if (config_.trace && step != traced_step_) traceNcclSums();
+    kernels::Event began;
+    kernels::Event summed =
+        comm.allreduce(parts.parts, parts.ready, config_.trace ? &began : nullptr);
+    if (config_.trace) {
+      traced_step_ = step;
+      to_trace_.push_back({fmt::format("allreduce [{},{})", begin, end), began, summed});
+    }
     forgetSummed();
     in_nccl_.push_back({step, begin, end, summed, Trace::Clock::now()});
     send(config_.updater, Reduced{step, begin, end, parts.parts[0], std::move(summed)});
+  }
+
+  // With a trace: the last step's NCCL sums by the device's own clock, on a track of their own
+  // ("reducer nccl cuda:0") beside the replicas' compute. They are done (this step's buckets come
+  // from a backward that began after the updater applied them), so a mark on the idle stream is
+  // reached at once: the host's time of that wait anchors them. The run's last step is left out.
+  void traceNcclSums() {
+    if (to_trace_.empty()) return;
+    auto& comm = *config_.nccl->comm;
+    const kernels::Event now = comm.mark();
+    now.wait();
+    const auto end = Trace::Clock::now();
+    auto at = [&](const kernels::Event& e) {
+      return end - std::chrono::duration_cast<Trace::Clock::duration>(
+                       std::chrono::duration<double>(comm.elapsed(e, now)));
+    };
+    const std::string track = fmt::format("{} nccl {}", name(), kernels::toString(config_.device));
+    for (const auto& s : to_trace_)
+      config_.trace->span(track, s.what, at(s.began), at(s.summed));
+    to_trace_.clear();
   }
 
   // The NCCL sums done by now leave the watch (checkNcclStalls).
@@ -343,6 +371,12 @@ class Reducer final : public Actor {
   std::vector<std::map<std::int64_t, kernels::Tensor>> device_copies_;
   std::map<std::pair<std::int64_t, std::int64_t>, Pending> pending_;
   std::deque<NcclSum> in_nccl_;  // reducer = nccl: the sums queued, oldest first
+  struct TracedSum {
+    std::string what;
+    kernels::Event began, summed;
+  };
+  std::vector<TracedSum> to_trace_;  // with a trace: the sums of step traced_step_
+  std::int64_t traced_step_ = -1;
   std::int64_t warned_nccl_step_ = -1;
   // One of them, from the run's topology (ReducerConfig::reduction), once started.
   std::optional<RingAllreduce> flat_;

@@ -36,8 +36,15 @@ class Communicator {
   // Sums buffers[i] (float32, all of one length, buffers[i] on devices[i]) over every GPU of the
   // group, in place. The sum on devices[i] starts once ready[i] is done; the call returns at once
   // with an event, on devices[0], done once every one of this process's sums is. Every process
-  // calls it for the same buffers in the same order, as NCCL requires.
-  virtual Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready) = 0;
+  // calls it for the same buffers in the same order, as NCCL requires. With `began`, for traces:
+  // *began is reached once the sums may start (every ready[i] done), and both events are timed.
+  virtual Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready,
+                          Event* began = nullptr) = 0;
+
+  // For traces: a timed event reached once the sums queued so far are done, and the seconds
+  // between two timed events of this communicator (`from` first; both done).
+  virtual Event mark() = 0;
+  virtual double elapsed(const Event& from, const Event& to) = 0;
 
   // What went wrong in the group's work (a peer gone, a network error), or empty; never waits.
   virtual std::string error() = 0;

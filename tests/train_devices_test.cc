@@ -12,8 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "actors/checkpoint.h"
 #include "cli_util.h"
@@ -164,6 +167,43 @@ TEST(Devices, NcclSumsAcrossProcessesAsTheRingDoes) {
                        "replica on cuda:0; gradients summed by NCCL over the run's 2 GPU(s), "
                        "weights updated on cuda:0",
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
+// A Chrome trace's complete spans ("ph":"X") of one name prefix: [begin, end) in microseconds.
+std::vector<std::pair<std::int64_t, std::int64_t>> spansOf(const std::string& trace,
+                                                           const std::string& prefix) {
+  static const std::regex span(
+      R"re("ph":"X","name":"([^"]*)","pid":\d+,"tid":\d+,"ts":(\d+),"dur":(\d+))re");
+  std::vector<std::pair<std::int64_t, std::int64_t>> found;
+  for (auto it = std::sregex_iterator(trace.begin(), trace.end(), span);
+       it != std::sregex_iterator(); ++it) {
+    if ((*it)[1].str().rfind(prefix, 0) != 0) continue;
+    const std::int64_t ts = std::stoll((*it)[2].str()), dur = std::stoll((*it)[3].str());
+    found.emplace_back(ts, ts + dur);
+  }
+  return found;
+}
+
+// NCCL's sums on a track of their own, by the device's clock, overlapping the replicas' backward
+// passes: a bucket is summed while the layers before it still compute.
+TEST(Devices, ATraceShowsNcclSumsOverlappingTheBackwardPass) {
+  TempDir cwd("devices_nccl_trace");
+  const auto r = trainLenet(cwd, "gpu", emulated(),
+                            "--gpus 0,1 --schedule device --reducer nccl --threads 2 "
+                            "--trace trace.json --bucket_size_mb 0.05 --first_bucket_mb 0.01");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string trace = testing::slurp(cwd.path() / "trace.json");
+  EXPECT_NE(trace.find("\"reducer nccl cuda:0\""), std::string::npos);
+  const auto sums = spansOf(trace, "allreduce [");
+  const auto backward = spansOf(trace, "backward, to bucket [");
+  // LeNet in 3 or more buckets, over 19 traced steps (the last step's sums are left out).
+  EXPECT_GE(sums.size(), 3u * 19) << trace.substr(0, 2000);
+  int overlapping = 0;
+  for (const auto& [begin, end] : sums) {
+    for (const auto& [b, e] : backward)
+      overlapping += begin < e && b < end;
+  }
+  EXPECT_GT(overlapping, 0) << "no NCCL sum ran during a backward pass";
 }
 
 // MXNet's --kv-store nccl: the schedule device, summed by NCCL.

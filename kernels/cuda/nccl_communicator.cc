@@ -94,7 +94,8 @@ class NcclCommunicator final : public Communicator {
 
   ~NcclCommunicator() override { release(); }
 
-  Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready) override {
+  Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready,
+                  Event* began) override {
     TROUPE_ENFORCE(buffers.size() == devices_.size() && ready.size() == devices_.size(),
                    "an NCCL sum of ", buffers.size(), " buffer(s) on a group with ",
                    devices_.size(), " GPU(s) in this process");
@@ -107,6 +108,14 @@ class NcclCommunicator final : public Communicator {
                      "NCCL sums float32 buffers of one length, each on its GPU of the group");
       TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
       streamWaitFor(streams_[i], ready[i]);
+    }
+    if (began) {
+      // devices[0]'s stream waits for the others' buffers too, so that the mark is the start of
+      // the group's sums (NCCL's kernels wait for each other anyway).
+      for (std::size_t i = 1; i < buffers.size(); ++i)
+        streamWaitFor(streams_[0], ready[i]);
+      TROUPE_CUDA_CHECK(cudaSetDevice(devices_[0]));
+      *began = Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0], /*timed=*/true));
     }
     TROUPE_NCCL_CHECK(ncclGroupStart(), nullptr);
     for (std::size_t i = 0; i < buffers.size(); ++i) {
@@ -126,7 +135,23 @@ class NcclCommunicator final : public Communicator {
       TROUPE_CUDA_CHECK(cudaStreamWaitEvent(streams_[0], done.event(), 0));
     }
     TROUPE_CUDA_CHECK(cudaSetDevice(devices_[0]));
-    return Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0]));
+    return Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0], began != nullptr));
+  }
+
+  Event mark() override {
+    std::lock_guard lock(mutex_);
+    if (aborted_) throw Error("NCCL: the group was aborted");
+    TROUPE_CUDA_CHECK(cudaSetDevice(devices_[0]));
+    return Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0], /*timed=*/true));
+  }
+
+  double elapsed(const Event& from, const Event& to) override {
+    const auto* a = dynamic_cast<const CudaEvent*>(from.impl());
+    const auto* b = dynamic_cast<const CudaEvent*>(to.impl());
+    TROUPE_ENFORCE(a != nullptr && b != nullptr, "elapsed() between events of another kind");
+    float ms = 0;
+    TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event(), b->event()));
+    return ms / 1000.0;
   }
 
   std::string error() override {

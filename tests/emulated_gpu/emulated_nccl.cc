@@ -86,7 +86,8 @@ class EmulatedCommunicator final : public Communicator {
     ::munmap(base_, bytes_);
   }
 
-  Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready) override {
+  Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready,
+                  Event* began) override {
     TROUPE_ENFORCE(
         static_cast<int>(buffers.size()) == local_ && static_cast<int>(ready.size()) == local_,
         "an NCCL sum of ", buffers.size(), " buffer(s) on a group with ", local_,
@@ -98,14 +99,29 @@ class EmulatedCommunicator final : public Communicator {
                      "NCCL sums float32 buffers of one length");
       views.push_back(hostView(b));
     }
-    stream_->enqueue([this, views, ready] {
+    auto start = std::make_shared<StreamEvent>();
+    if (began) *began = Event(start);
+    stream_->enqueue([this, views, ready, start] {
       for (const auto& e : ready)
         e.wait();
+      start->fire();
       sum(views);
     });
+    return mark();
+  }
+
+  Event mark() override {
     auto done = std::make_shared<StreamEvent>();
     stream_->enqueue([done] { done->fire(); });
     return Event(done);
+  }
+
+  double elapsed(const Event& from, const Event& to) override {
+    const auto* a = dynamic_cast<const StreamEvent*>(from.impl());
+    const auto* b = dynamic_cast<const StreamEvent*>(to.impl());
+    TROUPE_ENFORCE(a != nullptr && b != nullptr && a->done() && b->done(),
+                   "elapsed() between events not done, or of another kind");
+    return std::chrono::duration<double>(b->when() - a->when()).count();
   }
 
   std::string error() override {
