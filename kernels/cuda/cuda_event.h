@@ -45,4 +45,14 @@ inline void streamWaitFor(cudaStream_t stream, const Event& e) {
   }
 }
 
+// Seconds from `from` to `to`, two done timed CudaEvents of one device.
+inline double secondsBetween(const Event& from, const Event& to) {
+  const auto* a = dynamic_cast<const CudaEvent*>(from.impl());
+  const auto* b = dynamic_cast<const CudaEvent*>(to.impl());
+  TROUPE_ENFORCE(a != nullptr && b != nullptr, "elapsed() between events of another kind");
+  float ms = 0;
+  TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event(), b->event()));
+  return ms / 1000.0;
+}
+
 }  // namespace troupe::kernels::cuda

@@ -145,14 +145,7 @@ class NcclCommunicator final : public Communicator {
     return Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0], /*timed=*/true));
   }
 
-  double elapsed(const Event& from, const Event& to) override {
-    const auto* a = dynamic_cast<const CudaEvent*>(from.impl());
-    const auto* b = dynamic_cast<const CudaEvent*>(to.impl());
-    TROUPE_ENFORCE(a != nullptr && b != nullptr, "elapsed() between events of another kind");
-    float ms = 0;
-    TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event(), b->event()));
-    return ms / 1000.0;
-  }
+  double elapsed(const Event& from, const Event& to) override { return secondsBetween(from, to); }
 
   std::string error() override {
     std::lock_guard lock(error_mutex_);

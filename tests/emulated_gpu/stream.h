@@ -15,6 +15,7 @@
 
 #include "kernels/event.h"
 #include "kernels/tensor.h"
+#include "troupe/error.h"
 
 namespace troupe::kernels::emulated {
 
@@ -132,5 +133,14 @@ class StreamEvent final : public EventImpl {
   bool done_ = false;
   std::chrono::steady_clock::time_point when_;
 };
+
+// Seconds from `from` to `to`, two done StreamEvents.
+inline double secondsBetween(const Event& from, const Event& to) {
+  const auto* a = dynamic_cast<const StreamEvent*>(from.impl());
+  const auto* b = dynamic_cast<const StreamEvent*>(to.impl());
+  TROUPE_ENFORCE(a != nullptr && b != nullptr && a->done() && b->done(),
+                 "elapsed() between events not done, or of another kind");
+  return std::chrono::duration<double>(b->when() - a->when()).count();
+}
 
 }  // namespace troupe::kernels::emulated
