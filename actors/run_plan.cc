@@ -382,6 +382,7 @@ void validateElastic(const TrainOptions& o) {
         "checkpoint, resume it with a fixed number of workers",
         bounds));
   }
+  checkReducer(o);  // before any rendezvous
   if (o.rendezvous.empty() || o.run_id.empty()) {
     throw InputError(fmt::format(
         "{}: an elastic run needs --rendezvous tcp://HOST:PORT (or file://, redis://) and "
@@ -539,9 +540,15 @@ void checkReducer(const TrainOptions& o) {
         o.allreduce));
   }
   if (o.max_workers > 0) {
+    // Tried: the run re-forms and finishes, but the survivors' weights differ. NCCL's sums are
+    // queued ahead of the updates that read them, so a step that a lost worker cut short is
+    // applied on the GPU after the abort, from partial sums; an elastic run goes on from the
+    // weights in memory. troupe's ring hands on only whole sums.
     refuse(
-        "an elastic run re-forms its group of workers between steps, and an NCCL group is fixed "
-        "when it forms; use reducer troupe (its ring re-forms), or a fixed num_workers");
+        "an elastic run goes on from the weights in memory, and NCCL's sums are queued ahead of "
+        "the updates that read them, so a step that a lost worker cut short would already be "
+        "applied from partial sums; use reducer troupe (its ring hands on whole sums only), or a "
+        "fixed num_workers");
   }
 }
 

@@ -235,6 +235,9 @@ TEST(Devices, NcclWhereItCannotSumIsRefused) {
        "[error] reducer nccl: allreduce hierarchical picks troupe's own ring; NCCL picks its own "
        "rings and trees: leave allreduce auto, or use reducer troupe"},
       {" --num_gpus 1 --reducer gloo", "--reducer gloo: expected troupe or nccl"},
+      {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --num_workers 2:4",
+       "[error] reducer nccl: an elastic run goes on from the weights in memory, and NCCL's sums "
+       "are queued ahead of the updates that read them"},
   };
   for (const auto& [flags, error] : cases) {
     const auto r = runCommand(emulated() + troupeBinary() + " train" + data + flags);
