@@ -169,6 +169,23 @@ TEST(Devices, NcclSumsAcrossProcessesAsTheRingDoes) {
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
 }
 
+// Two processes with two GPUs each are one group of four ranks, process by process: the
+// emulated NCCL sums in rank order, so they end as one process with four GPUs does, to the bit
+// (the replicas see the same inputs in the same order either way).
+TEST(Devices, NcclRanksTheGpusOfSeveralProcessesInOrder) {
+  TempDir cwd("devices_nccl_ranks");
+  auto r = trainLenet(cwd, "one", emulated(4),
+                      "--gpus 0,1,2,3 --schedule device --reducer nccl --threads 4", 128);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "two", emulated(2) + troupeBinary() + " launch -n 2 --launcher local -- ",
+                 "--gpus 0,1 --schedule bsp-allreduce --reducer nccl --threads 2", 64);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("NCCL: a group of 4 GPU(s) in 2 process(es) sums the gradients"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "one", cwd.path() / "two"));
+}
+
 // A Chrome trace's complete spans ("ph":"X") of one name prefix: [begin, end) in microseconds.
 std::vector<std::pair<std::int64_t, std::int64_t>> spansOf(const std::string& trace,
                                                            const std::string& prefix) {

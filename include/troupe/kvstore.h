@@ -11,8 +11,8 @@
 // Types (MXNet's names):
 //  - "local", "device": one process. Each push (the sum of the arrays pushed together, as from
 //    several devices) is applied to the key's value at once, by the optimizer if one is set, else
-//    it replaces the value; a pull reads the value. This build has no GPUs: "device" sums on the
-//    CPU as "local" does. With gradient compression, each push is encoded and decoded as it would
+//    it replaces the value; a pull reads the value. The arrays are host memory: "device" sums on
+//    the CPU as "local" does (`troupe train --schedule device` sums GPU replicas on a GPU). With gradient compression, each push is encoded and decoded as it would
 //    cross the wire (2bit keeps its residual per key).
 //  - "dist_sync", "dist_async", and troupe's "ssp": workers and parameter-server processes, placed
 //    as `troupe train` places them: `troupe launch -n W -s S -- PROGRAM` (any launcher), MXNet's

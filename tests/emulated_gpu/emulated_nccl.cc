@@ -61,8 +61,17 @@ class EmulatedCommunicator final : public Communicator {
     if (p == MAP_FAILED) throw IoError("emulated NCCL: mapping " + name + " failed");
     base_ = static_cast<char*>(p);
     header_ = reinterpret_cast<Header*>(base_);  // zeros from ftruncate: atomics at 0
-    for (int i = 0; i < local_; ++i)
-      header_->pids[first_ + i].store(static_cast<std::int32_t>(::getpid()));
+    for (int i = 0; i < local_; ++i) {
+      // As NCCL, a rank claimed twice is an error, not a group that waits for the rank missing.
+      std::int32_t before = 0;
+      if (!header_->pids[first_ + i].compare_exchange_strong(
+              before, static_cast<std::int32_t>(::getpid()))) {
+        ::munmap(base_, bytes_);
+        throw InputError("NCCL (emulated): rank " + std::to_string(first_ + i) +
+                         " of the group joined twice (pids " + std::to_string(before) + " and " +
+                         std::to_string(::getpid()) + ")");
+      }
+    }
     header_->joined.fetch_add(local_);
     const auto deadline = std::chrono::steady_clock::now() + spec.timeout;
     while (header_->joined.load() < ranks_) {
