@@ -7,6 +7,8 @@
 #include <charconv>
 #include <cmath>
 #include <iterator>
+#include <set>
+#include <string>
 #include <type_traits>
 
 #include "actors/caffe2_flags.h"
@@ -688,9 +690,13 @@ const std::vector<ConfigKey>& configKeys() {
   using config::Kind;
   static const std::vector<ConfigKey> out = [] {
     std::vector<ConfigKey> v;
+    std::set<std::string> caffe2;
+    for (const auto& k : config::caffe2Keys())
+      caffe2.insert(k.name);
     for (const auto& k : config::keys()) {
       ConfigKey c;
       c.name = k.name;
+      c.caffe2_flag = caffe2.count(k.name) > 0;
       c.kind = config::kindName(k.kind);
       c.help = k.help;
       c.summary = k.help;

@@ -38,6 +38,10 @@ struct ConfigKey {
   double max = std::numeric_limits<double>::infinity();
   bool min_open = false;
   bool max_open = false;
+  // One of Caffe2's resnet50_trainer flags (docs/flags.md): it sets another key, is accepted as
+  // what troupe does anyway, or is refused. troupe's own keys named after Caffe2's options
+  // (mean_per_channel) are not.
+  bool caffe2_flag = false;
 };
 // Any thread (built once).
 const std::vector<ConfigKey>& configKeys();

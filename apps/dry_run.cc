@@ -171,9 +171,6 @@ std::string tomlArgument(const std::string& text) {
 
 // One of Caffe2's trainer flags that troupe takes beside its own keys (actors/caffe2_flags.h):
 // the loader sets its troupe key from it, and its help says so.
-bool isCaffe2Flag(const actors::ConfigKey& key) {
-  return key.summary.rfind("Caffe2's", 0) == 0;
-}
 
 // Where each key's value came from, by the precedence of actors/train_config.h and
 // actors/cluster_env.h: a flag, a TROUPE_* variable, the cluster engine, the file, the default.
@@ -262,7 +259,7 @@ std::string configSection(const std::string& file, const actors::ConfigOverrides
     const actors::ConfigKey* key = it == keys.end() ? nullptr : it->second;
     std::string line = fmt::format("{} = {}", name, tomlValue(key ? key->kind : "", text));
     std::string origin = provenance.of(name);
-    if (key && isCaffe2Flag(*key)) {
+    if (key && key->caffe2_flag) {
       // Its value is in the key it sets; written beside it, a reload would refuse the pair.
       if (origin == "default") continue;
       line = "# " + line;

@@ -139,8 +139,10 @@ TEST(TrainDryRun, MarksWhereEachValueCameFrom) {
 
 TEST(TrainDryRun, ItsOutputIsAConfigThatResolvesToTheSameValues) {
   TempDir cwd("dry_round_trip");
-  const auto first =
-      train(cwd, lenet() + dataFlags() + " --replicas 2 --work_load_list 1,3 --dry-run");
+  // mean_per_channel and std_per_channel are troupe's keys, named after Caffe2's options.
+  const auto first = train(cwd, lenet() + dataFlags() +
+                                    " --replicas 2 --work_load_list 1,3 --mean_per_channel 0.5 "
+                                    "--std_per_channel 0.25 --dry-run");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto saved = cwd.path() / "resolved.toml";
   std::ofstream(saved) << first.output;
@@ -157,6 +159,8 @@ TEST(TrainDryRun, ItsOutputIsAConfigThatResolvesToTheSameValues) {
   };
   EXPECT_EQ(values(first.output), values(second.output));
   EXPECT_TRUE(contains(values(second.output), "work_load_list = [1, 3]")) << second.output;
+  EXPECT_TRUE(contains(values(second.output), "mean_per_channel = [0.5]")) << second.output;
+  EXPECT_TRUE(contains(values(second.output), "std_per_channel = [0.25]")) << second.output;
   EXPECT_TRUE(contains(second.output, "batch shares 16, 48")) << second.output;
 }
 
