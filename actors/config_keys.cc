@@ -423,7 +423,8 @@ std::vector<Key> buildTable() {
                         "host, then across hosts)"),
       TROUPE_CHOICE_KEY("reducer", reducer,
                         "what sums gradients of GPU replicas: troupe (its own sums and ring) or "
-                        "nccl (NCCL over every GPU of the run)",
+                        "nccl (NCCL over every GPU of the run; with allreduce ring or "
+                        "hierarchical, over each process's GPUs, troupe's allreduce across)",
                         "troupe", "nccl"),
       // More connections than a host has cores only add context switches; 16 is NCCL's cap.
       TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),

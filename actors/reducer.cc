@@ -25,7 +25,8 @@ namespace {
 // Sums each gradient bucket over the replicas of this process, in replica order (so the result
 // does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
 // several processes, over all of them by ring allreduce, while backward goes on. With
-// reducer = nccl, NCCL sums the replicas' buckets over every GPU of the run instead.
+// reducer = nccl, NCCL sums the replicas' buckets over every GPU of the run instead, or, with
+// the allreduce named (ring, hierarchical), over this process's GPUs before the ring.
 class Reducer final : public Actor {
  private:
   struct InRing {
@@ -66,7 +67,7 @@ class Reducer final : public Actor {
 
   void started() override {
     armStallCheck();
-    if (config_.nccl) return;  // NCCL sums, on its own streams
+    if (config_.nccl && config_.nccl->spans_processes) return;  // NCCL sums, on its own streams
     backend_ = kernels::makeBackend(config_.device, config_.threads);
     device_copies_.resize(static_cast<std::size_t>(config_.num_replicas));
     buildRings();
@@ -109,11 +110,7 @@ class Reducer final : public Actor {
   // Horovod's stall report, for a ring: a bucket this worker has summed locally and started, that
   // has not come back from the ring, waits on the previous worker (directly, or through it).
   void checkStalls() {
-    if (config_.nccl) {
-      checkNcclStalls();
-      armStallCheck();
-      return;
-    }
+    if (config_.nccl) checkNcclStalls();
     const auto now = Trace::Clock::now();
     const int previous = (config_.rank + config_.world - 1) % config_.world;
     const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
@@ -228,15 +225,17 @@ class Reducer final : public Actor {
     if (++pending.count < config_.num_replicas) return;
     const Pending parts = std::move(pending);
     pending_.erase(key);
-    if (config_.nccl) {
+    if (config_.nccl && config_.nccl->spans_processes) {
       ncclSum(b.step, b.begin, parts);
       return;
     }
 
     // The sum goes into replica 0's bucket (GradBucket lends it writable), or into the staging
-    // copy of it here.
+    // copy of it here. NCCL in this process only: its sum, then the ring across processes.
     kernels::Tensor sum = parts.parts[0];
-    if (parts.parts.size() > 1) {
+    if (config_.nccl) {
+      backend_->waitFor(ncclQueue(b.step, b.begin, parts));
+    } else if (parts.parts.size() > 1) {
       TraceScope span(config_.trace, name(), "reduce");
       for (std::size_t r = 1; r < parts.parts.size(); ++r) {
         TROUPE_ENFORCE_EQ(parts.parts[r].numel(), sum.numel());
@@ -267,6 +266,13 @@ class Reducer final : public Actor {
   // reducer = nccl: the replicas' buckets are summed in place over every GPU of the run, queued
   // on NCCL's streams; the updater gets replica 0's with the event of the sums, at once.
   void ncclSum(std::int64_t step, std::int64_t begin, const Pending& parts) {
+    const std::int64_t end = begin + parts.parts[0].numel();
+    send(config_.updater, Reduced{step, begin, end, parts.parts[0], ncclQueue(step, begin, parts)});
+  }
+
+  // The NCCL sums of a bucket queued, watched (checkNcclStalls) and, with a trace, kept for it;
+  // the event of the sums.
+  kernels::Event ncclQueue(std::int64_t step, std::int64_t begin, const Pending& parts) {
     TROUPE_ENFORCE(config_.nccl->comm != nullptr, "reducer nccl without its NCCL group");
     auto& comm = *config_.nccl->comm;
     const std::int64_t end = begin + parts.parts[0].numel();
@@ -276,11 +282,11 @@ class Reducer final : public Actor {
         comm.allreduce(parts.parts, parts.ready, config_.trace ? &began : nullptr);
     if (config_.trace) {
       traced_step_ = step;
-      to_trace_.push_back({fmt::format("allreduce [{},{})", begin, end), began, summed});
+      to_trace_.push_back({fmt::format("nccl allreduce [{},{})", begin, end), began, summed});
     }
     forgetSummed();
     in_nccl_.push_back({step, begin, end, summed, Trace::Clock::now()});
-    send(config_.updater, Reduced{step, begin, end, parts.parts[0], std::move(summed)});
+    return summed;
   }
 
   // With a trace: the last step's NCCL sums by the device's own clock, on a track of their own

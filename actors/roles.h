@@ -168,6 +168,9 @@ std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
 // processes met (trainer.cc, before the actors run).
 struct NcclGroup {
   std::unique_ptr<kernels::Communicator> comm;
+  // Every GPU of the run (then NCCL's sum is the whole sum); false: this process's GPUs, whose
+  // sum troupe's ring (or hierarchical allreduce) then sums across processes.
+  bool spans_processes = true;
 };
 
 struct ReducerConfig {
@@ -190,7 +193,8 @@ struct ReducerConfig {
   // empty host_ranks: one flat ring over every worker.
   std::shared_ptr<const ReductionPlan> reduction;
   // Set (reducer = nccl): each bucket, once every replica of this process sent it, is summed in
-  // place over every GPU of the run by NCCL, on its own streams; no sum here, no ring.
+  // place by NCCL, on its own streams: over every GPU of the run (no sum here, no ring), or over
+  // this process's GPUs, then across processes by the ring (NcclGroup::spans_processes).
   std::shared_ptr<NcclGroup> nccl;
   Trace* trace = nullptr;  // spans go here when tracing
   // A bucket whose allreduce has waited this long logs a stall report (which step, which

@@ -95,10 +95,16 @@ std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, in
   for (const auto& device : d.replicas)
     replicas.push_back(kernels::toString(device));
   if (o.reducer == "nccl") {
-    return fmt::format(
-        "replica{} on {}; gradients summed by NCCL over the run's {} GPU(s), weights updated on {}",
-        replicas.size() == 1 ? "" : "s", fmt::join(replicas, ", "), o.replicas * nodes,
-        kernels::toString(d.updater));
+    const std::string summed =
+        ncclSpansProcesses(o, nodes)
+            ? fmt::format("by NCCL over the run's {} GPU(s)", o.replicas * nodes)
+            : fmt::format(
+                  "by NCCL over this process's {} GPU(s), then by troupe's {} across "
+                  "processes",
+                  o.replicas, o.allreduce == "hierarchical" ? "hierarchical allreduce" : "ring");
+    return fmt::format("replica{} on {}; gradients summed {}, weights updated on {}",
+                       replicas.size() == 1 ? "" : "s", fmt::join(replicas, ", "), summed,
+                       kernels::toString(d.updater));
   }
   if (o.replicas == 1 && nodes == 1) {
     return fmt::format("replica on {}, weights updated there", replicas[0]);
@@ -508,6 +514,10 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   return net;
 }
 
+bool ncclSpansProcesses(const TrainOptions& o, int nodes) {
+  return o.allreduce == "auto" || nodes == 1;
+}
+
 void checkReducer(const TrainOptions& o) {
   if (o.reducer != "nccl") return;
   auto refuse = [](const std::string& why) { throw InputError("reducer nccl: " + why); };
@@ -527,17 +537,12 @@ void checkReducer(const TrainOptions& o) {
         "schedule 'local' sums gradients on the CPU (MXNet's local); use schedule device (one "
         "process) or bsp-allreduce (several), where NCCL sums on the GPUs");
   }
-  if (o.gradient_compression != "none") {
+  if (o.gradient_compression != "none" && o.allreduce == "auto") {
     refuse(fmt::format(
-        "NCCL sums float32 gradients, and gradient_compression is {}; use gradient_compression "
-        "none, or reducer troupe",
+        "NCCL sums float32 gradients, and gradient_compression is {}; to compress between "
+        "processes, name troupe's allreduce for them (allreduce ring or hierarchical: NCCL sums "
+        "each process's GPUs, troupe's ring the processes), or use gradient_compression none",
         o.gradient_compression));
-  }
-  if (o.allreduce != "auto") {
-    refuse(fmt::format(
-        "allreduce {} picks troupe's own ring; NCCL picks its own rings and trees: leave "
-        "allreduce auto, or use reducer troupe",
-        o.allreduce));
   }
   if (o.max_workers > 0) {
     // Tried: the run re-forms and finishes, but the survivors' weights differ. NCCL's sums are

@@ -89,8 +89,12 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch);
 // of its updater. InputError for a precision below fp32 without GPUs, or fp16 under a parameter
 // server schedule (whose servers, each holding a shard, cannot skip a step together).
 // reducer nccl needs GPUs, and a schedule where the workers sum (device, bsp-allreduce), without
-// compression, troupe's allreduce choice, or an elastic world: InputError saying what to change.
+// compression unless troupe's allreduce sums across processes, and a fixed world: InputError
+// saying what to change.
 void checkReducer(const TrainOptions& o);
+// reducer nccl: whether NCCL's group holds every GPU of the run (allreduce auto, or one
+// process), or only each process's, troupe's allreduce (ring, hierarchical) summing across them.
+bool ncclSpansProcesses(const TrainOptions& o, int nodes);
 void checkPrecision(const TrainOptions& o);
 kernels::DType precisionOf(const TrainOptions& o);
 LossScale lossScaleOf(const TrainOptions& o);

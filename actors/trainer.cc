@@ -62,25 +62,33 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
 
 // reducer nccl: this process's part of the NCCL group of the run's GPUs (replicas x processes of
 // them, ranked by process, then replica), its id made by rank 0 and passed through the store.
+// Or, where troupe's allreduce sums across processes (ncclSpansProcesses), a group of this
+// process's GPUs alone.
 std::unique_ptr<kernels::Communicator> formNcclGroup(const TrainOptions& o,
                                                      rendezvous::Store* store, int rank,
                                                      int nodes) {
   const auto timeout = fromSeconds(o.rendezvous_timeout_s);
+  const bool spans = ncclSpansProcesses(o, nodes);
   kernels::CommunicatorSpec spec;
-  if (rank == 0) {
+  if (rank == 0 || !spans) {
     spec.id = kernels::newNcclGroupId();
-    if (store) store->set("nccl-id", spec.id);
+    if (store && spans) store->set("nccl-id", spec.id);
   } else {
     spec.id = store->get("nccl-id", timeout);
   }
-  spec.ranks = o.replicas * nodes;
-  spec.first_rank = o.replicas * rank;
+  spec.ranks = spans ? o.replicas * nodes : o.replicas;
+  spec.first_rank = spans ? o.replicas * rank : 0;
   spec.devices = o.gpus;
   spec.timeout = timeout;
   auto comm = kernels::makeNcclCommunicator(spec);
-  if (rank == 0) {
+  if (rank == 0 && spans) {
     spdlog::info("NCCL: a group of {} GPU(s) in {} process(es) sums the gradients", spec.ranks,
                  nodes);
+  } else if (rank == 0) {
+    spdlog::info(
+        "NCCL: a group of each process's {} GPU(s) sums their gradients, troupe's allreduce "
+        "those of the {} processes",
+        spec.ranks, nodes);
   }
   return comm;
 }
@@ -418,6 +426,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   reducer.members = members;
   if (o.reducer == "nccl") {
     reducer.nccl = std::make_shared<NcclGroup>();
+    reducer.nccl->spans_processes = ncclSpansProcesses(o, nodes);
     // NCCL cannot say whom a sum waits for: it gives up two graces after the links' heartbeat
     // watch (peer_timeout, two graces and a heartbeat interval: clusterOptions), which names a
     // silent peer, as the backstop for a peer that still beats but is hung in its GPU.
@@ -584,7 +593,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   if (nodes > 1) {
     cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
                       trace.get(), node, p.plan, p.num_params, role ? "" : resumed_from, *members,
-                      ps || nccl ? nullptr : reduction.get());
+                      ps || (nccl && nccl->spans_processes) ? nullptr : reduction.get());
   }
   if (nccl) {
     nccl->comm = formNcclGroup(o, cluster ? &cluster->store() : nullptr, rank, nodes);

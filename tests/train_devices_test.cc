@@ -169,6 +169,19 @@ TEST(Devices, NcclSumsAcrossProcessesAsTheRingDoes) {
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
 }
 
+// Deliver 5's path between machines: NCCL sums each process's two GPUs, then troupe's ring the
+// processes' sums through pinned host memory (allreduce ring names it), as two processes of
+// two CPU replicas sum.
+TEST(Devices, NcclInEachProcessThenTroupesRingAcrossThem) {
+  expectTheCpusWeights("devices_nccl_ring", "--schedule bsp-allreduce --replicas 2 --threads 2",
+                       "--schedule bsp-allreduce --gpus 0,1 --reducer nccl --allreduce ring "
+                       "--threads 2",
+                       "replicas on cuda:0, cuda:1; gradients summed by NCCL over this process's "
+                       "2 GPU(s), then by troupe's ring across processes, weights updated on "
+                       "cuda:0",
+                       troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
 // Two processes with two GPUs each are one group of four ranks, process by process: the
 // emulated NCCL sums in rank order, so they end as one process with four GPUs does, to the bit
 // (the replicas see the same inputs in the same order either way).
@@ -211,7 +224,7 @@ TEST(Devices, ATraceShowsNcclSumsOverlappingTheBackwardPass) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string trace = testing::slurp(cwd.path() / "trace.json");
   EXPECT_NE(trace.find("\"reducer nccl cuda:0\""), std::string::npos);
-  const auto sums = spansOf(trace, "allreduce [");
+  const auto sums = spansOf(trace, "nccl allreduce [");
   const auto backward = spansOf(trace, "backward, to bucket [");
   // LeNet in 3 or more buckets, over 19 traced steps (the last step's sums are left out).
   EXPECT_GE(sums.size(), 3u * 19) << trace.substr(0, 2000);
@@ -246,11 +259,10 @@ TEST(Devices, NcclWhereItCannotSumIsRefused) {
        "[error] reducer nccl: schedule 'local' sums gradients on the CPU (MXNet's local); use "
        "schedule device (one process) or bsp-allreduce (several), where NCCL sums on the GPUs"},
       {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --gradient_compression 2bit",
-       "[error] reducer nccl: NCCL sums float32 gradients, and gradient_compression is 2bit; use "
-       "gradient_compression none, or reducer troupe"},
-      {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --allreduce hierarchical",
-       "[error] reducer nccl: allreduce hierarchical picks troupe's own ring; NCCL picks its own "
-       "rings and trees: leave allreduce auto, or use reducer troupe"},
+       "[error] reducer nccl: NCCL sums float32 gradients, and gradient_compression is 2bit; to "
+       "compress between processes, name troupe's allreduce for them (allreduce ring or "
+       "hierarchical: NCCL sums each process's GPUs, troupe's ring the processes), or use "
+       "gradient_compression none"},
       {" --num_gpus 1 --reducer gloo", "--reducer gloo: expected troupe or nccl"},
       {" --num_gpus 1 --reducer nccl --schedule bsp-allreduce --num_workers 2:4",
        "[error] reducer nccl: an elastic run goes on from the weights in memory, and NCCL's sums "
