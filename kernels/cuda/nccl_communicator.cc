@@ -92,7 +92,10 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  ~NcclCommunicator() override { release(); }
+  ~NcclCommunicator() override {
+    if (!aborted_) finish();
+    release();
+  }
 
   Event allreduce(const std::vector<Tensor>& buffers, const std::vector<Event>& ready,
                   Event* began) override {
@@ -204,8 +207,31 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // At the end of a run: what this process queued is flushed to the peers (ncclCommFinalize)
+  // before the communicators go, so that a peer still receiving the last sum gets all of it; what
+  // does not finish within the timeout is aborted (release).
+  void finish() {
+    try {
+      std::lock_guard lock(mutex_);
+      for (std::size_t i = 0; i < comms_.size(); ++i) {
+        TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
+        TROUPE_NCCL_CHECK(ncclCommFinalize(comms_[i]), comms_[i]);
+      }
+      settleLocked("to finish");
+      std::lock_guard comms(error_mutex_);
+      for (std::size_t i = 0; i < comms_.size(); ++i) {
+        cudaSetDevice(devices_[i]);
+        ncclCommDestroy(comms_[i]);
+        comms_[i] = nullptr;
+      }
+    } catch (const std::exception&) {
+      // A destructor throws nothing: release() aborts whatever is left.
+    }
+  }
+
   // Aborts the communicators (their queued and running work ends) and lets go of the streams.
   void release() {
+    aborted_ = true;
     std::lock_guard lock(error_mutex_);
     for (std::size_t i = 0; i < comms_.size(); ++i) {
       if (comms_[i] != nullptr) {
