@@ -2,9 +2,14 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +26,72 @@
 
 namespace troupe::actors {
 namespace {
+
+// Reducer -> itself: the copy of bucket [begin, ...) of `step` to host memory is done (or
+// failed: `error`), so its ring may start.
+struct OnHost {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+  std::string error;
+};
+
+// Waits for events, in the order given, on a thread of its own, and calls `done` for each as it
+// completes (with what the work threw, if it failed): so that the reducer's thread goes on
+// taking ring chunks of other buckets while a copy from the GPU runs.
+class EventWaiter {
+ public:
+  using Done = std::function<void(std::int64_t step, std::int64_t begin, std::string error)>;
+  explicit EventWaiter(Done done) : done_(std::move(done)), thread_([this] { run(); }) {}
+  ~EventWaiter() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void add(kernels::Event event, std::int64_t step, std::int64_t begin) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back({std::move(event), step, begin});
+    }
+    wake_.notify_all();
+  }
+
+ private:
+  struct Waiting {
+    kernels::Event event;
+    std::int64_t step = 0, begin = 0;
+  };
+
+  void run() {
+    for (;;) {
+      Waiting w;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        w = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::string error;
+      try {
+        w.event.wait();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      done_(w.step, w.begin, std::move(error));
+    }
+  }
+
+  Done done_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Waiting> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
 
 // Sums each gradient bucket over the replicas of this process, in replica order (so the result
 // does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
@@ -63,6 +134,7 @@ class Reducer final : public Actor {
     });
     on<ChunkWritten>([this](ChunkWritten& w) { written(w); });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
+    on<OnHost>([this](OnHost& h) { startRing(h); });
   }
 
   void started() override {
@@ -243,12 +315,21 @@ class Reducer final : public Actor {
       }
     }
     InRing& entry = in_ring_[key];
-    entry.started = Trace::Clock::now();
+    entry.started = Trace::Clock::now();  // again at startRing, for a copy from a GPU
     if (config_.world > 1 && sum.device().kind != kernels::DeviceKind::kCpu) {
-      // The ring reads and writes host memory: the sum goes there, then on as a host tensor.
-      auto host = staging(host_, b.begin, sum.numel(), kernels::Device{});
-      backend_->copy(sum, host);
-      sum = host;
+      // The ring reads and writes host memory: the sum goes there, then on as a host tensor. Its
+      // ring starts once the copy is done (OnHost); chunks of other buckets go on meanwhile.
+      entry.sum = staging(host_, b.begin, sum.numel(), kernels::Device{});
+      backend_->copy(sum, entry.sum);
+      if (!waiter_) {
+        waiter_ = std::make_unique<EventWaiter>(
+            [&system = system(), me = self()](std::int64_t step, std::int64_t begin,
+                                              std::string error) {
+              system.tell(me, OnHost{step, begin, std::move(error)});
+            });
+      }
+      waiter_->add(backend_->record(), b.step, b.begin);
+      return;
     }
     if (config_.world > 1 || sum.device().kind == kernels::DeviceKind::kCpu) {
       backend_->synchronize();
@@ -256,10 +337,18 @@ class Reducer final : public Actor {
       entry.ready = backend_->record();
     }
     entry.sum = sum;
+    startRing(OnHost{b.step, b.begin, ""});
+  }
+
+  // The ring's span and its stall watch start here, once the sum is on the host.
+  void startRing(const OnHost& h) {
+    if (!h.error.empty()) throw Error(h.error);
+    InRing& entry = in_ring_.at({h.step, h.begin});
+    entry.started = Trace::Clock::now();
     if (hierarchical_) {
-      hierarchical_->start(b.step, b.begin, sum);
+      hierarchical_->start(h.step, h.begin, entry.sum);
     } else {
-      flat_->start(b.step, b.begin, sum);
+      flat_->start(h.step, h.begin, entry.sum);
     }
   }
 
@@ -390,6 +479,9 @@ class Reducer final : public Actor {
   std::vector<Address> nexts_;  // where chunks of each ring (RingChunk::ring) go
   std::vector<int> previous_;   // hierarchical: whom each ring receives from
   InRings in_ring_;
+  // Copies of sums to host memory for the ring, waited for off this thread (made at the first).
+  // Last, so that it goes first: its thread tells this actor.
+  std::unique_ptr<EventWaiter> waiter_;
 };
 
 }  // namespace
