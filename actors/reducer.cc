@@ -71,7 +71,7 @@ class EventWaiter {
       {
         std::unique_lock lock(mutex_);
         wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
+        if (stopping_ || queue_.empty()) return;  // the reducer is gone: its copies with it
         w = std::move(queue_.front());
         queue_.pop_front();
       }
@@ -81,7 +81,11 @@ class EventWaiter {
       } catch (const std::exception& e) {
         error = e.what();
       }
-      done_(w.step, w.begin, std::move(error));
+      try {
+        done_(w.step, w.begin, std::move(error));
+      } catch (const std::exception&) {
+        // The run is over (its actors stopped): nobody is left to tell.
+      }
     }
   }
 
