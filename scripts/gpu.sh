@@ -10,10 +10,12 @@
 #
 # run, most wanted first: `troupe info`, nvidia-smi, the CUDA op tests (troupe_cuda_tests: every
 # op against the CPU's), LeNet on Fashion-MNIST on the GPU and on the CPU (test accuracies),
-# ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py), ResNet-50 through
-# the whole trainer on synthetic input, LeNet in 2 processes sharing the GPU and in 1 (Chrome
-# traces), and the input benchmark with 1, 8 and 16 decode threads against torchvision
-# (bench/input_vs_peers.py; DALI is not on that machine). Each part's log is its own file; a part
+# LeNet through NCCL (a group of one GPU) and 2 processes with NCCL on one GPU (which NCCL must
+# refuse, not hang), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
+# ResNet-50 through the whole trainer on synthetic input, LeNet in 2 processes sharing the GPU
+# and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
+# torchvision (bench/input_vs_peers.py; DALI is not on that machine), and torch.compile's
+# ResNet-50 figure. Each part's log is its own file; a part
 # that fails does not stop the others, and the exit status says whether any failed. The parts
 # share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and none
 # starts with less than 20. PARTS="resnet50 input" runs only the parts named (a second call
@@ -143,6 +145,11 @@ run() {
     --log_dir "$OUT/lenet_one"
   part input 150 python3 bench/input_vs_peers.py --troupe "$troupe" --python python3 \
     --peers torchvision --threads 1,8,16 --rounds 1
+  # torch.compile's figure beside eager's and troupe's (it compiles for a minute or more): last,
+  # or alone in a second call (PARTS=resnet50_compile).
+  part resnet50_compile 240 python3 bench/gpu_vs_pytorch.py \
+    --bench "$root/bin/troupe_kernels_bench" --batches "${COMPILE_BATCHES:-128}" \
+    --seconds "${SECONDS_PER_ROW:-3}" --precisions "${COMPILE_PRECISIONS:-bf16}" --compile
   echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
   ((failed == 0))
 }
