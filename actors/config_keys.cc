@@ -469,6 +469,10 @@ std::vector<Key> buildTable() {
           "failing; also --skip-bad-records"),
       // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
       TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
+      // A segment of a few KiB is all message overhead; 1 GiB is past any bucket.
+      TROUPE_FLOAT_KEY("ring_segment_mb", ring_segment_mb, closed(0.01, 1024),
+                       "bsp-allreduce across processes: the pieces a bucket is pipelined in, each "
+                       "its own ring (and copied from a GPU to the host and back) (MiB)"),
       TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
                        "size of the first bucket (MiB)"),
   };

@@ -318,30 +318,52 @@ class Reducer final : public Actor {
         backend_->axpy(1.0f, parts.parts[r], sum);
       }
     }
-    InRing& entry = in_ring_[key];
-    entry.started = Trace::Clock::now();  // again at startRing, for a copy from a GPU
+    const std::int64_t n = sum.numel();
     if (config_.world > 1 && sum.device().kind != kernels::DeviceKind::kCpu) {
-      // The ring reads and writes host memory: the sum goes there, then on as a host tensor. Its
-      // ring starts once the copy is done (OnHost); chunks of other buckets go on meanwhile.
-      entry.sum = staging(host_, b.begin, sum.numel(), kernels::Device{});
-      backend_->copy(sum, entry.sum);
-      if (!waiter_) {
-        waiter_ = std::make_unique<EventWaiter>(
-            [&system = system(), me = self()](std::int64_t step, std::int64_t begin,
-                                              std::string error) {
-              system.tell(me, OnHost{step, begin, std::move(error)});
-            });
-      }
-      waiter_->add(backend_->record(), b.step, b.begin);
+      fromDevice(b.step, b.begin, sum);
       return;
     }
+    kernels::Event ready;
     if (config_.world > 1 || sum.device().kind == kernels::DeviceKind::kCpu) {
       backend_->synchronize();
     } else {
-      entry.ready = backend_->record();
+      ready = backend_->record();
     }
-    entry.sum = sum;
-    startRing(OnHost{b.step, b.begin, ""});
+    for (std::int64_t at = 0; at < n; at += piece(n)) {
+      InRing& entry = in_ring_[{b.step, b.begin + at}];
+      entry.sum = sum.slice(at, std::min(n, at + piece(n)));
+      entry.ready = ready;
+      startRing(OnHost{b.step, b.begin + at, ""});
+    }
+  }
+
+  // What a bucket of n runs as rings of its own: each segment of the flat ring (which cuts a
+  // bucket into the same segments, so the sums are the same to the bit), or the whole bucket.
+  std::int64_t piece(std::int64_t n) const {
+    return flat_ && config_.world > 1 ? flat_->segmentElements() : std::max<std::int64_t>(n, 1);
+  }
+
+  // A sum on a GPU goes to the host, where the ring reads and writes, piece by piece: each
+  // piece's ring starts once its copy is done (OnHost), while the next piece copies, and each
+  // goes on to the updater, which copies it back, as its ring ends. Chunks of other buckets go on
+  // meanwhile.
+  void fromDevice(std::int64_t step, std::int64_t begin, const kernels::Tensor& sum) {
+    const std::int64_t n = sum.numel();
+    const kernels::Tensor host = staging(host_, begin, n, kernels::Device{});
+    if (!waiter_) {
+      waiter_ = std::make_unique<EventWaiter>(
+          [&system = system(), me = self()](std::int64_t s, std::int64_t at, std::string error) {
+            system.tell(me, OnHost{s, at, std::move(error)});
+          });
+    }
+    for (std::int64_t at = 0; at < n; at += piece(n)) {
+      const std::int64_t to = std::min(n, at + piece(n));
+      InRing& entry = in_ring_[{step, begin + at}];
+      entry.started = Trace::Clock::now();  // again at startRing
+      entry.sum = host.slice(at, to);
+      backend_->copy(sum.slice(at, to), entry.sum);
+      waiter_->add(backend_->record(), step, begin + at);
+    }
   }
 
   // The ring's span and its stall watch start here, once the sum is on the host.

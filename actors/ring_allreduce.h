@@ -64,6 +64,8 @@ class RingAllreduce {
   void receive(RingChunk chunk);
   // Buckets started here and not done yet.
   std::size_t pending() const { return buckets_.size(); }
+  // The segments a bucket is cut into: segment_elements, at least one per rank.
+  std::int64_t segmentElements() const { return segment_elements_; }
 
  private:
   struct Bucket {

@@ -272,13 +272,15 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o) {
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 const std::string& reducer, std::chrono::milliseconds timeout) {
+                 double ring_segment_mb, const std::string& reducer,
+                 std::chrono::milliseconds timeout) {
   const std::string mine = fmt::format(
       "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={} gradient_compression={} allreduce={} reducer={}",
+      "replicas={} resume={} gradient_compression={} allreduce={} ring_segment_mb={:g} "
+      "reducer={}",
       plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
       replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
-      kernels::describe(compression), allreduce, reducer);
+      kernels::describe(compression), allreduce, ring_segment_mb, reducer);
   // Every other rank answers rank 0's plan with "ok" or its refusal, so that rank 0 names the
   // rank that refused at once instead of waiting for it at the next rendezvous.
   auto verdictKey = [](int r) { return fmt::format("plan-verdict/{}", r); };

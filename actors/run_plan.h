@@ -136,7 +136,8 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o);
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 const std::string& reducer, std::chrono::milliseconds timeout);
+                 double ring_segment_mb, const std::string& reducer,
+                 std::chrono::milliseconds timeout);
 
 // What a run continues from.
 struct Resumed {

@@ -41,7 +41,7 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
-              compressionOf(o), o.allreduce, o.reducer, c.timeout);
+              compressionOf(o), o.allreduce, o.ring_segment_mb, o.reducer, c.timeout);
   members.setAddresses(cluster->addresses());
   if (rank == 0) {
     // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them
@@ -438,6 +438,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     reducer.world = workers;
     reducer.next = RunLayout::reducer((rank + 1) % workers);
     reducer.compression = compressionOf(o);
+    reducer.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
     reducer.reduction = reduction;
   }
   // The reducer has a thread of its own: it must take buckets while replica 0 is still in its

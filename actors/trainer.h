@@ -145,6 +145,10 @@ struct TrainOptions {
   int connections_per_peer = 1;
 
   double bucket_size_mb = 25;
+  // The pieces troupe's ring pipelines a bucket in between processes (each its own ring), and in
+  // which a GPU's sum goes to host memory and back: smaller overlaps more, larger sends fewer
+  // messages. Every process of a run must agree (checked at rendezvous).
+  double ring_segment_mb = 4;
   double first_bucket_mb = 1;
 
   std::string log_dir = ".";

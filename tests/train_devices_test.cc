@@ -127,6 +127,17 @@ TEST(Devices, TwoProcessesWithAReplicaOnAGpuEachTrainAsTwoOnTheCpu) {
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
 }
 
+// Buckets of LeNet (1.7 MB) in pieces of 0.1 MiB: each piece copies to pinned host memory on
+// its own, starts its own ring once its copy is done, and goes on to the updater, which copies
+// it back, as its ring ends. The emulated copies from pinned memory read late, so a piece whose
+// ring started before its copy was done would change the weights.
+TEST(Devices, TwoProcessesRingAGpusSumInPiecesAsTwoOnTheCpu) {
+  expectTheCpusWeights("devices_pieces", "--schedule bsp-allreduce --threads 1",
+                       "--schedule bsp-allreduce --threads 1 --gpus 0 --ring_segment_mb 0.1",
+                       "replicas on cuda:0; gradients summed on cuda:0, weights updated on cuda:0",
+                       troupeBinary() + " launch -n 2 --launcher local -- ", 32);
+}
+
 // The trace has a track per GPU with the device's own times: forward, then backward in pieces,
 // each ending as a bucket is final, beside the host's tracks.
 TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
