@@ -12,8 +12,8 @@
 # op against the CPU's), LeNet on Fashion-MNIST on the GPU and on the CPU (test accuracies),
 # LeNet through NCCL (a group of one GPU) and 2 processes with NCCL on one GPU (which NCCL must
 # refuse, not hang), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
-# ResNet-50 through the whole trainer on synthetic input, LeNet in 2 processes sharing the GPU
-# and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
+# ResNet-50 through the whole trainer on synthetic input, LeNet and ResNet-50 in 2 processes
+# sharing the GPU and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
 # torchvision (bench/input_vs_peers.py; DALI is not on that machine), and torch.compile's
 # ResNet-50 figure. Each part's log is its own file; a part
 # that fails does not stop the others, and the exit status says whether any failed. The parts
@@ -143,6 +143,16 @@ run() {
     --log_dir "$OUT/lenet_two"
   part lenet_one_process 60 "$troupe" "${shared[@]}" --trace "$OUT/trace_one_process.json" \
     --log_dir "$OUT/lenet_one"
+  # The same with ResNet-50 (bf16, synthetic input, 30 steps of 32 a process): gradients of
+  # 100 MB a step, whose ring between the two processes the traces show beside the backward.
+  local r50=(train --model resnet50 --train_data null --num_channels 3 --image_size 224
+    --num_labels 1000 --batch_size 32 --num_epochs 1 --gpus 0 --precision bf16 --log_every 10
+    --checkpoint_dir "$root/ck_r50_shared")
+  part resnet50_two_processes 120 "$troupe" launch -n 2 --launcher local -- "$troupe" \
+    "${r50[@]}" --epoch_size 1920 --schedule bsp-allreduce \
+    --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
+  part resnet50_one_process 90 "$troupe" "${r50[@]}" --epoch_size 960 \
+    --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
   part input 150 python3 bench/input_vs_peers.py --troupe "$troupe" --python python3 \
     --peers torchvision --threads 1,8,16 --rounds 1
   # torch.compile's figure beside eager's and troupe's (it compiles for a minute or more): last,
