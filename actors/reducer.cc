@@ -409,6 +409,10 @@ class Reducer final : public Actor {
   // from a backward that began after the updater applied them), so a mark on the idle stream is
   // reached at once: the host's time of that wait anchors them. The run's last step is left out.
   void traceNcclSums() {
+    // Sums not done (a hung peer, which the stall watch handles) are not waited for here.
+    const bool done = std::all_of(to_trace_.begin(), to_trace_.end(),
+                                  [](const TracedSum& s) { return s.summed.done(); });
+    if (!done) to_trace_.clear();
     if (to_trace_.empty()) return;
     auto& comm = *config_.nccl->comm;
     const kernels::Event now = comm.mark();
