@@ -243,6 +243,34 @@ TEST_F(AcrossHosts, FourWorkersOnTwoHostsReduceHierarchicallyToTheFlatRingsParam
   EXPECT_LE(std::sqrt(sq_diff / sq), bound);
 }
 
+// reducer nccl with allreduce hierarchical, four workers on two hosts with a GPU each (emulated):
+// NCCL sums each process's GPU (a group of one), troupe's hierarchical allreduce the processes,
+// in the hosts and across them: the same bits as reducer troupe on the same GPUs.
+TEST_F(AcrossHosts, NcclInEachProcessThenTheHierarchicalAllreduceAcrossHosts) {
+  const std::string gpus = "--env TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
+                           " --env TROUPE_EMULATED_GPUS=1";
+  const std::string train =
+      "--num_epochs 1 --base_learning_rate 0.01 --gpus 0 "
+      "--allreduce hierarchical ";
+  const auto nccl =
+      launch("ssh", gpus, train + "--reducer nccl --checkpoint_dir /tmp/run/nccl", 120s, 4);
+  ASSERT_EQ(nccl.exit_code, 0) << nccl.output;
+  EXPECT_TRUE(contains(nccl.output,
+                       "gradients summed by NCCL over this process's 1 GPU(s), then "
+                       "by troupe's hierarchical allreduce across processes"))
+      << nccl.output;
+  EXPECT_TRUE(contains(nccl.output, "allreduce: hierarchical: 2 hosts x 2 workers")) << nccl.output;
+  const auto own =
+      launch("ssh", gpus, train + "--reducer troupe --checkpoint_dir /tmp/run/own", 120s, 4);
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  const auto a = actors::loadCheckpoint(filesIn(runDir(0) / "nccl", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(runDir(0) / "own", ".ckpt").at(0));
+  ASSERT_EQ(a.metaInt("step"), 5);
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
+      << "reducer nccl and reducer troupe hold different weights";
+}
+
 // Ring chunks spread over three TCP connections a pair of hosts arrive in another order, but each
 // chunk is reduced in ring order all the same: the parameters are bitwise those of one connection.
 TEST_F(AcrossHosts, ThreeConnectionsAPairTrainToTheSameBitsAsOne) {
