@@ -281,6 +281,7 @@ class Reducer final : public Actor {
   void add(GradBucket& b) {
     TROUPE_ENFORCE(0 <= b.replica && b.replica < config_.num_replicas, "bucket from replica ",
                    b.replica, " of ", config_.num_replicas);
+    if (config_.trace) traceDeviceSums(b.step);
     const std::pair<std::int64_t, std::int64_t> key{b.step, b.begin};
     Pending& pending = pending_[key];
     if (pending.parts.empty()) {
@@ -313,9 +314,15 @@ class Reducer final : public Actor {
       backend_->waitFor(ncclQueue(b.step, b.begin, parts));
     } else if (parts.parts.size() > 1) {
       TraceScope span(config_.trace, name(), "reduce");
+      const bool timed = config_.trace && sum.device().kind != kernels::DeviceKind::kCpu;
+      const kernels::Event began = timed ? backend_->recordTimed() : kernels::Event();
       for (std::size_t r = 1; r < parts.parts.size(); ++r) {
         TROUPE_ENFORCE_EQ(parts.parts[r].numel(), sum.numel());
         backend_->axpy(1.0f, parts.parts[r], sum);
+      }
+      if (timed) {
+        to_trace_.push_back({fmt::format("sum [{},{})", b.begin, b.begin + sum.numel()), began,
+                             backend_->recordTimed()});
       }
     }
     const std::int64_t n = sum.numel();
@@ -391,12 +398,10 @@ class Reducer final : public Actor {
     TROUPE_ENFORCE(config_.nccl->comm != nullptr, "reducer nccl without its NCCL group");
     auto& comm = *config_.nccl->comm;
     const std::int64_t end = begin + parts.parts[0].numel();
-    if (config_.trace && step != traced_step_) traceNcclSums();
     kernels::Event began;
     kernels::Event summed =
         comm.allreduce(parts.parts, parts.ready, config_.trace ? &began : nullptr);
     if (config_.trace) {
-      traced_step_ = step;
       to_trace_.push_back({fmt::format("nccl allreduce [{},{})", begin, end), began, summed});
     }
     forgetSummed();
@@ -404,25 +409,31 @@ class Reducer final : public Actor {
     return summed;
   }
 
-  // With a trace: the last step's NCCL sums by the device's own clock, on a track of their own
-  // ("reducer nccl cuda:0") beside the replicas' compute. They are done (this step's buckets come
-  // from a backward that began after the updater applied them), so a mark on the idle stream is
-  // reached at once: the host's time of that wait anchors them. The run's last step is left out.
-  void traceNcclSums() {
+  // With a trace, at the first bucket of a step: the last step's sums on a GPU by the device's own
+  // clock, on a track of their own beside the replicas' compute ("reducer nccl cuda:0" for
+  // NCCL's, "reducer cuda:0" for this reducer's sums on its GPU). They are done (this bucket
+  // comes from a backward that began after the updater applied them) and nothing of this step is
+  // queued yet, so a mark on the idle stream is reached at once: the host's time of that wait
+  // anchors them. The run's last step is left out.
+  void traceDeviceSums(std::int64_t step) {
+    if (step == traced_step_) return;
+    traced_step_ = step;
     // Sums not done (a hung peer, which the stall watch handles) are not waited for here.
     const bool done = std::all_of(to_trace_.begin(), to_trace_.end(),
                                   [](const TracedSum& s) { return s.summed.done(); });
     if (!done) to_trace_.clear();
     if (to_trace_.empty()) return;
-    auto& comm = *config_.nccl->comm;
-    const kernels::Event now = comm.mark();
+    kernels::Communicator* comm = config_.nccl ? config_.nccl->comm.get() : nullptr;
+    const kernels::Event now = comm ? comm->mark() : backend_->recordTimed();
     now.wait();
     const auto end = Trace::Clock::now();
     auto at = [&](const kernels::Event& e) {
+      const double seconds = comm ? comm->elapsed(e, now) : backend_->elapsed(e, now);
       return end - std::chrono::duration_cast<Trace::Clock::duration>(
-                       std::chrono::duration<double>(comm.elapsed(e, now)));
+                       std::chrono::duration<double>(seconds));
     };
-    const std::string track = fmt::format("{} nccl {}", name(), kernels::toString(config_.device));
+    const std::string track =
+        fmt::format("{}{} {}", name(), comm ? " nccl" : "", kernels::toString(config_.device));
     for (const auto& s : to_trace_)
       config_.trace->span(track, s.what, at(s.began), at(s.summed));
     to_trace_.clear();
@@ -500,7 +511,7 @@ class Reducer final : public Actor {
     std::string what;
     kernels::Event began, summed;
   };
-  std::vector<TracedSum> to_trace_;  // with a trace: the sums of step traced_step_
+  std::vector<TracedSum> to_trace_;  // with a trace: sums on a GPU since step traced_step_ began
   std::int64_t traced_step_ = -1;
   std::int64_t warned_nccl_step_ = -1;
   // One of them, from the run's topology (ReducerConfig::reduction), once started.

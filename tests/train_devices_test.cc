@@ -157,6 +157,15 @@ TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
     buckets.insert(trace.substr(at, trace.find(')', at) - at + 1));
   }
   EXPECT_GE(buckets.size(), 3u) << trace.substr(0, 2000);
+  // The reducer's sums on cuda:0, by its clock: a track of their own, a span a bucket and step
+  // (the last step's left out).
+  EXPECT_NE(trace.find("\"reducer cuda:0\""), std::string::npos);
+  std::size_t sums = 0;
+  for (auto at = trace.find("\"name\":\"sum ["); at != std::string::npos;
+       at = trace.find("\"name\":\"sum [", at + 1)) {
+    ++sums;
+  }
+  EXPECT_GE(sums, buckets.size() * 19) << trace.substr(0, 2000);
 }
 
 // ---- reducer nccl: the emulated NCCL sums in rank order, which for two GPUs is the one sum
