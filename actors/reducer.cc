@@ -330,8 +330,9 @@ class Reducer final : public Actor {
       fromDevice(b.step, b.begin, sum);
       return;
     }
+    // Here a sum on a GPU is of one process (no ring): the updater waits for its event.
     kernels::Event ready;
-    if (config_.world > 1 || sum.device().kind == kernels::DeviceKind::kCpu) {
+    if (sum.device().kind == kernels::DeviceKind::kCpu) {
       backend_->synchronize();
     } else {
       ready = backend_->record();
@@ -428,9 +429,7 @@ class Reducer final : public Actor {
     now.wait();
     const auto end = Trace::Clock::now();
     auto at = [&](const kernels::Event& e) {
-      const double seconds = comm ? comm->elapsed(e, now) : backend_->elapsed(e, now);
-      return end - std::chrono::duration_cast<Trace::Clock::duration>(
-                       std::chrono::duration<double>(seconds));
+      return Trace::secondsBefore(end, comm ? comm->elapsed(e, now) : backend_->elapsed(e, now));
     };
     const std::string track =
         fmt::format("{}{} {}", name(), comm ? " nccl" : "", kernels::toString(config_.device));

@@ -300,8 +300,7 @@ class Replica final : public Actor {
     const auto end = Trace::Clock::now();
     const kernels::Event& last = marks_.back().at;
     auto before = [&](const kernels::Event& e) {
-      return end - std::chrono::duration_cast<Trace::Clock::duration>(
-                       std::chrono::duration<double>(backend_->elapsed(e, last)));
+      return Trace::secondsBefore(end, backend_->elapsed(e, last));
     };
     const std::string track = fmt::format("{} {}", name(), kernels::toString(backend_->device()));
     for (std::size_t i = 1; i < marks_.size(); ++i)

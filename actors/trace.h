@@ -35,6 +35,12 @@ class Trace {
   // The events only, as a JSON array body (no brackets), for merging.
   std::string events() const;
 
+  // `seconds` before `t`: where work a device timed by its own clock, ending `seconds` before a
+  // point the host timed (a wait that returned), goes on the trace's clock.
+  static Clock::time_point secondsBefore(Clock::time_point t, double seconds) {
+    return t - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
   // Where process `node` of a multi-process run writes its part: "<path>.part<node>".
   static std::string partPath(const std::string& path, std::uint32_t node);
   // Joins the parts of nodes [0, nodes) into path and removes them. Throws IoError naming a part
