@@ -130,6 +130,22 @@ class CudaOps : public ::testing::Test {
     EXPECT_LE(relativeError(cpu, g), tol) << what;
   }
 
+  // Batch norm `g` training on the CPU, the reference for a GPU's: its outputs and gradients;
+  // the running statistics `mean` and `var` are updated in place.
+  struct BatchNormRun {
+    Tensor y, dx, dgamma, dbeta;
+  };
+  BatchNormRun cpuBatchNorm(const BatchNormGeometry& g, const Tensor& x, const Tensor& gamma,
+                            const Tensor& beta, const Tensor& dy, const Tensor& mean,
+                            const Tensor& var) {
+    BatchNormRun r{Tensor::host(x.shape()), Tensor::host(x.shape()), Tensor::host(gamma.shape()),
+                   Tensor::host(beta.shape())};
+    auto op = cpu_->makeBatchNorm(g);
+    op->forward(x, gamma, beta, mean, var, r.y, /*train=*/true);
+    op->backward(x, gamma, dy, r.dx, r.dgamma, r.dbeta);
+    return r;
+  }
+
   // An op y = f(x, w, b) with backward (x, w, dy) -> (dx, dw, db), convolution or inner product:
   // the CPU's op and the GPU's on the same host inputs, every output compared.
   template <typename Op>
@@ -578,11 +594,7 @@ TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
       Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
       cpu_->fill(rv, 1.0f);
       Tensor grm = up(rm), grv = up(rv);
-      Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
-             dbeta = Tensor::host({5});
-      auto c = cpu_->makeBatchNorm(g);
-      c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
-      c->backward(x, gamma, dy, dx, dg, dbeta);
+      const auto [y, dx, dg, dbeta] = cpuBatchNorm(g, x, gamma, beta, dy, rm, rv);
       g.channels_last = channels_last;
       auto d = gpu_->makeBatchNorm(g);
       // The GPU's images in its layout, and back.
@@ -783,11 +795,7 @@ TEST_F(CudaChannelsLastOps, PoolingBatchNormAndGlobalPooling) {
   Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
   cpu_->fill(rv, 1.0f);
   Tensor grm = up(rm), grv = up(rv);
-  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host({5}),
-         dbeta = Tensor::host({5});
-  auto c = cpu_->makeBatchNorm(bg);
-  c->forward(x, gamma, beta, rm, rv, y, true);
-  c->backward(x, gamma, dy, dx, dg, dbeta);
+  const auto [y, dx, dg, dbeta] = cpuBatchNorm(bg, x, gamma, beta, dy, rm, rv);
   bg.channels_last = true;
   auto d = gpu_->makeBatchNorm(bg);
   const Tensor gx = upNhwc(x, 8, 5, 36), ggamma = up(gamma);

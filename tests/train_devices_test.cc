@@ -138,15 +138,38 @@ TEST(Devices, TwoProcessesRingAGpusSumInPiecesAsTwoOnTheCpu) {
                        troupeBinary() + " launch -n 2 --launcher local -- ", 32);
 }
 
+// A Chrome trace's complete spans ("ph":"X") of one name prefix: [begin, end) in microseconds.
+std::vector<std::pair<std::int64_t, std::int64_t>> spansOf(const std::string& trace,
+                                                           const std::string& prefix) {
+  static const std::regex span(
+      R"re("ph":"X","name":"([^"]*)","pid":\d+,"tid":\d+,"ts":(\d+),"dur":(\d+))re");
+  std::vector<std::pair<std::int64_t, std::int64_t>> found;
+  for (auto it = std::sregex_iterator(trace.begin(), trace.end(), span);
+       it != std::sregex_iterator(); ++it) {
+    if ((*it)[1].str().rfind(prefix, 0) != 0) continue;
+    const std::int64_t ts = std::stoll((*it)[2].str()), dur = std::stoll((*it)[3].str());
+    found.emplace_back(ts, ts + dur);
+  }
+  return found;
+}
+
+// LeNet on two GPUs (schedule device) with a trace, in buckets of 10 KB, then 50 KB (ip2, ip1,
+// conv2, conv1), and `flags`: the trace, or "" (and a failure) when the run failed.
+std::string traceOfLenet(const TempDir& cwd, const std::string& flags) {
+  const auto r = trainLenet(cwd, "gpu", emulated(),
+                            "--gpus 0,1 --schedule device --threads 2 --trace trace.json "
+                            "--bucket_size_mb 0.05 --first_bucket_mb 0.01 " +
+                                flags);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return r.exit_code == 0 ? testing::slurp(cwd.path() / "trace.json") : "";
+}
+
 // The trace has a track per GPU with the device's own times: forward, then backward in pieces,
 // each ending as a bucket is final, beside the host's tracks.
 TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
   TempDir cwd("devices_trace");
-  const auto r = trainLenet(cwd, "gpu", emulated(),
-                            "--gpus 0,1 --schedule device --threads 2 --trace trace.json "
-                            "--bucket_size_mb 0.05 --first_bucket_mb 0.01");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string trace = testing::slurp(cwd.path() / "trace.json");
+  const std::string trace = traceOfLenet(cwd, "");
+  ASSERT_FALSE(trace.empty());
   EXPECT_NE(trace.find("\"replica/0 cuda:0\""), std::string::npos);
   EXPECT_NE(trace.find("\"replica/1 cuda:1\""), std::string::npos);
   EXPECT_NE(trace.find("\"forward\""), std::string::npos);
@@ -160,12 +183,7 @@ TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
   // The reducer's sums on cuda:0, by its clock: a track of their own, a span a bucket and step
   // (the last step's left out).
   EXPECT_NE(trace.find("\"reducer cuda:0\""), std::string::npos);
-  std::size_t sums = 0;
-  for (auto at = trace.find("\"name\":\"sum ["); at != std::string::npos;
-       at = trace.find("\"name\":\"sum [", at + 1)) {
-    ++sums;
-  }
-  EXPECT_GE(sums, buckets.size() * 19) << trace.substr(0, 2000);
+  EXPECT_GE(spansOf(trace, "sum [").size(), buckets.size() * 19) << trace.substr(0, 2000);
 }
 
 // ---- reducer nccl: the emulated NCCL sums in rank order, which for two GPUs is the one sum
@@ -219,30 +237,12 @@ TEST(Devices, NcclRanksTheGpusOfSeveralProcessesInOrder) {
   EXPECT_TRUE(sameWeights(cwd.path() / "one", cwd.path() / "two"));
 }
 
-// A Chrome trace's complete spans ("ph":"X") of one name prefix: [begin, end) in microseconds.
-std::vector<std::pair<std::int64_t, std::int64_t>> spansOf(const std::string& trace,
-                                                           const std::string& prefix) {
-  static const std::regex span(
-      R"re("ph":"X","name":"([^"]*)","pid":\d+,"tid":\d+,"ts":(\d+),"dur":(\d+))re");
-  std::vector<std::pair<std::int64_t, std::int64_t>> found;
-  for (auto it = std::sregex_iterator(trace.begin(), trace.end(), span);
-       it != std::sregex_iterator(); ++it) {
-    if ((*it)[1].str().rfind(prefix, 0) != 0) continue;
-    const std::int64_t ts = std::stoll((*it)[2].str()), dur = std::stoll((*it)[3].str());
-    found.emplace_back(ts, ts + dur);
-  }
-  return found;
-}
-
 // NCCL's sums on a track of their own, by the device's clock, overlapping the replicas' backward
 // passes: a bucket is summed while the layers before it still compute.
 TEST(Devices, ATraceShowsNcclSumsOverlappingTheBackwardPass) {
   TempDir cwd("devices_nccl_trace");
-  const auto r = trainLenet(cwd, "gpu", emulated(),
-                            "--gpus 0,1 --schedule device --reducer nccl --threads 2 "
-                            "--trace trace.json --bucket_size_mb 0.05 --first_bucket_mb 0.01");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string trace = testing::slurp(cwd.path() / "trace.json");
+  const std::string trace = traceOfLenet(cwd, "--reducer nccl");
+  ASSERT_FALSE(trace.empty());
   EXPECT_NE(trace.find("\"reducer nccl cuda:0\""), std::string::npos);
   const auto sums = spansOf(trace, "nccl allreduce [");
   const auto backward = spansOf(trace, "backward, to bucket [");
