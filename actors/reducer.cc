@@ -445,8 +445,8 @@ class Reducer final : public Actor {
   }
 
   // reducer = nccl: NCCL reports what it found wrong (a peer's connection closed) but says not
-  // who is late, and its kernels wait for ever on a hung peer: a sum still running after
-  // peer_timeout aborts the group (so that the updater's wait for it ends) and fails the run.
+  // who is late, and its kernels wait for ever on a hung peer: a sum still running after the
+  // group's timeout aborts the group (so that the updater's wait for it ends) and fails the run.
   void checkNcclStalls() {
     auto& comm = *config_.nccl->comm;
     if (const std::string error = comm.error(); !error.empty()) {
@@ -459,13 +459,16 @@ class Reducer final : public Actor {
     const auto waited = Trace::Clock::now() - oldest.started;
     const double seconds = std::chrono::duration<double>(waited).count();
     const std::string when = describeStep(oldest.step, config_.steps_per_epoch);
-    if (waited >= config_.peer_timeout) {
+    const auto timeout = config_.nccl->timeout;
+    if (waited >= timeout) {
       comm.abort();
+      const char* culprit = config_.nccl->spans_processes
+                                ? "a process of the run is hung or gone (NCCL does not say which)"
+                                : "a GPU of this process is hung (the group has no other process)";
       throw TimeoutError(fmt::format(
           "worker {}: the NCCL sum of bucket [{},{}) of {} did not finish within {:.1f} s "
-          "(peer_timeout): a process of the run is hung or gone (NCCL does not say which); the "
-          "NCCL group was aborted",
-          config_.rank, oldest.begin, oldest.end, when, seconds));
+          "(peer_timeout): {}; the NCCL group was aborted",
+          config_.rank, oldest.begin, oldest.end, when, seconds, culprit));
     }
     if (waited >= config_.stall_warning && oldest.step != warned_nccl_step_) {
       warned_nccl_step_ = oldest.step;
@@ -473,7 +476,7 @@ class Reducer final : public Actor {
           "stall: worker {} has waited {:.1f} s in {} for NCCL to sum bucket [{},{}); {} sum(s) "
           "of this worker are unfinished; the run fails after {:g} s",
           config_.rank, seconds, when, oldest.begin, oldest.end, in_nccl_.size(),
-          std::chrono::duration<double>(config_.peer_timeout).count());
+          std::chrono::duration<double>(timeout).count());
     }
   }
 

@@ -171,6 +171,8 @@ struct NcclGroup {
   // Every GPU of the run (then NCCL's sum is the whole sum); false: this process's GPUs, whose
   // sum troupe's ring (or hierarchical allreduce) then sums across processes.
   bool spans_processes = true;
+  // A sum still running after this aborts the group and fails the run (the reducer's watch).
+  std::chrono::milliseconds timeout{30000};
 };
 
 struct ReducerConfig {

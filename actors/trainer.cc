@@ -427,11 +427,14 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   if (o.reducer == "nccl") {
     reducer.nccl = std::make_shared<NcclGroup>();
     reducer.nccl->spans_processes = ncclSpansProcesses(o, nodes);
-    // NCCL cannot say whom a sum waits for: it gives up two graces after the links' heartbeat
-    // watch (peer_timeout, two graces and a heartbeat interval: clusterOptions), which names a
-    // silent peer, as the backstop for a peer that still beats but is hung in its GPU.
-    reducer.peer_timeout += 4 * peerTimeoutGrace(reducer.stall_warning, reducer.peer_timeout) +
-                            std::chrono::milliseconds(1000);
+    reducer.nccl->timeout = reducer.peer_timeout;
+    // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the
+    // links' heartbeat watch (peer_timeout, two graces and a heartbeat interval: clusterOptions),
+    // which names a silent peer, as the backstop for a peer that still beats but is hung in its
+    // GPU. A group of this process's GPUs waits for no peer: the ring's watch keeps peer_timeout.
+    if (reducer.nccl->spans_processes)
+      reducer.nccl->timeout += 4 * peerTimeoutGrace(reducer.stall_warning, reducer.peer_timeout) +
+                               std::chrono::milliseconds(1000);
   }
   if (!ps) {  // with parameter servers, the servers sum over workers
     reducer.rank = rank;

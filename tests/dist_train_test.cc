@@ -701,8 +701,10 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   TempDir cwd("dist_hang");
   const std::string param = GetParam();
   // "nccl": bsp-allreduce on a GPU each (emulated), summed by NCCL, which cannot name the culprit
-  // itself: the links' heartbeat watch must, before NCCL's own timeout.
-  const bool nccl = param == "nccl";
+  // itself: the links' heartbeat watch must, before NCCL's own timeout. "nccl-ring": NCCL sums
+  // each process's GPU, troupe's ring the processes: the ring's watch names it, as without NCCL.
+  const bool nccl = param.rfind("nccl", 0) == 0;
+  const bool hybrid = param == "nccl-ring";
   const std::string schedule = nccl ? "bsp-allreduce" : param;
   const std::string gpus =
       nccl ? "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) + " TROUPE_EMULATED_GPUS=1 "
@@ -714,6 +716,7 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
                                (schedule == "dist_sync" ? " -s 1" : "") + " --run_id " + run_id +
                                " -- troupe train --model mlp" + dataFlags() + " --schedule " +
                                schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
+                               (hybrid ? " --allreduce ring" : "") +
                                " --num_epochs 50 --log_every 0 --threads 1 --peer_timeout 3 "
                                "--stall_warning 1"));
   });
@@ -733,16 +736,20 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   const bool by_server = r.output.find("(peer_timeout) for worker 1 at ") != std::string::npos;
   const bool by_link = r.output.find("lost the link to worker 1 at ") != std::string::npos;
   EXPECT_TRUE(by_ring || by_server || by_link) << r.output;
+  // NCCL in each process waits for no other process: the ring's watch (peer_timeout) comes
+  // before the link's (two graces later) and names the step, as with troupe's ring alone.
+  if (hybrid) EXPECT_TRUE(by_ring) << r.output;
   EXPECT_NE(r.output.find("troupe-culprit: worker 1: "), std::string::npos) << r.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
-                         ::testing::Values("bsp-allreduce", "dist_sync", "nccl"),
+                         ::testing::Values("bsp-allreduce", "dist_sync", "nccl", "nccl-ring"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            const std::string param = info.param;
-                           return param == "dist_sync" ? "DistSync"
-                                  : param == "nccl"    ? "Nccl"
-                                                       : "BspAllreduce";
+                           return param == "dist_sync"   ? "DistSync"
+                                  : param == "nccl"      ? "Nccl"
+                                  : param == "nccl-ring" ? "NcclThenRing"
+                                                         : "BspAllreduce";
                          });
 
 // A parameter server that hangs (SIGSTOP) while the workers pull from it: each worker reports the
