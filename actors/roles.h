@@ -240,6 +240,9 @@ struct UpdaterConfig {
   std::shared_ptr<TrainState> state;
   bool await_handover = false;
   std::vector<Address> handover_to;
+  // reducer nccl: the group whose sums the buckets' events cover. A step whose sums ended because
+  // the group failed is not whole (an elastic run goes on from the step before).
+  std::shared_ptr<const NcclGroup> nccl;
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 

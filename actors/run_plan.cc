@@ -546,17 +546,6 @@ void checkReducer(const TrainOptions& o) {
         "each process's GPUs, troupe's ring the processes), or use gradient_compression none",
         o.gradient_compression));
   }
-  if (o.max_workers > 0) {
-    // Tried: the run re-forms and finishes, but the survivors' weights differ. NCCL's sums are
-    // queued ahead of the updates that read them, so a step that a lost worker cut short is
-    // applied on the GPU after the abort, from partial sums; an elastic run goes on from the
-    // weights in memory. troupe's ring hands on only whole sums.
-    refuse(
-        "an elastic run goes on from the weights in memory, and NCCL's sums are queued ahead of "
-        "the updates that read them, so a step that a lost worker cut short would already be "
-        "applied from partial sums; use reducer troupe (its ring hands on whole sums only), or a "
-        "fixed num_workers");
-  }
 }
 
 void checkPrecision(const TrainOptions& o) {

@@ -386,6 +386,9 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
   updater.trace = trace_ptr;
+  // reducer nccl: the group, formed once the processes met (trainProcess), before run().
+  auto nccl = o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr;
+  updater.nccl = nccl;
   if (role) {
     updater.state = role->state;
     updater.await_handover = role->await_handover;
@@ -424,8 +427,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   reducer.peer_timeout = fromSeconds(o.peer_timeout_s);
   reducer.steps_per_epoch = plan.steps_per_epoch;
   reducer.members = members;
-  if (o.reducer == "nccl") {
-    reducer.nccl = std::make_shared<NcclGroup>();
+  if (nccl) {
+    reducer.nccl = nccl;
     reducer.nccl->spans_processes = ncclSpansProcesses(o, nodes);
     reducer.nccl->timeout = reducer.peer_timeout;
     // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the

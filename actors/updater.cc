@@ -100,6 +100,7 @@ class Updater final : public Actor {
     reduced_ += r.end - r.begin;
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());
     if (reduced_ < weights_.numel()) return;
+    if (cutShort(r)) return;
     if (loss_scale_ > 0) applyScaled();
     checkFinite();
 
@@ -115,6 +116,22 @@ class Updater final : public Actor {
     } else {
       broadcast();
     }
+  }
+
+  // reducer nccl: the step's updates were queued behind NCCL's sums, which a failed group ends
+  // with what they had. Once the step's last sum is done (NCCL's run in order on one stream), a
+  // group that failed leaves the step partial: the run is failing (whoever saw the failure fails
+  // it), and an elastic run goes on from the snapshot before this step, as from a step cut short
+  // by a peer that never sent its buckets.
+  bool cutShort(const Reduced& last) {
+    if (!config_.nccl) return false;
+    last.ready.wait();
+    if (!config_.nccl->comm->failed()) return false;
+    spdlog::warn(
+        "worker {}: the NCCL group failed during {}; its sums are partial, the step is not "
+        "counted",
+        config_.worker, describeStep(step_, config_.plan.steps_per_epoch));
+    return true;
   }
 
   // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).

@@ -49,6 +49,11 @@ class Communicator {
   // What went wrong in the group's work (a peer gone, a network error), or empty; never waits.
   virtual std::string error() = 0;
 
+  // Whether the group failed or was aborted: a sum whose event completed may then have been cut
+  // short, its buffer left with part of the sum. Asked once a sum's event is done, false means that
+  // sum is whole: an abort, or NCCL's own end of a sum at an error, comes after the flag it reads.
+  virtual bool failed() = 0;
+
   // Ends the group's work, queued or running, so that nothing waits on it for ever (its events
   // complete, their sums undefined); the communicator is of no use after. Safe from any thread.
   virtual void abort() = 0;

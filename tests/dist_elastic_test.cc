@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_util.h"
@@ -45,6 +46,19 @@ const char* kWaitFor =
 # The pid of the worker of rank $2 in generation line "generation G: worker R of W (host:pid, ...)".
 pid_of() { grep -o "generation 0: worker 0 of [0-9]* ([^)]*)" "$1" | head -1 | sed 's/.*(//; s/)//' | tr ',' '\n' | sed -n "$(($2 + 1))p" | cut -d: -f2; }
 )sh";
+
+// How many workers said they finished the elastic run in `output`, and the distinct checksums of
+// the parameters they held.
+std::pair<int, std::set<std::string>> checksumsOf(const std::string& output) {
+  const std::regex done(R"(elastic run done at step (\d+): parameters checksum ([0-9a-f]+))");
+  int finished = 0;
+  std::set<std::string> checksums;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), done);
+       it != std::sregex_iterator(); ++it, ++finished) {
+    checksums.insert((*it)[2]);
+  }
+  return {finished, checksums};
+}
 
 // The issue's elastic run: 3 workers, one killed mid-epoch (the other two re-form from the
 // newest state in memory and re-split the epoch's rest), then a fourth started by hand joins
@@ -94,15 +108,7 @@ TEST(ElasticTraining, KillOneOfThreeMidEpochThenAFourthJoinsAndNoRecordIsLostOrT
       << fourth;
   EXPECT_NE(m[1], "scratch");
   // Every worker that finished holds bitwise the same parameters.
-  std::set<std::string> checksums;
-  const std::regex done(R"(elastic run done at step (\d+): parameters checksum ([0-9a-f]+))");
-  int finished = 0;
-  for (const auto* out : {&launch, &fourth}) {
-    for (auto it = std::sregex_iterator(out->begin(), out->end(), done);
-         it != std::sregex_iterator(); ++it, ++finished) {
-      checksums.insert((*it)[2]);
-    }
-  }
+  const auto [finished, checksums] = checksumsOf(launch + fourth);
   EXPECT_EQ(finished, 3) << launch << fourth;
   EXPECT_EQ(checksums.size(), 1u) << launch << fourth;
   // Each epoch trained its 9600 records once: all but a tail shorter than the global batch of
@@ -130,6 +136,45 @@ TEST(ElasticTraining, KillOneOfThreeMidEpochThenAFourthJoinsAndNoRecordIsLostOrT
   EXPECT_EQ(epochs, 6);
   std::cout << "[ measured ] elastic run: test accuracy "
             << launch.substr(launch.rfind("final test_accuracy ") + 20, 6) << "\n";
+}
+
+// reducer nccl (on the emulated GPU's stand-in NCCL, a GPU each): a worker killed mid-step cuts
+// that step's NCCL sums short on the others, whose updates were queued behind them; the survivors
+// must go on from the last step whose sums were whole, so that they hold the same parameters, in
+// a new NCCL group of the new generation. Then a newcomer joins: the group of two ends between
+// steps and one of three forms.
+TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
+  TempDir cwd("elastic_nccl");
+  const std::string run_id = "elasticnccl" + std::to_string(::getpid());
+  const std::string args =
+      trainArgs() + " --gpus 0 --reducer nccl --num_epochs 3 --epoch_size 9600 --log_every 10";
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "export TROUPE_CUDA_LIBRARY=" + TROUPE_EMULATED_GPU +
+               " TROUPE_EMULATED_GPUS=1\necho elastic-test-secret-0123456789 > secret\n" +
+               "$T launch -n 3 --elastic 2:3 --secret-file secret --run_id " + run_id +
+               " -- troupe train " + args + " > launch.out 2>&1 &\nL=$!\n" +
+               "wait_for launch.out 'epoch 1 step 20/50'\n"
+               "P=$(pid_of launch.out 1)\nkill -9 $P\necho killed worker 1, pid $P\n"
+               "wait_for launch.out 'generation 1: worker 0 of 2'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "$T train " +
+               args + " --num_workers 2:3 --rendezvous $R --run_id " + run_id +
+               " --secret_file secret > third.out 2>&1\necho third exit $?\nwait $L\necho launcher "
+               "exit $?\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  const std::string third = slurp(cwd.path() / "third.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"killed worker 1", "third exit 0", "launcher exit 0"}))
+      << launch << "\n--- third:\n"
+      << third;
+  EXPECT_TRUE(testing::containsAll(
+      launch, {"generation 0 lost a worker", "generation 1: worker 0 of 2",
+               "NCCL: a group of 2 GPU(s) in 2 process(es) sums the gradients",
+               "generation 2: worker 0 of 3",
+               "NCCL: a group of 3 GPU(s) in 3 process(es) sums the gradients"}))
+      << launch;
+  const auto [finished, checksums] = checksumsOf(launch + third);
+  EXPECT_EQ(finished, 3) << launch << third;
+  EXPECT_EQ(checksums.size(), 1u) << launch << third;
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the

@@ -164,6 +164,8 @@ class NcclCommunicator final : public Communicator {
     return "";
   }
 
+  bool failed() override { return aborted_ || !error().empty(); }
+
   void abort() override {
     aborted_ = true;  // first, so that a settle() in progress gives up and lets go of the mutex
     std::lock_guard lock(mutex_);

@@ -132,6 +132,8 @@ class EmulatedCommunicator final : public Communicator {
     return error_;
   }
 
+  bool failed() override { return aborted_ || !error().empty(); }
+
   void abort() override { aborted_ = true; }
 
  private:
