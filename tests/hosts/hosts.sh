@@ -485,7 +485,8 @@ cmd_ps() {
   local p comm
   for p in $(ip netns pids "$(netns_of "$1")"); do
     grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null && continue
-    comm="$(cat "/proc/$p/comm" 2>/dev/null)" && echo "$p $comm"
+    # One that ended since the list was made is left out (and fails nothing, were it the last).
+    if comm="$(cat "/proc/$p/comm" 2>/dev/null)"; then echo "$p $comm"; fi
   done
 }
 
