@@ -14,8 +14,9 @@
 # refuse, not hang), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
 # ResNet-50 through the whole trainer on synthetic input, LeNet and ResNet-50 in 2 processes
 # sharing the GPU and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
-# torchvision (bench/input_vs_peers.py; DALI is not on that machine), and torch.compile's
-# ResNet-50 figure. Each part's log is its own file; a part
+# torchvision (bench/input_vs_peers.py; DALI is not on that machine), torch.compile's
+# ResNet-50 figure, and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its
+# persistent one. Each part's log is its own file; a part
 # that fails does not stop the others, and the exit status says whether any failed. The parts
 # share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and none
 # starts with less than 20. PARTS="resnet50 input" runs only the parts named (a second call
@@ -160,6 +161,12 @@ run() {
   part resnet50_compile 240 python3 bench/gpu_vs_pytorch.py \
     --bench "$root/bin/troupe_kernels_bench" --batches "${COMPILE_BATCHES:-128}" \
     --seconds "${SECONDS_PER_ROW:-3}" --precisions "${COMPILE_PRECISIONS:-bf16}" --compile
+  # Batch norm by cuDNN's spatial calls instead of its persistent Ex calls (the default, as
+  # PyTorch trains): troupe alone at batch 128, beside the resnet50 part's rows of that batch.
+  part resnet50_bn_spatial 60 env TROUPE_CUDA_BATCH_NORM=spatial bash -c \
+    'for p in bf16 fp16; do "$@" --precision $p; done' _ "$root/bin/troupe_kernels_bench" \
+    --device cuda:0 --models resnet50 --batch 128 --seconds "${SECONDS_PER_ROW:-3}" --no-ops \
+    --channels-last
   echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
   ((failed == 0))
 }

@@ -218,33 +218,40 @@ TEST_F(CudaOps, InnerProductForwardAndBackward) {
   expectWeightedOpsAgree(*c, *d, x, w, b, dy, /*bias=*/true);
 }
 
+// Each way of cuDNN's that float32 NCHW takes ($TROUPE_CUDA_BATCH_NORM): its persistent Ex calls
+// (PyTorch's for training), and its spatial calls.
 TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
-  const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
-  const Shape xs{g.n, g.channels, g.spatial};
-  const Tensor x = randomHost(xs, 11, -2.0f, 3.0f), gamma = randomHost({g.channels}, 12),
-               beta = randomHost({g.channels}, 13), dy = randomHost(xs, 14);
-  Tensor rm = randomHost({g.channels}, 15), rv = randomHost({g.channels}, 16, 0.5f, 2.0f);
-  Tensor grm = up(rm), grv = up(rv);
-  auto c = cpu_->makeBatchNorm(g);
-  auto d = gpu_->makeBatchNorm(g);
-  Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host(gamma.shape()),
-         dbeta = Tensor::host(beta.shape());
-  c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
-  c->backward(x, gamma, dy, dx, dg, dbeta);
-  const Tensor gx = up(x), ggamma = up(gamma), gbeta = up(beta), gdy = up(dy);
-  Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty(gamma.shape()),
-         gdbeta = gpu_->empty(beta.shape());
-  d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/true);
-  d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
-  expectClose("y", y, gy);
-  expectClose("running mean", rm, grm);
-  expectClose("running var (unbiased)", rv, grv);
-  expectClose("dx", dx, gdx);
-  expectClose("dgamma", dg, gdg);
-  expectClose("dbeta", dbeta, gdbeta);
-  c->forward(x, gamma, beta, rm, rv, y, /*train=*/false);
-  d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/false);
-  expectClose("inference y", y, gy);
+  for (const char* way : {"persistent", "spatial"}) {
+    SCOPED_TRACE(::testing::Message() << "way " << way);
+    setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
+    const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+    const Shape xs{g.n, g.channels, g.spatial};
+    const Tensor x = randomHost(xs, 11, -2.0f, 3.0f), gamma = randomHost({g.channels}, 12),
+                 beta = randomHost({g.channels}, 13), dy = randomHost(xs, 14);
+    Tensor rm = randomHost({g.channels}, 15), rv = randomHost({g.channels}, 16, 0.5f, 2.0f);
+    Tensor grm = up(rm), grv = up(rv);
+    auto c = cpu_->makeBatchNorm(g);
+    auto d = gpu_->makeBatchNorm(g);
+    Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host(gamma.shape()),
+           dbeta = Tensor::host(beta.shape());
+    c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
+    c->backward(x, gamma, dy, dx, dg, dbeta);
+    const Tensor gx = up(x), ggamma = up(gamma), gbeta = up(beta), gdy = up(dy);
+    Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty(gamma.shape()),
+           gdbeta = gpu_->empty(beta.shape());
+    d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/true);
+    d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
+    expectClose("y", y, gy);
+    expectClose("running mean", rm, grm);
+    expectClose("running var (unbiased)", rv, grv);
+    expectClose("dx", dx, gdx);
+    expectClose("dgamma", dg, gdg);
+    expectClose("dbeta", dbeta, gdbeta);
+    c->forward(x, gamma, beta, rm, rv, y, /*train=*/false);
+    d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/false);
+    expectClose("inference y", y, gy);
+  }
+  unsetenv("TROUPE_CUDA_BATCH_NORM");
 }
 
 TEST_F(CudaOps, ElementwiseOpsAndTheDropoutMaskOfTheCpu) {
@@ -576,17 +583,14 @@ TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
 }
 
 // Batch norm reads and writes the reduced type, NCHW or channels last; its scale, shift and
-// statistics stay float32. Each way: cuDNN's own, and the wide way (float32 NCHW copies, forced by
-// $TROUPE_CUDA_WIDE_BATCH_NORM) that the op takes where cuDNN refuses a type or a layout.
+// statistics stay float32. Each way the op may start from ($TROUPE_CUDA_BATCH_NORM): cuDNN's
+// persistent Ex calls (PyTorch's), its spatial calls, and the wide way (float32 NCHW copies) that
+// the op takes where cuDNN refuses a type or a layout.
 TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
-  for (const bool wide : {false, true}) {
+  for (const char* way : {"persistent", "spatial", "wide"}) {
     for (const bool channels_last : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "wide " << wide << " channels_last " << channels_last);
-      if (wide) {
-        setenv("TROUPE_CUDA_WIDE_BATCH_NORM", "1", 1);
-      } else {
-        unsetenv("TROUPE_CUDA_WIDE_BATCH_NORM");
-      }
+      SCOPED_TRACE(::testing::Message() << "way " << way << " channels_last " << channels_last);
+      setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
       BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
       const Shape xs{g.n, g.channels, g.spatial};
       const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
@@ -615,7 +619,7 @@ TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
       expectClose("dbeta", dbeta, gdbeta, tolerance());
     }
   }
-  unsetenv("TROUPE_CUDA_WIDE_BATCH_NORM");
+  unsetenv("TROUPE_CUDA_BATCH_NORM");
 }
 
 TEST_P(CudaReducedOps, PoolingElementwiseAndTheLoss) {

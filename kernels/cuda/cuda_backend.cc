@@ -8,9 +8,12 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -363,11 +366,19 @@ class CudaInnerProduct final : public InnerProductOp {
 // cuDNN's spatial batch norm: the batch's biased variance to normalise, the unbiased one into the
 // running variance, as PyTorch (kernels/ops.h). x, y and their gradients may be float16 or
 // bfloat16, and channels last; the scale, shift and statistics are float32 (cuDNN's rule, and
-// PyTorch's under autocast). Where cuDNN's batch norm refuses the type or the layout, the op goes
-// "wide" for good: its images to float32 NCHW copies, cuDNN's float32 batch norm, and back (three
-// more passes over the images; $TROUPE_CUDA_WIDE_BATCH_NORM=1 forces it, for the tests).
+// PyTorch's under autocast). Training goes the first of these ways that cuDNN takes for the type
+// and layout, and keeps to it:
+// - persistent: the Ex calls in CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode, as PyTorch trains (its
+//   cuDNN batch norm), with a reserve space from the forward to the backward;
+// - spatial: the plain calls in CUDNN_BATCHNORM_SPATIAL mode;
+// - wide: the images to float32 NCHW copies, the spatial calls, and back (three more passes).
+// Inference is cuDNN's spatial call (PyTorch's too), or wide where refused. $TROUPE_CUDA_BATCH_NORM
+// (persistent, spatial or wide) names the way to start from: the tests take each, the benchmarks
+// compare them.
 class CudaBatchNorm final : public BatchNormOp {
  public:
+  enum class Way { kPersistent, kSpatial, kWide };
+
   CudaBatchNorm(Context& ctx, const BatchNormGeometry& g)
       : ctx_(ctx),
         g_(g),
@@ -379,14 +390,20 @@ class CudaBatchNorm final : public BatchNormOp {
       throw InputError("batch norm eps " + std::to_string(g.eps) + " is below cuDNN's minimum " +
                        std::to_string(CUDNN_BN_MIN_EPSILON));
     }
-    const char* forced = std::getenv("TROUPE_CUDA_WIDE_BATCH_NORM");
-    wide_ = forced && std::string(forced) == "1";
+    train_way_ = firstWay();
+    infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
   }
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
     prepare(x.dtype());
     act(x);
     act(y);
+    Way& way = train ? train_way_ : infer_way_;
+    if (way == Way::kPersistent &&
+        !refused(forwardPersistent(x, gamma, beta, running_mean, running_var, y), way)) {
+      trained_ = Way::kPersistent;
+      return;
+    }
     auto call = [&](cudnnTensorDescriptor_t d, const void* in, void* out) {
       return train ? cudnnBatchNormalizationForwardTraining(
                          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d, in, d, out,
@@ -397,7 +414,9 @@ class CudaBatchNorm final : public BatchNormOp {
                          param_.get(), f32(gamma), f32(beta), running_mean.raw(), running_var.raw(),
                          g_.eps);
     };
-    if (!wide_ && !refused(call(x_->get(), x.raw(), y.raw()))) return;
+    if (train) trained_ = Way::kSpatial;
+    if (way == Way::kSpatial && !refused(call(x_->get(), x.raw(), y.raw()), way)) return;
+    if (train) trained_ = Way::kWide;
     const Tensor wx = widened(x), wy = ctx_.empty(x.shape(), DType::kFloat32);
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wy.raw()));
     narrow(wy, y);
@@ -409,18 +428,77 @@ class CudaBatchNorm final : public BatchNormOp {
     const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
     const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
     const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+    // The way of the training forward, or the next: each saves the same statistics (the
+    // persistent way a reserve space too, which only it reads).
+    Way way = trained_;
+    if (way == Way::kPersistent &&
+        !refused(backwardPersistent(x, gamma, dy, dx_out, dg, dbt), way)) {
+      return;
+    }
+    train_way_ = std::max(train_way_, way);  // what cuDNN refuses here, the forwards leave
     auto call = [&](cudnnTensorDescriptor_t d, const void* in, const void* grad, void* out) {
       return cudnnBatchNormalizationBackward(
           ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, d, in, d, grad, d, out,
           param_.get(), f32(gamma), f32(dg), f32(dbt), g_.eps, mean_.raw(), invstd_.raw());
     };
-    if (!wide_ && !refused(call(x_->get(), act(x), act(dy), act(dx_out)))) return;
+    if (way == Way::kSpatial && !refused(call(x_->get(), act(x), act(dy), act(dx_out)), way)) {
+      return;
+    }
+    train_way_ = std::max(train_way_, way);
     const Tensor wx = widened(x), wdy = widened(dy), wdx = ctx_.empty(x.shape(), DType::kFloat32);
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wdy.raw(), wdx.raw()));
     narrow(wdx, dx_out);
   }
 
  private:
+  static Way firstWay() {
+    const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
+    const std::string way = named ? named : "";
+    if (way.empty() || way == "persistent") return Way::kPersistent;
+    if (way == "spatial") return Way::kSpatial;
+    if (way == "wide") return Way::kWide;
+    throw InputError("TROUPE_CUDA_BATCH_NORM=" + way + ": expected persistent, spatial or wide");
+  }
+
+  cudnnStatus_t forwardPersistent(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& y) {
+    const cudnnTensorDescriptor_t d = x_->get();
+    std::size_t workspace = 0, reserve = 0;
+    cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, d, nullptr, d,
+        param_.get(), nullptr, &workspace);
+    if (status != CUDNN_STATUS_SUCCESS) return status;
+    status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, nullptr, d,
+        &reserve);
+    if (status != CUDNN_STATUS_SUCCESS) return status;
+    // The reserve goes to the backward; the allocator's cache makes it no cudaMalloc after the
+    // first step.
+    reserve_ = reserve > 0 ? ctx_.allocator->allocate(reserve) : nullptr;
+    reserve_bytes_ = reserve;
+    return cudnnBatchNormalizationForwardTrainingEx(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, d,
+        x.raw(), nullptr, nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum,
+        running_mean.raw(), running_var.raw(), g_.eps, mean_.raw(), invstd_.raw(), nullptr,
+        ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
+  }
+
+  cudnnStatus_t backwardPersistent(const Tensor& x, const Tensor& gamma, const Tensor& dy,
+                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+    const cudnnTensorDescriptor_t d = x_->get();
+    std::size_t workspace = 0;
+    const cudnnStatus_t status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, d, d, d, nullptr, d,
+        param_.get(), nullptr, &workspace);
+    if (status != CUDNN_STATUS_SUCCESS) return status;
+    return cudnnBatchNormalizationBackwardEx(
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero,
+        &kOne, &kZero, d, act(x), nullptr, nullptr, d, act(dy), nullptr, nullptr, d, act(dx),
+        param_.get(), f32(gamma), nullptr, f32(dgamma), f32(dbeta), g_.eps, mean_.raw(),
+        invstd_.raw(), nullptr, ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
+  }
+
   void prepare(DType dtype) {
     if (x_) {
       TROUPE_ENFORCE(dtype == dtype_, "a batch norm made for ", toString(dtype_), " called with ",
@@ -429,17 +507,40 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     dtype_ = dtype;
     x_ = std::make_unique<TensorDesc>(g_.n, g_.channels, g_.spatial, 1, dtype, g_.channels_last);
-    if (dtype == DType::kFloat32 && !g_.channels_last) wide_ = false;  // nothing wider
+    // Nothing is wider than float32 NCHW: its wide way is the spatial one.
+    if (dtype == DType::kFloat32 && !g_.channels_last) {
+      train_way_ = std::min(train_way_, Way::kSpatial);
+      infer_way_ = Way::kSpatial;
+    }
   }
-  // Whether cuDNN refused this type or layout (the op then goes wide for good); else checks.
-  bool refused(cudnnStatus_t status) {
-    const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
-    if (widenable && (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM)) {
-      wide_ = true;
-      return true;
+  // Whether cuDNN refused `way` for this type or layout: then `way` is the next one, which the
+  // caller takes (and the op keeps to, where `way` is its member). Else checks the status.
+  bool refused(cudnnStatus_t status, Way& way) {
+    if (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM) {
+      const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
+      if (way == Way::kPersistent || (way == Way::kSpatial && widenable)) {
+        const Way next = way == Way::kPersistent ? Way::kSpatial : Way::kWide;
+        sayOnce(way, next, status);
+        way = next;
+        return true;
+      }
     }
     TROUPE_CUDA_CHECK(status);
     return false;
+  }
+  // A way cuDNN refuses is said once a process for each type and layout, on stderr (the
+  // benchmarks' and the GPU call's logs), since it costs speed.
+  void sayOnce(Way from, Way to, cudnnStatus_t status) {
+    static std::mutex mutex;
+    static std::set<std::tuple<Way, DType, bool>> said;
+    std::lock_guard lock(mutex);
+    if (!said.insert({from, dtype_, g_.channels_last}).second) return;
+    static constexpr const char* kNames[] = {"persistent", "spatial", "wide"};
+    std::fprintf(stderr,
+                 "troupe cuda: cuDNN's %s batch norm refused %s %s (%s); the %s way instead\n",
+                 kNames[static_cast<int>(from)], toString(dtype_).c_str(),
+                 g_.channels_last ? "channels-last" : "NCHW", cudnnGetErrorString(status),
+                 kNames[static_cast<int>(to)]);
   }
   // [n, C, spatial] of the op's type and layout as float32 NCHW, and back.
   Tensor widened(const Tensor& t) {
@@ -464,10 +565,14 @@ class CudaBatchNorm final : public BatchNormOp {
   Context& ctx_;
   BatchNormGeometry g_;
   DType dtype_ = DType::kFloat32;
-  std::unique_ptr<TensorDesc> x_;  // of the tensors' type and layout, made on the first call
-  TensorDesc param_, wide_desc_;   // wide_desc_: float32 NCHW, for the wide way
-  bool wide_ = false;
-  Tensor mean_, invstd_;  // of the last training forward, for the backward
+  std::unique_ptr<TensorDesc> x_;     // of the tensors' type and layout, made on the first call
+  TensorDesc param_, wide_desc_;      // wide_desc_: float32 NCHW, for the wide way
+  Way train_way_ = Way::kPersistent;  // the first ways cuDNN has not refused
+  Way infer_way_ = Way::kSpatial;
+  Way trained_ = Way::kSpatial;    // the way of the last training forward, for the backward
+  Tensor mean_, invstd_;           // of the last training forward, for the backward
+  std::shared_ptr<void> reserve_;  // the persistent way's, from the forward to the backward
+  std::size_t reserve_bytes_ = 0;
 };
 
 class CudaRelu final : public ReluOp {
