@@ -9,9 +9,9 @@
 #                                # then writes under $OUT (default out/gpu) what it ran and found
 #
 # run, most wanted first: `troupe info`, nvidia-smi, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), LeNet on Fashion-MNIST on the GPU and on the CPU (test accuracies),
-# LeNet through NCCL (a group of one GPU) and 2 processes with NCCL on one GPU (which NCCL must
-# refuse, not hang), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
+# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
+# LeNet on Fashion-MNIST on the GPU and on the CPU (test accuracies), LeNet through NCCL (a group
+# of one GPU) and 2 processes with NCCL on one GPU (which NCCL must refuse, not hang),
 # ResNet-50 through the whole trainer on synthetic input, LeNet and ResNet-50 in 2 processes
 # sharing the GPU and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
 # torchvision (bench/input_vs_peers.py; DALI is not on that machine), torch.compile's
@@ -108,6 +108,11 @@ run() {
   part nvidia-smi 30 nvidia-smi
   part info 30 "$troupe" info
   part cuda_tests 120 "$root/bin/troupe_cuda_tests"
+  # The headline, before the parts that could eat into its time: bf16, fp32 (TF32 off), fp16 and
+  # TF32, each at every batch: 24 timed rows, printed one by one.
+  part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
+    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \
+    --precisions "${PRECISIONS:-bf16,fp32,fp16,tf32}"
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
   part convert 60 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
@@ -126,10 +131,6 @@ run() {
     -- "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule bsp-allreduce \
     --reducer nccl --rendezvous_timeout 30 --log_dir "$OUT/nccl_two" \
     --checkpoint_dir "$root/ck_nccl_two"
-  # bf16, fp32 (TF32 off), fp16 and TF32, each at every batch: 24 timed rows, printed one by one.
-  part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
-    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \
-    --precisions "${PRECISIONS:-bf16,fp32,fp16,tf32}"
   part resnet50_trainer 90 "$troupe" train --model resnet50 --train_data null --num_channels 3 \
     --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 --num_epochs 3 \
     --gpus 0 --precision bf16 --log_every 10 --log_dir "$OUT/resnet50_trainer" \
