@@ -130,7 +130,8 @@ struct Handover {
   std::int64_t step = 0;
   Tensor weights;
   Tensor momentum;
-  Tensor buffers;  // replica 0's (batch norm statistics); empty if the model has none
+  Tensor buffers;        // replica 0's (batch norm statistics); empty if the model has none
+  float loss_scale = 0;  // the dynamic loss scale; 0: none
 };
 
 // Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).

@@ -102,6 +102,7 @@ struct TrainState {
   std::int64_t epoch = 0;
   std::int64_t epoch_records = 0;
   kernels::Tensor weights, momentum, buffers;  // host
+  float loss_scale = 0;                        // the dynamic loss scale then; 0: none
 };
 
 // One replica a reader feeds: its share of each step's global batch.

@@ -257,6 +257,11 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     p.weights = role->state->weights;
     p.momentum = role->state->momentum;
     if (role->state->buffers.defined()) p.buffers = role->state->buffers;
+    if (role->state->loss_scale > 0 && lossScaleOf(o).dynamic) {
+      p.loss_scale = role->state->loss_scale;
+      spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
+                   p.rank, p.loss_scale);
+    }
   }
   return p;
 }

@@ -50,6 +50,7 @@ class Updater final : public Actor {
     s.epoch_records = config_.plan.recordOf(s.step);
     s.weights = hostCopy(whole ? weights_ : snapshot_weights_);
     s.momentum = hostCopy(whole ? optimizer_->state() : snapshot_momentum_);
+    s.loss_scale = loss_scale_;  // changes only at a step's end: the same for a partial step
     if (awaiting_) s.step = -1;  // never got the state it was to go on from
   }
 
@@ -66,7 +67,8 @@ class Updater final : public Actor {
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
     if (!config_.handover_to.empty()) {
-      const Handover h{step_, hostCopy(weights_), hostCopy(optimizer_->state()), buffers_};
+      const Handover h{step_, hostCopy(weights_), hostCopy(optimizer_->state()), buffers_,
+                       loss_scale_};
       for (const auto& to : config_.handover_to)
         send(to, h);
     }
@@ -211,6 +213,11 @@ class Updater final : public Actor {
     backend_->copy(h.weights, weights_);
     backend_->copy(h.momentum, optimizer_->state());
     if (h.buffers.defined() && h.buffers.numel() > 0) buffers_ = h.buffers;
+    if (config_.loss_scale.dynamic && h.loss_scale > 0) {
+      loss_scale_ = h.loss_scale;
+      spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
+                   config_.worker, loss_scale_);
+    }
     backend_->synchronize();
     awaiting_ = false;
     if (step_ < config_.plan.last_step) broadcast();

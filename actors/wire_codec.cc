@@ -81,6 +81,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     out.setTensor(w.initWeights(), m->weights);
     out.setTensor(w.initMomentum(), m->momentum);
     out.setTensor(w.initBuffers(), m->buffers);
+    w.setLossScale(m->loss_scale);
   } else if (auto* m = as<Evaluate>(e)) {
     auto w = f.initEvaluate();
     w.setEpoch(m->epoch);
@@ -224,7 +225,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     case W::HANDOVER: {
       auto r = f.getHandover();
       d.message = wrap(Handover{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
-                                in.tensor(r.getBuffers())});
+                                in.tensor(r.getBuffers()), r.getLossScale()});
       break;
     }
     case W::EVALUATE: {

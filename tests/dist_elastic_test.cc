@@ -142,12 +142,15 @@ TEST(ElasticTraining, KillOneOfThreeMidEpochThenAFourthJoinsAndNoRecordIsLostOrT
 // that step's NCCL sums short on the others, whose updates were queued behind them; the survivors
 // must go on from the last step whose sums were whole, so that they hold the same parameters, in
 // a new NCCL group of the new generation. Then a newcomer joins: the group of two ends between
-// steps and one of three forms.
+// steps and one of three forms. In fp16, from a loss scale of 2^24 that overflows at once: each
+// generation goes on from the dynamic loss scale the one before reached, not from 2^24 again.
 TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
   TempDir cwd("elastic_nccl");
   const std::string run_id = "elasticnccl" + std::to_string(::getpid());
   const std::string args =
-      trainArgs() + " --gpus 0 --reducer nccl --num_epochs 3 --epoch_size 9600 --log_every 10";
+      trainArgs() +
+      " --gpus 0 --reducer nccl --precision fp16 --initial_scale_power 24 --num_epochs 3 "
+      "--epoch_size 9600 --log_every 10";
   const auto r = runScript(
       cwd, std::string(kWaitFor) + "export TROUPE_CUDA_LIBRARY=" + TROUPE_EMULATED_GPU +
                " TROUPE_EMULATED_GPUS=1\necho elastic-test-secret-0123456789 > secret\n" +
@@ -175,6 +178,17 @@ TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
   const auto [finished, checksums] = checksumsOf(launch + third);
   EXPECT_EQ(finished, 3) << launch << third;
   EXPECT_EQ(checksums.size(), 1u) << launch << third;
+  // Both survivors in generation 1 (from their own state), the newcomer in generation 2 (handed
+  // over), each from a scale below 2^24.
+  const std::regex carried(R"(worker (\d): the dynamic loss scale goes on from ([0-9.e+]+))");
+  std::set<std::string> workers;
+  const std::string both = launch + third;
+  for (auto it = std::sregex_iterator(both.begin(), both.end(), carried);
+       it != std::sregex_iterator(); ++it) {
+    workers.insert((*it)[1]);
+    EXPECT_LT(std::stod((*it)[2]), 16777216.0) << (*it)[0];
+  }
+  EXPECT_EQ(workers, (std::set<std::string>{"0", "1", "2"})) << launch << third;
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the

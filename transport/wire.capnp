@@ -94,6 +94,7 @@ struct Handover {
   weights @1 :TensorData;
   momentum @2 :TensorData;
   buffers @3 :TensorData;
+  lossScale @4 :Float32;      # the dynamic loss scale; 0: none
 }
 
 # Coordinator -> Replica.
