@@ -738,7 +738,9 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   EXPECT_TRUE(by_ring || by_server || by_link) << r.output;
   // NCCL in each process waits for no other process: the ring's watch (peer_timeout) comes
   // before the link's (two graces later) and names the step, as with troupe's ring alone.
-  if (hybrid) EXPECT_TRUE(by_ring) << r.output;
+  if (hybrid) {
+    EXPECT_TRUE(by_ring) << r.output;
+  }
   EXPECT_NE(r.output.find("troupe-culprit: worker 1: "), std::string::npos) << r.output;
 }
 
