@@ -6,11 +6,12 @@
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
-//                        [--channels-last] [--deterministic]
+//                        [--channels-last] [--deterministic] [--no-fuse]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
 // test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
-// images on the device (NetOptions::channels_last; memory_format nhwc).
+// images on the device (NetOptions::channels_last; memory_format nhwc). --no-fuse: each ReLU on its
+// own, not in its batch norm's pass (NetOptions::fuse), to measure what the fusion gives.
 #include <time.h>
 
 #include <chrono>
@@ -84,9 +85,10 @@ Input inputOf(const std::string& model) {
 }
 
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
-                 DType precision, bool channels_last) {
+                 DType precision, bool channels_last, bool fuse) {
   const Input in = inputOf(model);
   NetOptions options;
+  options.fuse = fuse;
   options.model.name = model;
   options.max_batch = batch;
   options.channels = in.channels;
@@ -199,6 +201,7 @@ int main(int argc, char** argv) {
   DType precision = DType::kFloat32;
   std::string precision_name = "fp32";
   bool channels_last = false;
+  bool fuse = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -226,6 +229,8 @@ int main(int argc, char** argv) {
       cuda.deterministic = true;
     else if (arg == "--channels-last")
       channels_last = true;
+    else if (arg == "--no-fuse")
+      fuse = false;
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {
@@ -259,7 +264,7 @@ int main(int argc, char** argv) {
   for (std::string model; std::getline(list, model, ',');) {
     double step = 0;
     try {
-      step = trainStep(*backend, model, batch, seconds, precision, channels_last);
+      step = trainStep(*backend, model, batch, seconds, precision, channels_last, fuse);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", model.c_str(), e.what());
       return 1;
@@ -272,7 +277,7 @@ int main(int argc, char** argv) {
                   cuda.tf32 ? 1 : 0, precision_name.c_str(), channels_last ? "nhwc" : "nchw",
                   static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
     }
-    std::printf("\n");
+    std::printf(" fused_bn_relu=%d\n", fuse ? 1 : 0);
     std::fflush(stdout);
   }
   if (ops) {

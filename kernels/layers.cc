@@ -176,6 +176,7 @@ class ReluLayer final : public Layer {
     if (dx.raw()) op(ctx, n).backward(ctx.data(top), ctx.diff(top), dx);
   }
   bool inPlace() const override { return true; }
+  bool isRelu() const override { return true; }
 
  private:
   ReluOp& op(LayerContext& ctx, std::int64_t n) {
@@ -200,8 +201,13 @@ class BatchNormLayer final : public Layer {
     op(ctx, n).forward(ctx.data(bottoms[0]), gamma_, beta_, mean_, var_, ctx.data(top), train);
   }
   void backward(LayerContext& ctx, std::int64_t n, float) override {
-    op(ctx, n).backward(ctx.data(bottoms[0]), gamma_, ctx.diff(top), ctx.diff(bottoms[0]), dgamma_,
-                        dbeta_);
+    op(ctx, n).backward(ctx.data(bottoms[0]), ctx.data(top), gamma_, ctx.diff(top),
+                        ctx.diff(bottoms[0]), dgamma_, dbeta_);
+  }
+  bool takeRelu(int relu_top) override {
+    relu_ = true;
+    top = relu_top;
+    return true;
   }
 
  private:
@@ -212,10 +218,12 @@ class BatchNormLayer final : public Layer {
       g.channels = channels_;
       g.spatial = spatial_;
       g.channels_last = ctx.channelsLast();
+      g.relu = relu_;
       return ctx.backend().makeBatchNorm(g);
     });
   }
   std::int64_t channels_, spatial_;
+  bool relu_ = false;
   Tensor gamma_, beta_, dgamma_, dbeta_, mean_, var_;
   OpCache<BatchNormOp> ops_;
 };

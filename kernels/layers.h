@@ -42,6 +42,10 @@ class Layer {
   // Whether the layer may write its output over its input (a ReLU: its backward reads its output,
   // never its input), which the net then does where no other layer reads that input.
   virtual bool inPlace() const { return false; }
+  virtual bool isRelu() const { return false; }
+  // Computes, in its own pass, the ReLU that alone reads its output, writing that ReLU's output
+  // blob `relu_top` as its top (a batch norm: BatchNormGeometry::relu); false where it cannot.
+  virtual bool takeRelu(int /*relu_top*/) { return false; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.
@@ -52,6 +56,7 @@ class Layer {
 
   std::vector<int> bottoms;
   int top = -1;
+  bool fused = false;  // computed by the layer that took it (takeRelu): the net skips it
   std::int64_t param_begin = 0, param_end = 0;    // in the flat weights
   std::int64_t buffer_begin = 0, buffer_end = 0;  // in the flat buffers
 };

@@ -509,10 +509,12 @@ class NetImpl final : public Net, private LayerContext {
       throw InputError("channels-last images (memory_format nhwc) would change this model: " +
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
+    if (options.fuse) fuseRelus();
     std::vector<int> readers(g_.blobs.size(), 0);  // layers that read each blob
     for (const auto& layer : g_.layers)
-      for (int b : layer->bottoms)
-        ++readers[static_cast<std::size_t>(b)];
+      if (!layer->fused)
+        for (int b : layer->bottoms)
+          ++readers[static_cast<std::size_t>(b)];
     assignData(options.max_batch, readers);
     assignDiffs(options.max_batch, readers);
     for (auto& s : scratch_)
@@ -556,7 +558,10 @@ class NetImpl final : public Net, private LayerContext {
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
       out.push_back({g_.layer_names[l], layer.top >= 0 ? g_.blobs[layer.top].shape : Shape{},
-                     layer.param_end - layer.param_begin});
+                     layer.param_end - layer.param_begin, ""});
+      for (std::size_t k = 0; layer.fused && k < l; ++k) {
+        if (g_.layers[k]->top == layer.top) out.back().computed_by = g_.layer_names[k];
+      }
     }
     return out;
   }
@@ -602,7 +607,7 @@ class NetImpl final : public Net, private LayerContext {
     trained_ = train;
     ++forward_count_;
     for (auto& layer : g_.layers)
-      layer->forward(*this, n_, train);
+      if (!layer->fused) layer->forward(*this, n_, train);
   }
 
   void backward(float grad_scale, const GradReadyFn& on_ready) override {
@@ -610,6 +615,7 @@ class NetImpl final : public Net, private LayerContext {
     std::fill(written_.begin(), written_.end(), false);
     for (std::size_t l = g_.layers.size(); l-- > 0;) {
       Layer& layer = *g_.layers[l];
+      if (layer.fused) continue;  // no parameters
       current_ = &layer;
       pending_.clear();
       layer.backward(*this, n_, grad_scale);
@@ -657,12 +663,37 @@ class NetImpl final : public Net, private LayerContext {
   }
   bool channelsLast() override { return nhwc_; }
 
+  // A ReLU that alone reads a batch norm's output (that it would overwrite in place) is taken by
+  // the batch norm (Layer::takeRelu), which then writes the ReLU's output blob and reads its
+  // gradient; the ReLU stays in the list (its name and shape for layers()) and is skipped. The
+  // batch norm's own output blob is left with neither memory nor gradient.
+  void fuseRelus() {
+    std::vector<int> readers(g_.blobs.size(), 0);
+    std::vector<Layer*> producer(g_.blobs.size(), nullptr);
+    for (const auto& layer : g_.layers) {
+      for (int b : layer->bottoms)
+        ++readers[static_cast<std::size_t>(b)];
+      if (layer->top >= 0) producer[static_cast<std::size_t>(layer->top)] = layer.get();
+    }
+    for (const auto& layer : g_.layers) {
+      if (!layer->isRelu() || layer->bottoms.size() != 1) continue;
+      const auto in = static_cast<std::size_t>(layer->bottoms[0]);
+      Layer* bottom = producer[in];
+      if (in == 0 || readers[in] != 1 || bottom == nullptr ||
+          g_.blobs[in].per != g_.blobs[static_cast<std::size_t>(layer->top)].per ||
+          !bottom->takeRelu(layer->top))
+        continue;
+      layer->fused = true;
+      g_.blobs[in].needs_diff = false;
+    }
+  }
+
   // Every blob keeps its activations for the backward, in memory of its own, but for a layer that
   // may write its output over its input (Layer::inPlace: a ReLU) whose input no other layer reads:
   // that output shares its input's memory, as PyTorch's ReLU(inplace=True) after a batch norm.
   void assignData(std::int64_t max_batch, const std::vector<int>& readers) {
     for (const auto& layer : g_.layers) {
-      if (layer->top < 0) continue;
+      if (layer->top < 0 || layer->fused) continue;
       Blob& top = g_.blobs[static_cast<std::size_t>(layer->top)];
       max_per_ = std::max(max_per_, top.per);
       const int in = layer->bottoms.size() == 1 ? layer->bottoms[0] : 0;
@@ -688,6 +719,7 @@ class NetImpl final : public Net, private LayerContext {
     std::vector<int> free_slots, slot_of(g_.blobs.size(), -1);
     for (std::size_t l = g_.layers.size(); l-- > 0;) {
       const Layer& layer = *g_.layers[l];
+      if (layer.fused) continue;
       for (int b : layer.bottoms) {
         const auto bi = static_cast<std::size_t>(b);
         if (!g_.blobs[bi].needs_diff || slot_of[bi] >= 0) continue;

@@ -57,6 +57,9 @@ struct NetOptions {
   // order, and so checkpoints, do not change). InputError for a model whose inner product reads
   // an image as a vector (Net::channelsLastMisfit), whose weights' meaning it would change.
   bool channels_last = false;
+  // A ReLU that alone reads a batch norm's output is computed by the batch norm, in the same pass
+  // (the same values, one pass over the activations less each way); false: each on its own.
+  bool fuse = true;
 };
 
 // Where a parameter lives in the flat weight / gradient tensors.
@@ -81,6 +84,9 @@ struct LayerInfo {
   std::string name;             // "conv1", "stage1.block1.bn1", "loss"
   Shape output;                 // per sample: {C, H, W} or {features}; {} for the loss
   std::int64_t num_params = 0;  // trainable scalars of this layer
+  // The layer that computes this one in its own pass (a ReLU fused into the batch norm before
+  // it: NetOptions::fuse); empty: itself.
+  std::string computed_by;
 };
 
 // Bytes a net holds for its images, at its max_batch: every blob's activations (kept from the

@@ -91,6 +91,9 @@ struct BatchNormGeometry {
   float momentum = 0.1f;
   float eps = 1e-5f;
   bool channels_last = false;  // [n, spatial, channels] in memory
+  // y = max(BN(x), 0): the ReLU that follows, computed in the same pass (the net fuses a ReLU
+  // that alone reads the batch norm's output); the backward takes the gradient of that y.
+  bool relu = false;
 };
 
 class BatchNormOp {
@@ -100,9 +103,9 @@ class BatchNormOp {
   virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                        bool train) = 0;
-  // Back-propagates the last training forward.
-  virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
-                        const Tensor& dgamma, const Tensor& dbeta) = 0;
+  // Back-propagates the last training forward, whose output y was (read with relu only).
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
+                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
 };
 
 // Element-wise and reduction ops over `numel` elements (or [n, channels, spatial] for pooling).

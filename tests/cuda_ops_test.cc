@@ -142,8 +142,91 @@ class CudaOps : public ::testing::Test {
                    Tensor::host(beta.shape())};
     auto op = cpu_->makeBatchNorm(g);
     op->forward(x, gamma, beta, mean, var, r.y, /*train=*/true);
-    op->backward(x, gamma, dy, r.dx, r.dgamma, r.dbeta);
+    op->backward(x, r.y, gamma, dy, r.dx, r.dgamma, r.dbeta);
     return r;
+  }
+
+  // `x` with each value rounded to `type` (what a GPU tensor of that type holds).
+  Tensor roundedTo(const Tensor& x, DType type) {
+    if (type == DType::kFloat32) return x;
+    Tensor narrow = Tensor::host(x.shape(), type), out = Tensor::host(x.shape());
+    cpu_->cast(x, narrow);
+    cpu_->cast(narrow, out);
+    return out;
+  }
+  // The host float tensor on the GPU as `type`, and a GPU tensor back as a host float one.
+  Tensor upAs(const Tensor& host, DType type) {
+    const Tensor wide = up(host);
+    if (type == DType::kFloat32) return wide;
+    Tensor t = gpu_->empty(host.shape(), type);
+    gpu_->cast(wide, t);
+    return t;
+  }
+  Tensor downAsFloat(const Tensor& device) {
+    if (device.dtype() == DType::kFloat32) return down(device);
+    Tensor wide = gpu_->empty(device.shape());
+    gpu_->cast(device, wide);
+    return down(wide);
+  }
+
+  // Batch norm with its ReLU (BatchNormGeometry::relu, which the net fuses), each way
+  // ($TROUPE_CUDA_BATCH_NORM) and layout, in `type`: y is the CPU's batch norm's, where above 0,
+  // else 0; the gradients are the CPU batch norm's of dy where the GPU's own y > 0 (its mask, so
+  // that an output within rounding of 0 on one side cannot flip the reference).
+  void expectBatchNormReluAgrees(DType type, double tol) {
+    forEachBatchNormWay([&](bool channels_last) {
+      BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+      const Shape xs{g.n, g.channels, g.spatial};
+      const Tensor x = roundedTo(randomHost(xs, 71, -2.0f, 3.0f), type),
+                   gamma = randomHost({5}, 72), beta = randomHost({5}, 73, -0.5f, 0.5f),
+                   dy = roundedTo(randomHost(xs, 74), type);
+      Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+      cpu_->fill(rv, 1.0f);
+      const Tensor grm = up(rm), grv = up(rv);
+      auto c = cpu_->makeBatchNorm(g);
+      Tensor v = Tensor::host(xs);
+      c->forward(x, gamma, beta, rm, rv, v, /*train=*/true);
+      g.relu = true;
+      g.channels_last = channels_last;
+      auto d = gpu_->makeBatchNorm(g);
+      auto layout = [&](const Tensor& nchw) {
+        return upAs(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw, type);
+      };
+      auto unlayout = [&](const Tensor& gpu) {
+        return channels_last ? nchwOf(downAsFloat(gpu), 8, 5, 36) : downAsFloat(gpu);
+      };
+      const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
+      Tensor gy = gpu_->empty(xs, type), gdx = gpu_->empty(xs, type), gdg = gpu_->empty({5}),
+             gdbeta = gpu_->empty({5});
+      d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
+      d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
+      const Tensor y = unlayout(gy);
+      Tensor relu_v = Tensor::host(xs), masked = Tensor::host(xs);
+      for (std::int64_t i = 0; i < v.numel(); ++i) {
+        relu_v.f32()[i] = std::max(v.f32()[i], 0.0f);
+        masked.f32()[i] = y.f32()[i] > 0.0f ? dy.f32()[i] : 0.0f;
+      }
+      Tensor dx = Tensor::host(xs), dg = Tensor::host({5}), dbeta = Tensor::host({5});
+      c->backward(x, v, gamma, masked, dx, dg, dbeta);
+      expectClose("y", relu_v, y, tol);
+      expectClose("dx", dx, unlayout(gdx), tol);
+      expectClose("running mean", rm, grm, tol);
+      expectClose("dgamma", dg, gdg, tol);
+      expectClose("dbeta", dbeta, gdbeta, tol);
+    });
+  }
+  // `check(channels_last)` for each way a batch norm may start from ($TROUPE_CUDA_BATCH_NORM)
+  // and each layout.
+  template <typename Check>
+  void forEachBatchNormWay(Check check) {
+    for (const char* way : {"persistent", "spatial", "wide"}) {
+      for (const bool channels_last : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "way " << way << " channels_last " << channels_last);
+        setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
+        check(channels_last);
+      }
+    }
+    unsetenv("TROUPE_CUDA_BATCH_NORM");
   }
 
   // An op y = f(x, w, b) with backward (x, w, dy) -> (dx, dw, db), convolution or inner product:
@@ -235,12 +318,12 @@ TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
     Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host(gamma.shape()),
            dbeta = Tensor::host(beta.shape());
     c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
-    c->backward(x, gamma, dy, dx, dg, dbeta);
+    c->backward(x, y, gamma, dy, dx, dg, dbeta);
     const Tensor gx = up(x), ggamma = up(gamma), gbeta = up(beta), gdy = up(dy);
     Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty(gamma.shape()),
            gdbeta = gpu_->empty(beta.shape());
     d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/true);
-    d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
+    d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
     expectClose("y", y, gy);
     expectClose("running mean", rm, grm);
     expectClose("running var (unbiased)", rv, grv);
@@ -252,6 +335,10 @@ TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
     expectClose("inference y", y, gy);
   }
   unsetenv("TROUPE_CUDA_BATCH_NORM");
+}
+
+TEST_F(CudaOps, BatchNormWithItsReluAgreesWithTheCpusBatchNormThenRelu) {
+  expectBatchNormReluAgrees(DType::kFloat32, kRelative);
 }
 
 TEST_F(CudaOps, ElementwiseOpsAndTheDropoutMaskOfTheCpu) {
@@ -507,25 +594,11 @@ class CudaReducedOps : public CudaOps, public ::testing::WithParamInterface<DTyp
     return 2 * (type() == DType::kFloat16 ? 0x1p-11 : 0x1p-8) + kRelative;
   }
   // The host float tensor with each value rounded to the reduced type (what the GPU will hold).
-  Tensor rounded(const Tensor& x) const {
-    Tensor narrow = Tensor::host(x.shape(), type()), out = Tensor::host(x.shape());
-    cpu_->cast(x, narrow);
-    cpu_->cast(narrow, out);
-    return out;
-  }
+  Tensor rounded(const Tensor& x) { return roundedTo(x, type()); }
   // On the GPU in the reduced type (cast there from float32), and back to a host float tensor.
-  Tensor upReduced(const Tensor& host) {
-    const Tensor wide = up(host);
-    Tensor t = gpu_->empty(host.shape(), type());
-    gpu_->cast(wide, t);
-    return t;
-  }
+  Tensor upReduced(const Tensor& host) { return upAs(host, type()); }
   Tensor empty(const Shape& shape) { return gpu_->empty(shape, type()); }
-  Tensor downWide(const Tensor& device) {
-    Tensor wide = gpu_->empty(device.shape());
-    gpu_->cast(device, wide);
-    return down(wide);
-  }
+  Tensor downWide(const Tensor& device) { return downAsFloat(device); }
   void expectNear(const char* what, const Tensor& cpu, const Tensor& gpu_reduced) {
     expectClose(what, cpu, downWide(gpu_reduced), tolerance());
   }
@@ -587,39 +660,38 @@ TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
 // persistent Ex calls (PyTorch's), its spatial calls, and the wide way (float32 NCHW copies) that
 // the op takes where cuDNN refuses a type or a layout.
 TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
-  for (const char* way : {"persistent", "spatial", "wide"}) {
-    for (const bool channels_last : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "way " << way << " channels_last " << channels_last);
-      setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
-      BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
-      const Shape xs{g.n, g.channels, g.spatial};
-      const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
-                   beta = randomHost({5}, 51), dy = rounded(randomHost(xs, 52));
-      Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
-      cpu_->fill(rv, 1.0f);
-      Tensor grm = up(rm), grv = up(rv);
-      const auto [y, dx, dg, dbeta] = cpuBatchNorm(g, x, gamma, beta, dy, rm, rv);
-      g.channels_last = channels_last;
-      auto d = gpu_->makeBatchNorm(g);
-      // The GPU's images in its layout, and back.
-      auto layout = [&](const Tensor& nchw) {
-        return upReduced(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw);
-      };
-      auto unlayout = [&](const Tensor& gpu) {
-        return channels_last ? nchwOf(downWide(gpu), 8, 5, 36) : downWide(gpu);
-      };
-      const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
-      Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
-      d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
-      d->backward(gx, ggamma, gdy, gdx, gdg, gdbeta);
-      expectClose("y", y, unlayout(gy), tolerance());
-      expectClose("dx", dx, unlayout(gdx), tolerance());
-      expectClose("running mean", rm, grm, tolerance());
-      expectClose("dgamma", dg, gdg, tolerance());
-      expectClose("dbeta", dbeta, gdbeta, tolerance());
-    }
-  }
-  unsetenv("TROUPE_CUDA_BATCH_NORM");
+  forEachBatchNormWay([&](bool channels_last) {
+    BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+    const Shape xs{g.n, g.channels, g.spatial};
+    const Tensor x = rounded(randomHost(xs, 49, -2.0f, 3.0f)), gamma = randomHost({5}, 50),
+                 beta = randomHost({5}, 51), dy = rounded(randomHost(xs, 52));
+    Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+    cpu_->fill(rv, 1.0f);
+    Tensor grm = up(rm), grv = up(rv);
+    const auto [y, dx, dg, dbeta] = cpuBatchNorm(g, x, gamma, beta, dy, rm, rv);
+    g.channels_last = channels_last;
+    auto d = gpu_->makeBatchNorm(g);
+    // The GPU's images in its layout, and back.
+    auto layout = [&](const Tensor& nchw) {
+      return upReduced(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw);
+    };
+    auto unlayout = [&](const Tensor& gpu) {
+      return channels_last ? nchwOf(downWide(gpu), 8, 5, 36) : downWide(gpu);
+    };
+    const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
+    Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
+    d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
+    d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
+    expectClose("y", y, unlayout(gy), tolerance());
+    expectClose("dx", dx, unlayout(gdx), tolerance());
+    expectClose("running mean", rm, grm, tolerance());
+    expectClose("dgamma", dg, gdg, tolerance());
+    expectClose("dbeta", dbeta, gdbeta, tolerance());
+  });
+}
+
+TEST_P(CudaReducedOps, BatchNormWithItsReluAgreesWithTheCpusBatchNormThenRelu) {
+  expectBatchNormReluAgrees(type(), tolerance());
 }
 
 TEST_P(CudaReducedOps, PoolingElementwiseAndTheLoss) {
@@ -806,7 +878,7 @@ TEST_F(CudaChannelsLastOps, PoolingBatchNormAndGlobalPooling) {
   Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty({5}),
          gdbeta = gpu_->empty({5});
   d->forward(gx, ggamma, up(beta), grm, grv, gy, true);
-  d->backward(gx, ggamma, upNhwc(dy, 8, 5, 36), gdx, gdg, gdbeta);
+  d->backward(gx, gy, ggamma, upNhwc(dy, 8, 5, 36), gdx, gdg, gdbeta);
   expectClose("bn y", y, downNchw(gy, 8, 5, 36));
   expectClose("bn dx", dx, downNchw(gdx, 8, 5, 36));
   expectClose("bn running mean", rm, grm);

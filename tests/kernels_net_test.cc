@@ -483,6 +483,48 @@ TEST_F(NetTest, LayersListOutputShapesAndParametersThatAddUpToTheNet) {
 // a block's input (the shortcut's, from the add until the block's first layer), a projection
 // shortcut's, and the layer in hand's input and output; so they fit in four buffers of the
 // largest blob, where one a blob took the activations' size again (about 40 blobs here).
+// A batch norm computing the ReLU after it in its own pass (NetOptions::fuse) gives bit for bit
+// what the two layers give on their own: losses, gradients and weights through steps of training,
+// and the evaluation after. ResNet-20 has both kinds of ReLU: after a batch norm (fused) and after
+// a residual add (not).
+TEST_F(NetTest, ABatchNormWithItsReluFusedComputesBitwiseWhatTheTwoLayersDo) {
+  NetOptions o = options("resnet20", 8, 3, 16);
+  std::vector<std::vector<float>> weights, grads, losses;
+  for (const bool fuse : {false, true}) {
+    SCOPED_TRACE(fuse ? "fused" : "on their own");
+    o.fuse = fuse;
+    auto net = makeNet(*backend_, o);
+    int fused = 0, relus = 0;
+    for (const auto& l : net->layers()) {
+      if (l.name.find("relu") == std::string::npos) continue;
+      ++relus;
+      if (l.computed_by.empty()) continue;
+      ++fused;
+      EXPECT_NE(l.computed_by.find("bn"), std::string::npos) << l.name << " in " << l.computed_by;
+    }
+    EXPECT_EQ(fused, fuse ? relus - 9 : 0) << "ResNet-20's 9 ReLUs after an add stay on their own";
+    auto sgd = makeSgd(*backend_, net->numParams(), {0.9f, 1e-4f, false, {}});
+    Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
+    losses.emplace_back();
+    for (int i = 0; i < 3; ++i) {
+      net->forward(b.images, b.labels, true);
+      losses.back().push_back(net->metrics().f32()[0]);
+      net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
+      sgd->step(net->weights(), net->grads(), 0.05f);
+    }
+    net->forward(b.images, b.labels, false);
+    losses.back().push_back(net->metrics().f32()[0]);
+    const float* w = net->weights().f32();
+    const float* g = net->grads().f32();
+    weights.emplace_back(w, w + net->numParams());
+    grads.emplace_back(g, g + net->numParams());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
+  EXPECT_EQ(0,
+            std::memcmp(weights[0].data(), weights[1].data(), weights[0].size() * sizeof(float)));
+}
+
 TEST_F(NetTest, GradientsOfActivationsShareBuffersWhoseLivesDoNotOverlap) {
   const std::int64_t batch = 32;
   for (const char* model : {"resnet20", "resnet18"}) {

@@ -379,7 +379,7 @@ TEST_F(OpsTest, BatchNormTrainingGradientsMatchFiniteDifferences) {
   Tensor mean = Tensor::host({3}), var = Tensor::host({3});
   Tensor dx = Tensor::host(x.shape()), dg = Tensor::host({3}), db = Tensor::host({3});
   op->forward(x, gamma, beta, mean, var, y, true);
-  op->backward(x, gamma, r, dx, dg, db);
+  op->backward(x, y, gamma, r, dx, dg, db);
   auto loss = [&] {
     op->forward(x, gamma, beta, mean, var, y, true);
     return dot(r, y);

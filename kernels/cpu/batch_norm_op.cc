@@ -1,9 +1,11 @@
 // Batch norm over [n, channels, spatial], one channel per work item; statistics in double.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels::cpu {
@@ -66,18 +68,39 @@ class CpuBatchNorm final : public BatchNormOp {
       for (std::int64_t i = 0; i < n; ++i) {
         const float* p = xp + (i * c + ch) * s;
         float* out = yp + (i * c + ch) * s;
+        if (g_.relu) {  // as the ReLU op: std::max(v, 0)
 #pragma omp simd
-        for (std::int64_t q = 0; q < s; ++q)
-          out[q] = p[q] * a + b;
+          for (std::int64_t q = 0; q < s; ++q)
+            out[q] = std::max(p[q] * a + b, 0.0f);
+        } else {
+#pragma omp simd
+          for (std::int64_t q = 0; q < s; ++q)
+            out[q] = p[q] * a + b;
+        }
       }
     }
   }
 
-  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
-                const Tensor& dgamma, const Tensor& dbeta) override {
+  void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
+                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
     const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
     TROUPE_ENFORCE_EQ(dy.numel(), n * c * s);
     useThreads(threads_);
+    if (g_.relu) {
+      TROUPE_ENFORCE_EQ(y.numel(), n * c * s);
+      backwardOf(x, y.f32(), gamma, dy, dx, dgamma, dbeta);
+    } else {
+      backwardOf(x, nullptr, gamma, dy, dx, dgamma, dbeta);
+    }
+  }
+
+ private:
+  // With `yp` (relu), dy counts only where y > 0, as the ReLU op's backward writes it: each row of
+  // dy is masked into a row of its own first, which the same loops as without relu then read, so
+  // that the sums split and round as they would over the ReLU op's output.
+  void backwardOf(const Tensor& x, const float* yp, const Tensor& gamma, const Tensor& dy,
+                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+    const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
     const float* xp = x.f32();
     const float* gp = gamma.f32();
     const float* dyp = dy.f32();
@@ -85,42 +108,51 @@ class CpuBatchNorm final : public BatchNormOp {
     float* dgp = optionalF32(dgamma);
     float* dbp = optionalF32(dbeta);
     const float count = static_cast<float>(n * s);
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (std::int64_t ch = 0; ch < c; ++ch) {
-      const float mean = mean_[ch], invstd = invstd_[ch];
-      double sdy = 0.0, sdyx = 0.0;
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float* p = xp + (i * c + ch) * s;
-        const float* d = dyp + (i * c + ch) * s;
-        float a = 0.0f, b = 0.0f;
+#pragma omp parallel num_threads(threads_)
+    {
+      std::vector<float> masked(yp ? static_cast<std::size_t>(s) : 0);
+      auto dyRow = [&](std::int64_t i, std::int64_t ch) -> const float* {
+        const std::int64_t at = (i * c + ch) * s;
+        if (!yp) return dyp + at;
+        vec::reluBackward(yp + at, dyp + at, masked.data(), s);
+        return masked.data();
+      };
+#pragma omp for schedule(static)
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        const float mean = mean_[ch], invstd = invstd_[ch];
+        double sdy = 0.0, sdyx = 0.0;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float* p = xp + (i * c + ch) * s;
+          const float* d = dyRow(i, ch);
+          float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
-        for (std::int64_t q = 0; q < s; ++q) {
-          a += d[q];
-          b += d[q] * (p[q] - mean);
+          for (std::int64_t q = 0; q < s; ++q) {
+            a += d[q];
+            b += d[q] * (p[q] - mean);
+          }
+          sdy += a;
+          sdyx += b;
         }
-        sdy += a;
-        sdyx += b;
-      }
-      const float dbeta_c = static_cast<float>(sdy);
-      const float dgamma_c = static_cast<float>(sdyx) * invstd;
-      if (dgp) dgp[ch] = dgamma_c;
-      if (dbp) dbp[ch] = dbeta_c;
-      if (!dxp) continue;
-      // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)).
-      const float k = gp[ch] * invstd;
-      const float mdy = dbeta_c / count, mdyx = dgamma_c / count;
-      for (std::int64_t i = 0; i < n; ++i) {
-        const float* p = xp + (i * c + ch) * s;
-        const float* d = dyp + (i * c + ch) * s;
-        float* out = dxp + (i * c + ch) * s;
+        const float dbeta_c = static_cast<float>(sdy);
+        const float dgamma_c = static_cast<float>(sdyx) * invstd;
+        if (dgp) dgp[ch] = dgamma_c;
+        if (dbp) dbp[ch] = dbeta_c;
+        if (!dxp) continue;
+        // dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)).
+        const float k = gp[ch] * invstd;
+        const float mdy = dbeta_c / count, mdyx = dgamma_c / count;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float* p = xp + (i * c + ch) * s;
+          const float* d = dyRow(i, ch);
+          float* out = dxp + (i * c + ch) * s;
 #pragma omp simd
-        for (std::int64_t q = 0; q < s; ++q)
-          out[q] = k * (d[q] - mdy - (p[q] - mean) * invstd * mdyx);
+          for (std::int64_t q = 0; q < s; ++q)
+            out[q] = k * (d[q] - mdy - (p[q] - mean) * invstd * mdyx);
+        }
       }
     }
   }
 
- private:
   BatchNormGeometry g_;
   int threads_;
   std::vector<float> mean_, invstd_;

@@ -393,14 +393,61 @@ class CudaBatchNorm final : public BatchNormOp {
     train_way_ = firstWay();
     infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
   }
+  ~CudaBatchNorm() override {
+    if (relu_desc_) cudnnDestroyActivationDescriptor(relu_desc_);
+  }
+  // With relu: the persistent way's calls apply it themselves (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
+  // where cuDNN takes that for the type and layout; else the ReLU kernels after, and before the
+  // backward.
   void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, const Tensor& y, bool train) override {
+    if (train) beta_ = beta;  // the fused backward reads it
+    normalize(x, gamma, beta, running_mean, running_var, y, train);
+    if (g_.relu && !(train && trained_ == Way::kPersistent && trained_fused_)) {
+      reluForward(y.dtype(), act(y), act(y), y.numel(), ctx_.stream);
+    }
+  }
+  void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
+                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
+    if (!g_.relu) return backwardOf(x, gamma, dy, dx, dgamma, dbeta);
+    if (trained_ == Way::kPersistent && trained_fused_) {
+      prepare(x.dtype());
+      const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
+      const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
+      const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+      const cudnnStatus_t status = backwardPersistent(x, &y, gamma, dy, dx_out, dg, dbt);
+      if (status == CUDNN_STATUS_SUCCESS) return;
+      refusedFused(status);  // throws unless refused
+      // The spatial way's backward reads only the saved statistics, not the fused reserve space.
+      trained_ = Way::kSpatial;
+    }
+    // The ReLU's backward first: the gradient where y > 0.
+    const Tensor masked = ctx_.empty(dy.shape(), dy.dtype());
+    reluBackward(y.dtype(), act(y), act(dy), act(masked), dy.numel(), ctx_.stream);
+    backwardOf(x, gamma, masked, dx, dgamma, dbeta);
+  }
+
+ private:
+  void normalize(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                 const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+                 bool train) {
     prepare(x.dtype());
     act(x);
     act(y);
     Way& way = train ? train_way_ : infer_way_;
+    if (way == Way::kPersistent && g_.relu && fuse_relu_) {
+      const cudnnStatus_t status =
+          forwardPersistent(x, gamma, beta, running_mean, running_var, y, /*relu=*/true);
+      if (status == CUDNN_STATUS_SUCCESS) {
+        trained_ = Way::kPersistent;
+        trained_fused_ = true;
+        return;
+      }
+      refusedFused(status);
+    }
+    if (train) trained_fused_ = false;
     if (way == Way::kPersistent &&
-        !refused(forwardPersistent(x, gamma, beta, running_mean, running_var, y), way)) {
+        !refused(forwardPersistent(x, gamma, beta, running_mean, running_var, y, false), way)) {
       trained_ = Way::kPersistent;
       return;
     }
@@ -421,8 +468,8 @@ class CudaBatchNorm final : public BatchNormOp {
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wy.raw()));
     narrow(wy, y);
   }
-  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
-                const Tensor& dgamma, const Tensor& dbeta) override {
+  void backwardOf(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                  const Tensor& dgamma, const Tensor& dbeta) {
     prepare(x.dtype());
     // cuDNN computes all three; what the caller does not want lands in scratch.
     const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
@@ -432,7 +479,7 @@ class CudaBatchNorm final : public BatchNormOp {
     // persistent way a reserve space too, which only it reads).
     Way way = trained_;
     if (way == Way::kPersistent &&
-        !refused(backwardPersistent(x, gamma, dy, dx_out, dg, dbt), way)) {
+        !refused(backwardPersistent(x, nullptr, gamma, dy, dx_out, dg, dbt), way)) {
       return;
     }
     train_way_ = std::max(train_way_, way);  // what cuDNN refuses here, the forwards leave
@@ -450,7 +497,6 @@ class CudaBatchNorm final : public BatchNormOp {
     narrow(wdx, dx_out);
   }
 
- private:
   static Way firstWay() {
     const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
     const std::string way = named ? named : "";
@@ -460,43 +506,72 @@ class CudaBatchNorm final : public BatchNormOp {
     throw InputError("TROUPE_CUDA_BATCH_NORM=" + way + ": expected persistent, spatial or wide");
   }
 
+  // With relu: y = max(BN(x), 0) in the same kernels (CUDNN_BATCHNORM_OPS_BN_ACTIVATION).
   cudnnStatus_t forwardPersistent(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var,
-                                  const Tensor& y) {
+                                  const Tensor& y, bool relu) {
     const cudnnTensorDescriptor_t d = x_->get();
+    const cudnnBatchNormOps_t ops =
+        relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+    const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
     std::size_t workspace = 0, reserve = 0;
     cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, d, nullptr, d,
-        param_.get(), nullptr, &workspace);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, nullptr, d, param_.get(),
+        activation, &workspace);
     if (status != CUDNN_STATUS_SUCCESS) return status;
     status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, nullptr, d,
-        &reserve);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, activation, d, &reserve);
     if (status != CUDNN_STATUS_SUCCESS) return status;
     // The reserve goes to the backward; the allocator's cache makes it no cudaMalloc after the
     // first step.
     reserve_ = reserve > 0 ? ctx_.allocator->allocate(reserve) : nullptr;
     reserve_bytes_ = reserve;
     return cudnnBatchNormalizationForwardTrainingEx(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero, d,
-        x.raw(), nullptr, nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum,
-        running_mean.raw(), running_var.raw(), g_.eps, mean_.raw(), invstd_.raw(), nullptr,
-        ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, d, x.raw(), nullptr,
+        nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum, running_mean.raw(),
+        running_var.raw(), g_.eps, mean_.raw(), invstd_.raw(), activation, ctx_.scratch(workspace),
+        workspace, reserve_.get(), reserve_bytes_);
   }
 
-  cudnnStatus_t backwardPersistent(const Tensor& x, const Tensor& gamma, const Tensor& dy,
-                                   const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  // With y (the fused forward's output): dy is the gradient of max(BN(x), 0), whose mask the
+  // calls take from y (and beta, of that forward).
+  cudnnStatus_t backwardPersistent(const Tensor& x, const Tensor* y, const Tensor& gamma,
+                                   const Tensor& dy, const Tensor& dx, const Tensor& dgamma,
+                                   const Tensor& dbeta) {
     const cudnnTensorDescriptor_t d = x_->get();
+    const bool relu = y != nullptr;
+    const cudnnBatchNormOps_t ops =
+        relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+    const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
     std::size_t workspace = 0;
     const cudnnStatus_t status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, d, d, d, nullptr, d,
-        param_.get(), nullptr, &workspace);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, d, d, nullptr, d, param_.get(),
+        activation, &workspace);
     if (status != CUDNN_STATUS_SUCCESS) return status;
     return cudnnBatchNormalizationBackwardEx(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, CUDNN_BATCHNORM_OPS_BN, &kOne, &kZero,
-        &kOne, &kZero, d, act(x), nullptr, nullptr, d, act(dy), nullptr, nullptr, d, act(dx),
-        param_.get(), f32(gamma), nullptr, f32(dgamma), f32(dbeta), g_.eps, mean_.raw(),
-        invstd_.raw(), nullptr, ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, &kOne, &kZero, d,
+        act(x), relu ? d : nullptr, relu ? act(*y) : nullptr, d, act(dy), nullptr, nullptr, d,
+        act(dx), param_.get(), f32(gamma), relu ? f32(beta_) : nullptr, f32(dgamma), f32(dbeta),
+        g_.eps, mean_.raw(), invstd_.raw(), activation, ctx_.scratch(workspace), workspace,
+        reserve_.get(), reserve_bytes_);
+  }
+
+  cudnnActivationDescriptor_t reluDesc() {
+    if (!relu_desc_) {
+      TROUPE_CUDA_CHECK(cudnnCreateActivationDescriptor(&relu_desc_));
+      TROUPE_CUDA_CHECK(cudnnSetActivationDescriptor(relu_desc_, CUDNN_ACTIVATION_RELU,
+                                                     CUDNN_PROPAGATE_NAN, 0.0));
+    }
+    return relu_desc_;
+  }
+  // Whether cuDNN refused the ReLU in its persistent calls: the op applies it with its own kernels
+  // from then on (said once, as refused() says a way). Else checks the status.
+  void refusedFused(cudnnStatus_t status) {
+    if (status != CUDNN_STATUS_NOT_SUPPORTED && status != CUDNN_STATUS_BAD_PARAM) {
+      TROUPE_CUDA_CHECK(status);
+    }
+    fuse_relu_ = false;
+    sayOnce(Way::kPersistent, Way::kPersistent, status, " with its ReLU");
   }
 
   void prepare(DType dtype) {
@@ -520,7 +595,7 @@ class CudaBatchNorm final : public BatchNormOp {
       const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
       if (way == Way::kPersistent || (way == Way::kSpatial && widenable)) {
         const Way next = way == Way::kPersistent ? Way::kSpatial : Way::kWide;
-        sayOnce(way, next, status);
+        sayOnce(way, next, status, "");
         way = next;
         return true;
       }
@@ -530,17 +605,17 @@ class CudaBatchNorm final : public BatchNormOp {
   }
   // A way cuDNN refuses is said once a process for each type and layout, on stderr (the
   // benchmarks' and the GPU call's logs), since it costs speed.
-  void sayOnce(Way from, Way to, cudnnStatus_t status) {
+  void sayOnce(Way from, Way to, cudnnStatus_t status, const char* with) {
     static std::mutex mutex;
-    static std::set<std::tuple<Way, DType, bool>> said;
+    static std::set<std::tuple<Way, DType, bool, std::string>> said;
     std::lock_guard lock(mutex);
-    if (!said.insert({from, dtype_, g_.channels_last}).second) return;
+    if (!said.insert({from, dtype_, g_.channels_last, with}).second) return;
     static constexpr const char* kNames[] = {"persistent", "spatial", "wide"};
     std::fprintf(stderr,
-                 "troupe cuda: cuDNN's %s batch norm refused %s %s (%s); the %s way instead\n",
-                 kNames[static_cast<int>(from)], toString(dtype_).c_str(),
+                 "troupe cuda: cuDNN's %s batch norm%s refused %s %s (%s); the %s way instead%s\n",
+                 kNames[static_cast<int>(from)], with, toString(dtype_).c_str(),
                  g_.channels_last ? "channels-last" : "NCHW", cudnnGetErrorString(status),
-                 kNames[static_cast<int>(to)]);
+                 kNames[static_cast<int>(to)], *with ? ", and troupe's ReLU kernels" : "");
   }
   // [n, C, spatial] of the op's type and layout as float32 NCHW, and back.
   Tensor widened(const Tensor& t) {
@@ -573,6 +648,11 @@ class CudaBatchNorm final : public BatchNormOp {
   Tensor mean_, invstd_;           // of the last training forward, for the backward
   std::shared_ptr<void> reserve_;  // the persistent way's, from the forward to the backward
   std::size_t reserve_bytes_ = 0;
+  // relu: whether cuDNN's persistent calls may still apply it, and whether the last training
+  // forward had them do it (its backward then does too, reading beta_ of that forward).
+  bool fuse_relu_ = true, trained_fused_ = false;
+  Tensor beta_;
+  cudnnActivationDescriptor_t relu_desc_ = nullptr;
 };
 
 class CudaRelu final : public ReluOp {

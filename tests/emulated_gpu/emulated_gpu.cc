@@ -303,12 +303,12 @@ class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
     queueNhwc(call, {image(false), {}, {}, {}, {}, image(true)}, x, gamma, beta, running_mean,
               running_var, y);
   }
-  void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
-                const Tensor& dgamma, const Tensor& dbeta) override {
+  void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
+                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
     auto call = [](BatchNormOp& op, auto&... t) { op.backward(t...); };
-    if (!g_.channels_last) return queue(call, x, gamma, dy, dx, dgamma, dbeta);
-    queueNhwc(call, {image(false), {}, image(false), image(true), {}, {}}, x, gamma, dy, dx, dgamma,
-              dbeta);
+    if (!g_.channels_last) return queue(call, x, y, gamma, dy, dx, dgamma, dbeta);
+    queueNhwc(call, {image(false), image(false), {}, image(false), image(true), {}, {}}, x, y,
+              gamma, dy, dx, dgamma, dbeta);
   }
 
  private:
