@@ -16,7 +16,7 @@
 # sharing the GPU and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
 # torchvision (bench/input_vs_peers.py; DALI is not on that machine), torch.compile's
 # ResNet-50 figure, and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its
-# persistent one. Each part's log is its own file; a part
+# persistent one and with each ReLU apart from its batch norm. Each part's log is its own file; a part
 # that fails does not stop the others, and the exit status says whether any failed. The parts
 # share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and none
 # starts with less than 20. PARTS="resnet50 input" runs only the parts named (a second call
@@ -168,6 +168,11 @@ run() {
     'for p in bf16 fp16; do "$@" --precision $p; done' _ "$root/bin/troupe_kernels_bench" \
     --device cuda:0 --models resnet50 --batch 128 --seconds "${SECONDS_PER_ROW:-3}" --no-ops \
     --channels-last
+  # Each ReLU on its own, not in its batch norm's cuDNN call (the default fuses them): troupe
+  # alone at batch 128, beside the resnet50 part's rows of that batch.
+  part resnet50_no_fuse 60 bash -c 'for p in bf16 fp16; do "$@" --precision $p; done' _ \
+    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 128 \
+    --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last --no-fuse
   echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
   ((failed == 0))
 }
