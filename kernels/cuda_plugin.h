@@ -69,7 +69,7 @@ Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
   // Bumped whenever this struct, Backend or Communicator changes.
-  static constexpr int kAbi = 9;
+  static constexpr int kAbi = 10;
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;

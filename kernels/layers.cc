@@ -198,16 +198,24 @@ class BatchNormLayer final : public Layer {
     var_ = buffers.slice(buffer_begin + channels_, buffer_end);
   }
   void forward(LayerContext& ctx, std::int64_t n, bool train) override {
-    op(ctx, n).forward(ctx.data(bottoms[0]), gamma_, beta_, mean_, var_, ctx.data(top), train);
+    op(ctx, n).forward(ctx.data(bottoms[0]), add_ ? ctx.data(bottoms[1]) : Tensor(), gamma_, beta_,
+                       mean_, var_, ctx.data(top), train);
   }
   void backward(LayerContext& ctx, std::int64_t n, float) override {
-    op(ctx, n).backward(ctx.data(bottoms[0]), ctx.data(top), gamma_, ctx.diff(top),
-                        ctx.diff(bottoms[0]), dgamma_, dbeta_);
+    const Tensor dx = ctx.diff(bottoms[0]);
+    const Tensor dz = add_ ? ctx.diff(bottoms[1]) : Tensor();
+    op(ctx, n).backward(ctx.data(bottoms[0]), ctx.data(top), gamma_, ctx.diff(top), dx, dz, dgamma_,
+                        dbeta_);
   }
   bool takeRelu(int relu_top) override {
     relu_ = true;
     top = relu_top;
     return true;
+  }
+  bool takeAddRelu(int z, int relu_top) override {
+    add_ = true;
+    bottoms.push_back(z);
+    return takeRelu(relu_top);
   }
 
  private:
@@ -219,11 +227,12 @@ class BatchNormLayer final : public Layer {
       g.spatial = spatial_;
       g.channels_last = ctx.channelsLast();
       g.relu = relu_;
+      g.add = add_;
       return ctx.backend().makeBatchNorm(g);
     });
   }
   std::int64_t channels_, spatial_;
-  bool relu_ = false;
+  bool relu_ = false, add_ = false;
   Tensor gamma_, beta_, dgamma_, dbeta_, mean_, var_;
   OpCache<BatchNormOp> ops_;
 };
@@ -268,6 +277,8 @@ class AddLayer final : public Layer {
       if (dx.raw()) ctx.backend().copy(dy, dx);
     }
   }
+
+  bool isAdd() const override { return true; }
 
  private:
   std::int64_t per_;

@@ -43,9 +43,13 @@ class Layer {
   // never its input), which the net then does where no other layer reads that input.
   virtual bool inPlace() const { return false; }
   virtual bool isRelu() const { return false; }
+  virtual bool isAdd() const { return false; }
   // Computes, in its own pass, the ReLU that alone reads its output, writing that ReLU's output
   // blob `relu_top` as its top (a batch norm: BatchNormGeometry::relu); false where it cannot.
   virtual bool takeRelu(int /*relu_top*/) { return false; }
+  // The same for an add of its output and blob `z` (a new bottom) with the ReLU after it
+  // (BatchNormGeometry::add).
+  virtual bool takeAddRelu(int /*z*/, int /*relu_top*/) { return false; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.
@@ -56,7 +60,7 @@ class Layer {
 
   std::vector<int> bottoms;
   int top = -1;
-  bool fused = false;  // computed by the layer that took it (takeRelu): the net skips it
+  int computed_by = -1;  // the layer that took it (takeRelu, takeAddRelu): the net skips it
   std::int64_t param_begin = 0, param_end = 0;    // in the flat weights
   std::int64_t buffer_begin = 0, buffer_end = 0;  // in the flat buffers
 };

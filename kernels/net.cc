@@ -512,7 +512,7 @@ class NetImpl final : public Net, private LayerContext {
     if (options.fuse) fuseRelus();
     std::vector<int> readers(g_.blobs.size(), 0);  // layers that read each blob
     for (const auto& layer : g_.layers)
-      if (!layer->fused)
+      if (layer->computed_by < 0)
         for (int b : layer->bottoms)
           ++readers[static_cast<std::size_t>(b)];
     assignData(options.max_batch, readers);
@@ -559,9 +559,8 @@ class NetImpl final : public Net, private LayerContext {
       const Layer& layer = *g_.layers[l];
       out.push_back({g_.layer_names[l], layer.top >= 0 ? g_.blobs[layer.top].shape : Shape{},
                      layer.param_end - layer.param_begin, ""});
-      for (std::size_t k = 0; layer.fused && k < l; ++k) {
-        if (g_.layers[k]->top == layer.top) out.back().computed_by = g_.layer_names[k];
-      }
+      if (layer.computed_by >= 0)
+        out.back().computed_by = g_.layer_names[static_cast<std::size_t>(layer.computed_by)];
     }
     return out;
   }
@@ -607,7 +606,7 @@ class NetImpl final : public Net, private LayerContext {
     trained_ = train;
     ++forward_count_;
     for (auto& layer : g_.layers)
-      if (!layer->fused) layer->forward(*this, n_, train);
+      if (layer->computed_by < 0) layer->forward(*this, n_, train);
   }
 
   void backward(float grad_scale, const GradReadyFn& on_ready) override {
@@ -615,7 +614,7 @@ class NetImpl final : public Net, private LayerContext {
     std::fill(written_.begin(), written_.end(), false);
     for (std::size_t l = g_.layers.size(); l-- > 0;) {
       Layer& layer = *g_.layers[l];
-      if (layer.fused) continue;  // no parameters
+      if (layer.computed_by >= 0) continue;  // no parameters
       current_ = &layer;
       pending_.clear();
       layer.backward(*this, n_, grad_scale);
@@ -665,26 +664,49 @@ class NetImpl final : public Net, private LayerContext {
 
   // A ReLU that alone reads a batch norm's output (that it would overwrite in place) is taken by
   // the batch norm (Layer::takeRelu), which then writes the ReLU's output blob and reads its
-  // gradient; the ReLU stays in the list (its name and shape for layers()) and is skipped. The
-  // batch norm's own output blob is left with neither memory nor gradient.
+  // gradient. So is a ReLU that alone reads an add of a batch norm's output (read by nothing else)
+  // and another blob, the batch norm being the layer just before the add (takeAddRelu): it then
+  // reads that other blob and writes its gradient too, where the add would have, in the same
+  // order among the other layers' backward. The layers taken stay in the list (their names and
+  // shapes for layers()) and are skipped; the blobs between are left with neither memory nor
+  // gradient.
   void fuseRelus() {
-    std::vector<int> readers(g_.blobs.size(), 0);
-    std::vector<Layer*> producer(g_.blobs.size(), nullptr);
-    for (const auto& layer : g_.layers) {
-      for (int b : layer->bottoms)
+    std::vector<int> readers(g_.blobs.size(), 0), producer(g_.blobs.size(), -1);
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      const Layer& layer = *g_.layers[l];
+      for (int b : layer.bottoms)
         ++readers[static_cast<std::size_t>(b)];
-      if (layer->top >= 0) producer[static_cast<std::size_t>(layer->top)] = layer.get();
+      if (layer.top >= 0) producer[static_cast<std::size_t>(layer.top)] = static_cast<int>(l);
     }
-    for (const auto& layer : g_.layers) {
-      if (!layer->isRelu() || layer->bottoms.size() != 1) continue;
-      const auto in = static_cast<std::size_t>(layer->bottoms[0]);
-      Layer* bottom = producer[in];
-      if (in == 0 || readers[in] != 1 || bottom == nullptr ||
-          g_.blobs[in].per != g_.blobs[static_cast<std::size_t>(layer->top)].per ||
-          !bottom->takeRelu(layer->top))
+    auto only = [&](int blob, std::int64_t per) {  // read by one layer, of that size
+      const auto b = static_cast<std::size_t>(blob);
+      return blob > 0 && readers[b] == 1 && producer[b] >= 0 && g_.blobs[b].per == per;
+    };
+    for (auto& relu : g_.layers) {
+      if (!relu->isRelu() || relu->bottoms.size() != 1) continue;
+      const int in = relu->bottoms[0];
+      const std::int64_t per = g_.blobs[static_cast<std::size_t>(relu->top)].per;
+      if (!only(in, per)) continue;
+      const int p = producer[static_cast<std::size_t>(in)];
+      Layer& before = *g_.layers[static_cast<std::size_t>(p)];
+      if (before.takeRelu(relu->top)) {
+        relu->computed_by = p;
+        g_.blobs[static_cast<std::size_t>(in)].needs_diff = false;
         continue;
-      layer->fused = true;
-      g_.blobs[in].needs_diff = false;
+      }
+      if (!before.isAdd() || before.bottoms.size() != 2 || p == 0 ||
+          before.bottoms[0] == before.bottoms[1])
+        continue;
+      Layer& bn = *g_.layers[static_cast<std::size_t>(p - 1)];
+      const int side = bn.top == before.bottoms[0] ? 0 : bn.top == before.bottoms[1] ? 1 : -1;
+      if (side < 0 || !only(bn.top, per)) continue;
+      const int z = before.bottoms[static_cast<std::size_t>(1 - side)];
+      if (g_.blobs[static_cast<std::size_t>(z)].per != per) continue;
+      const int bn_top = bn.top;
+      if (!bn.takeAddRelu(z, relu->top)) continue;
+      before.computed_by = relu->computed_by = p - 1;
+      g_.blobs[static_cast<std::size_t>(bn_top)].needs_diff = false;
+      g_.blobs[static_cast<std::size_t>(in)].needs_diff = false;
     }
   }
 
@@ -693,7 +715,7 @@ class NetImpl final : public Net, private LayerContext {
   // that output shares its input's memory, as PyTorch's ReLU(inplace=True) after a batch norm.
   void assignData(std::int64_t max_batch, const std::vector<int>& readers) {
     for (const auto& layer : g_.layers) {
-      if (layer->top < 0 || layer->fused) continue;
+      if (layer->top < 0 || layer->computed_by >= 0) continue;
       Blob& top = g_.blobs[static_cast<std::size_t>(layer->top)];
       max_per_ = std::max(max_per_, top.per);
       const int in = layer->bottoms.size() == 1 ? layer->bottoms[0] : 0;
@@ -719,7 +741,7 @@ class NetImpl final : public Net, private LayerContext {
     std::vector<int> free_slots, slot_of(g_.blobs.size(), -1);
     for (std::size_t l = g_.layers.size(); l-- > 0;) {
       const Layer& layer = *g_.layers[l];
-      if (layer.fused) continue;
+      if (layer.computed_by >= 0) continue;
       for (int b : layer.bottoms) {
         const auto bi = static_cast<std::size_t>(b);
         if (!g_.blobs[bi].needs_diff || slot_of[bi] >= 0) continue;

@@ -94,18 +94,23 @@ struct BatchNormGeometry {
   // y = max(BN(x), 0): the ReLU that follows, computed in the same pass (the net fuses a ReLU
   // that alone reads the batch norm's output); the backward takes the gradient of that y.
   bool relu = false;
+  // With relu, y = max(BN(x) + z, 0): the residual add before the ReLU too (a ResNet block's
+  // end); the backward writes the gradient of z as well.
+  bool add = false;
 };
 
 class BatchNormOp {
  public:
   virtual ~BatchNormOp() = default;
-  // gamma, beta, running_mean, running_var: [channels].
-  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+  // gamma, beta, running_mean, running_var: [channels]. z: read with add only.
+  virtual void forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                        const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                        bool train) = 0;
-  // Back-propagates the last training forward, whose output y was (read with relu only).
+  // Back-propagates the last training forward, whose output y was (read with relu only); dz is
+  // written with add only (a tensor without memory: not wanted).
   virtual void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
-                        const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) = 0;
+                        const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
+                        const Tensor& dbeta) = 0;
 };
 
 // Element-wise and reduction ops over `numel` elements (or [n, channels, spatial] for pooling).

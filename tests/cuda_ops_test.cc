@@ -141,8 +141,8 @@ class CudaOps : public ::testing::Test {
     BatchNormRun r{Tensor::host(x.shape()), Tensor::host(x.shape()), Tensor::host(gamma.shape()),
                    Tensor::host(beta.shape())};
     auto op = cpu_->makeBatchNorm(g);
-    op->forward(x, gamma, beta, mean, var, r.y, /*train=*/true);
-    op->backward(x, r.y, gamma, dy, r.dx, r.dgamma, r.dbeta);
+    op->forward(x, Tensor(), gamma, beta, mean, var, r.y, /*train=*/true);
+    op->backward(x, r.y, gamma, dy, r.dx, Tensor(), r.dgamma, r.dbeta);
     return r;
   }
 
@@ -169,51 +169,59 @@ class CudaOps : public ::testing::Test {
     return down(wide);
   }
 
-  // Batch norm with its ReLU (BatchNormGeometry::relu, which the net fuses), each way
-  // ($TROUPE_CUDA_BATCH_NORM) and layout, in `type`: y is the CPU's batch norm's, where above 0,
-  // else 0; the gradients are the CPU batch norm's of dy where the GPU's own y > 0 (its mask, so
-  // that an output within rounding of 0 on one side cannot flip the reference).
+  // Batch norm with its ReLU (BatchNormGeometry::relu, which the net fuses), and with a residual
+  // add before the ReLU (add), each way ($TROUPE_CUDA_BATCH_NORM) and layout, in `type`: y is the
+  // CPU's batch norm's (plus z), where above 0, else 0; the gradients are the CPU batch norm's of
+  // dy where the GPU's own y > 0 (its mask, so that an output within rounding of 0 on one side
+  // cannot flip the reference), and z's is that masked dy.
   void expectBatchNormReluAgrees(DType type, double tol) {
-    forEachBatchNormWay([&](bool channels_last) {
-      BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
-      const Shape xs{g.n, g.channels, g.spatial};
-      const Tensor x = roundedTo(randomHost(xs, 71, -2.0f, 3.0f), type),
-                   gamma = randomHost({5}, 72), beta = randomHost({5}, 73, -0.5f, 0.5f),
-                   dy = roundedTo(randomHost(xs, 74), type);
-      Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
-      cpu_->fill(rv, 1.0f);
-      const Tensor grm = up(rm), grv = up(rv);
-      auto c = cpu_->makeBatchNorm(g);
-      Tensor v = Tensor::host(xs);
-      c->forward(x, gamma, beta, rm, rv, v, /*train=*/true);
-      g.relu = true;
-      g.channels_last = channels_last;
-      auto d = gpu_->makeBatchNorm(g);
-      auto layout = [&](const Tensor& nchw) {
-        return upAs(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw, type);
-      };
-      auto unlayout = [&](const Tensor& gpu) {
-        return channels_last ? nchwOf(downAsFloat(gpu), 8, 5, 36) : downAsFloat(gpu);
-      };
-      const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
-      Tensor gy = gpu_->empty(xs, type), gdx = gpu_->empty(xs, type), gdg = gpu_->empty({5}),
-             gdbeta = gpu_->empty({5});
-      d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
-      d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
-      const Tensor y = unlayout(gy);
-      Tensor relu_v = Tensor::host(xs), masked = Tensor::host(xs);
-      for (std::int64_t i = 0; i < v.numel(); ++i) {
-        relu_v.f32()[i] = std::max(v.f32()[i], 0.0f);
-        masked.f32()[i] = y.f32()[i] > 0.0f ? dy.f32()[i] : 0.0f;
-      }
-      Tensor dx = Tensor::host(xs), dg = Tensor::host({5}), dbeta = Tensor::host({5});
-      c->backward(x, v, gamma, masked, dx, dg, dbeta);
-      expectClose("y", relu_v, y, tol);
-      expectClose("dx", dx, unlayout(gdx), tol);
-      expectClose("running mean", rm, grm, tol);
-      expectClose("dgamma", dg, gdg, tol);
-      expectClose("dbeta", dbeta, gdbeta, tol);
-    });
+    for (const bool add : {false, true}) {
+      SCOPED_TRACE(add ? "with add" : "without add");
+      forEachBatchNormWay([&](bool channels_last) {
+        BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
+        const Shape xs{g.n, g.channels, g.spatial};
+        const Tensor x = roundedTo(randomHost(xs, 71, -2.0f, 3.0f), type),
+                     gamma = randomHost({5}, 72), beta = randomHost({5}, 73, -0.5f, 0.5f),
+                     dy = roundedTo(randomHost(xs, 74), type),
+                     z = roundedTo(randomHost(xs, 75), type);
+        Tensor rm = Tensor::host({5}), rv = Tensor::host({5});
+        cpu_->fill(rv, 1.0f);
+        const Tensor grm = up(rm), grv = up(rv);
+        auto c = cpu_->makeBatchNorm(g);
+        Tensor v = Tensor::host(xs);
+        c->forward(x, Tensor(), gamma, beta, rm, rv, v, /*train=*/true);
+        g.relu = true;
+        g.add = add;
+        g.channels_last = channels_last;
+        auto d = gpu_->makeBatchNorm(g);
+        auto layout = [&](const Tensor& nchw) {
+          return upAs(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw, type);
+        };
+        auto unlayout = [&](const Tensor& gpu) {
+          return channels_last ? nchwOf(downAsFloat(gpu), 8, 5, 36) : downAsFloat(gpu);
+        };
+        const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
+        Tensor gy = gpu_->empty(xs, type), gdx = gpu_->empty(xs, type), gdz = gpu_->empty(xs, type),
+               gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
+        d->forward(gx, add ? layout(z) : Tensor(), ggamma, up(beta), grm, grv, gy,
+                   /*train=*/true);
+        d->backward(gx, gy, ggamma, gdy, gdx, add ? gdz : Tensor(), gdg, gdbeta);
+        const Tensor y = unlayout(gy);
+        Tensor relu_v = Tensor::host(xs), masked = Tensor::host(xs);
+        for (std::int64_t i = 0; i < v.numel(); ++i) {
+          relu_v.f32()[i] = std::max(v.f32()[i] + (add ? z.f32()[i] : 0.0f), 0.0f);
+          masked.f32()[i] = y.f32()[i] > 0.0f ? dy.f32()[i] : 0.0f;
+        }
+        Tensor dx = Tensor::host(xs), dg = Tensor::host({5}), dbeta = Tensor::host({5});
+        c->backward(x, v, gamma, masked, dx, Tensor(), dg, dbeta);
+        expectClose("y", relu_v, y, tol);
+        expectClose("dx", dx, unlayout(gdx), tol);
+        if (add) expectClose("dz", masked, unlayout(gdz), tol);
+        expectClose("running mean", rm, grm, tol);
+        expectClose("dgamma", dg, gdg, tol);
+        expectClose("dbeta", dbeta, gdbeta, tol);
+      });
+    }
   }
   // `check(channels_last)` for each way a batch norm may start from ($TROUPE_CUDA_BATCH_NORM)
   // and each layout.
@@ -317,21 +325,21 @@ TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
     auto d = gpu_->makeBatchNorm(g);
     Tensor y = Tensor::host(xs), dx = Tensor::host(xs), dg = Tensor::host(gamma.shape()),
            dbeta = Tensor::host(beta.shape());
-    c->forward(x, gamma, beta, rm, rv, y, /*train=*/true);
-    c->backward(x, y, gamma, dy, dx, dg, dbeta);
+    c->forward(x, Tensor(), gamma, beta, rm, rv, y, /*train=*/true);
+    c->backward(x, y, gamma, dy, dx, Tensor(), dg, dbeta);
     const Tensor gx = up(x), ggamma = up(gamma), gbeta = up(beta), gdy = up(dy);
     Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty(gamma.shape()),
            gdbeta = gpu_->empty(beta.shape());
-    d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/true);
-    d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
+    d->forward(gx, Tensor(), ggamma, gbeta, grm, grv, gy, /*train=*/true);
+    d->backward(gx, gy, ggamma, gdy, gdx, Tensor(), gdg, gdbeta);
     expectClose("y", y, gy);
     expectClose("running mean", rm, grm);
     expectClose("running var (unbiased)", rv, grv);
     expectClose("dx", dx, gdx);
     expectClose("dgamma", dg, gdg);
     expectClose("dbeta", dbeta, gdbeta);
-    c->forward(x, gamma, beta, rm, rv, y, /*train=*/false);
-    d->forward(gx, ggamma, gbeta, grm, grv, gy, /*train=*/false);
+    c->forward(x, Tensor(), gamma, beta, rm, rv, y, /*train=*/false);
+    d->forward(gx, Tensor(), ggamma, gbeta, grm, grv, gy, /*train=*/false);
     expectClose("inference y", y, gy);
   }
   unsetenv("TROUPE_CUDA_BATCH_NORM");
@@ -680,8 +688,8 @@ TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
     };
     const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
     Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
-    d->forward(gx, ggamma, up(beta), grm, grv, gy, /*train=*/true);
-    d->backward(gx, gy, ggamma, gdy, gdx, gdg, gdbeta);
+    d->forward(gx, Tensor(), ggamma, up(beta), grm, grv, gy, /*train=*/true);
+    d->backward(gx, gy, ggamma, gdy, gdx, Tensor(), gdg, gdbeta);
     expectClose("y", y, unlayout(gy), tolerance());
     expectClose("dx", dx, unlayout(gdx), tolerance());
     expectClose("running mean", rm, grm, tolerance());
@@ -877,8 +885,8 @@ TEST_F(CudaChannelsLastOps, PoolingBatchNormAndGlobalPooling) {
   const Tensor gx = upNhwc(x, 8, 5, 36), ggamma = up(gamma);
   Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdg = gpu_->empty({5}),
          gdbeta = gpu_->empty({5});
-  d->forward(gx, ggamma, up(beta), grm, grv, gy, true);
-  d->backward(gx, gy, ggamma, upNhwc(dy, 8, 5, 36), gdx, gdg, gdbeta);
+  d->forward(gx, Tensor(), ggamma, up(beta), grm, grv, gy, true);
+  d->backward(gx, gy, ggamma, upNhwc(dy, 8, 5, 36), gdx, Tensor(), gdg, gdbeta);
   expectClose("bn y", y, downNchw(gy, 8, 5, 36));
   expectClose("bn dx", dx, downNchw(gdx, 8, 5, 36));
   expectClose("bn running mean", rm, grm);

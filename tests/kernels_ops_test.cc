@@ -378,10 +378,10 @@ TEST_F(OpsTest, BatchNormTrainingGradientsMatchFiniteDifferences) {
   Tensor beta = randomHost({3}, 3), r = randomHost({4, 3, 5}, 4), y = Tensor::host({4, 3, 5});
   Tensor mean = Tensor::host({3}), var = Tensor::host({3});
   Tensor dx = Tensor::host(x.shape()), dg = Tensor::host({3}), db = Tensor::host({3});
-  op->forward(x, gamma, beta, mean, var, y, true);
-  op->backward(x, y, gamma, r, dx, dg, db);
+  op->forward(x, Tensor(), gamma, beta, mean, var, y, true);
+  op->backward(x, y, gamma, r, dx, Tensor(), dg, db);
   auto loss = [&] {
-    op->forward(x, gamma, beta, mean, var, y, true);
+    op->forward(x, Tensor(), gamma, beta, mean, var, y, true);
     return dot(r, y);
   };
   expectGradient("bn dx", x, dx, loss, 1e-3f);
@@ -400,7 +400,7 @@ TEST_F(OpsTest, BatchNormUpdatesRunningStatisticsWithMomentum) {
   gamma.f32()[0] = 1;
   Tensor mean = Tensor::host({1}), var = Tensor::host({1});
   var.f32()[0] = 1;
-  op->forward(x, gamma, beta, mean, var, y, true);
+  op->forward(x, Tensor(), gamma, beta, mean, var, y, true);
   // The statistics are sums of 4 terms (squares of at most 9: sum |terms| <= 14 for the
   // variance), within gamma_4 * sum |terms|, then a few (< 8) rounded scalings and adds; y adds a
   // square root, a division and a multiply: its relative error is at most half the variance's
@@ -411,7 +411,7 @@ TEST_F(OpsTest, BatchNormUpdatesRunningStatisticsWithMomentum) {
   EXPECT_NEAR(var.f32()[0], 0.9 + 0.1 * 14.0 / 3.0, 0.1 * var_error + 8 * u);
   const double y0 = (1 - 3) / std::sqrt(3.5 + 1e-5);
   EXPECT_NEAR(y.f32()[0], y0, std::abs(y0) * (var_error / 3.5 / 2 + 8 * u));
-  op->forward(x, gamma, beta, mean, var, y, false);  // inference: running statistics
+  op->forward(x, Tensor(), gamma, beta, mean, var, y, false);  // inference: running statistics
   const double running_var = 0.9 + 1.4 / 3.0 * 1.0;
   const double y1 = (1 - 0.3) / std::sqrt(running_var + 1e-5);
   EXPECT_NEAR(y.f32()[0], y1, std::abs(y1) * ((0.1 * var_error + 8 * u) / running_var / 2 + 8 * u));

@@ -16,11 +16,14 @@ class CpuBatchNorm final : public BatchNormOp {
   CpuBatchNorm(const BatchNormGeometry& g, int threads)
       : g_(g), threads_(threads), mean_(g.channels), invstd_(g.channels) {}
 
-  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-               const Tensor& running_var, const Tensor& y, bool train) override {
+  void forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+               const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+               bool train) override {
     const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
     TROUPE_ENFORCE_EQ(x.numel(), n * c * s);
     TROUPE_ENFORCE_EQ(y.numel(), n * c * s);
+    if (g_.add) TROUPE_ENFORCE_EQ(z.numel(), n * c * s);
+    const float* zp = g_.add ? z.f32() : nullptr;
     useThreads(threads_);
     const float* xp = x.f32();
     const float* gp = gamma.f32();
@@ -68,7 +71,12 @@ class CpuBatchNorm final : public BatchNormOp {
       for (std::int64_t i = 0; i < n; ++i) {
         const float* p = xp + (i * c + ch) * s;
         float* out = yp + (i * c + ch) * s;
-        if (g_.relu) {  // as the ReLU op: std::max(v, 0)
+        if (zp) {  // as the add op, then the ReLU op: each rounds as they do
+          const float* zq = zp + (i * c + ch) * s;
+#pragma omp simd
+          for (std::int64_t q = 0; q < s; ++q)
+            out[q] = std::max((p[q] * a + b) + zq[q], 0.0f);
+        } else if (g_.relu) {  // as the ReLU op: std::max(v, 0)
 #pragma omp simd
           for (std::int64_t q = 0; q < s; ++q)
             out[q] = std::max(p[q] * a + b, 0.0f);
@@ -82,24 +90,26 @@ class CpuBatchNorm final : public BatchNormOp {
   }
 
   void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
-                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
+                const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
+                const Tensor& dbeta) override {
     const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
     TROUPE_ENFORCE_EQ(dy.numel(), n * c * s);
     useThreads(threads_);
     if (g_.relu) {
       TROUPE_ENFORCE_EQ(y.numel(), n * c * s);
-      backwardOf(x, y.f32(), gamma, dy, dx, dgamma, dbeta);
+      backwardOf(x, y.f32(), gamma, dy, dx, g_.add ? optionalF32(dz) : nullptr, dgamma, dbeta);
     } else {
-      backwardOf(x, nullptr, gamma, dy, dx, dgamma, dbeta);
+      backwardOf(x, nullptr, gamma, dy, dx, nullptr, dgamma, dbeta);
     }
   }
 
  private:
   // With `yp` (relu), dy counts only where y > 0, as the ReLU op's backward writes it: each row of
   // dy is masked into a row of its own first, which the same loops as without relu then read, so
-  // that the sums split and round as they would over the ReLU op's output.
+  // that the sums split and round as they would over the ReLU op's output. With `dzp` (add), that
+  // masked gradient is z's too, as the add op's backward copies it.
   void backwardOf(const Tensor& x, const float* yp, const Tensor& gamma, const Tensor& dy,
-                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                  const Tensor& dx, float* dzp, const Tensor& dgamma, const Tensor& dbeta) {
     const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
     const float* xp = x.f32();
     const float* gp = gamma.f32();
@@ -124,6 +134,7 @@ class CpuBatchNorm final : public BatchNormOp {
         for (std::int64_t i = 0; i < n; ++i) {
           const float* p = xp + (i * c + ch) * s;
           const float* d = dyRow(i, ch);
+          if (dzp) std::copy_n(d, s, dzp + (i * c + ch) * s);
           float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
           for (std::int64_t q = 0; q < s; ++q) {

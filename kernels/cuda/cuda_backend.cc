@@ -396,39 +396,44 @@ class CudaBatchNorm final : public BatchNormOp {
   ~CudaBatchNorm() override {
     if (relu_desc_) cudnnDestroyActivationDescriptor(relu_desc_);
   }
-  // With relu: the persistent way's calls apply it themselves (CUDNN_BATCHNORM_OPS_BN_ACTIVATION)
-  // where cuDNN takes that for the type and layout; else the ReLU kernels after, and before the
-  // backward.
-  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-               const Tensor& running_var, const Tensor& y, bool train) override {
+  // With relu (and add): the persistent way's calls apply them themselves
+  // (CUDNN_BATCHNORM_OPS_BN_ACTIVATION, _BN_ADD_ACTIVATION) where cuDNN takes that for the type and
+  // layout; else troupe's add and ReLU kernels after, and the ReLU's before the backward.
+  void forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+               const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+               bool train) override {
     if (train) beta_ = beta;  // the fused backward reads it
-    normalize(x, gamma, beta, running_mean, running_var, y, train);
+    normalize(x, z, gamma, beta, running_mean, running_var, y, train);
     if (g_.relu && !(train && trained_ == Way::kPersistent && trained_fused_)) {
+      if (g_.add) kernels::cuda::add(y.dtype(), act(y), act(z), act(y), y.numel(), ctx_.stream);
       reluForward(y.dtype(), act(y), act(y), y.numel(), ctx_.stream);
     }
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
-                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
+                const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
+                const Tensor& dbeta) override {
     if (!g_.relu) return backwardOf(x, gamma, dy, dx, dgamma, dbeta);
+    // With add, the gradient of z is the ReLU's backward's output: where it lands.
+    const Tensor masked = g_.add && wanted(dz) ? dz : ctx_.empty(dy.shape(), dy.dtype());
     if (trained_ == Way::kPersistent && trained_fused_) {
       prepare(x.dtype());
       const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
       const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
       const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
-      const cudnnStatus_t status = backwardPersistent(x, &y, gamma, dy, dx_out, dg, dbt);
+      const cudnnStatus_t status =
+          backwardPersistent(x, &y, gamma, dy, dx_out, g_.add ? &masked : nullptr, dg, dbt);
       if (status == CUDNN_STATUS_SUCCESS) return;
       refusedFused(status);  // throws unless refused
       // The spatial way's backward reads only the saved statistics, not the fused reserve space.
       trained_ = Way::kSpatial;
     }
     // The ReLU's backward first: the gradient where y > 0.
-    const Tensor masked = ctx_.empty(dy.shape(), dy.dtype());
     reluBackward(y.dtype(), act(y), act(dy), act(masked), dy.numel(), ctx_.stream);
     backwardOf(x, gamma, masked, dx, dgamma, dbeta);
   }
 
  private:
-  void normalize(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+  void normalize(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                  const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                  bool train) {
     prepare(x.dtype());
@@ -437,7 +442,8 @@ class CudaBatchNorm final : public BatchNormOp {
     Way& way = train ? train_way_ : infer_way_;
     if (way == Way::kPersistent && g_.relu && fuse_relu_) {
       const cudnnStatus_t status =
-          forwardPersistent(x, gamma, beta, running_mean, running_var, y, /*relu=*/true);
+          forwardPersistent(x, g_.add ? &z : nullptr, gamma, beta, running_mean, running_var, y,
+                            /*relu=*/true);
       if (status == CUDNN_STATUS_SUCCESS) {
         trained_ = Way::kPersistent;
         trained_fused_ = true;
@@ -447,7 +453,8 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     if (train) trained_fused_ = false;
     if (way == Way::kPersistent &&
-        !refused(forwardPersistent(x, gamma, beta, running_mean, running_var, y, false), way)) {
+        !refused(forwardPersistent(x, nullptr, gamma, beta, running_mean, running_var, y, false),
+                 way)) {
       trained_ = Way::kPersistent;
       return;
     }
@@ -479,7 +486,7 @@ class CudaBatchNorm final : public BatchNormOp {
     // persistent way a reserve space too, which only it reads).
     Way way = trained_;
     if (way == Way::kPersistent &&
-        !refused(backwardPersistent(x, nullptr, gamma, dy, dx_out, dg, dbt), way)) {
+        !refused(backwardPersistent(x, nullptr, gamma, dy, dx_out, nullptr, dg, dbt), way)) {
       return;
     }
     train_way_ = std::max(train_way_, way);  // what cuDNN refuses here, the forwards leave
@@ -506,17 +513,19 @@ class CudaBatchNorm final : public BatchNormOp {
     throw InputError("TROUPE_CUDA_BATCH_NORM=" + way + ": expected persistent, spatial or wide");
   }
 
-  // With relu: y = max(BN(x), 0) in the same kernels (CUDNN_BATCHNORM_OPS_BN_ACTIVATION).
-  cudnnStatus_t forwardPersistent(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                  const Tensor& running_mean, const Tensor& running_var,
-                                  const Tensor& y, bool relu) {
+  // With relu: y = max(BN(x), 0) in the same kernels (CUDNN_BATCHNORM_OPS_BN_ACTIVATION); with z
+  // too, y = max(BN(x) + z, 0) (CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION).
+  cudnnStatus_t forwardPersistent(const Tensor& x, const Tensor* z, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& running_mean,
+                                  const Tensor& running_var, const Tensor& y, bool relu) {
     const cudnnTensorDescriptor_t d = x_->get();
-    const cudnnBatchNormOps_t ops =
-        relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+    const cudnnBatchNormOps_t ops = z      ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                    : relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
+                                           : CUDNN_BATCHNORM_OPS_BN;
     const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
     std::size_t workspace = 0, reserve = 0;
     cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, nullptr, d, param_.get(),
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, z ? d : nullptr, d, param_.get(),
         activation, &workspace);
     if (status != CUDNN_STATUS_SUCCESS) return status;
     status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
@@ -527,33 +536,34 @@ class CudaBatchNorm final : public BatchNormOp {
     reserve_ = reserve > 0 ? ctx_.allocator->allocate(reserve) : nullptr;
     reserve_bytes_ = reserve;
     return cudnnBatchNormalizationForwardTrainingEx(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, d, x.raw(), nullptr,
-        nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta), g_.momentum, running_mean.raw(),
-        running_var.raw(), g_.eps, mean_.raw(), invstd_.raw(), activation, ctx_.scratch(workspace),
-        workspace, reserve_.get(), reserve_bytes_);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, d, x.raw(),
+        z ? d : nullptr, z ? act(*z) : nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta),
+        g_.momentum, running_mean.raw(), running_var.raw(), g_.eps, mean_.raw(), invstd_.raw(),
+        activation, ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
   }
 
-  // With y (the fused forward's output): dy is the gradient of max(BN(x), 0), whose mask the
-  // calls take from y (and beta, of that forward).
+  // With y (the fused forward's output): dy is the gradient of max(BN(x) (+ z), 0), whose mask
+  // the calls take from y (and beta, of that forward); with dz, z's gradient lands there.
   cudnnStatus_t backwardPersistent(const Tensor& x, const Tensor* y, const Tensor& gamma,
-                                   const Tensor& dy, const Tensor& dx, const Tensor& dgamma,
-                                   const Tensor& dbeta) {
+                                   const Tensor& dy, const Tensor& dx, const Tensor* dz,
+                                   const Tensor& dgamma, const Tensor& dbeta) {
     const cudnnTensorDescriptor_t d = x_->get();
     const bool relu = y != nullptr;
-    const cudnnBatchNormOps_t ops =
-        relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION : CUDNN_BATCHNORM_OPS_BN;
+    const cudnnBatchNormOps_t ops = dz     ? CUDNN_BATCHNORM_OPS_BN_ADD_ACTIVATION
+                                    : relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
+                                           : CUDNN_BATCHNORM_OPS_BN;
     const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
     std::size_t workspace = 0;
     const cudnnStatus_t status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, d, d, nullptr, d, param_.get(),
-        activation, &workspace);
+        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, d, d, dz ? d : nullptr, d,
+        param_.get(), activation, &workspace);
     if (status != CUDNN_STATUS_SUCCESS) return status;
     return cudnnBatchNormalizationBackwardEx(
         ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, &kOne, &kZero, d,
-        act(x), relu ? d : nullptr, relu ? act(*y) : nullptr, d, act(dy), nullptr, nullptr, d,
-        act(dx), param_.get(), f32(gamma), relu ? f32(beta_) : nullptr, f32(dgamma), f32(dbeta),
-        g_.eps, mean_.raw(), invstd_.raw(), activation, ctx_.scratch(workspace), workspace,
-        reserve_.get(), reserve_bytes_);
+        act(x), relu ? d : nullptr, relu ? act(*y) : nullptr, d, act(dy), dz ? d : nullptr,
+        dz ? act(*dz) : nullptr, d, act(dx), param_.get(), f32(gamma), relu ? f32(beta_) : nullptr,
+        f32(dgamma), f32(dbeta), g_.eps, mean_.raw(), invstd_.raw(), activation,
+        ctx_.scratch(workspace), workspace, reserve_.get(), reserve_bytes_);
   }
 
   cudnnActivationDescriptor_t reluDesc() {

@@ -296,19 +296,22 @@ class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
   BatchNorm(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu,
             const BatchNormGeometry& g)
       : Queued(std::move(stream), cpu->makeBatchNorm(nchw(g)), cpu), g_(g) {}
-  void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
-               const Tensor& running_var, const Tensor& y, bool train) override {
+  void forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+               const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
+               bool train) override {
     auto call = [train](BatchNormOp& op, auto&... t) { op.forward(t..., train); };
-    if (!g_.channels_last) return queue(call, x, gamma, beta, running_mean, running_var, y);
-    queueNhwc(call, {image(false), {}, {}, {}, {}, image(true)}, x, gamma, beta, running_mean,
-              running_var, y);
+    if (!g_.channels_last) return queue(call, x, z, gamma, beta, running_mean, running_var, y);
+    queueNhwc(call, {image(false), image(false), {}, {}, {}, {}, image(true)}, x, z, gamma, beta,
+              running_mean, running_var, y);
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
-                const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) override {
+                const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
+                const Tensor& dbeta) override {
     auto call = [](BatchNormOp& op, auto&... t) { op.backward(t...); };
-    if (!g_.channels_last) return queue(call, x, y, gamma, dy, dx, dgamma, dbeta);
-    queueNhwc(call, {image(false), image(false), {}, image(false), image(true), {}, {}}, x, y,
-              gamma, dy, dx, dgamma, dbeta);
+    if (!g_.channels_last) return queue(call, x, y, gamma, dy, dx, dz, dgamma, dbeta);
+    queueNhwc(call,
+              {image(false), image(false), {}, image(false), image(true), image(true), {}, {}}, x,
+              y, gamma, dy, dx, dz, dgamma, dbeta);
   }
 
  private:
