@@ -207,15 +207,18 @@ class BatchNormLayer final : public Layer {
     op(ctx, n).backward(ctx.data(bottoms[0]), ctx.data(top), gamma_, ctx.diff(top), dx, dz, dgamma_,
                         dbeta_);
   }
+  // Once: a batch norm whose output already went through its ReLU takes no add after it.
   bool takeRelu(int relu_top) override {
+    if (relu_) return false;
     relu_ = true;
     top = relu_top;
     return true;
   }
   bool takeAddRelu(int z, int relu_top) override {
+    if (!takeRelu(relu_top)) return false;
     add_ = true;
     bottoms.push_back(z);
-    return takeRelu(relu_top);
+    return true;
   }
 
  private:
