@@ -76,10 +76,12 @@ class Coordinator final : public Actor {
     c.epoch_seconds = epochSeconds(c.left);
     c.cumulative_time = cumulative_time_;
     c.cumulative_inputs = cumulative_inputs_;
+    c.overflow_logged = overflow_logged_;
   }
 
   void started() override {
     epoch_start_ = Clock::now();
+    overflow_logged_ = config_.overflow_steps;  // counted before this run
     // The epoch so far, from this process's coordinator of the last generation (a chief that
     // came in later starts counting where it came in).
     if (config_.carry && config_.carry->global_batch > 0 &&
@@ -93,6 +95,7 @@ class Coordinator final : public Actor {
       }
       cumulative_time_ = config_.carry->cumulative_time;
       cumulative_inputs_ = config_.carry->cumulative_inputs;
+      overflow_logged_ = config_.carry->overflow_logged;
       // Steps done in the last generation that the state this one goes on from does not hold
       // (a peer died before their update) are trained again: count them once.
       for (const auto& [step, s] : config_.carry->recent) {
@@ -451,8 +454,10 @@ class Coordinator final : public Actor {
     ck.meta["cumulative_input_count"] = std::to_string(cumulative_inputs);
     // A dynamic loss scale goes on from where it was (PyTorch keeps its GradScaler's state_dict
     // beside the model's), so that a resumed run repeats an uninterrupted one.
-    if (epoch_end_->loss_scale > 0)
+    if (epoch_end_->loss_scale > 0) {
       ck.meta["loss_scale"] = fmt::format("{:.9g}", epoch_end_->loss_scale);
+      ck.meta["overflow_steps"] = std::to_string(epoch_end_->overflow_steps);
+    }
     ck.weights = epoch_end_->weights;
     ck.momentum = epoch_end_->momentum;
     ck.buffers = buffers_;

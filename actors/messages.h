@@ -132,6 +132,7 @@ struct Handover {
   Tensor momentum;
   Tensor buffers;        // replica 0's (batch norm statistics); empty if the model has none
   float loss_scale = 0;  // the dynamic loss scale; 0: none
+  std::int64_t overflow_steps = 0;  // steps skipped for inf or NaN gradients so far
 };
 
 // Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).

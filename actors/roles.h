@@ -103,6 +103,7 @@ struct TrainState {
   std::int64_t epoch_records = 0;
   kernels::Tensor weights, momentum, buffers;  // host
   float loss_scale = 0;                        // the dynamic loss scale then; 0: none
+  std::int64_t overflow_steps = 0;             // steps it skipped for inf or NaN gradients
 };
 
 // One replica a reader feeds: its share of each step's global batch.
@@ -219,6 +220,9 @@ struct LossScale {
   float initial = 0;
   bool dynamic = false;
   std::int64_t window = 2000;
+  // Steps skipped for inf or NaN gradients before this run (a resumed checkpoint's, an elastic
+  // run's generations before), which the count goes on from.
+  std::int64_t skipped = 0;
 };
 
 struct UpdaterConfig {
@@ -363,6 +367,7 @@ struct EpochCarry {
   std::chrono::steady_clock::time_point left;  // when the last generation's coordinator went
   double cumulative_time = 0;
   std::int64_t cumulative_inputs = 0;
+  std::int64_t overflow_logged = 0;  // skipped steps counted in the epoch logs so far
 };
 
 struct CoordinatorConfig {
@@ -376,9 +381,10 @@ struct CoordinatorConfig {
   std::string experiment_id;
   TrainLog* log = nullptr;
   std::string checkpoint_dir;
-  // Counters carried over from a resumed checkpoint.
+  // Counters carried over from a resumed checkpoint (or an elastic run's generation before).
   double cumulative_time = 0;
   std::int64_t cumulative_inputs = 0;
+  std::int64_t overflow_steps = 0;  // skipped for inf or NaN gradients
   std::int64_t num_params = 0;
   std::chrono::milliseconds step_timeout{300000};
   std::vector<Address> replicas;   // of every process

@@ -161,8 +161,9 @@ struct ProcessPlan {
   std::string checkpoint_dir, resumed_from;
   double cumulative_time = 0;  // carried over from a resumed checkpoint
   std::int64_t cumulative_inputs = 0;
-  float loss_scale = 0;       // a resumed checkpoint's dynamic loss scale; 0: none there
-  bool nothing_left = false;  // the newest checkpoint holds the run's last step already
+  float loss_scale = 0;             // a resumed checkpoint's dynamic loss scale; 0: none there
+  std::int64_t overflow_steps = 0;  // the steps it skipped for inf or NaN gradients
+  bool nothing_left = false;        // the newest checkpoint holds the run's last step already
 };
 
 // The plan stage; with `role`, for one generation of an elastic run (actors/elastic.h).
@@ -249,6 +250,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     p.cumulative_time = ck.metaDouble("cumulative_time_spent");
     p.cumulative_inputs = ck.metaInt("cumulative_input_count");
     if (ck.meta.count("loss_scale")) p.loss_scale = static_cast<float>(ck.metaDouble("loss_scale"));
+    if (ck.meta.count("overflow_steps")) p.overflow_steps = ck.metaInt("overflow_steps");
     spdlog::info("resuming from {} at step {}", path, plan.first_step);
   }
   // A generation of an elastic run goes on from this process's own state when it is the newest;
@@ -259,6 +261,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     if (role->state->buffers.defined()) p.buffers = role->state->buffers;
     if (role->state->loss_scale > 0 && lossScaleOf(o).dynamic) {
       p.loss_scale = role->state->loss_scale;
+      p.overflow_steps = role->state->overflow_steps;
       spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
                    p.rank, p.loss_scale);
     }
@@ -311,6 +314,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   CoordinatorConfig coordinator;
   coordinator.cumulative_time = p.cumulative_time;
   coordinator.cumulative_inputs = p.cumulative_inputs;
+  coordinator.overflow_steps = p.overflow_steps;
 
   // Every process spawns the same actors in the same order (actors/run_layout.h).
   const auto k = static_cast<std::uint32_t>(o.replicas);
@@ -384,7 +388,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   updater.lr = lr;
   updater.plan = plan;
   updater.loss_scale = lossScaleOf(o);
-  if (updater.loss_scale.dynamic && p.loss_scale > 0) updater.loss_scale.initial = p.loss_scale;
+  if (updater.loss_scale.dynamic && p.loss_scale > 0) {
+    updater.loss_scale.initial = p.loss_scale;
+    updater.loss_scale.skipped = p.overflow_steps;
+  }
   // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
   // cores of the other replicas.
   updater.threads = std::max(1, threads / o.replicas);

@@ -22,7 +22,8 @@ class Updater final : public Actor {
       : Actor(std::move(name)),
         config_(std::move(config)),
         step_(config_.plan.first_step),
-        loss_scale_(config_.loss_scale.initial) {
+        loss_scale_(config_.loss_scale.initial),
+        overflow_steps_(config_.loss_scale.skipped) {
     on<Reduced>([this](Reduced& r) { add(r); });
     // One replica in a one-process run hands its buckets straight here: nothing to sum.
     on<GradBucket>([this](GradBucket& b) {
@@ -50,7 +51,9 @@ class Updater final : public Actor {
     s.epoch_records = config_.plan.recordOf(s.step);
     s.weights = hostCopy(whole ? weights_ : snapshot_weights_);
     s.momentum = hostCopy(whole ? optimizer_->state() : snapshot_momentum_);
-    s.loss_scale = loss_scale_;  // changes only at a step's end: the same for a partial step
+    // Both change only at a step's end: the same for a partial step.
+    s.loss_scale = loss_scale_;
+    s.overflow_steps = overflow_steps_;
     if (awaiting_) s.step = -1;  // never got the state it was to go on from
   }
 
@@ -67,8 +70,8 @@ class Updater final : public Actor {
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
     if (!config_.handover_to.empty()) {
-      const Handover h{step_, hostCopy(weights_), hostCopy(optimizer_->state()), buffers_,
-                       loss_scale_};
+      const Handover h{step_,    hostCopy(weights_), hostCopy(optimizer_->state()),
+                       buffers_, loss_scale_,        overflow_steps_};
       for (const auto& to : config_.handover_to)
         send(to, h);
     }
@@ -215,6 +218,7 @@ class Updater final : public Actor {
     if (h.buffers.defined() && h.buffers.numel() > 0) buffers_ = h.buffers;
     if (config_.loss_scale.dynamic && h.loss_scale > 0) {
       loss_scale_ = h.loss_scale;
+      overflow_steps_ = h.overflow_steps;
       spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
                    config_.worker, loss_scale_);
     }
@@ -266,7 +270,7 @@ class Updater final : public Actor {
     kernels::Tensor grads;
   };
   float loss_scale_ = 0;
-  std::int64_t clean_steps_ = 0, overflow_steps_ = 0;
+  std::int64_t clean_steps_ = 0, overflow_steps_;
   std::vector<Held> held_;
 };
 

@@ -82,6 +82,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     out.setTensor(w.initMomentum(), m->momentum);
     out.setTensor(w.initBuffers(), m->buffers);
     w.setLossScale(m->loss_scale);
+    w.setOverflowSteps(m->overflow_steps);
   } else if (auto* m = as<Evaluate>(e)) {
     auto w = f.initEvaluate();
     w.setEpoch(m->epoch);
@@ -225,7 +226,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     case W::HANDOVER: {
       auto r = f.getHandover();
       d.message = wrap(Handover{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
-                                in.tensor(r.getBuffers()), r.getLossScale()});
+                                in.tensor(r.getBuffers()), r.getLossScale(), r.getOverflowSteps()});
       break;
     }
     case W::EVALUATE: {

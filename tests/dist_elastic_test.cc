@@ -2,6 +2,7 @@
 // `troupe train --num_workers MIN:MAX` started by hand, a worker killed mid-epoch, one joining.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -189,6 +190,16 @@ TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
     EXPECT_LT(std::stod((*it)[2]), 16777216.0) << (*it)[0];
   }
   EXPECT_EQ(workers, (std::set<std::string>{"0", "1", "2"})) << launch << third;
+  // The count of skipped steps goes on with it: no step doubles the scale (the window is 2000),
+  // so after T skipped steps in all, over the generations, the scale is 2^(24 - T).
+  const std::regex epoch(
+      R"(epoch (\d) loss scale ([0-9.e+]+): \d+ step\(s\) skipped .* \((\d+) in all\))");
+  int epochs = 0;
+  for (auto it = std::sregex_iterator(launch.begin(), launch.end(), epoch);
+       it != std::sregex_iterator(); ++it, ++epochs) {
+    EXPECT_EQ(std::stod((*it)[2]), std::ldexp(1.0, 24 - std::stoi((*it)[3]))) << (*it)[0];
+  }
+  EXPECT_EQ(epochs, 3) << launch;
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the

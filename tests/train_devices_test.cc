@@ -436,7 +436,8 @@ actors::Checkpoint newestIn(const fs::path& dir) {
 
 // The checkpoint keeps a dynamic loss scale, and a resumed run goes on from it: killed after
 // epoch 1 and resumed, an fp16 run ends as the uninterrupted one, to the bit. (Restarted at 2^24,
-// the resumed epoch would skip steps that the uninterrupted one trained.)
+// the resumed epoch would skip steps that the uninterrupted one trained.) The count of skipped
+// steps goes on too: the resumed run's epoch 2 line is the uninterrupted one's.
 TEST(Devices, Fp16ResumesWithItsLossScale) {
   TempDir cwd("devices_fp16_resume");
   const std::string run = "cd " + cwd.str() + " && " + emulated(1) + troupeBinary() +
@@ -446,6 +447,12 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
                           "--precision fp16 --initial_scale_power 24 ";
   auto r = runCommand(run + "--num_epochs 2 --checkpoint_dir whole");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto epoch2 = [](const std::string& output) {  // "epoch 2 loss scale S: K ... (T in all)"
+    const auto at = output.find("epoch 2 loss scale ");
+    return at == std::string::npos ? std::string() : output.substr(at, output.find('\n', at) - at);
+  };
+  const std::string whole_epoch2 = epoch2(r.output);
+  EXPECT_NE(whole_epoch2, "") << r.output;
   r = runCommand(run + "--num_epochs 1 --checkpoint_dir parts");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto first = newestIn(cwd.path() / "parts");
@@ -454,10 +461,12 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
   r = runCommand(run + "--num_epochs 2 --checkpoint_dir parts --resume auto");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming from "), std::string::npos) << r.output;
+  EXPECT_EQ(epoch2(r.output), whole_epoch2) << r.output;
   const auto whole = newestIn(cwd.path() / "whole"), parts = newestIn(cwd.path() / "parts");
   EXPECT_EQ(whole.metaInt("step"), 40);
   EXPECT_EQ(parts.metaInt("step"), 40);
   EXPECT_EQ(whole.meta.at("loss_scale"), parts.meta.at("loss_scale"));
+  EXPECT_EQ(whole.meta.at("overflow_steps"), parts.meta.at("overflow_steps"));
   ASSERT_EQ(whole.weights.numel(), parts.weights.numel());
   EXPECT_EQ(std::memcmp(whole.weights.raw(), parts.weights.raw(), whole.weights.bytes()), 0);
 }

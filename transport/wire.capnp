@@ -95,6 +95,7 @@ struct Handover {
   momentum @2 :TensorData;
   buffers @3 :TensorData;
   lossScale @4 :Float32;      # the dynamic loss scale; 0: none
+  overflowSteps @5 :Int64;    # steps skipped so far for inf or NaN gradients
 }
 
 # Coordinator -> Replica.
