@@ -120,12 +120,15 @@ class CpuBatchNorm final : public BatchNormOp {
     const float count = static_cast<float>(n * s);
 #pragma omp parallel num_threads(threads_)
     {
-      std::vector<float> masked(yp ? static_cast<std::size_t>(s) : 0);
-      auto dyRow = [&](std::int64_t i, std::int64_t ch) -> const float* {
+      // The masked row lands in dx's row, where the dx pass then reads it (each element before
+      // it writes it), or in a row of this thread's where no dx is wanted.
+      std::vector<float> masked(yp && !dxp ? static_cast<std::size_t>(s) : 0);
+      auto maskedRow = [&](std::int64_t i, std::int64_t ch) -> const float* {
         const std::int64_t at = (i * c + ch) * s;
         if (!yp) return dyp + at;
-        vec::reluBackward(yp + at, dyp + at, masked.data(), s);
-        return masked.data();
+        float* to = dxp ? dxp + at : masked.data();
+        vec::reluBackward(yp + at, dyp + at, to, s);
+        return to;
       };
 #pragma omp for schedule(static)
       for (std::int64_t ch = 0; ch < c; ++ch) {
@@ -133,7 +136,7 @@ class CpuBatchNorm final : public BatchNormOp {
         double sdy = 0.0, sdyx = 0.0;
         for (std::int64_t i = 0; i < n; ++i) {
           const float* p = xp + (i * c + ch) * s;
-          const float* d = dyRow(i, ch);
+          const float* d = maskedRow(i, ch);
           if (dzp) std::copy_n(d, s, dzp + (i * c + ch) * s);
           float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
@@ -154,8 +157,8 @@ class CpuBatchNorm final : public BatchNormOp {
         const float mdy = dbeta_c / count, mdyx = dgamma_c / count;
         for (std::int64_t i = 0; i < n; ++i) {
           const float* p = xp + (i * c + ch) * s;
-          const float* d = dyRow(i, ch);
           float* out = dxp + (i * c + ch) * s;
+          const float* d = yp ? out : dyp + (i * c + ch) * s;
 #pragma omp simd
           for (std::int64_t q = 0; q < s; ++q)
             out[q] = k * (d[q] - mdy - (p[q] - mean) * invstd * mdyx);
