@@ -299,9 +299,11 @@ std::string modelSection(const actors::TrainOptions& o, const Plan& p) {
       o.model.layers.empty() ? o.model.name : "[[layers]]", o.num_channels, o.image_size,
       o.image_size, o.num_labels);
   out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", "layer", width, "output", "parameters");
+  // A layer a batch norm computes in its own pass (kernels::LayerInfo::computed_by) says so.
   for (const auto& l : p.layers)
-    out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", l.name, width, shapeText(l.output),
-                       l.num_params);
+    out += fmt::format("#   {:<{}}  {:<16}  {:>12}{}\n", l.name, width, shapeText(l.output),
+                       l.num_params,
+                       l.computed_by.empty() ? "" : "  (fused into " + l.computed_by + ")");
   out += fmt::format("#   {:<{}}  {:<16}  {:>12}\n", "total", width, "", p.num_params);
   if (p.num_buffers > 0) {
     out += fmt::format("#   (and {} batch-norm statistics, not trained)\n", p.num_buffers);

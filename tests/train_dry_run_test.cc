@@ -99,6 +99,23 @@ TEST(TrainDryRun, ListsLenetsLayersWithTheirShapesAndTheParameterTotalAndWritesN
   EXPECT_EQ(filesIn(cwd.path()), 0u) << "a file was written";
 }
 
+// The layers a batch norm computes in its own pass say so: in ResNet-20, a block's first ReLU,
+// and its add and the ReLU after it.
+TEST(TrainDryRun, SaysWhichLayersABatchNormComputes) {
+  TempDir cwd("dry_fused");
+  const auto r =
+      train(cwd, "--model resnet20 --num_channels 3 --image_size 32 --dry-run" + dataFlags());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(layerLine(r.output, "stage1.block1.bn1").ends_with(" 32"))
+      << layerLine(r.output, "stage1.block1.bn1");
+  EXPECT_TRUE(
+      layerLine(r.output, "stage1.block1.relu1").ends_with(" 0  (fused into stage1.block1.bn1)"))
+      << r.output;
+  EXPECT_TRUE(
+      layerLine(r.output, "stage1.block1.add").ends_with(" 0  (fused into stage1.block1.bn2)"))
+      << r.output;
+}
+
 TEST(TrainDryRun, ItsParameterTotalIsTheOneARealRunsCheckpointHolds) {
   TempDir cwd("dry_vs_real");
   const auto config = sourceDir() + "/configs/lenet_layers.toml";
