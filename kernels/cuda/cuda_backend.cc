@@ -413,21 +413,25 @@ class CudaBatchNorm final : public BatchNormOp {
                 const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
                 const Tensor& dbeta) override {
     if (!g_.relu) return backwardOf(x, gamma, dy, dx, dgamma, dbeta);
-    // With add, the gradient of z is the ReLU's backward's output: where it lands.
-    const Tensor masked = g_.add && wanted(dz) ? dz : ctx_.empty(dy.shape(), dy.dtype());
+    // With add, the gradient of z is the ReLU's backward's output (where it lands, else scratch).
+    auto dzOrScratch = [&] {
+      return g_.add && wanted(dz) ? dz : ctx_.empty(dy.shape(), dy.dtype());
+    };
     if (trained_ == Way::kPersistent && trained_fused_) {
       prepare(x.dtype());
       const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
       const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
       const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+      const Tensor dz_out = g_.add ? dzOrScratch() : Tensor();
       const cudnnStatus_t status =
-          backwardPersistent(x, &y, gamma, dy, dx_out, g_.add ? &masked : nullptr, dg, dbt);
+          backwardPersistent(x, &y, gamma, dy, dx_out, g_.add ? &dz_out : nullptr, dg, dbt);
       if (status == CUDNN_STATUS_SUCCESS) return;
       refusedFused(status);  // throws unless refused
       // The spatial way's backward reads only the saved statistics, not the fused reserve space.
       trained_ = Way::kSpatial;
     }
     // The ReLU's backward first: the gradient where y > 0.
+    const Tensor masked = dzOrScratch();
     reluBackward(y.dtype(), act(y), act(dy), act(masked), dy.numel(), ctx_.stream);
     backwardOf(x, gamma, masked, dx, dgamma, dbeta);
   }
