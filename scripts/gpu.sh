@@ -162,17 +162,15 @@ run() {
   part resnet50_compile 240 python3 bench/gpu_vs_pytorch.py \
     --bench "$root/bin/troupe_kernels_bench" --batches "${COMPILE_BATCHES:-128}" \
     --seconds "${SECONDS_PER_ROW:-3}" --precisions "${COMPILE_PRECISIONS:-bf16}" --compile
-  # Batch norm by cuDNN's spatial calls instead of its persistent Ex calls (the default, as
-  # PyTorch trains): troupe alone at batch 128, beside the resnet50 part's rows of that batch.
-  part resnet50_bn_spatial 60 env TROUPE_CUDA_BATCH_NORM=spatial bash -c \
-    'for p in bf16 fp16; do "$@" --precision $p; done' _ "$root/bin/troupe_kernels_bench" \
-    --device cuda:0 --models resnet50 --batch 128 --seconds "${SECONDS_PER_ROW:-3}" --no-ops \
-    --channels-last
-  # Each ReLU on its own, not in its batch norm's cuDNN call (the default fuses them): troupe
-  # alone at batch 128, beside the resnet50 part's rows of that batch.
-  part resnet50_no_fuse 60 bash -c 'for p in bf16 fp16; do "$@" --precision $p; done' _ \
-    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 128 \
-    --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last --no-fuse
+  # troupe's ResNet-50 alone at batch 128 in bf16 and fp16, beside the resnet50 part's rows of
+  # that batch, but with batch norm by cuDNN's spatial calls instead of its persistent Ex calls
+  # (the default, as PyTorch trains), and with each ReLU (and add) apart from its batch norm (the
+  # default fuses them).
+  local variant=(bash -c 'for p in bf16 fp16; do "$@" --precision $p; done' _
+    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 128
+    --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last)
+  part resnet50_bn_spatial 60 env TROUPE_CUDA_BATCH_NORM=spatial "${variant[@]}"
+  part resnet50_no_fuse 60 "${variant[@]}" --no-fuse
   echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
   ((failed == 0))
 }

@@ -169,6 +169,16 @@ class CudaOps : public ::testing::Test {
     return down(wide);
   }
 
+  // A batch norm's [n, c, s] host images (NCHW, float) on the GPU as `type`, in the op's layout
+  // (NHWC when g.channels_last), and back.
+  Tensor imagesUp(const Tensor& nchw, const BatchNormGeometry& g, DType type) {
+    return upAs(g.channels_last ? nhwcOf(nchw, g.n, g.channels, g.spatial) : nchw, type);
+  }
+  Tensor imagesDown(const Tensor& gpu, const BatchNormGeometry& g) {
+    const Tensor host = downAsFloat(gpu);
+    return g.channels_last ? nchwOf(host, g.n, g.channels, g.spatial) : host;
+  }
+
   // Batch norm with its ReLU (BatchNormGeometry::relu, which the net fuses), and with a residual
   // add before the ReLU (add), each way ($TROUPE_CUDA_BATCH_NORM) and layout, in `type`: y is the
   // CPU's batch norm's (plus z), where above 0, else 0; the gradients are the CPU batch norm's of
@@ -194,12 +204,8 @@ class CudaOps : public ::testing::Test {
         g.add = add;
         g.channels_last = channels_last;
         auto d = gpu_->makeBatchNorm(g);
-        auto layout = [&](const Tensor& nchw) {
-          return upAs(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw, type);
-        };
-        auto unlayout = [&](const Tensor& gpu) {
-          return channels_last ? nchwOf(downAsFloat(gpu), 8, 5, 36) : downAsFloat(gpu);
-        };
+        auto layout = [&](const Tensor& nchw) { return imagesUp(nchw, g, type); };
+        auto unlayout = [&](const Tensor& gpu) { return imagesDown(gpu, g); };
         const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
         Tensor gy = gpu_->empty(xs, type), gdx = gpu_->empty(xs, type), gdz = gpu_->empty(xs, type),
                gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
@@ -680,12 +686,8 @@ TEST_P(CudaReducedOps, BatchNormKeepsItsParametersInFloat32) {
     g.channels_last = channels_last;
     auto d = gpu_->makeBatchNorm(g);
     // The GPU's images in its layout, and back.
-    auto layout = [&](const Tensor& nchw) {
-      return upReduced(channels_last ? nhwcOf(nchw, 8, 5, 36) : nchw);
-    };
-    auto unlayout = [&](const Tensor& gpu) {
-      return channels_last ? nchwOf(downWide(gpu), 8, 5, 36) : downWide(gpu);
-    };
+    auto layout = [&](const Tensor& nchw) { return imagesUp(nchw, g, type()); };
+    auto unlayout = [&](const Tensor& gpu) { return imagesDown(gpu, g); };
     const Tensor gx = layout(x), ggamma = up(gamma), gdy = layout(dy);
     Tensor gy = empty(xs), gdx = empty(xs), gdg = gpu_->empty({5}), gdbeta = gpu_->empty({5});
     d->forward(gx, Tensor(), ggamma, up(beta), grm, grv, gy, /*train=*/true);

@@ -404,7 +404,7 @@ class CudaBatchNorm final : public BatchNormOp {
                bool train) override {
     if (train) beta_ = beta;  // the fused backward reads it
     normalize(x, z, gamma, beta, running_mean, running_var, y, train);
-    if (g_.relu && !(train && trained_ == Way::kPersistent && trained_fused_)) {
+    if (g_.relu && !(train && trained_fused_)) {
       if (g_.add) kernels::cuda::add(y.dtype(), act(y), act(z), act(y), y.numel(), ctx_.stream);
       reluForward(y.dtype(), act(y), act(y), y.numel(), ctx_.stream);
     }
@@ -417,7 +417,7 @@ class CudaBatchNorm final : public BatchNormOp {
     auto dzOrScratch = [&] {
       return g_.add && wanted(dz) ? dz : ctx_.empty(dy.shape(), dy.dtype());
     };
-    if (trained_ == Way::kPersistent && trained_fused_) {
+    if (trained_fused_) {
       prepare(x.dtype());
       const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
       const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
@@ -429,6 +429,7 @@ class CudaBatchNorm final : public BatchNormOp {
       refusedFused(status);  // throws unless refused
       // The spatial way's backward reads only the saved statistics, not the fused reserve space.
       trained_ = Way::kSpatial;
+      trained_fused_ = false;
     }
     // The ReLU's backward first: the gradient where y > 0.
     const Tensor masked = dzOrScratch();
@@ -663,7 +664,8 @@ class CudaBatchNorm final : public BatchNormOp {
   std::shared_ptr<void> reserve_;  // the persistent way's, from the forward to the backward
   std::size_t reserve_bytes_ = 0;
   // relu: whether cuDNN's persistent calls may still apply it, and whether the last training
-  // forward had them do it (its backward then does too, reading beta_ of that forward).
+  // forward had them do it (trained_ is then kPersistent; its backward has them do it too,
+  // reading beta_ of that forward).
   bool fuse_relu_ = true, trained_fused_ = false;
   Tensor beta_;
   cudnnActivationDescriptor_t relu_desc_ = nullptr;
