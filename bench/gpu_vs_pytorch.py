@@ -9,7 +9,8 @@ TF32 off on both sides, fp32 with TF32 on (troupe --tf32; PyTorch's allow_tf32 f
 precision: bf16 and fp16 (troupe --precision; PyTorch's autocast to the same type, fp16 with a
 GradScaler, whose unscale and inf test troupe's fp16 step does too). troupe's images are NHWC where
 tensor cores compute (tf32, bf16, fp16: its memory_format auto), NCHW in strict fp32.
-torch.compile is timed too when --compile is given (it compiles for a minute or more). Peak GPU
+torch.compile is timed too when --compile is given (it compiles for a minute or more), or alone
+with --compile-only (beside the eager and troupe rows of an earlier run at the same batch). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
 
 Run on the GPU machine by scripts/gpu.sh run; by hand:
@@ -101,6 +102,8 @@ def main():
     ap.add_argument("--batches", default="64,128,256")
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="time torch.compile alone, not troupe or PyTorch eager")
     ap.add_argument("--precisions", default="bf16,fp32,fp16,tf32",
                     help="rows to time, in this order: bf16 and fp16 (mixed precision), fp32 "
                          "(TF32 off), tf32")
@@ -112,11 +115,12 @@ def main():
             for batch in [int(b) for b in a.batches.split(",")]:
                 tf32 = precision == "tf32"
                 kind = "fp32" if tf32 else precision
-                t = troupe_rate(a.bench, model, batch, a.seconds, tf32, kind)
-                p = pytorch_rate(model, batch, a.seconds, tf32, precision=kind)
-                row = {"model": model, "batch": batch, "precision": precision, "troupe": t,
-                       "pytorch": p}
-                if a.compile:
+                row = {"model": model, "batch": batch, "precision": precision, "troupe": {},
+                       "pytorch": {}}
+                if not a.compile_only:
+                    row["troupe"] = troupe_rate(a.bench, model, batch, a.seconds, tf32, kind)
+                    row["pytorch"] = pytorch_rate(model, batch, a.seconds, tf32, precision=kind)
+                if a.compile or a.compile_only:
                     row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True,
                                                           precision=kind)
                 rows.append(row)
@@ -125,7 +129,7 @@ def main():
           "troupe peak MiB | PyTorch peak MiB | torch.compile images/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     def num(d, key):
-        return f"{d[key]:.0f}" if key in d else "failed"
+        return f"{d[key]:.0f}" if key in d else "failed" if d else "-"
 
     for r in rows:
         t, p = r["troupe"], r["pytorch"]

@@ -8,19 +8,21 @@
 #   bash scripts/gpu.sh run      # there, in the repository's copy, with .gpu carried: unpacks,
 #                                # then writes under $OUT (default out/gpu) what it ran and found
 #
-# run, most wanted first: `troupe info`, nvidia-smi, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager (bench/gpu_vs_pytorch.py),
-# LeNet on Fashion-MNIST on the GPU and on the CPU (test accuracies), LeNet through NCCL (a group
-# of one GPU) and 2 processes with NCCL on one GPU (which NCCL must refuse, not hang),
-# ResNet-50 through the whole trainer on synthetic input, LeNet and ResNet-50 in 2 processes
-# sharing the GPU and in 1 (Chrome traces), the input benchmark with 1, 8 and 16 decode threads against
-# torchvision (bench/input_vs_peers.py; DALI is not on that machine), torch.compile's
-# ResNet-50 figure, and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its
-# persistent one and with each ReLU apart from its batch norm. Each part's log is its own file; a part
-# that fails does not stop the others, and the exit status says whether any failed. The parts
-# share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and none
-# starts with less than 20. PARTS="resnet50 input" runs only the parts named (a second call
-# going on where a first one's budget ran out; the names are those of summary.txt).
+# run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
+# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager in bf16 and fp32 at batch
+# 64, 128 and 256 (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
+# (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
+# (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
+# and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in fp16 and TF32,
+# LeNet in bf16, through NCCL (a group of one GPU) and in 2 processes with NCCL on one GPU (which
+# NCCL must refuse, not hang), ResNet-50 through the whole trainer, LeNet in 2 processes and 1,
+# and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its persistent one and with
+# each ReLU apart from its batch norm. Each part's log is its own file; a part that fails does
+# not stop the others, and the exit status says whether any failed. The parts share BUDGET
+# seconds (default 570, under a call's 600): a part gets what is left, and none starts with less
+# than 20 (or the part's own least, for the long ones). PARTS="resnet50_compile input" runs only
+# the parts named (a second call going on where a first one's budget ran out; the names are
+# those of summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -69,13 +71,15 @@ print(":".join(sorted(dirs)))
 EOF
 }
 
-part() {  # part NAME TIMEOUT COMMAND...: runs it, its output in $OUT/NAME.txt
-  local name=$1 limit=$2
+part() {  # part NAME LIMIT[:LEAST] COMMAND...: runs it, its output in $OUT/NAME.txt
+  # LIMIT: seconds it may take; LEAST: it is not started with fewer left (default 20).
+  local name=$1 limit=${2%%:*} least=20
+  [[ $2 == *:* ]] && least=${2#*:}
   shift 2
   # PARTS="resnet50 input": only those (a second call goes on where a first one's budget ended).
   if [[ -n "${PARTS:-}" && " $PARTS " != *" $name "* ]]; then return; fi
   local left=$((BUDGET - (SECONDS - began)))
-  if ((left < 20)); then
+  if ((left < least)); then
     echo "== $name: skipped, ${left} s of the budget left" | tee -a "$OUT/summary.txt"
     failed=$((failed + 1))
     return
@@ -105,22 +109,48 @@ run() {
   BUDGET=${BUDGET:-570}
   began=$SECONDS
   local troupe="$root/bin/troupe" fashion="$root/fashion"
-  part nvidia-smi 30 nvidia-smi
-  part info 30 "$troupe" info
-  part cuda_tests 120 "$root/bin/troupe_cuda_tests"
-  # The headline, before the parts that could eat into its time: bf16, fp32 (TF32 off), fp16 and
-  # TF32, each at every batch: 24 timed rows, printed one by one.
-  part resnet50 260 python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench" \
-    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}" \
-    --precisions "${PRECISIONS:-bf16,fp32,fp16,tf32}"
+  # Most wanted first, as one call of a session with 15 minutes of device time may be all there
+  # is: every figure the issues must show (12: the CUDA op tests, ResNet-50 against PyTorch eager
+  # in bf16 and fp32, LeNet's accuracy on the GPU and the CPU, 2 processes sharing the GPU beside
+  # one alone, torch.compile's figure; 14: the input benchmark at 16 cores), then the rest.
+  part nvidia-smi 20 nvidia-smi
+  part info 20 "$troupe" info
+  part cuda_tests 90 "$root/bin/troupe_cuda_tests"
+  # The headline: bf16 then fp32 (TF32 off), each at every batch, printed row by row (a part cut
+  # short keeps the rows it printed). fp16 and TF32 come later (resnet50_more).
+  local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
+    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
+  part resnet50 220 "${r50bench[@]}" --precisions "${PRECISIONS:-bf16,fp32}"
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
-  part convert 60 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
+  part convert 30 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
     --log_every 0)
-  part lenet_gpu 90 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 \
+  part lenet_gpu 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 \
     --log_dir "$OUT/lenet_gpu" --checkpoint_dir "$root/ck_gpu"
-  part lenet_cpu 90 "$troupe" train "${lenet[@]}" --num_epochs 3 --log_dir "$OUT/lenet_cpu" \
+  part lenet_cpu 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --log_dir "$OUT/lenet_cpu" \
     --checkpoint_dir "$root/ck_cpu"
+  # Issue 14: decode and the ResNet-50 transform on 1 and 16 cores, against the resnet50 part's
+  # images/s (DALI is not on that machine).
+  part input 100:40 python3 bench/input_vs_peers.py --troupe "$troupe" --python python3 \
+    --peers torchvision --threads 1,16 --rounds 1
+  # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
+  # one alone: ResNet-50 in bf16 on synthetic input, 30 steps of 32 a process, gradients of 100 MB
+  # a step whose ring the traces show beside the backward pass.
+  local r50=(train --model resnet50 --train_data null --num_channels 3 --image_size 224
+    --num_labels 1000 --batch_size 32 --num_epochs 1 --gpus 0 --precision bf16 --log_every 10
+    --checkpoint_dir "$root/ck_r50_shared")
+  part resnet50_two_processes 100:40 "$troupe" launch -n 2 --launcher local -- "$troupe" \
+    "${r50[@]}" --epoch_size 1920 --schedule bsp-allreduce \
+    --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
+  part resnet50_one_process 60 "$troupe" "${r50[@]}" --epoch_size 960 \
+    --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
+  # torch.compile's figure beside the resnet50 part's rows of that batch (it compiles for a minute
+  # or more): not started with less than 120 s left, but left to a second call
+  # (PARTS="resnet50_compile ...").
+  part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
+    --precisions "${COMPILE_PRECISIONS:-bf16}" --compile-only
+  # The rest, for what the figures above do not show.
+  part resnet50_more 200:40 "${r50bench[@]}" --precisions "${MORE_PRECISIONS:-fp16,tf32}"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
     --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"
   # reducer nccl: a group of one GPU in one process (NCCL refuses two ranks on one GPU, so two
@@ -131,13 +161,12 @@ run() {
     -- "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule bsp-allreduce \
     --reducer nccl --rendezvous_timeout 30 --log_dir "$OUT/nccl_two" \
     --checkpoint_dir "$root/ck_nccl_two"
-  part resnet50_trainer 90 "$troupe" train --model resnet50 --train_data null --num_channels 3 \
+  part resnet50_trainer 90:40 "$troupe" train --model resnet50 --train_data null --num_channels 3 \
     --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 --num_epochs 3 \
     --gpus 0 --precision bf16 --log_every 10 --log_dir "$OUT/resnet50_trainer" \
     --checkpoint_dir "$root/ck_r50" \
     --trace "$OUT/trace_resnet50.json"
-  # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
-  # one alone: step times and traces.
+  # The same two-process comparison with LeNet (small gradients, short steps).
   local shared=(train "${lenet[@]}" --num_epochs 1 --epoch_size 19200 --gpus 0
     --checkpoint_dir "$root/ck_shared")
   part lenet_two_processes 90 "$troupe" launch -n 2 --launcher local -- "$troupe" "${shared[@]}" \
@@ -145,23 +174,6 @@ run() {
     --log_dir "$OUT/lenet_two"
   part lenet_one_process 60 "$troupe" "${shared[@]}" --trace "$OUT/trace_one_process.json" \
     --log_dir "$OUT/lenet_one"
-  # The same with ResNet-50 (bf16, synthetic input, 30 steps of 32 a process): gradients of
-  # 100 MB a step, whose ring between the two processes the traces show beside the backward.
-  local r50=(train --model resnet50 --train_data null --num_channels 3 --image_size 224
-    --num_labels 1000 --batch_size 32 --num_epochs 1 --gpus 0 --precision bf16 --log_every 10
-    --checkpoint_dir "$root/ck_r50_shared")
-  part resnet50_two_processes 120 "$troupe" launch -n 2 --launcher local -- "$troupe" \
-    "${r50[@]}" --epoch_size 1920 --schedule bsp-allreduce \
-    --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
-  part resnet50_one_process 90 "$troupe" "${r50[@]}" --epoch_size 960 \
-    --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
-  part input 150 python3 bench/input_vs_peers.py --troupe "$troupe" --python python3 \
-    --peers torchvision --threads 1,8,16 --rounds 1
-  # torch.compile's figure beside eager's and troupe's (it compiles for a minute or more): last,
-  # or alone in a second call (PARTS=resnet50_compile).
-  part resnet50_compile 240 python3 bench/gpu_vs_pytorch.py \
-    --bench "$root/bin/troupe_kernels_bench" --batches "${COMPILE_BATCHES:-128}" \
-    --seconds "${SECONDS_PER_ROW:-3}" --precisions "${COMPILE_PRECISIONS:-bf16}" --compile
   # troupe's ResNet-50 alone at batch 128 in bf16 and fp16, beside the resnet50 part's rows of
   # that batch, but with batch norm by cuDNN's spatial calls instead of its persistent Ex calls
   # (the default, as PyTorch trains), and with each ReLU (and add) apart from its batch norm (the
