@@ -106,7 +106,8 @@ Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dty
       shape_(std::move(shape)),
       numel_(numelOf(shape_)),
       dtype_(dtype),
-      device_(device) {}
+      device_(device),
+      defined_(true) {}
 
 Tensor Tensor::hostUninitialized(Shape shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);

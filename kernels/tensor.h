@@ -54,7 +54,9 @@ class Tensor {
   // The same without the zero fill, for buffers about to be overwritten whole.
   static Tensor hostUninitialized(Shape shape, DType dtype = DType::kFloat32);
 
-  bool defined() const { return data_ != nullptr || numel_ == 0; }
+  // False only for a default-constructed tensor (a handle to nothing); an empty tensor made with
+  // a shape of zero elements is defined.
+  bool defined() const { return defined_; }
   const Shape& shape() const { return shape_; }
   std::int64_t dim(std::size_t i) const { return shape_.at(i); }
   std::size_t rank() const { return shape_.size(); }
@@ -81,6 +83,7 @@ class Tensor {
   std::int64_t numel_ = 0;
   DType dtype_ = DType::kFloat32;
   Device device_;
+  bool defined_ = false;
 };
 
 }  // namespace troupe::kernels

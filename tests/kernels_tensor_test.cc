@@ -29,6 +29,15 @@ TEST(Tensor, SliceOutOfRangeThrowsNamingTheRange) {
   }
 }
 
+TEST(Tensor, OnlyADefaultTensorIsUndefined) {
+  EXPECT_FALSE(Tensor().defined());
+  const Tensor empty = Tensor::host({0});
+  EXPECT_TRUE(empty.defined());
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_TRUE(Tensor::host({3}).slice(1, 1).defined());
+  EXPECT_TRUE(Tensor::host({2, 2}).defined());
+}
+
 TEST(Tensor, ViewKeepsElementCount) {
   auto t = Tensor::host({2, 3});
   EXPECT_EQ(t.view({6}).numel(), 6);
