@@ -35,10 +35,14 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
       cudaError_t e = cudaMalloc(&p, size);
       if (e == cudaErrorMemoryAllocation) {
         cudaGetLastError();  // clears the failed call's error before the retry
-        cudaDeviceSynchronize();
+        TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
         emptyCache();
         e = cudaMalloc(&p, size);
       }
+      // Another error is not this call's: a kernel's fault, say, which CUDA returns from every
+      // call after it. Named as it is, not as memory.
+      if (e != cudaSuccess && e != cudaErrorMemoryAllocation)
+        check(e, "cudaMalloc", __FILE__, __LINE__);
       if (e != cudaSuccess) {
         cudaGetLastError();
         throw ResourceError("out of GPU memory on cuda:" + std::to_string(device_) +

@@ -35,6 +35,14 @@ namespace troupe::kernels::cuda {
   throw Error(what);
 }
 
+void checkLaunch(const char* kernel, const char* file, int line) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    throwCuda("CUDA", std::string("launching ") + kernel, cudaGetErrorString(e),
+              e == cudaErrorMemoryAllocation, file, line);
+  }
+}
+
 namespace {
 
 constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // per convolution algorithm
@@ -140,12 +148,22 @@ class TensorDesc {
 };
 
 // The algorithms of one convolution geometry, measured once.
+// Each with the math type cudnnFind* timed it with: an algorithm's kernel depends on both, so
+// each call sets its own on the descriptor.
 struct ConvAlgos {
   cudnnConvolutionFwdAlgo_t fwd;
   cudnnConvolutionBwdDataAlgo_t bwd_data;
   cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
   std::size_t workspace = 0;
 };
+
+// Whether a cuDNN status says a call is not supported for these arguments (its type, layout or
+// size) rather than that it failed: cuDNN 9 reports the reason as a code within the category.
+bool isRefusal(cudnnStatus_t status) {
+  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
+  return category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM;
+}
 
 // The fastest algorithm that ran; with `deterministic` (CudaOptions), the fastest deterministic
 // one, else the fastest: a run repeats to the bit where cuDNN offers a deterministic algorithm.
@@ -176,12 +194,13 @@ class CudaConv final : public ConvOp {
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     prepare(x.dtype());
     void* ws = ctx_.scratch(algos_.workspace);
+    TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd_math));
     TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_->get(), act(x), w_, act(w),
                                               conv_, algos_.fwd, ws, algos_.workspace, &kZero,
                                               y_->get(), act(y)));
     if (g_.bias) {
-      TROUPE_CUDA_CHECK(
-          cudnnAddTensor(ctx_.cudnn, &kOne, bias_->get(), act(b), &kOne, y_->get(), y.raw()));
+      channelBias(x.dtype(), act(y), act(b), g_.n, g_.out_channels, g_.outHeight() * g_.outWidth(),
+                  g_.channels_last, ctx_.stream);
     }
   }
 
@@ -190,15 +209,17 @@ class CudaConv final : public ConvOp {
     prepare(x.dtype());
     void* ws = ctx_.scratch(algos_.workspace);
     if (wanted(dw)) {
+      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter_math));
       TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_->get(), act(x),
                                                        y_->get(), act(dy), conv_, algos_.bwd_filter,
                                                        ws, algos_.workspace, &kZero, w_, act(dw)));
     }
     if (g_.bias && wanted(db)) {
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardBias(ctx_.cudnn, &kOne, y_->get(), act(dy), &kZero,
-                                                     bias_->get(), act(db)));
+      channelBiasGradient(dy.dtype(), act(dy), act(db), g_.n, g_.out_channels,
+                          g_.outHeight() * g_.outWidth(), g_.channels_last, ctx_.stream);
     }
     if (wanted(dx)) {
+      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data_math));
       TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, act(w), y_->get(),
                                                      act(dy), conv_, algos_.bwd_data, ws,
                                                      algos_.workspace, &kZero, x_->get(), act(dx)));
@@ -220,7 +241,6 @@ class CudaConv final : public ConvOp {
     x_ = std::make_unique<TensorDesc>(g.n, g.channels, g.height, g.width, dtype, nhwc);
     y_ =
         std::make_unique<TensorDesc>(g.n, g.out_channels, g.outHeight(), g.outWidth(), dtype, nhwc);
-    bias_ = std::make_unique<TensorDesc>(1, g.out_channels, 1, 1, dtype, nhwc);
     TROUPE_CUDA_CHECK(cudnnCreateFilterDescriptor(&w_));
     TROUPE_CUDA_CHECK(cudnnSetFilter4dDescriptor(
         w_, cudnnType(dtype), nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
@@ -230,9 +250,10 @@ class CudaConv final : public ConvOp {
     const int pad = static_cast<int>(g.pad), stride = static_cast<int>(g.stride);
     TROUPE_CUDA_CHECK(cudnnSetConvolution2dDescriptor(conv_, pad, pad, stride, stride, 1, 1,
                                                       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    const bool tensor_cores = dtype != DType::kFloat32 || ctx_.options.tf32;
-    TROUPE_CUDA_CHECK(
-        cudnnSetConvolutionMathType(conv_, tensor_cores ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    // As PyTorch: float16 and bfloat16 on tensor cores; float32 by FMA, or with TF32 by cuDNN's
+    // default math, which converts float32 to TF32 for tensor cores (its TENSOR_OP math would
+    // not convert).
+    TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, mathFor(dtype)));
     const std::vector<std::int64_t> key{g.n,
                                         g.channels,
                                         g.height,
@@ -248,6 +269,11 @@ class CudaConv final : public ConvOp {
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
     algos_ = it->second;
+  }
+
+  cudnnMathType_t mathFor(DType dtype) const {
+    if (dtype != DType::kFloat32) return CUDNN_TENSOR_OP_MATH;
+    return ctx_.options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
   // cudnnFind* times every algorithm on scratch tensors of this geometry (once per geometry).
@@ -271,6 +297,12 @@ class CudaConv final : public ConvOp {
     a.fwd = f.algo;
     a.bwd_data = d.algo;
     a.bwd_filter = b.algo;
+    // Strict float32 keeps to FMA whatever a result says (TF32 off means off); the descriptor's
+    // FMA math had Find time only such algorithms.
+    const bool fma = mathFor(dtype_) == CUDNN_FMA_MATH;
+    a.fwd_math = fma ? CUDNN_FMA_MATH : f.mathType;
+    a.bwd_data_math = fma ? CUDNN_FMA_MATH : d.mathType;
+    a.bwd_filter_math = fma ? CUDNN_FMA_MATH : b.mathType;
     a.workspace = std::max({f.memory, d.memory, b.memory});
     return a;
   }
@@ -279,7 +311,7 @@ class CudaConv final : public ConvOp {
   ConvGeometry g_;
   std::map<std::vector<std::int64_t>, ConvAlgos>& cache_;
   DType dtype_ = DType::kFloat32;
-  std::unique_ptr<TensorDesc> x_, y_, bias_;
+  std::unique_ptr<TensorDesc> x_, y_;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
   ConvAlgos algos_{};
@@ -335,7 +367,7 @@ void gemm(Context& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n
       cublasGemmEx(ctx.cublas, ta, tb, m, n, k, &kOne, a.raw(), type, lda, b.raw(), type, ldb,
                    &kZero, c.raw(), type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   TROUPE_CUDA_CHECK(cublasSetMathMode(
-      ctx.cublas, ctx.options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+      ctx.cublas, ctx.options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   TROUPE_CUDA_CHECK(status);
 }
 
@@ -582,9 +614,7 @@ class CudaBatchNorm final : public BatchNormOp {
   // Whether cuDNN refused the ReLU in its persistent calls: the op applies it with its own kernels
   // from then on (said once, as refused() says a way). Else checks the status.
   void refusedFused(cudnnStatus_t status) {
-    if (status != CUDNN_STATUS_NOT_SUPPORTED && status != CUDNN_STATUS_BAD_PARAM) {
-      TROUPE_CUDA_CHECK(status);
-    }
+    if (!isRefusal(status)) TROUPE_CUDA_CHECK(status);
     fuse_relu_ = false;
     sayOnce(Way::kPersistent, Way::kPersistent, status, " with its ReLU");
   }
@@ -606,7 +636,7 @@ class CudaBatchNorm final : public BatchNormOp {
   // Whether cuDNN refused `way` for this type or layout: then `way` is the next one, which the
   // caller takes (and the op keeps to, where `way` is its member). Else checks the status.
   bool refused(cudnnStatus_t status, Way& way) {
-    if (status == CUDNN_STATUS_NOT_SUPPORTED || status == CUDNN_STATUS_BAD_PARAM) {
+    if (isRefusal(status)) {
       const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
       if (way == Way::kPersistent || (way == Way::kSpatial && widenable)) {
         const Way next = way == Way::kPersistent ? Way::kSpatial : Way::kWide;
@@ -827,7 +857,7 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cublasCreate(&ctx_.cublas));
     TROUPE_CUDA_CHECK(cublasSetStream(ctx_.cublas, ctx_.stream));
     TROUPE_CUDA_CHECK(cublasSetMathMode(
-        ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+        ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx_.allocator = std::make_shared<DeviceAllocator>(index);
     TROUPE_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(int)));
     flag_ = ctx_.empty({1}, DType::kInt32);

@@ -21,7 +21,12 @@ class CudaEvent final : public EventImpl {
 
   bool done() const override {
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      // Not an error, but CUDA keeps it as the thread's last one: cleared, or the next check of
+      // cudaGetLastError() (synchronize(), a kernel's launch) would throw "device not ready".
+      (void)cudaGetLastError();
+      return false;
+    }
     TROUPE_CUDA_CHECK(e);
     return true;
   }

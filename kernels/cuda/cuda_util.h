@@ -23,7 +23,10 @@ inline void check(cudaError_t e, const char* call, const char* file, int line) {
 }
 inline void check(cudnnStatus_t s, const char* call, const char* file, int line) {
   if (s != CUDNN_STATUS_SUCCESS) {
-    throwCuda("cuDNN", call, cudnnGetErrorString(s), s == CUDNN_STATUS_ALLOC_FAILED, file, line);
+    // Out of memory: on the host (ALLOC_FAILED is its old name) or on the device.
+    const bool out_of_memory = s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                               s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED;
+    throwCuda("cuDNN", call, cudnnGetErrorString(s), out_of_memory, file, line);
   }
 }
 inline void check(cublasStatus_t s, const char* call, const char* file, int line) {

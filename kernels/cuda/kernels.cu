@@ -65,6 +65,24 @@ void dispatch(DType dtype, Fn fn) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
 
+// The same with an index of type I: kernels whose index math divides take I = std::int32_t where
+// every index fits (see indexed()), as the GPU has no integer divide and a 64-bit one costs about
+// three times a 32-bit one in instructions.
+#define TROUPE_FOR_EACH_AS(I, i, n)                                                        \
+  for (I i = static_cast<I>(blockIdx.x * blockDim.x + threadIdx.x); i < static_cast<I>(n); \
+       i += static_cast<I>(gridDim.x * blockDim.x))
+
+// Calls fn(I{}) with std::int32_t when indices below `largest` (elements touched, in or out) fit
+// in it with a grid's stride to spare (blocksFor's grid is under 2^21 threads), else std::int64_t.
+template <typename Fn>
+void indexed(std::int64_t largest, Fn fn) {
+  if (largest <= (std::int64_t{1} << 30)) {
+    fn(std::int32_t{});
+  } else {
+    fn(std::int64_t{});
+  }
+}
+
 template <typename T>
 __global__ void fillKernel(T* p, std::int64_t n, float value) {
   const T v = st<T>(value);
@@ -93,9 +111,10 @@ __global__ void nonFiniteKernel(const float* p, std::int64_t n, int* bad) {
   if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
 
-__global__ void normaliseKernel(const std::uint8_t* in, float* out, std::int64_t n,
-                                std::int64_t channels, std::int64_t plane, ChannelValues v) {
-  TROUPE_FOR_EACH(i, n) {
+template <typename I>
+__global__ void normaliseKernel(const std::uint8_t* in, float* out, I n, I channels, I plane,
+                                ChannelValues v) {
+  TROUPE_FOR_EACH_AS(I, i, n) {
     const auto c = static_cast<int>((i / plane) % channels);
     const float m = v.mean[v.means == 1 ? 0 : c];
     const float k = v.scale[v.scales == 1 ? 0 : c];
@@ -117,9 +136,10 @@ __global__ void sgdKernel(float* w, const float* g, float* v, std::int64_t n, fl
   if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
 
+// As the CPU's std::max(x, 0): NaN and -0 pass through.
 template <typename T>
 __global__ void reluForwardKernel(const T* x, T* y, std::int64_t n) {
-  TROUPE_FOR_EACH(i, n) y[i] = ld(x[i]) > 0.0f ? x[i] : st<T>(0.0f);
+  TROUPE_FOR_EACH(i, n) y[i] = ld(x[i]) < 0.0f ? st<T>(0.0f) : x[i];
 }
 
 template <typename T>
@@ -162,15 +182,22 @@ __device__ float blockSum(float v) {
   return total;
 }
 
-// One block per plane.
+// One warp per plane, kThreads / 32 planes a block: a plane is small (ResNet-50's last is 7 x 7),
+// so a block per plane would leave most of its threads idle. Lane-strided sums, then a fixed tree.
 template <typename T>
-__global__ void globalAvgPoolForwardKernel(const T* x, T* y, std::int64_t spatial) {
-  const T* in = x + blockIdx.x * spatial;
+__global__ void globalAvgPoolForwardKernel(const T* x, T* y, std::int64_t planes,
+                                           std::int64_t spatial) {
+  const std::int64_t plane =
+      blockIdx.x * static_cast<std::int64_t>(kThreads / 32) + threadIdx.x / 32;
+  if (plane >= planes) return;  // whole warps: the shuffles below see all 32 lanes or none
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const T* in = x + plane * spatial;
   float s = 0.0f;
-  for (std::int64_t q = threadIdx.x; q < spatial; q += kThreads)
+  for (std::int64_t q = lane; q < spatial; q += 32)
     s += ld(in[q]);
-  s = blockSum(s);
-  if (threadIdx.x == 0) y[blockIdx.x] = st<T>(s / static_cast<float>(spatial));
+  for (int offset = 16; offset > 0; offset /= 2)
+    s += __shfl_down_sync(0xffffffffu, s, offset);
+  if (lane == 0) y[plane] = st<T>(s / static_cast<float>(spatial));
 }
 
 // Channels last: one thread per (n, c), neighbouring threads reading neighbouring channels; each
@@ -189,59 +216,73 @@ __global__ void globalAvgPoolForwardNhwcKernel(const T* x, T* y, std::int64_t pl
 }
 
 // dx[i] = dy[plane of i] / spatial; i is the memory index, NCHW or (channels > 0) NHWC.
-template <typename T>
-__global__ void globalAvgPoolBackwardKernel(const T* dy, T* dx, std::int64_t n,
-                                            std::int64_t spatial, std::int64_t channels) {
+template <typename I, typename T>
+__global__ void globalAvgPoolBackwardKernel(const T* dy, T* dx, I n, I spatial, I channels) {
   const float inv = 1.0f / static_cast<float>(spatial);
-  TROUPE_FOR_EACH(i, n) {
-    const std::int64_t plane =
-        channels > 0 ? i / (spatial * channels) * channels + i % channels : i / spatial;
+  TROUPE_FOR_EACH_AS(I, i, n) {
+    const I plane = channels > 0 ? i / (spatial * channels) * channels + i % channels : i / spatial;
     dx[i] = st<T>(ld(dy[plane]) * inv);
   }
 }
 
 // Where element (plane, row, col) of an image of h x w lies in memory, NCHW or NHWC.
-__device__ inline std::int64_t pixelAt(std::int64_t channels_last, std::int64_t plane,
-                                       std::int64_t row, std::int64_t col, std::int64_t h,
-                                       std::int64_t w) {
+template <typename I>
+__device__ inline I pixelAt(I channels_last, I plane, I row, I col, I h, I w) {
   if (channels_last == 0) return (plane * h + row) * w + col;
-  const std::int64_t n = plane / channels_last, c = plane % channels_last;
+  const I n = plane / channels_last, c = plane % channels_last;
   return ((n * h + row) * w + col) * channels_last + c;
 }
 
 // The (plane, row, col) of memory index i of an image of h x w: the inverse of pixelAt, so that
 // neighbouring threads touch neighbouring memory in either layout.
-__device__ inline void pixelOf(std::int64_t channels_last, std::int64_t i, std::int64_t h,
-                               std::int64_t w, std::int64_t& plane, std::int64_t& row,
-                               std::int64_t& col) {
+template <typename I>
+__device__ inline void pixelOf(I channels_last, I i, I h, I w, I& plane, I& row, I& col) {
   if (channels_last == 0) {
     col = i % w;
     row = (i / w) % h;
     plane = i / (w * h);
     return;
   }
-  const std::int64_t c = i % channels_last;
+  const I c = i % channels_last;
   col = (i / channels_last) % w;
   row = (i / (channels_last * w)) % h;
   plane = i / (channels_last * w * h) * channels_last + c;
 }
 
+// A PoolShape in index type I.
+template <typename I>
+struct Pool {
+  I planes, h, w, oh, ow, kernel, stride, pad, channels_last;
+  bool max;
+  explicit Pool(const PoolShape& s)
+      : planes(static_cast<I>(s.planes)),
+        h(static_cast<I>(s.h)),
+        w(static_cast<I>(s.w)),
+        oh(static_cast<I>(s.oh)),
+        ow(static_cast<I>(s.ow)),
+        kernel(static_cast<I>(s.kernel)),
+        stride(static_cast<I>(s.stride)),
+        pad(static_cast<I>(s.pad)),
+        channels_last(static_cast<I>(s.channels_last)),
+        max(s.max) {}
+};
+
 // argmax[i] holds the within-plane index (row * w + col) of output i's maximum.
-template <typename T>
-__global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* argmax) {
-  const std::int64_t n = s.planes * s.oh * s.ow;
-  TROUPE_FOR_EACH(i, n) {
-    std::int64_t plane, oy, ox;
+template <typename I, typename T>
+__global__ void poolForwardKernel(Pool<I> s, const T* x, T* y, std::int32_t* argmax) {
+  const I n = s.planes * s.oh * s.ow;
+  TROUPE_FOR_EACH_AS(I, i, n) {
+    I plane, oy, ox;
     pixelOf(s.channels_last, i, s.oh, s.ow, plane, oy, ox);
-    const std::int64_t y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
-    const std::int64_t y1 = min(y0 + s.kernel, s.h + s.pad), x1 = min(x0 + s.kernel, s.w + s.pad);
-    const std::int64_t ya = max(y0, std::int64_t{0}), yb = min(y1, s.h);
-    const std::int64_t xa = max(x0, std::int64_t{0}), xb = min(x1, s.w);
+    const I y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
+    const I y1 = min(y0 + s.kernel, s.h + s.pad), x1 = min(x0 + s.kernel, s.w + s.pad);
+    const I ya = max(y0, I{0}), yb = min(y1, s.h);
+    const I xa = max(x0, I{0}), xb = min(x1, s.w);
     if (s.max) {
       float v = -FLT_MAX;
-      std::int64_t best = -1;
-      for (std::int64_t iy = ya; iy < yb; ++iy) {
-        for (std::int64_t ix = xa; ix < xb; ++ix) {
+      I best = -1;
+      for (I iy = ya; iy < yb; ++iy) {
+        for (I ix = xa; ix < xb; ++ix) {
           const float u = ld(x[pixelAt(s.channels_last, plane, iy, ix, s.h, s.w)]);
           if (best < 0 || u > v) v = u, best = iy * s.w + ix;
         }
@@ -250,8 +291,8 @@ __global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* a
       argmax[i] = static_cast<std::int32_t>(best);
     } else {
       float sum = 0.0f;
-      for (std::int64_t iy = ya; iy < yb; ++iy)
-        for (std::int64_t ix = xa; ix < xb; ++ix)
+      for (I iy = ya; iy < yb; ++iy)
+        for (I ix = xa; ix < xb; ++ix)
           sum += ld(x[pixelAt(s.channels_last, plane, iy, ix, s.h, s.w)]);
       y[i] = st<T>(sum * (1.0f / static_cast<float>((y1 - y0) * (x1 - x0))));
     }
@@ -259,27 +300,27 @@ __global__ void poolForwardKernel(PoolShape s, const T* x, T* y, std::int32_t* a
 }
 
 // One thread per input element gathers from the windows that hold it (no atomics).
-template <typename T>
-__global__ void poolBackwardKernel(PoolShape s, const T* dy, const std::int32_t* argmax, T* dx) {
-  const std::int64_t n = s.planes * s.h * s.w;
-  TROUPE_FOR_EACH(i, n) {
-    std::int64_t plane, iy, ix;
+template <typename I, typename T>
+__global__ void poolBackwardKernel(Pool<I> s, const T* dy, const std::int32_t* argmax, T* dx) {
+  const I n = s.planes * s.h * s.w;
+  TROUPE_FOR_EACH_AS(I, i, n) {
+    I plane, iy, ix;
     pixelOf(s.channels_last, i, s.h, s.w, plane, iy, ix);
     // Windows oy with oy * stride - pad <= iy < oy * stride - pad + kernel.
-    const std::int64_t oy_lo = max(std::int64_t{0}, (iy + s.pad - s.kernel + s.stride) / s.stride);
-    const std::int64_t oy_hi = min(s.oh - 1, (iy + s.pad) / s.stride);
-    const std::int64_t ox_lo = max(std::int64_t{0}, (ix + s.pad - s.kernel + s.stride) / s.stride);
-    const std::int64_t ox_hi = min(s.ow - 1, (ix + s.pad) / s.stride);
+    const I oy_lo = max(I{0}, (iy + s.pad - s.kernel + s.stride) / s.stride);
+    const I oy_hi = min(s.oh - 1, (iy + s.pad) / s.stride);
+    const I ox_lo = max(I{0}, (ix + s.pad - s.kernel + s.stride) / s.stride);
+    const I ox_hi = min(s.ow - 1, (ix + s.pad) / s.stride);
     float sum = 0.0f;
-    for (std::int64_t oy = oy_lo; oy <= oy_hi; ++oy) {
-      for (std::int64_t ox = ox_lo; ox <= ox_hi; ++ox) {
-        const std::int64_t o = pixelAt(s.channels_last, plane, oy, ox, s.oh, s.ow);
+    for (I oy = oy_lo; oy <= oy_hi; ++oy) {
+      for (I ox = ox_lo; ox <= ox_hi; ++ox) {
+        const I o = pixelAt(s.channels_last, plane, oy, ox, s.oh, s.ow);
         if (s.max) {
           if (argmax[o] == iy * s.w + ix) sum += ld(dy[o]);
         } else {
-          const std::int64_t y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
-          const std::int64_t y1 = min(y0 + s.kernel, s.h + s.pad);
-          const std::int64_t x1 = min(x0 + s.kernel, s.w + s.pad);
+          const I y0 = oy * s.stride - s.pad, x0 = ox * s.stride - s.pad;
+          const I y1 = min(y0 + s.kernel, s.h + s.pad);
+          const I x1 = min(x0 + s.kernel, s.w + s.pad);
           sum += ld(dy[o]) / static_cast<float>((y1 - y0) * (x1 - x0));
         }
       }
@@ -289,11 +330,10 @@ __global__ void poolBackwardKernel(PoolShape s, const T* dy, const std::int32_t*
 }
 
 // out[b][j][i] = in[b][i][j]: one thread per output element, writes in order.
-template <typename From, typename To>
-__global__ void transposeKernel(const From* in, To* out, std::int64_t n, std::int64_t rows,
-                                std::int64_t cols) {
-  TROUPE_FOR_EACH(o, n) {
-    const std::int64_t i = o % rows, j = (o / rows) % cols, b = o / (rows * cols);
+template <typename I, typename From, typename To>
+__global__ void transposeKernel(const From* in, To* out, I n, I rows, I cols) {
+  TROUPE_FOR_EACH_AS(I, o, n) {
+    const I i = o % rows, j = (o / rows) % cols, b = o / (rows * cols);
     out[o] = st<To>(ld(in[(b * rows + i) * cols + j]));
   }
 }
@@ -384,11 +424,11 @@ __global__ void softmaxTotalKernel(const RowResult* rows, std::int64_t n, float*
   }
 }
 
-template <typename T>
-__global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* labels, T* d,
-                                      std::int64_t n, std::int64_t classes, float scale) {
-  TROUPE_FOR_EACH(i, n * classes) {
-    const std::int64_t row = i / classes, k = i % classes;
+template <typename I, typename T>
+__global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* labels, T* d, I n,
+                                      I classes, float scale) {
+  TROUPE_FOR_EACH_AS(I, i, n * classes) {
+    const I row = i / classes, k = i % classes;
     const std::int32_t label = labels[row];
     if (label < 0 || label >= classes) {
       d[i] = st<T>(0.0f);
@@ -398,9 +438,9 @@ __global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* lab
   }
 }
 
-template <typename T>
-__global__ void addRowVectorKernel(T* y, const T* b, std::int64_t rows, std::int64_t cols) {
-  TROUPE_FOR_EACH(i, rows * cols) y[i] = st<T>(ld(y[i]) + ld(b[i % cols]));
+template <typename I, typename T>
+__global__ void addRowVectorKernel(T* y, const T* b, I rows, I cols) {
+  TROUPE_FOR_EACH_AS(I, i, rows * cols) y[i] = st<T>(ld(y[i]) + ld(b[i % cols]));
 }
 
 template <typename T>
@@ -413,6 +453,32 @@ __global__ void sumRowsKernel(const T* dy, T* db, std::int64_t rows, std::int64_
   }
 }
 
+// y[i] += b[channel of i]: NCHW (channels_last false) or NHWC.
+template <typename I, typename T>
+__global__ void channelBiasKernel(T* y, const T* b, I total, I channels, I spatial,
+                                  bool channels_last) {
+  TROUPE_FOR_EACH_AS(I, i, total) {
+    const I c = channels_last ? i % channels : i / spatial % channels;
+    y[i] = st<T>(ld(y[i]) + ld(b[c]));
+  }
+}
+
+// One block per channel: the sum over images and the plane, lane-strided, then a fixed tree.
+template <typename I, typename T>
+__global__ void channelBiasGradientKernel(const T* dy, T* db, I n, I channels, I spatial,
+                                          bool channels_last) {
+  const I c = static_cast<I>(blockIdx.x);
+  const I count = n * spatial;
+  float s = 0.0f;
+  for (I q = static_cast<I>(threadIdx.x); q < count; q += kThreads) {
+    const I i =
+        channels_last ? q * channels + c : (q / spatial * channels + c) * spatial + q % spatial;
+    s += ld(dy[i]);
+  }
+  s = blockSum(s);
+  if (threadIdx.x == 0) db[c] = st<T>(s);
+}
+
 }  // namespace
 
 // The element type of an activation tensor, as a template argument.
@@ -421,22 +487,37 @@ __global__ void sumRowsKernel(const T* dy, T* db, std::int64_t rows, std::int64_
     using T = decltype(zero);      \
     __VA_ARGS__;                   \
   })
+// The index type for `largest` elements (indexed()), as a template argument.
+#define TROUPE_INDEXED(largest, ...)      \
+  indexed(largest, [&](auto index_zero) { \
+    using I = decltype(index_zero);       \
+    __VA_ARGS__;                          \
+  })
+
+// Queues kernel<<<blocks, kThreads, 0, stream>>>(args...), then checks the launch (`name` in the
+// error).
+template <typename... Params, typename... Args>
+void launch(const char* name, unsigned blocks, cudaStream_t stream, void (*kernel)(Params...),
+            Args... args) {
+  kernel<<<blocks, kThreads, 0, stream>>>(static_cast<Params>(args)...);
+  checkLaunch(name, __FILE__, __LINE__);
+}
 
 void fill(DType t, void* p, std::int64_t n, float value, cudaStream_t stream) {
   if (n > 0)
-    TROUPE_TYPED(t,
-                 fillKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<T*>(p), n, value));
+    TROUPE_TYPED(
+        t, launch("fillKernel", blocksFor(n), stream, fillKernel<T>, static_cast<T*>(p), n, value));
 }
 void axpy(DType t, float alpha, const void* x, void* y, std::int64_t n, cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t, axpyKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        alpha, static_cast<const T*>(x), static_cast<T*>(y), n));
+    TROUPE_TYPED(t, launch("axpyKernel", blocksFor(n), stream, axpyKernel<T>, alpha,
+                           static_cast<const T*>(x), static_cast<T*>(y), n));
   }
 }
 void scale(DType t, void* p, float alpha, std::int64_t n, cudaStream_t stream) {
   if (n > 0)
-    TROUPE_TYPED(t,
-                 scaleKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<T*>(p), alpha, n));
+    TROUPE_TYPED(t, launch("scaleKernel", blocksFor(n), stream, scaleKernel<T>, static_cast<T*>(p),
+                           alpha, n));
 }
 void cast(DType from, const void* in, DType to, void* out, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
@@ -444,82 +525,90 @@ void cast(DType from, const void* in, DType to, void* out, std::int64_t n, cudaS
     using From = decltype(a);
     dispatch(to, [&](auto b) {
       using To = decltype(b);
-      castKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
-                                                        static_cast<To*>(out), n);
+      launch("castKernel", blocksFor(n), stream, castKernel<From, To>, static_cast<const From*>(in),
+             static_cast<To*>(out), n);
     });
   });
 }
 void nonFinite(const float* p, std::int64_t n, int* bad, cudaStream_t stream) {
-  if (n > 0) nonFiniteKernel<<<blocksFor(n), kThreads, 0, stream>>>(p, n, bad);
+  if (n > 0) launch("nonFiniteKernel", blocksFor(n), stream, nonFiniteKernel, p, n, bad);
 }
 void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int64_t channels,
                std::int64_t plane, const ChannelValues& values, cudaStream_t stream) {
   const std::int64_t n = planes * plane;
   if (n > 0) {
-    normaliseKernel<<<blocksFor(n), kThreads, 0, stream>>>(in, out, n, channels, plane, values);
+    TROUPE_INDEXED(
+        n, launch("normaliseKernel", blocksFor(n), stream, normaliseKernel<I>, in, out,
+                  static_cast<I>(n), static_cast<I>(channels), static_cast<I>(plane), values));
   }
 }
 void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
          float weight_decay, bool nesterov, int* bad, cudaStream_t stream) {
   if (n > 0) {
-    sgdKernel<<<blocksFor(n), kThreads, 0, stream>>>(w, g, v, n, lr, momentum, weight_decay,
-                                                     nesterov, bad);
+    launch("sgdKernel", blocksFor(n), stream, sgdKernel, w, g, v, n, lr, momentum, weight_decay,
+           nesterov, bad);
   }
 }
 void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t, reluForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(x), static_cast<T*>(y), n));
+    TROUPE_TYPED(t, launch("reluForwardKernel", blocksFor(n), stream, reluForwardKernel<T>,
+                           static_cast<const T*>(x), static_cast<T*>(y), n));
   }
 }
 void reluBackward(DType t, const void* y, const void* dy, void* dx, std::int64_t n,
                   cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t,
-                 reluBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                     static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n));
+    TROUPE_TYPED(
+        t, launch("reluBackwardKernel", blocksFor(n), stream, reluBackwardKernel<T>,
+                  static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), n));
   }
 }
 void dropoutForward(DType t, const void* x, void* y, float* mask, std::int64_t n, float ratio,
                     std::uint64_t seed, cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t, dropoutForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(x), static_cast<T*>(y), mask, n, ratio,
-                        1.0f / (1.0f - ratio), seed));
+    TROUPE_TYPED(t, launch("dropoutForwardKernel", blocksFor(n), stream, dropoutForwardKernel<T>,
+                           static_cast<const T*>(x), static_cast<T*>(y), mask, n, ratio,
+                           1.0f / (1.0f - ratio), seed));
   }
 }
 void multiply(DType t, const void* a, const float* b, void* y, std::int64_t n,
               cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t, multiplyKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(a), b, static_cast<T*>(y), n));
+    TROUPE_TYPED(t, launch("multiplyKernel", blocksFor(n), stream, multiplyKernel<T>,
+                           static_cast<const T*>(a), b, static_cast<T*>(y), n));
   }
 }
 void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream) {
   if (n > 0) {
-    TROUPE_TYPED(t, addKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n));
+    TROUPE_TYPED(t,
+                 launch("addKernel", blocksFor(n), stream, addKernel<T>, static_cast<const T*>(a),
+                        static_cast<const T*>(b), static_cast<T*>(y), n));
   }
 }
 void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,
                           std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream) {
   if (planes <= 0) return;
   if (channels_last > 0) {
-    TROUPE_TYPED(t,
-                 globalAvgPoolForwardNhwcKernel<<<blocksFor(planes), kThreads, 0, stream>>>(
-                     static_cast<const T*>(x), static_cast<T*>(y), planes, spatial, channels_last));
+    TROUPE_TYPED(t, launch("globalAvgPoolForwardNhwcKernel", blocksFor(planes), stream,
+                           globalAvgPoolForwardNhwcKernel<T>, static_cast<const T*>(x),
+                           static_cast<T*>(y), planes, spatial, channels_last));
     return;
   }
+  constexpr std::int64_t kPlanesPerBlock = kThreads / 32;
+  const auto blocks = static_cast<unsigned>((planes + kPlanesPerBlock - 1) / kPlanesPerBlock);
   TROUPE_TYPED(t,
-               globalAvgPoolForwardKernel<<<static_cast<unsigned>(planes), kThreads, 0, stream>>>(
-                   static_cast<const T*>(x), static_cast<T*>(y), spatial));
+               launch("globalAvgPoolForwardKernel", blocks, stream, globalAvgPoolForwardKernel<T>,
+                      static_cast<const T*>(x), static_cast<T*>(y), planes, spatial));
 }
 void globalAvgPoolBackward(DType t, const void* dy, void* dx, std::int64_t planes,
                            std::int64_t spatial, std::int64_t channels_last, cudaStream_t stream) {
   const std::int64_t n = planes * spatial;
   if (n > 0) {
-    TROUPE_TYPED(t, globalAvgPoolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        static_cast<const T*>(dy), static_cast<T*>(dx), n, spatial, channels_last));
+    TROUPE_TYPED(
+        t, TROUPE_INDEXED(n, launch("globalAvgPoolBackwardKernel", blocksFor(n), stream,
+                                    globalAvgPoolBackwardKernel<I, T>, static_cast<const T*>(dy),
+                                    static_cast<T*>(dx), static_cast<I>(n), static_cast<I>(spatial),
+                                    static_cast<I>(channels_last))));
   }
 }
 void transpose(DType from, const void* in, DType to, void* out, std::int64_t batches,
@@ -530,25 +619,35 @@ void transpose(DType from, const void* in, DType to, void* out, std::int64_t bat
     using From = decltype(a);
     dispatch(to, [&](auto b) {
       using To = decltype(b);
-      transposeKernel<<<blocksFor(n), kThreads, 0, stream>>>(static_cast<const From*>(in),
-                                                             static_cast<To*>(out), n, rows, cols);
+      TROUPE_INDEXED(n,
+                     launch("transposeKernel", blocksFor(n), stream, transposeKernel<I, From, To>,
+                            static_cast<const From*>(in), static_cast<To*>(out), static_cast<I>(n),
+                            static_cast<I>(rows), static_cast<I>(cols)));
     });
   });
+}
+// The larger of a pooling's input and output, in elements.
+std::int64_t poolElements(const PoolShape& s) {
+  return s.planes * (s.h * s.w > s.oh * s.ow ? s.h * s.w : s.oh * s.ow);
 }
 void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
                  cudaStream_t stream) {
   const std::int64_t n = s.planes * s.oh * s.ow;
   if (n > 0) {
-    TROUPE_TYPED(t, poolForwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        s, static_cast<const T*>(x), static_cast<T*>(y), argmax));
+    TROUPE_TYPED(t, TROUPE_INDEXED(
+                        poolElements(s),
+                        launch("poolForwardKernel", blocksFor(n), stream, poolForwardKernel<I, T>,
+                               Pool<I>(s), static_cast<const T*>(x), static_cast<T*>(y), argmax)));
   }
 }
 void poolBackward(DType t, const PoolShape& s, const void* dy, const std::int32_t* argmax, void* dx,
                   cudaStream_t stream) {
   const std::int64_t n = s.planes * s.h * s.w;
   if (n > 0) {
-    TROUPE_TYPED(t, poolBackwardKernel<<<blocksFor(n), kThreads, 0, stream>>>(
-                        s, static_cast<const T*>(dy), argmax, static_cast<T*>(dx)));
+    TROUPE_TYPED(t, TROUPE_INDEXED(poolElements(s),
+                                   launch("poolBackwardKernel", blocksFor(n), stream,
+                                          poolBackwardKernel<I, T>, Pool<I>(s),
+                                          static_cast<const T*>(dy), argmax, static_cast<T*>(dx))));
   }
 }
 void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels, float* prob,
@@ -557,31 +656,64 @@ void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels,
   auto* results = static_cast<RowResult*>(rows);
   static_assert(sizeof(RowResult) <= 4 * sizeof(float));
   if (n > 0) {
-    TROUPE_TYPED(t, softmaxRowKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+    TROUPE_TYPED(t,
+                 launch("softmaxRowKernel", static_cast<unsigned>(n), stream, softmaxRowKernel<T>,
                         static_cast<const T*>(logits), labels, prob, results, classes));
   }
-  softmaxTotalKernel<<<1, kThreads, 0, stream>>>(results, n, metrics, bad);
+  launch("softmaxTotalKernel", 1, stream, softmaxTotalKernel, results, n, metrics, bad);
 }
 void softmaxLossBackward(DType t, const float* prob, const std::int32_t* labels, void* dlogits,
                          std::int64_t n, std::int64_t classes, float scale, cudaStream_t stream) {
-  if (n * classes > 0) {
-    TROUPE_TYPED(t, softmaxBackwardKernel<<<blocksFor(n * classes), kThreads, 0, stream>>>(
-                        prob, labels, static_cast<T*>(dlogits), n, classes, scale));
+  const std::int64_t total = n * classes;
+  if (total > 0) {
+    TROUPE_TYPED(t, TROUPE_INDEXED(total, launch("softmaxBackwardKernel", blocksFor(total), stream,
+                                                 softmaxBackwardKernel<I, T>, prob, labels,
+                                                 static_cast<T*>(dlogits), static_cast<I>(n),
+                                                 static_cast<I>(classes), scale)));
   }
 }
 void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols,
                   cudaStream_t stream) {
-  if (rows * cols > 0) {
-    TROUPE_TYPED(t, addRowVectorKernel<<<blocksFor(rows * cols), kThreads, 0, stream>>>(
-                        static_cast<T*>(y), static_cast<const T*>(b), rows, cols));
+  const std::int64_t n = rows * cols;
+  if (n > 0) {
+    TROUPE_TYPED(t, TROUPE_INDEXED(n, launch("addRowVectorKernel", blocksFor(n), stream,
+                                             addRowVectorKernel<I, T>, static_cast<T*>(y),
+                                             static_cast<const T*>(b), static_cast<I>(rows),
+                                             static_cast<I>(cols))));
   }
 }
 void sumRows(DType t, const void* dy, void* db, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream) {
   if (cols > 0) {
-    TROUPE_TYPED(t, sumRowsKernel<<<blocksFor(cols), kThreads, 0, stream>>>(
-                        static_cast<const T*>(dy), static_cast<T*>(db), rows, cols));
+    TROUPE_TYPED(t, launch("sumRowsKernel", blocksFor(cols), stream, sumRowsKernel<T>,
+                           static_cast<const T*>(dy), static_cast<T*>(db), rows, cols));
   }
+}
+
+void channelBias(DType t, void* y, const void* b, std::int64_t n, std::int64_t channels,
+                 std::int64_t spatial, bool channels_last, cudaStream_t stream) {
+  const std::int64_t total = n * channels * spatial;
+  if (total > 0) {
+    TROUPE_TYPED(
+        t, TROUPE_INDEXED(
+               total, launch("channelBiasKernel", blocksFor(total), stream, channelBiasKernel<I, T>,
+                             static_cast<T*>(y), static_cast<const T*>(b), static_cast<I>(total),
+                             static_cast<I>(channels), static_cast<I>(spatial), channels_last)));
+  }
+}
+void channelBiasGradient(DType t, const void* dy, void* db, std::int64_t n, std::int64_t channels,
+                         std::int64_t spatial, bool channels_last, cudaStream_t stream) {
+  if (channels <= 0) return;
+  if (n * spatial <= 0) {
+    fill(t, db, channels, 0.0f, stream);
+    return;
+  }
+  TROUPE_TYPED(
+      t, TROUPE_INDEXED(n * channels * spatial,
+                        launch("channelBiasGradientKernel", static_cast<unsigned>(channels), stream,
+                               channelBiasGradientKernel<I, T>, static_cast<const T*>(dy),
+                               static_cast<T*>(db), static_cast<I>(n), static_cast<I>(channels),
+                               static_cast<I>(spatial), channels_last)));
 }
 
 }  // namespace troupe::kernels::cuda

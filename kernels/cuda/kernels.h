@@ -85,5 +85,17 @@ void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64
                   cudaStream_t stream);
 void sumRows(DType t, const void* dy, void* db, std::int64_t rows, std::int64_t cols,
              cudaStream_t stream);
+// A convolution's bias, all of type t: y[n, c, ...] += b[c] over n images of `channels` planes of
+// `spatial` elements, NCHW or (channels_last) NHWC; db[c] = the sum of dy[n, c, ...] over n and
+// the plane, in a fixed order.
+void channelBias(DType t, void* y, const void* b, std::int64_t n, std::int64_t channels,
+                 std::int64_t spatial, bool channels_last, cudaStream_t stream);
+void channelBiasGradient(DType t, const void* dy, void* db, std::int64_t n, std::int64_t channels,
+                         std::int64_t spatial, bool channels_last, cudaStream_t stream);
+
+// After each launch above: throws a troupe error naming the kernel if its launch failed
+// (cudaGetLastError), rather than leaving the error to a later call that does not say whose it is.
+// Defined in cuda_backend.cc, where troupe's errors are.
+void checkLaunch(const char* kernel, const char* file, int line);
 
 }  // namespace troupe::kernels::cuda

@@ -34,6 +34,25 @@ void checkNccl(ncclResult_t r, const char* call, ncclComm_t comm, const char* fi
 }
 #define TROUPE_NCCL_CHECK(call, comm) checkNccl((call), #call, (comm), __FILE__, __LINE__)
 
+// ncclGroupStart() ... ncclGroupEnd(): end() closes the group and checks it; a group left by an
+// exception is closed all the same, as an open one would hold back this thread's later NCCL calls.
+class Group {
+ public:
+  Group() { TROUPE_NCCL_CHECK(ncclGroupStart(), nullptr); }
+  ~Group() {
+    if (open_) ncclGroupEnd();  // after a failed call: its result adds nothing to that error
+  }
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+  void end() {
+    open_ = false;
+    TROUPE_NCCL_CHECK(ncclGroupEnd(), nullptr);
+  }
+
+ private:
+  bool open_ = true;
+};
+
 std::string toHex(const ncclUniqueId& id) {
   std::string hex;
   hex.reserve(2 * sizeof(id.internal));
@@ -77,14 +96,16 @@ class NcclCommunicator final : public Communicator {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     try {
-      TROUPE_NCCL_CHECK(ncclGroupStart(), nullptr);
-      for (std::size_t i = 0; i < n; ++i) {
-        TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
-        TROUPE_NCCL_CHECK(ncclCommInitRankConfig(&comms_[i], spec.ranks, id,
-                                                 spec.first_rank + static_cast<int>(i), &config),
-                          comms_[i]);
+      {
+        Group group;
+        for (std::size_t i = 0; i < n; ++i) {
+          TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
+          TROUPE_NCCL_CHECK(ncclCommInitRankConfig(&comms_[i], spec.ranks, id,
+                                                   spec.first_rank + static_cast<int>(i), &config),
+                            comms_[i]);
+        }
+        group.end();
       }
-      TROUPE_NCCL_CHECK(ncclGroupEnd(), nullptr);
       settle("to form (every rank joined)");
     } catch (...) {
       release();
@@ -120,15 +141,17 @@ class NcclCommunicator final : public Communicator {
       TROUPE_CUDA_CHECK(cudaSetDevice(devices_[0]));
       *began = Event(std::make_shared<const CudaEvent>(devices_[0], streams_[0], /*timed=*/true));
     }
-    TROUPE_NCCL_CHECK(ncclGroupStart(), nullptr);
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
-      TROUPE_NCCL_CHECK(ncclAllReduce(buffers[i].raw(), buffers[i].raw(),
-                                      static_cast<std::size_t>(buffers[i].numel()), ncclFloat32,
-                                      ncclSum, comms_[i], streams_[i]),
-                        comms_[i]);
+    {
+      Group group;
+      for (std::size_t i = 0; i < buffers.size(); ++i) {
+        TROUPE_CUDA_CHECK(cudaSetDevice(devices_[i]));
+        TROUPE_NCCL_CHECK(ncclAllReduce(buffers[i].raw(), buffers[i].raw(),
+                                        static_cast<std::size_t>(buffers[i].numel()), ncclFloat32,
+                                        ncclSum, comms_[i], streams_[i]),
+                          comms_[i]);
+      }
+      group.end();
     }
-    TROUPE_NCCL_CHECK(ncclGroupEnd(), nullptr);
     settleLocked("to queue a sum");
     // The event on devices[0] covers the sums of every GPU of this process: the replicas write
     // their buckets again only after it.
