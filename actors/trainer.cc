@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -469,7 +470,12 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // woken on the pool takes a computing core at any moment, and the OpenMP team of that core
   // waits for it at its next barrier: it then reads on its replica's thread, between steps
   // (measured on the MLP, 2 threads on 2 cores: a step's reader wake-up cost 30 us of 235 us).
-  const bool spare_core = threads < defaultThreads();
+  // Replicas on GPUs keep no OpenMP team: their readers run on the pool, so that a batch is read
+  // while the GPU computes, not between steps on the replica's thread while the GPU waits.
+  const bool on_gpus =
+      std::any_of(p.devices.replicas.begin(), p.devices.replicas.end(),
+                  [](const kernels::Device& d) { return d.kind == kernels::DeviceKind::kCuda; });
+  const bool spare_core = threads < defaultThreads() || on_gpus;
   for (std::uint32_t r = 0; r < k; ++r) {
     ReplicaConfig replica;
     replica.index = rank * o.replicas + static_cast<int>(r);

@@ -64,7 +64,7 @@ Loaded load() {
       continue;
     }
     const CudaPlugin* plugin = entry();
-    if (!plugin || plugin->abi != CudaPlugin::kAbi) {
+    if (!plugin || plugin->abi != CudaPlugin::kAbi || plugin->tensor_size != sizeof(Tensor)) {
       failed(path, "from another troupe build (plugin ABI " +
                        std::to_string(plugin ? plugin->abi : -1) + ", this build's " +
                        std::to_string(CudaPlugin::kAbi) + ")");

@@ -10,6 +10,7 @@
 // ../lib, then on the loader's path (LD_LIBRARY_PATH, rpath).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -68,14 +69,17 @@ Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
 
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
-  // Bumped whenever this struct, Backend or Communicator changes.
-  static constexpr int kAbi = 10;
+  // Bumped whenever this struct, Backend, Communicator or Tensor changes.
+  static constexpr int kAbi = 11;
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;
   Tensor (*host_buffer)(Shape shape, DType dtype) = nullptr;
   std::string (*nccl_id)() = nullptr;
   std::unique_ptr<Communicator> (*communicator)(const CommunicatorSpec& spec) = nullptr;
+  // Tensors cross the boundary by value: a plugin built against another Tensor is refused even
+  // where the ABI number was not bumped.
+  std::size_t tensor_size = sizeof(Tensor);
 };
 
 }  // namespace troupe::kernels

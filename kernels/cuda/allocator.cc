@@ -41,8 +41,10 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
       }
       // Another error is not this call's: a kernel's fault, say, which CUDA returns from every
       // call after it. Named as it is, not as memory.
-      if (e != cudaSuccess && e != cudaErrorMemoryAllocation)
+      if (e != cudaSuccess && e != cudaErrorMemoryAllocation) {
+        cudaGetLastError();  // thrown once, here, not again by the next check
         check(e, "cudaMalloc", __FILE__, __LINE__);
+      }
       if (e != cudaSuccess) {
         cudaGetLastError();
         throw ResourceError("out of GPU memory on cuda:" + std::to_string(device_) +

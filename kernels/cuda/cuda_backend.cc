@@ -158,11 +158,32 @@ struct ConvAlgos {
   std::size_t workspace = 0;
 };
 
-// Whether a cuDNN status says a call is not supported for these arguments (its type, layout or
-// size) rather than that it failed: cuDNN 9 reports the reason as a code within the category.
+// Whether a cuDNN status says a call is not supported for these arguments (their type, layout or
+// shape) rather than that it failed: cuDNN 9 says why with a code within NOT_SUPPORTED or
+// BAD_PARAM. Not among them: what no other call would mend (a driver, runtime or architecture
+// cuDNN cannot use, a library it cannot load) and troupe's own mistakes (a null or misaligned
+// pointer), which are errors.
 bool isRefusal(cudnnStatus_t status) {
-  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
-  return category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM;
+  switch (static_cast<int>(status)) {
+    case CUDNN_STATUS_BAD_PARAM:
+    case 2001:  // CUDNN_STATUS_INVALID_VALUE, deprecated
+    case CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH:
+    case CUDNN_STATUS_NOT_SUPPORTED:
+    case CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHAPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE:
+    case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT:
+    case CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT:
+    case CUDNN_STATUS_NOT_SUPPORTED_PADDING:
+    case CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM:
+    case CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE:
+      // A refused call may leave a launch error behind as the thread's last one: cleared, so
+      // that the next kernel's launch check does not take it for its own.
+      (void)cudaGetLastError();
+      return true;
+    default:
+      return false;
+  }
 }
 
 // The fastest algorithm that ran; with `deterministic` (CudaOptions), the fastest deterministic
@@ -294,6 +315,9 @@ class CudaConv final : public ConvOp {
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_->get(), y_->get(),
                                                                   conv_, w_, kMax, &count, filter));
     const auto& b = pickAlgo(filter, count, "backward-filter", deterministic);
+    // Find tries launches that may fail (their statuses say so): what they left as the thread's
+    // last error is not a later kernel's.
+    (void)cudaGetLastError();
     a.fwd = f.algo;
     a.bwd_data = d.algo;
     a.bwd_filter = b.algo;
@@ -360,14 +384,14 @@ void gemm(Context& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n
   const cudaDataType_t type = cublasType(c.dtype());
   TROUPE_ENFORCE(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "a product of ",
                  toString(a.dtype()), " and ", toString(b.dtype()), " into ", toString(c.dtype()));
-  // The handle's pedantic mode (float32 without TF32) may keep 16-bit products off the tensor
-  // cores; their float accumulation is the same either way.
+  // 16-bit products on tensor cores with float accumulation, whatever the handle's mode for
+  // float32 (TF32 or not) is.
   TROUPE_CUDA_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_DEFAULT_MATH));
   const cublasStatus_t status =
       cublasGemmEx(ctx.cublas, ta, tb, m, n, k, &kOne, a.raw(), type, lda, b.raw(), type, ldb,
                    &kZero, c.raw(), type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  TROUPE_CUDA_CHECK(cublasSetMathMode(
-      ctx.cublas, ctx.options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  if (ctx.options.tf32)
+    TROUPE_CUDA_CHECK(cublasSetMathMode(ctx.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
   TROUPE_CUDA_CHECK(status);
 }
 
@@ -782,6 +806,7 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
   }
   ~CudaSoftmaxLoss() override {
     std::erase(ctx_.unchecked, static_cast<Checked*>(this));
+    cudaEventSynchronize(done_);  // the copy into bad_host_ ends before it is freed
     cudaEventDestroy(done_);
     cudaFreeHost(bad_host_);
   }

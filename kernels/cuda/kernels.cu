@@ -627,7 +627,7 @@ void transpose(DType from, const void* in, DType to, void* out, std::int64_t bat
   });
 }
 // The larger of a pooling's input and output, in elements.
-std::int64_t poolElements(const PoolShape& s) {
+static std::int64_t poolElements(const PoolShape& s) {
   return s.planes * (s.h * s.w > s.oh * s.ow ? s.h * s.w : s.oh * s.ow);
 }
 void poolForward(DType t, const PoolShape& s, const void* x, void* y, std::int32_t* argmax,
