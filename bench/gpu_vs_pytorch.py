@@ -34,7 +34,10 @@ def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32"):
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
     if p.returncode != 0 or not m:
         return {"error": p.stdout[-2000:]}
-    return {"rate": float(m.group(1)), "peak_mib": float(m.group(2))}
+    # What the CUDA backend said of its ways (a batch norm cuDNN refused for this type and layout,
+    # which costs speed): kept with the row.
+    notes = [line for line in p.stdout.splitlines() if line.startswith("troupe cuda:")]
+    return {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
 
 
 def pytorch_rate(*args, **kwargs):

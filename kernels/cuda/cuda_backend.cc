@@ -45,7 +45,14 @@ void checkLaunch(const char* kernel, const char* file, int line) {
 
 namespace {
 
-constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;  // per convolution algorithm
+// The most workspace a convolution algorithm may want: half the device memory free when cudnnFind
+// measures it, and at most 4 GiB (the workspace is one buffer that every convolution shares, so a
+// large one is paid once; PyTorch lets an algorithm take what is free).
+std::size_t maxWorkspace() {
+  std::size_t free = 0, total = 0;
+  TROUPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return std::min(free / 2, std::size_t{4} << 30);
+}
 
 const float kOne = 1.0f, kZero = 0.0f;
 
@@ -119,10 +126,16 @@ struct Context {
     return workspace.get();
   }
   Tensor empty(Shape shape, DType dtype) {
+    Tensor t = uninitialized(std::move(shape), dtype);
+    TROUPE_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0, t.bytes(), stream));
+    return t;
+  }
+  // The same without the zero fill: scratch that the next call on the stream overwrites whole
+  // (a pass over memory less, each step).
+  Tensor uninitialized(Shape shape, DType dtype) {
     const auto bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
     auto storage = allocator->allocate(bytes);
     void* data = storage.get();
-    TROUPE_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
     return Tensor(std::move(storage), data, std::move(shape), dtype,
                   Device{DeviceKind::kCuda, device});
   }
@@ -189,10 +202,11 @@ bool isRefusal(cudnnStatus_t status) {
 // The fastest algorithm that ran; with `deterministic` (CudaOptions), the fastest deterministic
 // one, else the fastest: a run repeats to the bit where cuDNN offers a deterministic algorithm.
 template <typename Perf>
-const Perf& pickAlgo(const Perf* perf, int count, const char* what, bool deterministic) {
+const Perf& pickAlgo(const Perf* perf, int count, const char* what, bool deterministic,
+                     std::size_t max_workspace) {
   const Perf* any = nullptr;
   for (int i = 0; i < count; ++i) {  // sorted by time
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > max_workspace) continue;
     if (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC) return perf[i];
     if (!any) any = &perf[i];
   }
@@ -306,15 +320,16 @@ class CudaConv final : public ConvOp {
     TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_->get(), w_, conv_,
                                                            y_->get(), kMax, &count, fwd));
     const bool deterministic = ctx_.options.deterministic;
-    const auto& f = pickAlgo(fwd, count, "forward", deterministic);
+    const std::size_t cap = maxWorkspace();
+    const auto& f = pickAlgo(fwd, count, "forward", deterministic, cap);
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_->get(), conv_,
                                                                 x_->get(), kMax, &count, data));
-    const auto& d = pickAlgo(data, count, "backward-data", deterministic);
+    const auto& d = pickAlgo(data, count, "backward-data", deterministic, cap);
     cudnnConvolutionBwdFilterAlgoPerf_t filter[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(ctx_.cudnn, x_->get(), y_->get(),
                                                                   conv_, w_, kMax, &count, filter));
-    const auto& b = pickAlgo(filter, count, "backward-filter", deterministic);
+    const auto& b = pickAlgo(filter, count, "backward-filter", deterministic, cap);
     // Find tries launches that may fail (their statuses say so): what they left as the thread's
     // last error is not a later kernel's.
     (void)cudaGetLastError();
@@ -461,8 +476,11 @@ class CudaBatchNorm final : public BatchNormOp {
     if (train) beta_ = beta;  // the fused backward reads it
     normalize(x, z, gamma, beta, running_mean, running_var, y, train);
     if (g_.relu && !(train && trained_fused_)) {
-      if (g_.add) kernels::cuda::add(y.dtype(), act(y), act(z), act(y), y.numel(), ctx_.stream);
-      reluForward(y.dtype(), act(y), act(y), y.numel(), ctx_.stream);
+      if (g_.add) {
+        addRelu(y.dtype(), act(y), act(z), act(y), y.numel(), ctx_.stream);
+      } else {
+        reluForward(y.dtype(), act(y), act(y), y.numel(), ctx_.stream);
+      }
     }
   }
   void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
@@ -471,13 +489,14 @@ class CudaBatchNorm final : public BatchNormOp {
     if (!g_.relu) return backwardOf(x, gamma, dy, dx, dgamma, dbeta);
     // With add, the gradient of z is the ReLU's backward's output (where it lands, else scratch).
     auto dzOrScratch = [&] {
-      return g_.add && wanted(dz) ? dz : ctx_.empty(dy.shape(), dy.dtype());
+      return g_.add && wanted(dz) ? dz : ctx_.uninitialized(dy.shape(), dy.dtype());
     };
     if (trained_fused_) {
       prepare(x.dtype());
-      const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
-      const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
-      const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+      const Tensor dx_out = wanted(dx) ? dx : ctx_.uninitialized(x.shape(), x.dtype());
+      const Tensor dg =
+          wanted(dgamma) ? dgamma : ctx_.uninitialized({g_.channels}, DType::kFloat32);
+      const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.uninitialized({g_.channels}, DType::kFloat32);
       const Tensor dz_out = g_.add ? dzOrScratch() : Tensor();
       const cudnnStatus_t status =
           backwardPersistent(x, &y, gamma, dy, dx_out, g_.add ? &dz_out : nullptr, dg, dbt);
@@ -532,7 +551,7 @@ class CudaBatchNorm final : public BatchNormOp {
     if (train) trained_ = Way::kSpatial;
     if (way == Way::kSpatial && !refused(call(x_->get(), x.raw(), y.raw()), way)) return;
     if (train) trained_ = Way::kWide;
-    const Tensor wx = widened(x), wy = ctx_.empty(x.shape(), DType::kFloat32);
+    const Tensor wx = widened(x), wy = ctx_.uninitialized(x.shape(), DType::kFloat32);
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wy.raw()));
     narrow(wy, y);
   }
@@ -540,9 +559,9 @@ class CudaBatchNorm final : public BatchNormOp {
                   const Tensor& dgamma, const Tensor& dbeta) {
     prepare(x.dtype());
     // cuDNN computes all three; what the caller does not want lands in scratch.
-    const Tensor dx_out = wanted(dx) ? dx : ctx_.empty(x.shape(), x.dtype());
-    const Tensor dg = wanted(dgamma) ? dgamma : ctx_.empty({g_.channels}, DType::kFloat32);
-    const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.empty({g_.channels}, DType::kFloat32);
+    const Tensor dx_out = wanted(dx) ? dx : ctx_.uninitialized(x.shape(), x.dtype());
+    const Tensor dg = wanted(dgamma) ? dgamma : ctx_.uninitialized({g_.channels}, DType::kFloat32);
+    const Tensor dbt = wanted(dbeta) ? dbeta : ctx_.uninitialized({g_.channels}, DType::kFloat32);
     // The way of the training forward, or the next: each saves the same statistics (the
     // persistent way a reserve space too, which only it reads).
     Way way = trained_;
@@ -560,7 +579,8 @@ class CudaBatchNorm final : public BatchNormOp {
       return;
     }
     train_way_ = std::max(train_way_, way);
-    const Tensor wx = widened(x), wdy = widened(dy), wdx = ctx_.empty(x.shape(), DType::kFloat32);
+    const Tensor wx = widened(x), wdy = widened(dy),
+                 wdx = ctx_.uninitialized(x.shape(), DType::kFloat32);
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wdy.raw(), wdx.raw()));
     narrow(wdx, dx_out);
   }
@@ -688,7 +708,7 @@ class CudaBatchNorm final : public BatchNormOp {
   }
   // [n, C, spatial] of the op's type and layout as float32 NCHW, and back.
   Tensor widened(const Tensor& t) {
-    const Tensor w = ctx_.empty(t.shape(), DType::kFloat32);
+    const Tensor w = ctx_.uninitialized(t.shape(), DType::kFloat32);
     if (g_.channels_last) {
       transpose(t.dtype(), t.raw(), DType::kFloat32, w.raw(), g_.n, g_.spatial, g_.channels,
                 ctx_.stream);

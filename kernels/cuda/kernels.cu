@@ -168,6 +168,15 @@ __global__ void addKernel(const T* a, const T* b, T* y, std::int64_t n) {
   TROUPE_FOR_EACH(i, n) y[i] = st<T>(ld(a[i]) + ld(b[i]));
 }
 
+// As the CPU's std::max(a + b, 0): the sum in float, rounded once.
+template <typename T>
+__global__ void addReluKernel(const T* a, const T* b, T* y, std::int64_t n) {
+  TROUPE_FOR_EACH(i, n) {
+    const float v = ld(a[i]) + ld(b[i]);
+    y[i] = st<T>(v < 0.0f ? 0.0f : v);
+  }
+}
+
 // Sums a block's values in a fixed tree; every thread gets the total.
 __device__ float blockSum(float v) {
   __shared__ float warp_sums[kThreads / 32];
@@ -583,6 +592,13 @@ void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStr
     TROUPE_TYPED(t,
                  launch("addKernel", blocksFor(n), stream, addKernel<T>, static_cast<const T*>(a),
                         static_cast<const T*>(b), static_cast<T*>(y), n));
+  }
+}
+void addRelu(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream) {
+  if (n > 0) {
+    TROUPE_TYPED(
+        t, launch("addReluKernel", blocksFor(n), stream, addReluKernel<T>, static_cast<const T*>(a),
+                  static_cast<const T*>(b), static_cast<T*>(y), n));
   }
 }
 void globalAvgPoolForward(DType t, const void* x, void* y, std::int64_t planes,

@@ -47,6 +47,8 @@ void dropoutForward(DType t, const void* x, void* y, float* mask, std::int64_t n
 // y = a * b with b float32 (a dropout mask).
 void multiply(DType t, const void* a, const float* b, void* y, std::int64_t n, cudaStream_t stream);
 void add(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream);
+// y = max(a + b, 0), rounded once (a batch norm's residual add and ReLU in one pass); NaN passes.
+void addRelu(DType t, const void* a, const void* b, void* y, std::int64_t n, cudaStream_t stream);
 
 // y[p] = mean of x's plane p (planes of `spatial` values); the backward spreads dy[p] / spatial.
 // channels_last > 0: x is [n, spatial, channels_last] in memory (plane p = n * C + c).
