@@ -16,6 +16,11 @@ std::int64_t pooledSize(std::int64_t in, std::int64_t kernel, std::int64_t strid
 
 }  // namespace
 
+void ConvOp::backwardAddingToDx(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&) {
+  throw InvariantError("this backend's convolution adds nothing to dx (addsToDx() is false)");
+}
+
 NormaliseShape normaliseShape(const Tensor& bytes, const Tensor& out,
                               const std::vector<float>& mean, const std::vector<float>& scale) {
   TROUPE_ENFORCE(bytes.dtype() == DType::kUInt8 && out.dtype() == DType::kFloat32,

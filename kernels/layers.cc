@@ -57,7 +57,14 @@ class ConvLayer final : public Layer {
     op(ctx, n).forward(ctx.data(bottoms[0]), w_, b_, ctx.data(top));
   }
   void backward(LayerContext& ctx, std::int64_t n, float) override {
-    op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
+    ConvOp& o = op(ctx, n);
+    bool add = false;
+    const Tensor dx = o.addsToDx() ? ctx.diffToAddTo(bottoms[0], add) : ctx.diff(bottoms[0]);
+    if (add) {
+      o.backwardAddingToDx(ctx.data(bottoms[0]), w_, ctx.diff(top), dx, dw_, db_);
+    } else {
+      o.backward(ctx.data(bottoms[0]), w_, ctx.diff(top), dx, dw_, db_);
+    }
   }
   bool reducedParams() const override { return true; }
   // Channels last: the filter [out][in][k k] becomes [out][k k][in] (KRSC) in the copy.

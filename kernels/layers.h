@@ -21,6 +21,9 @@ class LayerContext {
   virtual Tensor data(int blob) = 0;
   // Where to write d(loss)/d(blob b); a tensor without memory when b needs no gradient.
   virtual Tensor diff(int blob) = 0;
+  // The same for an op that can add to it (ConvOp::addsToDx): `add` says whether another layer's
+  // backward wrote that gradient first, so that the op adds to it rather than writes over it.
+  virtual Tensor diffToAddTo(int blob, bool& add) = 0;
   virtual Tensor labels() = 0;
   virtual Tensor metrics() = 0;
   virtual std::uint64_t dropoutSeed(int layer) = 0;

@@ -655,6 +655,11 @@ class NetImpl final : public Net, private LayerContext {
     }
     return shaped(b.diff, blob);
   }
+  Tensor diffToAddTo(int blob, bool& add) override {
+    const Blob& b = g_.blobs[blob];
+    add = b.needs_diff && current_ && blob != current_->top && written_[blob];
+    return add ? shaped(b.diff, blob) : diff(blob);
+  }
   Tensor labels() override { return labels_; }
   Tensor metrics() override { return metrics_; }
   std::uint64_t dropoutSeed(int layer) override {

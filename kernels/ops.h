@@ -37,6 +37,13 @@ class ConvOp {
   virtual void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) = 0;
   virtual void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                         const Tensor& dw, const Tensor& db) = 0;
+  // Whether backwardAddingToDx() can add the input's gradient to what dx holds (a blob whose
+  // gradient another layer's backward wrote first: a ResNet block's input) in the same pass,
+  // rather than the net summing it through scratch. A device backend can (cuDNN's beta).
+  virtual bool addsToDx() const { return false; }
+  // backward(), with dx += the input's gradient; only where addsToDx().
+  virtual void backwardAddingToDx(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                  const Tensor& dx, const Tensor& dw, const Tensor& db);
 };
 
 enum class PoolMethod : std::uint8_t { kMax, kAverage };

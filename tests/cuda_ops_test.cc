@@ -286,6 +286,35 @@ TEST_F(CudaOps, ConvolutionForwardAndBackward) {
   }
 }
 
+// A ResNet block's input gradient has two writers; the second one's convolution adds its part to
+// what the first wrote (cuDNN's backward-data with beta 1), in either layout.
+TEST_F(CudaOps, AConvolutionAddsItsInputGradientToWhatDxHolds) {
+  for (const bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "channels last" : "NCHW");
+    ConvGeometry g{2, 16, 9, 9, 8, 3, 1, 1, false};
+    const std::int64_t hw = g.height * g.width, ohw = g.outHeight() * g.outWidth();
+    const Tensor x = randomHost({2, 16, 9, 9}, 81), w = randomHost({8, 16, 3, 3}, 82),
+                 dy = randomHost({2, 8, g.outHeight(), g.outWidth()}, 83),
+                 first = randomHost({2, 16, 9, 9}, 84);
+    Tensor dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()), db = Tensor::host({8});
+    cpu_->makeConv(g)->backward(x, w, dy, dx, dw, db);
+    Tensor expected = copyOf(first);
+    cpu_->axpy(1.0f, dx, expected);
+    g.channels_last = channels_last;
+    auto d = gpu_->makeConv(g);
+    ASSERT_TRUE(d->addsToDx());
+    auto layout = [&](const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t s) {
+      return up(channels_last ? nhwcOf(t, n, c, s) : t);
+    };
+    const Tensor gx = layout(x, 2, 16, hw), gw = layout(w, 8, 16, 9), gdy = layout(dy, 2, 8, ohw);
+    const Tensor gdx = layout(first, 2, 16, hw);
+    Tensor gdw = gpu_->empty(w.shape()), gdb = gpu_->empty({8});
+    d->backwardAddingToDx(gx, gw, gdy, gdx, gdw, gdb);
+    const Tensor got = down(gdx);
+    expectClose("dx", expected, channels_last ? nchwOf(got, 2, 16, hw) : got);
+  }
+}
+
 TEST_F(CudaOps, PoolingWithCaffesCeilModeAndClippedAverages) {
   for (const auto method : {PoolMethod::kMax, PoolMethod::kAverage}) {
     for (const bool ceil_mode : {true, false}) {

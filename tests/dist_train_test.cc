@@ -712,13 +712,15 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   const std::string run_id = "hang" + param.substr(0, 4) + std::to_string(::getpid());
   testing::CommandResult r;
   std::thread launcher([&] {
-    r = runCommand(in(cwd, gpus + troupeBinary() + " launch -n 2" +
-                               (schedule == "dist_sync" ? " -s 1" : "") + " --run_id " + run_id +
-                               " -- troupe train --model mlp" + dataFlags() + " --schedule " +
-                               schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
-                               (hybrid ? " --allreduce ring" : "") +
-                               " --num_epochs 50 --log_every 0 --threads 1 --peer_timeout 3 "
-                               "--stall_warning 1"));
+    r = runCommand(
+        in(cwd, gpus + troupeBinary() + " launch -n 2" + (schedule == "dist_sync" ? " -s 1" : "") +
+                    " --run_id " + run_id + " -- troupe train --model mlp" + dataFlags() +
+                    " --schedule " + schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
+                    (hybrid ? " --allreduce ring" : "") +
+                    // nccl-ring: one long epoch, so that the stop always lands
+                    // while the ring waits (between epochs only the links watch)
+                    (hybrid ? " --num_epochs 1 --epoch_size 60000000" : " --num_epochs 50") +
+                    " --log_every 0 --threads 1 --peer_timeout 3 --stall_warning 1"));
   });
   const pid_t victim = waitForProcess(run_id, "worker", 1);
   ASSERT_GT(victim, 0) << "worker 1 never started";

@@ -111,6 +111,22 @@ TEST(Devices, TwoReplicasOnGpusSummingOnTheCpuTrainAsTwoOnTheCpu) {
                        "gradients summed on cpu, weights updated on cpu");
 }
 
+// A residual net: each block's input gradient is the sum of two layers' (the block's first
+// convolution's and the shortcut's). On a GPU the convolution adds its part to the other's in
+// its own pass (ConvOp::addsToDx), where the CPU sums through scratch; the emulated GPU adds as
+// the CPU does, so the two runs end with the same weights.
+TEST(Devices, AResidualNetOnAGpuSumsEachBlocksInputGradientAsTheCpu) {
+  TempDir cwd("devices_resnet");
+  const std::string run =
+      " train --model resnet20 --train_data null --num_channels 3 --image_size 32 --num_labels 10 "
+      "--batch_size 8 --epoch_size 64 --num_epochs 1 --log_every 0 --threads 1 --checkpoint_dir ";
+  auto r = runCommand("cd " + cwd.str() + " && " + troupeBinary() + run + "cpu");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() + run + "gpu --gpus 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
+}
+
 // One replica alone hands its buckets to the updater, which then lives on its GPU too.
 TEST(Devices, AReplicaAloneOnAGpuIsUpdatedThere) {
   expectTheCpusWeights("devices_one", "--threads 1", "--gpus 1 --threads 1",

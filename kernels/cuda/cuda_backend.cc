@@ -241,6 +241,19 @@ class CudaConv final : public ConvOp {
 
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
+    backwardInto(x, w, dy, dx, dw, db, kZero);
+  }
+  // cuDNN's backward-data blends: dx = 1 * gradient + 1 * dx.
+  bool addsToDx() const override { return true; }
+  void backwardAddingToDx(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dw, const Tensor& db) override {
+    backwardInto(x, w, dy, dx, dw, db, kOne);
+  }
+
+ private:
+  // dx = gradient + dx_beta * dx.
+  void backwardInto(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                    const Tensor& dw, const Tensor& db, const float& dx_beta) {
     prepare(x.dtype());
     void* ws = ctx_.scratch(algos_.workspace);
     if (wanted(dw)) {
@@ -255,13 +268,12 @@ class CudaConv final : public ConvOp {
     }
     if (wanted(dx)) {
       TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data_math));
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, act(w), y_->get(),
-                                                     act(dy), conv_, algos_.bwd_data, ws,
-                                                     algos_.workspace, &kZero, x_->get(), act(dx)));
+      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(
+          ctx_.cudnn, &kOne, w_, act(w), y_->get(), act(dy), conv_, algos_.bwd_data, ws,
+          algos_.workspace, &dx_beta, x_->get(), act(dx)));
     }
   }
 
- private:
   // float16 and bfloat16 data accumulate in float (cuDNN's "pseudo" configurations) on tensor
   // cores; float32 uses them only under TF32.
   void prepare(DType dtype) {

@@ -238,6 +238,21 @@ class Conv final : public ConvOp, Queued<ConvOp> {
     dx_layout.out = dw_layout.out = true;
     queueNhwc(call, {in(), filter(), out(false), dx_layout, dw_layout, {}}, x, w, dy, dx, dw, db);
   }
+  // As cuDNN's backward-data with beta 1: the gradient computed apart, then added (as the CPU net
+  // adds a second writer's scratch, so that the two end with the same bits).
+  bool addsToDx() const override { return true; }
+  void backwardAddingToDx(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
+                          const Tensor& dw, const Tensor& db) override {
+    auto call = [cpu = cpu_](ConvOp& op, auto& x, auto& w, auto& dy, auto& dx, auto& dw, auto& db) {
+      Tensor own = Tensor::hostUninitialized(dx.shape());
+      op.backward(x, w, dy, own, dw, db);
+      cpu->axpy(1.0f, own, dx);
+    };
+    if (!g_.channels_last) return queue(call, x, w, dy, dx, dw, db);
+    Nhwc dx_layout = in(), dw_layout = filter();
+    dx_layout.out = dw_layout.out = true;
+    queueNhwc(call, {in(), filter(), out(false), dx_layout, dw_layout, {}}, x, w, dy, dx, dw, db);
+  }
 
  private:
   static ConvGeometry nchw(ConvGeometry g) {
