@@ -2,6 +2,9 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "data/db_backends.h"
 #include "troupe/error.h"
@@ -95,37 +98,96 @@ class LmdbWriter final : public DbWriter {
   int pending_ = 0;
 };
 
+// A database's read-only environment, one per database in the process, which its readers share,
+// each with a read transaction of its own. LMDB forbids opening a database twice in one process:
+// its locks are the process's, so a second environment takes itself for the first opener,
+// initialises the reader table's mutex again under the first, and the two can deadlock on it (a
+// replica's evaluation hung so beside other replicas opening the same test data). Opened and
+// closed under one mutex, as closing an environment releases the process's locks on the file.
+class LmdbEnv {
+ public:
+  static std::shared_ptr<LmdbEnv> open(const std::string& path) {
+    std::error_code ec;
+    std::string key = std::filesystem::weakly_canonical(path, ec).string();
+    if (ec || key.empty()) key = path;
+    std::lock_guard lock(mutex());
+    auto& entry = registry()[key];
+    if (!entry.env) {
+      try {
+        entry.env = new LmdbEnv(path);
+      } catch (...) {
+        registry().erase(key);
+        throw;
+      }
+    }
+    ++entry.users;
+    // Each reader's handle; the last one closes the environment, under the mutex, so that no
+    // other opens the database while it closes.
+    return std::shared_ptr<LmdbEnv>(entry.env, [key](LmdbEnv*) {
+      std::lock_guard closing(mutex());
+      const auto it = registry().find(key);
+      if (--it->second.users == 0) {
+        delete it->second.env;
+        registry().erase(it);
+      }
+    });
+  }
+  LmdbEnv(const LmdbEnv&) = delete;
+  LmdbEnv& operator=(const LmdbEnv&) = delete;
+  MDB_env* get() const { return env_; }
+
+ private:
+  explicit LmdbEnv(const std::string& path) {
+    check(mdb_env_create(&env_), path, "mdb_env_create");
+    // MDB_NOTLS: a read transaction is not tied to the thread that began it, and a thread may
+    // hold several (of several readers).
+    int rc = mdb_env_open(env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
+    if (rc == EACCES || rc == EROFS) {
+      // A read-only folder without lock.mdb (e.g. a data set installed by a package).
+      mdb_env_close(env_);
+      env_ = nullptr;
+      check(mdb_env_create(&env_), path, "mdb_env_create");
+      rc = mdb_env_open(env_, path.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
+    }
+    if (rc != MDB_SUCCESS) {
+      mdb_env_close(env_);
+      fail(rc, path, "mdb_env_open");
+    }
+  }
+  ~LmdbEnv() { mdb_env_close(env_); }
+
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  struct Entry {
+    LmdbEnv* env = nullptr;
+    int users = 0;
+  };
+  static std::map<std::string, Entry>& registry() {
+    static std::map<std::string, Entry> r;
+    return r;
+  }
+
+  MDB_env* env_ = nullptr;
+};
+
 class LmdbReader final : public DbReader {
  public:
-  explicit LmdbReader(std::string path) : path_(std::move(path)) {
-    check(mdb_env_create(&env_), path_, "mdb_env_create");
+  explicit LmdbReader(std::string path) : path_(std::move(path)), env_(LmdbEnv::open(path_)) {
     try {
-      // MDB_NOTLS: the read transaction is not tied to the opening thread.
-      int rc = mdb_env_open(env_, path_.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
-      if (rc == EACCES || rc == EROFS) {
-        // A read-only folder without lock.mdb (e.g. a data set installed by a package).
-        mdb_env_close(env_);
-        env_ = nullptr;
-        check(mdb_env_create(&env_), path_, "mdb_env_create");
-        rc = mdb_env_open(env_, path_.c_str(), MDB_RDONLY | MDB_NOTLS | MDB_NOLOCK, 0664);
-      }
-      check(rc, path_, "mdb_env_open");
-      check(mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn_), path_, "mdb_txn_begin");
+      check(mdb_txn_begin(env_->get(), nullptr, MDB_RDONLY, &txn_), path_, "mdb_txn_begin");
       check(mdb_dbi_open(txn_, nullptr, 0, &dbi_), path_, "mdb_dbi_open");
       MDB_stat stat;
       check(mdb_stat(txn_, dbi_, &stat), path_, "mdb_stat");
       size_ = static_cast<std::int64_t>(stat.ms_entries);
     } catch (...) {
       if (txn_) mdb_txn_abort(txn_);
-      mdb_env_close(env_);
       throw;
     }
   }
 
-  ~LmdbReader() override {
-    mdb_txn_abort(txn_);
-    mdb_env_close(env_);
-  }
+  ~LmdbReader() override { mdb_txn_abort(txn_); }
 
   const std::string& path() const override { return path_; }
   std::int64_t size() const override { return size_; }
@@ -177,7 +239,7 @@ class LmdbReader final : public DbReader {
   }
 
   std::string path_;
-  MDB_env* env_ = nullptr;
+  std::shared_ptr<LmdbEnv> env_;  // before txn_: the transaction ends before its environment
   MDB_txn* txn_ = nullptr;
   MDB_dbi dbi_ = 0;
   std::int64_t size_ = 0;

@@ -22,7 +22,7 @@
 # seconds (default 570, under a call's 600): a part gets what is left, and none starts with less
 # than 20 (or the part's own least, for the long ones). PARTS="resnet50_compile input" runs only
 # the parts named (a second call going on where a first one's budget ran out; the names are
-# those of summary.txt).
+# those of summary.txt), with MIXED= the mixed precision that summary.txt says the first chose.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -121,13 +121,20 @@ run() {
   # that cuDNN refuses bf16 channels-last in its persistent batch norm, or with its ReLU (PyTorch
   # never asks cuDNN for a bf16 batch norm): troupe then takes slower ways, and fp16, which cuDNN
   # documents for those calls, comes first. The other and TF32 come later (resnet50_more).
-  local mixed=bf16 other=fp16
-  if grep -qE "persistent batch norm( with its ReLU)? refused bfloat16 channels-last" \
-    "$OUT/cuda_tests.txt" 2>/dev/null; then
-    mixed=fp16 other=bf16
-    echo "   cuDNN refused bf16 channels-last batch norm: fp16 is the headline's mixed precision" |
-      tee -a "$OUT/summary.txt"
+  # A second call, without the op tests' log, is told the first's choice: MIXED=fp16.
+  local mixed=${MIXED:-}
+  if [[ -z $mixed ]]; then
+    mixed=bf16
+    if grep -qE "persistent batch norm( with its ReLU)? refused bfloat16 channels-last" \
+      "$OUT/cuda_tests.txt" 2>/dev/null; then
+      mixed=fp16
+      echo "   cuDNN refused bf16 channels-last batch norm: fp16 first" | tee -a "$OUT/summary.txt"
+    fi
   fi
+  local other=bf16
+  [[ $mixed == bf16 ]] && other=fp16
+  echo "   mixed precision: $mixed (a second call: MIXED=$mixed PARTS=...)" |
+    tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
   part resnet50 220 "${r50bench[@]}" --precisions "${PRECISIONS:-$mixed,fp32}"

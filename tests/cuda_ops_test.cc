@@ -682,6 +682,13 @@ TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
   expectNear("conv dx", dx, gdx);
   expectNear("conv dw", dw, gdw);
   expectNear("conv db", db, gdb);
+  // Added to what dx holds (a ResNet block's input gradient): rounded once, after the sum.
+  const Tensor first = rounded(randomHost(xs, 49));
+  Tensor sum = copyOf(first);
+  cpu_->axpy(1.0f, dx, sum);
+  const Tensor gsum = upReduced(first);
+  d->backwardAddingToDx(gx, gw, gdy, gsum, gdw, gdb);
+  expectNear("conv dx added", sum, gsum);
 
   const InnerProductGeometry f{5, 37, 11};
   const Tensor fx = rounded(randomHost({5, 37}, 45)), fw = rounded(randomHost({11, 37}, 46)),

@@ -3,8 +3,11 @@
 
 #include <fmt/core.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <vector>
 
 #include "data/db.h"
 #include "data_test_util.h"
@@ -123,6 +126,39 @@ TEST_P(DbTest, CreateUnderAFileIsAnIoErrorNamingThePath) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, DbTest, ::testing::Values(DbType::kLmdb, DbType::kLevelDb),
                          [](const auto& info) { return std::string(toString(info.param)); });
+
+// Readers of one LMDB in one process (a process's replicas evaluating on the same test data, its
+// readers) open and close it at once from many threads: LMDB allows one environment per database
+// in a process, which they share. Each reader still sees every record. Two environments of one
+// database in one process deadlocked on its reader table's mutex.
+TEST(LmdbReaders, ManyOfOneDatabaseOpenAndCloseAtOnceFromManyThreads) {
+  TempDir dir;
+  const std::string path = dir / "db";
+  {
+    auto writer = createDb(path, DbType::kLmdb);
+    for (int i = 0; i < 100; ++i)
+      writer->put(fmt::format("{:04d}", i), testing::pattern(64, i));
+    writer->commit();
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 50; ++round) {
+        auto reader = openDb(path, DbType::kLmdb);
+        auto other = openDb(path, DbType::kLmdb);  // two at once in one thread
+        const int i = (t * 50 + round) % 100;
+        if (reader->size() != 100 || other->size() != 100 ||
+            reader->get(fmt::format("{:04d}", i)) != testing::pattern(64, i)) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
 
 TEST(DbTypeTest, OpeningAnLmdbAsLevelDbSaysWhatItLooksLike) {
   TempDir dir;

@@ -114,7 +114,7 @@ TEST(Devices, TwoReplicasOnGpusSummingOnTheCpuTrainAsTwoOnTheCpu) {
 // A residual net: each block's input gradient is the sum of two layers' (the block's first
 // convolution's and the shortcut's). On a GPU the convolution adds its part to the other's in
 // its own pass (ConvOp::addsToDx), where the CPU sums through scratch; the emulated GPU adds as
-// the CPU does, so the two runs end with the same weights.
+// the CPU does, so the two runs end with the same weights; in either layout on the GPU.
 TEST(Devices, AResidualNetOnAGpuSumsEachBlocksInputGradientAsTheCpu) {
   TempDir cwd("devices_resnet");
   const std::string run =
@@ -122,9 +122,12 @@ TEST(Devices, AResidualNetOnAGpuSumsEachBlocksInputGradientAsTheCpu) {
       "--batch_size 8 --epoch_size 64 --num_epochs 1 --log_every 0 --threads 1 --checkpoint_dir ";
   auto r = runCommand("cd " + cwd.str() + " && " + troupeBinary() + run + "cpu");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() + run + "gpu --gpus 0");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
+  for (const std::string format : {"nchw", "nhwc"}) {
+    r = runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() + run + format +
+                   " --gpus 0 --memory_format " + format);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / format)) << format;
+  }
 }
 
 // One replica alone hands its buckets to the updater, which then lives on its GPU too.

@@ -68,6 +68,17 @@ void DeviceAllocator::release(void* p, std::size_t size) {
   free_.emplace(size, p);
 }
 
+void DeviceAllocator::freeCached(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  const std::size_t size = roundedSize(bytes);
+  const auto it = free_.find(size);
+  if (it == free_.end()) return;
+  TROUPE_CUDA_CHECK(cudaSetDevice(device_));
+  TROUPE_CUDA_CHECK(cudaFree(it->second));
+  free_.erase(it);
+  stats_.reserved -= static_cast<std::int64_t>(size);
+}
+
 void DeviceAllocator::emptyCache() {
   for (auto& [size, p] : free_) {
     cudaFree(p);

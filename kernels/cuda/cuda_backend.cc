@@ -48,7 +48,8 @@ namespace {
 // The most workspace a convolution algorithm may want: half the device memory free when cudnnFind
 // measures it, and at most 4 GiB (the workspace is one buffer that every convolution shares, so a
 // large one is paid once; PyTorch lets an algorithm take what is free).
-std::size_t maxWorkspace() {
+std::size_t maxWorkspace(int device) {
+  TROUPE_CUDA_CHECK(cudaSetDevice(device));
   std::size_t free = 0, total = 0;
   TROUPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return std::min(free / 2, std::size_t{4} << 30);
@@ -120,7 +121,15 @@ struct Context {
 
   void* scratch(std::size_t bytes) {
     if (bytes > workspace_bytes) {
-      workspace = allocator->allocate(bytes);  // the old one returns to the cache, stream-ordered
+      if (workspace) {
+        // The outgrown workspace goes back to the device once the work queued on it (on this
+        // stream only) is done: the cache would hold it for nothing. Only while the ops find
+        // their algorithms, in the first steps.
+        TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+        workspace.reset();
+        allocator->freeCached(workspace_bytes);
+      }
+      workspace = allocator->allocate(bytes);
       workspace_bytes = roundedSize(bytes);
     }
     return workspace.get();
@@ -332,7 +341,7 @@ class CudaConv final : public ConvOp {
     TROUPE_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithm(ctx_.cudnn, x_->get(), w_, conv_,
                                                            y_->get(), kMax, &count, fwd));
     const bool deterministic = ctx_.options.deterministic;
-    const std::size_t cap = maxWorkspace();
+    const std::size_t cap = maxWorkspace(ctx_.device);
     const auto& f = pickAlgo(fwd, count, "forward", deterministic, cap);
     cudnnConvolutionBwdDataAlgoPerf_t data[kMax];
     TROUPE_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(ctx_.cudnn, w_, y_->get(), conv_,
