@@ -1,12 +1,53 @@
 // Private to data/: the backends behind createDb/openDb. Callers check the path first (db.cc).
 #pragma once
 
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <system_error>
 
 #include "data/db.h"
 
 namespace troupe::data::internal {
+
+// What open(path) returns (a new T), made once per database in the process and shared by its
+// readers (a process's replicas, its evaluations): LMDB allows one environment per database in a
+// process (its locks are the process's: a second one re-initialises the first's reader table),
+// and LevelDB one open DB (its LOCK file: "already held by process"). The last handle closes it,
+// under the mutex that opens, so that no open overlaps a close.
+template <typename T, typename Open>
+std::shared_ptr<T> sharedPerDatabase(const std::string& path, Open open) {
+  struct Entry {
+    T* opened = nullptr;
+    int users = 0;
+  };
+  static std::mutex mutex;
+  static std::map<std::string, Entry> entries;
+  std::error_code ec;
+  std::string key = std::filesystem::weakly_canonical(path, ec).string();
+  if (ec || key.empty()) key = path;
+  std::lock_guard lock(mutex);
+  Entry& entry = entries[key];
+  if (!entry.opened) {
+    try {
+      entry.opened = open(path);
+    } catch (...) {
+      entries.erase(key);
+      throw;
+    }
+  }
+  ++entry.users;
+  return std::shared_ptr<T>(entry.opened, [key](T*) {
+    std::lock_guard closing(mutex);
+    const auto it = entries.find(key);
+    if (--it->second.users == 0) {
+      delete it->second.opened;
+      entries.erase(it);
+    }
+  });
+}
 
 std::unique_ptr<DbWriter> createLmdb(const std::string& path);
 std::unique_ptr<DbReader> openLmdb(const std::string& path);

@@ -70,13 +70,17 @@ class LevelDbWriter final : public DbWriter {
 
 class LevelDbReader final : public DbReader {
  public:
-  explicit LevelDbReader(std::string path) : path_(std::move(path)) {
-    leveldb::Options options;
-    options.create_if_missing = false;
-    options.max_open_files = 100;  // as Caffe
-    leveldb::DB* db = nullptr;
-    check(leveldb::DB::Open(options, path_, &db), path_, "open");
-    db_.reset(db);
+  // The database open once in the process for all its readers (sharedPerDatabase): LevelDB's
+  // reads are safe from several threads at once.
+  explicit LevelDbReader(std::string path)
+      : path_(std::move(path)), db_(sharedPerDatabase<leveldb::DB>(path_, [](const std::string& p) {
+          leveldb::Options options;
+          options.create_if_missing = false;
+          options.max_open_files = 100;  // as Caffe
+          leveldb::DB* db = nullptr;
+          check(leveldb::DB::Open(options, p, &db), p, "open");
+          return db;
+        })) {
     size_ = static_cast<std::int64_t>(keys().size());
   }
 
@@ -115,7 +119,7 @@ class LevelDbReader final : public DbReader {
   }
 
   std::string path_;
-  std::unique_ptr<leveldb::DB> db_;
+  std::shared_ptr<leveldb::DB> db_;
   std::int64_t size_ = 0;
   std::string buffer_;
 };

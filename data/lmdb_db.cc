@@ -2,9 +2,7 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <map>
 #include <memory>
-#include <mutex>
 
 #include "data/db_backends.h"
 #include "troupe/error.h"
@@ -98,45 +96,10 @@ class LmdbWriter final : public DbWriter {
   int pending_ = 0;
 };
 
-// A database's read-only environment, one per database in the process, which its readers share,
-// each with a read transaction of its own. LMDB forbids opening a database twice in one process:
-// its locks are the process's, so a second environment takes itself for the first opener,
-// initialises the reader table's mutex again under the first, and the two can deadlock on it (a
-// replica's evaluation hung so beside other replicas opening the same test data). Opened and
-// closed under one mutex, as closing an environment releases the process's locks on the file.
+// A database's read-only environment, shared by its readers in the process
+// (sharedPerDatabase), each with a read transaction of its own.
 class LmdbEnv {
  public:
-  static std::shared_ptr<LmdbEnv> open(const std::string& path) {
-    std::error_code ec;
-    std::string key = std::filesystem::weakly_canonical(path, ec).string();
-    if (ec || key.empty()) key = path;
-    std::lock_guard lock(mutex());
-    auto& entry = registry()[key];
-    if (!entry.env) {
-      try {
-        entry.env = new LmdbEnv(path);
-      } catch (...) {
-        registry().erase(key);
-        throw;
-      }
-    }
-    ++entry.users;
-    // Each reader's handle; the last one closes the environment, under the mutex, so that no
-    // other opens the database while it closes.
-    return std::shared_ptr<LmdbEnv>(entry.env, [key](LmdbEnv*) {
-      std::lock_guard closing(mutex());
-      const auto it = registry().find(key);
-      if (--it->second.users == 0) {
-        delete it->second.env;
-        registry().erase(it);
-      }
-    });
-  }
-  LmdbEnv(const LmdbEnv&) = delete;
-  LmdbEnv& operator=(const LmdbEnv&) = delete;
-  MDB_env* get() const { return env_; }
-
- private:
   explicit LmdbEnv(const std::string& path) {
     check(mdb_env_create(&env_), path, "mdb_env_create");
     // MDB_NOTLS: a read transaction is not tied to the thread that began it, and a thread may
@@ -155,26 +118,20 @@ class LmdbEnv {
     }
   }
   ~LmdbEnv() { mdb_env_close(env_); }
+  LmdbEnv(const LmdbEnv&) = delete;
+  LmdbEnv& operator=(const LmdbEnv&) = delete;
+  MDB_env* get() const { return env_; }
 
-  static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
-  }
-  struct Entry {
-    LmdbEnv* env = nullptr;
-    int users = 0;
-  };
-  static std::map<std::string, Entry>& registry() {
-    static std::map<std::string, Entry> r;
-    return r;
-  }
-
+ private:
   MDB_env* env_ = nullptr;
 };
 
 class LmdbReader final : public DbReader {
  public:
-  explicit LmdbReader(std::string path) : path_(std::move(path)), env_(LmdbEnv::open(path_)) {
+  explicit LmdbReader(std::string path)
+      : path_(std::move(path)), env_(sharedPerDatabase<LmdbEnv>(path_, [](const std::string& p) {
+          return new LmdbEnv(p);
+        })) {
     try {
       check(mdb_txn_begin(env_->get(), nullptr, MDB_RDONLY, &txn_), path_, "mdb_txn_begin");
       check(mdb_dbi_open(txn_, nullptr, 0, &dbi_), path_, "mdb_dbi_open");

@@ -218,6 +218,8 @@ TEST(Training, LenetLearnsFashionMnistInOneEpoch) {
   EXPECT_EQ(r.steps, 60000 / 64);
 }
 
+// Two replicas, each with its reader of the one LevelDB (which a process may open once: its
+// readers share it) and each evaluating on the test set.
 TEST(Training, MlpLearnsFashionMnistFromLevelDb) {
   TempDir dir("mlp");
   auto o = lenetOptions(dir.str());
@@ -227,6 +229,7 @@ TEST(Training, MlpLearnsFashionMnistFromLevelDb) {
   o.db_type = data::DbType::kLevelDb;
   o.lr_policy = "cosine";
   o.num_epochs = 1;
+  o.replicas = 2;
   const auto r = runTraining(o);
   EXPECT_GE(r.epochs[0].test_accuracy, 0.83);
 }
