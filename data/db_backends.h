@@ -12,6 +12,23 @@
 
 namespace troupe::data::internal {
 
+// The databases of type T open in the process: one mutex and map per T, whatever opens them.
+template <typename T>
+struct OpenDatabases {
+  struct Entry {
+    T* opened = nullptr;
+    int users = 0;
+  };
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::string, Entry>& entries() {
+    static std::map<std::string, Entry> e;
+    return e;
+  }
+};
+
 // What open(path) returns (a new T), made once per database in the process and shared by its
 // readers (a process's replicas, its evaluations): LMDB allows one environment per database in a
 // process (its locks are the process's: a second one re-initialises the first's reader table),
@@ -19,32 +36,27 @@ namespace troupe::data::internal {
 // under the mutex that opens, so that no open overlaps a close.
 template <typename T, typename Open>
 std::shared_ptr<T> sharedPerDatabase(const std::string& path, Open open) {
-  struct Entry {
-    T* opened = nullptr;
-    int users = 0;
-  };
-  static std::mutex mutex;
-  static std::map<std::string, Entry> entries;
+  using Registry = OpenDatabases<T>;
   std::error_code ec;
   std::string key = std::filesystem::weakly_canonical(path, ec).string();
   if (ec || key.empty()) key = path;
-  std::lock_guard lock(mutex);
-  Entry& entry = entries[key];
+  std::lock_guard lock(Registry::mutex());
+  auto& entry = Registry::entries()[key];
   if (!entry.opened) {
     try {
       entry.opened = open(path);
     } catch (...) {
-      entries.erase(key);
+      Registry::entries().erase(key);
       throw;
     }
   }
   ++entry.users;
   return std::shared_ptr<T>(entry.opened, [key](T*) {
-    std::lock_guard closing(mutex);
-    const auto it = entries.find(key);
+    std::lock_guard closing(Registry::mutex());
+    const auto it = Registry::entries().find(key);
     if (--it->second.users == 0) {
       delete it->second.opened;
-      entries.erase(it);
+      Registry::entries().erase(it);
     }
   });
 }
