@@ -98,12 +98,12 @@ std::vector<Key> caffe2Keys() {
                 "and num_shards split the data)"),
       refused("cudnn_workspace_limit_mb",
               "Caffe2's: refused (troupe's cuDNN convolutions size their own workspace)",
-              "troupe's cuDNN convolutions size their own workspace (the fastest deterministic "
-              "algorithm's, up to 1 GiB), and there is no limit to set yet"),
+              "troupe's cuDNN convolutions size their own workspace (the fastest algorithm's, "
+              "up to half the GPU's free memory and 4 GiB), and there is no limit to set yet"),
       refused("gpu_engine_workspace_limit_mb",
               "Caffe2's: refused (troupe's GPU kernels size their own workspace)",
-              "troupe's GPU kernels size their own workspace (cuDNN's, up to 1 GiB an "
-              "algorithm), and there is no limit to set yet"),
+              "troupe's GPU kernels size their own workspace (cuDNN's, up to half the GPU's "
+              "free memory and 4 GiB an algorithm), and there is no limit to set yet"),
       alias(
           "redis_host", Kind::kString, Range{},
           "Caffe2's: rendezvous redis://HOST:PORT, PORT being redis_port", "rendezvous",
