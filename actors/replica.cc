@@ -286,7 +286,7 @@ class Replica final : public Actor {
   }
 
   // On a device, with a trace: the device's own times of the step's work, on a track of its own
-  // ("replica/0 cuda:0"): forward, then backward piece by piece, each piece ending as a bucket is
+  // ("replica/0/0 cuda:0"): forward, then backward piece by piece, each piece ending as a bucket is
   // final. The host's spans of the same work time only its queueing.
   void mark(std::string what) {
     if (config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu)

@@ -508,7 +508,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.coordinator = chief_address;
     replica.trace = trace_ptr;
     if (role) replica.state = role->state;
-    TROUPE_ENFORCE_EQ(system->spawn(makeReplica(fmt::format("replica/{}", replica.index), replica),
+    TROUPE_ENFORCE_EQ(system->spawn(makeReplica(layout.nameOf(replica_address(rank, r)), replica),
                                     computeThread(r)),
                       replica_address(rank, r));
   }
@@ -522,7 +522,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
     ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
     database.targets = targets;
-    TROUPE_ENFORCE_EQ(system->spawn(makeReader(fmt::format("reader/{}", rank), database),
+    TROUPE_ENFORCE_EQ(system->spawn(makeReader(layout.nameOf(reader_address(0)), database),
                                     spare_core ? SpawnOptions{} : computeThread(0)),
                       reader_address(0));
   }
@@ -554,7 +554,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     } else {
       ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
       database.targets = {target};
-      reader = makeReader(fmt::format("reader/{}", rank * o.replicas + r), database);
+      reader = makeReader(layout.nameOf(reader_address(r)), database);
     }
     TROUPE_ENFORCE_EQ(
         system->spawn(std::move(reader), spare_core ? SpawnOptions{} : computeThread(r)),

@@ -201,9 +201,9 @@ TEST(Training, ASharedReaderFeedsItsReplicasWhatAReaderEachWould) {
   ASSERT_EQ(each.weights.numel(), shared.weights.numel());
   EXPECT_EQ(0, std::memcmp(each.weights.f32(), shared.weights.f32(), each.weights.bytes()));
   const std::string each_trace = fileText(each_json), shared_trace = fileText(shared_json);
-  EXPECT_NE(each_trace.find("\"reader/1\""), std::string::npos) << each_trace.substr(0, 2000);
-  EXPECT_NE(shared_trace.find("\"reader/0\""), std::string::npos) << shared_trace.substr(0, 2000);
-  EXPECT_EQ(shared_trace.find("\"reader/1\""), std::string::npos) << "one reader";
+  EXPECT_NE(each_trace.find("\"reader/0/1\""), std::string::npos) << each_trace.substr(0, 2000);
+  EXPECT_NE(shared_trace.find("\"reader/0/0\""), std::string::npos) << shared_trace.substr(0, 2000);
+  EXPECT_EQ(shared_trace.find("\"reader/0/1\""), std::string::npos) << "one reader";
 }
 
 TEST(Training, LenetLearnsFashionMnistInOneEpoch) {

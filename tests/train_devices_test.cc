@@ -189,8 +189,8 @@ TEST(Devices, ATraceShowsEachGpusForwardAndBackwardEndingAtEachBucket) {
   TempDir cwd("devices_trace");
   const std::string trace = traceOfLenet(cwd, "");
   ASSERT_FALSE(trace.empty());
-  EXPECT_NE(trace.find("\"replica/0 cuda:0\""), std::string::npos);
-  EXPECT_NE(trace.find("\"replica/1 cuda:1\""), std::string::npos);
+  EXPECT_NE(trace.find("\"replica/0/0 cuda:0\""), std::string::npos);
+  EXPECT_NE(trace.find("\"replica/0/1 cuda:1\""), std::string::npos);
   EXPECT_NE(trace.find("\"forward\""), std::string::npos);
   // LeNet's layers from the last, in buckets of 10 KB, then 50 KB: ip2, ip1, conv2, conv1.
   std::set<std::string> buckets;
