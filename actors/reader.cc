@@ -68,7 +68,7 @@ class Reader final : public Actor {
 
   // Host memory for a batch: plain, or pinned (config_.pinned).
   kernels::Tensor hostTensor(kernels::Shape shape, kernels::DType dtype) const {
-    return config_.pinned ? kernels::pinnedHostBuffer(std::move(shape), dtype)
+    return config_.pinned ? kernels::pinnedHostBuffer(std::move(shape), dtype, config_.device)
                           : kernels::Tensor::hostUninitialized(std::move(shape), dtype);
   }
   kernels::Shape imageShape(std::int64_t count) const {

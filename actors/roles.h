@@ -132,6 +132,7 @@ struct ReaderConfig {
   // which their copies to the device read asynchronously; `prefetch` buffers per target, each
   // written again once the BatchConsumed of its last batch came and its event is done.
   bool pinned = false;
+  int device = -1;  // with pinned: the GPU of its (first) target, which its thread makes current
   Trace* trace = nullptr;  // a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);

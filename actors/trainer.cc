@@ -470,12 +470,21 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // woken on the pool takes a computing core at any moment, and the OpenMP team of that core
   // waits for it at its next barrier: it then reads on its replica's thread, between steps
   // (measured on the MLP, 2 threads on 2 cores: a step's reader wake-up cost 30 us of 235 us).
-  // Replicas on GPUs keep no OpenMP team: their readers run on the pool, so that a batch is read
-  // while the GPU computes, not between steps on the replica's thread while the GPU waits.
+  // Replicas on GPUs keep no OpenMP team: each reader then has a thread of its own, so that a
+  // batch is read while the GPU computes, not between steps on the replica's thread while the GPU
+  // waits; not the pool's, which it would hold while it waits for its pinned buffer's last copy.
   const bool on_gpus =
       std::any_of(p.devices.replicas.begin(), p.devices.replicas.end(),
                   [](const kernels::Device& d) { return d.kind == kernels::DeviceKind::kCuda; });
-  const bool spare_core = threads < defaultThreads() || on_gpus;
+  const bool spare_core = threads < defaultThreads();
+  const auto gpuOf = [&](std::uint32_t r) {
+    const kernels::Device& d = p.devices.replicas[r];
+    return d.kind == kernels::DeviceKind::kCuda ? d.index : -1;
+  };
+  const auto readerThread = [&](std::uint32_t r) {
+    if (on_gpus) return SpawnOptions{.thread = layout.nameOf(reader_address(r))};
+    return spare_core ? SpawnOptions{} : computeThread(r);
+  };
   for (std::uint32_t r = 0; r < k; ++r) {
     ReplicaConfig replica;
     replica.index = rank * o.replicas + static_cast<int>(r);
@@ -522,9 +531,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
     ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
     database.targets = targets;
-    TROUPE_ENFORCE_EQ(system->spawn(makeReader(layout.nameOf(reader_address(0)), database),
-                                    spare_core ? SpawnOptions{} : computeThread(0)),
-                      reader_address(0));
+    database.device = gpuOf(0);
+    TROUPE_ENFORCE_EQ(
+        system->spawn(makeReader(layout.nameOf(reader_address(0)), database), readerThread(0)),
+        reader_address(0));
   }
   for (std::uint32_t r = 0; r < k && !o.shared_reader; ++r) {
     const ReaderTarget& target = targets[r];
@@ -554,11 +564,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     } else {
       ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
       database.targets = {target};
+      database.device = gpuOf(r);
       reader = makeReader(layout.nameOf(reader_address(r)), database);
     }
-    TROUPE_ENFORCE_EQ(
-        system->spawn(std::move(reader), spare_core ? SpawnOptions{} : computeThread(r)),
-        reader_address(r));
+    TROUPE_ENFORCE_EQ(system->spawn(std::move(reader), readerThread(r)), reader_address(r));
   }
 
   return WorkerActors{std::move(node), reduction, reducer.nccl};

@@ -8,8 +8,10 @@
 // permission) throws IoError naming the path.
 // Thread safety: a reader may be used from one thread at a time, any thread (its LMDB read
 // transaction is not tied to a thread); open one reader per thread. A writer must be used from one
-// thread only (LMDB ties a write transaction to its thread). Several readers of one database, in
-// one process or many, are fine as long as no writer works on it at the same time.
+// thread only (LMDB ties a write transaction to its thread). Several readers of one database in one
+// process are fine, sharing what it allows once in a process (LMDB's environment, LevelDB's DB);
+// so are readers in several processes of an LMDB, but a LevelDB opens in one process at a time
+// (its LOCK file: the second process's open says so). No writer may work on it meanwhile.
 #pragma once
 
 #include <cstdint>

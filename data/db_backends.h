@@ -19,13 +19,15 @@ struct OpenDatabases {
     T* opened = nullptr;
     int users = 0;
   };
+  // Never destroyed: a reader that a static owns may close its database at exit, after the
+  // statics made before it are gone.
   static std::mutex& mutex() {
-    static std::mutex m;
-    return m;
+    static auto* m = new std::mutex;
+    return *m;
   }
   static std::map<std::string, Entry>& entries() {
-    static std::map<std::string, Entry> e;
-    return e;
+    static auto* e = new std::map<std::string, Entry>;
+    return *e;
   }
 };
 

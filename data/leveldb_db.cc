@@ -78,7 +78,15 @@ class LevelDbReader final : public DbReader {
           options.create_if_missing = false;
           options.max_open_files = 100;  // as Caffe
           leveldb::DB* db = nullptr;
-          check(leveldb::DB::Open(options, p, &db), p, "open");
+          const leveldb::Status status = leveldb::DB::Open(options, p, &db);
+          // LevelDB locks a database for one process (its LOCK file), readers too.
+          if (status.IsIOError() && status.ToString().find("/LOCK") != std::string::npos) {
+            throw IoError(detail::concat(
+                "leveldb database '", p, "': another process has it open (", status.ToString(),
+                "); LevelDB lets one process at a time read it: give each process its copy, or "
+                "use an LMDB, which many processes read at once"));
+          }
+          check(status, p, "open");
           return db;
         })) {
     size_ = static_cast<std::int64_t>(keys().size());

@@ -11,6 +11,7 @@ namespace troupe::data::internal {
 namespace {
 
 constexpr std::size_t kMapSize = std::size_t{1} << 40;  // 1 TiB of address space, sparse
+constexpr unsigned kMaxReaders = 1024;
 
 [[noreturn]] void fail(int rc, const std::string& path, std::string_view what) {
   const std::string message =
@@ -102,6 +103,10 @@ class LmdbEnv {
  public:
   explicit LmdbEnv(const std::string& path) {
     check(mdb_env_create(&env_), path, "mdb_env_create");
+    // The reader table holds a slot per read transaction of every process of the host: LMDB's 126
+    // would not last 16 processes of 8 replicas each (a reader and a test set each). It takes
+    // effect where this process is the first to open the database.
+    check(mdb_env_set_maxreaders(env_, kMaxReaders), path, "mdb_env_set_maxreaders");
     // MDB_NOTLS: a read transaction is not tied to the thread that began it, and a thread may
     // hold several (of several readers).
     int rc = mdb_env_open(env_, path.c_str(), MDB_RDONLY | MDB_NOTLS, 0664);
@@ -116,6 +121,10 @@ class LmdbEnv {
       mdb_env_close(env_);
       fail(rc, path, "mdb_env_open");
     }
+    // Slots that killed processes left (a restarted worker's) are freed, or they would fill
+    // the table and pin old snapshots.
+    int dead = 0;
+    mdb_reader_check(env_, &dead);
   }
   ~LmdbEnv() { mdb_env_close(env_); }
   LmdbEnv(const LmdbEnv&) = delete;

@@ -113,10 +113,10 @@ std::unique_ptr<Backend> makeCudaBackend(int index, const CudaOptions& options) 
   return plugin.make(index, options);
 }
 
-Tensor pinnedHostBuffer(Shape shape, DType dtype) {
+Tensor pinnedHostBuffer(Shape shape, DType dtype, int device) {
   const Loaded& l = loaded();
   if (!l.plugin || l.info.devices.empty()) return Tensor::host(std::move(shape), dtype);
-  return l.plugin->host_buffer(std::move(shape), dtype);
+  return l.plugin->host_buffer(std::move(shape), dtype, device);
 }
 
 std::string newNcclGroupId() {

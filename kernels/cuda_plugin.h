@@ -65,16 +65,18 @@ std::unique_ptr<Backend> makeBackend(Device device, int threads, const CudaOptio
 // Host memory, zero-filled, that the GPUs copy to and from asynchronously (pinned: what
 // Backend::hostBuffer gives on a GPU), for whoever stages data for a device without a backend of
 // its own (a reader); plain host memory where there is no CUDA device. Slow to allocate: keep it.
-Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32);
+// `device`: the GPU whose copies will read it, made the calling thread's current device first (a
+// reader's thread then makes no context on GPU 0); -1: the thread's current one.
+Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32, int device = -1);
 
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
   // Bumped whenever this struct, Backend, Communicator or Tensor changes.
-  static constexpr int kAbi = 12;
+  static constexpr int kAbi = 13;
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;
-  Tensor (*host_buffer)(Shape shape, DType dtype) = nullptr;
+  Tensor (*host_buffer)(Shape shape, DType dtype, int device) = nullptr;
   std::string (*nccl_id)() = nullptr;
   std::unique_ptr<Communicator> (*communicator)(const CommunicatorSpec& spec) = nullptr;
   // Tensors cross the boundary by value: a plugin built against another Tensor is refused even

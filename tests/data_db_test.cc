@@ -3,6 +3,9 @@
 
 #include <fmt/core.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -159,6 +162,39 @@ TEST_P(DbTest, ManyReadersOfOneDatabaseOpenAndCloseAtOnceFromManyThreads) {
   for (auto& thread : threads)
     thread.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// LevelDB opens a database in one process at a time: a second process is told so, and how to
+// read it from several.
+TEST(LevelDbReaders, ASecondProcessIsToldAnotherHasTheDatabaseOpen) {
+  TempDir dir;
+  const std::string path = dir / "db";
+  {
+    auto writer = createDb(path, DbType::kLevelDb);
+    writer->put("a", "b");
+    writer->commit();
+  }
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the database open until the parent has tried
+    auto reader = openDb(path, DbType::kLevelDb);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    if (::read(done[0], &c, 1) != 1) ::_exit(1);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const std::string error = errorOf([&] { openDb(path, DbType::kLevelDb); });
+  EXPECT_THAT(error, AllOf(HasSubstr(path), HasSubstr("another process has it open"),
+                           HasSubstr("use an LMDB")));
+  EXPECT_EQ(::write(done[1], &c, 1), 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 TEST(DbTypeTest, OpeningAnLmdbAsLevelDbSaysWhatItLooksLike) {

@@ -911,6 +911,12 @@ Tensor pinned(Shape shape, DType dtype) {
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
 }
 
+// The same for whoever stages data for `device` from a thread of its own (pinnedHostBuffer).
+Tensor pinnedFor(Shape shape, DType dtype, int device) {
+  if (device >= 0) TROUPE_CUDA_CHECK(cudaSetDevice(device));
+  return pinned(std::move(shape), dtype);
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int index, const CudaOptions& options) {
@@ -1149,7 +1155,7 @@ extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlu
 troupe_cuda_plugin() {
   static const troupe::kernels::CudaPlugin plugin{
       troupe::kernels::CudaPlugin::kAbi, &troupe::kernels::cuda::describe,
-      &troupe::kernels::cuda::make,      &troupe::kernels::cuda::pinned,
+      &troupe::kernels::cuda::make,      &troupe::kernels::cuda::pinnedFor,
       &troupe::kernels::cuda::ncclId,    &troupe::kernels::cuda::makeCommunicator};
   return &plugin;
 }

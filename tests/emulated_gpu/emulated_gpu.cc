@@ -106,6 +106,11 @@ Tensor pinned(Shape shape, DType dtype) {
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
 }
 
+// pinnedHostBuffer's: the emulator has no current device to set.
+Tensor pinnedFor(Shape shape, DType dtype, int) {
+  return pinned(std::move(shape), dtype);
+}
+
 bool reduced(const Tensor& t) {
   return t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16;
 }
@@ -603,7 +608,7 @@ extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlu
 troupe_cuda_plugin() {
   static const troupe::kernels::CudaPlugin plugin{
       troupe::kernels::CudaPlugin::kAbi,  &troupe::kernels::emulated::describe,
-      &troupe::kernels::emulated::make,   &troupe::kernels::emulated::pinned,
+      &troupe::kernels::emulated::make,   &troupe::kernels::emulated::pinnedFor,
       &troupe::kernels::emulated::ncclId, &troupe::kernels::emulated::makeCommunicator};
   return &plugin;
 }
