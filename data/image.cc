@@ -50,12 +50,23 @@ void checkChannels(int channels) {
   }
 }
 
+const char* jpegHeaderError(std::string_view bytes);
+
 ImageInfo probeJpeg(std::string_view bytes) {
   tjhandle tj = decompressor();
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
   if (tjDecompressHeader3(tj, bytesOf(bytes), bytes.size(), &width, &height, &subsamp,
                           &colorspace) != 0) {
-    throw InputError(detail::concat("bad JPEG header: ", tjGetErrorStr2(tj)));
+    // TurboJPEG keeps the text of a libjpeg error in one string for the whole process, which
+    // decode threads failing at once overwrite: the header is read again by this thread's own
+    // libjpeg decoder for its message (TurboJPEG's own refusals have their handle's).
+    const char* why = jpegHeaderError(bytes);
+    throw InputError(detail::concat("bad JPEG header: ", why ? why : tjGetErrorStr2(tj)));
+  }
+  // A stream of tables only (no frame) passes TurboJPEG's header read with no size at all.
+  if (width <= 0 || height <= 0) {
+    const char* why = jpegHeaderError(bytes);
+    throw InputError(detail::concat("bad JPEG header: ", why ? why : "no image in it"));
   }
   return {height, width, colorspace == TJCS_GRAY ? 1 : 3};
 }
@@ -95,6 +106,21 @@ struct JpegDecoder {
   JpegDecoder(const JpegDecoder&) = delete;
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 };
+
+// What libjpeg says of the header, or nullptr if it reads it.
+const char* jpegHeaderError(std::string_view bytes) {
+  thread_local JpegDecoder d;
+  jpeg_decompress_struct* cinfo = &d.cinfo;
+  if (setjmp(d.errors.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return d.errors.message;
+  }
+  jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(cinfo, TRUE);
+  jpeg_abort_decompress(cinfo);
+  return nullptr;
+}
 
 constexpr int kRegionMargin = 2;
 

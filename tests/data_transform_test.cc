@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/db.h"
@@ -136,6 +138,34 @@ TEST(JpegRegion, ATruncatedOrCmykJpegIsRefusedAsSuch) {
                 decodeJpegRegion(jpeg, 3, Rect{0, 0, 64, 64}, 3, region);
               }),
               HasSubstr("only 1, 2, 4 or 8"));
+}
+
+// A bad JPEG header's error says what libjpeg found in that record, even while other threads
+// probe other bad records: TurboJPEG keeps libjpeg's text in one string for the whole process. A
+// stream with no image in it (TurboJPEG's header read passes one, with no size) is one.
+TEST(JpegHeader, BadHeadersProbedFromManyThreadsEachSayTheirOwnError) {
+  const std::string jpeg = encodeJpeg(photo(64, 64), 90);
+  const std::string no_image("\xFF\xD8\xFF\xD9", 4);  // a start, then the end of the image
+  const std::vector<std::string> bad{jpeg.substr(0, 24), no_image};
+  std::vector<std::string> expected;
+  for (const auto& b : bad)
+    expected.push_back(errorOf([&] { probeImage(b); }));
+  ASSERT_THAT(expected[0], HasSubstr("bad JPEG header"));
+  ASSERT_THAT(expected[1], HasSubstr("bad JPEG header"));
+  ASSERT_NE(expected[0], expected[1]);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 300; ++round) {
+        const std::size_t k = static_cast<std::size_t>(t + round) % bad.size();
+        if (errorOf([&] { probeImage(bad[k]); }) != expected[k]) ++wrong;
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  EXPECT_EQ(wrong.load(), 0) << expected[0] << " / " << expected[1];
 }
 
 // The transform of the whole image at its own size, with no draw, is the normalisation only.
