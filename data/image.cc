@@ -25,8 +25,13 @@ struct TjDeleter {
 using TjHandle = std::unique_ptr<void, TjDeleter>;
 
 // One decompressor and one compressor per thread, created on first use.
+TjHandle& decompressorHandle() {
+  thread_local TjHandle handle;
+  return handle;
+}
 tjhandle decompressor() {
-  thread_local TjHandle handle(tjInitDecompress());
+  TjHandle& handle = decompressorHandle();
+  if (!handle) handle.reset(tjInitDecompress());
   if (!handle)
     throw IoError(detail::concat("cannot start a JPEG decoder: ", tjGetErrorStr2(nullptr)));
   return handle.get();
@@ -61,7 +66,12 @@ ImageInfo probeJpeg(std::string_view bytes) {
     // decode threads failing at once overwrite: the header is read again by this thread's own
     // libjpeg decoder for its message (TurboJPEG's own refusals have their handle's).
     const char* why = jpegHeaderError(bytes);
-    throw InputError(detail::concat("bad JPEG header: ", why ? why : tjGetErrorStr2(tj)));
+    const std::string message = detail::concat("bad JPEG header: ", why ? why : tjGetErrorStr2(tj));
+    // TurboJPEG's header read returns from a libjpeg error without aborting: its decompressor
+    // stays mid-header, and this thread's next JPEG would be read as the rest of that header
+    // ("Bogus DQT index 15" of a good image). A new one, then.
+    decompressorHandle().reset();
+    throw InputError(message);
   }
   // A stream of tables only (no frame) passes TurboJPEG's header read with no size at all.
   if (width <= 0 || height <= 0) {

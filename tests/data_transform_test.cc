@@ -140,6 +140,19 @@ TEST(JpegRegion, ATruncatedOrCmykJpegIsRefusedAsSuch) {
               HasSubstr("only 1, 2, 4 or 8"));
 }
 
+// A bad header leaves the thread's decoder fit for the next record: TurboJPEG's header read
+// returns from libjpeg's error mid-header, and a good image after it read as the rest of that
+// header ("Bogus DQT index 15"), so that with skip_bad_records every record after a bad one on
+// that thread would have been skipped too.
+TEST(JpegHeader, AGoodImageAfterABadHeaderOnTheSameThreadIsRead) {
+  const std::string jpeg = encodeJpeg(photo(48, 64), 90);
+  EXPECT_THAT(errorOf([&] { probeImage(jpeg.substr(0, 24)); }), HasSubstr("bad JPEG header"));
+  const ImageInfo info = probeImage(jpeg);
+  EXPECT_EQ(info.height, 48);
+  EXPECT_EQ(info.width, 64);
+  EXPECT_EQ(info.channels, 3);
+}
+
 // A bad JPEG header's error says what libjpeg found in that record, even while other threads
 // probe other bad records: TurboJPEG keeps libjpeg's text in one string for the whole process. A
 // stream with no image in it (TurboJPEG's header read passes one, with no size) is one.
