@@ -473,16 +473,13 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // Replicas on GPUs keep no OpenMP team: each reader then has a thread of its own, so that a
   // batch is read while the GPU computes, not between steps on the replica's thread while the GPU
   // waits; not the pool's, which it would hold while it waits for its pinned buffer's last copy.
-  const bool on_gpus =
-      std::any_of(p.devices.replicas.begin(), p.devices.replicas.end(),
-                  [](const kernels::Device& d) { return d.kind == kernels::DeviceKind::kCuda; });
   const bool spare_core = threads < defaultThreads();
-  const auto gpuOf = [&](std::uint32_t r) {
+  const auto gpuOf = [&](std::uint32_t r) {  // replica r's GPU, or -1
     const kernels::Device& d = p.devices.replicas[r];
     return d.kind == kernels::DeviceKind::kCuda ? d.index : -1;
   };
   const auto readerThread = [&](std::uint32_t r) {
-    if (on_gpus) return SpawnOptions{.thread = layout.nameOf(reader_address(r))};
+    if (gpuOf(r) >= 0) return SpawnOptions{.thread = layout.nameOf(reader_address(r))};
     return spare_core ? SpawnOptions{} : computeThread(r);
   };
   for (std::uint32_t r = 0; r < k; ++r) {

@@ -60,23 +60,22 @@ const char* jpegHeaderError(std::string_view bytes);
 ImageInfo probeJpeg(std::string_view bytes) {
   tjhandle tj = decompressor();
   int width = 0, height = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj, bytesOf(bytes), bytes.size(), &width, &height, &subsamp,
-                          &colorspace) != 0) {
+  const bool read = tjDecompressHeader3(tj, bytesOf(bytes), bytes.size(), &width, &height, &subsamp,
+                                        &colorspace) == 0;
+  // A stream of tables only (no frame) passes TurboJPEG's header read with no size at all.
+  if (!read || width <= 0 || height <= 0) {
     // TurboJPEG keeps the text of a libjpeg error in one string for the whole process, which
     // decode threads failing at once overwrite: the header is read again by this thread's own
     // libjpeg decoder for its message (TurboJPEG's own refusals have their handle's).
     const char* why = jpegHeaderError(bytes);
-    const std::string message = detail::concat("bad JPEG header: ", why ? why : tjGetErrorStr2(tj));
+    const std::string message = detail::concat("bad JPEG header: ", why    ? why
+                                                                    : read ? "no image in it"
+                                                                           : tjGetErrorStr2(tj));
     // TurboJPEG's header read returns from a libjpeg error without aborting: its decompressor
     // stays mid-header, and this thread's next JPEG would be read as the rest of that header
     // ("Bogus DQT index 15" of a good image). A new one, then.
-    decompressorHandle().reset();
+    if (!read) decompressorHandle().reset();
     throw InputError(message);
-  }
-  // A stream of tables only (no frame) passes TurboJPEG's header read with no size at all.
-  if (width <= 0 || height <= 0) {
-    const char* why = jpegHeaderError(bytes);
-    throw InputError(detail::concat("bad JPEG header: ", why ? why : "no image in it"));
   }
   return {height, width, colorspace == TJCS_GRAY ? 1 : 3};
 }

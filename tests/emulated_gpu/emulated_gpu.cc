@@ -237,11 +237,7 @@ class Conv final : public ConvOp, Queued<ConvOp> {
   }
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
-    auto call = [](ConvOp& op, auto&... t) { op.backward(t...); };
-    if (!g_.channels_last) return queue(call, x, w, dy, dx, dw, db);
-    Nhwc dx_layout = in(), dw_layout = filter();
-    dx_layout.out = dw_layout.out = true;
-    queueNhwc(call, {in(), filter(), out(false), dx_layout, dw_layout, {}}, x, w, dy, dx, dw, db);
+    queueBackward([](ConvOp& op, auto&... t) { op.backward(t...); }, x, w, dy, dx, dw, db);
   }
   // As cuDNN's backward-data with beta 1: the gradient computed apart, then added (as the CPU net
   // adds a second writer's scratch, so that the two end with the same bits).
@@ -253,13 +249,19 @@ class Conv final : public ConvOp, Queued<ConvOp> {
       op.backward(x, w, dy, own, dw, db);
       cpu->axpy(1.0f, own, dx);
     };
+    queueBackward(call, x, w, dy, dx, dw, db);
+  }
+
+ private:
+  // A backward call (x, w, dy, dx, dw, db) queued, in NCHW for the CPU's op: dx and dw written.
+  template <typename Call>
+  void queueBackward(Call call, const Tensor& x, const Tensor& w, const Tensor& dy,
+                     const Tensor& dx, const Tensor& dw, const Tensor& db) {
     if (!g_.channels_last) return queue(call, x, w, dy, dx, dw, db);
     Nhwc dx_layout = in(), dw_layout = filter();
     dx_layout.out = dw_layout.out = true;
     queueNhwc(call, {in(), filter(), out(false), dx_layout, dw_layout, {}}, x, w, dy, dx, dw, db);
   }
-
- private:
   static ConvGeometry nchw(ConvGeometry g) {
     g.channels_last = false;
     return g;
