@@ -312,7 +312,7 @@ std::vector<InfoItem> schedules() {
       {"local", {"local"}, "one process; its replicas' gradients summed in memory"},
       {"device",
        {"device"},
-       "one process; gradients summed on a GPU (not yet: troupe does not train on GPUs)"},
+       "one process; its replicas' gradients summed on a GPU (by NCCL with --reducer nccl)"},
       {"bsp-allreduce",
        {},
        "workers sum gradients by ring or hierarchical allreduce, every step (Horovod's way)"},

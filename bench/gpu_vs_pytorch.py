@@ -37,7 +37,14 @@ def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32"):
     # What the CUDA backend said of its ways (a batch norm cuDNN refused for this type and layout,
     # which costs speed): kept with the row.
     notes = [line for line in p.stdout.splitlines() if line.startswith("troupe cuda:")]
-    return {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
+    # The host's share of a step (the wall time it spent queueing the work): near the step's own
+    # time, the host sets the pace.
+    host = re.search(r"\(([\d.]+) ms/step, cpu [\d.]+ ms/step, host ([\d.]+) ms/step\)",
+                     p.stdout)
+    row = {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
+    if host:
+        row["step_ms"], row["host_ms"] = float(host.group(1)), float(host.group(2))
+    return row
 
 
 def pytorch_rate(*args, **kwargs):
@@ -129,8 +136,9 @@ def main():
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | troupe / eager | "
-          "troupe peak MiB | PyTorch peak MiB | torch.compile images/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "troupe peak MiB | PyTorch peak MiB | torch.compile images/s | "
+          "troupe ms/step (host's) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     def num(d, key):
         return f"{d[key]:.0f}" if key in d else "failed" if d else "-"
 
@@ -140,7 +148,8 @@ def main():
         comp = r.get("pytorch_compile", {})
         print(f"| {r['model']} | {r['batch']} | {r['precision']} | "
               f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
-              f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} |")
+              f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} | "
+              + (f"{t['step_ms']:.1f} ({t['host_ms']:.1f}) |" if "host_ms" in t else "- |"))
     failed = [(side, r) for r in rows for side in ("troupe", "pytorch", "pytorch_compile")
               if "error" in r.get(side, {})]
     for side, r in failed[:2]:

@@ -6,14 +6,19 @@
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
-//                        [--channels-last] [--deterministic] [--no-fuse]
+//                        [--channels-last] [--deterministic] [--no-fuse] [--host-ops]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
 // test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
 // images on the device (NetOptions::channels_last; memory_format nhwc). --no-fuse: each ReLU on its
 // own, not in its batch norm's pass (NetOptions::fuse), to measure what the fusion gives.
+// --host-ops: the host's and the device's time per call of single ResNet-50 ops (convolutions,
+// batch norms, a ReLU) in the run's type and layout, to tell which calls keep a GPU waiting.
+// "host" in a row: the wall time per step the host spent queueing the step's work, its waits
+// left out; on a device, a figure near the step's own says the host sets the pace, not the GPU.
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,10 +52,18 @@ double cpuSeconds() {
 // machine where other processes compete for the cores (wall time then includes waiting).
 double g_cpu_per_call = 0;
 
-// Runs fn repeatedly for about `seconds` after a warm-up; returns seconds per call.
-double timeIt(const std::function<void()>& fn, double seconds) {
+// Wall seconds per step that the host spent queueing a training step's work (forward, backward,
+// unscale, update), its waits (fp16's finiteness read, the synchronize) left out. On a device,
+// near the step's own time it says that the host, not the GPU, sets the pace.
+double g_host_per_step = 0;
+
+// Runs fn repeatedly for about `seconds` after a warm-up (then calls warmed, if given); returns
+// seconds per call.
+double timeIt(const std::function<void()>& fn, double seconds,
+              const std::function<void()>& warmed = nullptr) {
   for (int i = 0; i < 3; ++i)
     fn();
+  if (warmed) warmed();
   int calls = 0;
   const auto start = Clock::now();
   const double cpu_start = cpuSeconds();
@@ -117,28 +130,42 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   const int per_call = backend.device().kind == DeviceKind::kCpu ? 1 : 5;
   int step = 0;
   float loss_scale = precision == DType::kFloat16 ? 65536.0f : 1.0f;  // halved on overflow
+  double host = 0;  // seconds queueing, over `steps`
+  std::int64_t steps = 0;
   const double per_step =
       timeIt(
           [&] {
             for (int i = 0; i < per_call; ++i) {
               const int b = step++ % batches;
+              ++steps;
+              auto queued = Clock::now();
               net->forward(images[b], labels[b], true);
               net->backward(loss_scale / static_cast<float>(batch), nullptr);
+              host += std::chrono::duration<double>(Clock::now() - queued).count();
               if (precision == DType::kFloat16) {
                 if (!backend.allFinite({net->grads()})) {  // skipped, as the updater does
                   loss_scale /= 2;
                   continue;
                 }
+                queued = Clock::now();
                 backend.scale(net->grads(), 1.0f / loss_scale);
+              } else {
+                queued = Clock::now();
               }
               sgd->stepRange(net->weights(), net->grads(), 0, net->numParams(), 0.01f);
+              host += std::chrono::duration<double>(Clock::now() - queued).count();
             }
             if (!sgd->finite()) std::fprintf(stderr, "warning: the weights are not finite\n");
             backend.synchronize();
           },
-          seconds) /
+          seconds,
+          [&] {
+            host = 0;
+            steps = 0;
+          }) /
       per_call;
   g_cpu_per_call /= per_call;
+  g_host_per_step = host / static_cast<double>(steps);
   return per_step;
 }
 
@@ -190,6 +217,83 @@ void poolRow(Backend& backend, const char* name, PoolGeometry g, double seconds)
   opRow(name, 0, fwd, bwd, fwd_cpu, g_cpu_per_call);
 }
 
+// Host and device time of single ops as a ResNet-50 step calls them, in the step's type and
+// layout: `calls` calls queued right after a synchronize (the host's wall time per call, the
+// queue never full), then the synchronize (the device's time per call once the host is ahead).
+// A step of ~160 convolution and ~110 batch-norm calls whose host time nears the step's own
+// says which calls keep the GPU waiting.
+void hostTimed(const char* name, Backend& backend, const std::function<void()>& fn) {
+  const int calls = 64;
+  for (int i = 0; i < 3; ++i)
+    fn();
+  backend.synchronize();
+  double host = 1e30, device = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    const auto start = Clock::now();
+    for (int i = 0; i < calls; ++i)
+      fn();
+    const auto queued = Clock::now();
+    backend.synchronize();
+    const auto done = Clock::now();
+    host = std::min(host, std::chrono::duration<double>(queued - start).count() / calls);
+    device = std::min(device, std::chrono::duration<double>(done - start).count() / calls);
+  }
+  std::printf("  %-50s host %7.1f us/call  device %8.1f us/call\n", name, host * 1e6, device * 1e6);
+}
+
+Tensor randomOf(Backend& backend, const Shape& shape, DType dtype, std::uint64_t stream) {
+  Tensor f = randomTensor(backend, shape, stream);
+  if (dtype == DType::kFloat32) return f;
+  Tensor t = backend.empty(shape, dtype);
+  backend.cast(f, t);
+  return t;
+}
+
+void hostOpRows(Backend& backend, std::int64_t n, DType dtype, bool channels_last) {
+  std::printf("host and device time per op call, batch %lld:\n", static_cast<long long>(n));
+  struct Conv {
+    const char* name;
+    ConvGeometry g;
+  };
+  const Conv convs[] = {
+      {"conv 3x3 64->64 at 56x56", {n, 64, 56, 56, 64, 3, 1, 1, false, channels_last}},
+      {"conv 1x1 256->64 at 56x56", {n, 256, 56, 56, 64, 1, 1, 0, false, channels_last}},
+      {"conv 3x3 512->512 at 7x7", {n, 512, 7, 7, 512, 3, 1, 1, false, channels_last}},
+  };
+  for (const auto& [name, g] : convs) {
+    auto op = backend.makeConv(g);
+    Tensor x = randomOf(backend, {g.n, g.channels, g.height, g.width}, dtype, 2);
+    Tensor w = randomOf(backend, {g.out_channels, g.channels, g.kernel, g.kernel}, dtype, 3);
+    Tensor y = backend.empty({g.n, g.out_channels, g.outHeight(), g.outWidth()}, dtype);
+    Tensor dy = randomOf(backend, y.shape(), dtype, 4);
+    Tensor dx = backend.empty(x.shape(), dtype), dw = backend.empty(w.shape(), dtype);
+    hostTimed((std::string(name) + " forward").c_str(), backend,
+              [&] { op->forward(x, w, Tensor(), y); });
+    hostTimed((std::string(name) + " backward (data, filter)").c_str(), backend,
+              [&] { op->backward(x, w, dy, dx, dw, Tensor()); });
+  }
+  for (const bool relu : {false, true}) {
+    BatchNormGeometry g{n, 256, 56 * 56, 0.1f, 1e-5f, channels_last, relu, false};
+    auto op = backend.makeBatchNorm(g);
+    const Shape xs{g.n, g.channels, g.spatial}, cs{g.channels};
+    Tensor x = randomOf(backend, xs, dtype, 5), dy = randomOf(backend, xs, dtype, 6);
+    Tensor y = backend.empty(xs, dtype), dx = backend.empty(xs, dtype);
+    Tensor gamma = randomTensor(backend, cs, 7), beta = randomTensor(backend, cs, 8);
+    Tensor mean = randomTensor(backend, cs, 9), var = backend.empty(cs);
+    backend.fill(var, 1.0f);
+    Tensor dgamma = backend.empty(cs), dbeta = backend.empty(cs);
+    const std::string name = relu ? "batch norm + ReLU 256 at 56x56" : "batch norm 256 at 56x56";
+    hostTimed((name + " forward").c_str(), backend,
+              [&] { op->forward(x, Tensor(), gamma, beta, mean, var, y, true); });
+    hostTimed((name + " backward").c_str(), backend,
+              [&] { op->backward(x, y, gamma, dy, dx, Tensor(), dgamma, dbeta); });
+  }
+  auto relu = backend.makeRelu(n * 256 * 56 * 56);
+  Tensor x = randomOf(backend, {n * 256 * 56 * 56}, dtype, 10);
+  Tensor y = backend.empty(x.shape(), dtype);
+  hostTimed("relu 256 at 56x56 forward", backend, [&] { relu->forward(x, y); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,6 +308,7 @@ int main(int argc, char** argv) {
   std::string precision_name = "fp32";
   bool channels_last = false;
   bool fuse = true;
+  bool host_ops = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -233,6 +338,8 @@ int main(int argc, char** argv) {
       channels_last = true;
     else if (arg == "--no-fuse")
       fuse = false;
+    else if (arg == "--host-ops")
+      host_ops = true;
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {
@@ -271,9 +378,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", model.c_str(), e.what());
       return 1;
     }
-    std::printf("%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step)",
-                model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
-                g_cpu_per_call * 1e3);
+    std::printf(
+        "%-9s batch=%lld threads=%d samples/s=%.0f  (%.3f ms/step, cpu %.3f ms/step, host %.3f "
+        "ms/step)",
+        model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
+        g_cpu_per_call * 1e3, g_host_per_step * 1e3);
     if (on.kind == DeviceKind::kCuda) {
       std::printf(" device=%s tf32=%d precision=%s layout=%s peak_memory_mib=%.0f", device.c_str(),
                   cuda.tf32 ? 1 : 0, precision_name.c_str(), channels_last ? "nhwc" : "nchw",
@@ -282,6 +391,7 @@ int main(int argc, char** argv) {
     std::printf(" fused_bn_relu=%d\n", fuse ? 1 : 0);
     std::fflush(stdout);
   }
+  if (host_ops) hostOpRows(*backend, batch, precision, channels_last);
   if (ops) {
     const double s = seconds / 6;
     std::printf("per op, batch %lld, %d threads:\n", static_cast<long long>(batch), threads);

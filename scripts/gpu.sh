@@ -6,23 +6,26 @@
 #                                # (binaries, the plugin, the Debian .so files they load,
 #                                # Fashion-MNIST's IDX files): under 64 MiB
 #   bash scripts/gpu.sh run      # there, in the repository's copy, with .gpu carried: unpacks,
-#                                # then writes under $OUT (default out/gpu) what it ran and found
+#                                # runs the parts, and leaves in $OUT (default out/gpu) two files:
+#                                # summary.txt and results.tgz, every part's log and trace, packed
+#                                # anew after each part (the device tool brings back at most 8
+#                                # files, so a call that runs out of time still brings them all)
 #
 # run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager in bf16 and fp32 at batch
+# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager in fp16 and fp32 at batch
 # 64, 128 and 256 (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
 # (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
 # (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
-# and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in fp16 and TF32,
+# and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in bf16 and TF32,
 # LeNet in bf16, through NCCL (a group of one GPU) and in 2 processes with NCCL on one GPU (which
 # NCCL must refuse, not hang), ResNet-50 through the whole trainer, LeNet in 2 processes and 1,
 # and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its persistent one and with
-# each ReLU apart from its batch norm. Each part's log is its own file; a part that fails does
-# not stop the others, and the exit status says whether any failed. The parts share BUDGET
-# seconds (default 570, under a call's 600): a part gets what is left, and none starts with less
-# than 20 (or the part's own least, for the long ones). PARTS="resnet50_compile input" runs only
-# the parts named (a second call going on where a first one's budget ran out; the names are
-# those of summary.txt), with MIXED= the mixed precision that summary.txt says the first chose.
+# each ReLU apart from its batch norm, and in fp32 channels-last. Each part's log is its own
+# file; a part that fails does not stop the others, and the exit status says whether any failed.
+# The parts share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and
+# none starts with less than 20 (or the part's own least, for the long ones).
+# PARTS="resnet50_compile input" runs only the parts named (a second call going on where a first
+# one's budget ran out; the names are those of summary.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -92,14 +95,26 @@ part() {  # part NAME LIMIT[:LEAST] COMMAND...: runs it, its output in $OUT/NAME
   echo "   exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
   tail -n 25 "$OUT/$name.txt"
   ((rc == 0)) || failed=$((failed + 1))
+  pack
+}
+
+# Every part's files, in the work folder $OUT, packed into $final/results.tgz beside a copy of
+# summary.txt: two files whatever the number of parts (the device tool brings back 8 at most).
+pack() {
+  tar -C "$OUT" -czf "$final/.results.tgz" . && mv "$final/.results.tgz" "$final/results.tgz"
+  cp "$OUT/summary.txt" "$final/summary.txt"
 }
 
 run() {
-  OUT=${OUT:-out/gpu}
-  mkdir -p "$OUT"
+  final=${OUT:-out/gpu}
+  mkdir -p "$final"
+  final=$(cd "$final" && pwd)
   local root=/tmp/troupe-gpu
   rm -rf "$root" && mkdir -p "$root"
   tar -C "$root" -xJf .gpu/bundle.tar.xz || { echo "no .gpu/bundle.tar.xz: carry .gpu"; exit 2; }
+  # The parts write here; pack() copies it all to $final after each part.
+  OUT=$root/out
+  mkdir -p "$OUT"
   export LD_LIBRARY_PATH="$root/lib:$(wheel_libs):/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   # GPU_PLUGIN: another plugin, e.g. the tests' emulated GPU to rehearse the call here
   # (GPU_PLUGIN=$PWD/build/tests/libtroupe_emulated_gpu.so).
@@ -117,24 +132,14 @@ run() {
   part info 20 "$troupe" info
   part cuda_tests 90 "$root/bin/troupe_cuda_tests"
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
-  # part cut short keeps the rows it printed). Mixed precision is bf16, unless the op tests found
-  # that cuDNN refuses bf16 channels-last in its persistent batch norm, or with its ReLU (PyTorch
-  # never asks cuDNN for a bf16 batch norm): troupe then takes slower ways, and fp16, which cuDNN
-  # documents for those calls, comes first. The other and TF32 come later (resnet50_more).
-  # A second call, without the op tests' log, is told the first's choice: MIXED=fp16.
-  local mixed=${MIXED:-}
-  if [[ -z $mixed ]]; then
-    mixed=bf16
-    if grep -qE "persistent batch norm( with its ReLU)? refused bfloat16 channels-last" \
-      "$OUT/cuda_tests.txt" 2>/dev/null; then
-      mixed=fp16
-      echo "   cuDNN refused bf16 channels-last batch norm: fp16 first" | tee -a "$OUT/summary.txt"
-    fi
-  fi
+  # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
+  # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32
+  # come later (resnet50_more). (The op tests' notes of a refused batch norm cannot choose it:
+  # their 5-channel cases are refused in every type.) MIXED=bf16 puts bf16 first.
+  local mixed=${MIXED:-fp16}
   local other=bf16
   [[ $mixed == bf16 ]] && other=fp16
-  echo "   mixed precision: $mixed (a second call: MIXED=$mixed PARTS=...)" |
-    tee -a "$OUT/summary.txt"
+  echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
   part resnet50 220 "${r50bench[@]}" --precisions "${PRECISIONS:-$mixed,fp32}"
@@ -167,6 +172,10 @@ run() {
   part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
     --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
   # The rest, for what the figures above do not show.
+  # Where a step's host time goes (troupe_kernels_bench's host figure beside its step's): the host
+  # and device time of single convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
+  part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
+    --seconds 2 --no-ops --precision fp16 --channels-last --host-ops
   part resnet50_more 200:40 "${r50bench[@]}" --precisions "${MORE_PRECISIONS:-$other,tf32}"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
     --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"
@@ -200,7 +209,13 @@ run() {
     --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last)
   part resnet50_bn_spatial 60 env TROUPE_CUDA_BATCH_NORM=spatial "${variant[@]}"
   part resnet50_no_fuse 60 "${variant[@]}" --no-fuse
+  # fp32 in channels-last, which troupe's resnet50 rows keep for the tensor-core types (PyTorch's
+  # rows are channels-last in every type): is it the faster layout for float32 too?
+  part resnet50_fp32_nhwc 30 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
+    --batch 128 --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last
   echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
+  pack
+  echo "results: $final/summary.txt and $final/results.tgz (tar -xzf it)"
   ((failed == 0))
 }
 
