@@ -12,7 +12,9 @@
 #                                # files, so a call that runs out of time still brings them all)
 #
 # run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), ResNet-50 training steps troupe vs PyTorch eager in fp16 and fp32 at batch
+# op against the CPU's), the host's and the device's time per call of single ResNet-50 ops, and
+# ResNet-50 with its convolutions by cuDNN's graph-API plans (TROUPE_CUDA_CONV=graph), ResNet-50
+# training steps troupe vs PyTorch eager in fp16 and fp32 at batch
 # 64, 128 and 256 (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
 # (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
 # (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
@@ -131,6 +133,18 @@ run() {
   part nvidia-smi 20 nvidia-smi
   part info 20 "$troupe" info
   part cuda_tests 90 "$root/bin/troupe_cuda_tests"
+  # First, in a minute, what decides the next step of the speed work. Where a step's host time
+  # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
+  # convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
+  part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
+    --seconds 2 --no-ops --precision fp16 --channels-last --host-ops
+  # The convolutions by cuDNN's graph-API plans instead of its legacy calls
+  # (TROUPE_CUDA_CONV=graph): ResNet-50 at batch 64 and 128 beside the resnet50 part's fp16 rows,
+  # then the host_ops rows.
+  part conv_graph 90 env TROUPE_CUDA_CONV=graph bash -c \
+    'for b in 64 128; do "$@" --batch $b; done; "$@" --batch 64 --seconds 1 --host-ops' _ \
+    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --seconds 3 --no-ops \
+    --precision fp16 --channels-last
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
   # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
   # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32
@@ -172,10 +186,6 @@ run() {
   part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
     --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
   # The rest, for what the figures above do not show.
-  # Where a step's host time goes (troupe_kernels_bench's host figure beside its step's): the host
-  # and device time of single convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
-  part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
-    --seconds 2 --no-ops --precision fp16 --channels-last --host-ops
   part resnet50_more 200:40 "${r50bench[@]}" --precisions "${MORE_PRECISIONS:-$other,tf32}"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
     --log_dir "$OUT/lenet_gpu_bf16" --checkpoint_dir "$root/ck_gpu_bf16"

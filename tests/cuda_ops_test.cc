@@ -286,6 +286,60 @@ TEST_F(CudaOps, ConvolutionForwardAndBackward) {
   }
 }
 
+// TROUPE_CUDA_CONV=graph: the convolutions by cuDNN's graph-API plans (kernels/cuda/conv_plan.h),
+// each direction and the adding backward, in both layouts, against the CPU's; and cuDNN took
+// every plan (a refused one would fall back to the legacy calls, and say so).
+TEST_F(CudaOps, ConvolutionsByGraphPlansAgreeWithTheCpu) {
+  setenv("TROUPE_CUDA_CONV", "graph", 1);
+  ::testing::internal::CaptureStderr();
+  for (const bool channels_last : {false, true}) {
+    for (auto g : {ConvGeometry{2, 16, 9, 9, 8, 3, 1, 1, false},
+                   ConvGeometry{2, 16, 9, 9, 12, 3, 2, 1, false},
+                   ConvGeometry{3, 8, 8, 8, 16, 1, 1, 0, false}}) {
+      SCOPED_TRACE(::testing::Message() << "kernel " << g.kernel << " stride " << g.stride
+                                        << (channels_last ? " channels last" : " NCHW"));
+      const std::int64_t hw = g.height * g.width, ohw = g.outHeight() * g.outWidth(),
+                         rs = g.kernel * g.kernel;
+      const Tensor x = randomHost({g.n, g.channels, g.height, g.width}, 91),
+                   w = randomHost({g.out_channels, g.channels, g.kernel, g.kernel}, 92),
+                   dy = randomHost({g.n, g.out_channels, g.outHeight(), g.outWidth()}, 93),
+                   first = randomHost(x.shape(), 94);
+      Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape()),
+             dw = Tensor::host(w.shape()), db = Tensor::host({g.out_channels});
+      auto c = cpu_->makeConv(g);
+      c->forward(x, w, Tensor(), y);
+      c->backward(x, w, dy, dx, dw, db);
+      Tensor sum = copyOf(first);
+      cpu_->axpy(1.0f, dx, sum);
+      g.channels_last = channels_last;
+      auto d = gpu_->makeConv(g);
+      auto layout = [&](const Tensor& t, std::int64_t n, std::int64_t ch, std::int64_t s) {
+        return up(channels_last ? nhwcOf(t, n, ch, s) : t);
+      };
+      auto unlayout = [&](const Tensor& t, std::int64_t n, std::int64_t ch, std::int64_t s) {
+        const Tensor got = down(t);
+        return channels_last ? nchwOf(got, n, ch, s) : got;
+      };
+      const Tensor gx = layout(x, g.n, g.channels, hw),
+                   gw = layout(w, g.out_channels, g.channels, rs),
+                   gdy = layout(dy, g.n, g.out_channels, ohw);
+      Tensor gy = gpu_->empty(dy.shape()), gdx = gpu_->empty(x.shape()),
+             gdw = gpu_->empty(w.shape());
+      d->forward(gx, gw, Tensor(), gy);
+      d->backward(gx, gw, gdy, gdx, gdw, Tensor());
+      expectClose("y", y, unlayout(gy, g.n, g.out_channels, ohw));
+      expectClose("dx", dx, unlayout(gdx, g.n, g.channels, hw));
+      expectClose("dw", dw, unlayout(gdw, g.out_channels, g.channels, rs));
+      const Tensor gsum = layout(first, g.n, g.channels, hw);
+      d->backwardAddingToDx(gx, gw, gdy, gsum, gdw, Tensor());
+      expectClose("dx added", sum, unlayout(gsum, g.n, g.channels, hw));
+    }
+  }
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  unsetenv("TROUPE_CUDA_CONV");
+  EXPECT_EQ(said.find("refused a convolution"), std::string::npos) << said;
+}
+
 // A ResNet block's input gradient has two writers; the second one's convolution adds its part to
 // what the first wrote (cuDNN's backward-data with beta 1), in either layout.
 TEST_F(CudaOps, AConvolutionAddsItsInputGradientToWhatDxHolds) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/allocator.h"
+#include "kernels/cuda/conv_plan.h"
 #include "kernels/cuda/cuda_event.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/kernels.h"
@@ -180,6 +181,14 @@ struct ConvAlgos {
   std::size_t workspace = 0;
 };
 
+// The graph-API plans of one convolution geometry and pointer alignment (conv_plan.h), each built
+// on its first call: forward, backward filter, backward data, and backward data adding to dx.
+// A plan cuDNN refuses stays null (tried), and that direction keeps the legacy call.
+struct ConvPlans {
+  std::unique_ptr<ConvPlan> plans[4];
+  bool tried[4] = {false, false, false, false};
+};
+
 // Whether a cuDNN status says a call is not supported for these arguments (their type, layout or
 // shape) rather than that it failed: cuDNN 9 says why with a code within NOT_SUPPORTED or
 // BAD_PARAM. Not among them: what no other call would mend (a driver, runtime or architecture
@@ -228,8 +237,9 @@ const Perf& pickAlgo(const Perf* perf, int count, const char* what, bool determi
 class CudaConv final : public ConvOp {
  public:
   CudaConv(Context& ctx, const ConvGeometry& g,
-           std::map<std::vector<std::int64_t>, ConvAlgos>& cache)
-      : ctx_(ctx), g_(g), cache_(cache) {}
+           std::map<std::vector<std::int64_t>, ConvAlgos>& cache,
+           std::map<std::vector<std::int64_t>, ConvPlans>& plans)
+      : ctx_(ctx), g_(g), cache_(cache), plans_cache_(plans), graph_(graphWay()) {}
   ~CudaConv() override {
     if (conv_) cudnnDestroyConvolutionDescriptor(conv_);
     if (w_) cudnnDestroyFilterDescriptor(w_);
@@ -237,11 +247,15 @@ class CudaConv final : public ConvOp {
 
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     prepare(x.dtype());
-    void* ws = ctx_.scratch(algos_.workspace);
-    TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd_math));
-    TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_->get(), act(x), w_, act(w),
-                                              conv_, algos_.fwd, ws, algos_.workspace, &kZero,
-                                              y_->get(), act(y)));
+    if (const ConvPlan* plan = planFor(kForward, act(x), act(w), act(y))) {
+      plan->run(ctx_.cudnn, x.raw(), w.raw(), y.raw(), ctx_.scratch(plan->workspace()));
+    } else {
+      void* ws = ctx_.scratch(algos_.workspace);
+      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd_math));
+      TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_->get(), act(x), w_, act(w),
+                                                conv_, algos_.fwd, ws, algos_.workspace, &kZero,
+                                                y_->get(), act(y)));
+    }
     if (g_.bias) {
       channelBias(x.dtype(), act(y), act(b), g_.n, g_.out_channels, g_.outHeight() * g_.outWidth(),
                   g_.channels_last, ctx_.stream);
@@ -264,23 +278,110 @@ class CudaConv final : public ConvOp {
   void backwardInto(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                     const Tensor& dw, const Tensor& db, const float& dx_beta) {
     prepare(x.dtype());
-    void* ws = ctx_.scratch(algos_.workspace);
     if (wanted(dw)) {
-      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter_math));
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_->get(), act(x),
-                                                       y_->get(), act(dy), conv_, algos_.bwd_filter,
-                                                       ws, algos_.workspace, &kZero, w_, act(dw)));
+      if (const ConvPlan* plan = planFor(kFilter, act(x), act(dw), act(dy))) {
+        plan->run(ctx_.cudnn, x.raw(), dw.raw(), dy.raw(), ctx_.scratch(plan->workspace()));
+      } else {
+        void* ws = ctx_.scratch(algos_.workspace);
+        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter_math));
+        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(
+            ctx_.cudnn, &kOne, x_->get(), act(x), y_->get(), act(dy), conv_, algos_.bwd_filter, ws,
+            algos_.workspace, &kZero, w_, act(dw)));
+      }
     }
     if (g_.bias && wanted(db)) {
       channelBiasGradient(dy.dtype(), act(dy), act(db), g_.n, g_.out_channels,
                           g_.outHeight() * g_.outWidth(), g_.channels_last, ctx_.stream);
     }
     if (wanted(dx)) {
-      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data_math));
-      TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(
-          ctx_.cudnn, &kOne, w_, act(w), y_->get(), act(dy), conv_, algos_.bwd_data, ws,
-          algos_.workspace, &dx_beta, x_->get(), act(dx)));
+      const int kind = dx_beta == 0.0f ? kData : kDataAdding;
+      if (const ConvPlan* plan = planFor(kind, act(dx), act(w), act(dy))) {
+        plan->run(ctx_.cudnn, dx.raw(), w.raw(), dy.raw(), ctx_.scratch(plan->workspace()));
+      } else {
+        void* ws = ctx_.scratch(algos_.workspace);
+        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data_math));
+        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(
+            ctx_.cudnn, &kOne, w_, act(w), y_->get(), act(dy), conv_, algos_.bwd_data, ws,
+            algos_.workspace, &dx_beta, x_->get(), act(dx)));
+      }
     }
+  }
+
+  enum PlanKind { kForward, kFilter, kData, kDataAdding };
+
+  // With TROUPE_CUDA_CONV=graph, the direction's graph-API plan for pointers aligned as these
+  // (x, w and y of the call: dx, dw and dy where they are written), built on its first call;
+  // null where cuDNN refused it (said once), or by default (the legacy calls).
+  const ConvPlan* planFor(int kind, const void* x, const void* w, const void* y) {
+    if (!graph_) return nullptr;
+    const std::int64_t alignment = std::min({alignmentOf(x), alignmentOf(w), alignmentOf(y)});
+    std::vector<std::int64_t> key = key_;
+    key.push_back(alignment);
+    ConvPlans& plans = plans_cache_[key];
+    if (!plans.tried[kind]) {
+      plans.tried[kind] = true;
+      plans.plans[kind] = buildPlan(kind, alignment);
+    }
+    return plans.plans[kind].get();
+  }
+
+  // $TROUPE_CUDA_CONV, read as the op is made: legacy (the default) or graph.
+  static bool graphWay() {
+    const char* named = std::getenv("TROUPE_CUDA_CONV");
+    const std::string way = named ? named : "";
+    if (way.empty() || way == "legacy") return false;
+    if (way == "graph") return true;
+    throw InputError("TROUPE_CUDA_CONV=" + way + ": expected legacy or graph");
+  }
+
+  static std::int64_t alignmentOf(const void* p) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    std::int64_t a = 16;
+    while (a > 1 && address % static_cast<std::uintptr_t>(a) != 0)
+      a /= 2;
+    return a;
+  }
+
+  std::unique_ptr<ConvPlan> buildPlan(int kind, std::int64_t alignment) {
+    const ConvGeometry& g = g_;
+    ConvPlanSpec spec;
+    spec.kind = kind == kForward  ? ConvPlanSpec::Kind::kForward
+                : kind == kFilter ? ConvPlanSpec::Kind::kBackwardFilter
+                                  : ConvPlanSpec::Kind::kBackwardData;
+    spec.n = g.n;
+    spec.c = g.channels;
+    spec.h = g.height;
+    spec.w = g.width;
+    spec.k = g.out_channels;
+    spec.r = g.kernel;
+    spec.stride = g.stride;
+    spec.pad = g.pad;
+    spec.oh = g.outHeight();
+    spec.ow = g.outWidth();
+    spec.data = cudnnType(dtype_);
+    spec.nhwc = g.channels_last;
+    spec.tf32 = ctx_.options.tf32;
+    spec.deterministic = ctx_.options.deterministic;
+    spec.beta = kind == kDataAdding ? 1.0f : 0.0f;
+    spec.alignment = alignment;
+    // Scratch tensors of the call's shapes to time the engines on (dx, dw: written).
+    const Tensor x = ctx_.uninitialized({g.n, g.channels, g.height, g.width}, dtype_);
+    const Tensor w = ctx_.uninitialized({g.out_channels, g.channels, g.kernel, g.kernel}, dtype_);
+    const Tensor y = ctx_.uninitialized({g.n, g.out_channels, g.outHeight(), g.outWidth()}, dtype_);
+    std::string refused;
+    auto plan = ConvPlan::build(
+        ctx_.cudnn, ctx_.stream, spec, maxWorkspace(ctx_.device), x.raw(), w.raw(), y.raw(),
+        [&](std::size_t bytes) { return ctx_.scratch(bytes); }, &refused);
+    if (!plan) {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        std::fprintf(stderr,
+                     "troupe cuda: cuDNN's graph API refused a convolution (%s); its legacy "
+                     "calls instead\n",
+                     refused.c_str());
+      });
+    }
+    return plan;
   }
 
   // float16 and bfloat16 data accumulate in float (cuDNN's "pseudo" configurations) on tensor
@@ -325,6 +426,7 @@ class CudaConv final : public ConvOp {
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
     algos_ = it->second;
+    key_ = key;
   }
 
   cudnnMathType_t mathFor(DType dtype) const {
@@ -370,6 +472,9 @@ class CudaConv final : public ConvOp {
   Context& ctx_;
   ConvGeometry g_;
   std::map<std::vector<std::int64_t>, ConvAlgos>& cache_;
+  std::map<std::vector<std::int64_t>, ConvPlans>& plans_cache_;
+  std::vector<std::int64_t> key_;  // the geometry's, for both caches
+  bool graph_ = false;             // TROUPE_CUDA_CONV=graph
   DType dtype_ = DType::kFloat32;
   std::unique_ptr<TensorDesc> x_, y_;
   cudnnFilterDescriptor_t w_ = nullptr;
@@ -625,18 +730,26 @@ class CudaBatchNorm final : public BatchNormOp {
                                     : relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
                                            : CUDNN_BATCHNORM_OPS_BN;
     const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
-    std::size_t workspace = 0, reserve = 0;
-    cudnnStatus_t status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, z ? d : nullptr, d, param_.get(),
-        activation, &workspace);
-    if (status != CUDNN_STATUS_SUCCESS) return status;
-    status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, activation, d, &reserve);
-    if (status != CUDNN_STATUS_SUCCESS) return status;
-    // The reserve goes to the backward; the allocator's cache makes it no cudaMalloc after the
-    // first step.
-    reserve_ = reserve > 0 ? ctx_.allocator->allocate(reserve) : nullptr;
-    reserve_bytes_ = reserve;
+    // The sizes follow from the descriptors and ops alone: asked once for each ops.
+    ExSizes& sizes = forward_sizes_[ops];
+    if (!sizes.asked) {
+      sizes.asked = true;
+      sizes.status = cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, z ? d : nullptr, d, param_.get(),
+          activation, &sizes.workspace);
+      if (sizes.status == CUDNN_STATUS_SUCCESS) {
+        sizes.status = cudnnGetBatchNormalizationTrainingExReserveSpaceSize(
+            ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, activation, d, &sizes.reserve);
+      }
+    }
+    if (sizes.status != CUDNN_STATUS_SUCCESS) return sizes.status;
+    const std::size_t workspace = sizes.workspace, reserve = sizes.reserve;
+    // The reserve goes to the backward, and serves every step (each forward's backward is queued
+    // before the next forward, on the one stream).
+    if (reserve_bytes_ != reserve || (reserve > 0 && !reserve_)) {
+      reserve_ = reserve > 0 ? ctx_.allocator->allocate(reserve) : nullptr;
+      reserve_bytes_ = reserve;
+    }
     return cudnnBatchNormalizationForwardTrainingEx(
         ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, d, x.raw(),
         z ? d : nullptr, z ? act(*z) : nullptr, d, y.raw(), param_.get(), f32(gamma), f32(beta),
@@ -655,11 +768,15 @@ class CudaBatchNorm final : public BatchNormOp {
                                     : relu ? CUDNN_BATCHNORM_OPS_BN_ACTIVATION
                                            : CUDNN_BATCHNORM_OPS_BN;
     const cudnnActivationDescriptor_t activation = relu ? reluDesc() : nullptr;
-    std::size_t workspace = 0;
-    const cudnnStatus_t status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
-        ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, d, d, dz ? d : nullptr, d,
-        param_.get(), activation, &workspace);
-    if (status != CUDNN_STATUS_SUCCESS) return status;
+    ExSizes& sizes = backward_sizes_[ops];
+    if (!sizes.asked) {
+      sizes.asked = true;
+      sizes.status = cudnnGetBatchNormalizationBackwardExWorkspaceSize(
+          ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, d, d, d, dz ? d : nullptr, d,
+          param_.get(), activation, &sizes.workspace);
+    }
+    if (sizes.status != CUDNN_STATUS_SUCCESS) return sizes.status;
+    const std::size_t workspace = sizes.workspace;
     return cudnnBatchNormalizationBackwardEx(
         ctx_.cudnn, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, ops, &kOne, &kZero, &kOne, &kZero, d,
         act(x), relu ? d : nullptr, relu ? act(*y) : nullptr, d, act(dy), dz ? d : nullptr,
@@ -758,6 +875,14 @@ class CudaBatchNorm final : public BatchNormOp {
   Tensor mean_, invstd_;           // of the last training forward, for the backward
   std::shared_ptr<void> reserve_;  // the persistent way's, from the forward to the backward
   std::size_t reserve_bytes_ = 0;
+  // The persistent calls' workspace and reserve sizes, by cudnnBatchNormOps_t (BN, BN with its
+  // activation, BN with add and activation): asked on the first call of each.
+  struct ExSizes {
+    bool asked = false;
+    cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+    std::size_t workspace = 0, reserve = 0;
+  };
+  ExSizes forward_sizes_[3], backward_sizes_[3];
   // relu: whether cuDNN's persistent calls may still apply it, and whether the last training
   // forward had them do it (trained_ is then kPersistent; its backward has them do it too,
   // reading beta_ of that forward).
@@ -937,6 +1062,7 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     cudaStreamSynchronize(ctx_.stream);
+    conv_plans_.clear();  // before the handle they were built with
     cudaFreeHost(flag_host_);
     cublasDestroy(ctx_.cublas);
     cudnnDestroy(ctx_.cudnn);
@@ -1058,7 +1184,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
     setDevice();
-    return std::make_unique<CudaConv>(ctx_, g, conv_algos_);
+    return std::make_unique<CudaConv>(ctx_, g, conv_algos_, conv_plans_);
   }
   std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
     TROUPE_ENFORCE(
@@ -1102,6 +1228,7 @@ class CudaBackend final : public Backend {
 
   Context ctx_;
   std::map<std::vector<std::int64_t>, ConvAlgos> conv_algos_;
+  std::map<std::vector<std::int64_t>, ConvPlans> conv_plans_;
   Tensor flag_, updates_flag_;  // allFinite's; sgdUpdate's, gathered until updatesFinite()
   int* flag_host_ = nullptr;
 };

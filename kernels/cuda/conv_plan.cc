@@ -1,0 +1,325 @@
+// cuDNN graph-API convolution plans (conv_plan.h).
+#include "kernels/cuda/conv_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "kernels/cuda/cuda_util.h"
+
+namespace troupe::kernels::cuda {
+
+namespace {
+
+constexpr std::int64_t kX = 'x', kW = 'w', kY = 'y';  // the tensors' unique ids
+
+// A backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  Desc() = default;
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    TROUPE_CUDA_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(Desc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  Desc& operator=(Desc&& o) noexcept {
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  cudnnBackendDescriptor_t get() const { return d_; }
+  cudnnBackendDescriptor_t* address() { return &d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// What a step of building says when cuDNN does not take it: its status, thrown as a Refusal so
+// that build() returns null with the step's name.
+struct Refusal {
+  std::string what;
+};
+void take(cudnnStatus_t status, const char* step) {
+  if (status != CUDNN_STATUS_SUCCESS) {
+    (void)cudaGetLastError();  // a refused launch is not the next kernel's error
+    throw Refusal{std::string(step) + ": " + cudnnGetErrorString(status)};
+  }
+}
+template <typename T>
+void set(const Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+         std::int64_t count, const T* values, const char* step) {
+  take(cudnnBackendSetAttribute(d.get(), name, type, count, values), step);
+}
+
+// The handle attributes are deprecated in cuDNN 9.19's headers (for device-property
+// descriptors, since 9.8), and still taken; the handle is what a plan runs with.
+void setHandle(const Desc& d, bool plan, cudnnHandle_t handle) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const auto name = plan ? CUDNN_ATTR_EXECUTION_PLAN_HANDLE : CUDNN_ATTR_OPERATIONGRAPH_HANDLE;
+#pragma GCC diagnostic pop
+  set(d, name, CUDNN_TYPE_HANDLE, 1, &handle, "the handle");
+}
+
+Desc tensor(std::int64_t id, std::array<std::int64_t, 4> dims, bool nhwc, cudnnDataType_t type,
+            std::int64_t alignment) {
+  const auto [n, c, h, w] = dims;
+  (void)n;
+  const std::array<std::int64_t, 4> strides =
+      nhwc ? std::array<std::int64_t, 4>{h * w * c, 1, w * c, c}
+           : std::array<std::int64_t, 4>{c * h * w, h * w, w, 1};
+  Desc d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  set(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type, "a tensor's type");
+  set(d, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data(), "a tensor's shape");
+  set(d, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data(), "a tensor's strides");
+  set(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id, "a tensor's id");
+  set(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment, "a tensor's alignment");
+  take(cudnnBackendFinalize(d.get()), "a tensor");
+  return d;
+}
+
+// Whether an engine config's engine has any of `numerical` notes or `behavior` notes.
+bool noted(const Desc& config, const std::vector<cudnnBackendNumericalNote_t>& numerical,
+           const std::vector<cudnnBackendBehaviorNote_t>& behavior) {
+  Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  std::int64_t count = 0;
+  take(cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, engine.address()),
+       "an engine");
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+  take(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                CUDNN_TYPE_NUMERICAL_NOTE, notes.size(), &count, notes.data()),
+       "an engine's numerical notes");
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (std::find(numerical.begin(), numerical.end(), notes[i]) != numerical.end()) return true;
+  }
+  std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> behaviors{};
+  take(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
+                                CUDNN_TYPE_BEHAVIOR_NOTE, behaviors.size(), &count,
+                                behaviors.data()),
+       "an engine's behaviour notes");
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (std::find(behavior.begin(), behavior.end(), behaviors[i]) != behavior.end()) return true;
+  }
+  return false;
+}
+
+// Sets a descriptor-valued attribute to one descriptor.
+void setDesc(const Desc& d, cudnnBackendAttributeName_t name, const Desc& value, const char* step) {
+  cudnnBackendDescriptor_t v = value.get();
+  set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v, step);
+}
+
+// The engine configs cuDNN's heuristics in `mode` offer for the graph, best first.
+std::vector<Desc> configs(const Desc& graph, cudnnBackendHeurMode_t mode) {
+  Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  setDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph, "the heuristics' graph");
+  set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode, "the heuristics' mode");
+  take(cudnnBackendFinalize(heur.get()), "the heuristics");
+  std::int64_t count = 0;
+  take(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+       "the heuristics' count");
+  std::vector<Desc> out;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (std::int64_t i = 0; i < count; ++i) {
+    out.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(out.back().get());
+  }
+  std::int64_t got = 0;
+  if (count > 0) {
+    take(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+         "the heuristics' results");
+  }
+  out.resize(static_cast<std::size_t>(std::min(got, count)));
+  return out;
+}
+
+// A variant pack of one call: the three tensors' pointers and the workspace.
+Desc variantPack(const void* x, const void* w, const void* y, void* workspace) {
+  const std::array<std::int64_t, 3> ids{kX, kW, kY};
+  const std::array<void*, 3> pointers{const_cast<void*>(x), const_cast<void*>(w),
+                                      const_cast<void*>(y)};
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  TROUPE_CUDA_CHECK(cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                             CUDNN_TYPE_INT64, 3, ids.data()));
+  TROUPE_CUDA_CHECK(cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                             CUDNN_TYPE_VOID_PTR, 3, pointers.data()));
+  TROUPE_CUDA_CHECK(cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                                             CUDNN_TYPE_VOID_PTR, 1, &workspace));
+  TROUPE_CUDA_CHECK(cudnnBackendFinalize(pack.get()));
+  return pack;
+}
+
+}  // namespace
+
+// Everything a plan was built from, kept while it lives.
+struct ConvPlan::Descriptors {
+  Desc x, w, y, conv, op, graph;
+  std::vector<Desc> configs;
+  Desc plan;
+};
+
+ConvPlan::~ConvPlan() = default;
+
+std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t stream,
+                                          const ConvPlanSpec& s, std::size_t max_workspace, void* x,
+                                          void* w, void* y,
+                                          const std::function<void*(std::size_t)>& workspace,
+                                          std::string* refused) {
+  using Kind = ConvPlanSpec::Kind;
+  std::unique_ptr<ConvPlan> out(new ConvPlan);
+  out->alignment_ = s.alignment;
+  out->d_ = std::make_unique<Descriptors>();
+  Descriptors& d = *out->d_;
+  try {
+    d.x = tensor(kX, {s.n, s.c, s.h, s.w}, s.nhwc, s.data, s.alignment);
+    d.w = tensor(kW, {s.k, s.c, s.r, s.r}, s.nhwc, s.data, s.alignment);
+    d.y = tensor(kY, {s.n, s.k, s.oh, s.ow}, s.nhwc, s.data, s.alignment);
+
+    d.conv = Desc(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float16 and bfloat16 accumulate in float
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    const std::int64_t dims = 2;
+    const std::array<std::int64_t, 2> one{1, 1}, stride{s.stride, s.stride}, pad{s.pad, s.pad};
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "compute");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "dims");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, one.data(), "dilations");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data(),
+        "strides");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+    set(d.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+    take(cudnnBackendFinalize(d.conv.get()), "the convolution");
+
+    // Each direction's operation and the attributes that name its tensors (x, w, y: dx, dw, dy
+    // where written), its convolution, alpha and beta.
+    struct Names {
+      cudnnBackendDescriptorType_t type;
+      cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+    };
+    const Names names = s.kind == Kind::kForward
+                            ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA}
+                        : s.kind == Kind::kBackwardData
+                            ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA}
+                            : Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+    const float alpha = 1.0f, beta = s.beta;
+    d.op = Desc(names.type);
+    setDesc(d.op, names.x, d.x, "x");
+    setDesc(d.op, names.w, d.w, "w");
+    setDesc(d.op, names.y, d.y, "y");
+    setDesc(d.op, names.conv, d.conv, "the convolution");
+    set(d.op, names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha, "alpha");
+    set(d.op, names.beta, CUDNN_TYPE_FLOAT, 1, &beta, "beta");
+    take(cudnnBackendFinalize(d.op.get()), "the operation");
+
+    d.graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    setDesc(d.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, d.op, "the graph's operation");
+    setHandle(d.graph, /*plan=*/false, handle);
+    take(cudnnBackendFinalize(d.graph.get()), "the operation graph");
+
+    // The engines that may run this call: float32 without TF32 keeps off tensor cores (as the
+    // legacy path's FMA math), no reduction in float16 or bfloat16 (the legacy calls accumulate
+    // in float), none that compiles at run time (seconds each), and with `deterministic` none
+    // that cuDNN notes as nondeterministic.
+    std::vector<cudnnBackendNumericalNote_t> numerical{
+        CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION};
+    if (s.data == CUDNN_DATA_FLOAT && !s.tf32) {
+      numerical.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+      numerical.push_back(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
+    }
+    if (s.deterministic) numerical.push_back(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
+    const std::vector<cudnnBackendBehaviorNote_t> behavior{CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
+
+    std::string last = "no engine";
+    for (auto mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      try {
+        for (auto& config : configs(d.graph, mode))
+          d.configs.push_back(std::move(config));
+      } catch (const Refusal& r) {
+        last = r.what;  // the other mode's engines may still take it
+      }
+    }
+    // The first kCandidates plans that cuDNN finalizes, timed: each run once, then kRuns times
+    // between two events; the fastest kept.
+    constexpr int kCandidates = 8, kRuns = 3;
+    struct Events {
+      cudaEvent_t start = nullptr, stop = nullptr;
+      ~Events() {
+        if (start) cudaEventDestroy(start);
+        if (stop) cudaEventDestroy(stop);
+      }
+    } events;
+    TROUPE_CUDA_CHECK(cudaEventCreate(&events.start));
+    TROUPE_CUDA_CHECK(cudaEventCreate(&events.stop));
+    const cudaEvent_t start = events.start, stop = events.stop;
+    float best = 0;
+    int timed = 0;
+    for (const Desc& config : d.configs) {
+      if (timed == kCandidates) break;
+      try {
+        if (noted(config, numerical, behavior)) continue;
+        Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        setHandle(plan, /*plan=*/true, handle);
+        setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config, "the plan's engine");
+        take(cudnnBackendFinalize(plan.get()), "a plan");
+        std::int64_t bytes = 0, count = 0;
+        take(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                      CUDNN_TYPE_INT64, 1, &count, &bytes),
+             "a plan's workspace");
+        if (bytes < 0 || static_cast<std::size_t>(bytes) > max_workspace) continue;
+        void* ws = workspace(static_cast<std::size_t>(bytes));
+        Desc pack = variantPack(x, w, y, ws);
+        take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
+        TROUPE_CUDA_CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < kRuns; ++i)
+          take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
+        TROUPE_CUDA_CHECK(cudaEventRecord(stop, stream));
+        TROUPE_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        ++timed;
+        if (!d.plan.get() || ms < best) {
+          best = ms;
+          d.plan = std::move(plan);
+          out->workspace_ = static_cast<std::size_t>(bytes);
+        }
+      } catch (const Refusal& r) {
+        last = r.what;  // this engine only: the next may take the call
+      }
+    }
+    if (!d.plan.get()) throw Refusal{"no engine ran this convolution (the last: " + last + ")"};
+  } catch (const Refusal& r) {
+    if (refused) *refused = r.what;
+    return nullptr;
+  }
+  return out;
+}
+
+void ConvPlan::run(cudnnHandle_t handle, const void* x, const void* w, const void* y,
+                   void* workspace) const {
+  Desc pack = variantPack(x, w, y, workspace);
+  TROUPE_CUDA_CHECK(cudnnBackendExecute(handle, d_->plan.get(), pack.get()));
+}
+
+}  // namespace troupe::kernels::cuda
