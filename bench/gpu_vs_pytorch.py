@@ -12,25 +12,29 @@ tensor cores compute (tf32, bf16, fp16: its memory_format auto), NCHW in strict 
 torch.compile is timed too when --compile is given (it compiles for a minute or more), or alone
 with --compile-only (beside the eager and troupe rows of an earlier run at the same batch). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
+With --graph-conv, each troupe row runs a second time with its convolutions by cuDNN's graph-API
+plans (TROUPE_CUDA_CONV=graph), in a column of its own.
 
 Run on the GPU machine by scripts/gpu.sh run; by hand:
     python3 bench/gpu_vs_pytorch.py --bench build/bench/troupe_kernels_bench --batches 64,128,256
 """
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import time
 
 
-def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32"):
+def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="legacy"):
     # troupe's memory_format auto: channels-last where tensor cores compute (tf32, bf16, fp16).
     nhwc = tf32 or precision != "fp32"
     cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
            str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else []) + \
           (["--channels-last"] if nhwc else [])
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ, TROUPE_CUDA_CONV=conv)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
     if p.returncode != 0 or not m:
         return {"error": p.stdout[-2000:]}
@@ -114,6 +118,8 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-only", action="store_true",
                     help="time torch.compile alone, not troupe or PyTorch eager")
+    ap.add_argument("--graph-conv", action="store_true",
+                    help="troupe again with TROUPE_CUDA_CONV=graph, in a column of its own")
     ap.add_argument("--precisions", default="bf16,fp32,fp16,tf32",
                     help="rows to time, in this order: bf16 and fp16 (mixed precision), fp32 "
                          "(TF32 off), tf32")
@@ -129,16 +135,27 @@ def main():
                        "pytorch": {}}
                 if not a.compile_only:
                     row["troupe"] = troupe_rate(a.bench, model, batch, a.seconds, tf32, kind)
+                    if a.graph_conv:
+                        row["troupe_graph"] = troupe_rate(a.bench, model, batch, a.seconds, tf32,
+                                                          kind, conv="graph")
                     row["pytorch"] = pytorch_rate(model, batch, a.seconds, tf32, precision=kind)
                 if a.compile or a.compile_only:
                     row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True,
                                                           precision=kind)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | troupe / eager | "
-          "troupe peak MiB | PyTorch peak MiB | torch.compile images/s | "
-          "troupe ms/step (host's) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | "
+          "troupe / eager | troupe peak MiB | PyTorch peak MiB | torch.compile images/s | "
+          "troupe ms/step (host's) | troupe graph-API convolutions images/s (ms/step, host's) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    def graph_cell(g):
+        if g is None:
+            return " - |"
+        if "rate" not in g:
+            return " failed |"
+        host = f", {g['step_ms']:.1f} ({g['host_ms']:.1f})" if "host_ms" in g else ""
+        return f" {g['rate']:.0f}{host} |"
+
     def num(d, key):
         return f"{d[key]:.0f}" if key in d else "failed" if d else "-"
 
@@ -149,8 +166,10 @@ def main():
         print(f"| {r['model']} | {r['batch']} | {r['precision']} | "
               f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
               f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} | "
-              + (f"{t['step_ms']:.1f} ({t['host_ms']:.1f}) |" if "host_ms" in t else "- |"))
-    failed = [(side, r) for r in rows for side in ("troupe", "pytorch", "pytorch_compile")
+              + (f"{t['step_ms']:.1f} ({t['host_ms']:.1f}) |" if "host_ms" in t else "- |")
+              + graph_cell(r.get("troupe_graph")))
+    failed = [(side, r) for r in rows
+              for side in ("troupe", "troupe_graph", "pytorch", "pytorch_compile")
               if "error" in r.get(side, {})]
     for side, r in failed[:2]:
         print(f"\n{side} failed at {r['model']} batch {r['batch']}:\n{r[side]['error']}")

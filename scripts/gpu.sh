@@ -12,10 +12,10 @@
 #                                # files, so a call that runs out of time still brings them all)
 #
 # run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), the host's and the device's time per call of single ResNet-50 ops, and
-# ResNet-50 with its convolutions by cuDNN's graph-API plans (TROUPE_CUDA_CONV=graph), ResNet-50
-# training steps troupe vs PyTorch eager in fp16 and fp32 at batch
-# 64, 128 and 256 (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
+# op against the CPU's), the host's and the device's time per call of single ResNet-50 ops (with
+# cuDNN's legacy convolution calls, then its graph-API plans: TROUPE_CUDA_CONV=graph), ResNet-50
+# training steps troupe (both ways) vs PyTorch eager in fp16 and fp32 at batch 64, 128 and 256
+# (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
 # (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
 # (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
 # and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in bf16 and TF32,
@@ -138,13 +138,11 @@ run() {
   # convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
   part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
     --seconds 2 --no-ops --precision fp16 --channels-last --host-ops
-  # The convolutions by cuDNN's graph-API plans instead of its legacy calls
-  # (TROUPE_CUDA_CONV=graph): ResNet-50 at batch 64 and 128 beside the resnet50 part's fp16 rows,
-  # then the host_ops rows.
-  part conv_graph 90 env TROUPE_CUDA_CONV=graph bash -c \
-    'for b in 64 128; do "$@" --batch $b; done; "$@" --batch 64 --seconds 1 --host-ops' _ \
-    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --seconds 3 --no-ops \
-    --precision fp16 --channels-last
+  # The same with the convolutions by cuDNN's graph-API plans (TROUPE_CUDA_CONV=graph); the
+  # resnet50 part's table has a column of each row run so too (--graph-conv).
+  part host_ops_graph 60 env TROUPE_CUDA_CONV=graph "$root/bin/troupe_kernels_bench" \
+    --device cuda:0 --models resnet50 --batch 64 --seconds 2 --no-ops --precision fp16 \
+    --channels-last --host-ops
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
   # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
   # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32
@@ -156,7 +154,7 @@ run() {
   echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
-  part resnet50 220 "${r50bench[@]}" --precisions "${PRECISIONS:-$mixed,fp32}"
+  part resnet50 300:200 "${r50bench[@]}" --graph-conv --precisions "${PRECISIONS:-$mixed,fp32}"
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
   part convert 30 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
