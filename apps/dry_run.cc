@@ -365,10 +365,12 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     const double scale = static_cast<double>(batch) *
                          (actors::precisionOf(o) == kernels::DType::kFloat32 ? 1.0 : 0.5) /
                          (1 << 20);
-    row("memory", fmt::format("activations {:.1f} MiB and their gradients {:.1f} MiB a replica "
-                              "(batch {})",
-                              static_cast<double>(p.memory.activations) * scale,
-                              static_cast<double>(p.memory.gradients) * scale, batch));
+    row("memory",
+        fmt::format("activations {:.1f} MiB and their gradients {:.1f} MiB a replica (batch {}), "
+                    "{:.1f} MiB held: each only while it is live",
+                    static_cast<double>(p.memory.activations) * scale,
+                    static_cast<double>(p.memory.gradients) * scale, batch,
+                    static_cast<double>(p.memory.held) * scale));
   }
   row("threads", fmt::format("{} per process", p.threads));
   const std::int64_t steps = p.steps.last_step - p.steps.first_step;

@@ -33,6 +33,9 @@ class OpCache {
 
 class ConvLayer final : public Layer {
  public:
+  // The backward reads x, not y.
+  bool backwardReadsBottom() const override { return true; }
+  bool backwardReadsTop() const override { return false; }
   ConvLayer(const Shape& in, std::int64_t oc, std::int64_t k, std::int64_t s, std::int64_t p,
             bool bias) {
     g_.channels = in[0];
@@ -110,6 +113,9 @@ class ConvLayer final : public Layer {
 
 class PoolLayer final : public Layer {
  public:
+  // The backward reads neither: a max pool's choices are its op's.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return false; }
   PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m,
             bool ceil_mode) {
     g_.ceil_mode = ceil_mode;
@@ -145,6 +151,9 @@ class PoolLayer final : public Layer {
 
 class InnerProductLayer final : public Layer {
  public:
+  // The backward reads x, not y.
+  bool backwardReadsBottom() const override { return true; }
+  bool backwardReadsTop() const override { return false; }
   InnerProductLayer(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     w_ = weights.slice(param_begin, param_begin + in_ * out_);
@@ -173,6 +182,9 @@ class InnerProductLayer final : public Layer {
 
 class ReluLayer final : public Layer {
  public:
+  // The backward reads y, not x.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return true; }
   explicit ReluLayer(std::int64_t per_sample) : per_(per_sample) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
@@ -195,6 +207,9 @@ class ReluLayer final : public Layer {
 
 class BatchNormLayer final : public Layer {
  public:
+  // The backward reads x, and y for its ReLU.
+  bool backwardReadsBottom() const override { return true; }
+  bool backwardReadsTop() const override { return true; }
   explicit BatchNormLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) override {
     gamma_ = weights.slice(param_begin, param_begin + channels_);
@@ -249,6 +264,9 @@ class BatchNormLayer final : public Layer {
 
 class DropoutLayer final : public Layer {
  public:
+  // The backward reads neither: the mask is its op's.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return false; }
   DropoutLayer(std::int64_t per_sample, float ratio) : per_(per_sample), ratio_(ratio) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool train) override {
@@ -274,6 +292,9 @@ class DropoutLayer final : public Layer {
 
 class AddLayer final : public Layer {
  public:
+  // The backward reads neither.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return false; }
   explicit AddLayer(std::int64_t per_sample) : per_(per_sample) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
@@ -297,6 +318,9 @@ class AddLayer final : public Layer {
 
 class GlobalAvgPoolLayer final : public Layer {
  public:
+  // The backward reads neither.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return false; }
   explicit GlobalAvgPoolLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
@@ -319,6 +343,9 @@ class GlobalAvgPoolLayer final : public Layer {
 
 class SoftmaxLossLayer final : public Layer {
  public:
+  // The backward reads neither: its op keeps the probabilities.
+  bool backwardReadsBottom() const override { return false; }
+  bool backwardReadsTop() const override { return false; }
   explicit SoftmaxLossLayer(std::int64_t classes) : classes_(classes) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {

@@ -47,6 +47,11 @@ class Layer {
   virtual bool inPlace() const { return false; }
   virtual bool isRelu() const { return false; }
   virtual bool isAdd() const { return false; }
+  // Whether the backward reads the activations of bottoms[0], and of top: the net keeps those
+  // until then, and reuses the memory of the others once the forward is past them
+  // (kernels/net.cc, planMemory). A layer that does not say reads both.
+  virtual bool backwardReadsBottom() const { return true; }
+  virtual bool backwardReadsTop() const { return true; }
   // Computes, in its own pass, the ReLU that alone reads its output, writing that ReLU's output
   // blob `relu_top` as its top (a batch norm: BatchNormGeometry::relu); false where it cannot.
   virtual bool takeRelu(int /*relu_top*/) { return false; }

@@ -515,10 +515,7 @@ class NetImpl final : public Net, private LayerContext {
       if (layer->computed_by < 0)
         for (int b : layer->bottoms)
           ++readers[static_cast<std::size_t>(b)];
-    assignData(options.max_batch, readers);
-    assignDiffs(options.max_batch, readers);
-    for (auto& s : scratch_)
-      s = backend_.empty({options.max_batch * max_per_}, act_);
+    planMemory(options.max_batch, readers);
     weights_ = backend_.empty({g_.num_params});
     grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
@@ -535,23 +532,7 @@ class NetImpl final : public Net, private LayerContext {
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
   const std::string& channelsLastMisfit() const override { return g_.channels_last_misfit; }
-  NetMemory memory() const override {
-    NetMemory m;
-    std::vector<const void*> seen;
-    for (const auto& blob : g_.blobs) {
-      if (blob.data.raw() != nullptr &&
-          std::find(seen.begin(), seen.end(), blob.data.raw()) == seen.end()) {
-        seen.push_back(blob.data.raw());
-        m.activations += static_cast<std::int64_t>(blob.data.bytes());
-      }
-      if (blob.diff.raw() == nullptr ||
-          std::find(seen.begin(), seen.end(), blob.diff.raw()) != seen.end())
-        continue;
-      seen.push_back(blob.diff.raw());
-      m.gradients += static_cast<std::int64_t>(blob.diff.bytes());
-    }
-    return m;
-  }
+  NetMemory memory() const override { return memory_; }
   std::int64_t numParams() const override { return g_.num_params; }
   std::vector<LayerInfo> layers() const override {
     std::vector<LayerInfo> out;
@@ -649,6 +630,10 @@ class NetImpl final : public Net, private LayerContext {
         const int s = static_cast<int>(pending_.size());
         TROUPE_ENFORCE_LT(s, 2);
         pending_.emplace_back(s, blob);
+        // Made at its first use: where every second writer adds in its own pass (a GPU's
+        // convolutions, ConvOp::addsToDx), never, which saves two of the largest blob's size.
+        if (!scratch_[s].defined())
+          scratch_[s] = backend_.empty({options_.max_batch * max_per_}, act_);
         return shaped(scratch_[s], blob);
       }
       written_[blob] = true;
@@ -715,72 +700,139 @@ class NetImpl final : public Net, private LayerContext {
     }
   }
 
-  // Every blob keeps its activations for the backward, in memory of its own, but for a layer that
-  // may write its output over its input (Layer::inPlace: a ReLU) whose input no other layer reads:
-  // that output shares its input's memory, as PyTorch's ReLU(inplace=True) after a batch norm.
-  void assignData(std::int64_t max_batch, const std::vector<int>& readers) {
-    for (const auto& layer : g_.layers) {
-      if (layer->top < 0 || layer->computed_by >= 0) continue;
-      Blob& top = g_.blobs[static_cast<std::size_t>(layer->top)];
-      max_per_ = std::max(max_per_, top.per);
-      const int in = layer->bottoms.size() == 1 ? layer->bottoms[0] : 0;
-      if (layer->inPlace() && in > 0 && readers[static_cast<std::size_t>(in)] == 1 &&
-          g_.blobs[static_cast<std::size_t>(in)].per == top.per) {
-        top.data = g_.blobs[static_cast<std::size_t>(in)].data;
+  // Where each blob's activations and gradient live: one arena, each at an offset planned from
+  // when it is live (the planner of MXNet's and Caffe2's memonger, on a timeline of the forward
+  // pass and then the backward in reverse):
+  // - a blob's activations from the forward that writes them to the last forward that reads them,
+  //   or, where a backward reads them (Layer::backwardReadsBottom, backwardReadsTop), to the
+  //   last such backward;
+  // - its gradient from the backward of its last reader (the first to write it) to that of the
+  //   layer that made the blob (which reads it last).
+  // Memory whose lives do not overlap is shared: a deep net's gradients go where the activations
+  // of its later layers were, as PyTorch frees an activation once its backward has used it. A
+  // layer that may write its output over its input (Layer::inPlace: a ReLU) whose input no other
+  // layer reads shares that input's memory. A blob no layer reads (a dead end) gets a zero
+  // gradient of its own, outside the arena.
+  void planMemory(std::int64_t max_batch, const std::vector<int>& readers) {
+    const auto L = static_cast<std::int64_t>(g_.layers.size());
+    auto fwd = [](std::size_t l) { return static_cast<std::int64_t>(l); };
+    auto bwd = [L](std::size_t l) { return 2 * L - 1 - static_cast<std::int64_t>(l); };
+    struct Item {
+      std::int64_t size = 0, begin = 0, end = -1;  // elements; live over [begin, end]
+      std::int64_t offset = 0;
+    };
+    std::vector<Item> items;
+    const std::size_t nb = g_.blobs.size();
+    std::vector<int> data_item(nb, -1), diff_item(nb, -1);
+    auto live = [](Item& it, std::int64_t t) {
+      if (it.end < it.begin) {
+        it.begin = it.end = t;
       } else {
-        top.data = backend_.empty({max_batch * top.per}, act_);
+        it.begin = std::min(it.begin, t);
+        it.end = std::max(it.end, t);
+      }
+    };
+    // Activations: each top a layer computes, or its input's memory for an in-place ReLU.
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.top < 0 || layer.computed_by >= 0) continue;
+      const auto t = static_cast<std::size_t>(layer.top);
+      max_per_ = std::max(max_per_, g_.blobs[t].per);
+      const int in = layer.bottoms.size() == 1 ? layer.bottoms[0] : 0;
+      const auto i = static_cast<std::size_t>(in);
+      if (layer.inPlace() && in > 0 && readers[i] == 1 && g_.blobs[i].per == g_.blobs[t].per &&
+          data_item[i] >= 0) {
+        data_item[t] = data_item[i];
+      } else {
+        data_item[t] = static_cast<int>(items.size());
+        items.push_back({max_batch * g_.blobs[t].per});
+      }
+      live(items[static_cast<std::size_t>(data_item[t])], fwd(l));
+      if (layer.backwardReadsTop()) live(items[static_cast<std::size_t>(data_item[t])], bwd(l));
+    }
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.computed_by >= 0) continue;
+      for (std::size_t k = 0; k < layer.bottoms.size(); ++k) {
+        const int item = data_item[static_cast<std::size_t>(layer.bottoms[k])];
+        if (item < 0) continue;  // the images
+        live(items[static_cast<std::size_t>(item)], fwd(l));
+        if (k == 0 && layer.backwardReadsBottom())
+          live(items[static_cast<std::size_t>(item)], bwd(l));
       }
     }
-  }
-
-  // The gradient of blob b is live from the backward of its last reader in forward order (the
-  // first to write it) to that of the layer that made b (which reads it last). Buffers are shared
-  // among gradients whose lives do not overlap, each taking the smallest free one that fits (as
-  // PyTorch frees an activation's gradient once used): a deep net holds a few, not one a blob.
-  // A blob no layer reads (a dead end) gets a zero gradient of its own.
-  void assignDiffs(std::int64_t max_batch, const std::vector<int>& readers) {
-    // Slots, planned in backward order: a gradient takes the smallest free slot that fits, else
-    // grows the largest free one, else opens a slot; so there are no more slots than gradients
-    // live at once, none larger than the largest.
-    std::vector<std::int64_t> slot_size;
-    std::vector<int> free_slots, slot_of(g_.blobs.size(), -1);
-    for (std::size_t l = g_.layers.size(); l-- > 0;) {
+    // Gradients: written first by the backward of the blob's last reader, read last by that of
+    // the layer that made it.
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;
       for (int b : layer.bottoms) {
         const auto bi = static_cast<std::size_t>(b);
-        if (!g_.blobs[bi].needs_diff || slot_of[bi] >= 0) continue;
-        const std::int64_t need = max_batch * g_.blobs[bi].per;
-        auto pick = free_slots.end();
-        for (auto it = free_slots.begin(); it != free_slots.end(); ++it) {
-          const bool fits = slot_size[*it] >= need;
-          if (pick == free_slots.end() ||
-              (fits && (slot_size[*pick] < need || slot_size[*it] < slot_size[*pick])) ||
-              (!fits && slot_size[*pick] < need && slot_size[*it] > slot_size[*pick]))
-            pick = it;
+        if (!g_.blobs[bi].needs_diff) continue;
+        if (diff_item[bi] < 0) {
+          diff_item[bi] = static_cast<int>(items.size());
+          items.push_back({max_batch * g_.blobs[bi].per});
         }
-        if (pick == free_slots.end()) {
-          slot_of[bi] = static_cast<int>(slot_size.size());
-          slot_size.push_back(need);
-        } else {
-          slot_of[bi] = *pick;
-          slot_size[*pick] = std::max(slot_size[*pick], need);
-          free_slots.erase(pick);
-        }
+        live(items[static_cast<std::size_t>(diff_item[bi])], bwd(l));
       }
-      const int top = layer.top;
-      if (top >= 0 && readers[static_cast<std::size_t>(top)] > 0 &&
-          slot_of[static_cast<std::size_t>(top)] >= 0)
-        free_slots.push_back(slot_of[static_cast<std::size_t>(top)]);
     }
-    std::vector<Tensor> slots;
-    for (const std::int64_t size : slot_size)
-      slots.push_back(backend_.empty({size}, act_));
-    for (std::size_t b = 0; b < g_.blobs.size(); ++b) {
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.computed_by >= 0 || layer.top < 0) continue;
+      const int item = diff_item[static_cast<std::size_t>(layer.top)];
+      if (item >= 0) live(items[static_cast<std::size_t>(item)], bwd(l));
+    }
+    // Offsets: the largest first, each at the lowest one clear of every placed item it is live
+    // with; aligned to 256 bytes.
+    const std::int64_t align =
+        std::max<std::int64_t>(1, 256 / static_cast<std::int64_t>(sizeOf(act_)));
+    std::vector<std::size_t> order(items.size());
+    for (std::size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t x, std::size_t y) { return items[x].size > items[y].size; });
+    std::int64_t total = 0;
+    std::vector<std::size_t> placed;
+    for (const std::size_t i : order) {
+      Item& it = items[i];
+      std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // [offset, end) live with it
+      for (const std::size_t j : placed) {
+        const Item& o = items[j];
+        if (o.begin <= it.end && it.begin <= o.end) taken.emplace_back(o.offset, o.offset + o.size);
+      }
+      std::sort(taken.begin(), taken.end());
+      std::int64_t at = 0;
+      for (const auto& [from, to] : taken) {
+        if (at + it.size <= from) break;
+        at = std::max(at, (to + align - 1) / align * align);
+      }
+      it.offset = at;
+      total = std::max(total, at + it.size);
+      placed.push_back(i);
+    }
+    arena_ = backend_.empty({std::max<std::int64_t>(total, 1)}, act_);
+    const auto bytes = static_cast<std::int64_t>(sizeOf(act_));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const bool gradient =
+          std::find(diff_item.begin(), diff_item.end(), static_cast<int>(i)) != diff_item.end();
+      (gradient ? memory_.gradients : memory_.activations) += items[i].size * bytes;
+    }
+    memory_.held = total * bytes;
+    for (std::size_t b = 0; b < nb; ++b) {
       Blob& blob = g_.blobs[b];
+      if (data_item[b] >= 0) {
+        const Item& it = items[static_cast<std::size_t>(data_item[b])];
+        blob.data = arena_.slice(it.offset, it.offset + it.size);
+      }
       if (!blob.needs_diff) continue;
-      blob.diff = slot_of[b] >= 0 ? slots[static_cast<std::size_t>(slot_of[b])]
-                                  : backend_.empty({max_batch * blob.per}, act_);
+      if (diff_item[b] >= 0) {
+        const Item& it = items[static_cast<std::size_t>(diff_item[b])];
+        blob.diff = arena_.slice(it.offset, it.offset + it.size);
+      } else {
+        blob.diff = backend_.empty({max_batch * blob.per}, act_);  // a dead end: zero
+        memory_.gradients += static_cast<std::int64_t>(blob.diff.bytes());
+        memory_.held += static_cast<std::int64_t>(blob.diff.bytes());
+      }
     }
   }
 
@@ -829,7 +881,9 @@ class NetImpl final : public Net, private LayerContext {
   bool nhwc_;    // images channels-last in memory
   bool copies_;  // convolutions and inner products compute from a copy of their weights
   Tensor weights_, grads_, buffers_, metrics_;
-  Tensor scratch_[2];
+  Tensor arena_;  // every blob's activations and gradient (planMemory)
+  NetMemory memory_;
+  Tensor scratch_[2];  // a second writer's gradient until it is summed (diff()); made at first use
   Tensor images_, labels_;
   // With copies_: the input in the net's precision and layout, and the copies of the parameters
   // of the layers that compute from one (Layer::copyParams), and their gradients.

@@ -89,11 +89,13 @@ struct LayerInfo {
   std::string computed_by;
 };
 
-// Bytes a net holds for its images, at its max_batch: every blob's activations (kept from the
-// forward for the backward), and the buffers their gradients share (kernels/net.cc, assignDiffs).
+// Bytes of a net's activations and their gradients, at its max_batch: each apart (an in-place
+// ReLU's output counted with its input), and the arena they share, each at its offset only while
+// it is live (kernels/net.cc, planMemory), which is what the net holds.
 struct NetMemory {
   std::int64_t activations = 0;
   std::int64_t gradients = 0;
+  std::int64_t held = 0;
 };
 
 // Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
