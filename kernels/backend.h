@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/event.h"
@@ -69,6 +70,25 @@ class Backend {
   // gathered, without a host wait, until updatesFinite() reads it.
   virtual void sgdUpdate(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
                          float momentum, float weight_decay, bool nesterov) = 0;
+  // The same with no weight decay on the elements of w in `no_decay` (sorted, disjoint ranges
+  // within [0, w.numel()): a batch norm's and a bias's in Goyal et al.'s recipe). By default an
+  // sgdUpdate a range; a device backend takes them all in one pass.
+  virtual void sgdUpdateExcept(const Tensor& w, const Tensor& g, const Tensor& v, float lr,
+                               float momentum, float weight_decay, bool nesterov,
+                               const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay) {
+    std::int64_t at = 0;
+    auto update = [&](std::int64_t lo, std::int64_t hi, float decay) {
+      if (lo < hi) {
+        sgdUpdate(w.slice(lo, hi), g.slice(lo, hi), v.slice(lo, hi), lr, momentum, decay, nesterov);
+      }
+    };
+    for (const auto& [lo, hi] : no_decay) {
+      update(at, lo, weight_decay);
+      update(lo, hi, 0.0f);
+      at = hi;
+    }
+    update(at, w.numel(), weight_decay);
+  }
   // Whether every weight that sgdUpdate updated since the last call is finite; resets. A host
   // wait for those updates on a device backend (call it once per step), free on the CPU.
   virtual bool updatesFinite() = 0;

@@ -49,21 +49,15 @@ void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
                       options.nesterov);
     return;
   }
-  auto update = [&](std::int64_t lo, std::int64_t hi, float decay) {
-    if (lo >= hi) return;
-    backend.sgdUpdate(weights.slice(lo - begin, hi - begin), grads.slice(lo - begin, hi - begin),
-                      momentum.slice(lo - begin, hi - begin), lr, options.momentum, decay,
-                      options.nesterov);
-  };
-  std::int64_t at = begin;
+  // The no-decay ranges within [begin, end), relative to it: one call (one pass on a device).
+  std::vector<std::pair<std::int64_t, std::int64_t>> none;
   for (const auto& [lo, hi] : options.no_decay) {
-    if (hi <= at) continue;
+    if (hi <= begin) continue;
     if (lo >= end) break;
-    update(at, std::min(lo, end), options.weight_decay);
-    update(std::max(lo, at), std::min(hi, end), 0.0f);
-    at = std::min(hi, end);
+    none.emplace_back(std::max(lo, begin) - begin, std::min(hi, end) - begin);
   }
-  update(at, end, options.weight_decay);
+  backend.sgdUpdateExcept(weights, grads, momentum, lr, options.momentum, options.weight_decay,
+                          options.nesterov, none);
 }
 
 std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options) {

@@ -658,6 +658,24 @@ TEST_F(CudaOps, SgdUpdateAsTheCpusAndItsFinitenessTest) {
   EXPECT_TRUE(gpu_->updatesFinite());
 }
 
+// Ranges without weight decay (a batch norm's and a bias's, Goyal et al.) in one pass: 100 ranges,
+// more than one launch takes (DecayRanges::kMaxRanges), against the CPU's sgdUpdate a range. The
+// decay is large, so that an element decayed where it should not be is far off.
+TEST_F(CudaOps, SgdUpdateExceptRangesAsTheCpusRangeByRange) {
+  const std::int64_t n = 20011;
+  std::vector<std::pair<std::int64_t, std::int64_t>> none;
+  for (std::int64_t k = 0; k < 100; ++k)
+    none.emplace_back(3 + 197 * k, 3 + 197 * k + (k % 7 == 0 ? 1 : 64 + k));
+  Tensor w = randomHost({n}, 29), v = randomHost({n}, 30);
+  const Tensor g = randomHost({n}, 31);
+  Tensor gw = up(w), gv = up(v);
+  cpu_->sgdUpdateExcept(w, g, v, 0.1f, 0.9f, 0.5f, false, none);
+  gpu_->sgdUpdateExcept(gw, up(g), gv, 0.1f, 0.9f, 0.5f, false, none);
+  EXPECT_TRUE(gpu_->updatesFinite());
+  expectClose("w", w, gw, 1e-6);
+  expectClose("v", v, gv, 1e-6);
+}
+
 // LeNet's forward and backward on the GPU against the CPU's: the layers compose on the device.
 TEST_F(CudaOps, LenetStepGivesTheCpusLossAndGradients) {
   NetOptions o;

@@ -35,16 +35,21 @@ class Desc {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-// What a step of building says when cuDNN does not take it: its status, thrown as a Refusal so
-// that build() returns null with the step's name.
+// What a step of building says when cuDNN does not take it (a status in the BAD_PARAM or
+// NOT_SUPPORTED families): thrown as a Refusal, so that this engine, or the whole plan, is left
+// to the legacy calls; any other status (an execution failure, memory, an internal error) is an
+// error.
 struct Refusal {
   std::string what;
 };
 void take(cudnnStatus_t status, const char* step) {
-  if (status != CUDNN_STATUS_SUCCESS) {
+  if (status == CUDNN_STATUS_SUCCESS) return;
+  const int code = static_cast<int>(status);
+  if ((code >= 2000 && code < 3000) || (code >= 3000 && code < 4000)) {
     (void)cudaGetLastError();  // a refused launch is not the next kernel's error
     throw Refusal{std::string(step) + ": " + cudnnGetErrorString(status)};
   }
+  check(status, step, __FILE__, __LINE__);
 }
 template <typename T>
 void set(const Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
@@ -79,30 +84,43 @@ Desc tensor(std::int64_t id, std::array<std::int64_t, 4> dims, bool nhwc, cudnnD
   return d;
 }
 
-// Whether an engine config's engine has any of `numerical` notes or `behavior` notes.
-bool noted(const Desc& config, const std::vector<cudnnBackendNumericalNote_t>& numerical,
-           const std::vector<cudnnBackendBehaviorNote_t>& behavior) {
+// An engine config's engine: its global index (the same engine from both heuristics' modes) and
+// whether it has any of `numerical` notes or `behavior` notes.
+struct Engine {
+  std::int64_t index = -1;
+  bool excluded = false;
+};
+Engine engineOf(const Desc& config, const std::vector<cudnnBackendNumericalNote_t>& numerical,
+                const std::vector<cudnnBackendBehaviorNote_t>& behavior) {
   Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   std::int64_t count = 0;
   take(cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, engine.address()),
        "an engine");
+  Engine out;
+  take(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
+                                &count, &out.index),
+       "an engine's index");
   std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
   take(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
                                 CUDNN_TYPE_NUMERICAL_NOTE, notes.size(), &count, notes.data()),
        "an engine's numerical notes");
+  count = std::min<std::int64_t>(count, static_cast<std::int64_t>(notes.size()));
   for (std::int64_t i = 0; i < count; ++i) {
-    if (std::find(numerical.begin(), numerical.end(), notes[i]) != numerical.end()) return true;
+    if (std::find(numerical.begin(), numerical.end(), notes[i]) != numerical.end())
+      out.excluded = true;
   }
   std::array<cudnnBackendBehaviorNote_t, CUDNN_BEHAVIOR_NOTE_TYPE_COUNT> behaviors{};
   take(cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE,
                                 CUDNN_TYPE_BEHAVIOR_NOTE, behaviors.size(), &count,
                                 behaviors.data()),
        "an engine's behaviour notes");
+  count = std::min<std::int64_t>(count, static_cast<std::int64_t>(behaviors.size()));
   for (std::int64_t i = 0; i < count; ++i) {
-    if (std::find(behavior.begin(), behavior.end(), behaviors[i]) != behavior.end()) return true;
+    if (std::find(behavior.begin(), behavior.end(), behaviors[i]) != behavior.end())
+      out.excluded = true;
   }
-  return false;
+  return out;
 }
 
 // Sets a descriptor-valued attribute to one descriptor.
@@ -238,16 +256,14 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
     setHandle(d.graph, /*plan=*/false, handle);
     take(cudnnBackendFinalize(d.graph.get()), "the operation graph");
 
-    // The engines that may run this call: float32 without TF32 keeps off tensor cores (as the
-    // legacy path's FMA math), no reduction in float16 or bfloat16 (the legacy calls accumulate
-    // in float), none that compiles at run time (seconds each), and with `deterministic` none
-    // that cuDNN notes as nondeterministic.
+    // The engines that may run this call: none that converts its inputs down (as PyTorch), float32
+    // without TF32 off tensor cores (as the legacy path's FMA math), no reduction in float16 or
+    // bfloat16 (the legacy calls accumulate in float), none that compiles at run time (seconds
+    // each), and with `deterministic` none that cuDNN notes as nondeterministic.
     std::vector<cudnnBackendNumericalNote_t> numerical{
-        CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION};
-    if (s.data == CUDNN_DATA_FLOAT && !s.tf32) {
+        CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
+    if (s.data == CUDNN_DATA_FLOAT && !s.tf32)
       numerical.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
-      numerical.push_back(CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS);
-    }
     if (s.deterministic) numerical.push_back(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
     const std::vector<cudnnBackendBehaviorNote_t> behavior{CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
 
@@ -275,10 +291,22 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
     const cudaEvent_t start = events.start, stop = events.stop;
     float best = 0;
     int timed = 0;
+    // What became of the configs, for the refusal's message.
+    int repeated = 0, excluded = 0, refused_here = 0, too_large = 0;
+    std::vector<std::int64_t> tried;  // engines' global indices
     for (const Desc& config : d.configs) {
       if (timed == kCandidates) break;
       try {
-        if (noted(config, numerical, behavior)) continue;
+        const Engine engine = engineOf(config, numerical, behavior);
+        if (std::find(tried.begin(), tried.end(), engine.index) != tried.end()) {
+          ++repeated;
+          continue;
+        }
+        tried.push_back(engine.index);
+        if (engine.excluded) {
+          ++excluded;
+          continue;
+        }
         Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         setHandle(plan, /*plan=*/true, handle);
         setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config, "the plan's engine");
@@ -287,7 +315,10 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
         take(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                       CUDNN_TYPE_INT64, 1, &count, &bytes),
              "a plan's workspace");
-        if (bytes < 0 || static_cast<std::size_t>(bytes) > max_workspace) continue;
+        if (bytes < 0 || static_cast<std::size_t>(bytes) > max_workspace) {
+          ++too_large;
+          continue;
+        }
         void* ws = workspace(static_cast<std::size_t>(bytes));
         Desc pack = variantPack(x, w, y, ws);
         take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
@@ -305,10 +336,17 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
           out->workspace_ = static_cast<std::size_t>(bytes);
         }
       } catch (const Refusal& r) {
+        ++refused_here;
         last = r.what;  // this engine only: the next may take the call
       }
     }
-    if (!d.plan.get()) throw Refusal{"no engine ran this convolution (the last: " + last + ")"};
+    if (!d.plan.get()) {
+      throw Refusal{"no engine ran it: of " + std::to_string(d.configs.size()) +
+                    " configs from the heuristics, " + std::to_string(repeated) + " repeated, " +
+                    std::to_string(excluded) + " excluded by their notes, " +
+                    std::to_string(too_large) + " over the workspace limit, " +
+                    std::to_string(refused_here) + " refused (the last: " + last + ")"};
+    }
   } catch (const Refusal& r) {
     if (refused) *refused = r.what;
     return nullptr;

@@ -372,14 +372,18 @@ class CudaConv final : public ConvOp {
     auto plan = ConvPlan::build(
         ctx_.cudnn, ctx_.stream, spec, maxWorkspace(ctx_.device), x.raw(), w.raw(), y.raw(),
         [&](std::size_t bytes) { return ctx_.scratch(bytes); }, &refused);
-    if (!plan) {
-      static std::once_flag said;
-      std::call_once(said, [&] {
-        std::fprintf(stderr,
-                     "troupe cuda: cuDNN's graph API refused a convolution (%s); its legacy "
-                     "calls instead\n",
-                     refused.c_str());
-      });
+    if (!plan) {  // said for each geometry and direction, once: they are few
+      std::fprintf(stderr,
+                   "troupe cuda: cuDNN's graph API refused a convolution's %s (%lld x %lld x "
+                   "%lld x %lld to %lld channels, kernel %lld, stride %lld; %s): %s; its legacy "
+                   "call instead\n",
+                   kind == kForward  ? "forward"
+                   : kind == kFilter ? "backward filter"
+                                     : "backward data",
+                   static_cast<long long>(g.n), static_cast<long long>(g.channels),
+                   static_cast<long long>(g.height), static_cast<long long>(g.width),
+                   static_cast<long long>(g.out_channels), static_cast<long long>(g.kernel),
+                   static_cast<long long>(g.stride), toString(dtype_).c_str(), refused.c_str());
     }
     return plan;
   }
@@ -1152,6 +1156,21 @@ class CudaBackend final : public Backend {
     TROUPE_ENFORCE_EQ(w.numel(), v.numel());
     cuda::sgd(f32(w), f32(g), f32(v), w.numel(), lr, momentum, weight_decay, nesterov,
               static_cast<int*>(updates_flag_.raw()), ctx_.stream);
+  }
+  void sgdUpdateExcept(
+      const Tensor& w, const Tensor& g, const Tensor& v, float lr, float momentum,
+      float weight_decay, bool nesterov,
+      const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay) override {
+    TROUPE_ENFORCE_EQ(w.numel(), g.numel());
+    TROUPE_ENFORCE_EQ(w.numel(), v.numel());
+    std::int64_t after = 0;
+    for (const auto& [lo, hi] : no_decay) {
+      TROUPE_ENFORCE(after <= lo && lo <= hi && hi <= w.numel(), "no-decay range [", lo, ", ", hi,
+                     ") out of order or outside ", w.numel(), " weights");
+      after = hi;
+    }
+    cuda::sgdExcept(f32(w), f32(g), f32(v), w.numel(), lr, momentum, weight_decay, nesterov,
+                    no_decay, static_cast<int*>(updates_flag_.raw()), ctx_.stream);
   }
   bool updatesFinite() override {
     setDevice();

@@ -122,16 +122,44 @@ __global__ void normaliseKernel(const std::uint8_t* in, float* out, I n, I chann
   }
 }
 
+// One element's SGD step (kernels/backend.h); whether the updated weight is finite.
+__device__ inline bool sgdStep(float* w, const float* g, float* v, std::int64_t i, float lr,
+                               float momentum, float weight_decay, bool nesterov) {
+  const float grad = g[i] + weight_decay * w[i];
+  const float vel = momentum * v[i] + grad;
+  v[i] = vel;
+  const float updated = nesterov ? w[i] - lr * (grad + momentum * vel) : w[i] - lr * vel;
+  w[i] = updated;
+  return isfinite(updated);
+}
+
 __global__ void sgdKernel(float* w, const float* g, float* v, std::int64_t n, float lr,
                           float momentum, float weight_decay, bool nesterov, int* bad) {
   bool finite = true;
   TROUPE_FOR_EACH(i, n) {
-    const float grad = g[i] + weight_decay * w[i];
-    const float vel = momentum * v[i] + grad;
-    v[i] = vel;
-    const float updated = nesterov ? w[i] - lr * (grad + momentum * vel) : w[i] - lr * vel;
-    w[i] = updated;
-    finite = finite && isfinite(updated);
+    finite = sgdStep(w, g, v, i, lr, momentum, weight_decay, nesterov) && finite;
+  }
+  if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
+}
+
+// sgdKernel with no decay where the element is in one of `none`'s ranges (relative to w, sorted):
+// the last range that begins at or before it is found by bisection.
+__global__ void sgdExceptKernel(float* w, const float* g, float* v, std::int64_t n, float lr,
+                                float momentum, float weight_decay, bool nesterov, DecayRanges none,
+                                int* bad) {
+  bool finite = true;
+  TROUPE_FOR_EACH(i, n) {
+    int lo = 0, hi = none.count;  // the first range beginning after i is at hi
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (none.begin[mid] <= i) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const bool decayed = lo == 0 || i >= none.end[lo - 1];
+    finite = sgdStep(w, g, v, i, lr, momentum, decayed ? weight_decay : 0.0f, nesterov) && finite;
   }
   if (__syncthreads_or(!finite) && threadIdx.x == 0) *bad = 1;
 }
@@ -557,6 +585,28 @@ void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float mom
     launch("sgdKernel", blocksFor(n), stream, sgdKernel, w, g, v, n, lr, momentum, weight_decay,
            nesterov, bad);
   }
+}
+void sgdExcept(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
+               float weight_decay, bool nesterov,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay, int* bad,
+               cudaStream_t stream) {
+  // Each launch takes up to kMaxRanges ranges and the elements from the end of the last launch's
+  // ranges to the beginning of the next launch's (or n).
+  std::size_t k = 0;
+  std::int64_t from = 0;
+  do {
+    DecayRanges r;
+    for (; k < no_decay.size() && r.count < DecayRanges::kMaxRanges; ++k, ++r.count) {
+      r.begin[r.count] = no_decay[k].first - from;
+      r.end[r.count] = no_decay[k].second - from;
+    }
+    const std::int64_t to = k < no_decay.size() ? no_decay[k].first : n;
+    if (to > from) {
+      launch("sgdExceptKernel", blocksFor(to - from), stream, sgdExceptKernel, w + from, g + from,
+             v + from, to - from, lr, momentum, weight_decay, nesterov, r, bad);
+    }
+    from = to;
+  } while (k < no_decay.size());
 }
 void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream) {
   if (n > 0) {

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -37,6 +39,17 @@ void normalise(const std::uint8_t* in, float* out, std::int64_t planes, std::int
 // not finite, and is left alone otherwise.
 void sgd(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
          float weight_decay, bool nesterov, int* bad, cudaStream_t stream);
+// The same with no weight decay on elements [no_decay[k].first, .second) (sorted, disjoint,
+// within [0, n)): one launch for every kMaxRanges of them.
+struct DecayRanges {
+  static constexpr int kMaxRanges = 64;
+  int count = 0;
+  std::int64_t begin[kMaxRanges], end[kMaxRanges];
+};
+void sgdExcept(float* w, const float* g, float* v, std::int64_t n, float lr, float momentum,
+               float weight_decay, bool nesterov,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay, int* bad,
+               cudaStream_t stream);
 
 void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream);
 void reluBackward(DType t, const void* y, const void* dy, void* dx, std::int64_t n,
