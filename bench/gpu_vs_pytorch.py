@@ -48,6 +48,11 @@ def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="lega
     row = {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
     if host:
         row["step_ms"], row["host_ms"] = float(host.group(1)), float(host.group(2))
+    # Where the peak goes: the net's activations and gradients, the parameters' tensors, the
+    # convolutions' workspace (the rest: the images, scratch and the allocator's rounding).
+    split = re.search(r"\(net (\d+), parameters (\d+), workspace (\d+)\)", p.stdout)
+    if split:
+        row["net_mib"], row["parameters_mib"], row["workspace_mib"] = map(float, split.groups())
     return row
 
 

@@ -97,6 +97,11 @@ Input inputOf(const std::string& model) {
   return {3, 32, 10};
 }
 
+// Where a device's peak memory goes, from the last trainStep: the net's activations and
+// gradients (its arena, NetMemory::held) and its parameters' tensors.
+NetMemory g_net_memory;
+std::int64_t g_param_bytes = 0;
+
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
                  DType precision, bool channels_last, bool fuse) {
   const Input in = inputOf(model);
@@ -111,6 +116,12 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.channels_last = channels_last;
   auto net = makeNet(backend, options);
   auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
+  g_net_memory = net->memory();
+  // float32 weights, gradients and momentum, and the 16-bit or channels-last copies of the first
+  // two where the net computes from copies.
+  const bool copies = precision != DType::kFloat32 || channels_last;
+  g_param_bytes =
+      net->numParams() * (12 + (copies ? 2 * static_cast<std::int64_t>(sizeOf(precision)) : 0));
   // On the CPU, several random batches in turn, so that training never converges to a zero loss.
   // On a device one, as bench/gpu_vs_pytorch.py's PyTorch loop has: the peak memory then counts
   // one batch of images on both sides.
@@ -384,9 +395,15 @@ int main(int argc, char** argv) {
         model.c_str(), static_cast<long long>(batch), threads, batch / step, step * 1e3,
         g_cpu_per_call * 1e3, g_host_per_step * 1e3);
     if (on.kind == DeviceKind::kCuda) {
-      std::printf(" device=%s tf32=%d precision=%s layout=%s peak_memory_mib=%.0f", device.c_str(),
-                  cuda.tf32 ? 1 : 0, precision_name.c_str(), channels_last ? "nhwc" : "nchw",
-                  static_cast<double>(backend->memory().peak_in_use) / (1 << 20));
+      const MemoryStats m = backend->memory();
+      constexpr double kMiB = 1 << 20;
+      std::printf(
+          " device=%s tf32=%d precision=%s layout=%s peak_memory_mib=%.0f (net %.0f, parameters "
+          "%.0f, workspace %.0f)",
+          device.c_str(), cuda.tf32 ? 1 : 0, precision_name.c_str(),
+          channels_last ? "nhwc" : "nchw", static_cast<double>(m.peak_in_use) / kMiB,
+          static_cast<double>(g_net_memory.held) / kMiB, static_cast<double>(g_param_bytes) / kMiB,
+          static_cast<double>(m.workspace) / kMiB);
     }
     std::printf(" fused_bn_relu=%d\n", fuse ? 1 : 0);
     std::fflush(stdout);

@@ -24,6 +24,7 @@ struct MemoryStats {
   std::int64_t in_use = 0;       // in live tensors and workspaces
   std::int64_t peak_in_use = 0;  // the most in_use ever was
   std::int64_t reserved = 0;     // taken from the device, cached blocks included
+  std::int64_t workspace = 0;    // of that in use, the ops' shared workspace (a convolution's)
 };
 
 class Backend {

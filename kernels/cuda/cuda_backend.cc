@@ -1198,7 +1198,8 @@ class CudaBackend final : public Backend {
   void waitFor(const Event& e) override { streamWaitFor(ctx_.stream, e); }
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();
-    return MemoryStats{s.in_use, s.peak_in_use, s.reserved};
+    return MemoryStats{s.in_use, s.peak_in_use, s.reserved,
+                       static_cast<std::int64_t>(ctx_.workspace_bytes)};
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
