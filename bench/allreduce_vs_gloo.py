@@ -74,16 +74,14 @@ def troupe_busbw(troupe, world, sizes_mb, warmup, iters, extra):
     run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if run.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stdout}")
-    out = {}
     lines = run.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["size(MB)"])
     columns = lines[header].split()
-    for line in lines[header + 1:]:
-        fields = dict(zip(columns, line.split()))
-        if fields.get("check") != "OK":
-            sys.exit(f"troupe: wrong sums:\n{run.stdout}")
-        out[float(fields["size(MB)"])] = float(fields["busbw(GB/s)"])
-    return out
+    rows = [dict(zip(columns, line.split())) for line in lines[header + 1:] if line.strip()]
+    if len(rows) != len(sizes_mb) or any(r.get("check") != "OK" for r in rows):
+        sys.exit(f"troupe: a size missing or wrong sums:\n{run.stdout}")
+    # Row by row in the order asked (troupe prints a size to 3 decimals: 4.194304 as 4.194).
+    return {mb: float(r["busbw(GB/s)"]) for mb, r in zip(sizes_mb, rows)}
 
 
 def median(values):
