@@ -107,18 +107,28 @@ class Updater final : public Actor {
     if (reduced_ < weights_.numel()) return;
     if (cutShort(r)) return;
     if (loss_scale_ > 0) applyScaled();
-    checkFinite();
-
+    const std::int64_t applied = step_;
     reduced_ = 0;
     ++step_;
+    const bool ends =
+        config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_;
+    // On a device the replicas get the weights, with the event of their updates, before the
+    // finiteness test waits for those updates: the next step queues meanwhile, and a failed test
+    // still ends the run here, naming the step, long before that next step ends. What is kept (a
+    // checkpoint at an epoch's end) or watched is tested first; so is everything in a traced run,
+    // whose reducer dates the device's sums by this wait (Reducer::traceDeviceSums).
+    const bool early =
+        !ends && !config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
+    if (early) broadcast();
+    checkFinite(applied);
     observers_.offer(step_, step_ == config_.plan.last_step, weights_,
                      [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
                        send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
                      });
-    if (config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_) {
+    if (ends) {
       send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
                                          loss_scale_, overflow_steps_});
-    } else {
+    } else if (!early) {
       broadcast();
     }
   }
@@ -144,17 +154,20 @@ class Updater final : public Actor {
     optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate());
   }
 
-  // The step's one host wait on a device: whether its updates left every weight finite.
-  void checkFinite() {
+  // The step's one host wait on a device: whether the updates of step `applied` left every
+  // weight finite.
+  void checkFinite(std::int64_t applied) {
     if (optimizer_->finite()) return;
     throw NumericError(fmt::format(
         "training diverged: the update of {} on worker {} left inf or NaN in the weights "
         "(learning rate {:g}; a gradient was not finite, or too large)",
-        describeStep(step_, config_.plan.steps_per_epoch), config_.worker, learningRate()));
+        describeStep(applied, config_.plan.steps_per_epoch), config_.worker,
+        learningRate(applied)));
   }
 
-  float learningRate() const {
-    return kernels::learningRate(config_.lr, config_.plan.scheduleStep(step_));
+  float learningRate() const { return learningRate(step_); }
+  float learningRate(std::int64_t step) const {
+    return kernels::learningRate(config_.lr, config_.plan.scheduleStep(step));
   }
 
   // The step's gradients, all held, are of the loss times loss_scale_: if they are finite, divided

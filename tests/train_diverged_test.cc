@@ -67,11 +67,12 @@ TEST(Divergence, AnAbsurdLearningRateStopsTheRunNamingTheStepAndWritesNoCheckpoi
   EXPECT_EQ(checkpointFiles(dir.path()), 0);
 }
 
-// Checked in the update's own pass: the run stops at the update that broke the weights, before
-// any replica computes with them.
-TEST(Divergence, AnUpdateThatLeavesInfOrNanInTheWeightsStopsTheRunAtThatStep) {
-  TempDir dir("diverged_update");
+// An update that leaves inf in the weights (an infinite weight decay), on the replicas' device:
+// the run stops at that update's step, naming it, and writes no checkpoint.
+void expectAnUpdateOfInfStopsTheRunAtItsStep(const char* name, const std::vector<int>& gpus) {
+  TempDir dir(name);
   auto o = mlpOptions(dir.str());
+  o.gpus = gpus;
   o.sgd.weight_decay = std::numeric_limits<float>::infinity();
   const std::string failure = failureOf(o);
   EXPECT_NE(failure.find("training diverged: the update of step 0 (epoch 1) on worker 0 left inf "
@@ -79,6 +80,21 @@ TEST(Divergence, AnUpdateThatLeavesInfOrNanInTheWeightsStopsTheRunAtThatStep) {
             std::string::npos)
       << failure;
   EXPECT_EQ(checkpointFiles(dir.path()), 0);
+}
+
+// Checked in the update's own pass: the run stops at the update that broke the weights, before
+// any replica computes with them.
+TEST(Divergence, AnUpdateThatLeavesInfOrNanInTheWeightsStopsTheRunAtThatStep) {
+  expectAnUpdateOfInfStopsTheRunAtItsStep("diverged_update", {});
+}
+
+// On a device the updater sends the replicas their next weights before it tests the update's
+// finiteness (so that the next step queues during that wait): the run still stops at the
+// update's step (an emulated GPU: tests/emulated_gpu).
+TEST(Divergence, AnUpdateOnAGpuThatLeavesInfOrNanStopsTheRunAtThatStep) {
+  setenv("TROUPE_CUDA_LIBRARY", TROUPE_EMULATED_GPU, 1);
+  setenv("TROUPE_EMULATED_GPUS", "1", 1);
+  expectAnUpdateOfInfStopsTheRunAtItsStep("diverged_update_gpu", {0});
 }
 
 }  // namespace
