@@ -153,16 +153,13 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
               net->forward(images[b], labels[b], true);
               net->backward(loss_scale / static_cast<float>(batch), nullptr);
               host += std::chrono::duration<double>(Clock::now() - queued).count();
-              if (precision == DType::kFloat16) {
-                if (!backend.allFinite({net->grads()})) {  // skipped, as the updater does
-                  loss_scale /= 2;
-                  continue;
-                }
-                queued = Clock::now();
-                backend.scale(net->grads(), 1.0f / loss_scale);
-              } else {
-                queued = Clock::now();
+              // skipped, as the updater does
+              if (precision == DType::kFloat16 && !backend.allFinite({net->grads()})) {
+                loss_scale /= 2;
+                continue;
               }
+              queued = Clock::now();
+              if (precision == DType::kFloat16) backend.scale(net->grads(), 1.0f / loss_scale);
               sgd->stepRange(net->weights(), net->grads(), 0, net->numParams(), 0.01f);
               host += std::chrono::duration<double>(Clock::now() - queued).count();
             }

@@ -718,7 +718,9 @@ class NetImpl final : public Net, private LayerContext {
     auto fwd = [](std::size_t l) { return static_cast<std::int64_t>(l); };
     auto bwd = [L](std::size_t l) { return 2 * L - 1 - static_cast<std::int64_t>(l); };
     struct Item {
-      std::int64_t size = 0, begin = 0, end = -1;  // elements; live over [begin, end]
+      std::int64_t size = 0;             // elements
+      bool gradient = false;             // else activations
+      std::int64_t begin = 0, end = -1;  // live over [begin, end]
       std::int64_t offset = 0;
     };
     std::vector<Item> items;
@@ -745,7 +747,7 @@ class NetImpl final : public Net, private LayerContext {
         data_item[t] = data_item[i];
       } else {
         data_item[t] = static_cast<int>(items.size());
-        items.push_back({max_batch * g_.blobs[t].per});
+        items.push_back({max_batch * g_.blobs[t].per, false});
       }
       live(items[static_cast<std::size_t>(data_item[t])], fwd(l));
       if (layer.backwardReadsTop()) live(items[static_cast<std::size_t>(data_item[t])], bwd(l));
@@ -771,7 +773,7 @@ class NetImpl final : public Net, private LayerContext {
         if (!g_.blobs[bi].needs_diff) continue;
         if (diff_item[bi] < 0) {
           diff_item[bi] = static_cast<int>(items.size());
-          items.push_back({max_batch * g_.blobs[bi].per});
+          items.push_back({max_batch * g_.blobs[bi].per, true});
         }
         live(items[static_cast<std::size_t>(diff_item[bi])], bwd(l));
       }
@@ -812,11 +814,8 @@ class NetImpl final : public Net, private LayerContext {
     }
     arena_ = backend_.empty({std::max<std::int64_t>(total, 1)}, act_);
     const auto bytes = static_cast<std::int64_t>(sizeOf(act_));
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      const bool gradient =
-          std::find(diff_item.begin(), diff_item.end(), static_cast<int>(i)) != diff_item.end();
-      (gradient ? memory_.gradients : memory_.activations) += items[i].size * bytes;
-    }
+    for (const Item& it : items)
+      (it.gradient ? memory_.gradients : memory_.activations) += it.size * bytes;
     memory_.held = total * bytes;
     for (std::size_t b = 0; b < nb; ++b) {
       Blob& blob = g_.blobs[b];

@@ -45,7 +45,9 @@ struct Refusal {
 void take(cudnnStatus_t status, const char* step) {
   if (status == CUDNN_STATUS_SUCCESS) return;
   const int code = static_cast<int>(status);
-  if ((code >= 2000 && code < 3000) || (code >= 3000 && code < 4000)) {
+  // Broader than cuda_backend.cc's isRefusal on purpose: here another engine may take what one
+  // engine refuses (an architecture or a shape it was not built for).
+  if (code >= 2000 && code < 4000) {
     (void)cudaGetLastError();  // a refused launch is not the next kernel's error
     throw Refusal{std::string(step) + ": " + cudnnGetErrorString(status)};
   }

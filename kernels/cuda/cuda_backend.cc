@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -315,9 +316,15 @@ class CudaConv final : public ConvOp {
   const ConvPlan* planFor(int kind, const void* x, const void* w, const void* y) {
     if (!graph_) return nullptr;
     const std::int64_t alignment = std::min({alignmentOf(x), alignmentOf(w), alignmentOf(y)});
-    std::vector<std::int64_t> key = key_;
-    key.push_back(alignment);
-    ConvPlans& plans = plans_cache_[key];
+    // The backend's plans of this geometry and alignment, found in its cache once an alignment
+    // (each a power of two up to 16), not on every call.
+    ConvPlans*& found = plans_[std::countr_zero(static_cast<unsigned>(alignment))];
+    if (!found) {
+      std::vector<std::int64_t> key = key_;
+      key.push_back(alignment);
+      found = &plans_cache_[key];  // a std::map's elements stay where they are
+    }
+    ConvPlans& plans = *found;
     if (!plans.tried[kind]) {
       plans.tried[kind] = true;
       plans.plans[kind] = buildPlan(kind, alignment);
@@ -478,6 +485,7 @@ class CudaConv final : public ConvOp {
   std::map<std::vector<std::int64_t>, ConvAlgos>& cache_;
   std::map<std::vector<std::int64_t>, ConvPlans>& plans_cache_;
   std::vector<std::int64_t> key_;  // the geometry's, for both caches
+  ConvPlans* plans_[5] = {};       // in plans_cache_, by log2 of the pointers' alignment
   bool graph_ = false;             // TROUPE_CUDA_CONV=graph
   DType dtype_ = DType::kFloat32;
   std::unique_ptr<TensorDesc> x_, y_;
