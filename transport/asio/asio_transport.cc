@@ -175,6 +175,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string remote_;
   const std::optional<NodeId> expected_;
   std::atomic<bool> closed_{false};
+  std::string closedWhy_;  // why it closed (under mutex_), for enqueue()'s error
   std::atomic<bool> identified_{false};
   std::atomic<NodeId> node_{0};
   const bool unix_;  // a Unix-socket link: the peer is on this host
@@ -330,7 +331,13 @@ void Connection::start(std::shared_ptr<std::promise<void>> helloWaiter) {
 void Connection::enqueue(std::unique_ptr<EncodedMessage> message) {
   std::lock_guard lock(mutex_);
   if (closed_) {
-    throw IoError("transport: the link to node " + peerName() + " (" + remote_ + ") is closed");
+    // A link that had met its peer is lost, whether or not the transport has moved it to its lost
+    // links yet (onClosed runs after this flag is set): the caller names the peer as for a send
+    // after that (LinkLostError), not as for a node never linked.
+    const std::string what = "transport: the link to node " + peerName() + " (" + remote_ +
+                             ") is " + (closedWhy_.empty() ? "closed" : "lost: " + closedWhy_);
+    if (identified_) throw LinkLostError(what);
+    throw IoError(what);
   }
   if (!writing_ && authenticated_ && refusal_.empty()) {
     // Nothing is being written (so nothing waits in queue_): the calling thread writes what the
@@ -738,6 +745,7 @@ void Connection::closeOnStrand(const std::string& why, bool error) {
     // Under the lock: enqueue() writes to the descriptor from other threads, and must not write
     // to one that is closed and perhaps already reused.
     std::lock_guard lock(mutex_);
+    closedWhy_ = why;
     asio::error_code ignored;
     socket_.shutdown(asio::socket_base::shutdown_both, ignored);
     socket_.close(ignored);
