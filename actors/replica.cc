@@ -179,12 +179,17 @@ class Replica final : public Actor {
       images = deviceImages(batch.images);
       labels = onDevice(batch.labels, labels_here_);
     }
-    {
-      TraceScope span(config_.trace, name(), "forward");
-      net_->forward(images, labels, /*train=*/true);
+    if (config_.trace) {  // the forward and backward apart, each a span of the trace
+      {
+        TraceScope span(config_.trace, name(), "forward");
+        net_->forward(images, labels, /*train=*/true);
+      }
+      mark("forward");
+      backward(step, weights.loss_scale);
+    } else {
+      backward(step, weights.loss_scale, &images, &labels);
+      noteGraphs(step);
     }
-    mark("forward");
-    backward(step, weights.loss_scale);
     const kernels::Event read = backend_->record();
     send(config_.reader, BatchConsumed{step, config_.local_index, read});
     if (staged != staged_.end()) {
@@ -253,7 +258,10 @@ class Replica final : public Actor {
   // with the event after which it is final, so their reduction overlaps the rest of the backward
   // pass. For a reducer on the host, a bucket on a device goes through host memory. The gradients
   // are of the loss times loss_scale (the updater's, for mixed precision), which it divides out.
-  void backward(std::int64_t step, float loss_scale) {
+  // With images and labels, the forward too (Net::trainStep: by a CUDA graph where the run's
+  // cuda_graphs says so, the buckets then all sent once the whole backward is queued).
+  void backward(std::int64_t step, float loss_scale, const kernels::Tensor* images = nullptr,
+                const kernels::Tensor* labels = nullptr) {
     TraceScope span(config_.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
@@ -272,7 +280,7 @@ class Replica final : public Actor {
       bucket_begin = bucket_end = -1;
       cap = config_.bucket_bytes;
     };
-    net_->backward(config_.grad_scale * loss_scale, [&](std::int64_t begin, std::int64_t end) {
+    const kernels::GradReadyFn ready = [&](std::int64_t begin, std::int64_t end) {
       if (bucket_begin < 0) {
         bucket_begin = begin;
         bucket_end = end;
@@ -281,8 +289,28 @@ class Replica final : public Actor {
         bucket_begin = begin;
       }
       if ((bucket_end - bucket_begin) * static_cast<std::int64_t>(sizeof(float)) >= cap) flush();
-    });
+    };
+    const float scale = config_.grad_scale * loss_scale;
+    if (images) {
+      net_->trainStep(*images, *labels, scale, ready);
+    } else {
+      net_->backward(scale, ready);
+    }
     flush();
+  }
+
+  // Says once that steps go by CUDA graphs (cuda_graphs), or why they do not.
+  void noteGraphs(std::int64_t step) {
+    if (!config_.net.graphs || graphs_noted_) return;
+    const kernels::StepGraphStats stats = net_->graphStats();
+    if (!stats.off.empty()) {
+      spdlog::warn("{}: cuda_graphs: each step goes op by op: {}", name(), stats.off);
+      graphs_noted_ = true;
+    } else if (stats.captured > 0) {
+      spdlog::info("{}: cuda_graphs: steps replayed from a CUDA graph from {} on", name(),
+                   describeStep(step, config_.steps_per_epoch));
+      graphs_noted_ = true;
+    }
   }
 
   // On a device, with a trace: the device's own times of the step's work, on a track of its own
@@ -374,6 +402,7 @@ class Replica final : public Actor {
   std::unique_ptr<kernels::Net> net_;
   std::unique_ptr<data::Dataset> test_;
   kernels::Tensor metrics_host_;
+  bool graphs_noted_ = false;    // noteGraphs() spoke
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
   kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device

@@ -89,6 +89,10 @@ struct TrainOptions {
   // On GPUs, convolutions only with cuDNN's deterministic algorithms, so that a run repeats to the
   // bit (PyTorch's torch.backends.cudnn.deterministic); off, the fastest measured.
   bool cudnn_deterministic = false;
+  // On GPUs, each training step's forward and backward by a CUDA graph, recorded at the second
+  // step with the same inputs and replayed (kernels::NetOptions::graphs): one launch a step for
+  // the host instead of a call an op. Not in a traced run, nor for a model with dropout.
+  bool cuda_graphs = false;
   // Mixed precision on GPUs (kernels::NetOptions::precision): fp32, fp16 or bf16 activations and
   // convolution/matrix arithmetic, float32 master weights, gradients and updates.
   std::string precision = "fp32";

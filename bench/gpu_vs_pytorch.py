@@ -13,7 +13,9 @@ torch.compile is timed too when --compile is given (it compiles for a minute or 
 with --compile-only (beside the eager and troupe rows of an earlier run at the same batch). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
 With --graph-conv, each troupe row runs a second time with its convolutions by cuDNN's graph-API
-plans (TROUPE_CUDA_CONV=graph), in a column of its own.
+plans (TROUPE_CUDA_CONV=graph), in a column of its own. With --cuda-graphs, once more with each
+step's forward and backward by a CUDA graph (troupe_kernels_bench --graphs; a run's cuda_graphs),
+its ratio to PyTorch eager beside it.
 
 Run on the GPU machine by scripts/gpu.sh run; by hand:
     python3 bench/gpu_vs_pytorch.py --bench build/bench/troupe_kernels_bench --batches 64,128,256
@@ -27,12 +29,13 @@ import sys
 import time
 
 
-def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="legacy"):
+def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="legacy",
+                graphs=False):
     # troupe's memory_format auto: channels-last where tensor cores compute (tf32, bf16, fp16).
     nhwc = tf32 or precision != "fp32"
     cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
            str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else []) + \
-          (["--channels-last"] if nhwc else [])
+          (["--channels-last"] if nhwc else []) + (["--graphs"] if graphs else [])
     env = dict(os.environ, TROUPE_CUDA_CONV=conv)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
@@ -46,6 +49,12 @@ def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="lega
     host = re.search(r"\(([\d.]+) ms/step, cpu [\d.]+ ms/step, host ([\d.]+) ms/step\)",
                      p.stdout)
     row = {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
+    # Steps replayed by CUDA graphs / graphs recorded, and why none were, if so.
+    g = re.search(r"graphs=(\d+)/(\d+)( \(graphs off: [^)]*\))?", p.stdout)
+    if g:
+        row["graph_replays"], row["graphs"] = int(g.group(1)), int(g.group(2))
+        if g.group(3):
+            row["graphs_off"] = g.group(3)[len(" (graphs off: "):-1]
     if host:
         row["step_ms"], row["host_ms"] = float(host.group(1)), float(host.group(2))
     # Where the peak goes: the net's activations and gradients, the parameters' tensors, the
@@ -125,6 +134,8 @@ def main():
                     help="time torch.compile alone, not troupe or PyTorch eager")
     ap.add_argument("--graph-conv", action="store_true",
                     help="troupe again with TROUPE_CUDA_CONV=graph, in a column of its own")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="troupe again with each step by a CUDA graph, in a column of its own")
     ap.add_argument("--precisions", default="bf16,fp32,fp16,tf32",
                     help="rows to time, in this order: bf16 and fp16 (mixed precision), fp32 "
                          "(TF32 off), tf32")
@@ -143,6 +154,9 @@ def main():
                     if a.graph_conv:
                         row["troupe_graph"] = troupe_rate(a.bench, model, batch, a.seconds, tf32,
                                                           kind, conv="graph")
+                    if a.cuda_graphs:
+                        row["troupe_cuda_graphs"] = troupe_rate(a.bench, model, batch, a.seconds,
+                                                                tf32, kind, graphs=True)
                     row["pytorch"] = pytorch_rate(model, batch, a.seconds, tf32, precision=kind)
                 if a.compile or a.compile_only:
                     row["pytorch_compile"] = pytorch_rate(model, batch, a.seconds, tf32, True,
@@ -151,8 +165,9 @@ def main():
                 print(json.dumps(row), flush=True)
     print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | "
           "troupe / eager | troupe peak MiB | PyTorch peak MiB | torch.compile images/s | "
-          "troupe ms/step (host's) | troupe graph-API convolutions images/s (ms/step, host's) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "troupe ms/step (host's) | troupe graph-API convolutions images/s (ms/step, host's) | "
+          "troupe by CUDA graphs images/s (ms/step, host's) | CUDA graphs / eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     def graph_cell(g):
         if g is None:
             return " - |"
@@ -160,6 +175,13 @@ def main():
             return " failed |"
         host = f", {g['step_ms']:.1f} ({g['host_ms']:.1f})" if "host_ms" in g else ""
         return f" {g['rate']:.0f}{host} |"
+
+    def cuda_graphs_ratio(r):
+        g, p = r.get("troupe_cuda_graphs"), r["pytorch"]
+        if g is None or "rate" not in g or "rate" not in p:
+            return " - |"
+        off = f" (off: {g['graphs_off']})" if "graphs_off" in g else ""
+        return f" {g['rate'] / p['rate']:.2f}{off} |"
 
     def num(d, key):
         return f"{d[key]:.0f}" if key in d else "failed" if d else "-"
@@ -172,9 +194,11 @@ def main():
               f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
               f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} | "
               + (f"{t['step_ms']:.1f} ({t['host_ms']:.1f}) |" if "host_ms" in t else "- |")
-              + graph_cell(r.get("troupe_graph")))
+              + graph_cell(r.get("troupe_graph")) + graph_cell(r.get("troupe_cuda_graphs"))
+              + cuda_graphs_ratio(r))
     failed = [(side, r) for r in rows
-              for side in ("troupe", "troupe_graph", "pytorch", "pytorch_compile")
+              for side in ("troupe", "troupe_graph", "troupe_cuda_graphs", "pytorch",
+                           "pytorch_compile")
               if "error" in r.get(side, {})]
     for side, r in failed[:2]:
         print(f"\n{side} failed at {r['model']} batch {r['batch']}:\n{r[side]['error']}")

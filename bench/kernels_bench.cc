@@ -6,7 +6,7 @@
 //
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
-//                        [--channels-last] [--deterministic] [--no-fuse] [--host-ops]
+//                        [--channels-last] [--deterministic] [--no-fuse] [--host-ops] [--graphs]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
 // test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
@@ -14,6 +14,8 @@
 // own, not in its batch norm's pass (NetOptions::fuse), to measure what the fusion gives.
 // --host-ops: the host's and the device's time per call of single ResNet-50 ops (convolutions,
 // batch norms, a ReLU) in the run's type and layout, to tell which calls keep a GPU waiting.
+// --graphs: each step's forward and backward by a CUDA graph (NetOptions::graphs), recorded at the
+// second step with the same inputs and loss scale; a row then says graphs=replayed/recorded.
 // "host" in a row: the wall time per step the host spent queueing the step's work, its waits
 // left out; on a device, a figure near the step's own says the host sets the pace, not the GPU.
 #include <time.h>
@@ -102,8 +104,11 @@ Input inputOf(const std::string& model) {
 NetMemory g_net_memory;
 std::int64_t g_param_bytes = 0;
 
+// How the last trainStep's net ran its steps with --graphs.
+StepGraphStats g_graph_stats;
+
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
-                 DType precision, bool channels_last, bool fuse) {
+                 DType precision, bool channels_last, bool fuse, bool graphs) {
   const Input in = inputOf(model);
   NetOptions options;
   options.fuse = fuse;
@@ -114,6 +119,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.num_labels = in.labels;
   options.precision = precision;
   options.channels_last = channels_last;
+  options.graphs = graphs;
   auto net = makeNet(backend, options);
   auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
   g_net_memory = net->memory();
@@ -150,8 +156,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
               const int b = step++ % batches;
               ++steps;
               auto queued = Clock::now();
-              net->forward(images[b], labels[b], true);
-              net->backward(loss_scale / static_cast<float>(batch), nullptr);
+              net->trainStep(images[b], labels[b], loss_scale / static_cast<float>(batch), nullptr);
               host += std::chrono::duration<double>(Clock::now() - queued).count();
               // skipped, as the updater does
               if (precision == DType::kFloat16 && !backend.allFinite({net->grads()})) {
@@ -174,6 +179,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
       per_call;
   g_cpu_per_call /= per_call;
   g_host_per_step = host / static_cast<double>(steps);
+  g_graph_stats = net->graphStats();
   return per_step;
 }
 
@@ -317,6 +323,7 @@ int main(int argc, char** argv) {
   bool channels_last = false;
   bool fuse = true;
   bool host_ops = false;
+  bool graphs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -348,6 +355,8 @@ int main(int argc, char** argv) {
       fuse = false;
     else if (arg == "--host-ops")
       host_ops = true;
+    else if (arg == "--graphs")
+      graphs = true;
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {
@@ -381,7 +390,7 @@ int main(int argc, char** argv) {
   for (std::string model; std::getline(list, model, ',');) {
     double step = 0;
     try {
-      step = trainStep(*backend, model, batch, seconds, precision, channels_last, fuse);
+      step = trainStep(*backend, model, batch, seconds, precision, channels_last, fuse, graphs);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", model.c_str(), e.what());
       return 1;
@@ -402,7 +411,13 @@ int main(int argc, char** argv) {
           static_cast<double>(g_net_memory.held) / kMiB, static_cast<double>(g_param_bytes) / kMiB,
           static_cast<double>(m.workspace) / kMiB);
     }
-    std::printf(" fused_bn_relu=%d\n", fuse ? 1 : 0);
+    std::printf(" fused_bn_relu=%d", fuse ? 1 : 0);
+    if (graphs) {
+      std::printf(" graphs=%lld/%lld", static_cast<long long>(g_graph_stats.replayed),
+                  static_cast<long long>(g_graph_stats.captured));
+      if (!g_graph_stats.off.empty()) std::printf(" (graphs off: %s)", g_graph_stats.off.c_str());
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   if (host_ops) hostOpRows(*backend, batch, precision, channels_last);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -25,6 +26,15 @@ struct MemoryStats {
   std::int64_t peak_in_use = 0;  // the most in_use ever was
   std::int64_t reserved = 0;     // taken from the device, cached blocks included
   std::int64_t workspace = 0;    // of that in use, the ops' shared workspace (a convolution's)
+};
+
+// A backend's queued work, recorded once and queued again whole (a CUDA graph): Backend::capture.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Queues the recorded work again, with the arguments, pointers and sizes it was recorded with,
+  // as one launch. From the backend owner's thread; the graph goes before its backend.
+  virtual void replay() = 0;
 };
 
 class Backend {
@@ -107,6 +117,21 @@ class Backend {
   // whose work the host times itself.
   virtual double elapsed(const Event& from, const Event& to) = 0;
   virtual MemoryStats memory() const { return {}; }
+  // Waits for the work queued so far, then runs `queue`, recording the work it queues on this
+  // backend instead of running it (CUDA stream capture), and returns that work as a graph whose
+  // replay() costs the host one launch where queueing it costs a call an op. Null where the
+  // backend cannot (the CPU, which has no queue). Every value is fixed at the capture: the
+  // tensors' addresses and shapes, the scalars (a loss scale, a learning rate), the random seeds.
+  // `queue` may not wait on the host (synchronize, allFinite, updatesFinite, a copy to or from
+  // pageable memory), record or wait for events, or be an op's first call (which finds its
+  // algorithm by timing, and grows the workspace): those throw, and nothing stays recorded. The
+  // memory the work reads and writes must stay allocated while the graph lives: the caller's
+  // tensors and the ops' own (an op keeps its buffers; the graph keeps the workspace it used, and
+  // any memory freed meanwhile).
+  virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& queue) {
+    (void)queue;
+    return nullptr;
+  }
 
   // Op factories (kernels/ops.h); each op is fixed to its geometry and used on this backend only.
   virtual std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) = 0;

@@ -610,6 +610,67 @@ class NetImpl final : public Net, private LayerContext {
     current_ = nullptr;
   }
 
+  void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
+                 const GradReadyFn& on_ready) override {
+    if (!options_.graphs || !graph_stats_.off.empty()) {
+      forward(images, labels, true);
+      backward(grad_scale, on_ready);
+      return;
+    }
+    const StepKey key{images.raw(),   labels.raw(),   weights_.raw(),
+                      images.shape(), images.dtype(), grad_scale};
+    auto replay = [&](const StepGraph& step) {
+      step.graph->replay();
+      ++graph_stats_.replayed;
+      // The host's part of the forward and backward, as they left it.
+      n_ = images.dim(0);
+      images_ = images;
+      labels_ = labels;
+      trained_ = true;
+      if (on_ready)
+        for (const auto& [begin, end] : step.ready)
+          on_ready(begin, end);
+    };
+    for (const auto& step : graphs_)
+      if (step.key == key) return replay(step);
+    // Recorded at its second sighting: the first ran each op once (its algorithm found, the
+    // workspace grown), and a step seen once (an epoch's short last batch) costs no graph.
+    if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
+      if (seen_.size() >= kGraphs) seen_.erase(seen_.begin());
+      seen_.push_back(key);
+      forward(images, labels, true);
+      backward(grad_scale, on_ready);
+      if (random_) graph_stats_.off = "the net has dropout, whose seeds change every step";
+      return;
+    }
+    StepGraph step{key, nullptr, {}};
+    try {
+      step.graph = backend_.capture([&] {
+        forward(images, labels, true);
+        backward(grad_scale, [&](std::int64_t begin, std::int64_t end) {
+          step.ready.emplace_back(begin, end);
+        });
+      });
+      if (!step.graph) graph_stats_.off = "the backend records no graphs (the CPU)";
+    } catch (const Error& e) {  // nothing ran: the step goes op by op, as every later one
+      graph_stats_.off = std::string("recording one failed: ") + e.what();
+    }
+    if (!step.graph) {
+      forward(images, labels, true);
+      backward(grad_scale, on_ready);
+      return;
+    }
+    ++graph_stats_.captured;
+    if (graphs_.size() >= kGraphs) graphs_.erase(graphs_.begin());
+    graphs_.push_back(std::move(step));
+    replay(graphs_.back());
+  }
+  StepGraphStats graphStats() const override {
+    StepGraphStats s = graph_stats_;
+    if (!options_.graphs && s.off.empty()) s.off = "not asked for (NetOptions::graphs)";
+    return s;
+  }
+
   void reseed(std::uint64_t seed) override {
     seed_ = seed;
     forward_count_ = 0;
@@ -648,6 +709,7 @@ class NetImpl final : public Net, private LayerContext {
   Tensor labels() override { return labels_; }
   Tensor metrics() override { return metrics_; }
   std::uint64_t dropoutSeed(int layer) override {
+    random_ = true;
     return randomBits(seed_, static_cast<std::uint64_t>(layer), forward_count_);
   }
   bool channelsLast() override { return nhwc_; }
@@ -893,6 +955,29 @@ class NetImpl final : public Net, private LayerContext {
   std::vector<bool> written_;
   std::vector<std::pair<int, int>> pending_;
   Layer* current_ = nullptr;
+  bool random_ = false;  // a forward drew a dropout seed
+
+  // trainStep()'s graphs (NetOptions::graphs), each for the inputs it was recorded with, and the
+  // inputs of the last steps run op by op. Last among the members: a graph goes before the ops
+  // and tensors its work uses.
+  struct StepKey {
+    const void* images;
+    const void* labels;
+    const void* weights;
+    Shape shape;
+    DType dtype;
+    float grad_scale;
+    bool operator==(const StepKey&) const = default;
+  };
+  struct StepGraph {
+    StepKey key;
+    std::unique_ptr<DeviceGraph> graph;
+    std::vector<std::pair<std::int64_t, std::int64_t>> ready;  // backward's ranges, in order
+  };
+  static constexpr std::size_t kGraphs = 4;
+  std::vector<StepKey> seen_;
+  std::vector<StepGraph> graphs_;
+  StepGraphStats graph_stats_;
 };
 
 }  // namespace

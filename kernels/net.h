@@ -60,6 +60,19 @@ struct NetOptions {
   // A ReLU that alone reads a batch norm's output is computed by the batch norm, in the same pass
   // (the same values, one pass over the activations less each way); false: each on its own.
   bool fuse = true;
+  // trainStep() by CUDA graphs where the backend records them (Backend::capture): a step whose
+  // inputs (the images' and labels' addresses and batch size, the weights' address, the gradient
+  // scale) were seen before is recorded once and then replayed, one launch for the host instead
+  // of a call an op. Not for a net with dropout (its seeds change every step).
+  bool graphs = false;
+};
+
+// How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
+// once by it), steps replayed, and why graphs are not used, if they are not.
+struct StepGraphStats {
+  std::int64_t captured = 0;
+  std::int64_t replayed = 0;
+  std::string off;  // "the backend records no graphs (the CPU)", "the net has dropout", ...
 };
 
 // Where a parameter lives in the flat weight / gradient tensors.
@@ -133,6 +146,12 @@ class Net {
   // Back-propagates the last forward (which must have had train = true). Overwrites grads() with
   // grad_scale * d(sum of loss)/d(weights), calling on_ready as ranges become final.
   virtual void backward(float grad_scale, const GradReadyFn& on_ready) = 0;
+  // forward(images, labels, true), then backward(grad_scale, on_ready): the same work and results,
+  // by a CUDA graph where NetOptions::graphs says so. A step replayed calls on_ready once its whole
+  // backward is queued (each range then final at the backend's next record()), not range by range.
+  virtual void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
+                         const GradReadyFn& on_ready) = 0;
+  virtual StepGraphStats graphStats() const = 0;
   // Seeds the randomness of the next forward (dropout), so runs repeat exactly.
   virtual void reseed(std::uint64_t seed) = 0;
 };

@@ -132,10 +132,11 @@ run() {
   # one alone, torch.compile's figure; 14: the input benchmark at 16 cores), then the rest.
   part nvidia-smi 20 nvidia-smi
   part info 20 "$troupe" info
-  # The graph-API convolution test on its own: code that has not run before cannot take the other
-  # op tests' results with it if it crashes.
-  part cuda_tests 90 "$root/bin/troupe_cuda_tests" --gtest_filter='-*ByGraphPlans*'
-  part cuda_tests_graph 30 "$root/bin/troupe_cuda_tests" --gtest_filter='*ByGraphPlans*'
+  # The tests of code that has not run on a GPU before (the graph-API convolutions, CUDA graphs)
+  # on their own: if it crashes, it cannot take the other op tests' results with it.
+  local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*'
+  part cuda_tests 90 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests"
+  part cuda_tests_graph 40 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
   # convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
@@ -157,7 +158,16 @@ run() {
   echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
-  part resnet50 300:200 "${r50bench[@]}" --graph-conv --precisions "${PRECISIONS:-$mixed,fp32}"
+  # Each troupe row three times: op by op, with the graph-API convolutions (--graph-conv), and by
+  # CUDA graphs (--cuda-graphs: one launch a step for the host).
+  part resnet50 330:200 "${r50bench[@]}" --graph-conv --cuda-graphs \
+    --precisions "${PRECISIONS:-$mixed,fp32}"
+  # The trainer's steps by CUDA graphs (cuda_graphs), beside resnet50_trainer's op by op (which is
+  # traced, and a traced run goes op by op).
+  part resnet50_trainer_graphs 90:40 "$troupe" train --model resnet50 --train_data null \
+    --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 \
+    --num_epochs 3 --gpus 0 --precision "$mixed" --log_every 10 --cuda_graphs \
+    --log_dir "$OUT/resnet50_trainer_graphs" --checkpoint_dir "$root/ck_r50_graphs"
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
   part convert 30 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"

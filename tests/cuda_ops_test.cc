@@ -23,6 +23,7 @@
 #include "kernels/communicator.h"
 #include "kernels/cuda_plugin.h"
 #include "kernels/net.h"
+#include "kernels/optimizer.h"
 #include "kernels/random.h"
 #include "troupe/config.h"
 #include "troupe/error.h"
@@ -694,6 +695,97 @@ TEST_F(CudaOps, LenetStepGivesTheCpusLossAndGradients) {
   const Tensor cm = copyOf(cnet->metrics()), gm = down(gnet->metrics());
   EXPECT_NEAR(gm.f32()[0], cm.f32()[0], kRelative * std::abs(cm.f32()[0]));
   expectClose("gradients", cnet->grads(), gnet->grads());
+}
+
+// A training step by a CUDA graph (NetOptions::graphs) is the step op by op, replayed: the same
+// kernels on the same memory, so with cuDNN's deterministic algorithms the same bits, step after
+// step, through SGD updates between them. The steps vary what a graph fixes (the images' address,
+// the batch size, the gradient scale), so that a graph replayed for inputs it was not recorded
+// with, or with a stale scale, would show; and each graph is recorded at its inputs' second
+// sighting and replayed from then on.
+TEST_F(CudaOps, TrainStepsByCudaGraphsGiveTheBitsOfTheStepsOpByOp) {
+  gpu_ = makeCudaBackend(0, CudaOptions{.tf32 = false, .deterministic = true});
+  for (const DType precision : {DType::kFloat32, DType::kFloat16}) {
+    SCOPED_TRACE(toString(precision));
+    NetOptions o;
+    o.model.name = "resnet20";
+    o.max_batch = 8;
+    o.channels = 3;
+    o.height = o.width = 32;
+    o.precision = precision;
+    o.channels_last = precision != DType::kFloat32;
+    auto eager = makeNet(*gpu_, o);
+    o.graphs = true;
+    auto graphed = makeNet(*gpu_, o);
+    auto eager_sgd = makeSgd(*gpu_, eager->numParams(), SgdOptions{});
+    auto graphed_sgd = makeSgd(*gpu_, graphed->numParams(), SgdOptions{});
+    auto batch = [&](std::int64_t n, std::uint64_t seed) {
+      Tensor labels = Tensor::host({n}, DType::kInt32);
+      for (std::int64_t i = 0; i < n; ++i)
+        labels.i32()[i] = static_cast<int>((i * 7 + static_cast<std::int64_t>(seed)) % 10);
+      return std::make_pair(up(randomHost({n, 3, 32, 32}, seed)), up(labels));
+    };
+    const auto a = batch(8, 60), b = batch(8, 61), c = batch(4, 62);
+    struct Step {
+      const std::pair<Tensor, Tensor>* batch;
+      float scale;
+    };
+    // Graphs: recorded at steps 2, 6, 9 and 10 (the second sighting of their inputs).
+    const std::vector<Step> steps{{&a, 1},    {&a, 1}, {&b, 1}, {&a, 1}, {&a, 0.5f}, {&a, 0.5f},
+                                  {&a, 0.5f}, {&c, 1}, {&c, 1}, {&b, 1}, {&b, 1},    {&a, 1}};
+    for (std::size_t k = 0; k < steps.size(); ++k) {
+      SCOPED_TRACE("step " + std::to_string(k + 1));
+      const auto& [images, labels] = *steps[k].batch;
+      const float scale = steps[k].scale / static_cast<float>(images.dim(0));
+      std::vector<std::pair<std::int64_t, std::int64_t>> eager_ready, graphed_ready;
+      eager->trainStep(images, labels, scale,
+                       [&](std::int64_t lo, std::int64_t hi) { eager_ready.emplace_back(lo, hi); });
+      graphed->trainStep(images, labels, scale, [&](std::int64_t lo, std::int64_t hi) {
+        graphed_ready.emplace_back(lo, hi);
+      });
+      EXPECT_EQ(graphed_ready, eager_ready);
+      const Tensor em = down(eager->metrics()), gm = down(graphed->metrics());
+      EXPECT_EQ(std::memcmp(em.raw(), gm.raw(), em.bytes()), 0)
+          << "loss " << em.f32()[0] << " vs " << gm.f32()[0];
+      const Tensor eg = down(eager->grads()), gg = down(graphed->grads());
+      EXPECT_EQ(std::memcmp(eg.raw(), gg.raw(), eg.bytes()), 0);
+      eager_sgd->stepRange(eager->weights(), eager->grads(), 0, eager->numParams(), 0.05f);
+      graphed_sgd->stepRange(graphed->weights(), graphed->grads(), 0, graphed->numParams(), 0.05f);
+    }
+    const Tensor ew = down(eager->weights()), gw = down(graphed->weights());
+    EXPECT_EQ(std::memcmp(ew.raw(), gw.raw(), ew.bytes()), 0);
+    const StepGraphStats stats = graphed->graphStats();
+    EXPECT_EQ(stats.off, "");
+    EXPECT_EQ(stats.captured, 4);
+    EXPECT_EQ(stats.replayed, 8);
+    EXPECT_EQ(eager->graphStats().replayed, 0);
+  }
+}
+
+// What a capture may not hold is refused by name, nothing of it stays recorded, and the backend
+// goes on as before.
+TEST_F(CudaOps, ACaptureRefusesAHostWaitAndLeavesTheBackendWorking) {
+  const Tensor x = up(randomHost({1000}, 63));
+  try {
+    gpu_->capture([&] {
+      gpu_->scale(x, 5.0f);
+      gpu_->synchronize();
+    });
+    ADD_FAILURE() << "a host wait inside a capture was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("while a CUDA graph is captured"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(gpu_->capture([&] { gpu_->record(); }), Error);
+  const Tensor before = down(x);
+  auto graph = gpu_->capture([&] { gpu_->scale(x, 2.0f); });
+  ASSERT_NE(graph, nullptr);
+  expectClose("nothing ran at the capture", before, x, 0);
+  graph->replay();
+  graph->replay();
+  Tensor four = copyOf(before);  // powers of two: exact
+  cpu_->scale(four, 4.0f);
+  expectClose("two replays", four, x, 0);
 }
 
 // ---- float16 and bfloat16 (NetOptions::precision) ----

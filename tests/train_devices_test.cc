@@ -490,6 +490,52 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
   EXPECT_EQ(std::memcmp(whole.weights.raw(), parts.weights.raw(), whole.weights.bytes()), 0);
 }
 
+// ---- CUDA graphs (cuda_graphs) ----
+
+// A step replayed from a CUDA graph is its work op by op, recorded once: the emulated GPU replays
+// the recorded calls with the arguments they were recorded with, so a graph replayed for inputs it
+// was not made for (the other of a replica's two staging buffers, another loss scale) would change
+// the weights. fp16 with a dynamic loss scale of 2^24: the first steps overflow and are skipped,
+// halving the scale, and a window of 4 clean steps doubles it again, each new scale a new graph.
+TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
+  TempDir cwd("devices_cuda_graphs");
+  const std::string fp16 =
+      "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 24 --loss_scale_window 4";
+  auto r = trainLenet(cwd, "fp16", emulated(1), fp16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "fp16_graphs", emulated(1), fp16 + " --cuda_graphs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("replica/0/0: cuda_graphs: steps replayed from a CUDA graph from step "),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "fp16", cwd.path() / "fp16_graphs"));
+  // Two GPUs of a process, their bytes normalised there, summed on the first.
+  const std::string two = "--gpus 0,1 --schedule device --threads 2 --input_dtype uint8";
+  r = trainLenet(cwd, "two", emulated(), two);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "two_graphs", emulated(), two + " --cuda_graphs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("replica/0/1: cuda_graphs: steps replayed from a CUDA graph"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "two", cwd.path() / "two_graphs"));
+}
+
+TEST(Devices, CudaGraphsWithoutGpusAreRefusedAndATracedRunGoesOpByOp) {
+  TempDir cwd("devices_cuda_graphs_off");
+  auto r = trainLenet(cwd, "cpu", "", "--cuda_graphs");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("[error] cuda_graphs records the steps of GPU replicas, and this run "
+                          "has none"),
+            std::string::npos)
+      << r.output;
+  r = trainLenet(cwd, "traced", emulated(1),
+                 "--gpus 0 --cuda_graphs --trace " + (cwd.path() / "trace.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cuda_graphs: off in a traced run"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("replayed from a CUDA graph"), std::string::npos) << r.output;
+}
+
 // ---- channels-last images (memory_format) ----
 
 // ResNet-20 for 4 steps of 32 synthetic images on an emulated GPU, its checkpoint in `dir`.

@@ -59,13 +59,40 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
     if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
   }
   auto self = shared_from_this();
-  return std::shared_ptr<void>(p, [self, size](void* q) { self->release(q, size); });
+  std::shared_ptr<void> block(p, [self, size](void* q) { self->release(q, size); });
+  std::lock_guard lock(mu_);
+  if (holding_) given_while_holding_.push_back(block);
+  return block;
 }
 
 void DeviceAllocator::release(void* p, std::size_t size) {
   std::lock_guard lock(mu_);
+  if (holding_) {
+    freed_while_holding_.emplace_back(p, size);
+    return;
+  }
   stats_.in_use -= static_cast<std::int64_t>(size);
   free_.emplace(size, p);
+}
+
+void DeviceAllocator::beginHolding() {
+  std::lock_guard lock(mu_);
+  holding_ = true;
+}
+
+std::vector<std::shared_ptr<void>> DeviceAllocator::endHolding() {
+  std::vector<std::pair<void*, std::size_t>> freed;
+  std::vector<std::shared_ptr<void>> held;
+  {
+    std::lock_guard lock(mu_);
+    holding_ = false;
+    freed.swap(freed_while_holding_);
+    held.swap(given_while_holding_);
+  }
+  auto self = shared_from_this();
+  for (const auto& [p, size] : freed)
+    held.emplace_back(p, [self, size = size](void* q) { self->release(q, size); });
+  return held;
 }
 
 void DeviceAllocator::freeCached(std::size_t bytes) {

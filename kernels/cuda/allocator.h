@@ -11,6 +11,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace troupe::kernels::cuda {
 
@@ -33,6 +35,12 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   // as it reuses blocks only at their own size. Work queued on it must be done.
   void freeCached(std::size_t bytes);
 
+  // While a CUDA graph is captured: every block freed, or handed out, from beginHolding() to
+  // endHolding() is kept out of the cache until the last of the returned handles goes (the
+  // graph's), since the graph's replays still use it, whoever its tensor belonged to.
+  void beginHolding();
+  std::vector<std::shared_ptr<void>> endHolding();
+
  private:
   void release(void* p, std::size_t bytes);
   void emptyCache();  // with mu_ held
@@ -40,6 +48,9 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   int device_;
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> free_;
+  bool holding_ = false;
+  std::vector<std::pair<void*, std::size_t>> freed_while_holding_;
+  std::vector<std::shared_ptr<void>> given_while_holding_;
   Stats stats_;
 };
 

@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/allocator.h"
@@ -107,6 +109,10 @@ class Checked {
  public:
   virtual ~Checked() = default;
   virtual void check() = 0;
+  // Around a CUDA graph's replay of its work (Backend::capture): what its call does on the host
+  // before and after it queues that work.
+  virtual void beforeReplay() {}
+  virtual void afterReplay() {}
 };
 
 // What the ops share: the stream, the library handles, memory and a growing workspace.
@@ -120,9 +126,15 @@ struct Context {
   std::shared_ptr<void> workspace;
   std::size_t workspace_bytes = 0;
   std::vector<Checked*> unchecked;  // in the order their work was queued
+  // While a CUDA graph is captured (Backend::capture), and the ops that queued work to check.
+  bool capturing = false;
+  std::vector<Checked*> captured_checks;
 
   void* scratch(std::size_t bytes) {
     if (bytes > workspace_bytes) {
+      TROUPE_ENFORCE(!capturing, "the workspace would grow from ", workspace_bytes, " to ", bytes,
+                     " bytes while a CUDA graph is captured: an op's first call was captured "
+                     "(run the work once before capturing it)");
       if (workspace) {
         // The outgrown workspace goes back to the device once the work queued on it (on this
         // stream only) is done: the cache would hold it for nothing. Only while the ops find
@@ -1003,7 +1015,19 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
                        classes_, ctx_.stream);
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.raw(), 2 * sizeof(int),
                                       cudaMemcpyDeviceToHost, ctx_.stream));
+    if (ctx_.capturing) {
+      // Recorded again by each replay, where the host can wait for it.
+      TROUPE_CUDA_CHECK(cudaEventRecordWithFlags(done_, ctx_.stream, cudaEventRecordExternal));
+      ctx_.captured_checks.push_back(this);
+      return;  // the capture ran nothing to check
+    }
     TROUPE_CUDA_CHECK(cudaEventRecord(done_, ctx_.stream));
+    checked_ = false;
+    ctx_.unchecked.push_back(this);
+  }
+  // A replay's forward, as forward() queues it: the last one's labels checked first.
+  void beforeReplay() override { checkLabels(); }
+  void afterReplay() override {
     checked_ = false;
     ctx_.unchecked.push_back(this);
   }
@@ -1054,6 +1078,34 @@ Tensor pinnedFor(Shape shape, DType dtype, int device) {
   return pinned(std::move(shape), dtype);
 }
 
+// An instantiated CUDA graph of a backend's stream. It keeps the memory its work used that
+// nobody else may (DeviceAllocator::endHolding, the workspace of its capture); the ops whose work
+// is checked on the host (a softmax loss's labels) outlive it, as the net that owns both ensures.
+class CudaGraph final : public DeviceGraph {
+ public:
+  CudaGraph(Context& ctx, cudaGraphExec_t exec, std::vector<Checked*> checks,
+            std::vector<std::shared_ptr<void>> held)
+      : ctx_(ctx), exec_(exec), checks_(std::move(checks)), held_(std::move(held)) {}
+  ~CudaGraph() override {
+    cudaStreamSynchronize(ctx_.stream);  // its memory goes back to the cache after its last run
+    cudaGraphExecDestroy(exec_);
+  }
+  void replay() override {
+    TROUPE_CUDA_CHECK(cudaSetDevice(ctx_.device));
+    for (Checked* c : checks_)
+      c->beforeReplay();
+    TROUPE_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_.stream));
+    for (Checked* c : checks_)
+      c->afterReplay();
+  }
+
+ private:
+  Context& ctx_;
+  cudaGraphExec_t exec_;
+  std::vector<Checked*> checks_;
+  std::vector<std::shared_ptr<void>> held_;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int index, const CudaOptions& options) {
@@ -1068,6 +1120,12 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cublasSetMathMode(
         ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx_.allocator = std::make_shared<DeviceAllocator>(index);
+    // cuBLAS's workspace is ours, as a call captured into a CUDA graph may not allocate one, and
+    // the same for every call, so that a product gives the same bits in and out of a graph (32
+    // MiB: what cuBLAS asks for on Hopper).
+    constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
+    cublas_workspace_ = ctx_.allocator->allocate(kCublasWorkspace);
+    TROUPE_CUDA_CHECK(cublasSetWorkspace(ctx_.cublas, cublas_workspace_.get(), kCublasWorkspace));
     TROUPE_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(int)));
     flag_ = ctx_.empty({1}, DType::kInt32);
     updates_flag_ = ctx_.empty({1}, DType::kInt32);
@@ -1189,21 +1247,67 @@ class CudaBackend final : public Backend {
     return *flag_host_ == 0;
   }
   void synchronize() override {
+    notCapturing("a host wait (synchronize, allFinite, updatesFinite)");
     TROUPE_CUDA_CHECK(cudaGetLastError());  // a launch that failed
     TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
     while (!ctx_.unchecked.empty())
       ctx_.unchecked.front()->check();  // removes itself
   }
   Event record() override {
+    notCapturing("an event recorded");
     setDevice();
     return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream));
   }
   Event recordTimed() override {
+    notCapturing("an event recorded");
     setDevice();
     return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream, /*timed=*/true));
   }
   double elapsed(const Event& from, const Event& to) override { return secondsBetween(from, to); }
-  void waitFor(const Event& e) override { streamWaitFor(ctx_.stream, e); }
+  void waitFor(const Event& e) override {
+    notCapturing("a wait for an event");
+    streamWaitFor(ctx_.stream, e);
+  }
+
+  // Stream capture in this thread's mode: other threads' calls (a reducer's cudaMalloc) do not
+  // spoil it.
+  std::unique_ptr<DeviceGraph> capture(const std::function<void()>& queue) override {
+    setDevice();
+    synchronize();  // what the ops check on the host, checked before: no host wait inside
+    TROUPE_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+    ctx_.capturing = true;
+    ctx_.captured_checks.clear();
+    ctx_.allocator->beginHolding();
+    cudaGraph_t graph = nullptr;
+    auto end = [&] {
+      ctx_.capturing = false;
+      auto held = ctx_.allocator->endHolding();
+      const cudaError_t e = cudaStreamEndCapture(ctx_.stream, &graph);
+      return std::make_pair(e, std::move(held));
+    };
+    try {
+      queue();
+    } catch (...) {
+      end();
+      if (graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // the capture's own error, if it was invalidated
+      throw;
+    }
+    auto [e, held] = end();
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (graph) cudaGraphDestroy(graph);
+      throw Error(std::string("CUDA failed: cudaStreamEndCapture: ") + cudaGetErrorString(e) +
+                  " (a call that cannot be captured was made while capturing)");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TROUPE_CUDA_CHECK(made);
+    if (ctx_.workspace) held.push_back(ctx_.workspace);
+    return std::make_unique<CudaGraph>(ctx_, exec, std::move(ctx_.captured_checks),
+                                       std::move(held));
+  }
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();
     return MemoryStats{s.in_use, s.peak_in_use, s.reserved,
@@ -1253,12 +1357,17 @@ class CudaBackend final : public Backend {
  private:
   // Calls may come from any thread (one at a time): each sets the device it works on.
   void setDevice() { TROUPE_CUDA_CHECK(cudaSetDevice(ctx_.device)); }
+  // What CUDA would refuse on a capturing stream, refused by name.
+  void notCapturing(const char* what) const {
+    TROUPE_ENFORCE(!ctx_.capturing, what, " while a CUDA graph is captured");
+  }
 
   Context ctx_;
   std::map<std::vector<std::int64_t>, ConvAlgos> conv_algos_;
   std::map<std::vector<std::int64_t>, ConvPlans> conv_plans_;
   Tensor flag_, updates_flag_;  // allFinite's; sgdUpdate's, gathered until updatesFinite()
   int* flag_host_ = nullptr;
+  std::shared_ptr<void> cublas_workspace_;
 };
 
 CudaInfo describe() {

@@ -452,6 +452,9 @@ class EmulatedBackend final : public Backend {
       std::memmove(dst.raw(), src.raw(), src.bytes());
       return;
     }
+    TROUPE_ENFORCE(!stream_->recording() || ((onHost(src) ? isPinned(src) : true) &&
+                                             (onHost(dst) ? isPinned(dst) : true)),
+                   "a copy to or from pageable host memory while a CUDA graph is captured");
     if (onHost(src) && !isPinned(src)) {  // pageable: read now, written in stream order
       auto staged =
           Tensor::hostUninitialized({static_cast<std::int64_t>(src.bytes())}, DType::kUInt8);
@@ -525,6 +528,7 @@ class EmulatedBackend final : public Backend {
   }
   void synchronize() override { stream_->drain(); }
   Event record() override {
+    notCapturing("an event recorded");
     auto event = std::make_shared<StreamEvent>();
     stream_->enqueue([event] { event->fire(); });
     return Event(event);
@@ -532,12 +536,40 @@ class EmulatedBackend final : public Backend {
   Event recordTimed() override { return record(); }
   double elapsed(const Event& from, const Event& to) override { return secondsBetween(from, to); }
   void waitFor(const Event& e) override {
+    notCapturing("a wait for an event");
     if (e.done()) return;
     if (dynamic_cast<const StreamEvent*>(e.impl()) != nullptr) {
       stream_->enqueue([e] { e.wait(); });
     } else {
       e.wait();
     }
+  }
+
+  // The work kept as the stream recorded it, each piece queued again on replay: its tensors'
+  // addresses and its scalars as they were at the capture.
+  class Graph final : public DeviceGraph {
+   public:
+    Graph(std::shared_ptr<Stream> stream, std::vector<std::function<void()>> work)
+        : stream_(std::move(stream)), work_(std::move(work)) {}
+    void replay() override {
+      for (const auto& w : work_)
+        stream_->enqueue(w);
+    }
+
+   private:
+    std::shared_ptr<Stream> stream_;
+    std::vector<std::function<void()>> work_;
+  };
+  std::unique_ptr<DeviceGraph> capture(const std::function<void()>& queue) override {
+    stream_->drain();  // as the CUDA backend's
+    stream_->beginRecording();
+    try {
+      queue();
+    } catch (...) {
+      stream_->endRecording();
+      throw;
+    }
+    return std::make_unique<Graph>(stream_, stream_->endRecording());
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
@@ -572,6 +604,11 @@ class EmulatedBackend final : public Backend {
 
  private:
   static bool isPinned(const Tensor& t) { return pinnedRanges()->holds(t.raw(), t.bytes()); }
+  // As CUDA refuses it on a capturing stream (cudaErrorStreamCaptureIsolation and the like).
+  void notCapturing(const char* what) const {
+    if (stream_->recording())
+      throw InvariantError(std::string(what) + " while a CUDA graph is captured");
+  }
 
   int index_;
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream

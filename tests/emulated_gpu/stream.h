@@ -12,6 +12,8 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "kernels/event.h"
 #include "kernels/tensor.h"
@@ -52,15 +54,41 @@ class Stream {
   void enqueue(std::function<void()> work) {
     {
       std::lock_guard lock(mutex_);
+      if (recording_) {
+        recorded_.push_back(std::move(work));
+        return;
+      }
       queue_.push_back(std::move(work));
       ++queued_;
     }
     wake_.notify_all();
   }
 
+  // As CUDA stream capture: from begin to end, work is kept in order, not run (Backend::capture).
+  void beginRecording() {
+    std::lock_guard lock(mutex_);
+    TROUPE_ENFORCE(!recording_, "a capture inside a capture");
+    recording_ = true;
+    recorded_.clear();
+  }
+  std::vector<std::function<void()>> endRecording() {
+    std::lock_guard lock(mutex_);
+    recording_ = false;
+    return std::exchange(recorded_, {});
+  }
+  bool recording() const {
+    std::lock_guard lock(mutex_);
+    return recording_;
+  }
+
   // Blocks until everything queued so far ran; rethrows a failure.
   void drain() {
     std::unique_lock lock(mutex_);
+    if (recording_) {
+      throw InvariantError(
+          "a host wait (a synchronize, or a read of what the device computed) while a CUDA graph "
+          "is captured");
+    }
     const std::uint64_t target = queued_;
     done_.wait(lock, [&] { return ran_ >= target; });
     if (failure_) std::rethrow_exception(failure_);
@@ -94,12 +122,14 @@ class Stream {
   }
 
   const int delay_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_, done_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t queued_ = 0, ran_ = 0;
   std::exception_ptr failure_;
   bool stopping_ = false;
+  bool recording_ = false;
+  std::vector<std::function<void()>> recorded_;
   std::thread thread_;
 };
 
