@@ -568,13 +568,11 @@ class NetImpl final : public Net, private LayerContext {
     TROUPE_ENFORCE(n_ >= 1 && n_ <= options_.max_batch, "batch of ", n_, " with max_batch ",
                    options_.max_batch);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
-    images_ = images;
+    images_ = inputOf(images);
     if (nhwc_) {
-      images_ = input_.slice(0, images.numel()).view(images.shape());
       backend_.transpose(images, images_, n_, options_.channels,
                          std::int64_t{options_.height} * options_.width);
-    } else if (images.dtype() != act_) {
-      images_ = input_.slice(0, images.numel()).view(images.shape());
+    } else if (images_.raw() != images.raw()) {
       backend_.cast(images, images_);
     }
     if (copies_) {
@@ -624,7 +622,7 @@ class NetImpl final : public Net, private LayerContext {
       ++graph_stats_.replayed;
       // The host's part of the forward and backward, as they left it.
       n_ = images.dim(0);
-      images_ = images;
+      images_ = inputOf(images);
       labels_ = labels;
       trained_ = true;
       if (on_ready)
@@ -677,6 +675,12 @@ class NetImpl final : public Net, private LayerContext {
   }
 
  private:
+  // What the first layer reads: the images, or their copy in the net's layout and type.
+  Tensor inputOf(const Tensor& images) const {
+    if (!nhwc_ && images.dtype() == act_) return images;
+    return input_.slice(0, images.numel()).view(images.shape());
+  }
+
   // LayerContext
   Backend& backend() override { return backend_; }
   Tensor data(int blob) override {

@@ -147,6 +147,11 @@ run() {
   part host_ops_graph 60 env TROUPE_CUDA_CONV=graph "$root/bin/troupe_kernels_bench" \
     --device cuda:0 --models resnet50 --batch 64 --seconds 2 --no-ops --precision fp16 \
     --channels-last --host-ops
+  # The same in fp32 NCHW, troupe's strict-fp32 layout, where cuDNN refuses its batch norm with the
+  # ReLU (so a ReLU kernel follows): what the convolutions, the batch norms and that ReLU each cost
+  # of an fp32 step, which the 1.1x goal in fp32 needs.
+  part host_ops_fp32 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
+    --batch 64 --seconds 2 --no-ops --host-ops
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
   # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
   # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32

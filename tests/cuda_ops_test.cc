@@ -788,6 +788,38 @@ TEST_F(CudaOps, ACaptureRefusesAHostWaitAndLeavesTheBackendWorking) {
   expectClose("two replays", four, x, 0);
 }
 
+// Memory a capture's work frees serves its own later requests (its work runs in stream order, as
+// a step's does), and no one else's while the graph lives: a replay writes it again.
+TEST_F(CudaOps, ACapturesTemporariesServeItAloneAndReturnWhenItsGraphGoes) {
+  if (cudaInfo().architectures == "emulated") {
+    GTEST_SKIP() << "the emulated GPU's memory is host memory, with no cache to reuse";
+  }
+  constexpr std::int64_t kFloats = 1 << 19;  // 2 MiB: one block, as the allocator rounds
+  constexpr std::int64_t kBlock = kFloats * 4;
+  const Tensor x = up(randomHost({kFloats}, 64));
+  const std::int64_t before = gpu_->memory().in_use;
+  std::vector<const void*> temps;
+  auto graph = gpu_->capture([&] {
+    for (int i = 0; i < 8; ++i) {
+      const Tensor t = gpu_->empty({kFloats});
+      gpu_->axpy(1.0f, x, t);
+      temps.push_back(t.raw());
+    }
+  });
+  ASSERT_NE(graph, nullptr);
+  for (const void* t : temps)
+    EXPECT_EQ(t, temps[0]);
+  const Tensor other = gpu_->empty({kFloats});
+  EXPECT_NE(other.raw(), temps[0]);
+  EXPECT_EQ(gpu_->memory().in_use - before, 2 * kBlock);
+  graph->replay();
+  gpu_->synchronize();
+  graph.reset();
+  EXPECT_EQ(gpu_->memory().in_use - before, kBlock);
+  const Tensor again = gpu_->empty({kFloats});
+  EXPECT_EQ(again.raw(), temps[0]);
+}
+
 // ---- float16 and bfloat16 (NetOptions::precision) ----
 //
 // Tolerance: the inputs are rounded to the reduced type on the host first, and the CPU computes in

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <set>
 #include <string>
 
 #include "kernels/cuda/cuda_util.h"
@@ -27,13 +28,30 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
   void* p = nullptr;
   {
     std::lock_guard lock(mu_);
-    if (auto it = free_.find(size); it != free_.end()) {
+    // While a graph is captured, the blocks its work freed first (still counted in use).
+    const auto own = holding_ ? capture_free_.find(size) : capture_free_.end();
+    if (own != capture_free_.end()) {
+      p = own->second;
+      capture_free_.erase(own);
+      stats_.in_use -= static_cast<std::int64_t>(size);  // counted again below
+    } else if (auto it = free_.find(size); it != free_.end()) {
       p = it->second;
       free_.erase(it);
     } else {
       TROUPE_CUDA_CHECK(cudaSetDevice(device_));
-      cudaError_t e = cudaMalloc(&p, size);
-      if (e == cudaErrorMemoryAllocation) {
+      cudaError_t e = cudaSuccess;
+      if (holding_) {
+        // cudaMalloc would end a capture in this thread's mode: relaxed around it (the memory is
+        // the graph's from now on, never freed while it lives), and no retry, whose
+        // synchronize and frees a capture cannot hold.
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        TROUPE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+        e = cudaMalloc(&p, size);
+        TROUPE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      } else {
+        e = cudaMalloc(&p, size);
+      }
+      if (e == cudaErrorMemoryAllocation && !holding_) {
         cudaGetLastError();  // clears the failed call's error before the retry
         TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
         emptyCache();
@@ -55,20 +73,27 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
       stats_.reserved += static_cast<std::int64_t>(size);
       ++stats_.device_mallocs;
     }
+    if (holding_) capture_given_.emplace_back(p, size);
     stats_.in_use += static_cast<std::int64_t>(size);
     if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
   }
   auto self = shared_from_this();
-  std::shared_ptr<void> block(p, [self, size](void* q) { self->release(q, size); });
-  std::lock_guard lock(mu_);
-  if (holding_) given_while_holding_.push_back(block);
-  return block;
+  return std::shared_ptr<void>(p, [self, size](void* q) { self->release(q, size); });
 }
 
 void DeviceAllocator::release(void* p, std::size_t size) {
   std::lock_guard lock(mu_);
+  // A block that a graph's replays use goes to that graph, if it still lives.
+  if (auto it = kept_.find(p); it != kept_.end()) {
+    const std::shared_ptr<Held> graph = it->second.lock();
+    kept_.erase(it);
+    if (graph) {
+      graph->blocks_.emplace_back(p, size);
+      return;
+    }
+  }
   if (holding_) {
-    freed_while_holding_.emplace_back(p, size);
+    capture_free_.emplace(size, p);
     return;
   }
   stats_.in_use -= static_cast<std::int64_t>(size);
@@ -80,19 +105,29 @@ void DeviceAllocator::beginHolding() {
   holding_ = true;
 }
 
-std::vector<std::shared_ptr<void>> DeviceAllocator::endHolding() {
-  std::vector<std::pair<void*, std::size_t>> freed;
-  std::vector<std::shared_ptr<void>> held;
-  {
-    std::lock_guard lock(mu_);
-    holding_ = false;
-    freed.swap(freed_while_holding_);
-    held.swap(given_while_holding_);
+std::shared_ptr<DeviceAllocator::Held> DeviceAllocator::endHolding() {
+  auto held = std::make_shared<Held>(shared_from_this());
+  std::lock_guard lock(mu_);
+  holding_ = false;
+  std::set<void*> freed;
+  for (const auto& [size, p] : capture_free_) {
+    held->blocks_.emplace_back(p, size);
+    freed.insert(p);
   }
-  auto self = shared_from_this();
-  for (const auto& [p, size] : freed)
-    held.emplace_back(p, [self, size = size](void* q) { self->release(q, size); });
+  for (const auto& [p, size] : capture_given_)
+    if (!freed.count(p)) kept_[p] = held;
+  capture_free_.clear();
+  capture_given_.clear();
   return held;
+}
+
+DeviceAllocator::Held::~Held() {
+  std::lock_guard lock(owner_->mu_);
+  for (const auto& [p, size] : blocks_) {
+    owner_->stats_.in_use -= static_cast<std::int64_t>(size);
+    owner_->free_.emplace(size, p);
+  }
+  std::erase_if(owner_->kept_, [](const auto& entry) { return entry.second.expired(); });
 }
 
 void DeviceAllocator::freeCached(std::size_t bytes) {

@@ -35,11 +35,15 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   // as it reuses blocks only at their own size. Work queued on it must be done.
   void freeCached(std::size_t bytes);
 
-  // While a CUDA graph is captured: every block freed, or handed out, from beginHolding() to
-  // endHolding() is kept out of the cache until the last of the returned handles goes (the
-  // graph's), since the graph's replays still use it, whoever its tensor belonged to.
+  // The blocks a CUDA graph's replays use that nobody else may, kept until the graph goes (its
+  // handle): those freed during its capture, and those handed out then whose tensors are freed
+  // later. Then back in the cache.
+  class Held;
+  // While a CUDA graph is captured: a block freed goes to the capture's own free list, which
+  // serves the capture's next requests of its size first (its work runs in stream order, as a
+  // step's does), and never to another's until endHolding()'s handle goes.
   void beginHolding();
-  std::vector<std::shared_ptr<void>> endHolding();
+  std::shared_ptr<Held> endHolding();
 
  private:
   void release(void* p, std::size_t bytes);
@@ -49,9 +53,24 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> free_;
   bool holding_ = false;
-  std::vector<std::pair<void*, std::size_t>> freed_while_holding_;
-  std::vector<std::shared_ptr<void>> given_while_holding_;
+  std::multimap<std::size_t, void*> capture_free_;            // freed while holding
+  std::vector<std::pair<void*, std::size_t>> capture_given_;  // handed out while holding
+  // Handed out during a capture and still in a tensor at its end: its graph's once freed.
+  std::map<void*, std::weak_ptr<Held>> kept_;
   Stats stats_;
+};
+
+class DeviceAllocator::Held {
+ public:
+  explicit Held(std::shared_ptr<DeviceAllocator> owner) : owner_(std::move(owner)) {}
+  ~Held();
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  friend class DeviceAllocator;
+  std::shared_ptr<DeviceAllocator> owner_;
+  std::vector<std::pair<void*, std::size_t>> blocks_;  // with the owner's mu_ held
 };
 
 std::size_t roundedSize(std::size_t bytes);

@@ -1084,8 +1084,12 @@ Tensor pinnedFor(Shape shape, DType dtype, int device) {
 class CudaGraph final : public DeviceGraph {
  public:
   CudaGraph(Context& ctx, cudaGraphExec_t exec, std::vector<Checked*> checks,
-            std::vector<std::shared_ptr<void>> held)
-      : ctx_(ctx), exec_(exec), checks_(std::move(checks)), held_(std::move(held)) {}
+            std::shared_ptr<DeviceAllocator::Held> held, std::shared_ptr<void> workspace)
+      : ctx_(ctx),
+        exec_(exec),
+        checks_(std::move(checks)),
+        held_(std::move(held)),
+        workspace_(std::move(workspace)) {}
   ~CudaGraph() override {
     cudaStreamSynchronize(ctx_.stream);  // its memory goes back to the cache after its last run
     cudaGraphExecDestroy(exec_);
@@ -1094,7 +1098,11 @@ class CudaGraph final : public DeviceGraph {
     TROUPE_CUDA_CHECK(cudaSetDevice(ctx_.device));
     for (Checked* c : checks_)
       c->beforeReplay();
-    TROUPE_CUDA_CHECK(cudaGraphLaunch(exec_, ctx_.stream));
+    const cudaError_t launched = cudaGraphLaunch(exec_, ctx_.stream);
+    if (launched != cudaSuccess) {
+      (void)cudaGetLastError();
+      TROUPE_CUDA_CHECK(launched);
+    }
     for (Checked* c : checks_)
       c->afterReplay();
   }
@@ -1103,7 +1111,8 @@ class CudaGraph final : public DeviceGraph {
   Context& ctx_;
   cudaGraphExec_t exec_;
   std::vector<Checked*> checks_;
-  std::vector<std::shared_ptr<void>> held_;
+  std::shared_ptr<DeviceAllocator::Held> held_;
+  std::shared_ptr<void> workspace_;
 };
 
 class CudaBackend final : public Backend {
@@ -1303,10 +1312,12 @@ class CudaBackend final : public Backend {
     cudaGraphExec_t exec = nullptr;
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    TROUPE_CUDA_CHECK(made);
-    if (ctx_.workspace) held.push_back(ctx_.workspace);
-    return std::make_unique<CudaGraph>(ctx_, exec, std::move(ctx_.captured_checks),
-                                       std::move(held));
+    if (made != cudaSuccess) {
+      (void)cudaGetLastError();  // not left for the next launch's check to find
+      TROUPE_CUDA_CHECK(made);
+    }
+    return std::make_unique<CudaGraph>(ctx_, exec, std::move(ctx_.captured_checks), std::move(held),
+                                       ctx_.workspace);
   }
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();
