@@ -132,10 +132,12 @@ run() {
   # one alone, torch.compile's figure; 14: the input benchmark at 16 cores), then the rest.
   part nvidia-smi 20 nvidia-smi
   part info 20 "$troupe" info
-  # The tests of code that has not run on a GPU before (the graph-API convolutions, CUDA graphs)
-  # on their own: if it crashes, it cannot take the other op tests' results with it.
+  # The tests of code that has not run on a GPU before (the graph-API convolutions, CUDA graphs,
+  # batch norm in troupe's kernels, which the batch norm tests take as one of their ways) each in a
+  # process of their own: if it crashes, it cannot take the other op tests' results with it.
   local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*'
-  part cuda_tests 90 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests"
+  part cuda_tests 90 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests:*BatchNorm*"
+  part cuda_tests_batch_norm 40 "$root/bin/troupe_cuda_tests" --gtest_filter='*BatchNorm*'
   part cuda_tests_graph 40 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
@@ -152,6 +154,11 @@ run() {
   # of an fp32 step, which the 1.1x goal in fp32 needs.
   part host_ops_fp32 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
     --batch 64 --seconds 2 --no-ops --host-ops
+  # The same with batch norm in troupe's own kernels, the ReLU and add in their pass (cuDNN fuses
+  # them only for 16-bit NHWC): the batch norm rows beside host_ops_fp32's, and the step's.
+  part host_ops_fp32_troupe_bn 60 env TROUPE_CUDA_BATCH_NORM=troupe \
+    "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 --seconds 2 \
+    --no-ops --host-ops
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
   # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
   # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32

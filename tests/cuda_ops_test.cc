@@ -238,7 +238,7 @@ class CudaOps : public ::testing::Test {
   // and each layout.
   template <typename Check>
   void forEachBatchNormWay(Check check) {
-    for (const char* way : {"persistent", "spatial", "wide"}) {
+    for (const char* way : {"persistent", "spatial", "wide", "troupe"}) {
       for (const bool channels_last : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "way " << way << " channels_last " << channels_last);
         setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
@@ -406,7 +406,7 @@ TEST_F(CudaOps, InnerProductForwardAndBackward) {
 // Each way of cuDNN's that float32 NCHW takes ($TROUPE_CUDA_BATCH_NORM): its persistent Ex calls
 // (PyTorch's for training), and its spatial calls.
 TEST_F(CudaOps, BatchNormTrainingInferenceAndBackward) {
-  for (const char* way : {"persistent", "spatial"}) {
+  for (const char* way : {"persistent", "spatial", "troupe"}) {
     SCOPED_TRACE(::testing::Message() << "way " << way);
     setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
     const BatchNormGeometry g{8, 5, 36, 0.1f, 1e-5f};
@@ -786,6 +786,85 @@ TEST_F(CudaOps, ACaptureRefusesAHostWaitAndLeavesTheBackendWorking) {
   Tensor four = copyOf(before);  // powers of two: exact
   cpu_->scale(four, 4.0f);
   expectClose("two replays", four, x, 0);
+}
+
+// The troupe way's sums split a channel into parts (blocks of their own, added in order after):
+// 65536 elements a channel here, in 64 parts, in both layouts, with and without the ReLU and add.
+// The reference is computed here in double. The GPU's sums are in double too, so what is left is
+// its float element-wise arithmetic: a few roundings (2^-24 each) of operands within about ten
+// times the result's scale, far below kRelative.
+TEST_F(CudaOps, BatchNormInTroupesKernelsSumsAChannelInParts) {
+  setenv("TROUPE_CUDA_BATCH_NORM", "troupe", 1);
+  for (const auto& [relu, add] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    for (const bool channels_last : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "relu " << relu << " add " << add << " channels_last " << channels_last);
+      const BatchNormGeometry g{16, 3, 4096, 0.1f, 1e-5f, channels_last, relu, add};
+      const std::int64_t count = g.n * g.spatial;
+      const Shape xs{g.n, g.channels, g.spatial};
+      const Tensor x = randomHost(xs, 81, -2.0f, 3.0f), z = randomHost(xs, 82),
+                   dy = randomHost(xs, 83), gamma = randomHost({g.channels}, 84, 0.5f, 1.5f),
+                   beta = randomHost({g.channels}, 85, -0.5f, 0.5f);
+      auto d = gpu_->makeBatchNorm(g);
+      auto layout = [&](const Tensor& nchw) { return imagesUp(nchw, g, DType::kFloat32); };
+      auto unlayout = [&](const Tensor& gpu) { return imagesDown(gpu, g); };
+      Tensor grm = gpu_->empty({g.channels}), grv = gpu_->empty({g.channels});
+      gpu_->fill(grv, 1.0f);
+      Tensor gy = gpu_->empty(xs), gdx = gpu_->empty(xs), gdz = gpu_->empty(xs),
+             gdg = gpu_->empty({g.channels}), gdb = gpu_->empty({g.channels});
+      const Tensor gx = layout(x);
+      d->forward(gx, add ? layout(z) : Tensor(), up(gamma), up(beta), grm, grv, gy, true);
+      d->backward(gx, gy, up(gamma), layout(dy), gdx, add ? gdz : Tensor(), gdg, gdb);
+      const Tensor y = unlayout(gy);
+      Tensor ry = Tensor::host(xs), rdx = Tensor::host(xs), rdz = Tensor::host(xs),
+             rm = Tensor::host({g.channels}), rv = Tensor::host({g.channels}),
+             rdg = Tensor::host({g.channels}), rdb = Tensor::host({g.channels});
+      for (std::int64_t c = 0; c < g.channels; ++c) {
+        auto at = [&](std::int64_t q) {
+          return (q / g.spatial * g.channels + c) * g.spatial + q % g.spatial;
+        };
+        double sum = 0, squares = 0;
+        for (std::int64_t q = 0; q < count; ++q)
+          sum += x.f32()[at(q)];
+        const double mean = sum / static_cast<double>(count);
+        for (std::int64_t q = 0; q < count; ++q)
+          squares += (x.f32()[at(q)] - mean) * (x.f32()[at(q)] - mean);
+        const double var = squares / static_cast<double>(count);
+        const double invstd = 1.0 / std::sqrt(var + g.eps);
+        rm.f32()[c] = static_cast<float>(0.1 * mean);
+        rv.f32()[c] = static_cast<float>(0.9 + 0.1 * var * count / (count - 1));
+        double sdy = 0, sdyx = 0;
+        for (std::int64_t q = 0; q < count; ++q) {
+          const std::int64_t i = at(q);
+          const double xhat = (x.f32()[i] - mean) * invstd;
+          double v = gamma.f32()[c] * xhat + beta.f32()[c] + (add ? z.f32()[i] : 0.0);
+          if (relu) v = std::max(v, 0.0);
+          ry.f32()[i] = static_cast<float>(v);
+          // Masked by the GPU's own y, so that an output within rounding of 0 cannot flip it.
+          const double masked = !relu || y.f32()[i] > 0.0f ? dy.f32()[i] : 0.0;
+          rdz.f32()[i] = static_cast<float>(masked);
+          sdy += masked;
+          sdyx += masked * xhat;
+        }
+        rdb.f32()[c] = static_cast<float>(sdy);
+        rdg.f32()[c] = static_cast<float>(sdyx);
+        for (std::int64_t q = 0; q < count; ++q) {
+          const std::int64_t i = at(q);
+          const double xhat = (x.f32()[i] - mean) * invstd;
+          rdx.f32()[i] = static_cast<float>(gamma.f32()[c] * invstd *
+                                            (rdz.f32()[i] - sdy / count - xhat * sdyx / count));
+        }
+      }
+      expectClose("y", ry, y);
+      expectClose("dx", rdx, unlayout(gdx));
+      if (add) expectClose("dz", rdz, unlayout(gdz));
+      expectClose("dgamma", rdg, gdg);
+      expectClose("dbeta", rdb, gdb);
+      expectClose("running mean", rm, grm);
+      expectClose("running var (unbiased)", rv, grv);
+    }
+  }
+  unsetenv("TROUPE_CUDA_BATCH_NORM");
 }
 
 // Memory a capture's work frees serves its own later requests (its work runs in stream order, as

@@ -592,7 +592,11 @@ class CudaInnerProduct final : public InnerProductOp {
 // - persistent: the Ex calls in CUDNN_BATCHNORM_SPATIAL_PERSISTENT mode, as PyTorch trains (its
 //   cuDNN batch norm), with a reserve space from the forward to the backward;
 // - spatial: the plain calls in CUDNN_BATCHNORM_SPATIAL mode;
-// - wide: the images to float32 NCHW copies, the spatial calls, and back (three more passes).
+// - wide: the images to float32 NCHW copies, the spatial calls, and back (three more passes);
+// - troupe (named only, until a GPU has timed it against the others): troupe's own kernels
+//   (batchNormForward), with the ReLU and add in their pass in every type and layout, where cuDNN
+//   fuses them only for 16-bit NHWC: for float32 NCHW, two passes over the activations fewer
+//   forward and three backward (its ReLU's mask recomputed from x, not read from y).
 // Inference is cuDNN's spatial call (PyTorch's too), or wide where refused. $TROUPE_CUDA_BATCH_NORM
 // (persistent, spatial or wide) names the way to start from: the tests take each, the benchmarks
 // compare them.
@@ -611,8 +615,18 @@ class CudaBatchNorm final : public BatchNormOp {
       throw InputError("batch norm eps " + std::to_string(g.eps) + " is below cuDNN's minimum " +
                        std::to_string(CUDNN_BN_MIN_EPSILON));
     }
-    train_way_ = firstWay();
+    const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
+    own_ = named && std::string(named) == "troupe";
+    train_way_ = own_ ? Way::kPersistent : firstWay();
     infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
+    if (own_) {
+      shape_ = BatchNormShape{g.n,    g.channels,      g.spatial,  g.channels_last,
+                              g.relu, g.add && g.relu, g.momentum, g.eps};
+      partial_ = ctx.allocator->allocate(static_cast<std::size_t>(batchNormScratch(shape_)) *
+                                         sizeof(double));
+      coef_ = ctx.empty({2 * g.channels}, DType::kFloat32);
+      back_ = ctx.empty({3 * g.channels}, DType::kFloat32);
+    }
   }
   ~CudaBatchNorm() override {
     if (relu_desc_) cudnnDestroyActivationDescriptor(relu_desc_);
@@ -624,6 +638,13 @@ class CudaBatchNorm final : public BatchNormOp {
                const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                bool train) override {
     if (train) beta_ = beta;  // the fused backward reads it
+    if (train) trained_own_ = own_;
+    if (train && own_) {
+      batchNormForward(x.dtype(), shape_, act(x), g_.add ? act(z) : nullptr, f32(gamma), f32(beta),
+                       f32(running_mean), f32(running_var), f32(mean_), f32(invstd_), f32(coef_),
+                       act(y), static_cast<double*>(partial_.get()), ctx_.stream);
+      return;
+    }
     normalize(x, z, gamma, beta, running_mean, running_var, y, train);
     if (g_.relu && !(train && trained_fused_)) {
       if (g_.add) {
@@ -636,6 +657,14 @@ class CudaBatchNorm final : public BatchNormOp {
   void backward(const Tensor& x, const Tensor& y, const Tensor& gamma, const Tensor& dy,
                 const Tensor& dx, const Tensor& dz, const Tensor& dgamma,
                 const Tensor& dbeta) override {
+    if (trained_own_) {
+      auto optional = [](const Tensor& t) { return wanted(t) ? f32(t) : nullptr; };
+      batchNormBackward(x.dtype(), shape_, act(x), g_.relu ? act(y) : nullptr, act(dy), f32(gamma),
+                        f32(coef_), f32(mean_), f32(invstd_), wanted(dx) ? act(dx) : nullptr,
+                        g_.add && wanted(dz) ? act(dz) : nullptr, optional(dgamma), optional(dbeta),
+                        static_cast<double*>(partial_.get()), f32(back_), ctx_.stream);
+      return;
+    }
     if (!g_.relu) return backwardOf(x, gamma, dy, dx, dgamma, dbeta);
     // With add, the gradient of z is the ReLU's backward's output (where it lands, else scratch).
     auto dzOrScratch = [&] {
@@ -741,7 +770,8 @@ class CudaBatchNorm final : public BatchNormOp {
     if (way.empty() || way == "persistent") return Way::kPersistent;
     if (way == "spatial") return Way::kSpatial;
     if (way == "wide") return Way::kWide;
-    throw InputError("TROUPE_CUDA_BATCH_NORM=" + way + ": expected persistent, spatial or wide");
+    throw InputError("TROUPE_CUDA_BATCH_NORM=" + way +
+                     ": expected persistent, spatial, wide or troupe");
   }
 
   // With relu: y = max(BN(x), 0) in the same kernels (CUDNN_BATCHNORM_OPS_BN_ACTIVATION); with z
@@ -913,6 +943,12 @@ class CudaBatchNorm final : public BatchNormOp {
   bool fuse_relu_ = true, trained_fused_ = false;
   Tensor beta_;
   cudnnActivationDescriptor_t relu_desc_ = nullptr;
+  // The troupe way ($TROUPE_CUDA_BATCH_NORM=troupe): training in troupe's own kernels
+  // (batchNormForward), the ReLU and add always in the same pass; inference stays cuDNN's.
+  bool own_ = false, trained_own_ = false;
+  BatchNormShape shape_;
+  std::shared_ptr<void> partial_;  // batchNormScratch(shape_) doubles
+  Tensor coef_, back_;
 };
 
 class CudaRelu final : public ReluOp {

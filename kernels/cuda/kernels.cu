@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -206,13 +207,14 @@ __global__ void addReluKernel(const T* a, const T* b, T* y, std::int64_t n) {
 }
 
 // Sums a block's values in a fixed tree; every thread gets the total.
-__device__ float blockSum(float v) {
-  __shared__ float warp_sums[kThreads / 32];
+template <typename V>
+__device__ V blockSum(V v) {
+  __shared__ V warp_sums[kThreads / 32];
   for (int offset = 16; offset > 0; offset /= 2)
     v += __shfl_down_sync(0xffffffffu, v, offset);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
   __syncthreads();
-  float total = 0.0f;
+  V total = 0;
   for (int w = 0; w < kThreads / 32; ++w)
     total += warp_sums[w];
   __syncthreads();
@@ -516,6 +518,164 @@ __global__ void channelBiasGradientKernel(const T* dy, T* db, I n, I channels, I
   if (threadIdx.x == 0) db[c] = st<T>(s);
 }
 
+// ---- batch norm in troupe's own kernels (batchNormForward, batchNormBackward) ----
+//
+// A channel's elements are numbered q in [0, n * spatial): image q / spatial, position q % spatial.
+// Statistics kernels take a grid of channels x parts, each block summing in double a chunk of its
+// channel's elements; the finalize kernels add a channel's parts in order (the same bits every
+// run).
+
+template <typename I>
+__device__ inline I channelElement(I q, I c, I channels, I spatial, bool channels_last) {
+  return channels_last ? q * channels + c : (q / spatial * channels + c) * spatial + q % spatial;
+}
+template <typename I>
+__device__ inline I channelOf(I i, I channels, I spatial, bool channels_last) {
+  return channels_last ? i % channels : i / spatial % channels;
+}
+
+// Block (channel c, part)'s sums of fn(i, c)'s two values over its chunk of the channel's
+// elements i, into partial[c][part].
+template <typename I, typename Fn>
+__device__ void bnPartSums(double* partial, I count, I channels, I spatial, bool channels_last,
+                           I chunk, Fn fn) {
+  const I c = static_cast<I>(blockIdx.x), part = static_cast<I>(blockIdx.y);
+  const I begin = part * chunk, end = begin + chunk < count ? begin + chunk : count;
+  double first = 0.0, second = 0.0;
+  for (I q = begin + static_cast<I>(threadIdx.x); q < end; q += kThreads) {
+    const double2 v = fn(channelElement(q, c, channels, spatial, channels_last), c);
+    first += v.x;
+    second += v.y;
+  }
+  first = blockSum(first);
+  second = blockSum(second);
+  if (threadIdx.x == 0) {
+    double* out = partial + 2 * (static_cast<std::int64_t>(c) * gridDim.y + part);
+    out[0] = first;
+    out[1] = second;
+  }
+}
+// A channel's two sums, its parts added in order.
+__device__ inline double2 bnChannelSums(const double* partial, int parts, std::int64_t c) {
+  double2 total{0.0, 0.0};
+  for (int p = 0; p < parts; ++p) {
+    total.x += partial[2 * (c * parts + p)];
+    total.y += partial[2 * (c * parts + p) + 1];
+  }
+  return total;
+}
+
+// Each channel's sum of x and of x^2.
+template <typename I, typename T>
+__global__ void bnStatsKernel(const T* x, double* partial, I count, I channels, I spatial,
+                              bool channels_last, I chunk) {
+  bnPartSums(partial, count, channels, spatial, channels_last, chunk, [&](I i, I) {
+    const double v = ld(x[i]);
+    return double2{v, v * v};
+  });
+}
+
+// mean, invstd and the running statistics as the CPU op (kernels/cpu/batch_norm_op.cc: unbiased
+// running variance), and coef = {gamma * invstd, beta - mean * gamma * invstd} a channel, the
+// forward's y = x coef[0] + coef[1] (which the backward's mask recomputes).
+__global__ void bnForwardFinalizeKernel(const double* partial, int parts, std::int64_t channels,
+                                        double count, float momentum, float eps, const float* gamma,
+                                        const float* beta, float* running_mean, float* running_var,
+                                        float* mean, float* invstd, float* coef) {
+  TROUPE_FOR_EACH(c, channels) {
+    const double2 sums = bnChannelSums(partial, parts, c);
+    const double sum = sums.x, squares = sums.y;
+    const double m = sum / count;
+    const double var = squares / count - m * m > 0.0 ? squares / count - m * m : 0.0;
+    const float mf = static_cast<float>(m);
+    const float is = static_cast<float>(1.0 / sqrt(var + eps));
+    mean[c] = mf;
+    invstd[c] = is;
+    const double unbiased = count > 1 ? var * count / (count - 1) : var;
+    running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * m);
+    running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    const float a = __fmul_rn(gamma[c], is);
+    coef[2 * c] = a;
+    coef[2 * c + 1] = __fsub_rn(beta[c], __fmul_rn(mf, a));
+  }
+}
+
+// The forward's value before its ReLU, rounded to T as y is: the same bits in the forward and in
+// the backward's mask (explicit roundings, no contraction the compiler could choose otherwise).
+__device__ inline float bnValue(float x, const float* coef, std::int64_t c) {
+  return __fmaf_rn(x, coef[2 * c], coef[2 * c + 1]);
+}
+
+template <typename I, typename T>
+__global__ void bnApplyKernel(const T* x, const T* z, const float* coef, T* y, I total, I channels,
+                              I spatial, bool channels_last, bool relu) {
+  TROUPE_FOR_EACH_AS(I, i, total) {
+    const I c = channelOf(i, channels, spatial, channels_last);
+    float v = bnValue(ld(x[i]), coef, c);
+    if (z) v = __fadd_rn(v, ld(z[i]));
+    if (relu) v = v < 0.0f ? 0.0f : v;  // NaN passes, as the ReLU op's
+    y[i] = st<T>(v);
+  }
+}
+
+// dy where the forward's output was above 0: recomputed from x (a ReLU without add), read from y
+// (with add, whose z the backward does not have), or dy itself (no ReLU).
+enum class BnMask { kNone, kFromX, kFromY };
+template <typename T>
+__device__ inline float bnMasked(BnMask mask, const T* x, const T* y, const T* dy,
+                                 const float* coef, std::int64_t i, std::int64_t c) {
+  const float d = ld(dy[i]);
+  if (mask == BnMask::kFromX) return ld(st<T>(bnValue(ld(x[i]), coef, c))) > 0.0f ? d : 0.0f;
+  if (mask == BnMask::kFromY) return ld(y[i]) > 0.0f ? d : 0.0f;
+  return d;
+}
+
+// Each channel's sum of the masked dy, and of it times x - mean.
+template <typename I, typename T>
+__global__ void bnBackwardStatsKernel(const T* x, const T* y, const T* dy, const float* coef,
+                                      const float* mean, double* partial, I count, I channels,
+                                      I spatial, bool channels_last, I chunk, BnMask mask) {
+  bnPartSums(partial, count, channels, spatial, channels_last, chunk, [&](I i, I c) {
+    const float d = bnMasked(mask, x, y, dy, coef, i, c);
+    return double2{d, static_cast<double>(d) * (ld(x[i]) - mean[c])};
+  });
+}
+
+// dbeta = sum of masked dy, dgamma = sum of masked dy (x - mean) * invstd, as the CPU op; back =
+// {gamma invstd, dbeta / count, dgamma / count} a channel for dx.
+__global__ void bnBackwardFinalizeKernel(const double* partial, int parts, std::int64_t channels,
+                                         float count, const float* gamma, const float* invstd,
+                                         float* dgamma, float* dbeta, float* back) {
+  TROUPE_FOR_EACH(c, channels) {
+    const double2 sums = bnChannelSums(partial, parts, c);
+    const double sum = sums.x, products = sums.y;
+    const float db = static_cast<float>(sum);
+    const float dg = static_cast<float>(products) * invstd[c];
+    if (dgamma) dgamma[c] = dg;
+    if (dbeta) dbeta[c] = db;
+    back[3 * c] = gamma[c] * invstd[c];
+    back[3 * c + 1] = db / count;
+    back[3 * c + 2] = dg / count;
+  }
+}
+
+// dx = gamma invstd (dy - mean(dy) - xhat mean(dy xhat)) of the masked dy; dz = the masked dy.
+template <typename I, typename T>
+__global__ void bnBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* coef,
+                                      const float* mean, const float* invstd, const float* back,
+                                      T* dx, T* dz, I total, I channels, I spatial,
+                                      bool channels_last, BnMask mask) {
+  TROUPE_FOR_EACH_AS(I, i, total) {
+    const I c = channelOf(i, channels, spatial, channels_last);
+    const float d = bnMasked(mask, x, y, dy, coef, i, c);
+    if (dz) dz[i] = st<T>(d);
+    if (dx) {
+      const float xhat = (ld(x[i]) - mean[c]) * invstd[c];
+      dx[i] = st<T>(back[3 * c] * (d - back[3 * c + 1] - xhat * back[3 * c + 2]));
+    }
+  }
+}
+
 }  // namespace
 
 // The element type of an activation tensor, as a template argument.
@@ -780,6 +940,88 @@ void channelBiasGradient(DType t, const void* dy, void* db, std::int64_t n, std:
                                channelBiasGradientKernel<I, T>, static_cast<const T*>(dy),
                                static_cast<T*>(db), static_cast<I>(n), static_cast<I>(channels),
                                static_cast<I>(spatial), channels_last)));
+}
+
+}  // namespace troupe::kernels::cuda
+
+namespace troupe::kernels::cuda {
+namespace {
+
+// Parts a channel's statistics are split into: about 4 blocks an SM in all (132 SMs), and no
+// part under 1024 elements.
+int bnParts(const BatchNormShape& s) {
+  const std::int64_t count = s.n * s.spatial;
+  std::int64_t parts = (4 * 132 + s.channels - 1) / s.channels;
+  parts = std::min(parts, std::max<std::int64_t>(1, count / 1024));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(parts, 1024)));
+}
+
+template <typename Kernel, typename... Args>
+void launchGrid(const char* name, dim3 grid, cudaStream_t stream, Kernel kernel, Args... args) {
+  kernel<<<grid, kThreads, 0, stream>>>(args...);
+  checkLaunch(name, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+std::int64_t batchNormScratch(const BatchNormShape& s) {
+  return 2 * s.channels * bnParts(s);
+}
+
+void batchNormForward(DType t, const BatchNormShape& s, const void* x, const void* z,
+                      const float* gamma, const float* beta, float* running_mean,
+                      float* running_var, float* mean, float* invstd, float* coef, void* y,
+                      double* partial, cudaStream_t stream) {
+  const std::int64_t count = s.n * s.spatial, total = count * s.channels;
+  if (total <= 0) return;
+  const int parts = bnParts(s);
+  const std::int64_t chunk = (count + parts - 1) / parts;
+  const dim3 grid(static_cast<unsigned>(s.channels), static_cast<unsigned>(parts));
+  TROUPE_TYPED(
+      t, TROUPE_INDEXED(total, launchGrid("bnStatsKernel", grid, stream, bnStatsKernel<I, T>,
+                                          static_cast<const T*>(x), partial, static_cast<I>(count),
+                                          static_cast<I>(s.channels), static_cast<I>(s.spatial),
+                                          s.channels_last, static_cast<I>(chunk))));
+  launch("bnForwardFinalizeKernel", blocksFor(s.channels), stream, bnForwardFinalizeKernel, partial,
+         parts, s.channels, static_cast<double>(count), s.momentum, s.eps, gamma, beta,
+         running_mean, running_var, mean, invstd, coef);
+  TROUPE_TYPED(
+      t,
+      TROUPE_INDEXED(
+          total, launch("bnApplyKernel", blocksFor(total), stream, bnApplyKernel<I, T>,
+                        static_cast<const T*>(x), static_cast<const T*>(s.add ? z : nullptr), coef,
+                        static_cast<T*>(y), static_cast<I>(total), static_cast<I>(s.channels),
+                        static_cast<I>(s.spatial), s.channels_last, s.relu)));
+}
+
+void batchNormBackward(DType t, const BatchNormShape& s, const void* x, const void* y,
+                       const void* dy, const float* gamma, const float* coef, const float* mean,
+                       const float* invstd, void* dx, void* dz, float* dgamma, float* dbeta,
+                       double* partial, float* back, cudaStream_t stream) {
+  const std::int64_t count = s.n * s.spatial, total = count * s.channels;
+  if (total <= 0) return;
+  const int parts = bnParts(s);
+  const std::int64_t chunk = (count + parts - 1) / parts;
+  const BnMask mask = !s.relu ? BnMask::kNone : s.add ? BnMask::kFromY : BnMask::kFromX;
+  const dim3 grid(static_cast<unsigned>(s.channels), static_cast<unsigned>(parts));
+  TROUPE_TYPED(
+      t, TROUPE_INDEXED(total, launchGrid("bnBackwardStatsKernel", grid, stream,
+                                          bnBackwardStatsKernel<I, T>, static_cast<const T*>(x),
+                                          static_cast<const T*>(y), static_cast<const T*>(dy), coef,
+                                          mean, partial, static_cast<I>(count),
+                                          static_cast<I>(s.channels), static_cast<I>(s.spatial),
+                                          s.channels_last, static_cast<I>(chunk), mask)));
+  launch("bnBackwardFinalizeKernel", blocksFor(s.channels), stream, bnBackwardFinalizeKernel,
+         partial, parts, s.channels, static_cast<float>(count), gamma, invstd, dgamma, dbeta, back);
+  if (!dx && !dz) return;
+  TROUPE_TYPED(
+      t, TROUPE_INDEXED(
+             total,
+             launch("bnBackwardApplyKernel", blocksFor(total), stream, bnBackwardApplyKernel<I, T>,
+                    static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
+                    coef, mean, invstd, back, static_cast<T*>(dx),
+                    static_cast<T*>(s.add ? dz : nullptr), static_cast<I>(total),
+                    static_cast<I>(s.channels), static_cast<I>(s.spatial), s.channels_last, mask)));
 }
 
 }  // namespace troupe::kernels::cuda

@@ -108,6 +108,30 @@ void channelBias(DType t, void* y, const void* b, std::int64_t n, std::int64_t c
 void channelBiasGradient(DType t, const void* dy, void* db, std::int64_t n, std::int64_t channels,
                          std::int64_t spatial, bool channels_last, cudaStream_t stream);
 
+// Batch norm training in troupe's own kernels (CudaBatchNorm's troupe way), NCHW or channels-last
+// (n images of `channels` planes of `spatial`), of type t, with float32 parameters and statistics:
+// the CPU op's arithmetic (kernels/cpu/batch_norm_op.cc), a channel's sums in double, and with
+// relu (and add) y = max(BN(x) (+ z), 0) in the same pass, whose backward masks dy where that y >
+// 0 (recomputed from x without add; read from y with add).
+struct BatchNormShape {
+  std::int64_t n = 0, channels = 0, spatial = 0;
+  bool channels_last = false, relu = false, add = false;
+  float momentum = 0.1f, eps = 1e-5f;
+};
+// Doubles of scratch (`partial`) that either call takes for this shape.
+std::int64_t batchNormScratch(const BatchNormShape& s);
+// mean, invstd: the batch's, saved for the backward; coef: 2 floats a channel for the backward's
+// mask; the running statistics updated as the CPU op does.
+void batchNormForward(DType t, const BatchNormShape& s, const void* x, const void* z,
+                      const float* gamma, const float* beta, float* running_mean,
+                      float* running_var, float* mean, float* invstd, float* coef, void* y,
+                      double* partial, cudaStream_t stream);
+// dx, dz (with add), dgamma, dbeta: each may be null (not wanted). back: 3 floats a channel.
+void batchNormBackward(DType t, const BatchNormShape& s, const void* x, const void* y,
+                       const void* dy, const float* gamma, const float* coef, const float* mean,
+                       const float* invstd, void* dx, void* dz, float* dgamma, float* dbeta,
+                       double* partial, float* back, cudaStream_t stream);
+
 // After each launch above: throws a troupe error naming the kernel if its launch failed
 // (cudaGetLastError), rather than leaving the error to a later call that does not say whose it is.
 // Defined in cuda_backend.cc, where troupe's errors are.
