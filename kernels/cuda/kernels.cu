@@ -542,7 +542,21 @@ __device__ void bnPartSums(double* partial, I count, I channels, I spatial, bool
   const I c = static_cast<I>(blockIdx.x), part = static_cast<I>(blockIdx.y);
   const I begin = part * chunk, end = begin + chunk < count ? begin + chunk : count;
   double first = 0.0, second = 0.0;
-  for (I q = begin + static_cast<I>(threadIdx.x); q < end; q += kThreads) {
+  I q = begin + static_cast<I>(threadIdx.x);
+  // Four elements a round, their loads issued before their sums (one load at a time in flight
+  // would leave HBM idle), then the rest one by one.
+  for (; q + 3 * kThreads < end; q += 4 * kThreads) {
+    double2 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      v[k] = fn(channelElement(q + k * kThreads, c, channels, spatial, channels_last), c);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      first += v[k].x;
+      second += v[k].y;
+    }
+  }
+  for (; q < end; q += kThreads) {
     const double2 v = fn(channelElement(q, c, channels, spatial, channels_last), c);
     first += v.x;
     second += v.y;
@@ -565,12 +579,20 @@ __device__ inline double2 bnChannelSums(const double* partial, int parts, std::i
   return total;
 }
 
-// Each channel's sum of x and of x^2.
+// A channel's first element: what its sums are taken from (x - pivot), so that E[x^2] - E[x]^2
+// loses nothing to a mean far from 0 against the spread.
+template <typename I, typename T>
+__device__ inline double bnPivot(const T* x, I c, I channels, I spatial, bool channels_last) {
+  return ld(x[channelElement(I{0}, c, channels, spatial, channels_last)]);
+}
+
+// Each channel's sum of x - pivot and of its square.
 template <typename I, typename T>
 __global__ void bnStatsKernel(const T* x, double* partial, I count, I channels, I spatial,
                               bool channels_last, I chunk) {
+  const double pivot = bnPivot(x, static_cast<I>(blockIdx.x), channels, spatial, channels_last);
   bnPartSums(partial, count, channels, spatial, channels_last, chunk, [&](I i, I) {
-    const double v = ld(x[i]);
+    const double v = ld(x[i]) - pivot;
     return double2{v, v * v};
   });
 }
@@ -578,15 +600,17 @@ __global__ void bnStatsKernel(const T* x, double* partial, I count, I channels, 
 // mean, invstd and the running statistics as the CPU op (kernels/cpu/batch_norm_op.cc: unbiased
 // running variance), and coef = {gamma * invstd, beta - mean * gamma * invstd} a channel, the
 // forward's y = x coef[0] + coef[1] (which the backward's mask recomputes).
-__global__ void bnForwardFinalizeKernel(const double* partial, int parts, std::int64_t channels,
-                                        double count, float momentum, float eps, const float* gamma,
-                                        const float* beta, float* running_mean, float* running_var,
-                                        float* mean, float* invstd, float* coef) {
-  TROUPE_FOR_EACH(c, channels) {
+template <typename I, typename T>
+__global__ void bnForwardFinalizeKernel(const T* x, const double* partial, int parts, I channels,
+                                        I spatial, bool channels_last, double count, float momentum,
+                                        float eps, const float* gamma, const float* beta,
+                                        float* running_mean, float* running_var, float* mean,
+                                        float* invstd, float* coef) {
+  TROUPE_FOR_EACH_AS(I, c, channels) {
     const double2 sums = bnChannelSums(partial, parts, c);
-    const double sum = sums.x, squares = sums.y;
-    const double m = sum / count;
-    const double var = squares / count - m * m > 0.0 ? squares / count - m * m : 0.0;
+    const double shift = sums.x / count;  // of the mean from the pivot
+    const double m = bnPivot(x, c, channels, spatial, channels_last) + shift;
+    const double var = sums.y / count - shift * shift > 0.0 ? sums.y / count - shift * shift : 0.0;
     const float mf = static_cast<float>(m);
     const float is = static_cast<float>(1.0 / sqrt(var + eps));
     mean[c] = mf;
@@ -947,11 +971,11 @@ void channelBiasGradient(DType t, const void* dy, void* db, std::int64_t n, std:
 namespace troupe::kernels::cuda {
 namespace {
 
-// Parts a channel's statistics are split into: about 4 blocks an SM in all (132 SMs), and no
-// part under 1024 elements.
+// Parts a channel's statistics are split into: about 16 blocks an SM in all (132 SMs), enough
+// loads in flight for HBM, and no part under 1024 elements.
 int bnParts(const BatchNormShape& s) {
   const std::int64_t count = s.n * s.spatial;
-  std::int64_t parts = (4 * 132 + s.channels - 1) / s.channels;
+  std::int64_t parts = (16 * 132 + s.channels - 1) / s.channels;
   parts = std::min(parts, std::max<std::int64_t>(1, count / 1024));
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(parts, 1024)));
 }
@@ -982,9 +1006,13 @@ void batchNormForward(DType t, const BatchNormShape& s, const void* x, const voi
                                           static_cast<const T*>(x), partial, static_cast<I>(count),
                                           static_cast<I>(s.channels), static_cast<I>(s.spatial),
                                           s.channels_last, static_cast<I>(chunk))));
-  launch("bnForwardFinalizeKernel", blocksFor(s.channels), stream, bnForwardFinalizeKernel, partial,
-         parts, s.channels, static_cast<double>(count), s.momentum, s.eps, gamma, beta,
-         running_mean, running_var, mean, invstd, coef);
+  TROUPE_TYPED(
+      t,
+      TROUPE_INDEXED(total, launch("bnForwardFinalizeKernel", blocksFor(s.channels), stream,
+                                   bnForwardFinalizeKernel<I, T>, static_cast<const T*>(x), partial,
+                                   parts, static_cast<I>(s.channels), static_cast<I>(s.spatial),
+                                   s.channels_last, static_cast<double>(count), s.momentum, s.eps,
+                                   gamma, beta, running_mean, running_var, mean, invstd, coef)));
   TROUPE_TYPED(
       t,
       TROUPE_INDEXED(
