@@ -601,6 +601,23 @@ bool channelsLastOf(const TrainOptions& o, const std::string& misfit) {
   return !o.gpus.empty() && tensor_cores && misfit.empty();
 }
 
+bool cudaGraphsOf(const TrainOptions& o) {
+  if (!o.cuda_graphs || o.role == "server") return false;
+  if (o.gpus.empty()) {
+    throw InputError(
+        "cuda_graphs records the steps of GPU replicas, and this run has none (CPU replicas queue "
+        "no work to record): name them with gpus, or leave cuda_graphs off");
+  }
+  return o.trace.empty();
+}
+
+std::string describeCudaGraphs(const TrainOptions& o) {
+  if (!o.cuda_graphs) return "off (cuda_graphs)";
+  if (!cudaGraphsOf(o)) return "off in a traced run, whose trace times each step's parts apart";
+  return "each step's forward and backward replayed from a CUDA graph, recorded at the second "
+         "step with the same inputs (a model with dropout goes op by op)";
+}
+
 std::string describePrecision(const TrainOptions& o, bool channels_last) {
   const std::string layout = channels_last ? "; channels-last images" : "";
   if (precisionOf(o) == kernels::DType::kFloat32) return "fp32" + layout;

@@ -221,19 +221,9 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
   if (!o.gpus.empty() && !server && (o.precision != "fp32" || p.net.channels_last))
     spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
-  if (o.cuda_graphs && !server) {
-    if (o.gpus.empty()) {
-      throw InputError(
-          "cuda_graphs records the steps of GPU replicas, and this run has none (CPU replicas "
-          "queue no work to record): name them with gpus, or leave cuda_graphs off");
-    }
-    if (!o.trace.empty()) {
-      spdlog::warn(
-          "cuda_graphs: off in a traced run, whose trace times each step's forward and backward "
-          "apart");
-    }
-    p.net.graphs = o.trace.empty();
-  }
+  p.net.graphs = cudaGraphsOf(o);
+  if (o.cuda_graphs && !server && !p.net.graphs)
+    spdlog::warn("cuda_graphs: {}", describeCudaGraphs(o));
   init_net.reset();
 
   p.checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;

@@ -88,6 +88,7 @@ Plan plan(const actors::TrainOptions& o) {
   p.num_buffers = model->buffers().numel();
   p.memory = model->memory();
   p.channels_last = actors::channelsLastOf(o, model->channelsLastMisfit());
+  actors::cudaGraphsOf(o);  // refused here as by the run
 
   const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
   if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
@@ -357,6 +358,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
                                o.tf32 ? "on" : "off"));
     row("precision", actors::describePrecision(o, p.channels_last));
+    if (o.cuda_graphs) row("cuda graphs", actors::describeCudaGraphs(o));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
   {

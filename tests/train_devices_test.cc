@@ -529,6 +529,20 @@ TEST(Devices, CudaGraphsWithoutGpusAreRefusedAndATracedRunGoesOpByOp) {
                           "has none"),
             std::string::npos)
       << r.output;
+  // The dry run says the same, and what a run with GPUs does.
+  const std::string dry = troupeBinary() +
+                          " train --model lenet --train_data null --epoch_size 640 --cuda_graphs "
+                          "--dry-run";
+  r = runCommand(dry);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("cuda_graphs records the steps of GPU replicas"), std::string::npos)
+      << r.output;
+  r = runCommand(emulated(1) + dry + " --gpus 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cuda graphs     each step's forward and backward replayed from a "
+                          "CUDA graph"),
+            std::string::npos)
+      << r.output;
   r = trainLenet(cwd, "traced", emulated(1),
                  "--gpus 0 --cuda_graphs --trace " + (cwd.path() / "trace.json").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
