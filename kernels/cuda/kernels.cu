@@ -525,20 +525,63 @@ __global__ void channelBiasGradientKernel(const T* dy, T* db, I n, I channels, I
 // channel's elements; the finalize kernels add a channel's parts in order (the same bits every
 // run).
 
+// n / d for one d, by a multiply and a shift where n is 32-bit (the GPU has no integer divide: a
+// 32-bit one takes about 20 instructions, as much as an element-wise kernel's budget for a whole
+// element); a 64-bit n divides. Granlund and Montgomery's magic number, for 0 <= n < 2^31 and
+// 1 <= d < 2^31: shift = ceil(log2 d), magic = 2^32 (2^shift - d) / d + 1, and n / d =
+// (umulhi(n, magic) + n) >> shift.
 template <typename I>
-__device__ inline I channelElement(I q, I c, I channels, I spatial, bool channels_last) {
-  return channels_last ? q * channels + c : (q / spatial * channels + c) * spatial + q % spatial;
-}
+struct Divisor {
+  I d = 1;
+  Divisor() = default;
+  explicit Divisor(I divisor) : d(divisor) {}
+  __device__ I div(I n) const { return n / d; }
+};
+template <>
+struct Divisor<std::int32_t> {
+  std::int32_t d = 1;
+  std::uint32_t magic = 1, shift = 0;
+  Divisor() = default;
+  explicit Divisor(std::int32_t divisor) : d(divisor) {
+    while ((std::uint64_t{1} << shift) < static_cast<std::uint64_t>(divisor))
+      ++shift;
+    magic = static_cast<std::uint32_t>(
+        (std::uint64_t{1} << 32) * ((std::uint64_t{1} << shift) - static_cast<std::uint64_t>(d)) /
+            static_cast<std::uint64_t>(d) +
+        1);
+  }
+  __device__ std::int32_t div(std::int32_t n) const {
+    const std::uint32_t u = static_cast<std::uint32_t>(n);
+    return static_cast<std::int32_t>((__umulhi(u, magic) + u) >> shift);
+  }
+};
+
+// A batch norm's tensor's layout: which element is a channel's q-th, and whose channel an element
+// is, without a divide (Divisor).
 template <typename I>
-__device__ inline I channelOf(I i, I channels, I spatial, bool channels_last) {
-  return channels_last ? i % channels : i / spatial % channels;
-}
+struct ChannelLayout {
+  I channels, spatial;
+  bool channels_last;
+  Divisor<I> by_channels, by_spatial;
+  ChannelLayout(I c, I s, bool last)
+      : channels(c), spatial(s), channels_last(last), by_channels(c), by_spatial(s) {}
+  __device__ I element(I q, I c) const {
+    if (channels_last) return q * channels + c;
+    const I image = by_spatial.div(q);
+    return (image * channels + c) * spatial + (q - image * spatial);
+  }
+  __device__ I channelOf(I i) const {
+    if (channels_last) return i - by_channels.div(i) * channels;
+    const I plane = by_spatial.div(i);
+    return plane - by_channels.div(plane) * channels;
+  }
+};
 
 // Block (channel c, part)'s sums of fn(i, c)'s two values over its chunk of the channel's
 // elements i, into partial[c][part].
 template <typename I, typename Fn>
-__device__ void bnPartSums(double* partial, I count, I channels, I spatial, bool channels_last,
-                           I chunk, Fn fn) {
+__device__ void bnPartSums(double* partial, I count, const ChannelLayout<I>& layout, I chunk,
+                           Fn fn) {
   const I c = static_cast<I>(blockIdx.x), part = static_cast<I>(blockIdx.y);
   const I begin = part * chunk, end = begin + chunk < count ? begin + chunk : count;
   double first = 0.0, second = 0.0;
@@ -549,7 +592,7 @@ __device__ void bnPartSums(double* partial, I count, I channels, I spatial, bool
     double2 v[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      v[k] = fn(channelElement(q + k * kThreads, c, channels, spatial, channels_last), c);
+      v[k] = fn(layout.element(q + k * kThreads, c), c);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       first += v[k].x;
@@ -557,7 +600,7 @@ __device__ void bnPartSums(double* partial, I count, I channels, I spatial, bool
     }
   }
   for (; q < end; q += kThreads) {
-    const double2 v = fn(channelElement(q, c, channels, spatial, channels_last), c);
+    const double2 v = fn(layout.element(q, c), c);
     first += v.x;
     second += v.y;
   }
@@ -582,16 +625,16 @@ __device__ inline double2 bnChannelSums(const double* partial, int parts, std::i
 // A channel's first element: what its sums are taken from (x - pivot), so that E[x^2] - E[x]^2
 // loses nothing to a mean far from 0 against the spread.
 template <typename I, typename T>
-__device__ inline double bnPivot(const T* x, I c, I channels, I spatial, bool channels_last) {
-  return ld(x[channelElement(I{0}, c, channels, spatial, channels_last)]);
+__device__ inline double bnPivot(const T* x, I c, const ChannelLayout<I>& layout) {
+  return ld(x[layout.element(I{0}, c)]);
 }
 
 // Each channel's sum of x - pivot and of its square.
 template <typename I, typename T>
-__global__ void bnStatsKernel(const T* x, double* partial, I count, I channels, I spatial,
-                              bool channels_last, I chunk) {
-  const double pivot = bnPivot(x, static_cast<I>(blockIdx.x), channels, spatial, channels_last);
-  bnPartSums(partial, count, channels, spatial, channels_last, chunk, [&](I i, I) {
+__global__ void bnStatsKernel(const T* x, double* partial, I count, ChannelLayout<I> layout,
+                              I chunk) {
+  const double pivot = bnPivot(x, static_cast<I>(blockIdx.x), layout);
+  bnPartSums(partial, count, layout, chunk, [&](I i, I) {
     const double v = ld(x[i]) - pivot;
     return double2{v, v * v};
   });
@@ -601,15 +644,15 @@ __global__ void bnStatsKernel(const T* x, double* partial, I count, I channels, 
 // running variance), and coef = {gamma * invstd, beta - mean * gamma * invstd} a channel, the
 // forward's y = x coef[0] + coef[1] (which the backward's mask recomputes).
 template <typename I, typename T>
-__global__ void bnForwardFinalizeKernel(const T* x, const double* partial, int parts, I channels,
-                                        I spatial, bool channels_last, double count, float momentum,
+__global__ void bnForwardFinalizeKernel(const T* x, const double* partial, int parts,
+                                        ChannelLayout<I> layout, double count, float momentum,
                                         float eps, const float* gamma, const float* beta,
                                         float* running_mean, float* running_var, float* mean,
                                         float* invstd, float* coef) {
-  TROUPE_FOR_EACH_AS(I, c, channels) {
+  TROUPE_FOR_EACH_AS(I, c, layout.channels) {
     const double2 sums = bnChannelSums(partial, parts, c);
     const double shift = sums.x / count;  // of the mean from the pivot
-    const double m = bnPivot(x, c, channels, spatial, channels_last) + shift;
+    const double m = bnPivot(x, c, layout) + shift;
     const double var = sums.y / count - shift * shift > 0.0 ? sums.y / count - shift * shift : 0.0;
     const float mf = static_cast<float>(m);
     const float is = static_cast<float>(1.0 / sqrt(var + eps));
@@ -631,10 +674,10 @@ __device__ inline float bnValue(float x, const float* coef, std::int64_t c) {
 }
 
 template <typename I, typename T>
-__global__ void bnApplyKernel(const T* x, const T* z, const float* coef, T* y, I total, I channels,
-                              I spatial, bool channels_last, bool relu) {
+__global__ void bnApplyKernel(const T* x, const T* z, const float* coef, T* y, I total,
+                              ChannelLayout<I> layout, bool relu) {
   TROUPE_FOR_EACH_AS(I, i, total) {
-    const I c = channelOf(i, channels, spatial, channels_last);
+    const I c = layout.channelOf(i);
     float v = bnValue(ld(x[i]), coef, c);
     if (z) v = __fadd_rn(v, ld(z[i]));
     if (relu) v = v < 0.0f ? 0.0f : v;  // NaN passes, as the ReLU op's
@@ -657,9 +700,9 @@ __device__ inline float bnMasked(BnMask mask, const T* x, const T* y, const T* d
 // Each channel's sum of the masked dy, and of it times x - mean.
 template <typename I, typename T>
 __global__ void bnBackwardStatsKernel(const T* x, const T* y, const T* dy, const float* coef,
-                                      const float* mean, double* partial, I count, I channels,
-                                      I spatial, bool channels_last, I chunk, BnMask mask) {
-  bnPartSums(partial, count, channels, spatial, channels_last, chunk, [&](I i, I c) {
+                                      const float* mean, double* partial, I count,
+                                      ChannelLayout<I> layout, I chunk, BnMask mask) {
+  bnPartSums(partial, count, layout, chunk, [&](I i, I c) {
     const float d = bnMasked(mask, x, y, dy, coef, i, c);
     return double2{d, static_cast<double>(d) * (ld(x[i]) - mean[c])};
   });
@@ -687,10 +730,9 @@ __global__ void bnBackwardFinalizeKernel(const double* partial, int parts, std::
 template <typename I, typename T>
 __global__ void bnBackwardApplyKernel(const T* x, const T* y, const T* dy, const float* coef,
                                       const float* mean, const float* invstd, const float* back,
-                                      T* dx, T* dz, I total, I channels, I spatial,
-                                      bool channels_last, BnMask mask) {
+                                      T* dx, T* dz, I total, ChannelLayout<I> layout, BnMask mask) {
   TROUPE_FOR_EACH_AS(I, i, total) {
-    const I c = channelOf(i, channels, spatial, channels_last);
+    const I c = layout.channelOf(i);
     const float d = bnMasked(mask, x, y, dy, coef, i, c);
     if (dz) dz[i] = st<T>(d);
     if (dx) {
@@ -1001,25 +1043,20 @@ void batchNormForward(DType t, const BatchNormShape& s, const void* x, const voi
   const int parts = bnParts(s);
   const std::int64_t chunk = (count + parts - 1) / parts;
   const dim3 grid(static_cast<unsigned>(s.channels), static_cast<unsigned>(parts));
-  TROUPE_TYPED(
-      t, TROUPE_INDEXED(total, launchGrid("bnStatsKernel", grid, stream, bnStatsKernel<I, T>,
-                                          static_cast<const T*>(x), partial, static_cast<I>(count),
-                                          static_cast<I>(s.channels), static_cast<I>(s.spatial),
-                                          s.channels_last, static_cast<I>(chunk))));
-  TROUPE_TYPED(
-      t,
-      TROUPE_INDEXED(total, launch("bnForwardFinalizeKernel", blocksFor(s.channels), stream,
-                                   bnForwardFinalizeKernel<I, T>, static_cast<const T*>(x), partial,
-                                   parts, static_cast<I>(s.channels), static_cast<I>(s.spatial),
-                                   s.channels_last, static_cast<double>(count), s.momentum, s.eps,
-                                   gamma, beta, running_mean, running_var, mean, invstd, coef)));
-  TROUPE_TYPED(
-      t,
-      TROUPE_INDEXED(
-          total, launch("bnApplyKernel", blocksFor(total), stream, bnApplyKernel<I, T>,
-                        static_cast<const T*>(x), static_cast<const T*>(s.add ? z : nullptr), coef,
-                        static_cast<T*>(y), static_cast<I>(total), static_cast<I>(s.channels),
-                        static_cast<I>(s.spatial), s.channels_last, s.relu)));
+  TROUPE_TYPED(t, TROUPE_INDEXED(total, {
+                 const ChannelLayout<I> layout(static_cast<I>(s.channels),
+                                               static_cast<I>(s.spatial), s.channels_last);
+                 const auto* in = static_cast<const T*>(x);
+                 launchGrid("bnStatsKernel", grid, stream, bnStatsKernel<I, T>, in, partial,
+                            static_cast<I>(count), layout, static_cast<I>(chunk));
+                 launch("bnForwardFinalizeKernel", blocksFor(s.channels), stream,
+                        bnForwardFinalizeKernel<I, T>, in, partial, parts, layout,
+                        static_cast<double>(count), s.momentum, s.eps, gamma, beta, running_mean,
+                        running_var, mean, invstd, coef);
+                 launch("bnApplyKernel", blocksFor(total), stream, bnApplyKernel<I, T>, in,
+                        static_cast<const T*>(s.add ? z : nullptr), coef, static_cast<T*>(y),
+                        static_cast<I>(total), layout, s.relu);
+               }));
 }
 
 void batchNormBackward(DType t, const BatchNormShape& s, const void* x, const void* y,
@@ -1032,24 +1069,24 @@ void batchNormBackward(DType t, const BatchNormShape& s, const void* x, const vo
   const std::int64_t chunk = (count + parts - 1) / parts;
   const BnMask mask = !s.relu ? BnMask::kNone : s.add ? BnMask::kFromY : BnMask::kFromX;
   const dim3 grid(static_cast<unsigned>(s.channels), static_cast<unsigned>(parts));
-  TROUPE_TYPED(
-      t, TROUPE_INDEXED(total, launchGrid("bnBackwardStatsKernel", grid, stream,
-                                          bnBackwardStatsKernel<I, T>, static_cast<const T*>(x),
-                                          static_cast<const T*>(y), static_cast<const T*>(dy), coef,
-                                          mean, partial, static_cast<I>(count),
-                                          static_cast<I>(s.channels), static_cast<I>(s.spatial),
-                                          s.channels_last, static_cast<I>(chunk), mask)));
-  launch("bnBackwardFinalizeKernel", blocksFor(s.channels), stream, bnBackwardFinalizeKernel,
-         partial, parts, s.channels, static_cast<float>(count), gamma, invstd, dgamma, dbeta, back);
-  if (!dx && !dz) return;
-  TROUPE_TYPED(
-      t, TROUPE_INDEXED(
-             total,
-             launch("bnBackwardApplyKernel", blocksFor(total), stream, bnBackwardApplyKernel<I, T>,
-                    static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy),
-                    coef, mean, invstd, back, static_cast<T*>(dx),
-                    static_cast<T*>(s.add ? dz : nullptr), static_cast<I>(total),
-                    static_cast<I>(s.channels), static_cast<I>(s.spatial), s.channels_last, mask)));
+  TROUPE_TYPED(t, TROUPE_INDEXED(total, {
+                 const ChannelLayout<I> layout(static_cast<I>(s.channels),
+                                               static_cast<I>(s.spatial), s.channels_last);
+                 const auto *in = static_cast<const T*>(x), *out = static_cast<const T*>(y),
+                            *grad = static_cast<const T*>(dy);
+                 launchGrid("bnBackwardStatsKernel", grid, stream, bnBackwardStatsKernel<I, T>, in,
+                            out, grad, coef, mean, partial, static_cast<I>(count), layout,
+                            static_cast<I>(chunk), mask);
+                 launch("bnBackwardFinalizeKernel", blocksFor(s.channels), stream,
+                        bnBackwardFinalizeKernel, partial, parts, s.channels,
+                        static_cast<float>(count), gamma, invstd, dgamma, dbeta, back);
+                 if (dx || dz) {
+                   launch("bnBackwardApplyKernel", blocksFor(total), stream,
+                          bnBackwardApplyKernel<I, T>, in, out, grad, coef, mean, invstd, back,
+                          static_cast<T*>(dx), static_cast<T*>(s.add ? dz : nullptr),
+                          static_cast<I>(total), layout, mask);
+                 }
+               }));
 }
 
 }  // namespace troupe::kernels::cuda
