@@ -293,6 +293,9 @@ class AsioTransport final : public Transport {
   std::condition_variable linked_;
   std::map<NodeId, std::shared_ptr<Connection>> links_;
   std::map<NodeId, std::string> lost_;  // why each node's link was lost
+  // Nodes whose loss was reported (onPeerLost) since they were last linked: a link of several
+  // connections is lost once, not once a connection.
+  std::set<NodeId> reported_lost_;
   std::map<NodeId, std::map<int, std::shared_ptr<Connection>>> lanes_;  // extra connections
   std::set<std::shared_ptr<Connection>> all_;
 };
@@ -1034,6 +1037,7 @@ std::shared_ptr<Connection> AsioTransport::registerLink(
     auto [it, added] = links_.try_emplace(node, connection);
     if (!added) return it->second;
     lost_.erase(node);  // linked again: sends go to the new link
+    reported_lost_.erase(node);
   }
   linked_.notify_all();
   return nullptr;
@@ -1075,6 +1079,7 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
       }
       if (lanes->second.empty()) lanes_.erase(lanes);
     }
+    if (wasLink && !reported_lost_.insert(connection->node()).second) wasLink = false;
   }
   if (stopping_) return;
   const std::string line =
