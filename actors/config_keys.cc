@@ -365,10 +365,10 @@ std::vector<Key> buildTable() {
                       "measured (cudnn.benchmark)"),
       TROUPE_BOOL_KEY(
           "cuda_graphs", cuda_graphs,
-          "on GPUs, each training step's forward and backward by a CUDA graph, "
-          "recorded at the second step with the same inputs and then replayed: one "
-          "launch for the host instead of a call an op (not in a traced run, nor for a "
-          "model with dropout; gradient buckets then leave once the backward is queued)"),
+          "on GPUs, each training step's forward and backward by a CUDA graph, recorded at the "
+          "second step with the same inputs and then replayed: one launch for the host instead of "
+          "a call an op, each gradient bucket's reduction still starting at an event of the graph "
+          "(not in a traced run, nor for a model with dropout)"),
       TROUPE_CHOICE_KEY("precision", precision,
                         "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
                         "and matrix products in 16 bits, accumulating in fp32; float32 weights, "

@@ -259,28 +259,35 @@ class Replica final : public Actor {
   // pass. For a reducer on the host, a bucket on a device goes through host memory. The gradients
   // are of the loss times loss_scale (the updater's, for mixed precision), which it divides out.
   // With images and labels, the forward too (Net::trainStep: by a CUDA graph where the run's
-  // cuda_graphs says so, the buckets then all sent once the whole backward is queued).
+  // cuda_graphs says so; its buckets then leave once the whole step is queued, each with the
+  // graph's event after which it is final).
   void backward(std::int64_t step, float loss_scale, const kernels::Tensor* images = nullptr,
                 const kernels::Tensor* labels = nullptr) {
     TraceScope span(config_.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
+    const kernels::Event* final_at = nullptr;  // the net's event for the bucket's last range
     auto flush = [&] {
       if (bucket_begin < 0) return;
       kernels::Tensor grads = net_->grads().slice(bucket_begin, bucket_end);
-      if (host_grads_.numel() > 0) {
+      const bool to_host = host_grads_.numel() > 0;
+      if (to_host) {
         auto host = host_grads_.slice(bucket_begin, bucket_end);
         backend_->copy(grads, host);
         grads = host;
       }
       mark(fmt::format("backward, to bucket [{},{})", bucket_begin, bucket_end));
-      const kernels::Event ready = marks_.empty() ? backend_->record() : marks_.back().at;
+      const kernels::Event ready = !marks_.empty()        ? marks_.back().at
+                                   : final_at && !to_host ? *final_at
+                                                          : backend_->record();
       send(config_.reducer,
            GradBucket{step, config_.local_index, bucket_begin, bucket_end, grads, ready});
       bucket_begin = bucket_end = -1;
       cap = config_.bucket_bytes;
     };
-    const kernels::GradReadyFn ready = [&](std::int64_t begin, std::int64_t end) {
+    const kernels::GradReadyFn ready = [&](std::int64_t begin, std::int64_t end,
+                                           const kernels::Event* final) {
+      final_at = final;
       if (bucket_begin < 0) {
         bucket_begin = begin;
         bucket_end = end;

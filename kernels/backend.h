@@ -123,11 +123,13 @@ class Backend {
   // backend cannot (the CPU, which has no queue). Every value is fixed at the capture: the
   // tensors' addresses and shapes, the scalars (a loss scale, a learning rate), the random seeds.
   // `queue` may not wait on the host (synchronize, allFinite, updatesFinite, a copy to or from
-  // pageable memory), record or wait for events, or be an op's first call (which finds its
+  // pageable memory), wait for events or time them, or be an op's first call (which finds its
   // algorithm by timing, and grows the workspace): those throw, and nothing stays recorded. The
   // memory the work reads and writes must stay allocated while the graph lives: the caller's
   // tensors and the ops' own (an op keeps its buffers; the graph keeps the workspace it used, and
-  // any memory freed meanwhile).
+  // any memory freed meanwhile). An event record() gives in `queue` marks that point of each
+  // replay, as a CUDA event recorded again: after a replay, it is done once the last replay
+  // queued got there (not to be asked before the first).
   virtual std::unique_ptr<DeviceGraph> capture(const std::function<void()>& queue) {
     (void)queue;
     return nullptr;

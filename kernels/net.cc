@@ -603,7 +603,7 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.param_end == layer.param_begin) continue;
       if (copies_ && layer.reducedParams())  // widened as it becomes final
         layer.widenGrads(backend_, reduced_grads_, grads_, nhwc_);
-      if (on_ready) on_ready(layer.param_begin, layer.param_end);
+      if (on_ready) on_ready(layer.param_begin, layer.param_end, nullptr);
     }
     current_ = nullptr;
   }
@@ -625,9 +625,10 @@ class NetImpl final : public Net, private LayerContext {
       images_ = inputOf(images);
       labels_ = labels;
       trained_ = true;
-      if (on_ready)
-        for (const auto& [begin, end] : step.ready)
-          on_ready(begin, end);
+      if (on_ready) {
+        for (const auto& range : step.ready)
+          on_ready(range.begin, range.end, range.event < 0 ? nullptr : &step.events[range.event]);
+      }
     };
     for (const auto& step : graphs_)
       if (step.key == key) return replay(step);
@@ -641,13 +642,25 @@ class NetImpl final : public Net, private LayerContext {
       if (random_) graph_stats_.off = "the net has dropout, whose seeds change every step";
       return;
     }
-    StepGraph step{key, nullptr, {}};
+    StepGraph step{key, nullptr, {}, {}};
     try {
       step.graph = backend_.capture([&] {
         forward(images, labels, true);
-        backward(grad_scale, [&](std::int64_t begin, std::int64_t end) {
-          step.ready.emplace_back(begin, end);
+        // An event of the graph's after every MiB of gradients and at the end, where a caller
+        // hands ranges on as they are final (each event a node of the graph: not one a range).
+        std::int64_t unmarked = 0;  // bytes of the ranges since the last event
+        auto mark = [&] {
+          step.events.push_back(backend_.record());
+          for (auto it = step.ready.rbegin(); it != step.ready.rend() && it->event < 0; ++it)
+            it->event = static_cast<int>(step.events.size()) - 1;
+          unmarked = 0;
+        };
+        backward(grad_scale, [&](std::int64_t begin, std::int64_t end, const Event*) {
+          step.ready.push_back({begin, end, -1});
+          unmarked += (end - begin) * static_cast<std::int64_t>(sizeof(float));
+          if (on_ready && unmarked >= kEventBytes) mark();
         });
+        if (on_ready && unmarked > 0) mark();
       });
       if (!step.graph) graph_stats_.off = "the backend records no graphs (the CPU)";
     } catch (const Error& e) {  // nothing ran: the step goes op by op, as every later one
@@ -973,12 +986,18 @@ class NetImpl final : public Net, private LayerContext {
     float grad_scale;
     bool operator==(const StepKey&) const = default;
   };
+  struct ReadyRange {
+    std::int64_t begin, end;
+    int event;  // in StepGraph::events, at or after its end; -1: none recorded
+  };
   struct StepGraph {
     StepKey key;
     std::unique_ptr<DeviceGraph> graph;
-    std::vector<std::pair<std::int64_t, std::int64_t>> ready;  // backward's ranges, in order
+    std::vector<ReadyRange> ready;  // backward's ranges, in order
+    std::vector<Event> events;      // recorded in the graph, so at each replay
   };
   static constexpr std::size_t kGraphs = 4;
+  static constexpr std::int64_t kEventBytes = 1 << 20;
   std::vector<StepKey> seen_;
   std::vector<StepGraph> graphs_;
   StepGraphStats graph_stats_;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/event.h"
 #include "kernels/tensor.h"
 
 namespace troupe::kernels {
@@ -112,8 +113,10 @@ struct NetMemory {
 };
 
 // Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
-// Ranges come in reverse layer order, never overlap, and together cover every parameter.
-using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end)>;
+// Ranges come in reverse layer order, never overlap, and together cover every parameter. `final`:
+// where the net knows it, the event after which they are (a step replayed from a CUDA graph, whose
+// whole work is queued before its ranges are called); null: at the backend's next record().
+using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end, const Event* final)>;
 
 class Net {
  public:
@@ -148,7 +151,8 @@ class Net {
   virtual void backward(float grad_scale, const GradReadyFn& on_ready) = 0;
   // forward(images, labels, true), then backward(grad_scale, on_ready): the same work and results,
   // by a CUDA graph where NetOptions::graphs says so. A step replayed calls on_ready once its whole
-  // backward is queued (each range then final at the backend's next record()), not range by range.
+  // backward is queued, each range with an event of the graph's at or after its end (one at least
+  // every MiB of gradients, so that their reduction still overlaps the rest of the backward).
   virtual void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
                          const GradReadyFn& on_ready) = 0;
   virtual StepGraphStats graphStats() const = 0;

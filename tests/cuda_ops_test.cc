@@ -689,9 +689,9 @@ TEST_F(CudaOps, LenetStepGivesTheCpusLossAndGradients) {
   for (int i = 0; i < 16; ++i)
     labels.i32()[i] = i % 10;
   cnet->forward(images, labels, true);
-  cnet->backward(1.0f / 16, [](std::int64_t, std::int64_t) {});
+  cnet->backward(1.0f / 16, [](std::int64_t, std::int64_t, const Event*) {});
   gnet->forward(up(images), up(labels), true);
-  gnet->backward(1.0f / 16, [](std::int64_t, std::int64_t) {});
+  gnet->backward(1.0f / 16, [](std::int64_t, std::int64_t, const Event*) {});
   const Tensor cm = copyOf(cnet->metrics()), gm = down(gnet->metrics());
   EXPECT_NEAR(gm.f32()[0], cm.f32()[0], kRelative * std::abs(cm.f32()[0]));
   expectClose("gradients", cnet->grads(), gnet->grads());
@@ -726,6 +726,7 @@ TEST_F(CudaOps, TrainStepsByCudaGraphsGiveTheBitsOfTheStepsOpByOp) {
       return std::make_pair(up(randomHost({n, 3, 32, 32}, seed)), up(labels));
     };
     const auto a = batch(8, 60), b = batch(8, 61), c = batch(4, 62);
+    std::int64_t replays = 0;
     struct Step {
       const std::pair<Tensor, Tensor>* batch;
       float scale;
@@ -738,12 +739,35 @@ TEST_F(CudaOps, TrainStepsByCudaGraphsGiveTheBitsOfTheStepsOpByOp) {
       const auto& [images, labels] = *steps[k].batch;
       const float scale = steps[k].scale / static_cast<float>(images.dim(0));
       std::vector<std::pair<std::int64_t, std::int64_t>> eager_ready, graphed_ready;
+      std::vector<Event> finals;  // the graph's, of each range, on a replay
       eager->trainStep(images, labels, scale,
-                       [&](std::int64_t lo, std::int64_t hi) { eager_ready.emplace_back(lo, hi); });
-      graphed->trainStep(images, labels, scale, [&](std::int64_t lo, std::int64_t hi) {
-        graphed_ready.emplace_back(lo, hi);
-      });
+                       [&](std::int64_t lo, std::int64_t hi, const Event* final) {
+                         EXPECT_EQ(final, nullptr);
+                         eager_ready.emplace_back(lo, hi);
+                       });
+      graphed->trainStep(images, labels, scale,
+                         [&](std::int64_t lo, std::int64_t hi, const Event* final) {
+                           graphed_ready.emplace_back(lo, hi);
+                           if (final) finals.push_back(*final);
+                         });
       EXPECT_EQ(graphed_ready, eager_ready);
+      const bool replayed = graphed->graphStats().replayed > replays;
+      replays = graphed->graphStats().replayed;
+      if (replayed) {
+        ASSERT_EQ(finals.size(), graphed_ready.size());
+        // The first range's event, waited for by another stream (as a reducer's): its gradients
+        // are then those the whole step leaves.
+        const auto [lo, hi] = graphed_ready.front();
+        auto other = makeCudaBackend(0);
+        other->waitFor(finals.front());
+        Tensor early = Tensor::host({hi - lo});
+        other->copy(graphed->grads().slice(lo, hi), early);
+        other->synchronize();
+        const Tensor whole = down(graphed->grads());
+        EXPECT_EQ(std::memcmp(early.raw(), whole.f32() + lo, early.bytes()), 0);
+      } else {
+        EXPECT_TRUE(finals.empty());
+      }
       const Tensor em = down(eager->metrics()), gm = down(graphed->metrics());
       EXPECT_EQ(std::memcmp(em.raw(), gm.raw(), em.bytes()), 0)
           << "loss " << em.f32()[0] << " vs " << gm.f32()[0];
@@ -776,13 +800,19 @@ TEST_F(CudaOps, ACaptureRefusesAHostWaitAndLeavesTheBackendWorking) {
     EXPECT_NE(std::string(e.what()).find("while a CUDA graph is captured"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(gpu_->capture([&] { gpu_->record(); }), Error);
+  EXPECT_THROW(gpu_->capture([&] { gpu_->recordTimed(); }), Error);
+  EXPECT_THROW(gpu_->capture([&] { gpu_->waitFor(gpu_->record()); }), Error);
   const Tensor before = down(x);
-  auto graph = gpu_->capture([&] { gpu_->scale(x, 2.0f); });
+  Event scaled;
+  auto graph = gpu_->capture([&] {
+    gpu_->scale(x, 2.0f);
+    scaled = gpu_->record();
+  });
   ASSERT_NE(graph, nullptr);
   expectClose("nothing ran at the capture", before, x, 0);
   graph->replay();
   graph->replay();
+  scaled.wait();
   Tensor four = copyOf(before);  // powers of two: exact
   cpu_->scale(four, 4.0f);
   expectClose("two replays", four, x, 0);
@@ -1099,10 +1129,11 @@ TEST_P(CudaReducedOps, ASmoothNetStepInReducedPrecision) {
     labels.i32()[i] = i % 10;
   const float loss_scale = 1024.0f;
   cnet->forward(images, labels, true);
-  cnet->backward(loss_scale / 16, [](std::int64_t, std::int64_t) {});
+  cnet->backward(loss_scale / 16, [](std::int64_t, std::int64_t, const Event*) {});
   gnet->forward(up(images), up(labels), true);
   std::int64_t covered = 0;
-  gnet->backward(loss_scale / 16, [&](std::int64_t b, std::int64_t e) { covered += e - b; });
+  gnet->backward(loss_scale / 16,
+                 [&](std::int64_t b, std::int64_t e, const Event*) { covered += e - b; });
   EXPECT_EQ(covered, gnet->numParams());
   EXPECT_EQ(gnet->grads().dtype(), DType::kFloat32);
   const Tensor cm = copyOf(cnet->metrics()), gm = down(gnet->metrics());

@@ -252,8 +252,10 @@ void expectReadyRangesCoverParamsInReverse(Backend& backend, const NetOptions& o
   Batch b = fixedBatch(2, o.channels, o.height, o.width);
   net->forward(b.images, b.labels, true);
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-  net->backward(1.0f,
-                [&](std::int64_t begin, std::int64_t end) { ranges.emplace_back(begin, end); });
+  net->backward(1.0f, [&](std::int64_t begin, std::int64_t end, const Event* final) {
+    EXPECT_EQ(final, nullptr);  // op by op: the caller's next record()
+    ranges.emplace_back(begin, end);
+  });
   ASSERT_FALSE(ranges.empty());
   EXPECT_EQ(ranges.front().second, net->numParams());
   EXPECT_EQ(ranges.back().first, 0);

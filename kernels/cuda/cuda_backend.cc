@@ -1298,13 +1298,14 @@ class CudaBackend final : public Backend {
     while (!ctx_.unchecked.empty())
       ctx_.unchecked.front()->check();  // removes itself
   }
+  // While a graph is captured: an event that each replay records at this point.
   Event record() override {
-    notCapturing("an event recorded");
     setDevice();
-    return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream));
+    return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream, /*timed=*/false,
+                                                   /*in_graph=*/ctx_.capturing));
   }
   Event recordTimed() override {
-    notCapturing("an event recorded");
+    notCapturing("a timed event recorded");
     setDevice();
     return Event(std::make_shared<const CudaEvent>(ctx_.device, ctx_.stream, /*timed=*/true));
   }

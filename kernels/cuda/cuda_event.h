@@ -9,13 +9,20 @@
 
 namespace troupe::kernels::cuda {
 
-// A CUDA event recorded on a stream of `device`, destroyed with its last handle.
+// A CUDA event recorded on a stream of `device`, destroyed with its last handle. `in_graph`: the
+// stream is being captured, and each replay of the graph records it at this point (an external
+// event node); not to be asked before the first replay.
 class CudaEvent final : public EventImpl {
  public:
-  CudaEvent(int device, cudaStream_t stream, bool timed = false) : device_(device) {
+  CudaEvent(int device, cudaStream_t stream, bool timed = false, bool in_graph = false)
+      : device_(device) {
     TROUPE_CUDA_CHECK(
         cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
-    TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream));
+    if (in_graph) {
+      TROUPE_CUDA_CHECK(cudaEventRecordWithFlags(event_, stream, cudaEventRecordExternal));
+    } else {
+      TROUPE_CUDA_CHECK(cudaEventRecord(event_, stream));
+    }
   }
   ~CudaEvent() override { cudaEventDestroy(event_); }
 

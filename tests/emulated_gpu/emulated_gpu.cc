@@ -527,13 +527,19 @@ class EmulatedBackend final : public Backend {
     return *finite;
   }
   void synchronize() override { stream_->drain(); }
+  // Recorded while a graph is captured: at that point of each replay (cudaEventRecordExternal's);
+  // done until the first.
   Event record() override {
-    notCapturing("an event recorded");
-    auto event = std::make_shared<StreamEvent>();
+    const bool capturing = stream_->recording();
+    auto event = std::make_shared<StreamEvent>(!capturing);
+    if (capturing) captured_events_.push_back(event);
     stream_->enqueue([event] { event->fire(); });
     return Event(event);
   }
-  Event recordTimed() override { return record(); }
+  Event recordTimed() override {
+    notCapturing("a timed event recorded");
+    return record();
+  }
   double elapsed(const Event& from, const Event& to) override { return secondsBetween(from, to); }
   void waitFor(const Event& e) override {
     notCapturing("a wait for an event");
@@ -549,9 +555,12 @@ class EmulatedBackend final : public Backend {
   // addresses and its scalars as they were at the capture.
   class Graph final : public DeviceGraph {
    public:
-    Graph(std::shared_ptr<Stream> stream, std::vector<std::function<void()>> work)
-        : stream_(std::move(stream)), work_(std::move(work)) {}
+    Graph(std::shared_ptr<Stream> stream, std::vector<std::function<void()>> work,
+          std::vector<std::shared_ptr<StreamEvent>> events)
+        : stream_(std::move(stream)), work_(std::move(work)), events_(std::move(events)) {}
     void replay() override {
+      for (const auto& e : events_)
+        e->rearm();
       for (const auto& w : work_)
         stream_->enqueue(w);
     }
@@ -559,17 +568,20 @@ class EmulatedBackend final : public Backend {
    private:
     std::shared_ptr<Stream> stream_;
     std::vector<std::function<void()>> work_;
+    std::vector<std::shared_ptr<StreamEvent>> events_;  // recorded in the capture
   };
   std::unique_ptr<DeviceGraph> capture(const std::function<void()>& queue) override {
     stream_->drain();  // as the CUDA backend's
     stream_->beginRecording();
+    captured_events_.clear();
     try {
       queue();
     } catch (...) {
       stream_->endRecording();
       throw;
     }
-    return std::make_unique<Graph>(stream_, stream_->endRecording());
+    return std::make_unique<Graph>(stream_, stream_->endRecording(),
+                                   std::exchange(captured_events_, {}));
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
@@ -614,6 +626,7 @@ class EmulatedBackend final : public Backend {
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
   std::shared_ptr<Stream> stream_;
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
+  std::vector<std::shared_ptr<StreamEvent>> captured_events_;  // by the capture under way
   const int copy_delay_ = envInt("TROUPE_EMULATED_GPU_COPY_DELAY_US", 0);
 };
 

@@ -133,9 +133,13 @@ class Stream {
   std::thread thread_;
 };
 
-// Done once its stream ran everything queued before it.
+// Done once its stream ran everything queued before it. As a CUDA event, it may be recorded
+// again (a graph's replay, rearm()): it is then done once the stream got to that last record, not
+// to an earlier one still queued.
 class StreamEvent final : public EventImpl {
  public:
+  // recorded: queued once already (false: an event recorded into a graph, done until replayed).
+  explicit StreamEvent(bool recorded = true) : pending_(recorded ? 1 : 0), done_(!recorded) {}
   bool done() const override {
     std::lock_guard lock(mutex_);
     return done_;
@@ -144,9 +148,15 @@ class StreamEvent final : public EventImpl {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [&] { return done_; });
   }
+  void rearm() {
+    std::lock_guard lock(mutex_);
+    ++pending_;
+    done_ = false;
+  }
   void fire() {
     {
       std::lock_guard lock(mutex_);
+      if (--pending_ > 0) return;
       done_ = true;
       when_ = std::chrono::steady_clock::now();
     }
@@ -160,7 +170,8 @@ class StreamEvent final : public EventImpl {
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
-  bool done_ = false;
+  int pending_;  // records queued and not yet reached
+  bool done_;
   std::chrono::steady_clock::time_point when_;
 };
 
