@@ -317,6 +317,13 @@ class Replica final : public Actor {
       spdlog::info("{}: cuda_graphs: steps replayed from a CUDA graph from {} on", name(),
                    describeStep(step, config_.steps_per_epoch));
       graphs_noted_ = true;
+    } else if (++steps_unrecorded_ >= kStepsToRepeat) {
+      spdlog::warn(
+          "{}: cuda_graphs: no step's inputs repeated in {} steps (the images', labels' or "
+          "weights' memory, the batch or the loss scale changed every step), so each went op by "
+          "op",
+          name(), steps_unrecorded_);
+      graphs_noted_ = true;
     }
   }
 
@@ -409,7 +416,11 @@ class Replica final : public Actor {
   std::unique_ptr<kernels::Net> net_;
   std::unique_ptr<data::Dataset> test_;
   kernels::Tensor metrics_host_;
-  bool graphs_noted_ = false;    // noteGraphs() spoke
+  bool graphs_noted_ = false;  // noteGraphs() spoke
+  // Steps without a graph recorded, and how many noteGraphs() waits for one (a graph is recorded
+  // at the second step with the same inputs; a replica has two staging buffers).
+  std::int64_t steps_unrecorded_ = 0;
+  static constexpr std::int64_t kStepsToRepeat = 8;
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
   kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device

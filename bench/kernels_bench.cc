@@ -7,6 +7,7 @@
 //   troupe_kernels_bench [--threads 2] [--batch 64] [--seconds 3] [--models lenet,mlp,resnet20]
 //                        [--no-ops] [--device cpu|cuda:N] [--tf32] [--precision fp16|bf16]
 //                        [--channels-last] [--deterministic] [--no-fuse] [--host-ops] [--graphs]
+//                        [--profile]
 // On a GPU each row also gives the backend's peak memory in use. --precision: mixed precision as
 // a run's (NetOptions::precision); fp16 with the updater's loss-scale work each step (a finiteness
 // test of the gradients and their unscaling), as PyTorch's GradScaler does. --channels-last: NHWC
@@ -16,6 +17,10 @@
 // batch norms, a ReLU) in the run's type and layout, to tell which calls keep a GPU waiting.
 // --graphs: each step's forward and backward by a CUDA graph (NetOptions::graphs), recorded at the
 // second step with the same inputs and loss scale; a row then says graphs=replayed/recorded.
+// --profile: after the timing, 3 steps with each layer between two timed events on the device,
+// and a table of each kind of layer's ms a step (Net::setProfiling). Where the host sets the pace,
+// a layer's time includes the device waiting for its calls: read it where the GPU does (fp32,
+// large batches, --graphs' rows say whether).
 // "host" in a row: the wall time per step the host spent queueing the step's work, its waits
 // left out; on a device, a figure near the step's own says the host sets the pace, not the GPU.
 #include <time.h>
@@ -104,11 +109,12 @@ Input inputOf(const std::string& model) {
 NetMemory g_net_memory;
 std::int64_t g_param_bytes = 0;
 
-// How the last trainStep's net ran its steps with --graphs.
+// How the last trainStep's net ran its steps with --graphs, and with --profile where they went.
 StepGraphStats g_graph_stats;
+StepProfile g_profile;
 
 double trainStep(Backend& backend, const std::string& model, std::int64_t batch, double seconds,
-                 DType precision, bool channels_last, bool fuse, bool graphs) {
+                 DType precision, bool channels_last, bool fuse, bool graphs, bool profile) {
   const Input in = inputOf(model);
   NetOptions options;
   options.fuse = fuse;
@@ -180,7 +186,36 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   g_cpu_per_call /= per_call;
   g_host_per_step = host / static_cast<double>(steps);
   g_graph_stats = net->graphStats();
+  if (profile) {  // a few more steps, each layer between two timed events
+    net->setProfiling(true);
+    for (int i = 0; i < 3; ++i)
+      net->trainStep(images[i % batches], labels[i % batches],
+                     loss_scale / static_cast<float>(batch), nullptr);
+    g_profile = net->profile();
+    net->setProfiling(false);
+  }
   return per_step;
+}
+
+// --profile's table: each kind's device ms a step, forward and backward, and its share of the
+// step (the rest: the update, and the device idle between calls).
+void printProfile(const StepProfile& p, double step_seconds) {
+  if (p.steps == 0) return;
+  const double steps = static_cast<double>(p.steps);
+  std::vector<StepProfile::Row> rows = p.rows;
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.forward + a.backward > b.forward + b.backward;
+  });
+  std::printf("  profile over %lld steps (ms a step):\n", static_cast<long long>(p.steps));
+  double total = 0;
+  for (const auto& r : rows) {
+    const double ms = (r.forward + r.backward) / steps * 1e3;
+    total += ms;
+    std::printf("    %-20s fwd %8.3f  bwd %8.3f  calls %5.0f  %5.1f%%\n", r.kind.c_str(),
+                r.forward / steps * 1e3, r.backward / steps * 1e3,
+                static_cast<double>(r.calls) / steps, 100.0 * ms / (step_seconds * 1e3));
+  }
+  std::printf("    %-20s %8.3f ms of the step's %.3f\n", "all timed", total, step_seconds * 1e3);
 }
 
 void opRow(const char* name, double flops, double fwd, double bwd, double fwd_cpu, double bwd_cpu) {
@@ -324,6 +359,7 @@ int main(int argc, char** argv) {
   bool fuse = true;
   bool host_ops = false;
   bool graphs = false;
+  bool profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto next = [&]() -> std::string {
@@ -357,6 +393,8 @@ int main(int argc, char** argv) {
       host_ops = true;
     else if (arg == "--graphs")
       graphs = true;
+    else if (arg == "--profile")
+      profile = true;
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {
@@ -390,7 +428,8 @@ int main(int argc, char** argv) {
   for (std::string model; std::getline(list, model, ',');) {
     double step = 0;
     try {
-      step = trainStep(*backend, model, batch, seconds, precision, channels_last, fuse, graphs);
+      step = trainStep(*backend, model, batch, seconds, precision, channels_last, fuse, graphs,
+                       profile);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: %s\n", model.c_str(), e.what());
       return 1;
@@ -418,6 +457,7 @@ int main(int argc, char** argv) {
       if (!g_graph_stats.off.empty()) std::printf(" (graphs off: %s)", g_graph_stats.off.c_str());
     }
     std::printf("\n");
+    if (profile) printProfile(g_profile, step);
     std::fflush(stdout);
   }
   if (host_ops) hostOpRows(*backend, batch, precision, channels_last);

@@ -33,6 +33,7 @@ class OpCache {
 
 class ConvLayer final : public Layer {
  public:
+  const char* kind() const override { return "conv"; }
   // The backward reads x, not y.
   bool backwardReadsBottom() const override { return true; }
   bool backwardReadsTop() const override { return false; }
@@ -113,6 +114,7 @@ class ConvLayer final : public Layer {
 
 class PoolLayer final : public Layer {
  public:
+  const char* kind() const override { return "pool"; }
   // The backward reads neither: a max pool's choices are its op's.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }
@@ -151,6 +153,7 @@ class PoolLayer final : public Layer {
 
 class InnerProductLayer final : public Layer {
  public:
+  const char* kind() const override { return "fc"; }
   // The backward reads x, not y.
   bool backwardReadsBottom() const override { return true; }
   bool backwardReadsTop() const override { return false; }
@@ -182,6 +185,7 @@ class InnerProductLayer final : public Layer {
 
 class ReluLayer final : public Layer {
  public:
+  const char* kind() const override { return "relu"; }
   // The backward reads y, not x.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return true; }
@@ -207,6 +211,7 @@ class ReluLayer final : public Layer {
 
 class BatchNormLayer final : public Layer {
  public:
+  const char* kind() const override { return add_ ? "bn+add+relu" : relu_ ? "bn+relu" : "bn"; }
   // The backward reads x, and y for its ReLU.
   bool backwardReadsBottom() const override { return true; }
   bool backwardReadsTop() const override { return true; }
@@ -264,6 +269,7 @@ class BatchNormLayer final : public Layer {
 
 class DropoutLayer final : public Layer {
  public:
+  const char* kind() const override { return "dropout"; }
   // The backward reads neither: the mask is its op's.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }
@@ -292,6 +298,7 @@ class DropoutLayer final : public Layer {
 
 class AddLayer final : public Layer {
  public:
+  const char* kind() const override { return "add"; }
   // The backward reads neither.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }
@@ -318,6 +325,7 @@ class AddLayer final : public Layer {
 
 class GlobalAvgPoolLayer final : public Layer {
  public:
+  const char* kind() const override { return "global pool"; }
   // The backward reads neither.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }
@@ -343,6 +351,7 @@ class GlobalAvgPoolLayer final : public Layer {
 
 class SoftmaxLossLayer final : public Layer {
  public:
+  const char* kind() const override { return "softmax loss"; }
   // The backward reads neither: its op keeps the probabilities.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }

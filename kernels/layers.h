@@ -45,6 +45,9 @@ class Layer {
   // Whether the layer may write its output over its input (a ReLU: its backward reads its output,
   // never its input), which the net then does where no other layer reads that input.
   virtual bool inPlace() const { return false; }
+  // What the layer computes, for a profile of a step by kind (Net::setProfiling): "conv",
+  // "bn+relu", "pool", ...
+  virtual const char* kind() const = 0;
   virtual bool isRelu() const { return false; }
   virtual bool isAdd() const { return false; }
   // Whether the backward reads the activations of bottoms[0], and of top: the net keeps those

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -569,23 +570,31 @@ class NetImpl final : public Net, private LayerContext {
                    options_.max_batch);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     images_ = inputOf(images);
-    if (nhwc_) {
-      backend_.transpose(images, images_, n_, options_.channels,
-                         std::int64_t{options_.height} * options_.width);
-    } else if (images_.raw() != images.raw()) {
-      backend_.cast(images, images_);
+    if (images_.raw() != images.raw()) {
+      timed("input layout", false, [&] {
+        if (nhwc_) {
+          backend_.transpose(images, images_, n_, options_.channels,
+                             std::int64_t{options_.height} * options_.width);
+        } else {
+          backend_.cast(images, images_);
+        }
+      });
     }
     if (copies_) {
-      for (auto& layer : g_.layers) {
-        if (layer->reducedParams() && layer->param_end > layer->param_begin)
-          layer->copyParams(backend_, weights_, reduced_weights_, nhwc_);
-      }
+      timed("weight copies", false, [&] {
+        for (auto& layer : g_.layers) {
+          if (layer->reducedParams() && layer->param_end > layer->param_begin)
+            layer->copyParams(backend_, weights_, reduced_weights_, nhwc_);
+        }
+      });
     }
     labels_ = labels;
     trained_ = train;
     ++forward_count_;
-    for (auto& layer : g_.layers)
-      if (layer->computed_by < 0) layer->forward(*this, n_, train);
+    for (auto& layer : g_.layers) {
+      if (layer->computed_by < 0)
+        timed(layer->kind(), false, [&] { layer->forward(*this, n_, train); });
+    }
   }
 
   void backward(float grad_scale, const GradReadyFn& on_ready) override {
@@ -596,21 +605,28 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.computed_by >= 0) continue;  // no parameters
       current_ = &layer;
       pending_.clear();
-      layer.backward(*this, n_, grad_scale);
-      for (auto& [scratch, blob] : pending_)
-        backend_.axpy(1.0f, scratch_[scratch].slice(0, n_ * g_.blobs[blob].per),
-                      g_.blobs[blob].diff.slice(0, n_ * g_.blobs[blob].per));
+      timed(layer.kind(), true, [&] { layer.backward(*this, n_, grad_scale); });
+      if (!pending_.empty()) {
+        timed("gradient sums", true, [&] {
+          for (auto& [scratch, blob] : pending_)
+            backend_.axpy(1.0f, scratch_[scratch].slice(0, n_ * g_.blobs[blob].per),
+                          g_.blobs[blob].diff.slice(0, n_ * g_.blobs[blob].per));
+        });
+      }
       if (layer.param_end == layer.param_begin) continue;
-      if (copies_ && layer.reducedParams())  // widened as it becomes final
-        layer.widenGrads(backend_, reduced_grads_, grads_, nhwc_);
+      if (copies_ && layer.reducedParams()) {  // widened as it becomes final
+        timed("gradient widening", true,
+              [&] { layer.widenGrads(backend_, reduced_grads_, grads_, nhwc_); });
+      }
       if (on_ready) on_ready(layer.param_begin, layer.param_end, nullptr);
     }
     current_ = nullptr;
+    if (profiling_) ++profile_.steps;
   }
 
   void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
                  const GradReadyFn& on_ready) override {
-    if (!options_.graphs || !graph_stats_.off.empty()) {
+    if (!options_.graphs || !graph_stats_.off.empty() || profiling_) {
       forward(images, labels, true);
       backward(grad_scale, on_ready);
       return;
@@ -682,12 +698,48 @@ class NetImpl final : public Net, private LayerContext {
     return s;
   }
 
+  void setProfiling(bool on) override {
+    if (on && !profiling_) {
+      profile_ = {};
+      timed_.clear();
+    }
+    profiling_ = on;
+  }
+  StepProfile profile() override {
+    backend_.synchronize();
+    const bool host_clock = backend_.device().kind == DeviceKind::kCpu;
+    for (const Timed& t : timed_) {
+      StepProfile::Row& row = profile_.rows[static_cast<std::size_t>(t.row)];
+      const double seconds = host_clock ? t.host : backend_.elapsed(t.from, t.to);
+      (t.backward ? row.backward : row.forward) += seconds;
+      ++row.calls;
+    }
+    timed_.clear();
+    return profile_;
+  }
+
   void reseed(std::uint64_t seed) override {
     seed_ = seed;
     forward_count_ = 0;
   }
 
  private:
+  // fn(), between two timed events of the device when profiling (setProfiling), on `kind`'s row.
+  template <typename Fn>
+  void timed(const char* kind, bool backward, Fn fn) {
+    if (!profiling_) return fn();
+    auto row = std::find_if(profile_.rows.begin(), profile_.rows.end(),
+                            [&](const StepProfile::Row& r) { return r.kind == kind; });
+    if (row == profile_.rows.end()) row = profile_.rows.insert(row, StepProfile::Row{kind});
+    Timed t{
+        static_cast<int>(row - profile_.rows.begin()), backward, backend_.recordTimed(), {}, 0.0};
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    t.host = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    t.to = backend_.recordTimed();
+    timed_.push_back(std::move(t));
+  }
+
   // What the first layer reads: the images, or their copy in the net's layout and type.
   Tensor inputOf(const Tensor& images) const {
     if (!nhwc_ && images.dtype() == act_) return images;
@@ -973,6 +1025,16 @@ class NetImpl final : public Net, private LayerContext {
   std::vector<std::pair<int, int>> pending_;
   Layer* current_ = nullptr;
   bool random_ = false;  // a forward drew a dropout seed
+  // setProfiling: the calls timed since profile() last read them, and the rows so far.
+  struct Timed {
+    int row;
+    bool backward;
+    Event from, to;
+    double host;  // seconds by the host's clock (the CPU's calls return when done)
+  };
+  bool profiling_ = false;
+  std::vector<Timed> timed_;
+  StepProfile profile_;
 
   // trainStep()'s graphs (NetOptions::graphs), each for the inputs it was recorded with, and the
   // inputs of the last steps run op by op. Last among the members: a graph goes before the ops

@@ -112,6 +112,20 @@ struct NetMemory {
   std::int64_t held = 0;
 };
 
+// Where a net's steps spent the device's time, by kind of layer (Layer::kind: "conv",
+// "bn+relu", ...) and the net's own work between layers ("weight copies", "gradient widening",
+// "gradient sums", "input layout"), each call timed between two events on the device (on the CPU,
+// whose calls return when done, by the host's clock).
+struct StepProfile {
+  struct Row {
+    std::string kind;
+    double forward = 0, backward = 0;  // seconds, over all the steps
+    std::int64_t calls = 0;
+  };
+  std::vector<Row> rows;  // in the order first met
+  std::int64_t steps = 0;
+};
+
 // Called by backward() as soon as gradients [begin, end) of the flat gradient tensor are final.
 // Ranges come in reverse layer order, never overlap, and together cover every parameter. `final`:
 // where the net knows it, the event after which they are (a step replayed from a CUDA graph, whose
@@ -156,6 +170,11 @@ class Net {
   virtual void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
                          const GradReadyFn& on_ready) = 0;
   virtual StepGraphStats graphStats() const = 0;
+  // While on, each forward and backward times its layers (a step then goes op by op: no graph),
+  // for profile(): a diagnosis, whose events cost the host a little.
+  virtual void setProfiling(bool on) = 0;
+  // Waits for the device, and gives the time of the steps since profiling was last turned on.
+  virtual StepProfile profile() = 0;
   // Seeds the randomness of the next forward (dropout), so runs repeat exactly.
   virtual void reseed(std::uint64_t seed) = 0;
 };

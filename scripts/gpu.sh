@@ -142,8 +142,10 @@ run() {
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
   # convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
+  # Each with --profile: the step's device time by kind of layer (convolutions, batch norms, the
+  # weight copies, ...), which says where a GPU-bound step goes.
   part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
-    --seconds 2 --no-ops --precision fp16 --channels-last --host-ops
+    --seconds 2 --no-ops --precision fp16 --channels-last --host-ops --profile
   # The same with the convolutions by cuDNN's graph-API plans (TROUPE_CUDA_CONV=graph); the
   # resnet50 part's table has a column of each row run so too (--graph-conv).
   part host_ops_graph 60 env TROUPE_CUDA_CONV=graph "$root/bin/troupe_kernels_bench" \
@@ -153,12 +155,12 @@ run() {
   # ReLU (so a ReLU kernel follows): what the convolutions, the batch norms and that ReLU each cost
   # of an fp32 step, which the 1.1x goal in fp32 needs.
   part host_ops_fp32 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
-    --batch 64 --seconds 2 --no-ops --host-ops
+    --batch 64 --seconds 2 --no-ops --host-ops --profile
   # The same with batch norm in troupe's own kernels, the ReLU and add in their pass (cuDNN fuses
   # them only for 16-bit NHWC): the batch norm rows beside host_ops_fp32's, and the step's.
   part host_ops_fp32_troupe_bn 60 env TROUPE_CUDA_BATCH_NORM=troupe \
     "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 --seconds 2 \
-    --no-ops --host-ops
+    --no-ops --host-ops --profile
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
   # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
   # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32

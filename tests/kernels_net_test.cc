@@ -272,6 +272,33 @@ TEST_F(NetTest, ReadyRangesCoverAllParametersOnceInReverseLayerOrder) {
   expectReadyRangesCoverParamsInReverse(*backend_, options("resnet20", 2, 2, 12));
 }
 
+// A profile counts each kind of layer's calls, forward and backward, in the steps since it began,
+// with their time (on the CPU by the host's clock: each call's own), and changes no result.
+TEST_F(NetTest, AProfileTimesEachKindOfLayerInTheStepsSinceItBegan) {
+  const NetOptions o = options("lenet", 4);
+  auto net = makeNet(*backend_, o), plain = makeNet(*backend_, o);
+  const Batch b = fixedBatch(4, 1, 28, 28);
+  net->trainStep(b.images, b.labels, 0.25f, nullptr);  // before: not counted
+  net->setProfiling(true);
+  for (int i = 0; i < 2; ++i) {
+    net->trainStep(b.images, b.labels, 0.25f, nullptr);
+    plain->trainStep(b.images, b.labels, 0.25f, nullptr);
+  }
+  const StepProfile p = net->profile();
+  EXPECT_EQ(p.steps, 2);
+  std::map<std::string, std::int64_t> calls;
+  for (const auto& row : p.rows) {
+    calls[row.kind] = row.calls;
+    EXPECT_GT(row.forward + row.backward, 0.0) << row.kind;
+  }
+  // LeNet: two convolutions, two poolings, two inner products, a ReLU and the loss, each forward
+  // and backward in each of 2 steps.
+  const std::map<std::string, std::int64_t> expected{
+      {"conv", 8}, {"pool", 8}, {"fc", 8}, {"relu", 4}, {"softmax loss", 4}};
+  EXPECT_EQ(calls, expected);
+  EXPECT_EQ(std::memcmp(net->grads().raw(), plain->grads().raw(), net->grads().bytes()), 0);
+}
+
 void expectLossDecreases(Backend& backend, const NetOptions& o, int steps, float lr) {
   auto net = makeNet(backend, o);
   auto sgd = makeSgd(backend, net->numParams(), {0.9f, 0.0f, false, {}});

@@ -519,6 +519,14 @@ TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
             std::string::npos)
       << r.output;
   EXPECT_TRUE(sameWeights(cwd.path() / "two", cwd.path() / "two_graphs"));
+  // A loss scale of 2^40 overflows every step, halving the scale each time: no step's inputs
+  // repeat, no graph is recorded, and the run says so.
+  r = trainLenet(cwd, "never", emulated(1),
+                 "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 40 --cuda_graphs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("replica/0/0: cuda_graphs: no step's inputs repeated in 8 steps"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Devices, CudaGraphsWithoutGpusAreRefusedAndATracedRunGoesOpByOp) {
