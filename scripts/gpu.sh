@@ -12,10 +12,14 @@
 #                                # files, so a call that runs out of time still brings them all)
 #
 # run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's), the host's and the device's time per call of single ResNet-50 ops (with
-# cuDNN's legacy convolution calls, then its graph-API plans: TROUPE_CUDA_CONV=graph), ResNet-50
-# training steps troupe (both ways) vs PyTorch eager in fp16 and fp32 at batch 64, 128 and 256
-# (bench/gpu_vs_pytorch.py), LeNet on Fashion-MNIST on the GPU and on the CPU
+# op against the CPU's; the batch norm tests, and those of code new to a GPU, each in a process of
+# its own), the host's and the device's time per call of single ResNet-50 ops with a profile of a
+# step by kind of layer (fp16 with cuDNN's legacy convolution calls and with its graph-API plans,
+# TROUPE_CUDA_CONV=graph; fp32 with cuDNN's batch norm and with troupe's,
+# TROUPE_CUDA_BATCH_NORM=troupe), ResNet-50 training steps troupe (op by op, and by CUDA graphs)
+# vs PyTorch eager in fp16 and fp32 at batch 64, 128 and 256 (bench/gpu_vs_pytorch.py), the
+# trainer by CUDA graphs (cuda_graphs), fp32 with troupe's batch norm at each batch, the graph-API
+# convolutions by CUDA graphs, LeNet on Fashion-MNIST on the GPU and on the CPU
 # (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
 # (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
 # and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in bf16 and TF32,
@@ -172,16 +176,23 @@ run() {
   echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
-  # Each troupe row three times: op by op, with the graph-API convolutions (--graph-conv), and by
-  # CUDA graphs (--cuda-graphs: one launch a step for the host).
-  part resnet50 330:200 "${r50bench[@]}" --graph-conv --cuda-graphs \
-    --precisions "${PRECISIONS:-$mixed,fp32}"
+  # Each troupe row twice: op by op, and by CUDA graphs (--cuda-graphs: one launch a step for the
+  # host). The graph-API convolutions have their own part below (resnet50_graph_conv).
+  part resnet50 300:200 "${r50bench[@]}" --cuda-graphs --precisions "${PRECISIONS:-$mixed,fp32}"
   # The trainer's steps by CUDA graphs (cuda_graphs), beside resnet50_trainer's op by op (which is
   # traced, and a traced run goes op by op).
   part resnet50_trainer_graphs 90:40 "$troupe" train --model resnet50 --train_data null \
     --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 \
     --num_epochs 3 --gpus 0 --precision "$mixed" --log_every 10 --cuda_graphs \
     --log_dir "$OUT/resnet50_trainer_graphs" --checkpoint_dir "$root/ck_r50_graphs"
+  # fp32 at every batch with troupe's batch norm (the ReLU and add in its pass), beside the resnet50
+  # part's fp32 rows of this call; then the graph-API convolutions by CUDA graphs at batch 128.
+  local bench1=("$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --no-ops
+    --seconds "${SECONDS_PER_ROW:-3}")
+  part resnet50_fp32_troupe_bn 150:60 env TROUPE_CUDA_BATCH_NORM=troupe bash -c \
+    'for b in 64 128 256; do "$@" --batch $b; "$@" --batch $b --graphs; done' _ "${bench1[@]}"
+  part resnet50_graph_conv 120:60 env TROUPE_CUDA_CONV=graph bash -c \
+    '"$@" --precision fp16 --channels-last; "$@"' _ "${bench1[@]}" --batch 128 --graphs
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
   part convert 30 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
