@@ -613,6 +613,7 @@ bool cudaGraphsOf(const TrainOptions& o) {
 
 std::string describeCudaGraphs(const TrainOptions& o) {
   if (!o.cuda_graphs) return "off (cuda_graphs)";
+  if (o.role == "server") return "off on a parameter server, which trains no replica";
   if (!cudaGraphsOf(o)) return "off in a traced run, whose trace times each step's parts apart";
   return "each step's forward and backward replayed from a CUDA graph, recorded at the second "
          "step with the same inputs (a model with dropout goes op by op)";

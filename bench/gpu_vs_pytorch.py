@@ -50,11 +50,11 @@ def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="lega
                      p.stdout)
     row = {"rate": float(m.group(1)), "peak_mib": float(m.group(2)), "notes": notes}
     # Steps replayed by CUDA graphs / graphs recorded, and why none were, if so.
-    g = re.search(r"graphs=(\d+)/(\d+)( \(graphs off: [^)]*\))?", p.stdout)
+    g = re.search(r"graphs=(\d+)/(\d+)(?: \(graphs off: (.*)\))?$", p.stdout, re.M)
     if g:
         row["graph_replays"], row["graphs"] = int(g.group(1)), int(g.group(2))
         if g.group(3):
-            row["graphs_off"] = g.group(3)[len(" (graphs off: "):-1]
+            row["graphs_off"] = g.group(3)
     if host:
         row["step_ms"], row["host_ms"] = float(host.group(1)), float(host.group(2))
     # Where the peak goes: the net's activations and gradients, the parameters' tensors, the
@@ -180,7 +180,8 @@ def main():
         g, p = r.get("troupe_cuda_graphs"), r["pytorch"]
         if g is None or "rate" not in g or "rate" not in p:
             return " - |"
-        off = f" (off: {g['graphs_off']})" if "graphs_off" in g else ""
+        off = f" (off: {g['graphs_off']})" if "graphs_off" in g else \
+            " (no step replayed)" if g.get("graph_replays") == 0 else ""
         return f" {g['rate'] / p['rate']:.2f}{off} |"
 
     def num(d, key):

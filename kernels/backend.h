@@ -33,7 +33,8 @@ class DeviceGraph {
  public:
   virtual ~DeviceGraph() = default;
   // Queues the recorded work again, with the arguments, pointers and sizes it was recorded with,
-  // as one launch. From the backend owner's thread; the graph goes before its backend.
+  // as one launch. From the backend owner's thread; the graph goes before its backend, and its
+  // destructor waits for the backend's queued work (its memory goes back after its last replay).
   virtual void replay() = 0;
 };
 

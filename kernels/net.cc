@@ -631,8 +631,8 @@ class NetImpl final : public Net, private LayerContext {
       backward(grad_scale, on_ready);
       return;
     }
-    const StepKey key{images.raw(),   labels.raw(),   weights_.raw(),
-                      images.shape(), images.dtype(), grad_scale};
+    const StepKey key{images.raw(),   labels.raw(),   weights_.raw(), images.shape(),
+                      labels.shape(), images.dtype(), grad_scale,     on_ready != nullptr};
     auto replay = [&](const StepGraph& step) {
       step.graph->replay();
       ++graph_stats_.replayed;
@@ -651,13 +651,16 @@ class NetImpl final : public Net, private LayerContext {
     // Recorded at its second sighting: the first ran each op once (its algorithm found, the
     // workspace grown), and a step seen once (an epoch's short last batch) costs no graph.
     if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
-      if (seen_.size() >= kGraphs) seen_.erase(seen_.begin());
-      seen_.push_back(key);
       forward(images, labels, true);
       backward(grad_scale, on_ready);
+      if (seen_.size() >= kGraphs) seen_.erase(seen_.begin());
+      seen_.push_back(key);  // once the step went through
       if (random_) graph_stats_.off = "the net has dropout, whose seeds change every step";
       return;
     }
+    // What the device found wrong in earlier steps (a bad label) is thrown here, as itself, not
+    // taken for a failed capture.
+    backend_.synchronize();
     StepGraph step{key, nullptr, {}, {}};
     try {
       step.graph = backend_.capture([&] {
@@ -1043,9 +1046,10 @@ class NetImpl final : public Net, private LayerContext {
     const void* images;
     const void* labels;
     const void* weights;
-    Shape shape;
+    Shape shape, labels_shape;
     DType dtype;
     float grad_scale;
+    bool ready_events;  // recorded for an on_ready
     bool operator==(const StepKey&) const = default;
   };
   struct ReadyRange {

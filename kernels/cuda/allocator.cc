@@ -83,15 +83,13 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
 
 void DeviceAllocator::release(void* p, std::size_t size) {
   std::lock_guard lock(mu_);
-  // A block that a graph's replays use goes to that graph, if it still lives.
-  if (auto it = kept_.find(p); it != kept_.end()) {
-    const std::shared_ptr<Held> graph = it->second.lock();
-    kept_.erase(it);
-    if (graph) {
-      graph->blocks_.emplace_back(p, size);
-      return;
-    }
+  // A block handed out during a capture: a graph's replays may use it while any graph lives.
+  if (kept_.count(p) && graphs_ > 0) {
+    kept_.erase(p);
+    kept_freed_.emplace_back(p, size);
+    return;
   }
+  kept_.erase(p);
   if (holding_) {
     capture_free_.emplace(size, p);
     return;
@@ -109,13 +107,14 @@ std::shared_ptr<DeviceAllocator::Held> DeviceAllocator::endHolding() {
   auto held = std::make_shared<Held>(shared_from_this());
   std::lock_guard lock(mu_);
   holding_ = false;
+  ++graphs_;
   std::set<void*> freed;
   for (const auto& [size, p] : capture_free_) {
     held->blocks_.emplace_back(p, size);
     freed.insert(p);
   }
   for (const auto& [p, size] : capture_given_)
-    if (!freed.count(p)) kept_[p] = held;
+    if (!freed.count(p)) kept_.insert(p);
   capture_free_.clear();
   capture_given_.clear();
   return held;
@@ -123,11 +122,18 @@ std::shared_ptr<DeviceAllocator::Held> DeviceAllocator::endHolding() {
 
 DeviceAllocator::Held::~Held() {
   std::lock_guard lock(owner_->mu_);
-  for (const auto& [p, size] : blocks_) {
-    owner_->stats_.in_use -= static_cast<std::int64_t>(size);
-    owner_->free_.emplace(size, p);
+  auto giveBack = [&](const std::vector<std::pair<void*, std::size_t>>& blocks) {
+    for (const auto& [p, size] : blocks) {
+      owner_->stats_.in_use -= static_cast<std::int64_t>(size);
+      owner_->free_.emplace(size, p);
+    }
+  };
+  giveBack(blocks_);
+  if (--owner_->graphs_ == 0) {  // no replay can use a block handed out in a capture any more
+    giveBack(owner_->kept_freed_);
+    owner_->kept_freed_.clear();
+    owner_->kept_.clear();
   }
-  std::erase_if(owner_->kept_, [](const auto& entry) { return entry.second.expired(); });
 }
 
 void DeviceAllocator::freeCached(std::size_t bytes) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -36,8 +37,9 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   void freeCached(std::size_t bytes);
 
   // The blocks a CUDA graph's replays use that nobody else may, kept until the graph goes (its
-  // handle): those freed during its capture, and those handed out then whose tensors are freed
-  // later. Then back in the cache.
+  // handle): those freed during its capture. Blocks handed out during a capture and freed later
+  // (in a tensor at its end) may be used by any graph captured since: they wait until no graph
+  // lives. Then back in the cache.
   class Held;
   // While a CUDA graph is captured: a block freed goes to the capture's own free list, which
   // serves the capture's next requests of its size first (its work runs in stream order, as a
@@ -55,8 +57,11 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
   bool holding_ = false;
   std::multimap<std::size_t, void*> capture_free_;            // freed while holding
   std::vector<std::pair<void*, std::size_t>> capture_given_;  // handed out while holding
-  // Handed out during a capture and still in a tensor at its end: its graph's once freed.
-  std::map<void*, std::weak_ptr<Held>> kept_;
+  // Handed out during a capture and still in a tensor at its end; those of them freed since,
+  // while a graph lives (`graphs_`: Helds alive).
+  std::set<void*> kept_;
+  std::vector<std::pair<void*, std::size_t>> kept_freed_;
+  int graphs_ = 0;
   Stats stats_;
 };
 

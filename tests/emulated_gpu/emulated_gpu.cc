@@ -545,7 +545,7 @@ class EmulatedBackend final : public Backend {
     notCapturing("a wait for an event");
     if (e.done()) return;
     if (dynamic_cast<const StreamEvent*>(e.impl()) != nullptr) {
-      stream_->enqueue([e] { e.wait(); });
+      stream_->enqueue(waitAsQueued(e));
     } else {
       e.wait();
     }

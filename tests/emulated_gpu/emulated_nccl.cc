@@ -110,9 +110,12 @@ class EmulatedCommunicator final : public Communicator {
     }
     auto start = std::make_shared<StreamEvent>();
     if (began) *began = Event(start);
-    stream_->enqueue([this, views, ready, start] {
-      for (const auto& e : ready)
-        e.wait();
+    std::vector<std::function<void()>> waits;  // for each event's record as it stands now
+    for (const auto& e : ready)
+      waits.push_back(waitAsQueued(e));
+    stream_->enqueue([this, views, waits, start] {
+      for (const auto& wait : waits)
+        wait();
       start->fire();
       sum(views);
     });

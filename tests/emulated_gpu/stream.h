@@ -134,30 +134,35 @@ class Stream {
 };
 
 // Done once its stream ran everything queued before it. As a CUDA event, it may be recorded
-// again (a graph's replay, rearm()): it is then done once the stream got to that last record, not
-// to an earlier one still queued.
+// again (a graph's replay, rearm()): it is then done once the stream got to that last record, and
+// a wait stands for the record that was last when the wait was made (waitAsQueued), as
+// cudaStreamWaitEvent's does, not for one made after.
 class StreamEvent final : public EventImpl {
  public:
   // recorded: queued once already (false: an event recorded into a graph, done until replayed).
-  explicit StreamEvent(bool recorded = true) : pending_(recorded ? 1 : 0), done_(!recorded) {}
+  explicit StreamEvent(bool recorded = true) : armed_(recorded ? 1 : 0) {}
   bool done() const override {
     std::lock_guard lock(mutex_);
-    return done_;
+    return fired_ >= armed_;
   }
-  void wait() const override {
+  void wait() const override { waitUntil(armed()); }
+  // The records queued so far, and a wait until the stream got to the `target`-th.
+  std::uint64_t armed() const {
+    std::lock_guard lock(mutex_);
+    return armed_;
+  }
+  void waitUntil(std::uint64_t target) const {
     std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
+    cv_.wait(lock, [&] { return fired_ >= target; });
   }
   void rearm() {
     std::lock_guard lock(mutex_);
-    ++pending_;
-    done_ = false;
+    ++armed_;
   }
   void fire() {
     {
       std::lock_guard lock(mutex_);
-      if (--pending_ > 0) return;
-      done_ = true;
+      ++fired_;
       when_ = std::chrono::steady_clock::now();
     }
     cv_.notify_all();
@@ -170,10 +175,19 @@ class StreamEvent final : public EventImpl {
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
-  int pending_;  // records queued and not yet reached
-  bool done_;
+  std::uint64_t armed_, fired_ = 0;  // records queued, and reached by the stream
   std::chrono::steady_clock::time_point when_;
 };
+
+// Work for a stream that waits for `e` as it stands now: the record of it queued last before this
+// call, not one queued after (another replay's).
+inline std::function<void()> waitAsQueued(const Event& e) {
+  if (const auto* event = dynamic_cast<const StreamEvent*>(e.impl())) {
+    const std::uint64_t target = event->armed();
+    return [e, event, target] { event->waitUntil(target); };
+  }
+  return [e] { e.wait(); };
+}
 
 // Seconds from `from` to `to`, two done StreamEvents.
 inline double secondsBetween(const Event& from, const Event& to) {
