@@ -141,14 +141,16 @@ inline constexpr std::pair<const char*, const char*> kLauncherVariables[] = {
     {"TROUPE_RENDEZVOUS", "rendezvous"},
     {"TROUPE_INTERFACE", "interface"}};
 
-// MXNet's variables (ps-lite's, as tools/launch.py and dmlc-core's trackers set them) that set a
-// key as they are, each unless a flag or a TROUPE_* variable gives that key. DMLC_WORKER_ID and
-// DMLC_SERVER_ID (shard_id, by role) and DMLC_PS_ROOT_URI with DMLC_PS_ROOT_PORT (rendezvous
-// tcp://URI:PORT) are read beside them (train_config.cc).
+// MXNet's variables (ps-lite's, as tools/launch.py and dmlc-core's trackers set them, and MXNet's
+// own switch for CUDA graphs) that set a key as they are, each unless a flag or a TROUPE_*
+// variable gives that key. DMLC_WORKER_ID and DMLC_SERVER_ID (shard_id, by role) and
+// DMLC_PS_ROOT_URI with DMLC_PS_ROOT_PORT (rendezvous tcp://URI:PORT) are read beside them
+// (train_config.cc).
 inline constexpr std::pair<const char*, const char*> kMxnetVariables[] = {
     {"DMLC_NUM_WORKER", "num_shards"},
     {"DMLC_NUM_SERVER", "num_servers"},
     {"DMLC_ROLE", "role"},
-    {"DMLC_INTERFACE", "interface"}};
+    {"DMLC_INTERFACE", "interface"},
+    {"MXNET_ENABLE_CUDA_GRAPHS", "cuda_graphs"}};
 
 }  // namespace troupe::actors::config

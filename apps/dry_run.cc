@@ -268,7 +268,7 @@ std::string configSection(const std::string& file, const actors::ConfigOverrides
     } else if (name == "model" && !o.model.layers.empty()) {
       line = "# model: the [[layers]] below";
     } else if (origin == "default" && key && text != key->default_value) {
-      origin = "another key or variable (a Caffe2 flag, DMLC_*)";
+      origin = "another key or variable (a Caffe2 flag, DMLC_*, MXNET_*)";
     }
     out += fmt::format("{:<48} # {}\n", line, origin);
   }

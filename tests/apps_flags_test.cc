@@ -36,15 +36,29 @@ using testing::sourceDir;
 using testing::troupeBinary;
 
 // The variables loadTrainOptions reads, unset for every test and set by it where it says.
-constexpr const char* kPlaceVariables[] = {
-    "TROUPE_NUM_WORKERS",  "TROUPE_RANK",      "TROUPE_ROLE",
-    "TROUPE_NUM_SERVERS",  "TROUPE_RUN_ID",    "TROUPE_GENERATION",
-    "TROUPE_RENDEZVOUS",   "TROUPE_INTERFACE", "DMLC_ROLE",
-    "DMLC_NUM_WORKER",     "DMLC_NUM_SERVER",  "DMLC_WORKER_ID",
-    "DMLC_SERVER_ID",      "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
-    "DMLC_INTERFACE",      "SLURM_STEP_ID",    "SLURM_PROCID",
-    "SLURM_NTASKS",        "SLURM_JOB_ID",     "OMPI_COMM_WORLD_RANK",
-    "JOB_COMPLETION_INDEX"};
+constexpr const char* kPlaceVariables[] = {"TROUPE_NUM_WORKERS",
+                                           "TROUPE_RANK",
+                                           "TROUPE_ROLE",
+                                           "TROUPE_NUM_SERVERS",
+                                           "TROUPE_RUN_ID",
+                                           "TROUPE_GENERATION",
+                                           "TROUPE_RENDEZVOUS",
+                                           "TROUPE_INTERFACE",
+                                           "DMLC_ROLE",
+                                           "DMLC_NUM_WORKER",
+                                           "DMLC_NUM_SERVER",
+                                           "DMLC_WORKER_ID",
+                                           "DMLC_SERVER_ID",
+                                           "DMLC_PS_ROOT_URI",
+                                           "DMLC_PS_ROOT_PORT",
+                                           "DMLC_INTERFACE",
+                                           "SLURM_STEP_ID",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS",
+                                           "SLURM_JOB_ID",
+                                           "OMPI_COMM_WORLD_RANK",
+                                           "JOB_COMPLETION_INDEX",
+                                           "MXNET_ENABLE_CUDA_GRAPHS"};
 
 // Sets variables for the scope ("A=1 B=2"), every other one of kPlaceVariables unset.
 class Environment {
