@@ -62,9 +62,10 @@ struct NetOptions {
   // (the same values, one pass over the activations less each way); false: each on its own.
   bool fuse = true;
   // trainStep() by CUDA graphs where the backend records them (Backend::capture): a step whose
-  // inputs (the images' and labels' addresses and batch size, the weights' address, the gradient
-  // scale) were seen before is recorded once and then replayed, one launch for the host instead
-  // of a call an op. Not for a net with dropout (its seeds change every step).
+  // inputs (the images' and labels' addresses and shapes, the weights' address, the gradient
+  // scale, whether ranges are handed on) were seen before is recorded once and then replayed, one
+  // launch for the host instead of a call an op. Not for a net with dropout (its seeds change
+  // every step).
   bool graphs = false;
 };
 
