@@ -180,6 +180,7 @@ class Queued {
  protected:
   template <typename Call, typename... Tensors>
   void queueNhwc(Call call, std::vector<Nhwc> layout, const Tensors&... tensors) {
+    called();
     constexpr std::size_t kCount = sizeof...(Tensors);
     stream_->enqueue(
         [op = op_, cpu = cpu_, call, layout, views = std::make_tuple(hostView(tensors)...)] {
@@ -215,12 +216,23 @@ class Queued {
 
   template <typename Call, typename... Tensors>
   void queue(Call call, const Tensors&... tensors) {
+    called();
     stream_->enqueue([op = op_, call, views = std::make_tuple(hostView(tensors)...)]() mutable {
       std::apply(
           [&](const auto&... t) { widened([&](const auto&... w) { call(*op, w...); }, t...); },
           views);
     });
   }
+  // Refuses an op's first call while a graph is captured, as the CUDA backend does: there a first
+  // call finds the op's algorithm (timing it, growing the workspace), which a capture cannot hold.
+  void called() {
+    if (!called_ && stream_->recording()) {
+      throw InvariantError(
+          "an op's first call while a CUDA graph is captured (its algorithm is found then)");
+    }
+    called_ = true;
+  }
+  bool called_ = false;
   std::shared_ptr<Stream> stream_;
   std::shared_ptr<Op> op_;        // shared with queued work: a net may go before its work ran
   std::shared_ptr<Backend> cpu_;  // for channels-last ops
