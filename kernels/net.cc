@@ -626,11 +626,11 @@ class NetImpl final : public Net, private LayerContext {
 
   void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
                  const GradReadyFn& on_ready) override {
-    if (!options_.graphs || !graph_stats_.off.empty() || profiling_) {
+    auto opByOp = [&] {
       forward(images, labels, true);
       backward(grad_scale, on_ready);
-      return;
-    }
+    };
+    if (!options_.graphs || !graph_stats_.off.empty() || profiling_) return opByOp();
     const StepKey key{images.raw(),   labels.raw(),   weights_.raw(), images.shape(),
                       labels.shape(), images.dtype(), grad_scale,     on_ready != nullptr};
     auto replay = [&](const StepGraph& step) {
@@ -651,8 +651,7 @@ class NetImpl final : public Net, private LayerContext {
     // Recorded at its second sighting: the first ran each op once (its algorithm found, the
     // workspace grown), and a step seen once (an epoch's short last batch) costs no graph.
     if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
-      forward(images, labels, true);
-      backward(grad_scale, on_ready);
+      opByOp();
       if (seen_.size() >= kGraphs) seen_.erase(seen_.begin());
       seen_.push_back(key);  // once the step went through
       if (random_) graph_stats_.off = "the net has dropout, whose seeds change every step";
@@ -685,11 +684,7 @@ class NetImpl final : public Net, private LayerContext {
     } catch (const Error& e) {  // nothing ran: the step goes op by op, as every later one
       graph_stats_.off = std::string("recording one failed: ") + e.what();
     }
-    if (!step.graph) {
-      forward(images, labels, true);
-      backward(grad_scale, on_ready);
-      return;
-    }
+    if (!step.graph) return opByOp();
     ++graph_stats_.captured;
     if (graphs_.size() >= kGraphs) graphs_.erase(graphs_.begin());
     graphs_.push_back(std::move(step));

@@ -83,13 +83,12 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
 
 void DeviceAllocator::release(void* p, std::size_t size) {
   std::lock_guard lock(mu_);
-  // A block handed out during a capture: a graph's replays may use it while any graph lives.
-  if (kept_.count(p) && graphs_ > 0) {
-    kept_.erase(p);
+  // A block handed out during a capture: a graph's replays may use it while any graph lives
+  // (kept_ holds blocks only then: the last graph's Held clears it).
+  if (kept_.erase(p) > 0) {
     kept_freed_.emplace_back(p, size);
     return;
   }
-  kept_.erase(p);
   if (holding_) {
     capture_free_.emplace(size, p);
     return;

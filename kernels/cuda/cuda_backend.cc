@@ -616,8 +616,9 @@ class CudaBatchNorm final : public BatchNormOp {
                        std::to_string(CUDNN_BN_MIN_EPSILON));
     }
     const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
-    own_ = named && std::string(named) == "troupe";
-    train_way_ = own_ ? Way::kPersistent : firstWay();
+    const std::string way = named ? named : "";
+    own_ = way == "troupe";
+    train_way_ = own_ ? Way::kPersistent : firstWay(way);
     infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
     if (own_) {
       shape_ = BatchNormShape{g.n,    g.channels,      g.spatial,  g.channels_last,
@@ -764,9 +765,8 @@ class CudaBatchNorm final : public BatchNormOp {
     narrow(wdx, dx_out);
   }
 
-  static Way firstWay() {
-    const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
-    const std::string way = named ? named : "";
+  // The way $TROUPE_CUDA_BATCH_NORM names for training, but troupe's.
+  static Way firstWay(const std::string& way) {
     if (way.empty() || way == "persistent") return Way::kPersistent;
     if (way == "spatial") return Way::kSpatial;
     if (way == "wide") return Way::kWide;

@@ -226,10 +226,7 @@ class Queued {
   // Refuses an op's first call while a graph is captured, as the CUDA backend does: there a first
   // call finds the op's algorithm (timing it, growing the workspace), which a capture cannot hold.
   void called() {
-    if (!called_ && stream_->recording()) {
-      throw InvariantError(
-          "an op's first call while a CUDA graph is captured (its algorithm is found then)");
-    }
+    if (!called_) stream_->refuseWhileRecording("an op's first call");
     called_ = true;
   }
   bool called_ = false;
@@ -464,9 +461,8 @@ class EmulatedBackend final : public Backend {
       std::memmove(dst.raw(), src.raw(), src.bytes());
       return;
     }
-    TROUPE_ENFORCE(!stream_->recording() || ((onHost(src) ? isPinned(src) : true) &&
-                                             (onHost(dst) ? isPinned(dst) : true)),
-                   "a copy to or from pageable host memory while a CUDA graph is captured");
+    if ((onHost(src) && !isPinned(src)) || (onHost(dst) && !isPinned(dst)))
+      stream_->refuseWhileRecording("a copy to or from pageable host memory");
     if (onHost(src) && !isPinned(src)) {  // pageable: read now, written in stream order
       auto staged =
           Tensor::hostUninitialized({static_cast<std::int64_t>(src.bytes())}, DType::kUInt8);
@@ -549,12 +545,12 @@ class EmulatedBackend final : public Backend {
     return Event(event);
   }
   Event recordTimed() override {
-    notCapturing("a timed event recorded");
+    stream_->refuseWhileRecording("a timed event recorded");
     return record();
   }
   double elapsed(const Event& from, const Event& to) override { return secondsBetween(from, to); }
   void waitFor(const Event& e) override {
-    notCapturing("a wait for an event");
+    stream_->refuseWhileRecording("a wait for an event");
     if (e.done()) return;
     if (dynamic_cast<const StreamEvent*>(e.impl()) != nullptr) {
       stream_->enqueue(waitAsQueued(e));
@@ -628,11 +624,6 @@ class EmulatedBackend final : public Backend {
 
  private:
   static bool isPinned(const Tensor& t) { return pinnedRanges()->holds(t.raw(), t.bytes()); }
-  // As CUDA refuses it on a capturing stream (cudaErrorStreamCaptureIsolation and the like).
-  void notCapturing(const char* what) const {
-    if (stream_->recording())
-      throw InvariantError(std::string(what) + " while a CUDA graph is captured");
-  }
 
   int index_;
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream

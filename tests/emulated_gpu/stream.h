@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -80,15 +81,16 @@ class Stream {
     std::lock_guard lock(mutex_);
     return recording_;
   }
+  // Throws "`what` while a CUDA graph is captured" while recording: what CUDA refuses on a
+  // capturing stream.
+  void refuseWhileRecording(const std::string& what) const {
+    if (recording()) throw InvariantError(what + " while a CUDA graph is captured");
+  }
 
   // Blocks until everything queued so far ran; rethrows a failure.
   void drain() {
+    refuseWhileRecording("a host wait (a synchronize, or a read of what the device computed)");
     std::unique_lock lock(mutex_);
-    if (recording_) {
-      throw InvariantError(
-          "a host wait (a synchronize, or a read of what the device computed) while a CUDA graph "
-          "is captured");
-    }
     const std::uint64_t target = queued_;
     done_.wait(lock, [&] { return ran_ >= target; });
     if (failure_) std::rethrow_exception(failure_);
