@@ -12,10 +12,11 @@ tensor cores compute (tf32, bf16, fp16: its memory_format auto), NCHW in strict 
 torch.compile is timed too when --compile is given (it compiles for a minute or more), or alone
 with --compile-only (beside the eager and troupe rows of an earlier run at the same batch). Peak GPU
 memory: troupe's allocator's peak in use, torch.cuda.max_memory_allocated for PyTorch.
-With --graph-conv, each troupe row runs a second time with its convolutions by cuDNN's graph-API
-plans (TROUPE_CUDA_CONV=graph), in a column of its own. With --cuda-graphs, once more with each
-step's forward and backward by a CUDA graph (troupe_kernels_bench --graphs; a run's cuda_graphs),
-its ratio to PyTorch eager beside it.
+troupe's convolutions go its default way (TROUPE_CUDA_CONV=auto: cuDNN's graph-API plans for bf16
+and fp16, its legacy calls for fp32 and tf32). With --other-conv, each troupe row runs a second time
+the other way (legacy for bf16 and fp16, graph for fp32 and tf32), in a column of its own. With
+--cuda-graphs, once more with each step's forward and backward by a CUDA graph (troupe_kernels_bench
+--graphs; a run's cuda_graphs), its ratio to PyTorch eager beside it.
 
 Run on the GPU machine by scripts/gpu.sh run; by hand:
     python3 bench/gpu_vs_pytorch.py --bench build/bench/troupe_kernels_bench --batches 64,128,256
@@ -29,14 +30,16 @@ import sys
 import time
 
 
-def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv="legacy",
-                graphs=False):
+def troupe_rate(bench, model, batch, seconds, tf32, precision="fp32", conv=None, graphs=False):
     # troupe's memory_format auto: channels-last where tensor cores compute (tf32, bf16, fp16).
     nhwc = tf32 or precision != "fp32"
     cmd = [bench, "--device", "cuda:0", "--models", model, "--batch", str(batch), "--seconds",
            str(seconds), "--no-ops", "--precision", precision] + (["--tf32"] if tf32 else []) + \
           (["--channels-last"] if nhwc else []) + (["--graphs"] if graphs else [])
-    env = dict(os.environ, TROUPE_CUDA_CONV=conv)
+    env = dict(os.environ)
+    env.pop("TROUPE_CUDA_CONV", None)  # the backend's default way, unless named
+    if conv:
+        env["TROUPE_CUDA_CONV"] = conv
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     m = re.search(r"samples/s=(\d+).*peak_memory_mib=(\d+)", p.stdout)
     if p.returncode != 0 or not m:
@@ -132,8 +135,10 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-only", action="store_true",
                     help="time torch.compile alone, not troupe or PyTorch eager")
-    ap.add_argument("--graph-conv", action="store_true",
-                    help="troupe again with TROUPE_CUDA_CONV=graph, in a column of its own")
+    ap.add_argument("--other-conv", action="store_true",
+                    help="troupe again with its convolutions the way its default does not take "
+                         "for the row's type (legacy for bf16 and fp16, graph for fp32 and tf32), "
+                         "in a column of its own")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="troupe again with each step by a CUDA graph, in a column of its own")
     ap.add_argument("--precisions", default="bf16,fp32,fp16,tf32",
@@ -151,9 +156,11 @@ def main():
                        "pytorch": {}}
                 if not a.compile_only:
                     row["troupe"] = troupe_rate(a.bench, model, batch, a.seconds, tf32, kind)
-                    if a.graph_conv:
-                        row["troupe_graph"] = troupe_rate(a.bench, model, batch, a.seconds, tf32,
-                                                          kind, conv="graph")
+                    if a.other_conv:
+                        other = "graph" if kind == "fp32" else "legacy"
+                        row["troupe_other_conv"] = troupe_rate(a.bench, model, batch, a.seconds,
+                                                               tf32, kind, conv=other)
+                        row["troupe_other_conv"]["conv"] = other
                     if a.cuda_graphs:
                         row["troupe_cuda_graphs"] = troupe_rate(a.bench, model, batch, a.seconds,
                                                                 tf32, kind, graphs=True)
@@ -165,7 +172,8 @@ def main():
                 print(json.dumps(row), flush=True)
     print("\n| model | batch | precision | troupe images/s | PyTorch eager images/s | "
           "troupe / eager | troupe peak MiB | PyTorch peak MiB | torch.compile images/s | "
-          "troupe ms/step (host's) | troupe graph-API convolutions images/s (ms/step, host's) | "
+          "troupe ms/step (host's) | "
+          "troupe, convolutions the other way: images/s (ms/step, host's) | "
           "troupe by CUDA graphs images/s (ms/step, host's) | CUDA graphs / eager |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     def graph_cell(g):
@@ -174,7 +182,8 @@ def main():
         if "rate" not in g:
             return " failed |"
         host = f", {g['step_ms']:.1f} ({g['host_ms']:.1f})" if "host_ms" in g else ""
-        return f" {g['rate']:.0f}{host} |"
+        way = f" {g['conv']}" if "conv" in g else ""
+        return f" {g['rate']:.0f}{host}{way} |"
 
     def cuda_graphs_ratio(r):
         g, p = r.get("troupe_cuda_graphs"), r["pytorch"]
@@ -195,10 +204,10 @@ def main():
               f"{num(t, 'rate')} | {num(p, 'rate')} | {ratio} | {num(t, 'peak_mib')} | "
               f"{num(p, 'peak_mib')} | {num(comp, 'rate') if comp else '-'} | "
               + (f"{t['step_ms']:.1f} ({t['host_ms']:.1f}) |" if "host_ms" in t else "- |")
-              + graph_cell(r.get("troupe_graph")) + graph_cell(r.get("troupe_cuda_graphs"))
+              + graph_cell(r.get("troupe_other_conv")) + graph_cell(r.get("troupe_cuda_graphs"))
               + cuda_graphs_ratio(r))
     failed = [(side, r) for r in rows
-              for side in ("troupe", "troupe_graph", "troupe_cuda_graphs", "pytorch",
+              for side in ("troupe", "troupe_other_conv", "troupe_cuda_graphs", "pytorch",
                            "pytorch_compile")
               if "error" in r.get(side, {})]
     for side, r in failed[:2]:

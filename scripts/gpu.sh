@@ -14,12 +14,12 @@
 # run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
 # op against the CPU's; the batch norm tests, and those of code new to a GPU, each in a process of
 # its own), the host's and the device's time per call of single ResNet-50 ops with a profile of a
-# step by kind of layer (fp16 with cuDNN's legacy convolution calls and with its graph-API plans,
-# TROUPE_CUDA_CONV=graph; fp32 with cuDNN's batch norm and with troupe's,
-# TROUPE_CUDA_BATCH_NORM=troupe), ResNet-50 training steps troupe (op by op, and by CUDA graphs)
-# vs PyTorch eager in fp16 and fp32 at batch 64, 128 and 256 (bench/gpu_vs_pytorch.py), the
-# trainer by CUDA graphs (cuda_graphs), fp32 with troupe's batch norm at each batch, the graph-API
-# convolutions by CUDA graphs, LeNet on Fashion-MNIST on the GPU and on the CPU
+# step by kind of layer (fp16 with the convolutions by cuDNN's graph-API plans, the default, and
+# by its legacy calls, TROUPE_CUDA_CONV=legacy; fp32 with troupe's batch norm where a ReLU
+# follows, the default, and with cuDNN's, TROUPE_CUDA_BATCH_NORM=persistent), ResNet-50 training
+# steps troupe (op by op, by CUDA graphs, and with the convolutions the other way) vs PyTorch
+# eager in fp16 and fp32 at batch 64, 128 and 256 (bench/gpu_vs_pytorch.py), the trainer by CUDA
+# graphs (cuda_graphs), LeNet on Fashion-MNIST on the GPU and on the CPU
 # (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
 # (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
 # and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in bf16 and TF32,
@@ -150,19 +150,20 @@ run() {
   # weight copies, ...), which says where a GPU-bound step goes.
   part host_ops 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 \
     --seconds 2 --no-ops --precision fp16 --channels-last --host-ops --profile
-  # The same with the convolutions by cuDNN's graph-API plans (TROUPE_CUDA_CONV=graph); the
-  # resnet50 part's table has a column of each row run so too (--graph-conv).
-  part host_ops_graph 60 env TROUPE_CUDA_CONV=graph "$root/bin/troupe_kernels_bench" \
+  # The same with the convolutions by cuDNN's legacy calls (TROUPE_CUDA_CONV=legacy), each of
+  # which cost the H100's host as long as its kernel (stop 31); the resnet50 part's table has a
+  # column of each row run the other way too (--other-conv).
+  part host_ops_legacy 60 env TROUPE_CUDA_CONV=legacy "$root/bin/troupe_kernels_bench" \
     --device cuda:0 --models resnet50 --batch 64 --seconds 2 --no-ops --precision fp16 \
     --channels-last --host-ops
   # The same in fp32 NCHW, troupe's strict-fp32 layout, where cuDNN refuses its batch norm with the
-  # ReLU (so a ReLU kernel follows): what the convolutions, the batch norms and that ReLU each cost
-  # of an fp32 step, which the 1.1x goal in fp32 needs.
+  # ReLU and troupe's kernels take those batch norms (the ReLU and add in their pass): what the
+  # convolutions and the batch norms each cost of an fp32 step, which the 1.1x goal in fp32 needs.
   part host_ops_fp32 60 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
     --batch 64 --seconds 2 --no-ops --host-ops --profile
-  # The same with batch norm in troupe's own kernels, the ReLU and add in their pass (cuDNN fuses
-  # them only for 16-bit NHWC): the batch norm rows beside host_ops_fp32's, and the step's.
-  part host_ops_fp32_troupe_bn 60 env TROUPE_CUDA_BATCH_NORM=troupe \
+  # The same with cuDNN's batch norms throughout and troupe's ReLU kernels after them: the batch
+  # norm rows beside host_ops_fp32's, and the step's.
+  part host_ops_fp32_cudnn_bn 60 env TROUPE_CUDA_BATCH_NORM=persistent \
     "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 --seconds 2 \
     --no-ops --host-ops --profile
   # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
@@ -176,25 +177,22 @@ run() {
   echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
-  # Each troupe row twice: op by op, and by CUDA graphs (--cuda-graphs: one launch a step for the
-  # host). The graph-API convolutions have their own part below (resnet50_graph_conv).
-  part resnet50 300:200 "${r50bench[@]}" --cuda-graphs --precisions "${PRECISIONS:-$mixed,fp32}"
+  # Each troupe row three times: op by op, by CUDA graphs (--cuda-graphs: one launch a step for the
+  # host), and with its convolutions the other way (--other-conv).
+  part resnet50 380:240 "${r50bench[@]}" --cuda-graphs --other-conv \
+    --precisions "${PRECISIONS:-$mixed,fp32}"
   # The trainer's steps by CUDA graphs (cuda_graphs), beside resnet50_trainer's op by op (which is
   # traced, and a traced run goes op by op).
   part resnet50_trainer_graphs 90:40 "$troupe" train --model resnet50 --train_data null \
     --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 64 --epoch_size 3200 \
     --num_epochs 3 --gpus 0 --precision "$mixed" --log_every 10 --cuda_graphs \
     --log_dir "$OUT/resnet50_trainer_graphs" --checkpoint_dir "$root/ck_r50_graphs"
-  # fp32 at every batch with troupe's batch norm (the ReLU and add in its pass), beside the resnet50
-  # part's fp32 rows of this call; then the graph-API convolutions by CUDA graphs at batch 128.
-  local bench1=("$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --no-ops
-    --seconds "${SECONDS_PER_ROW:-3}")
-  part resnet50_fp32_troupe_bn 150:60 env TROUPE_CUDA_BATCH_NORM=troupe bash -c \
-    'for b in 64 128 256; do "$@" --batch $b; "$@" --batch $b --graphs; done' _ "${bench1[@]}"
-  part resnet50_graph_conv 120:60 env TROUPE_CUDA_CONV=graph bash -c \
-    '"$@" --precision fp16 --channels-last; "$@"' _ "${bench1[@]}" --batch 128 --graphs
   # LeNet on the GPU must reach the CPU's test accuracy (issue 12).
+  # The parts after it read its database: asked for by name (PARTS) too when one of them is.
+  local parts=${PARTS:-}
+  if [[ -n $parts && " $parts " =~ \ (lenet|nccl)[a-z0-9_]*\  ]]; then PARTS="$parts convert"; fi
   part convert 30 "$troupe" convert fashion-mnist --source "$root/data" --out "$fashion"
+  PARTS=$parts
   local lenet=(configs/lenet.toml --train_data "$fashion/train" --test_data "$fashion/test"
     --log_every 0)
   part lenet_gpu 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 \
@@ -229,7 +227,9 @@ run() {
   # processes here must fail at once, naming NCCL's refusal, rather than hang).
   part lenet_nccl 60 "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule device \
     --reducer nccl --log_dir "$OUT/lenet_nccl" --checkpoint_dir "$root/ck_nccl"
-  part nccl_one_gpu_two_processes 60 bash -c '! "$@"' _ "$troupe" launch -n 2 --launcher local \
+  part nccl_one_gpu_two_processes 60 bash -c \
+    'out=$("$@" 2>&1); rc=$?; echo "$out"; ((rc != 0)) && grep -q "NCCL: the group" <<<"$out"' \
+    _ "$troupe" launch -n 2 --launcher local \
     -- "$troupe" train "${lenet[@]}" --num_epochs 1 --gpus 0 --schedule bsp-allreduce \
     --reducer nccl --rendezvous_timeout 30 --log_dir "$OUT/nccl_two" \
     --checkpoint_dir "$root/ck_nccl_two"

@@ -147,6 +147,20 @@ class CudaOps : public ::testing::Test {
     return r;
   }
 
+  // Convolution `g` on the CPU (NCHW), the reference for a GPU's: y, and the gradients of dy.
+  struct ConvRun {
+    Tensor y, dx, dw, db;
+  };
+  ConvRun cpuConv(const ConvGeometry& g, const Tensor& x, const Tensor& w, const Tensor& b,
+                  const Tensor& dy) {
+    ConvRun r{Tensor::host(dy.shape()), Tensor::host(x.shape()), Tensor::host(w.shape()),
+              Tensor::host({g.out_channels})};
+    auto op = cpu_->makeConv(g);
+    op->forward(x, w, b, r.y);
+    op->backward(x, w, dy, r.dx, r.dw, r.db);
+    return r;
+  }
+
   // `x` with each value rounded to `type` (what a GPU tensor of that type holds).
   Tensor roundedTo(const Tensor& x, DType type) {
     if (type == DType::kFloat32) return x;
@@ -170,14 +184,22 @@ class CudaOps : public ::testing::Test {
     return down(wide);
   }
 
-  // A batch norm's [n, c, s] host images (NCHW, float) on the GPU as `type`, in the op's layout
-  // (NHWC when g.channels_last), and back.
+  // [n, c, s] host images (NCHW, float) on the GPU as `type`, NHWC with channels_last, and back.
+  Tensor laidUp(const Tensor& nchw, std::int64_t n, std::int64_t c, std::int64_t s,
+                bool channels_last, DType type) {
+    return upAs(channels_last ? nhwcOf(nchw, n, c, s) : nchw, type);
+  }
+  Tensor laidDown(const Tensor& gpu, std::int64_t n, std::int64_t c, std::int64_t s,
+                  bool channels_last) {
+    const Tensor host = downAsFloat(gpu);
+    return channels_last ? nchwOf(host, n, c, s) : host;
+  }
+  // A batch norm's images so, in the op's layout (NHWC when g.channels_last).
   Tensor imagesUp(const Tensor& nchw, const BatchNormGeometry& g, DType type) {
-    return upAs(g.channels_last ? nhwcOf(nchw, g.n, g.channels, g.spatial) : nchw, type);
+    return laidUp(nchw, g.n, g.channels, g.spatial, g.channels_last, type);
   }
   Tensor imagesDown(const Tensor& gpu, const BatchNormGeometry& g) {
-    const Tensor host = downAsFloat(gpu);
-    return g.channels_last ? nchwOf(host, g.n, g.channels, g.spatial) : host;
+    return laidDown(gpu, g.n, g.channels, g.spatial, g.channels_last);
   }
 
   // Batch norm with its ReLU (BatchNormGeometry::relu, which the net fuses), and with a residual
@@ -234,14 +256,20 @@ class CudaOps : public ::testing::Test {
       });
     }
   }
-  // `check(channels_last)` for each way a batch norm may start from ($TROUPE_CUDA_BATCH_NORM)
+  // `check(channels_last)` for each way a batch norm may start from ($TROUPE_CUDA_BATCH_NORM;
+  // unset, the default: cuDNN's persistent calls, or troupe's kernels where cuDNN refuses a ReLU)
   // and each layout.
   template <typename Check>
   void forEachBatchNormWay(Check check) {
-    for (const char* way : {"persistent", "spatial", "wide", "troupe"}) {
+    for (const char* way : {"persistent", "spatial", "wide", "troupe", ""}) {
       for (const bool channels_last : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "way " << way << " channels_last " << channels_last);
-        setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
+        SCOPED_TRACE(::testing::Message()
+                     << "way " << (*way ? way : "(default)") << " channels_last " << channels_last);
+        if (*way) {
+          setenv("TROUPE_CUDA_BATCH_NORM", way, 1);
+        } else {
+          unsetenv("TROUPE_CUDA_BATCH_NORM");
+        }
         check(channels_last);
       }
     }
@@ -305,21 +333,16 @@ TEST_F(CudaOps, ConvolutionsByGraphPlansAgreeWithTheCpu) {
                    w = randomHost({g.out_channels, g.channels, g.kernel, g.kernel}, 92),
                    dy = randomHost({g.n, g.out_channels, g.outHeight(), g.outWidth()}, 93),
                    first = randomHost(x.shape(), 94);
-      Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape()),
-             dw = Tensor::host(w.shape()), db = Tensor::host({g.out_channels});
-      auto c = cpu_->makeConv(g);
-      c->forward(x, w, Tensor(), y);
-      c->backward(x, w, dy, dx, dw, db);
+      const auto [y, dx, dw, db] = cpuConv(g, x, w, Tensor(), dy);
       Tensor sum = copyOf(first);
       cpu_->axpy(1.0f, dx, sum);
       g.channels_last = channels_last;
       auto d = gpu_->makeConv(g);
       auto layout = [&](const Tensor& t, std::int64_t n, std::int64_t ch, std::int64_t s) {
-        return up(channels_last ? nhwcOf(t, n, ch, s) : t);
+        return laidUp(t, n, ch, s, channels_last, DType::kFloat32);
       };
       auto unlayout = [&](const Tensor& t, std::int64_t n, std::int64_t ch, std::int64_t s) {
-        const Tensor got = down(t);
-        return channels_last ? nchwOf(got, n, ch, s) : got;
+        return laidDown(t, n, ch, s, channels_last);
       };
       const Tensor gx = layout(x, g.n, g.channels, hw),
                    gw = layout(w, g.out_channels, g.channels, rs),
@@ -359,7 +382,7 @@ TEST_F(CudaOps, AConvolutionAddsItsInputGradientToWhatDxHolds) {
     auto d = gpu_->makeConv(g);
     ASSERT_TRUE(d->addsToDx());
     auto layout = [&](const Tensor& t, std::int64_t n, std::int64_t c, std::int64_t s) {
-      return up(channels_last ? nhwcOf(t, n, c, s) : t);
+      return laidUp(t, n, c, s, channels_last, DType::kFloat32);
     };
     const Tensor gx = layout(x, 2, 16, hw), gw = layout(w, 8, 16, 9), gdy = layout(dy, 2, 8, ohw);
     const Tensor gdx = layout(first, 2, 16, hw);
@@ -968,32 +991,47 @@ TEST_P(CudaReducedOps, CastRoundsAsTheHostDoes) {
   expectClose("widened", rounded(x), downWide(g), 0);
 }
 
+// Each way of the convolutions ($TROUPE_CUDA_CONV: legacy, graph-API plans, and unset, the
+// default, which takes plans for these types) in both layouts.
 TEST_P(CudaReducedOps, ConvolutionAndInnerProduct) {
-  const ConvGeometry g{2, 16, 9, 9, 8, 3, 1, 1, true};
-  const Shape xs{g.n, g.channels, g.height, g.width}, ys{g.n, g.out_channels, 9, 9};
-  const Tensor x = rounded(randomHost(xs, 41)), w = rounded(randomHost({8, 16, 3, 3}, 42)),
-               b = rounded(randomHost({8}, 43)), dy = rounded(randomHost(ys, 44));
-  Tensor y = Tensor::host(ys), dx = Tensor::host(xs), dw = Tensor::host(w.shape()),
-         db = Tensor::host({8});
-  auto c = cpu_->makeConv(g);
-  c->forward(x, w, b, y);
-  c->backward(x, w, dy, dx, dw, db);
-  auto d = gpu_->makeConv(g);
-  const Tensor gx = upReduced(x), gw = upReduced(w), gb = upReduced(b), gdy = upReduced(dy);
-  Tensor gy = empty(ys), gdx = empty(xs), gdw = empty(w.shape()), gdb = empty({8});
-  d->forward(gx, gw, gb, gy);
-  d->backward(gx, gw, gdy, gdx, gdw, gdb);
-  expectNear("conv y", y, gy);
-  expectNear("conv dx", dx, gdx);
-  expectNear("conv dw", dw, gdw);
-  expectNear("conv db", db, gdb);
-  // Added to what dx holds (a ResNet block's input gradient): rounded once, after the sum.
-  const Tensor first = rounded(randomHost(xs, 49));
-  Tensor sum = copyOf(first);
-  cpu_->axpy(1.0f, dx, sum);
-  const Tensor gsum = upReduced(first);
-  d->backwardAddingToDx(gx, gw, gdy, gsum, gdw, gdb);
-  expectNear("conv dx added", sum, gsum);
+  for (const char* way : {"legacy", "graph", ""}) {
+    for (const bool channels_last : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "way " << (*way ? way : "(default)")
+                                        << (channels_last ? " channels last" : " NCHW"));
+      if (*way) {
+        setenv("TROUPE_CUDA_CONV", way, 1);
+      } else {
+        unsetenv("TROUPE_CUDA_CONV");
+      }
+      ConvGeometry g{2, 16, 9, 9, 8, 3, 1, 1, true};
+      const Shape xs{g.n, g.channels, g.height, g.width}, ys{g.n, g.out_channels, 9, 9};
+      const Tensor x = rounded(randomHost(xs, 41)), w = rounded(randomHost({8, 16, 3, 3}, 42)),
+                   b = rounded(randomHost({8}, 43)), dy = rounded(randomHost(ys, 44));
+      const auto [y, dx, dw, db] = cpuConv(g, x, w, b, dy);
+      g.channels_last = channels_last;
+      auto d = gpu_->makeConv(g);
+      // x [2, 16, 81], w [8, 16, 9], y [2, 8, 81] as [n, c, s].
+      const Tensor gx = laidUp(x, 2, 16, 81, channels_last, type()),
+                   gw = laidUp(w, 8, 16, 9, channels_last, type()), gb = upReduced(b),
+                   gdy = laidUp(dy, 2, 8, 81, channels_last, type());
+      Tensor gy = empty(ys), gdx = empty(xs), gdw = empty(w.shape()), gdb = empty({8});
+      d->forward(gx, gw, gb, gy);
+      d->backward(gx, gw, gdy, gdx, gdw, gdb);
+      const double tol = tolerance();
+      expectClose("conv y", y, laidDown(gy, 2, 8, 81, channels_last), tol);
+      expectClose("conv dx", dx, laidDown(gdx, 2, 16, 81, channels_last), tol);
+      expectClose("conv dw", dw, laidDown(gdw, 8, 16, 9, channels_last), tol);
+      expectNear("conv db", db, gdb);
+      // Added to what dx holds (a ResNet block's input gradient): rounded once, after the sum.
+      const Tensor first = rounded(randomHost(xs, 49));
+      Tensor sum = copyOf(first);
+      cpu_->axpy(1.0f, dx, sum);
+      const Tensor gsum = laidUp(first, 2, 16, 81, channels_last, type());
+      d->backwardAddingToDx(gx, gw, gdy, gsum, gdw, gdb);
+      expectClose("conv dx added", sum, laidDown(gsum, 2, 16, 81, channels_last), tol);
+    }
+  }
+  unsetenv("TROUPE_CUDA_CONV");
 
   const InnerProductGeometry f{5, 37, 11};
   const Tensor fx = rounded(randomHost({5, 37}, 45)), fw = rounded(randomHost({11, 37}, 46)),
@@ -1182,11 +1220,7 @@ TEST_F(CudaChannelsLastOps, ConvolutionWithAKrscFilter) {
   const std::int64_t hw = 81, ohw = g.outHeight() * g.outWidth(), rs = 9;
   const Tensor x = randomHost({2, 16, 9, 9}, 61), w = randomHost({8, 16, 3, 3}, 62),
                b = randomHost({8}, 63), dy = randomHost({2, 8, g.outHeight(), g.outWidth()}, 64);
-  Tensor y = Tensor::host(dy.shape()), dx = Tensor::host(x.shape()), dw = Tensor::host(w.shape()),
-         db = Tensor::host({8});
-  auto c = cpu_->makeConv(g);
-  c->forward(x, w, b, y);
-  c->backward(x, w, dy, dx, dw, db);
+  const auto [y, dx, dw, db] = cpuConv(g, x, w, b, dy);
   g.channels_last = true;
   auto d = gpu_->makeConv(g);
   const Tensor gx = upNhwc(x, 2, 16, hw), gw = upNhwc(w, 8, 16, rs), gdy = upNhwc(dy, 2, 8, ohw);

@@ -2,8 +2,8 @@
 // engine timed, once per geometry; each call then fills a variant pack with the call's pointers
 // and runs it. cuDNN 9's legacy calls (cudnnConvolutionForward, ...) go through the same graph
 // machinery on each call; a finished plan leaves that work out of the step, as PyTorch's
-// cuDNN path does. Chosen with TROUPE_CUDA_CONV=graph (cuda_backend.cc), until the GPU machine
-// has measured it against the legacy calls.
+// cuDNN path does. The way of float16 and bfloat16 convolutions, or of all with
+// TROUPE_CUDA_CONV=graph (cuda_backend.cc, where the H100's figures are).
 #pragma once
 
 #include <cuda_runtime_api.h>

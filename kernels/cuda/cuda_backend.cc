@@ -16,7 +16,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -252,7 +251,7 @@ class CudaConv final : public ConvOp {
   CudaConv(Context& ctx, const ConvGeometry& g,
            std::map<std::vector<std::int64_t>, ConvAlgos>& cache,
            std::map<std::vector<std::int64_t>, ConvPlans>& plans)
-      : ctx_(ctx), g_(g), cache_(cache), plans_cache_(plans), graph_(graphWay()) {}
+      : ctx_(ctx), g_(g), cache_(cache), plans_cache_(plans), way_(namedWay()) {}
   ~CudaConv() override {
     if (conv_) cudnnDestroyConvolutionDescriptor(conv_);
     if (w_) cudnnDestroyFilterDescriptor(w_);
@@ -322,9 +321,9 @@ class CudaConv final : public ConvOp {
 
   enum PlanKind { kForward, kFilter, kData, kDataAdding };
 
-  // With TROUPE_CUDA_CONV=graph, the direction's graph-API plan for pointers aligned as these
-  // (x, w and y of the call: dx, dw and dy where they are written), built on its first call;
-  // null where cuDNN refused it (said once), or by default (the legacy calls).
+  // Where the convolution goes by graph-API plans (graph_), the direction's plan for pointers
+  // aligned as these (x, w and y of the call: dx, dw and dy where they are written), built on its
+  // first call; null where cuDNN refused it (said once), or where the legacy calls are the way.
   const ConvPlan* planFor(int kind, const void* x, const void* w, const void* y) {
     if (!graph_) return nullptr;
     const std::int64_t alignment = std::min({alignmentOf(x), alignmentOf(w), alignmentOf(y)});
@@ -344,13 +343,15 @@ class CudaConv final : public ConvOp {
     return plans.plans[kind].get();
   }
 
-  // $TROUPE_CUDA_CONV, read as the op is made: legacy (the default) or graph.
-  static bool graphWay() {
+  // $TROUPE_CUDA_CONV, read as the op is made: auto (the default), legacy or graph.
+  enum class Way { kAuto, kLegacy, kGraph };
+  static Way namedWay() {
     const char* named = std::getenv("TROUPE_CUDA_CONV");
     const std::string way = named ? named : "";
-    if (way.empty() || way == "legacy") return false;
-    if (way == "graph") return true;
-    throw InputError("TROUPE_CUDA_CONV=" + way + ": expected legacy or graph");
+    if (way.empty() || way == "auto") return Way::kAuto;
+    if (way == "legacy") return Way::kLegacy;
+    if (way == "graph") return Way::kGraph;
+    throw InputError("TROUPE_CUDA_CONV=" + way + ": expected auto, legacy or graph");
   }
 
   static std::int64_t alignmentOf(const void* p) {
@@ -416,6 +417,12 @@ class CudaConv final : public ConvOp {
       return;
     }
     dtype_ = dtype;
+    // auto: float16 and bfloat16 by graph-API plans, float32 by the legacy calls. On the H100,
+    // ResNet-50 at batch 64 in float16 NHWC took 30.7 ms a step by the legacy calls, 27.4 of them
+    // the host's (each call costs as long on the host as on the device), and 13.2 ms by plans;
+    // in float32 NCHW, where the device is the bound, the plans' engines were 2.6% slower (batch
+    // 128, under CUDA graphs). bench/gpu_vs_pytorch.py measures both.
+    graph_ = way_ == Way::kGraph || (way_ == Way::kAuto && dtype != DType::kFloat32);
     const ConvGeometry& g = g_;
     const bool nhwc = g.channels_last;
     x_ = std::make_unique<TensorDesc>(g.n, g.channels, g.height, g.width, dtype, nhwc);
@@ -498,7 +505,8 @@ class CudaConv final : public ConvOp {
   std::map<std::vector<std::int64_t>, ConvPlans>& plans_cache_;
   std::vector<std::int64_t> key_;  // the geometry's, for both caches
   ConvPlans* plans_[5] = {};       // in plans_cache_, by log2 of the pointers' alignment
-  bool graph_ = false;             // TROUPE_CUDA_CONV=graph
+  Way way_ = Way::kAuto;           // $TROUPE_CUDA_CONV
+  bool graph_ = false;             // by graph-API plans: way_, and for auto the type
   DType dtype_ = DType::kFloat32;
   std::unique_ptr<TensorDesc> x_, y_;
   cudnnFilterDescriptor_t w_ = nullptr;
@@ -593,13 +601,17 @@ class CudaInnerProduct final : public InnerProductOp {
 //   cuDNN batch norm), with a reserve space from the forward to the backward;
 // - spatial: the plain calls in CUDNN_BATCHNORM_SPATIAL mode;
 // - wide: the images to float32 NCHW copies, the spatial calls, and back (three more passes);
-// - troupe (named only, until a GPU has timed it against the others): troupe's own kernels
-//   (batchNormForward), with the ReLU and add in their pass in every type and layout, where cuDNN
-//   fuses them only for 16-bit NHWC: for float32 NCHW, two passes over the activations fewer
-//   forward and three backward (its ReLU's mask recomputed from x, not read from y).
-// Inference is cuDNN's spatial call (PyTorch's too), or wide where refused. $TROUPE_CUDA_BATCH_NORM
-// (persistent, spatial or wide) names the way to start from: the tests take each, the benchmarks
-// compare them.
+// - troupe: troupe's own kernels (batchNormForward), with the ReLU and add in their pass in every
+//   type and layout, where cuDNN fuses them only for 16-bit NHWC: for float32 NCHW, two passes
+//   over the activations fewer forward and three backward (its ReLU's mask recomputed from x, not
+//   read from y).
+// By default a batch norm with its ReLU goes troupe's way once cuDNN refuses the ReLU in its
+// persistent calls (float32): on the H100, ResNet-50's float32 batch norms with a ReLU took 11.1
+// ms a step by troupe's kernels against 13.4 by cuDNN's and troupe's ReLU kernels (batch 64), and
+// the step 3.5% less; one without stays cuDNN's (1.15 ms against troupe's 1.37). Inference is
+// cuDNN's spatial call (PyTorch's too), or wide where refused. $TROUPE_CUDA_BATCH_NORM (persistent,
+// spatial, wide or troupe) names the way to start from and keep to: the tests take each, the
+// benchmarks compare them.
 class CudaBatchNorm final : public BatchNormOp {
  public:
   enum class Way { kPersistent, kSpatial, kWide };
@@ -617,17 +629,10 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
     const std::string way = named ? named : "";
-    own_ = way == "troupe";
-    train_way_ = own_ ? Way::kPersistent : firstWay(way);
+    own_where_refused_ = way.empty() && g.relu;
+    train_way_ = way == "troupe" ? Way::kPersistent : firstWay(way);
     infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
-    if (own_) {
-      shape_ = BatchNormShape{g.n,    g.channels,      g.spatial,  g.channels_last,
-                              g.relu, g.add && g.relu, g.momentum, g.eps};
-      partial_ = ctx.allocator->allocate(static_cast<std::size_t>(batchNormScratch(shape_)) *
-                                         sizeof(double));
-      coef_ = ctx.empty({2 * g.channels}, DType::kFloat32);
-      back_ = ctx.empty({3 * g.channels}, DType::kFloat32);
-    }
+    if (way == "troupe") takeOwnWay();
   }
   ~CudaBatchNorm() override {
     if (relu_desc_) cudnnDestroyActivationDescriptor(relu_desc_);
@@ -639,14 +644,15 @@ class CudaBatchNorm final : public BatchNormOp {
                const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                bool train) override {
     if (train) beta_ = beta;  // the fused backward reads it
-    if (train) trained_own_ = own_;
-    if (train && own_) {
+    // normalize() hands a training forward over where cuDNN just refused the ReLU (by default).
+    if ((train && own_) || !normalize(x, z, gamma, beta, running_mean, running_var, y, train)) {
+      trained_own_ = true;
       batchNormForward(x.dtype(), shape_, act(x), g_.add ? act(z) : nullptr, f32(gamma), f32(beta),
                        f32(running_mean), f32(running_var), f32(mean_), f32(invstd_), f32(coef_),
                        act(y), static_cast<double*>(partial_.get()), ctx_.stream);
       return;
     }
-    normalize(x, z, gamma, beta, running_mean, running_var, y, train);
+    if (train) trained_own_ = false;
     if (g_.relu && !(train && trained_fused_)) {
       if (g_.add) {
         addRelu(y.dtype(), act(y), act(z), act(y), y.numel(), ctx_.stream);
@@ -693,7 +699,9 @@ class CudaBatchNorm final : public BatchNormOp {
   }
 
  private:
-  void normalize(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
+  // Whether it normalised x into y; false where cuDNN refused the ReLU in a training forward and
+  // troupe's kernels are the way from then on (own_).
+  bool normalize(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                  const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                  bool train) {
     prepare(x.dtype());
@@ -707,16 +715,17 @@ class CudaBatchNorm final : public BatchNormOp {
       if (status == CUDNN_STATUS_SUCCESS) {
         trained_ = Way::kPersistent;
         trained_fused_ = true;
-        return;
+        return true;
       }
       refusedFused(status);
+      if (own_) return false;
     }
     if (train) trained_fused_ = false;
     if (way == Way::kPersistent &&
         !refused(forwardPersistent(x, nullptr, gamma, beta, running_mean, running_var, y, false),
                  way)) {
       trained_ = Way::kPersistent;
-      return;
+      return true;
     }
     auto call = [&](cudnnTensorDescriptor_t d, const void* in, void* out) {
       return train ? cudnnBatchNormalizationForwardTraining(
@@ -729,11 +738,12 @@ class CudaBatchNorm final : public BatchNormOp {
                          g_.eps);
     };
     if (train) trained_ = Way::kSpatial;
-    if (way == Way::kSpatial && !refused(call(x_->get(), x.raw(), y.raw()), way)) return;
+    if (way == Way::kSpatial && !refused(call(x_->get(), x.raw(), y.raw()), way)) return true;
     if (train) trained_ = Way::kWide;
     const Tensor wx = widened(x), wy = ctx_.uninitialized(x.shape(), DType::kFloat32);
     TROUPE_CUDA_CHECK(call(wide_desc_.get(), wx.raw(), wy.raw()));
     narrow(wy, y);
+    return true;
   }
   void backwardOf(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
                   const Tensor& dgamma, const Tensor& dbeta) {
@@ -847,12 +857,24 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     return relu_desc_;
   }
-  // Whether cuDNN refused the ReLU in its persistent calls: the op applies it with its own kernels
-  // from then on (said once, as refused() says a way). Else checks the status.
+  // Whether cuDNN refused the ReLU in its persistent calls: the op trains by troupe's batch norm
+  // kernels from then on by default, else applies the ReLU with its own kernels (said once, as
+  // refused() says a way). Else checks the status.
   void refusedFused(cudnnStatus_t status) {
     if (!isRefusal(status)) TROUPE_CUDA_CHECK(status);
     fuse_relu_ = false;
-    sayOnce(Way::kPersistent, Way::kPersistent, status, " with its ReLU");
+    if (own_where_refused_) takeOwnWay();
+    sayOnce(Way::kPersistent, Way::kPersistent, status, " with its ReLU", own_);
+  }
+  // Training by troupe's kernels from the next forward on (the scratch they need, made once).
+  void takeOwnWay() {
+    own_ = true;
+    shape_ = BatchNormShape{g_.n,    g_.channels,       g_.spatial,  g_.channels_last,
+                            g_.relu, g_.add && g_.relu, g_.momentum, g_.eps};
+    partial_ = ctx_.allocator->allocate(static_cast<std::size_t>(batchNormScratch(shape_)) *
+                                        sizeof(double));
+    coef_ = ctx_.empty({2 * g_.channels}, DType::kFloat32);
+    back_ = ctx_.empty({3 * g_.channels}, DType::kFloat32);
   }
 
   void prepare(DType dtype) {
@@ -876,7 +898,7 @@ class CudaBatchNorm final : public BatchNormOp {
       const bool widenable = dtype_ != DType::kFloat32 || g_.channels_last;
       if (way == Way::kPersistent || (way == Way::kSpatial && widenable)) {
         const Way next = way == Way::kPersistent ? Way::kSpatial : Way::kWide;
-        sayOnce(way, next, status, "");
+        sayOnce(way, next, status, "", false);
         way = next;
         return true;
       }
@@ -884,19 +906,23 @@ class CudaBatchNorm final : public BatchNormOp {
     TROUPE_CUDA_CHECK(status);
     return false;
   }
-  // A way cuDNN refuses is said once a process for each type and layout, on stderr (the
-  // benchmarks' and the GPU call's logs), since it costs speed.
-  void sayOnce(Way from, Way to, cudnnStatus_t status, const char* with) {
-    static std::mutex mutex;
-    static std::set<std::tuple<Way, DType, bool, std::string>> said;
-    std::lock_guard lock(mutex);
-    if (!said.insert({from, dtype_, g_.channels_last, with}).second) return;
+  // A way cuDNN refuses is said once a process for each type, layout and way taken instead (`to`,
+  // or troupe's kernels), on stderr (the benchmarks' and the GPU call's logs), since it costs
+  // speed.
+  void sayOnce(Way from, Way to, cudnnStatus_t status, const char* with, bool troupes) {
     static constexpr const char* kNames[] = {"persistent", "spatial", "wide"};
-    std::fprintf(stderr,
-                 "troupe cuda: cuDNN's %s batch norm%s refused %s %s (%s); the %s way instead%s\n",
-                 kNames[static_cast<int>(from)], with, toString(dtype_).c_str(),
-                 g_.channels_last ? "channels-last" : "NCHW", cudnnGetErrorString(status),
-                 kNames[static_cast<int>(to)], *with ? ", and troupe's ReLU kernels" : "");
+    const std::string instead = troupes ? "troupe's batch norm kernels instead"
+                                        : std::string("the ") + kNames[static_cast<int>(to)] +
+                                              " way instead" +
+                                              (*with ? ", and troupe's ReLU kernels" : "");
+    const std::string line = std::string("troupe cuda: cuDNN's ") + kNames[static_cast<int>(from)] +
+                             " batch norm" + with + " refused " + toString(dtype_) +
+                             (g_.channels_last ? " channels-last" : " NCHW") + " (" +
+                             cudnnGetErrorString(status) + "); " + instead + "\n";
+    static std::mutex mutex;
+    static std::set<std::string> said;
+    std::lock_guard lock(mutex);
+    if (said.insert(line).second) std::fputs(line.c_str(), stderr);
   }
   // [n, C, spatial] of the op's type and layout as float32 NCHW, and back.
   Tensor widened(const Tensor& t) {
@@ -943,9 +969,10 @@ class CudaBatchNorm final : public BatchNormOp {
   bool fuse_relu_ = true, trained_fused_ = false;
   Tensor beta_;
   cudnnActivationDescriptor_t relu_desc_ = nullptr;
-  // The troupe way ($TROUPE_CUDA_BATCH_NORM=troupe): training in troupe's own kernels
-  // (batchNormForward), the ReLU and add always in the same pass; inference stays cuDNN's.
-  bool own_ = false, trained_own_ = false;
+  // The troupe way ($TROUPE_CUDA_BATCH_NORM=troupe, or by default with a ReLU where cuDNN refuses
+  // it): training in troupe's own kernels (batchNormForward), the ReLU and add always in the same
+  // pass; inference stays cuDNN's.
+  bool own_ = false, trained_own_ = false, own_where_refused_ = false;
   BatchNormShape shape_;
   std::shared_ptr<void> partial_;  // batchNormScratch(shape_) doubles
   Tensor coef_, back_;
