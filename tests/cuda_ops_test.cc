@@ -257,8 +257,8 @@ class CudaOps : public ::testing::Test {
     }
   }
   // `check(channels_last)` for each way a batch norm may start from ($TROUPE_CUDA_BATCH_NORM;
-  // unset, the default: cuDNN's persistent calls, or troupe's kernels where cuDNN refuses a ReLU)
-  // and each layout.
+  // unset, the default: cuDNN's persistent calls, or in NCHW troupe's kernels where cuDNN refuses a
+  // ReLU) and each layout.
   template <typename Check>
   void forEachBatchNormWay(Check check) {
     for (const char* way : {"persistent", "spatial", "wide", "troupe", ""}) {

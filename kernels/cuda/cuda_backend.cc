@@ -605,10 +605,11 @@ class CudaInnerProduct final : public InnerProductOp {
 //   type and layout, where cuDNN fuses them only for 16-bit NHWC: for float32 NCHW, two passes
 //   over the activations fewer forward and three backward (its ReLU's mask recomputed from x, not
 //   read from y).
-// By default a batch norm with its ReLU goes troupe's way once cuDNN refuses the ReLU in its
+// By default an NCHW batch norm with its ReLU goes troupe's way once cuDNN refuses the ReLU in its
 // persistent calls (float32): on the H100, ResNet-50's float32 batch norms with a ReLU took 11.1
 // ms a step by troupe's kernels against 13.4 by cuDNN's and troupe's ReLU kernels (batch 64), and
-// the step 3.5% less; one without stays cuDNN's (1.15 ms against troupe's 1.37). Inference is
+// the step 3.5% less; one without stays cuDNN's (1.15 ms against troupe's 1.37). Channels-last
+// (TF32's layout) stays cuDNN's too: troupe's kernels have not been timed there. Inference is
 // cuDNN's spatial call (PyTorch's too), or wide where refused. $TROUPE_CUDA_BATCH_NORM (persistent,
 // spatial, wide or troupe) names the way to start from and keep to: the tests take each, the
 // benchmarks compare them.
@@ -629,7 +630,7 @@ class CudaBatchNorm final : public BatchNormOp {
     }
     const char* named = std::getenv("TROUPE_CUDA_BATCH_NORM");
     const std::string way = named ? named : "";
-    own_where_refused_ = way.empty() && g.relu;
+    own_where_refused_ = way.empty() && g.relu && !g.channels_last;
     train_way_ = way == "troupe" ? Way::kPersistent : firstWay(way);
     infer_way_ = train_way_ == Way::kWide ? Way::kWide : Way::kSpatial;
     if (way == "troupe") takeOwnWay();
@@ -969,9 +970,9 @@ class CudaBatchNorm final : public BatchNormOp {
   bool fuse_relu_ = true, trained_fused_ = false;
   Tensor beta_;
   cudnnActivationDescriptor_t relu_desc_ = nullptr;
-  // The troupe way ($TROUPE_CUDA_BATCH_NORM=troupe, or by default with a ReLU where cuDNN refuses
-  // it): training in troupe's own kernels (batchNormForward), the ReLU and add always in the same
-  // pass; inference stays cuDNN's.
+  // The troupe way ($TROUPE_CUDA_BATCH_NORM=troupe, or by default in NCHW with a ReLU where cuDNN
+  // refuses it): training in troupe's own kernels (batchNormForward), the ReLU and add always in
+  // the same pass; inference stays cuDNN's.
   bool own_ = false, trained_own_ = false, own_where_refused_ = false;
   BatchNormShape shape_;
   std::shared_ptr<void> partial_;  // batchNormScratch(shape_) doubles
