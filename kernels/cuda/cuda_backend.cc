@@ -262,11 +262,12 @@ class CudaConv final : public ConvOp {
     if (const ConvPlan* plan = planFor(kForward, act(x), act(w), act(y))) {
       plan->run(ctx_.cudnn, x.raw(), w.raw(), y.raw(), ctx_.scratch(plan->workspace()));
     } else {
-      void* ws = ctx_.scratch(algos_.workspace);
-      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.fwd_math));
+      const ConvAlgos& a = legacy();
+      void* ws = ctx_.scratch(a.workspace);
+      TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, a.fwd_math));
       TROUPE_CUDA_CHECK(cudnnConvolutionForward(ctx_.cudnn, &kOne, x_->get(), act(x), w_, act(w),
-                                                conv_, algos_.fwd, ws, algos_.workspace, &kZero,
-                                                y_->get(), act(y)));
+                                                conv_, a.fwd, ws, a.workspace, &kZero, y_->get(),
+                                                act(y)));
     }
     if (g_.bias) {
       channelBias(x.dtype(), act(y), act(b), g_.n, g_.out_channels, g_.outHeight() * g_.outWidth(),
@@ -294,11 +295,12 @@ class CudaConv final : public ConvOp {
       if (const ConvPlan* plan = planFor(kFilter, act(x), act(dw), act(dy))) {
         plan->run(ctx_.cudnn, x.raw(), dw.raw(), dy.raw(), ctx_.scratch(plan->workspace()));
       } else {
-        void* ws = ctx_.scratch(algos_.workspace);
-        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_filter_math));
-        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-            ctx_.cudnn, &kOne, x_->get(), act(x), y_->get(), act(dy), conv_, algos_.bwd_filter, ws,
-            algos_.workspace, &kZero, w_, act(dw)));
+        const ConvAlgos& a = legacy();
+        void* ws = ctx_.scratch(a.workspace);
+        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, a.bwd_filter_math));
+        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn, &kOne, x_->get(), act(x),
+                                                         y_->get(), act(dy), conv_, a.bwd_filter,
+                                                         ws, a.workspace, &kZero, w_, act(dw)));
       }
     }
     if (g_.bias && wanted(db)) {
@@ -310,11 +312,12 @@ class CudaConv final : public ConvOp {
       if (const ConvPlan* plan = planFor(kind, act(dx), act(w), act(dy))) {
         plan->run(ctx_.cudnn, dx.raw(), w.raw(), dy.raw(), ctx_.scratch(plan->workspace()));
       } else {
-        void* ws = ctx_.scratch(algos_.workspace);
-        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, algos_.bwd_data_math));
-        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(
-            ctx_.cudnn, &kOne, w_, act(w), y_->get(), act(dy), conv_, algos_.bwd_data, ws,
-            algos_.workspace, &dx_beta, x_->get(), act(dx)));
+        const ConvAlgos& a = legacy();
+        void* ws = ctx_.scratch(a.workspace);
+        TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, a.bwd_data_math));
+        TROUPE_CUDA_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn, &kOne, w_, act(w), y_->get(),
+                                                       act(dy), conv_, a.bwd_data, ws, a.workspace,
+                                                       &dx_beta, x_->get(), act(dx)));
       }
     }
   }
@@ -441,22 +444,29 @@ class CudaConv final : public ConvOp {
     // default math, which converts float32 to TF32 for tensor cores (its TENSOR_OP math would
     // not convert).
     TROUPE_CUDA_CHECK(cudnnSetConvolutionMathType(conv_, mathFor(dtype)));
-    const std::vector<std::int64_t> key{g.n,
-                                        g.channels,
-                                        g.height,
-                                        g.width,
-                                        g.out_channels,
-                                        g.kernel,
-                                        g.stride,
-                                        g.pad,
-                                        ctx_.options.tf32,
-                                        static_cast<std::int64_t>(dtype),
-                                        g.channels_last,
-                                        ctx_.options.deterministic};
-    auto it = cache_.find(key);
-    if (it == cache_.end()) it = cache_.emplace(key, measure()).first;
-    algos_ = it->second;
-    key_ = key;
+    key_ = {g.n,
+            g.channels,
+            g.height,
+            g.width,
+            g.out_channels,
+            g.kernel,
+            g.stride,
+            g.pad,
+            ctx_.options.tf32,
+            static_cast<std::int64_t>(dtype),
+            g.channels_last,
+            ctx_.options.deterministic};
+  }
+
+  // The legacy calls' algorithms for this geometry, measured on the first legacy call (once a
+  // backend): where plans are the way, only a direction cuDNN refused a plan needs them.
+  const ConvAlgos& legacy() {
+    if (!algos_) {
+      auto it = cache_.find(key_);
+      if (it == cache_.end()) it = cache_.emplace(key_, measure()).first;
+      algos_ = &it->second;  // a std::map's elements stay where they are
+    }
+    return *algos_;
   }
 
   cudnnMathType_t mathFor(DType dtype) const {
@@ -464,7 +474,7 @@ class CudaConv final : public ConvOp {
     return ctx_.options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
 
-  // cudnnFind* times every algorithm on scratch tensors of this geometry (once per geometry).
+  // cudnnFind* times every algorithm on scratch tensors of this geometry.
   ConvAlgos measure() {
     ConvAlgos a{};
     constexpr int kMax = 16;
@@ -511,7 +521,7 @@ class CudaConv final : public ConvOp {
   std::unique_ptr<TensorDesc> x_, y_;
   cudnnFilterDescriptor_t w_ = nullptr;
   cudnnConvolutionDescriptor_t conv_ = nullptr;
-  ConvAlgos algos_{};
+  const ConvAlgos* algos_ = nullptr;  // in cache_, from the first legacy call
 };
 
 class CudaPool final : public PoolOp {
