@@ -19,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "data/files.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -236,11 +237,7 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
 }
 
 Checkpoint loadCheckpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open checkpoint '" + path + "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string bytes = buffer.str();
+  const std::string bytes = data::readRegularFile(path, "checkpoint");
   if (bytes.size() < sizeof kMagic + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     throw InputError("'" + path + "' is not a troupe checkpoint");
   }
@@ -276,6 +273,7 @@ Checkpoint loadCheckpoint(const std::string& path) {
 }
 
 std::map<std::string, std::string> loadCheckpointMeta(const std::string& path) {
+  data::checkRegularFile(path, "checkpoint");  // a FIFO would block the open
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open checkpoint '" + path + "'");
   constexpr std::size_t kHead = sizeof kMagic + sizeof(std::uint32_t) + sizeof(std::uint64_t);

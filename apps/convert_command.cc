@@ -85,14 +85,30 @@ void addImages(CLI::App& convert) {
   cmd->add_option("--encode_type", args->options.encode_type,
                   "With --encoded: jpg or png (default: keep each file's format)")
       ->check(CLI::IsMember({"jpg", "png"}));
+  cmd->add_option("--max_image_pixels", args->options.max_image_pixels,
+                  "An image whose header declares more pixels (height x width) is bad")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max_image_bytes", args->options.max_image_bytes,
+                  "An image file of more bytes is bad (read no further than its size)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_flag("--skip-bad-images,--skip_bad_images", args->options.skip_bad_images,
+                "Skip (and count) bad images, as Caffe's convert_imageset, instead of failing");
   cmd->callback([args] {
     args->options.type = data::parseDbType(args->db);
     const auto start = std::chrono::steady_clock::now();
-    const std::int64_t count =
+    const data::ImagesetStats stats =
         data::convertImageset(args->list, args->root, args->out, args->options);
-    spdlog::info("wrote {} records ({}{}) to {} in {:.2f} s", count,
+    for (const auto& why : stats.first_skipped)
+      spdlog::warn("skipped: {}", why);
+    if (stats.skipped > static_cast<std::int64_t>(stats.first_skipped.size())) {
+      spdlog::warn("skipped {} more bad images", stats.skipped - stats.first_skipped.size());
+    }
+    spdlog::info("wrote {} records ({}{}) to {} in {:.2f} s{}", stats.written,
                  data::toString(args->options.type), args->options.encoded ? ", encoded" : "",
-                 args->out, secondsSince(start));
+                 args->out, secondsSince(start),
+                 stats.skipped > 0 ? fmt::format("; skipped {} bad images", stats.skipped) : "");
   });
 }
 

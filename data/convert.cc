@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <optional>
 
 #include "data/dataset.h"
 #include "data/datum.h"
+#include "data/files.h"
 #include "data/image.h"
 #include "data/image_transform.h"
 #include "troupe/error.h"
@@ -141,8 +143,7 @@ void checkNewDb(const std::string& path, DbType type) {
   }
 }
 
-std::int64_t writeIdxSet(const IdxSet& set, const std::string& path, DbType type, bool encoded) {
-  auto db = createDb(path, type);
+std::int64_t writeIdxSet(const IdxSet& set, DbWriter& db, bool encoded) {
   caffe::Datum datum;
   datum.set_channels(1);
   datum.set_height(set.rows);
@@ -163,9 +164,8 @@ std::int64_t writeIdxSet(const IdxSet& set, const std::string& path, DbType type
     }
     datum.set_label(set.label(i));
     datum.SerializeToString(&value);
-    db->put(fmt::format("{:08d}", i), value);
+    db.put(fmt::format("{:08d}", i), value);
   }
-  db->commit();
   return set.count;
 }
 
@@ -207,9 +207,7 @@ std::vector<CifarFile> readCifarFiles(const std::string& dir,
   return files;
 }
 
-std::int64_t writeCifarSet(const std::vector<CifarFile>& files, const std::string& path,
-                           DbType type, bool encoded) {
-  auto db = createDb(path, type);
+std::int64_t writeCifarSet(const std::vector<CifarFile>& files, DbWriter& db, bool encoded) {
   caffe::Datum datum;
   datum.set_channels(3);
   datum.set_height(kCifarSide);
@@ -237,14 +235,14 @@ std::int64_t writeCifarSet(const std::vector<CifarFile>& files, const std::strin
       }
       datum.set_label(static_cast<unsigned char>(file.bytes[at]));
       datum.SerializeToString(&value);
-      db->put(fmt::format("{:05d}", index++), value);
+      db.put(fmt::format("{:05d}", index++), value);
     }
   }
-  db->commit();
   return index;
 }
 
-// out_dir/train and out_dir/test, both checked before either is written: write(set, path).
+// out_dir/train and out_dir/test, both checked before either is written, and both published
+// once both are written: write(set, writer).
 template <typename Set, typename Write>
 ConvertStats writeTrainAndTest(const std::string& out_dir, DbType type, const Set& train,
                                const Set& test, Write write) {
@@ -252,9 +250,13 @@ ConvertStats writeTrainAndTest(const std::string& out_dir, DbType type, const Se
   const std::string test_db = (fs::path(out_dir) / "test").string();
   checkNewDb(train_db, type);
   checkNewDb(test_db, type);
+  auto train_writer = createDb(train_db, type);
+  auto test_writer = createDb(test_db, type);
   ConvertStats stats;
-  stats.train = write(train, train_db);
-  stats.test = write(test, test_db);
+  stats.train = write(train, *train_writer);
+  stats.test = write(test, *test_writer);
+  train_writer->publish();
+  test_writer->publish();
   return stats;
 }
 
@@ -300,14 +302,6 @@ std::vector<ListEntry> readList(const std::string& list_file) {
   return entries;
 }
 
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(detail::concat("cannot open '", path, "'"));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw IoError(detail::concat("cannot read '", path, "'"));
-  return bytes;
-}
-
 ImageFormat formatFromName(std::string name, const std::string& what) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -327,10 +321,9 @@ ConvertStats convertFashionMnist(const std::string& source_dir, const std::strin
   }
   const IdxSet train = readIdxSet(source_dir, "train");
   const IdxSet test = readIdxSet(source_dir, "t10k");
-  return writeTrainAndTest(out_dir, type, train, test,
-                           [&](const IdxSet& set, const std::string& db) {
-                             return writeIdxSet(set, db, type, encoded);
-                           });
+  return writeTrainAndTest(out_dir, type, train, test, [&](const IdxSet& set, DbWriter& db) {
+    return writeIdxSet(set, db, encoded);
+  });
 }
 
 ConvertStats convertCifar10(const std::string& source_dir, const std::string& out_dir, DbType type,
@@ -350,13 +343,13 @@ ConvertStats convertCifar10(const std::string& source_dir, const std::string& ou
   const auto train = readCifarFiles(dir, train_names);
   const auto test = readCifarFiles(dir, {"test_batch.bin"});
   return writeTrainAndTest(out_dir, type, train, test,
-                           [&](const std::vector<CifarFile>& set, const std::string& db) {
-                             return writeCifarSet(set, db, type, encoded);
+                           [&](const std::vector<CifarFile>& set, DbWriter& db) {
+                             return writeCifarSet(set, db, encoded);
                            });
 }
 
-std::int64_t convertImageset(const std::string& list_file, const std::string& root,
-                             const std::string& out_db, const ImagesetOptions& options) {
+ImagesetStats convertImageset(const std::string& list_file, const std::string& root,
+                              const std::string& out_db, const ImagesetOptions& options) {
   if ((options.resize_height > 0) != (options.resize_width > 0) || options.resize_height < 0 ||
       options.resize_width < 0) {
     throw InputError(detail::concat("resize needs both a height and a width > 0, got ",
@@ -366,6 +359,10 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
     throw InputError(detail::concat(
         "resize (the short side) must be > 0 and excludes resize_height and resize_width, got ",
         options.resize_short, " with ", options.resize_height, "x", options.resize_width));
+  }
+  if (options.max_image_pixels < 1 || options.max_image_bytes < 1) {
+    throw InputError(detail::concat("max_image_pixels and max_image_bytes must be > 0, got ",
+                                    options.max_image_pixels, " and ", options.max_image_bytes));
   }
   const bool resize = options.resize_height > 0 || options.resize_short > 0;
   std::optional<ImageFormat> encode_as;
@@ -390,23 +387,22 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
   Image image;
   std::string value;
   std::optional<ImageInfo> raw_shape;
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const ListEntry& entry = entries[i];
-    const std::string path = root.empty() ? entry.path : (fs::path(root) / entry.path).string();
-    const auto where = [&] {
-      return detail::concat("image '", path, "' (list '", list_file, "' line ", entry.line, ")");
-    };
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) throw InputError(where() + " does not exist");
-    const std::string bytes = readFile(path);
+  ImagesetStats stats;
+  // The image at path as a Datum in `datum`; InputError (without the list's line) if it is bad.
+  const auto toDatum = [&](const ListEntry& entry, const std::string& path) {
+    const std::string bytes =
+        readRegularFile(path, "image", options.max_image_bytes, "max_image_bytes");
     const ImageFormat format = sniffImageFormat(bytes);
-    if (format == ImageFormat::kUnknown) throw InputError(where() + " is not a JPEG or PNG image");
     ImageInfo info;
     try {
+      if (format == ImageFormat::kUnknown) throw InputError("is not a JPEG or PNG image");
       info = probeImage(bytes);
-      decodeImage(bytes, channels, image);
+      decodeImage(bytes, channels, image, options.max_image_pixels);
     } catch (const InputError& e) {
-      throw InputError(detail::concat(where(), ": ", e.what()));
+      throw InputError(detail::concat("image '", path, "' ", e.what()));
+    } catch (const std::bad_alloc&) {
+      throw InputError(detail::concat("image '", path, "' (", info.width, "x", info.height,
+                                      ") does not fit in memory decoded"));
     }
     if (options.resize_short > 0) {
       const ImageSize size = shortSideResized(image.height, image.width, options.resize_short);
@@ -414,7 +410,6 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
     } else if (resize) {
       image = resizeBilinear(image, options.resize_height, options.resize_width);
     }
-
     datum.Clear();
     datum.set_label(entry.label);
     datum.set_channels(image.channels);
@@ -422,38 +417,60 @@ std::int64_t convertImageset(const std::string& list_file, const std::string& ro
     datum.set_width(image.width);
     if (options.encoded) {
       const ImageFormat target =
-          encode_as ? *encode_as
-                    : formatFromName(fs::path(entry.path).extension().string(), where());
+          encode_as ? *encode_as : formatFromName(fs::path(entry.path).extension().string(), path);
       datum.set_encoded(true);
       if (!resize && info.channels == channels && format == target) {
         datum.set_data(bytes);  // the file as it is
       } else {
         datum.set_data(target == ImageFormat::kPng ? encodePng(image) : encodeJpeg(image));
       }
-    } else {
+      return;
+    }
+    std::string* data = datum.mutable_data();
+    const int c = image.channels;
+    const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
+    data->resize(plane * c);
+    for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
+      for (std::size_t j = 0; j < plane; ++j) {
+        (*data)[k * plane + j] = static_cast<char>(image.pixels[j * c + k]);
+      }
+    }
+  };
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const ListEntry& entry = entries[i];
+    const std::string path = root.empty() ? entry.path : (fs::path(root) / entry.path).string();
+    const auto where = [&] { return detail::concat("list '", list_file, "' line ", entry.line); };
+    try {
+      toDatum(entry, path);
+    } catch (const InputError& e) {
+      if (!options.skip_bad_images) throw InputError(detail::concat(e.what(), " (", where(), ")"));
+      if (stats.first_skipped.size() < ImagesetStats::kNamed) {
+        stats.first_skipped.push_back(detail::concat(e.what(), " (", where(), ")"));
+      }
+      ++stats.skipped;
+      continue;
+    }
+    if (!options.encoded) {
       if (!raw_shape) raw_shape = ImageInfo{image.height, image.width, image.channels};
       if (image.height != raw_shape->height || image.width != raw_shape->width) {
-        throw InputError(detail::concat(where(), " is ", image.height, "x", image.width,
-                                        ", the first image ", raw_shape->height, "x",
+        throw InputError(detail::concat("image '", path, "' (", where(), ") is ", image.height, "x",
+                                        image.width, ", the first image ", raw_shape->height, "x",
                                         raw_shape->width,
                                         "; raw records must share one size (use --resize_height "
                                         "and --resize_width)"));
       }
-      std::string* data = datum.mutable_data();
-      const int c = image.channels;
-      const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
-      data->resize(plane * c);
-      for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
-        for (std::size_t j = 0; j < plane; ++j) {
-          (*data)[k * plane + j] = static_cast<char>(image.pixels[j * c + k]);
-        }
-      }
     }
     datum.SerializeToString(&value);
     db->put(fmt::format("{:08d}_{}", i, entry.path), value);
+    ++stats.written;
   }
-  db->commit();
-  return static_cast<std::int64_t>(entries.size());
+  if (stats.written == 0 && stats.skipped > 0) {
+    throw InputError(detail::concat("no image of list '", list_file, "' could be converted: all ",
+                                    stats.skipped,
+                                    " were bad, the first: ", stats.first_skipped.front()));
+  }
+  db->publish();
+  return stats;
 }
 
 }  // namespace troupe::data

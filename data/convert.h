@@ -4,8 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "data/db.h"
+#include "data/image.h"
 
 namespace troupe::data {
 
@@ -57,17 +59,35 @@ struct ImagesetOptions {
   // ("jpg" at quality 95, or "png"). An empty encode_type means the file's extension.
   bool encoded = false;
   std::string encode_type;
+  // Limits checked before an image is read or decoded: a file of more bytes (a 6 GiB file named
+  // .png) and a header declaring more pixels (a PNG of 200 bytes claiming 65535 x 65535, a zlib
+  // bomb) are bad images. The defaults fit ImageNet (its largest file is about 15 MB, its
+  // largest image about 35 million pixels).
+  std::uint64_t max_image_bytes = std::uint64_t{64} << 20;
+  std::int64_t max_image_pixels = kMaxImagePixels;
+  // A bad image (missing, not a regular file, over a limit, not a JPEG or PNG, not decodable) is
+  // skipped and counted, as Caffe's convert_imageset does; without it, it fails the conversion.
+  bool skip_bad_images = false;
+};
+
+struct ImagesetStats {
+  std::int64_t written = 0;
+  std::int64_t skipped = 0;
+  // Why the first kNamed skipped images were skipped, each naming the image and its line.
+  std::vector<std::string> first_skipped;
+  static constexpr std::size_t kNamed = 20;
 };
 
 // What Caffe's convert_imageset does. list_file holds lines "relative/path.jpg LABEL" (the label
 // after the last blank, so paths may hold spaces; blank lines are skipped); images (JPEG or PNG)
 // are read from root/relative/path.jpg. Keys are "%08d_%s" (index after shuffling, path as in the
 // list). Raw records hold C x H x W uint8 pixels in BGR order, as Caffe's; without a resize to
-// resize_height x resize_width they must all have the first image's size. Returns the number of
-// records written. Throws InputError naming the image and the list's line number for a missing or
-// undecodable image, InputError naming the list for a missing list or a malformed line, and as
-// createDb() for the output.
-std::int64_t convertImageset(const std::string& list_file, const std::string& root,
-                             const std::string& out_db, const ImagesetOptions& options);
+// resize_height x resize_width they must all have the first image's size. The database appears
+// at out_db only once every record is written (createDb): a conversion that fails leaves none.
+// Throws InputError naming the image and the list's line number for a bad image (unless
+// skip_bad_images) or a raw record of another size, InputError naming the list for a missing list
+// or a malformed line, or when every image was skipped, and as createDb() for the output.
+ImagesetStats convertImageset(const std::string& list_file, const std::string& root,
+                              const std::string& out_db, const ImagesetOptions& options);
 
 }  // namespace troupe::data

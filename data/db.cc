@@ -1,5 +1,10 @@
 #include "data/db.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -14,6 +19,51 @@ namespace {
 std::string_view withArticle(DbType type) {
   return type == DbType::kLmdb ? "an lmdb" : "a leveldb";
 }
+
+// createDb's writer: the backend's, in a staging folder that publish() renames to the path.
+class StagedWriter final : public DbWriter {
+ public:
+  StagedWriter(std::string path, fs::path staging, DbType type)
+      : path_(std::move(path)), staging_(std::move(staging)) {
+    backend_ = type == DbType::kLmdb ? internal::createLmdb(staging_.string())
+                                     : internal::createLevelDb(staging_.string());
+  }
+  ~StagedWriter() override {
+    if (published_) return;
+    backend_.reset();
+    std::error_code ec;
+    fs::remove_all(staging_, ec);
+  }
+
+  void put(std::string_view key, std::string_view value) override {
+    TROUPE_ENFORCE(backend_, "a put into database '", path_, "' after its publish()");
+    backend_->put(key, value);
+  }
+
+  void publish() override {
+    TROUPE_ENFORCE(backend_, "database '", path_, "' published twice");
+    backend_->commit();
+    backend_.reset();
+    // Onto a missing path, or an empty folder (which rename replaces).
+    if (::rename(staging_.c_str(), path_.c_str()) != 0) {
+      throw IoError(detail::concat("cannot publish database '", path_, "' (from '",
+                                   staging_.string(), "'): ", std::strerror(errno)));
+    }
+    published_ = true;
+    const fs::path parent = staging_.has_parent_path() ? staging_.parent_path() : fs::path(".");
+    const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::fsync(fd);
+      ::close(fd);
+    }
+  }
+
+ private:
+  std::string path_;
+  fs::path staging_;
+  std::unique_ptr<internal::BackendWriter> backend_;
+  bool published_ = false;
+};
 }  // namespace
 
 DbType parseDbType(std::string_view name) {
@@ -54,14 +104,23 @@ std::unique_ptr<DbWriter> createDb(const std::string& path, DbType type) {
       throw InputError(detail::concat("cannot create ", toString(type), " database '", path,
                                       "': the folder exists and is not empty"));
     }
-  } else {
-    fs::create_directories(path, ec);
-    if (ec) {
-      throw IoError(detail::concat("cannot create ", toString(type), " database folder '", path,
-                                   "': ", ec.message()));
-    }
   }
-  return type == DbType::kLmdb ? internal::createLmdb(path) : internal::createLevelDb(path);
+  fs::path target = fs::path(path).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();
+  const fs::path staging = target.parent_path() /
+                           detail::concat(".", target.filename().string(), ".partial-", ::getpid());
+  fs::remove_all(staging, ec);  // a folder of an earlier process with this pid
+  fs::create_directories(staging, ec);
+  if (ec) {
+    throw IoError(detail::concat("cannot create ", toString(type), " database folder '",
+                                 staging.string(), "' (for '", path, "'): ", ec.message()));
+  }
+  try {
+    return std::make_unique<StagedWriter>(path, staging, type);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
 }
 
 std::unique_ptr<DbReader> openDb(const std::string& path, DbType type) {

@@ -33,21 +33,25 @@ std::string_view toString(DbType type);
 // MANIFEST-* for LevelDB); nullopt if path is missing or holds neither. Never throws.
 std::optional<DbType> detectDbType(const std::string& path);
 
+// A new database, written in a staging folder beside its path (".NAME.partial-PID") and moved
+// to its path whole by publish(): until then no reader finds it, and a writer destroyed before
+// publish() (a conversion that failed half way, an exception) removes the staging folder with what
+// was put, so that no half-written database is ever there to train on. Used from one thread.
 class DbWriter {
  public:
   virtual ~DbWriter() = default;
   // Puts are buffered and committed every kCommitEvery puts. A key put twice keeps the last value.
   virtual void put(std::string_view key, std::string_view value) = 0;
-  // Makes every put so far durable (committed and synced to disk); throws IoError on failure.
-  // Call it before dropping the writer: the destructor commits what is left, but can only swallow
-  // an error there.
-  virtual void commit() = 0;
+  // Makes every put durable (committed and synced to disk), closes the database and moves it to
+  // its path; the writer takes no put after it. Throws IoError naming the path on failure (the
+  // staging folder is then removed by the destructor).
+  virtual void publish() = 0;
 
   static constexpr int kCommitEvery = 1000;
 };
 
-// Creates a new database at path (and its parent folders); refuses (InputError) if path exists
-// and is not an empty folder, and throws IoError if the folder cannot be created or written.
+// Creates a new database for path (and its parent folders); refuses (InputError) if path exists
+// and is not an empty folder, and throws IoError if a folder cannot be created or written.
 // LMDB maps up to 1 TiB of address space (sparse: the file grows only as records are written).
 std::unique_ptr<DbWriter> createDb(const std::string& path, DbType type);
 

@@ -63,9 +63,18 @@ std::shared_ptr<T> sharedPerDatabase(const std::string& path, Open open) {
   });
 }
 
-std::unique_ptr<DbWriter> createLmdb(const std::string& path);
+// A backend's writer at one folder: puts, and a commit that makes them durable. Destroying it
+// closes the database without committing what is buffered (createDb's writer removes it then).
+class BackendWriter {
+ public:
+  virtual ~BackendWriter() = default;
+  virtual void put(std::string_view key, std::string_view value) = 0;
+  virtual void commit() = 0;
+};
+
+std::unique_ptr<BackendWriter> createLmdb(const std::string& path);
 std::unique_ptr<DbReader> openLmdb(const std::string& path);
-std::unique_ptr<DbWriter> createLevelDb(const std::string& path);
+std::unique_ptr<BackendWriter> createLevelDb(const std::string& path);
 std::unique_ptr<DbReader> openLevelDb(const std::string& path);
 
 }  // namespace troupe::data::internal

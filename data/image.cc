@@ -198,11 +198,11 @@ const char* decodeRegion(JpegDecoder& d, RegionJob& job) {
   return d.errors.truncated ? "a truncated JPEG (its data end before the image does)" : nullptr;
 }
 
-void decodeJpeg(std::string_view bytes, int channels, Image& out) {
+void decodeJpeg(std::string_view bytes, int channels, Image& out, std::int64_t max_pixels) {
   const ImageInfo info = probeJpeg(bytes);
   ImageRegion region;
   region.image = std::move(out);
-  decodeJpegRegion(bytes, 1, Rect{0, 0, info.width, info.height}, channels, region);
+  decodeJpegRegion(bytes, 1, Rect{0, 0, info.width, info.height}, channels, region, max_pixels);
   out = std::move(region.image);
 }
 
@@ -238,9 +238,10 @@ void convertChannels(const std::vector<std::uint8_t>& in, int in_channels, Image
   }
 }
 
-void decodePng(std::string_view bytes, int channels, Image& out) {
+void decodePng(std::string_view bytes, int channels, Image& out, std::int64_t max_pixels) {
   PngImage png;
   const ImageInfo info = probePng(bytes, png);
+  checkImagePixels(info.height, info.width, max_pixels);
   if (channels == 0) channels = info.channels;
   png.image.format = info.channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_BGR;
   out.height = info.height;
@@ -293,18 +294,27 @@ ImageInfo probeImage(std::string_view bytes) {
   }
 }
 
+void checkImagePixels(std::int64_t height, std::int64_t width, std::int64_t max_pixels) {
+  if (height * width > max_pixels) {
+    throw InputError(detail::concat("is a ", width, "x", height, " image, over the limit of ",
+                                    max_pixels, " pixels"));
+  }
+}
+
 int scaledJpegSide(int side, int denominator) {
   return (side + denominator - 1) / denominator;
 }
 
 void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int channels,
-                      ImageRegion& out) {
+                      ImageRegion& out, std::int64_t max_pixels) {
   checkChannels(channels);
   if (denominator != 1 && denominator != 2 && denominator != 4 && denominator != 8) {
     throw InputError(detail::concat("cannot decode a JPEG at 1/", denominator,
                                     " of its size (only 1, 2, 4 or 8)"));
   }
   if (sniffImageFormat(bytes) != ImageFormat::kJpeg) throw InputError("not a JPEG image");
+  const ImageInfo info = probeJpeg(bytes);  // libjpeg allocates for the whole image at its start
+  checkImagePixels(info.height, info.width, max_pixels);
   thread_local JpegDecoder decoder;
   RegionJob job{bytes, denominator, region, channels, &out, {}};
   if (const char* error = decodeRegion(decoder, job)) {
@@ -315,13 +325,13 @@ void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int 
   }
 }
 
-void decodeImage(std::string_view bytes, int channels, Image& out) {
+void decodeImage(std::string_view bytes, int channels, Image& out, std::int64_t max_pixels) {
   checkChannels(channels);
   switch (sniffImageFormat(bytes)) {
     case ImageFormat::kJpeg:
-      return decodeJpeg(bytes, channels, out);
+      return decodeJpeg(bytes, channels, out, max_pixels);
     case ImageFormat::kPng:
-      return decodePng(bytes, channels, out);
+      return decodePng(bytes, channels, out, max_pixels);
     default:
       throw InputError("not a JPEG or PNG image");
   }

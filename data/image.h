@@ -34,6 +34,16 @@ struct ImageInfo {
 // Reads the header only.
 ImageInfo probeImage(std::string_view bytes);
 
+// The most pixels (height x width) an image may declare: 100 million pixels are 300 MB decoded,
+// beyond any photograph data set (ImageNet's largest is about 35 million); a header claiming more
+// is corrupt or hostile (a few hundred bytes of PNG or JPEG may claim 65535 x 65535).
+inline constexpr std::int64_t kMaxImagePixels = 100'000'000;
+
+// Throws InputError ("is a WxH image, over the limit of N pixels") when height x width exceeds
+// max_pixels: checked from the header, before anything of the image is allocated.
+void checkImagePixels(std::int64_t height, std::int64_t width,
+                      std::int64_t max_pixels = kMaxImagePixels);
+
 // Columns [x, x + width) and rows [y, y + height) of an image.
 struct Rect {
   int x = 0;
@@ -62,15 +72,17 @@ int scaledJpegSide(int side, int denominator);
 // outermost may not be (libjpeg upsamples chroma at the edge of what it decodes from the edge). The
 // libjpeg API of libjpeg-turbo, since the TurboJPEG API of its 2.1 release (Debian 12's) crops
 // nothing. Throws InputError for bytes that are not a JPEG, a CMYK/YCCK JPEG, data that end before
-// the region does (truncated) or do not decode, and a denominator or channel count outside those
-// above.
+// the region does (truncated) or do not decode, a denominator or channel count outside those
+// above, and a header declaring more than max_pixels (checkImagePixels) before any decoding.
 void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int channels,
-                      ImageRegion& out);
+                      ImageRegion& out, std::int64_t max_pixels = kMaxImagePixels);
 
 // Decodes into `out` (its buffer is reused) as `channels` channels: 1 converts color to gray
 // (luma), 3 replicates gray, 0 keeps the file's own (gray or BGR). Alpha is dropped; 16-bit PNGs
-// are reduced to 8 bits. JPEGs decode as decodeJpegRegion's whole image, with its errors.
-void decodeImage(std::string_view bytes, int channels, Image& out);
+// are reduced to 8 bits. JPEGs decode as decodeJpegRegion's whole image, with its errors; an image
+// declaring more than max_pixels is refused from its header.
+void decodeImage(std::string_view bytes, int channels, Image& out,
+                 std::int64_t max_pixels = kMaxImagePixels);
 
 std::string encodePng(const Image& image);
 // quality 1..100; 95 is OpenCV's default, which Caffe's convert_imageset uses.

@@ -28,13 +28,6 @@ std::vector<float> perChannel(const std::vector<float>& values, int channels, co
   return values;
 }
 
-void checkPixels(std::int64_t height, std::int64_t width) {
-  if (height * width > kMaxImagePixels) {
-    throw InputError(detail::concat("is a ", width, "x", height, " image, over the limit of ",
-                                    kMaxImagePixels, " pixels"));
-  }
-}
-
 template <typename T>
 T store(float v);
 template <>
@@ -186,7 +179,7 @@ void ImageTransform::encodedTo(std::string_view bytes, SplitMix64& rng, T* out) 
     const Rect want{across_.first.front(), down_.first.front(),
                     across_.first.back() + across_.count.back() - across_.first.front(),
                     down_.first.back() + down_.count.back() - down_.first.front()};
-    checkPixels(want.height, want.width);
+    checkImagePixels(want.height, want.width);
     decodeJpegRegion(bytes, d, want, channels_, region_);
     TROUPE_ENFORCE(region_.full_width == full_w && region_.full_height == full_h,
                    "libjpeg scaled a ", info.width, "x", info.height, " JPEG by 1/", d, " to ",
@@ -196,7 +189,7 @@ void ImageTransform::encodedTo(std::string_view bytes, SplitMix64& rng, T* out) 
     resample(region_.image, w, out);
     return;
   }
-  checkPixels(info.height, info.width);
+  checkImagePixels(info.height, info.width);
   decodeImage(bytes, channels_, image_);
   pad > 0 ? fromPadded(w, out) : fromWhole(w, out);
 }
@@ -248,7 +241,7 @@ void ImageTransform::rawTo(const std::uint8_t* chw, int channels, int height, in
     throw InputError(detail::concat("has size ", height, "x", width, ", expected ", height_, "x",
                                     width_, " (set crop for images of any size)"));
   }
-  checkPixels(height, width);
+  checkImagePixels(height, width);
   const Window w = window(height, width, rng);
   image_.height = height;
   image_.width = width;

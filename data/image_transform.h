@@ -49,10 +49,6 @@ struct ImageTransformOptions {
   }
 };
 
-// Larger images are refused: 100 million pixels are 300 MB decoded, beyond any photograph data
-// set (ImageNet's largest is about 35 megapixels); a header claiming more is corrupt or hostile.
-inline constexpr std::int64_t kMaxImagePixels = 100'000'000;
-
 // The whole image resized to height x width with the transform's antialiased filter (what
 // `troupe convert images --resize` stores). InputError for a size below 1.
 Image resizeAntialiased(const Image& image, int height, int width);

@@ -26,7 +26,7 @@ leveldb::Slice toSlice(std::string_view bytes) {
   return {bytes.data(), bytes.size()};
 }
 
-class LevelDbWriter final : public DbWriter {
+class LevelDbWriter final : public BackendWriter {
  public:
   explicit LevelDbWriter(std::string path) : path_(std::move(path)) {
     leveldb::Options options;
@@ -38,16 +38,9 @@ class LevelDbWriter final : public DbWriter {
     db_.reset(db);
   }
 
-  ~LevelDbWriter() override {
-    try {
-      commit();
-    } catch (...) {
-    }
-  }
-
   void put(std::string_view key, std::string_view value) override {
     batch_.Put(toSlice(key), toSlice(value));
-    if (++pending_ >= kCommitEvery) write(false);
+    if (++pending_ >= DbWriter::kCommitEvery) write(false);
   }
 
   void commit() override { write(true); }
@@ -134,7 +127,7 @@ class LevelDbReader final : public DbReader {
 
 }  // namespace
 
-std::unique_ptr<DbWriter> createLevelDb(const std::string& path) {
+std::unique_ptr<BackendWriter> createLevelDb(const std::string& path) {
   return std::make_unique<LevelDbWriter>(path);
 }
 

@@ -36,7 +36,7 @@ std::string_view toView(const MDB_val& val) {
   return {static_cast<const char*>(val.mv_data), val.mv_size};
 }
 
-class LmdbWriter final : public DbWriter {
+class LmdbWriter final : public BackendWriter {
  public:
   explicit LmdbWriter(std::string path) : path_(std::move(path)) {
     check(mdb_env_create(&env_), path_, "mdb_env_create");
@@ -51,10 +51,6 @@ class LmdbWriter final : public DbWriter {
   }
 
   ~LmdbWriter() override {
-    try {
-      commit();
-    } catch (...) {
-    }
     if (txn_) mdb_txn_abort(txn_);
     mdb_env_close(env_);
   }
@@ -64,7 +60,7 @@ class LmdbWriter final : public DbWriter {
     MDB_val k = toVal(key);
     MDB_val v = toVal(value);
     check(mdb_put(txn_, dbi_, &k, &v, 0), path_, "mdb_put");
-    if (++pending_ >= kCommitEvery) commitTxn();
+    if (++pending_ >= DbWriter::kCommitEvery) commitTxn();
   }
 
   void commit() override {
@@ -121,6 +117,12 @@ class LmdbEnv {
       mdb_env_close(env_);
       fail(rc, path, "mdb_env_open");
     }
+    try {
+      checkWhole(path);
+    } catch (...) {
+      mdb_env_close(env_);
+      throw;
+    }
     // Slots that killed processes left (a restarted worker's) are freed, or they would fill
     // the table and pin old snapshots.
     int dead = 0;
@@ -132,6 +134,26 @@ class LmdbEnv {
   MDB_env* get() const { return env_; }
 
  private:
+  // The map reaches past the end of a truncated data.mdb (a copy cut short, a full disk): a read
+  // of a page beyond the file's end is a SIGBUS that no error handling catches. Every page the
+  // last transaction used must lie within the file.
+  void checkWhole(const std::string& path) const {
+    MDB_envinfo info;
+    MDB_stat stat;
+    check(mdb_env_info(env_, &info), path, "mdb_env_info");
+    check(mdb_env_stat(env_, &stat), path, "mdb_env_stat");
+    const auto needed = (static_cast<std::uint64_t>(info.me_last_pgno) + 1) * stat.ms_psize;
+    std::error_code ec;
+    const auto file = (std::filesystem::path(path) / "data.mdb").string();
+    const auto size = std::filesystem::file_size(file, ec);
+    if (ec) throw IoError(detail::concat("lmdb database '", path, "': ", file, ": ", ec.message()));
+    if (size < needed) {
+      throw InputError(detail::concat("lmdb database '", path, "' is truncated: its data.mdb has ",
+                                      size, " bytes, but its pages reach byte ", needed,
+                                      " (copy it again, or convert it again)"));
+    }
+  }
+
   MDB_env* env_ = nullptr;
 };
 
@@ -213,7 +235,7 @@ class LmdbReader final : public DbReader {
 
 }  // namespace
 
-std::unique_ptr<DbWriter> createLmdb(const std::string& path) {
+std::unique_ptr<BackendWriter> createLmdb(const std::string& path) {
   return std::make_unique<LmdbWriter>(path);
 }
 

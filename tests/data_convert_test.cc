@@ -10,6 +10,8 @@
 #include <fstream>
 #include <set>
 
+#include <sys/stat.h>
+
 #include "data/convert.h"
 #include "data/dataset.h"
 #include "data/datum.h"
@@ -477,7 +479,7 @@ TEST_F(ImagesetTest, ResizedRawRecordsHaveCaffeKeysAndBgrPlanes) {
   ImagesetOptions options;
   options.resize_height = 6;
   options.resize_width = 5;
-  EXPECT_EQ(convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options), 6);
+  EXPECT_EQ(convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options).written, 6);
   const auto keys = keysOf("db");
   ASSERT_EQ(keys.size(), 6u);
   EXPECT_EQ(keys[0], "00000000_sub/img 0.png");
@@ -633,6 +635,134 @@ TEST_F(ImagesetTest, CliWritesLevelDbAndReportsMissingImage) {
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.output,
               AllOf(HasSubstr("nope.jpg"), HasSubstr("line 8"), Not(HasSubstr("unexpected"))));
+}
+
+// A PNG of nothing but its signature and an IHDR chunk declaring width x height (8-bit gray): what
+// a hostile or corrupt file of a few dozen bytes may claim.
+std::string pngHeaderClaiming(std::uint32_t width, std::uint32_t height) {
+  std::string chunk = "IHDR";
+  for (const std::uint32_t v : {width, height}) {
+    for (int shift = 24; shift >= 0; shift -= 8)
+      chunk.push_back(static_cast<char>((v >> shift) & 0xFF));
+  }
+  chunk += std::string("\x08\x00\x00\x00\x00", 5);  // depth 8, gray, deflate, no filter, no
+  // Then an IDAT of a few rows' deflated zeros (libpng reads up to it for the header) and IEND.
+  std::string rows(64, '\0'), idat(128, '\0');
+  uLongf idat_size = idat.size();
+  compress(reinterpret_cast<Bytef*>(idat.data()), &idat_size,
+           reinterpret_cast<const Bytef*>(rows.data()), rows.size());
+  idat.resize(idat_size);
+  std::string png("\x89PNG\r\n\x1a\n", 8);
+  const auto put32 = [&](std::uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8)
+      png.push_back(static_cast<char>((v >> shift) & 0xFF));
+  };
+  for (const std::string& c : {chunk, "IDAT" + idat, std::string("IEND")}) {
+    put32(static_cast<std::uint32_t>(c.size() - 4));
+    png += c;
+    put32(static_cast<std::uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(c.data()), static_cast<uInt>(c.size()))));
+  }
+  return png;
+}
+
+// A real JPEG whose frame header (SOF0) is rewritten to claim width x height.
+std::string jpegClaiming(const Image& image, std::uint16_t width, std::uint16_t height) {
+  std::string jpeg = encodeJpeg(image);
+  const auto sof = jpeg.find("\xFF\xC0");
+  EXPECT_NE(sof, std::string::npos);
+  jpeg[sof + 5] = static_cast<char>(height >> 8);
+  jpeg[sof + 6] = static_cast<char>(height & 0xFF);
+  jpeg[sof + 7] = static_cast<char>(width >> 8);
+  jpeg[sof + 8] = static_cast<char>(width & 0xFF);
+  return jpeg;
+}
+
+// Headers declaring more pixels than max_image_pixels (65535 x 65535 in 45 bytes of PNG; 20000 x
+// 20000 in a JPEG of a few hundred) were decoded into memory until the OOM killer came; 999999 x
+// 999999 ended in "unexpected error: std::bad_alloc" naming neither file nor line. Each is refused
+// from its header, naming the image, its line and the limit.
+TEST_F(ImagesetTest, AnImageDeclaringMorePixelsThanTheLimitIsRefusedFromItsHeader) {
+  std::ofstream(dir_ / "root/huge.png", std::ios::binary) << pngHeaderClaiming(65535, 65535);
+  std::ofstream(dir_ / "root/wide.png", std::ios::binary) << pngHeaderClaiming(999999, 999999);
+  std::ofstream(dir_ / "root/huge.jpg", std::ios::binary) << jpegClaiming(images_[0], 20000, 20000);
+  ImagesetOptions options;
+  options.resize_height = options.resize_width = 4;
+  for (const std::string name : {"huge.png", "wide.png", "huge.jpg"}) {
+    std::ofstream(dir_ / "list.txt") << names_[0] << " 0\n" << name << " 1\n";
+    for (const bool encoded : {false, true}) {
+      options.encoded = encoded;
+      const std::string error =
+          errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options); });
+      EXPECT_THAT(error, AllOf(HasSubstr(name), HasSubstr("line 2"),
+                               HasSubstr("over the limit of 100000000 pixels")));
+      EXPECT_FALSE(fs::exists(dir_ / "db")) << "a failed conversion left a database";
+    }
+  }
+  // The limit is the option's: the first image (8 x 10) is over a limit of 79.
+  options.max_image_pixels = 79;
+  EXPECT_THAT(
+      errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options); }),
+      AllOf(HasSubstr(names_[0]), HasSubstr("line 1"), HasSubstr("limit of 79 pixels")));
+}
+
+// A 6 GiB sparse file named .png was read whole before its format was checked, and a FIFO would
+// block the read: the file's status is checked first.
+TEST_F(ImagesetTest, AFileOverTheByteLimitOrNotARegularFileIsRefusedUnread) {
+  { std::ofstream(dir_ / "root/big.png"); }
+  fs::resize_file(dir_ / "root/big.png", std::uintmax_t{6} << 30);
+  ASSERT_EQ(::mkfifo((dir_ / "root/fifo.png").c_str(), 0600), 0);
+  std::ofstream(dir_ / "list.txt") << "big.png 0\n";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", {}); }),
+              AllOf(HasSubstr("big.png"), HasSubstr("line 1"),
+                    HasSubstr("6442450944 bytes, over the limit of 67108864 (max_image_bytes)")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  std::ofstream(dir_ / "list.txt") << "fifo.png 0\n";
+  EXPECT_THAT(errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", {}); }),
+              AllOf(HasSubstr("fifo.png"), HasSubstr("is not a regular file (a FIFO)")));
+}
+
+// convert of a list whose line 7 is a truncated JPEG exited 1 but left an LMDB of the first six
+// records at --out, which trained as if whole. Now nothing is at --out until every record is
+// written; --skip-bad-images skips (and counts, and names) bad images as Caffe's convert_imageset.
+TEST_F(ImagesetTest, AFailedConversionLeavesNoDatabaseAndSkippingCountsAndNamesTheBadImages) {
+  Image noise;  // enough entropy-coded data that a cut lands inside the scan, not the header
+  noise.height = noise.width = 64;
+  noise.channels = 3;
+  for (int i = 0; i < 64 * 64 * 3; ++i)
+    noise.pixels.push_back(static_cast<std::uint8_t>((i * 7919) % 251));
+  const std::string jpeg = encodeJpeg(noise);
+  const auto scan = jpeg.find("\xFF\xDA");
+  ASSERT_NE(scan, std::string::npos);
+  std::ofstream(dir_ / "root/cut.jpg", std::ios::binary)
+      << jpeg.substr(0, scan + (jpeg.size() - scan) / 2);
+  std::ofstream(dir_ / "list.txt", std::ios::app) << "cut.jpg 1\nmissing.png 2\n";
+  ImagesetOptions options;
+  options.resize_height = options.resize_width = 4;
+  EXPECT_THAT(
+      errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options); }),
+      AllOf(HasSubstr("cut.jpg"), HasSubstr("line 8"), HasSubstr("truncated")));
+  EXPECT_FALSE(fs::exists(dir_ / "db"));
+  for (const auto& entry : fs::directory_iterator(dir_.str()))
+    EXPECT_FALSE(entry.path().filename().string().starts_with(".db")) << entry.path();
+
+  options.skip_bad_images = true;
+  const ImagesetStats stats =
+      convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "db", options);
+  EXPECT_EQ(stats.written, 6);
+  EXPECT_EQ(stats.skipped, 2);
+  ASSERT_EQ(stats.first_skipped.size(), 2u);
+  EXPECT_THAT(stats.first_skipped[0], AllOf(HasSubstr("cut.jpg"), HasSubstr("line 8")));
+  EXPECT_THAT(stats.first_skipped[1],
+              AllOf(HasSubstr("missing.png"), HasSubstr("line 9"), HasSubstr("does not exist")));
+  EXPECT_EQ(keysOf("db").size(), 6u);
+
+  std::ofstream(dir_ / "list.txt") << "cut.jpg 1\nmissing.png 2\n";
+  EXPECT_THAT(
+      errorOf([&] { convertImageset(dir_ / "list.txt", dir_ / "root", dir_ / "none", options); }),
+      AllOf(HasSubstr("no image"), HasSubstr("all 2 were bad"), HasSubstr("cut.jpg")));
+  EXPECT_FALSE(fs::exists(dir_ / "none"));
 }
 
 }  // namespace

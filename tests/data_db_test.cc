@@ -36,7 +36,7 @@ TEST_P(DbTest, RoundTripsRecordsAcrossBatchCommitsInKeyOrder) {
     for (int i = n - 1; i >= 0; --i) {  // written backwards: the DB orders keys itself
       writer->put(fmt::format("{:08d}", i), testing::pattern(100 + i % 50, i));
     }
-    writer->commit();
+    writer->publish();
   }
   EXPECT_EQ(detectDbType(path), GetParam());
   auto reader = openDb(path, GetParam());
@@ -60,7 +60,7 @@ TEST_P(DbTest, BinaryKeysAndValuesSurviveUnchanged) {
     auto writer = createDb(dir / "db", GetParam());
     writer->put(key, value);
     writer->put("z", "");
-    writer->commit();
+    writer->publish();
   }
   auto reader = openDb(dir / "db", GetParam());
   EXPECT_EQ(reader->keys(), (std::vector<std::string>{key, "z"}));
@@ -68,15 +68,30 @@ TEST_P(DbTest, BinaryKeysAndValuesSurviveUnchanged) {
   EXPECT_EQ(reader->get("z"), "");
 }
 
-TEST_P(DbTest, DestructorCommitsWhatIsLeft) {
+// A conversion that fails half way (its writer dropped unpublished) leaves no database at its
+// path, nor anything beside it; until publish() no reader finds one.
+TEST_P(DbTest, AWriterDroppedBeforeItsPublishLeavesNoDatabase) {
   TempDir dir;
-  createDb(dir / "db", GetParam())->put("only", "value");
+  {
+    auto writer = createDb(dir / "db", GetParam());
+    writer->put("only", "value");
+    EXPECT_FALSE(std::filesystem::exists(dir / "db")) << "visible before its publish()";
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "db"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.str())) << "the staging folder was left behind";
+  {
+    auto writer = createDb(dir / "db", GetParam());
+    writer->put("only", "value");
+    writer->publish();
+    EXPECT_THROW(writer->put("more", "value"), InvariantError);
+  }
   EXPECT_EQ(openDb(dir / "db", GetParam())->get("only"), "value");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.str()), {}), 1);
 }
 
 TEST_P(DbTest, MissingKeyNamesDatabaseAndKey) {
   TempDir dir;
-  createDb(dir / "db", GetParam())->commit();
+  createDb(dir / "db", GetParam())->publish();
   auto reader = openDb(dir / "db", GetParam());
   EXPECT_EQ(reader->size(), 0);
   EXPECT_TRUE(reader->keys().empty());
@@ -104,7 +119,7 @@ TEST_P(DbTest, OpeningAFolderWithoutDatabaseFails) {
 
 TEST_P(DbTest, CreateRefusesAnExistingDatabaseOrFile) {
   TempDir dir;
-  createDb(dir / "db", GetParam())->commit();
+  createDb(dir / "db", GetParam())->publish();
   EXPECT_THROW(createDb(dir / "db", GetParam()), InputError);
   EXPECT_THAT(errorOf([&] { createDb(dir / "db", DbType::kLmdb); }),
               AllOf(HasSubstr(dir / "db"), HasSubstr("exists")));
@@ -114,8 +129,8 @@ TEST_P(DbTest, CreateRefusesAnExistingDatabaseOrFile) {
   EXPECT_THROW(createDb(dir / "file", GetParam()), InputError);
   // An empty folder is fine, and so are missing parents.
   std::filesystem::create_directory(dir / "empty");
-  createDb(dir / "empty", GetParam())->commit();
-  createDb(dir / "a/b/c", GetParam())->commit();
+  createDb(dir / "empty", GetParam())->publish();
+  createDb(dir / "a/b/c", GetParam())->publish();
   EXPECT_EQ(detectDbType(dir / "a/b/c"), GetParam());
 }
 
@@ -142,7 +157,7 @@ TEST_P(DbTest, ManyReadersOfOneDatabaseOpenAndCloseAtOnceFromManyThreads) {
     auto writer = createDb(path, GetParam());
     for (int i = 0; i < 100; ++i)
       writer->put(fmt::format("{:04d}", i), testing::pattern(64, i));
-    writer->commit();
+    writer->publish();
   }
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
@@ -172,7 +187,7 @@ TEST(LevelDbReaders, ASecondProcessIsToldAnotherHasTheDatabaseOpen) {
   {
     auto writer = createDb(path, DbType::kLevelDb);
     writer->put("a", "b");
-    writer->commit();
+    writer->publish();
   }
   int ready[2], done[2];
   ASSERT_EQ(::pipe(ready), 0);
@@ -200,7 +215,7 @@ TEST(LevelDbReaders, ASecondProcessIsToldAnotherHasTheDatabaseOpen) {
 TEST(DbTypeTest, OpeningAnLmdbAsLevelDbSaysWhatItLooksLike) {
   TempDir dir;
   const std::string path = dir / "train";
-  createDb(path, DbType::kLmdb)->commit();
+  createDb(path, DbType::kLmdb)->publish();
   EXPECT_THROW(openDb(path, DbType::kLevelDb), InputError);
   EXPECT_EQ(errorOf([&] { openDb(path, DbType::kLevelDb); }),
             "database '" + path + "' is not a leveldb database (it looks like lmdb)");
@@ -209,7 +224,7 @@ TEST(DbTypeTest, OpeningAnLmdbAsLevelDbSaysWhatItLooksLike) {
 TEST(DbTypeTest, OpeningALevelDbAsLmdbSaysWhatItLooksLike) {
   TempDir dir;
   const std::string path = dir / "train";
-  createDb(path, DbType::kLevelDb)->commit();
+  createDb(path, DbType::kLevelDb)->publish();
   EXPECT_EQ(errorOf([&] { openDb(path, DbType::kLmdb); }),
             "database '" + path + "' is not an lmdb database (it looks like leveldb)");
 }

@@ -24,7 +24,7 @@ inline void writeDb(const std::string& path, DbType type, const std::vector<std:
   auto writer = createDb(path, type);
   for (std::size_t i = 0; i < values.size(); ++i)
     writer->put(fmt::format("{:08d}", i), values[i]);
-  writer->commit();
+  writer->publish();
 }
 
 // What fn throws as troupe::Error, or "(no error)".

@@ -231,5 +231,34 @@ TEST_F(HostsHarness, AnInstanceWhoseOwnerDiedIsRemovedByGcAndDownIsIdempotent) {
   EXPECT_TRUE(contains(hosts_->shape(0, "delay 1ms"), "delay 1ms"));  // ours are untouched
 }
 
+// A checkout under /tmp (a clone in /tmp/x) is hidden by each host's private /tmp unless kept:
+// a kept folder is there at its own path, read-only, and outlives the hosts' cleaning between
+// tests, which empties the rest of their /tmp.
+TEST_F(HostsHarness, AFolderKeptUnderTmpIsSeenReadOnlyByAHostAndOutlivesItsCleaning) {
+  char name[] = "/tmp/troupe-kept-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  const fs::path kept = fs::path(name) / "checkout";
+  fs::create_directories(kept / "build");
+  std::ofstream(kept / "build" / "tool") << "#!/bin/sh\necho ran on $(hostname)\n";
+  fs::permissions(kept / "build" / "tool", fs::perms::owner_all);
+  {
+    Hosts one(1, {kept.string()});
+    const auto ran = one.run(0, kept.string() + "/build/tool", 30s);
+    EXPECT_EQ(ran.output, "ran on host0\n");
+    const auto write = one.run(0, "touch " + kept.string() + "/new", 30s);
+    EXPECT_NE(write.exit_code, 0) << "a host could write into a kept folder";
+    EXPECT_EQ(one.run(0, "mkdir -p /tmp/run && touch /tmp/run/log " + std::string(name) + "/x", 30s)
+                  .exit_code,
+              0);
+    one.script("clean 0");
+    const auto after = one.run(0, "ls -A /tmp; ls -A " + std::string(name), 30s);
+    EXPECT_EQ(after.output, fs::path(name).filename().string() + "\ncheckout\n")
+        << "cleaning left more than the way to the kept folder, or took it";
+    EXPECT_EQ(one.run(0, kept.string() + "/build/tool", 30s).exit_code, 0);
+  }
+  EXPECT_TRUE(fs::exists(kept / "build" / "tool")) << "the hosts removed a kept folder";
+  fs::remove_all(name);
+}
+
 }  // namespace
 }  // namespace troupe::testing

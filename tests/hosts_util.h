@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,10 +29,16 @@ namespace troupe::testing {
 // and the shaping calls may be used from several threads at once.
 class Hosts {
  public:
-  explicit Hosts(int n) : n_(n), prefix_(uniquePrefix()) {
+  // `keep`: more folders that every host sees at their paths, read-only (hosts.sh up --keep);
+  // the build and the checkout are always kept.
+  explicit Hosts(int n, const std::vector<std::string>& keep = {})
+      : n_(n), prefix_(uniquePrefix()) {
+    std::string kept = keptFolders();
+    for (const auto& dir : keep)
+      kept += " --keep " + apps::shellQuote(dir);
     script("gc");  // leftovers of crashed test processes
     const auto up = runCommand(
-        scriptCommand("up " + std::to_string(n) + " --owner " + std::to_string(::getpid())));
+        scriptCommand("up " + std::to_string(n) + " --owner " + std::to_string(::getpid()) + kept));
     if (up.exit_code != 0) {
       throw std::runtime_error("hosts.sh up " + std::to_string(n) + " --prefix " + prefix_ +
                                " failed (exit " + std::to_string(up.exit_code) + "):\n" +
@@ -116,16 +123,14 @@ class Hosts {
   std::string killAll(int i) const { return script("kill " + std::to_string(i)); }
 
   // Puts every host back as `up` left it: shaping cleared, links up, every process but its sshd
-  // killed, /tmp and /dev/shm emptied. Throws std::runtime_error naming what failed.
+  // killed, /tmp and /dev/shm emptied (but the kept folders). Throws std::runtime_error naming
+  // what failed.
   void reset() const {
     for (int i = 0; i < n_; ++i) {
       shape(i, "clear");
       link(i, true);
       killAll(i);
-      const auto r = run(i, "rm -rf /tmp/* /tmp/.[!.]* /dev/shm/*", std::chrono::seconds(30));
-      if (r.exit_code != 0) {
-        throw std::runtime_error("cannot empty host " + std::to_string(i) + "'s /tmp: " + r.output);
-      }
+      script("clean " + std::to_string(i));
     }
   }
 
@@ -153,6 +158,19 @@ class Hosts {
     for (auto p = static_cast<unsigned long>(::getpid()); p > 0; p /= 36)
       pid.insert(pid.begin(), "0123456789abcdefghijklmnopqrstuvwxyz"[p % 36]);
     return "h" + pid + "n" + std::to_string(count++);
+  }
+
+  // The folders every host must see where this process does, although they may lie under /tmp
+  // (a clone in /tmp/x): the build (its binaries, libraries and test data) and the checkout.
+  static std::string keptFolders() {
+    namespace fs = std::filesystem;
+    std::string flags;
+    for (const fs::path& dir :
+         {fs::path(troupeBinary()).parent_path().parent_path(), fs::path(testData("")),
+          fs::path(TROUPE_EMULATED_GPU).parent_path(), fs::path(sourceDir())}) {
+      if (fs::is_directory(dir)) flags += " --keep " + apps::shellQuote(dir.string());
+    }
+    return flags;
   }
 
   std::string scriptCommand(const std::string& args) const {

@@ -44,7 +44,7 @@ void writeDatabase(const std::string& path, data::DbType type) {
     }
     writer->put(fmt::format("{:08d}", i), value);
   }
-  writer->commit();
+  writer->publish();
 }
 
 // The rows of the CSV log in `dir` (its only .log), split into cells, and its column names.

@@ -362,7 +362,7 @@ TEST(TrainCommand, ACorruptRecordNamesItsKey) {
   {
     auto w = data::createDb(db, data::DbType::kLmdb);
     w->put("00000000", std::string("\x08\x01\x10\x1c\x18\x1c\x22\x05trunc", 15));
-    w->commit();
+    w->publish();
   }
   expectError(train(cwd, "--model mlp --batch_size 1 --train_data " + db), "00000000");
 }
@@ -387,6 +387,34 @@ TEST(TrainCommand, ACorruptCheckpointIsRefusedWhenResuming) {
   TempDir cwd("err_resume");
   std::ofstream(cwd.path() / "bad.ckpt") << "TROUPECK garbage";
   expectError(train(cwd, "--model mlp" + dataFlags() + " --resume bad.ckpt"), "bad.ckpt");
+}
+
+// What --resume names must be a regular file: /dev/zero read without end (until the OOM
+// killer), a FIFO blocked the open forever. Both are refused at once, saying what they are.
+TEST(TrainCommand, AResumeFromADeviceOrAFifoIsRefusedAtOnce) {
+  TempDir cwd("err_resume_special");
+  const auto zero = train(cwd, "--model mlp" + dataFlags() + " --resume /dev/zero");
+  expectError(zero, "'/dev/zero' is not a regular file (a character device)");
+  ASSERT_EQ(::mkfifo((cwd.path() / "pipe.ckpt").c_str(), 0600), 0);
+  const auto fifo = runCommand("cd " + cwd.str() + " && timeout 60 " + troupeBinary() +
+                               " train --model mlp" + dataFlags() + " --resume pipe.ckpt");
+  EXPECT_NE(fifo.exit_code, 124) << "the run waited on the FIFO";
+  expectError(fifo, "'pipe.ckpt' is not a regular file (a FIFO)");
+}
+
+// A data.mdb cut short (a copy that did not finish) used to kill training with SIGBUS (exit 135,
+// no message) when the reader touched a page past its end, --dry-run and --skip-bad-records too.
+TEST(TrainCommand, ATruncatedLmdbIsNamedInsteadOfASigbus) {
+  TempDir cwd("err_truncated_mdb");
+  const fs::path db = cwd.path() / "train";
+  fs::create_directories(db);
+  fs::copy_file(testData("lmdb") + "/train/data.mdb", db / "data.mdb");
+  fs::resize_file(db / "data.mdb", fs::file_size(db / "data.mdb") / 2);
+  for (const std::string extra : {"", " --dry-run", " --skip-bad-records"}) {
+    const auto r = train(cwd, "--model mlp --num_epochs 1 --train_data " + db.string() + extra);
+    EXPECT_NE(r.exit_code, 135) << "SIGBUS" << extra;
+    expectError(r, "lmdb database '" + db.string() + "' is truncated");
+  }
 }
 
 // --resume auto: the newest checkpoint of the run in the folder, if any; the leftovers of a save

@@ -14,12 +14,15 @@
 # be: checkpoints that a restarted process on another host must read, say.
 #
 # Usage (as root; PREFIX defaults to $TROUPE_HOSTS_PREFIX, else "tr"):
-#   hosts.sh up N [--prefix P] [--subnet A.B.C] [--gateway] [--owner PID]
+#   hosts.sh up N [--prefix P] [--subnet A.B.C] [--gateway] [--owner PID] [--keep DIR]...
 #       Makes hosts 0..N-1 and returns once each one's sshd lets host 0 in by ssh; prints one
 #       line per host, "host I ADDRESS NETNS SSHD_PID". Fails (exit 1, naming what is missing or
 #       what failed, with the sshd log) and leaves nothing behind if any step fails. Fails when an
 #       instance of that prefix exists already (run `down` first). --owner: the process the
 #       instance belongs to (`gc` removes it once that process is gone); default: none.
+#       --keep DIR: a folder that every host sees at its own path, read-only, although it lies
+#       under /tmp or /dev/shm (a checkout and its build in /tmp/x, say, whose binaries the hosts
+#       run); one that lies elsewhere is seen as it is anyway. This script's own checkout is kept.
 #   hosts.sh down [--prefix P]
 #       Kills every process of the instance's hosts and relays and removes its namespaces,
 #       links, bridge and state folder. Idempotent: works on a half-made instance, after a crash,
@@ -50,6 +53,9 @@
 #   hosts.sh kill I [--prefix P]
 #       Kills (SIGKILL) every process of host I but its sshd, waiting up to 10 s until they are
 #       gone (fails naming the ones left): a host that crashed and came back at once.
+#   hosts.sh clean I [--prefix P]
+#       Empties host I's /tmp and /dev/shm, all but the kept folders (--keep) and the folders
+#       that lead to them.
 set -Eeuo pipefail
 trap 'echo "hosts.sh: line $LINENO failed (exit $?): $BASH_COMMAND" >&2' ERR
 
@@ -230,14 +236,44 @@ start_host() {  # start_host I
   ip -n "$ns" addr add "$addr/24" dev eth0
   ip -n "$ns" link set eth0 up
   write_sshd_config "$i"
+  # A kept folder under the private /tmp or /dev/shm: bound aside before they are mounted, moved
+  # back to its path after, and made read-only there (so that nothing a host does removes it).
+  local aside="" back="" k=0 path
+  for path in "${kept[@]+"${kept[@]}"}"; do
+    mkdir -p "$dir/keep$i.$k"
+    aside+="mount --rbind '$path' '$dir/keep$i.$k' && "
+    back+="mkdir -p '$path' && mount --move '$dir/keep$i.$k' '$path' && "
+    back+="mount -o remount,bind,ro '$path' && "
+    k=$((k + 1))
+  done
   # One process holds the host's mount and UTS namespaces: its sshd (exec'd, so the pid file
   # names it). Everything that logs in, or enters by nsenter, shares them.
   setsid ip netns exec "$ns" unshare --mount --uts --propagation private sh -c "
+    $aside
     mount -t tmpfs -o mode=1777 tmpfs /tmp &&
     mount -t tmpfs -o mode=1777 tmpfs /dev/shm &&
+    $back
     hostname host$i &&
     exec /usr/sbin/sshd -D -e -f $dir/host$i.sshd_config" </dev/null >>"$dir/host$i.log" 2>&1 &
   disown
+}
+
+# The folders of $@ that lie under /tmp or /dev/shm, as absolute paths without links, in `kept`
+# (global), leaving out one inside another. This script's checkout is always among them.
+keep_folders() {
+  local path real k
+  kept=()
+  for path in "$@" "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.."; do
+    real="$(readlink -f "$path")" && [[ -d "$real" ]] || die "--keep $path: no such folder"
+    [[ "$real" =~ ^/(tmp|dev/shm)/ ]] || continue
+    [[ "$real" =~ [\'\ ] ]] && die "--keep $path: a folder whose name has a quote or a space"
+    for k in "${!kept[@]}"; do
+      [[ "$real/" == "${kept[$k]}/"* ]] && continue 2
+      [[ "${kept[$k]}/" == "$real/"* ]] && unset 'kept[k]'
+    done
+    kept+=("$real")
+  done
+  kept=("${kept[@]+"${kept[@]}"}")
 }
 
 wait_host() {  # wait_host I: until its sshd accepts TCP connections, 10 s at most
@@ -256,7 +292,9 @@ $(tail -20 "$(state)/host$i.log" 2>/dev/null)"
 
 cmd_up() {
   local count="$1" gateway="$2" owner="$3" i dir
+  shift 3
   check_prefix
+  keep_folders "$@"
   if ! [[ "$count" =~ ^[1-9][0-9]*$ ]] || ((count > 200)); then
     die "up: want a host count of 1..200, got '$count'"
   fi
@@ -286,7 +324,8 @@ cmd_up() {
   if [[ -n "$owner" ]]; then
     owner_id="$owner:$(start_time "$owner")" || die "--owner $owner: no such process"
   fi
-  printf 'n=%s\nsubnet=%s\nowner=%s\n' "$count" "$subnet" "$owner_id" >"$dir/instance"
+  printf 'n=%s\nsubnet=%s\nowner=%s\nkept=(%s)\n' "$count" "$subnet" "$owner_id" \
+    "$(printf "'%s' " "${kept[@]+"${kept[@]}"}")" >"$dir/instance"
   ssh-keygen -q -t ed25519 -N '' -C troupe-hosts -f "$dir/host_key"
   ssh-keygen -q -t ed25519 -N '' -C troupe-hosts -f "$dir/user_key"
   cp "$dir/user_key.pub" "$dir/authorized_keys"
@@ -503,11 +542,34 @@ cmd_kill() {
   echo "host $i: killed ${#pids[@]} process(es)"
 }
 
+# Run inside a host by `clean`: removes what $1 holds but the folders $2... and those that lead
+# to them.
+read -r -d '' CLEAN_SH <<'EOF' || true
+clean() {
+  local entry k lead
+  for entry in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    [[ -e "$entry" || -L "$entry" ]] || continue
+    lead=0
+    for k in "${@:2}"; do
+      [[ "$entry" == "$k" ]] && continue 2
+      [[ "$k" == "$entry/"* ]] && lead=1
+    done
+    if ((lead)); then clean "$entry" "${@:2}"; else rm -rf -- "$entry"; fi
+  done
+}
+clean /tmp "$@" && clean /dev/shm "$@"
+EOF
+
+cmd_clean() {
+  nsenter -t "$(sshd_pid "$1")" -m -- bash -c "$CLEAN_SH" clean "${kept[@]+"${kept[@]}"}" ||
+    die "host $1: could not empty /tmp and /dev/shm"
+}
+
 # --- command line ------------------------------------------------------------------------------
 
 main() {
-  (($#)) || die "usage: hosts.sh up|down|gc|exec|addr|ns|pid|root|dir|shared|ssh-opts|shape|link|ps|kill ... (see the top of this file)"
-  local cmd="" args=() gateway=0 owner="" cwd="/"
+  (($#)) || die "usage: hosts.sh up|down|gc|exec|addr|ns|pid|root|dir|shared|ssh-opts|shape|link|ps|kill|clean ... (see the top of this file)"
+  local cmd="" args=() gateway=0 owner="" cwd="/" keep=()
   subnet="10.77.0"
   while (($#)); do
     case "$1" in
@@ -516,20 +578,21 @@ main() {
       --gateway) gateway=1; shift ;;
       --owner) owner="$2"; shift 2 ;;
       --cwd) cwd="$2"; shift 2 ;;
+      --keep) keep+=("$2"); shift 2 ;;
       --) shift; args+=("$@"); break ;;
       *) if [[ -z "$cmd" ]]; then cmd="$1"; else args+=("$1"); fi; shift ;;
     esac
   done
   set -- "${args[@]+"${args[@]}"}"
   case "$cmd" in
-    up) (($# == 1)) || die "usage: hosts.sh up N [--prefix P] [--subnet A.B.C] [--gateway] [--owner PID]"
-      cmd_up "$1" "$gateway" "$owner" ;;
+    up) (($# == 1)) || die "usage: hosts.sh up N [--prefix P] [--subnet A.B.C] [--gateway] [--owner PID] [--keep DIR]..."
+      cmd_up "$1" "$gateway" "$owner" "${keep[@]+"${keep[@]}"}" ;;
     down) cmd_down ;;
     gc) cmd_gc ;;
     dir) check_prefix; state ;;
     shared) load; echo "$(state)/shared" ;;
     ssh-opts) load; ssh_opts ;;
-    addr | ns | pid | root | shape | link | ps | kill | exec)
+    addr | ns | pid | root | shape | link | ps | kill | clean | exec)
       (($# >= 1)) || die "$cmd: which host?"
       load
       check_index "$1"
@@ -544,13 +607,14 @@ main() {
         link) cmd_link "$i" "$@" ;;
         ps) cmd_ps "$i" ;;
         kill) cmd_kill "$i" ;;
+        clean) cmd_clean "$i" ;;
         exec)
           (($#)) || die "exec: what command?"
           local pid
           pid="$(sshd_pid "$i")"
           exec nsenter -t "$pid" -n -m -u -W "$cwd" -- "$@" ;;
       esac ;;
-    *) die "unknown command '$cmd' (up, down, gc, exec, addr, ns, pid, root, dir, shared, ssh-opts, shape, link, ps, kill)" ;;
+    *) die "unknown command '$cmd' (up, down, gc, exec, addr, ns, pid, root, dir, shared, ssh-opts, shape, link, ps, kill, clean)" ;;
   esac
 }
 
