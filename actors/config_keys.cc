@@ -15,6 +15,7 @@
 #include "actors/nearest_name.h"
 #include "actors/train_config.h"
 #include "actors/worker_bounds.h"
+#include "rendezvous/url.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -609,9 +610,14 @@ void assign(Settings& s, const Key& key, Value value, const Source& from) {
   } catch (const Refusal& e) {
     throw InputError(fmt::format("{}: {}", from.by, e.what()));
   }
-  Given given{key.name, valueText(value), from};
+  Given given{key.name, shownValue(key, valueText(value)), from};
   if (key.sets) s.given[key.sets] = given;
   s.given[key.name] = std::move(given);
+}
+
+std::string shownValue(const Key& key, std::string_view text) {
+  return key.name == std::string_view("rendezvous") ? rendezvous::redactedStoreUrl(text)
+                                                    : std::string(text);
 }
 
 const Key* findKey(std::string_view name) {

@@ -122,6 +122,10 @@ void assign(Settings& s, const Key& key, Value value, const Source& from);
 // A value as a flag gives it: "64", "0.1", "true", "1,3".
 std::string valueText(const Value& value);
 
+// `text`, a value of `key`, fit for a log, a message or a terminal: a password in a rendezvous
+// URL redacted (rendezvous/url.h). Every place that shows a key's value goes through it.
+std::string shownValue(const Key& key, std::string_view text);
+
 // A value of `key`'s kind from a flag's or variable's text (a list comma-separated; a boolean
 // true, 1, empty, false or 0, or Python's True and False): InputError "--key: expected a ..., got
 // 'TEXT'" otherwise. The range is assign's to check.

@@ -349,7 +349,7 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
   if (!o.run_id.empty()) checkRunId(o.run_id);
   // As given: lr_scaling's factor is applied after (docs/config.md).
   for (const auto& k : config::keys())
-    o.parameters.emplace_back(k.name, k.get(s));
+    o.parameters.emplace_back(k.name, config::shownValue(k, k.get(s)));
   config::applyLrScaling(s);
   return std::move(s.options);
 }

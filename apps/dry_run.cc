@@ -25,6 +25,7 @@
 #include "kernels/compression.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
+#include "rendezvous/url.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -411,7 +412,8 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   if (processes > 1 || elastic) {
     const bool serves = o.serve_store && o.role == "worker" && o.shard_id == 0 &&
                         o.rendezvous.starts_with("tcp://");
-    row("rendezvous", o.rendezvous + (serves ? " (this process serves it)" : ""));
+    row("rendezvous",
+        rendezvous::redactedStoreUrl(o.rendezvous) + (serves ? " (this process serves it)" : ""));
     row("run id", o.run_id);
     row("compression", kernels::describe(actors::compressionOf(o)));
     if (o.schedule == "bsp-allreduce") row("allreduce", o.allreduce);

@@ -20,6 +20,7 @@
 #include "apps/launcher_ssh.h"
 #include "apps/output_relay.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous/url.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -160,7 +161,8 @@ int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
     relay.out(
         "[launcher] run {}{}: {} worker(s), {} server(s), rendezvous {}{}{}", run_id,
         generation > 0 ? fmt::format(" (restart {} of {})", generation, o.max_restarts) : "",
-        o.num_workers, o.num_servers, rendezvous, store ? " (embedded store)" : "",
+        o.num_workers, o.num_servers, rendezvous::redactedStoreUrl(rendezvous),
+        store ? " (embedded store)" : "",
         o.launcher == "local"
             ? ""
             : fmt::format(", {} launcher{}", o.launcher,

@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "apps/commands.h"
 #include "apps/log_level.h"
@@ -40,11 +43,32 @@ void plainLogsUnderALauncher() {
   }
 }
 
+// A redis password on the command line (--rendezvous redis://:PASSWORD@HOST) is readable by every
+// user of the host in /proc/PID/cmdline for as long as the process runs: it is overwritten with
+// '*' there, once the arguments are copied for parsing ($REDISCLI_AUTH keeps it off for good).
+void hidePasswordsInOwnCommandLine(int argc, char** argv) {
+  constexpr std::string_view kRedis = "redis://:";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    for (auto at = arg.find(kRedis); at != std::string_view::npos; at = arg.find(kRedis, at + 1)) {
+      const auto begin = at + kRedis.size();
+      const auto end = arg.find('@', begin) == std::string_view::npos ? begin : arg.rfind('@');
+      for (auto j = begin; j < end; ++j)
+        argv[i][j] = '*';
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   raiseOpenFileLimit();
   plainLogsUnderALauncher();
+  std::vector<std::string> args(argv, argv + argc);  // what is parsed: the unmasked copies
+  std::vector<char*> arg_pointers;
+  for (auto& arg : args)
+    arg_pointers.push_back(arg.data());
+  hidePasswordsInOwnCommandLine(argc, argv);
   CLI::App app{"troupe: distributed deep-learning training"};
   app.require_subcommand(1);
   troupe::apps::addConvertCommand(app);
@@ -58,7 +82,7 @@ int main(int argc, char** argv) {
   troupe::apps::addLogLevelOptions(app);  // after the subcommands: each passes them up
   try {
     troupe::kernels::cpu::cpuIsa();  // a bad TROUPE_MAX_CPU_ISA is refused before any work
-    app.parse(argc, argv);
+    app.parse(argc, arg_pointers.data());
   } catch (const CLI::ExtrasError& e) {
     if (const auto message = troupe::apps::unknownFlagMessage(app)) {
       spdlog::error("{}", *message);

@@ -1,6 +1,7 @@
 #include "rendezvous/url.h"
 
 #include <charconv>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -16,18 +17,9 @@ constexpr std::string_view kForms =
     "tcp://HOST:PORT, file:///shared/dir, redis://[:PASSWORD@]HOST[:PORT]";
 constexpr uint16_t kRedisDefaultPort = 6379;
 
-// The URL with a redis password replaced by "***", fit for messages.
-std::string masked(std::string_view url) {
-  constexpr std::string_view kRedis = "redis://";
-  if (!url.starts_with(kRedis)) return std::string(url);
-  const auto at = url.rfind('@');
-  if (at == std::string_view::npos) return std::string(url);
-  return fmt::format("{}***{}", kRedis, url.substr(at));
-}
-
 [[noreturn]] void bad(std::string_view url, std::string_view why) {
   throw InputError(fmt::format("rendezvous: bad store URL '{}': {}; accepted forms: {}",
-                               masked(url), why, kForms));
+                               redactedStoreUrl(url), why, kForms));
 }
 
 // "HOST:PORT" or "HOST" (then `default_port`, when there is one).
@@ -64,6 +56,14 @@ void parseHostPort(std::string_view url, std::string_view text, int default_port
 }
 
 }  // namespace
+
+std::string redactedStoreUrl(std::string_view url) {
+  constexpr std::string_view kRedis = "redis://";
+  if (!url.starts_with(kRedis)) return std::string(url);
+  const auto at = url.rfind('@');
+  if (at == std::string_view::npos) return std::string(url);
+  return fmt::format("{}***{}", kRedis, url.substr(at));
+}
 
 StoreUrl parseStoreUrl(std::string_view url) {
   StoreUrl out;
@@ -108,6 +108,10 @@ std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds
       options.host = parsed.host;
       options.port = parsed.port;
       options.password = parsed.password;
+      if (const char* variable = std::getenv("REDISCLI_AUTH");
+          variable && options.password.empty()) {
+        options.password = variable;
+      }
       options.connect_timeout = timeout;
       return connectRedisStore(options);
     }

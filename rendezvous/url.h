@@ -3,7 +3,9 @@
 //   process,
 //                                    the launcher or rank 0, runs its server
 //   file:///shared/dir               a FileStore on that folder (file_store.h)
-//   redis://[:PASSWORD@]HOST[:PORT]  a RedisStore (redis_store.h); PORT defaults to 6379
+//   redis://[:PASSWORD@]HOST[:PORT]  a RedisStore (redis_store.h); PORT defaults to 6379; without
+//                                    a PASSWORD, $REDISCLI_AUTH's (redis-cli's variable), which
+//                                    keeps it off command lines and out of config files
 // HOST may be a name, an IPv4 address or a bracketed IPv6 address ("[::1]").
 #pragma once
 
@@ -25,6 +27,9 @@ struct StoreUrl {
   std::string path;      // file: absolute
   std::string password;  // redis, may be empty
 };
+
+// The URL fit for a log, a message or a terminal: a redis password replaced by "***". Any thread.
+std::string redactedStoreUrl(std::string_view url);
 
 // Parses `url`; anything else is an InputError naming the URL (password masked) and listing the
 // accepted forms. Any thread.
