@@ -15,11 +15,22 @@
 #include "rendezvous/store.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/url.h"
+#include "rendezvous/value.h"
 #include "transport/link.h"
 #include "transport/message.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
+
+std::string checkedIncarnation(std::string text, const std::string& who) {
+  const rendezvous::StoreValue value(who, "incarnation", std::move(text));
+  if (value.text().size() != 16 ||
+      value.text().find_first_not_of("0123456789abcdef") != std::string::npos) {
+    value.refuse("a run's incarnation (16 hex digits)");
+  }
+  return value.text();
+}
+
 namespace {
 
 // The run's incarnation: a random nonce rank 0 makes and publishes; every link's Hello carries it,
@@ -32,7 +43,7 @@ std::string incarnation(rendezvous::Store& store, const ClusterOptions& o) {
     store.set(kKey, nonce);
     return nonce;
   }
-  return store.get(kKey, o.timeout);
+  return checkedIncarnation(store.get(kKey, o.timeout), fmt::format("rank {}", o.rank));
 }
 
 class ClusterImpl final : public Cluster {

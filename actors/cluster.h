@@ -69,4 +69,8 @@ class Cluster {
 // already (they may not have started).
 std::unique_ptr<Cluster> joinCluster(const ClusterOptions& options, ActorSystem& system);
 
+// The run's incarnation as read from its store by `who`: 16 hex digits, or an InputError naming
+// the key and its bytes escaped (a poisoned store, a process of another troupe).
+std::string checkedIncarnation(std::string text, const std::string& who);
+
 }  // namespace troupe::actors

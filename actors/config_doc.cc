@@ -1,6 +1,7 @@
 // docs/config.md, rendered from the key table (actors/config_keys.cc) so that it cannot drift from
 // it: tests/apps_config_doc_test.cc fails when the checked-in file differs.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <string>
 #include <string_view>
@@ -95,10 +96,18 @@ std::string configReferenceMarkdown() {
   for (const auto& [variable, key] : launcherVariables())
     out += fmt::format("| `{}` | `{}` |\n", variable, key);
   out += kAfterVariables;
+  std::vector<std::string> agreed;
   for (const auto& key : configKeys()) {
     out += fmt::format("| `{}` | {} | {} | {} | {} |\n", key.name, key.kind, acceptedValues(key),
                        code(key.default_value), cell(key.summary));
+    if (key.agree) agreed.push_back(code(key.name));
   }
+  out += fmt::format(
+      "\n## Keys every process of a run shares\n\n"
+      "These change a step's arithmetic. Processes of one run (and an elastic run's joiners) that "
+      "differ in one of them are refused when they meet, naming the key and both values; the "
+      "other keys are each process's own.\n\n{}\n",
+      fmt::join(agreed, ", "));
   return out;
 }
 

@@ -503,6 +503,64 @@ std::vector<Key> buildTable() {
       TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
   };
   table.insert(table.end(), std::begin(last), std::end(last));
+  // What every process of a run must share (Key::agree). A rank started by hand with another
+  // learning rate trained beside the others and diverged (1.9e11) without a word.
+  static constexpr std::string_view kAgreed[] = {"model",
+                                                 "batch_size",
+                                                 "epoch_size",
+                                                 "num_epochs",
+                                                 "base_learning_rate",
+                                                 "lr_scaling",
+                                                 "weight_decay",
+                                                 "momentum",
+                                                 "nesterov",
+                                                 "lr_policy",
+                                                 "gamma",
+                                                 "lr_step_epochs",
+                                                 "lr_milestones",
+                                                 "warmup_epochs",
+                                                 "num_labels",
+                                                 "image_size",
+                                                 "num_channels",
+                                                 "mean",
+                                                 "scale",
+                                                 "mean_per_channel",
+                                                 "std_per_channel",
+                                                 "resize_short",
+                                                 "crop",
+                                                 "pad",
+                                                 "random_area",
+                                                 "random_aspect_ratio",
+                                                 "mirror",
+                                                 "color_jitter",
+                                                 "synthetic",
+                                                 "input_dtype",
+                                                 "replicas",
+                                                 "precision",
+                                                 "loss_scale",
+                                                 "initial_scale_power",
+                                                 "loss_scale_window",
+                                                 "schedule",
+                                                 "num_workers",
+                                                 "num_servers",
+                                                 "staleness",
+                                                 "allreduce",
+                                                 "reducer",
+                                                 "gradient_compression",
+                                                 "gradient_compression_threshold",
+                                                 "seed",
+                                                 "bucket_size_mb",
+                                                 "ring_segment_mb",
+                                                 "first_bucket_mb",
+                                                 "no_wd",
+                                                 "zero_init_residual",
+                                                 "random_resized_crop",
+                                                 "resnext_num_groups",
+                                                 "resnext_width_per_group",
+                                                 "float16_compute"};
+  for (auto& key : table) {
+    key.agree = std::find(std::begin(kAgreed), std::end(kAgreed), key.name) != std::end(kAgreed);
+  }
   return table;
 }
 
@@ -714,6 +772,7 @@ const std::vector<ConfigKey>& configKeys() {
       ConfigKey c;
       c.name = k.name;
       c.caffe2_flag = caffe2.count(k.name) > 0;
+      c.agree = k.agree;
       c.kind = config::kindName(k.kind);
       c.help = k.help;
       c.summary = k.help;

@@ -93,6 +93,10 @@ struct Key {
   bool single = false;  // stored as a float: the range holds for the value rounded to one
   const char* sets = nullptr;
   const char* refusal = nullptr;
+  // Changes the arithmetic of a step (a rate, a batch, the data's normalisation, the model, the
+  // exchange of gradients): every process of a run must have the same value (agreeOnPlan), where
+  // the others are a process's own (paths, threads, timeouts, output, its place in the run).
+  bool agree = false;
 };
 
 // Every key, in the order of --help, docs/config.md and TrainOptions::parameters.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "kernels/optimizer.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/store.h"
+#include "rendezvous/value.h"
 #include "transport/link.h"
 #include "troupe/error.h"
 
@@ -231,13 +233,8 @@ class DistKVStore final : public KVStore {
     } else {
       auto got = awaitWorker0(outcome, fmt::format("init of key {}", key));
       if (!got) return got.status();
-      if (got->rfind("error ", 0) == 0) return inputError(got->substr(6));
-      if (*got != placed) {
-        return inputError(fmt::format(
-            "init of key {}: worker 0 inited it with {} values, this worker with {}, or in "
-            "another order of keys (worker 0: '{}', here: '{}')",
-            key, got->substr(3, got->find(' ', 3) - 3), k.size, *got, placed));
-      }
+      if (got->rfind("error ", 0) == 0) return inputError(rendezvous::printable(got->substr(6)));
+      if (*got != placed) return inputError(initMismatch(key, *got, k.size, placed));
     }
     server_next_ = next;
     k.residual.assign(static_cast<std::size_t>(k.size), 0.0f);
@@ -593,7 +590,7 @@ class DistKVStore final : public KVStore {
     } else {
       auto got = awaitWorker0(outcome, call);
       if (!got) return got.status();
-      if (got->rfind("error ", 0) == 0) return inputError(got->substr(6));
+      if (got->rfind("error ", 0) == 0) return inputError(rendezvous::printable(got->substr(6)));
     }
     configure_ = next;
     return {};
@@ -646,12 +643,25 @@ Node joinStore(const std::string& type, const TrainOptions& o, int rank,
     const auto theirs = n.cluster->store().get("kvstore-type", c.timeout);
     if (theirs != type) {
       throw InputError(
-          fmt::format("{} made a '{}' store, worker 0 a '{}' one: every process of "
+          fmt::format("{} made a '{}' store, worker 0 a {} one: every process of "
                       "a run must make the same kind",
-                      me.str(), type, theirs));
+                      me.str(), type, rendezvous::quoted(theirs)));
     }
   }
   return n;
+}
+
+std::string initMismatch(int key, const std::string& got, std::int64_t n,
+                         const std::string& placed) {
+  const rendezvous::StoreValue value("worker", fmt::format("kvstore-init-{}", key), got);
+  const auto words = value.words();
+  if (words.size() != 4 || words[0] != "ok" || words[2] != "at") value.refuse("'ok N at BASE'");
+  const auto theirs =
+      value.integer(words[1], 0, std::numeric_limits<std::int64_t>::max(), "a count of values");
+  return fmt::format(
+      "init of key {}: worker 0 inited it with {} values, this worker with {}, or in another "
+      "order of keys (worker 0: {}, here: '{}')",
+      key, theirs, n, rendezvous::quoted(got), placed);
 }
 
 bool isDistributedKVStore(const std::string& type) {

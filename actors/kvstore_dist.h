@@ -33,6 +33,12 @@ Node joinStore(const std::string& type, const TrainOptions& o, int rank,
 // Whether `type` is a distributed store's.
 bool isDistributedKVStore(const std::string& type);
 
+// A worker's refusal of key `key` when worker 0's outcome of its init (`got`, read from the
+// store: "ok N at BASE") differs from this worker's (`placed`, of n values); the store's bytes
+// are parsed and shown escaped, whatever they are.
+std::string initMismatch(int key, const std::string& got, std::int64_t n,
+                         const std::string& placed);
+
 // A worker's store of a distributed `type`: joins the run (every worker and server must), then
 // answers calls. InputError for a bad place (no servers, a server's role); the run's errors as
 // Cluster's (TimeoutError naming who did not come).

@@ -174,10 +174,7 @@ class RingKVStore final : public KVStore {
           node_.cluster->store().set(outcome, placed);
         } else if (const auto got = node_.cluster->store().get(outcome, waitLimit());
                    got != placed) {
-          return inputError(fmt::format(
-              "init of key {}: worker 0 inited it with {} values, this worker with {}, or in "
-              "another order of keys (worker 0: '{}', here: '{}')",
-              key, got.substr(3, got.find(' ', 3) - 3), n, got, placed));
+          return inputError(initMismatch(key, got, n, placed));
         }
       } catch (const std::exception& e) {
         return statusOf(e);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/store.h"
 #include "rendezvous/url.h"
+#include "rendezvous/value.h"
 #include "transport/link.h"
 #include "troupe/error.h"
 
@@ -46,16 +48,18 @@ struct ChiefRecord {
   std::string address;
 };
 
-ChiefRecord parseRecord(const std::string& text) {
+ChiefRecord parseRecord(std::string text) {
+  const rendezvous::StoreValue value("observer", actors::kObserveKey, std::move(text));
+  const auto words = value.words(6);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   ChiefRecord r;
-  std::istringstream in(text);
-  if (!(in >> r.actor >> r.steps_per_epoch >> r.first_step >> r.last_step >> r.num_params >>
-        r.address)) {
-    throw InputError(
-        fmt::format("the run's '{}' record '{}' is not a chief's of this troupe "
-                    "version",
-                    actors::kObserveKey, text));
-  }
+  r.actor = static_cast<std::uint32_t>(
+      value.integer(words[0], 0, std::numeric_limits<std::uint32_t>::max(), "the chief's actor"));
+  r.steps_per_epoch = value.integer(words[1], 1, kMax, "steps per epoch");
+  r.first_step = value.integer(words[2], 0, kMax, "the first step");
+  r.last_step = value.integer(words[3], r.first_step, kMax, "the last step");
+  r.num_params = value.integer(words[4], 1, kMax, "the model's parameters");
+  r.address = std::string(words[5]);
   return r;
 }
 
@@ -109,7 +113,8 @@ class ObserverImpl final : public Observer {
     std::shared_ptr<rendezvous::Store> raw = rendezvous::openStore(o.rendezvous, timeout, o.secret);
     std::unique_ptr<rendezvous::Store> store = rendezvous::prefixStore(raw, o.run_id);
     const ChiefRecord record = parseRecord(store->get(actors::kObserveKey, timeout));
-    const std::string incarnation = store->get("incarnation", timeout);
+    const std::string incarnation =
+        actors::checkedIncarnation(store->get("incarnation", timeout), "observer");
     node_ = actors::kObserverNodeBase +
             static_cast<std::uint32_t>(store->add(actors::kObserversKey, 1) - 1);
 

@@ -10,14 +10,17 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
+#include "actors/config_keys.h"
 #include "actors/messages.h"
 #include "actors/peer.h"
 #include "kernels/cuda_plugin.h"
 #include "rendezvous/store.h"
+#include "rendezvous/value.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -267,65 +270,99 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o) {
           o.gradient_compression_threshold};
 }
 
-// Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
-// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch.
-void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
-                 std::int64_t num_params, int replicas, const std::string& resumed_from,
-                 const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 double ring_segment_mb, const std::string& reducer,
+PlanValues agreedValues(const TrainOptions& o) {
+  PlanValues values;
+  for (const auto& [name, value] : o.parameters) {
+    if (const auto* key = config::findKey(name); key && key->agree)
+      values.emplace_back(name, value);
+  }
+  return values;
+}
+
+PlanValues planValues(const TrainOptions& o, const StepPlan& plan, std::int64_t num_params,
+                      const std::string& resumed_from) {
+  PlanValues values = {
+      {"steps_per_epoch", std::to_string(plan.steps_per_epoch)},
+      {"global_batch", std::to_string(plan.global_batch)},
+      {"first_step", std::to_string(plan.first_step)},
+      {"last_step", std::to_string(plan.last_step)},
+      {"num_params", std::to_string(num_params)},
+      {"resume", resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string()}};
+  for (auto& value : agreedValues(o))
+    values.push_back(std::move(value));
+  return values;
+}
+
+std::string planDifferences(const PlanValues& chief, const PlanValues& mine) {
+  const std::map<std::string, std::string> theirs(chief.begin(), chief.end());
+  const std::map<std::string, std::string> ours(mine.begin(), mine.end());
+  std::vector<std::string> differ;
+  const auto valueOf = [](const std::map<std::string, std::string>& values,
+                          const std::string& name) {
+    const auto it = values.find(name);
+    return it == values.end() ? std::string("(none)") : rendezvous::printable(it->second);
+  };
+  std::vector<std::string> names;
+  for (const auto& values : {chief, mine}) {
+    for (const auto& [name, value] : values) {
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+  }
+  for (const auto& name : names) {
+    if (valueOf(theirs, name) == valueOf(ours, name)) continue;
+    differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", rendezvous::printable(name),
+                                 valueOf(theirs, name), valueOf(ours, name)));
+  }
+  return fmt::format("{}", fmt::join(differ, "; "));
+}
+
+// Rank 0 publishes its plan as "name=value" lines; every other rank checks its own against it.
+void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues& mine,
                  std::chrono::milliseconds timeout) {
-  const std::string mine = fmt::format(
-      "steps_per_epoch={} global_batch={} first_step={} last_step={} num_params={} "
-      "replicas={} resume={} gradient_compression={} allreduce={} ring_segment_mb={:g} "
-      "reducer={}",
-      plan.steps_per_epoch, plan.global_batch, plan.first_step, plan.last_step, num_params,
-      replicas, resumed_from.empty() ? "none" : fs::path(resumed_from).filename().string(),
-      kernels::describe(compression), allreduce, ring_segment_mb, reducer);
+  // As the store holds it: one line a name, no byte a terminal would act on.
+  PlanValues shown;
+  std::string text;
+  for (const auto& [name, value] : mine) {
+    shown.emplace_back(name, rendezvous::printable(value, value.size()));
+    text += fmt::format("{}={}\n", name, shown.back().second);
+  }
   // Every other rank answers rank 0's plan with "ok" or its refusal, so that rank 0 names the
   // rank that refused at once instead of waiting for it at the next rendezvous.
   auto verdictKey = [](int r) { return fmt::format("plan-verdict/{}", r); };
   if (rank == 0) {
-    store.set("plan", mine);
+    store.set("plan", text);
     for (int r = 1; r < nodes; ++r) {
       const std::string verdict = store.get(verdictKey(r), timeout);
-      if (verdict != "ok")
-        throw InputError(fmt::format("rank {} refused this run: {}", r, verdict));
+      if (verdict != "ok") {
+        throw InputError(
+            fmt::format("rank {} refused this run: {}", r, rendezvous::printable(verdict, 4096)));
+      }
     }
     return;
   }
-  const std::string chief = store.get("plan", timeout);
-  if (chief == mine) {
+  const rendezvous::StoreValue chief(fmt::format("rank {}", rank), "plan",
+                                     store.get("plan", timeout));
+  if (chief.text() == text) {
     store.set(verdictKey(rank), "ok");
     return;
   }
-  {
-    // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
-    std::vector<std::string> ours, theirs, differ;
-    for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
-      std::istringstream in(*text);
-      for (std::string w; in >> w;)
-        words->push_back(w);
-    }
-    for (std::size_t i = 0; i < ours.size() && i < theirs.size(); ++i) {
-      if (ours[i] == theirs[i]) continue;
-      const auto eq = ours[i].find('=');
-      differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
-                                   theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
-    }
-    // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
-    const std::string hint =
-        chief.find("resume=none") == std::string::npos &&
-                mine.find("resume=none") != std::string::npos
-            ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
-              "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
-            : "";
-    const std::string refusal = fmt::format(
-        "rank {} of {} disagrees with rank 0 on the run ({}): rank 0 has '{}', "
-        "this one '{}'{}",
-        rank, nodes, fmt::join(differ, "; "), chief, mine, hint);
-    store.set(verdictKey(rank), refusal);
-    throw InputError(refusal);
-  }
+  const PlanValues theirs = chief.pairs();
+  const std::string differ = planDifferences(theirs, shown);
+  if (differ.empty()) chief.refuse("a plan of name=value lines as this rank writes them");
+  // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
+  const auto resumes = [](const PlanValues& values) {
+    return std::find(values.begin(), values.end(),
+                     std::pair<std::string, std::string>("resume", "none")) == values.end();
+  };
+  const std::string hint =
+      resumes(theirs) && !resumes(shown)
+          ? ". Only rank 0 writes checkpoints: put checkpoint_dir on storage every host sees "
+            "(NFS), or copy rank 0's checkpoint there, for a restarted run to resume"
+          : "";
+  const std::string refusal = fmt::format("rank {} of {} disagrees with rank 0 on the run: {}{}",
+                                          rank, nodes, differ, hint);
+  store.set(verdictKey(rank), refusal);
+  throw InputError(refusal);
 }
 
 // `resume` as given, or (with "auto", and in every restarted generation) the newest complete

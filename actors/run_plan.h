@@ -135,14 +135,28 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch);
 
 kernels::CompressionSpec compressionOf(const TrainOptions& o);
 
+// What the processes of a run must agree on, as (name, value): every key that changes a step's
+// arithmetic (config::Key::agree: rates, batch, normalisation, model, precision, the exchange of
+// gradients, the seed) as given.
+using PlanValues = std::vector<std::pair<std::string, std::string>>;
+PlanValues agreedValues(const TrainOptions& o);
+
+// agreedValues, and what a process derives from them and its data: the steps, the model's size,
+// the checkpoint it resumes from (by file name).
+PlanValues planValues(const TrainOptions& o, const StepPlan& plan, std::int64_t num_params,
+                      const std::string& resumed_from);
+
+// "base_learning_rate: rank 0 has 0.01, this one 0.5; seed: ..." for every name whose values
+// differ (one side's missing name shows as "(none)"); empty when they agree.
+std::string planDifferences(const PlanValues& chief, const PlanValues& mine);
+
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
-// batch size, another dataset, another model) is one clear error instead of a hang mid-epoch:
-// the rank that differs names what differs, and rank 0, which waits for every rank's verdict,
-// names that rank ("rank 1 refused this run: ...").
-void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
-                 std::int64_t num_params, int replicas, const std::string& resumed_from,
-                 const kernels::CompressionSpec& compression, const std::string& allreduce,
-                 double ring_segment_mb, const std::string& reducer,
+// batch size, another dataset, another model, another learning rate) is one clear error instead
+// of a hang mid-epoch or a run that trains on and diverges: the rank that differs names what
+// differs and both values, and rank 0, which waits for every rank's verdict, names that rank
+// ("rank 1 refused this run: ..."). A plan in the store that does not parse is an InputError
+// naming the key, its bytes escaped.
+void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues& mine,
                  std::chrono::milliseconds timeout);
 
 // What a run continues from.

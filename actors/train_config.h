@@ -42,6 +42,9 @@ struct ConfigKey {
   // what troupe does anyway, or is refused. troupe's own keys named after Caffe2's options
   // (mean_per_channel) are not.
   bool caffe2_flag = false;
+  // Changes a step's arithmetic: every process of a run must have the same value (the run is
+  // refused at rendezvous otherwise, naming the key and both values).
+  bool agree = false;
 };
 // Any thread (built once).
 const std::vector<ConfigKey>& configKeys();

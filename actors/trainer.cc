@@ -41,8 +41,8 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   c.trace = trace;
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
-  agreeOnPlan(cluster->store(), rank, nodes, plan, num_params, o.replicas, resumed_from,
-              compressionOf(o), o.allreduce, o.ring_segment_mb, o.reducer, c.timeout);
+  agreeOnPlan(cluster->store(), rank, nodes, planValues(o, plan, num_params, resumed_from),
+              c.timeout);
   members.setAddresses(cluster->addresses());
   if (rank == 0) {
     // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them

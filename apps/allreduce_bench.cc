@@ -21,6 +21,7 @@
 #include "actors/system.h"
 #include "kernels/tensor.h"
 #include "rendezvous/exchange.h"
+#include "rendezvous/value.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -323,7 +324,10 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
   std::vector<AllreduceBenchRow> rows;
   for (const auto& text : all) {
     const auto theirs = decodeAllreduceRows(text);
-    TROUPE_ENFORCE_EQ(theirs.size(), plan.counts.size());
+    if (theirs.size() != plan.counts.size()) {
+      throw InputError(fmt::format("allreduce bench: a process reported {} sizes, this one {}",
+                                   theirs.size(), plan.counts.size()));
+    }
     if (rows.empty()) {
       rows = theirs;
       continue;
@@ -368,7 +372,8 @@ std::vector<AllreduceBenchRow> decodeAllreduceRows(const std::string& text) {
     std::istringstream fields(line);
     AllreduceBenchRow r;
     if (!(fields >> r.size_mb >> r.count >> r.time_ms >> r.min_ms >> r.wrong)) {
-      throw InputError(fmt::format("allreduce bench: malformed result line '{}'", line));
+      throw InputError(
+          fmt::format("allreduce bench: malformed result line {}", rendezvous::quoted(line)));
     }
     rows.push_back(r);
   }

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "rendezvous/value.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous::detail {
@@ -20,15 +21,7 @@ std::string quoteKeys(const std::vector<std::string>& keys) {
   std::string out;
   for (const auto& key : keys) {
     if (!out.empty()) out += ", ";
-    out += '\'';
-    for (unsigned char c : key) {
-      if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-        out += static_cast<char>(c);
-      } else {
-        out += fmt::format("\\x{:02x}", c);
-      }
-    }
-    out += '\'';
+    out += quoted(key, key.size());
   }
   return out;
 }

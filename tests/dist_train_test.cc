@@ -219,32 +219,42 @@ TEST(DistributedTraining, TwoBitCompressionOnParameterServersStillLearns) {
   EXPECT_GT(finalTestAccuracy(r.output), 0.4) << r.output;
 }
 
-// Processes that disagree on the compression are refused at rendezvous, naming both settings.
-TEST(DistributedTraining, RanksWithDifferentGradientCompressionAreRefusedNamingBoth) {
-  TempDir cwd("dist_gc_mismatch");
+// Processes started by hand that disagree on a setting that changes the arithmetic (the
+// compression; a learning rate, with which rank 0's loss once reached 1.9e11 while both exited 0)
+// are refused at rendezvous, naming the setting and both values.
+class RanksThatDisagreeTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {
+};
+
+TEST_P(RanksThatDisagreeTest, AreRefusedNamingTheSettingAndBothValues) {
+  const auto [flag, named] = GetParam();
+  TempDir cwd("dist_mismatch");
   const std::string common = " train --model mlp" + dataFlags() +
                              " --num_epochs 1 --epoch_size 1280 --num_shards 2 --run_id gc-run"
                              " --schedule bsp-allreduce --log_every 0 --threads 1"
                              " --rendezvous tcp://127.0.0.1:" +
                              std::to_string(freeLoopbackPort());
   CommandResult chief;
-  std::thread rank0([&] {
-    chief =
-        runCommand(in(cwd, troupeBinary() + common + " --shard_id 0 --gradient_compression fp16"));
-  });
+  std::thread rank0(
+      [&] { chief = runCommand(in(cwd, troupeBinary() + common + " --shard_id 0 " + flag)); });
   const auto other = runCommand(in(cwd, troupeBinary() + common + " --shard_id 1"));
   rank0.join();
   EXPECT_NE(other.exit_code, 0) << other.output;
   EXPECT_NE(chief.exit_code, 0) << chief.output;
-  EXPECT_NE(other.output.find("gradient_compression: rank 0 has fp16, this one none"),
-            std::string::npos)
-      << other.output;
+  EXPECT_NE(other.output.find(named), std::string::npos) << other.output;
   // Rank 0 names the rank that refused, at once (not after the 60 s rendezvous timeout).
   EXPECT_NE(chief.output.find("rank 1 refused this run: rank 1 of 2 disagrees with rank 0"),
             std::string::npos)
       << chief.output;
   EXPECT_LT(chief.elapsed.count(), 30) << chief.output;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Settings, RanksThatDisagreeTest,
+    ::testing::Values(std::pair{"--gradient_compression fp16",
+                                "gradient_compression: rank 0 has fp16, this one none"},
+                      std::pair{"--base_learning_rate 0.5",
+                                "base_learning_rate: rank 0 has 0.5, this one 0.01"}),
+    [](const auto& info) { return std::string(info.index == 0 ? "Compression" : "LearningRate"); });
 
 // The commands of the issue, as written, with parameter servers.
 class ParameterServerScheduleTest : public ::testing::TestWithParam<const char*> {};

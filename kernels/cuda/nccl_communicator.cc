@@ -71,6 +71,11 @@ ncclUniqueId fromHex(const std::string& hex) {
                      " characters, where NCCL's has " + std::to_string(2 * sizeof(id.internal)) +
                      ": the processes of the run are not all the same troupe");
   }
+  if (hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    throw InputError(
+        "an NCCL group id that is not lowercase hex digits: the processes of the run "
+        "are not all the same troupe, or its store was written by another");
+  }
   for (std::size_t i = 0; i < sizeof(id.internal); ++i) {
     id.internal[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   }

@@ -1,0 +1,153 @@
+// The plan every process of a run must share (actors/run_plan.h: agreeOnPlan), on a real file
+// store: what is compared, how a difference is named, and a plan in the store that is not one;
+// and the other values a process reads from its run's store, which anyone who may write the store
+// could have poisoned.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <future>
+#include <set>
+#include <string>
+
+#include "actors/cluster.h"
+#include "actors/config_keys.h"
+#include "actors/kvstore_dist.h"
+#include "actors/run_plan.h"
+#include "actors/train_config.h"
+#include "cli_util.h"
+#include "rendezvous/file_store.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TrainOptions optionsOf(const ConfigOverrides& flags) {
+  return loadTrainOptions("", flags);
+}
+
+// Every key that changes a step's arithmetic is compared: a rate, the momentum, the decay, the
+// seed, the mean (each once differed between hand-started ranks that trained on together).
+TEST(PlanAgreement, EveryKeyThatChangesTheArithmeticIsComparedAndNamedWithBothValues) {
+  const auto base = optionsOf({{"model", "mlp"}});
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"base_learning_rate", "0.5"},
+                                                        {"momentum", "0.5"},
+                                                        {"weight_decay", "0.25"},
+                                                        {"seed", "7"},
+                                                        {"mean", "100"},
+                                                        {"batch_size", "32"}}) {
+    const auto other = optionsOf({{"model", "mlp"}, {flag, value}});
+    const std::string differ = planDifferences(agreedValues(base), agreedValues(other));
+    EXPECT_THAT(differ, AllOf(HasSubstr(flag + ": rank 0 has "), HasSubstr(", this one " + value)))
+        << flag;
+  }
+  EXPECT_EQ(planDifferences(agreedValues(base), agreedValues(base)), "");
+  // A process's own settings are not compared.
+  const auto local = optionsOf({{"model", "mlp"},
+                                {"threads", "3"},
+                                {"log_every", "7"},
+                                {"trace", "t.json"},
+                                {"peer_timeout", "9"}});
+  EXPECT_EQ(planDifferences(agreedValues(base), agreedValues(local)), "");
+}
+
+// Each key is either compared or a process's own on purpose: a new key must be placed.
+TEST(PlanAgreement, EveryKeyIsComparedOrListedAsAProcesssOwn) {
+  const std::set<std::string> own = {
+      "train_data", "test_data", "db_type", "decode_threads", "shared_reader", "gpus", "tf32",
+      "cudnn_deterministic", "memory_format", "num_shards", "shard_id", "role",
+      "connections_per_peer", "run_id", "generation", "rendezvous", "interface", "secret_file",
+      "rendezvous_timeout", "peer_timeout", "stall_warning", "work_load_list", "prefetch",
+      "log_dir", "checkpoint_dir", "checkpoint_every", "resume", "log_every", "step_timeout",
+      "run_name", "trace", "threads", "skip_bad_records", "cuda_graphs", "serve_store",
+      // Caffe2's flags of the same kinds
+      "model_parallel", "cudnn_workspace_limit_mb", "gpu_engine_workspace_limit_mb", "redis_port",
+      "use_cpu", "use_ideep", "distributed_transport", "test_epoch_size", "first_iter_timeout"};
+  for (const auto& key : config::keys()) {
+    if (key.sets) continue;  // an alias: its key carries the value
+    EXPECT_TRUE(key.agree || own.count(key.name))
+        << key.name << ": neither compared across processes nor listed as a process's own";
+    EXPECT_FALSE(key.agree && own.count(key.name)) << key.name;
+  }
+}
+
+class PlanStoreTest : public ::testing::Test {
+ protected:
+  testing::TempDir dir_{"plan_store"};
+  std::unique_ptr<rendezvous::Store> store_ = rendezvous::openFileStore(dir_.str());
+};
+
+TEST_F(PlanStoreTest, RankZeroNamesTheRankThatDisagreesAndThatRankNamesTheKey) {
+  const PlanValues chief = {{"steps_per_epoch", "10"}, {"base_learning_rate", "0.01"}};
+  const PlanValues mine = {{"steps_per_epoch", "10"}, {"base_learning_rate", "0.5"}};
+  auto zero = std::async(std::launch::async, [&] { agreeOnPlan(*store_, 0, 2, chief, 10s); });
+  EXPECT_THROW(
+      {
+        try {
+          agreeOnPlan(*store_, 1, 2, mine, 10s);
+        } catch (const InputError& e) {
+          EXPECT_THAT(e.what(), HasSubstr("base_learning_rate: rank 0 has 0.01, this one 0.5"));
+          throw;
+        }
+      },
+      InputError);
+  try {
+    zero.get();
+    ADD_FAILURE() << "rank 0 accepted a rank that disagreed";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 refused this run: rank 1 of 2 disagrees"));
+  }
+}
+
+// A store value "steps_per_epoch=1 evil" crashed a rank with "unexpected error:
+// basic_string::substr"; its bytes reached the terminal raw (an ESC among them).
+TEST_F(PlanStoreTest, APoisonedPlanIsAnErrorNamingTheKeyWithItsBytesEscaped) {
+  store_->set("plan", "steps_per_epoch=1 evil\x1b[31m");
+  try {
+    agreeOnPlan(*store_, 1, 2, {{"steps_per_epoch", "10"}}, 10s);
+    ADD_FAILURE() << "a poisoned plan was accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("steps_per_epoch: rank 0 has 1 evil\\x1b[31m"),
+                                Not(HasSubstr("\x1b"))));
+  }
+  store_->set("plan", "no equals sign\x07");
+  try {
+    agreeOnPlan(*store_, 1, 2, {{"steps_per_epoch", "10"}}, 10s);
+    ADD_FAILURE() << "a plan without a name=value line was accepted";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("rank 1: the store's 'plan' holds 'no equals sign\\x07'"),
+                                HasSubstr("not lines of name=value")));
+  }
+}
+
+TEST(StoreValues, AnIncarnationOrAKVStoreInitThatIsNotOneIsRefusedNamingTheKeyEscaped) {
+  EXPECT_EQ(checkedIncarnation("0123456789abcdef", "rank 1"), "0123456789abcdef");
+  try {
+    checkedIncarnation("\x1b]0;owned\x07", "rank 1");
+    ADD_FAILURE() << "a poisoned incarnation was taken";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(),
+                AllOf(HasSubstr("rank 1: the store's 'incarnation' holds '\\x1b]0;owned\\x07'"),
+                      Not(HasSubstr("\x1b"))));
+  }
+  // "ok" alone: a std::out_of_range from a substr before.
+  EXPECT_THAT(initMismatch(2, "ok 3 at 3", 3, "ok 3 at 0"),
+              HasSubstr("worker 0 inited it with 3 values, this worker with 3"));
+  for (const std::string poisoned : {"ok", "ok x at 3", "ok 3 at"}) {
+    try {
+      initMismatch(2, poisoned, 3, "ok 3 at 0");
+      ADD_FAILURE() << poisoned;
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("the store's 'kvstore-init-2' holds '" + poisoned + "'"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::actors
