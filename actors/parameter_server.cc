@@ -49,7 +49,8 @@ class Server final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeCpuBackend(config_.threads);
+    backend_ = kernels::makeCpuBackend(config_.budget ? config_.budget->teamOf(config_.threads, 1)
+                                                      : config_.threads);
     if (!config_.kvstore) {
       Segment& s = addSegment(config_.key_begin, config_.key_end, config_.initial_weights,
                               config_.first_step);

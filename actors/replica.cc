@@ -48,7 +48,9 @@ class Replica final : public Actor {
 
   void started() override {
     backend_ = kernels::makeBackend(
-        config_.device, config_.threads,
+        config_.device,
+        config_.budget ? config_.budget->teamOf(config_.threads, config_.budget_ways)
+                       : config_.threads,
         kernels::CudaOptions{.tf32 = config_.tf32, .deterministic = config_.cudnn_deterministic});
     if (config_.device.kind != kernels::DeviceKind::kCpu) {
       copier_ = kernels::makeBackend(config_.device, 1);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -137,6 +138,19 @@ struct ReaderConfig {
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
 
+// A process's compute threads when they are settled only once the run's processes met: those
+// that share a machine's cores share them out (run_plan.h: shareCores). 0 until then; the roles
+// read it in started(), which runs after the meeting. Thread-safe.
+struct ThreadBudget {
+  std::atomic<int> threads{0};
+  // `fallback` while unsettled; else the process's threads split `ways` (a replica's team of
+  // its process's K replicas), at least 1.
+  int teamOf(int fallback, int ways) const {
+    const int t = threads.load();
+    return t > 0 ? std::max(1, t / std::max(1, ways)) : fallback;
+  }
+};
+
 // A step whose loss is inf or NaN fails the run (NumericError naming the step, the replica and the
 // worker): the run diverged.
 struct ReplicaConfig {
@@ -153,6 +167,8 @@ struct ReplicaConfig {
   // the CPU and the replica is on a device (MXNet's `local`: gradients are summed on the CPU).
   kernels::Device reduce_on;
   int threads = 1;
+  std::shared_ptr<const ThreadBudget> budget;  // when set and settled: its share, not `threads`
+  int budget_ways = 1;
   float grad_scale = 1.0f;    // 1 / global batch
   data::Normalisation input;  // what a batch of uint8 images becomes (input_dtype uint8)
   std::int64_t bucket_bytes = 25 << 20;
@@ -236,6 +252,8 @@ struct UpdaterConfig {
   StepPlan plan;
   kernels::Device device;  // where the weights and the optimizer live (the reducer's)
   int threads = 1;
+  std::shared_ptr<const ThreadBudget> budget;  // as ReplicaConfig's
+  int budget_ways = 1;
   LossScale loss_scale;
   std::vector<Address> replicas;
   Address coordinator;
@@ -283,7 +301,8 @@ struct ServerConfig {
   kernels::LrPolicy lr;
   std::int64_t first_step = 0;  // > 0 when resuming
   int threads = 1;
-  Trace* trace = nullptr;  // spans go here when tracing
+  std::shared_ptr<const ThreadBudget> budget;  // as ReplicaConfig's (the whole of it)
+  Trace* trace = nullptr;                      // spans go here when tracing
   // A pull that has waited this long logs a stall report (which step, which workers have not
   // pushed it), and fails the run after peer_timeout (PeerError naming the first of them).
   std::chrono::milliseconds stall_warning{30000};

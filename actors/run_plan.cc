@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -160,18 +162,67 @@ void validateSchedule(const TrainOptions& o) {
                   schedule));
 }
 
-// All hardware threads, shared out among the run's processes on this host (troupe launch says how
-// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
-int defaultThreads() {
-  int local = 1;
+namespace {
+int launcherLocalSize() {
   for (const char* var : {"TROUPE_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) {
-      local = std::atoi(v);
-      break;
-    }
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
   }
-  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return std::max(1, hardware / local);
+  return 0;
+}
+}  // namespace
+
+int hostCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+bool launcherSharesCores() {
+  return launcherLocalSize() > 0;
+}
+
+int defaultThreads() {
+  return std::max(1, hostCores() / std::max(1, launcherLocalSize()));
+}
+
+std::string coreKey() {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string mask;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      mask += CPU_ISSET(c, &set) ? '1' : '0';
+    mask.erase(mask.find_last_not_of('0') + 1);
+  }
+  return fmt::format("{}/{}", boot.empty() ? "unknown" : boot, mask.empty() ? "all" : mask);
+}
+
+CoreShare shareCores(const std::vector<std::string>& keys, int rank, int cores) {
+  CoreShare share;
+  share.cores = std::max(1, cores);
+  const auto keyOf = [&](int r) {
+    const std::string& text = keys.at(static_cast<std::size_t>(r));
+    return text.substr(0, text.rfind(' '));
+  };
+  const auto askedOf = [&](int r) {
+    const std::string& text = keys.at(static_cast<std::size_t>(r));
+    return std::atoll(text.c_str() + text.rfind(' ') + 1);
+  };
+  share.all_asked = true;
+  for (int r = 0; r < static_cast<int>(keys.size()); ++r) {
+    if (keyOf(r) != keyOf(rank)) continue;
+    share.sharers.push_back(r);
+    share.asked_here += askedOf(r);
+    share.all_asked = share.all_asked && askedOf(r) > 0;
+  }
+  const int n = static_cast<int>(share.sharers.size());
+  const int index = static_cast<int>(std::find(share.sharers.begin(), share.sharers.end(), rank) -
+                                     share.sharers.begin());
+  share.threads = std::max(1, share.cores / n + (index < share.cores % n ? 1 : 0));
+  return share;
 }
 
 // Each replica's share of the global batch, as MXNet's work_load_list splits it.

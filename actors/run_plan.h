@@ -112,9 +112,28 @@ std::string describeCudaGraphs(const TrainOptions& o);
 // with `channels_last`, "...; channels-last images".
 std::string describePrecision(const TrainOptions& o, bool channels_last = false);
 
-// All hardware threads, shared out among the run's processes on this host (troupe launch says how
-// many there are in TROUPE_LOCAL_SIZE, mpirun in OMPI_COMM_WORLD_LOCAL_SIZE).
+// The cores this process may run on (its CPU affinity: taskset, a cgroup's cpuset), shared out
+// among the run's processes on this host when a launcher says how many there are
+// (TROUPE_LOCAL_SIZE of troupe launch, OMPI_COMM_WORLD_LOCAL_SIZE of mpirun).
 int defaultThreads();
+// This process's cores, not shared out.
+int hostCores();
+// Whether a launcher said how many of the run's processes share this host (defaultThreads).
+bool launcherSharesCores();
+
+// A process's share of its machine's cores, among the run's processes on that machine: those
+// whose coreKey() is the same (one boot of one kernel, the same CPUs; network namespaces share
+// cores). `keys` are every process's "KEY THREADS" (THREADS: its --threads, 0 when not given),
+// indexed by rank.
+struct CoreShare {
+  int cores = 1;                // this process's
+  std::vector<int> sharers;     // the ranks on this machine, this one among them
+  int threads = 1;              // this process's share: cores / sharers, the first ones +1
+  std::int64_t asked_here = 0;  // the --threads of the sharers that gave one, summed
+  bool all_asked = false;       // every sharer gave --threads
+};
+std::string coreKey();
+CoreShare shareCores(const std::vector<std::string>& keys, int rank, int cores);
 
 // Each replica's share of the global batch, as MXNet's work_load_list splits it.
 std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,

@@ -25,24 +25,51 @@
 #include "actors/trace.h"
 #include "actors/train_log.h"
 #include "kernels/backend.h"
+#include "rendezvous/exchange.h"
 #include "rendezvous/store.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
 namespace {
 
+// Processes of the run that share a machine's cores (started by hand: no launcher said how many
+// share it) share them out, as a launcher does: two ranks on 2 cores each took both before, and a
+// step took 10.8 s against 1.28 s under troupe launch. With --threads given everywhere, threads
+// summing past the cores are said once, by the machine's lowest rank.
+void settleThreads(const TrainOptions& o, rendezvous::Store& store, int rank, int nodes,
+                   std::chrono::milliseconds timeout, ThreadBudget& budget) {
+  const auto keys = rendezvous::exchange(
+      store, rank, nodes, fmt::format("{} {}", coreKey(), o.threads), timeout, "cores");
+  const CoreShare share = shareCores(keys, rank, hostCores());
+  if (share.sharers.size() < 2) return;
+  if (o.threads == 0 && !launcherSharesCores()) {
+    budget.threads = share.threads;
+    spdlog::info(
+        "threads: {} of this machine's {} cores, which {} processes of the run share (ranks {}); "
+        "--threads N sets it",
+        share.threads, share.cores, share.sharers.size(), fmt::join(share.sharers, ", "));
+  } else if (share.all_asked && share.asked_here > share.cores && rank == share.sharers[0]) {
+    spdlog::warn(
+        "ranks {} of the run share this machine's {} cores with {} threads together "
+        "(--threads): their teams will wait on each other's cores",
+        fmt::join(share.sharers, ", "), share.cores, share.asked_here);
+  }
+}
+
 // Joins the run's other processes (every actor of this one already spawned), checks that all
-// agree on the plan, and fills in where the members are.
+// agree on the plan, shares the machine's cores out, and fills in where the members are.
 std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_id, int rank,
                                  int nodes, Trace* trace, NodeSystem& node, const StepPlan& plan,
                                  std::int64_t num_params, const std::string& resumed_from,
-                                 RunMembers& members, ReductionPlan* reduction) {
+                                 RunMembers& members, ReductionPlan* reduction,
+                                 ThreadBudget& budget) {
   ClusterOptions c = clusterOptions(o, run_id, rank, nodes, *node.system, members);
   c.trace = trace;
   auto cluster = joinCluster(c, *node.system);
   *node.cluster = cluster.get();
   agreeOnPlan(cluster->store(), rank, nodes, planValues(o, plan, num_params, resumed_from),
               c.timeout);
+  settleThreads(o, cluster->store(), rank, nodes, c.timeout, budget);
   members.setAddresses(cluster->addresses());
   if (rank == 0) {
     // Where an observer (troupe/observer.h) finds the chief's weights: the actor that holds them
@@ -118,6 +145,8 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.lr = lr;
   config.first_step = plan.first_step;
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
+  auto budget = std::make_shared<ThreadBudget>();
+  config.budget = budget;
   config.stall_warning = fromSeconds(o.stall_warning_s);
   config.peer_timeout = fromSeconds(o.peer_timeout_s);
   config.steps_per_epoch = plan.steps_per_epoch;
@@ -134,7 +163,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"});
   auto cluster = joinRun(o, generationRunId(o.run_id, o.generation), rank, nodes, trace.get(), node,
-                         plan, num_params, resumed_from, *members, nullptr);
+                         plan, num_params, resumed_from, *members, nullptr, *budget);
   spdlog::info("server {} of {} owns keys [{}, {})", o.shard_id, o.num_servers, shard.first,
                shard.second);
   system->run();
@@ -165,6 +194,9 @@ struct ProcessPlan {
   float loss_scale = 0;             // a resumed checkpoint's dynamic loss scale; 0: none there
   std::int64_t overflow_steps = 0;  // the steps it skipped for inf or NaN gradients
   bool nothing_left = false;        // the newest checkpoint holds the run's last step already
+  // The compute threads, once the run's processes met (joinRun), where no flag or launcher gave
+  // them: the replicas' and the updater's teams read it when they start.
+  std::shared_ptr<ThreadBudget> budget = std::make_shared<ThreadBudget>();
 };
 
 // The plan stage; with `role`, for one generation of an elastic run (actors/elastic.h).
@@ -399,6 +431,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
   // cores of the other replicas.
   updater.threads = std::max(1, threads / o.replicas);
+  updater.budget = p.budget;
+  updater.budget_ways = o.replicas;
   updater.replicas = local_replicas;
   updater.coordinator = chief_address;
   updater.trace = trace_ptr;
@@ -497,6 +531,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     replica.tf32 = o.tf32;
     replica.cudnn_deterministic = o.cudnn_deterministic;
     replica.threads = std::max(1, threads / o.replicas);
+    replica.budget = p.budget;
+    replica.budget_ways = o.replicas;
     // Every schedule averages over the global batch: under dist_async and ssp each worker's push
     // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
     replica.grad_scale = 1.0f / static_cast<float>(plan.global_batch);
@@ -627,7 +663,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   if (nodes > 1) {
     cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
                       trace.get(), node, p.plan, p.num_params, role ? "" : resumed_from, *members,
-                      ps || (nccl && nccl->spans_processes) ? nullptr : reduction.get());
+                      ps || (nccl && nccl->spans_processes) ? nullptr : reduction.get(), *p.budget);
   }
   if (nccl) {
     nccl->comm = formNcclGroup(o, cluster ? &cluster->store() : nullptr, rank, nodes);

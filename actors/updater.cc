@@ -58,7 +58,10 @@ class Updater final : public Actor {
   }
 
   void started() override {
-    backend_ = kernels::makeBackend(config_.device, config_.threads);
+    backend_ = kernels::makeBackend(
+        config_.device, config_.budget
+                            ? config_.budget->teamOf(config_.threads, config_.budget_ways)
+                            : config_.threads);
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);

@@ -375,7 +375,20 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
                     static_cast<double>(p.memory.gradients) * scale, batch,
                     static_cast<double>(p.memory.held) * scale));
   }
-  row("threads", fmt::format("{} per process", p.threads));
+  if (o.threads > 0) {
+    row("threads", fmt::format("{} per process (--threads)", p.threads));
+  } else if (actors::launcherSharesCores()) {
+    row("threads", fmt::format("{} per process: this host's {} cores shared by the run's "
+                               "processes on it",
+                               p.threads, actors::hostCores()));
+  } else if (processes > 1) {
+    row("threads",
+        fmt::format("{} per process, unless other processes of the run share this machine's {} "
+                    "cores: they share them out when they meet (--threads N sets it)",
+                    p.threads, actors::hostCores()));
+  } else {
+    row("threads", fmt::format("{} per process: this machine's cores", p.threads));
+  }
   const std::int64_t steps = p.steps.last_step - p.steps.first_step;
   row("steps", fmt::format("{} per epoch x {} epochs = {}", p.steps.steps_per_epoch, o.num_epochs,
                            p.steps.steps_per_epoch * o.num_epochs));

@@ -149,5 +149,26 @@ TEST(StoreValues, AnIncarnationOrAKVStoreInitThatIsNotOneIsRefusedNamingTheKeyEs
   }
 }
 
+// The processes of a run on one machine share its cores out, the first ones taking what does
+// not divide; processes on other machines (another boot, or other CPUs) are not counted.
+TEST(CoreShares, TheRunsProcessesOnAMachineShareItsCoresOut) {
+  const std::vector<std::string> keys = {"boot-a/11 0", "boot-a/11 0", "boot-b/11 0", "boot-a/11 0",
+                                         "boot-a/1100 4"};
+  const CoreShare first = shareCores(keys, 0, 4);
+  EXPECT_EQ(first.sharers, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(first.threads, 2);  // 4 cores, 3 processes: 2, 1, 1
+  EXPECT_EQ(shareCores(keys, 1, 4).threads, 1);
+  EXPECT_EQ(shareCores(keys, 3, 4).threads, 1);
+  EXPECT_FALSE(first.all_asked);
+  const CoreShare alone = shareCores(keys, 2, 4);
+  EXPECT_EQ(alone.sharers, std::vector<int>{2});
+  EXPECT_EQ(alone.threads, 4);
+  const CoreShare other_cpus = shareCores(keys, 4, 2);
+  EXPECT_EQ(other_cpus.sharers, std::vector<int>{4});
+  EXPECT_TRUE(other_cpus.all_asked);
+  EXPECT_EQ(other_cpus.asked_here, 4);
+  EXPECT_EQ(shareCores({"m 0", "m 0", "m 0"}, 2, 2).threads, 1);  // never below 1
+}
+
 }  // namespace
 }  // namespace troupe::actors
