@@ -6,15 +6,18 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "apps/commands.h"
 #include "apps/log_level.h"
+#include "apps/output_relay.h"
 #include "apps/suggest.h"
 #include "kernels/cpu/isa.h"
 #include "troupe/error.h"
@@ -64,6 +67,19 @@ void hidePasswordsInOwnCommandLine(int argc, char** argv) {
 int main(int argc, char** argv) {
   raiseOpenFileLimit();
   plainLogsUnderALauncher();
+  // A launched process never waits on its output: a launcher stopped (SIGSTOP, a suspended ssh)
+  // or slow to read it left a process blocked in a write of a full pipe, which its peers then
+  // took for a hung process. Its lines queue, and beyond a few MiB are dropped and counted.
+  std::optional<troupe::apps::OutputRelay> relay;
+  std::optional<troupe::apps::LogThroughRelay> logs;
+  if (std::getenv("TROUPE_ROLE")) {
+    std::signal(SIGPIPE, SIG_IGN);  // a reader gone is EPIPE, for the relay to count
+    troupe::apps::OutputRelayOptions options;
+    options.tag = "troupe";
+    options.owner = "this process's";
+    relay.emplace(options);
+    logs.emplace(*relay);
+  }
   std::vector<std::string> args(argv, argv + argc);  // what is parsed: the unmasked copies
   std::vector<char*> arg_pointers;
   for (auto& arg : args)

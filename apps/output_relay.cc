@@ -74,7 +74,7 @@ struct OutputRelay::Queue {
   };
 
   Queue(int fd, const char* name, const OutputRelayOptions& o)
-      : fd(fd), name(name), capacity(o.capacity), reserve(o.reserve) {}
+      : fd(fd), name(name), capacity(o.capacity), reserve(o.reserve), tag(o.tag), owner(o.owner) {}
 
   void push(std::string_view text, bool own) {
     const std::uint64_t n = countLines(text);
@@ -124,9 +124,9 @@ struct OutputRelay::Queue {
       std::string text;
       if (front.gap) {
         if (&*front.gap == open_gap) closeGapLocked(now);
-        text =
-            fmt::format("[launcher] {} dropped: the launcher's output was not read for {:.1f} s\n",
-                        lines(front.gap->lines), seconds(front.gap->until - front.gap->since));
+        text = fmt::format("[{}] {} dropped: {} output was not read for {:.1f} s\n", tag,
+                           lines(front.gap->lines), owner,
+                           seconds(front.gap->until - front.gap->since));
       } else {
         text = std::move(front.text);
         bytes -= text.size();
@@ -179,6 +179,7 @@ struct OutputRelay::Queue {
   const int fd;
   const char* const name;
   const std::size_t capacity, reserve;
+  const std::string tag, owner;
 
   std::mutex mu;
   std::condition_variable wake, idle;
@@ -257,13 +258,12 @@ void OutputRelay::finish() {
         if (!drained[i]) {
           if (const auto n = q.undeliveredLocked(); n > 0) {
             report =
-                fmt::format("[launcher] {} dropped: the launcher's {} was not read for {:.1f} s\n",
-                            lines(n), q.name, seconds(Clock::now() - q.stalledSinceLocked()));
+                fmt::format("[{}] {} dropped: {} {} was not read for {:.1f} s\n", q.tag, lines(n),
+                            q.owner, q.name, seconds(Clock::now() - q.stalledSinceLocked()));
           }
         } else if (q.lost > 0) {
-          report =
-              fmt::format("[launcher] {} dropped: the launcher's {} could not be written ({})\n",
-                          lines(q.lost), q.name, std::strerror(q.error));
+          report = fmt::format("[{}] {} dropped: {} {} could not be written ({})\n", q.tag,
+                               lines(q.lost), q.owner, q.name, std::strerror(q.error));
         }
       }
       if (report.empty() || !drained[1 - i]) continue;

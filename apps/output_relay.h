@@ -39,6 +39,9 @@ struct OutputRelayOptions {
   std::size_t capacity = 4u << 20;   // bytes queued per stream before relayed lines are dropped
   std::size_t reserve = 256u << 10;  // more room for the launcher's own lines
   std::chrono::milliseconds flush_limit{5000};
+  // Whose output it is, in the notices: "[launcher] 3 lines dropped: the launcher's output ...".
+  std::string tag = "launcher";
+  std::string owner = "the launcher's";
 };
 
 class OutputRelay {

@@ -285,6 +285,22 @@ TEST(DistributedTraining, RanksStartedByHandOnOneMachineShareItsCores) {
   }
 }
 
+// A launcher stopped (SIGSTOP, a suspended terminal) for longer than the peer timeout failed the
+// run: the chief, logging every step, blocked writing to its full output pipe, and its peer took
+// it for hung ("worker 0 ... hung or gone"). A launched process's output now queues instead.
+TEST(DistributedTraining, ARunOutlivesItsLauncherStoppedForLongerThanThePeerTimeout) {
+  TempDir cwd("dist_stopped_launcher");
+  const auto r = runCommand(
+      in(cwd, "(" + troupeBinary() + " launch -n 2 -- troupe train --model mlp" + dataFlags() +
+                  " --schedule bsp-allreduce --num_epochs 6 --log_every 1 --threads 1"
+                  " --peer_timeout 3 > launch.out 2>&1 & L=$!; sleep 2; kill -STOP $L; sleep 8;"
+                  " kill -CONT $L; wait $L; echo launcher exited $?)"));
+  const std::string out = slurp(cwd.path() / "launch.out");
+  EXPECT_NE(r.output.find("launcher exited 0"), std::string::npos) << r.output << out;
+  EXPECT_EQ(out.find("hung or gone"), std::string::npos) << out;
+  EXPECT_NE(out.find("[worker 0] ["), std::string::npos) << out;  // it relayed the workers
+}
+
 // The commands of the issue, as written, with parameter servers.
 class ParameterServerScheduleTest : public ::testing::TestWithParam<const char*> {};
 
