@@ -521,7 +521,8 @@ ServerImpl::ServerImpl(const std::string& host, uint16_t port, std::string secre
                               e.code().message()));
   }
   name_ = fmt::format("tcp store server {}:{}", host_, port_);
-  gate_ = std::make_unique<transport::AcceptGate>(io_, name_, kMaxPendingHandshakes, nullptr);
+  gate_ = std::make_unique<transport::AcceptGate>(io_.get_executor(), name_, kMaxPendingHandshakes,
+                                                  nullptr);
   accept();
   thread_ = std::thread([this] { run(); });
 }
