@@ -26,6 +26,7 @@
 #include "rendezvous/store_util.h"
 #include "transport/accept_gate.h"
 #include "transport/auth.h"
+#include "transport/refusal_report.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
@@ -40,6 +41,8 @@ constexpr milliseconds kReplyGrace{30000};
 // kMaxPendingHandshakes connections may be unauthenticated at once (transport/accept_gate.h).
 constexpr milliseconds kHandshakeTimeout{5000};
 constexpr int kMaxPendingHandshakes = 64;
+// How the listener's refusal report counts a client that authenticated and then broke off.
+constexpr std::string_view kConnectionFailed = "connection failed";
 // Longer timeouts are cut to this, so deadlines never overflow.
 constexpr milliseconds kMaxTimeout{std::chrono::hours(24 * 365)};
 
@@ -139,8 +142,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void start();
   // Called when a key this session is parked on has been set.
   void keyAppeared();
-  // Closes the connection; `why` is logged when not empty.
-  void close(const std::string& why);
+  // Closes the connection. Before it authenticated that is a refusal, counted under `kind`
+  // (empty: closed during the handshake); after, a non-empty `why` is one too (a bad request),
+  // and an empty one a client that went away. Refusals go to the listener's report
+  // (transport/refusal_report.h): logged with the peer's address at a bounded rate.
+  void close(const std::string& why, std::string_view kind = {});
   const std::string& peer() const { return peer_; }
 
  private:
@@ -203,6 +209,11 @@ class ServerImpl final : public TcpStoreServer {
   const std::string& name() const { return name_; }
   // A session authenticated or closed: its accept slot is free.
   void releaseSlot() { gate_->release(); }
+  void refused(std::string_view kind, const std::string& peer, const std::string& why) {
+    gate_->refused(kind, peer, why, fmt::format("closing the connection from {}: {}", peer, why));
+  }
+  // stop() has begun: sessions closing now are not refused.
+  bool stopping() const { return stopped_; }
   const std::string& secret() const { return secret_; }
 
  private:
@@ -246,7 +257,8 @@ void Session::start() {
   auth_timer_.async_wait([self = shared_from_this()](std::error_code ec) {
     if (!ec && self->open_) {
       self->close(fmt::format("refused: no authentication handshake within {}",
-                              detail::formatDuration(kHandshakeTimeout)));
+                              detail::formatDuration(kHandshakeTimeout)),
+                  transport::kRefusedNoHandshake);
     }
   });
   asio::async_write(socket_, asio::buffer(handshake_.challenge()),
@@ -264,7 +276,7 @@ void Session::onChallenge(std::error_code ec) {
   try {
     handshake_.peerChallenge(challenge_);
   } catch (const InputError& e) {
-    return close(std::string("refused: ") + e.what());
+    return close(std::string("refused: ") + e.what(), transport::kRefusedNotAPeer);
   }
   proof_ = handshake_.proof();
   asio::async_write(socket_, asio::buffer(proof_),
@@ -280,7 +292,8 @@ void Session::onProof(std::error_code ec) {
   if (!open_) return;
   if (ec) return close(ec == asio::error::eof ? "" : "read failed: " + ec.message());
   if (!handshake_.verify(peer_proof_)) {
-    return close("refused: authentication failed (the client lacks this run's secret)");
+    return close("refused: authentication failed (the client lacks this run's secret)",
+                 transport::kRefusedAuthentication);
   }
   auth_timer_.cancel();
   releaseSlot();
@@ -292,7 +305,8 @@ void Session::readHeader() {
                    [self = shared_from_this()](std::error_code ec, size_t) {
                      if (!self->open_) return;
                      if (ec) {
-                       self->close(ec == asio::error::eof ? "" : "read failed: " + ec.message());
+                       self->close(ec == asio::error::eof ? "" : "read failed: " + ec.message(),
+                                   kConnectionFailed);
                        return;
                      }
                      const uint32_t size = loadU32(self->header_);
@@ -311,7 +325,7 @@ void Session::readBody(uint32_t size) {
                    [self = shared_from_this()](std::error_code ec, size_t) {
                      if (!self->open_) return;
                      if (ec) {
-                       self->close("read failed: " + ec.message());
+                       self->close("read failed: " + ec.message(), kConnectionFailed);
                        return;
                      }
                      if (self->parked_) {
@@ -479,7 +493,7 @@ void Session::writeNext() {
                     [self = shared_from_this()](std::error_code ec, size_t) {
                       if (!self->open_) return;
                       if (ec) {
-                        self->close("write failed: " + ec.message());
+                        self->close("write failed: " + ec.message(), kConnectionFailed);
                         return;
                       }
                       self->out_.pop_front();
@@ -487,13 +501,20 @@ void Session::writeNext() {
                     });
 }
 
-void Session::close(const std::string& why) {
+void Session::close(const std::string& why, std::string_view kind) {
   if (!open_) return;
   open_ = false;
-  if (why.empty()) {
+  if (server_.stopping()) {
+    spdlog::debug("{}: closing the connection from {} (the server stops)", server_.name(), peer_);
+  } else if (slot_) {
+    server_.refused(
+        kind.empty() ? transport::kRefusedClosedEarly : kind, peer_,
+        why.empty() ? "closed the connection during the authentication handshake" : why);
+  } else if (why.empty()) {
     spdlog::debug("{}: {} disconnected", server_.name(), peer_);
   } else {
-    spdlog::error("{}: closing the connection from {}: {}", server_.name(), peer_, why);
+    // Without a secret anyone may authenticate: what follows comes in numbers as well.
+    server_.refused(kind.empty() ? transport::kRefusedBadRequest : kind, peer_, why);
   }
   unpark();
   releaseSlot();
@@ -521,7 +542,8 @@ ServerImpl::ServerImpl(const std::string& host, uint16_t port, std::string secre
                               e.code().message()));
   }
   name_ = fmt::format("tcp store server {}:{}", host_, port_);
-  gate_ = std::make_unique<transport::AcceptGate>(io_, name_, kMaxPendingHandshakes, nullptr);
+  gate_ = std::make_unique<transport::AcceptGate>(io_.get_executor(), name_, kMaxPendingHandshakes,
+                                                  nullptr);
   accept();
   thread_ = std::thread([this] { run(); });
 }

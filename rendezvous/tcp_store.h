@@ -3,8 +3,8 @@
 //
 // Every connection starts with the authentication handshake of transport/auth.h (scope "store",
 // keyed by the run's secret; a client that fails it is closed before any request is read, and the
-// refusal is logged with its address). Then the wire protocol (all integers little-endian): each
-// request and each reply is one frame, a u32 body
+// refusal is logged with its address at a bounded rate, transport/refusal_report.h). Then the wire
+// protocol (all integers little-endian): each request and each reply is one frame, a u32 body
 // length followed by the body. A request body is an op byte and its fields; strings are a u32
 // length and the bytes, timeouts a u64 count of milliseconds (ops numbered 1..6 in this order):
 //   SET key value | GET key timeout | ADD key i64 | CHECK n key... | WAIT timeout n key...
@@ -29,7 +29,7 @@ namespace troupe::rendezvous {
 inline constexpr uint32_t kTcpStoreMaxFrame = 64u << 20;
 
 // A running store server. It serves from its own thread; a client that sends a malformed or
-// oversized request loses its connection (logged with its address), the others go on.
+// oversized request loses its connection (logged as its refusals are), the others go on.
 class TcpStoreServer {
  public:
   // Stops the server as stop() does.

@@ -19,6 +19,7 @@
 
 #include "log_capture.h"
 #include "redis_util.h"
+#include "refusal_flood.h"
 #include "rendezvous/tcp_store.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
@@ -296,6 +297,30 @@ TEST(TcpStoreServerTest, SilentStrangersAreCutOffAfterAFewSecondsAndCannotCrowdO
   EXPECT_LT(Clock::now() - begin, milliseconds(12000));
   EXPECT_THAT(log.text(), HasSubstr("no authentication handshake within 5 s"));
   EXPECT_THAT(log.text(), HasSubstr("have not authenticated yet; accepting pauses"));
+}
+
+TEST(TcpStoreServerTest, AFloodOfStrangersIsCountedInFullButLoggedAtABoundedRate) {
+  LogCapture log;
+  const auto begin = Clock::now();
+  auto server = startTcpStoreServer("127.0.0.1", 0);
+  constexpr int kStrangers = 2000;
+  ASSERT_EQ(testing::floodWithGarbage(server->port(), kStrangers), kStrangers);
+  auto store = connectTcpStore("127.0.0.1", server->port(), kLong);
+  store->set("k", "v");  // the run's own clients are served all along
+  EXPECT_EQ(store->get("k", kShort), "v");
+  server->stop();  // logs the summary still pending
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+
+  const auto refusals =
+      testing::countRefusals(testing::splitLines(log.text()), ": refused: not a troupe peer");
+  EXPECT_EQ(refusals.connections, static_cast<std::uint64_t>(kStrangers)) << log.text();
+  // The report's default limits: 10 lines one by one, then one a token, a token every 5 s, and
+  // the summary at the end (before: one line per connection).
+  EXPECT_LE(refusals.lines, 10 + static_cast<std::size_t>(seconds / 5) + 1) << log.text();
+  ASSERT_FALSE(refusals.summaries.empty()) << log.text();
+  EXPECT_THAT(refusals.summaries.back(),
+              ::testing::ContainsRegex("\\([0-9]+ not a troupe peer\\); the last from "
+                                       "127\\.0\\.0\\.1:[0-9]+: refused: not a troupe peer"));
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "refusal_flood.h"
 #include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/link.h"
@@ -964,6 +965,38 @@ TEST_F(TransportTest, SomethingOtherThanAHandshakeIsRefused) {
   const auto errors = a.errorsAfter(0);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("refused: not a troupe peer"), std::string::npos) << errors[0];
+}
+
+TEST_F(TransportTest, AFloodOfStrangersIsCountedInFullAndSummarisedWhileTheLinksGoOn) {
+  const auto begin = std::chrono::steady_clock::now();
+  Peer a(options(0, false)), b(options(1, false));
+  const std::string address = a.transport->address();
+  const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+  constexpr int kStrangers = 2000;
+  ASSERT_EQ(testing::floodWithGarbage(port, kStrangers), kStrangers);
+  connectPair(b, a);
+  expectExchange(a, b);
+  // The refusals past the burst are summarised once a token is back (5 s after the burst), while
+  // the transport runs on.
+  testing::RefusalLines refusals;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  do {
+    std::this_thread::sleep_for(50ms);
+    refusals = testing::countRefusals(a.sink->errors(), "): refused: not a troupe peer");
+  } while (refusals.connections < static_cast<std::uint64_t>(kStrangers) &&
+           std::chrono::steady_clock::now() < deadline);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  EXPECT_EQ(refusals.connections, static_cast<std::uint64_t>(kStrangers));
+  // Default limits: 10 lines one by one, then one line (here the summary) a token, a token every
+  // 5 s (before: one line per connection).
+  EXPECT_LE(refusals.lines, 10 + static_cast<std::size_t>(seconds / 5));
+  ASSERT_FALSE(refusals.summaries.empty());
+  const std::string& summary = refusals.summaries.back();
+  EXPECT_NE(summary.find("transport node 0 " + address + ": "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" not a troupe peer); the last from tcp://127.0.0.1:"), std::string::npos)
+      << summary;
+  expectExchange(a, b);
 }
 
 std::vector<std::byte> headerBytes(FrameHeader header) {

@@ -26,12 +26,15 @@ void setCloseOnExec(int fd) {
   }
 }
 
-AcceptGate::AcceptGate(asio::io_context& io, std::string name, int maxPending,
-                       std::shared_ptr<spdlog::logger> log)
-    : backoffTimer_(io),
+AcceptGate::AcceptGate(asio::any_io_executor executor, std::string name, int maxPending,
+                       std::shared_ptr<spdlog::logger> log, RefusalReport::Limits limits)
+    : backoffTimer_(executor),
+      summaryTimer_(executor),
+      report_(name, log, limits),
       name_(std::move(name)),
       maxPending_(std::max(1, maxPending)),
-      log_(log ? std::move(log) : spdlog::default_logger()) {}
+      log_(log ? std::move(log) : spdlog::default_logger()),
+      pauseLogEvery_(limits.every) {}
 
 void AcceptGate::next(std::function<void()> startAccept) {
   if (closed_) return;
@@ -44,12 +47,20 @@ void AcceptGate::next(std::function<void()> startAccept) {
     return;
   }
   if (pending_ >= maxPending_) {
-    if (!fullLogged_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (pauseLogged_ == std::chrono::steady_clock::time_point{} ||
+        now - pauseLogged_ >= pauseLogEvery_) {
       log_->warn(
           "{}: {} connections have not authenticated yet; accepting pauses until one does or "
-          "times out",
-          name_, pending_);
-      fullLogged_ = true;
+          "times out{}",
+          name_, pending_,
+          unloggedPauses_ > 0
+              ? fmt::format(" (it paused {} more times since the last report)", unloggedPauses_)
+              : std::string());
+      pauseLogged_ = now;
+      unloggedPauses_ = 0;
+    } else {
+      ++unloggedPauses_;
     }
     waiting_ = std::move(startAccept);
     return;
@@ -91,16 +102,40 @@ void AcceptGate::release() {
 
 void AcceptGate::resume() {
   if (!waiting_ || closed_ || pending_ >= maxPending_) return;
-  fullLogged_ = false;
   auto start = std::move(waiting_);
   waiting_ = nullptr;
   start();
+}
+
+void AcceptGate::refused(std::string_view kind, std::string_view from, std::string_view why,
+                         std::string_view line) {
+  report_.refused(kind, from, why, line);
+  armSummary();
+}
+
+void AcceptGate::armSummary() {
+  if (summaryArmed_ || closed_) return;
+  const auto due = report_.summaryDue();
+  if (!due) return;
+  summaryArmed_ = true;
+  summaryTimer_.expires_at(*due);
+  summaryTimer_.async_wait([this](std::error_code e) {
+    summaryArmed_ = false;
+    if (e || closed_) return;
+    // Refusals since the timer was set may have sent the summary already.
+    if (const auto due = report_.summaryDue(); due && *due <= std::chrono::steady_clock::now()) {
+      report_.flush();
+    }
+    armSummary();
+  });
 }
 
 void AcceptGate::close() {
   closed_ = true;
   waiting_ = nullptr;
   backoffTimer_.cancel();
+  summaryTimer_.cancel();
+  report_.flush();
 }
 
 }  // namespace troupe::transport

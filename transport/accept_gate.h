@@ -1,19 +1,26 @@
 // What every listening socket of troupe (transport links, the embedded store) does between
 // accepts, so that strangers cannot exhaust a process's descriptors or flood its log:
 //  - at most `maxPending` accepted connections that have not authenticated yet; while that many
-//    are pending, accepting pauses and newcomers wait in the kernel's backlog;
+//    are pending, accepting pauses and newcomers wait in the kernel's backlog (said at most once
+//    per RefusalReport::Limits::every, with the count of pauses since);
 //  - a failed accept (EMFILE, ENFILE, ENOBUFS ...) is retried after a backoff that doubles from
-//    10 ms to 1 s, and logged at most once a second, with the count of failures since.
-// Threads: every method runs on the io_context's threads (post to it from elsewhere).
+//    10 ms to 1 s, and logged at most once a second, with the count of failures since;
+//  - every refused connection is counted and logged through a RefusalReport (refusal_report.h):
+//    one by one while the log is quiet, in summaries at a bounded rate under a flood.
+// Threads: every method runs on `executor` (a strand, or an io_context run by one thread); post
+// to it from elsewhere. Its timers' handlers run there too.
 #pragma once
 
-#include <asio/io_context.hpp>
+#include <asio/any_io_executor.hpp>
 #include <asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <system_error>
+
+#include "transport/refusal_report.h"
 
 namespace spdlog {
 class logger;
@@ -28,8 +35,8 @@ void setCloseOnExec(int fd);
 class AcceptGate {
  public:
   // `name` names the listener in log lines ("transport node 1 tcp://10.0.0.1:4000").
-  AcceptGate(asio::io_context& io, std::string name, int maxPending,
-             std::shared_ptr<spdlog::logger> log);
+  AcceptGate(asio::any_io_executor executor, std::string name, int maxPending,
+             std::shared_ptr<spdlog::logger> log, RefusalReport::Limits limits = {});
 
   // Calls `startAccept` now, or once a pending slot frees or the backoff has passed.
   void next(std::function<void()> startAccept);
@@ -39,12 +46,21 @@ class AcceptGate {
   void failed(const std::error_code& error);
   // A pending connection authenticated or closed.
   void release();
+  // A connection of this listener was refused (RefusalReport::refused; it may have been released
+  // already, or never been pending).
+  void refused(std::string_view kind, std::string_view from, std::string_view why,
+               std::string_view line);
+  // Stops accepting and logs the refusals not yet summarised.
   void close();
 
  private:
   void resume();
+  void armSummary();
 
   asio::steady_timer backoffTimer_;
+  asio::steady_timer summaryTimer_;
+  bool summaryArmed_ = false;
+  RefusalReport report_;
   std::string name_;
   int maxPending_;
   std::shared_ptr<spdlog::logger> log_;
@@ -55,7 +71,9 @@ class AcceptGate {
   bool backoffDue_ = false;               // the next accept waits backoff_ first
   std::chrono::steady_clock::time_point lastLog_{};
   long unlogged_ = 0;
-  bool fullLogged_ = false;
+  const std::chrono::milliseconds pauseLogEvery_;
+  std::chrono::steady_clock::time_point pauseLogged_{};  // epoch: never
+  long unloggedPauses_ = 0;
 };
 
 }  // namespace troupe::transport

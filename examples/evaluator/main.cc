@@ -15,13 +15,17 @@
 // with the error when it cannot join, or when the run ends before its last step.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <troupe/model.h>
 #include <troupe/observer.h>
 #include <troupe/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -86,11 +90,17 @@ std::string metrics(State& s, const std::string& run) {
 }
 
 // A minimal HTTP/1.0 server: GET /metrics answers with the scores, anything else with 404.
+// One thread serves every connection at once (poll), so a client that connects and says nothing
+// holds no one up: a connection has kClientSeconds from its accept for the whole exchange (its
+// request line may come in pieces, up to kMaxRequest bytes), and at most kMaxClients are open at
+// once (a newcomer beyond that closes the oldest). After the reply the server closes its side and
+// reads what the client still sends until it closes too, so that no reset cuts the reply short.
 class MetricsServer {
  public:
   MetricsServer(const std::string& address, int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd_ < 0) fail("socket: cannot make one");
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    wake_ = ::eventfd(0, EFD_CLOEXEC);
+    if (fd_ < 0 || wake_ < 0) fail("socket: cannot make one");
     const int one = 1;
     ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in a{};
@@ -98,49 +108,142 @@ class MetricsServer {
     a.sin_port = htons(static_cast<std::uint16_t>(port));
     if (::inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1)
       fail("--listen " + address + ": not an IPv4 address");
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0)
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, SOMAXCONN) != 0)
       fail("cannot listen on " + address + ":" + std::to_string(port));
     socklen_t size = sizeof a;
     ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &size);
     port_ = ntohs(a.sin_port);
   }
   ~MetricsServer() {
-    ::shutdown(fd_, SHUT_RDWR);
+    const std::uint64_t stop = 1;
+    [[maybe_unused]] const auto ignored = ::write(wake_, &stop, sizeof stop);
     if (thread_.joinable()) thread_.join();
     ::close(fd_);
+    ::close(wake_);
   }
   int port() const { return port_; }
 
   void serve(State& state, const std::string& run) {
-    thread_ = std::thread([this, &state, run] {
-      for (;;) {
-        const int client = ::accept(fd_, nullptr, nullptr);
-        if (client < 0) return;  // shut down
-        timeval limit{5, 0};     // a client that sends nothing is not waited for
-        ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-        char request[1024] = {};
-        const auto n = ::recv(client, request, sizeof request - 1, 0);
-        const std::string line(request, n > 0 ? static_cast<std::size_t>(n) : 0);
-        const bool wanted =
-            line.rfind("GET /metrics ", 0) == 0 || line.rfind("GET /metrics\r", 0) == 0;
-        const std::string body = wanted ? metrics(state, run) : "not found: try /metrics\n";
-        const std::string reply =
-            std::string(wanted ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
-            "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " +
-            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-        std::size_t sent = 0;
-        while (sent < reply.size()) {
-          const auto w = ::send(client, reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
-          if (w <= 0) break;
-          sent += static_cast<std::size_t>(w);
-        }
-        ::close(client);
-      }
-    });
+    thread_ = std::thread([this, &state, run] { loop(state, run); });
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::size_t kMaxClients = 64;
+  static constexpr std::size_t kMaxRequest = 8192;
+  static constexpr auto kClientSeconds = std::chrono::seconds(5);
+
+  struct Client {
+    int fd = -1;
+    Clock::time_point deadline;
+    std::string request;  // until its first line is complete
+    std::string reply;    // non-empty: being written
+    std::size_t sent = 0;
+    bool replied = false;  // written and our side shut: reading until the client closes
+  };
+
+  static std::string replyTo(const std::string& line, State& state, const std::string& run) {
+    const bool wanted = line.rfind("GET /metrics ", 0) == 0 || line == "GET /metrics";
+    const std::string body = wanted ? metrics(state, run) : "not found: try /metrics\n";
+    return std::string(wanted ? "HTTP/1.0 200 OK\r\n" : "HTTP/1.0 404 Not Found\r\n") +
+           "Content-Type: text/plain; version=0.0.4\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  }
+
+  // Reads what `c` sent; false once it is to be closed (it closed or failed; one that closed its
+  // side after its request still gets the reply).
+  static bool onReadable(Client& c, State& state, const std::string& run) {
+    char buffer[4096];
+    for (;;) {
+      const auto n = ::recv(c.fd, buffer, sizeof buffer, 0);
+      if (n == 0) return !c.reply.empty();
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+      if (c.replied || !c.reply.empty()) continue;  // the rest of a request already answered
+      c.request.append(buffer, static_cast<std::size_t>(n));
+      const auto end = c.request.find('\n');
+      if (end == std::string::npos && c.request.size() < kMaxRequest) continue;
+      std::string line = c.request.substr(0, std::min(end, c.request.size()));
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      c.reply = replyTo(line, state, run);
+      c.request.clear();
+    }
+  }
+
+  // Writes what the socket takes of `c`'s reply; false on a failure.
+  static bool onWritable(Client& c) {
+    while (c.sent < c.reply.size()) {
+      const auto n = ::send(c.fd, c.reply.data() + c.sent, c.reply.size() - c.sent, MSG_NOSIGNAL);
+      if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+      c.sent += static_cast<std::size_t>(n);
+    }
+    ::shutdown(c.fd, SHUT_WR);
+    c.replied = true;
+    c.reply.clear();
+    return true;
+  }
+
+  void loop(State& state, const std::string& run) {
+    std::vector<Client> clients;
+    std::vector<pollfd> fds;
+    Clock::time_point acceptAgain{};  // after a failed accept (out of descriptors): a pause
+    for (;;) {
+      const auto now = Clock::now();
+      const bool accepting = now >= acceptAgain;
+      fds.assign({{wake_, POLLIN, 0}, {fd_, static_cast<short>(accepting ? POLLIN : 0), 0}});
+      auto timeout = std::chrono::milliseconds(-1);
+      if (!accepting) timeout = std::chrono::ceil<std::chrono::milliseconds>(acceptAgain - now);
+      for (const auto& c : clients) {
+        const short events = c.reply.empty() ? POLLIN : POLLOUT;
+        fds.push_back({c.fd, events, 0});
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(c.deadline - now);
+        const auto wait = std::max(left, std::chrono::milliseconds(0));
+        if (timeout.count() < 0 || wait < timeout) timeout = wait;
+      }
+      if (::poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) < 0 && errno != EINTR)
+        return;
+      if (fds[0].revents != 0) break;  // shut down
+      const auto after = Clock::now();
+      std::vector<Client> open;
+      for (std::size_t i = 0; i < clients.size(); ++i) {
+        Client& c = clients[i];
+        const short got = fds[i + 2].revents;
+        bool keep = after < c.deadline;
+        if (keep && (got & (POLLIN | POLLHUP | POLLERR))) keep = onReadable(c, state, run);
+        if (keep && !c.reply.empty()) keep = onWritable(c);
+        if (keep) {
+          open.push_back(std::move(c));
+        } else {
+          ::close(c.fd);
+        }
+      }
+      clients = std::move(open);
+      if (fds[1].revents & POLLIN) {
+        for (;;) {
+          const int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED) {
+              acceptAgain = after + std::chrono::milliseconds(100);  // EMFILE ...: no busy loop
+            }
+            break;
+          }
+          if (clients.size() >= kMaxClients) {
+            ::close(clients.front().fd);  // the oldest: accepted first
+            clients.erase(clients.begin());
+          }
+          Client& c = clients.emplace_back();
+          c.fd = fd;
+          c.deadline = after + kClientSeconds;
+        }
+      }
+    }
+    for (const auto& c : clients)
+      ::close(c.fd);
+  }
+
   int fd_ = -1;
+  int wake_ = -1;  // an eventfd: readable once the destructor wants the thread to stop
   int port_ = 0;
   std::thread thread_;
 };

@@ -10,7 +10,8 @@
 #      (which, killed, each worker names at once);
 #      examples/memory_reader trains on records from its memory, examples/custom_reader from a
 #      Reader actor of its own; examples/evaluator joined to a
-#      2-worker run of the installed troupe, its Prometheus metrics fetched over HTTP;
+#      2-worker run of the installed troupe, its Prometheus metrics fetched over HTTP (also
+#      behind 10 idle connections, in under 2 s);
 #      the same program as in 1 built with `pkg-config --cflags --libs troupe` and run;
 #   3. a project that takes troupe in with add_subdirectory configures (tests and benchmarks off);
 #   4. `cpack -G DEB`: the package holds the library, headers, CMake and pkg-config files and the
@@ -158,6 +159,17 @@ for _ in $(seq 100); do
   grep -q '^troupe_eval_step{run="evaluated"} 200$' "$tmp/metrics.txt" && break
   sleep 0.1
 done
+# Clients that connect and say nothing hold no one up (before: 5 s each, one after the other).
+python3 - "$metrics_port" <<'PY' || { cat "$tmp/evaluator.txt"; echo "idle connections held up GET /metrics"; exit 1; }
+import socket, sys, time, urllib.request
+port = int(sys.argv[1])
+idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(10)]
+start = time.monotonic()
+body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+took = time.monotonic() - start
+print(f"GET /metrics behind 10 idle connections: {took:.2f} s")
+sys.exit(0 if took < 2 and "troupe_eval_step" in body else 1)
+PY
 kill "$evaluator" 2>/dev/null || true
 grep -v "^#" "$tmp/metrics.txt" || { cat "$tmp/evaluator.txt"; echo "no metrics came"; exit 1; }
 grep -q '^troupe_eval_step{run="evaluated"} 200$' "$tmp/metrics.txt" ||

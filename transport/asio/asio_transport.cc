@@ -31,6 +31,7 @@
 #include "transport/interfaces.h"
 #include "transport/link.h"
 #include "transport/message_state.h"
+#include "transport/refusal_report.h"
 #include "transport/shared_arena.h"
 #include "troupe/error.h"
 
@@ -155,15 +156,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void onPayload(const asio::error_code& error, std::shared_ptr<IncomingMessage::State> state);
   void onBulk(const asio::error_code& error);
   void onHello(wire::Hello::Reader hello);
-  // Tells the peer why this link is refused (a refusal frame), then closes it.
-  void refuse(const std::string& why);
+  // Tells the peer why this link is refused (a refusal frame), then closes it. `kind`: how its
+  // listener's report counts it (refusal_report.h), if it was accepted.
+  void refuse(std::string_view kind, const std::string& why);
   // Once: the accepting listener may take another unauthenticated connection.
   void releaseListener();
   void mapPeerArena(wire::Hello::Reader hello);
   bool takeSharedParts(wire::Frame::Reader frame, IncomingMessage::State& state);
   void deliver(std::shared_ptr<IncomingMessage::State> state);
   void failRead(const asio::error_code& error, const std::string& during);
-  void closeOnStrand(const std::string& why, bool error);
+  // Closes the socket and tells the transport. An accepted connection that never became a link
+  // counts as refused, under `kind` (empty: closed during the handshake, or before its Hello).
+  void closeOnStrand(const std::string& why, bool error, std::string_view kind = {});
   void startWrite();
   // Writes what the socket takes without blocking (mutex_ held); returns the bytes written.
   std::size_t writeNow(const EncodedMessage& message);
@@ -254,8 +258,14 @@ class AsioTransport final : public Transport {
   int connections(NodeId node) const override;
   // A connection accepted by `listener` authenticated or closed. Any thread.
   void releasePending(Listener listener);
+  // A connection accepted by `listener` was refused (see AcceptGate::refused): counted, and
+  // logged at a bounded rate. Any thread.
+  void refused(Listener listener, std::string_view kind, const std::string& from,
+               const std::string& why, std::string line);
   void deliver(NodeId node, IncomingMessage message) { handlers_.onMessage(node, message); }
-  void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error);
+  // `reported`: its listener's refusal report has it, so it logs no line of its own.
+  void onClosed(const std::shared_ptr<Connection>& connection, const std::string& why, bool error,
+                bool reported);
 
  private:
   std::shared_ptr<Connection> link(NodeId node) const;  // null if none
@@ -386,12 +396,13 @@ void Connection::handshake() {
   const auto timeout = listener_ == Listener::kNone ? owner_.options().connectTimeout
                                                     : owner_.options().handshakeTimeout;
   authTimer_.expires_after(timeout);
-  authTimer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(),
-                                                      timeout](const asio::error_code& error) {
-    if (error || self->closed_) return;
-    self->closeOnStrand(
-        fmt::format("refused: no authentication handshake within {} ms", timeout.count()), true);
-  }));
+  authTimer_.async_wait(asio::bind_executor(
+      strand_, [self = shared_from_this(), timeout](const asio::error_code& error) {
+        if (error || self->closed_) return;
+        self->closeOnStrand(
+            fmt::format("refused: no authentication handshake within {} ms", timeout.count()), true,
+            kRefusedNoHandshake);
+      }));
   auto self = shared_from_this();
   asio::async_write(
       socket_, asio::buffer(handshake_.challenge()),
@@ -410,7 +421,7 @@ void Connection::onChallenge(const asio::error_code& error) {
   try {
     handshake_.peerChallenge(peerChallenge_);
   } catch (const InputError& e) {
-    return closeOnStrand(std::string("refused: ") + e.what(), true);
+    return closeOnStrand(std::string("refused: ") + e.what(), true, kRefusedNotAPeer);
   }
   proof_ = handshake_.proof();
   auto self = shared_from_this();
@@ -432,7 +443,7 @@ void Connection::onProof(const asio::error_code& error) {
     return closeOnStrand(
         "refused: authentication failed (the peer lacks this run's secret, or belongs to "
         "another run)",
-        true);
+        true, kRefusedAuthentication);
   }
   authTimer_.cancel();
   releaseListener();
@@ -610,12 +621,15 @@ void Connection::onHello(wire::Hello::Reader hello) {
   const auto& options = owner_.options();
   const std::string incarnation = hello.getIncarnation().cStr();
   std::string problem;
+  std::string_view kind = kRefusedNoHello;
   if (identified_) {
     problem = "a second Hello on one link";
   } else if (std::string(hello.getRunId().cStr()) != options.runId) {
+    kind = kRefusedAnotherRun;
     problem =
         fmt::format("peer belongs to run '{}', not '{}'", hello.getRunId().cStr(), options.runId);
   } else if (!options.incarnation.empty() && incarnation != options.incarnation) {
+    kind = kRefusedAnotherRun;
     problem = fmt::format(
         "node {} at {} belongs to another run with the same run id '{}' and secret (its "
         "incarnation is '{}', this run's '{}'): two runs started with one --run_id, or a process "
@@ -627,22 +641,23 @@ void Connection::onHello(wire::Hello::Reader hello) {
   } else if (hello.getNode() == options.node) {
     problem = fmt::format("peer claims this transport's own node id {}", options.node);
   }
-  if (!problem.empty()) return refuse(problem);
+  if (!problem.empty()) return refuse(kind, problem);
   node_ = hello.getNode();
   identified_ = true;
   if (!expected_) lane_ = hello.getLane();
   if (lane() > 0) {
     // An extra connection of a link: the link (lane 0) came first, as connect() dials it first.
     if (!owner_.linkTo(node_)) {
-      return refuse(fmt::format("extra connection {} of node {} from {} before its link", lane(),
-                                node(), remote_));
+      return refuse(kRefusedNoHello, fmt::format("extra connection {} of node {} from {} before "
+                                                 "its link",
+                                                 lane(), node(), remote_));
     }
     if (!expected_) enqueue(owner_.helloMessage(false, lane()));
     if (auto existing = owner_.registerLane(node_, lane(), shared_from_this())) {
-      return refuse(
-          fmt::format("node {} has an extra connection {} already (at {}); a second "
-                      "one comes from {}",
-                      node(), lane(), existing->remote(), remote_));
+      return refuse(kRefusedAnotherRun,
+                    fmt::format("node {} has an extra connection {} already (at {}); a second "
+                                "one comes from {}",
+                                node(), lane(), existing->remote(), remote_));
     }
     if (helloWaiter_) {
       helloWaiter_->set_value();
@@ -651,10 +666,12 @@ void Connection::onHello(wire::Hello::Reader hello) {
     return;
   }
   const auto alreadyLinked = [&](const std::shared_ptr<Connection>& existing) {
-    refuse(fmt::format(
-        "node {} is linked already (at {}), and a second process claims to be node {} from {}: "
-        "two runs with one run id, or a process of an earlier start still running",
-        node(), existing->remote(), node(), remote_));
+    refuse(
+        kRefusedAnotherRun,
+        fmt::format(
+            "node {} is linked already (at {}), and a second process claims to be node {} from {}: "
+            "two runs with one run id, or a process of an earlier start still running",
+            node(), existing->remote(), node(), remote_));
   };
   if (auto existing = owner_.linkTo(node_)) return alreadyLinked(existing);
   // Our Hello (and arena answer) go first: once the link is registered, other threads may queue
@@ -670,13 +687,18 @@ void Connection::onHello(wire::Hello::Reader hello) {
   }
 }
 
-void Connection::refuse(const std::string& why) {
+void Connection::refuse(std::string_view kind, const std::string& why) {
   {
     std::lock_guard lock(mutex_);  // enqueue() reads it on other threads
     refusal_ = why;
   }
-  owner_.log()->error("transport node {}: refused the link from {}: {}", owner_.options().node,
-                      remote_, why);
+  std::string line = fmt::format("refused the link from {}: {}", remote_, why);
+  if (listener_ == Listener::kNone) {
+    owner_.log()->error("transport node {}: {}", owner_.options().node, line);
+  } else {
+    // Accepted: whoever connects may come in numbers.
+    owner_.refused(listener_, kind, remote_, "refused: " + why, std::move(line));
+  }
   enqueue(owner_.controlMessage([&](wire::Frame::Builder f) { f.setRefusal(why); }));
   // A peer that does not read its refusal is cut off all the same.
   authTimer_.expires_after(owner_.options().handshakeTimeout);
@@ -739,8 +761,17 @@ void Connection::deliver(std::shared_ptr<IncomingMessage::State> state) {
   lastRead_ = Clock::now();
 }
 
-void Connection::closeOnStrand(const std::string& why, bool error) {
+void Connection::closeOnStrand(const std::string& why, bool error, std::string_view kind) {
   if (closed_.exchange(true)) return;
+  // An accepted connection that never became a link is a refusal, counted by its listener;
+  // refuse() counted it already.
+  const bool refusedHere = listener_ != Listener::kNone && !identified_ && refusal_.empty();
+  const bool reported = refusedHere || (listener_ != Listener::kNone && !refusal_.empty());
+  if (refusedHere) {
+    if (kind.empty()) kind = listenerReleased_ ? kRefusedNoHello : kRefusedClosedEarly;
+    owner_.refused(listener_, kind, remote_, why,
+                   fmt::format("dropped the link to node ? ({}): {}", remote_, why));
+  }
   releaseListener();
   authTimer_.cancel();
   heartbeatTimer_.cancel();
@@ -759,7 +790,7 @@ void Connection::closeOnStrand(const std::string& why, bool error) {
     helloWaiter_->set_exception(std::make_exception_ptr(IoError(why)));
     helloWaiter_.reset();
   }
-  owner_.onClosed(shared_from_this(), why, error);
+  owner_.onClosed(shared_from_this(), why, error, reported);
 }
 
 void Connection::startWrite() {
@@ -927,7 +958,7 @@ void AsioTransport::listen() {
   }
   address_ = fmt::format("tcp://{}:{}", advertise, tcpAcceptor_.local_endpoint().port());
   tcpGate_ = std::make_unique<AcceptGate>(
-      io_, fmt::format("transport node {} {}", options_.node, address_),
+      acceptStrand_, fmt::format("transport node {} {}", options_.node, address_),
       options_.maxPendingHandshakes, log_);
   asio::post(acceptStrand_, [this] { accept(tcpAcceptor_, Listener::kTcp); });
 
@@ -950,7 +981,7 @@ void AsioTransport::listen() {
     unixPath_ = path;
     address_ += ";unix://" + path;
     unixGate_ = std::make_unique<AcceptGate>(
-        io_, fmt::format("transport node {} unix://{}", options_.node, path),
+        acceptStrand_, fmt::format("transport node {} unix://{}", options_.node, path),
         options_.maxPendingHandshakes, log_);
     asio::post(acceptStrand_, [this] { accept(unixAcceptor_, Listener::kUnix); });
   }
@@ -989,10 +1020,12 @@ void AsioTransport::admit(Socket socket, Listener listener) {
   const std::string remote =
       fmt::format("unix://{} (accepted from pid {}, uid {})", unixPath_, peer.pid, peer.uid);
   if (peer.uid == ::geteuid()) return adopt(std::move(socket), remote, listener);
-  log_->error(
-      "transport node {}: refused {}: not this process's user (uid {}); only the run's own "
-      "processes may link through its Unix socket",
-      options_.node, remote, ::geteuid());
+  const std::string why = fmt::format(
+      "not this process's user (uid {}); only the run's own processes may link through its Unix "
+      "socket",
+      ::geteuid());
+  gate(listener).refused(kRefusedAnotherUser, remote, why,
+                         fmt::format("refused {}: {}", remote, why));
   socket.close(ignored);
   gate(listener).release();
 }
@@ -1011,6 +1044,14 @@ void AsioTransport::adopt(Socket socket, const std::string& remote, Listener lis
 void AsioTransport::releasePending(Listener listener) {
   asio::post(acceptStrand_, [this, listener] {
     if (!stopping_) gate(listener).release();
+  });
+}
+
+void AsioTransport::refused(Listener listener, std::string_view kind, const std::string& from,
+                            const std::string& why, std::string line) {
+  if (stopping_) return;
+  asio::post(acceptStrand_, [this, listener, kind, from, why, line = std::move(line)] {
+    if (!stopping_) gate(listener).refused(kind, from, why, line);
   });
 }
 
@@ -1058,7 +1099,7 @@ int AsioTransport::connections(NodeId node) const {
 }
 
 void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, const std::string& why,
-                             bool error) {
+                             bool error, bool reported) {
   bool wasLink = false;
   {
     std::lock_guard lock(mutex_);
@@ -1082,6 +1123,10 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
     if (wasLink && !reported_lost_.insert(connection->node()).second) wasLink = false;
   }
   if (stopping_) return;
+  if (reported) {
+    if (wasLink) handlers_.onPeerLost(connection->node(), why);
+    return;
+  }
   const std::string line =
       fmt::format("transport node {}: dropped the link to node {} ({}): {}", options_.node,
                   connection->peerName(), connection->remote(), why);
