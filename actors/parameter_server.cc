@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -217,17 +218,33 @@ class Server final : public Actor {
     return *segments.front();
   }
 
-  // Fails the run when an update left inf or NaN in the segment: it diverged.
-  void checkFinite(bool finite, const Segment& s, std::int64_t step, std::int64_t lo,
-                   std::int64_t hi, float lr) const {
-    if (finite) return;
-    throw NumericError(
-        fmt::format("training diverged: server {}'s update of {} left inf or NaN in {} [{},{}) "
-                    "(learning rate {:g}; a gradient was not finite, or too large)",
-                    config_.index, describe(s, step),
-                    config_.kvstore ? fmt::format("key {}'s values", s.key) : "weights",
-                    config_.kvstore ? s.first + lo : s.begin + lo,
-                    config_.kvstore ? s.first + hi : s.begin + hi, lr));
+  // "worker 1's push holds NaN at key 17" for the first value of a worker's gradient (values
+  // [lo, ...) of segment s, on the host) that is not finite; empty when all are.
+  std::string nonFinitePush(const kernels::Tensor& grads, const Segment& s, std::int64_t lo,
+                            std::uint32_t worker) const {
+    const float* g = grads.f32();
+    for (std::int64_t i = 0; i < grads.numel(); ++i) {
+      if (std::isfinite(g[i])) continue;
+      return fmt::format(
+          "worker {}'s push holds {} at {} {}", worker, std::isnan(g[i]) ? "NaN" : "inf",
+          config_.kvstore ? fmt::format("value {} of key", s.first + lo + i) : "key",
+          config_.kvstore ? std::to_string(s.key) : std::to_string(s.begin + lo + i));
+    }
+    return {};
+  }
+
+  // Fails the run: an update left inf or NaN in the segment, it diverged. `culprit` names the push
+  // that was not finite, where one was (an update may also overflow from finite ones).
+  [[noreturn]] void failNonFinite(const Segment& s, std::int64_t step, std::int64_t lo,
+                                  std::int64_t hi, float lr, const std::string& culprit) const {
+    throw NumericError(fmt::format(
+        "training diverged: server {}'s update of {} left inf or NaN in {} [{},{}) (learning rate "
+        "{:g}): {}",
+        config_.index, describe(s, step),
+        config_.kvstore ? fmt::format("key {}'s values", s.key) : "weights",
+        config_.kvstore ? s.first + lo : s.begin + lo,
+        config_.kvstore ? s.first + hi : s.begin + hi, lr,
+        culprit.empty() ? "every push was finite: an update too large" : culprit));
   }
 
   float learningRate(std::int64_t step) const {
@@ -276,7 +293,9 @@ class Server final : public Actor {
                            : learningRate(p.step) / static_cast<float>(config_.num_workers);
       kernels::sgdUpdateRange(*backend_, s.weights.slice(lo, hi), grads, s.momentum.slice(lo, hi),
                               s.begin + lo, s.begin + hi, lr, sgd);
-      checkFinite(backend_->updatesFinite(), s, p.step, lo, hi, lr);
+      if (!backend_->updatesFinite()) {
+        failNonFinite(s, p.step, lo, hi, lr, nonFinitePush(grads, s, lo, p.worker));
+      }
     }
     step.received[p.worker] += hi - lo;
     if (step.received[p.worker] > s.size()) {
@@ -296,7 +315,15 @@ class Server final : public Actor {
       } else {
         const float lr = learningRate(p.step);
         kernels::sgdUpdateRange(*backend_, s.weights, total, s.momentum, s.begin, s.end, lr, sgd);
-        checkFinite(backend_->updatesFinite(), s, p.step, 0, s.size(), lr);
+        if (!backend_->updatesFinite()) {
+          // The other workers' pushes are as they came; worker 0's was summed into: what is not
+          // finite in the sum but in none of theirs was in its push (or the sum overflowed).
+          std::string culprit;
+          for (std::size_t w = 1; w < step.sums.size() && culprit.empty(); ++w)
+            culprit = nonFinitePush(step.sums[w], s, 0, static_cast<std::uint32_t>(w));
+          if (culprit.empty()) culprit = nonFinitePush(total, s, 0, 0);
+          failNonFinite(s, p.step, 0, s.size(), lr, culprit);
+        }
       }
       s.applied = p.step + 1;
     }

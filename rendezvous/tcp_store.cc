@@ -24,6 +24,7 @@
 #include <asio.hpp>
 
 #include "rendezvous/store_util.h"
+#include "rendezvous/value.h"
 #include "transport/accept_gate.h"
 #include "transport/auth.h"
 #include "transport/refusal_report.h"
@@ -764,7 +765,9 @@ class TcpStoreClient final : public Store {
         in.end();
         detail::throwWaitTimeout(name_, timeout, missing);
       }
-      if (status == Status::kError) throw InputError(fmt::format("{}: {}", name_, in.bytes()));
+      if (status == Status::kError) {
+        throw InputError(fmt::format("{}: {}", name_, printable(in.bytes())));  // the server's
+      }
       throw ProtocolError(fmt::format("unknown status {}", static_cast<int>(status)));
     } catch (const ProtocolError& e) {
       throw IoError(fmt::format("{} sent a malformed reply: {}", name_, e.what()));

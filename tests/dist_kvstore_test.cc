@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -101,6 +102,36 @@ TEST(KVStoreDistSync, Worker0sInitWinsAndAPullAfterThePushesReadsTheirSumThenThe
   });
   EXPECT_TRUE(served) << served.message();
 }
+
+// A push of NaN stopped the server without naming the worker that pushed it. The server's
+// failure names it and where in the key, under dist_sync (worker 1, whose push stays as it came,
+// and worker 0, whose push the sum went into) and dist_async.
+class NonFinitePushTest : public ::testing::TestWithParam<std::pair<const char*, int>> {};
+
+TEST_P(NonFinitePushTest, StopsTheServerNamingTheWorkerAndTheValue) {
+  const auto [type, culprit] = GetParam();
+  const Status served = runWorld(type, "kv-nan", [culprit = culprit](KVStore& kv) {
+    ASSERT_TRUE(kv.init(3, std::vector<float>{1, 1, 1, 1}));
+    ASSERT_TRUE(kv.setOptimizer({.learning_rate = 0.5f}));
+    const float bad = kv.rank() == culprit ? std::nanf("") : 1.0f;
+    kv.push(3, std::vector<float>{1, 1, bad, 1});  // the failure may reach it, or a later call
+    std::vector<float> out(4);
+    kv.pull(3, out);
+  });
+  ASSERT_FALSE(served);
+  EXPECT_NE(served.message().find("worker " + std::to_string(culprit) +
+                                  "'s push holds NaN at value 2 of key 3"),
+            std::string::npos)
+      << served.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, NonFinitePushTest,
+                         ::testing::Values(std::pair{"dist_sync", 1}, std::pair{"dist_sync", 0},
+                                           std::pair{"dist_async", 1}),
+                         [](const auto& info) {
+                           return std::string(info.param.first) + "_worker" +
+                                  std::to_string(info.param.second);
+                         });
 
 TEST(KVStoreDistSync, BadCallsAreErrorValuesAndTheStoreGoesOn) {
   const Status served = runWorld("dist_sync", "kv-bad", [](KVStore& kv) {
