@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "actors/cluster.h"
@@ -52,6 +53,7 @@ struct Awaited {
   std::vector<float> values;        // a pull's, all targets one after the other
   std::vector<std::string> errors;  // the acks'
   std::size_t remaining = 0;        // answers still to come
+  std::optional<PullHeld> held;     // a pull's: a server holds it for another worker
   std::promise<void> done;
 };
 struct Inbox {
@@ -68,6 +70,13 @@ class KvClient final : public Actor {
   KvClient(std::uint32_t worker, std::shared_ptr<Inbox> inbox)
       : Actor(fmt::format("kvstore/worker/{}", worker)), worker_(worker), inbox_(std::move(inbox)) {
     on<PullReply>([this](PullReply& r) { pulled(r); });
+    on<PullHeld>([this](PullHeld& h) {
+      std::lock_guard lock(inbox_->mu);
+      auto& w = inbox_->awaited;
+      if (!w || w->acks || w->remaining == 0) return late("a held pull's notice", h.step);
+      w->held = h;
+      if (h.final) finish();  // the server gave up on it: the caller reads why
+    });
     on<KvAck>([this](KvAck& a) {
       std::lock_guard lock(inbox_->mu);
       auto& w = inbox_->awaited;
@@ -512,13 +521,24 @@ class DistKVStore final : public KVStore {
       }
     }
     const auto deadline = std::chrono::steady_clock::now() + wait_limit_;
+    // A server that holds the pull for another worker named it: that worker is the culprit.
+    const auto heldFor = [&](bool final) -> std::optional<Status> {
+      std::lock_guard lock(inbox_->mu);
+      if (!awaited->held || (final && !awaited->held->final)) return std::nullopt;
+      const auto& reason = awaited->held->reason;
+      return Status{ErrorKind::kPeer, fmt::format("worker {}: {}", rank_,
+                                                  rendezvous::printable(reason, reason.size()))};
+    };
     while (done.wait_for(milliseconds(20)) != std::future_status::ready) {
       if (Status s = failure(); !s) {
         forget();
+        // A server that gave up on the pull said why before its link closed.
+        if (auto held = heldFor(true)) return *held;
         return s;
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         forget();
+        if (auto held = heldFor(false)) return *held;
         std::vector<std::string> names;
         for (const auto& a : asked)
           names.push_back(node_.members->ofNode(a.node).str());
@@ -530,6 +550,7 @@ class DistKVStore final : public KVStore {
                             options_.peer_timeout_s)};
       }
     }
+    if (auto held = heldFor(true)) return *held;
     return {};
   }
 

@@ -188,6 +188,18 @@ struct PullReply {
   Tensor state;  // momentum, with epoch_end pulls
 };
 
+// Server -> a worker whose pull it holds: whom it waits for, so that a worker that gives up
+// names that worker, not the server that waits, healthy, for it. Sent once a pull has been held
+// a stall check's period, and, `final`, when the server gives up on it or knows it never comes
+// (the worker it waits for is done with the store); a final one ends the worker's wait.
+struct PullHeld {
+  std::int64_t step = 0;
+  std::int64_t key_begin = 0;
+  std::int32_t late_worker = -1;  // the first worker it waits for; -1: none (the update itself)
+  bool final = false;
+  std::string reason;  // "server 0 holds worker 1's pull of push 5 of key 0 for worker 0 (...)"
+};
+
 // The KVStore (troupe/kvstore.h) on parameter servers. Worker 0 -> server: a new segment, keys
 // [key_begin, key_end) (a KVStore key's part on this server: server s's keys start at
 // s << kKvKeyShift, in the order of the inits), with its first value; answered by KvAck with the

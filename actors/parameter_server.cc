@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -44,6 +45,7 @@ class Server final : public Actor {
       checkWorker(m.worker, "done");
       done_.insert(m.worker);
       if (static_cast<int>(done_.size()) == config_.num_workers) system().shutdown();
+      answer();
     });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
     on<Shutdown>([this](Shutdown&) { system().shutdown(); });
@@ -141,6 +143,7 @@ class Server final : public Actor {
 
   // A worker that a pull waits for, and what the pull needs of it.
   struct Late {
+    int rank = 0;
     Peer worker;
     std::string state;    // "pushed through step 9"
     std::string missing;  // "its push of step 11 (it pushed through step 9)"
@@ -159,11 +162,13 @@ class Server final : public Actor {
                                : fmt::format("pushed through step {}", s.clocks[w]);
         const auto push = config_.kvstore ? fmt::format("push {} of key {}", need, s.key)
                                           : fmt::format("push of step {}", need);
-        late.push_back({worker, state, fmt::format("its {} (it {})", push, state)});
+        late.push_back(
+            {static_cast<int>(w), worker, state, fmt::format("its {} (it {})", push, state)});
       } else if (q.epoch_end && std::none_of(pending_.begin(), pending_.end(), [&](const Pull& p) {
                    return p.epoch_end && p.worker == w && p.key_begin == s.begin;
                  })) {
-        late.push_back({worker, "not at the epoch's end", "its pull at the epoch's end"});
+        late.push_back(
+            {static_cast<int>(w), worker, "not at the epoch's end", "its pull at the epoch's end"});
       }
     }
     return late;
@@ -192,11 +197,22 @@ class Server final : public Actor {
         const std::string what =
             fmt::format("server {}: worker {}'s pull of {} waited {:.1f} s (peer_timeout) for {}",
                         config_.index, q.worker, when, waited, describe(late));
+        // The workers whose pulls it held hear whom it gave up on before its links close.
+        for (const auto& held : pending_)
+          tellHeld(held, late, true, what);
         if (late.empty()) throw TimeoutError(what);
         throw PeerError(late.front().worker,
                         fmt::format("server {} waited {:g} s (peer_timeout) for {}", config_.index,
                                     limit, late.front().missing),
                         what);
+      }
+      if (!w.told &&
+          now - w.since >= stallCheckPeriod(config_.stall_warning, config_.peer_timeout)) {
+        w.told = true;
+        const auto late = lateWorkers(s, q);
+        tellHeld(q, late, false,
+                 fmt::format("server {} holds worker {}'s pull of {} for {}", config_.index,
+                             q.worker, when, describe(late)));
       }
       if (now - w.since >= config_.stall_warning && !w.warned) {
         w.warned = true;
@@ -207,6 +223,31 @@ class Server final : public Actor {
       }
     }
     armStallCheck();
+  }
+
+  // Tells the worker of pull `q` whom the server holds it for.
+  void tellHeld(const Pull& q, const std::vector<Late>& late, bool final, std::string reason) {
+    send(Address{q.worker, q.reply_actor},
+         PullHeld{q.step, q.key_begin, late.empty() ? -1 : late.front().rank, final,
+                  std::move(reason)});
+  }
+
+  // Whether pull `q` waits for a worker that is done with the store (KvDone): it never comes.
+  // Then its worker hears so at once, and the pull is dropped.
+  bool hopeless(const Pull& q) {
+    if (done_.empty() || q.epoch_end) return false;
+    const Segment& s = waitedSegment(q);
+    for (const auto& l : lateWorkers(s, q)) {
+      if (!done_.count(static_cast<std::uint32_t>(l.rank))) continue;
+      tellHeld(q, {l}, true,
+               fmt::format("server {}: worker {}'s pull of {} waits for {}, which is done with "
+                           "the store: {} never comes ({} sums the n-th push of every worker, so "
+                           "every worker must push a key as often)",
+                           config_.index, q.worker, describe(s, q.step), l.worker.str(), l.missing,
+                           config_.mode));
+      return true;
+    }
+    return false;
   }
 
   // The first segment of a pull that is not ready (the one its stall report names).
@@ -411,6 +452,11 @@ class Server final : public Actor {
       const bool all_ready = std::all_of(segments.begin(), segments.end(),
                                          [&](const Segment* s) { return ready(*s, *it); });
       if ((it->epoch_end && !barrier_complete) || !all_ready) {
+        if (!all_ready && hopeless(*it)) {
+          waiting_.erase({it->worker, it->key_begin, it->step});
+          it = pending_.erase(it);
+          continue;
+        }
         ++it;
         continue;
       }
@@ -448,6 +494,7 @@ class Server final : public Actor {
   struct Waited {
     Clock::time_point since;
     bool warned = false;
+    bool told = false;  // its worker heard whom it waits for (PullHeld)
   };
   // Per pending pull: worker, segment, step.
   std::map<std::tuple<std::uint32_t, std::int64_t, std::int64_t>, Waited> waiting_;
@@ -463,6 +510,11 @@ class PsClient final : public Actor {
       pushReduced(Reduced{b.step, b.begin, b.end, b.grads, b.ready});
     });
     on<PullReply>([this](PullReply& r) { pulled(r); });
+    on<PullHeld>([this](PullHeld& h) {
+      if (!pulling_ || h.step != step_) return;  // a pull answered since
+      held_ = h;
+      if (h.final) throw heldError();
+    });
     on<Resume>([this](Resume&) { broadcast(); });
     on<StallCheck>([this](StallCheck&) { checkStall(); });
     on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
@@ -492,6 +544,17 @@ class PsClient final : public Actor {
     return silent;
   }
 
+  // A server holds this worker's pull for another worker (PullHeld): that one is the culprit.
+  PeerError heldError() const {
+    const Peer late = held_->late_worker >= 0
+                          ? peerOf(config_.members, "worker", held_->late_worker)
+                          : silentServers().front();
+    return PeerError(late,
+                     fmt::format("a server held worker {}'s pull of {} for it", config_.worker,
+                                 describeStep(step_, config_.plan.steps_per_epoch)),
+                     fmt::format("worker {}: {}", config_.worker, held_->reason));
+  }
+
   // The worker's side of a stall: a server that does not answer a pull. A server that holds it
   // for a late worker reports that worker at peer_timeout; this one gives up a grace later.
   void checkStall() {
@@ -505,6 +568,9 @@ class PsClient final : public Actor {
       std::vector<std::string> names;
       for (const auto& p : silent)
         names.push_back(p.str());
+      if (waited >= limit && !silent.empty() && held_ && held_->late_worker >= 0) {
+        throw heldError();
+      }
       if (waited >= limit && !silent.empty()) {
         const double peer_timeout = std::chrono::duration<double>(config_.peer_timeout).count();
         const double total = std::chrono::duration<double>(limit).count();
@@ -564,6 +630,7 @@ class PsClient final : public Actor {
     replies_ = 0;
     pulling_ = true;
     warned_ = false;
+    held_.reset();
     answered_.assign(config_.servers.size(), false);
     pull_since_ = std::chrono::steady_clock::now();
     pull_started_ = Trace::Clock::now();
@@ -619,6 +686,7 @@ class PsClient final : public Actor {
   bool pulling_epoch_end_ = false;
   bool pulling_ = false;                              // a pull is in flight
   bool warned_ = false;                               // its stall report was logged
+  std::optional<PullHeld> held_;                      // a server's notice: whom it waits for
   std::vector<bool> answered_;                        // per server, for the pull in flight
   Trace::Clock::time_point pull_started_;             // for the trace
   std::chrono::steady_clock::time_point pull_since_;  // for the stall watch

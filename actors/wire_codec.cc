@@ -160,6 +160,13 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setError(m->error);
   } else if (auto* m = as<KvDone>(e)) {
     f.setKvDone(m->worker);
+  } else if (auto* m = as<PullHeld>(e)) {
+    auto w = f.initPullHeld();
+    w.setStep(m->step);
+    w.setKeyBegin(m->key_begin);
+    w.setLateWorker(m->late_worker);
+    w.setFinal(m->final);
+    w.setReason(m->reason);
   } else if (auto* m = as<Subscribe>(e)) {
     auto w = f.initSubscribe();
     w.setNode(m->node);
@@ -297,6 +304,12 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     case W::KV_DONE:
       d.message = wrap(KvDone{f.getKvDone()});
       break;
+    case W::PULL_HELD: {
+      auto r = f.getPullHeld();
+      d.message = wrap(
+          PullHeld{r.getStep(), r.getKeyBegin(), r.getLateWorker(), r.getFinal(), r.getReason()});
+      break;
+    }
     case W::SUBSCRIBE: {
       auto r = f.getSubscribe();
       if (r.getEvery() < 1 || r.getNode() != from_node) {

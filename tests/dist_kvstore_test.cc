@@ -133,6 +133,35 @@ INSTANTIATE_TEST_SUITE_P(Schedules, NonFinitePushTest,
                                   std::to_string(info.param.second);
                          });
 
+// dist_sync sums the n-th push of every worker. Worker 1, which pushed a key 5 times where
+// worker 0 pushed it once and was done, heard "no answer from server 0 ... hung or gone" while the
+// server waited, healthy, for worker 0: the server now tells it whom it waits for, at once.
+TEST(KVStoreDistSync, APullThatWaitsForAWorkerDoneWithTheStoreNamesThatWorkerAtOnce) {
+  const auto started = std::chrono::steady_clock::now();
+  Status refused;
+  const Status served = runWorld("dist_sync", "kv-count", [&](KVStore& kv) {
+    ASSERT_TRUE(kv.init(0, std::vector<float>{1, 1}));
+    const int pushes = kv.rank() == 0 ? 1 : 5;
+    for (int i = 0; i < pushes; ++i)
+      ASSERT_TRUE(kv.push(0, std::vector<float>{1, 1}));
+    std::vector<float> out(2);
+    const Status pulled = kv.pull(0, out);
+    if (kv.rank() == 1) refused = pulled;  // worker 0's pull of its one push is answered
+  });
+  EXPECT_TRUE(served) << served.message();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.message().find("worker 1: server 0: worker 1's pull of push 5 of key 0 waits "
+                                   "for worker 0 at "),
+            std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find(", which is done with the store: its push 4 of key 0 (it pushed "
+                                   "key 0 1 times) never comes"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(refused.message().find("hung or gone"), std::string::npos) << refused.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 15s) << "not at once: peer_timeout is 20 s";
+}
+
 TEST(KVStoreDistSync, BadCallsAreErrorValuesAndTheStoreGoesOn) {
   const Status served = runWorld("dist_sync", "kv-bad", [](KVStore& kv) {
     ASSERT_TRUE(kv.init(1, std::vector<float>{5, 5}));

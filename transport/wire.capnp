@@ -195,6 +195,14 @@ struct KvAck {
   error @1 :Text;  # empty: done
 }
 
+struct PullHeld {
+  step @0 :Int64;
+  keyBegin @1 :Int64;
+  lateWorker @2 :Int32;  # -1: none
+  final @3 :Bool;        # the server gives up on the pull: the worker's wait ends
+  reason @4 :Text;
+}
+
 struct Subscribe {
   actor @0 :UInt32;
   every @1 :Int64;
@@ -235,5 +243,6 @@ struct Frame {
     kvAck @29 :KvAck;
     kvDone @30 :UInt32;          # the worker that is done with the store
     subscribe @31 :Subscribe;    # an observer of the run -> the chief's updater
+    pullHeld @32 :PullHeld;      # server -> the worker whose pull it holds: whom it waits for
   }
 }
