@@ -162,7 +162,8 @@ class DistKVStore final : public KVStore {
     SpawnOptions inline_handlers;
     inline_handlers.inline_handlers = true;
     node_ = joinStore(type, o, rank_, std::make_unique<KvClient>(rank_, inbox_), inline_handlers,
-                      std::make_shared<RunMembers>(o.num_shards, o.num_servers));
+                      std::make_shared<RunMembers>(o.num_shards, o.num_servers),
+                      LostLinks::kServersOnly);
     client_ = Address{static_cast<std::uint32_t>(rank_), 0};
     const RunLayout layout(o.num_shards, o.num_servers, 1);
     for (int s = 0; s < o.num_servers; ++s) {
@@ -645,13 +646,26 @@ class DistKVStore final : public KVStore {
 
 Node joinStore(const std::string& type, const TrainOptions& o, int rank,
                std::unique_ptr<Actor> actor, SpawnOptions spawn,
-               std::shared_ptr<RunMembers> members) {
+               std::shared_ptr<RunMembers> members, LostLinks lost) {
   Node n;
   n.node = makeNodeSystem(rank, 1, true);
-  n.node.system->spawn(std::move(actor), std::move(spawn));
+  const Address judge = n.node.system->spawn(std::move(actor), std::move(spawn));
   n.members = std::move(members);
-  const ClusterOptions c =
+  ClusterOptions c =
       clusterOptions(o, o.run_id, rank, o.num_shards + o.num_servers, *n.node.system, *n.members);
+  if (lost == LostLinks::kActorJudges) {
+    c.on_peer_lost = [system = n.node.system.get(), judge](int peer, const std::string& address,
+                                                           const std::string& why) {
+      system->tell(judge, LinkLost{static_cast<std::uint32_t>(peer), address, why});
+    };
+  } else if (lost == LostLinks::kServersOnly) {
+    c.on_peer_lost = [fail = c.on_peer_lost, workers = o.num_shards](
+                         int peer, const std::string& address, const std::string& why) {
+      if (peer >= workers) return fail(peer, address, why);
+      spdlog::info("kvstore: worker {} left ({}): the servers judge whether it was done", peer,
+                   why);
+    };
+  }
   n.cluster = joinCluster(c, *n.node.system);
   *n.node.cluster = n.cluster.get();
   n.members->setAddresses(n.cluster->addresses());
@@ -715,7 +729,7 @@ void serveKVStore(const std::string& type, const TrainOptions& o) {
   config.members = members;
   Node node =
       joinStore(type, o, rank, makeServer(fmt::format("kvstore/server/{}", o.shard_id), config),
-                SpawnOptions{.thread = "server"}, members);
+                SpawnOptions{.thread = "server"}, members, LostLinks::kActorJudges);
   spdlog::info("kvstore server {} of {} ({}) serves {} workers", o.shard_id, o.num_servers, type,
                o.num_shards);
   node.system().run();

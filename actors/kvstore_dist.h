@@ -25,10 +25,16 @@ struct Node {
 
 // Spawns `actor` as actor 0 of node `rank`, joins the run's other processes (workers and
 // servers), names them in `members`, and checks that they all make a store of `type` (worker 0's
-// is the run's: InputError naming both otherwise).
+// is the run's: InputError naming both otherwise). `lost` says what a lost link does.
+enum class LostLinks {
+  kFail,         // fails the node (a ring store's members need one another)
+  kServersOnly,  // a dist store's worker: a server's fails it; another worker's is the servers'
+                 // to judge (it may have left, done with the store)
+  kActorJudges,  // goes to the actor as LinkLost (a server: it knows who is done)
+};
 Node joinStore(const std::string& type, const TrainOptions& o, int rank,
                std::unique_ptr<Actor> actor, SpawnOptions spawn,
-               std::shared_ptr<RunMembers> members);
+               std::shared_ptr<RunMembers> members, LostLinks lost = LostLinks::kFail);
 
 // Whether `type` is a distributed store's.
 bool isDistributedKVStore(const std::string& type);

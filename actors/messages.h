@@ -242,6 +242,14 @@ struct KvDone {
   std::uint32_t worker = 0;
 };
 
+// The cluster -> a KVStore server (in its process only, never on the wire): the link to node
+// `node` is lost. A worker done with the store has left; any other fails the server naming it.
+struct LinkLost {
+  std::uint32_t node = 0;
+  std::string address;
+  std::string why;
+};
+
 // Chief coordinator -> the coordinator of every other process: the run is over, stop.
 struct Shutdown {};
 

@@ -49,6 +49,17 @@ class Server final : public Actor {
     });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
     on<Shutdown>([this](Shutdown&) { system().shutdown(); });
+    on<LinkLost>([this](LinkLost& l) {
+      // The loss comes after the link's last message: a KvDone came before it.
+      if (l.node < static_cast<std::uint32_t>(config_.num_workers) && done_.count(l.node)) {
+        spdlog::info("server {}: worker {} left, done with the store", config_.index, l.node);
+        return;
+      }
+      system().fail(std::make_exception_ptr(
+          lostLinkError(config_.members ? config_.members->ofNode(l.node, l.address)
+                                        : Peer{"node", static_cast<int>(l.node), l.address},
+                        l.why)));
+    });
   }
 
   void started() override {

@@ -39,7 +39,7 @@ KVStoreSettings place(const std::string& run, std::uint16_t port, const std::str
 // first server's Status comes back (the others' are checked).
 Status runWorld(const std::string& type, const std::string& run,
                 const std::function<void(KVStore&)>& worker, const std::string& staleness = "",
-                int servers = 1) {
+                int servers = 1, const KVStoreSettings& extra = {}) {
   const auto port = testing::freeLoopbackPort();
   std::vector<Status> served(static_cast<std::size_t>(std::max(servers, 1)));
   std::vector<std::thread> server_threads;
@@ -47,6 +47,8 @@ Status runWorld(const std::string& type, const std::string& run,
     server_threads.emplace_back([&, s] {
       auto settings = place(run, port, "server", s, servers);
       if (!staleness.empty()) settings["staleness"] = staleness;
+      for (const auto& [key, value] : extra)
+        settings[key] = value;
       EXPECT_TRUE(KVStore::isServer(settings));
       served[static_cast<std::size_t>(s)] = KVStore::runServer(type, settings);
     });
@@ -56,6 +58,8 @@ Status runWorld(const std::string& type, const std::string& run,
     workers.emplace_back([&, rank] {
       auto settings = place(run, port, "worker", rank, servers);
       if (!staleness.empty()) settings["staleness"] = staleness;
+      for (const auto& [key, value] : extra)
+        settings[key] = value;
       EXPECT_FALSE(KVStore::isServer(settings));
       auto kv = KVStore::create(type, settings);
       ASSERT_TRUE(kv) << kv.status().message();
@@ -160,6 +164,32 @@ TEST(KVStoreDistSync, APullThatWaitsForAWorkerDoneWithTheStoreNamesThatWorkerAtO
       << refused.message();
   EXPECT_EQ(refused.message().find("hung or gone"), std::string::npos) << refused.message();
   EXPECT_LT(std::chrono::steady_clock::now() - started, 15s) << "not at once: peer_timeout is 20 s";
+}
+
+// A worker done with the store whose end barrier gave up on a stalled worker leaves (its links
+// close) while that one still works: the server and the other worker go on. The server failed
+// with "lost the link to worker 0", blaming the worker that left healthy (examples/ps_service,
+// when the other one was stopped), and so did the other worker.
+TEST(KVStoreDistSync, AWorkerThatLeftDoneWithTheStoreFailsNeitherTheServerNorTheOthers) {
+  Status late_pull;
+  const Status served =
+      runWorld("dist_sync", "kv-left",
+               [&](KVStore& kv) {
+                 ASSERT_TRUE(kv.init(0, std::vector<float>{1, 1}));
+                 ASSERT_TRUE(kv.push(0, std::vector<float>{1, 2}));
+                 EXPECT_EQ(pulled(kv, 0, 2), (std::vector<float>{2, 4}));
+                 if (kv.rank() == 0)
+                   return;  // done: its end barrier waits 2 s for worker 1, then leaves
+                 std::this_thread::sleep_for(3500ms);
+                 std::vector<float> out(2);
+                 late_pull = kv.pull(0, out);
+               },
+               "", 1, {{"rendezvous_timeout", "2"}});
+  EXPECT_TRUE(late_pull) << late_pull.message();
+  // Worker 0 served the rendezvous store and took it along: the server's own end barrier may
+  // fail for want of it, but not for worker 0's departure.
+  EXPECT_EQ(served.message().find("lost the link to worker 0"), std::string::npos)
+      << served.message();
 }
 
 TEST(KVStoreDistSync, BadCallsAreErrorValuesAndTheStoreGoesOn) {
