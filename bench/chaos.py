@@ -19,8 +19,11 @@ With --scenarios, the faults of issue 10 instead, each --runs times, in short ru
 (--scenario-epochs): a socket folder planted before the run (planted-folder), a second run with
 the same run id and secret (colliding-run), 300 strangers connecting to a worker limited to 256
 descriptors (descriptor-exhaustion), the launcher's output left unread while a worker is killed
-(stalled-launcher-output), a SIGSTOPped parameter server (stopped-server). Each must complete
-(or stop with a clear error), lose nothing, and leave no process; a table says so.
+(stalled-launcher-output), a SIGSTOPped parameter server (stopped-server); and those of issue 33:
+the launcher itself SIGSTOPped past the peer timeout while its workers log every step
+(stopped-launcher), two ranks started by hand with other learning rates (hyperparameter-mismatch),
+garbage connections to the run's store during the run (refusal-flood). Each must complete (or stop
+with a clear error), lose nothing, and leave no process; a table says so.
 
 Python 3 standard library only. Example (from the repository root, after scripts/build.sh and the
 test data, `ctest -R setup_fashion_mnist`):
@@ -452,12 +455,108 @@ def scenario_stop_server(args, index):
     return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": detect}
 
 
+def scenario_stopped_launcher(args, index):
+    """The launcher itself gets SIGSTOP for --stall-seconds (past the peer timeout) while its
+    workers log every step: they must not block on their output, nor be taken for hung."""
+    run_id = "chaos%d-stoplaunch%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_stoplaunch_")
+    launch = Launch(args, folder, run_id, restart=False, epochs=args.scenario_epochs, log_every=1)
+    workers = _wait_for_workers(launch, run_id, args.workers, args.timeout)
+    time.sleep(0.5)
+    stopped = bool(workers) and launch.running()
+    if stopped:
+        launch.process.send_signal(signal.SIGSTOP)
+        time.sleep(args.stall_seconds)
+        launch.process.send_signal(signal.SIGCONT)
+    code = launch.wait(args.timeout)
+    end, lost = _outcome(args, launch, folder, code)
+    if not stopped:
+        lost.append("the run ended before the launcher could be stopped")
+    if any("hung or gone" in l for l in launch.lines):
+        lost.append("a worker was taken for hung")
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
+            "note": "launcher stopped %.0f s; %s" % (
+                args.stall_seconds, next((l for l in launch.lines if "lines dropped" in l),
+                                         "no line dropped"))}
+
+
+def scenario_hyperparameter_mismatch(args, index):
+    """Two ranks started by hand, the second with another learning rate: both must stop at
+    rendezvous naming the key and both values, before a step trains."""
+    run_id = "chaos%d-mismatch%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_mismatch_")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = [args.troupe, "train", "--model", args.model, "--train_data", args.data + "/train",
+              "--db_type", "lmdb", "--schedule", "bsp-allreduce", "--num_shards", "2",
+              "--run_id", run_id, "--rendezvous", "tcp://127.0.0.1:%d" % port,
+              "--num_epochs", str(args.scenario_epochs), "--epoch_size", str(args.epoch_size),
+              "--threads", "1", "--log_every", "0"]
+    began = time.monotonic()
+    ranks = [subprocess.Popen(common + ["--shard_id", str(r), "--base_learning_rate",
+                                        str(args.learning_rate * (10 if r else 1))],
+                              cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in (0, 1)]
+    outputs = [p.communicate(timeout=args.timeout)[0] for p in ranks]
+    detect = time.monotonic() - began
+    lines = ["[rank %d] %s" % (r, l) for r, out in enumerate(outputs) for l in out.splitlines()]
+    named = any("base_learning_rate: rank 0 has" in l for l in lines)
+    codes = [p.returncode for p in ranks]
+
+    class Finished:
+        pass
+    launch = Finished()
+    launch.lines = lines
+    lost = []
+    epoch, _ = last_epoch_row(folder)
+    if epoch > 0:
+        lost.append("%d epoch(s) trained with the ranks disagreeing" % epoch)
+    end = "clear error" if named and all(c != 0 for c in codes) else "NO (exits %s)" % codes
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": detect}
+
+
+def scenario_refusal_flood(args, index):
+    """Garbage connections to the run's rendezvous store for --stall-seconds: the run completes
+    and the refusals are counted, logged at a bounded rate."""
+    run_id = "chaos%d-flood%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_flood_")
+    launch = Launch(args, folder, run_id, restart=False, epochs=args.scenario_epochs)
+    _wait_for_workers(launch, run_id, args.workers, args.timeout)
+    ports = [p for p in _tcp_ports(launch.process.pid) if not p[0].startswith("0.")]
+    sent = 0
+    if ports:
+        ip, port = ports[0]
+        until = time.monotonic() + args.stall_seconds
+        while launch.running() and time.monotonic() < until:
+            try:
+                with socket.create_connection((ip, port), timeout=1) as s:
+                    s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                sent += 1
+            except OSError:
+                pass
+    code = launch.wait(args.timeout)
+    end, lost = _outcome(args, launch, folder, code)
+    refusals = [l for l in launch.lines if "refused" in l or "closing the connection" in l]
+    bound = 10 + args.stall_seconds / 5 + 2
+    if len(refusals) > bound:
+        lost.append("%d refusal lines for %d connections: the log was flooded" % (len(refusals),
+                                                                                   sent))
+    if sent == 0:
+        lost.append("no connection reached the store (no port found)")
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
+            "note": "%d garbage connections, %d refusal lines" % (sent, len(refusals))}
+
+
 SCENARIOS = {
     "planted-folder": scenario_planted,
     "colliding-run": scenario_collide,
     "descriptor-exhaustion": scenario_fds,
     "stalled-launcher-output": scenario_stalled_output,
     "stopped-server": scenario_stop_server,
+    "stopped-launcher": scenario_stopped_launcher,
+    "hyperparameter-mismatch": scenario_hyperparameter_mismatch,
+    "refusal-flood": scenario_refusal_flood,
 }
 
 
