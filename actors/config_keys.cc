@@ -685,14 +685,47 @@ const Key* findKey(std::string_view name) {
   return nullptr;
 }
 
-std::string knownKeys() {
-  std::string out;
-  for (const auto& k : keys())
-    out += (out.empty() ? "" : ", ") + std::string(k.name);
-  return out;
+std::optional<OtherName> keyForOtherName(std::string_view name) {
+  // The flags users bring from MXNet's example trainers (train_imagenet.py, fit.py), PyTorch's
+  // examples and Horovod's, with the key that does their job here.
+  static constexpr OtherName kOthers[] = {
+      {"lr", "base_learning_rate", "MXNet's and PyTorch's"},
+      {"learning_rate", "base_learning_rate", "PyTorch's and Keras'"},
+      {"base_lr", "base_learning_rate", "Caffe's solver"},
+      {"epochs", "num_epochs", "PyTorch's and Keras'"},
+      {"num_epoch", "num_epochs", "MXNet's"},
+      {"max_epochs", "num_epochs", "Lightning's"},
+      {"mom", "momentum", "MXNet's"},
+      {"wd", "weight_decay", "MXNet's and PyTorch's"},
+      {"lr_factor", "gamma", "MXNet's"},
+      {"lr_step", "lr_step_epochs", "MXNet's"},
+      {"network", "model", "MXNet's"},
+      {"arch", "model", "PyTorch's"},
+      {"num_classes", "num_labels", "MXNet's"},
+      {"num_examples", "epoch_size", "MXNet's"},
+      {"data_train", "train_data", "MXNet's"},
+      {"data_val", "test_data", "MXNet's"},
+      {"disp_batches", "log_every", "MXNet's"},
+      {"print_freq", "log_every", "PyTorch's"},
+      {"load_epoch", "resume", "MXNet's"},
+      {"workers", "decode_threads", "PyTorch's (DataLoader workers)"},
+      {"kvstore", "schedule", "MXNet's"},
+      {"kv_store", "schedule", "MXNet's"},
+      {"world_size", "num_shards", "PyTorch's"},
+      {"rank", "shard_id", "PyTorch's"},
+      {"fp16", "precision", "Horovod's and Apex's"},
+      {"amp", "precision", "PyTorch's"},
+  };
+  for (const auto& other : kOthers) {
+    if (editDistance(name, other.name) == 0) return other;
+  }
+  return std::nullopt;
 }
 
 std::string didYouMeanKey(std::string_view name) {
+  if (const auto other = keyForOtherName(name)) {
+    return fmt::format(": did you mean '{}'? ('{}' is {})", other->key, name, other->whose);
+  }
   auto names = keyNames();
   names.emplace_back("layers");
   const auto nearest = nearestName(name, names);
@@ -700,6 +733,9 @@ std::string didYouMeanKey(std::string_view name) {
 }
 
 std::string didYouMeanFlag(std::string_view name) {
+  if (const auto other = keyForOtherName(name)) {
+    return fmt::format(": did you mean --{}? (--{} is {})", other->key, name, other->whose);
+  }
   const auto nearest = nearestName(name, keyNames());
   return nearest ? fmt::format(": did you mean --{}?", *nearest) : "";
 }

@@ -105,13 +105,21 @@ const std::vector<Key>& keys();
 // The key named `name`; nullptr when there is none.
 const Key* findKey(std::string_view name);
 
-// Every key's name, comma-separated, for error messages.
-std::string knownKeys();
+// Another framework's name for a key: MXNet's --lr is base_learning_rate.
+struct OtherName {
+  const char* name;   // as the other tool spells it, dashes as underscores
+  const char* key;    // troupe's
+  const char* whose;  // "MXNet's and PyTorch's"
+};
+// The key of another framework's flag or key `name` (dashes and case aside), if troupe has one.
+std::optional<OtherName> keyForOtherName(std::string_view name);
 
-// ": did you mean 'batch_size'?" for a misspelt key in a file, or "" when no key is near.
+// ": did you mean 'batch_size'?" for a misspelt key in a file (or another framework's name for
+// it: "did you mean 'base_learning_rate'? ('lr' is MXNet's and PyTorch's)"), or "" when no key is
+// near.
 std::string didYouMeanKey(std::string_view name);
 
-// ": did you mean --batch_size?" for a misspelt flag, or "" when no key is near.
+// ": did you mean --batch_size?" for a misspelt flag, or another framework's, or "".
 std::string didYouMeanFlag(std::string_view name);
 
 // "an integer in [1, 1048576]", "a string": what a key accepts, for --help and errors.

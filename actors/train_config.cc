@@ -254,8 +254,9 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
       }
       const Key* def = config::findKey(key == "kv_store" ? "schedule" : key);
       if (!def) {
-        throw InputError(fmt::format("unknown key '{}' in {}{} (known: {}, layers)", key, file,
-                                     config::didYouMeanKey(key), config::knownKeys()));
+        throw InputError(fmt::format(
+            "unknown key '{}' in {}{} (docs/config.md and troupe train --help list the keys)", key,
+            file, config::didYouMeanKey(key)));
       }
       const config::Source from{Rank::kFile, fmt::format("{}: key '{}'", file, key),
                                 fmt::format("{}: {} = {}", file, key, nodeText(node))};
@@ -301,8 +302,8 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
   for (const auto& [name, text] : overrides) {
     const Key* def = config::findKey(name);
     if (!def) {
-      throw InputError(fmt::format("unknown flag --{}{} (known: {})", name,
-                                   config::didYouMeanFlag(name), config::knownKeys()));
+      throw InputError(fmt::format("unknown flag --{}{} (troupe train --help lists the flags)",
+                                   name, config::didYouMeanFlag(name)));
     }
     const config::Source from{Rank::kFlag, "--" + name,
                               text.empty() ? "--" + name : fmt::format("--{} {}", name, text)};

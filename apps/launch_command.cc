@@ -63,9 +63,10 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("-s,--num-servers", o.num_servers,
                   "parameter-server processes (default 0; MXNet's launch.py starts as many as -n)");
   cmd->add_option("--launcher", o.launcher,
-                  "local, ssh, mpi or slurm (MXNet's sge and yarn are refused: see slurm)")
-      ->capture_default_str();
-  cmd->add_option("-H,--hostfile", o.hostfile, "hosts, one host or host:port a line (ssh, mpi)");
+                  "local, ssh, mpi or slurm (default: ssh with -H, as MXNet's launch.py, else "
+                  "local; MXNet's sge and yarn are refused: see slurm)");
+  cmd->add_option("-H,--hostfile", o.hostfile,
+                  "hosts, one host or host:port a line (ssh, the default with it; mpi)");
   cmd->add_option("--sync-dst-dir", o.sync_dst_dir,
                   "rsync the working folder there on every host first, and run there (ssh)");
   // One value per flag: an unlimited list would also eat the `--` before the command.
@@ -74,8 +75,12 @@ void addLaunchCommand(CLI::App& app) {
                   "words of $TROUPE_SSH_OPTS; before the launcher's own -o defaults)")
       ->allow_extra_args(false);
   cmd->add_option("--interface", o.interface,
-                  "ssh, mpi, slurm: serve the embedded store on this interface's address (default: "
-                  "$TROUPE_INTERFACE, else the route to the first host, loopback if all local)");
+                  "the processes listen on this interface, and the embedded store is served on its "
+                  "address (default: $TROUPE_INTERFACE, else the route to the first host, loopback "
+                  "if all local)");
+  cmd->add_flag("--dry-run,--dry_run", o.dry_run,
+                "print what would start (each process: host, role, rank, variables; the command) "
+                "and start nothing");
   cmd->add_option("--env", state->env,
                   "K=V (or MXNet's K:V) set in every process, or NAME[,NAME...] passing this "
                   "shell's value of each, as MXNet's launch.py does (repeatable)")

@@ -7,11 +7,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 
 #include "actors/run_id.h"
 #include "actors/worker_bounds.h"
@@ -19,6 +20,7 @@
 #include "apps/launcher_slurm.h"
 #include "apps/launcher_ssh.h"
 #include "apps/output_relay.h"
+#include "data/files.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/url.h"
 #include "transport/auth.h"
@@ -35,6 +37,12 @@ std::string makeRunId() {
 }
 
 void checkOptions(const LaunchOptions& o) {
+  if (o.launcher == "local" && !o.hostfile.empty()) {
+    throw InputError(
+        "-H names other hosts, but --launcher local starts every process on this one: drop "
+        "--launcher local (with -H the launcher is ssh, as MXNet's launch.py's), or name ssh or "
+        "mpi");
+  }
   if (o.num_workers < 1) throw InputError("-n: need at least one worker");
   if (o.num_servers < 0) throw InputError("-s: the number of servers cannot be negative");
   if (o.command.empty()) throw InputError("no command to launch: put it after --");
@@ -152,9 +160,8 @@ int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
     std::unique_ptr<rendezvous::TcpStoreServer> store;
     std::string rendezvous = o.rendezvous;
     if (rendezvous.empty()) {
-      const std::string bind = o.launcher == "local"   ? "127.0.0.1"
-                               : o.launcher == "slurm" ? slurmStoreBindAddress(o)
-                                                       : storeBindAddress(o, hosts);
+      const std::string bind =
+          o.launcher == "slurm" ? slurmStoreBindAddress(o) : storeBindAddress(o, hosts);
       store = rendezvous::startTcpStoreServer(bind, 0, secret);
       rendezvous = "tcp://" + store->address();
     }
@@ -213,8 +220,7 @@ std::string shellQuote(std::string_view s) {
 }
 
 std::vector<LaunchHost> readHostfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(fmt::format("-H {}: cannot read it: {}", path, std::strerror(errno)));
+  std::istringstream in(data::readRegularFile(path, "-H hostfile", 16u << 20));
   std::vector<LaunchHost> hosts;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
@@ -246,8 +252,74 @@ std::vector<LaunchHost> readHostfile(const std::string& path) {
   return hosts;
 }
 
-int launch(const LaunchOptions& o) {
+namespace {
+
+// What launch(o) would start, without starting anything.
+int dryRun(const LaunchOptions& o) {
+  std::vector<LaunchHost> hosts;
+  if (o.launcher != "local" && !o.hostfile.empty()) hosts = readHostfile(o.hostfile);
+  const std::string run_id = o.run_id.empty() ? "(made up at start)" : o.run_id;
+  const std::string rendezvous =
+      !o.rendezvous.empty()
+          ? rendezvous::redactedStoreUrl(o.rendezvous)
+          : fmt::format("an embedded store this launcher serves on {} (its port chosen at start)",
+                        o.launcher == "slurm" ? std::string("the first node's route")
+                                              : storeBindAddress(o, hosts));
+  const std::string secret =
+      !o.secret_file.empty()         ? fmt::format("read from {} by every process", o.secret_file)
+      : std::getenv("TROUPE_SECRET") ? std::string("$TROUPE_SECRET, in every process")
+                                     : std::string("a fresh one made at start, in every process");
+  std::string out = "# troupe launch --dry-run: nothing starts\n";
+  const auto row = [&out](std::string_view what, const std::string& value) {
+    out += fmt::format("{:<12} {}\n", what, value);
+  };
+  row("launcher", o.launcher + (hosts.empty() ? ""
+                                              : fmt::format(" over {} host line(s) of {}",
+                                                            hosts.size(), o.hostfile)));
+  row("run id", run_id);
+  row("rendezvous", rendezvous);
+  row("secret", secret);
+  row("on failure", o.on_failure == "restart"
+                        ? fmt::format("restart (at most {} times)", o.max_restarts)
+                        : std::string("abort"));
+  if (!o.elastic.empty()) row("elastic", o.elastic + " workers");
+  std::string command;
+  for (const auto& word : o.command)
+    command += (command.empty() ? "" : " ") + shellQuote(word);
+  row("command", command);
+  for (const auto& [name, value] : o.env) {
+    row("variable", fmt::format("{}={} (every process)", name,
+                                name == "TROUPE_SECRET" ? "***" : shellQuote(value)));
+  }
+  if (o.launcher == "mpi" || o.launcher == "slurm") {
+    row("processes", fmt::format("{} server(s), then {} worker(s), placed by {}", o.num_servers,
+                                 o.num_workers, o.launcher == "mpi" ? "mpirun" : "srun"));
+  } else {
+    OutputRelay quiet;
+    const RunContext run{o, o.command, run_id, rendezvous, hosts, 0, quiet};
+    for (const auto& p : planProcesses(o.launcher == "ssh" ? Kind::kSsh : Kind::kLocal, run)) {
+      std::string env;
+      for (const auto& [name, value] : p.env) {
+        if (name != "TROUPE_RUN_ID" && name != "TROUPE_RENDEZVOUS") {
+          env += fmt::format(" {}={}", name, value);
+        }
+      }
+      row("process", fmt::format("{} {} on {}:{}", p.role, p.rank, p.host, env));
+    }
+  }
+  std::fputs(out.c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& given) {
+  LaunchOptions o = given;
+  if (o.launcher.empty()) o.launcher = o.hostfile.empty() ? "local" : "ssh";
   checkOptions(o);
+  // Every process listens on the interface asked for, as the store is served on its address.
+  if (!o.interface.empty()) o.env.emplace_back("TROUPE_INTERFACE", o.interface);
+  if (o.dry_run) return dryRun(o);
   // Whoever reads the launcher's output (or does not) never holds up its supervision: every
   // line goes through the relay, and a reader that is gone makes EPIPE, not SIGPIPE.
   IgnoreSigpipe ignore_sigpipe;

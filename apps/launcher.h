@@ -95,9 +95,11 @@ namespace troupe::apps {
 struct LaunchOptions {
   int num_workers = 1;
   int num_servers = 0;
-  std::string launcher = "local";  // local, ssh, mpi or slurm (MXNet's sge, yarn: InputError)
-  std::string hostfile;            // required for ssh; optional for mpi
-  std::string sync_dst_dir;        // ssh only
+  // local, ssh, mpi or slurm (MXNet's sge, yarn: InputError); empty: ssh with a hostfile, as
+  // MXNet's launch.py, else local.
+  std::string launcher;
+  std::string hostfile;                                  // required for ssh; optional for mpi
+  std::string sync_dst_dir;                              // ssh only
   std::vector<std::pair<std::string, std::string>> env;  // --env K=V
   // MXNet's --env-worker / --env-server: K=V in the workers' (the servers') environment only. The
   // command then runs under `sh -c`, which exports them by TROUPE_ROLE before it execs it.
@@ -106,7 +108,9 @@ struct LaunchOptions {
   std::vector<std::string> command;  // what each process runs
   std::string rendezvous;            // given: use it; empty: serve an embedded store
   std::string run_id;                // empty: made up
-  std::string interface;  // ssh, mpi, slurm: the store's interface; empty: see the header
+  // The processes listen on it (TROUPE_INTERFACE) and the embedded store is served on its address;
+  // empty: $TROUPE_INTERFACE, else the route to the first host (loopback for local runs).
+  std::string interface;
   std::vector<std::string> ssh_options;  // extra ssh arguments, after $TROUPE_SSH_OPTS
   // File holding the run's secret, which every process reads (TROUPE_SECRET_FILE; with ssh it
   // must exist at that path on every host). Empty: $TROUPE_SECRET, else a fresh random one per
@@ -120,6 +124,9 @@ struct LaunchOptions {
   // (they re-form, as workers that join later do). The launcher exits 0 when a worker finished
   // the run, else with the code of the last to fail (the one that gave up, naming why).
   std::string elastic;
+  // Prints what would start (each process: host, role, rank, variables, command) and starts
+  // nothing.
+  bool dry_run = false;
 };
 
 // Runs the processes to the end. Returns 0 when all exited 0 (in some generation), else the last

@@ -115,44 +115,23 @@ class Supervisor {
 };
 
 void Supervisor::start() {
-  auto add = [&](const char* role, int count) {
-    for (int r = 0; r < count; ++r) {
-      Child c;
-      c.role = role;
-      c.rank = r;
-      if (kind_ == Kind::kSsh) {
-        c.remote = &run_.hosts[static_cast<std::size_t>(r) % run_.hosts.size()];
-        c.host = c.remote->display();
-      }
-      children_.push_back(std::move(c));
-    }
-  };
-  add("server", o_.num_servers);
-  add("worker", o_.num_workers);
-
   const std::string dir =
       o_.sync_dst_dir.empty() ? std::filesystem::current_path().string() : o_.sync_dst_dir;
-  // How many of the run's processes share each host, so each can size its thread pool.
-  std::map<std::string, int> per_host;
-  for (const auto& c : children_)
-    ++per_host[c.host];
-  for (auto& c : children_) {
+  for (auto& p : planProcesses(kind_, run_)) {
+    Child c;
+    c.role = p.role;
+    c.rank = p.rank;
+    c.remote = p.remote;
+    c.host = p.host;
     auto env = o_.env;
-    env.emplace_back("TROUPE_LOCAL_SIZE", std::to_string(per_host[c.host]));
-    env.emplace_back("TROUPE_ROLE", c.role);
-    env.emplace_back("TROUPE_RANK", std::to_string(c.rank));
-    env.emplace_back("TROUPE_NUM_WORKERS",
-                     o_.elastic.empty() ? std::to_string(o_.num_workers) : o_.elastic);
-    env.emplace_back("TROUPE_NUM_SERVERS", std::to_string(o_.num_servers));
-    env.emplace_back("TROUPE_RUN_ID", run_.run_id);
-    env.emplace_back("TROUPE_GENERATION", std::to_string(run_.generation));
-    env.emplace_back("TROUPE_RENDEZVOUS", run_.rendezvous);
+    env.insert(env.end(), p.env.begin(), p.env.end());
     const auto started = kind_ == Kind::kSsh
                              ? spawnSsh(ssh_options_, *c.remote, dir, env, run_.command)
                              : spawnPiped(run_.command, env, std::nullopt);
     c.pid = started.pid;
     c.out = started.out;
     c.running = true;
+    children_.push_back(std::move(c));
   }
 }
 
@@ -423,6 +402,40 @@ Attempt Supervisor::run() {
 }
 
 }  // namespace
+
+std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
+  const LaunchOptions& o = run.options;
+  std::vector<PlannedProcess> planned;
+  auto add = [&](const char* role, int count) {
+    for (int r = 0; r < count; ++r) {
+      PlannedProcess p;
+      p.role = role;
+      p.rank = r;
+      if (kind == Kind::kSsh) {
+        p.remote = &run.hosts[static_cast<std::size_t>(r) % run.hosts.size()];
+        p.host = p.remote->display();
+      }
+      planned.push_back(std::move(p));
+    }
+  };
+  add("server", o.num_servers);
+  add("worker", o.num_workers);
+  // How many of the run's processes share each host, so each can size its thread pool.
+  std::map<std::string, int> per_host;
+  for (const auto& p : planned)
+    ++per_host[p.host];
+  for (auto& p : planned) {
+    p.env = {{"TROUPE_LOCAL_SIZE", std::to_string(per_host[p.host])},
+             {"TROUPE_ROLE", p.role},
+             {"TROUPE_RANK", std::to_string(p.rank)},
+             {"TROUPE_NUM_WORKERS", o.elastic.empty() ? std::to_string(o.num_workers) : o.elastic},
+             {"TROUPE_NUM_SERVERS", std::to_string(o.num_servers)},
+             {"TROUPE_RUN_ID", run.run_id},
+             {"TROUPE_GENERATION", std::to_string(run.generation)},
+             {"TROUPE_RENDEZVOUS", run.rendezvous}};
+  }
+  return planned;
+}
 
 Attempt runChildren(Kind kind, const RunContext& run) {
   return Supervisor(kind, run).run();

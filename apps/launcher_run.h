@@ -37,6 +37,18 @@ struct RunContext {
 
 enum class Kind { kLocal, kSsh };
 
+// A process of the world as the local and ssh launchers start it: servers first, then workers,
+// each on its host (ssh: host r of the hostfile's lines, round robin) with the variables it gets
+// on top of the launch's own --env.
+struct PlannedProcess {
+  std::string role;
+  int rank = 0;
+  const LaunchHost* remote = nullptr;  // ssh only
+  std::string host = "localhost";
+  std::vector<std::pair<std::string, std::string>> env;
+};
+std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run);
+
 // local and ssh: one child process per role and rank.
 Attempt runChildren(Kind kind, const RunContext& run);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/help_format.h"
 #include "apps/log_level.h"
 #include "apps/output_relay.h"
 #include "apps/suggest.h"
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     arg_pointers.push_back(arg.data());
   hidePasswordsInOwnCommandLine(argc, argv);
   CLI::App app{"troupe: distributed deep-learning training"};
+  app.formatter(std::make_shared<troupe::apps::HelpFormatter>());  // before the subcommands
   app.require_subcommand(1);
   troupe::apps::addConvertCommand(app);
   troupe::apps::addTrainCommand(app);
@@ -96,6 +98,12 @@ int main(int argc, char** argv) {
   troupe::apps::addPlotCommand(app);
   troupe::apps::addDocsCommand(app);
   troupe::apps::addLogLevelOptions(app);  // after the subcommands: each passes them up
+  if (argc > 1) {
+    if (const auto message = troupe::apps::unknownCommandMessage(app, argv[1])) {
+      spdlog::error("{}", *message);
+      return 1;
+    }
+  }
   try {
     troupe::kernels::cpu::cpuIsa();  // a bad TROUPE_MAX_CPU_ISA is refused before any work
     app.parse(argc, arg_pointers.data());

@@ -53,6 +53,51 @@ TEST(LaunchLocal, EveryEnvFlagReachesEveryProcessWithItsSpaces) {
   EXPECT_TRUE(contains(r.output, "[worker 0] [1] [x y=z]")) << r.output;
 }
 
+// --dry-run, as the README promised for "a command": what would start, nothing started.
+TEST(LaunchLocal, ADryRunSaysWhatWouldStartAndStartsNothing) {
+  TempDir cwd("launch_dry_run");
+  const auto r = runCommand(launchIn(cwd, "-n 2 -s 1 --dry-run -- touch started"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line :
+       {"# troupe launch --dry-run: nothing starts", "launcher     local",
+        "rendezvous   an embedded store this launcher serves on 127.0.0.1",
+        "command      touch started",
+        "process      server 0 on localhost: TROUPE_LOCAL_SIZE=3 TROUPE_ROLE=server TROUPE_RANK=0",
+        "process      worker 1 on localhost: TROUPE_LOCAL_SIZE=3 TROUPE_ROLE=worker "
+        "TROUPE_RANK=1"}) {
+    EXPECT_TRUE(contains(r.output, line)) << line << "\n" << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(cwd.path() / "started")) << "a process started";
+}
+
+// -H meant ssh in MXNet's launch.py: with a hostfile and no --launcher, troupe launches over ssh
+// (it ran every process locally and exited 0); --launcher local with -H is refused.
+TEST(LaunchLocal, AHostfileWithoutALauncherMeansSshAndWithTheLocalLauncherIsRefused) {
+  TempDir cwd("launch_hostfile_ssh");
+  std::ofstream(cwd.path() / "hosts.txt") << "localhost\n127.0.0.1:2222\n";
+  const auto ssh = runCommand(launchIn(cwd, "-n 2 -H hosts.txt --dry-run -- true"));
+  ASSERT_EQ(ssh.exit_code, 0) << ssh.output;
+  EXPECT_TRUE(contains(ssh.output, "launcher     ssh over 2 host line(s) of hosts.txt"))
+      << ssh.output;
+  EXPECT_TRUE(contains(ssh.output, "process      worker 1 on 127.0.0.1:2222: ")) << ssh.output;
+  const auto local = runCommand(launchIn(cwd, "-n 2 -H hosts.txt --launcher local -- true"));
+  EXPECT_EQ(local.exit_code, 1) << local.output;
+  EXPECT_TRUE(contains(local.output,
+                       "-H names other hosts, but --launcher local starts every "
+                       "process on this one"))
+      << local.output;
+}
+
+// --interface was ignored by the local launcher: every launcher gives it to its processes.
+TEST(LaunchLocal, TheInterfaceReachesEveryProcess) {
+  TempDir cwd("launch_interface");
+  const auto r =
+      runCommand(launchIn(cwd, "-n 1 -s 1 --interface lo -- sh -c 'echo if=$TROUPE_INTERFACE'"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[server 0] if=lo")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] if=lo")) << r.output;
+}
+
 TEST(LaunchLocal, AFailingProcessIsNamedAndTheOthersAreStopped) {
   TempDir cwd("launch_local_fail");
   const auto started = std::chrono::steady_clock::now();

@@ -329,7 +329,7 @@ TEST(TrainCommand, AnUnknownConfigKeyNamesFileAndKey) {
   TempDir cwd("err_key");
   std::ofstream(cwd.path() / "bad.toml") << "modle = \"lenet\"\n";
   const auto r = train(cwd, "bad.toml");
-  expectError(r, "unknown key 'modle' in bad.toml: did you mean 'model'? (known: model, ");
+  expectError(r, "unknown key 'modle' in bad.toml: did you mean 'model'? (docs/config.md");
 }
 
 TEST(TrainCommand, AConfigValueOfTheWrongTypeNamesTheKey) {
