@@ -11,6 +11,10 @@
 
 #include "actors/elastic.h"
 #include "actors/roles.h"
+#include "actors/system.h"
+#include "actors/train_log.h"
+#include "actors/trainer.h"
+#include "cli_util.h"
 #include "rendezvous/tcp_store.h"
 #include "troupe/error.h"
 
@@ -218,6 +222,45 @@ TEST_F(ElasticRendezvousTest, AWorkerWaitingWhenTheRunEndsIsToldSo) {
   ElasticRendezvous(client(), WorkerBounds{0, 2, 3}, 30s).finishRun();
   EXPECT_TRUE(waiting.get().run_over);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A generation that fails to form (a peer gone while it linked) destroys the chief's coordinator
+// unstarted: the epoch so far, its time and its inputs stay as the generation before left them.
+TEST(ElasticCarry, ACoordinatorWhoseGenerationNeverRanLeavesTheCarryAsItWas) {
+  testing::TempDir dir("elastic_carry");
+  TrainOptions options;
+  TrainLog log(dir.str(), "carry", {});
+  TrainResult result;
+  auto carry = std::make_shared<EpochCarry>();
+  carry->epoch.count = 1920;
+  carry->epoch.correct = 1500;
+  carry->complete_through = 30;
+  carry->global_batch = 64;
+  carry->epoch_index = 1;
+  carry->epoch_seconds = 2.5;
+  carry->cumulative_time = 40;
+  carry->cumulative_inputs = 9600;
+  const auto left = carry->left = std::chrono::steady_clock::now();
+  CoordinatorConfig config;
+  config.options = &options;
+  config.log = &log;
+  config.result = &result;
+  config.carry = carry;
+  config.plan = planOf(9600, 128);
+  config.plan.startAt(30, 1, 1920, 4);
+  {
+    auto system = makeActorSystem(SystemOptions{});
+    system->spawn(makeCoordinator("coordinator", config));
+  }
+  EXPECT_EQ(carry->epoch.count, 1920);
+  EXPECT_EQ(carry->epoch.correct, 1500);
+  EXPECT_EQ(carry->complete_through, 30);
+  EXPECT_EQ(carry->global_batch, 64);
+  EXPECT_EQ(carry->epoch_index, 1);
+  EXPECT_EQ(carry->epoch_seconds, 2.5);
+  EXPECT_EQ(carry->cumulative_time, 40);
+  EXPECT_EQ(carry->cumulative_inputs, 9600);
+  EXPECT_EQ(carry->left, left);
 }
 
 }  // namespace
