@@ -15,6 +15,7 @@
 
 #include "actors/peer.h"
 #include "actors/run_id.h"
+#include "actors/run_plan.h"
 #include "actors/train_log.h"
 #include "actors/trainer.h"
 #include "rendezvous/prefix_store.h"
@@ -69,6 +70,13 @@ Member decode(const std::string& text) {
 bool isTimeout(const std::exception& e) {
   return visitNested(
       e, [](const std::exception& x) { return dynamic_cast<const TimeoutError*>(&x) != nullptr; });
+}
+
+// Whether `e`, or an exception nested in it, is rank 0's word that another rank refused the plan.
+bool isPlanRefused(const std::exception& e) {
+  return visitNested(e, [](const std::exception& x) {
+    return dynamic_cast<const PlanRefusedError*>(&x) != nullptr;
+  });
 }
 
 std::string hostName() {
@@ -304,8 +312,9 @@ TrainResult runElastic(
       total.steps = state->step;
       if (result.weights.defined()) total.weights = result.weights;
     } catch (const std::exception& e) {
-      // A worker died or hung (or died while the generation was linking): the others re-form.
-      if (!findPeerError(e) && !isTimeout(e)) throw;
+      // A worker died or hung (or died while the generation was linking), or one refused the
+      // generation's plan (and leaves): the others re-form.
+      if (!findPeerError(e) && !isTimeout(e) && !isPlanRefused(e)) throw;
       spdlog::warn("generation {} lost a worker ({}): re-forming from step {}", round, e.what(),
                    state->step);
       me.old_rank = g.rank;

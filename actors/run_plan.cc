@@ -289,7 +289,7 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
     for (int r = 1; r < nodes; ++r) {
       const std::string verdict = store.get(verdictKey(r), timeout);
       if (verdict != "ok")
-        throw InputError(fmt::format("rank {} refused this run: {}", r, verdict));
+        throw PlanRefusedError(fmt::format("rank {} refused this run: {}", r, verdict));
     }
     return;
   }
@@ -300,18 +300,7 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
   }
   {
     // Name what differs first: "gradient_compression: rank 0 has fp16, this one none".
-    std::vector<std::string> ours, theirs, differ;
-    for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&chief, &theirs}}) {
-      std::istringstream in(*text);
-      for (std::string w; in >> w;)
-        words->push_back(w);
-    }
-    for (std::size_t i = 0; i < ours.size() && i < theirs.size(); ++i) {
-      if (ours[i] == theirs[i]) continue;
-      const auto eq = ours[i].find('=');
-      differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", ours[i].substr(0, eq),
-                                   theirs[i].substr(eq + 1), ours[i].substr(eq + 1)));
-    }
+    const auto differ = planDifferences(chief, mine, "rank 0");
     // The usual cause of a differing resume: checkpoints on a disk of rank 0's host only.
     const std::string hint =
         chief.find("resume=none") == std::string::npos &&
@@ -326,6 +315,23 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& 
     store.set(verdictKey(rank), refusal);
     throw InputError(refusal);
   }
+}
+
+std::vector<std::string> planDifferences(const std::string& theirs, const std::string& mine,
+                                         const std::string& who) {
+  std::vector<std::string> ours, others, differ;
+  for (auto [text, words] : {std::pair{&mine, &ours}, std::pair{&theirs, &others}}) {
+    std::istringstream in(*text);
+    for (std::string w; in >> w;)
+      words->push_back(w);
+  }
+  for (std::size_t i = 0; i < ours.size() && i < others.size(); ++i) {
+    if (ours[i] == others[i]) continue;
+    const auto eq = ours[i].find('=');
+    differ.push_back(fmt::format("{}: {} has {}, this one {}", ours[i].substr(0, eq), who,
+                                 others[i].substr(eq + 1), ours[i].substr(eq + 1)));
+  }
+  return differ;
 }
 
 // `resume` as given, or (with "auto", and in every restarted generation) the newest complete

@@ -17,6 +17,7 @@
 #include "kernels/compression.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
+#include "troupe/error.h"
 
 namespace troupe::rendezvous {
 class Store;
@@ -135,10 +136,22 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch);
 
 kernels::CompressionSpec compressionOf(const TrainOptions& o);
 
+// Rank 0's word that another rank refused its plan (agreeOnPlan): that rank leaves with its own
+// InputError naming what differs; an elastic run's others re-form without it.
+class PlanRefusedError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// What differs between two plans of "name=value" words in the same order, one entry a name:
+// "num_epochs: <who> has 4, this one 5" (`theirs` is who's, `mine` this process's).
+std::vector<std::string> planDifferences(const std::string& theirs, const std::string& mine,
+                                         const std::string& who);
+
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
 // batch size, another dataset, another model) is one clear error instead of a hang mid-epoch:
 // the rank that differs names what differs, and rank 0, which waits for every rank's verdict,
-// names that rank ("rank 1 refused this run: ...").
+// names that rank ("rank 1 refused this run: ...", a PlanRefusedError).
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const StepPlan& plan,
                  std::int64_t num_params, int replicas, const std::string& resumed_from,
                  const kernels::CompressionSpec& compression, const std::string& allreduce,

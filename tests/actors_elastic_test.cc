@@ -11,6 +11,7 @@
 
 #include "actors/elastic.h"
 #include "actors/roles.h"
+#include "actors/run_plan.h"
 #include "actors/system.h"
 #include "actors/train_log.h"
 #include "actors/trainer.h"
@@ -222,6 +223,39 @@ TEST_F(ElasticRendezvousTest, AWorkerWaitingWhenTheRunEndsIsToldSo) {
   ElasticRendezvous(client(), WorkerBounds{0, 2, 3}, 30s).finishRun();
   EXPECT_TRUE(waiting.get().run_over);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A rank of a generation that disagrees with rank 0's plan (a backstop behind the run print)
+// leaves with its own error; rank 0's word is a PlanRefusedError, which the elastic loop takes
+// as a worker lost: it re-forms without that rank instead of ending.
+TEST(ElasticPlan, RankZerosWordThatARankRefusedThePlanIsAPlanRefusedError) {
+  auto server = rendezvous::startTcpStoreServer("127.0.0.1", 0);
+  auto agree = [&](int rank, std::int64_t num_params) {
+    return std::async(std::launch::async, [&, rank, num_params] {
+      auto store = rendezvous::connectTcpStore("127.0.0.1", server->port(), 5s);
+      agreeOnPlan(*store, rank, 2, planOf(9600, 128), num_params, 1, "", {}, "auto", 4, "troupe",
+                  5s);
+    });
+  };
+  auto chief = agree(0, 10);
+  auto other = agree(1, 11);
+  try {
+    other.get();
+    ADD_FAILURE() << "rank 1 agreed";
+  } catch (const PlanRefusedError& e) {
+    ADD_FAILURE() << "the refusing rank's own error is no PlanRefusedError: " << e.what();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("(num_params: rank 0 has 10, this one 11)"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    chief.get();
+    ADD_FAILURE() << "rank 0 went on";
+  } catch (const PlanRefusedError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("rank 1 refused this run: rank 1 of 2 disagrees", 0), 0u)
+        << e.what();
+  }
 }
 
 // A generation that fails to form (a peer gone while it linked) destroys the chief's coordinator
