@@ -36,10 +36,14 @@ testing::CommandResult runScript(const TempDir& dir, const std::string& body) {
   return runCommand("bash " + script.string());
 }
 
-std::string trainArgs(const std::string& schedule = "bsp-allreduce") {
-  return "--model lenet --train_data " + testData("lmdb") + "/train --test_data " +
-         testData("lmdb") + "/test --db_type lmdb --schedule " + schedule + " --threads 1";
+std::string trainArgs(const std::string& schedule = "bsp-allreduce",
+                      const std::string& train_data = testData("lmdb") + "/train") {
+  return "--model lenet --train_data " + train_data + " --test_data " + testData("lmdb") +
+         "/test --db_type lmdb --schedule " + schedule + " --threads 1";
 }
+
+// Short waits, so that a test that hangs or waits in vain shows in seconds.
+const char* kShortWaits = " --peer_timeout 3 --stall_warning 1 --rendezvous_timeout 5";
 
 // Waits (up to 60 s) until FILE holds a line matching PATTERN.
 const char* kWaitFor =
@@ -200,6 +204,38 @@ TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
     EXPECT_EQ(std::stod((*it)[2]), std::ldexp(1.0, 24 - std::stoi((*it)[3]))) << (*it)[0];
   }
   EXPECT_EQ(epochs, 3) << launch;
+}
+
+// A joiner killed -9 just as the running workers pause for it (or a store client that writes a
+// member record and never acts): the running generation never waits on a newcomer, so the
+// workers re-form without it and finish.
+TEST(ElasticTraining, AJoinerKilledAsTheRunPausesForItHoldsUpNoOne) {
+  TempDir cwd("elastic_joiner_killed");
+  const std::string run_id = "elastickilled" + std::to_string(::getpid());
+  const std::string args =
+      trainArgs() + " --num_epochs 6 --epoch_size 9600 --log_every 10" + kShortWaits;
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "echo elastic-test-secret-0123456789 > secret\n" +
+               "$T launch -n 2 --elastic 2:3 --run_id " + run_id +
+               " --secret-file secret -- troupe train " + args + " > launch.out 2>&1 &\nL=$!\n" +
+               "wait_for launch.out 'epoch 1 step 20/75'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "$T train " +
+               args + " --num_workers 2:3 --rendezvous $R --run_id " + run_id +
+               " --secret_file secret > joiner.out 2>&1 &\nJ=$!\n"
+               "wait_for launch.out 'a worker waits to join'\n"
+               "kill -9 $J\necho killed the joiner\nwait $L\necho launcher exit $?\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"killed the joiner", "launcher exit 0"}))
+      << launch << "\n--- joiner:\n"
+      << slurp(cwd.path() / "joiner.out");
+  EXPECT_TRUE(testing::containsAll(launch, {"a worker waits to join", "generation 1: worker 0 of 2",
+                                            "[launcher] all 2 process(es) exited 0"}));
+  EXPECT_FALSE(contains(launch, "did not close it")) << launch;
+  EXPECT_FALSE(contains(launch, "of 3 (")) << "the dead joiner was admitted: " << launch;
+  const auto [finished, checksums] = checksumsOf(launch);
+  EXPECT_EQ(finished, 2) << launch;
+  EXPECT_EQ(checksums.size(), 1u) << launch;
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the
