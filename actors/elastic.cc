@@ -54,6 +54,15 @@ std::string memberKey(int round, int index) {
 constexpr const char* kOpen = "elastic/open";      // the round new workers join
 constexpr const char* kDone = "elastic/done";      // the run is over
 constexpr const char* kFormed = "elastic/formed";  // a generation of the run formed
+constexpr const char* kPrint = "elastic/plan";     // the run print, "name=value ..."
+constexpr const char* kPrintClaim = "elastic/plan-claim";
+
+std::string formatPrint(const RunPrint& print) {
+  std::vector<std::string> words;
+  for (const auto& [name, value] : print)
+    words.push_back(fmt::format("{}={}", name, value));
+  return fmt::format("{}", fmt::join(words, " "));
+}
 
 std::string encode(const Member& m) {
   return fmt::format("{} {} {} {} {} {}", m.old_rank, m.launch_rank, m.step, m.epoch,
@@ -154,6 +163,22 @@ Generation overRun() {
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<rendezvous::Store> store, WorkerBounds bounds,
                                      std::chrono::milliseconds timeout)
     : store_(std::move(store)), bounds_(bounds), timeout_(timeout) {}
+
+bool ElasticRendezvous::agreeOnRun(const std::string& run_id, const RunPrint& print) {
+  if (store_->check({kDone})) return false;
+  const std::string mine = formatPrint(print);
+  if (store_->add(kPrintClaim, 1) == 1) {
+    store_->set(kPrint, mine);
+    return true;
+  }
+  const std::string run = store_->get(kPrint, timeout_);
+  if (run == mine) return true;
+  const auto differ = planDifferences(run, mine, "the run");
+  throw InputError(
+      fmt::format("this worker disagrees with elastic run {} ({}); it was not counted", run_id,
+                  differ.empty() ? fmt::format("the run has '{}', this one '{}'", run, mine)
+                                 : fmt::format("{}", fmt::join(differ, "; "))));
+}
 
 std::int64_t ElasticRendezvous::beatOf(int round, int index) {
   const std::string key = roundKey(round, fmt::format("beat/{}", index));
@@ -337,7 +362,7 @@ void ElasticRendezvous::finishRun() {
 }
 
 TrainResult runElastic(
-    const TrainOptions& o,
+    const TrainOptions& o, const RunPrint& print,
     const std::function<TrainResult(const TrainOptions&, GenerationRole&)>& train) {
   const auto timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(o.rendezvous_timeout_s * 1000));
@@ -362,6 +387,10 @@ TrainResult runElastic(
       rendezvous::prefixStore(rendezvous::openStore(o.rendezvous, timeout, o.secret),
                               generationRunId(o.run_id, o.generation));
   ElasticRendezvous rendezvous(store, WorkerBounds{0, o.min_workers, o.max_workers}, timeout);
+  if (!rendezvous.agreeOnRun(o.run_id, print)) {
+    spdlog::info("the run ended before this worker could join it");
+    return {};
+  }
 
   Member me;
   me.name = fmt::format("{}:{}", hostName(), ::getpid());

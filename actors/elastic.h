@@ -22,6 +22,10 @@
 // round. Ranks follow the old ranks, newcomers last (those troupe launch started in the order of
 // its ranks, then the others in order of coming).
 //
+// Before a worker first counts in any round, its run print (the options every worker must share
+// whatever the world's size) is checked against the run's, set by the first worker that came: a
+// worker that disagrees is refused before anyone waits for it.
+//
 // Known limit: a closer stopped (SIGSTOP) between its claim of a round's close and its write of
 // the admitted list holds up the round's others until their timeout. Lifting it needs a
 // compare-and-set in the Store (an expiring claim).
@@ -36,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "actors/roles.h"
@@ -68,6 +73,10 @@ struct Generation {
   int world() const { return static_cast<int>(members.size()); }
 };
 
+// The options every worker of an elastic run must share whatever the world's size, as name and
+// value pairs ("num_epochs", "4"), in a fixed order (trainer.cc's elasticRunPrint).
+using RunPrint = std::vector<std::pair<std::string, std::string>>;
+
 // Every method may be called from any thread; joinerWaiting is the one a running generation
 // calls (its coordinator's thread) while join is not running.
 class ElasticRendezvous {
@@ -76,6 +85,11 @@ class ElasticRendezvous {
   ElasticRendezvous(std::shared_ptr<rendezvous::Store> store, WorkerBounds bounds,
                     std::chrono::milliseconds timeout);
 
+  // Checks `print` against the run's before this worker counts in any round; the first worker
+  // to come sets the run's. False: the run is over already. InputError naming run `run_id` and
+  // what differs ("num_epochs: the run has 4, this one 5"); TimeoutError when the worker that
+  // claimed the run's print never wrote it.
+  bool agreeOnRun(const std::string& run_id, const RunPrint& print);
   // Meets the others in the next round that forms with this worker in it. TimeoutError when
   // fewer than MIN come within the timeout, naming the round and who came; for a newcomer to a
   // formed run, when no worker of the run came to admit it.
@@ -115,9 +129,11 @@ struct GenerationRole {
 };
 
 // The elastic loop of one worker process: joins rounds and trains generations until the run's
-// last step (runTraining calls it when num_workers is MIN:MAX). `train` runs one generation.
+// last step (runTraining calls it when num_workers is MIN:MAX). `print` is this worker's run
+// print, from its own full check of the options, the data and the model; `train` runs one
+// generation.
 TrainResult runElastic(
-    const TrainOptions& options,
+    const TrainOptions& options, const RunPrint& print,
     const std::function<TrainResult(const TrainOptions&, GenerationRole&)>& train);
 
 }  // namespace troupe::actors

@@ -273,6 +273,33 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   return p;
 }
 
+// An elastic worker's run print (actors/elastic.h): the options every worker must share whatever
+// the world's size, from this process's own full check (options, GPUs, data, model; as rank 0
+// of MIN workers) before it counts in any round. InputError, or IoError, when the check fails.
+RunPrint elasticRunPrint(const TrainOptions& o) {
+  TrainOptions probe = o;
+  probe.num_shards = o.min_workers;
+  probe.shard_id = 0;
+  const ProcessPlan p = planProcess(probe, nullptr);
+  return {
+      {"batch_size", std::to_string(o.batch_size)},
+      {"epoch_size", std::to_string(p.plan.epoch_size)},
+      {"num_epochs", std::to_string(o.num_epochs)},
+      {"num_params", std::to_string(p.num_params)},
+      {"replicas", std::to_string(o.replicas)},
+      {"gradient_compression", kernels::describe(compressionOf(o))},
+      {"allreduce", o.allreduce},
+      {"ring_segment_mb", fmt::format("{:g}", o.ring_segment_mb)},
+      {"reducer", o.reducer},
+      {"precision", o.precision},
+      {"seed", std::to_string(o.seed)},
+      {"base_learning_rate", fmt::format("{:g}", o.base_learning_rate)},
+      {"lr_policy", o.lr_policy},
+      {"momentum", fmt::format("{:g}", o.sgd.momentum)},
+      {"weight_decay", fmt::format("{:g}", o.sgd.weight_decay)},
+  };
+}
+
 // The spawn stage of a worker: its coordinator (or follower), updater (or parameter-server
 // client), reducer, replicas and readers, spawned in the same order in every process so that
 // every address is known everywhere. The reduction plan is filled in at the rendezvous.
@@ -650,9 +677,10 @@ TrainResult runTraining(const TrainOptions& o, RunControl* control) {
   try {
     if (o.max_workers > 0) {
       validateElastic(o);
-      return runElastic(o, [control](const TrainOptions& g, GenerationRole& role) {
-        return trainProcess(g, &role, control);
-      });
+      return runElastic(o, elasticRunPrint(o),
+                        [control](const TrainOptions& g, GenerationRole& role) {
+                          return trainProcess(g, &role, control);
+                        });
     }
     return trainProcess(o, nullptr, control);
   } catch (const std::exception& e) {

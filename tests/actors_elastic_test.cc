@@ -296,6 +296,27 @@ TEST_F(ElasticRendezvousTest, AJoinerThatStopsBeatingIsNeitherWaitedForNorAdmitt
   EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
 }
 
+// A worker whose run print differs is refused before it counts in any round, naming what
+// differs; one that comes after the run ended is told so.
+TEST_F(ElasticRendezvousTest, AWorkerThatDisagreesWithTheRunIsRefusedBeforeItCounts) {
+  const WorkerBounds bounds{0, 1, 3};
+  const RunPrint run = {{"batch_size", "64"}, {"num_epochs", "4"}};
+  EXPECT_TRUE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
+  EXPECT_TRUE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
+  try {
+    ElasticRendezvous(client(), bounds, 5s)
+        .agreeOnRun("r1", {{"batch_size", "64"}, {"num_epochs", "5"}});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "this worker disagrees with elastic run r1 (num_epochs: the run has 4, this one 5); "
+              "it was not counted");
+  }
+  EXPECT_EQ(client()->add("elastic/0/count", 0), 0);
+  ElasticRendezvous(client(), bounds, 5s).finishRun();
+  EXPECT_FALSE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
+}
+
 TEST_F(ElasticRendezvousTest, FewerThanMinEndTheWaitNamingTheRoundAndWhoCame) {
   ElasticRendezvous r(client(), WorkerBounds{0, 2, 3}, 300ms);
   const auto start = std::chrono::steady_clock::now();

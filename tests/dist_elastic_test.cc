@@ -42,6 +42,28 @@ std::string trainArgs(const std::string& schedule = "bsp-allreduce",
          "/test --db_type lmdb --schedule " + schedule + " --threads 1";
 }
 
+// The rows of the one CSV log in `dir`, as cells.
+std::vector<std::vector<std::string>> logRows(const fs::path& dir) {
+  std::vector<fs::path> logs;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".log") logs.push_back(e.path());
+  }
+  EXPECT_EQ(logs.size(), 1u);
+  std::vector<std::vector<std::string>> rows;
+  if (logs.empty()) return rows;
+  std::istringstream csv(slurp(logs[0]));
+  for (std::string line; std::getline(csv, line);) {
+    if (line.empty() || line[0] == '#' || line.rfind("time_spent", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');)
+      cells.push_back(cell);
+    EXPECT_GE(cells.size(), 11u) << line;
+    if (cells.size() >= 11) rows.push_back(cells);
+  }
+  return rows;
+}
+
 // Short waits, so that a test that hangs or waits in vain shows in seconds.
 const char* kShortWaits = " --peer_timeout 3 --stall_warning 1 --rendezvous_timeout 5";
 
@@ -236,6 +258,69 @@ TEST(ElasticTraining, AJoinerKilledAsTheRunPausesForItHoldsUpNoOne) {
   const auto [finished, checksums] = checksumsOf(launch);
   EXPECT_EQ(finished, 2) << launch;
   EXPECT_EQ(checksums.size(), 1u) << launch;
+}
+
+// Five joiners that want another num_epochs, and one whose own training data does not open, come
+// while the run trains: each is refused before it counts in any round, within seconds, naming
+// why; the run never pauses for them, and its log stays true (each epoch's inputs once, its time
+// within the run's).
+TEST(ElasticTraining, JoinersThatDisagreeOrFailTheirOwnCheckAreRefusedBeforeTheyCount) {
+  TempDir cwd("elastic_refused");
+  const std::string run_id = "elasticrefused" + std::to_string(::getpid());
+  const std::string tail = " --epoch_size 9600 --log_every 10" + std::string(kShortWaits);
+  const std::string joiner =
+      " --num_workers 2:3 --rendezvous $R --run_id " + run_id + " --secret_file secret";
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "echo elastic-test-secret-0123456789 > secret\nSECONDS=0\n" +
+               "$T launch -n 2 --elastic 2:3 --run_id " + run_id +
+               " --secret-file secret -- troupe train " + trainArgs() + " --num_epochs 4" + tail +
+               " > launch.out 2>&1 &\nL=$!\n" +
+               "wait_for launch.out 'epoch 1 step 20/75'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "S=$SECONDS\nP=''\nfor i in 1 2 3 4 5; do\n  $T train " +
+               trainArgs() + " --num_epochs 5" + tail + joiner +
+               " > joiner$i.out 2>&1 &\n  P=\"$P $!\"\ndone\n"
+               "$T train " +
+               trainArgs("bsp-allreduce", "/nonexistent") + " --num_epochs 4" + tail + joiner +
+               " > baddata.out 2>&1\necho bad data exit $?\n"
+               "for p in $P; do wait $p; echo joiner exit $?; done\n"
+               "echo refused within $((SECONDS - S)) s\n"
+               "wait $L\necho launcher exit $? after $SECONDS s\n"
+               "for p in $P; do kill -0 $p 2>/dev/null && echo joiner $p alive; done; true\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  const std::string& out = r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"bad data exit 1", "launcher exit 0"})) << launch;
+  EXPECT_FALSE(contains(out, "alive")) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(refused within (\d+) s)"))) << out;
+  EXPECT_LE(std::stoi(m[1]), 20) << out;
+  int exits = 0;
+  for (std::size_t at = out.find("joiner exit 1"); at != std::string::npos;
+       at = out.find("joiner exit 1", at + 1)) {
+    ++exits;
+  }
+  EXPECT_EQ(exits, 5) << out;
+  int refused = 0;
+  for (int i = 1; i <= 5; ++i) {
+    const std::string text = slurp(cwd.path() / ("joiner" + std::to_string(i) + ".out"));
+    refused += contains(text, "this worker disagrees with elastic run " + run_id +
+                                  " (num_epochs: the run has 4, this one 5); it was not counted");
+  }
+  EXPECT_EQ(refused, 5) << slurp(cwd.path() / "joiner1.out");
+  const std::string bad = slurp(cwd.path() / "baddata.out");
+  EXPECT_TRUE(contains(bad, "/nonexistent")) << bad;
+  EXPECT_FALSE(contains(launch, "a worker waits to join")) << launch;
+  EXPECT_FALSE(contains(launch, "refused this run")) << launch;
+  EXPECT_TRUE(contains(launch, "[launcher] all 2 process(es) exited 0")) << launch;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(launcher exit 0 after (\d+) s)"))) << out;
+  const double wall = std::stod(m[1]) + 1;
+  const auto rows = logRows(cwd.path());
+  EXPECT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    EXPECT_LE(std::stod(row[0]), wall) << "epoch " << row[7] << "'s time_spent";
+    EXPECT_LE(std::stol(row[2]), 9600) << "epoch " << row[7] << "'s input_count";
+    EXPECT_GT(std::stol(row[2]), 9600 - 128) << "epoch " << row[7] << "'s input_count";
+  }
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the
