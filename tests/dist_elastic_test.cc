@@ -323,6 +323,38 @@ TEST(ElasticTraining, JoinersThatDisagreeOrFailTheirOwnCheckAreRefusedBeforeThey
   }
 }
 
+// One of three workers stopped (SIGSTOP) mid-run: the others re-form without it and finish, and
+// the launcher ends the stopped one, naming it, instead of waiting for it for ever.
+TEST(ElasticTraining, AStoppedWorkerIsLeftOutAndEndedOnceTheOthersFinish) {
+  TempDir cwd("elastic_stopped");
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "$T launch -n 3 --elastic 2:3 -- troupe train " + trainArgs() +
+               " --num_epochs 3 --epoch_size 9600 --log_every 10" + kShortWaits +
+               " > launch.out 2>&1 &\nL=$!\n"
+               "wait_for launch.out 'epoch 1 step 20/50'\n"
+               "P=$(pid_of launch.out 1)\nkill -STOP $P\necho stopped worker 1, pid $P\n"
+               "SECONDS=0\n"
+               // At most 120 s for the launcher, which waited on the stopped worker for ever.
+               "for i in $(seq 1200); do kill -0 $L 2>/dev/null || break; sleep 0.1; done\n"
+               "kill $L 2>/dev/null && echo launcher still running after 120 s\n"
+               "wait $L\necho launcher exit $? after $SECONDS s\n"
+               "if kill -0 $P 2>/dev/null; then echo worker 1 alive; kill -CONT $P; kill -9 $P; "
+               "fi\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"stopped worker 1", "launcher exit 0"})) << launch;
+  EXPECT_FALSE(contains(r.output, "worker 1 alive")) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(launcher exit 0 after (\d+) s)")));
+  EXPECT_LE(std::stoi(m[1]), 60) << "the stopped worker held the launcher";
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(stopped worker 1, pid (\d+))")));
+  EXPECT_TRUE(testing::containsAll(
+      launch, {"generation 1: worker 0 of 2",
+               "[launcher] worker 1 on localhost (pid " + m[1].str() +
+                   ") was stopped (SIGSTOP) when the run finished; ended by the launcher",
+               "[launcher] 2 of 3 process(es) exited 0; left out: worker 1 on localhost was "
+               "stopped (SIGSTOP) when the run finished"}));
+}
+
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the
 // bounds and who came; the launcher exits non-zero.
 TEST(ElasticTraining, FewerSurvivorsThanMinEndTheRunNamingTheRoundWithinTheTimeout) {
