@@ -61,10 +61,11 @@ class Coordinator final : public Actor {
     on<Watchdog>([this](Watchdog& w) { watchdog(w); });
   }
 
-  // The epoch so far and the totals go on to the next generation (elastic runs).
+  // The epoch so far and the totals go on to the next generation (elastic runs). A coordinator
+  // that never started (its generation failed to form) leaves the carry as it was.
   ~Coordinator() override {
     progress_line_.clear();
-    if (!config_.carry) return;
+    if (!config_.carry || !started_) return;
     auto& c = *config_.carry;
     c.epoch = epoch_;
     c.recent = recent_;
@@ -80,6 +81,7 @@ class Coordinator final : public Actor {
   }
 
   void started() override {
+    started_ = true;
     epoch_start_ = Clock::now();
     overflow_logged_ = config_.overflow_steps;  // counted before this run
     // The epoch so far, from this process's coordinator of the last generation (a chief that
@@ -510,7 +512,9 @@ class Coordinator final : public Actor {
   std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
   int epoch_ends_ = 0;
   kernels::Tensor buffers_;
-  Clock::time_point epoch_start_, window_start_ = Clock::now(), last_progress_ = Clock::now();
+  bool started_ = false;
+  Clock::time_point epoch_start_ = Clock::now(), window_start_ = Clock::now(),
+                    last_progress_ = Clock::now();
   double epoch_time_ = 0;
   double epoch_seconds_before_ = 0;  // of the epoch, in earlier generations (elastic runs)
   ProgressLine progress_line_;

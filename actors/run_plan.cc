@@ -344,7 +344,7 @@ PlanValues planValues(const TrainOptions& o, const StepPlan& plan, std::int64_t 
   return values;
 }
 
-std::string planDifferences(const PlanValues& chief, const PlanValues& mine) {
+std::string planDifferences(const PlanValues& chief, const PlanValues& mine, std::string_view who) {
   const std::map<std::string, std::string> theirs(chief.begin(), chief.end());
   const std::map<std::string, std::string> ours(mine.begin(), mine.end());
   std::vector<std::string> differ;
@@ -361,7 +361,7 @@ std::string planDifferences(const PlanValues& chief, const PlanValues& mine) {
   }
   for (const auto& name : names) {
     if (valueOf(theirs, name) == valueOf(ours, name)) continue;
-    differ.push_back(fmt::format("{}: rank 0 has {}, this one {}", rendezvous::printable(name),
+    differ.push_back(fmt::format("{}: {} has {}, this one {}", rendezvous::printable(name), who,
                                  valueOf(theirs, name), valueOf(ours, name)));
   }
   return fmt::format("{}", fmt::join(differ, "; "));
@@ -385,7 +385,7 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues
     for (int r = 1; r < nodes; ++r) {
       const std::string verdict = store.get(verdictKey(r), timeout);
       if (verdict != "ok") {
-        throw InputError(
+        throw PlanRefusedError(
             fmt::format("rank {} refused this run: {}", r, rendezvous::printable(verdict, 4096)));
       }
     }

@@ -17,6 +17,7 @@
 #include "kernels/compression.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
+#include "troupe/error.h"
 
 namespace troupe::rendezvous {
 class Store;
@@ -166,14 +167,24 @@ PlanValues planValues(const TrainOptions& o, const StepPlan& plan, std::int64_t 
                       const std::string& resumed_from);
 
 // "base_learning_rate: rank 0 has 0.01, this one 0.5; seed: ..." for every name whose values
-// differ (one side's missing name shows as "(none)"); empty when they agree.
-std::string planDifferences(const PlanValues& chief, const PlanValues& mine);
+// differ (one side's missing name shows as "(none)"; `who` the side of `theirs`), values shown
+// printable; empty when they agree.
+std::string planDifferences(const PlanValues& theirs, const PlanValues& mine,
+                            std::string_view who = "rank 0");
+
+// Rank 0's word that another rank refused its plan (agreeOnPlan): that rank leaves with its own
+// InputError naming what differs; an elastic run's others re-form without it.
+class PlanRefusedError : public InputError {
+ public:
+  using InputError::InputError;
+};
 
 // Rank 0 publishes its plan; every other rank checks its own against it, so a mismatch (another
 // batch size, another dataset, another model, another learning rate) is one clear error instead
 // of a hang mid-epoch or a run that trains on and diverges: the rank that differs names what
 // differs and both values, and rank 0, which waits for every rank's verdict, names that rank
-// ("rank 1 refused this run: ..."). A plan in the store that does not parse is an InputError
+// ("rank 1 refused this run: ...", a PlanRefusedError). A plan in the store that does not parse
+// is an InputError
 // naming the key, its bytes escaped.
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues& mine,
                  std::chrono::milliseconds timeout);

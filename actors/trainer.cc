@@ -305,6 +305,21 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   return p;
 }
 
+// An elastic worker's run print (actors/elastic.h): the options every worker must share whatever
+// the world's size, from this process's own full check (options, GPUs, data, model; as rank 0
+// of MIN workers) before it counts in any round. InputError, or IoError, when the check fails.
+RunPrint elasticRunPrint(const TrainOptions& o) {
+  TrainOptions probe = o;
+  probe.num_shards = o.min_workers;
+  probe.shard_id = 0;
+  const ProcessPlan p = planProcess(probe, nullptr);
+  RunPrint print = {{"epoch_inputs", std::to_string(p.plan.epoch_size)},
+                    {"num_params", std::to_string(p.num_params)}};
+  for (auto& value : agreedValues(o))
+    print.push_back(std::move(value));
+  return print;
+}
+
 // The spawn stage of a worker: its coordinator (or follower), updater (or parameter-server
 // client), reducer, replicas and readers, spawned in the same order in every process so that
 // every address is known everywhere. The reduction plan is filled in at the rendezvous.
@@ -686,9 +701,10 @@ TrainResult runTraining(const TrainOptions& o, RunControl* control) {
   try {
     if (o.max_workers > 0) {
       validateElastic(o);
-      return runElastic(o, [control](const TrainOptions& g, GenerationRole& role) {
-        return trainProcess(g, &role, control);
-      });
+      return runElastic(o, elasticRunPrint(o),
+                        [control](const TrainOptions& g, GenerationRole& role) {
+                          return trainProcess(g, &role, control);
+                        });
     }
     return trainProcess(o, nullptr, control);
   } catch (const std::exception& e) {

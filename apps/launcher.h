@@ -122,7 +122,10 @@ struct LaunchOptions {
   // "MIN:MAX": an elastic run (actors/elastic.h; local and ssh launchers). Every process gets
   // TROUPE_NUM_WORKERS=MIN:MAX; a worker that fails is left out and the others go on without it
   // (they re-form, as workers that join later do). The launcher exits 0 when a worker finished
-  // the run, else with the code of the last to fail (the one that gave up, naming why).
+  // the run, else with the code of the last to fail (the one that gave up, naming why). Once a
+  // worker finished the run, a local worker that is stopped (SIGSTOP), and any worker still
+  // running max(grace, 60 s) later, is ended (SIGTERM and SIGCONT, SIGKILL after the grace
+  // period) and named, without changing the exit code: the others went on without it.
   std::string elastic;
   // Prints what would start (each process: host, role, rank, variables, command) and starts
   // nothing.

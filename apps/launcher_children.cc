@@ -39,7 +39,14 @@ struct Child {
   std::optional<int> remote_exit;
   bool term_sent = false;
   bool unreachable = false;  // the ssh that carried SIGTERM could not reach the host (exit 255)
+  // Elastic runs: ended by the launcher after the run finished without it (stopped, or late).
+  bool ended_after_run = false;
+  bool stopped_after_run = false;  // of those, one that was stopped (SIGSTOP)
 };
+
+// Elastic runs: how long a worker may go on after another finished the run (the last generation's
+// others finish within a step of it; a joiner that came late is told at its next look).
+constexpr auto kRunOverDrain = std::chrono::seconds(60);
 
 std::string label(const Child& c) {
   return fmt::format("{} {}", c.role, c.rank);
@@ -86,9 +93,11 @@ class Supervisor {
   void fail(std::size_t index);
   void leftOut(std::size_t index, const Outcome& outcome);
   void stopOthers();
-  void killRemaining();
+  void endAfterRun();
+  // ended_only: those endAfterRun ended; else every one still running.
+  void killRemaining(bool ended_only = false);
   void signalRemote(const std::vector<Child*>& targets, const char* sig);
-  void terminateRemote();
+  void terminateRemote(bool ended_only = false);
   Outcome outcomeOf(const Child& c) const {
     return kind_ == Kind::kSsh ? sshOutcome(c) : localOutcome(c.status);
   }
@@ -105,7 +114,9 @@ class Supervisor {
   FailurePicker picker_;
   std::vector<std::string> left_out_;  // elastic runs: the failures the others went on without
   std::optional<Outcome> last_left_out_;
-  int finished_ = 0;  // elastic runs: processes that exited 0
+  int finished_ = 0;                                // elastic runs: processes that exited 0
+  std::optional<Clock::time_point> run_over_at_;    // elastic runs: when the first exited 0
+  std::optional<Clock::time_point> kill_ended_at_;  // SIGKILL for those endAfterRun ended
   std::optional<std::size_t> failed_;
   int code_ = 0;         // the exit code of the process named
   std::string failure_;  // the summary of the failure named
@@ -283,6 +294,20 @@ void Supervisor::leftOut(std::size_t index, const Outcome& outcome) {
   const auto& c = children_[index];
   if (outcome.ok) {
     ++finished_;
+    // A worker exits 0 only once the run is over: the others follow, or are ended (endAfterRun).
+    if (!run_over_at_) run_over_at_ = Clock::now();
+    return;
+  }
+  if (c.ended_after_run) {
+    const std::string what =
+        c.stopped_after_run
+            ? "was stopped (SIGSTOP) when the run finished; ended by the launcher"
+            : fmt::format("was still running {} s after the run finished; ended by the launcher",
+                          std::chrono::duration_cast<std::chrono::seconds>(
+                              std::max<std::chrono::milliseconds>(o_.grace, kRunOverDrain))
+                              .count());
+    left_out_.push_back(fmt::format("{} on {} {}", label(c), c.host, what));
+    run_.relay.err("[launcher] {} on {} ({}) {}", label(c), c.host, pidOf(c), what);
     return;
   }
   last_left_out_ = outcome;
@@ -320,10 +345,10 @@ void Supervisor::signalRemote(const std::vector<Child*>& targets, const char* si
 }
 
 // ssh: the remote groups not yet told to stop, now that their pid is known.
-void Supervisor::terminateRemote() {
+void Supervisor::terminateRemote(bool ended_only) {
   std::vector<Child*> targets;
   for (auto& c : children_) {
-    if (c.running && c.remote_pgid > 0 && !c.term_sent) {
+    if (c.running && (!ended_only || c.ended_after_run) && c.remote_pgid > 0 && !c.term_sent) {
       c.term_sent = true;
       targets.push_back(&c);
     }
@@ -343,18 +368,45 @@ void Supervisor::stopOthers() {
   kill_at_ = Clock::now() + o_.grace;
 }
 
-void Supervisor::killRemaining() {
+// Elastic runs, once a worker finished the run: a local worker that is stopped will never
+// finish, and is ended at once; any worker still running after the drain is ended too (the run
+// went on without it). SIGKILL follows after the grace period (killRemaining).
+void Supervisor::endAfterRun() {
+  if (!run_over_at_) return;
+  const auto now = Clock::now();
+  const bool drained =
+      now - *run_over_at_ >= std::max<std::chrono::milliseconds>(o_.grace, kRunOverDrain);
+  for (auto& c : children_) {
+    if (!c.running || c.ended_after_run) continue;
+    const bool stopped = kind_ == Kind::kLocal && processGroupStopped(c.pid);
+    if (!stopped && !drained) continue;
+    c.ended_after_run = true;
+    c.stopped_after_run = stopped;
+    if (kind_ == Kind::kLocal) terminateGroup(c.pid);
+    kill_ended_at_ = now + o_.grace;
+  }
+  if (kind_ == Kind::kSsh) terminateRemote(/*ended_only=*/true);  // pids known late, too
+  if (kill_ended_at_ && now >= *kill_ended_at_) {
+    killRemaining(/*ended_only=*/true);
+    kill_ended_at_.reset();
+  }
+}
+
+void Supervisor::killRemaining(bool ended_only) {
+  const auto target = [&](const Child& c) {
+    return c.running && (!ended_only || c.ended_after_run);
+  };
   if (kind_ == Kind::kSsh) {
     std::vector<Child*> targets;
     for (auto& c : children_) {
-      if (c.running && c.remote_pgid > 0 && !c.unreachable) targets.push_back(&c);
+      if (target(c) && c.remote_pgid > 0 && !c.unreachable) targets.push_back(&c);
     }
     if (!targets.empty()) signalRemote(targets, "KILL");
   }
   for (auto& c : children_) {
-    if (c.running) ::kill(-c.pid, SIGKILL);
+    if (target(c)) ::kill(-c.pid, SIGKILL);
   }
-  killing_ = false;
+  if (!ended_only) killing_ = false;
 }
 
 Attempt Supervisor::run() {
@@ -375,6 +427,7 @@ Attempt Supervisor::run() {
                      strsignal(interrupted_));
       if (!killing_) stopOthers();
     }
+    if (!interrupted_ && !failed_) endAfterRun();
     if (killing_ && kind_ == Kind::kSsh) terminateRemote();
     if (killing_ && Clock::now() >= kill_at_) killRemaining();
     const bool any = std::any_of(children_.begin(), children_.end(),
@@ -387,7 +440,7 @@ Attempt Supervisor::run() {
     return {128 + interrupted_, "", true};
   }
   if (failed_) return {code_ ? code_ : 1, failure_};
-  if (last_left_out_) {
+  if (!left_out_.empty()) {
     if (finished_ == 0) {  // the last to fail is the one that gave up on the run, naming why
       const int code = last_left_out_->code;
       return {code ? code : 1,

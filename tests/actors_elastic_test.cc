@@ -2,6 +2,7 @@
 // reads, and the rendezvous rounds on a real embedded TCP store (actors/elastic.h).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <set>
@@ -11,6 +12,11 @@
 
 #include "actors/elastic.h"
 #include "actors/roles.h"
+#include "actors/run_plan.h"
+#include "actors/system.h"
+#include "actors/train_log.h"
+#include "actors/trainer.h"
+#include "cli_util.h"
 #include "rendezvous/tcp_store.h"
 #include "troupe/error.h"
 
@@ -113,6 +119,46 @@ class ElasticRendezvousTest : public ::testing::Test {
     m.step = step;
     return m;
   }
+  std::future<Generation> joinLater(WorkerBounds bounds, Member m,
+                                    std::chrono::milliseconds timeout = 10s) {
+    return std::async(std::launch::async, [this, bounds, m, timeout] {
+      return ElasticRendezvous(client(), bounds, timeout).join(m);
+    });
+  }
+  // a and b form round 0 as a generation of 2.
+  void formTwo(WorkerBounds bounds) {
+    auto a = joinLater(bounds, member("a", -1, -1));
+    auto b = joinLater(bounds, member("b", -1, -1));
+    ASSERT_EQ(a.get().world(), 2);
+    ASSERT_EQ(b.get().world(), 2);
+  }
+  // A store client that registers in `round` as a newcomer would (count, then record), and
+  // beats `beats` times, 200 ms apart, as a waiting worker does; its index.
+  int registerByHand(int round, const std::string& name) {
+    auto store = client();
+    const auto index = store->add("elastic/" + std::to_string(round) + "/count", 1) - 1;
+    store->set("elastic/" + std::to_string(round) + "/member/" + std::to_string(index),
+               "-1 -1 -1 0 0 " + name);
+    return static_cast<int>(index);
+  }
+  void beatByHand(int round, int index, int beats) {
+    auto store = client();
+    for (int i = 0; i < beats; ++i) {
+      store->add("elastic/" + std::to_string(round) + "/beat/" + std::to_string(index), 1);
+      std::this_thread::sleep_for(200ms);
+    }
+  }
+  // Whether joinerWaiting(round, world) turns true within `within`, asked every 500 ms as the
+  // coordinator does.
+  static bool seesJoiner(ElasticRendezvous& watcher, int round, int world,
+                         std::chrono::milliseconds within) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    for (;;) {
+      if (watcher.joinerWaiting(round, world)) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(500ms);
+    }
+  }
   std::unique_ptr<rendezvous::TcpStoreServer> server_ =
       rendezvous::startTcpStoreServer("127.0.0.1", 0);
 };
@@ -123,12 +169,8 @@ TEST_F(ElasticRendezvousTest, SurvivorsKeepTheirOrderNewcomersComeLastTheNewestS
   const WorkerBounds bounds{0, 2, 4};
   std::vector<Member> members = {member("a", 1, 41), member("b", 0, 42), member("c", -1, -1)};
   std::vector<std::future<Generation>> joins;
-  for (const auto& m : members) {
-    joins.push_back(std::async(std::launch::async, [&, m] {
-      ElasticRendezvous r(client(), bounds, 10s);
-      return r.join(m);
-    }));
-  }
+  for (const auto& m : members)
+    joins.push_back(joinLater(bounds, m));
   std::set<int> ranks;
   for (auto& j : joins) {
     const auto g = j.get();
@@ -143,31 +185,136 @@ TEST_F(ElasticRendezvousTest, SurvivorsKeepTheirOrderNewcomersComeLastTheNewestS
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
 }
 
-// MAX 2: the round closes as the second comes; a third goes on to the next round, which the
-// running generation then sees waiting (if it has room).
-TEST_F(ElasticRendezvousTest, AWorkerPastMaxJoinsTheNextRoundWhichTheRunningOneSees) {
+// MAX 2: a generation of 2 forms; a newcomer waits in the next round, which a running generation
+// with room sees (one at MAX does not), and is admitted when a member of the run comes.
+TEST_F(ElasticRendezvousTest, ANewcomerWaitsInTheNextRoundWhichTheRunningOneSeesAndAdmitsIt) {
   const WorkerBounds bounds{0, 1, 2};
-  auto first = std::async(std::launch::async, [&] {
-    return ElasticRendezvous(client(), bounds, 10s).join(member("a", -1, -1));
-  });
-  auto second = std::async(std::launch::async, [&] {
-    return ElasticRendezvous(client(), bounds, 10s).join(member("b", -1, -1));
-  });
-  EXPECT_EQ(first.get().world(), 2);
-  EXPECT_EQ(second.get().world(), 2);
+  formTwo(bounds);
   ElasticRendezvous watcher(client(), bounds, 10s);
   EXPECT_FALSE(watcher.joinerWaiting(0, 1));
-  auto third = std::async(std::launch::async, [&] {
-    return ElasticRendezvous(client(), bounds, 10s).join(member("c", -1, -1));
-  });
-  const auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (!watcher.joinerWaiting(0, 1) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_TRUE(watcher.joinerWaiting(0, 1));
+  auto newcomer = joinLater(bounds, member("c", -1, -1));
+  EXPECT_TRUE(seesJoiner(watcher, 0, 1, 5s));
   EXPECT_FALSE(watcher.joinerWaiting(0, 2)) << "a generation at MAX has no room";
-  const auto g = third.get();  // alone, MIN 1: it forms round 1 after the last call
-  EXPECT_EQ(g.round, 1);
-  EXPECT_EQ(g.world(), 1);
+  // b left; a comes from the generation of round 0.
+  const auto a = ElasticRendezvous(client(), bounds, 10s).join(member("a", 0, 7));
+  const auto c = newcomer.get();
+  for (const auto& g : {a, c}) {
+    EXPECT_EQ(g.round, 1);
+    ASSERT_EQ(g.world(), 2);
+    EXPECT_EQ(g.members[0].name, "a");
+    EXPECT_EQ(g.members[1].name, "c");
+    EXPECT_EQ(g.source, 0);
+  }
+  EXPECT_EQ(a.rank, 0);
+  EXPECT_EQ(c.rank, 1);
+}
+
+// Once the run formed, newcomers never form a generation of their own: with no worker of the run
+// to admit them they wait out their timeout, told why.
+TEST_F(ElasticRendezvousTest, NewcomersAloneInAFormedRunNeverFormAGenerationAndAreToldWhy) {
+  const WorkerBounds bounds{0, 1, 2};
+  formTwo(bounds);
+  auto c = joinLater(bounds, member("c", -1, -1), 800ms);
+  auto d = joinLater(bounds, member("d", -1, -1), 800ms);
+  for (auto* f : {&c, &d}) {
+    try {
+      f->get();
+      ADD_FAILURE() << "a newcomer formed a generation without the run's workers";
+    } catch (const TimeoutError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "elastic rendezvous round 1: no worker of the run came to admit this one within "
+                "0.8 s (num_workers 1:2); the run's generation 0 has MAX 2 workers: none can join "
+                "until one leaves");
+    }
+  }
+  EXPECT_FALSE(client()->check({"elastic/1/closed"}));
+}
+
+// A store client with the run's secret writes a member record for the next round (and a beat
+// that never moves) and does nothing else: no one pauses for it, and the run's workers re-form
+// without it at once.
+TEST_F(ElasticRendezvousTest, AForgedMemberWhoseBeatNeverMovesNeitherPausesNorHoldsUpTheRun) {
+  const WorkerBounds bounds{0, 1, 3};
+  formTwo(bounds);
+  const int forged = registerByHand(1, "forged:1");
+  client()->set("elastic/1/beat/0", "5");
+  ElasticRendezvous watcher(client(), bounds, 10s);
+  EXPECT_FALSE(seesJoiner(watcher, 0, 2, 2s));
+  const auto start = std::chrono::steady_clock::now();
+  auto b = joinLater(bounds, member("b", 1, 9));
+  const auto a = ElasticRendezvous(client(), bounds, 10s).join(member("a", 0, 9));
+  EXPECT_EQ(b.get().world(), 2);
+  EXPECT_EQ(a.round, 1);
+  ASSERT_EQ(a.world(), 2);
+  EXPECT_EQ(a.members[0].name, "a");
+  EXPECT_EQ(a.members[1].name, "b");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_EQ(client()->get("elastic/1/closed", 1s).find(std::to_string(forged)), std::string::npos);
+}
+
+// A joiner that beats (the running generation sees it), then stops (SIGSTOP): the generation no
+// longer sees it. Resumed (SIGCONT) as the run's workers come to the round, then stopped again:
+// they close the round without it, well within their timeout.
+TEST_F(ElasticRendezvousTest, AJoinerThatStopsBeatingIsNeitherWaitedForNorAdmitted) {
+  const WorkerBounds bounds{0, 1, 4};
+  formTwo(bounds);
+  const int joiner = registerByHand(1, "stopped:1");
+  auto beating = [&](std::atomic<bool>& stop) {
+    return std::async(std::launch::async, [&, store = client()] {
+      while (!stop.load()) {
+        store->add("elastic/1/beat/" + std::to_string(joiner), 1);
+        std::this_thread::sleep_for(200ms);
+      }
+    });
+  };
+  ElasticRendezvous watcher(client(), bounds, 10s);
+  {
+    std::atomic<bool> stop{false};
+    auto beats = beating(stop);
+    EXPECT_TRUE(seesJoiner(watcher, 0, 2, 2s));
+    stop = true;
+  }
+  watcher.joinerWaiting(0, 2);
+  std::this_thread::sleep_for(500ms);
+  EXPECT_FALSE(watcher.joinerWaiting(0, 2));
+
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<bool> stop{false};
+  auto beats = beating(stop);
+  auto b = joinLater(bounds, member("b", 1, 9));
+  auto a = joinLater(bounds, member("a", 0, 9));
+  std::this_thread::sleep_for(200ms);
+  stop = true;
+  beats.get();
+  const auto ga = a.get();
+  EXPECT_EQ(b.get().world(), 2);
+  EXPECT_EQ(ga.round, 1);
+  ASSERT_EQ(ga.world(), 2);
+  EXPECT_EQ(ga.members[0].name, "a");
+  EXPECT_EQ(ga.members[1].name, "b");
+  EXPECT_EQ(client()->get("elastic/1/closed", 1s), "1 2");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 6s);
+}
+
+// A worker whose run print differs is refused before it counts in any round, naming what
+// differs; one that comes after the run ended is told so.
+TEST_F(ElasticRendezvousTest, AWorkerThatDisagreesWithTheRunIsRefusedBeforeItCounts) {
+  const WorkerBounds bounds{0, 1, 3};
+  const RunPrint run = {{"batch_size", "64"}, {"num_epochs", "4"}};
+  EXPECT_TRUE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
+  EXPECT_TRUE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
+  try {
+    ElasticRendezvous(client(), bounds, 5s)
+        .agreeOnRun("r1", {{"batch_size", "64"}, {"num_epochs", "5"}});
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "this worker disagrees with elastic run r1 (num_epochs: the run has 4, this one 5); "
+              "it was not counted");
+  }
+  EXPECT_EQ(client()->add("elastic/0/count", 0), 0);
+  ElasticRendezvous(client(), bounds, 5s).finishRun();
+  EXPECT_FALSE(ElasticRendezvous(client(), bounds, 5s).agreeOnRun("r1", run));
 }
 
 TEST_F(ElasticRendezvousTest, FewerThanMinEndTheWaitNamingTheRoundAndWhoCame) {
@@ -190,14 +337,14 @@ TEST_F(ElasticRendezvousTest, FewerThanMinEndTheWaitNamingTheRoundAndWhoCame) {
 // A store value that is not troupe's (a shared Redis, say) is one error naming the key.
 TEST_F(ElasticRendezvousTest, AMalformedRoundInTheStoreIsAnErrorNamingTheKey) {
   client()->set("elastic/0/closed", "lots");
-  client()->add("elastic/0/count", 1);  // someone else leads round 0
+  client()->add("elastic/0/count", 1);  // someone else came first
   try {
     ElasticRendezvous(client(), WorkerBounds{0, 1, 2}, 5s).join(member("x", -1, -1));
     FAIL() << "no error";
   } catch (const InputError& e) {
-    EXPECT_EQ(
-        std::string(e.what()),
-        "elastic rendezvous: the store's 'elastic/0/closed' holds 'lots', not a round's size");
+    EXPECT_EQ(std::string(e.what()),
+              "elastic rendezvous: the store's 'elastic/0/closed' holds 'lots', not the indices "
+              "of a round's members");
   }
 }
 
@@ -218,6 +365,77 @@ TEST_F(ElasticRendezvousTest, AWorkerWaitingWhenTheRunEndsIsToldSo) {
   ElasticRendezvous(client(), WorkerBounds{0, 2, 3}, 30s).finishRun();
   EXPECT_TRUE(waiting.get().run_over);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A rank of a generation that disagrees with rank 0's plan (a backstop behind the run print)
+// leaves with its own error; rank 0's word is a PlanRefusedError, which the elastic loop takes
+// as a worker lost: it re-forms without that rank instead of ending.
+TEST(ElasticPlan, RankZerosWordThatARankRefusedThePlanIsAPlanRefusedError) {
+  auto server = rendezvous::startTcpStoreServer("127.0.0.1", 0);
+  auto agree = [&](int rank, std::int64_t num_params) {
+    return std::async(std::launch::async, [&, rank, num_params] {
+      auto store = rendezvous::connectTcpStore("127.0.0.1", server->port(), 5s);
+      agreeOnPlan(*store, rank, 2, {{"num_params", std::to_string(num_params)}}, 5s);
+    });
+  };
+  auto chief = agree(0, 10);
+  auto other = agree(1, 11);
+  try {
+    other.get();
+    ADD_FAILURE() << "rank 1 agreed";
+  } catch (const PlanRefusedError& e) {
+    ADD_FAILURE() << "the refusing rank's own error is no PlanRefusedError: " << e.what();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_params: rank 0 has 10, this one 11"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    chief.get();
+    ADD_FAILURE() << "rank 0 went on";
+  } catch (const PlanRefusedError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("rank 1 refused this run: rank 1 of 2 disagrees", 0), 0u)
+        << e.what();
+  }
+}
+
+// A generation that fails to form (a peer gone while it linked) destroys the chief's coordinator
+// unstarted: the epoch so far, its time and its inputs stay as the generation before left them.
+TEST(ElasticCarry, ACoordinatorWhoseGenerationNeverRanLeavesTheCarryAsItWas) {
+  testing::TempDir dir("elastic_carry");
+  TrainOptions options;
+  TrainLog log(dir.str(), "carry", {});
+  TrainResult result;
+  auto carry = std::make_shared<EpochCarry>();
+  carry->epoch.count = 1920;
+  carry->epoch.correct = 1500;
+  carry->complete_through = 30;
+  carry->global_batch = 64;
+  carry->epoch_index = 1;
+  carry->epoch_seconds = 2.5;
+  carry->cumulative_time = 40;
+  carry->cumulative_inputs = 9600;
+  const auto left = carry->left = std::chrono::steady_clock::now();
+  CoordinatorConfig config;
+  config.options = &options;
+  config.log = &log;
+  config.result = &result;
+  config.carry = carry;
+  config.plan = planOf(9600, 128);
+  config.plan.startAt(30, 1, 1920, 4);
+  {
+    auto system = makeActorSystem(SystemOptions{});
+    system->spawn(makeCoordinator("coordinator", config));
+  }
+  EXPECT_EQ(carry->epoch.count, 1920);
+  EXPECT_EQ(carry->epoch.correct, 1500);
+  EXPECT_EQ(carry->complete_through, 30);
+  EXPECT_EQ(carry->global_batch, 64);
+  EXPECT_EQ(carry->epoch_index, 1);
+  EXPECT_EQ(carry->epoch_seconds, 2.5);
+  EXPECT_EQ(carry->cumulative_time, 40);
+  EXPECT_EQ(carry->cumulative_inputs, 9600);
+  EXPECT_EQ(carry->left, left);
 }
 
 }  // namespace

@@ -86,9 +86,19 @@ TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousWorke
       << log.text();
 }
 
+// What a worker's pull hears from the server that holds it.
+struct HeldNotices final : Actor {
+  explicit HeldNotices(std::shared_ptr<std::vector<PullHeld>> heard)
+      : Actor("worker 0's client"), heard_(std::move(heard)) {
+    on<PullHeld>([this](PullHeld& h) { heard_->push_back(h); });
+  }
+  std::shared_ptr<std::vector<PullHeld>> heard_;
+};
+
 TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   LogCapture log;
   auto system = systemWithSilentPeers();
+  auto heard = std::make_shared<std::vector<PullHeld>>();
   ServerConfig config;
   config.num_workers = 3;
   config.mode = "dist_sync";
@@ -98,10 +108,11 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   config.stall_warning = 150ms;
   config.peer_timeout = 600ms;
   const Address server = system->spawn(makeServer("server", config));
+  const Address client = system->spawn(std::make_unique<HeldNotices>(heard));
   // Workers 0 and 2 push step 0; worker 1 never does; worker 0 pulls step 1.
   system->tell(server, Push{0, 0, 0, 10, Tensor::host({10})});
   system->tell(server, Push{0, 2, 0, 10, Tensor::host({10})});
-  system->tell(server, Pull{1, 0, false, 0, 10});
+  system->tell(server, Pull{1, 0, false, 0, 10, client.actor});
   const auto [failure, peer] = failureOf(*system);
   EXPECT_NE(failure.find("server 0: worker 0's pull of step 1 waited"), std::string::npos)
       << failure;
@@ -114,6 +125,19 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   EXPECT_NE(log.text().find("stall: server 0 has held worker 0's pull of step 1"),
             std::string::npos)
       << log.text();
+  // The worker heard whom its pull waits for once it was held a while (and maybe, the system
+  // failing at once, the server's last word as it gave up).
+  ASSERT_GE(heard->size(), 1u);
+  EXPECT_FALSE(heard->front().final);
+  EXPECT_EQ(heard->front().late_worker, 1);
+  EXPECT_EQ(heard->front().reason,
+            "server 0 holds worker 0's pull of step 1 for worker 1 (pushed through step -1)");
+  if (heard->size() == 2) {
+    EXPECT_TRUE(heard->back().final);
+    EXPECT_NE(heard->back().reason.find("server 0: worker 0's pull of step 1 waited"),
+              std::string::npos)
+        << heard->back().reason;
+  }
 }
 
 TEST(Stalls, APullNoServerAnswersIsReportedThenFailsNamingTheServerAGraceAfterThePeerTimeout) {

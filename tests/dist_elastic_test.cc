@@ -36,10 +36,36 @@ testing::CommandResult runScript(const TempDir& dir, const std::string& body) {
   return runCommand("bash " + script.string());
 }
 
-std::string trainArgs(const std::string& schedule = "bsp-allreduce") {
-  return "--model lenet --train_data " + testData("lmdb") + "/train --test_data " +
-         testData("lmdb") + "/test --db_type lmdb --schedule " + schedule + " --threads 1";
+std::string trainArgs(const std::string& schedule = "bsp-allreduce",
+                      const std::string& train_data = testData("lmdb") + "/train") {
+  return "--model lenet --train_data " + train_data + " --test_data " + testData("lmdb") +
+         "/test --db_type lmdb --schedule " + schedule + " --threads 1";
 }
+
+// The rows of the one CSV log in `dir`, as cells.
+std::vector<std::vector<std::string>> logRows(const fs::path& dir) {
+  std::vector<fs::path> logs;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".log") logs.push_back(e.path());
+  }
+  EXPECT_EQ(logs.size(), 1u);
+  std::vector<std::vector<std::string>> rows;
+  if (logs.empty()) return rows;
+  std::istringstream csv(slurp(logs[0]));
+  for (std::string line; std::getline(csv, line);) {
+    if (line.empty() || line[0] == '#' || line.rfind("time_spent", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line);
+    for (std::string cell; std::getline(row, cell, ',');)
+      cells.push_back(cell);
+    EXPECT_GE(cells.size(), 11u) << line;
+    if (cells.size() >= 11) rows.push_back(cells);
+  }
+  return rows;
+}
+
+// Short waits, so that a test that hangs or waits in vain shows in seconds.
+const char* kShortWaits = " --peer_timeout 3 --stall_warning 1 --rendezvous_timeout 5";
 
 // Waits (up to 60 s) until FILE holds a line matching PATTERN.
 const char* kWaitFor =
@@ -200,6 +226,133 @@ TEST(ElasticTraining, WithNcclAKilledWorkerLeavesNoStepAppliedFromPartialSums) {
     EXPECT_EQ(std::stod((*it)[2]), std::ldexp(1.0, 24 - std::stoi((*it)[3]))) << (*it)[0];
   }
   EXPECT_EQ(epochs, 3) << launch;
+}
+
+// A joiner killed -9 just as the running workers pause for it (or a store client that writes a
+// member record and never acts): the running generation never waits on a newcomer, so the
+// workers re-form without it and finish.
+TEST(ElasticTraining, AJoinerKilledAsTheRunPausesForItHoldsUpNoOne) {
+  TempDir cwd("elastic_joiner_killed");
+  const std::string run_id = "elastickilled" + std::to_string(::getpid());
+  const std::string args =
+      trainArgs() + " --num_epochs 6 --epoch_size 9600 --log_every 10" + kShortWaits;
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "echo elastic-test-secret-0123456789 > secret\n" +
+               "$T launch -n 2 --elastic 2:3 --run_id " + run_id +
+               " --secret-file secret -- troupe train " + args + " > launch.out 2>&1 &\nL=$!\n" +
+               "wait_for launch.out 'epoch 1 step 20/75'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "$T train " +
+               args + " --num_workers 2:3 --rendezvous $R --run_id " + run_id +
+               " --secret_file secret > joiner.out 2>&1 &\nJ=$!\n"
+               "wait_for launch.out 'a worker waits to join'\n"
+               "kill -9 $J\necho killed the joiner\nwait $L\necho launcher exit $?\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"killed the joiner", "launcher exit 0"}))
+      << launch << "\n--- joiner:\n"
+      << slurp(cwd.path() / "joiner.out");
+  EXPECT_TRUE(testing::containsAll(launch, {"a worker waits to join", "generation 1: worker 0 of 2",
+                                            "[launcher] all 2 process(es) exited 0"}));
+  EXPECT_FALSE(contains(launch, "did not close it")) << launch;
+  EXPECT_FALSE(contains(launch, "of 3 (")) << "the dead joiner was admitted: " << launch;
+  const auto [finished, checksums] = checksumsOf(launch);
+  EXPECT_EQ(finished, 2) << launch;
+  EXPECT_EQ(checksums.size(), 1u) << launch;
+}
+
+// Five joiners that want another num_epochs, and one whose own training data does not open, come
+// while the run trains: each is refused before it counts in any round, within seconds, naming
+// why; the run never pauses for them, and its log stays true (each epoch's inputs once, its time
+// within the run's).
+TEST(ElasticTraining, JoinersThatDisagreeOrFailTheirOwnCheckAreRefusedBeforeTheyCount) {
+  TempDir cwd("elastic_refused");
+  const std::string run_id = "elasticrefused" + std::to_string(::getpid());
+  const std::string tail = " --epoch_size 9600 --log_every 10" + std::string(kShortWaits);
+  const std::string joiner =
+      " --num_workers 2:3 --rendezvous $R --run_id " + run_id + " --secret_file secret";
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "echo elastic-test-secret-0123456789 > secret\nSECONDS=0\n" +
+               "$T launch -n 2 --elastic 2:3 --run_id " + run_id +
+               " --secret-file secret -- troupe train " + trainArgs() + " --num_epochs 4" + tail +
+               " > launch.out 2>&1 &\nL=$!\n" +
+               "wait_for launch.out 'epoch 1 step 20/75'\n"
+               "R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)\n"
+               "S=$SECONDS\nP=''\nfor i in 1 2 3 4 5; do\n  $T train " +
+               trainArgs() + " --num_epochs 5" + tail + joiner +
+               " > joiner$i.out 2>&1 &\n  P=\"$P $!\"\ndone\n"
+               "$T train " +
+               trainArgs("bsp-allreduce", "/nonexistent") + " --num_epochs 4" + tail + joiner +
+               " > baddata.out 2>&1\necho bad data exit $?\n"
+               "for p in $P; do wait $p; echo joiner exit $?; done\n"
+               "echo refused within $((SECONDS - S)) s\n"
+               "wait $L\necho launcher exit $? after $SECONDS s\n"
+               "for p in $P; do kill -0 $p 2>/dev/null && echo joiner $p alive; done; true\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  const std::string& out = r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"bad data exit 1", "launcher exit 0"})) << launch;
+  EXPECT_FALSE(contains(out, "alive")) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(refused within (\d+) s)"))) << out;
+  EXPECT_LE(std::stoi(m[1]), 20) << out;
+  int exits = 0;
+  for (std::size_t at = out.find("joiner exit 1"); at != std::string::npos;
+       at = out.find("joiner exit 1", at + 1)) {
+    ++exits;
+  }
+  EXPECT_EQ(exits, 5) << out;
+  int refused = 0;
+  for (int i = 1; i <= 5; ++i) {
+    const std::string text = slurp(cwd.path() / ("joiner" + std::to_string(i) + ".out"));
+    refused += contains(text, "this worker disagrees with elastic run " + run_id +
+                                  " (num_epochs: the run has 4, this one 5); it was not counted");
+  }
+  EXPECT_EQ(refused, 5) << slurp(cwd.path() / "joiner1.out");
+  const std::string bad = slurp(cwd.path() / "baddata.out");
+  EXPECT_TRUE(contains(bad, "/nonexistent")) << bad;
+  EXPECT_FALSE(contains(launch, "a worker waits to join")) << launch;
+  EXPECT_FALSE(contains(launch, "refused this run")) << launch;
+  EXPECT_TRUE(contains(launch, "[launcher] all 2 process(es) exited 0")) << launch;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(launcher exit 0 after (\d+) s)"))) << out;
+  const double wall = std::stod(m[1]) + 1;
+  const auto rows = logRows(cwd.path());
+  EXPECT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    EXPECT_LE(std::stod(row[0]), wall) << "epoch " << row[7] << "'s time_spent";
+    EXPECT_LE(std::stol(row[2]), 9600) << "epoch " << row[7] << "'s input_count";
+    EXPECT_GT(std::stol(row[2]), 9600 - 128) << "epoch " << row[7] << "'s input_count";
+  }
+}
+
+// One of three workers stopped (SIGSTOP) mid-run: the others re-form without it and finish, and
+// the launcher ends the stopped one, naming it, instead of waiting for it for ever.
+TEST(ElasticTraining, AStoppedWorkerIsLeftOutAndEndedOnceTheOthersFinish) {
+  TempDir cwd("elastic_stopped");
+  const auto r = runScript(
+      cwd, std::string(kWaitFor) + "$T launch -n 3 --elastic 2:3 -- troupe train " + trainArgs() +
+               " --num_epochs 3 --epoch_size 9600 --log_every 10" + kShortWaits +
+               " > launch.out 2>&1 &\nL=$!\n"
+               "wait_for launch.out 'epoch 1 step 20/50'\n"
+               "P=$(pid_of launch.out 1)\nkill -STOP $P\necho stopped worker 1, pid $P\n"
+               "SECONDS=0\n"
+               // At most 120 s for the launcher, which waited on the stopped worker for ever.
+               "for i in $(seq 1200); do kill -0 $L 2>/dev/null || break; sleep 0.1; done\n"
+               "kill $L 2>/dev/null && echo launcher still running after 120 s\n"
+               "wait $L\necho launcher exit $? after $SECONDS s\n"
+               "if kill -0 $P 2>/dev/null; then echo worker 1 alive; kill -CONT $P; kill -9 $P; "
+               "fi\n");
+  const std::string launch = slurp(cwd.path() / "launch.out");
+  ASSERT_TRUE(exitedWith(r, 0, {"stopped worker 1", "launcher exit 0"})) << launch;
+  EXPECT_FALSE(contains(r.output, "worker 1 alive")) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(launcher exit 0 after (\d+) s)")));
+  EXPECT_LE(std::stoi(m[1]), 60) << "the stopped worker held the launcher";
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(stopped worker 1, pid (\d+))")));
+  EXPECT_TRUE(testing::containsAll(
+      launch, {"generation 1: worker 0 of 2",
+               "[launcher] worker 1 on localhost (pid " + m[1].str() +
+                   ") was stopped (SIGSTOP) when the run finished; ended by the launcher",
+               "[launcher] 2 of 3 process(es) exited 0; left out: worker 1 on localhost was "
+               "stopped (SIGSTOP) when the run finished"}));
 }
 
 // A survivor alone, below MIN, waits for the rendezvous timeout and ends naming the round, the
