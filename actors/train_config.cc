@@ -325,6 +325,15 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
     return std::nullopt;
   };
   applyClusterEnvironment(o, given_by, env);
+  // Several processes and no schedule named: Caffe2's trainer ran synchronous SGD across its
+  // --num_shards (docs/flags.md), and MXNet's launch.py with servers dist_sync; so does troupe.
+  if (!s.find("schedule") && o.num_shards + o.num_servers > 1) {
+    const std::string schedule = o.num_servers > 0 ? "dist_sync" : "bsp-allreduce";
+    config::assign(s, *config::findKey("schedule"), schedule,
+                   config::Source{Rank::kDefault, "several processes",
+                                  fmt::format("several processes ({} workers, {} servers)",
+                                              o.num_shards, o.num_servers)});
+  }
   // The secret file is read whole (transport::loadSecret): refused first if it is not a small
   // regular file, as a config file would be.
   const std::string secret_file =

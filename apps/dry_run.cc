@@ -268,6 +268,10 @@ std::string configSection(const std::string& file, const actors::ConfigOverrides
       origin += " (Caffe2's flag: its value is in the key it sets)";
     } else if (name == "model" && !o.model.layers.empty()) {
       line = "# model: the [[layers]] below";
+    } else if (origin == "default" && name == "schedule" && text != key->default_value) {
+      origin =
+          "several processes and no schedule named: Caffe2's sync SGD, or dist_sync with "
+          "servers";
     } else if (origin == "default" && key && text != key->default_value) {
       origin = "another key or variable (a Caffe2 flag, DMLC_*, MXNET_*)";
     }

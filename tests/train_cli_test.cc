@@ -303,6 +303,28 @@ void expectError(const testing::CommandResult& r, const std::string& needle) {
                                                       << r.output;
 }
 
+// docs/flags.md's Caffe2 command line, as written: several shards and no schedule train with
+// Caffe2's synchronous SGD (bsp-allreduce), as Caffe2's trainer did; it was refused for want of
+// --schedule.
+TEST(TrainCommand, CaffeTwosShardFlagsAsDocumentedRunSynchronousSgd) {
+  TempDir cwd("caffe2_shards");
+  const std::string common = "--model mlp --train_data " + testData("lmdb") +
+                             "/train --epoch_size 640 --log_every 0 --num_shards 2 --run_id r1 "
+                             "--rendezvous tcp://127.0.0.1:" +
+                             std::to_string(testing::freeLoopbackPort());
+  const auto dry = train(cwd, "--model mlp --train_data " + testData("lmdb") +
+                                 "/train --num_shards 2 --shard_id 1 --run_id r1 --redis_host "
+                                 "redis1 --dry-run");
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("schedule = \"bsp-allreduce\""), std::string::npos) << dry.output;
+  testing::CommandResult zero;
+  std::thread rank0([&] { zero = train(cwd, common + " --shard_id 0"); });
+  const auto one = train(cwd, common + " --shard_id 1");
+  rank0.join();
+  EXPECT_EQ(zero.exit_code, 0) << zero.output;
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+}
+
 TEST(TrainCommand, AMissingDatabaseIsNamed) {
   TempDir cwd("err_missing");
   expectError(train(cwd, "--train_data /nonexistent/train"), "/nonexistent/train");
