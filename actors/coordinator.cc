@@ -330,10 +330,14 @@ class Coordinator final : public Actor {
   void logInput(std::int64_t epoch) const {
     const auto& e = epoch_;
     if (e.replica_steps == 0) return;
+    // Counted per replica and step: "of their 2 x 25 steps" for 2 replicas of 25 steps.
+    const int replicas = std::max(1, config_.num_replicas);
     spdlog::info(
-        "epoch {} input: replicas waited {:.3f} s for batches ({} of {} steps); {:.1f} batches "
+        "epoch {} input: {} waited {:.3f} s for batches (at {} of {} steps); {:.1f} batches "
         "ready at a step, {} at the fewest{}",
-        epoch, e.input_wait, e.waited, e.replica_steps,
+        epoch, replicas == 1 ? "the replica" : "replicas", e.input_wait, e.waited,
+        replicas == 1 ? fmt::format("its {}", e.replica_steps)
+                      : fmt::format("their {} x {}", replicas, e.replica_steps / replicas),
         static_cast<double>(e.ready_sum) / static_cast<double>(e.replica_steps), e.fewest_ready,
         e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} inputs/s",
                                          static_cast<double>(e.count) / e.read_seconds)

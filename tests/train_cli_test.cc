@@ -90,6 +90,10 @@ TEST(TrainCommand, LenetConfigAsWrittenTrainsAndLogsInTheCurrentFolder) {
   EXPECT_EQ(log.cells[7], "1");
   EXPECT_GT(std::stod(log.cells[10]), 0.8) << log.row;
   EXPECT_FALSE(log.more_rows) << "one row per epoch";
+  // Its checkpoints go to a folder of their own, not among the logs of the current folder.
+  EXPECT_TRUE(std::filesystem::exists(cwd.path() / "checkpoints")) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(cwd.path()))
+    EXPECT_NE(e.path().extension(), ".ckpt") << e.path();
 }
 
 TEST(TrainCommand, MlpConfigAsWrittenTrains) {
@@ -150,8 +154,8 @@ TEST(TrainCommand, ACifar10FormatDatabaseTrainsResnet20ForAnEpochWithAugmentatio
                      "--num_epochs 1 --base_learning_rate 0.01 --momentum 0.9 --log_every 0");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // The epoch's input: the replica's waits for batches, the reader's queue and its speed.
-  EXPECT_NE(r.output.find("epoch 1 input: replicas waited "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" of 100 steps); "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1 input: the replica waited "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" of its 100 steps); "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(" batches ready at a step, "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("; a reader decodes "), std::string::npos) << r.output;
   const auto logs = logsIn(cwd.path());

@@ -1130,10 +1130,12 @@ void AsioTransport::onClosed(const std::shared_ptr<Connection>& connection, cons
   const std::string line =
       fmt::format("transport node {}: dropped the link to node {} ({}): {}", options_.node,
                   connection->peerName(), connection->remote(), why);
+  // A peer that closes its end in order is a process that finished (every clean end of a run):
+  // said at debug. Whether the loss matters is the peer-lost handler's to say, naming the peer.
   if (error) {
     log_->error(line);
   } else {
-    log_->info(line);
+    log_->debug(line);
   }
   if (wasLink) handlers_.onPeerLost(connection->node(), why);
 }
