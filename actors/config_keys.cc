@@ -15,7 +15,7 @@
 #include "actors/nearest_name.h"
 #include "actors/train_config.h"
 #include "actors/worker_bounds.h"
-#include "rendezvous/url.h"
+#include "rendezvous/value.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -489,7 +489,7 @@ std::vector<Key> buildTable() {
   const Key last[] = {
       TROUPE_STRING_KEY("log_dir", log_dir, "folder of the CSV log"),
       TROUPE_STRING_KEY("checkpoint_dir", checkpoint_dir,
-                        "folder of checkpoints (default: log_dir)"),
+                        "folder of checkpoints, under log_dir when relative (default: log_dir)"),
       TROUPE_INT_KEY("checkpoint_every", checkpoint_every, closed(0, kMillion),
                      "epochs between checkpoints (0: end only)"),
       TROUPE_STRING_KEY("resume", resume,
@@ -730,14 +730,6 @@ std::string didYouMeanKey(std::string_view name) {
   names.emplace_back("layers");
   const auto nearest = nearestName(name, names);
   return nearest ? fmt::format(": did you mean '{}'?", *nearest) : "";
-}
-
-std::string didYouMeanFlag(std::string_view name) {
-  if (const auto other = keyForOtherName(name)) {
-    return fmt::format(": did you mean --{}? (--{} is {})", other->key, name, other->whose);
-  }
-  const auto nearest = nearestName(name, keyNames());
-  return nearest ? fmt::format(": did you mean --{}?", *nearest) : "";
 }
 
 Settings defaultSettings() {

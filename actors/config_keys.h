@@ -119,9 +119,6 @@ std::optional<OtherName> keyForOtherName(std::string_view name);
 // near.
 std::string didYouMeanKey(std::string_view name);
 
-// ": did you mean --batch_size?" for a misspelt flag, or another framework's, or "".
-std::string didYouMeanFlag(std::string_view name);
-
 // "an integer in [1, 1048576]", "a string": what a key accepts, for --help and errors.
 std::string accepted(const Key& key);
 

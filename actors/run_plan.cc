@@ -321,6 +321,13 @@ kernels::CompressionSpec compressionOf(const TrainOptions& o) {
           o.gradient_compression_threshold};
 }
 
+std::string checkpointDir(const TrainOptions& o) {
+  if (o.checkpoint_dir.empty()) return o.log_dir;
+  const fs::path dir(o.checkpoint_dir);
+  if (dir.is_absolute() || o.log_dir.empty() || o.log_dir == ".") return o.checkpoint_dir;
+  return (fs::path(o.log_dir) / dir).string();
+}
+
 PlanValues agreedValues(const TrainOptions& o) {
   PlanValues values;
   for (const auto& [name, value] : o.parameters) {

@@ -148,6 +148,10 @@ void ensureWritableDir(const std::string& dir, const char* what);
 
 // "lenet_cpu1_b64_L10_lr0.05_20260101_120000": Caffe2's experiment id.
 std::string experimentId(const TrainOptions& o);
+
+// Where the run's checkpoints go: checkpoint_dir, under log_dir when relative (the example
+// configs' "checkpoints"); log_dir when empty.
+std::string checkpointDir(const TrainOptions& o);
 // The name that begins the experiment id: run_name, else the model's name ("custom" for layers).
 std::string runName(const TrainOptions& o);
 

@@ -299,14 +299,19 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
       from_variable(fmt::format("{}={}", var, *v), *v, key, Rank::kLauncher);
     }
   }
-  for (const auto& [name, text] : overrides) {
+  for (const auto& [given_name, text] : overrides) {
+    // A setting copied from a command line keeps its dashes: "--batch_size" is batch_size.
+    std::string_view name = given_name;
+    while (name.starts_with('-'))
+      name.remove_prefix(1);
     const Key* def = config::findKey(name);
     if (!def) {
-      throw InputError(fmt::format("unknown flag --{}{} (troupe train --help lists the flags)",
-                                   name, config::didYouMeanFlag(name)));
+      throw InputError(fmt::format("unknown setting '{}'{} (docs/config.md lists the settings)",
+                                   given_name, config::didYouMeanKey(name)));
     }
-    const config::Source from{Rank::kFlag, "--" + name,
-                              text.empty() ? "--" + name : fmt::format("--{} {}", name, text)};
+    const config::Source from{
+        Rank::kFlag, fmt::format("--{}", name),
+        text.empty() ? fmt::format("--{}", name) : fmt::format("--{} {}", name, text)};
     if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
     config::assign(s, *def, config::fromText(*def, text), from);
   }

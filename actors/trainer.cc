@@ -258,7 +258,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     spdlog::warn("cuda_graphs: {}", describeCudaGraphs(o));
   init_net.reset();
 
-  p.checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+  p.checkpoint_dir = checkpointDir(o);
   const auto resumed = role ? std::nullopt : findResume(o, p.checkpoint_dir, num_params, plan);
   p.resumed_from = resumed ? resumed->path : std::string();
   if (resumed) {
@@ -399,7 +399,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     followers.push_back(layout.server(s));  // the chief's Shutdown ends the servers too
   }
 
-  auto node = makeNodeSystem(rank, 2, nodes > 1);
+  // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
+  auto node = makeNodeSystem(rank, 2, nodes > 1 || !o.rendezvous.empty());
   auto& system = node.system;
   // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
   // replica 0's (they never compute at once), so a process has one team per replica.
@@ -675,7 +676,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
       spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
   auto& system = node.system;
   std::unique_ptr<Cluster> cluster;
-  if (nodes > 1) {
+  if (nodes > 1 || !o.rendezvous.empty()) {
     cluster = joinRun(o, role ? role->run_id : generationRunId(o.run_id, o.generation), rank, nodes,
                       trace.get(), node, p.plan, p.num_params, role ? "" : resumed_from, *members,
                       ps || (nccl && nccl->spans_processes) ? nullptr : reduction.get(), *p.budget);

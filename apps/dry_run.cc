@@ -91,7 +91,7 @@ Plan plan(const actors::TrainOptions& o) {
   p.channels_last = actors::channelsLastOf(o, model->channelsLastMisfit());
   actors::cudaGraphsOf(o);  // refused here as by the run
 
-  const std::string checkpoint_dir = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+  const std::string checkpoint_dir = actors::checkpointDir(o);
   if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
@@ -436,7 +436,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     if (o.schedule == "bsp-allreduce") row("allreduce", o.allreduce);
   }
   if (o.role == "worker" && o.shard_id == 0) {
-    const std::string checkpoints = o.checkpoint_dir.empty() ? o.log_dir : o.checkpoint_dir;
+    const std::string checkpoints = actors::checkpointDir(o);
     row("log", fmt::format("{}/{}.log", o.log_dir, actors::experimentId(o)));
     row("checkpoints", o.checkpoint_every > 0
                            ? fmt::format("every {} epoch(s) and at the end, in {}",

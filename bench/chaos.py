@@ -22,8 +22,11 @@ descriptors (descriptor-exhaustion), the launcher's output left unread while a w
 (stalled-launcher-output), a SIGSTOPped parameter server (stopped-server); and those of issue 33:
 the launcher itself SIGSTOPped past the peer timeout while its workers log every step
 (stopped-launcher), two ranks started by hand with other learning rates (hyperparameter-mismatch),
-garbage connections to the run's store during the run (refusal-flood). Each must complete (or stop
-with a clear error), lose nothing, and leave no process; a table says so.
+garbage connections to the run's store during the run (refusal-flood), and in elastic runs a joiner
+killed as it starts, while the run pauses for it or once admitted (elastic-joiner-killed-*), a
+client that forges a joiner's round in the store (elastic-liar) and a stopped member
+(elastic-stopped-member). Each must complete (or stop with a clear error), lose nothing, and leave
+no process; a table says so.
 
 Python 3 standard library only. Example (from the repository root, after scripts/build.sh and the
 test data, `ctest -R setup_fashion_mnist`):
@@ -548,6 +551,184 @@ def scenario_refusal_flood(args, index):
             "note": "%d garbage connections, %d refusal lines" % (sent, len(refusals))}
 
 
+# ---- elastic runs (issue 33): a running generation never waits on a newcomer ----
+
+def _elastic_command(args, run_id, epochs, rendezvous=None, secret=None, log_every=10):
+    """A worker's `troupe train` flags of an elastic 2:3 run (a joiner adds --rendezvous)."""
+    command = ["train", "--model", args.model, "--train_data", args.data + "/train",
+               "--test_data", args.data + "/test", "--db_type", "lmdb",
+               "--schedule", "bsp-allreduce", "--num_epochs", str(epochs),
+               "--epoch_size", str(args.epoch_size), "--batch_size", str(args.batch_size),
+               "--base_learning_rate", str(args.learning_rate), "--threads", "1",
+               "--log_every", str(log_every), "--checkpoint_every", "1",
+               "--peer_timeout", str(args.peer_timeout), "--rendezvous_timeout", "10"]
+    if rendezvous:
+        command += ["--num_workers", "2:3", "--rendezvous", rendezvous, "--run_id", run_id]
+        if secret:
+            command += ["--secret_file", secret]
+    return command
+
+
+class ElasticLaunch(Launch):
+    """`troupe launch -n 2 --elastic 2:3` of an MLP run, its output collected."""
+
+    def __init__(self, args, folder, run_id, epochs, rendezvous=None, secret=None):
+        command = [args.troupe, "launch", "-n", "2", "--elastic", "2:3", "--run_id", run_id]
+        if rendezvous:
+            command += ["--rendezvous", rendezvous]
+        if secret:
+            command += ["--secret-file", secret]
+        command += ["--", "troupe"] + _elastic_command(args, run_id, epochs)
+        self.lines = []
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True)
+        self.reading = threading.Event()
+        self.reading.set()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def wait_line(self, text, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.running():
+            if any(text in l for l in self.lines):
+                return True
+            time.sleep(0.02)
+        return any(text in l for l in self.lines)
+
+    def store(self):
+        for line in self.lines:
+            m = re.search(r"rendezvous (tcp://[0-9.:]+)", line)
+            if m:
+                return m.group(1)
+        return None
+
+
+def _elastic_outcome(args, launch, folder, code, epochs):
+    epoch, _ = last_epoch_row(folder) if os.path.isdir(folder) else (0, None)
+    lost = ["%s does not load: %s" % (os.path.basename(p), e)
+            for _, p, e in checkpoints(folder) if e is not None]
+    if any("did not close it" in l or "refused this run" in l for l in launch.lines):
+        lost.append("the running workers waited on a newcomer")
+    end = "completed" if code == 0 and epoch == epochs else "NO (exit %d, epoch %d)" % (code, epoch)
+    return end, lost
+
+
+def _secret(folder):
+    path = os.path.join(folder, "secret")
+    with open(path, "w") as f:
+        f.write("chaos-elastic-secret-0123456789\n")
+    return path
+
+
+def _scenario_joiner_killed(args, index, point):
+    """A joiner killed when it starts, while the run pauses for it, or once it was admitted."""
+    run_id = "chaos%d-joiner-%s%d" % (os.getpid(), point, index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_joiner_")
+    secret = _secret(folder)
+    epochs = max(6, args.scenario_epochs // 3)
+    launch = ElasticLaunch(args, folder, run_id, epochs, secret=secret)
+    killed, detect = None, None
+    if launch.wait_line("generation 0", args.timeout) and launch.wait_line(" step ", args.timeout):
+        joiner = subprocess.Popen(
+            [args.troupe] + _elastic_command(args, run_id, epochs, launch.store(), secret),
+            cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        marker = {"starting": None, "waiting": "a worker waits to join",
+                  "admitted": "of 3 ("}[point]
+        if marker is None or launch.wait_line(marker, 60):
+            joiner.kill()
+            killed = time.monotonic()
+        joiner.wait()
+    code = launch.wait(args.timeout)
+    end, lost = _elastic_outcome(args, launch, folder, code, epochs)
+    if killed is None:
+        lost.append("the joiner never reached the point to kill it at")
+    elif point != "starting":
+        # The run goes on without it: the next generation of 2 (or the end of the run).
+        for line in launch.lines[::-1]:
+            if "of 2 (" in line or "all 2 process(es) exited 0" in line:
+                detect = time.monotonic() - killed
+                break
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": detect,
+            "note": "joiner killed %s" % point}
+
+
+def scenario_joiner_starting(args, index):
+    return _scenario_joiner_killed(args, index, "starting")
+
+
+def scenario_joiner_waiting(args, index):
+    return _scenario_joiner_killed(args, index, "waiting")
+
+
+def scenario_joiner_admitted(args, index):
+    return _scenario_joiner_killed(args, index, "admitted")
+
+
+def scenario_elastic_liar(args, index):
+    """A client with write access to the run's store (here a shared-folder store) writes the next
+    round's count and its member 0, as a joiner would, and never acts: nobody may wait on it."""
+    run_id = "chaos%d-liar%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_liar_")
+    store = os.path.join(folder, "store")
+    epochs = max(6, args.scenario_epochs // 3)
+    launch = ElasticLaunch(args, folder, run_id, epochs, rendezvous="file://" + store)
+    wrote = False
+    if launch.wait_line("generation 0", args.timeout) and launch.wait_line(" step ", args.timeout):
+        def key_file(key):  # the FileStore's encoding of a key of the run's prefix store
+            key = "%s/%s" % (run_id, key)  # generation 0 of the launch: the run id itself
+            return os.path.join(store, "".join(
+                c if c.isalnum() or c in "_-" else "%%%02X" % ord(c) for c in key))
+        for key, value in (("elastic/1/count", "1"), ("elastic/1/member/0", "-1 -1 0 0 0 liar:1")):
+            with open(key_file(key), "w") as f:
+                f.write(value)
+        wrote = True
+    code = launch.wait(args.timeout)
+    end, lost = _elastic_outcome(args, launch, folder, code, epochs)
+    if not wrote:
+        lost.append("the run ended before the liar wrote")
+    if any("a worker waits to join" in l for l in launch.lines):
+        lost.append("the run paused for the liar")
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": None,
+            "note": "forged round 1 count and member 0"}
+
+
+def scenario_elastic_stopped_member(args, index):
+    """SIGSTOP one of three workers of an elastic run: the others re-form and finish, and the
+    launcher ends the stopped one instead of waiting on it for ever."""
+    run_id = "chaos%d-elasticstop%d" % (os.getpid(), index)
+    folder = tempfile.mkdtemp(prefix="troupe_chaos_elasticstop_")
+    epochs = max(6, args.scenario_epochs // 3)
+    command = [args.troupe, "launch", "-n", "3", "--elastic", "2:3", "--run_id", run_id, "--",
+               "troupe"] + _elastic_command(args, run_id, epochs)
+    launch = ElasticLaunch.__new__(ElasticLaunch)
+    launch.lines, launch.started = [], time.monotonic()
+    launch.process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+    launch.reading = threading.Event()
+    launch.reading.set()
+    launch.reader = threading.Thread(target=launch._read, daemon=True)
+    launch.reader.start()
+    stopped, detect = None, None
+    workers = _wait_for_workers(launch, run_id, 3, args.timeout)
+    if workers and launch.wait_line(" step ", args.timeout):
+        pid = next(p for p, r in workers.items() if r == 1)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        if launch.wait_line("of 2 (", args.timeout):
+            detect = time.monotonic() - stopped
+    code = launch.wait(args.timeout)
+    end, lost = _elastic_outcome(args, launch, folder, code, epochs)
+    if stopped is None:
+        lost.append("no worker could be stopped")
+    left = run_processes(run_id)
+    if left:
+        lost.append("processes left: %s" % sorted(left))
+    return {"launch": launch, "folder": folder, "end": end, "lost": lost, "detect": detect,
+            "note": next((l for l in launch.lines if "was stopped (SIGSTOP)" in l),
+                         "no stopped worker named")}
+
+
 SCENARIOS = {
     "planted-folder": scenario_planted,
     "colliding-run": scenario_collide,
@@ -557,6 +738,11 @@ SCENARIOS = {
     "stopped-launcher": scenario_stopped_launcher,
     "hyperparameter-mismatch": scenario_hyperparameter_mismatch,
     "refusal-flood": scenario_refusal_flood,
+    "elastic-joiner-killed-starting": scenario_joiner_starting,
+    "elastic-joiner-killed-waiting": scenario_joiner_waiting,
+    "elastic-joiner-killed-admitted": scenario_joiner_admitted,
+    "elastic-liar": scenario_elastic_liar,
+    "elastic-stopped-member": scenario_elastic_stopped_member,
 }
 
 

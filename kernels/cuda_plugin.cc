@@ -80,6 +80,19 @@ Loaded load() {
     l.info.library = path;
     return l;
   }
+  const auto folder = binaryFolder();
+  const bool beside = !folder.empty() && candidates().size() > 1;  // one was found beside us
+  if (!beside && !std::getenv("TROUPE_CUDA_LIBRARY")) {
+    // An install (cmake --install, the Debian package) leaves the plugin out unless asked: it
+    // needs CUDA, cuDNN and NCCL, which Debian does not have.
+    l.info.problem = "the CUDA backend (" + std::string(kLibrary) +
+                     ") is not installed beside this troupe (" +
+                     (folder / ".." / "lib").lexically_normal().string() +
+                     "): install it from a build with `cmake --install BUILD --component cuda`, or "
+                     "name it in TROUPE_CUDA_LIBRARY (" +
+                     tried + ")";
+    return l;
+  }
   l.info.problem = "the CUDA backend (" + std::string(kLibrary) + ") is not loadable: " + tried;
   return l;
 }

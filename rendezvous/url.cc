@@ -1,13 +1,9 @@
 #include "rendezvous/url.h"
 
 #include <charconv>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
-#include "rendezvous/file_store.h"
-#include "rendezvous/redis_store.h"
-#include "rendezvous/tcp_store.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
@@ -57,14 +53,6 @@ void parseHostPort(std::string_view url, std::string_view text, int default_port
 
 }  // namespace
 
-std::string redactedStoreUrl(std::string_view url) {
-  constexpr std::string_view kRedis = "redis://";
-  if (!url.starts_with(kRedis)) return std::string(url);
-  const auto at = url.rfind('@');
-  if (at == std::string_view::npos) return std::string(url);
-  return fmt::format("{}***{}", kRedis, url.substr(at));
-}
-
 StoreUrl parseStoreUrl(std::string_view url) {
   StoreUrl out;
   const auto sep = url.find("://");
@@ -93,30 +81,6 @@ StoreUrl parseStoreUrl(std::string_view url) {
     bad(url, fmt::format("unknown scheme '{}'", scheme));
   }
   return out;
-}
-
-std::unique_ptr<Store> openStore(std::string_view url, std::chrono::milliseconds timeout,
-                                 const std::string& secret) {
-  const auto parsed = parseStoreUrl(url);
-  switch (parsed.scheme) {
-    case StoreUrl::Scheme::kTcp:
-      return connectTcpStore(parsed.host, parsed.port, timeout, secret);
-    case StoreUrl::Scheme::kFile:
-      return openFileStore(parsed.path);
-    case StoreUrl::Scheme::kRedis: {
-      RedisOptions options;
-      options.host = parsed.host;
-      options.port = parsed.port;
-      options.password = parsed.password;
-      if (const char* variable = std::getenv("REDISCLI_AUTH");
-          variable && options.password.empty()) {
-        options.password = variable;
-      }
-      options.connect_timeout = timeout;
-      return connectRedisStore(options);
-    }
-  }
-  TROUPE_ENFORCE(false, "unhandled store URL scheme");
 }
 
 }  // namespace troupe::rendezvous

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "rendezvous/store.h"
+#include "rendezvous/value.h"  // redactedStoreUrl
 
 namespace troupe::rendezvous {
 
@@ -27,9 +28,6 @@ struct StoreUrl {
   std::string path;      // file: absolute
   std::string password;  // redis, may be empty
 };
-
-// The URL fit for a log, a message or a terminal: a redis password replaced by "***". Any thread.
-std::string redactedStoreUrl(std::string_view url);
 
 // Parses `url`; anything else is an InputError naming the URL (password masked) and listing the
 // accepted forms. Any thread.

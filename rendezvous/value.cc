@@ -33,6 +33,14 @@ std::string quoted(std::string_view bytes, std::size_t max) {
   return "'" + escaped(bytes, max, true) + "'";
 }
 
+std::string redactedStoreUrl(std::string_view url) {
+  constexpr std::string_view kRedis = "redis://";
+  if (!url.starts_with(kRedis)) return std::string(url);
+  const auto at = url.rfind('@');
+  if (at == std::string_view::npos) return std::string(url);
+  return fmt::format("{}***{}", kRedis, url.substr(at));
+}
+
 void StoreValue::refuse(std::string_view expected) const {
   throw InputError(fmt::format("{}: the store's {} holds {}, not {}", who_, quoted(key_),
                                quoted(text_), expected));

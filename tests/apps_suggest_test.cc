@@ -110,11 +110,13 @@ TEST(ConfigSuggestion, AKeyFarFromEveryKnownOneGetsNoSuggestion) {
   EXPECT_FALSE(contains(what, "did you mean")) << what;
 }
 
-TEST(ConfigSuggestion, AMisspeltOverrideNamesTheNearestFlag) {
+TEST(ConfigSuggestion, AMisspeltSettingNamesTheNearestKey) {
   const auto what = configErrorOf("", {{"Base-Learning-Rat", "0.1"}});
   EXPECT_EQ(what,
-            "unknown flag --Base-Learning-Rat: did you mean --base_learning_rate? (troupe train "
-            "--help lists the flags)");
+            "unknown setting 'Base-Learning-Rat': did you mean 'base_learning_rate'? "
+            "(docs/config.md lists the settings)");
+  // A setting copied from a command line keeps its dashes: it is taken as the key.
+  EXPECT_EQ(loadTrainOptions("", {{"--batch_size", "32"}}).batch_size, 32);
 }
 
 // Flags users bring from MXNet, PyTorch, Keras and Caffe name the key that does their job.
@@ -126,7 +128,7 @@ TEST(ConfigSuggestion, AnotherFrameworksNameForAKeyNamesThatKey) {
                                                         {"num_epoch", "num_epochs"},
                                                         {"wd", "weight_decay"},
                                                         {"network", "model"}}) {
-    EXPECT_TRUE(contains(configErrorOf("", {{name, "1"}}), ": did you mean --" + key + "? (--"))
+    EXPECT_TRUE(contains(configErrorOf("", {{name, "1"}}), ": did you mean '" + key + "'? ('"))
         << name;
   }
 }

@@ -102,6 +102,38 @@ TEST(Observer, GetsTheChiefsWeightsEveryNStepsAndTheLastOnesThenTheRunEnds) {
       << run.results[0].output;
 }
 
+// A run of one process at a rendezvous (troupe launch -n 1; here by hand, serving its store) is
+// observed as any other: its observer never connected and failed late ("tcp store ... closed the
+// connection"), for a run of one joined no cluster.
+TEST(Observer, ARunOfOneProcessAtARendezvousIsObservedToItsLastStep) {
+  TempDir cwd("observed_alone");
+  const std::string rendezvous = "tcp://127.0.0.1:" + std::to_string(testing::freeLoopbackPort());
+  CommandResult result;
+  std::thread worker([&] {
+    result = runCommand("cd " + cwd.str() + " && " + troupeBinary() +
+                        " train --model mlp --train_data " + testData("lmdb") +
+                        "/train --num_epochs 2 --epoch_size 6400 --batch_size 128 --run_id alone "
+                        "--log_every 0 --threads 1 --checkpoint_every 0 --rendezvous " +
+                        rendezvous);
+  });
+  std::vector<std::int64_t> steps;
+  std::mutex mu;
+  auto observer = Observer::join(
+      {{"rendezvous", rendezvous}, {"run_id", "alone"}, {"rendezvous_timeout", "30"}}, 25,
+      [&](const ObservedWeights& w) {
+        std::lock_guard lock(mu);
+        steps.push_back(w.step);
+      });
+  ASSERT_TRUE(observer) << observer.status().message();
+  const Status ended = observer.value()->wait(120s);
+  EXPECT_TRUE(ended) << ended.message();
+  worker.join();
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::lock_guard lock(mu);
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.back(), 100);
+}
+
 TEST(Observer, OneThatLeavesPartWayDoesNotStopTheRun) {
   TwoWorkerRun run("observer-leaves");
   auto observer = Observer::join(run.settings(), 1, nullptr);

@@ -150,7 +150,7 @@ TEST(ReaderApi, AReaderWaitingForItsDataIsCalledAgainAndTheRunGoesOn) {
   TempDir dir("reader_api_late");
   Settings settings;
   for (auto& [key, value] : readerRun(dir)) {
-    if (key != "replicas") settings.emplace_back(key, value);
+    if (key != "replicas") settings.insert_or_assign(key, value);
   }
   TrainerData data;
   data.reader = [](const ReaderSpec& s) { return std::make_unique<LateReader>(s); };
@@ -200,7 +200,7 @@ class FaultyReader final : public ReaderActor {
 Status runWith(const std::string& fault) {
   TempDir dir("reader_api_" + fault);
   auto settings = readerRun(dir);
-  settings.emplace_back("prefetch", "2");
+  settings.insert_or_assign("prefetch", "2");
   TrainerData data;
   data.reader = [fault](const ReaderSpec& s) { return std::make_unique<FaultyReader>(s, fault); };
   auto started = Trainer::start(config(), settings, {}, data);
@@ -260,7 +260,7 @@ TEST(ReaderApi, WithoutEpochSizeTheRunIsRefusedBeforeItStarts) {
   TempDir dir("reader_api_no_epoch_size");
   Settings settings;
   for (auto& [key, value] : readerRun(dir)) {
-    if (key != "epoch_size") settings.emplace_back(key, value);
+    if (key != "epoch_size") settings.insert_or_assign(key, value);
   }
   TrainerData data;
   data.reader = [](const ReaderSpec& s) { return std::make_unique<FaultyReader>(s, ""); };
@@ -274,7 +274,7 @@ TEST(ReaderApi, WithoutEpochSizeTheRunIsRefusedBeforeItStarts) {
 TEST(ReaderApi, SharedReaderWithAReaderOfOnesOwnIsRefusedBeforeItStarts) {
   TempDir dir("reader_api_shared");
   Settings settings = readerRun(dir);
-  settings.emplace_back("shared_reader", "true");
+  settings.insert_or_assign("shared_reader", "true");
   TrainerData data;
   data.reader = [](const ReaderSpec& s) { return std::make_unique<FaultyReader>(s, ""); };
   const auto started = Trainer::start(config(), settings, {}, data);

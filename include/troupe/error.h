@@ -4,6 +4,10 @@
 // troupe::Error or one of its kinds, carrying one line that names the culprit. Broken invariants
 // use TROUPE_ENFORCE / TROUPE_ENFORCE_EQ, which record the values, the file and the line. Nothing
 // in troupe calls abort(): errors travel to the actor system, which ends the run and reports them.
+//
+// Which one a program sees: these exceptions are the library's own and the command line's. The
+// API a program calls (Trainer, KVStore, Model, Observer, the readers) never throws them at it:
+// each call returns a troupe::Status or Result (troupe/status.h) of the same kind and message.
 #pragma once
 
 #include <sstream>

@@ -12,8 +12,9 @@
 //  - "local", "device": one process. Each push (the sum of the arrays pushed together, as from
 //    several devices) is applied to the key's value at once, by the optimizer if one is set, else
 //    it replaces the value; a pull reads the value. The arrays are host memory: "device" sums on
-//    the CPU as "local" does (`troupe train --schedule device` sums GPU replicas on a GPU). With gradient compression, each push is encoded and decoded as it would
-//    cross the wire (2bit keeps its residual per key).
+//    the CPU as "local" does (`troupe train --schedule device` sums GPU replicas on a GPU). With
+//    gradient compression, each push is encoded and decoded as it would cross the wire (2bit keeps
+//    its residual per key).
 //  - "dist_sync", "dist_async", and troupe's "ssp": workers and parameter-server processes, placed
 //    as `troupe train` places them: `troupe launch -n W -s S -- PROGRAM` (any launcher), MXNet's
 //    tools/launch.py (DMLC_* variables), or `settings`. A key's values live on the servers (a key
@@ -46,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/settings.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -64,7 +66,7 @@ struct OptimizerSpec {
 // Config keys of `troupe train` (docs/config.md) that place a distributed store's process, over
 // the launcher's variables: role, shard_id, num_shards (workers), num_servers, rendezvous,
 // run_id, secret_file, interface, staleness, peer_timeout, rendezvous_timeout, threads ...
-using KVStoreSettings = std::map<std::string, std::string>;
+using KVStoreSettings = Settings;
 
 class KVStore {
  public:

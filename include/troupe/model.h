@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 
+#include "troupe/settings.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -23,8 +24,8 @@ struct Score {
 };
 
 // Config keys of `troupe train` over the config file's (model or [[layers]], db_type,
-// image_size, num_channels, num_labels, scale, mean_value, batch_size, threads ...).
-using ModelSettings = std::map<std::string, std::string>;
+// image_size, num_channels, num_labels, scale, mean, batch_size, threads ...).
+using ModelSettings = Settings;
 
 class Model {
  public:

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 
+#include "troupe/settings.h"
 #include "troupe/status.h"
 
 namespace troupe {
@@ -36,7 +37,7 @@ struct ObservedWeights {
 
 // Config keys of `troupe train` that find the run: rendezvous, run_id, secret_file, interface,
 // rendezvous_timeout, peer_timeout (over TROUPE_* variables, as for any process of the run).
-using ObserverSettings = std::map<std::string, std::string>;
+using ObserverSettings = Settings;
 
 class Observer {
  public:

@@ -21,7 +21,7 @@ class RecordSource {
   // Records of an epoch, read by index in [0, size()).
   virtual std::int64_t size() const = 0;
   // Writes record `index`'s image into `image` (channels x height x width floats of the run's
-  // config, as the model takes them: the config's scale and mean_value are not applied) and
+  // config, as the model takes them: the config's scale and mean are not applied) and
   // returns its label, in [0, num_labels). Called from several readers' threads at once. An
   // error (or a label out of range) ends the run, naming the record (or, with
   // skip_bad_records, leaves the record out and counts it).

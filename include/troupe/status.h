@@ -1,7 +1,8 @@
 // Errors as values, for the library's API: a Status says whether a call worked and, if not, which
 // kind of error it was and one line naming the culprit (the message troupe::Error would carry).
 // Result<T> is a value or the Status of why there is none. Nothing in the API throws at a caller
-// or ends the process.
+// or ends the process: this, not troupe/error.h's exceptions (the library's inside), is what a
+// program handles.
 #pragma once
 
 #include <optional>

@@ -26,14 +26,11 @@
 
 #include "troupe/reader.h"
 #include "troupe/record_source.h"
+#include "troupe/settings.h"
 #include "troupe/status.h"
 #include "troupe/topology.h"
 
 namespace troupe {
-
-// Config keys and their values as text, as in a config file or on `troupe train`'s command line
-// ("batch_size" = "32"); later entries win. docs/config.md lists the keys.
-using Settings = std::vector<std::pair<std::string, std::string>>;
 
 struct StepMetrics {
   std::int64_t step = 0;            // steps done in the run, this one included

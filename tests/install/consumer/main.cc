@@ -20,7 +20,7 @@ int main() {
   // The trainer answers a misspelt setting with an error value, before anything runs.
   auto started = troupe::Trainer::start("", {{"bach_size", "32"}});
   if (started || started.status().kind() != troupe::ErrorKind::kInput ||
-      started.status().message().find("did you mean --batch_size?") == std::string::npos) {
+      started.status().message().find("did you mean 'batch_size'?") == std::string::npos) {
     std::fprintf(stderr, "Trainer::start gave: %s\n", started.status().message().c_str());
     return 1;
   }
