@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "rendezvous/value.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
@@ -14,8 +15,9 @@ constexpr std::string_view kForms =
 constexpr uint16_t kRedisDefaultPort = 6379;
 
 [[noreturn]] void bad(std::string_view url, std::string_view why) {
-  throw InputError(fmt::format("rendezvous: bad store URL '{}': {}; accepted forms: {}",
-                               redactedStoreUrl(url), why, kForms));
+  // The URL comes from outside (a flag, a file, a variable): shown escaped, as a store's values.
+  throw InputError(fmt::format("rendezvous: bad store URL {}: {}; accepted forms: {}",
+                               quoted(redactedStoreUrl(url)), why, kForms));
 }
 
 // "HOST:PORT" or "HOST" (then `default_port`, when there is one).
@@ -46,7 +48,7 @@ void parseHostPort(std::string_view url, std::string_view text, int default_port
   auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
   if (digits.empty() || ec != std::errc() || ptr != digits.data() + digits.size() || port == 0 ||
       port > 65535) {
-    bad(url, fmt::format("the port '{}' is not a number in 1..65535", digits));
+    bad(url, fmt::format("the port {} is not a number in 1..65535", quoted(digits)));
   }
   out.port = static_cast<uint16_t>(port);
 }
@@ -78,7 +80,7 @@ StoreUrl parseStoreUrl(std::string_view url) {
     }
     parseHostPort(url, host_port, kRedisDefaultPort, out);
   } else {
-    bad(url, fmt::format("unknown scheme '{}'", scheme));
+    bad(url, fmt::format("unknown scheme {}", quoted(scheme)));
   }
   return out;
 }

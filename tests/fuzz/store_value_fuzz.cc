@@ -82,8 +82,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string redacted = rv::redactedStoreUrl(text);
   try {
     const auto url = rv::parseStoreUrl(text);
-    if (url.password.size() >= 4 && redacted.find(url.password) != std::string::npos &&
-        std::string_view("redis://***").find(url.password) == std::string_view::npos)
+    // Everything before the host, the password's place, is "redis://***".
+    if (!url.password.empty() &&
+        std::string_view(redacted).substr(0, redacted.rfind('@')) != "redis://***")
       finding("a redis password shown in its redacted URL", text);
   } catch (const troupe::InputError&) {
   }
