@@ -48,6 +48,25 @@ std::string in(const TempDir& dir, const std::string& command) {
   return "cd " + dir.str() + " && " + command;
 }
 
+// `command` in `dir`, its output going to dir/launch.out as it runs (for waitForOutput), and the
+// result's output that file's, once it ended.
+std::string loggedIn(const TempDir& dir, const std::string& command) {
+  return in(dir, "{ " + command + "; } > launch.out 2>&1; rc=$?; cat launch.out; exit $rc");
+}
+
+// Until dir/launch.out (loggedIn) holds `text`, at most `timeout`: whether it came. A step logged
+// by a bulk-synchronous run means that every process is in its training loop: a fixed sleep
+// assumed so, and a start-up slowed down past it (a loaded machine) stopped a process while the
+// others waited in the store for it, not in the ring.
+bool waitForOutput(const TempDir& dir, const std::string& text, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (slurp(dir.path() / "launch.out").find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 std::vector<fs::path> filesIn(const fs::path& dir, const std::string& ext) {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -633,17 +652,17 @@ TEST_P(AbortTest, KillingAProcessEndsTheRunNamingItWithin30Seconds) {
     const std::string gpus = c.nccl ? "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
                                           " TROUPE_EMULATED_GPUS=1 "
                                     : "";
-    r = runCommand(in(cwd, gpus + troupeBinary() + " launch " + c.launch + " --run_id " + run_id +
-                               " -- troupe train --model lenet" + dataFlags() + " --schedule " +
-                               c.schedule + (c.nccl ? " --gpus 0 --reducer nccl" : "") +
-                               " --num_epochs 50 --log_every 0"));
+    r = runCommand(loggedIn(
+        cwd, gpus + troupeBinary() + " launch " + c.launch + " --run_id " + run_id +
+                 " -- troupe train --model lenet" + dataFlags() + " --schedule " + c.schedule +
+                 (c.nccl ? " --gpus 0 --reducer nccl" : "") + " --num_epochs 50 --log_every 10"));
   });
   const pid_t victim = waitForProcess(run_id, c.victim_role, c.victim_rank);
-  if (victim < 0) {
+  if (victim < 0 || !waitForOutput(cwd, "epoch 1 step ", std::chrono::seconds(60))) {
+    if (victim > 0) ::kill(victim, SIGKILL);
     launcher.join();
-    FAIL() << c.victim_role << " " << c.victim_rank << " never started\n" << r.output;
+    FAIL() << c.victim_role << " " << c.victim_rank << " never started or trained\n" << r.output;
   }
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
   const auto killed_at = std::chrono::steady_clock::now();
   ::kill(victim, SIGKILL);
   launcher.join();
@@ -803,19 +822,22 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   const std::string run_id = "hang" + param.substr(0, 4) + std::to_string(::getpid());
   testing::CommandResult r;
   std::thread launcher([&] {
-    r = runCommand(
-        in(cwd, gpus + troupeBinary() + " launch -n 2" + (schedule == "dist_sync" ? " -s 1" : "") +
-                    " --run_id " + run_id + " -- troupe train --model mlp" + dataFlags() +
-                    " --schedule " + schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
-                    (hybrid ? " --allreduce ring" : "") +
-                    // nccl-ring: one long epoch, so that the stop always lands
-                    // while the ring waits (between epochs only the links watch)
-                    (hybrid ? " --num_epochs 1 --epoch_size 60000000" : " --num_epochs 50") +
-                    " --log_every 0 --threads 1 --peer_timeout 3 --stall_warning 1"));
+    r = runCommand(loggedIn(
+        cwd, gpus + troupeBinary() + " launch -n 2" + (schedule == "dist_sync" ? " -s 1" : "") +
+                 " --run_id " + run_id + " -- troupe train --model mlp" + dataFlags() +
+                 " --schedule " + schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
+                 (hybrid ? " --allreduce ring" : "") +
+                 // nccl-ring: one long epoch, so that the stop always lands
+                 // while the ring waits (between epochs only the links watch)
+                 (hybrid ? " --num_epochs 1 --epoch_size 60000000" : " --num_epochs 50") +
+                 " --log_every 10 --threads 1 --peer_timeout 3 --stall_warning 1"));
   });
   const pid_t victim = waitForProcess(run_id, "worker", 1);
-  ASSERT_GT(victim, 0) << "worker 1 never started";
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
+  if (victim < 0 || !waitForOutput(cwd, "epoch 1 step ", std::chrono::seconds(60))) {
+    if (victim > 0) ::kill(victim, SIGKILL);
+    launcher.join();
+    FAIL() << "worker 1 never started or trained\n" << r.output;
+  }
   const auto stopped_at = std::chrono::steady_clock::now();
   ::kill(victim, SIGSTOP);
   launcher.join();
@@ -855,17 +877,17 @@ TEST(DistributedTraining, AStoppedServerIsReportedThenEndsTheRunNamingIt) {
   const std::string run_id = "stopserver" + std::to_string(::getpid());
   testing::CommandResult r;
   std::thread launcher([&] {
-    r = runCommand(in(cwd, troupeBinary() + " launch -n 2 -s 1 --run_id " + run_id +
-                               " -- troupe train --model mlp" + dataFlags() +
-                               " --schedule dist_sync --num_epochs 50 --log_every 0 --threads 1 "
-                               "--stall_warning 1 --peer_timeout 3"));
+    r = runCommand(loggedIn(cwd, troupeBinary() + " launch -n 2 -s 1 --run_id " + run_id +
+                                     " -- troupe train --model mlp" + dataFlags() +
+                                     " --schedule dist_sync --num_epochs 50 --log_every 10 "
+                                     "--threads 1 --stall_warning 1 --peer_timeout 3"));
   });
   const pid_t server = waitForProcess(run_id, "server", 0);
-  if (server < 0) {
+  if (server < 0 || !waitForOutput(cwd, "epoch 1 step ", std::chrono::seconds(60))) {
+    if (server > 0) ::kill(server, SIGKILL);
     launcher.join();
-    FAIL() << "server 0 never started\n" << r.output;
+    FAIL() << "server 0 never started, or the run never trained\n" << r.output;
   }
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // well into training
   const auto stopped_at = std::chrono::steady_clock::now();
   ::kill(server, SIGSTOP);
   launcher.join();
