@@ -2,14 +2,10 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 
+#include "data/files.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -19,21 +15,12 @@ namespace {
 // refused before it fills the memory.
 constexpr std::size_t kMaxConfigBytes = 1 << 20;
 
-const char* fileTypeName(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 }  // namespace
 
 void checkSmallRegularFile(const std::string& path, const char* what, const struct stat& st) {
   if (!S_ISREG(st.st_mode)) {
     throw InputError(
-        fmt::format("{} '{}' is {}, not a regular file", what, path, fileTypeName(st.st_mode)));
+        fmt::format("{} '{}' is {}, not a regular file", what, path, data::fileKind(st.st_mode)));
   }
   if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes) {
     throw InputError(fmt::format("{} '{}' is {} bytes, over the 1 MiB ({} bytes) it may hold", what,
@@ -42,40 +29,8 @@ void checkSmallRegularFile(const std::string& path, const char* what, const stru
 }
 
 std::string readConfigFile(const std::string& path) {
-  constexpr const char* kWhat = "config file";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    throw InputError(fmt::format("cannot open {} '{}': {}", kWhat, path, std::strerror(errno)));
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    throw InputError(fmt::format("cannot open {} '{}': {}", kWhat, path, std::strerror(errno)));
-  }
-  checkSmallRegularFile(path, kWhat, st);
-  // Room for what fstat reports and a little more (files in /proc report 0), grown while the
-  // file goes on, up to one byte past the cap.
-  std::string text(static_cast<std::size_t>(st.st_size) + 4096, '\0');
-  std::size_t size = 0;
-  while (size <= kMaxConfigBytes) {
-    if (size == text.size()) text.resize(std::min(2 * text.size(), kMaxConfigBytes + 1));
-    const ssize_t n = ::read(fd, text.data() + size, text.size() - size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      throw InputError(fmt::format("cannot read {} '{}': {}", kWhat, path, std::strerror(errno)));
-    }
-    if (n == 0) break;
-    size += static_cast<std::size_t>(n);
-  }
-  if (size > kMaxConfigBytes) {
-    throw InputError(fmt::format("{} '{}' holds over the 1 MiB ({} bytes) it may hold", kWhat, path,
-                                 kMaxConfigBytes));
-  }
-  text.resize(size);
-  return text;
+  return data::readRegularFile(path, "config file", kMaxConfigBytes,
+                               fmt::format("1 MiB ({} bytes)", kMaxConfigBytes));
 }
 
 void checkNonAscii(const std::string& file, std::string_view text) {

@@ -613,7 +613,15 @@ std::string valueText(const Value& value) {
       value);
 }
 
-void assign(Settings& s, const Key& key, Value value, const Source& from) {
+void assign(Settings& s, const Key& key, Value value, const Source& given_from) {
+  // Who gave it, as every message shows it: a password in a rendezvous URL redacted there too.
+  Source from = given_from;
+  if (const std::string raw = valueText(value), shown = shownValue(key, raw); shown != raw) {
+    for (auto* text : {&from.by, &from.origin}) {
+      if (const auto at = text->find(raw); at != std::string::npos)
+        text->replace(at, raw.size(), shown);
+    }
+  }
   if (key.refusal) throw InputError(fmt::format("{}: {}", from.by, key.refusal));
   auto refuse = [&](const std::string& got) {
     return InputError(fmt::format("{} must be {}, got {}", from.origin, accepted(key), got));

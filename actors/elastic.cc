@@ -58,22 +58,6 @@ constexpr const char* kFormed = "elastic/formed";  // a generation of the run fo
 constexpr const char* kPrint = "elastic/plan";     // the run print, "name=value" lines
 constexpr const char* kPrintClaim = "elastic/plan-claim";
 
-// The print as the store holds it: one line a name, no byte a terminal would act on.
-RunPrint shownPrint(const RunPrint& print) {
-  RunPrint shown;
-  for (const auto& [name, value] : print)
-    shown.emplace_back(rendezvous::printable(name, name.size()),
-                       rendezvous::printable(value, value.size()));
-  return shown;
-}
-
-std::string formatPrint(const RunPrint& shown) {
-  std::string text;
-  for (const auto& [name, value] : shown)
-    text += fmt::format("{}={}\n", name, value);
-  return text;
-}
-
 std::string encode(const Member& m) {
   return fmt::format("{} {} {} {} {} {}", m.old_rank, m.launch_rank, m.step, m.epoch,
                      m.epoch_records, m.name);
@@ -176,8 +160,7 @@ ElasticRendezvous::ElasticRendezvous(std::shared_ptr<rendezvous::Store> store, W
 
 bool ElasticRendezvous::agreeOnRun(const std::string& run_id, const RunPrint& print) {
   if (store_->check({kDone})) return false;
-  const RunPrint shown = shownPrint(print);
-  const std::string mine = formatPrint(shown);
+  const auto [shown, mine] = storedPlan(print);
   if (store_->add(kPrintClaim, 1) == 1) {
     store_->set(kPrint, mine);
     return true;
@@ -191,12 +174,9 @@ bool ElasticRendezvous::agreeOnRun(const std::string& run_id, const RunPrint& pr
 }
 
 std::int64_t ElasticRendezvous::beatOf(int round, int index) {
-  const std::string key = roundKey(round, fmt::format("beat/{}", index));
-  if (!store_->check({key})) return -1;
-  const std::string text = store_->get(key, timeout_);
-  std::int64_t value = -1;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  return ec == std::errc() && end == text.data() + text.size() ? value : -1;
+  // A beat is a counter: read by adding nothing, one round trip (0 where none beat yet, which
+  // never moves). A key of another kind is an InputError naming it (parseCounter).
+  return store_->add(roundKey(round, fmt::format("beat/{}", index)), 0);
 }
 
 // Members of the run (old rank >= 0) first, then newcomers, each in order of coming; at most MAX.

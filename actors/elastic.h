@@ -108,7 +108,7 @@ class ElasticRendezvous {
   std::optional<std::vector<int>> awaitClose(int round, int index, bool may_close);
   std::vector<int> admit(int round, const std::vector<int>& live);
   [[noreturn]] void throwTimeout(int round, bool may_close, const std::vector<int>& live);
-  std::int64_t beatOf(int round, int index);  // -1: none, or not a counter
+  std::int64_t beatOf(int round, int index);  // 0: none yet (InputError: not a counter)
 
   std::shared_ptr<rendezvous::Store> store_;
   WorkerBounds bounds_;

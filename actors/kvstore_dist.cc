@@ -244,7 +244,13 @@ class DistKVStore final : public KVStore {
       auto got = awaitWorker0(outcome, fmt::format("init of key {}", key));
       if (!got) return got.status();
       if (got->rfind("error ", 0) == 0) return inputError(rendezvous::printable(got->substr(6)));
-      if (*got != placed) return inputError(initMismatch(key, *got, k.size, placed));
+      if (*got != placed) {
+        try {
+          return inputError(initMismatch(key, *got, k.size, placed));
+        } catch (const std::exception& e) {  // worker 0's outcome does not parse
+          return statusOf(e);
+        }
+      }
     }
     server_next_ = next;
     k.residual.assign(static_cast<std::size_t>(k.size), 0.0f);
@@ -654,9 +660,12 @@ Node joinStore(const std::string& type, const TrainOptions& o, int rank,
   ClusterOptions c =
       clusterOptions(o, o.run_id, rank, o.num_shards + o.num_servers, *n.node.system, *n.members);
   if (lost == LostLinks::kActorJudges) {
+    // Never blocks (a timer, not a mailbox with room to wait for): the loss may be reported on
+    // the judge's own thread, by one of its sends.
     c.on_peer_lost = [system = n.node.system.get(), judge](int peer, const std::string& address,
                                                            const std::string& why) {
-      system->tell(judge, LinkLost{static_cast<std::uint32_t>(peer), address, why});
+      system->after(std::chrono::milliseconds(0), judge,
+                    LinkLost{static_cast<std::uint32_t>(peer), address, why});
     };
   } else if (lost == LostLinks::kServersOnly) {
     c.on_peer_lost = [fail = c.on_peer_lost, workers = o.num_shards](

@@ -209,8 +209,13 @@ class Server final : public Actor {
             fmt::format("server {}: worker {}'s pull of {} waited {:.1f} s (peer_timeout) for {}",
                         config_.index, q.worker, when, waited, describe(late));
         // The workers whose pulls it held hear whom it gave up on before its links close.
-        for (const auto& held : pending_)
-          tellHeld(held, late, true, what);
+        // Each with whom its own pull waits for (never itself), and why the server gives up.
+        for (const auto& held : pending_) {
+          auto theirs = lateWorkers(waitedSegment(held), held);
+          std::erase_if(theirs,
+                        [&](const Late& l) { return l.rank == static_cast<int>(held.worker); });
+          tellHeld(held, theirs, true, what);
+        }
         if (late.empty()) throw TimeoutError(what);
         throw PeerError(late.front().worker,
                         fmt::format("server {} waited {:g} s (peer_timeout) for {}", config_.index,
@@ -248,6 +253,12 @@ class Server final : public Actor {
   bool hopeless(const Pull& q) {
     if (done_.empty() || q.epoch_end) return false;
     const Segment& s = waitedSegment(q);
+    // Cheap first (answer() asks on every push): a done worker the pull could wait for at all.
+    if (std::none_of(done_.begin(), done_.end(), [&](std::uint32_t w) {
+          return w < s.clocks.size() && s.clocks[w] < q.step - 1;
+        })) {
+      return false;
+    }
     for (const auto& l : lateWorkers(s, q)) {
       if (!done_.count(static_cast<std::uint32_t>(l.rank))) continue;
       tellHeld(q, {l}, true,
@@ -373,7 +384,10 @@ class Server final : public Actor {
           std::string culprit;
           for (std::size_t w = 1; w < step.sums.size() && culprit.empty(); ++w)
             culprit = nonFinitePush(step.sums[w], s, 0, static_cast<std::uint32_t>(w));
-          if (culprit.empty()) culprit = nonFinitePush(total, s, 0, 0);
+          if (culprit.empty()) {
+            culprit = nonFinitePush(total, s, 0, 0);
+            if (!culprit.empty()) culprit += " (or the sum of the pushes overflowed there)";
+          }
           failNonFinite(s, p.step, 0, s.size(), lr, culprit);
         }
       }

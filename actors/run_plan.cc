@@ -374,16 +374,21 @@ std::string planDifferences(const PlanValues& chief, const PlanValues& mine, std
   return fmt::format("{}", fmt::join(differ, "; "));
 }
 
+StoredPlan storedPlan(const PlanValues& values) {
+  // One line a name, no byte a terminal would act on.
+  StoredPlan plan;
+  for (const auto& [name, value] : values) {
+    plan.shown.emplace_back(rendezvous::printable(name, name.size()),
+                            rendezvous::printable(value, value.size()));
+    plan.text += fmt::format("{}={}\n", plan.shown.back().first, plan.shown.back().second);
+  }
+  return plan;
+}
+
 // Rank 0 publishes its plan as "name=value" lines; every other rank checks its own against it.
 void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues& mine,
                  std::chrono::milliseconds timeout) {
-  // As the store holds it: one line a name, no byte a terminal would act on.
-  PlanValues shown;
-  std::string text;
-  for (const auto& [name, value] : mine) {
-    shown.emplace_back(name, rendezvous::printable(value, value.size()));
-    text += fmt::format("{}={}\n", name, shown.back().second);
-  }
+  const auto [shown, text] = storedPlan(mine);
   // Every other rank answers rank 0's plan with "ok" or its refusal, so that rank 0 names the
   // rank that refused at once instead of waiting for it at the next rendezvous.
   auto verdictKey = [](int r) { return fmt::format("plan-verdict/{}", r); };

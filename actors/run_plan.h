@@ -170,6 +170,13 @@ PlanValues agreedValues(const TrainOptions& o);
 PlanValues planValues(const TrainOptions& o, const StepPlan& plan, std::int64_t num_params,
                       const std::string& resumed_from);
 
+// A plan as a store holds it: the values shown (printable()) and their "name=value" lines.
+struct StoredPlan {
+  PlanValues shown;
+  std::string text;
+};
+StoredPlan storedPlan(const PlanValues& values);
+
 // "base_learning_rate: rank 0 has 0.01, this one 0.5; seed: ..." for every name whose values
 // differ (one side's missing name shows as "(none)"; `who` the side of `theirs`), values shown
 // printable; empty when they agree.

@@ -254,6 +254,14 @@ std::vector<LaunchHost> readHostfile(const std::string& path) {
 
 namespace {
 
+// A word of a command or a variable's value as the dry run shows it: a redis URL's password
+// redacted (rendezvous/value.h).
+std::string redacted(std::string_view word) {
+  const auto at = word.find("redis://");
+  if (at == std::string_view::npos) return std::string(word);
+  return std::string(word.substr(0, at)) + rendezvous::redactedStoreUrl(word.substr(at));
+}
+
 // What launch(o) would start, without starting anything.
 int dryRun(const LaunchOptions& o) {
   std::vector<LaunchHost> hosts;
@@ -285,11 +293,12 @@ int dryRun(const LaunchOptions& o) {
   if (!o.elastic.empty()) row("elastic", o.elastic + " workers");
   std::string command;
   for (const auto& word : o.command)
-    command += (command.empty() ? "" : " ") + shellQuote(word);
+    command += (command.empty() ? "" : " ") + shellQuote(redacted(word));
   row("command", command);
   for (const auto& [name, value] : o.env) {
-    row("variable", fmt::format("{}={} (every process)", name,
-                                name == "TROUPE_SECRET" ? "***" : shellQuote(value)));
+    const bool secret = name == "TROUPE_SECRET" || name == "REDISCLI_AUTH";
+    row("variable",
+        fmt::format("{}={} (every process)", name, secret ? "***" : shellQuote(redacted(value))));
   }
   if (o.launcher == "mpi" || o.launcher == "slurm") {
     row("processes", fmt::format("{} server(s), then {} worker(s), placed by {}", o.num_servers,

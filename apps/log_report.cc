@@ -11,6 +11,7 @@
 #include <optional>
 #include <string_view>
 
+#include "data/files.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -144,17 +145,6 @@ LogRow readRow(std::string_view line, std::size_t columns, const LineReader& lin
   return row;
 }
 
-// Refuses what is not a regular file before opening it (a FIFO would wait for a writer).
-void checkRegularFile(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw InputError(fmt::format("cannot open training log '{}': {}", path, std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw InputError(fmt::format("training log '{}' is not a regular file", path));
-  }
-}
-
 // A test accuracy of -1: the run had no test set.
 std::string accuracyText(double accuracy) {
   return accuracy < 0 ? "n/a" : fmt::format("{:.4f}", accuracy);
@@ -235,7 +225,7 @@ std::string reportMarkdown(const std::vector<TrainLogFile>& logs) {
 }
 
 TrainLogFile readTrainLog(const std::string& path) {
-  checkRegularFile(path);
+  data::checkRegularFile(path, "training log");  // a FIFO would block the open
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw InputError(fmt::format("cannot open training log '{}': {}", path, std::strerror(errno)));

@@ -56,7 +56,11 @@ void hidePasswordsInOwnCommandLine(int argc, char** argv) {
     const std::string_view arg(argv[i]);
     for (auto at = arg.find(kRedis); at != std::string_view::npos; at = arg.find(kRedis, at + 1)) {
       const auto begin = at + kRedis.size();
-      const auto end = arg.find('@', begin) == std::string_view::npos ? begin : arg.rfind('@');
+      // Up to the URL's last '@' (a password may hold one, as parseStoreUrl reads it), not past
+      // the next URL of the argument.
+      const auto next = arg.find(kRedis, begin);
+      const auto url = arg.substr(0, next);
+      const auto end = url.find('@', begin) == std::string_view::npos ? begin : url.rfind('@');
       for (auto j = begin; j < end; ++j)
         argv[i][j] = '*';
     }

@@ -391,7 +391,8 @@ ImagesetStats convertImageset(const std::string& list_file, const std::string& r
   // The image at path as a Datum in `datum`; InputError (without the list's line) if it is bad.
   const auto toDatum = [&](const ListEntry& entry, const std::string& path) {
     const std::string bytes =
-        readRegularFile(path, "image", options.max_image_bytes, "max_image_bytes");
+        readRegularFile(path, "image", options.max_image_bytes,
+                        detail::concat("max_image_bytes (", options.max_image_bytes, " bytes)"));
     const ImageFormat format = sniffImageFormat(bytes);
     ImageInfo info;
     try {

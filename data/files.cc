@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -12,68 +13,73 @@
 namespace troupe::data {
 namespace {
 
-const char* kindOf(mode_t mode) {
-  if (S_ISDIR(mode)) return "a folder";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a file";
+[[noreturn]] void cannot(std::string_view verb, std::string_view what, const std::string& path,
+                         int error) {
+  if (error == ENOENT || error == ENOTDIR) {
+    throw InputError(detail::concat(what, " '", path, "' does not exist"));
+  }
+  throw InputError(
+      detail::concat("cannot ", verb, " ", what, " '", path, "': ", std::strerror(error)));
 }
 
-struct stat regularFileStatus(const std::string& path, std::string_view what) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT || errno == ENOTDIR) {
-      throw InputError(detail::concat(what, " '", path, "' does not exist"));
-    }
-    throw IoError(detail::concat("cannot open ", what, " '", path, "': ", std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
+void checkKind(const std::string& path, std::string_view what, mode_t mode) {
+  if (!S_ISREG(mode)) {
     throw InputError(
-        detail::concat(what, " '", path, "' is not a regular file (", kindOf(st.st_mode), ")"));
+        detail::concat(what, " '", path, "' is ", fileKind(mode), ", not a regular file"));
   }
-  return st;
 }
 
 }  // namespace
 
+const char* fileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 void checkRegularFile(const std::string& path, std::string_view what) {
-  regularFileStatus(path, what);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) cannot("open", what, path, errno);
+  checkKind(path, what, st.st_mode);
 }
 
 std::string readRegularFile(const std::string& path, std::string_view what, std::uint64_t max_bytes,
-                            std::string_view limit_name) {
-  const auto size = static_cast<std::uint64_t>(regularFileStatus(path, what).st_size);
-  if (size > max_bytes) {
-    const std::string limit = limit_name.empty() ? "" : detail::concat(" (", limit_name, ")");
-    throw InputError(detail::concat(what, " '", path, "' is ", size, " bytes, over the limit of ",
-                                    max_bytes, limit));
-  }
-  // O_NONBLOCK: were it swapped for a FIFO since the stat, the open returns instead of waiting.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    throw IoError(detail::concat("cannot open ", what, " '", path, "': ", std::strerror(errno)));
-  }
-  std::string bytes(size, '\0');
-  std::uint64_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::read(fd, bytes.data() + got, size - got);
+                            std::string_view limit) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) cannot("open", what, path, errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) cannot("open", what, path, errno);
+  checkKind(path, what, st.st_mode);
+  const auto over = [&](std::uint64_t size) {
+    const std::string shown =
+        limit.empty() ? detail::concat(max_bytes, " bytes") : std::string(limit);
+    return InputError(detail::concat(what, " '", path, "' is ", size, " bytes, over the ", shown,
+                                     " it may hold"));
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) throw over(st.st_size);
+  // Room for what fstat reports and a little more (files in /proc report 0), grown while the
+  // file goes on, up to one byte past the limit.
+  const std::uint64_t cap = max_bytes == UINT64_MAX ? max_bytes : max_bytes + 1;
+  std::string bytes(static_cast<std::size_t>(st.st_size) + 4096, '\0');
+  std::uint64_t size = 0;
+  while (size < cap) {
+    if (size == bytes.size())
+      bytes.resize(static_cast<std::size_t>(std::min<std::uint64_t>(2 * bytes.size(), cap)));
+    const ssize_t n = ::read(fd, bytes.data() + size, bytes.size() - size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = errno;
-      ::close(fd);
-      throw IoError(detail::concat("cannot read ", what, " '", path, "': ",
-                                   n < 0 ? std::strerror(error) : "it shrank while it was read"));
-    }
-    got += static_cast<std::uint64_t>(n);
+    if (n < 0) cannot("read", what, path, errno);
+    if (n == 0) break;
+    size += static_cast<std::uint64_t>(n);
   }
-  char more;
-  const ssize_t extra = ::read(fd, &more, 1);
-  ::close(fd);
-  if (extra > 0) {
-    throw IoError(detail::concat("cannot read ", what, " '", path, "': it grew while it was read"));
-  }
+  if (size > max_bytes) throw over(size);
+  bytes.resize(static_cast<std::size_t>(size));
   return bytes;
 }
 

@@ -139,8 +139,13 @@ struct RegionJob {
   Rect region;
   int channels;
   ImageRegion* out;
+  std::int64_t max_pixels;
   std::vector<JSAMPROW> rows;
+  std::int64_t declared_height = 0, declared_width = 0;  // set when over max_pixels
 };
+
+// decodeRegion's answer for a header over its job's max_pixels (the caller says by how much).
+constexpr const char kOverLimit[] = "over the limit of pixels";
 
 // Returns nullptr, or what went wrong. C++ objects that this frame changes after setjmp are
 // reached through `job` (memory, not registers), as a longjmp back here requires.
@@ -154,6 +159,13 @@ const char* decodeRegion(JpegDecoder& d, RegionJob& job) {
   jpeg_mem_src(cinfo, reinterpret_cast<const unsigned char*>(job.bytes.data()),
                static_cast<unsigned long>(job.bytes.size()));
   jpeg_read_header(cinfo, TRUE);
+  // Before jpeg_start_decompress, which allocates for the whole image.
+  if (static_cast<std::int64_t>(cinfo->image_width) * cinfo->image_height > job.max_pixels) {
+    job.declared_height = cinfo->image_height;
+    job.declared_width = cinfo->image_width;
+    jpeg_abort_decompress(cinfo);
+    return kOverLimit;
+  }
   if (cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK) {
     jpeg_abort_decompress(cinfo);
     return "a CMYK JPEG, which troupe does not decode (convert it to RGB first)";
@@ -313,11 +325,10 @@ void decodeJpegRegion(std::string_view bytes, int denominator, Rect region, int 
                                     " of its size (only 1, 2, 4 or 8)"));
   }
   if (sniffImageFormat(bytes) != ImageFormat::kJpeg) throw InputError("not a JPEG image");
-  const ImageInfo info = probeJpeg(bytes);  // libjpeg allocates for the whole image at its start
-  checkImagePixels(info.height, info.width, max_pixels);
   thread_local JpegDecoder decoder;
-  RegionJob job{bytes, denominator, region, channels, &out, {}};
+  RegionJob job{bytes, denominator, region, channels, &out, max_pixels, {}};
   if (const char* error = decodeRegion(decoder, job)) {
+    if (error == kOverLimit) checkImagePixels(job.declared_height, job.declared_width, max_pixels);
     if (error == decoder.errors.message) {
       throw InputError(detail::concat("JPEG does not decode: ", error));
     }

@@ -179,8 +179,7 @@ void ImageTransform::encodedTo(std::string_view bytes, SplitMix64& rng, T* out) 
     const Rect want{across_.first.front(), down_.first.front(),
                     across_.first.back() + across_.count.back() - across_.first.front(),
                     down_.first.back() + down_.count.back() - down_.first.front()};
-    checkImagePixels(want.height, want.width);
-    decodeJpegRegion(bytes, d, want, channels_, region_);
+    decodeJpegRegion(bytes, d, want, channels_, region_);  // refuses a header over the limit
     TROUPE_ENFORCE(region_.full_width == full_w && region_.full_height == full_h,
                    "libjpeg scaled a ", info.width, "x", info.height, " JPEG by 1/", d, " to ",
                    region_.full_width, "x", region_.full_height, ", not ", full_w, "x", full_h);
@@ -189,8 +188,7 @@ void ImageTransform::encodedTo(std::string_view bytes, SplitMix64& rng, T* out) 
     resample(region_.image, w, out);
     return;
   }
-  checkImagePixels(info.height, info.width);
-  decodeImage(bytes, channels_, image_);
+  decodeImage(bytes, channels_, image_);  // refuses a header over the limit
   pad > 0 ? fromPadded(w, out) : fromWhole(w, out);
 }
 

@@ -49,7 +49,8 @@ Loaded load() {
   auto failed = [&](const std::string& path, const std::string& why) {
     tried += (tried.empty() ? "" : "; ") + path + ": " + why;
   };
-  for (const auto& path : candidates()) {
+  const auto paths = candidates();
+  for (const auto& path : paths) {
     // Never closed: backends and their tensors may live until exit.
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
@@ -81,8 +82,9 @@ Loaded load() {
     return l;
   }
   const auto folder = binaryFolder();
-  const bool beside = !folder.empty() && candidates().size() > 1;  // one was found beside us
-  if (!beside && !std::getenv("TROUPE_CUDA_LIBRARY")) {
+  const char* named = std::getenv("TROUPE_CUDA_LIBRARY");
+  const bool beside = paths.size() > 1;  // one was found beside the binary (candidates())
+  if (!beside && !(named && *named)) {
     // An install (cmake --install, the Debian package) leaves the plugin out unless asked: it
     // needs CUDA, cuDNN and NCCL, which Debian does not have.
     l.info.problem = "the CUDA backend (" + std::string(kLibrary) +

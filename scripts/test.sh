@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite from a clean clone: set up, build, run every test with CTest, then a short
-# fuzzing pass over every libFuzzer target (scripts/fuzz.sh; FUZZ_SECONDS per target, 25 by default).
+# fuzzing pass over every libFuzzer target (scripts/fuzz.sh; FUZZ_SECONDS per target, 15 by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -18,4 +18,4 @@ held=(env TROUPE_MAX_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
   -L numeric
 "${held[@]}" ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" --timeout 600 \
   -R 'Training[.](TwoReplicas|UnequalWork|Resuming)|DistributedTraining[.](TwoProcesses|Fp16Compression)|DistSyncTest|RestartTest'
-bash scripts/fuzz.sh "${FUZZ_SECONDS:-25}"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"

@@ -132,11 +132,12 @@ TEST_F(ReportTest, ALogWithoutRowsSaysSo) {
 
 TEST_F(ReportTest, AMissingFileIsNamed) {
   const std::string path = dir_.str() + "/missing.log";
-  EXPECT_EQ(errorOf(path), "cannot open training log '" + path + "': No such file or directory");
+  EXPECT_EQ(errorOf(path), "training log '" + path + "' does not exist");
 }
 
 TEST_F(ReportTest, AFolderIsRefused) {
-  EXPECT_EQ(errorOf(dir_.str()), "training log '" + dir_.str() + "' is not a regular file");
+  EXPECT_EQ(errorOf(dir_.str()),
+            "training log '" + dir_.str() + "' is a directory, not a regular file");
 }
 
 TEST_F(ReportTest, AnEmptyFileIsNamedAtLineOne) {

@@ -211,6 +211,8 @@ TEST(CliHelp, EveryCommandsHelpFitsAHundredColumnsAndTrainsGroupsItsKeysWithType
         "Output and checkpoints:", "Caffe2's trainer flags:", "--batch_size INT",
         "--base_learning_rate NUMBER", "--mirror [BOOL]", "--lr_milestones LIST", "default 64)"})
     EXPECT_TRUE(contains(train, part)) << part << "\n" << train;
+  // Every key has a group (apps/config.cc): a new key must be placed.
+  EXPECT_FALSE(contains(train, "Other keys:")) << train;
 }
 
 TEST(CliSuggestion, AStrayPositionalArgumentKeepsCli11sMessage) {

@@ -309,11 +309,14 @@ TEST(DistributedTraining, RanksStartedByHandOnOneMachineShareItsCores) {
 // it for hung ("worker 0 ... hung or gone"). A launched process's output now queues instead.
 TEST(DistributedTraining, ARunOutlivesItsLauncherStoppedForLongerThanThePeerTimeout) {
   TempDir cwd("dist_stopped_launcher");
+  // Stopped once a step is logged, for 4 s: the ring's watch (1 s) would have fired meanwhile.
   const auto r = runCommand(
       in(cwd, "(" + troupeBinary() + " launch -n 2 -- troupe train --model mlp" + dataFlags() +
-                  " --schedule bsp-allreduce --num_epochs 6 --log_every 1 --threads 1"
-                  " --peer_timeout 3 > launch.out 2>&1 & L=$!; sleep 2; kill -STOP $L; sleep 8;"
-                  " kill -CONT $L; wait $L; echo launcher exited $?)"));
+                  " --schedule bsp-allreduce --num_epochs 10 --log_every 1 --threads 1"
+                  " --peer_timeout 1 > launch.out 2>&1 & L=$!;"
+                  " for i in $(seq 600); do grep -q 'epoch 1 step' launch.out 2>/dev/null && break;"
+                  " sleep 0.05; done;"
+                  " kill -STOP $L; sleep 4; kill -CONT $L; wait $L; echo launcher exited $?)"));
   const std::string out = slurp(cwd.path() / "launch.out");
   EXPECT_NE(r.output.find("launcher exited 0"), std::string::npos) << r.output << out;
   EXPECT_EQ(out.find("hung or gone"), std::string::npos) << out;

@@ -113,7 +113,7 @@ TEST(LaunchMpi, RelayedLogLinesCarryNoColourCodesThoughTheRankWritesToATerminal)
   const auto r =
       runCommand("cd " + cwd.str() + " && TERM=xterm " + troupeBinary() +
                  " launch --launcher mpi -n 1 -- " + troupeBinary() + " train missing.toml");
-  EXPECT_TRUE(exitedWith(r, 1, {"] [error] cannot open config file 'missing.toml'"}));
+  EXPECT_TRUE(exitedWith(r, 1, {"] [error] config file 'missing.toml' does not exist"}));
   EXPECT_FALSE(contains(r.output, "\x1b[")) << r.output;
 }
 

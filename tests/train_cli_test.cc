@@ -317,8 +317,8 @@ TEST(TrainCommand, CaffeTwosShardFlagsAsDocumentedRunSynchronousSgd) {
                              "--rendezvous tcp://127.0.0.1:" +
                              std::to_string(testing::freeLoopbackPort());
   const auto dry = train(cwd, "--model mlp --train_data " + testData("lmdb") +
-                                 "/train --num_shards 2 --shard_id 1 --run_id r1 --redis_host "
-                                 "redis1 --dry-run");
+                                  "/train --num_shards 2 --shard_id 1 --run_id r1 --redis_host "
+                                  "redis1 --dry-run");
   ASSERT_EQ(dry.exit_code, 0) << dry.output;
   EXPECT_NE(dry.output.find("schedule = \"bsp-allreduce\""), std::string::npos) << dry.output;
   testing::CommandResult zero;
@@ -420,12 +420,12 @@ TEST(TrainCommand, ACorruptCheckpointIsRefusedWhenResuming) {
 TEST(TrainCommand, AResumeFromADeviceOrAFifoIsRefusedAtOnce) {
   TempDir cwd("err_resume_special");
   const auto zero = train(cwd, "--model mlp" + dataFlags() + " --resume /dev/zero");
-  expectError(zero, "'/dev/zero' is not a regular file (a character device)");
+  expectError(zero, "'/dev/zero' is a character device, not a regular file");
   ASSERT_EQ(::mkfifo((cwd.path() / "pipe.ckpt").c_str(), 0600), 0);
   const auto fifo = runCommand("cd " + cwd.str() + " && timeout 60 " + troupeBinary() +
                                " train --model mlp" + dataFlags() + " --resume pipe.ckpt");
   EXPECT_NE(fifo.exit_code, 124) << "the run waited on the FIFO";
-  expectError(fifo, "'pipe.ckpt' is not a regular file (a FIFO)");
+  expectError(fifo, "'pipe.ckpt' is a FIFO, not a regular file");
 }
 
 // A data.mdb cut short (a copy that did not finish) used to kill training with SIGBUS (exit 135,

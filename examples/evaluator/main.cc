@@ -157,7 +157,16 @@ class MetricsServer {
     char buffer[4096];
     for (;;) {
       const auto n = ::recv(c.fd, buffer, sizeof buffer, 0);
-      if (n == 0) return !c.reply.empty();
+      if (n == 0) {
+        // Closed after a request line without its newline: that line is the request.
+        if (c.reply.empty() && !c.replied && !c.request.empty()) {
+          std::string line = c.request;
+          if (line.back() == '\r') line.pop_back();
+          c.reply = replyTo(line, state, run);
+          c.request.clear();
+        }
+        return !c.reply.empty();
+      }
       if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
       if (c.replied || !c.reply.empty()) continue;  // the rest of a request already answered
       c.request.append(buffer, static_cast<std::size_t>(n));
