@@ -626,7 +626,7 @@ def _scenario_joiner_killed(args, index, point):
     run_id = "chaos%d-joiner-%s%d" % (os.getpid(), point, index)
     folder = tempfile.mkdtemp(prefix="troupe_chaos_joiner_")
     secret = _secret(folder)
-    epochs = max(6, args.scenario_epochs // 3)
+    epochs = args.scenario_epochs  # long enough for a joiner to be admitted mid-run
     launch = ElasticLaunch(args, folder, run_id, epochs, secret=secret)
     killed, detect = None, None
     if launch.wait_line("generation 0", args.timeout) and launch.wait_line(" step ", args.timeout):
@@ -671,7 +671,7 @@ def scenario_elastic_liar(args, index):
     run_id = "chaos%d-liar%d" % (os.getpid(), index)
     folder = tempfile.mkdtemp(prefix="troupe_chaos_liar_")
     store = os.path.join(folder, "store")
-    epochs = max(6, args.scenario_epochs // 3)
+    epochs = args.scenario_epochs  # long enough for a joiner to be admitted mid-run
     launch = ElasticLaunch(args, folder, run_id, epochs, rendezvous="file://" + store)
     wrote = False
     if launch.wait_line("generation 0", args.timeout) and launch.wait_line(" step ", args.timeout):
@@ -698,7 +698,7 @@ def scenario_elastic_stopped_member(args, index):
     launcher ends the stopped one instead of waiting on it for ever."""
     run_id = "chaos%d-elasticstop%d" % (os.getpid(), index)
     folder = tempfile.mkdtemp(prefix="troupe_chaos_elasticstop_")
-    epochs = max(6, args.scenario_epochs // 3)
+    epochs = args.scenario_epochs  # long enough for a joiner to be admitted mid-run
     command = [args.troupe, "launch", "-n", "3", "--elastic", "2:3", "--run_id", run_id, "--",
                "troupe"] + _elastic_command(args, run_id, epochs)
     launch = ElasticLaunch.__new__(ElasticLaunch)
