@@ -572,8 +572,8 @@ def _elastic_command(args, run_id, epochs, rendezvous=None, secret=None, log_eve
 class ElasticLaunch(Launch):
     """`troupe launch -n 2 --elastic 2:3` of an MLP run, its output collected."""
 
-    def __init__(self, args, folder, run_id, epochs, rendezvous=None, secret=None):
-        command = [args.troupe, "launch", "-n", "2", "--elastic", "2:3", "--run_id", run_id]
+    def __init__(self, args, folder, run_id, epochs, rendezvous=None, secret=None, workers=2):
+        command = [args.troupe, "launch", "-n", str(workers), "--elastic", "2:3", "--run_id", run_id]
         if rendezvous:
             command += ["--rendezvous", rendezvous]
         if secret:
@@ -699,16 +699,7 @@ def scenario_elastic_stopped_member(args, index):
     run_id = "chaos%d-elasticstop%d" % (os.getpid(), index)
     folder = tempfile.mkdtemp(prefix="troupe_chaos_elasticstop_")
     epochs = args.scenario_epochs  # long enough for a joiner to be admitted mid-run
-    command = [args.troupe, "launch", "-n", "3", "--elastic", "2:3", "--run_id", run_id, "--",
-               "troupe"] + _elastic_command(args, run_id, epochs)
-    launch = ElasticLaunch.__new__(ElasticLaunch)
-    launch.lines, launch.started = [], time.monotonic()
-    launch.process = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-    launch.reading = threading.Event()
-    launch.reading.set()
-    launch.reader = threading.Thread(target=launch._read, daemon=True)
-    launch.reader.start()
+    launch = ElasticLaunch(args, folder, run_id, epochs, workers=3)
     stopped, detect = None, None
     workers = _wait_for_workers(launch, run_id, 3, args.timeout)
     if workers and launch.wait_line(" step ", args.timeout):
