@@ -337,10 +337,14 @@ bool ElasticRendezvous::joinerWaiting(int round, int world) {
   const int next = round + 1;
   const auto count = std::min(store_->add(roundKey(next, "count"), 0), kMostComing);
   std::lock_guard lock(mutex_);
+  if (seen_round_ != next) {  // the rounds before are never looked at again: not kept
+    seen_round_ = next;
+    seen_.clear();
+  }
   bool moved = false;
   for (int i = 0; i < static_cast<int>(count); ++i) {
     const std::int64_t beat = beatOf(next, i);
-    const auto [it, first] = seen_.try_emplace({next, i}, beat);
+    const auto [it, first] = seen_.try_emplace(i, beat);
     if (!first && beat >= 0 && it->second != beat) moved = true;
     it->second = beat;
   }

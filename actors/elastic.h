@@ -113,8 +113,9 @@ class ElasticRendezvous {
   std::shared_ptr<rendezvous::Store> store_;
   WorkerBounds bounds_;
   std::chrono::milliseconds timeout_;
-  std::mutex mutex_;                                  // guards seen_
-  std::map<std::pair<int, int>, std::int64_t> seen_;  // (round, index): its beat at the last look
+  std::mutex mutex_;                  // guards seen_round_ and seen_
+  int seen_round_ = -1;               // the round whose beats seen_ holds (joinerWaiting's)
+  std::map<int, std::int64_t> seen_;  // by index: its beat at the last look
 };
 
 // What trainer.cc's one-generation run takes from the elastic loop.

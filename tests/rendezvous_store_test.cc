@@ -258,6 +258,19 @@ class StoreWorldTest : public ::testing::TestWithParam<std::tuple<Backend, int>>
     }
   }
   int world() const { return std::get<1>(GetParam()); }
+  // A rank's client, counted down on `connected` whether or not it connects: whoever waits for
+  // every rank to be connected is never hung by one that failed.
+  auto connectCounted(std::latch& connected) {
+    decltype(live_->connect()) store;
+    try {
+      store = live_->connect();
+    } catch (...) {
+      connected.count_down();
+      throw;
+    }
+    connected.count_down();
+    return store;
+  }
   std::unique_ptr<LiveBackend> live_;
 };
 
@@ -303,14 +316,7 @@ TEST_P(StoreWorldTest, GetBlocksUntilAnotherRankSetsAndReturnsPromptly) {
   std::vector<std::string> values(static_cast<std::size_t>(world()));
   try {
     runRanks(world(), [&](int rank) {
-      std::unique_ptr<Store> store;
-      try {
-        store = live_->connect();
-      } catch (...) {
-        connected.count_down();  // the setter waits for every rank: none may hang it
-        throw;
-      }
-      connected.count_down();
+      auto store = connectCounted(connected);  // the setter waits for every rank
       values[static_cast<std::size_t>(rank)] = store->get("late", kLong);
       returned[static_cast<std::size_t>(rank)] = Clock::now();
     });
@@ -353,14 +359,8 @@ TEST_P(StoreWorldTest, ExchangeWithARankThatNeverArrivesNamesIt) {
   std::vector<std::string> messages(static_cast<size_t>(world()));
   std::latch connected(world());  // all arrive together: a late one is named too, otherwise
   runRanks(world(), [&](int rank) {
-    std::unique_ptr<Store> store;
-    try {
-      store = live_->connect();
-    } catch (...) {
-      connected.count_down();  // the others wait for every rank: none may hang them
-      throw;
-    }
-    connected.arrive_and_wait();
+    auto store = connectCounted(connected);
+    connected.wait();
     try {
       exchange(*store, rank, declared, "v", kShort, "addresses");
       throw std::runtime_error(fmt::format("rank {}: exchange did not time out", rank));
