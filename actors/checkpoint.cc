@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -185,6 +186,24 @@ std::int64_t Checkpoint::metaInt(const std::string& key) const {
   return metaValue<std::int64_t>(meta, key, "an integer");
 }
 
+std::string Checkpoint::optimizer() const {
+  const auto it = meta.find("optimizer");
+  return it == meta.end() ? "sgd" : it->second;
+}
+
+std::vector<std::string> Checkpoint::stateNames() const {
+  const auto it = meta.find("optimizer_state");
+  if (it == meta.end()) return {"momentum_buffer"};
+  std::vector<std::string> names;
+  std::string::size_type at = 0;
+  while (at <= it->second.size()) {
+    const auto comma = std::min(it->second.find(',', at), it->second.size());
+    names.push_back(it->second.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return names;
+}
+
 double Checkpoint::metaDouble(const std::string& key) const {
   return metaValue<double>(meta, key, "a number");
 }
@@ -192,7 +211,7 @@ double Checkpoint::metaDouble(const std::string& key) const {
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   namespace fs = std::filesystem;
   checkFinite(path, "weights", checkpoint.weights);
-  checkFinite(path, "momentum", checkpoint.momentum);
+  checkFinite(path, "optimizer state values", checkpoint.state);
   checkFinite(path, "buffers", checkpoint.buffers);
   // Cheap early refusal; publishNoReplace is what makes two writers of one name safe.
   if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
@@ -205,7 +224,7 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   appendValue(bytes, static_cast<std::uint64_t>(meta.size()));
   bytes += meta;
   appendTensor(bytes, checkpoint.weights);
-  appendTensor(bytes, checkpoint.momentum);
+  appendTensor(bytes, checkpoint.state);
   appendTensor(bytes, checkpoint.buffers);
   const auto crc = static_cast<std::uint32_t>(
       crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
@@ -259,15 +278,18 @@ Checkpoint loadCheckpoint(const std::string& path) {
   if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
   ck.meta = parseMeta(path, std::string(p.take(meta_size), meta_size));
   ck.weights = p.tensor();
-  ck.momentum = p.tensor();
+  ck.state = p.tensor();
   ck.buffers = p.tensor();
   if (p.pos() != body.size()) {
     throw InputError("checkpoint '" + path + "' has trailing bytes");
   }
-  if (ck.momentum.numel() != ck.weights.numel()) {
-    throw InputError("checkpoint '" + path +
-                     "' is inconsistent: " + std::to_string(ck.weights.numel()) + " weights but " +
-                     std::to_string(ck.momentum.numel()) + " momentum values");
+  // Whole rows of the weights' size, as many as the meta names (one, SGD's, when it names none).
+  const std::int64_t n = ck.weights.numel(), rows = ck.stateNames().size();
+  if (ck.state.numel() != rows * n) {
+    throw InputError(fmt::format(
+        "checkpoint '{}' is inconsistent: {} weights but {} optimizer state values ({} rows "
+        "named: {})",
+        path, n, ck.state.numel(), rows, fmt::join(ck.stateNames(), ", ")));
   }
   return ck;
 }

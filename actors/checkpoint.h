@@ -20,11 +20,18 @@ namespace troupe::actors {
 struct Checkpoint {
   // Free-form facts: model name, step, cumulative counters ... (text, no '=' or newline in keys).
   std::map<std::string, std::string> meta;
-  kernels::Tensor weights;   // host float
-  kernels::Tensor momentum;  // host float, same size as weights
-  kernels::Tensor buffers;   // host float, may be empty
+  kernels::Tensor weights;  // host float
+  // host float: the optimizer's state rows (meta optimizer_state names them; none: SGD's
+  // momentum_buffer, as checkpoints before troupe had other optimizers), each of weights' size
+  kernels::Tensor state;
+  kernels::Tensor buffers;  // host float, may be empty
 
   std::int64_t metaInt(const std::string& key) const;
+  // The optimizer that wrote the state (meta `optimizer`), and its state rows' names (meta
+  // `optimizer_state`, comma separated): "sgd" and {"momentum_buffer"} in a checkpoint written
+  // before troupe named them.
+  std::string optimizer() const;
+  std::vector<std::string> stateNames() const;
   double metaDouble(const std::string& key) const;
 };
 

@@ -15,6 +15,7 @@
 #include "actors/nearest_name.h"
 #include "actors/train_config.h"
 #include "actors/worker_bounds.h"
+#include "kernels/optimizer.h"
 #include "rendezvous/value.h"
 #include "troupe/error.h"
 
@@ -196,6 +197,17 @@ const char* kindName(Kind k) {
 
 namespace {
 
+// The optimizer key's help, from the optimizers' table.
+const char* optimizerHelp() {
+  static const std::string help = [] {
+    std::string text = "the update rule: ";
+    for (const auto& row : kernels::optimizers())
+      text += row.name + ": " + row.summary + "; ";
+    return text + "nag: MXNet's name for sgd with nesterov";
+  }();
+  return help.c_str();
+}
+
 std::vector<Key> buildTable() {
   std::vector<Key> table = {
       Key{"model", Kind::kString, kNotNumeric,
@@ -243,15 +255,51 @@ std::vector<Key> buildTable() {
           },
           [](const Settings& s) { return s.textOr("lr_scaling", "none"); }},
       // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
-      TROUPE_FLOAT_KEY("weight_decay", sgd.weight_decay, closed(0, 1), "L2 weight decay"),
+      Key{"optimizer", Kind::kString, kNotNumeric, optimizerHelp(),
+          [](Settings& s, const Value& v) {
+            const std::string name = asString(v);
+            if (name == "nag") {  // MXNet's name for SGD with Nesterov momentum
+              s.options.optimizer.name = "sgd";
+              s.options.optimizer.nesterov = true;
+              return;
+            }
+            try {
+              s.options.optimizer.name = kernels::optimizerInfo(name).name;
+            } catch (const InputError&) {
+              throw Refusal("expected nag or one of " + kernels::optimizerNames());
+            }
+          },
+          [](const Settings& s) { return s.options.optimizer.name; }},
+      TROUPE_FLOAT_KEY("weight_decay", optimizer.weight_decay, closed(0, 1),
+                       "L2 weight decay (adamw: decoupled, as torch.optim.AdamW's)"),
       // At 1 or above the velocity never decays: the run diverges.
-      TROUPE_FLOAT_KEY("momentum", sgd.momentum, openAbove(0, 1), "SGD momentum"),
+      TROUPE_FLOAT_KEY("momentum", optimizer.momentum, openAbove(0, 1), "sgd's and lars' momentum"),
+      TROUPE_FLOAT_KEY("beta1", optimizer.beta1, openAbove(0, 1),
+                       "adam, adamw, lamb: the gradients' moving-average decay"),
+      TROUPE_FLOAT_KEY("beta2", optimizer.beta2, openAbove(0, 1),
+                       "adam, adamw, lamb: the squared gradients' moving-average decay"),
+      TROUPE_FLOAT_KEY("epsilon", optimizer.epsilon, closed(0, 1),
+                       "added to the denominator (0: the optimizer's own default: 1e-8 adam, "
+                       "adamw, rmsprop; 1e-10 adagrad; 1e-6 lamb; 0 lars)"),
+      TROUPE_FLOAT_KEY("rho", optimizer.rho, openAbove(0, 1),
+                       "rmsprop: the squared gradients' decay (MXNet's gamma1, PyTorch's alpha)"),
+      TROUPE_FLOAT_KEY("eta", optimizer.eta, closed(0, 1e6), "lars: the trust coefficient"),
+      // Like a rate, a norm has no natural bound; 0 turns clipping off.
+      TROUPE_FLOAT_KEY("clip_grad_norm", clip_grad_norm, closed(0, 1e38),
+                       "gradients scaled down to this global L2 norm where above, as torch's "
+                       "clip_grad_norm_ (0: none)"),
+      TROUPE_FLOAT_KEY("label_smoothing", label_smoothing, openAbove(0, 1),
+                       "the softmax loss's target: 1 - this on the label, this / num_labels on "
+                       "every class (PyTorch's CrossEntropyLoss label_smoothing)"),
       TROUPE_BOOL_KEY(
           "no_wd", no_wd,
           "no weight decay on biases and batch-norm scales and shifts (Goyal et al.; GluonCV's "
           "--no-wd)"),
-      TROUPE_BOOL_KEY("nesterov", sgd.nesterov, "Nesterov momentum"),
-      TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep or cosine"),
+      TROUPE_BOOL_KEY("nesterov", optimizer.nesterov, "Nesterov momentum"),
+      TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep, cosine or poly"),
+      TROUPE_FLOAT_KEY("lr_power", lr_power, closed(1e-6f, 100),
+                       "poly: the rate falls as (1 - step / steps)^this (MLPerf's LARS: 2)"),
+      TROUPE_FLOAT_KEY("lr_end", lr_end, closed(0, 1e38), "poly: the rate at the run's end"),
       // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
       TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
       TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
@@ -514,6 +562,16 @@ std::vector<Key> buildTable() {
                                                  "weight_decay",
                                                  "momentum",
                                                  "nesterov",
+                                                 "optimizer",
+                                                 "beta1",
+                                                 "beta2",
+                                                 "epsilon",
+                                                 "rho",
+                                                 "eta",
+                                                 "clip_grad_norm",
+                                                 "label_smoothing",
+                                                 "lr_power",
+                                                 "lr_end",
                                                  "lr_policy",
                                                  "gamma",
                                                  "lr_step_epochs",

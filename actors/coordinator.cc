@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "actors/run_plan.h"
 #include "actors/train_log.h"
 #include "actors/trainer.h"
+#include "kernels/optimizer.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -465,7 +467,10 @@ class Coordinator final : public Actor {
       ck.meta["overflow_steps"] = std::to_string(epoch_end_->overflow_steps);
     }
     ck.weights = epoch_end_->weights;
-    ck.momentum = epoch_end_->momentum;
+    ck.state = epoch_end_->state;
+    ck.meta["optimizer"] = options_.optimizer.name;
+    ck.meta["optimizer_state"] =
+        fmt::format("{}", fmt::join(kernels::optimizerInfo(options_.optimizer.name).states, ","));
     ck.buffers = buffers_;
     progress_line_.clear();
     const std::string path = config_.checkpoint_dir + "/" + name;

@@ -66,12 +66,12 @@ class LocalKVStore final : public KVStore {
         std::copy_n(sum.f32(), n, e.value.f32());  // MXNet's local store without an updater
         return {};
       }
-      if (!e.optimizer) e.optimizer = kernels::makeSgd(*backend_, n, sgd_);
+      if (!e.optimizer) e.optimizer = kernels::makeOptimizer(*backend_, n, settings_);
       if (spec_.rescale_grad != 1.0f) {
         for (std::int64_t j = 0; j < n; ++j)
           sum.f32()[j] *= spec_.rescale_grad;
       }
-      if (!e.optimizer->step(e.value, sum, spec_.learning_rate)) {
+      if (!e.optimizer->step(e.value, sum, spec_.learning_rate, ++e.updates)) {
         return {ErrorKind::kNumeric,
                 fmt::format("push of key {}: the update left inf or NaN in its value (learning "
                             "rate {:g}; a gradient was not finite, or too large)",
@@ -96,13 +96,15 @@ class LocalKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    auto sgd = actors::sgdOf(o);
-    if (!sgd) return sgd.status();
+    auto settings = actors::optimizerOf(o);
+    if (!settings) return settings.status();
     spec_ = o;
-    sgd_ = sgd.value();
+    settings_ = settings.value();
     optimizer_ = true;
-    for (auto& [key, e] : entries_)
-      e.optimizer.reset();  // a new optimizer starts with no momentum
+    for (auto& [key, e] : entries_) {
+      e.optimizer.reset();  // a new optimizer starts with no state
+      e.updates = 0;
+    }
     return {};
   }
 
@@ -119,6 +121,7 @@ class LocalKVStore final : public KVStore {
   struct Entry {
     kernels::Tensor value;
     std::unique_ptr<kernels::Optimizer> optimizer;
+    std::int64_t updates = 0;     // by the optimizer (Adam's bias correction counts them)
     std::vector<float> residual;  // 2bit
   };
 
@@ -140,7 +143,7 @@ class LocalKVStore final : public KVStore {
   std::unique_ptr<kernels::Backend> backend_;
   std::map<int, Entry> entries_;
   OptimizerSpec spec_;
-  kernels::SgdOptions sgd_;
+  kernels::OptimizerSettings settings_;
   bool optimizer_ = false;
   kernels::CompressionSpec compression_;
 };
@@ -149,26 +152,31 @@ class LocalKVStore final : public KVStore {
 
 namespace actors {
 
-Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& o) {
-  if (o.name != "sgd")
-    return inputError(fmt::format("optimizer '{}': the known one is sgd", o.name));
+Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
   for (const auto& [name, v] :
        {std::pair{"learning_rate", o.learning_rate}, {"rescale_grad", o.rescale_grad}}) {
     if (!std::isfinite(v) || v < 0) {
       return inputError(fmt::format("optimizer: {} {} is not a finite number >= 0", name, v));
     }
   }
-  kernels::SgdOptions sgd;
-  sgd.momentum = o.momentum;
-  sgd.weight_decay = o.weight_decay;
-  sgd.nesterov = o.nesterov;
+  kernels::OptimizerSettings s;
+  s.name = o.name == "nag" ? "sgd" : o.name;
+  s.nesterov = o.nesterov || o.name == "nag";
+  s.momentum = o.momentum;
+  s.weight_decay = o.weight_decay;
+  s.beta1 = o.beta1;
+  s.beta2 = o.beta2;
+  s.epsilon = o.epsilon;
+  s.rho = o.rho;
+  s.eta = o.eta;
   try {
-    auto backend = kernels::makeCpuBackend(1);
-    kernels::makeSgd(*backend, 1, sgd);  // checks momentum, weight decay and nesterov
+    kernels::OptimizerSettings resolved = s;
+    if (resolved.epsilon == 0.0f) resolved.epsilon = kernels::optimizerInfo(s.name).epsilon;
+    kernels::check(resolved, 1);
   } catch (const Error& e) {
     return inputError(fmt::format("optimizer: {}", e.what()));
   }
-  return sgd;
+  return s;
 }
 
 Status checkInit(int key, std::size_t values, bool inited) {

@@ -336,15 +336,22 @@ class DistKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    if (auto sgd = sgdOf(o); !sgd) return sgd.status();
+    auto settings = optimizerOf(o);
+    if (!settings) return settings.status();
     std::lock_guard lock(mu_);
     KvConfigure next = configure_;
     next.has_optimizer = true;
     next.learning_rate = o.learning_rate;
-    next.momentum = o.momentum;
-    next.weight_decay = o.weight_decay;
     next.rescale_grad = o.rescale_grad;
-    next.nesterov = o.nesterov;
+    next.optimizer = settings->name;
+    next.momentum = settings->momentum;
+    next.weight_decay = settings->weight_decay;
+    next.nesterov = settings->nesterov;
+    next.beta1 = settings->beta1;
+    next.beta2 = settings->beta2;
+    next.epsilon = settings->epsilon;
+    next.rho = settings->rho;
+    next.eta = settings->eta;
     return configure(next, "setOptimizer");
   }
 

@@ -11,9 +11,10 @@
 
 namespace troupe::actors {
 
-// troupe's SGD options from MXNet's optimizer settings; kInput naming the bad one (not sgd, a
-// learning rate or rescale_grad not finite and >= 0, a momentum or weight decay out of range).
-Result<kernels::SgdOptions> sgdOf(const OptimizerSpec& optimizer);
+// troupe's optimizer settings from MXNet's (nag: sgd with nesterov); kInput naming the bad one
+// (an unknown optimizer, with the known ones; a learning rate or rescale_grad not finite and
+// >= 0; a setting out of the optimizer's range).
+Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& optimizer);
 
 // init()'s checks of every type: a key >= 0, not inited yet (`inited`), a value of some size.
 Status checkInit(int key, std::size_t values, bool inited);

@@ -232,14 +232,16 @@ class RingKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    auto sgd = sgdOf(o);
-    if (!sgd) return sgd.status();
+    auto settings = optimizerOf(o);
+    if (!settings) return settings.status();
     std::lock_guard lock(mu_);
     spec_ = o;
-    sgd_ = sgd.value();
+    settings_ = settings.value();
     has_optimizer_ = true;
-    for (auto& [key, k] : keys_)
-      k.optimizer.reset();  // a new optimizer starts with no momentum
+    for (auto& [key, k] : keys_) {
+      k.optimizer.reset();  // a new optimizer starts with no state
+      k.updates = 0;
+    }
     return {};
   }
 
@@ -275,6 +277,7 @@ class RingKVStore final : public KVStore {
     std::int64_t pushes = 0;
     std::deque<std::pair<std::int64_t, kernels::Tensor>> pending;  // pushes not yet applied
     std::unique_ptr<kernels::Optimizer> optimizer;
+    std::int64_t updates = 0;  // by the optimizer (Adam's bias correction counts them)
   };
 
   static Status inputError(std::string message) { return {ErrorKind::kInput, std::move(message)}; }
@@ -338,9 +341,9 @@ class RingKVStore final : public KVStore {
       if (!has_optimizer_) {
         std::copy_n(sum.f32(), n, k.value.f32());  // MXNet's store without an updater: the sum
       } else {
-        if (!k.optimizer) k.optimizer = kernels::makeSgd(*backend_, n, sgd_);
+        if (!k.optimizer) k.optimizer = kernels::makeOptimizer(*backend_, n, settings_);
         if (spec_.rescale_grad != 1.0f) backend_->scale(sum, spec_.rescale_grad);
-        if (!k.optimizer->step(k.value, sum, spec_.learning_rate)) {
+        if (!k.optimizer->step(k.value, sum, spec_.learning_rate, ++k.updates)) {
           return {ErrorKind::kNumeric,
                   fmt::format("push {} of key {}: the update left inf or NaN in its value "
                               "(learning rate {:g}; a gradient was not finite, or too large)",
@@ -366,7 +369,7 @@ class RingKVStore final : public KVStore {
   std::map<int, Key> keys_;
   std::int64_t next_base_ = 0;
   OptimizerSpec spec_;
-  kernels::SgdOptions sgd_;
+  kernels::OptimizerSettings settings_;
   bool has_optimizer_ = false;
   bool pushed_ = false;
   int barriers_ = 0;

@@ -107,7 +107,7 @@ struct StepDone {
 struct EpochEnd {
   std::int64_t step = 0;  // steps applied so far
   Tensor weights;
-  Tensor momentum;
+  Tensor state;  // the optimizer's (kernels/optimizer.h: its rows one after another)
   // Mixed precision with a loss scale: the scale now, and the steps skipped so far because their
   // gradients held inf or NaN. loss_scale 0: no loss scale.
   float loss_scale = 0;
@@ -129,7 +129,7 @@ struct PauseAt {
 struct Handover {
   std::int64_t step = 0;
   Tensor weights;
-  Tensor momentum;
+  Tensor state;          // the optimizer's
   Tensor buffers;        // replica 0's (batch norm statistics); empty if the model has none
   float loss_scale = 0;  // the dynamic loss scale; 0: none
   std::int64_t overflow_steps = 0;  // steps skipped for inf or NaN gradients so far
@@ -185,7 +185,7 @@ struct PullReply {
   std::int64_t key_begin = 0;
   std::int64_t key_end = 0;
   Tensor data;
-  Tensor state;  // momentum, with epoch_end pulls
+  Tensor state;  // the optimizer's state of the keys (its rows), with epoch_end pulls
 };
 
 // Server -> a worker whose pull it holds: whom it waits for, so that a worker that gives up
@@ -229,6 +229,9 @@ struct KvConfigure {
   bool nesterov = false;
   std::uint8_t compression = 0;  // kernels::GradientCompression
   float threshold = 0.5f;
+  // The optimizer by name (kernels/optimizer.h; empty: sgd) and the settings only some read.
+  std::string optimizer;
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 0, rho = 0.9f, eta = 0.001f;
 };
 
 // Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.

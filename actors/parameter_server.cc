@@ -17,10 +17,26 @@
 #include "actors/roles.h"
 #include "actors/trace.h"
 #include "kernels/backend.h"
+#include "kernels/optimizer.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
 namespace {
+
+// The optimizer a KVStore's setOptimizer asked for (checked by the worker: kvstore_options.h).
+kernels::OptimizerSettings optimizerOf(const KvConfigure& m) {
+  kernels::OptimizerSettings s;
+  s.name = m.optimizer.empty() ? "sgd" : m.optimizer;
+  s.momentum = m.momentum;
+  s.weight_decay = m.weight_decay;
+  s.nesterov = m.nesterov;
+  s.beta1 = m.beta1;
+  s.beta2 = m.beta2;
+  s.epsilon = m.epsilon;
+  s.rho = m.rho;
+  s.eta = m.eta;
+  return s;
+}
 
 // Keys the server holds are segments: the trainer's server has one, its shard; the KVStore's has
 // one per part of a KVStore key that it owns, one after the other in the order of their inits.
@@ -68,8 +84,9 @@ class Server final : public Actor {
     if (!config_.kvstore) {
       Segment& s = addSegment(config_.key_begin, config_.key_end, config_.initial_weights,
                               config_.first_step);
-      if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
-        backend_->copy(config_.initial_momentum, s.momentum);
+      if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
+        TROUPE_ENFORCE_EQ(config_.initial_state.numel(), s.optimizer->state().numel());
+        backend_->copy(config_.initial_state, s.optimizer->state());
       }
     }
     armStallCheck();
@@ -87,7 +104,10 @@ class Server final : public Actor {
     std::int64_t begin = 0, end = 0;
     int key = -1;            // the KVStore's key
     std::int64_t first = 0;  // the index of the segment's first value in its key's
-    kernels::Tensor weights, momentum;
+    kernels::Tensor weights;
+    // The trainer's: config_.optimizer; a KVStore's: as set (kv_optimizer_), made anew when it is.
+    std::unique_ptr<kernels::Optimizer> optimizer;
+    std::int64_t updates = 0;          // applied to it so far (Adam's bias correction counts them)
     std::vector<std::int64_t> clocks;  // per worker: the last step fully pushed here
     std::int64_t applied = 0;          // dist_sync: steps applied
     std::map<std::int64_t, StepPushes> steps;
@@ -102,9 +122,10 @@ class Server final : public Actor {
     s.key = key;
     s.first = first;
     s.weights = backend_->empty({end - begin});
-    s.momentum = backend_->empty({end - begin});
     backend_->copy(value, s.weights);
-    backend_->fill(s.momentum, 0.0f);
+    s.optimizer = kernels::makeOptimizer(*backend_, end - begin,
+                                         config_.kvstore ? kv_optimizer_ : config_.optimizer);
+    s.updates = first_step;
     s.clocks.assign(static_cast<std::size_t>(config_.num_workers), first_step - 1);
     s.applied = first_step;
     return segments_.emplace(begin, std::move(s)).first->second;
@@ -336,7 +357,6 @@ class Server final : public Actor {
       step.sums.resize(s.clocks.size());
       step.received.assign(s.clocks.size(), 0);
     }
-    const auto& sgd = config_.sgd;
     if (config_.mode == "dist_sync") {
       auto& sum = step.sums[p.worker];
       if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({s.size()});
@@ -354,8 +374,7 @@ class Server final : public Actor {
       const float lr = config_.kvstore
                            ? learningRate(p.step)
                            : learningRate(p.step) / static_cast<float>(config_.num_workers);
-      kernels::sgdUpdateRange(*backend_, s.weights.slice(lo, hi), grads, s.momentum.slice(lo, hi),
-                              s.begin + lo, s.begin + hi, lr, sgd);
+      s.optimizer->stepRange(s.weights.slice(lo, hi), grads, lo, hi, lr, ++s.updates);
       if (!backend_->updatesFinite()) {
         failNonFinite(s, p.step, lo, hi, lr, nonFinitePush(grads, s, lo, p.worker));
       }
@@ -377,7 +396,7 @@ class Server final : public Actor {
         backend_->copy(total, s.weights);  // MXNet's server without an updater: the sum
       } else {
         const float lr = learningRate(p.step);
-        kernels::sgdUpdateRange(*backend_, s.weights, total, s.momentum, s.begin, s.end, lr, sgd);
+        s.optimizer->stepRange(s.weights, total, 0, s.size(), lr, ++s.updates);
         if (!backend_->updatesFinite()) {
           // The other workers' pushes are as they came; worker 0's was summed into: what is not
           // finite in the sum but in none of theirs was in its push (or the sum overflowed).
@@ -442,14 +461,34 @@ class Server final : public Actor {
       ack.error = fmt::format("server {} serves a training run, not a KVStore", config_.index);
     } else if (m.compression > static_cast<std::uint8_t>(kernels::GradientCompression::k2Bit)) {
       ack.error = fmt::format("gradient compression {} is none of troupe's", m.compression);
+    } else if (const std::string bad = checkOptimizer(m); !bad.empty()) {
+      ack.error = bad;
     } else {
+      const kernels::OptimizerSettings next = optimizerOf(m);
+      if (kernels::describe(next) != kernels::describe(kv_optimizer_)) {
+        // Another optimizer, or other settings: its state starts anew (MXNet's servers make a
+        // new updater).
+        kv_optimizer_ = next;
+        for (auto& [begin, s] : segments_)
+          s.optimizer = kernels::makeOptimizer(*backend_, s.size(), kv_optimizer_);
+      }
       kv_ = m;
-      config_.sgd.momentum = m.momentum;
-      config_.sgd.weight_decay = m.weight_decay;
-      config_.sgd.nesterov = m.nesterov;
       config_.compression = {static_cast<kernels::GradientCompression>(m.compression), m.threshold};
     }
     send(Address{m.worker, m.reply_actor}, std::move(ack));
+  }
+
+  // Why the optimizer `m` asks for cannot be (an unknown name, a setting out of its range), or "".
+  static std::string checkOptimizer(const KvConfigure& m) {
+    if (!m.has_optimizer) return "";
+    try {
+      kernels::OptimizerSettings s = optimizerOf(m);
+      if (s.epsilon == 0.0f) s.epsilon = kernels::optimizerInfo(s.name).epsilon;
+      kernels::check(s, 1);
+      return "";
+    } catch (const InputError& e) {
+      return fmt::format("setOptimizer: {}", e.what());
+    }
   }
 
   // Pulls for step t need: dist_sync, the update of step t-1; dist_async, nothing (the worker's
@@ -494,7 +533,7 @@ class Server final : public Actor {
       for (const Segment* s : segments)
         backend_->copy(s->weights,
                        reply.data.slice(s->begin - it->key_begin, s->end - it->key_begin));
-      if (it->epoch_end) reply.state = snapshot(segments.front()->momentum);
+      if (it->epoch_end) reply.state = snapshot(segments.front()->optimizer->state());
       backend_->synchronize();
       send(Address{it->worker, it->reply_actor}, std::move(reply));
       waiting_.erase({it->worker, it->key_begin, it->step});
@@ -513,7 +552,8 @@ class Server final : public Actor {
   ServerConfig config_;
   std::unique_ptr<kernels::Backend> backend_;
   std::map<std::int64_t, Segment> segments_;  // by first key
-  KvConfigure kv_;                            // the KVStore's optimizer
+  KvConfigure kv_;                            // the KVStore's optimizer, as set
+  kernels::OptimizerSettings kv_optimizer_;   // and as the segments' optimizers have it
   std::set<std::uint32_t> done_;              // workers done with the KVStore
   std::vector<Pull> pending_;
   struct Waited {
@@ -548,7 +588,6 @@ class PsClient final : public Actor {
   void started() override {
     weights_ = kernels::Tensor::host({config_.initial_weights.numel()});
     std::copy_n(config_.initial_weights.f32(), weights_.numel(), weights_.f32());
-    momentum_ = kernels::Tensor::host({weights_.numel()});
     // Start once every server agrees on step 0's weights (they may have been resumed).
     pull(false);
     armStallCheck();
@@ -669,7 +708,13 @@ class PsClient final : public Actor {
     TROUPE_ENFORCE_EQ(r.step, step_);
     std::copy_n(r.data.f32(), r.data.numel(), weights_.f32() + r.key_begin);
     if (r.state.defined() && r.state.numel() > 0) {
-      std::copy_n(r.state.f32(), r.state.numel(), momentum_.f32() + r.key_begin);
+      // The servers' optimizer state: its rows of the shard (the client learns how many here).
+      const std::int64_t n = weights_.numel(), width = r.key_end - r.key_begin;
+      TROUPE_ENFORCE(width > 0 && r.state.numel() % width == 0, "optimizer state of ",
+                     r.state.numel(), " values for keys [", r.key_begin, ", ", r.key_end, ")");
+      const std::int64_t rows = r.state.numel() / width;
+      if (state_.numel() != rows * n) state_ = kernels::Tensor::host({rows * n});
+      kernels::setStateColumns(r.state, state_, n, r.key_begin, r.key_end);
     }
     for (std::size_t s = 0; s < config_.shards.size(); ++s) {
       if (!answered_[s] && config_.shards[s] == std::make_pair(r.key_begin, r.key_end)) {
@@ -688,7 +733,7 @@ class PsClient final : public Actor {
                                Trace::Clock::now());
     }
     if (pulling_epoch_end_) {
-      send(config_.coordinator, EpochEnd{step_, weights_, momentum_});
+      send(config_.coordinator, EpochEnd{step_, weights_, state_});
     } else {
       broadcast();
     }
@@ -702,8 +747,8 @@ class PsClient final : public Actor {
   }
 
   PsClientConfig config_;
-  Observers observers_;  // the chief's: processes that watch the run
-  kernels::Tensor weights_, momentum_;
+  Observers observers_;              // the chief's: processes that watch the run
+  kernels::Tensor weights_, state_;  // state_: the servers' optimizer's, from epoch-end pulls
   std::int64_t step_;
   std::int64_t pushed_ = 0;
   std::vector<float> residual_;  // 2bit compression: per key of the model
@@ -719,10 +764,29 @@ class PsClient final : public Actor {
 
 }  // namespace
 
-std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers) {
+std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
+    std::int64_t num_params, int servers, const std::vector<kernels::ParamRange>& layers) {
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  std::int64_t begin = 0;
   for (int s = 0; s < servers; ++s) {
-    shards.emplace_back(num_params * s / servers, num_params * (s + 1) / servers);
+    std::int64_t end = num_params * (s + 1) / servers;
+    if (!layers.empty() && s + 1 < servers) {
+      // The layer boundary nearest the even cut, not before this shard's beginning.
+      std::int64_t best = end, distance = -1;
+      for (const auto& [lo, hi] : layers) {
+        for (const std::int64_t at : {lo, hi}) {
+          if (at < begin || at > num_params) continue;
+          const std::int64_t d = at > end ? at - end : end - at;
+          if (distance < 0 || d < distance) {
+            best = at;
+            distance = d;
+          }
+        }
+      }
+      end = best;
+    }
+    shards.emplace_back(begin, end);
+    begin = end;
   }
   return shards;
 }

@@ -102,9 +102,9 @@ struct TrainState {
   std::int64_t step = -1;
   std::int64_t epoch = 0;
   std::int64_t epoch_records = 0;
-  kernels::Tensor weights, momentum, buffers;  // host
-  float loss_scale = 0;                        // the dynamic loss scale then; 0: none
-  std::int64_t overflow_steps = 0;             // steps it skipped for inf or NaN gradients
+  kernels::Tensor weights, state, buffers;  // host; state: the optimizer's
+  float loss_scale = 0;                     // the dynamic loss scale then; 0: none
+  std::int64_t overflow_steps = 0;          // steps it skipped for inf or NaN gradients
 };
 
 // One replica a reader feeds: its share of each step's global batch.
@@ -243,11 +243,15 @@ struct LossScale {
 };
 
 struct UpdaterConfig {
-  int worker = 0;                    // this process's rank, for errors
-  kernels::Tensor initial_weights;   // host
-  kernels::Tensor initial_momentum;  // host; undefined: zeros
-  kernels::Tensor initial_buffers;   // host; undefined: replicas keep their own
-  kernels::SgdOptions sgd;
+  int worker = 0;                   // this process's rank, for errors
+  kernels::Tensor initial_weights;  // host
+  kernels::Tensor initial_state;    // host, the optimizer's; undefined: zeros
+  kernels::Tensor initial_buffers;  // host; undefined: replicas keep their own
+  kernels::OptimizerSettings optimizer;
+  // Gradients scaled down to this global L2 norm where it is above (torch's clip_grad_norm_);
+  // 0: no clipping. Clipping, a layerwise optimizer and a loss scale hold a step's buckets until
+  // its last is reduced.
+  float clip_grad_norm = 0;
   kernels::LrPolicy lr;
   StepPlan plan;
   kernels::Device device;  // where the weights and the optimizer live (the reducer's)
@@ -270,7 +274,8 @@ struct UpdaterConfig {
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 
-// A parameter server: owns keys [key_begin, key_end) of the flat parameters and their momentum.
+// A parameter server: owns keys [key_begin, key_end) of the flat parameters and their optimizer
+// state.
 //   dist_sync:  sums the pushes of every worker for step t (in worker order) and updates once;
 //               answers a pull for step t+1 after that.
 //   dist_async: updates on every push as it arrives, at 1/W of the learning rate (staleness-aware
@@ -279,8 +284,8 @@ std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 //   ssp:        as dist_async (same learning-rate scaling), but answers a pull for step t only
 //               once every worker has pushed
 //               step t - staleness - 1 (no worker runs more than `staleness` steps ahead).
-// Epoch-end pulls wait for every worker and carry the momentum too. An update that leaves an inf
-// or NaN in the shard fails the run (NumericError naming the step).
+// Epoch-end pulls wait for every worker and carry the optimizer state too. An update that leaves an
+// inf or NaN in the shard fails the run (NumericError naming the step).
 struct ServerConfig {
   int index = 0;
   // A KVStore's server (troupe/kvstore.h): it starts with no keys; KvInit messages bring them,
@@ -295,9 +300,9 @@ struct ServerConfig {
   int staleness = 0;
   std::int64_t key_begin = 0;
   std::int64_t key_end = 0;
-  kernels::Tensor initial_weights;   // host, this shard's keys
-  kernels::Tensor initial_momentum;  // host, this shard's keys; undefined: zeros
-  kernels::SgdOptions sgd;
+  kernels::Tensor initial_weights;  // host, this shard's keys
+  kernels::Tensor initial_state;    // host, the optimizer's of this shard's keys; undefined: zeros
+  kernels::OptimizerSettings optimizer;
   kernels::LrPolicy lr;
   std::int64_t first_step = 0;  // > 0 when resuming
   int threads = 1;
@@ -338,8 +343,11 @@ std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
 // the range its init takes next.
 inline constexpr int kKvKeyShift = 40;
 
-// Keys [0, num_params) cut into `servers` contiguous shards of (nearly) equal size.
-std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(std::int64_t num_params, int servers);
+// Keys [0, num_params) cut into `servers` contiguous shards of (nearly) equal size; with
+// `layers` (a layerwise optimizer's), each cut moved to the nearest layer boundary, so that every
+// layer's trust ratio is one server's.
+std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
+    std::int64_t num_params, int servers, const std::vector<kernels::ParamRange>& layers = {});
 
 // A training epoch's figures so far.
 struct EpochStats {

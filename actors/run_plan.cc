@@ -312,6 +312,8 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) 
     lr.stepvalues.push_back(steps(e));
   lr.max_steps = o.num_epochs * steps_per_epoch;
   lr.warmup_steps = steps(o.warmup_epochs);
+  lr.power = o.lr_power;
+  lr.end = o.lr_end;
   kernels::validate(lr);
   return lr;
 }
@@ -611,6 +613,7 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.channels = o.num_channels;
   net.height = net.width = o.image_size;
   net.num_labels = o.num_labels;
+  net.label_smoothing = o.label_smoothing;
   net.max_batch = max_batch;
   net.seed = o.seed;
   return net;
@@ -733,9 +736,18 @@ std::string describePrecision(const TrainOptions& o, bool channels_last) {
       layout);
 }
 
-void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan) {
+void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan,
+                    const kernels::OptimizerSettings& optimizer) {
   const auto& ck = resumed.checkpoint;
   const std::string& path = resumed.path;
+  const auto& states = kernels::optimizerInfo(optimizer.name).states;
+  if (ck.optimizer() != optimizer.name || ck.stateNames() != states) {
+    throw InputError(fmt::format(
+        "checkpoint '{}' holds the state of optimizer {} ({}); this run's optimizer is {} ({}): "
+        "resume with optimizer {}, or start afresh in another checkpoint_dir",
+        path, ck.optimizer(), fmt::join(ck.stateNames(), ", "), optimizer.name,
+        fmt::join(states, ", "), ck.optimizer()));
+  }
   if (ck.weights.numel() != num_params) {
     throw InputError(fmt::format("checkpoint '{}' holds {} parameters; this model has {}", path,
                                  ck.weights.numel(), num_params));

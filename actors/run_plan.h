@@ -215,7 +215,8 @@ std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
                                   std::int64_t num_params, const StepPlan& plan);
 
 // InputError when `resumed` does not fit this run: other parameters, another global batch or
-// epoch size.
-void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan);
+// epoch size, the state of another optimizer.
+void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepPlan& plan,
+                    const kernels::OptimizerSettings& optimizer);
 
 }  // namespace troupe::actors

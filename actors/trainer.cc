@@ -123,12 +123,16 @@ std::unique_ptr<kernels::Communicator> formNcclGroup(const TrainOptions& o,
 
 // A parameter-server process: one Server actor owning a shard of the keys.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
-                      const kernels::LrPolicy& lr, const kernels::SgdOptions& sgd,
+                      const kernels::LrPolicy& lr, const kernels::OptimizerSettings& optimizer,
                       std::int64_t num_params, const kernels::Tensor& weights,
-                      const kernels::Tensor& momentum, const std::string& resumed_from,
+                      const kernels::Tensor& state, const std::string& resumed_from,
                       const std::shared_ptr<RunMembers>& members) {
   const int workers = o.num_shards;
-  const auto shard = shardKeys(num_params, o.num_servers)[static_cast<std::size_t>(o.shard_id)];
+  const auto shard =
+      shardKeys(num_params, o.num_servers,
+                kernels::optimizerInfo(optimizer.name).layerwise
+                    ? optimizer.layers
+                    : std::vector<kernels::ParamRange>{})[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
@@ -138,10 +142,10 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.key_begin = shard.first;
   config.key_end = shard.second;
   config.initial_weights = weights.slice(shard.first, shard.second);
-  if (momentum.defined() && momentum.numel() > 0) {
-    config.initial_momentum = momentum.slice(shard.first, shard.second);
+  if (state.defined() && state.numel() > 0) {
+    config.initial_state = kernels::stateColumns(state, num_params, shard.first, shard.second);
   }
-  config.sgd = sgd;
+  config.optimizer = optimizer.within(shard.first, shard.second);
   config.lr = lr;
   config.first_step = plan.first_step;
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
@@ -183,11 +187,11 @@ struct ProcessPlan {
   data::DatasetOptions train, test;
   StepPlan plan;
   kernels::LrPolicy lr;
-  kernels::SgdOptions sgd;  // TrainOptions::sgd, with no_wd's ranges
+  kernels::OptimizerSettings optimizer;  // TrainOptions::optimizer, with the net's ranges
   kernels::NetOptions net;
   std::int64_t num_params = 0;
   bool has_buffers = false;
-  kernels::Tensor weights, momentum, buffers;  // to start from; momentum, buffers may be empty
+  kernels::Tensor weights, state, buffers;  // to start from; state, buffers may be empty
   std::string checkpoint_dir, resumed_from;
   double cumulative_time = 0;  // carried over from a resumed checkpoint
   std::int64_t cumulative_inputs = 0;
@@ -246,8 +250,10 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   init_backend->copy(init_net->weights(), p.weights);
   p.has_buffers = init_net->buffers().numel() > 0;
   const std::int64_t num_params = p.num_params = init_net->numParams();
-  p.sgd = o.sgd;
-  if (o.no_wd) p.sgd.no_decay = kernels::noDecayRanges(init_net->params());
+  p.optimizer = o.optimizer;
+  if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
+  p.optimizer.layers = kernels::paramRanges(init_net->params());
+  kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
   p.net.precision = precisionOf(o);
   p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
@@ -264,7 +270,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (resumed) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
-    checkResumable(*resumed, num_params, plan);
+    checkResumable(*resumed, num_params, plan, p.optimizer);
     plan.start(ck.metaInt("step"), o.num_epochs);
     if (plan.first_step >= plan.last_step && resumed->latest) {
       // The run already ended (a restart after its last checkpoint): every process sees the
@@ -281,7 +287,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
                       path, plan.first_step, plan.last_step));
     }
     p.weights = ck.weights;
-    p.momentum = ck.momentum;
+    p.state = ck.state;
     if (ck.buffers.numel() > 0) p.buffers = ck.buffers;
     p.cumulative_time = ck.metaDouble("cumulative_time_spent");
     p.cumulative_inputs = ck.metaInt("cumulative_input_count");
@@ -293,7 +299,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   // else its updater waits for the newest from the process that has it (Handover).
   if (role && role->state->step == plan.first_step && !role->await_handover) {
     p.weights = role->state->weights;
-    p.momentum = role->state->momentum;
+    p.state = role->state->state;
     if (role->state->buffers.defined()) p.buffers = role->state->buffers;
     if (role->state->loss_scale > 0 && lossScaleOf(o).dynamic) {
       p.loss_scale = role->state->loss_scale;
@@ -360,7 +366,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   const std::string& checkpoint_dir = p.checkpoint_dir;
   UpdaterConfig updater;
   updater.initial_weights = p.weights;
-  updater.initial_momentum = p.momentum;
+  updater.initial_state = p.state;
   updater.initial_buffers = p.buffers;
   CoordinatorConfig coordinator;
   coordinator.cumulative_time = p.cumulative_time;
@@ -436,7 +442,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
 
   updater.worker = rank;
   updater.device = p.devices.updater;
-  updater.sgd = p.sgd;
+  updater.optimizer = p.optimizer;
+  updater.clip_grad_norm = o.clip_grad_norm;
   updater.lr = lr;
   updater.plan = plan;
   updater.loss_scale = lossScaleOf(o);
@@ -468,7 +475,10 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     client.compression = compressionOf(o);
     client.initial_weights = updater.initial_weights;
     client.servers = servers;
-    client.shards = shardKeys(num_params, o.num_servers);
+    client.shards = shardKeys(num_params, o.num_servers,
+                              kernels::optimizerInfo(p.optimizer.name).layerwise
+                                  ? p.optimizer.layers
+                                  : std::vector<kernels::ParamRange>{});
     client.plan = plan;
     client.replicas = local_replicas;
     client.coordinator = chief_address;
@@ -643,7 +653,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
 
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
-    return runServer(o, rank, nodes, p.plan, p.lr, p.sgd, p.num_params, p.weights, p.momentum,
+    return runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params, p.weights, p.state,
                      resumed_from, members);
   }
 

@@ -126,7 +126,15 @@ struct TrainOptions {
   double lr_step_epochs = 0;          // step: decay every this many epochs
   std::vector<double> lr_milestones;  // multistep: epochs at which to decay
   double warmup_epochs = 0;
-  kernels::SgdOptions sgd;
+  float lr_power = 2.0f;                 // poly: the exponent (MLPerf's LARS runs use 2)
+  float lr_end = 0.0f;                   // poly: the rate at the run's last step
+  kernels::OptimizerSettings optimizer;  // by name (kernels/optimizer.h's table)
+  // Gradients scaled down to this global L2 norm where it is above (torch's clip_grad_norm_);
+  // 0: none.
+  float clip_grad_norm = 0.0f;
+  // The softmax loss's target puts 1 - this on the label and this / classes on every class
+  // (PyTorch's CrossEntropyLoss label_smoothing; Szegedy et al. 2016).
+  float label_smoothing = 0.0f;
 
   // What gradients travel as between processes (kernels/compression.h): none, fp16, bf16 or 2bit
   // (MXNet's, with gradient_compression_threshold), on the ring and on pushes to the servers.

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <vector>
 
 #include "actors/messages.h"
@@ -50,7 +51,7 @@ class Updater final : public Actor {
     s.epoch = config_.plan.epochOf(s.step);
     s.epoch_records = config_.plan.recordOf(s.step);
     s.weights = hostCopy(whole ? weights_ : snapshot_weights_);
-    s.momentum = hostCopy(whole ? optimizer_->state() : snapshot_momentum_);
+    s.state = hostCopy(whole ? optimizer_->state() : snapshot_state_);
     // Both change only at a step's end: the same for a partial step.
     s.loss_scale = loss_scale_;
     s.overflow_steps = overflow_steps_;
@@ -65,10 +66,11 @@ class Updater final : public Actor {
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);
-    optimizer_ = kernels::makeSgd(*backend_, n, config_.sgd);
-    if (config_.initial_momentum.defined() && config_.initial_momentum.numel() > 0) {
-      TROUPE_ENFORCE_EQ(config_.initial_momentum.numel(), n);
-      backend_->copy(config_.initial_momentum, optimizer_->state());
+    optimizer_ = kernels::makeOptimizer(*backend_, n, config_.optimizer);
+    hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
+    if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
+      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), optimizer_->state().numel());
+      backend_->copy(config_.initial_state, optimizer_->state());
     }
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
@@ -85,8 +87,10 @@ class Updater final : public Actor {
  private:
   // Updates each bucket as soon as it is reduced (the optimizer is elementwise, so this is the
   // same as one update of the whole step), reading the gradient where it lies if it is on this
-  // updater's device (no copy), else from a copy here. With a loss scale the step's buckets are
-  // held until the last one, so that one test of them all decides whether the step is applied.
+  // updater's device (no copy), else from a copy here. The step's buckets are held until the last
+  // one (hold_) with a loss scale, so that one test of them all decides whether the step is
+  // applied; with clipping, whose norm is of them all; with a layerwise optimizer, whose layers a
+  // bucket may cut.
   void add(const Reduced& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
     if (config_.state && reduced_ == 0) snapshot();
@@ -99,7 +103,7 @@ class Updater final : public Actor {
         grads = grads_here_.slice(r.begin, r.end);
         backend_->copy(r.grads, grads);
       }
-      if (loss_scale_ > 0) {
+      if (hold_) {
         held_.push_back({r.begin, r.end, grads});
       } else {
         apply(r.begin, r.end, grads);
@@ -109,7 +113,7 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());
     if (reduced_ < weights_.numel()) return;
     if (cutShort(r)) return;
-    if (loss_scale_ > 0) applyScaled();
+    if (hold_) applyHeld();
     const std::int64_t applied = step_;
     reduced_ = 0;
     ++step_;
@@ -154,8 +158,12 @@ class Updater final : public Actor {
 
   // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).
   void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
-    optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate());
+    optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate(), update());
   }
+
+  // This step's update of the optimizer's state, counting from 1: the steps before it that were
+  // applied (a loss scale's skipped ones are not; PyTorch's GradScaler skips optimizer.step()).
+  std::int64_t update() const { return step_ - overflow_steps_ + 1; }
 
   // The step's one host wait on a device: whether the updates of step `applied` left every
   // weight finite.
@@ -173,20 +181,20 @@ class Updater final : public Actor {
     return kernels::learningRate(config_.lr, config_.plan.scheduleStep(step));
   }
 
-  // The step's gradients, all held, are of the loss times loss_scale_: if they are finite, divided
-  // by it and applied; else the step is skipped and a dynamic scale halves (PyTorch's GradScaler).
-  void applyScaled() {
+  // The step's gradients, all held. With a loss scale they are of the loss times loss_scale_: if
+  // they are finite, divided by it and applied; else the step is skipped and a dynamic scale
+  // halves (PyTorch's GradScaler).
+  void applyHeld() {
     std::vector<kernels::Tensor> all;
     for (const auto& h : held_)
       all.push_back(h.grads);
-    const bool finite = backend_->allFinite(all);  // the step's one host wait for it
     const float scale = loss_scale_;
+    // The step's one host wait for it.
+    const bool finite = loss_scale_ > 0 ? backend_->allFinite(all) : true;
     if (finite) {
-      for (const auto& h : held_) {
-        backend_->scale(h.grads, 1.0f / scale);
-        apply(h.begin, h.end, h.grads);
-      }
-      if (config_.loss_scale.dynamic && ++clean_steps_ >= config_.loss_scale.window) {
+      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f);
+      if (loss_scale_ > 0 && config_.loss_scale.dynamic &&
+          ++clean_steps_ >= config_.loss_scale.window) {
         loss_scale_ *= 2.0f;
         clean_steps_ = 0;
       }
@@ -215,6 +223,32 @@ class Updater final : public Actor {
     held_.clear();
   }
 
+  // Applies the held gradients times `factor`, scaled down to clip_grad_norm where their norm is
+  // above it (as torch's clip_grad_norm_: by max_norm / (norm + 1e-6)); a layerwise optimizer's
+  // in one update of the whole, gathered in order.
+  void applyWhole(const std::vector<kernels::Tensor>& all, float factor) {
+    if (config_.clip_grad_norm > 0) {
+      const double norm = std::sqrt(backend_->sumOfSquares(all)) * factor;
+      if (norm > config_.clip_grad_norm)
+        factor = static_cast<float>(factor * (config_.clip_grad_norm / (norm + 1e-6)));
+    }
+    if (factor != 1.0f) {
+      for (const auto& g : all)
+        backend_->scale(g, factor);
+    }
+    if (!optimizer_->layerwise()) {
+      for (const auto& h : held_)
+        apply(h.begin, h.end, h.grads);
+      return;
+    }
+    if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
+    for (const auto& h : held_) {
+      const kernels::Tensor to = grads_here_.slice(h.begin, h.end);
+      if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
+    }
+    optimizer_->stepRange(weights_, grads_here_, 0, weights_.numel(), learningRate(), update());
+  }
+
   void broadcast() {
     if (step_ >= config_.plan.last_step) return;
     const kernels::Event ready = backend_->record();
@@ -230,7 +264,8 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_EQ(h.step, step_);
     TROUPE_ENFORCE_EQ(h.weights.numel(), weights_.numel());
     backend_->copy(h.weights, weights_);
-    backend_->copy(h.momentum, optimizer_->state());
+    TROUPE_ENFORCE_EQ(h.state.numel(), optimizer_->state().numel());
+    backend_->copy(h.state, optimizer_->state());
     if (h.buffers.defined() && h.buffers.numel() > 0) buffers_ = h.buffers;
     if (config_.loss_scale.dynamic && h.loss_scale > 0) {
       loss_scale_ = h.loss_scale;
@@ -248,10 +283,10 @@ class Updater final : public Actor {
   void snapshot() {
     if (snapshot_weights_.numel() != weights_.numel()) {
       snapshot_weights_ = backend_->empty({weights_.numel()});
-      snapshot_momentum_ = backend_->empty({weights_.numel()});
+      snapshot_state_ = backend_->empty({optimizer_->state().numel()});
     }
     backend_->copy(weights_, snapshot_weights_);
-    backend_->copy(optimizer_->state(), snapshot_momentum_);
+    backend_->copy(optimizer_->state(), snapshot_state_);
     snapshot_step_ = step_;
   }
 
@@ -277,7 +312,7 @@ class Updater final : public Actor {
   std::int64_t reduced_ = 0;
   std::int64_t pause_at_ = -1;
   bool awaiting_ = false;
-  kernels::Tensor snapshot_weights_, snapshot_momentum_;
+  kernels::Tensor snapshot_weights_, snapshot_state_;
   std::int64_t snapshot_step_ = 0;
   // Mixed precision's loss scale (0: none), and the step's buckets held until its last.
   static constexpr float kSmallestLossScale = 0x1p-14f;
@@ -288,6 +323,7 @@ class Updater final : public Actor {
   float loss_scale_ = 0;
   std::int64_t clean_steps_ = 0, overflow_steps_;
   std::vector<Held> held_;
+  bool hold_ = false;  // held until the step's last bucket (add)
 };
 
 }  // namespace

@@ -68,7 +68,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     auto w = f.initEpochEnd();
     w.setStep(m->step);
     out.setTensor(w.initWeights(), m->weights);
-    out.setTensor(w.initMomentum(), m->momentum);
+    out.setTensor(w.initState(), m->state);
     w.setLossScale(m->loss_scale);
     w.setOverflowSteps(m->overflow_steps);
   } else if (as<Resume>(e)) {
@@ -79,7 +79,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     auto w = f.initHandover();
     w.setStep(m->step);
     out.setTensor(w.initWeights(), m->weights);
-    out.setTensor(w.initMomentum(), m->momentum);
+    out.setTensor(w.initState(), m->state);
     out.setTensor(w.initBuffers(), m->buffers);
     w.setLossScale(m->loss_scale);
     w.setOverflowSteps(m->overflow_steps);
@@ -154,6 +154,12 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setNesterov(m->nesterov);
     w.setCompression(m->compression);
     w.setThreshold(m->threshold);
+    w.setOptimizer(m->optimizer);
+    w.setBeta1(m->beta1);
+    w.setBeta2(m->beta2);
+    w.setEpsilon(m->epsilon);
+    w.setRho(m->rho);
+    w.setEta(m->eta);
   } else if (auto* m = as<KvAck>(e)) {
     auto w = f.initKvAck();
     w.setId(m->id);
@@ -220,7 +226,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::EPOCH_END: {
       auto r = f.getEpochEnd();
-      d.message = wrap(EpochEnd{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
+      d.message = wrap(EpochEnd{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getState()),
                                 r.getLossScale(), r.getOverflowSteps()});
       break;
     }
@@ -232,7 +238,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
       break;
     case W::HANDOVER: {
       auto r = f.getHandover();
-      d.message = wrap(Handover{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getMomentum()),
+      d.message = wrap(Handover{r.getStep(), in.tensor(r.getWeights()), in.tensor(r.getState()),
                                 in.tensor(r.getBuffers()), r.getLossScale(), r.getOverflowSteps()});
       break;
     }
@@ -293,7 +299,8 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
       d.message = wrap(KvConfigure{r.getId(), r.getWorker(), r.getReplyActor(), r.getHasOptimizer(),
                                    r.getLearningRate(), r.getMomentum(), r.getWeightDecay(),
                                    r.getRescaleGrad(), r.getNesterov(), r.getCompression(),
-                                   r.getThreshold()});
+                                   r.getThreshold(), r.getOptimizer(), r.getBeta1(), r.getBeta2(),
+                                   r.getEpsilon(), r.getRho(), r.getEta()});
       break;
     }
     case W::KV_ACK: {

@@ -89,13 +89,14 @@ Plan plan(const actors::TrainOptions& o) {
   p.num_buffers = model->buffers().numel();
   p.memory = model->memory();
   p.channels_last = actors::channelsLastOf(o, model->channelsLastMisfit());
-  actors::cudaGraphsOf(o);  // refused here as by the run
+  actors::cudaGraphsOf(o);                           // refused here as by the run
+  kernels::makeOptimizer(*backend, 0, o.optimizer);  // its settings checked as by the run
 
   const std::string checkpoint_dir = actors::checkpointDir(o);
   if (const auto resumed = actors::findResume(o, checkpoint_dir, p.num_params, p.steps)) {
     const auto& ck = resumed->checkpoint;
     const std::string& path = resumed->path;
-    actors::checkResumable(*resumed, p.num_params, p.steps);
+    actors::checkResumable(*resumed, p.num_params, p.steps, o.optimizer);
     p.steps.start(ck.metaInt("step"), o.num_epochs);
     p.resumed_from = path;
     p.finished = p.steps.first_step >= p.steps.last_step;
@@ -417,6 +418,9 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
       at += (at.empty() ? "" : ", ") + std::to_string(s);
     lr += fmt::format(", x {:g} at steps {}", p.lr.gamma, at);
   }
+  if (p.lr.policy == "poly") {
+    lr += fmt::format(", to {:g} as (1 - step / {})^{:g}", p.lr.end, p.lr.max_steps, p.lr.power);
+  }
   if (p.lr.warmup_steps > 0) lr += fmt::format(", warmup {} steps", p.lr.warmup_steps);
   row("learning rate", lr);
   if (steps > 0) {
@@ -424,8 +428,11 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("", fmt::format("{:g} at step {}, {:g} at step {}", kernels::learningRate(p.lr, first),
                         first, kernels::learningRate(p.lr, last), last));
   }
-  row("optimizer", fmt::format("sgd, momentum {:g}{}, weight decay {:g}", o.sgd.momentum,
-                               o.sgd.nesterov ? " (nesterov)" : "", o.sgd.weight_decay));
+  std::string optimizer = kernels::describe(o.optimizer);
+  if (o.clip_grad_norm > 0)
+    optimizer += fmt::format(", gradients clipped to norm {:g}", o.clip_grad_norm);
+  if (o.label_smoothing > 0) optimizer += fmt::format(", label smoothing {:g}", o.label_smoothing);
+  row("optimizer", optimizer);
   if (processes > 1 || elastic) {
     const bool serves = o.serve_store && o.role == "worker" && o.shard_id == 0 &&
                         o.rendezvous.starts_with("tcp://");

@@ -324,6 +324,22 @@ std::vector<InfoItem> schedules() {
   };
 }
 
+// From the optimizers' table (kernels/optimizer.h); MXNet's names where they differ.
+std::vector<InfoItem> optimizerItems() {
+  std::vector<InfoItem> items;
+  for (const auto& row : kernels::optimizers()) {
+    std::vector<std::string> mxnet{row.name};
+    if (row.name == "sgd") mxnet.push_back("nag");
+    std::string reads;
+    for (const auto& setting : row.settings)
+      reads += (reads.empty() ? "" : ", ") + std::string(setting.key);
+    if (row.name == "sgd") reads += ", nesterov";
+    items.push_back({row.name, mxnet,
+                     row.summary + (reads.empty() ? "" : "; reads " + reads + ", weight_decay")});
+  }
+  return items;
+}
+
 std::vector<InfoItem> rendezvousStores() {
   return {
       {"tcp://HOST:PORT", {}, "troupe's embedded store, served by the launcher or rank 0"},
@@ -383,6 +399,8 @@ std::vector<InfoSection> systemInfo() {
   out.push_back({"devices", "devices", devices(), {}});
   out.push_back(
       {"schedules (--schedule; MXNet kvstore names accepted)", "schedules", {}, schedules()});
+  out.push_back(
+      {"optimizers (--optimizer; MXNet names accepted)", "optimizers", {}, optimizerItems()});
   out.push_back({"rendezvous (--rendezvous)", "rendezvous", {}, rendezvousStores()});
   out.push_back({"launchers (troupe launch --launcher)", "launchers", {}, launchers()});
   return out;

@@ -127,7 +127,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.channels_last = channels_last;
   options.graphs = graphs;
   auto net = makeNet(backend, options);
-  auto sgd = makeSgd(backend, net->numParams(), SgdOptions{});
+  auto sgd = makeOptimizer(backend, net->numParams(), OptimizerSettings{});
   g_net_memory = net->memory();
   // float32 weights, gradients and momentum, and the 16-bit or channels-last copies of the first
   // two where the net computes from copies.
@@ -171,7 +171,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
               }
               queued = Clock::now();
               if (precision == DType::kFloat16) backend.scale(net->grads(), 1.0f / loss_scale);
-              sgd->stepRange(net->weights(), net->grads(), 0, net->numParams(), 0.01f);
+              sgd->stepRange(net->weights(), net->grads(), 0, net->numParams(), 0.01f, 1);
               host += std::chrono::duration<double>(Clock::now() - queued).count();
             }
             if (!sgd->finite()) std::fprintf(stderr, "warning: the weights are not finite\n");

@@ -98,7 +98,7 @@ def mxnet_samples_per_sec(python, kvstore, workers, batch, steps):
     return sum(rates)
 
 
-def troupe_samples_per_sec(troupe, data, schedule, workers, batch, steps):
+def troupe_samples_per_sec(troupe, data, schedule, workers, batch, steps):  # SGD, momentum 0.9
     return troupe_rate([troupe, "launch", "-n", str(workers), "-s", "1", "--", "troupe", "train",
                         "--model", "mlp", "--schedule", schedule, "--batch_size", str(batch),
                         "--threads", "1"], data, batch * workers, steps)
@@ -112,19 +112,27 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64, help="per worker")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--baseline", help="another troupe build, measured beside (before/after)")
     args = p.parse_args()
     if not os.path.isdir(os.path.join(args.data, "train")):
         subprocess.run([args.troupe, "convert", "fashion-mnist", "--out", args.data, "--db",
                         "lmdb"], check=True)
     print(f"MLP, {args.workers} workers x 1 thread + 1 server, batch {args.batch} per worker, "
           f"{args.steps} steps")
-    print(f"{'schedule':<11} {'troupe samples/s':>17} {'mxnet samples/s':>16} {'ratio':>7}")
+    baseline_head = f" {'baseline samples/s':>19} {'ours/baseline':>14}" if args.baseline else ""
+    print(f"{'schedule':<11} {'troupe samples/s':>17} {'mxnet samples/s':>16} {'ratio':>7}"
+          + baseline_head)
     for schedule in ("dist_sync", "dist_async"):
         ours = troupe_samples_per_sec(args.troupe, args.data, schedule, args.workers, args.batch,
                                       args.steps)
         theirs = mxnet_samples_per_sec(args.mxnet_python, schedule, args.workers, args.batch,
                                        args.steps)
-        print(f"{schedule:<11} {ours:>17.0f} {theirs:>16.0f} {ours / theirs:>6.2f}x", flush=True)
+        row = f"{schedule:<11} {ours:>17.0f} {theirs:>16.0f} {ours / theirs:>6.2f}x"
+        if args.baseline:
+            before = troupe_samples_per_sec(args.baseline, args.data, schedule, args.workers,
+                                            args.batch, args.steps)
+            row += f" {before:>19.0f} {ours / before:>13.3f}x"
+        print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ function(troupe_cuda_plugin)
        ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)
   # The plugin carries the few troupe sources it needs, so it loads into any troupe binary.
   add_library(troupe_cuda SHARED ${srcs} ${PROJECT_SOURCE_DIR}/kernels/tensor.cc
-                                 ${PROJECT_SOURCE_DIR}/kernels/geometry.cc)
+                                 ${PROJECT_SOURCE_DIR}/kernels/geometry.cc
+                                 ${PROJECT_SOURCE_DIR}/kernels/update.cc)
   target_include_directories(troupe_cuda PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include
                                                  ${PROJECT_BINARY_DIR}/include ${CUDNN_INCLUDE_DIR}
                                                  ${NCCL_INCLUDE_DIR})

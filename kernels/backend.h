@@ -17,6 +17,7 @@
 #include "kernels/event.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "kernels/update.h"
 
 namespace troupe::kernels {
 
@@ -101,8 +102,16 @@ class Backend {
     }
     update(at, w.numel(), weight_decay);
   }
-  // Whether every weight that sgdUpdate updated since the last call is finite; resets. A host
-  // wait for those updates on a device backend (call it once per step), free on the CPU.
+  // One step of an optimizer's rule (kernels/update.h) over a.w: its state updated in place, and
+  // whether every new weight is finite gathered as sgdUpdate's is. A layerwise rule's trust ratios
+  // come from sums over each layer in a fixed order (a run repeats to the bit). A device backend
+  // without a kernel of that name throws InputError naming it.
+  virtual void update(const UpdateKernel& kernel, const UpdateArgs& a) = 0;
+  // Sum of squares of every element of these float32 tensors (the global norm of gradient
+  // clipping, squared), in a fixed order: a host wait on a device.
+  virtual double sumOfSquares(const std::vector<Tensor>& tensors) = 0;
+  // Whether every weight that sgdUpdate or update updated since the last call is finite; resets. A
+  // host wait for those updates on a device backend (call it once per step), free on the CPU.
   virtual bool updatesFinite() = 0;
   // Waits until all queued work is done; throws what that work found wrong on the device (a bad
   // label of a softmax loss).
@@ -147,7 +156,9 @@ class Backend {
   virtual std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
                                                              std::int64_t spatial,
                                                              bool channels_last = false) = 0;
-  virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) = 0;
+  // label_smoothing in [0, 1): SoftmaxLossOp's target.
+  virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                                         float label_smoothing) = 0;
 };
 
 // A CPU backend computing with `threads` threads (OpenMP; oneDNN's sgemm underneath). It flushes

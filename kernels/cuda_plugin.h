@@ -72,7 +72,7 @@ Tensor pinnedHostBuffer(Shape shape, DType dtype = DType::kFloat32, int device =
 // The plugin's side: libtroupe_cuda.so exports troupe_cuda_plugin(), returning this table.
 struct CudaPlugin {
   // Bumped whenever this struct, Backend, Communicator or Tensor changes.
-  static constexpr int kAbi = 15;
+  static constexpr int kAbi = 16;
   int abi = kAbi;
   CudaInfo (*info)() = nullptr;
   std::unique_ptr<Backend> (*make)(int index, const CudaOptions& options) = nullptr;

@@ -355,7 +355,8 @@ class SoftmaxLossLayer final : public Layer {
   // The backward reads neither: its op keeps the probabilities.
   bool backwardReadsBottom() const override { return false; }
   bool backwardReadsTop() const override { return false; }
-  explicit SoftmaxLossLayer(std::int64_t classes) : classes_(classes) {}
+  SoftmaxLossLayer(std::int64_t classes, float smoothing)
+      : classes_(classes), smoothing_(smoothing) {}
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.labels(), ctx.metrics());
@@ -366,9 +367,11 @@ class SoftmaxLossLayer final : public Layer {
 
  private:
   SoftmaxLossOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeSoftmaxLoss(m, classes_); });
+    return ops_.get(
+        n, [&](std::int64_t m) { return ctx.backend().makeSoftmaxLoss(m, classes_, smoothing_); });
   }
   std::int64_t classes_;
+  float smoothing_;
   OpCache<SoftmaxLossOp> ops_;
 };
 
@@ -401,8 +404,11 @@ std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample) {
 std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in) {
   return std::make_unique<GlobalAvgPoolLayer>(in);
 }
-std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes) {
-  return std::make_unique<SoftmaxLossLayer>(classes);
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing) {
+  if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f)) {
+    throw InputError("label_smoothing = " + std::to_string(label_smoothing) + " is outside [0, 1)");
+  }
+  return std::make_unique<SoftmaxLossLayer>(classes, label_smoothing);
 }
 
 }  // namespace troupe::kernels

@@ -88,6 +88,6 @@ std::unique_ptr<Layer> makeBatchNormLayer(const Shape& in);
 std::unique_ptr<Layer> makeDropoutLayer(std::int64_t per_sample, float ratio);
 std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in);
-std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes);
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing = 0.0f);
 
 }  // namespace troupe::kernels

@@ -136,8 +136,8 @@ class Builder {
 
   static Node flatten(const Node& in) { return Node{in.blob, {numelOf(in.shape)}}; }
 
-  void loss(const Node& in, std::int64_t classes) {
-    auto layer = makeSoftmaxLossLayer(classes);
+  void loss(const Node& in, std::int64_t classes, float label_smoothing) {
+    auto layer = makeSoftmaxLossLayer(classes, label_smoothing);
     layer->bottoms = {in.blob};
     layer->param_begin = layer->param_end = g_.num_params;
     g_.layers.push_back(std::move(layer));
@@ -1080,6 +1080,15 @@ std::vector<std::pair<std::int64_t, std::int64_t>> noDecayRanges(
   return ranges;
 }
 
+std::vector<std::pair<std::int64_t, std::int64_t>> paramRanges(
+    const std::vector<ParamInfo>& params) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& p : params)
+    if (p.size > 0) ranges.emplace_back(p.offset, p.offset + p.size);
+  std::sort(ranges.begin(), ranges.end());
+  return ranges;
+}
+
 std::vector<std::string> builtinModels() {
   return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50"};
 }
@@ -1128,7 +1137,7 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
       throw InputError("the last layer gives " + std::to_string(numelOf(x.shape)) +
                        " outputs per sample, num_labels is " + std::to_string(options.num_labels));
   }
-  b.loss(x, options.num_labels);
+  b.loss(x, options.num_labels, options.label_smoothing);
   return std::make_unique<NetImpl>(backend, options, std::move(graph));
 }
 

@@ -40,6 +40,9 @@ struct NetOptions {
   int height = 28;
   int width = 28;
   int num_labels = 10;
+  // The softmax loss's target: 1 - this on the label, this / num_labels on every class
+  // (SoftmaxLossOp; PyTorch's CrossEntropyLoss label_smoothing). In [0, 1).
+  float label_smoothing = 0.0f;
   // The largest batch forward() will see; memory is sized for it.
   std::int64_t max_batch = 64;
   std::uint64_t seed = 1;
@@ -90,8 +93,12 @@ struct ParamInfo {
 };
 
 // The parameters that do not decay (ParamInfo::decays false), as sorted, merged ranges of the flat
-// parameters (kernels::SgdOptions::no_decay).
+// parameters (kernels::OptimizerSettings::no_decay).
 std::vector<std::pair<std::int64_t, std::int64_t>> noDecayRanges(
+    const std::vector<ParamInfo>& params);
+
+// Each parameter tensor's range of the flat parameters (kernels::OptimizerSettings::layers).
+std::vector<std::pair<std::int64_t, std::int64_t>> paramRanges(
     const std::vector<ParamInfo>& params);
 
 // One layer of a built net, for summaries (`troupe train --dry-run`).

@@ -158,11 +158,15 @@ class GlobalAvgPoolOp {
 class SoftmaxLossOp {
  public:
   virtual ~SoftmaxLossOp() = default;
-  // metrics (2 floats) = {sum of -log p(label), number of rows whose arg max is the label}.
+  // metrics (2 floats) = {sum of the cross-entropy of p against the target, number of rows whose
+  // arg max is the label}. The target is onehot(label), or with label smoothing s
+  // (Backend::makeSoftmaxLoss) (1 - s) onehot(label) + s / classes, as PyTorch's
+  // CrossEntropyLoss(label_smoothing=s): the loss is then (1 - s) (-log p(label)) +
+  // s / classes * sum over k of -log p(k).
   // A label outside [0, classes) throws InputError: from here on the CPU; on a device, where the
   // labels are read by the device, from the backend's next synchronize() (its row left out).
   virtual void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) = 0;
-  // dlogits = scale * (softmax - onehot(label)), from the last forward.
+  // dlogits = scale * (softmax - target), from the last forward.
   virtual void backward(float scale, const Tensor& dlogits) = 0;
 };
 

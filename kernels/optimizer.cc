@@ -1,83 +1,204 @@
 #include "kernels/optimizer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
 #include "kernels/backend.h"
+#include "kernels/optimizers/rule_optimizer.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
-namespace {
 
-class Sgd final : public Optimizer {
- public:
-  Sgd(Backend& backend, std::int64_t size, const SgdOptions& options)
-      : backend_(backend), options_(options), state_(backend.empty({size})) {}
+// One row each, in kernels/optimizers/.
+OptimizerInfo sgdOptimizer();
+OptimizerInfo adamOptimizer();
+OptimizerInfo adamwOptimizer();
+OptimizerInfo lambOptimizer();
+OptimizerInfo larsOptimizer();
+OptimizerInfo rmspropOptimizer();
+OptimizerInfo adagradOptimizer();
 
-  bool step(const Tensor& weights, const Tensor& grads, float lr) override {
-    TROUPE_ENFORCE_EQ(weights.numel(), state_.numel());
-    TROUPE_ENFORCE_EQ(grads.numel(), state_.numel());
-    sgdUpdateRange(backend_, weights, grads, state_, 0, state_.numel(), lr, options_);
-    return finite();
+const std::vector<OptimizerInfo>& optimizers() {
+  static const std::vector<OptimizerInfo> table{
+      sgdOptimizer(),  adamOptimizer(),    adamwOptimizer(),   lambOptimizer(),
+      larsOptimizer(), rmspropOptimizer(), adagradOptimizer(),
+  };
+  return table;
+}
+
+const OptimizerInfo& optimizerInfo(const std::string& name) {
+  for (const auto& row : optimizers())
+    if (row.name == name) return row;
+  throw InputError(fmt::format("unknown optimizer '{}' (known: {})", name, optimizerNames()));
+}
+
+std::string optimizerNames() {
+  std::string names;
+  for (const auto& row : optimizers())
+    names += (names.empty() ? "" : ", ") + row.name;
+  return names;
+}
+
+OptimizerSettings OptimizerSettings::within(std::int64_t begin, std::int64_t end) const {
+  OptimizerSettings part = *this;
+  const auto clip = [&](const std::vector<ParamRange>& ranges) {
+    std::vector<ParamRange> out;
+    for (const auto& [lo, hi] : ranges) {
+      if (hi <= begin || lo >= end) continue;
+      out.emplace_back(std::max(lo, begin) - begin, std::min(hi, end) - begin);
+    }
+    return out;
+  };
+  part.no_decay = clip(no_decay);
+  part.layers = clip(layers);
+  return part;
+}
+
+std::int64_t Optimizer::size() const {
+  return state().numel() / static_cast<std::int64_t>(std::max<std::size_t>(1, states().size()));
+}
+
+bool Optimizer::step(const Tensor& weights, const Tensor& grads, float lr, std::int64_t t) {
+  TROUPE_ENFORCE_EQ(weights.numel(), size());
+  TROUPE_ENFORCE_EQ(grads.numel(), size());
+  stepRange(weights, grads, 0, size(), lr, t);
+  return finite();
+}
+
+OptimizerSettings sgdSettings(float momentum, float weight_decay, bool nesterov,
+                              std::vector<ParamRange> no_decay) {
+  OptimizerSettings s;
+  s.name = "sgd";
+  s.momentum = momentum;
+  s.weight_decay = weight_decay;
+  s.nesterov = nesterov;
+  s.no_decay = std::move(no_decay);
+  return s;
+}
+
+RuleOptimizer::RuleOptimizer(Backend& backend, std::int64_t size, OptimizerSettings settings,
+                             UpdateKernel kernel)
+    : backend_(backend),
+      settings_(std::move(settings)),
+      info_(optimizerInfo(settings_.name)),
+      kernel_(kernel),
+      size_(size),
+      state_(backend.empty({kernel.states * size})) {
+  TROUPE_ENFORCE_EQ(static_cast<std::size_t>(kernel.states), info_.states.size());
+}
+
+void RuleOptimizer::stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin,
+                              std::int64_t end, float lr, std::int64_t t) {
+  TROUPE_ENFORCE(0 <= begin && begin <= end && end <= size_, "step of [", begin, ", ", end, ") of ",
+                 size_, " weights");
+  TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
+  TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
+  TROUPE_ENFORCE(t >= 1, settings_.name, " update number ", t, " (they count from 1)");
+  UpdateArgs a;
+  a.w = weights;
+  a.g = grads;
+  a.state = state_;
+  a.state_offset = begin;
+  a.stride = size_;
+  a.scalars.lr = lr;
+  a.scalars.weight_decay = settings_.weight_decay;
+  for (std::size_t k = 0; k < info_.settings.size(); ++k)
+    a.scalars.c[k] = settings_.*(info_.settings[k].field);
+  if (info_.at_step) info_.at_step(settings_, lr, t, a.scalars);
+  const OptimizerSettings part = settings_.within(begin, end);
+  a.no_decay = part.no_decay;
+  a.layers = part.layers;
+  backend_.update(kernel_, a);
+}
+
+bool RuleOptimizer::finite() {
+  return backend_.updatesFinite();
+}
+
+void check(const OptimizerSettings& s, std::int64_t size) {
+  const OptimizerInfo& info = optimizerInfo(s.name);
+  if (!(s.weight_decay >= 0.0f) || !std::isfinite(s.weight_decay))
+    throw InputError(fmt::format("{} weight_decay = {:g} is negative", s.name, s.weight_decay));
+  if (size < 0) throw InputError(fmt::format("{} over {} parameters", s.name, size));
+  for (const auto* ranges : {&s.no_decay, &s.layers}) {
+    std::int64_t after = 0;
+    for (const auto& [lo, hi] : *ranges) {
+      if (!(after <= lo && lo < hi && hi <= size)) {
+        throw InputError(
+            fmt::format("{} {} range [{}, {}) is empty, out of order or outside the {} parameters",
+                        s.name, ranges == &s.layers ? "layer" : "no_decay", lo, hi, size));
+      }
+      after = hi;
+    }
   }
-
-  void stepRange(const Tensor& weights, const Tensor& grads, std::int64_t begin, std::int64_t end,
-                 float lr) override {
-    TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
-    TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
-    sgdUpdateRange(backend_, weights, grads, state_.slice(begin, end), begin, end, lr, options_);
+  for (const OptimizerSetting& setting : info.settings) {
+    const float value = s.*(setting.field);
+    if (value >= setting.lo && (value < setting.hi || (setting.hi_closed && value == setting.hi)))
+      continue;
+    throw InputError(fmt::format("{} {} = {:g} is outside [{:g}, {:g}{}", s.name, setting.key,
+                                 value, setting.lo, setting.hi, setting.hi_closed ? "]" : ")"));
   }
+  if (info.check) info.check(s);
+}
 
-  bool finite() override { return backend_.updatesFinite(); }
+std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,
+                                         const OptimizerSettings& settings) {
+  OptimizerSettings s = settings;
+  if (s.epsilon == 0.0f) s.epsilon = optimizerInfo(s.name).epsilon;
+  check(s, size);
+  return optimizerInfo(s.name).make(backend, size, s);
+}
 
-  const Tensor& state() const override { return state_; }
+std::string describe(const OptimizerSettings& s) {
+  const OptimizerInfo& info = optimizerInfo(s.name);
+  std::string out = s.name;
+  std::string parts;
+  for (const OptimizerSetting& setting : info.settings) {
+    float value = s.*(setting.field);
+    if (setting.field == &OptimizerSettings::epsilon && value == 0.0f) value = info.epsilon;
+    parts += fmt::format("{}{} {:g}", parts.empty() ? "" : ", ", setting.key, value);
+  }
+  if (s.name == "sgd" && s.nesterov) parts += ", nesterov";
+  if (!parts.empty()) out += " (" + parts + ")";
+  return out + fmt::format(", weight decay {:g}", s.weight_decay);
+}
 
- private:
-  Backend& backend_;
-  SgdOptions options_;
-  Tensor state_;
-};
+Tensor stateColumns(const Tensor& state, std::int64_t size, std::int64_t begin, std::int64_t end) {
+  TROUPE_ENFORCE(size > 0 && state.numel() % size == 0 && 0 <= begin && begin <= end && end <= size,
+                 "columns [", begin, ", ", end, ") of a state of ", state.numel(),
+                 " values in rows of ", size);
+  const std::int64_t rows = state.numel() / size, width = end - begin;
+  Tensor part = Tensor::host({rows * width});
+  for (std::int64_t k = 0; k < rows; ++k)
+    std::copy_n(state.f32() + k * size + begin, width, part.f32() + k * width);
+  return part;
+}
 
-}  // namespace
+void setStateColumns(const Tensor& part, const Tensor& state, std::int64_t size, std::int64_t begin,
+                     std::int64_t end) {
+  const std::int64_t width = end - begin;
+  TROUPE_ENFORCE(size > 0 && width > 0 && state.numel() % size == 0 &&
+                     part.numel() == state.numel() / size * width && 0 <= begin && end <= size,
+                 "columns [", begin, ", ", end, ") of ", part.numel(), " values into a state of ",
+                 state.numel(), " in rows of ", size);
+  for (std::int64_t k = 0; k < state.numel() / size; ++k)
+    std::copy_n(part.f32() + k * width, width, state.f32() + k * size + begin);
+}
 
 void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
-                    const SgdOptions& options) {
+                    const OptimizerSettings& options) {
   if (options.no_decay.empty() || options.weight_decay == 0.0f) {
     backend.sgdUpdate(weights, grads, momentum, lr, options.momentum, options.weight_decay,
                       options.nesterov);
     return;
   }
   // The no-decay ranges within [begin, end), relative to it: one call (one pass on a device).
-  std::vector<std::pair<std::int64_t, std::int64_t>> none;
-  for (const auto& [lo, hi] : options.no_decay) {
-    if (hi <= begin) continue;
-    if (lo >= end) break;
-    none.emplace_back(std::max(lo, begin) - begin, std::min(hi, end) - begin);
-  }
   backend.sgdUpdateExcept(weights, grads, momentum, lr, options.momentum, options.weight_decay,
-                          options.nesterov, none);
-}
-
-std::unique_ptr<Optimizer> makeSgd(Backend& backend, std::int64_t size, const SgdOptions& options) {
-  if (!(options.momentum >= 0.0f && options.momentum < 1.0f))
-    throw InputError("sgd momentum = " + std::to_string(options.momentum) + " is outside [0, 1)");
-  if (!(options.weight_decay >= 0.0f))
-    throw InputError("sgd weight_decay = " + std::to_string(options.weight_decay) + " is negative");
-  if (options.nesterov && options.momentum == 0.0f)
-    throw InputError("sgd nesterov needs a momentum above 0");
-  if (size < 0) throw InputError("sgd over " + std::to_string(size) + " parameters");
-  std::int64_t after = 0;
-  for (const auto& [lo, hi] : options.no_decay) {
-    if (!(after <= lo && lo < hi && hi <= size)) {
-      throw InputError("sgd no_decay range [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                       ") is empty, out of order or outside the " + std::to_string(size) +
-                       " parameters");
-    }
-    after = hi;
-  }
-  return std::make_unique<Sgd>(backend, size, options);
+                          options.nesterov, options.within(begin, end).no_decay);
 }
 
 void validate(const LrPolicy& p) {
@@ -97,9 +218,13 @@ void validate(const LrPolicy& p) {
     if (!(p.gamma > 0.0f)) fail("needs gamma > 0");
   } else if (p.policy == "cosine") {
     if (p.max_steps <= 0) fail("needs max_steps > 0");
+  } else if (p.policy == "poly") {
+    if (p.max_steps <= 0) fail("needs max_steps > 0");
+    if (!(p.power > 0.0f) || !std::isfinite(p.power)) fail("needs power > 0");
+    if (!(p.end >= 0.0f && p.end <= p.base)) fail("needs 0 <= end rate <= base rate");
   } else {
     throw InputError("unknown lr policy '" + p.policy +
-                     "' (known: fixed, step, multistep, cosine)");
+                     "' (known: fixed, step, multistep, cosine, poly)");
   }
 }
 
@@ -114,6 +239,9 @@ float learningRate(const LrPolicy& p, std::int64_t step) {
   } else if (p.policy == "cosine") {
     const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
     lr *= 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  } else if (p.policy == "poly") {
+    const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
+    lr = p.end + (lr - p.end) * std::pow(1.0 - t, static_cast<double>(p.power));
   } else if (p.policy != "fixed") {
     validate(p);
   }

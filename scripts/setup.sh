@@ -17,10 +17,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist
+  python3-torch python3-numpy
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy)
-fi
+# python3-torch (Debian's 1.13, for /usr/bin/python3) is the suite's reference for the optimizers
+# (tests/optimizer_reference.py: torch.optim in float64); benchmarks use PyPI's torch in a venv.
 
 missing=()
 for p in "${packages[@]}"; do

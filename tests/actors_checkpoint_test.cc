@@ -34,10 +34,10 @@ class CheckpointTest : public ::testing::Test {
     ck.meta["step"] = "40";
     ck.meta["model"] = "lenet";
     ck.weights = kernels::Tensor::host({5});
-    ck.momentum = kernels::Tensor::host({5});
+    ck.state = kernels::Tensor::host({5});
     for (int i = 0; i < 5; ++i) {
       ck.weights.f32()[i] = 0.5f * static_cast<float>(i);
-      ck.momentum.f32()[i] = -1.0f * static_cast<float>(i);
+      ck.state.f32()[i] = -1.0f * static_cast<float>(i);
     }
     ck.buffers = kernels::Tensor::host({0});
     return ck;
@@ -54,7 +54,7 @@ TEST_F(CheckpointTest, RoundTripsEveryField) {
   EXPECT_EQ(ck.meta.at("model"), "lenet");
   ASSERT_EQ(ck.weights.numel(), 5);
   EXPECT_EQ(ck.weights.f32()[4], 2.0f);
-  EXPECT_EQ(ck.momentum.f32()[3], -3.0f);
+  EXPECT_EQ(ck.state.f32()[3], -3.0f);
   EXPECT_EQ(ck.buffers.numel(), 0);
 }
 
@@ -253,12 +253,12 @@ TEST_F(CheckpointTest, ANonFiniteValueIsNeverSaved) {
   for (const float bad :
        {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     Checkpoint ck = sample();
-    ck.momentum.f32()[3] = bad;
+    ck.state.f32()[3] = bad;
     try {
       saveCheckpoint(path("diverged.ckpt"), ck);
       FAIL() << "a checkpoint holding " << bad << " was written";
     } catch (const NumericError& e) {
-      EXPECT_NE(std::string(e.what()).find("momentum"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("optimizer state"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("index 3"), std::string::npos) << e.what();
     }
     EXPECT_FALSE(fs::exists(path("diverged.ckpt")));
@@ -281,7 +281,7 @@ TEST(CheckpointCrash, SigkillDuringSavesNeverLeavesAnUnloadableCheckpoint) {
   fs::create_directories(dir);
   Checkpoint big;
   big.weights = kernels::Tensor::host({1 << 20});  // 4 MiB, so a kill often lands mid-write
-  big.momentum = kernels::Tensor::host({1 << 20});
+  big.state = kernels::Tensor::host({1 << 20});
   big.buffers = kernels::Tensor::host({0});
   std::mt19937 rng(42);
   int saved_before_kill = 0, killed_mid_write = 0;

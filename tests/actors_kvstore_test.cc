@@ -105,9 +105,16 @@ TEST(KVStoreLocal, BadCallsAreErrorValuesNamingTheKey) {
          "push of key 5: array 0 has 3 values, the key's has 2");
   expect(kv->pull(5, small), ErrorKind::kInput,
          "pull of key 5: room for 1 values, the key's has 2");
-  OptimizerSpec adam;
-  adam.name = "adam";
-  expect(kv->setOptimizer(adam), ErrorKind::kInput, "optimizer 'adam': the known one is sgd");
+  OptimizerSpec adamax;
+  adamax.name = "adamax";
+  expect(kv->setOptimizer(adamax), ErrorKind::kInput,
+         "optimizer: unknown optimizer 'adamax' (known: sgd, adam, adamw, lamb, lars, rmsprop, "
+         "adagrad)");
+  OptimizerSpec bad_beta;
+  bad_beta.name = "adam";
+  bad_beta.beta2 = 1.0f;
+  expect(kv->setOptimizer(bad_beta), ErrorKind::kInput,
+         "optimizer: adam beta2 = 1 is outside [0, 1)");
   OptimizerSpec nan_lr;
   nan_lr.learning_rate = std::nanf("");
   EXPECT_EQ(kv->setOptimizer(nan_lr).kind(), ErrorKind::kInput);

@@ -56,7 +56,9 @@ TEST(ConfigReference, EveryKeyHasARowWithItsTypeValuesAndDefault) {
                        "| `batch_size` | integer | `[1, 1048576]` | `64` | inputs per step, in "
                        "total over the replicas |"))
       << doc;
-  EXPECT_TRUE(contains(doc, "| `momentum` | number | `[0, 1)` | `0.9` | SGD momentum |")) << doc;
+  EXPECT_TRUE(
+      contains(doc, "| `momentum` | number | `[0, 1)` | `0.9` | sgd's and lars' momentum |"))
+      << doc;
   EXPECT_TRUE(contains(doc, "| `nesterov` | boolean | `true`, `false` | `false` |")) << doc;
   EXPECT_TRUE(contains(doc, "| `model` | string |  | `lenet` |")) << doc;
   EXPECT_TRUE(contains(doc, "| `train_data` | string |  | (none) | training database |")) << doc;

@@ -343,7 +343,7 @@ TEST_F(ConfigTest, AMomentumOfOneOrThatRoundsToOneAsAFloatIsRefused) {
             "--momentum must be a finite number in [0, 1), got 1");
   EXPECT_EQ(configErrorOf("", {{"momentum", "0.99999999"}}),
             "--momentum must be a finite number in [0, 1), got 0.99999999 (1 as a 32-bit float)");
-  EXPECT_FLOAT_EQ(loadTrainOptions("", {{"momentum", "0.999"}}).sgd.momentum, 0.999f);
+  EXPECT_FLOAT_EQ(loadTrainOptions("", {{"momentum", "0.999"}}).optimizer.momentum, 0.999f);
 }
 
 TEST_F(ConfigTest, AnEnvironmentValueOutOfRangeNamesTheVariableAndTheKey) {

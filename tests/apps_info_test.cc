@@ -47,6 +47,10 @@ TEST(InfoCommand, SaysTheVersionBuildLibrariesDevicesAndWhatTheBuildCanRun) {
                            "  dist_sync (MXNet: dist_sync, dist_device_sync): ",
                            "  dist_async (MXNet: dist_async): ",
                            "  ssp: ",
+                           "\noptimizers ",
+                           "  sgd (MXNet: sgd, nag): ",
+                           "  adamw (MXNet: adamw): ",
+                           "  lars (MXNet: lars): ",
                            "\nrendezvous ",
                            "  tcp://",
                            "  file://",
@@ -73,7 +77,7 @@ TEST(InfoCommand, JsonParsesAndHoldsEverySection) {
       "python3 -c 'import json, re, sys\n"
       "d = json.load(open(sys.argv[1]))\n"
       "assert set(d) == {\"troupe\", \"build\", \"libraries\", \"devices\", \"schedules\", "
-      "\"rendezvous\", \"launchers\"}, sorted(d)\n"
+      "\"optimizers\", \"rendezvous\", \"launchers\"}, sorted(d)\n"
       "assert d[\"troupe\"][\"version\"] == sys.argv[2]\n"
       "for lib in (\"onednn\", \"capnproto\", \"lmdb\", \"leveldb\", \"protobuf\", \"hiredis\", "
       "\"spdlog\", \"fmt\", \"openssl\", \"cairo\"):\n"
@@ -86,6 +90,8 @@ TEST(InfoCommand, JsonParsesAndHoldsEverySection) {
       "assert names == [\"local\", \"device\", \"bsp-allreduce\", \"dist_sync\", \"dist_async\", "
       "\"ssp\"], names\n"
       "assert \"dist_device_sync\" in d[\"schedules\"][3][\"mxnet\"]\n"
+      "assert [o[\"name\"] for o in d[\"optimizers\"]] == [\"sgd\", \"adam\", \"adamw\", "
+      "\"lamb\", \"lars\", \"rmsprop\", \"adagrad\"]\n"
       "assert [l[\"name\"] for l in d[\"launchers\"]] == [\"local\", \"ssh\", \"mpi\", \"slurm\"]\n"
       "assert [s[\"name\"][:s[\"name\"].index(\":\")] for s in d[\"rendezvous\"]] == "
       "[\"tcp\", \"file\", \"redis\"]\n"

@@ -632,8 +632,8 @@ TEST_F(CudaOps, SoftmaxLossAndABadLabelError) {
   Tensor labels = Tensor::host({n}, DType::kInt32);
   for (std::int64_t i = 0; i < n; ++i)
     labels.i32()[i] = static_cast<std::int32_t>((i * 389) % classes);
-  auto op = cpu_->makeSoftmaxLoss(n, classes);
-  auto gop = gpu_->makeSoftmaxLoss(n, classes);
+  auto op = cpu_->makeSoftmaxLoss(n, classes, 0.0f);
+  auto gop = gpu_->makeSoftmaxLoss(n, classes, 0.0f);
   Tensor metrics = Tensor::host({2}), d = Tensor::host({n, classes});
   Tensor gmetrics = gpu_->empty({2}), gd = gpu_->empty({n, classes});
   op->forward(logits, labels, metrics);
@@ -645,6 +645,17 @@ TEST_F(CudaOps, SoftmaxLossAndABadLabelError) {
   EXPECT_NEAR(m.f32()[0], metrics.f32()[0], kRelative * std::abs(metrics.f32()[0]));
   EXPECT_EQ(m.f32()[1], metrics.f32()[1]);
   expectClose("dlogits", d, gd);
+
+  // Label smoothing, as the CPU's.
+  auto sop = cpu_->makeSoftmaxLoss(n, classes, 0.1f);
+  auto gsop = gpu_->makeSoftmaxLoss(n, classes, 0.1f);
+  sop->forward(logits, labels, metrics);
+  sop->backward(0.5f, d);
+  gsop->forward(up(logits), glabels, gmetrics);
+  gsop->backward(0.5f, gd);
+  const Tensor sm = down(gmetrics);
+  EXPECT_NEAR(sm.f32()[0], metrics.f32()[0], kRelative * std::abs(metrics.f32()[0]));
+  expectClose("smoothed dlogits", d, gd);
 
   // On the GPU a bad label comes out at the next synchronize(), not from backward (no host wait).
   labels.i32()[3] = static_cast<std::int32_t>(classes);
@@ -740,8 +751,8 @@ TEST_F(CudaOps, TrainStepsByCudaGraphsGiveTheBitsOfTheStepsOpByOp) {
     auto eager = makeNet(*gpu_, o);
     o.graphs = true;
     auto graphed = makeNet(*gpu_, o);
-    auto eager_sgd = makeSgd(*gpu_, eager->numParams(), SgdOptions{});
-    auto graphed_sgd = makeSgd(*gpu_, graphed->numParams(), SgdOptions{});
+    auto eager_sgd = makeOptimizer(*gpu_, eager->numParams(), OptimizerSettings{});
+    auto graphed_sgd = makeOptimizer(*gpu_, graphed->numParams(), OptimizerSettings{});
     auto batch = [&](std::int64_t n, std::uint64_t seed) {
       Tensor labels = Tensor::host({n}, DType::kInt32);
       for (std::int64_t i = 0; i < n; ++i)
@@ -796,8 +807,9 @@ TEST_F(CudaOps, TrainStepsByCudaGraphsGiveTheBitsOfTheStepsOpByOp) {
           << "loss " << em.f32()[0] << " vs " << gm.f32()[0];
       const Tensor eg = down(eager->grads()), gg = down(graphed->grads());
       EXPECT_EQ(std::memcmp(eg.raw(), gg.raw(), eg.bytes()), 0);
-      eager_sgd->stepRange(eager->weights(), eager->grads(), 0, eager->numParams(), 0.05f);
-      graphed_sgd->stepRange(graphed->weights(), graphed->grads(), 0, graphed->numParams(), 0.05f);
+      eager_sgd->stepRange(eager->weights(), eager->grads(), 0, eager->numParams(), 0.05f, 1);
+      graphed_sgd->stepRange(graphed->weights(), graphed->grads(), 0, graphed->numParams(), 0.05f,
+                             1);
     }
     const Tensor ew = down(eager->weights()), gw = down(graphed->weights());
     EXPECT_EQ(std::memcmp(ew.raw(), gw.raw(), ew.bytes()), 0);
@@ -1131,8 +1143,8 @@ TEST_P(CudaReducedOps, PoolingElementwiseAndTheLoss) {
   Tensor labels = Tensor::host({rows}, DType::kInt32);
   for (std::int64_t i = 0; i < rows; ++i)
     labels.i32()[i] = static_cast<std::int32_t>((i * 389) % classes);
-  auto loss = cpu_->makeSoftmaxLoss(rows, classes);
-  auto gloss = gpu_->makeSoftmaxLoss(rows, classes);
+  auto loss = cpu_->makeSoftmaxLoss(rows, classes, 0.0f);
+  auto gloss = gpu_->makeSoftmaxLoss(rows, classes, 0.0f);
   Tensor metrics = Tensor::host({2}), d = Tensor::host({rows, classes});
   Tensor gmetrics = gpu_->empty({2}), gd = empty({rows, classes});
   loss->forward(logits, labels, metrics);

@@ -12,9 +12,13 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "actors/kvstore_options.h"
 #include "cli_util.h"
+#include "kernels/backend.h"
+#include "kernels/optimizer.h"
 #include "troupe/kvstore.h"
 
 namespace troupe {
@@ -393,6 +397,82 @@ TEST(KVStoreDist, AStoreWithoutServersOrOfAServerIsRefusedByName) {
   ASSERT_FALSE(local);
   EXPECT_NE(local.message().find("kvstore 'local' has no servers"), std::string::npos)
       << local.message();
+}
+
+// Every optimizer through the distributed stores: the value after each step is, to the bit, what
+// troupe's optimizer (kernels/optimizer.h, itself held to PyTorch's and the papers' formulas by
+// tests/kernels_optimizer_reference_test.cc) makes of the sum of the two workers' pushes (two
+// floats sum alike in any order), with the key's own update count.
+class KVStoreOptimizers : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+
+TEST_P(KVStoreOptimizers, EachStepIsTheOptimizersUpdateOfTheSummedPushes) {
+  const auto [type, name] = GetParam();
+  OptimizerSpec spec;
+  spec.name = name;
+  spec.learning_rate = 0.05f;
+  spec.momentum = 0.9f;
+  spec.weight_decay = 0.01f;
+  const std::vector<float> w0{0.5f, -1.25f, 2.0f, 0.0f, 3.0f};
+  const auto grad = [](int rank, int step, std::size_t i) {
+    return static_cast<float>(std::sin(1.0 + rank + 3.0 * step + 0.7 * static_cast<double>(i)));
+  };
+  // The expected values, step by step.
+  constexpr int kSteps = 3;
+  auto settings = actors::optimizerOf(spec);
+  ASSERT_TRUE(settings) << settings.status().message();
+  auto backend = kernels::makeCpuBackend(1);
+  auto opt = kernels::makeOptimizer(*backend, static_cast<std::int64_t>(w0.size()), *settings);
+  auto w = kernels::Tensor::host({static_cast<std::int64_t>(w0.size())});
+  auto g = kernels::Tensor::host({static_cast<std::int64_t>(w0.size())});
+  std::copy(w0.begin(), w0.end(), w.f32());
+  std::vector<std::vector<float>> expected;
+  for (int step = 0; step < kSteps; ++step) {
+    for (std::size_t i = 0; i < w0.size(); ++i)
+      g.f32()[i] = grad(0, step, i) + grad(1, step, i);
+    ASSERT_TRUE(opt->step(w, g, spec.learning_rate, step + 1));
+    expected.emplace_back(w.f32(), w.f32() + w0.size());
+  }
+  const Status served = runWorld(
+      type, std::string("kv-opt-") + type + "-" + name,
+      [&](KVStore& kv) {
+        ASSERT_TRUE(kv.init(2, w0));
+        ASSERT_TRUE(kv.setOptimizer(spec));
+        for (int step = 0; step < kSteps; ++step) {
+          std::vector<float> push(w0.size());
+          for (std::size_t i = 0; i < w0.size(); ++i)
+            push[i] = grad(kv.rank(), step, i);
+          ASSERT_TRUE(kv.push(2, push));
+          EXPECT_EQ(pulled(kv, 2, w0.size()), expected[static_cast<std::size_t>(step)])
+              << type << " " << name << ", step " << step;
+        }
+        ASSERT_TRUE(kv.barrier());
+      },
+      "", std::string(type) == "ring" ? 0 : 1);
+  EXPECT_TRUE(served) << served.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, KVStoreOptimizers,
+                         ::testing::Combine(::testing::Values("dist_sync", "ring"),
+                                            ::testing::Values("nag", "adam", "adamw", "lamb",
+                                                              "lars", "rmsprop", "adagrad")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+// A server refuses an optimizer it cannot make, with the worker's call answering why.
+TEST(KVStoreDistSync, AnUnknownOptimizerIsRefusedBeforeItReachesTheServers) {
+  const Status served = runWorld("dist_sync", "kv-bad-opt", [](KVStore& kv) {
+    ASSERT_TRUE(kv.init(0, std::vector<float>{1}));
+    OptimizerSpec spec;
+    spec.name = "adamax";
+    const Status s = kv.setOptimizer(spec);
+    ASSERT_FALSE(s);
+    EXPECT_NE(s.message().find("unknown optimizer 'adamax' (known: sgd, adam"), std::string::npos)
+        << s.message();
+    ASSERT_TRUE(kv.barrier());
+  });
+  EXPECT_TRUE(served) << served.message();
 }
 
 }  // namespace

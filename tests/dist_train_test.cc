@@ -17,6 +17,7 @@
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "actors/checkpoint.h"
 #include "actors/run_plan.h"
@@ -152,7 +153,7 @@ TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
   TempDir cwd("dist_same");
   const auto r = trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce");
   const double weights = relativeDifference(r.one.weights, r.two.weights);
-  const double momentum = relativeDifference(r.one.momentum, r.two.momentum);
+  const double momentum = relativeDifference(r.one.state, r.two.state);
   printMeasured("bsp-allreduce", weights, momentum);
   EXPECT_LE(weights, kOneVersusTwoBound);
   EXPECT_LE(momentum, kOneVersusTwoBound);
@@ -170,13 +171,54 @@ TEST_P(DistSyncTest, TwoWorkersOfBatch32MatchOneProcessOfBatch64) {
   EXPECT_NE(r.output.find("[server " + std::to_string(servers - 1) + "]"), std::string::npos);
   // The servers' momentum comes back with the epoch's end, for the checkpoint.
   const double weights = relativeDifference(r.one.weights, r.two.weights);
-  const double momentum = relativeDifference(r.one.momentum, r.two.momentum);
+  const double momentum = relativeDifference(r.one.state, r.two.state);
   printMeasured("dist_sync, " + std::to_string(servers) + " servers", weights, momentum);
   EXPECT_LE(weights, kOneVersusTwoBound);
   EXPECT_LE(momentum, kOneVersusTwoBound);
 }
 
 INSTANTIATE_TEST_SUITE_P(Servers, DistSyncTest, ::testing::Values(1, 2));
+
+// The parameter servers apply the run's optimizer as the updater does: one worker pushing its
+// whole gradient to dist_sync servers (keys sharded over them; a layerwise optimizer's shards cut
+// at layer boundaries) ends with the weights and optimizer state of one process, to the bit
+// (the same sums in the same order, on one thread each, and the same update count), and the
+// state reaches the checkpoint by name from the servers.
+class ServerOptimizerTest : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
+
+TEST_P(ServerOptimizerTest, OneWorkersServersEndAsOneProcessToTheBit) {
+  const auto [optimizer, servers] = GetParam();
+  TempDir cwd("dist_server_optimizer");
+  const std::string common =
+      " train --model lenet" + dataFlags() + " --optimizer " + optimizer +
+      " --base_learning_rate 0.01 --weight_decay 0.0005 --no_wd --num_epochs 1 --epoch_size 320"
+      " --batch_size 32 --log_every 0 --threads 1 --checkpoint_dir ";
+  const auto alone = runCommand(in(cwd, troupeBinary() + common + "alone"));
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto served =
+      runCommand(in(cwd, troupeBinary() + " launch -n 1 -s " + std::to_string(servers) +
+                             " -- troupe" + common + "served --schedule dist_sync"));
+  ASSERT_EQ(served.exit_code, 0) << served.output;
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "alone", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "served", ".ckpt").at(0));
+  EXPECT_EQ(a.optimizer(), optimizer);
+  EXPECT_EQ(b.optimizer(), optimizer);
+  EXPECT_EQ(a.stateNames(), b.stateNames());
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  ASSERT_EQ(a.state.numel(), b.state.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
+      << "weights differ by " << relativeDifference(a.weights, b.weights);
+  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0)
+      << "state differs by " << relativeDifference(a.state, b.state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ServerOptimizerTest,
+                         ::testing::Values(std::make_tuple("adamw", 1), std::make_tuple("lamb", 2),
+                                           std::make_tuple("lars", 2)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::to_string(std::get<1>(info.param)) + "_servers";
+                         });
 
 // no_wd on the parameter servers (dist_sync, one worker and one server): after one step the
 // biases trained with weight decay and no_wd are those trained without it, bit for bit, and the
@@ -216,7 +258,7 @@ TEST(DistributedTraining, Fp16CompressionStaysWithinHalfPrecisionOfOneProcess) {
   const auto r = trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce --gradient_compression fp16");
   const double bound = 2 * 0x1p-11 / (1 - 0.9) + kOneVersusTwoBound;
   const double weights = relativeDifference(r.one.weights, r.two.weights);
-  const double momentum = relativeDifference(r.one.momentum, r.two.momentum);
+  const double momentum = relativeDifference(r.one.state, r.two.state);
   std::cout << "[ measured ] fp16 ring: relative difference of weights " << weights
             << ", of momentum " << momentum << " (bound " << bound << ")\n";
   EXPECT_LE(weights, bound);
@@ -789,7 +831,7 @@ TEST_P(RestartTest, AProcessKilledMidRunIsRestartedAndTheRunEndsAsAnUninterrupte
   EXPECT_EQ(a.metaInt("step"), 12 * 3200 / plain_global_batch(c));
   EXPECT_EQ(b.metaInt("step"), a.metaInt("step"));
   const double weights = relativeDifference(a.weights, b.weights);
-  const double momentum = relativeDifference(a.momentum, b.momentum);
+  const double momentum = relativeDifference(a.state, b.state);
   std::cout << "[ measured ] " << c.name << ": restarted vs uninterrupted, relative difference of "
             << "weights " << weights << ", of momentum " << momentum << "\n";
   // One thread a process, the same kernels and the same order of every sum (the ring's and the

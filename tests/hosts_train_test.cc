@@ -231,8 +231,8 @@ TEST_F(AcrossHosts, FourWorkersOnTwoHostsReduceHierarchicallyToTheFlatRingsParam
   ASSERT_EQ(a.metaInt("step"), 5);
   ASSERT_EQ(b.metaInt("step"), 5);
   double sq_diff = 0, sq = 0;
-  for (std::int64_t i = 0; i < a.momentum.numel(); ++i) {
-    const double x = a.momentum.f32()[i], y = b.momentum.f32()[i];
+  for (std::int64_t i = 0; i < a.state.numel(); ++i) {
+    const double x = a.state.f32()[i], y = b.state.f32()[i];
     sq_diff += (x - y) * (x - y);
     sq += y * y;
   }
@@ -286,7 +286,7 @@ TEST_F(AcrossHosts, ThreeConnectionsAPairTrainToTheSameBitsAsOne) {
   const auto b = actors::loadCheckpoint(filesIn(runDir(0) / "one", ".ckpt").at(0));
   ASSERT_EQ(a.weights.numel(), b.weights.numel());
   EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0);
-  EXPECT_EQ(std::memcmp(a.momentum.raw(), b.momentum.raw(), a.momentum.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0);
 }
 
 // redis-server on host 0 (with a password: protected mode refuses other hosts without one); one

@@ -301,14 +301,14 @@ TEST_F(NetTest, AProfileTimesEachKindOfLayerInTheStepsSinceItBegan) {
 
 void expectLossDecreases(Backend& backend, const NetOptions& o, int steps, float lr) {
   auto net = makeNet(backend, o);
-  auto sgd = makeSgd(backend, net->numParams(), {0.9f, 0.0f, false, {}});
+  auto sgd = makeOptimizer(backend, net->numParams(), sgdSettings(0.9f, 0.0f, false, {}));
   Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
   net->forward(b.images, b.labels, true);
   const float first = net->metrics().f32()[0];
   float last = first;
   for (int i = 0; i < steps; ++i) {
     net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
-    sgd->step(net->weights(), net->grads(), lr);
+    sgd->step(net->weights(), net->grads(), lr, 1);
     net->forward(b.images, b.labels, true);
     last = net->metrics().f32()[0];
   }
@@ -342,12 +342,12 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
     auto backend = makeCpuBackend(2);
     auto net = makeNet(*backend, o);
     net->reseed(11);
-    auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, true, {}});
+    auto sgd = makeOptimizer(*backend, net->numParams(), sgdSettings(0.9f, 1e-4f, true, {}));
     Batch b = fixedBatch(4, 1, 10, 10);
     for (int i = 0; i < 5; ++i) {
       net->forward(b.images, b.labels, true);
       net->backward(0.25f, nullptr);
-      sgd->step(net->weights(), net->grads(), 0.1f);
+      sgd->step(net->weights(), net->grads(), 0.1f, 1);
     }
     const float* w = net->weights().f32();
     finals.emplace_back(w, w + net->numParams());
@@ -364,12 +364,12 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) 
     for (int run = 0; run < 2; ++run) {
       auto backend = makeCpuBackend(2);
       auto net = makeNet(*backend, o);
-      auto sgd = makeSgd(*backend, net->numParams(), {0.9f, 1e-4f, false, {}});
+      auto sgd = makeOptimizer(*backend, net->numParams(), sgdSettings(0.9f, 1e-4f, false, {}));
       Batch b = fixedBatch(8, 1, o.height, o.width);
       for (int i = 0; i < 3; ++i) {
         net->forward(b.images, b.labels, true);
         net->backward(0.125f, nullptr);
-        sgd->step(net->weights(), net->grads(), 0.1f);
+        sgd->step(net->weights(), net->grads(), 0.1f, 1);
       }
       const float* w = net->weights().f32();
       finals.emplace_back(w, w + net->numParams());
@@ -387,7 +387,7 @@ TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
   Batch batch = fixedBatch(4, 1, 28, 28);
   user->useWeights(owner->weights());
   EXPECT_EQ(user->weights().raw(), owner->weights().raw());
-  auto sgd = makeSgd(*backend_, owner->numParams(), {0.9f, 0.0f, false, {}});
+  auto sgd = makeOptimizer(*backend_, owner->numParams(), sgdSettings(0.9f, 0.0f, false, {}));
   for (int step = 0; step < 2; ++step) {  // the second step sees the first one's update
     owner->forward(batch.images, batch.labels, true);
     owner->backward(0.25f, nullptr);
@@ -397,7 +397,7 @@ TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
     EXPECT_EQ(0, std::memcmp(owner->grads().f32(), user->grads().f32(),
                              owner->numParams() * sizeof(float)))
         << "step " << step;
-    sgd->step(owner->weights(), owner->grads(), 0.1f);
+    sgd->step(owner->weights(), owner->grads(), 0.1f, 1);
   }
   EXPECT_THROW(user->useWeights(Tensor::host({3})), Error);
 }
@@ -535,14 +535,14 @@ std::pair<int, int> expectFusionChangesNoBit(Backend& backend, NetOptions o) {
       EXPECT_EQ(relus + adds, 0);
     }
     fused = {relus, adds};
-    auto sgd = makeSgd(backend, net->numParams(), {0.9f, 1e-4f, false, {}});
+    auto sgd = makeOptimizer(backend, net->numParams(), sgdSettings(0.9f, 1e-4f, false, {}));
     Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
     losses.emplace_back();
     for (int i = 0; i < 3; ++i) {
       net->forward(b.images, b.labels, true);
       losses.back().push_back(net->metrics().f32()[0]);
       net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
-      sgd->step(net->weights(), net->grads(), 0.05f);
+      sgd->step(net->weights(), net->grads(), 0.05f, 1);
     }
     net->forward(b.images, b.labels, false);
     losses.back().push_back(net->metrics().f32()[0]);

@@ -469,7 +469,7 @@ TEST_F(OpsTest, AddSumsItsInputs) {
 }
 
 TEST_F(OpsTest, SoftmaxLossGradientMatchesFiniteDifferences) {
-  auto op = backend_->makeSoftmaxLoss(4, 5);
+  auto op = backend_->makeSoftmaxLoss(4, 5, 0.0f);
   Tensor z = randomHost({4, 5}, 1, -2, 2), labels = Tensor::host({4}, DType::kInt32);
   const int lab[] = {0, 3, 4, 1};
   std::copy(lab, lab + 4, labels.i32());
@@ -482,8 +482,41 @@ TEST_F(OpsTest, SoftmaxLossGradientMatchesFiniteDifferences) {
   });
 }
 
+// With label smoothing s the gradient is still the derivative of the (smoothed) loss, and the loss
+// is PyTorch's: (1 - s) (-log p(label)) + s / classes * sum over k of -log p(k).
+TEST_F(OpsTest, SoftmaxLossWithLabelSmoothingIsTheSmoothedCrossEntropy) {
+  constexpr float kSmoothing = 0.1f;
+  auto op = backend_->makeSoftmaxLoss(4, 5, kSmoothing);
+  Tensor z = randomHost({4, 5}, 1, -2, 2), labels = Tensor::host({4}, DType::kInt32);
+  const int lab[] = {0, 3, 4, 1};
+  std::copy(lab, lab + 4, labels.i32());
+  Tensor metrics = Tensor::host({2}), dz = Tensor::host({4, 5});
+  op->forward(z, labels, metrics);
+  double expected = 0, scale = 0;
+  for (int i = 0; i < 4; ++i) {
+    const float* row = z.f32() + i * 5;
+    double sum = 0;
+    for (int k = 0; k < 5; ++k)
+      sum += std::exp(static_cast<double>(row[k]));
+    for (int k = 0; k < 5; ++k) {
+      const double nll = std::log(sum) - row[k];
+      const double target = (k == lab[i] ? 1 - kSmoothing : 0.0) + kSmoothing / 5;
+      expected += target * nll;
+      scale += std::abs(nll) + std::abs(row[k]);
+    }
+  }
+  // Per row: under 30 rounded operations (exp, log within 4 ulp each) on values of at most
+  // |z| + log 5; then 4 rows summed.
+  EXPECT_NEAR(metrics.f32()[0], expected, 30 * 4 * kFloatRoundoff * scale + gammaN(4) * expected);
+  op->backward(2.0f, dz);
+  expectGradient("smoothed softmax dlogits", z, dz, [&] {
+    op->forward(z, labels, metrics);
+    return 2.0 * metrics.f32()[0];
+  });
+}
+
 TEST_F(OpsTest, SoftmaxLossCountsCorrectTopOnePredictions) {
-  auto op = backend_->makeSoftmaxLoss(3, 3);
+  auto op = backend_->makeSoftmaxLoss(3, 3, 0.0f);
   Tensor z = Tensor::host({3, 3}), labels = Tensor::host({3}, DType::kInt32);
   const float v[] = {5, 0, 0, 0, 5, 0, 0, 5, 0};
   std::copy(v, v + 9, z.f32());
@@ -502,7 +535,7 @@ TEST_F(OpsTest, SoftmaxLossCountsCorrectTopOnePredictions) {
 }
 
 TEST_F(OpsTest, SoftmaxLossRejectsALabelOutsideTheClasses) {
-  auto op = backend_->makeSoftmaxLoss(1, 3);
+  auto op = backend_->makeSoftmaxLoss(1, 3, 0.0f);
   Tensor z = Tensor::host({1, 3}), labels = Tensor::host({1}, DType::kInt32);
   labels.i32()[0] = 3;
   Tensor metrics = Tensor::host({2});

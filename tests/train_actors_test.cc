@@ -25,8 +25,8 @@ TrainOptions lenetOptions(const std::string& log_dir) {
   o.train_data = testData("lmdb") + "/train";
   o.db_type = data::DbType::kLmdb;
   o.base_learning_rate = 0.05f;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 0.0005f;
+  o.optimizer.momentum = 0.9f;
+  o.optimizer.weight_decay = 0.0005f;
   o.log_dir = log_dir;
   o.log_every = 0;
   o.threads = 2;
@@ -126,13 +126,13 @@ TEST(Training, NoWdKeepsWeightDecayOffTheBiases) {
   o.batch_size = 32;
   o.epoch_size = 32;  // one step
   o.num_epochs = 1;
-  o.sgd.momentum = 0.0f;
-  o.sgd.weight_decay = 0.5f;
+  o.optimizer.momentum = 0.0f;
+  o.optimizer.weight_decay = 0.5f;
   o.no_wd = true;
   const auto exempt = runTraining(o);
   o.no_wd = false;
   const auto decayed = runTraining(o);
-  o.sgd.weight_decay = 0.0f;
+  o.optimizer.weight_decay = 0.0f;
   const auto plain = runTraining(o);
 
   kernels::NetOptions net;
@@ -151,6 +151,53 @@ TEST(Training, NoWdKeepsWeightDecayOffTheBiases) {
     EXPECT_FALSE(same(decayed, plain)) << p.name;
   }
   EXPECT_EQ(biases, 4);  // conv1, conv2, ip1, ip2
+}
+
+// clip_grad_norm (torch's clip_grad_norm_): a step whose gradient's global norm is above c moves
+// the weights by lr * c / (norm + 1e-6) * g (SGD without momentum): a step of length lr * c, in
+// the direction of the unclipped step; a c above the norm leaves the step as it was, to the bit.
+TEST(Training, ClipGradNormScalesAStepDownToTheNormAndLeavesSmallerOnesAlone) {
+  TempDir dir("clip");
+  auto o = lenetOptions(dir.str());
+  o.batch_size = 64;
+  o.epoch_size = 64;  // one step
+  o.num_epochs = 1;
+  o.base_learning_rate = 0.1f;
+  o.optimizer.momentum = 0.0f;
+  o.optimizer.weight_decay = 0.0f;
+  const auto plain = runTraining(o);
+  o.clip_grad_norm = 0.05f;
+  const auto clipped = runTraining(o);
+  o.clip_grad_norm = 1e30f;
+  const auto unclipped = runTraining(o);
+  EXPECT_EQ(std::memcmp(plain.weights.raw(), unclipped.weights.raw(), plain.weights.bytes()), 0);
+
+  kernels::NetOptions net;
+  net.model.name = "lenet";
+  net.max_batch = 1;
+  auto backend = kernels::makeCpuBackend(1);
+  const kernels::Tensor w0 = kernels::makeNet(*backend, net)->weights();
+  double plain_sq = 0, clipped_sq = 0, dot = 0, w_sq = 0;
+  for (std::int64_t i = 0; i < w0.numel(); ++i) {
+    const double a = plain.weights.f32()[i] - w0.f32()[i];
+    const double b = clipped.weights.f32()[i] - w0.f32()[i];
+    plain_sq += a * a;
+    clipped_sq += b * b;
+    dot += a * b;
+    w_sq += static_cast<double>(w0.f32()[i]) * w0.f32()[i];
+  }
+  const double step = std::sqrt(clipped_sq), expected = 0.1 * 0.05;
+  ASSERT_GT(std::sqrt(plain_sq), 10 * expected) << "the gradient's norm is not above the clip";
+  // Each element of w1 = w0 - lr * f * g rounds once (u |w|), and w1 - w0 then loses u |w0| and
+  // u |w1| more: the step's norm is off by at most 3 u ||w|| (w1 ~ w0) plus a few roundings of
+  // the step itself, and 1e-6 / norm of torch's epsilon, well below 1e-6 here.
+  const double u = 1.0 / (1 << 24);
+  const double bound = 3 * u * std::sqrt(w_sq) + 4 * u * expected + 1e-6 * expected;
+  EXPECT_NEAR(step, expected, bound);
+  // The same direction: each measured step is off its exact vector by at most `bound` (relative
+  // bound / expected to the clipped one, less to the longer plain one), so the cosine is at
+  // least 1 - 2 bound / expected.
+  EXPECT_GE(dot / std::sqrt(plain_sq * clipped_sq), 1 - 2 * bound / expected);
 }
 
 // input_dtype uint8: readers send the raw records' bytes and the replica normalises them with

@@ -131,7 +131,7 @@ TEST(TrainerApi, ACheckpointAskedForMidEpochResumesToTheSameBits) {
   ASSERT_EQ(after.weights.numel(), uninterrupted.weights.numel());
   for (std::int64_t i = 0; i < after.weights.numel(); ++i) {
     ASSERT_EQ(after.weights.f32()[i], uninterrupted.weights.f32()[i]) << "weight " << i;
-    ASSERT_EQ(after.momentum.f32()[i], uninterrupted.momentum.f32()[i]) << "momentum " << i;
+    ASSERT_EQ(after.state.f32()[i], uninterrupted.state.f32()[i]) << "momentum " << i;
   }
 }
 

@@ -492,6 +492,77 @@ TEST(TrainCommand, ResumeAutoContinuesFromTheNewestCheckpointOfTheRun) {
   EXPECT_NE(other.output.find("starting from scratch"), std::string::npos) << other.output;
 }
 
+// tests/data/tiny_sgd_283fb64.ckpt was written by troupe before optimizers named their state
+// (momentum only, no optimizer in its meta): it resumes as SGD's, and another optimizer is one
+// error naming both, before anything trains.
+TEST(TrainCommand, ACheckpointFromBeforeNamedStateResumesAsSgdsAndRefusesAnotherOptimizer) {
+  TempDir cwd("cli_resume_old");
+  const std::string config = sourceDir() + "/tests/data/tiny_fc.toml";
+  const std::string old = sourceDir() + "/tests/data/tiny_sgd_283fb64.ckpt";
+  const auto ck = actors::loadCheckpoint(old);
+  EXPECT_EQ(ck.meta.count("optimizer"), 0u);
+  EXPECT_EQ(ck.optimizer(), "sgd");
+  EXPECT_EQ(ck.stateNames(), std::vector<std::string>{"momentum_buffer"});
+  const auto resumed = train(cwd, config + " --resume " + old + " --num_epochs 3 --log_every 0");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("at step 8"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("done: 12 steps"), std::string::npos) << resumed.output;
+  // The new checkpoint names its optimizer and state.
+  std::vector<fs::path> written;
+  for (const auto& e : fs::directory_iterator(cwd.path()))
+    if (e.path().extension() == ".ckpt") written.push_back(e.path());
+  ASSERT_EQ(written.size(), 1u) << resumed.output;
+  const auto meta = actors::loadCheckpointMeta(written[0].string());
+  EXPECT_EQ(meta.at("optimizer"), "sgd");
+  EXPECT_EQ(meta.at("optimizer_state"), "momentum_buffer");
+
+  const auto adam = train(cwd, config + " --resume " + old + " --num_epochs 3 --optimizer adam");
+  EXPECT_EQ(adam.exit_code, 1) << adam.output;
+  EXPECT_NE(adam.output.find("holds the state of optimizer sgd (momentum_buffer); this run's "
+                             "optimizer is adam (exp_avg, exp_avg_sq): resume with optimizer sgd"),
+            std::string::npos)
+      << adam.output;
+  EXPECT_EQ(adam.output.find("epoch 3"), std::string::npos) << "it trained:\n" << adam.output;
+}
+
+// Each optimizer trains a model end to end through the updater; a resumed Adam run repeats an
+// uninterrupted one to the bit (its state and update count come back from the checkpoint).
+TEST(TrainCommand, AnAdamRunResumedFromItsCheckpointRepeatsAnUninterruptedOne) {
+  TempDir cwd("cli_resume_adam");
+  const std::string common = sourceDir() +
+                             "/tests/data/tiny_fc.toml --optimizer adamw "
+                             "--weight_decay 0.01 --base_learning_rate 0.01 --log_every 0 "
+                             "--checkpoint_every 1";
+  const auto whole = train(cwd, common + " --num_epochs 4 --run_name whole");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto half = train(cwd, common + " --num_epochs 2 --run_name half");
+  ASSERT_EQ(half.exit_code, 0) << half.output;
+  fs::path half_ck, whole_ck;
+  for (const auto& e : fs::directory_iterator(cwd.path())) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("half") && name.ends_with("_epoch2.ckpt")) half_ck = e.path();
+  }
+  ASSERT_FALSE(half_ck.empty()) << half.output;
+  const auto rest =
+      train(cwd, common + " --num_epochs 4 --run_name rest --resume " + half_ck.string());
+  ASSERT_EQ(rest.exit_code, 0) << rest.output;
+  fs::path rest_ck;
+  for (const auto& e : fs::directory_iterator(cwd.path())) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("whole") && name.ends_with("_epoch4.ckpt")) whole_ck = e.path();
+    if (name.starts_with("rest") && name.ends_with("_epoch4.ckpt")) rest_ck = e.path();
+  }
+  ASSERT_FALSE(whole_ck.empty() || rest_ck.empty()) << whole.output << rest.output;
+  const auto a = actors::loadCheckpoint(whole_ck.string());
+  const auto b = actors::loadCheckpoint(rest_ck.string());
+  EXPECT_EQ(b.meta.at("optimizer"), "adamw");
+  EXPECT_EQ(b.stateNames(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  ASSERT_EQ(a.state.numel(), 2 * a.weights.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0);
+  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0);
+}
+
 TEST(TrainCommand, ACrossProcessScheduleSaysWhatIsMissing) {
   TempDir cwd("err_schedule");
   expectError(train(cwd, "--model mlp" + dataFlags() + " --schedule dist_sync"), "dist_sync");

@@ -73,7 +73,7 @@ void expectAnUpdateOfInfStopsTheRunAtItsStep(const char* name, const std::vector
   TempDir dir(name);
   auto o = mlpOptions(dir.str());
   o.gpus = gpus;
-  o.sgd.weight_decay = std::numeric_limits<float>::infinity();
+  o.optimizer.weight_decay = std::numeric_limits<float>::infinity();
   const std::string failure = failureOf(o);
   EXPECT_NE(failure.find("training diverged: the update of step 0 (epoch 1) on worker 0 left inf "
                          "or NaN in the weights (learning rate "),

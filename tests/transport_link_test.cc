@@ -473,7 +473,7 @@ TEST_F(TransportTest, TensorsTooLargeTogetherForOneFrameGoAsBulk) {
   OutgoingMessage m;
   auto epoch = m.frame().initEpochEnd();
   m.setTensor(epoch.initWeights(), iota(12000, 1));  // 48 KB: fits a 64 KiB frame alone ...
-  m.setTensor(epoch.initMomentum(), iota(9000, 2));  // ... but not with this one
+  m.setTensor(epoch.initState(), iota(9000, 2));     // ... but not with this one
   a.transport->send(1, std::move(m));
   OutgoingMessage big;
   big.setTensor(big.frame().initEpochEnd().initWeights(), iota(100000, 3));  // over the limit
@@ -483,7 +483,7 @@ TEST_F(TransportTest, TensorsTooLargeTogetherForOneFrameGoAsBulk) {
   auto got = message.frame().getEpochEnd();
   EXPECT_EQ(message.frame().getBulk().size(), 1u);
   Tensor weights = message.tensor(got.getWeights());
-  Tensor momentum = message.tensor(got.getMomentum());
+  Tensor momentum = message.tensor(got.getState());
   EXPECT_TRUE(inside(weights.raw(), message.frameBuffer()));
   EXPECT_TRUE(inside(momentum.raw(), message.bulkBuffer()));
   EXPECT_EQ(weights.f32()[11999], 12000.0f);

@@ -83,7 +83,7 @@ struct StepDone {
 struct EpochEnd {
   step @0 :Int64;
   weights @1 :TensorData;
-  momentum @2 :TensorData;
+  state @2 :TensorData;
   lossScale @3 :Float32;      # 0: no loss scale
   overflowSteps @4 :Int64;    # steps skipped so far for inf or NaN gradients
 }
@@ -92,7 +92,7 @@ struct EpochEnd {
 struct Handover {
   step @0 :Int64;
   weights @1 :TensorData;
-  momentum @2 :TensorData;
+  state @2 :TensorData;
   buffers @3 :TensorData;
   lossScale @4 :Float32;      # the dynamic loss scale; 0: none
   overflowSteps @5 :Int64;    # steps skipped so far for inf or NaN gradients
@@ -162,7 +162,7 @@ struct PullReply {
   keyBegin @1 :Int64;
   keyEnd @2 :Int64;
   data @3 :TensorData;
-  state @4 :TensorData;  # momentum of the keys, when the pull asked for it
+  state @4 :TensorData;  # the optimizer's state of the keys, when the pull asked for it
 }
 
 struct KvInit {
@@ -188,6 +188,12 @@ struct KvConfigure {
   nesterov @8 :Bool;
   compression @9 :UInt8;
   threshold @10 :Float32;
+  optimizer @11 :Text;  # empty: sgd
+  beta1 @12 :Float32;
+  beta2 @13 :Float32;
+  epsilon @14 :Float32;
+  rho @15 :Float32;
+  eta @16 :Float32;
 }
 
 struct KvAck {

@@ -52,8 +52,13 @@
 
 namespace troupe {
 
-// SGD with PyTorch's semantics (troupe's optimizer): g' = rescale_grad * g + weight_decay * w;
-// v = momentum * v + g'; w -= learning_rate * v (nesterov: w -= lr * (g' + momentum * v)).
+// The update a store applies to pushes (MXNet's set_optimizer), by name, with PyTorch's
+// semantics: sgd (g' = rescale_grad * g + weight_decay * w; v = momentum * v + g';
+// w -= learning_rate * v; nesterov: w -= lr * (g' + momentum * v)), nag (sgd with nesterov),
+// adam, adamw, lamb, lars, rmsprop, adagrad (`troupe info` lists them, kernels/optimizers/). Each
+// reads the fields it names; the gradient is always multiplied by rescale_grad first. Every key
+// has its own state (and update count, for Adam's bias correction), started anew when
+// setOptimizer is called again with other settings.
 struct OptimizerSpec {
   std::string name = "sgd";
   float learning_rate = 0.01f;
@@ -61,6 +66,10 @@ struct OptimizerSpec {
   float weight_decay = 0.0f;
   float rescale_grad = 1.0f;  // MXNet's: 1 / batch size when gradients are sums
   bool nesterov = false;
+  float beta1 = 0.9f, beta2 = 0.999f;  // adam, adamw, lamb
+  float epsilon = 0.0f;                // 0: the optimizer's default (1e-8 for Adam)
+  float rho = 0.9f;                    // rmsprop: the squares' decay (MXNet's gamma1)
+  float eta = 0.001f;                  // lars: the trust coefficient
 };
 
 // Config keys of `troupe train` (docs/config.md) that place a distributed store's process, over

@@ -1,6 +1,7 @@
 #include <dnnl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/backend.h"
@@ -185,6 +186,64 @@ class CpuBackend final : public Backend {
     });
     updates_finite_ = updates_finite_ && finite;
   }
+  void update(const UpdateKernel& kernel, const UpdateArgs& a) override {
+    const std::int64_t n = a.w.numel();
+    TROUPE_ENFORCE(kernel.update, "update rule ", kernel.name, " has no CPU loop");
+    TROUPE_ENFORCE(a.state_offset >= 0 && a.stride >= a.state_offset + n &&
+                       a.state.numel() >= kernel.states * a.stride,
+                   "state of ", a.state.numel(), " values for ", kernel.states, " rows of ",
+                   a.stride, " from ", a.state_offset, " (", n, " weights)");
+    cpu::useThreads(threads_);
+    const UpdatePlan plan = planUpdate(a, kernel.layerwise);
+    std::vector<float> ratios(plan.segments.size(), 1.0f);
+    for (std::size_t k = 0; k < plan.segments.size(); ++k) {
+      const auto [lo, hi] = plan.segments[k];
+      std::vector<double> partial(2 * static_cast<std::size_t>(threads_), 0.0);
+      cpu::forRangesIndexed(hi - lo, threads_, kParallelGrain,
+                            [&](int part, std::int64_t b, std::int64_t e) {
+                              kernel.probe(a, lo + b, lo + e, a.scalars.weight_decay,
+                                           &partial[2 * static_cast<std::size_t>(part)]);
+                            });
+      double ww = 0, pp = 0;
+      for (std::size_t t = 0; t < partial.size(); t += 2) {
+        ww += partial[t];
+        pp += partial[t + 1];
+      }
+      ratios[k] = kernel.ratio(static_cast<float>(std::sqrt(ww)), static_cast<float>(std::sqrt(pp)),
+                               a.scalars, a.scalars.weight_decay);
+    }
+    bool finite = true;
+    for (const UpdatePiece& piece : plan.pieces) {
+      const float decay = piece.decay ? a.scalars.weight_decay : 0.0f;
+      const float ratio =
+          piece.segment < 0 ? 1.0f : ratios[static_cast<std::size_t>(piece.segment)];
+      cpu::forRanges(piece.end - piece.begin, threads_, kParallelGrain,
+                     [&](std::int64_t b, std::int64_t e) {
+                       if (!kernel.update(a, piece.begin + b, piece.begin + e, decay, ratio)) {
+#pragma omp atomic write
+                         finite = false;
+                       }
+                     });
+    }
+    updates_finite_ = updates_finite_ && finite;
+  }
+  double sumOfSquares(const std::vector<Tensor>& tensors) override {
+    double total = 0;
+    for (const Tensor& t : tensors) {
+      const float* p = t.f32();
+      std::vector<double> partial(static_cast<std::size_t>(threads_), 0.0);
+      cpu::forRangesIndexed(t.numel(), threads_, kParallelGrain,
+                            [&](int part, std::int64_t b, std::int64_t e) {
+                              double sum = 0;
+                              for (std::int64_t i = b; i < e; ++i)
+                                sum += static_cast<double>(p[i]) * p[i];
+                              partial[static_cast<std::size_t>(part)] = sum;
+                            });
+      for (double x : partial)
+        total += x;
+    }
+    return total;
+  }
   bool updatesFinite() override {
     const bool finite = updates_finite_;
     updates_finite_ = true;
@@ -235,8 +294,9 @@ class CpuBackend final : public Backend {
     nchwOnly(channels_last, "global average pooling");
     return cpu::makeGlobalAvgPool(n, channels, spatial, threads_);
   }
-  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
-    return cpu::makeSoftmaxLoss(n, classes, threads_);
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                                 float label_smoothing) override {
+    return cpu::makeSoftmaxLoss(n, classes, label_smoothing, threads_);
   }
 
  private:

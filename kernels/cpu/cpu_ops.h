@@ -18,6 +18,7 @@ std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio, int thre
 std::unique_ptr<AddOp> makeAdd(std::int64_t numel, int threads);
 std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t channels,
                                                    std::int64_t spatial, int threads);
-std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes, int threads);
+std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                               float label_smoothing, int threads);
 
 }  // namespace troupe::kernels::cpu

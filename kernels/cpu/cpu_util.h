@@ -60,6 +60,22 @@ void forRanges(std::int64_t total, int threads, std::int64_t grain, const Fn& fn
   }
 }
 
+// As forRanges, with the index of the range (0 when on one thread; below `threads`), so that
+// per-range partial results can be combined in a fixed order.
+template <typename Fn>
+void forRangesIndexed(std::int64_t total, int threads, std::int64_t grain, const Fn& fn) {
+  if (threads <= 1 || total <= grain) {
+    fn(0, std::int64_t{0}, total);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    std::int64_t begin, end;
+    splitRange(total, omp_get_thread_num(), omp_get_num_threads(), begin, end);
+    fn(omp_get_thread_num(), begin, end);
+  }
+}
+
 // Float pointer of an optional tensor: nullptr when not defined or empty.
 inline float* optionalF32(const Tensor& t) {
   return t.raw() ? t.f32() : nullptr;

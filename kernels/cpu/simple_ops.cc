@@ -126,8 +126,8 @@ class CpuGlobalAvgPool final : public GlobalAvgPoolOp {
 
 class CpuSoftmaxLoss final : public SoftmaxLossOp {
  public:
-  CpuSoftmaxLoss(std::int64_t n, std::int64_t classes)
-      : n_(n), classes_(classes), prob_(n * classes), labels_(n) {}
+  CpuSoftmaxLoss(std::int64_t n, std::int64_t classes, float smoothing)
+      : n_(n), classes_(classes), smoothing_(smoothing), prob_(n * classes), labels_(n) {}
   void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) override {
     TROUPE_ENFORCE_EQ(logits.numel(), n_ * classes_);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
@@ -148,13 +148,18 @@ class CpuSoftmaxLoss final : public SoftmaxLossOp {
       for (std::int64_t k = 1; k < classes_; ++k)
         if (row[k] > row[best]) best = k;
       const float mx = row[best];
-      float sum = 0.0f;
-      for (std::int64_t k = 0; k < classes_; ++k)
+      float sum = 0.0f, shifted = 0.0f;  // shifted: the sum of row[k] - mx (smoothing's)
+      for (std::int64_t k = 0; k < classes_; ++k) {
         sum += (p[k] = std::exp(row[k] - mx));
+        shifted += row[k] - mx;
+      }
       const float inv = 1.0f / sum;
       for (std::int64_t k = 0; k < classes_; ++k)
         p[k] *= inv;
-      loss += std::log(sum) - (row[label] - mx);
+      loss += smoothing_ == 0.0f
+                  ? std::log(sum) - (row[label] - mx)
+                  : std::log(sum) - ((1.0f - smoothing_) * (row[label] - mx) +
+                                     smoothing_ / static_cast<float>(classes_) * shifted);
       correct += best == label;
     }
     metrics.f32()[0] = static_cast<float>(loss);
@@ -163,14 +168,16 @@ class CpuSoftmaxLoss final : public SoftmaxLossOp {
   void backward(float scale, const Tensor& dlogits) override {
     TROUPE_ENFORCE_EQ(dlogits.numel(), n_ * classes_);
     float* d = dlogits.f32();
+    const float spread = scale * smoothing_ / static_cast<float>(classes_);
     for (std::int64_t i = 0; i < n_ * classes_; ++i)
-      d[i] = scale * prob_[i];
+      d[i] = scale * prob_[i] - spread;
     for (std::int64_t i = 0; i < n_; ++i)
-      d[i * classes_ + labels_[i]] -= scale;
+      d[i * classes_ + labels_[i]] -= scale * (1.0f - smoothing_);
   }
 
  private:
   std::int64_t n_, classes_;
+  float smoothing_;
   std::vector<float> prob_;
   std::vector<std::int32_t> labels_;
 };
@@ -191,8 +198,11 @@ std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t 
                                                    std::int64_t spatial, int threads) {
   return std::make_unique<CpuGlobalAvgPool>(n * channels, spatial, threads);
 }
-std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes, int) {
-  return std::make_unique<CpuSoftmaxLoss>(n, classes);
+std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                               float label_smoothing, int) {
+  TROUPE_ENFORCE(label_smoothing >= 0.0f && label_smoothing < 1.0f, "label smoothing ",
+                 label_smoothing);
+  return std::make_unique<CpuSoftmaxLoss>(n, classes, label_smoothing);
 }
 
 }  // namespace troupe::kernels::cpu

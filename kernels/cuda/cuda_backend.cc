@@ -1058,10 +1058,11 @@ class CudaGlobalAvgPool final : public GlobalAvgPoolOp {
 // it) and throws InputError as the CPU op does.
 class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
  public:
-  CudaSoftmaxLoss(Context& ctx, std::int64_t n, std::int64_t classes)
+  CudaSoftmaxLoss(Context& ctx, std::int64_t n, std::int64_t classes, float smoothing)
       : ctx_(ctx),
         n_(n),
         classes_(classes),
+        smoothing_(smoothing),
         prob_(ctx.empty({n * classes}, DType::kFloat32)),
         rows_(ctx.empty({4 * n}, DType::kFloat32)),
         bad_(ctx.empty({2}, DType::kInt32)) {
@@ -1086,7 +1087,7 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
     labels_ = labels;
     softmaxLossForward(logits.dtype(), act(logits), static_cast<const std::int32_t*>(labels.raw()),
                        f32(prob_), f32(metrics), static_cast<int*>(bad_.raw()), rows_.raw(), n_,
-                       classes_, ctx_.stream);
+                       classes_, smoothing_, ctx_.stream);
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(bad_host_, bad_.raw(), 2 * sizeof(int),
                                       cudaMemcpyDeviceToHost, ctx_.stream));
     if (ctx_.capturing) {
@@ -1109,7 +1110,7 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
   void backward(float scale, const Tensor& dlogits) override {
     softmaxLossBackward(dlogits.dtype(), f32(prob_),
                         static_cast<const std::int32_t*>(labels_.raw()), act(dlogits), n_, classes_,
-                        scale, ctx_.stream);
+                        scale, smoothing_, ctx_.stream);
   }
 
  private:
@@ -1127,6 +1128,7 @@ class CudaSoftmaxLoss final : public SoftmaxLossOp, public Checked {
 
   Context& ctx_;
   std::int64_t n_, classes_;
+  float smoothing_;
   Tensor prob_, rows_, bad_, labels_;
   int* bad_host_ = nullptr;
   cudaEvent_t done_ = nullptr;
@@ -1321,6 +1323,50 @@ class CudaBackend final : public Backend {
     cuda::sgdExcept(f32(w), f32(g), f32(v), w.numel(), lr, momentum, weight_decay, nesterov,
                     no_decay, static_cast<int*>(updates_flag_.raw()), ctx_.stream);
   }
+  void update(const UpdateKernel& kernel, const UpdateArgs& a) override {
+    const std::int64_t n = a.w.numel();
+    TROUPE_ENFORCE(a.state_offset >= 0 && a.stride >= a.state_offset + n &&
+                       a.state.numel() >= kernel.states * a.stride,
+                   "state of ", a.state.numel(), " values for ", kernel.states, " rows of ",
+                   a.stride, " from ", a.state_offset, " (", n, " weights)");
+    setDevice();
+    const RuleTables& t = ruleTables(planUpdate(a, kernel.layerwise));
+    cuda::RuleLaunch l{f32(a.w),
+                       f32(a.g),
+                       f32(a.state) + a.state_offset,
+                       a.stride,
+                       a.scalars,
+                       static_cast<const cuda::UpdateChunk*>(t.chunks.raw()),
+                       t.num_chunks,
+                       static_cast<const std::int64_t*>(t.segments.raw()),
+                       t.num_segments,
+                       static_cast<double*>(t.partials.raw()),
+                       f32(t.ratios),
+                       static_cast<int*>(updates_flag_.raw())};
+    if (!cuda::ruleUpdate(kernel.name, l, ctx_.stream)) {
+      throw InputError(std::string("this CUDA plugin has no kernel of the optimizer rule '") +
+                       kernel.name + "' (a plugin built before the rule was added?)");
+    }
+  }
+  double sumOfSquares(const std::vector<Tensor>& tensors) override {
+    setDevice();
+    if (tensors.empty()) return 0.0;
+    const std::size_t blocks = cuda::kSquareBlocks;
+    Tensor partials = ctx_.empty(
+        {static_cast<std::int64_t>(tensors.size() * blocks * sizeof(double))}, DType::kUInt8);
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      cuda::sumSquares(f32(tensors[k]), tensors[k].numel(),
+                       static_cast<double*>(partials.raw()) + k * blocks, ctx_.stream);
+    }
+    std::vector<double> host(tensors.size() * blocks);
+    TROUPE_CUDA_CHECK(cudaMemcpyAsync(host.data(), partials.raw(), host.size() * sizeof(double),
+                                      cudaMemcpyDeviceToHost, ctx_.stream));
+    synchronize();
+    double total = 0;
+    for (double x : host)
+      total += x;
+    return total;
+  }
   bool updatesFinite() override {
     setDevice();
     TROUPE_CUDA_CHECK(cudaMemcpyAsync(flag_host_, updates_flag_.raw(), sizeof(int),
@@ -1435,9 +1481,12 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaGlobalAvgPool>(ctx_, n * channels, spatial,
                                                channels_last ? channels : 0);
   }
-  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                                 float label_smoothing) override {
+    TROUPE_ENFORCE(label_smoothing >= 0.0f && label_smoothing < 1.0f, "label smoothing ",
+                   label_smoothing);
     setDevice();
-    return std::make_unique<CudaSoftmaxLoss>(ctx_, n, classes);
+    return std::make_unique<CudaSoftmaxLoss>(ctx_, n, classes, label_smoothing);
   }
 
  private:
@@ -1448,9 +1497,57 @@ class CudaBackend final : public Backend {
     TROUPE_ENFORCE(!ctx_.capturing, what, " while a CUDA graph is captured");
   }
 
+  // An update plan's chunks on the device (cut to kChunk elements, one block each), with its
+  // segments' chunk ranges and the scratch of their sums: made once per plan, kept (the same
+  // buckets come every step), so that a step queues no copy.
+  struct RuleTables {
+    Tensor chunks, segments, partials, ratios;
+    int num_chunks = 0, num_segments = 0;
+  };
+  const RuleTables& ruleTables(const UpdatePlan& plan) {
+    constexpr std::int64_t kChunk = 8192;
+    std::vector<cuda::UpdateChunk> chunks;
+    std::vector<std::int64_t> segments(2 * plan.segments.size(), 0), key;
+    for (const UpdatePiece& p : plan.pieces) {
+      if (p.segment >= 0 && (chunks.empty() || chunks.back().segment != p.segment))
+        segments[2 * static_cast<std::size_t>(p.segment)] =
+            static_cast<std::int64_t>(chunks.size());
+      for (std::int64_t b = p.begin; b < p.end; b += kChunk)
+        chunks.push_back({b, std::min(p.end, b + kChunk), p.segment, p.decay ? 1 : 0});
+      if (p.segment >= 0)
+        segments[2 * static_cast<std::size_t>(p.segment) + 1] =
+            static_cast<std::int64_t>(chunks.size());
+      key.insert(key.end(), {p.begin, p.end, p.segment, p.decay ? 1 : 0});
+    }
+    auto found = rule_tables_.find(key);
+    if (found != rule_tables_.end()) return found->second;
+    notCapturing("an optimizer update's first call for its ranges");
+    RuleTables t;
+    t.num_chunks = static_cast<int>(chunks.size());
+    t.num_segments = static_cast<int>(plan.segments.size());
+    const auto upload = [&](const void* from, std::size_t bytes) {
+      Tensor to =
+          ctx_.empty({static_cast<std::int64_t>(std::max<std::size_t>(bytes, 1))}, DType::kUInt8);
+      if (bytes) {
+        TROUPE_CUDA_CHECK(
+            cudaMemcpyAsync(to.raw(), from, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+        TROUPE_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+      }
+      return to;
+    };
+    t.chunks = upload(chunks.data(), chunks.size() * sizeof(cuda::UpdateChunk));
+    t.segments = upload(segments.data(), segments.size() * sizeof(std::int64_t));
+    t.partials = ctx_.empty(
+        {static_cast<std::int64_t>(std::max<std::size_t>(1, 2 * chunks.size()) * sizeof(double))},
+        DType::kUInt8);
+    t.ratios = ctx_.empty({std::max<std::int64_t>(1, t.num_segments)}, DType::kFloat32);
+    return rule_tables_.emplace(std::move(key), std::move(t)).first->second;
+  }
+
   Context ctx_;
   std::map<std::vector<std::int64_t>, ConvAlgos> conv_algos_;
   std::map<std::vector<std::int64_t>, ConvPlans> conv_plans_;
+  std::map<std::vector<std::int64_t>, RuleTables> rule_tables_;
   Tensor flag_, updates_flag_;  // allFinite's; sgdUpdate's, gathered until updatesFinite()
   int* flag_host_ = nullptr;
   std::shared_ptr<void> cublas_workspace_;

@@ -386,7 +386,7 @@ struct RowResult {
 // One block per row: max (the first arg max, as the CPU's strict >), sum of exponentials, loss.
 template <typename T>
 __global__ void softmaxRowKernel(const T* logits, const std::int32_t* labels, float* prob,
-                                 RowResult* rows, std::int64_t classes) {
+                                 RowResult* rows, std::int64_t classes, float smoothing) {
   const std::int64_t row = blockIdx.x;
   const T* z = logits + row * classes;
   float* p = prob + row * classes;
@@ -415,13 +415,15 @@ __global__ void softmaxRowKernel(const T* logits, const std::int32_t* labels, fl
   }
   const float mx = best_v[0];
   const std::int64_t best = best_i[0];
-  float sum = 0.0f;
+  float sum = 0.0f, shifted = 0.0f;  // shifted: the sum of z[k] - mx (label smoothing's)
   for (std::int64_t k = threadIdx.x; k < classes; k += kThreads) {
     const float e = expf(ld(z[k]) - mx);
     p[k] = e;
     sum += e;
+    shifted += ld(z[k]) - mx;
   }
   sum = blockSum(sum);
+  if (smoothing != 0.0f) shifted = blockSum(shifted);
   const float inv = 1.0f / sum;
   for (std::int64_t k = threadIdx.x; k < classes; k += kThreads)
     p[k] *= inv;
@@ -429,7 +431,9 @@ __global__ void softmaxRowKernel(const T* logits, const std::int32_t* labels, fl
     const std::int32_t label = labels[row];
     RowResult r{0.0f, 0.0f, label, 0};
     if (label >= 0 && label < classes) {
-      r.loss = logf(sum) - (ld(z[label]) - mx);
+      r.loss = smoothing == 0.0f ? logf(sum) - (ld(z[label]) - mx)
+                                 : logf(sum) - ((1.0f - smoothing) * (ld(z[label]) - mx) +
+                                                smoothing / static_cast<float>(classes) * shifted);
       r.correct = best == label ? 1.0f : 0.0f;
       r.bad_label = 0;
       r.ok = 1;
@@ -465,14 +469,16 @@ __global__ void softmaxTotalKernel(const RowResult* rows, std::int64_t n, float*
 
 template <typename I, typename T>
 __global__ void softmaxBackwardKernel(const float* prob, const std::int32_t* labels, T* d, I n,
-                                      I classes, float scale) {
+                                      I classes, float scale, float smoothing) {
+  const float spread = scale * smoothing / static_cast<float>(classes);
+  const float on_label = scale * (1.0f - smoothing);
   TROUPE_FOR_EACH_AS(I, i, n * classes) {
     const I row = i / classes, k = i % classes;
     const std::int32_t label = labels[row];
     if (label < 0 || label >= classes) {
       d[i] = st<T>(0.0f);
     } else {
-      d[i] = st<T>(scale * prob[i] - (k == label ? scale : 0.0f));
+      d[i] = st<T>(scale * prob[i] - spread - (k == label ? on_label : 0.0f));
     }
   }
 }
@@ -944,24 +950,25 @@ void poolBackward(DType t, const PoolShape& s, const void* dy, const std::int32_
 }
 void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels, float* prob,
                         float* metrics, int* bad, void* rows, std::int64_t n, std::int64_t classes,
-                        cudaStream_t stream) {
+                        float smoothing, cudaStream_t stream) {
   auto* results = static_cast<RowResult*>(rows);
   static_assert(sizeof(RowResult) <= 4 * sizeof(float));
   if (n > 0) {
     TROUPE_TYPED(t,
                  launch("softmaxRowKernel", static_cast<unsigned>(n), stream, softmaxRowKernel<T>,
-                        static_cast<const T*>(logits), labels, prob, results, classes));
+                        static_cast<const T*>(logits), labels, prob, results, classes, smoothing));
   }
   launch("softmaxTotalKernel", 1, stream, softmaxTotalKernel, results, n, metrics, bad);
 }
 void softmaxLossBackward(DType t, const float* prob, const std::int32_t* labels, void* dlogits,
-                         std::int64_t n, std::int64_t classes, float scale, cudaStream_t stream) {
+                         std::int64_t n, std::int64_t classes, float scale, float smoothing,
+                         cudaStream_t stream) {
   const std::int64_t total = n * classes;
   if (total > 0) {
     TROUPE_TYPED(t, TROUPE_INDEXED(total, launch("softmaxBackwardKernel", blocksFor(total), stream,
                                                  softmaxBackwardKernel<I, T>, prob, labels,
                                                  static_cast<T*>(dlogits), static_cast<I>(n),
-                                                 static_cast<I>(classes), scale)));
+                                                 static_cast<I>(classes), scale, smoothing)));
   }
 }
 void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols,

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/optimizers/rule.h"
 #include "kernels/tensor.h"
 
 namespace troupe::kernels::cuda {
@@ -51,6 +52,37 @@ void sgdExcept(float* w, const float* g, float* v, std::int64_t n, float lr, flo
                const std::vector<std::pair<std::int64_t, std::int64_t>>& no_decay, int* bad,
                cudaStream_t stream);
 
+// An optimizer rule's update (kernels/optimizers/rule.h, Backend::update) over `chunks` (device
+// memory, one block each, in order): chunk k is elements [begin, end) of w, g and the state, with
+// weight decay where `decay`, in trust-ratio segment `segment` (-1: none). A layerwise rule's
+// segment s spans chunks [segments[2s], segments[2s + 1]); its sums go through `partials` (2 per
+// chunk) to `ratios` (one per segment), in a fixed order. Returns false, queueing nothing, when no
+// rule of that name is compiled into kernels/cuda/update_kernels.cu.
+struct UpdateChunk {
+  std::int64_t begin = 0, end = 0;
+  int segment = -1;
+  int decay = 1;
+};
+struct RuleLaunch {
+  float* w;
+  const float* g;
+  float* state;  // element i's state k at state[i + k * stride]
+  std::int64_t stride;
+  UpdateScalars scalars;
+  const UpdateChunk* chunks;
+  int num_chunks;
+  const std::int64_t* segments;
+  int num_segments;
+  double* partials;
+  float* ratios;
+  int* bad;  // becomes 1 if an updated weight is not finite
+};
+bool ruleUpdate(const char* name, const RuleLaunch& launch, cudaStream_t stream);
+// partials[b] (device, kSquareBlocks of them) = the sum of p[i]^2 over block b's elements of p,
+// in a fixed order.
+constexpr int kSquareBlocks = 264;
+void sumSquares(const float* p, std::int64_t n, double* partials, cudaStream_t stream);
+
 void reluForward(DType t, const void* x, void* y, std::int64_t n, cudaStream_t stream);
 void reluBackward(DType t, const void* y, const void* dy, void* dx, std::int64_t n,
                   cudaStream_t stream);
@@ -87,13 +119,15 @@ void poolBackward(DType t, const PoolShape& s, const void* dy, const std::int32_
 // metrics[0] the summed loss, metrics[1] the rows whose arg max is the label, summed in a fixed
 // order (the same bits every run). A label outside [0, classes) leaves its row out and writes
 // bad[0] = the first such row + 1, bad[1] = its label; else bad[0] = 0. rows: 4n words of scratch.
-// The logits are of type t; prob and metrics float32.
+// The logits are of type t; prob and metrics float32. With label smoothing s the target is
+// (1 - s) onehot(label) + s / classes (SoftmaxLossOp).
 void softmaxLossForward(DType t, const void* logits, const std::int32_t* labels, float* prob,
                         float* metrics, int* bad, void* rows, std::int64_t n, std::int64_t classes,
-                        cudaStream_t stream);
-// dlogits = scale * (prob - onehot(label)); rows with a bad label get zeros.
+                        float smoothing, cudaStream_t stream);
+// dlogits = scale * (prob - target); rows with a bad label get zeros.
 void softmaxLossBackward(DType t, const float* prob, const std::int32_t* labels, void* dlogits,
-                         std::int64_t n, std::int64_t classes, float scale, cudaStream_t stream);
+                         std::int64_t n, std::int64_t classes, float scale, float smoothing,
+                         cudaStream_t stream);
 
 // y[i, j] += b[j] over rows of `cols` (a bias); db[j] = sum over rows of dy[i, j].
 void addRowVector(DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols,

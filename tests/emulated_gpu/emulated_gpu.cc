@@ -528,6 +528,22 @@ class EmulatedBackend final : public Backend {
       cpu->sgdUpdate(w, g, v, lr, momentum, weight_decay, nesterov);
     });
   }
+  void update(const UpdateKernel& kernel, const UpdateArgs& a) override {
+    UpdateArgs on_host = a;
+    on_host.w = hostView(a.w);
+    on_host.g = hostView(a.g);
+    on_host.state = hostView(a.state);
+    stream_->enqueue([cpu = cpu_, kernel, on_host] { cpu->update(kernel, on_host); });
+  }
+  double sumOfSquares(const std::vector<Tensor>& tensors) override {
+    std::vector<Tensor> views;
+    for (const Tensor& t : tensors)
+      views.push_back(hostView(t));
+    auto sum = std::make_shared<double>(0.0);
+    stream_->enqueue([cpu = cpu_, views, sum] { *sum = cpu->sumOfSquares(views); });
+    stream_->drain();
+    return *sum;
+  }
   bool updatesFinite() override {
     auto finite = std::make_shared<bool>(true);
     stream_->enqueue([cpu = cpu_, finite] { *finite = cpu->updatesFinite(); });
@@ -618,8 +634,10 @@ class EmulatedBackend final : public Backend {
                                                      bool channels_last) override {
     return std::make_unique<GlobalAvgPool>(stream_, cpu_, n, channels, spatial, channels_last);
   }
-  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes) override {
-    return std::make_unique<SoftmaxLoss>(stream_, cpu_->makeSoftmaxLoss(n, classes));
+  std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
+                                                 float label_smoothing) override {
+    return std::make_unique<SoftmaxLoss>(stream_,
+                                         cpu_->makeSoftmaxLoss(n, classes, label_smoothing));
   }
 
  private:

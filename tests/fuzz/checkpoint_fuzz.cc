@@ -22,7 +22,7 @@ void load(const std::string& path) {
   try {
     const auto ck = troupe::actors::loadCheckpoint(path);
     // What actors/trainer.cc reads of a checkpoint it resumes from.
-    sink = static_cast<double>(ck.weights.numel() + ck.momentum.numel() + ck.buffers.numel());
+    sink = static_cast<double>(ck.weights.numel() + ck.state.numel() + ck.buffers.numel());
     sink = static_cast<double>(ck.metaInt("global_batch") + ck.metaInt("steps_per_epoch") +
                                ck.metaInt("step") + ck.metaInt("cumulative_input_count"));
     sink = ck.metaDouble("cumulative_time_spent");

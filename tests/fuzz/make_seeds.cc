@@ -146,7 +146,7 @@ void writeCheckpoint(const fs::path& dir, const fs::path& work) {
              {"cumulative_time_spent", "12.345678"},
              {"cumulative_input_count", "120000"}};
   ck.weights = ramp(12, 0.25f);
-  ck.momentum = ramp(12, 0.01f);
+  ck.state = ramp(12, 0.01f);
   ck.buffers = ramp(4, 1.0f);
   const auto path = work / "mlp_epoch2.ckpt";
   actors::saveCheckpoint(path.string(), ck);

@@ -1,0 +1,128 @@
+// The optimizers' element-wise rules (kernels/optimizers/rule.h), one struct each: what the CPU's
+// loops (kernels/cpu/update_loop.h) and the CUDA kernels (kernels/cuda/update_kernels.cu) compile.
+// Each optimizer's file in this folder makes its table row from its rule.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/optimizers/rule.h"
+
+namespace troupe::kernels {
+
+// Adam and AdamW's update rule , as torch.optim's: with g' the
+// gradient (Adam: plus decay * w; AdamW: w first shrinks by lr * decay),
+//   m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
+//   w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// Scalars: c[0] b1, c[1] b2, c[2] eps, c[3] lr / (1 - b1^t), c[4] 1 / sqrt(1 - b2^t),
+// c[5] 1 for AdamW's decoupled decay.
+struct AdamRule {
+  static constexpr const char* kName = "adam";  // as backends know the rule
+  static constexpr int kStates = 2;             // exp_avg, exp_avg_sq
+  static constexpr bool kLayerwise = false;
+  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
+                                float) {
+    float grad = g;
+    if (c.c[5] != 0.0f) {
+      w *= 1.0f - c.lr * decay;
+    } else {
+      grad += decay * w;
+    }
+    const float m = c.c[0] * s[0] + (1.0f - c.c[0]) * grad;
+    const float v = c.c[1] * s[1] + (1.0f - c.c[1]) * grad * grad;
+    s[0] = m;
+    s[1] = v;
+    return w - c.c[3] * m / (std::sqrt(v) * c.c[4] + c.c[2]);
+  }
+};
+
+// RMSProp's update rule , as torch.optim.RMSprop's without momentum
+// or centering (MXNet's RMSProp, centered=False): g' = g + decay * w;
+//   v = rho v + (1 - rho) g'^2;  w -= lr g' / (sqrt(v) + eps).
+// Scalars: c[0] rho, c[1] eps.
+struct RmsPropRule {
+  static constexpr const char* kName = "rmsprop";  // as backends know the rule
+  static constexpr int kStates = 1;                // square_avg
+  static constexpr bool kLayerwise = false;
+  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
+                                float) {
+    const float grad = g + decay * w;
+    const float v = c.c[0] * s[0] + (1.0f - c.c[0]) * grad * grad;
+    s[0] = v;
+    return w - c.lr * grad / (std::sqrt(v) + c.c[1]);
+  }
+};
+
+// Adagrad's update rule , as torch.optim.Adagrad's (lr_decay 0):
+// g' = g + decay * w;  sum += g'^2;  w -= lr g' / (sqrt(sum) + eps).
+// Scalars: c[0] eps.
+struct AdagradRule {
+  static constexpr const char* kName = "adagrad";  // as backends know the rule
+  static constexpr int kStates = 1;                // sum
+  static constexpr bool kLayerwise = false;
+  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
+                                float) {
+    const float grad = g + decay * w;
+    const float sum = s[0] + grad * grad;
+    s[0] = sum;
+    return w - c.lr * grad / (std::sqrt(sum) + c.c[0]);
+  }
+};
+
+// LARS's update rule : You, Gitman and Ginsburg 2017, "Large Batch
+// Training of Convolutional Networks", as MLPerf's ResNet-50 reference runs it. Per layer,
+//   trust = eta ||w|| / (||g|| + decay ||w|| + eps)   (1 where either norm is 0)
+//   v = momentum v + lr trust (g + decay w);  w -= v.
+// Layers without decay (biases and batch-norm parameters with no_wd) get trust 1: momentum SGD.
+// Scalars: c[0] momentum, c[1] eta, c[2] eps.
+struct LarsRule {
+  static constexpr const char* kName = "lars";  // as backends know the rule
+  static constexpr int kStates = 1;             // momentum
+  static constexpr bool kLayerwise = true;
+  TROUPE_HD static float probe(float, float g, StateRef, const UpdateScalars&, float) { return g; }
+  TROUPE_HD static float ratio(float w_norm, float g_norm, const UpdateScalars& c, float decay) {
+    if (!(w_norm > 0.0f) || !(g_norm > 0.0f)) return 1.0f;
+    return c.c[1] * w_norm / (g_norm + decay * w_norm + c.c[2]);
+  }
+  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
+                                float ratio) {
+    const float v = c.c[0] * s[0] + c.lr * ratio * (g + decay * w);
+    s[0] = v;
+    return w - v;
+  }
+};
+
+// LAMB's update rule : You et al. 2019, "Large Batch Optimization for
+// Deep Learning: Training BERT in 76 minutes" (Algorithm 2, with bias correction, as MXNet's LAMB
+// and NVIDIA's FusedLAMB):
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   r = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + decay w;
+//   w -= lr (||w|| / ||r||) r   per layer (trust 1 where either norm is 0, or the layer has no
+//   decay: biases and normalisation parameters with no_wd).
+// Scalars: c[0] b1, c[1] b2, c[2] eps, c[3] 1 / (1 - b1^t), c[4] 1 / (1 - b2^t).
+struct LambRule {
+  static constexpr const char* kName = "lamb";  // as backends know the rule
+  static constexpr int kStates = 2;             // exp_avg, exp_avg_sq
+  static constexpr bool kLayerwise = true;
+  TROUPE_HD static float direction(float w, float m, float v, const UpdateScalars& c, float decay) {
+    return m * c.c[3] / (std::sqrt(v * c.c[4]) + c.c[2]) + decay * w;
+  }
+  TROUPE_HD static float probe(float w, float g, StateRef s, const UpdateScalars& c, float decay) {
+    const float m = c.c[0] * s[0] + (1.0f - c.c[0]) * g;
+    const float v = c.c[1] * s[1] + (1.0f - c.c[1]) * g * g;
+    return direction(w, m, v, c, decay);
+  }
+  TROUPE_HD static float ratio(float w_norm, float r_norm, const UpdateScalars&, float) {
+    if (!(w_norm > 0.0f) || !(r_norm > 0.0f)) return 1.0f;
+    return w_norm / r_norm;
+  }
+  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
+                                float ratio) {
+    const float m = c.c[0] * s[0] + (1.0f - c.c[0]) * g;
+    const float v = c.c[1] * s[1] + (1.0f - c.c[1]) * g * g;
+    s[0] = m;
+    s[1] = v;
+    return w - c.lr * ratio * direction(w, m, v, c, decay);
+  }
+};
+
+}  // namespace troupe::kernels
