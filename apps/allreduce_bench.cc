@@ -13,12 +13,12 @@
 #include <sstream>
 #include <utility>
 
-#include "actors/cluster.h"
-#include "actors/lease.h"
-#include "actors/messages.h"
-#include "actors/ring_allreduce.h"
-#include "actors/roles.h"
-#include "actors/system.h"
+#include "actors/core/cluster.h"
+#include "actors/core/lease.h"
+#include "actors/core/messages.h"
+#include "actors/core/system.h"
+#include "actors/roles/ring_allreduce.h"
+#include "actors/roles/roles.h"
 #include "kernels/tensor.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/value.h"
@@ -143,8 +143,9 @@ class AllreduceBenchActor final : public actors::Actor {
     on<RingDone>([this](RingDone& d) { d.step % 2 == 0 ? startTimed() : finishTimed(); });
   }
 
-  // send-buffer does what the reducer does in training (actors/reducer.cc): into shared memory
-  // for a process on this host, else straight from the buffer, done once the transport wrote it.
+  // send-buffer does what the reducer does in training (actors/roles/reducer.cc): into shared
+  // memory for a process on this host, else straight from the buffer, done once the transport wrote
+  // it.
   void sendChunk(RingChunk chunk) {
     using Copy = AllreduceBenchOptions::ChunkCopy;
     const std::int64_t n = chunk.data.numel();
@@ -300,7 +301,7 @@ std::vector<AllreduceBenchRow> runAllreduceWorker(const AllreduceBenchOptions& o
   system_options.remote_buffer = [cluster_ref](Address to, kernels::Shape shape) {
     return (*cluster_ref)->sharedBuffer(to, std::move(shape));
   };
-  auto system = actors::makeActorSystem(system_options);
+  auto system = actors::makeRuntime(system_options);
   auto measured = std::make_shared<std::vector<Measured>>();
   // Its own thread, as the training reducer has (it shares a replica's compute thread).
   system->spawn(std::make_unique<AllreduceBenchActor>(plan, measured),

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/trainer.h"
+#include "actors/run/trainer.h"
 
 namespace troupe::apps {
 
@@ -26,7 +26,7 @@ struct AllreduceBenchOptions {
   int connections = actors::TrainOptions{}.connections_per_peer;
   // What happens to a chunk before it is sent. kSendBuffer does what the training reducer does:
   // into shared memory for a process on this host, else straight from the buffer, done once the
-  // transport has written it (actors/lease.h). kAlloc copies
+  // transport has written it (actors/core/lease.h). kAlloc copies
   // into a fresh host tensor (all bytes then cross the socket), kPool into buffers the transport
   // hands back once written (no allocation, page faults or zero-fill per chunk). kNone sends the
   // buffer itself: the benchmark leaves its buffers alone until every rank is done with them, so

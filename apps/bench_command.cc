@@ -15,7 +15,7 @@
 #include <random>
 #include <sstream>
 
-#include "actors/roles.h"
+#include "actors/roles/roles.h"
 #include "apps/allreduce_bench.h"
 #include "apps/commands.h"
 #include "apps/launcher.h"

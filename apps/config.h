@@ -1,8 +1,9 @@
-// The command line's side of a run's configuration (actors/train_config.h): every config key as a
+// The command line's side of a run's configuration (actors/config/train_config.h): every config key
+// as a
 // --key VALUE option of a subcommand, which wins over the config file and the environment.
 #pragma once
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 
 namespace CLI {
 class App;

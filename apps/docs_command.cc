@@ -2,7 +2,7 @@
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "apps/commands.h"
 
 namespace troupe::apps {

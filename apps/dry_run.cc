@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "actors/cluster_env.h"
-#include "actors/config_file.h"
-#include "actors/run_plan.h"
+#include "actors/config/cluster_env.h"
+#include "actors/config/config_file.h"
+#include "actors/run/run_plan.h"
 #include "data/dataset.h"
 #include "kernels/backend.h"
 #include "kernels/compression.h"
@@ -33,7 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// What the run would start from, worked out as trainProcess (actors/trainer.cc) works it out.
+// What the run would start from, worked out as trainProcess (actors/run/trainer.cc) works it out.
 struct Plan {
   std::vector<std::int64_t> shares;
   std::int64_t train_size = 0;
@@ -172,11 +172,12 @@ std::string tomlArgument(const std::string& text) {
   return text == "true" || text == "false" || isNumber(text) ? text : tomlString(text);
 }
 
-// One of Caffe2's trainer flags that troupe takes beside its own keys (actors/caffe2_flags.h):
-// the loader sets its troupe key from it, and its help says so.
+// One of Caffe2's trainer flags that troupe takes beside its own keys
+// (actors/config/caffe2_flags.h): the loader sets its troupe key from it, and its help says so.
 
-// Where each key's value came from, by the precedence of actors/train_config.h and
-// actors/cluster_env.h: a flag, a TROUPE_* variable, the cluster engine, the file, the default.
+// Where each key's value came from, by the precedence of actors/config/train_config.h and
+// actors/config/cluster_env.h: a flag, a TROUPE_* variable, the cluster engine, the file, the
+// default.
 class Provenance {
  public:
   Provenance(const std::string& file, const actors::ConfigOverrides& overrides,

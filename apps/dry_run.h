@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 
 namespace troupe::apps {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/run_plan.h"
+#include "actors/run/run_plan.h"
 #include "apps/commands.h"
 #include "apps/config.h"
 #include "data/dataset.h"

@@ -14,8 +14,8 @@
 #include <random>
 #include <sstream>
 
-#include "actors/run_id.h"
-#include "actors/worker_bounds.h"
+#include "actors/config/worker_bounds.h"
+#include "actors/core/run_id.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_slurm.h"
 #include "apps/launcher_ssh.h"

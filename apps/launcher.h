@@ -18,7 +18,7 @@
 // run (see TrainOptions::generation). After max_restarts restarts it gives up, naming the last
 // failure. A launcher stopped by SIGINT, SIGTERM or SIGHUP never restarts. With `elastic`
 // (MIN:MAX, local and ssh launchers) a process that fails is left out and the others go on (they
-// re-form without it, actors/elastic.h); see LaunchOptions::elastic.
+// re-form without it, actors/run/elastic.h); see LaunchOptions::elastic.
 //
 // Launchers:
 //  - local: fork/exec on this host; each process in its own process group.
@@ -69,7 +69,7 @@
 //    and SIGKILL to srun. The values of the environment (the run's secret among them) go in
 //    srun's environment, never on its command line. Processes that srun starts without a
 //    launcher (`srun troupe train ...`) take their place from SLURM_* themselves:
-//    actors/cluster_env.h.
+//    actors/config/cluster_env.h.
 //
 // The launcher's output never holds up its supervision: every line it prints or relays goes
 // through a bounded OutputRelay (output_relay.h) with writer threads of its own; what a reader
@@ -119,7 +119,7 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   std::string on_failure = "abort";  // abort or restart
   int max_restarts = 3;              // restart: starts of the world after the first, at most
-  // "MIN:MAX": an elastic run (actors/elastic.h; local and ssh launchers). Every process gets
+  // "MIN:MAX": an elastic run (actors/run/elastic.h; local and ssh launchers). Every process gets
   // TROUPE_NUM_WORKERS=MIN:MAX; a worker that fails is left out and the others go on without it
   // (they re-form, as workers that join later do). The launcher exits 0 when a worker finished
   // the run, else with the code of the last to fail (the one that gave up, naming why). Once a

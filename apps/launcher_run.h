@@ -7,7 +7,7 @@
 //
 // Every launcher gives each process its place in TROUPE_* variables (launcher.h); a process that
 // has TROUPE_ROLE or TROUPE_RANK reads no cluster variables. One that no launcher started takes
-// its place from the engine that did (actors/cluster_env.h): under srun, SLURM_PROCID and
+// its place from the engine that did (actors/config/cluster_env.h): under srun, SLURM_PROCID and
 // SLURM_NTASKS, task 0 serving the store on the first node of SLURM_STEP_NODELIST; in a Kubernetes
 // Indexed Job, JOB_COMPLETION_INDEX; under mpirun, OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE.
 // Precedence, key by key: flag > TROUPE_* > cluster variables > config file.

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <optional>
 
-#include "actors/cluster_env.h"
+#include "actors/config/cluster_env.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_wrapped.h"
 #include "transport/link.h"

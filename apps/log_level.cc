@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/nearest_name.h"
+#include "actors/config/nearest_name.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {

@@ -1,12 +1,12 @@
-// `troupe report`'s work: troupe's CSV training logs (actors/train_log.h) read back, and the tables
-// MXNet's tools/parse_log.py printed made from them, in Markdown.
+// `troupe report`'s work: troupe's CSV training logs (actors/run/train_log.h) read back, and the
+// tables MXNet's tools/parse_log.py printed made from them, in Markdown.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "actors/train_log.h"
+#include "actors/run/train_log.h"
 
 namespace troupe::apps {
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "actors/config_keys.h"
-#include "actors/nearest_name.h"
+#include "actors/config/config_keys.h"
+#include "actors/config/nearest_name.h"
 
 namespace troupe::apps {
 

@@ -1,5 +1,5 @@
 // "Did you mean ...?" for a misspelt flag of the command line: the nearest of the chosen command's
-// flags (actors/nearest_name.h), offered only when it is near enough to be what was meant.
+// flags (actors/config/nearest_name.h), offered only when it is near enough to be what was meant.
 #pragma once
 
 #include <optional>

@@ -31,7 +31,7 @@
 #include <thread>
 #include <utility>
 
-#include "actors/run_plan.h"
+#include "actors/run/run_plan.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cuda_plugin.h"
 #include "troupe/config.h"

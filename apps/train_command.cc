@@ -7,7 +7,7 @@
 #include <memory>
 #include <new>
 
-#include "actors/trainer.h"
+#include "actors/run/trainer.h"
 #include "apps/commands.h"
 #include "apps/config.h"
 #include "apps/dry_run.h"

@@ -55,7 +55,7 @@ MAGIC = b"TROUPECK"
 
 
 def load_checkpoint_meta(path):
-    """The meta of a troupe checkpoint (actors/checkpoint.cc), after checking it whole; raises
+    """The meta of a troupe checkpoint (actors/run/checkpoint.cc), after checking it whole; raises
     ValueError naming what is wrong."""
     with open(path, "rb") as f:
         data = f.read()

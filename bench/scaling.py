@@ -64,7 +64,7 @@ Model (every assumption is listed here; the script's functions follow it one to 
      pushes S and pulls S, of which the 1/H its own server holds stays in the host:
      T = 2 alpha + 2 (H-1)/H S / beta (~ 2S/beta + 2 alpha for large H; push and pull do not
      overlap for one bucket: the server answers a pull only once every worker pushed).
- A5. Buckets as the replica makes them (actors/replica.cc): parameters of whole layers, last
+ A5. Buckets as the replica makes them (actors/roles/replica.cc): parameters of whole layers, last
      layer first, a bucket closes once it holds >= 1 MiB (the first) or >= 25 MiB (later ones);
      the rest is the last bucket, handed on when backward ends. LeNet: [ip2+ip1 1.62 MB, conv2+
      conv1 0.10 MB]; the MLP's 0.94 MB is one bucket, so none of its communication overlaps.

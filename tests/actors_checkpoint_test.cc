@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {

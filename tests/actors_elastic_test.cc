@@ -1,5 +1,5 @@
 // Elastic worlds' parts in-process: where a generation that starts part way through an epoch
-// reads, and the rendezvous rounds on a real embedded TCP store (actors/elastic.h).
+// reads, and the rendezvous rounds on a real embedded TCP store (actors/run/elastic.h).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -10,12 +10,12 @@
 #include <thread>
 #include <vector>
 
-#include "actors/elastic.h"
-#include "actors/roles.h"
-#include "actors/run_plan.h"
-#include "actors/system.h"
-#include "actors/train_log.h"
-#include "actors/trainer.h"
+#include "actors/core/system.h"
+#include "actors/roles/roles.h"
+#include "actors/run/elastic.h"
+#include "actors/run/run_plan.h"
+#include "actors/run/train_log.h"
+#include "actors/run/trainer.h"
 #include "cli_util.h"
 #include "rendezvous/tcp_store.h"
 #include "troupe/error.h"
@@ -424,7 +424,7 @@ TEST(ElasticCarry, ACoordinatorWhoseGenerationNeverRanLeavesTheCarryAsItWas) {
   config.plan = planOf(9600, 128);
   config.plan.startAt(30, 1, 1920, 4);
   {
-    auto system = makeActorSystem(SystemOptions{});
+    auto system = makeRuntime(SystemOptions{});
     system->spawn(makeCoordinator("coordinator", config));
   }
   EXPECT_EQ(carry->epoch.count, 1920);

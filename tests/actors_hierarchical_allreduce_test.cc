@@ -6,8 +6,8 @@
 #include <deque>
 #include <random>
 
-#include "actors/hierarchical_allreduce.h"
-#include "actors/topology.h"
+#include "actors/core/hosts.h"
+#include "actors/roles/hierarchical_allreduce.h"
 #include "float_bounds.h"
 #include "shuffled_links.h"
 #include "troupe/error.h"

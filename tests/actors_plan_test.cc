@@ -1,4 +1,4 @@
-// The plan every process of a run must share (actors/run_plan.h: agreeOnPlan), on a real file
+// The plan every process of a run must share (actors/run/run_plan.h: agreeOnPlan), on a real file
 // store: what is compared, how a difference is named, and a plan in the store that is not one;
 // and the other values a process reads from its run's store, which anyone who may write the store
 // could have poisoned.
@@ -10,11 +10,11 @@
 #include <set>
 #include <string>
 
-#include "actors/cluster.h"
-#include "actors/config_keys.h"
-#include "actors/kvstore_dist.h"
-#include "actors/run_plan.h"
-#include "actors/train_config.h"
+#include "actors/config/config_keys.h"
+#include "actors/config/train_config.h"
+#include "actors/core/cluster.h"
+#include "actors/kvstore/kvstore_dist.h"
+#include "actors/run/run_plan.h"
 #include "cli_util.h"
 #include "rendezvous/file_store.h"
 #include "troupe/error.h"

@@ -5,7 +5,7 @@
 #include <deque>
 #include <random>
 
-#include "actors/ring_allreduce.h"
+#include "actors/roles/ring_allreduce.h"
 #include "float_bounds.h"
 #include "shuffled_links.h"
 

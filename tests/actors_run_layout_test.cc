@@ -6,7 +6,7 @@
 #include <tuple>
 #include <vector>
 
-#include "actors/run_layout.h"
+#include "actors/run/run_layout.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {

@@ -8,10 +8,10 @@
 #include <optional>
 #include <sstream>
 
-#include "actors/messages.h"
-#include "actors/peer.h"
-#include "actors/roles.h"
-#include "actors/system.h"
+#include "actors/core/messages.h"
+#include "actors/core/peer.h"
+#include "actors/core/system.h"
+#include "actors/roles/roles.h"
 #include "log_capture.h"
 #include "troupe/error.h"
 
@@ -23,15 +23,15 @@ using namespace std::chrono_literals;
 using testing::LogCapture;
 
 // An actor system whose messages to other nodes vanish: the other processes never answer.
-std::unique_ptr<ActorSystem> systemWithSilentPeers() {
+std::unique_ptr<Runtime> systemWithSilentPeers() {
   SystemOptions options;
   options.node = 0;
   options.remote = [](Address, Address, std::unique_ptr<Envelope>) {};
-  return makeActorSystem(options);
+  return makeRuntime(options);
 }
 
 // Fails the system after `after`: a watch that never fires fails its test instead of hanging it.
-void failAfter(ActorSystem& system, std::chrono::milliseconds after) {
+void failAfter(Runtime& system, std::chrono::milliseconds after) {
   struct Deadline final : Actor {
     explicit Deadline(std::chrono::milliseconds after) : Actor("deadline") {
       on<StallCheck>([after](StallCheck&) -> void {
@@ -50,7 +50,7 @@ struct Failure {
 };
 
 // Runs `system` and returns how it failed.
-Failure failureOf(ActorSystem& system) {
+Failure failureOf(Runtime& system) {
   try {
     system.run();
   } catch (const Error& e) {

@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/system.h"
+#include "actors/core/system.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -47,8 +47,8 @@ class Collector : public Actor {
   int delay_ms_;
 };
 
-TEST(ActorSystem, DeliversMessagesFromOneSenderInOrder) {
-  auto system = makeActorSystem({});
+TEST(Runtime, DeliversMessagesFromOneSenderInOrder) {
+  auto system = makeRuntime({});
   std::vector<int> seen;
   auto collector = system->spawn<Collector>({}, 200, &seen);
   auto echo_actor = std::make_unique<Echo>();
@@ -103,10 +103,10 @@ class SlowConsumer : public Actor {
   int received_ = 0;
 };
 
-TEST(ActorSystem, FullMailboxHoldsTheProducerBack) {
+TEST(Runtime, FullMailboxHoldsTheProducerBack) {
   SystemOptions options;
   options.mailbox_capacity = 4;
-  auto system = makeActorSystem(options);
+  auto system = makeRuntime(options);
   std::atomic<int> sent{0};
   int max_lead = 0;
   auto consumer = system->spawn<SlowConsumer>({}, 100, &sent, &max_lead);
@@ -125,8 +125,8 @@ class Thrower : public Actor {
   }
 };
 
-TEST(ActorSystem, AHandlerThatThrowsEndsTheRunNamingActorAndMessage) {
-  auto system = makeActorSystem({});
+TEST(Runtime, AHandlerThatThrowsEndsTheRunNamingActorAndMessage) {
+  auto system = makeRuntime({});
   auto a = system->spawn<Thrower>({});
   system->tell(a, Ping{1});
   try {
@@ -140,8 +140,8 @@ TEST(ActorSystem, AHandlerThatThrowsEndsTheRunNamingActorAndMessage) {
   }
 }
 
-TEST(ActorSystem, AMessageWithoutHandlerIsAnErrorNamingTheType) {
-  auto system = makeActorSystem({});
+TEST(Runtime, AMessageWithoutHandlerIsAnErrorNamingTheType) {
+  auto system = makeRuntime({});
   auto a = system->spawn<Thrower>({});
   system->tell(a, Stop{});
   try {
@@ -167,8 +167,8 @@ class TimerUser : public Actor {
   std::chrono::steady_clock::time_point* fired_;
 };
 
-TEST(ActorSystem, TimersDeliverAfterTheirDelay) {
-  auto system = makeActorSystem({});
+TEST(Runtime, TimersDeliverAfterTheirDelay) {
+  auto system = makeRuntime({});
   std::chrono::steady_clock::time_point fired;
   const auto start = std::chrono::steady_clock::now();
   system->spawn<TimerUser>({}, &fired);
@@ -176,7 +176,7 @@ TEST(ActorSystem, TimersDeliverAfterTheirDelay) {
   EXPECT_GE(fired - start, 45ms);
 }
 
-TEST(ActorSystem, AnActorOnANamedThreadAlwaysRunsOnIt) {
+TEST(Runtime, AnActorOnANamedThreadAlwaysRunsOnIt) {
   struct Recorder : Actor {
     Recorder(std::vector<std::thread::id>* ids, int n) : Actor("rec"), ids_(ids), n_(n) {
       on<Ping>([this](Ping&) {
@@ -187,7 +187,7 @@ TEST(ActorSystem, AnActorOnANamedThreadAlwaysRunsOnIt) {
     std::vector<std::thread::id>* ids_;
     int n_;
   };
-  auto system = makeActorSystem({});
+  auto system = makeRuntime({});
   std::vector<std::thread::id> ids;
   auto a = system->spawn<Recorder>(SpawnOptions{.thread = "compute"}, &ids, 50);
   for (int i = 0; i < 50; ++i)
@@ -200,7 +200,7 @@ TEST(ActorSystem, AnActorOnANamedThreadAlwaysRunsOnIt) {
 
 // SpawnOptions::inline_handlers: a handler runs on the deliverer's thread, before tell() returns;
 // what the actor sends itself meanwhile comes after, in order.
-TEST(ActorSystem, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
+TEST(Runtime, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
   struct Recorder : Actor {
     explicit Recorder(std::atomic<bool>* started) : Actor("inline"), started_(started) {
       on<Ping>([this](Ping& p) {
@@ -214,7 +214,7 @@ TEST(ActorSystem, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
     std::mutex mu;
     std::vector<std::pair<int, std::thread::id>> seen;
   };
-  auto system = makeActorSystem({});
+  auto system = makeRuntime({});
   std::atomic<bool> started{false};
   auto owned = std::make_unique<Recorder>(&started);
   Recorder* recorder = owned.get();
@@ -248,12 +248,12 @@ TEST(ActorSystem, AnInlineActorHandlesOnTheDeliverersThreadInOrder) {
   EXPECT_EQ(recorder->seen[21].first, 101);
 }
 
-TEST(ActorSystem, SendingToAnotherNodeWithoutTransportIsAnError) {
-  auto system = makeActorSystem({});
+TEST(Runtime, SendingToAnotherNodeWithoutTransportIsAnError) {
+  auto system = makeRuntime({});
   EXPECT_THROW(system->tell(Address{7, 0}, Ping{1}), Error);
 }
 
-TEST(ActorSystem, AnExternalSendToAFullMailboxTimesOutNamingTheActor) {
+TEST(Runtime, AnExternalSendToAFullMailboxTimesOutNamingTheActor) {
   struct Blocker : Actor {
     Blocker() : Actor("stuck") {
       on<Ping>([](Ping&) { std::this_thread::sleep_for(300ms); });
@@ -262,7 +262,7 @@ TEST(ActorSystem, AnExternalSendToAFullMailboxTimesOutNamingTheActor) {
   SystemOptions options;
   options.mailbox_capacity = 1;
   options.external_send_timeout = 50ms;
-  auto system = makeActorSystem(options);
+  auto system = makeRuntime(options);
   auto a = system->spawn<Blocker>({});
   try {
     for (int i = 0; i < 5; ++i)

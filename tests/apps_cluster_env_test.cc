@@ -1,5 +1,5 @@
-// A process's place from the engine that started it (actors/cluster_env.h): srun's SLURM_*, an
-// Indexed Job's JOB_COMPLETION_INDEX, mpirun's OMPI_COMM_WORLD_*, under flags and TROUPE_*.
+// A process's place from the engine that started it (actors/config/cluster_env.h): srun's SLURM_*,
+// an Indexed Job's JOB_COMPLETION_INDEX, mpirun's OMPI_COMM_WORLD_*, under flags and TROUPE_*.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/cluster_env.h"
-#include "actors/train_config.h"
+#include "actors/config/cluster_env.h"
+#include "actors/config/train_config.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "cli_util.h"
 
 namespace troupe::actors {

@@ -14,7 +14,7 @@
 #include <functional>
 #include <limits>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "config_util.h"
 #include "troupe/error.h"
 

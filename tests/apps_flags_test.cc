@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/caffe2_flags.h"
-#include "actors/train_config.h"
+#include "actors/config/caffe2_flags.h"
+#include "actors/config/train_config.h"
 #include "cli_util.h"
 #include "config_util.h"
 #include "flags_doc.h"

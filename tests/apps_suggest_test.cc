@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "actors/nearest_name.h"
-#include "actors/train_config.h"
+#include "actors/config/nearest_name.h"
+#include "actors/config/train_config.h"
 #include "apps/log_level.h"
 #include "cli_util.h"
 #include "config_util.h"

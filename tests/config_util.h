@@ -1,9 +1,9 @@
-// Loading configs in tests (actors/train_config.h).
+// Loading configs in tests (actors/config/train_config.h).
 #pragma once
 
 #include <string>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "troupe/error.h"
 
 namespace troupe::testing {

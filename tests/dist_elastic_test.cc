@@ -1,4 +1,4 @@
-// Elastic worlds with real processes (actors/elastic.h): `troupe launch --elastic MIN:MAX` and
+// Elastic worlds with real processes (actors/run/elastic.h): `troupe launch --elastic MIN:MAX` and
 // `troupe train --num_workers MIN:MAX` started by hand, a worker killed mid-epoch, one joining.
 #include <gtest/gtest.h>
 

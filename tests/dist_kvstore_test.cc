@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "actors/kvstore_options.h"
+#include "actors/kvstore/kvstore_options.h"
 #include "cli_util.h"
 #include "kernels/backend.h"
 #include "kernels/optimizer.h"

@@ -19,8 +19,8 @@
 #include <thread>
 #include <tuple>
 
-#include "actors/checkpoint.h"
-#include "actors/run_plan.h"
+#include "actors/run/checkpoint.h"
+#include "actors/run/run_plan.h"
 #include "cli_util.h"
 #include "float_bounds.h"
 #include "kernels/backend.h"

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 #include "float_bounds.h"
 #include "hosts_util.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "kernels/backend.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <iostream>
 
-#include "actors/trainer.h"
+#include "actors/run/trainer.h"
 #include "cli_util.h"
 #include "float_bounds.h"
 #include "kernels/backend.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 #include "troupe/record_source.h"
 #include "troupe/trainer.h"

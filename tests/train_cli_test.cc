@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 #include "data/db.h"
 #include "data/image.h"

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 #include "kernels/backend.h"
 #include "kernels/net.h"

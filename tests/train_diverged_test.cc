@@ -6,7 +6,7 @@
 #include <limits>
 #include <regex>
 
-#include "actors/trainer.h"
+#include "actors/run/trainer.h"
 #include "cli_util.h"
 #include "troupe/error.h"
 

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 
 namespace troupe {

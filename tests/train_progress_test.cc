@@ -1,10 +1,10 @@
-// The live progress line (actors/progress.h): drawn in place when stderr is a terminal (forced here
-// with TROUPE_PROGRESS=1, as the tests' output is a pipe), the periodic log lines otherwise.
+// The live progress line (actors/run/progress.h): drawn in place when stderr is a terminal (forced
+// here with TROUPE_PROGRESS=1, as the tests' output is a pipe), the periodic log lines otherwise.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "actors/progress.h"
+#include "actors/run/progress.h"
 #include "cli_util.h"
 
 namespace troupe {

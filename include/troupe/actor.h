@@ -43,7 +43,7 @@ struct Typed final : Envelope {
 // A readable name of a message type, for errors and traces ("troupe::actors::Batch" -> "Batch").
 std::string messageName(std::type_index type);
 
-class ActorSystem;
+class Runtime;  // actors/core/system.h: the runtime an actor is spawned on
 
 class Actor {
  public:
@@ -74,14 +74,14 @@ class Actor {
     sendEnvelope(to, std::make_unique<Typed<M>>(std::move(message)));
   }
 
-  ActorSystem& system() const { return *system_; }
+  Runtime& system() const { return *system_; }
 
  private:
   friend class SystemImpl;
   void sendEnvelope(Address to, std::unique_ptr<Envelope> message);
   std::string name_;
   Address self_;
-  ActorSystem* system_ = nullptr;
+  Runtime* system_ = nullptr;
   std::unordered_map<std::type_index, std::function<void(Envelope&)>> handlers_;
 };
 

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "actors/checkpoint.h"
+#include "actors/run/checkpoint.h"
 #include "fuzz_util.h"
 #include "troupe/error.h"
 
@@ -21,7 +21,7 @@ volatile double sink;
 void load(const std::string& path) {
   try {
     const auto ck = troupe::actors::loadCheckpoint(path);
-    // What actors/trainer.cc reads of a checkpoint it resumes from.
+    // What actors/run/trainer.cc reads of a checkpoint it resumes from.
     sink = static_cast<double>(ck.weights.numel() + ck.state.numel() + ck.buffers.numel());
     sink = static_cast<double>(ck.metaInt("global_batch") + ck.metaInt("steps_per_epoch") +
                                ck.metaInt("step") + ck.metaInt("cumulative_input_count"));

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "actors/train_config.h"
+#include "actors/config/train_config.h"
 #include "fuzz_util.h"
 #include "troupe/error.h"
 

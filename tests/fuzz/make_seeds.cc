@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/checkpoint.h"
-#include "actors/messages.h"
-#include "actors/ring_allreduce.h"
-#include "actors/wire_codec.h"
+#include "actors/core/messages.h"
+#include "actors/core/wire_codec.h"
+#include "actors/roles/ring_allreduce.h"
+#include "actors/run/checkpoint.h"
 #include "data/convert.h"
 #include "data/datum.h"
 #include "data/db.h"

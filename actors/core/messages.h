@@ -1,0 +1,305 @@
+// The messages of a training run. In-process they move as C++ values and tensors travel as
+// handles (no copy); across processes each gets a Cap'n Proto schema in transport/.
+//
+// Ownership: a tensor in a message is lent, read-only, to its receiver unless the message says
+// otherwise; each message that lends memory says until when. Memory a device may still be
+// writing travels with the Event after which it is final (kernels/event.h): the receiver waits
+// for it (Backend::waitFor, on its own device where it can) before it reads.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kernels/event.h"
+#include "kernels/tensor.h"
+
+namespace troupe::actors {
+
+using kernels::Tensor;
+
+// Reader -> Replica: the replica's share of the global batch of one step, lent read-only until
+// the replica's BatchConsumed for it (and its event).
+struct Batch {
+  std::int64_t step = 0;
+  Tensor images;             // [n, C, H, W] float, host
+  Tensor labels;             // [n] int32, host
+  std::int64_t skipped = 0;  // bad records whose slots went to other records (skip_bad_records)
+  double read_seconds = 0;   // the reader's time reading and decoding it
+};
+
+// Replica -> Reader: a batch was used; the reader may send one more (credit-based prefetch), and
+// write the batch's memory again once `ready` is done (the replica's copy of it to its device).
+struct BatchConsumed {
+  std::int64_t step = 0;
+  int replica = 0;  // the sender's index among its process's replicas (one reader may feed several)
+  kernels::Event ready;
+};
+
+// Updater -> Replica: the weights that step `step` starts from. They stay the sender's memory:
+// the replica may read them in place (or copy them to its device) until it has sent every
+// GradBucket of the step, since the sender writes a range only once every replica handed in that
+// range's gradients.
+struct Weights {
+  std::int64_t step = 0;
+  Tensor weights;
+  Tensor buffers;        // batch-norm statistics to adopt (a copy); undefined/empty: keep one's own
+  kernels::Event ready;  // after the update that wrote `weights`
+  // The replica multiplies the loss by this before its backward (mixed precision's loss scale,
+  // UpdaterConfig::loss_scale), and the updater divides the reduced gradients by it.
+  float loss_scale = 1.0f;
+};
+
+// An observer of a run (troupe/observer.h: a process that joined it to watch, such as an
+// evaluator) -> the chief's updater or PS client: send the weights to actor `actor` of the
+// observer's node after every `every`-th step and after the last one, as Weights.
+struct Subscribe {
+  std::uint32_t node = 0;  // the observer's
+  std::uint32_t actor = 0;
+  std::int64_t every = 1;
+};
+
+// Replica -> Reducer (or straight to the updater): gradients [begin, end) of the flat gradient
+// tensor for one step, a slice of the replica's own gradients on its device. They are lent,
+// writable: the reducer may sum the other replicas' into them. The replica writes them again only
+// in its next backward, after the Weights of the next step, which the updater sends only once the
+// reduced bucket is applied; whoever holds the bucket is done with it by then.
+struct GradBucket {
+  std::int64_t step = 0;
+  int replica = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Tensor grads;
+  kernels::Event ready;  // after the backward work that wrote `grads`
+};
+
+// Reducer -> Updater: the sum over replicas (and processes) of one bucket, lent until the updater
+// applied it: in one of the replicas' buckets, or in memory of the reducer's.
+struct Reduced {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Tensor grads;
+  kernels::Event ready;  // after the work that wrote the sum
+};
+
+// Replica -> Coordinator: a step's training metrics.
+struct StepDone {
+  std::int64_t step = 0;
+  int replica = 0;
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t count = 0;
+  std::int64_t skipped = 0;  // bad records skipped in the step's batch
+  // The input: how long the replica waited for the step's batch once it had the weights (0: the
+  // batch was there), how many batches it held when the step began (the reader's queue, this
+  // step's included) and the reader's time on the batch.
+  double input_wait = 0;
+  int ready = 0;
+  double read_seconds = 0;
+  // Bytes: the most the replica's device memory held so far (Backend::memory().peak_in_use; 0 on
+  // the CPU, whose memory no backend counts).
+  std::int64_t device_peak = 0;
+};
+
+// Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.
+struct EpochEnd {
+  std::int64_t step = 0;  // steps applied so far
+  Tensor weights;
+  Tensor state;  // the optimizer's (kernels/optimizer.h: its rows one after another)
+  // Mixed precision with a loss scale: the scale now, and the steps skipped so far because their
+  // gradients held inf or NaN. loss_scale 0: no loss scale.
+  float loss_scale = 0;
+  std::int64_t overflow_steps = 0;
+};
+
+// Coordinator -> Updater: go on with the next epoch.
+struct Resume {};
+
+// Coordinator -> Updater, in an elastic run (actors/run/elastic.h): a worker waits to join, so
+// pause once `step` steps are done, as at an epoch's end (EpochEnd), for the world to re-form.
+struct PauseAt {
+  std::int64_t step = 0;
+};
+
+// Updater -> Updater, in an elastic run: the state a new generation goes on from, from the
+// process that holds the newest to each that does not (a worker that joins, one that fell a step
+// behind when a peer died). It is state after `step` steps.
+struct Handover {
+  std::int64_t step = 0;
+  Tensor weights;
+  Tensor state;          // the optimizer's
+  Tensor buffers;        // replica 0's (batch norm statistics); empty if the model has none
+  float loss_scale = 0;  // the dynamic loss scale; 0: none
+  std::int64_t overflow_steps = 0;  // steps skipped for inf or NaN gradients so far
+};
+
+// Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).
+struct BuffersRequest {};
+struct Buffers {
+  Tensor buffers;  // a copy
+};
+
+// Coordinator -> Replica: evaluate these weights on the replica's shard of the test set.
+struct Evaluate {
+  std::int64_t epoch = 0;
+  Tensor weights;
+  Tensor buffers;
+};
+
+// Replica -> Coordinator.
+struct Evaluated {
+  int replica = 0;
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t count = 0;
+};
+
+// Parameter servers. A worker's PS client pushes the reduced gradient of keys [key_begin, key_end)
+// to the server that owns them ...
+struct Push {
+  std::int64_t step = 0;
+  std::uint32_t worker = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor data;
+};
+
+// ... then pulls the weights step `step` starts from. epoch_end: the server answers once every
+// worker reached this point, and adds the optimizer state (for checkpoints).
+// Keys [key_begin, key_end) must be one segment of the server's (its whole shard for the
+// trainer, a KVStore key's part there for the KVStore); the reply goes to actor `reply_actor` of
+// node `worker`.
+struct Pull {
+  std::int64_t step = 0;
+  std::uint32_t worker = 0;
+  bool epoch_end = false;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  std::uint32_t reply_actor = 0;
+};
+
+struct PullReply {
+  std::int64_t step = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor data;
+  Tensor state;  // the optimizer's state of the keys (its rows), with epoch_end pulls
+};
+
+// Server -> a worker whose pull it holds: whom it waits for, so that a worker that gives up
+// names that worker, not the server that waits, healthy, for it. Sent once a pull has been held
+// a stall check's period, and, `final`, when the server gives up on it or knows it never comes
+// (the worker it waits for is done with the store); a final one ends the worker's wait.
+struct PullHeld {
+  std::int64_t step = 0;
+  std::int64_t key_begin = 0;
+  std::int32_t late_worker = -1;  // the first worker it waits for; -1: none (the update itself)
+  bool final = false;
+  std::string reason;  // "server 0 holds worker 1's pull of push 5 of key 0 for worker 0 (...)"
+};
+
+// The KVStore (troupe/kvstore.h) on parameter servers. Worker 0 -> server: a new segment, keys
+// [key_begin, key_end) (a KVStore key's part on this server: server s's keys start at
+// s << kKvKeyShift, in the order of the inits), with its first value; answered by KvAck with the
+// same id.
+struct KvInit {
+  std::uint64_t id = 0;
+  std::uint32_t worker = 0;
+  std::uint32_t reply_actor = 0;
+  std::int64_t key_begin = 0;
+  std::int64_t key_end = 0;
+  Tensor value;
+  std::int32_t key = 0;    // the KVStore's key, for messages
+  std::int64_t first = 0;  // the index in the key's values of the first one sent here
+};
+
+// Worker 0 -> server: the update rule for pushes from now on (set_optimizer,
+// set_gradient_compression); answered by KvAck.
+struct KvConfigure {
+  std::uint64_t id = 0;
+  std::uint32_t worker = 0;
+  std::uint32_t reply_actor = 0;
+  bool has_optimizer = false;
+  float learning_rate = 0;
+  float momentum = 0;
+  float weight_decay = 0;
+  float rescale_grad = 1;
+  bool nesterov = false;
+  std::uint8_t compression = 0;  // kernels::GradientCompression
+  float threshold = 0.5f;
+  // The optimizer by name (kernels/optimizer.h; empty: sgd) and the settings only some read.
+  std::string optimizer;
+  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 0, rho = 0.9f, eta = 0.001f;
+};
+
+// Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.
+struct KvAck {
+  std::uint64_t id = 0;
+  std::string error;
+};
+
+// Worker -> server: this worker is done with the store; the server ends once every worker is.
+struct KvDone {
+  std::uint32_t worker = 0;
+};
+
+// The cluster -> a KVStore server (in its process only, never on the wire): the link to node
+// `node` is lost. A worker done with the store has left; any other fails the server naming it.
+struct LinkLost {
+  std::uint32_t node = 0;
+  std::string address;
+  std::string why;
+};
+
+// Chief coordinator -> the coordinator of every other process: the run is over, stop.
+struct Shutdown {};
+
+// Timer -> Coordinator: check that the run is still making progress.
+struct Watchdog {
+  std::int64_t progress_mark = 0;
+};
+
+// Timer -> Reducer, Server or PS client: look for waits on other processes that have gone on too
+// long.
+struct StallCheck {};
+
+// Transport -> Reducer (in-process only): a ring chunk sent from the bucket [begin, ...) of
+// `step` without a copy was written (actors/core/lease.h); the bucket may change once all were.
+struct ChunkWritten {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+};
+
+// How often an actor with waits bounded by `warning` and `timeout` looks at them.
+inline std::chrono::milliseconds stallCheckPeriod(std::chrono::milliseconds warning,
+                                                  std::chrono::milliseconds timeout) {
+  return std::clamp(std::min(warning, timeout) / 4, std::chrono::milliseconds(50),
+                    std::chrono::milliseconds(1000));
+}
+
+// A hung process is named by whoever knows most, first: a server holding a pull names the worker
+// it waits for at peer_timeout; the worker whose pull it holds gives up on the server a grace
+// later (its watch alone would blame the server); a link's heartbeat watch, for a peer nobody
+// waits on, a grace after that. The grace covers one check period of the watch before, twice.
+inline std::chrono::milliseconds peerTimeoutGrace(std::chrono::milliseconds warning,
+                                                  std::chrono::milliseconds timeout) {
+  return std::max(std::chrono::milliseconds(1000), 2 * stallCheckPeriod(warning, timeout));
+}
+
+// Reducer -> Reducer: a chunk of a bucket on its way round a ring (roles/ring_allreduce.h).
+struct RingChunk {
+  enum Phase : std::uint8_t { kReduceScatter = 0, kAllGather = 1 };
+  std::int64_t step = 0;
+  std::int64_t bucket = 0;  // the bucket's first element in the flat gradient
+  std::int64_t offset = 0;  // this chunk's first element in the flat gradient
+  std::int32_t segment = 0;
+  std::int32_t chunk = 0;
+  std::int32_t round = 0;
+  Phase phase = kReduceScatter;
+  std::uint8_t ring = 0;  // which of a process's rings it belongs to (hierarchical reduction)
+  kernels::Tensor data;   // float, the chunk's elements; uint8 when compressed
+};
+
+}  // namespace troupe::actors

@@ -1,0 +1,276 @@
+// troupe::KVStore (include/troupe/kvstore.h): the local store, on troupe's optimizer and
+// gradient compression kernels; the distributed ones are in actors/kvstore/kvstore_dist.cc.
+#include "troupe/kvstore.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "actors/config/train_config.h"
+#include "actors/core/status_of.h"
+#include "actors/kvstore/kvstore_dist.h"
+#include "actors/kvstore/kvstore_options.h"
+#include "kernels/backend.h"
+#include "kernels/compression.h"
+#include "kernels/optimizer.h"
+#include "troupe/error.h"
+
+namespace troupe {
+namespace {
+
+Status inputError(std::string message) {
+  return {ErrorKind::kInput, std::move(message)};
+}
+
+class LocalKVStore final : public KVStore {
+ public:
+  explicit LocalKVStore(std::string type)
+      : type_(std::move(type)), backend_(kernels::makeCpuBackend(1)) {}
+
+  using KVStore::pull;
+  using KVStore::push;
+  std::string type() const override { return type_; }
+  int rank() const override { return 0; }
+  int numWorkers() const override { return 1; }
+
+  Status init(int key, std::span<const float> value) override {
+    if (Status s = actors::checkInit(key, value.size(), entries_.count(key) > 0); !s) return s;
+    Entry e;
+    e.value = kernels::Tensor::host({static_cast<std::int64_t>(value.size())});
+    std::copy(value.begin(), value.end(), e.value.f32());
+    entries_.emplace(key, std::move(e));
+    return {};
+  }
+
+  Status push(int key, const std::vector<std::span<const float>>& values, int) override {
+    const auto it = entries_.find(key);
+    if (it == entries_.end()) return neverInitialised("push", key);
+    auto& e = it->second;
+    const auto n = e.value.numel();
+    if (values.empty()) return inputError(fmt::format("push of key {}: no array", key));
+    auto sum = kernels::Tensor::host({n});
+    std::fill_n(sum.f32(), n, 0.0f);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (static_cast<std::int64_t>(values[i].size()) != n) {
+        return inputError(fmt::format("push of key {}: array {} has {} values, the key's has {}",
+                                      key, i, values[i].size(), n));
+      }
+      for (std::int64_t j = 0; j < n; ++j)
+        sum.f32()[j] += values[i][static_cast<std::size_t>(j)];
+    }
+    try {
+      if (compression_.type != kernels::GradientCompression::kNone) compress(e, sum);
+      if (!optimizer_) {
+        std::copy_n(sum.f32(), n, e.value.f32());  // MXNet's local store without an updater
+        return {};
+      }
+      if (!e.optimizer) e.optimizer = kernels::makeOptimizer(*backend_, n, settings_);
+      if (spec_.rescale_grad != 1.0f) {
+        for (std::int64_t j = 0; j < n; ++j)
+          sum.f32()[j] *= spec_.rescale_grad;
+      }
+      if (!e.optimizer->step(e.value, sum, spec_.learning_rate, ++e.updates)) {
+        return {ErrorKind::kNumeric,
+                fmt::format("push of key {}: the update left inf or NaN in its value (learning "
+                            "rate {:g}; a gradient was not finite, or too large)",
+                            key, spec_.learning_rate)};
+      }
+    } catch (const Error& e) {
+      return {ErrorKind::kInternal, e.what()};
+    }
+    return {};
+  }
+
+  Status pull(int key, std::span<float> out, int) override {
+    const auto it = entries_.find(key);
+    if (it == entries_.end()) return neverInitialised("pull", key);
+    const auto& value = it->second.value;
+    if (static_cast<std::int64_t>(out.size()) != value.numel()) {
+      return inputError(fmt::format("pull of key {}: room for {} values, the key's has {}", key,
+                                    out.size(), value.numel()));
+    }
+    std::copy_n(value.f32(), value.numel(), out.data());
+    return {};
+  }
+
+  Status setOptimizer(const OptimizerSpec& o) override {
+    auto settings = actors::optimizerOf(o);
+    if (!settings) return settings.status();
+    spec_ = o;
+    settings_ = settings.value();
+    optimizer_ = true;
+    for (auto& [key, e] : entries_) {
+      e.optimizer.reset();  // a new optimizer starts with no state
+      e.updates = 0;
+    }
+    return {};
+  }
+
+  Status setGradientCompression(const std::string& type, float threshold) override {
+    auto spec = actors::compressionSpecOf(type, threshold);
+    if (!spec) return spec.status();
+    compression_ = spec.value();
+    return {};
+  }
+
+  Status barrier() override { return {}; }
+
+ private:
+  struct Entry {
+    kernels::Tensor value;
+    std::unique_ptr<kernels::Optimizer> optimizer;
+    std::int64_t updates = 0;     // by the optimizer (Adam's bias correction counts them)
+    std::vector<float> residual;  // 2bit
+  };
+
+  static Status neverInitialised(const char* what, int key) {
+    return inputError(
+        fmt::format("{} of key {}: the key was never initialised (init it first)", what, key));
+  }
+
+  // What the push would be after crossing the wire.
+  void compress(Entry& e, kernels::Tensor& sum) {
+    const auto n = sum.numel();
+    if (e.residual.size() != static_cast<std::size_t>(n))
+      e.residual.assign(static_cast<std::size_t>(n), 0.0f);
+    const auto bytes = kernels::encode(compression_, sum.f32(), e.residual.data(), n);
+    kernels::decode(compression_, bytes, sum.f32(), n, /*accumulate=*/false);
+  }
+
+  std::string type_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::map<int, Entry> entries_;
+  OptimizerSpec spec_;
+  kernels::OptimizerSettings settings_;
+  bool optimizer_ = false;
+  kernels::CompressionSpec compression_;
+};
+
+}  // namespace
+
+namespace actors {
+
+Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
+  for (const auto& [name, v] :
+       {std::pair{"learning_rate", o.learning_rate}, {"rescale_grad", o.rescale_grad}}) {
+    if (!std::isfinite(v) || v < 0) {
+      return inputError(fmt::format("optimizer: {} {} is not a finite number >= 0", name, v));
+    }
+  }
+  kernels::OptimizerSettings s;
+  s.name = o.name == "nag" ? "sgd" : o.name;
+  s.nesterov = o.nesterov || o.name == "nag";
+  s.momentum = o.momentum;
+  s.weight_decay = o.weight_decay;
+  s.beta1 = o.beta1;
+  s.beta2 = o.beta2;
+  s.epsilon = o.epsilon;
+  s.rho = o.rho;
+  s.eta = o.eta;
+  try {
+    kernels::OptimizerSettings resolved = s;
+    if (resolved.epsilon == 0.0f) resolved.epsilon = kernels::optimizerInfo(s.name).epsilon;
+    kernels::check(resolved, 1);
+  } catch (const Error& e) {
+    return inputError(fmt::format("optimizer: {}", e.what()));
+  }
+  return s;
+}
+
+Status checkInit(int key, std::size_t values, bool inited) {
+  if (key < 0) return inputError(fmt::format("init of key {}: keys are >= 0", key));
+  if (inited) return inputError(fmt::format("init of key {}: it has a value already", key));
+  if (values == 0) return inputError(fmt::format("init of key {}: an empty value", key));
+  return {};
+}
+
+Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold) {
+  kernels::CompressionSpec spec;
+  try {
+    spec = {kernels::parseGradientCompression(type), threshold};
+  } catch (const Error& e) {
+    return inputError(e.what());
+  }
+  if (spec.type == kernels::GradientCompression::k2Bit &&
+      !(threshold > 0 && std::isfinite(threshold))) {
+    return inputError(fmt::format("gradient compression 2bit: threshold {} is not > 0", threshold));
+  }
+  return spec;
+}
+
+}  // namespace actors
+
+Status KVStore::push(const std::vector<int>& keys,
+                     const std::vector<std::span<const float>>& values, int priority) {
+  if (keys.size() != values.size()) {
+    return inputError(fmt::format("push of {} keys with {} arrays", keys.size(), values.size()));
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (Status s = push(keys[i], values[i], priority); !s) return s;
+  }
+  return {};
+}
+
+Status KVStore::pull(const std::vector<int>& keys, const std::vector<std::span<float>>& outs,
+                     int priority) {
+  if (keys.size() != outs.size()) {
+    return inputError(fmt::format("pull of {} keys into {} arrays", keys.size(), outs.size()));
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (Status s = pull(keys[i], outs[i], priority); !s) return s;
+  }
+  return {};
+}
+
+Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type,
+                                                 const KVStoreSettings& settings) {
+  if (type == "local" || type == "device") return std::unique_ptr<KVStore>(new LocalKVStore(type));
+  if (actors::isDistributedKVStore(type)) {
+    try {
+      return actors::makeDistKVStore(type, actors::loadTrainOptions("", settings));
+    } catch (const std::exception& e) {
+      return actors::statusOf(e);
+    }
+  }
+  if (type == "ring") {
+    try {
+      return actors::makeRingKVStore(actors::loadTrainOptions("", settings));
+    } catch (const std::exception& e) {
+      return actors::statusOf(e);
+    }
+  }
+  if (type == "dist_device_sync") {
+    return inputError(
+        "kvstore 'dist_device_sync' needs GPUs, and this build has none (dist_sync sums on the "
+        "servers' CPUs)");
+  }
+  return inputError(fmt::format(
+      "unknown kvstore type '{}' (MXNet's: local, device, dist_sync, dist_async; troupe's: ring, "
+      "ssp)",
+      type));
+}
+
+bool KVStore::isServer(const KVStoreSettings& settings) {
+  try {
+    return actors::loadTrainOptions("", settings).role == "server";
+  } catch (const std::exception&) {
+    return false;  // create() or runServer() reports it
+  }
+}
+
+Status KVStore::runServer(const std::string& type, const KVStoreSettings& settings) {
+  if (!actors::isDistributedKVStore(type)) {
+    return inputError(fmt::format(
+        "runServer: kvstore '{}' has no servers (dist_sync, dist_async and ssp have)", type));
+  }
+  try {
+    actors::serveKVStore(type, actors::loadTrainOptions("", settings));
+  } catch (const std::exception& e) {
+    return actors::statusOf(e);
+  }
+  return {};
+}
+
+}  // namespace troupe

@@ -1,0 +1,560 @@
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include "actors/core/messages.h"
+#include "actors/roles/roles.h"
+#include "actors/run/checkpoint.h"
+#include "actors/run/progress.h"
+#include "actors/run/run_plan.h"
+#include "actors/run/train_log.h"
+#include "actors/run/trainer.h"
+#include "kernels/optimizer.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A pause (a worker joining an elastic run, a checkpoint or a stop asked through RunControl)
+// comes this many steps after the last one the coordinator saw done: every updater is at most a
+// step or two past it, so the PauseAt reaches each in time.
+constexpr std::int64_t kPauseMargin = 8;
+
+enum class PauseFor { kNothing, kJoin, kCheckpoint, kStop };
+
+// Drives epochs: gathers step metrics, and at each epoch's end (the updater paused) evaluates,
+// writes the log row and the checkpoint, then resumes the updater or ends the run. A watchdog
+// fails the run, naming who is late, when nothing moves for step_timeout.
+class Coordinator final : public Actor {
+ public:
+  Coordinator(std::string name, CoordinatorConfig config)
+      : Actor(std::move(name)), config_(std::move(config)), options_(*config_.options) {
+    on<StepDone>([this](StepDone& s) { stepDone(s); });
+    on<EpochEnd>([this](EpochEnd& e) {
+      ++progress_;
+      ++epoch_ends_;
+      // Every process's updater pauses; they hold bitwise the same weights, any one will do.
+      if (!epoch_end_) epoch_end_ = std::move(e);
+      maybeEndEpoch();
+    });
+    on<Buffers>([this](Buffers& b) {
+      ++progress_;
+      buffers_ = b.buffers;
+      if (pause_buffers_) {
+        pause_buffers_ = false;
+        checkpointPaused();
+      } else {
+        evaluate();
+      }
+    });
+    on<Evaluated>([this](Evaluated& e) {
+      ++progress_;
+      eval_.loss_sum += e.loss_sum;
+      eval_.correct += e.correct;
+      eval_.count += e.count;
+      if (++evaluated_ == config_.num_replicas) endEpoch();
+    });
+    on<Watchdog>([this](Watchdog& w) { watchdog(w); });
+  }
+
+  // The epoch so far and the totals go on to the next generation (elastic runs). A coordinator
+  // that never started (its generation failed to form) leaves the carry as it was.
+  ~Coordinator() override {
+    progress_line_.clear();
+    if (!config_.carry || !started_) return;
+    auto& c = *config_.carry;
+    c.epoch = epoch_;
+    c.recent = recent_;
+    c.partial = steps_;
+    c.complete_through = complete_through_;
+    c.global_batch = config_.plan.global_batch;
+    c.epoch_index = config_.plan.epochOf(complete_through_);
+    c.left = Clock::now();
+    c.epoch_seconds = epochSeconds(c.left);
+    c.cumulative_time = cumulative_time_;
+    c.cumulative_inputs = cumulative_inputs_;
+    c.overflow_logged = overflow_logged_;
+  }
+
+  void started() override {
+    started_ = true;
+    epoch_start_ = Clock::now();
+    overflow_logged_ = config_.overflow_steps;  // counted before this run
+    // The epoch so far, from this process's coordinator of the last generation (a chief that
+    // came in later starts counting where it came in).
+    if (config_.carry && config_.carry->global_batch > 0 &&
+        config_.carry->epoch_index == config_.plan.first_epoch) {
+      epoch_ = config_.carry->epoch;
+      // The epoch's time includes the re-forming between the generations.
+      if (config_.carry->epoch_seconds > 0) {
+        epoch_seconds_before_ =
+            config_.carry->epoch_seconds +
+            std::chrono::duration<double>(epoch_start_ - config_.carry->left).count();
+      }
+      cumulative_time_ = config_.carry->cumulative_time;
+      cumulative_inputs_ = config_.carry->cumulative_inputs;
+      overflow_logged_ = config_.carry->overflow_logged;
+      // Steps done in the last generation that the state this one goes on from does not hold
+      // (a peer died before their update) are trained again: count them once.
+      for (const auto& [step, s] : config_.carry->recent) {
+        if (step < config_.plan.first_step) continue;
+        epoch_.loss_sum -= s.loss_sum;
+        epoch_.correct -= s.correct;
+        epoch_.count -= s.count;
+        epoch_.skipped -= s.skipped;
+      }
+      // Steps the state holds that not every replica reported (a worker died before its report
+      // came): their inputs were trained; loss and accuracy are those of the reports that came.
+      // (none came: those of the epoch so far).
+      const auto& carry = *config_.carry;
+      for (auto step = carry.complete_through; step < config_.plan.first_step; ++step) {
+        const auto it = carry.partial.find(step);
+        EpochStats s = it != carry.partial.end() ? it->second : EpochStats{};
+        if (s.count == 0) s = epoch_;
+        const double scale =
+            s.count > 0 ? static_cast<double>(carry.global_batch) / static_cast<double>(s.count)
+                        : 0.0;
+        epoch_.loss_sum += s.loss_sum * scale;
+        epoch_.correct += s.correct * scale;
+        epoch_.count += carry.global_batch;
+      }
+    }
+    complete_through_ = config_.plan.first_step;
+    armWatchdog();
+    spdlog::info("{}: {} steps per epoch, global batch {}, {} replica(s), from step {} to {}",
+                 config_.experiment_id, config_.plan.steps_per_epoch, config_.plan.global_batch,
+                 config_.num_replicas, config_.plan.first_step, config_.plan.last_step);
+  }
+
+ private:
+  void stepDone(const StepDone& s) {
+    ++progress_;
+    auto& agg = steps_[s.step];
+    agg.add(EpochStats{s.loss_sum, s.correct, s.count, s.skipped, s.input_wait,
+                       s.input_wait > 0 ? 1 : 0, 1, s.ready, s.ready, s.read_seconds,
+                       s.device_peak});
+    if (++replies_[s.step] < config_.num_replicas) return;
+    // Steps complete in order: a replica cannot start step t+1 before step t is applied.
+    TROUPE_ENFORCE_EQ(s.step, complete_through_);
+    ++complete_through_;
+    epoch_.add(agg);
+    window_.loss_sum += agg.loss_sum;
+    window_.correct += agg.correct;
+    window_.count += agg.count;
+    if (config_.carry) {
+      recent_[s.step] = agg;
+      recent_.erase(recent_.begin(), recent_.lower_bound(s.step - 2 * kPauseMargin));
+    }
+    const std::int64_t in_epoch = config_.plan.indexInEpoch(s.step);
+    if (config_.control) {
+      config_.control->steps.store(complete_through_);
+      if (const auto& on_step = config_.control->callbacks.on_step) {
+        const auto n = std::max<std::int64_t>(1, agg.count);
+        on_step(StepMetrics{complete_through_, epochIndex() + 1, in_epoch,
+                            config_.plan.steps_per_epoch, agg.loss_sum / static_cast<double>(n),
+                            agg.correct / static_cast<double>(n),
+                            kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step))});
+      }
+    }
+    steps_.erase(s.step);
+    replies_.erase(s.step);
+    showProgress(agg, in_epoch, s.step);
+    if (options_.log_every > 0 && !progress_line_.on() &&
+        complete_through_ % options_.log_every == 0) {
+      const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
+      spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} inputs/s",
+                   epochIndex() + 1, in_epoch, config_.plan.steps_per_epoch,
+                   window_.loss_sum / std::max<std::int64_t>(1, window_.count),
+                   window_.correct / std::max<std::int64_t>(1, window_.count),
+                   kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step)),
+                   static_cast<double>(window_.count) / std::max(secs, 1e-9));
+      window_ = {};
+      window_start_ = Clock::now();
+    }
+    maybePause();
+    maybeEndEpoch();
+  }
+
+  std::int64_t epochIndex() const { return config_.plan.epochOf(complete_through_ - 1); }
+
+  // The epoch's time until `now`, earlier generations' part included (elastic runs).
+  double epochSeconds(Clock::time_point now) const {
+    return epoch_seconds_before_ + std::chrono::duration<double>(now - epoch_start_).count();
+  }
+
+  // On a terminal, the live line: averages over the last ten steps or so, and the time left at
+  // that pace (evaluations not counted).
+  void showProgress(const EpochStats& step_stats, std::int64_t in_epoch, std::int64_t step) {
+    if (!progress_line_.on()) return;
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_step_at_).count();
+    last_step_at_ = now;
+    const double loss =
+        step_stats.loss_sum / static_cast<double>(std::max<std::int64_t>(1, step_stats.count));
+    step_seconds_ = step_seconds_ < 0 ? seconds : 0.9 * step_seconds_ + 0.1 * seconds;
+    loss_average_ = loss_average_ < 0 ? loss : 0.9 * loss_average_ + 0.1 * loss;
+    const double left =
+        static_cast<double>(config_.plan.last_step - complete_through_) * step_seconds_;
+    progress_line_.show(fmt::format(
+        "epoch {}/{}  step {}/{}  {:.0f} inputs/s  loss {:.4f}  lr {:.4g}  ETA {}",
+        epochIndex() + 1, options_.num_epochs, in_epoch, config_.plan.steps_per_epoch,
+        static_cast<double>(config_.plan.global_batch) / std::max(step_seconds_, 1e-9),
+        loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
+        formatDuration(left)));
+  }
+
+  // A stop or a checkpoint asked through RunControl, or a worker waiting to join an elastic run,
+  // pauses every updater a few steps on.
+  void maybePause() {
+    if (pause_at_ >= 0) return;
+    PauseFor why = PauseFor::kNothing;
+    if (config_.control && config_.control->stop.load()) {
+      why = PauseFor::kStop;
+    } else if (config_.control && config_.control->checkpoint.exchange(false)) {
+      why = PauseFor::kCheckpoint;
+    } else if (config_.joiner_waiting && Clock::now() >= next_join_check_) {
+      next_join_check_ = Clock::now() + std::chrono::milliseconds(500);
+      if (config_.joiner_waiting()) why = PauseFor::kJoin;
+    }
+    if (why == PauseFor::kNothing) return;
+    const std::int64_t at = complete_through_ + kPauseMargin;
+    // The run ends first, with its last checkpoint: that answers a checkpoint asked for, and a
+    // stop has nothing left to stop.
+    if (at >= config_.plan.last_step) return;
+    progress_line_.clear();
+    pause_at_ = at;
+    pause_for_ = why;
+    spdlog::info("{}: every worker pauses after step {}",
+                 why == PauseFor::kJoin         ? "a worker waits to join"
+                 : why == PauseFor::kCheckpoint ? "a checkpoint was asked for"
+                                                : "a stop was asked for",
+                 at);
+    for (const auto& u : config_.updaters)
+      send(u, PauseAt{at});
+  }
+
+  // Every updater paused part way through an epoch: re-form, checkpoint or stop.
+  void paused() {
+    if (pause_for_ == PauseFor::kJoin) {
+      endGeneration(pause_at_);
+      return;
+    }
+    if (pause_for_ == PauseFor::kStop && !config_.control->checkpoint_at_stop.load()) {
+      stopRun();
+      return;
+    }
+    if (config_.has_buffers) {  // the checkpoint needs replica 0's batch-norm statistics
+      pause_buffers_ = true;
+      send(config_.replicas[0], BuffersRequest{});
+      return;
+    }
+    checkpointPaused();
+  }
+
+  void checkpointPaused() {
+    const std::int64_t step = epoch_end_->step;
+    writeCheckpoint(fmt::format("{}_step{}.ckpt", config_.experiment_id, step),
+                    config_.plan.epochOf(step),
+                    config_.cumulative_time + cumulative_time_ + epochSeconds(Clock::now()),
+                    config_.cumulative_inputs + cumulative_inputs_ + epoch_.count);
+    if (pause_for_ == PauseFor::kStop) {
+      stopRun();
+      return;
+    }
+    epoch_end_.reset();
+    epoch_ends_ = 0;
+    pause_at_ = -1;
+    pause_for_ = PauseFor::kNothing;
+    for (const auto& u : config_.updaters)
+      send(u, Resume{});
+  }
+
+  // Ends the run before its last step, as asked (RunControl::stop).
+  void stopRun() {
+    progress_line_.clear();
+    const std::int64_t step = epoch_end_->step;
+    spdlog::info("stopped after step {}, as asked", step);
+    auto& result = *config_.result;
+    result.stopped = true;
+    result.steps = step;
+    result.weights = kernels::Tensor::host({epoch_end_->weights.numel()});
+    std::copy_n(epoch_end_->weights.f32(), result.weights.numel(), result.weights.f32());
+    for (const auto& f : config_.followers)
+      send(f, Shutdown{});
+    system().shutdown();
+  }
+
+  // The world re-forms: every process leaves this generation's system (trainer.cc goes on).
+  void endGeneration(std::int64_t step) {
+    progress_line_.clear();
+    spdlog::info("paused after step {}: this generation ends", step);
+    for (const auto& f : config_.followers)
+      send(f, Shutdown{});
+    system().shutdown();
+  }
+
+  void maybeEndEpoch() {
+    if (!epoch_end_ || epoch_ends_ < config_.num_updaters || complete_through_ < epoch_end_->step) {
+      return;
+    }
+    if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
+      paused();
+      return;
+    }
+    epoch_time_ = epochSeconds(Clock::now());
+    if (config_.has_buffers) {
+      send(config_.replicas[0], BuffersRequest{});
+    } else {
+      evaluate();
+    }
+  }
+
+  void evaluate() {
+    eval_ = {};
+    evaluated_ = 0;
+    if (!config_.has_test) {
+      endEpoch();
+      return;
+    }
+    for (const auto& r : config_.replicas) {
+      send(r, Evaluate{epochIndex(), epoch_end_->weights, buffers_});
+    }
+  }
+
+  // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,
+  // how fast they decode (readers of troupe's own; a caller's reader reports no time).
+  void logInput(std::int64_t epoch) const {
+    const auto& e = epoch_;
+    if (e.replica_steps == 0) return;
+    // Counted per replica and step: "of their 2 x 25 steps" for 2 replicas of 25 steps.
+    const int replicas = std::max(1, config_.num_replicas);
+    spdlog::info(
+        "epoch {} input: {} waited {:.3f} s for batches (at {} of {} steps); {:.1f} batches "
+        "ready at a step, {} at the fewest{}",
+        epoch, replicas == 1 ? "the replica" : "replicas", e.input_wait, e.waited,
+        replicas == 1 ? fmt::format("its {}", e.replica_steps)
+                      : fmt::format("their {} x {}", replicas, e.replica_steps / replicas),
+        static_cast<double>(e.ready_sum) / static_cast<double>(e.replica_steps), e.fewest_ready,
+        e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} inputs/s",
+                                         static_cast<double>(e.count) / e.read_seconds)
+                           : std::string());
+    // As torch.cuda.max_memory_allocated: the live tensors and workspaces at their most.
+    if (e.device_peak > 0) {
+      spdlog::info("epoch {} gpu memory: peak {:.1f} MiB in a replica's tensors and workspaces",
+                   epoch, static_cast<double>(e.device_peak) / (1 << 20));
+    }
+  }
+
+  // Mixed precision with a loss scale: where it stands, and the steps skipped for inf or NaN
+  // gradients (their batches trained nothing).
+  void logLossScale(std::int64_t epoch) {
+    if (epoch_end_->loss_scale <= 0) return;
+    const std::int64_t total = epoch_end_->overflow_steps;
+    spdlog::info(
+        "epoch {} loss scale {:g}: {} step(s) skipped for inf or NaN gradients ({} in all)", epoch,
+        epoch_end_->loss_scale, total - overflow_logged_, total);
+    overflow_logged_ = total;
+  }
+
+  void endEpoch() {
+    progress_line_.clear();
+    const std::int64_t step = epoch_end_->step;
+    const std::int64_t epoch = config_.plan.epochOf(step - 1) + 1;  // epochs completed
+    cumulative_time_ += epoch_time_;
+    cumulative_inputs_ += epoch_.count;
+    LogRow row;
+    row.time_spent = epoch_time_;
+    row.cumulative_time_spent = config_.cumulative_time + cumulative_time_;
+    row.input_count = epoch_.count;
+    row.cumulative_input_count = config_.cumulative_inputs + cumulative_inputs_;
+    row.cumulative_batch_count = step;
+    row.inputs_per_sec = static_cast<double>(epoch_.count) / std::max(epoch_time_, 1e-9);
+    row.accuracy = epoch_.correct / std::max<std::int64_t>(1, epoch_.count);
+    row.epoch = epoch;
+    row.learning_rate = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step - 1));
+    row.loss = epoch_.loss_sum / std::max<std::int64_t>(1, epoch_.count);
+    row.test_accuracy =
+        config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
+    row.skipped_records = epoch_.skipped;
+    config_.log->write(row);
+    // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did).
+    spdlog::info(
+        "epoch {} done: loss {:.4f} accuracy {:.4f}{} ({} inputs in {:.2f} s, {:.0f} inputs/s{})",
+        epoch, row.loss, row.accuracy,
+        config_.has_test ? fmt::format(" test_accuracy {:.4f}", row.test_accuracy) : std::string(),
+        row.input_count, row.time_spent, row.inputs_per_sec,
+        options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
+    logInput(epoch);
+    logLossScale(epoch);
+    auto& result = *config_.result;
+    result.epochs.push_back(
+        {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});
+    result.steps = step;
+
+    if (config_.control && config_.control->callbacks.on_epoch) {
+      config_.control->callbacks.on_epoch(EpochMetrics{epoch, step, row.loss, row.accuracy,
+                                                       row.test_accuracy, row.inputs_per_sec,
+                                                       row.time_spent});
+    }
+    const bool last = step >= config_.plan.last_step;
+    const auto every = options_.checkpoint_every;
+    // A checkpoint or a stop asked for at this epoch's end: with the epoch's name.
+    const PauseFor pause = step == pause_at_ ? pause_for_ : PauseFor::kNothing;
+    const bool asked = pause == PauseFor::kCheckpoint ||
+                       (pause == PauseFor::kStop && config_.control->checkpoint_at_stop.load());
+    if (last || asked || (every > 0 && epoch % every == 0)) {
+      writeCheckpoint(fmt::format("{}_epoch{}.ckpt", config_.experiment_id, epoch), epoch,
+                      row.cumulative_time_spent, row.cumulative_input_count);
+    }
+    if (pause == PauseFor::kStop) {
+      stopRun();
+      return;
+    }
+    if (last) {
+      auto weights = kernels::Tensor::host({epoch_end_->weights.numel()});
+      std::copy_n(epoch_end_->weights.f32(), weights.numel(), weights.f32());
+      result.weights = weights;
+      for (const auto& f : config_.followers)
+        send(f, Shutdown{});
+      system().shutdown();
+      return;
+    }
+    epoch_end_.reset();
+    epoch_ends_ = 0;
+    epoch_ = {};
+    recent_.clear();
+    epoch_seconds_before_ = 0;
+    epoch_start_ = Clock::now();
+    if (pause == PauseFor::kJoin) {
+      endGeneration(step);
+      return;
+    }
+    if (pause == PauseFor::kCheckpoint) {
+      pause_at_ = -1;
+      pause_for_ = PauseFor::kNothing;
+    }
+    window_start_ = epoch_start_;
+    for (const auto& u : config_.updaters)
+      send(u, Resume{});
+  }
+
+  // The paused updaters' state as `name` in the checkpoint folder; `epochs` completed so far.
+  void writeCheckpoint(const std::string& name, std::int64_t epochs, double cumulative_time,
+                       std::int64_t cumulative_inputs) {
+    Checkpoint ck;
+    ck.meta["model"] = options_.model.name.empty() ? "custom" : options_.model.name;
+    ck.meta["step"] = std::to_string(epoch_end_->step);
+    ck.meta["epoch"] = std::to_string(epochs);
+    ck.meta["num_params"] = std::to_string(config_.num_params);
+    ck.meta["global_batch"] = std::to_string(config_.plan.global_batch);
+    ck.meta["steps_per_epoch"] = std::to_string(config_.plan.steps_per_epoch);
+    ck.meta["seed"] = std::to_string(options_.seed);
+    ck.meta["run_id"] = options_.run_id;  // what --resume auto matches, with run_name
+    ck.meta["run_name"] = runName(options_);
+    ck.meta["experiment"] = config_.experiment_id;
+    ck.meta["cumulative_time_spent"] = fmt::format("{:.6f}", cumulative_time);
+    ck.meta["cumulative_input_count"] = std::to_string(cumulative_inputs);
+    // A dynamic loss scale goes on from where it was (PyTorch keeps its GradScaler's state_dict
+    // beside the model's), so that a resumed run repeats an uninterrupted one.
+    if (epoch_end_->loss_scale > 0) {
+      ck.meta["loss_scale"] = fmt::format("{:.9g}", epoch_end_->loss_scale);
+      ck.meta["overflow_steps"] = std::to_string(epoch_end_->overflow_steps);
+    }
+    ck.weights = epoch_end_->weights;
+    ck.state = epoch_end_->state;
+    ck.meta["optimizer"] = options_.optimizer.name;
+    ck.meta["optimizer_state"] =
+        fmt::format("{}", fmt::join(kernels::optimizerInfo(options_.optimizer.name).states, ","));
+    ck.buffers = buffers_;
+    progress_line_.clear();
+    const std::string path = config_.checkpoint_dir + "/" + name;
+    saveCheckpoint(path, ck);
+    config_.result->checkpoints.push_back(path);
+    spdlog::info("checkpoint {}", path);
+    if (config_.control && config_.control->callbacks.on_checkpoint) {
+      config_.control->callbacks.on_checkpoint(path, epoch_end_->step);
+    }
+  }
+
+  void armWatchdog() {
+    system().after(std::chrono::duration_cast<std::chrono::milliseconds>(config_.step_timeout / 4),
+                   self(), Watchdog{progress_});
+  }
+
+  void watchdog(const Watchdog& w) {
+    if (w.progress_mark != progress_) {
+      last_progress_ = Clock::now();
+    } else if (Clock::now() - last_progress_ >= config_.step_timeout) {
+      std::string late;
+      const auto it = replies_.find(complete_through_);
+      const int replied = it == replies_.end() ? 0 : it->second;
+      if (epoch_end_) {
+        late = config_.has_test ? "the replicas' evaluation" : "replica 0's buffers";
+      } else if (replied < config_.num_replicas) {
+        late = fmt::format("{} of {} replicas (step done)", config_.num_replicas - replied,
+                           config_.num_replicas);
+      } else {
+        late = "the updater";
+      }
+      throw TimeoutError(fmt::format("no progress for {:.0f} s at step {}: waiting for {}",
+                                     std::chrono::duration<double>(config_.step_timeout).count(),
+                                     complete_through_, late));
+    }
+    armWatchdog();
+  }
+
+  CoordinatorConfig config_;
+  const TrainOptions& options_;
+  std::map<std::int64_t, EpochStats> steps_;
+  std::map<std::int64_t, int> replies_;
+  std::map<std::int64_t, EpochStats> recent_;  // the last steps done (elastic runs)
+  std::int64_t complete_through_ = 0;
+  EpochStats epoch_, window_, eval_;
+  int evaluated_ = 0;
+  std::optional<EpochEnd> epoch_end_;
+  std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
+  int epoch_ends_ = 0;
+  kernels::Tensor buffers_;
+  bool started_ = false;
+  Clock::time_point epoch_start_ = Clock::now(), window_start_ = Clock::now(),
+                    last_progress_ = Clock::now();
+  double epoch_time_ = 0;
+  double epoch_seconds_before_ = 0;  // of the epoch, in earlier generations (elastic runs)
+  ProgressLine progress_line_;
+  Clock::time_point last_step_at_ = Clock::now();
+  double step_seconds_ = -1;  // moving averages for the progress line
+  double loss_average_ = -1;
+  std::int64_t pause_at_ = -1;
+  PauseFor pause_for_ = PauseFor::kNothing;
+  bool pause_buffers_ = false;  // replica 0's buffers were asked for a paused checkpoint
+  Clock::time_point next_join_check_ = Clock::now();
+  double cumulative_time_ = 0;
+  std::int64_t cumulative_inputs_ = 0;
+  std::int64_t progress_ = 0;
+};
+
+class Follower final : public Actor {
+ public:
+  explicit Follower(std::string name) : Actor(std::move(name)) {
+    on<Shutdown>([this](Shutdown&) { system().shutdown(); });
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Actor> makeFollower(std::string name) {
+  return std::make_unique<Follower>(std::move(name));
+}
+
+std::unique_ptr<Actor> makeCoordinator(std::string name, CoordinatorConfig config) {
+  TROUPE_ENFORCE(config.options && config.log && config.result, "coordinator config incomplete");
+  return std::make_unique<Coordinator>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

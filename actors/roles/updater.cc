@@ -1,0 +1,335 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <vector>
+
+#include "actors/core/messages.h"
+#include "actors/core/trace.h"
+#include "actors/roles/observers.h"
+#include "actors/roles/roles.h"
+#include "kernels/backend.h"
+#include "kernels/cuda_plugin.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+namespace {
+
+// Owns the master weights and the optimizer. Applies a step once every bucket of it is reduced,
+// then hands the new weights to the replicas; at an epoch's end it pauses for the coordinator.
+class Updater final : public Actor {
+ public:
+  Updater(std::string name, UpdaterConfig config)
+      : Actor(std::move(name)),
+        config_(std::move(config)),
+        step_(config_.plan.first_step),
+        loss_scale_(config_.loss_scale.initial),
+        overflow_steps_(config_.loss_scale.skipped) {
+    on<Reduced>([this](Reduced& r) { add(r); });
+    // One replica in a one-process run hands its buckets straight here: nothing to sum.
+    on<GradBucket>([this](GradBucket& b) {
+      add(Reduced{b.step, b.begin, b.end, b.grads, b.ready});
+    });
+    on<Resume>([this](Resume&) { broadcast(); });
+    on<PauseAt>([this](PauseAt& p) {
+      if (p.step <= step_) {
+        throw InvariantError(fmt::format("pause after step {} reached worker {} at step {}", p.step,
+                                         config_.worker, step_));
+      }
+      pause_at_ = p.step;
+    });
+    on<Handover>([this](Handover& h) { adopt(h); });
+    on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
+  }
+
+  // An elastic run's process keeps the last whole step's state for its next generation.
+  ~Updater() override {
+    if (!config_.state || !backend_) return;
+    auto& s = *config_.state;
+    const bool whole = reduced_ == 0 && !awaiting_;
+    s.step = whole ? step_ : snapshot_step_;
+    s.epoch = config_.plan.epochOf(s.step);
+    s.epoch_records = config_.plan.recordOf(s.step);
+    s.weights = hostCopy(whole ? weights_ : snapshot_weights_);
+    s.state = hostCopy(whole ? optimizer_->state() : snapshot_state_);
+    // Both change only at a step's end: the same for a partial step.
+    s.loss_scale = loss_scale_;
+    s.overflow_steps = overflow_steps_;
+    if (awaiting_) s.step = -1;  // never got the state it was to go on from
+  }
+
+  void started() override {
+    backend_ = kernels::makeBackend(
+        config_.device, config_.budget
+                            ? config_.budget->teamOf(config_.threads, config_.budget_ways)
+                            : config_.threads);
+    const auto n = config_.initial_weights.numel();
+    weights_ = backend_->empty({n});
+    backend_->copy(config_.initial_weights, weights_);
+    optimizer_ = kernels::makeOptimizer(*backend_, n, config_.optimizer);
+    hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
+    if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
+      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), optimizer_->state().numel());
+      backend_->copy(config_.initial_state, optimizer_->state());
+    }
+    buffers_ = config_.initial_buffers;
+    backend_->synchronize();
+    if (!config_.handover_to.empty()) {
+      const Handover h{step_,    hostCopy(weights_), hostCopy(optimizer_->state()),
+                       buffers_, loss_scale_,        overflow_steps_};
+      for (const auto& to : config_.handover_to)
+        send(to, h);
+    }
+    awaiting_ = config_.await_handover;
+    if (!awaiting_ && step_ < config_.plan.last_step) broadcast();
+  }
+
+ private:
+  // Updates each bucket as soon as it is reduced (the optimizer is elementwise, so this is the
+  // same as one update of the whole step), reading the gradient where it lies if it is on this
+  // updater's device (no copy), else from a copy here. The step's buckets are held until the last
+  // one (hold_) with a loss scale, so that one test of them all decides whether the step is
+  // applied; with clipping, whose norm is of them all; with a layerwise optimizer, whose layers a
+  // bucket may cut.
+  void add(const Reduced& r) {
+    TROUPE_ENFORCE_EQ(r.step, step_);
+    if (config_.state && reduced_ == 0) snapshot();
+    {
+      TraceScope span(config_.trace, name(), "update");
+      backend_->waitFor(r.ready);
+      kernels::Tensor grads = r.grads;
+      if (grads.device() != backend_->device()) {
+        if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
+        grads = grads_here_.slice(r.begin, r.end);
+        backend_->copy(r.grads, grads);
+      }
+      if (hold_) {
+        held_.push_back({r.begin, r.end, grads});
+      } else {
+        apply(r.begin, r.end, grads);
+      }
+    }
+    reduced_ += r.end - r.begin;
+    TROUPE_ENFORCE_LE(reduced_, weights_.numel());
+    if (reduced_ < weights_.numel()) return;
+    if (cutShort(r)) return;
+    if (hold_) applyHeld();
+    const std::int64_t applied = step_;
+    reduced_ = 0;
+    ++step_;
+    const bool ends =
+        config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_;
+    // On a device the replicas get the weights, with the event of their updates, before the
+    // finiteness test waits for those updates: the next step queues meanwhile, and a failed test
+    // still ends the run here, naming the step, long before that next step ends. What is kept (a
+    // checkpoint at an epoch's end) or watched is tested first; so is everything in a traced run,
+    // whose reducer dates the device's sums by this wait (Reducer::traceDeviceSums).
+    const bool early =
+        !ends && !config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
+    if (early) broadcast();
+    checkFinite(applied);
+    observers_.offer(step_, step_ == config_.plan.last_step, weights_,
+                     [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
+                       send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
+                     });
+    if (ends) {
+      send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
+                                         loss_scale_, overflow_steps_});
+    } else if (!early) {
+      broadcast();
+    }
+  }
+
+  // reducer nccl: the step's updates were queued behind NCCL's sums, which a failed group ends
+  // with what they had. Once the step's last sum is done (NCCL's run in order on one stream), a
+  // group that failed leaves the step partial: the run is failing (whoever saw the failure fails
+  // it), and an elastic run goes on from the snapshot before this step, as from a step cut short
+  // by a peer that never sent its buckets.
+  bool cutShort(const Reduced& last) {
+    if (!config_.nccl) return false;
+    last.ready.wait();
+    if (!config_.nccl->comm->failed()) return false;
+    spdlog::warn(
+        "worker {}: the NCCL group failed during {}; its sums are partial, the step is not "
+        "counted",
+        config_.worker, describeStep(step_, config_.plan.steps_per_epoch));
+    return true;
+  }
+
+  // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).
+  void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
+    optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate(), update());
+  }
+
+  // This step's update of the optimizer's state, counting from 1: the steps before it that were
+  // applied (a loss scale's skipped ones are not; PyTorch's GradScaler skips optimizer.step()).
+  std::int64_t update() const { return step_ - overflow_steps_ + 1; }
+
+  // The step's one host wait on a device: whether the updates of step `applied` left every
+  // weight finite.
+  void checkFinite(std::int64_t applied) {
+    if (optimizer_->finite()) return;
+    throw NumericError(fmt::format(
+        "training diverged: the update of {} on worker {} left inf or NaN in the weights "
+        "(learning rate {:g}; a gradient was not finite, or too large)",
+        describeStep(applied, config_.plan.steps_per_epoch), config_.worker,
+        learningRate(applied)));
+  }
+
+  float learningRate() const { return learningRate(step_); }
+  float learningRate(std::int64_t step) const {
+    return kernels::learningRate(config_.lr, config_.plan.scheduleStep(step));
+  }
+
+  // The step's gradients, all held. With a loss scale they are of the loss times loss_scale_: if
+  // they are finite, divided by it and applied; else the step is skipped and a dynamic scale
+  // halves (PyTorch's GradScaler).
+  void applyHeld() {
+    std::vector<kernels::Tensor> all;
+    for (const auto& h : held_)
+      all.push_back(h.grads);
+    const float scale = loss_scale_;
+    // The step's one host wait for it.
+    const bool finite = loss_scale_ > 0 ? backend_->allFinite(all) : true;
+    if (finite) {
+      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f);
+      if (loss_scale_ > 0 && config_.loss_scale.dynamic &&
+          ++clean_steps_ >= config_.loss_scale.window) {
+        loss_scale_ *= 2.0f;
+        clean_steps_ = 0;
+      }
+    } else {
+      if (!config_.loss_scale.dynamic) {
+        throw NumericError(fmt::format(
+            "training diverged: the gradients of {} on worker {} hold inf or NaN at the fixed "
+            "loss scale {:g} (a smaller loss_scale, or 0 for a dynamic one)",
+            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, scale));
+      }
+      ++overflow_steps_;
+      clean_steps_ = 0;
+      loss_scale_ = scale / 2.0f;
+      // Below float16's smallest normal the scale shrinks gradients instead of keeping them: no
+      // scale brings these back, the gradients themselves are inf or NaN.
+      if (loss_scale_ < kSmallestLossScale) {
+        throw NumericError(fmt::format(
+            "training diverged: the gradients of {} on worker {} hold inf or NaN at every loss "
+            "scale down to {:g} ({} steps skipped so far)",
+            describeStep(step_, config_.plan.steps_per_epoch), config_.worker, scale,
+            overflow_steps_));
+      }
+      spdlog::debug("{} skipped: inf or NaN gradients; loss scale now {:g}",
+                    describeStep(step_, config_.plan.steps_per_epoch), loss_scale_);
+    }
+    held_.clear();
+  }
+
+  // Applies the held gradients times `factor`, scaled down to clip_grad_norm where their norm is
+  // above it (as torch's clip_grad_norm_: by max_norm / (norm + 1e-6)); a layerwise optimizer's
+  // in one update of the whole, gathered in order.
+  void applyWhole(const std::vector<kernels::Tensor>& all, float factor) {
+    if (config_.clip_grad_norm > 0) {
+      const double norm = std::sqrt(backend_->sumOfSquares(all)) * factor;
+      if (norm > config_.clip_grad_norm)
+        factor = static_cast<float>(factor * (config_.clip_grad_norm / (norm + 1e-6)));
+    }
+    if (factor != 1.0f) {
+      for (const auto& g : all)
+        backend_->scale(g, factor);
+    }
+    if (!optimizer_->layerwise()) {
+      for (const auto& h : held_)
+        apply(h.begin, h.end, h.grads);
+      return;
+    }
+    if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
+    for (const auto& h : held_) {
+      const kernels::Tensor to = grads_here_.slice(h.begin, h.end);
+      if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
+    }
+    optimizer_->stepRange(weights_, grads_here_, 0, weights_.numel(), learningRate(), update());
+  }
+
+  void broadcast() {
+    if (step_ >= config_.plan.last_step) return;
+    const kernels::Event ready = backend_->record();
+    for (const auto& replica : config_.replicas)
+      send(replica,
+           Weights{step_, weights_, buffers_, ready, loss_scale_ > 0 ? loss_scale_ : 1.0f});
+    buffers_ = kernels::Tensor();  // adopted once, at the start
+  }
+
+  // The state from the process that has the newest (elastic runs), before the first step.
+  void adopt(const Handover& h) {
+    TROUPE_ENFORCE(awaiting_, "worker ", config_.worker, " got a second handover");
+    TROUPE_ENFORCE_EQ(h.step, step_);
+    TROUPE_ENFORCE_EQ(h.weights.numel(), weights_.numel());
+    backend_->copy(h.weights, weights_);
+    TROUPE_ENFORCE_EQ(h.state.numel(), optimizer_->state().numel());
+    backend_->copy(h.state, optimizer_->state());
+    if (h.buffers.defined() && h.buffers.numel() > 0) buffers_ = h.buffers;
+    if (config_.loss_scale.dynamic && h.loss_scale > 0) {
+      loss_scale_ = h.loss_scale;
+      overflow_steps_ = h.overflow_steps;
+      spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
+                   config_.worker, loss_scale_);
+    }
+    backend_->synchronize();
+    awaiting_ = false;
+    if (step_ < config_.plan.last_step) broadcast();
+  }
+
+  // Elastic runs: the state before a step's first bucket is applied, for a generation that ends
+  // part way through the step (a peer died).
+  void snapshot() {
+    if (snapshot_weights_.numel() != weights_.numel()) {
+      snapshot_weights_ = backend_->empty({weights_.numel()});
+      snapshot_state_ = backend_->empty({optimizer_->state().numel()});
+    }
+    backend_->copy(weights_, snapshot_weights_);
+    backend_->copy(optimizer_->state(), snapshot_state_);
+    snapshot_step_ = step_;
+  }
+
+  kernels::Tensor hostCopy(const kernels::Tensor& t) {
+    auto copy = kernels::Tensor::host({t.numel()});
+    backend_->copy(t, copy);
+    backend_->synchronize();
+    return copy;
+  }
+  // `t` itself on the CPU (the coordinator reads it while this updater waits for Resume), else a
+  // copy on the host.
+  kernels::Tensor onHost(const kernels::Tensor& t) {
+    return t.device().kind == kernels::DeviceKind::kCpu ? t : hostCopy(t);
+  }
+
+  UpdaterConfig config_;
+  Observers observers_;  // the chief's: processes that watch the run
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<kernels::Optimizer> optimizer_;
+  kernels::Tensor weights_, buffers_;
+  kernels::Tensor grads_here_;  // reduced gradients that arrive on another device, copied here
+  std::int64_t step_;
+  std::int64_t reduced_ = 0;
+  std::int64_t pause_at_ = -1;
+  bool awaiting_ = false;
+  kernels::Tensor snapshot_weights_, snapshot_state_;
+  std::int64_t snapshot_step_ = 0;
+  // Mixed precision's loss scale (0: none), and the step's buckets held until its last.
+  static constexpr float kSmallestLossScale = 0x1p-14f;
+  struct Held {
+    std::int64_t begin, end;
+    kernels::Tensor grads;
+  };
+  float loss_scale_ = 0;
+  std::int64_t clean_steps_ = 0, overflow_steps_;
+  std::vector<Held> held_;
+  bool hold_ = false;  // held until the step's last bucket (add)
+};
+
+}  // namespace
+
+std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config) {
+  return std::make_unique<Updater>(std::move(name), std::move(config));
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,378 @@
+#include "actors/run/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+#include <vector>
+
+#include "data/files.h"
+#include "troupe/error.h"
+
+namespace troupe::actors {
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'R', 'O', 'U', 'P', 'E', 'C', 'K'};
+constexpr std::uint32_t kVersion = 1;
+
+void append(std::string& out, const void* p, std::size_t n) {
+  out.append(static_cast<const char*>(p), n);
+}
+
+template <typename T>
+void appendValue(std::string& out, T v) {
+  append(out, &v, sizeof v);
+}
+
+void appendTensor(std::string& out, const kernels::Tensor& t) {
+  const std::uint64_t n = t.defined() ? static_cast<std::uint64_t>(t.numel()) : 0;
+  appendValue(out, n);
+  if (n) append(out, t.f32(), n * sizeof(float));
+}
+
+class Parser {
+ public:
+  Parser(const std::string& path, const std::string& bytes) : path_(path), bytes_(bytes) {}
+
+  template <typename T>
+  T value() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  const char* take(std::size_t n) {
+    if (n > bytes_.size() - pos_) {
+      throw InputError("checkpoint '" + path_ + "' is truncated (needed " + std::to_string(n) +
+                       " more bytes at offset " + std::to_string(pos_) + ")");
+    }
+    const char* p = bytes_.data() + pos_;
+    pos_ += n;
+    return p;
+  }
+  kernels::Tensor tensor() {
+    const auto n = value<std::uint64_t>();
+    if (n > (bytes_.size() - pos_) / sizeof(float)) {
+      throw InputError("checkpoint '" + path_ + "' is truncated or corrupt (a tensor of " +
+                       std::to_string(n) + " floats does not fit)");
+    }
+    auto t = kernels::Tensor::host({static_cast<std::int64_t>(n)});
+    if (n) std::memcpy(t.f32(), take(n * sizeof(float)), n * sizeof(float));
+    return t;
+  }
+  std::size_t pos() const { return pos_; }
+  // Past the magic (already checked by the caller) and the format version, which must be ours.
+  void header() {
+    take(sizeof kMagic);
+    const auto version = value<std::uint32_t>();
+    if (version != kVersion) {
+      throw InputError("checkpoint '" + path_ + "' has version " + std::to_string(version) +
+                       ", this troupe reads version " + std::to_string(kVersion));
+    }
+  }
+
+ private:
+  const std::string& path_;
+  const std::string& bytes_;
+  std::size_t pos_ = 0;
+};
+
+void writeAll(int fd, const std::string& bytes, const std::string& path) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write checkpoint '" + path + "': " + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+std::map<std::string, std::string> parseMeta(const std::string& path, const std::string& text) {
+  std::map<std::string, std::string> meta;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) throw InputError("checkpoint '" + path + "' is corrupt");
+    meta[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return meta;
+}
+
+// "name.ckpt.tmp.123" -> 123; 0 for any other name.
+pid_t temporaryWriter(const std::string& name) {
+  constexpr std::string_view kTmp = ".ckpt.tmp.";
+  const auto at = name.rfind(kTmp);
+  if (at == std::string::npos) return 0;
+  const std::string digits = name.substr(at + kTmp.size());
+  if (digits.empty() || digits.size() > 9 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return 0;
+  }
+  return static_cast<pid_t>(std::stol(digits));
+}
+
+template <typename T>
+T metaValue(const std::map<std::string, std::string>& meta, const std::string& key,
+            const char* kind) {
+  auto it = meta.find(key);
+  if (it == meta.end()) throw InputError("checkpoint has no '" + key + "'");
+  const std::string& text = it->second;
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw InputError("checkpoint's '" + key + "' is '" + text + "', not " + kind);
+  }
+  return value;
+}
+
+// Throws unless every value of `t` is finite: a diverged run must not leave a checkpoint that a
+// resume would load.
+void checkFinite(const std::string& path, const char* what, const kernels::Tensor& t) {
+  if (!t.defined()) return;
+  const float* v = t.f32();
+  const std::int64_t n = t.numel();
+  float sum = 0;  // inf or NaN anywhere makes the sum non-finite: one pass, vectorisable
+  for (std::int64_t i = 0; i < n; ++i)
+    sum += v[i] * 0.0f;
+  if (std::isfinite(sum)) return;
+  const auto bad = std::find_if(v, v + n, [](float x) { return !std::isfinite(x); }) - v;
+  throw NumericError(fmt::format(
+      "not writing checkpoint '{}': its {} hold a non-finite value ({} at index {} of {}); the "
+      "run diverged",
+      path, what, v[bad], bad, n));
+}
+
+// Moves `tmp` to `path` unless `path` exists, atomically: of two writers of one name, exactly one
+// succeeds and the other gets an IoError (a check before a rename would let both "succeed").
+void publishNoReplace(const std::string& tmp, const std::string& path) {
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return;
+  int error = errno;
+  if (error == EINVAL || error == ENOSYS) {
+    // A file system without RENAME_NOREPLACE: link() refuses an existing name just as atomically.
+    if (::link(tmp.c_str(), path.c_str()) == 0) {
+      ::unlink(tmp.c_str());
+      return;
+    }
+    error = errno;
+  }
+  ::unlink(tmp.c_str());
+  if (error == EEXIST) {
+    throw IoError("checkpoint '" + path +
+                  "' was written by another process meanwhile; not replacing it (do two runs "
+                  "share one checkpoint folder and run id?)");
+  }
+  throw IoError("cannot publish '" + tmp + "' as '" + path + "': " + std::strerror(error));
+}
+
+}  // namespace
+
+std::int64_t Checkpoint::metaInt(const std::string& key) const {
+  return metaValue<std::int64_t>(meta, key, "an integer");
+}
+
+std::string Checkpoint::optimizer() const {
+  const auto it = meta.find("optimizer");
+  return it == meta.end() ? "sgd" : it->second;
+}
+
+std::vector<std::string> Checkpoint::stateNames() const {
+  const auto it = meta.find("optimizer_state");
+  if (it == meta.end()) return {"momentum_buffer"};
+  std::vector<std::string> names;
+  std::string::size_type at = 0;
+  while (at <= it->second.size()) {
+    const auto comma = std::min(it->second.find(',', at), it->second.size());
+    names.push_back(it->second.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return names;
+}
+
+double Checkpoint::metaDouble(const std::string& key) const {
+  return metaValue<double>(meta, key, "a number");
+}
+
+void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+  namespace fs = std::filesystem;
+  checkFinite(path, "weights", checkpoint.weights);
+  checkFinite(path, "optimizer state values", checkpoint.state);
+  checkFinite(path, "buffers", checkpoint.buffers);
+  // Cheap early refusal; publishNoReplace is what makes two writers of one name safe.
+  if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
+  std::string bytes;
+  append(bytes, kMagic, sizeof kMagic);
+  appendValue(bytes, kVersion);
+  std::string meta;
+  for (const auto& [k, v] : checkpoint.meta)
+    meta += k + "=" + v + "\n";
+  appendValue(bytes, static_cast<std::uint64_t>(meta.size()));
+  bytes += meta;
+  appendTensor(bytes, checkpoint.weights);
+  appendTensor(bytes, checkpoint.state);
+  appendTensor(bytes, checkpoint.buffers);
+  const auto crc = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  appendValue(bytes, crc);
+
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  ::unlink(tmp.c_str());  // a dead writer that had our pid
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw IoError("cannot create checkpoint '" + tmp + "': " + std::strerror(errno));
+  }
+  try {
+    writeAll(fd, bytes, tmp);
+    if (::fsync(fd) != 0) throw IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  publishNoReplace(tmp, path);
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+Checkpoint loadCheckpoint(const std::string& path) {
+  const std::string bytes = data::readRegularFile(path, "checkpoint");
+  if (bytes.size() < sizeof kMagic + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    throw InputError("'" + path + "' is not a troupe checkpoint");
+  }
+  if (bytes.size() < sizeof kMagic + 4 + 4) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  std::uint32_t stored_crc;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  const auto crc = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size() - 4)));
+  if (crc != stored_crc) {
+    throw InputError("checkpoint '" + path + "' is corrupt or truncated (checksum mismatch)");
+  }
+  const std::string body = bytes.substr(0, bytes.size() - 4);
+  Parser p(path, body);
+  p.header();
+  Checkpoint ck;
+  const auto meta_size = p.value<std::uint64_t>();
+  if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
+  ck.meta = parseMeta(path, std::string(p.take(meta_size), meta_size));
+  ck.weights = p.tensor();
+  ck.state = p.tensor();
+  ck.buffers = p.tensor();
+  if (p.pos() != body.size()) {
+    throw InputError("checkpoint '" + path + "' has trailing bytes");
+  }
+  // Whole rows of the weights' size, as many as the meta names (one, SGD's, when it names none).
+  const std::int64_t n = ck.weights.numel(), rows = ck.stateNames().size();
+  if (ck.state.numel() != rows * n) {
+    throw InputError(fmt::format(
+        "checkpoint '{}' is inconsistent: {} weights but {} optimizer state values ({} rows "
+        "named: {})",
+        path, n, ck.state.numel(), rows, fmt::join(ck.stateNames(), ", ")));
+  }
+  return ck;
+}
+
+std::map<std::string, std::string> loadCheckpointMeta(const std::string& path) {
+  data::checkRegularFile(path, "checkpoint");  // a FIFO would block the open
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError("cannot open checkpoint '" + path + "'");
+  constexpr std::size_t kHead = sizeof kMagic + sizeof(std::uint32_t) + sizeof(std::uint64_t);
+  std::string head(kHead, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(kHead));
+  if (static_cast<std::size_t>(in.gcount()) < sizeof kMagic ||
+      std::memcmp(head.data(), kMagic, sizeof kMagic) != 0) {
+    throw InputError("'" + path + "' is not a troupe checkpoint");
+  }
+  if (static_cast<std::size_t>(in.gcount()) < kHead) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  Parser p(path, head);
+  p.header();
+  const auto meta_size = p.value<std::uint64_t>();
+  if (meta_size > (1u << 20)) throw InputError("checkpoint '" + path + "' is corrupt");
+  std::string meta(meta_size, '\0');
+  in.read(meta.data(), static_cast<std::streamsize>(meta_size));
+  if (static_cast<std::uint64_t>(in.gcount()) != meta_size) {
+    throw InputError("checkpoint '" + path + "' is truncated");
+  }
+  return parseMeta(path, meta);
+}
+
+std::vector<std::string> removeStaleTemporaries(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const pid_t writer = temporaryWriter(it->path().filename().string());
+    if (writer <= 0 || !it->is_regular_file(ec)) continue;
+    if (::kill(writer, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+  }
+  return removed;
+}
+
+std::optional<FoundCheckpoint> findLatestCheckpoint(
+    const std::string& dir,
+    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept) {
+  namespace fs = std::filesystem;
+  struct Candidate {
+    std::int64_t step;
+    fs::file_time_type time;
+    std::string path;
+  };
+  std::vector<Candidate> candidates;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() != ".ckpt" || !it->is_regular_file(ec)) continue;
+    const std::string path = it->path().string();
+    try {
+      const auto meta = loadCheckpointMeta(path);
+      if (const std::string why = accept(meta); !why.empty()) {
+        spdlog::info("passing over checkpoint {}: {}", path, why);
+        continue;
+      }
+      const auto step = meta.find("step");
+      if (step == meta.end()) throw InputError("checkpoint '" + path + "' has no 'step'");
+      std::error_code time_ec;
+      candidates.push_back({std::stoll(step->second), it->last_write_time(time_ec), path});
+    } catch (const std::exception& e) {
+      spdlog::warn("passing over checkpoint {}: {}", path, e.what());
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.step, a.time, a.path) > std::tie(b.step, b.time, b.path);
+  });
+  for (const auto& c : candidates) {
+    try {
+      return FoundCheckpoint{c.path, loadCheckpoint(c.path)};
+    } catch (const Error& e) {
+      spdlog::warn("passing over checkpoint {}: {}", c.path, e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace troupe::actors
