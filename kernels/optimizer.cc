@@ -120,8 +120,9 @@ bool RuleOptimizer::finite() {
 
 void check(const OptimizerSettings& s, std::int64_t size) {
   const OptimizerInfo& info = optimizerInfo(s.name);
-  if (!(s.weight_decay >= 0.0f) || !std::isfinite(s.weight_decay))
-    throw InputError(fmt::format("{} weight_decay = {:g} is negative", s.name, s.weight_decay));
+  // Not below 0 (nor NaN); an infinite decay is left to the run, which stops at its first update.
+  if (!(s.weight_decay >= 0.0f))
+    throw InputError(fmt::format("{} weight_decay = {:g} is not >= 0", s.name, s.weight_decay));
   if (size < 0) throw InputError(fmt::format("{} over {} parameters", s.name, size));
   for (const auto* ranges : {&s.no_decay, &s.layers}) {
     std::int64_t after = 0;

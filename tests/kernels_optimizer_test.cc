@@ -192,7 +192,7 @@ TEST(Optimizers, ASettingOutOfItsRangeIsNamed) {
   s = OptimizerSettings{};
   s.name = "lars";
   s.weight_decay = -1.0f;
-  EXPECT_EQ(message(s), "lars weight_decay = -1 is negative");
+  EXPECT_EQ(message(s), "lars weight_decay = -1 is not >= 0");
 }
 
 // Each optimizer's state rows, by PyTorch's names, and its default epsilon in the description.
