@@ -52,6 +52,7 @@ const std::vector<Group>& groups() {
         "lr_scaling",
         "weight_decay",
         "optimizer",
+        "optimizer_params",
         "momentum",
         "nesterov",
         "beta1",

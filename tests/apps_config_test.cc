@@ -346,6 +346,28 @@ TEST_F(ConfigTest, AMomentumOfOneOrThatRoundsToOneAsAFloatIsRefused) {
   EXPECT_FLOAT_EQ(loadTrainOptions("", {{"momentum", "0.999"}}).optimizer.momentum, 0.999f);
 }
 
+// MXNet's optimizer_params, as gluon's Trainer takes them (a dict) or as pairs: each sets its key,
+// with that key's range; a key given on its own as well from the same source is refused.
+TEST_F(ConfigTest, OptimizerParamsSetTheKeysTheyNameAsMxnetNamesThem) {
+  const auto o = loadTrainOptions(
+      "", {{"optimizer", "adam"},
+           {"optimizer_params", "{'learning_rate': 0.002, 'wd': 1e-4, 'beta1': 0.8}"}});
+  EXPECT_FLOAT_EQ(o.base_learning_rate, 0.002f);
+  EXPECT_FLOAT_EQ(o.optimizer.weight_decay, 1e-4f);
+  EXPECT_FLOAT_EQ(o.optimizer.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(loadTrainOptions("", {{"optimizer_params", "gamma1=0.95,mom=0.5"}}).optimizer.rho,
+                  0.95f);
+  EXPECT_EQ(configErrorOf("", {{"optimizer_params", "{'beta2': 1.5}"}}),
+            "--optimizer_params (beta2) must be a finite number in [0, 1), got 1.5");
+  EXPECT_EQ(configErrorOf("", {{"optimizer_params", "wd=0.1"}, {"weight_decay", "0.2"}}),
+            "--optimizer_params wd=0.1 (wd=0.1) and --weight_decay 0.2 both set weight_decay: "
+            "give one");
+  EXPECT_TRUE(contains(configErrorOf("", {{"optimizer_params", "{'clip_gradient': 5}"}}),
+                       "troupe's clip_grad_norm clips the gradients' global norm"));
+  EXPECT_TRUE(contains(configErrorOf("", {{"optimizer_params", "{'amsgrad': True}"}}),
+                       "no optimizer parameter 'amsgrad' (known: learning_rate, lr, wd"));
+}
+
 TEST_F(ConfigTest, AnEnvironmentValueOutOfRangeNamesTheVariableAndTheKey) {
   {
     ScopedEnv rank("TROUPE_RANK", "70000");

@@ -208,6 +208,21 @@ const char* optimizerHelp() {
   return help.c_str();
 }
 
+// The epsilon key's help: each optimizer's own default, from the table.
+const char* epsilonHelp() {
+  static const std::string help = [] {
+    std::string defaults;
+    for (const auto& row : kernels::optimizers()) {
+      for (const auto& setting : row.settings) {
+        if (setting.field == &kernels::OptimizerSettings::epsilon)
+          defaults += fmt::format("{}{} {:g}", defaults.empty() ? "" : ", ", row.name, row.epsilon);
+      }
+    }
+    return "added to the denominator (0: the optimizer's own default: " + defaults + ")";
+  }();
+  return help.c_str();
+}
+
 std::vector<Key> buildTable() {
   std::vector<Key> table = {
       Key{"model", Kind::kString, kNotNumeric,
@@ -270,6 +285,13 @@ std::vector<Key> buildTable() {
             }
           },
           [](const Settings& s) { return s.options.optimizer.name; }},
+      // Expanded by assign() into the keys it names (optimizerParams).
+      Key{"optimizer_params", Kind::kString, kNotNumeric,
+          "MXNet's optimizer_params, as a dict or name=value pairs: "
+          "\"{'learning_rate': 0.1, 'wd': 1e-4, 'momentum': 0.9}\"; each sets its key (lr and "
+          "learning_rate: base_learning_rate, wd: weight_decay, gamma1: rho, mom: momentum)",
+          [](Settings&, const Value&) {},
+          [](const Settings& s) { return s.textOr("optimizer_params", ""); }},
       TROUPE_FLOAT_KEY("weight_decay", optimizer.weight_decay, closed(0, 1),
                        "L2 weight decay (adamw: decoupled, as torch.optim.AdamW's)"),
       // At 1 or above the velocity never decays: the run diverges.
@@ -278,9 +300,11 @@ std::vector<Key> buildTable() {
                        "adam, adamw, lamb: the gradients' moving-average decay"),
       TROUPE_FLOAT_KEY("beta2", optimizer.beta2, openAbove(0, 1),
                        "adam, adamw, lamb: the squared gradients' moving-average decay"),
-      TROUPE_FLOAT_KEY("epsilon", optimizer.epsilon, closed(0, 1),
-                       "added to the denominator (0: the optimizer's own default: 1e-8 adam, "
-                       "adamw, rmsprop; 1e-10 adagrad; 1e-6 lamb; 0 lars)"),
+      Key{"epsilon", Kind::kFloat, closed(0, 1), epsilonHelp(),
+          [](Settings& s, const Value& v) {
+            s.options.optimizer.epsilon = static_cast<float>(asFloat(v));
+          },
+          [](const Settings& s) { return fmt::format("{}", s.options.optimizer.epsilon); }, true},
       TROUPE_FLOAT_KEY("rho", optimizer.rho, openAbove(0, 1),
                        "rmsprop: the squared gradients' decay (MXNet's gamma1, PyTorch's alpha)"),
       TROUPE_FLOAT_KEY("eta", optimizer.eta, closed(0, 1e6), "lars: the trust coefficient"),
@@ -563,6 +587,7 @@ std::vector<Key> buildTable() {
                                                  "momentum",
                                                  "nesterov",
                                                  "optimizer",
+                                                 "optimizer_params",
                                                  "beta1",
                                                  "beta2",
                                                  "epsilon",
@@ -671,7 +696,85 @@ std::string valueText(const Value& value) {
       value);
 }
 
+namespace {
+
+// MXNet's optimizer_params ("{'learning_rate': 0.1, 'wd': 1e-4}" or "learning_rate=0.1,wd=1e-4"):
+// each pair set on the key it names, as given by optimizer_params from the same source, so that
+// the key given on its own as well from there is refused as two names for one key.
+void assignOptimizerParams(Settings& s, const Key& key, const std::string& text,
+                           const Source& from) {
+  static constexpr std::pair<std::string_view, const char*> kNames[] = {
+      {"learning_rate", "base_learning_rate"},
+      {"lr", "base_learning_rate"},
+      {"wd", "weight_decay"},
+      {"weight_decay", "weight_decay"},
+      {"momentum", "momentum"},
+      {"mom", "momentum"},
+      {"beta1", "beta1"},
+      {"beta2", "beta2"},
+      {"epsilon", "epsilon"},
+      {"gamma1", "rho"},
+      {"rho", "rho"},
+      {"eta", "eta"},
+      {"nesterov", "nesterov"}};
+  static constexpr std::pair<std::string_view, const char*> kRefused[] = {
+      {"clip_gradient",
+       "MXNet's clip_gradient clips each element; troupe's clip_grad_norm clips "
+       "the gradients' global norm"},
+      {"rescale_grad",
+       "troupe averages the gradients over the global batch itself (MXNet's "
+       "rescale_grad = 1 / batch size)"}};
+  const auto trim = [](std::string_view t) {
+    const auto strip = std::string_view(" \t'\"");
+    const auto b = t.find_first_not_of(strip);
+    if (b == std::string_view::npos) return std::string_view();
+    return t.substr(b, t.find_last_not_of(strip) - b + 1);
+  };
+  std::string_view body = trim(text);
+  if (body.starts_with('{') && body.ends_with('}')) body = body.substr(1, body.size() - 2);
+  for (std::size_t at = 0; at <= body.size();) {
+    const std::size_t comma = std::min(body.find(',', at), body.size());
+    const std::string_view pair = trim(body.substr(at, comma - at));
+    at = comma + 1;
+    if (pair.empty()) continue;
+    const std::size_t sep = pair.find_first_of("=:");
+    if (sep == std::string_view::npos) {
+      throw InputError(fmt::format("{}: '{}' is not name=value (or 'name': value)", from.by, pair));
+    }
+    const std::string name(trim(pair.substr(0, sep)));
+    const std::string value(trim(pair.substr(sep + 1)));
+    for (const auto& [refused, why] : kRefused) {
+      if (name == refused) throw InputError(fmt::format("{}: {}: {}", from.by, name, why));
+    }
+    const char* target = nullptr;
+    for (const auto& [mxnet, ours] : kNames) {
+      if (name == mxnet) target = ours;
+    }
+    if (!target) {
+      std::string known;
+      for (const auto& [mxnet, ours] : kNames)
+        known += (known.empty() ? "" : ", ") + std::string(mxnet);
+      throw InputError(
+          fmt::format("{}: no optimizer parameter '{}' (known: {})", from.by, name, known));
+    }
+    Key as_given = *findKey(target);
+    as_given.name = key.name;
+    as_given.sets = target;
+    Source part = from;
+    part.origin = fmt::format("{} ({})", from.origin, name);
+    part.by = fmt::format("{} ({}={})", from.by, name, value);
+    assign(s, as_given, fromText(as_given, value), part);
+  }
+}
+
+}  // namespace
+
 void assign(Settings& s, const Key& key, Value value, const Source& given_from) {
+  if (key.name == std::string_view("optimizer_params") && !key.sets) {  // not one of its parts
+    assignOptimizerParams(s, key, asString(value), given_from);
+    s.given[key.name] = Given{key.name, valueText(value), given_from};
+    return;
+  }
   // Who gave it, as every message shows it: a password in a rendezvous URL redacted there too.
   Source from = given_from;
   if (const std::string raw = valueText(value), shown = shownValue(key, raw); shown != raw) {

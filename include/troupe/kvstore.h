@@ -53,10 +53,10 @@
 namespace troupe {
 
 // The update a store applies to pushes (MXNet's set_optimizer), by name, with PyTorch's
-// semantics: sgd (g' = rescale_grad * g + weight_decay * w; v = momentum * v + g';
-// w -= learning_rate * v; nesterov: w -= lr * (g' + momentum * v)), nag (sgd with nesterov),
-// adam, adamw, lamb, lars, rmsprop, adagrad (`troupe info` lists them, kernels/optimizers/). Each
-// reads the fields it names; the gradient is always multiplied by rescale_grad first. Every key
+// semantics: any optimizer troupe has (`troupe info` lists them), or MXNet's nag (sgd with
+// nesterov). sgd: g' = rescale_grad * g + weight_decay * w; v = momentum * v + g';
+// w -= learning_rate * v (nesterov: w -= lr * (g' + momentum * v)). Each reads the fields it
+// names; the gradient is always multiplied by rescale_grad first. Every key
 // has its own state (and update count, for Adam's bias correction), started anew when
 // setOptimizer is called again with other settings.
 struct OptimizerSpec {
