@@ -1,48 +1,35 @@
-// The CPU's loops of an optimizer rule (kernels/optimizers/rule.h): cpuUpdateKernel<Rule>()
-// gives the UpdateKernel whose functions the CPU backend runs per thread over a piece of an update.
+// The CPU's loops of an optimizer rule (kernels/optimizers/rule.h): cpuUpdateKernel<Rule>() gives
+// the UpdateKernel whose functions the CPU backend runs per thread over a piece of an update,
+// compiled for AVX-512, AVX2 and baseline x86-64 and chosen by cpuIsa() as the other vector loops
+// are (kernels/cpu/vec.cc), so TROUPE_MAX_CPU_ISA holds them too.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/update.h"
 
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+namespace troupe::kernels::cpu::rule_loops::avx512 {
+#include "kernels/cpu/update_loops.inc"
+}  // namespace troupe::kernels::cpu::rule_loops::avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+namespace troupe::kernels::cpu::rule_loops::avx2 {
+#include "kernels/cpu/update_loops.inc"
+}  // namespace troupe::kernels::cpu::rule_loops::avx2
+#pragma GCC pop_options
+
+namespace troupe::kernels::cpu::rule_loops::baseline {
+#include "kernels/cpu/update_loops.inc"
+}  // namespace troupe::kernels::cpu::rule_loops::baseline
+
 namespace troupe::kernels {
-
-template <typename Rule>
-bool cpuRuleUpdate(const UpdateArgs& a, std::int64_t b, std::int64_t e, float decay, float ratio) {
-  float* __restrict w = a.w.f32();
-  const float* __restrict g = a.g.f32();
-  float* s = a.state.f32() + a.state_offset;
-  const std::int64_t stride = a.stride;
-  const UpdateScalars c = a.scalars;
-  // The finiteness test rides on the update, as in the SGD loop (vec_loops.inc).
-  std::uint32_t worst = 0;
-#pragma omp simd reduction(max : worst)
-  for (std::int64_t i = b; i < e; ++i) {
-    const float updated = Rule::update(w[i], g[i], StateRef{s + i, stride}, c, decay, ratio);
-    w[i] = updated;
-    worst = std::max(worst, std::bit_cast<std::uint32_t>(updated) & 0x7f800000u);
-  }
-  return worst != 0x7f800000u;
-}
-
-template <typename Rule>
-void cpuRuleProbe(const UpdateArgs& a, std::int64_t b, std::int64_t e, float decay, double* sums) {
-  if constexpr (Rule::kLayerwise) {
-    const float* w = a.w.f32();
-    const float* g = a.g.f32();
-    float* s = a.state.f32() + a.state_offset;
-    double ww = 0, pp = 0;
-    for (std::int64_t i = b; i < e; ++i) {
-      const double p = Rule::probe(w[i], g[i], StateRef{s + i, a.stride}, a.scalars, decay);
-      ww += static_cast<double>(w[i]) * w[i];
-      pp += p * p;
-    }
-    sums[0] += ww;
-    sums[1] += pp;
-  }
-}
 
 template <typename Rule>
 float cpuRuleRatio(float w_norm, float probe_norm, const UpdateScalars& c, float decay) {
@@ -55,12 +42,25 @@ float cpuRuleRatio(float w_norm, float probe_norm, const UpdateScalars& c, float
 
 template <typename Rule>
 UpdateKernel cpuUpdateKernel() {
+  namespace loops = cpu::rule_loops;
   UpdateKernel k;
   k.name = Rule::kName;
   k.states = Rule::kStates;
   k.layerwise = Rule::kLayerwise;
-  k.update = &cpuRuleUpdate<Rule>;
-  k.probe = &cpuRuleProbe<Rule>;
+  switch (cpu::cpuIsa()) {
+    case cpu::Isa::kAvx512:
+      k.update = &loops::avx512::update<Rule>;
+      k.probe = &loops::avx512::probe<Rule>;
+      break;
+    case cpu::Isa::kAvx2:
+      k.update = &loops::avx2::update<Rule>;
+      k.probe = &loops::avx2::probe<Rule>;
+      break;
+    case cpu::Isa::kBaseline:
+      k.update = &loops::baseline::update<Rule>;
+      k.probe = &loops::baseline::probe<Rule>;
+      break;
+  }
   k.ratio = &cpuRuleRatio<Rule>;
   return k;
 }
