@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "actors/run/run_plan.h"
+#include "actors/schedules/schedule.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cuda_plugin.h"
 #include "troupe/config.h"
@@ -307,21 +308,12 @@ std::string found(const std::string& program) {
   return where.empty() ? fmt::format(" ({} is not on PATH)", program) : " (" + where + ")";
 }
 
+// From the schedules' table (actors/schedules/schedule.h).
 std::vector<InfoItem> schedules() {
-  return {
-      {"local", {"local"}, "one process; its replicas' gradients summed in memory"},
-      {"device",
-       {"device"},
-       "one process; its replicas' gradients summed on a GPU (by NCCL with --reducer nccl)"},
-      {"bsp-allreduce",
-       {},
-       "workers sum gradients by ring or hierarchical allreduce, every step (Horovod's way)"},
-      {"dist_sync",
-       {"dist_sync", "dist_device_sync"},
-       "parameter servers; every step waits for every worker's push"},
-      {"dist_async", {"dist_async"}, "parameter servers; each push applied as it comes"},
-      {"ssp", {}, "parameter servers; a worker runs at most `staleness` steps ahead"},
-  };
+  std::vector<InfoItem> items;
+  for (const auto& row : actors::schedules())
+    items.push_back({row.name, row.mxnet, row.summary});
+  return items;
 }
 
 // From the optimizers' table (kernels/optimizer.h); MXNet's names where they differ.

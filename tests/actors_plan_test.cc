@@ -15,6 +15,7 @@
 #include "actors/core/cluster.h"
 #include "actors/kvstore/kvstore_dist.h"
 #include "actors/run/run_plan.h"
+#include "actors/schedules/schedule.h"
 #include "cli_util.h"
 #include "rendezvous/file_store.h"
 #include "troupe/error.h"
@@ -33,6 +34,49 @@ TrainOptions optionsOf(const ConfigOverrides& flags) {
 
 // Every key that changes a step's arithmetic is compared: a rate, the momentum, the decay, the
 // seed, the mean (each once differed between hand-started ranks that trained on together).
+// The schedules' table: MXNet's names find their rows, an unknown name lists the known ones, and
+// each row refuses the processes it cannot run with, naming what to change.
+TEST(Schedules, TheTableFindsMxnetNamesAndEachRowRefusesAWorldItCannotRun) {
+  EXPECT_EQ(scheduleNames(), "local, device, bsp-allreduce, dist_sync, dist_async, ssp");
+  EXPECT_EQ(scheduleInfo("dist_device_sync").name, "dist_sync");
+  EXPECT_EQ(findSchedule("kvstore"), nullptr);
+  try {
+    scheduleInfo("dist_syn");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(),
+                 "unknown schedule 'dist_syn' (known: local, device, bsp-allreduce, "
+                 "dist_sync, dist_async, ssp)");
+  }
+  const auto refusal = [](const std::string& schedule, int workers, int servers) {
+    TrainOptions o;
+    o.schedule = schedule;
+    o.num_shards = workers;
+    o.num_servers = servers;
+    try {
+      scheduleInfo(schedule).validate(o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (const auto& row : schedules()) {
+    if (row.one_process) {
+      EXPECT_THAT(refusal(row.name, 2, 0), ::testing::HasSubstr("runs in one process")) << row.name;
+    } else if (row.parameter_servers) {
+      EXPECT_THAT(refusal(row.name, 2, 0), ::testing::HasSubstr("needs parameter servers"))
+          << row.name;
+      EXPECT_EQ(refusal(row.name, 2, 1), "") << row.name;
+    } else {
+      EXPECT_THAT(refusal(row.name, 2, 1), ::testing::HasSubstr("has no parameter servers"))
+          << row.name;
+      EXPECT_EQ(refusal(row.name, 2, 0), "") << row.name;
+    }
+  }
+  EXPECT_EQ(refusal("local", 1, 0), "");
+  EXPECT_THAT(refusal("device", 1, 0), ::testing::HasSubstr("sums gradients on a GPU"));
+}
+
 TEST(PlanAgreement, EveryKeyThatChangesTheArithmeticIsComparedAndNamedWithBothValues) {
   const auto base = optionsOf({{"model", "mlp"}});
   for (const auto& [flag, value] :

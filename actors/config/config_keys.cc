@@ -15,6 +15,7 @@
 #include "actors/config/nearest_name.h"
 #include "actors/config/train_config.h"
 #include "actors/config/worker_bounds.h"
+#include "actors/schedules/schedule.h"
 #include "kernels/optimizer.h"
 #include "rendezvous/value.h"
 #include "troupe/error.h"
@@ -204,6 +205,22 @@ const char* optimizerHelp() {
     for (const auto& row : kernels::optimizers())
       text += row.name + ": " + row.summary + "; ";
     return text + "nag: MXNet's name for sgd with nesterov";
+  }();
+  return help.c_str();
+}
+
+// The schedule key's help, from the schedules' table (actors/schedules/schedule.h).
+const char* scheduleHelp() {
+  static const std::string help = [] {
+    std::string text;
+    for (const auto& row : schedules()) {
+      text += (text.empty() ? "" : "; ") + row.name + ": " + row.summary;
+      std::vector<std::string> others;
+      for (const auto& name : row.mxnet)
+        if (name != row.name) others.push_back(name);
+      if (!others.empty()) text += fmt::format(" (MXNet's {})", fmt::join(others, ", "));
+    }
+    return text + "; nccl: device with reducer nccl, as MXNet's kvstore nccl";
   }();
   return help.c_str();
 }
@@ -464,9 +481,7 @@ std::vector<Key> buildTable() {
       TROUPE_INT_KEY(
           "threads", threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
-      Key{"schedule", Kind::kString, kNotNumeric,
-          "local, device, bsp-allreduce, dist_sync, dist_async or ssp (MXNet kvstore names); "
-          "nccl is device with reducer nccl, as MXNet's kvstore nccl",
+      Key{"schedule", Kind::kString, kNotNumeric, scheduleHelp(),
           [](Settings& s, const Value& v) {
             s.options.schedule = asString(v);
             if (s.options.schedule == "nccl") {

@@ -17,6 +17,7 @@
 #include "actors/config/config_file.h"
 #include "actors/config/config_keys.h"
 #include "actors/core/run_id.h"
+#include "actors/schedules/schedule.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -57,10 +58,11 @@ using config::Kind;
 using config::Rank;
 using config::Value;
 
-// MXNet's kvstore names map onto schedules; "kv_store" is accepted as a key alias too.
+// MXNet's kvstore names map onto schedules (the table's rows name theirs); "kv_store" is
+// accepted as a key alias too. An unknown name stays as given, for validateSchedule to refuse.
 std::string canonicalSchedule(const std::string& s) {
-  if (s == "dist_device_sync") return "dist_sync";
-  return s;
+  const auto* row = findSchedule(s);
+  return row ? row->name : s;
 }
 
 Value fromToml(const std::string& file, const Key& key, const toml::node& node) {

@@ -20,6 +20,7 @@
 #include "actors/config/config_keys.h"
 #include "actors/core/messages.h"
 #include "actors/core/peer.h"
+#include "actors/schedules/schedule.h"
 #include "kernels/cuda_plugin.h"
 #include "rendezvous/store.h"
 #include "rendezvous/value.h"
@@ -79,7 +80,8 @@ std::chrono::milliseconds fromSeconds(double seconds) {
 }
 
 bool isParameterServerSchedule(const std::string& schedule) {
-  return schedule == "dist_sync" || schedule == "dist_async" || schedule == "ssp";
+  const auto* row = findSchedule(schedule);
+  return row && row->parameter_servers;
 }
 
 ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
@@ -89,7 +91,8 @@ ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
                                         : kernels::Device{kernels::DeviceKind::kCuda,
                                                           o.gpus[static_cast<std::size_t>(r)]});
   }
-  const bool on_gpu = !o.gpus.empty() && !ps && o.schedule != "local";
+  const auto* schedule = findSchedule(o.schedule);
+  const bool on_gpu = !o.gpus.empty() && !ps && (!schedule || schedule->sums_on_gpu);
   d.reducer = on_gpu ? d.replicas[0] : kernels::Device{};
   d.updater = (o.replicas == 1 && nodes == 1) ? d.replicas[0] : d.reducer;
   return d;
@@ -121,45 +124,7 @@ std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, in
 }
 
 void validateSchedule(const TrainOptions& o) {
-  const auto& schedule = o.schedule;
-  if (schedule == "local" || schedule == "device") {
-    if (o.num_shards > 1 || o.num_servers > 0) {
-      throw InputError(
-          fmt::format("schedule '{}' runs in one process, and this run has {} "
-                      "worker(s) and {} server(s); use bsp-allreduce, dist_sync, "
-                      "dist_async or ssp",
-                      schedule, o.num_shards, o.num_servers));
-    }
-    if (schedule == "device" && o.gpus.empty()) {
-      throw InputError(
-          "schedule 'device' sums gradients on a GPU, and this run has none: name them with "
-          "gpus (--gpus 0,1 or --num_gpus 2), or use schedule 'local'");
-    }
-    return;
-  }
-  if (schedule == "bsp-allreduce") {
-    if (o.num_servers > 0) {
-      throw InputError(
-          fmt::format("schedule 'bsp-allreduce' has no parameter servers, and this "
-                      "run has {}; drop -s or use dist_sync",
-                      o.num_servers));
-    }
-    return;
-  }
-  if (isParameterServerSchedule(schedule)) {
-    if (o.num_servers < 1) {
-      throw InputError(
-          fmt::format("schedule '{}' needs parameter servers: troupe launch -s 1 (or "
-                      "--num_servers)",
-                      schedule));
-    }
-    if (schedule == "ssp" && o.staleness < 0) throw InputError("staleness must be >= 0");
-    return;
-  }
-  throw InputError(
-      fmt::format("unknown schedule '{}' (known: local, device, bsp-allreduce, "
-                  "dist_sync, dist_async, ssp)",
-                  schedule));
+  scheduleInfo(o.schedule).validate(o);
 }
 
 namespace {
@@ -479,9 +444,12 @@ void validateElastic(const TrainOptions& o) {
   if (o.min_workers < 1 || o.min_workers > o.max_workers) {
     throw InputError(fmt::format("{}: need 1 <= MIN <= MAX", bounds));
   }
-  if (o.schedule != "bsp-allreduce") {
-    throw InputError(fmt::format(
-        "{}: an elastic run needs schedule bsp-allreduce (this one has '{}')", bounds, o.schedule));
+  if (const auto* row = findSchedule(o.schedule); !row || !row->elastic) {
+    std::string elastic;
+    for (const auto& s : schedules())
+      if (s.elastic) elastic += (elastic.empty() ? "" : " or ") + s.name;
+    throw InputError(fmt::format("{}: an elastic run needs schedule {} (this one has '{}')", bounds,
+                                 elastic, o.schedule));
   }
   if (o.role != "worker" || o.num_servers > 0) {
     throw InputError(fmt::format("{}: an elastic run has no parameter servers", bounds));
@@ -637,10 +605,11 @@ void checkReducer(const TrainOptions& o) {
         "or reducer troupe",
         o.schedule));
   }
-  if (o.schedule == "local") {
-    refuse(
-        "schedule 'local' sums gradients on the CPU (MXNet's local); use schedule device (one "
-        "process) or bsp-allreduce (several), where NCCL sums on the GPUs");
+  if (const auto* row = findSchedule(o.schedule); row && !row->sums_on_gpu) {
+    refuse(fmt::format(
+        "schedule '{}' sums gradients on the CPU (MXNet's local); use schedule device (one "
+        "process) or bsp-allreduce (several), where NCCL sums on the GPUs",
+        o.schedule));
   }
   if (o.gradient_compression != "none" && o.allreduce == "auto") {
     refuse(fmt::format(

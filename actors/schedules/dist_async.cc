@@ -1,0 +1,14 @@
+// dist_async (MXNet's): server shards apply each push as it arrives.
+#include "actors/schedules/schedule.h"
+
+namespace troupe::actors {
+
+ScheduleInfo distAsyncSchedule() {
+  ScheduleInfo row{
+      "dist_async", "parameter servers; each push applied as it comes", {"dist_async"}};
+  row.parameter_servers = true;
+  row.validate = requireServers;
+  return row;
+}
+
+}  // namespace troupe::actors
