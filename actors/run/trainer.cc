@@ -351,184 +351,246 @@ ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& tra
   return reader;
 }
 
-WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
-                         RunControl* control, TrainLog* chief_log, TrainResult& result,
-                         Trace* trace_ptr, const std::shared_ptr<RunMembers>& members) {
-  const bool ps = p.ps, chief = p.chief;
-  const int workers = p.workers, nodes = p.nodes, rank = p.rank, threads = p.threads;
-  const auto& shares = p.shares;
-  const auto& train = p.train;
-  const auto& test = p.test;
-  const StepPlan& plan = p.plan;
-  const auto& lr = p.lr;
-  const auto& net = p.net;
-  const std::int64_t num_params = p.num_params;
-  const bool has_buffers = p.has_buffers;
-  const std::string& checkpoint_dir = p.checkpoint_dir;
-  UpdaterConfig updater;
-  updater.initial_weights = p.weights;
-  updater.initial_state = p.state;
-  updater.initial_buffers = p.buffers;
-  CoordinatorConfig coordinator;
-  coordinator.cumulative_time = p.cumulative_time;
-  coordinator.cumulative_inputs = p.cumulative_inputs;
-  coordinator.overflow_steps = p.overflow_steps;
+// Whom a worker's actors send to, by the run's layout (actors/run/run_layout.h): every process
+// spawns the same actors in the same order.
+struct WorkerAddresses {
+  Address chief, updater, reducer;
+  std::vector<Address> local_replicas, all_replicas, all_updaters, servers;
+  std::vector<Address> followers;  // the chief's Shutdown ends them: other coordinators, servers
+};
 
-  // Every process spawns the same actors in the same order (actors/run/run_layout.h).
-  const auto k = static_cast<std::uint32_t>(o.replicas);
-  const RunLayout layout(workers, nodes - workers, o.replicas);
-  if (control != nullptr) {
-    control->servers.store(layout.servers());
-    control->workers.store(layout.workers());
-  }
-  const Address chief_address = RunLayout::coordinator(0);
-  const Address updater_address = RunLayout::updater(rank);
-  const Address reducer_address = RunLayout::reducer(rank);
-  const auto replica_address = [](int node, std::uint32_t r) {
-    return RunLayout::replica(node, static_cast<int>(r));
-  };
-  const auto reader_address = [&](std::uint32_t r) {
-    return layout.reader(rank, static_cast<int>(r));
-  };
-  std::vector<Address> local_replicas, all_replicas, all_updaters, followers;
-  for (std::uint32_t r = 0; r < k; ++r)
-    local_replicas.push_back(replica_address(rank, r));
+WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int nodes,
+                            int replicas) {
+  WorkerAddresses a;
+  a.chief = RunLayout::coordinator(0);
+  a.updater = RunLayout::updater(rank);
+  a.reducer = RunLayout::reducer(rank);
+  for (int r = 0; r < replicas; ++r)
+    a.local_replicas.push_back(RunLayout::replica(rank, r));
   for (int node = 0; node < workers; ++node) {
-    for (std::uint32_t r = 0; r < k; ++r)
-      all_replicas.push_back(replica_address(node, r));
-    all_updaters.push_back(RunLayout::updater(node));
+    for (int r = 0; r < replicas; ++r)
+      a.all_replicas.push_back(RunLayout::replica(node, r));
+    a.all_updaters.push_back(RunLayout::updater(node));
   }
-  std::vector<Address> servers;
   for (int node = 1; node < workers; ++node)
-    followers.push_back(RunLayout::coordinator(node));
+    a.followers.push_back(RunLayout::coordinator(node));
   for (int s = 0; s < nodes - workers; ++s) {
-    servers.push_back(layout.server(s));
-    followers.push_back(layout.server(s));  // the chief's Shutdown ends the servers too
+    a.servers.push_back(layout.server(s));
+    a.followers.push_back(layout.server(s));
+  }
+  return a;
+}
+
+// What one worker process spawns, with what it shares between its actors' configs.
+struct WorkerSpawn {
+  const TrainOptions& o;
+  const ProcessPlan& p;
+  const RunLayout& layout;
+  const WorkerAddresses& a;
+  GenerationRole* role;
+  Trace* trace;
+  std::shared_ptr<RunMembers> members;
+  std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed once the processes met, before run()
+
+  CoordinatorConfig coordinator(RunControl* control, TrainLog* log, TrainResult& result) const {
+    CoordinatorConfig c;
+    c.cumulative_time = p.cumulative_time;
+    c.cumulative_inputs = p.cumulative_inputs;
+    c.overflow_steps = p.overflow_steps;
+    c.options = &o;
+    c.plan = p.plan;
+    c.lr = p.lr;
+    c.num_replicas = o.replicas * p.workers;
+    c.num_updaters = p.workers;
+    c.has_test = !o.test_data.empty();
+    c.has_buffers = p.has_buffers;
+    c.experiment_id = result.experiment_id;
+    c.log = log;
+    c.checkpoint_dir = p.checkpoint_dir;
+    c.num_params = p.num_params;
+    c.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
+    c.replicas = a.all_replicas;
+    c.updaters = a.all_updaters;
+    c.followers = a.followers;
+    c.result = &result;
+    c.control = control;
+    if (role) {
+      c.joiner_waiting = role->joiner_waiting;
+      c.carry = role->carry;
+    }
+    return c;
   }
 
-  // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
-  auto node = makeNodeSystem(rank, 2, nodes > 1 || !o.rendezvous.empty());
-  auto& system = node.system;
+  UpdaterConfig updater() const {
+    UpdaterConfig u;
+    u.initial_weights = p.weights;
+    u.initial_state = p.state;
+    u.initial_buffers = p.buffers;
+    u.worker = p.rank;
+    u.device = p.devices.updater;
+    u.optimizer = p.optimizer;
+    u.clip_grad_norm = o.clip_grad_norm;
+    u.lr = p.lr;
+    u.plan = p.plan;
+    u.loss_scale = lossScaleOf(o);
+    if (u.loss_scale.dynamic && p.loss_scale > 0) {
+      u.loss_scale.initial = p.loss_scale;
+      u.loss_scale.skipped = p.overflow_steps;
+    }
+    // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
+    // cores of the other replicas.
+    u.threads = std::max(1, p.threads / o.replicas);
+    u.budget = p.budget;
+    u.budget_ways = o.replicas;
+    u.replicas = a.local_replicas;
+    u.coordinator = a.chief;
+    u.trace = trace;
+    u.nccl = nccl;
+    if (role) {
+      u.state = role->state;
+      u.await_handover = role->await_handover;
+      for (const int r : role->handover_to)
+        u.handover_to.push_back(RunLayout::updater(r));
+    }
+    return u;
+  }
+
+  // The parameter servers update; this worker's PS client stands where the updater would.
+  PsClientConfig psClient() const {
+    PsClientConfig c;
+    c.worker = static_cast<std::uint32_t>(p.rank);
+    c.compression = compressionOf(o);
+    c.initial_weights = p.weights;
+    c.servers = a.servers;
+    c.shards = shardKeys(p.num_params, o.num_servers,
+                         kernels::optimizerInfo(p.optimizer.name).layerwise
+                             ? p.optimizer.layers
+                             : std::vector<kernels::ParamRange>{});
+    c.plan = p.plan;
+    c.replicas = a.local_replicas;
+    c.coordinator = a.chief;
+    c.trace = trace;
+    c.stall_warning = fromSeconds(o.stall_warning_s);
+    c.peer_timeout = fromSeconds(o.peer_timeout_s);
+    c.members = members;
+    return c;
+  }
+
+  ReducerConfig reducer(const std::shared_ptr<ReductionPlan>& reduction) const {
+    ReducerConfig r;
+    r.num_replicas = o.replicas;
+    r.device = p.devices.reducer;
+    r.threads = 1;
+    r.updater = a.updater;
+    r.trace = trace;
+    r.stall_warning = fromSeconds(o.stall_warning_s);
+    r.peer_timeout = fromSeconds(o.peer_timeout_s);
+    r.steps_per_epoch = p.plan.steps_per_epoch;
+    r.members = members;
+    if (nccl) {
+      r.nccl = nccl;
+      r.nccl->spans_processes = ncclSpansProcesses(o, p.nodes);
+      r.nccl->timeout = r.peer_timeout;
+      // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the
+      // links' heartbeat watch (peer_timeout, two graces and a heartbeat interval:
+      // clusterOptions), which names a silent peer, as the backstop for a peer that still beats
+      // but is hung in its GPU. A group of this process's GPUs waits for no peer: the ring's
+      // watch keeps peer_timeout.
+      if (r.nccl->spans_processes)
+        r.nccl->timeout +=
+            4 * peerTimeoutGrace(r.stall_warning, r.peer_timeout) + std::chrono::milliseconds(1000);
+    }
+    if (!p.ps) {  // with parameter servers, the servers sum over workers
+      r.rank = p.rank;
+      r.world = p.workers;
+      r.next = RunLayout::reducer((p.rank + 1) % p.workers);
+      r.compression = compressionOf(o);
+      r.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
+      r.reduction = reduction;
+    }
+    return r;
+  }
+
+  ReplicaConfig replica(int r) const {
+    ReplicaConfig c;
+    c.index = p.rank * o.replicas + r;
+    c.local_index = r;
+    c.num_replicas = o.replicas * p.workers;
+    c.worker = p.rank;
+    c.steps_per_epoch = p.plan.steps_per_epoch;
+    c.net = p.net;
+    c.device = p.devices.replicas[static_cast<std::size_t>(r)];
+    c.tf32 = o.tf32;
+    c.cudnn_deterministic = o.cudnn_deterministic;
+    c.threads = std::max(1, p.threads / o.replicas);
+    c.budget = p.budget;
+    c.budget_ways = o.replicas;
+    // Every schedule averages over the global batch: under dist_async and ssp each worker's push
+    // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
+    c.grad_scale = 1.0f / static_cast<float>(p.plan.global_batch);
+    c.input = data::normalisationOf(p.train);
+    c.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
+    c.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
+    c.test = p.test;
+    c.skip_bad_records = o.skip_bad_records;
+    c.reader = layout.reader(p.rank, o.shared_reader ? 0 : r);
+    // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
+    // be summed with other workers' on the way: alone in the run, or with parameter servers
+    // (they sum; the PS client runs on this replica's thread all the same).
+    // NCCL sums even one GPU's buckets (a group of one), as asked.
+    const bool alone = o.replicas == 1 && (p.nodes == 1 || p.ps) && !nccl;
+    c.reducer = alone ? a.updater : a.reducer;
+    // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
+    c.reduce_on = c.reducer == a.reducer ? p.devices.reducer : p.devices.updater;
+    c.coordinator = a.chief;
+    c.trace = trace;
+    if (role) c.state = role->state;
+    return c;
+  }
+
+  // Reader r of this process: one on the training database feeding `targets` (one replica's
+  // share of the batch, or every replica's: shared_reader), else the caller's (troupe/reader.h).
+  std::unique_ptr<Actor> reader(int r, const std::vector<ReaderTarget>& targets) const {
+    const std::string name = layout.nameOf(layout.reader(p.rank, r));
+    if (!o.reader_factory || o.shared_reader) {
+      ReaderConfig database = readerConfig(o, p.train, p.plan, trace);
+      database.targets = targets;
+      database.device = gpuOf(r);
+      return makeReader(name, database);
+    }
+    const ReaderTarget& target = targets.front();
+    ReaderSpec spec;
+    spec.name = name;
+    spec.worker = p.rank;
+    spec.replica = target.local_index;
+    spec.to = target.replica;
+    spec.first_step = p.plan.first_step;
+    spec.last_step = p.plan.last_step;
+    spec.steps_per_epoch = p.plan.steps_per_epoch;
+    spec.global_batch = p.plan.global_batch;
+    spec.offset = target.offset;
+    spec.batch = target.count;
+    spec.channels = p.train.channels;
+    spec.height = p.train.height;
+    spec.width = p.train.width;
+    spec.num_labels = p.train.num_labels;
+    spec.seed = o.seed;
+    spec.prefetch = o.prefetch;
+    auto reader = o.reader_factory(spec);
+    if (!reader) throw InputError(fmt::format("TrainerData::reader made no actor for {}", name));
+    return reader;
+  }
+
+  int gpuOf(int r) const {  // replica r's GPU, or -1
+    const kernels::Device& d = p.devices.replicas[static_cast<std::size_t>(r)];
+    return d.kind == kernels::DeviceKind::kCuda ? d.index : -1;
+  }
+
   // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
   // replica 0's (they never compute at once), so a process has one team per replica.
-  auto computeThread = [](std::uint32_t replica) {
+  static SpawnOptions computeThread(int replica) {
     return SpawnOptions{.thread = fmt::format("compute/{}", replica)};
-  };
-
-  coordinator.options = &o;
-  coordinator.plan = plan;
-  coordinator.lr = lr;
-  coordinator.num_replicas = o.replicas * workers;
-  coordinator.num_updaters = workers;
-  coordinator.has_test = !o.test_data.empty();
-  coordinator.has_buffers = has_buffers;
-  coordinator.experiment_id = result.experiment_id;
-  coordinator.log = chief_log;
-  coordinator.checkpoint_dir = checkpoint_dir;
-  coordinator.num_params = num_params;
-  coordinator.step_timeout =
-      std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
-  coordinator.replicas = all_replicas;
-  coordinator.updaters = all_updaters;
-  coordinator.followers = followers;
-  coordinator.result = &result;
-  coordinator.control = control;
-  if (role) {
-    coordinator.joiner_waiting = role->joiner_waiting;
-    coordinator.carry = role->carry;
   }
-  TROUPE_ENFORCE_EQ(system->spawn(chief ? makeCoordinator("coordinator", coordinator)
-                                        : makeFollower("coordinator")),
-                    RunLayout::coordinator(rank));
-
-  updater.worker = rank;
-  updater.device = p.devices.updater;
-  updater.optimizer = p.optimizer;
-  updater.clip_grad_norm = o.clip_grad_norm;
-  updater.lr = lr;
-  updater.plan = plan;
-  updater.loss_scale = lossScaleOf(o);
-  if (updater.loss_scale.dynamic && p.loss_scale > 0) {
-    updater.loss_scale.initial = p.loss_scale;
-    updater.loss_scale.skipped = p.overflow_steps;
-  }
-  // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
-  // cores of the other replicas.
-  updater.threads = std::max(1, threads / o.replicas);
-  updater.budget = p.budget;
-  updater.budget_ways = o.replicas;
-  updater.replicas = local_replicas;
-  updater.coordinator = chief_address;
-  updater.trace = trace_ptr;
-  // reducer nccl: the group, formed once the processes met (trainProcess), before run().
-  auto nccl = o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr;
-  updater.nccl = nccl;
-  if (role) {
-    updater.state = role->state;
-    updater.await_handover = role->await_handover;
-    for (const int r : role->handover_to)
-      updater.handover_to.push_back(RunLayout::updater(r));
-  }
-  if (ps) {
-    // The parameter servers update; this worker's PS client stands where the updater would.
-    PsClientConfig client;
-    client.worker = static_cast<std::uint32_t>(rank);
-    client.compression = compressionOf(o);
-    client.initial_weights = updater.initial_weights;
-    client.servers = servers;
-    client.shards = shardKeys(num_params, o.num_servers,
-                              kernels::optimizerInfo(p.optimizer.name).layerwise
-                                  ? p.optimizer.layers
-                                  : std::vector<kernels::ParamRange>{});
-    client.plan = plan;
-    client.replicas = local_replicas;
-    client.coordinator = chief_address;
-    client.trace = trace_ptr;
-    client.stall_warning = fromSeconds(o.stall_warning_s);
-    client.peer_timeout = fromSeconds(o.peer_timeout_s);
-    client.members = members;
-    TROUPE_ENFORCE_EQ(system->spawn(makePsClient("ps-client", client), computeThread(0)),
-                      updater_address);
-  } else {
-    TROUPE_ENFORCE_EQ(system->spawn(makeUpdater("updater", updater), computeThread(0)),
-                      updater_address);
-  }
-  auto reduction = std::make_shared<ReductionPlan>();  // filled in by joinRun, before run()
-  ReducerConfig reducer;
-  reducer.num_replicas = o.replicas;
-  reducer.device = p.devices.reducer;
-  reducer.threads = 1;
-  reducer.updater = updater_address;
-  reducer.trace = trace_ptr;
-  reducer.stall_warning = fromSeconds(o.stall_warning_s);
-  reducer.peer_timeout = fromSeconds(o.peer_timeout_s);
-  reducer.steps_per_epoch = plan.steps_per_epoch;
-  reducer.members = members;
-  if (nccl) {
-    reducer.nccl = nccl;
-    reducer.nccl->spans_processes = ncclSpansProcesses(o, nodes);
-    reducer.nccl->timeout = reducer.peer_timeout;
-    // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the
-    // links' heartbeat watch (peer_timeout, two graces and a heartbeat interval: clusterOptions),
-    // which names a silent peer, as the backstop for a peer that still beats but is hung in its
-    // GPU. A group of this process's GPUs waits for no peer: the ring's watch keeps peer_timeout.
-    if (reducer.nccl->spans_processes)
-      reducer.nccl->timeout += 4 * peerTimeoutGrace(reducer.stall_warning, reducer.peer_timeout) +
-                               std::chrono::milliseconds(1000);
-  }
-  if (!ps) {  // with parameter servers, the servers sum over workers
-    reducer.rank = rank;
-    reducer.world = workers;
-    reducer.next = RunLayout::reducer((rank + 1) % workers);
-    reducer.compression = compressionOf(o);
-    reducer.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
-    reducer.reduction = reduction;
-  }
-  // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
-  // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
-  TROUPE_ENFORCE_EQ(
-      system->spawn(makeReducer("reducer", reducer), SpawnOptions{.thread = "reducer"}),
-      reducer_address);
 
   // With a core to spare, readers run on the pool, beside the compute. Without one, a reader
   // woken on the pool takes a computing core at any moment, and the OpenMP team of that core
@@ -537,103 +599,66 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // Replicas on GPUs keep no OpenMP team: each reader then has a thread of its own, so that a
   // batch is read while the GPU computes, not between steps on the replica's thread while the GPU
   // waits; not the pool's, which it would hold while it waits for its pinned buffer's last copy.
-  const bool spare_core = threads < defaultThreads();
-  const auto gpuOf = [&](std::uint32_t r) {  // replica r's GPU, or -1
-    const kernels::Device& d = p.devices.replicas[r];
-    return d.kind == kernels::DeviceKind::kCuda ? d.index : -1;
-  };
-  const auto readerThread = [&](std::uint32_t r) {
-    if (gpuOf(r) >= 0) return SpawnOptions{.thread = layout.nameOf(reader_address(r))};
-    return spare_core ? SpawnOptions{} : computeThread(r);
-  };
-  for (std::uint32_t r = 0; r < k; ++r) {
-    ReplicaConfig replica;
-    replica.index = rank * o.replicas + static_cast<int>(r);
-    replica.local_index = static_cast<int>(r);
-    replica.num_replicas = o.replicas * workers;
-    replica.worker = rank;
-    replica.steps_per_epoch = plan.steps_per_epoch;
-    replica.net = net;
-    replica.device = p.devices.replicas[r];
-    replica.tf32 = o.tf32;
-    replica.cudnn_deterministic = o.cudnn_deterministic;
-    replica.threads = std::max(1, threads / o.replicas);
-    replica.budget = p.budget;
-    replica.budget_ways = o.replicas;
-    // Every schedule averages over the global batch: under dist_async and ssp each worker's push
-    // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
-    replica.grad_scale = 1.0f / static_cast<float>(plan.global_batch);
-    replica.input = data::normalisationOf(train);
-    replica.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
-    replica.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
-    replica.test = test;
-    replica.skip_bad_records = o.skip_bad_records;
-    replica.reader = reader_address(o.shared_reader ? 0 : r);
-    // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
-    // be summed with other workers' on the way: alone in the run, or with parameter servers
-    // (they sum; the PS client runs on this replica's thread all the same).
-    // NCCL sums even one GPU's buckets (a group of one), as asked.
-    const bool alone = k == 1 && (nodes == 1 || ps) && !reducer.nccl;
-    replica.reducer = alone ? updater_address : reducer_address;
-    // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
-    replica.reduce_on = replica.reducer == reducer_address ? p.devices.reducer : p.devices.updater;
-    replica.coordinator = chief_address;
-    replica.trace = trace_ptr;
-    if (role) replica.state = role->state;
-    TROUPE_ENFORCE_EQ(system->spawn(makeReplica(layout.nameOf(replica_address(rank, r)), replica),
-                                    computeThread(r)),
-                      replica_address(rank, r));
+  SpawnOptions readerThread(int r) const {
+    if (gpuOf(r) >= 0) return SpawnOptions{.thread = layout.nameOf(layout.reader(p.rank, r))};
+    return p.threads < defaultThreads() ? SpawnOptions{} : computeThread(r);
+  }
+};
+
+WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
+                         RunControl* control, TrainLog* chief_log, TrainResult& result,
+                         Trace* trace_ptr, const std::shared_ptr<RunMembers>& members) {
+  const int rank = p.rank;
+  const RunLayout layout(p.workers, p.nodes - p.workers, o.replicas);
+  if (control != nullptr) {
+    control->servers.store(layout.servers());
+    control->workers.store(layout.workers());
+  }
+  const WorkerAddresses a = addressesOf(layout, rank, p.workers, p.nodes, o.replicas);
+  const WorkerSpawn spawn{
+      o,    p,         layout,  a,
+      role, trace_ptr, members, o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr};
+  // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
+  auto node = makeNodeSystem(rank, 2, p.nodes > 1 || !o.rendezvous.empty());
+  auto& system = *node.system;
+  const auto expect = [](Address spawned, Address planned) { TROUPE_ENFORCE_EQ(spawned, planned); };
+
+  expect(system.spawn(
+             p.chief ? makeCoordinator("coordinator", spawn.coordinator(control, chief_log, result))
+                     : makeFollower("coordinator")),
+         RunLayout::coordinator(rank));
+  expect(p.ps ? system.spawn(makePsClient("ps-client", spawn.psClient()), spawn.computeThread(0))
+              : system.spawn(makeUpdater("updater", spawn.updater()), spawn.computeThread(0)),
+         a.updater);
+  auto reduction = std::make_shared<ReductionPlan>();  // filled in by joinRun, before run()
+  // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
+  // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
+  expect(system.spawn(makeReducer("reducer", spawn.reducer(reduction)),
+                      SpawnOptions{.thread = "reducer"}),
+         a.reducer);
+  for (int r = 0; r < o.replicas; ++r) {
+    const Address at = RunLayout::replica(rank, r);
+    expect(system.spawn(makeReplica(layout.nameOf(at), spawn.replica(r)), spawn.computeThread(r)),
+           at);
   }
   // Each replica's share of the global batch, in replica order.
   std::vector<ReaderTarget> targets;
   std::int64_t offset = o.batch_size * rank;
-  for (std::uint32_t r = 0; r < k; ++r) {
-    targets.push_back({replica_address(rank, r), static_cast<int>(r), offset, shares[r]});
-    offset += shares[r];
+  for (int r = 0; r < o.replicas; ++r) {
+    const auto share = p.shares[static_cast<std::size_t>(r)];
+    targets.push_back({RunLayout::replica(rank, r), r, offset, share});
+    offset += share;
   }
   if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
-    ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
-    database.targets = targets;
-    database.device = gpuOf(0);
-    TROUPE_ENFORCE_EQ(
-        system->spawn(makeReader(layout.nameOf(reader_address(0)), database), readerThread(0)),
-        reader_address(0));
-  }
-  for (std::uint32_t r = 0; r < k && !o.shared_reader; ++r) {
-    const ReaderTarget& target = targets[r];
-    std::unique_ptr<Actor> reader;
-    if (o.reader_factory) {  // the caller's (troupe/reader.h)
-      ReaderSpec spec;
-      spec.name = layout.nameOf(reader_address(r));
-      spec.worker = rank;
-      spec.replica = target.local_index;
-      spec.to = target.replica;
-      spec.first_step = plan.first_step;
-      spec.last_step = plan.last_step;
-      spec.steps_per_epoch = plan.steps_per_epoch;
-      spec.global_batch = plan.global_batch;
-      spec.offset = target.offset;
-      spec.batch = target.count;
-      spec.channels = train.channels;
-      spec.height = train.height;
-      spec.width = train.width;
-      spec.num_labels = train.num_labels;
-      spec.seed = o.seed;
-      spec.prefetch = o.prefetch;
-      reader = o.reader_factory(spec);
-      if (!reader) {
-        throw InputError(fmt::format("TrainerData::reader made no actor for {}", spec.name));
-      }
-    } else {
-      ReaderConfig database = readerConfig(o, train, plan, trace_ptr);
-      database.targets = {target};
-      database.device = gpuOf(r);
-      reader = makeReader(layout.nameOf(reader_address(r)), database);
+    expect(system.spawn(spawn.reader(0, targets), spawn.readerThread(0)), layout.reader(rank, 0));
+  } else {
+    for (int r = 0; r < o.replicas; ++r) {
+      expect(system.spawn(spawn.reader(r, {targets[static_cast<std::size_t>(r)]}),
+                          spawn.readerThread(r)),
+             layout.reader(rank, r));
     }
-    TROUPE_ENFORCE_EQ(system->spawn(std::move(reader), readerThread(r)), reader_address(r));
   }
-
-  return WorkerActors{std::move(node), reduction, reducer.nccl};
+  return WorkerActors{std::move(node), reduction, spawn.nccl};
 }
 
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's

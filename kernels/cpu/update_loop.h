@@ -11,23 +11,33 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/update.h"
 
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4")
+// GCC's target regions; clang (the fuzzers' build) compiles all three for the baseline.
+#if defined(__clang__)
+#define TROUPE_TARGET_BEGIN(isa)
+#define TROUPE_TARGET_END
+#else
+#define TROUPE_TARGET_BEGIN(isa) _Pragma("GCC push_options") _Pragma(isa)
+#define TROUPE_TARGET_END _Pragma("GCC pop_options")
+#endif
+
+TROUPE_TARGET_BEGIN("GCC target(\"arch=x86-64-v4\")")
 namespace troupe::kernels::cpu::rule_loops::avx512 {
 #include "kernels/cpu/update_loops.inc"
 }  // namespace troupe::kernels::cpu::rule_loops::avx512
-#pragma GCC pop_options
+TROUPE_TARGET_END
 
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v3")
+TROUPE_TARGET_BEGIN("GCC target(\"arch=x86-64-v3\")")
 namespace troupe::kernels::cpu::rule_loops::avx2 {
 #include "kernels/cpu/update_loops.inc"
 }  // namespace troupe::kernels::cpu::rule_loops::avx2
-#pragma GCC pop_options
+TROUPE_TARGET_END
 
 namespace troupe::kernels::cpu::rule_loops::baseline {
 #include "kernels/cpu/update_loops.inc"
 }  // namespace troupe::kernels::cpu::rule_loops::baseline
+
+#undef TROUPE_TARGET_BEGIN
+#undef TROUPE_TARGET_END
 
 namespace troupe::kernels {
 
