@@ -101,7 +101,7 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   auto heard = std::make_shared<std::vector<PullHeld>>();
   ServerConfig config;
   config.num_workers = 3;
-  config.mode = "dist_sync";
+  config.mode = ServerConfig::Mode::kSync;
   config.key_begin = 0;
   config.key_end = 10;
   config.initial_weights = Tensor::host({10});

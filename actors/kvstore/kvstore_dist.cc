@@ -735,7 +735,7 @@ void serveKVStore(const std::string& type, const TrainOptions& o) {
   config.kvstore = true;
   config.index = o.shard_id;
   config.num_workers = o.num_shards;
-  config.mode = type;  // the server modes are the store types
+  config.mode = serverMode(type);  // the server modes are the store types
   config.staleness = o.staleness;
   config.threads = o.threads > 0 ? o.threads : 1;
   config.stall_warning = fromSeconds(o.stall_warning_s);

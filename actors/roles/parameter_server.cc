@@ -184,7 +184,8 @@ class Server final : public Actor {
   // The workers a pull of step q waits for.
   std::vector<Late> lateWorkers(const Segment& s, const Pull& q) const {
     std::int64_t need = q.step - 1;  // dist_sync and epoch ends: every push of step q-1
-    if (config_.mode == "ssp" && !q.epoch_end) need = q.step - 1 - config_.staleness;
+    if (config_.mode == ServerConfig::Mode::kSsp && !q.epoch_end)
+      need = q.step - 1 - config_.staleness;
     std::vector<Late> late;
     for (std::size_t w = 0; w < s.clocks.size(); ++w) {
       const Peer worker = peerOf(config_.members, "worker", static_cast<int>(w));
@@ -287,7 +288,7 @@ class Server final : public Actor {
                            "the store: {} never comes ({} sums the n-th push of every worker, so "
                            "every worker must push a key as often)",
                            config_.index, q.worker, describe(s, q.step), l.worker.str(), l.missing,
-                           config_.mode));
+                           modeName(config_.mode)));
       return true;
     }
     return false;
@@ -336,7 +337,8 @@ class Server final : public Actor {
   }
 
   void push(const Push& p) {
-    TraceScope span(config_.trace, name(), config_.mode == "dist_sync" ? "push" : "apply push");
+    TraceScope span(config_.trace, name(),
+                    config_.mode == ServerConfig::Mode::kSync ? "push" : "apply push");
     checkWorker(p.worker, "push");
     const auto segments = cover(p.worker, "pushed", p.key_begin, p.key_end, /*whole=*/false);
     const kernels::Tensor grads = gradientOf(p, p.key_end - p.key_begin);
@@ -357,7 +359,7 @@ class Server final : public Actor {
       step.sums.resize(s.clocks.size());
       step.received.assign(s.clocks.size(), 0);
     }
-    if (config_.mode == "dist_sync") {
+    if (config_.mode == ServerConfig::Mode::kSync) {
       auto& sum = step.sums[p.worker];
       if (!sum.defined() || sum.numel() == 0) sum = backend_->empty({s.size()});
       backend_->copy(grads, sum.slice(lo, hi));
@@ -366,7 +368,7 @@ class Server final : public Actor {
         throw InputError(fmt::format(
             "worker {} pushed key {} to server {} of a {} store without an optimizer "
             "(setOptimizer first: an asynchronous store has no other way to apply a push)",
-            p.worker, s.key, config_.index, config_.mode));
+            p.worker, s.key, config_.index, modeName(config_.mode)));
       }
       // The trainer's asynchronous SGD is staleness-aware (Zhang et al. 2016): a push lands on
       // weights about W-1 pushes newer than the ones it was computed from, so its step is scaled
@@ -387,7 +389,7 @@ class Server final : public Actor {
     if (step.received[p.worker] == s.size()) s.clocks[p.worker] = p.step;
     const bool all_in = std::all_of(step.received.begin(), step.received.end(),
                                     [&](std::int64_t n) { return n == s.size(); });
-    if (config_.mode == "dist_sync" && all_in) {
+    if (config_.mode == ServerConfig::Mode::kSync && all_in) {
       // Every worker's gradient of step t is in: sum in worker order, then one update.
       auto& total = step.sums[0];
       for (std::size_t w = 1; w < step.sums.size(); ++w)
@@ -497,10 +499,12 @@ class Server final : public Actor {
     const std::int64_t min_clock = *std::min_element(s.clocks.begin(), s.clocks.end());
     if (q.epoch_end) {
       // Everyone has pushed everything before the epoch's end.
-      return min_clock >= q.step - 1 && (config_.mode != "dist_sync" || s.applied >= q.step);
+      return min_clock >= q.step - 1 &&
+             (config_.mode != ServerConfig::Mode::kSync || s.applied >= q.step);
     }
-    if (config_.mode == "dist_sync") return s.applied >= q.step;
-    if (config_.mode == "ssp") return min_clock >= q.step - 1 - config_.staleness;
+    if (config_.mode == ServerConfig::Mode::kSync) return s.applied >= q.step;
+    if (config_.mode == ServerConfig::Mode::kSsp)
+      return min_clock >= q.step - 1 - config_.staleness;
     return true;
   }
 
@@ -789,6 +793,25 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
     begin = end;
   }
   return shards;
+}
+
+ServerConfig::Mode serverMode(std::string_view schedule) {
+  if (schedule == "dist_sync") return ServerConfig::Mode::kSync;
+  if (schedule == "dist_async") return ServerConfig::Mode::kAsync;
+  TROUPE_ENFORCE(schedule == "ssp", "no parameter-server mode for '", schedule, "'");
+  return ServerConfig::Mode::kSsp;
+}
+
+const char* modeName(ServerConfig::Mode mode) {
+  switch (mode) {
+    case ServerConfig::Mode::kSync:
+      return "dist_sync";
+    case ServerConfig::Mode::kAsync:
+      return "dist_async";
+    case ServerConfig::Mode::kSsp:
+      break;
+  }
+  return "ssp";
 }
 
 std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/core/hosts.h"
@@ -295,7 +296,9 @@ struct ServerConfig {
   // Otherwise a trainer's: keys [key_begin, key_end) from initial_weights.
   bool kvstore = false;
   int num_workers = 1;
-  std::string mode = "dist_sync";
+  // How pushes are applied and pulls answered (the schedule's name, for messages: modeName).
+  enum class Mode : std::uint8_t { kSync, kAsync, kSsp };
+  Mode mode = Mode::kSync;
   kernels::CompressionSpec compression;  // of the workers' pushes (kernels/compression.h)
   int staleness = 0;
   std::int64_t key_begin = 0;
@@ -338,6 +341,11 @@ struct PsClientConfig {
   RunMembersPtr members;  // for reports: the servers' addresses
 };
 std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
+
+// A server's mode from a parameter-server schedule's (or KVStore type's) name: dist_sync,
+// dist_async or ssp; InvariantError for another. And back, for messages.
+ServerConfig::Mode serverMode(std::string_view schedule);
+const char* modeName(ServerConfig::Mode mode);
 
 // The KVStore's keys on server s are s << kKvKeyShift onwards: a KVStore key's part there is
 // the range its init takes next.

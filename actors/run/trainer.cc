@@ -136,7 +136,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
-  config.mode = o.schedule;
+  config.mode = serverMode(o.schedule);
   config.compression = compressionOf(o);
   config.staleness = o.staleness;
   config.key_begin = shard.first;
