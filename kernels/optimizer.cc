@@ -136,7 +136,8 @@ void check(const OptimizerSettings& s, std::int64_t size) {
     }
   }
   for (const OptimizerSetting& setting : info.settings) {
-    const float value = s.*(setting.field);
+    float value = s.*(setting.field);
+    if (setting.field == &OptimizerSettings::epsilon && value == 0.0f) value = info.epsilon;
     if (value >= setting.lo && (value < setting.hi || (setting.hi_closed && value == setting.hi)))
       continue;
     throw InputError(fmt::format("{} {} = {:g} is outside [{:g}, {:g}{}", s.name, setting.key,
@@ -147,9 +148,9 @@ void check(const OptimizerSettings& s, std::int64_t size) {
 
 std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,
                                          const OptimizerSettings& settings) {
+  check(settings, size);
   OptimizerSettings s = settings;
   if (s.epsilon == 0.0f) s.epsilon = optimizerInfo(s.name).epsilon;
-  check(s, size);
   return optimizerInfo(s.name).make(backend, size, s);
 }
 

@@ -108,8 +108,8 @@ std::string optimizerNames();
 OptimizerSettings sgdSettings(float momentum, float weight_decay = 0.0f, bool nesterov = false,
                               std::vector<ParamRange> no_decay = {});
 
-// Checks `settings` for the optimizer it names (InputError naming the problem), and the ranges
-// against `size` elements.
+// Checks `settings` for the optimizer it names (InputError naming the problem; an epsilon of 0 is
+// the optimizer's default), and the ranges against `size` elements.
 void check(const OptimizerSettings& settings, std::int64_t size);
 // The checked optimizer `settings.name` over `size` elements, its state zero (Adagrad's too).
 std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/event.h"
+#include "kernels/optimizer.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -223,15 +224,11 @@ struct KvConfigure {
   std::uint32_t reply_actor = 0;
   bool has_optimizer = false;
   float learning_rate = 0;
-  float momentum = 0;
-  float weight_decay = 0;
   float rescale_grad = 1;
-  bool nesterov = false;
   std::uint8_t compression = 0;  // kernels::GradientCompression
   float threshold = 0.5f;
-  // The optimizer by name (kernels/optimizer.h; empty: sgd) and the settings only some read.
-  std::string optimizer;
-  float beta1 = 0.9f, beta2 = 0.999f, epsilon = 0, rho = 0.9f, eta = 0.001f;
+  // By name with its settings (its ranges are not sent: a KVStore key is one layer).
+  kernels::OptimizerSettings optimizer;
 };
 
 // Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.

@@ -147,18 +147,19 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setReplyActor(m->reply_actor);
     w.setHasOptimizer(m->has_optimizer);
     w.setLearningRate(m->learning_rate);
-    w.setMomentum(m->momentum);
-    w.setWeightDecay(m->weight_decay);
     w.setRescaleGrad(m->rescale_grad);
-    w.setNesterov(m->nesterov);
     w.setCompression(m->compression);
     w.setThreshold(m->threshold);
-    w.setOptimizer(m->optimizer);
-    w.setBeta1(m->beta1);
-    w.setBeta2(m->beta2);
-    w.setEpsilon(m->epsilon);
-    w.setRho(m->rho);
-    w.setEta(m->eta);
+    const auto& o = m->optimizer;
+    w.setOptimizer(o.name);
+    w.setMomentum(o.momentum);
+    w.setWeightDecay(o.weight_decay);
+    w.setNesterov(o.nesterov);
+    w.setBeta1(o.beta1);
+    w.setBeta2(o.beta2);
+    w.setEpsilon(o.epsilon);
+    w.setRho(o.rho);
+    w.setEta(o.eta);
   } else if (auto* m = as<KvAck>(e)) {
     auto w = f.initKvAck();
     w.setId(m->id);
@@ -295,11 +296,19 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
     }
     case W::KV_CONFIGURE: {
       auto r = f.getKvConfigure();
+      kernels::OptimizerSettings o;
+      o.name = r.getOptimizer().size() == 0 ? "sgd" : std::string(r.getOptimizer().cStr());
+      o.momentum = r.getMomentum();
+      o.weight_decay = r.getWeightDecay();
+      o.nesterov = r.getNesterov();
+      o.beta1 = r.getBeta1();
+      o.beta2 = r.getBeta2();
+      o.epsilon = r.getEpsilon();
+      o.rho = r.getRho();
+      o.eta = r.getEta();
       d.message = wrap(KvConfigure{r.getId(), r.getWorker(), r.getReplyActor(), r.getHasOptimizer(),
-                                   r.getLearningRate(), r.getMomentum(), r.getWeightDecay(),
-                                   r.getRescaleGrad(), r.getNesterov(), r.getCompression(),
-                                   r.getThreshold(), r.getOptimizer(), r.getBeta1(), r.getBeta2(),
-                                   r.getEpsilon(), r.getRho(), r.getEta()});
+                                   r.getLearningRate(), r.getRescaleGrad(), r.getCompression(),
+                                   r.getThreshold(), std::move(o)});
       break;
     }
     case W::KV_ACK: {

@@ -170,9 +170,7 @@ Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
   s.rho = o.rho;
   s.eta = o.eta;
   try {
-    kernels::OptimizerSettings resolved = s;
-    if (resolved.epsilon == 0.0f) resolved.epsilon = kernels::optimizerInfo(s.name).epsilon;
-    kernels::check(resolved, 1);
+    kernels::check(s, 1);
   } catch (const Error& e) {
     return inputError(fmt::format("optimizer: {}", e.what()));
   }

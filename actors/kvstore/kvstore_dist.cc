@@ -343,15 +343,7 @@ class DistKVStore final : public KVStore {
     next.has_optimizer = true;
     next.learning_rate = o.learning_rate;
     next.rescale_grad = o.rescale_grad;
-    next.optimizer = settings->name;
-    next.momentum = settings->momentum;
-    next.weight_decay = settings->weight_decay;
-    next.nesterov = settings->nesterov;
-    next.beta1 = settings->beta1;
-    next.beta2 = settings->beta2;
-    next.epsilon = settings->epsilon;
-    next.rho = settings->rho;
-    next.eta = settings->eta;
+    next.optimizer = settings.value();
     return configure(next, "setOptimizer");
   }
 

@@ -23,21 +23,6 @@
 namespace troupe::actors {
 namespace {
 
-// The optimizer a KVStore's setOptimizer asked for (checked by the worker: kvstore_options.h).
-kernels::OptimizerSettings optimizerOf(const KvConfigure& m) {
-  kernels::OptimizerSettings s;
-  s.name = m.optimizer.empty() ? "sgd" : m.optimizer;
-  s.momentum = m.momentum;
-  s.weight_decay = m.weight_decay;
-  s.nesterov = m.nesterov;
-  s.beta1 = m.beta1;
-  s.beta2 = m.beta2;
-  s.epsilon = m.epsilon;
-  s.rho = m.rho;
-  s.eta = m.eta;
-  return s;
-}
-
 // Keys the server holds are segments: the trainer's server has one, its shard; the KVStore's has
 // one per part of a KVStore key that it owns, one after the other in the order of their inits.
 // Each segment keeps its own clocks, so a KVStore key is updated as soon as every worker pushed
@@ -466,7 +451,7 @@ class Server final : public Actor {
     } else if (const std::string bad = checkOptimizer(m); !bad.empty()) {
       ack.error = bad;
     } else {
-      const kernels::OptimizerSettings next = optimizerOf(m);
+      const kernels::OptimizerSettings& next = m.optimizer;
       if (kernels::describe(next) != kernels::describe(kv_optimizer_)) {
         // Another optimizer, or other settings: its state starts anew (MXNet's servers make a
         // new updater).
@@ -484,9 +469,7 @@ class Server final : public Actor {
   static std::string checkOptimizer(const KvConfigure& m) {
     if (!m.has_optimizer) return "";
     try {
-      kernels::OptimizerSettings s = optimizerOf(m);
-      if (s.epsilon == 0.0f) s.epsilon = kernels::optimizerInfo(s.name).epsilon;
-      kernels::check(s, 1);
+      kernels::check(m.optimizer, 1);
       return "";
     } catch (const InputError& e) {
       return fmt::format("setOptimizer: {}", e.what());
