@@ -42,18 +42,20 @@ std::string optimizerNames() {
   return names;
 }
 
+std::vector<ParamRange> clipRanges(const std::vector<ParamRange>& ranges, std::int64_t begin,
+                                   std::int64_t end) {
+  std::vector<ParamRange> out;
+  for (const auto& [lo, hi] : ranges) {
+    if (hi <= begin || lo >= end) continue;
+    out.emplace_back(std::max(lo, begin) - begin, std::min(hi, end) - begin);
+  }
+  return out;
+}
+
 OptimizerSettings OptimizerSettings::within(std::int64_t begin, std::int64_t end) const {
   OptimizerSettings part = *this;
-  const auto clip = [&](const std::vector<ParamRange>& ranges) {
-    std::vector<ParamRange> out;
-    for (const auto& [lo, hi] : ranges) {
-      if (hi <= begin || lo >= end) continue;
-      out.emplace_back(std::max(lo, begin) - begin, std::min(hi, end) - begin);
-    }
-    return out;
-  };
-  part.no_decay = clip(no_decay);
-  part.layers = clip(layers);
+  part.no_decay = clipRanges(no_decay, begin, end);
+  part.layers = clipRanges(layers, begin, end);
   return part;
 }
 
@@ -108,9 +110,8 @@ void RuleOptimizer::stepRange(const Tensor& weights, const Tensor& grads, std::i
   for (std::size_t k = 0; k < info_.settings.size(); ++k)
     a.scalars.c[k] = settings_.*(info_.settings[k].field);
   if (info_.at_step) info_.at_step(settings_, lr, t, a.scalars);
-  const OptimizerSettings part = settings_.within(begin, end);
-  a.no_decay = part.no_decay;
-  a.layers = part.layers;
+  a.no_decay = clipRanges(settings_.no_decay, begin, end);
+  if (kernel_.layerwise) a.layers = clipRanges(settings_.layers, begin, end);
   backend_.update(kernel_, a);
 }
 
@@ -200,7 +201,7 @@ void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
   }
   // The no-decay ranges within [begin, end), relative to it: one call (one pass on a device).
   backend.sgdUpdateExcept(weights, grads, momentum, lr, options.momentum, options.weight_decay,
-                          options.nesterov, options.within(begin, end).no_decay);
+                          options.nesterov, clipRanges(options.no_decay, begin, end));
 }
 
 void validate(const LrPolicy& p) {

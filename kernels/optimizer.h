@@ -45,6 +45,10 @@ struct OptimizerSettings {
   OptimizerSettings within(std::int64_t begin, std::int64_t end) const;
 };
 
+// The ranges' parts within [begin, end), relative to begin.
+std::vector<ParamRange> clipRanges(const std::vector<ParamRange>& ranges, std::int64_t begin,
+                                   std::int64_t end);
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

@@ -14,6 +14,7 @@
 #include "actors/config/train_config.h"
 #include "actors/core/cluster.h"
 #include "actors/kvstore/kvstore_dist.h"
+#include "actors/roles/roles.h"
 #include "actors/run/run_plan.h"
 #include "actors/schedules/schedule.h"
 #include "cli_util.h"
@@ -75,6 +76,23 @@ TEST(Schedules, TheTableFindsMxnetNamesAndEachRowRefusesAWorldItCannotRun) {
   }
   EXPECT_EQ(refusal("local", 1, 0), "");
   EXPECT_THAT(refusal("device", 1, 0), ::testing::HasSubstr("sums gradients on a GPU"));
+}
+
+// A layerwise optimizer's shards end at layer boundaries, each shard keeps a key at least, and a
+// layer larger than the rest is cut only where no boundary would leave every server a key.
+TEST(ShardKeys, LayerBoundariesNeverLeaveAServerWithoutKeys) {
+  using Shards = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  EXPECT_EQ(shardKeys(100, 2), (Shards{{0, 50}, {50, 100}}));
+  EXPECT_EQ(shardKeys(100, 2, {{0, 30}, {30, 60}, {60, 100}}), (Shards{{0, 60}, {60, 100}}));
+  // An MLP's first layer holds nearly everything: the cuts go after it, not to 0.
+  EXPECT_EQ(shardKeys(1000, 3, {{0, 980}, {980, 990}, {990, 1000}}),
+            (Shards{{0, 980}, {980, 990}, {990, 1000}}));
+  // One tensor: no boundary inside it, so the even cut.
+  EXPECT_EQ(shardKeys(100, 2, {{0, 100}}), (Shards{{0, 50}, {50, 100}}));
+  for (const auto& shards : {shardKeys(7, 4, {{0, 7}}), shardKeys(10, 3, {{0, 1}, {1, 10}})}) {
+    for (const auto& [lo, hi] : shards)
+      EXPECT_LT(lo, hi);
+  }
 }
 
 TEST(PlanAgreement, EveryKeyThatChangesTheArithmeticIsComparedAndNamedWithBothValues) {

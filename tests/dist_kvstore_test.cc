@@ -460,6 +460,30 @@ INSTANTIATE_TEST_SUITE_P(Stores, KVStoreOptimizers,
                                   std::get<1>(info.param);
                          });
 
+// setOptimizer again starts the state and the update count anew, as MXNet's servers make a new
+// updater: Adam's first step after it moves each value by the learning rate against its summed
+// gradient's sign, whatever came before (m_hat = g, v_hat = g^2 at t = 1).
+TEST(KVStoreDistSync, SetOptimizerAgainStartsAdamsStateAndCountAnew) {
+  const Status served = runWorld("dist_sync", "kv-opt-again", [](KVStore& kv) {
+    ASSERT_TRUE(kv.init(4, std::vector<float>{1, 1}));
+    OptimizerSpec adam;
+    adam.name = "adam";
+    adam.learning_rate = 0.25f;
+    ASSERT_TRUE(kv.setOptimizer(adam));
+    for (int step = 0; step < 3; ++step)
+      ASSERT_TRUE(kv.push(4, std::vector<float>{1.0f, -0.5f}));
+    const auto before = pulled(kv, 4, 2);
+    ASSERT_TRUE(kv.setOptimizer(adam));
+    ASSERT_TRUE(kv.push(4, std::vector<float>{-3.0f, 0.5f}));
+    const auto after = pulled(kv, 4, 2);
+    // lr g / (|g| + 1e-8) with |g| = 6 and 1: within 1e-8 / |g| of lr, and a float's rounding.
+    EXPECT_NEAR(after[0] - before[0], 0.25, 2e-7);
+    EXPECT_NEAR(after[1] - before[1], -0.25, 2e-7);
+    ASSERT_TRUE(kv.barrier());
+  });
+  EXPECT_TRUE(served) << served.message();
+}
+
 // A server refuses an optimizer it cannot make, with the worker's call answering why.
 TEST(KVStoreDistSync, AnUnknownOptimizerIsRefusedBeforeItReachesTheServers) {
   const Status served = runWorld("dist_sync", "kv-bad-opt", [](KVStore& kv) {

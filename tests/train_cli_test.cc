@@ -563,6 +563,22 @@ TEST(TrainCommand, AnAdamRunResumedFromItsCheckpointRepeatsAnUninterruptedOne) {
   EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0);
 }
 
+// The gradients' global norm is of every shard: clipping under parameter servers is refused
+// before anything starts, naming what to use instead.
+TEST(TrainCommand, ClipGradNormUnderParameterServersIsRefusedNamingTheSchedule) {
+  TempDir cwd("cli_clip_ps");
+  const auto r =
+      runCommand("cd " + cwd.str() + " && " + troupeBinary() +
+                 " launch -n 1 -s 1 --launcher local -- troupe train --model mlp" + dataFlags() +
+                 " --schedule dist_sync --clip_grad_norm 1 --epoch_size 640");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("clip_grad_norm 1 under schedule 'dist_sync': the gradients' global norm "
+                          "is of every shard, and each parameter server holds one; use "
+                          "bsp-allreduce, or clip_grad_norm 0"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(TrainCommand, ACrossProcessScheduleSaysWhatIsMissing) {
   TempDir cwd("err_schedule");
   expectError(train(cwd, "--model mlp" + dataFlags() + " --schedule dist_sync"), "dist_sync");

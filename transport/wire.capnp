@@ -194,6 +194,7 @@ struct KvConfigure {
   epsilon @14 :Float32;
   rho @15 :Float32;
   eta @16 :Float32;
+  newOptimizer @17 :Bool;  # setOptimizer: the state starts anew
 }
 
 struct KvAck {

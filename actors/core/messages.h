@@ -227,8 +227,10 @@ struct KvConfigure {
   float rescale_grad = 1;
   std::uint8_t compression = 0;  // kernels::GradientCompression
   float threshold = 0.5f;
-  // By name with its settings (its ranges are not sent: a KVStore key is one layer).
+  // By name with its settings (its ranges are not sent: a KVStore key's part on a server is one
+  // layer to LARS and LAMB).
   kernels::OptimizerSettings optimizer;
+  bool new_optimizer = false;  // setOptimizer: the optimizer's state starts anew
 };
 
 // Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.

@@ -160,6 +160,7 @@ transport::OutgoingMessage encodeMessage(Address from, Address to, Envelope& e) 
     w.setEpsilon(o.epsilon);
     w.setRho(o.rho);
     w.setEta(o.eta);
+    w.setNewOptimizer(m->new_optimizer);
   } else if (auto* m = as<KvAck>(e)) {
     auto w = f.initKvAck();
     w.setId(m->id);
@@ -308,7 +309,7 @@ Decoded decodeMessage(std::uint32_t from_node, const transport::IncomingMessage&
       o.eta = r.getEta();
       d.message = wrap(KvConfigure{r.getId(), r.getWorker(), r.getReplyActor(), r.getHasOptimizer(),
                                    r.getLearningRate(), r.getRescaleGrad(), r.getCompression(),
-                                   r.getThreshold(), std::move(o)});
+                                   r.getThreshold(), std::move(o), r.getNewOptimizer()});
       break;
     }
     case W::KV_ACK: {

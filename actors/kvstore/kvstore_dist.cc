@@ -344,6 +344,7 @@ class DistKVStore final : public KVStore {
     next.learning_rate = o.learning_rate;
     next.rescale_grad = o.rescale_grad;
     next.optimizer = settings.value();
+    next.new_optimizer = true;
     return configure(next, "setOptimizer");
   }
 
@@ -352,6 +353,7 @@ class DistKVStore final : public KVStore {
     if (!spec) return spec.status();
     std::lock_guard lock(mu_);
     KvConfigure next = configure_;
+    next.new_optimizer = false;
     next.compression = static_cast<std::uint8_t>(spec->type);
     next.threshold = threshold;
     if (Status s = configure(next, "setGradientCompression"); !s) return s;

@@ -92,7 +92,9 @@ class Server final : public Actor {
     kernels::Tensor weights;
     // The trainer's: config_.optimizer; a KVStore's: as set (kv_optimizer_), made anew when it is.
     std::unique_ptr<kernels::Optimizer> optimizer;
-    std::int64_t updates = 0;          // applied to it so far (Adam's bias correction counts them)
+    // Updates applied to it so far (Adam's bias correction counts them): a step of dist_sync; a
+    // worker's whole push of a step under dist_async and ssp, whose buckets share one count.
+    std::int64_t updates = 0;
     std::vector<std::int64_t> clocks;  // per worker: the last step fully pushed here
     std::int64_t applied = 0;          // dist_sync: steps applied
     std::map<std::int64_t, StepPushes> steps;
@@ -110,7 +112,9 @@ class Server final : public Actor {
     backend_->copy(value, s.weights);
     s.optimizer = kernels::makeOptimizer(*backend_, end - begin,
                                          config_.kvstore ? kv_optimizer_ : config_.optimizer);
-    s.updates = first_step;
+    s.updates = config_.mode == ServerConfig::Mode::kSync
+                    ? first_step
+                    : first_step * static_cast<std::int64_t>(config_.num_workers);
     s.clocks.assign(static_cast<std::size_t>(config_.num_workers), first_step - 1);
     s.applied = first_step;
     return segments_.emplace(begin, std::move(s)).first->second;
@@ -361,7 +365,7 @@ class Server final : public Actor {
       const float lr = config_.kvstore
                            ? learningRate(p.step)
                            : learningRate(p.step) / static_cast<float>(config_.num_workers);
-      s.optimizer->stepRange(s.weights.slice(lo, hi), grads, lo, hi, lr, ++s.updates);
+      s.optimizer->stepRange(s.weights.slice(lo, hi), grads, lo, hi, lr, s.updates + 1);
       if (!backend_->updatesFinite()) {
         failNonFinite(s, p.step, lo, hi, lr, nonFinitePush(grads, s, lo, p.worker));
       }
@@ -371,7 +375,10 @@ class Server final : public Actor {
       throw InputError(fmt::format("worker {} pushed keys [{}, {}) of {} twice", p.worker,
                                    p.key_begin, p.key_end, describe(s, p.step)));
     }
-    if (step.received[p.worker] == s.size()) s.clocks[p.worker] = p.step;
+    if (step.received[p.worker] == s.size()) {
+      s.clocks[p.worker] = p.step;
+      if (config_.mode != ServerConfig::Mode::kSync) ++s.updates;  // the worker's whole push
+    }
     const bool all_in = std::all_of(step.received.begin(), step.received.end(),
                                     [&](std::int64_t n) { return n == s.size(); });
     if (config_.mode == ServerConfig::Mode::kSync && all_in) {
@@ -452,12 +459,14 @@ class Server final : public Actor {
       ack.error = bad;
     } else {
       const kernels::OptimizerSettings& next = m.optimizer;
-      if (kernels::describe(next) != kernels::describe(kv_optimizer_)) {
-        // Another optimizer, or other settings: its state starts anew (MXNet's servers make a
-        // new updater).
+      if (m.new_optimizer) {
+        // setOptimizer: its state and update count start anew, as MXNet's servers make a new
+        // updater (setGradientCompression keeps them).
         kv_optimizer_ = next;
-        for (auto& [begin, s] : segments_)
+        for (auto& [begin, s] : segments_) {
           s.optimizer = kernels::makeOptimizer(*backend_, s.size(), kv_optimizer_);
+          s.updates = 0;
+        }
       }
       kv_ = m;
       config_.compression = {static_cast<kernels::GradientCompression>(m.compression), m.threshold};
@@ -758,11 +767,13 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
   for (int s = 0; s < servers; ++s) {
     std::int64_t end = num_params * (s + 1) / servers;
     if (!layers.empty() && s + 1 < servers) {
-      // The layer boundary nearest the even cut, not before this shard's beginning.
-      std::int64_t best = end, distance = -1;
+      // The layer boundary nearest the even cut that leaves this shard and each one after it a
+      // key at least; the even cut itself where no boundary does (a layer then spans servers).
+      const std::int64_t last = num_params - (servers - s - 1);
+      std::int64_t best = std::clamp(end, std::min(begin + 1, last), last), distance = -1;
       for (const auto& [lo, hi] : layers) {
         for (const std::int64_t at : {lo, hi}) {
-          if (at < begin || at > num_params) continue;
+          if (at <= begin || at > last) continue;
           const std::int64_t d = at > end ? at - end : end - at;
           if (distance < 0 || d < distance) {
             best = at;

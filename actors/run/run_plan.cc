@@ -628,6 +628,12 @@ void checkPrecision(const TrainOptions& o) {
         "precision bf16 (no loss scale), or bsp-allreduce",
         o.precision, o.schedule));
   }
+  if (isParameterServerSchedule(o.schedule) && o.clip_grad_norm > 0) {
+    throw InputError(fmt::format(
+        "clip_grad_norm {:g} under schedule '{}': the gradients' global norm is of every shard, "
+        "and each parameter server holds one; use bsp-allreduce, or clip_grad_norm 0",
+        o.clip_grad_norm, o.schedule));
+  }
   if (o.precision != "fp32" && o.gpus.empty()) {
     throw InputError(fmt::format(
         "precision {} computes on GPUs, and this run has none: name them with gpus (--gpus 0 or "

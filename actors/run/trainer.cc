@@ -24,6 +24,7 @@
 #include "actors/run/run_layout.h"
 #include "actors/run/run_plan.h"
 #include "actors/run/train_log.h"
+#include "actors/schedules/schedule.h"
 #include "kernels/backend.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/store.h"
@@ -136,7 +137,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
-  config.mode = serverMode(o.schedule);
+  config.mode = serverMode(scheduleInfo(o.schedule).name);
   config.compression = compressionOf(o);
   config.staleness = o.staleness;
   config.key_begin = shard.first;

@@ -26,6 +26,7 @@ __device__ void blockSum(double& a, double& b) {
   }
   a = sa[0];
   b = sb[0];
+  __syncthreads();  // every thread has read the totals before a next call writes the arrays
 }
 
 template <typename Rule>
