@@ -52,6 +52,20 @@ std::vector<ParamRange> clipRanges(const std::vector<ParamRange>& ranges, std::i
   return out;
 }
 
+bool setOptimizerName(OptimizerSettings& settings, const std::string& name) {
+  if (name == "nag") {  // MXNet's name for SGD with Nesterov momentum
+    settings.name = "sgd";
+    settings.nesterov = true;
+    return true;
+  }
+  for (const auto& row : optimizers()) {
+    if (row.name != name) continue;
+    settings.name = name;
+    return true;
+  }
+  return false;
+}
+
 OptimizerSettings OptimizerSettings::within(std::int64_t begin, std::int64_t end) const {
   OptimizerSettings part = *this;
   part.no_decay = clipRanges(no_decay, begin, end);

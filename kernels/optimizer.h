@@ -107,6 +107,9 @@ const std::vector<OptimizerInfo>& optimizers();
 const OptimizerInfo& optimizerInfo(const std::string& name);
 // The names, comma separated (for messages).
 std::string optimizerNames();
+// Sets settings.name to `name`, or to sgd with nesterov for MXNet's nag; false, changing nothing,
+// for a name that is neither (optimizerInfo's error lists the known ones).
+bool setOptimizerName(OptimizerSettings& settings, const std::string& name);
 
 // SGD's settings (torch.optim.SGD's momentum, weight_decay, nesterov).
 OptimizerSettings sgdSettings(float momentum, float weight_decay = 0.0f, bool nesterov = false,

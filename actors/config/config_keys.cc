@@ -289,17 +289,8 @@ std::vector<Key> buildTable() {
       // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
       Key{"optimizer", Kind::kString, kNotNumeric, optimizerHelp(),
           [](Settings& s, const Value& v) {
-            const std::string name = asString(v);
-            if (name == "nag") {  // MXNet's name for SGD with Nesterov momentum
-              s.options.optimizer.name = "sgd";
-              s.options.optimizer.nesterov = true;
-              return;
-            }
-            try {
-              s.options.optimizer.name = kernels::optimizerInfo(name).name;
-            } catch (const InputError&) {
+            if (!kernels::setOptimizerName(s.options.optimizer, asString(v)))
               throw Refusal("expected nag or one of " + kernels::optimizerNames());
-            }
           },
           [](const Settings& s) { return s.options.optimizer.name; }},
       // Expanded by assign() into the keys it names (optimizerParams).

@@ -160,8 +160,9 @@ Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
     }
   }
   kernels::OptimizerSettings s;
-  s.name = o.name == "nag" ? "sgd" : o.name;
-  s.nesterov = o.nesterov || o.name == "nag";
+  s.nesterov = o.nesterov;
+  // An unknown name stays, for check()'s error to name it with the known ones.
+  if (!kernels::setOptimizerName(s, o.name)) s.name = o.name;
   s.momentum = o.momentum;
   s.weight_decay = o.weight_decay;
   s.beta1 = o.beta1;

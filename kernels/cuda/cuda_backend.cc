@@ -1506,8 +1506,17 @@ class CudaBackend final : public Backend {
   };
   const RuleTables& ruleTables(const UpdatePlan& plan) {
     constexpr std::int64_t kChunk = 8192;
+    // The pieces are the key: a step's lookup costs four numbers a piece, the chunks are made on
+    // a plan's first call only.
+    std::vector<std::int64_t> key;
+    key.reserve(4 * plan.pieces.size());
+    for (const UpdatePiece& p : plan.pieces)
+      key.insert(key.end(), {p.begin, p.end, p.segment, p.decay ? 1 : 0});
+    auto found = rule_tables_.find(key);
+    if (found != rule_tables_.end()) return found->second;
+    notCapturing("an optimizer update's first call for its ranges");
     std::vector<cuda::UpdateChunk> chunks;
-    std::vector<std::int64_t> segments(2 * plan.segments.size(), 0), key;
+    std::vector<std::int64_t> segments(2 * plan.segments.size(), 0);
     for (const UpdatePiece& p : plan.pieces) {
       if (p.segment >= 0 && (chunks.empty() || chunks.back().segment != p.segment))
         segments[2 * static_cast<std::size_t>(p.segment)] =
@@ -1517,11 +1526,7 @@ class CudaBackend final : public Backend {
       if (p.segment >= 0)
         segments[2 * static_cast<std::size_t>(p.segment) + 1] =
             static_cast<std::int64_t>(chunks.size());
-      key.insert(key.end(), {p.begin, p.end, p.segment, p.decay ? 1 : 0});
     }
-    auto found = rule_tables_.find(key);
-    if (found != rule_tables_.end()) return found->second;
-    notCapturing("an optimizer update's first call for its ranges");
     RuleTables t;
     t.num_chunks = static_cast<int>(chunks.size());
     t.num_segments = static_cast<int>(plan.segments.size());
