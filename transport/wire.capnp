@@ -124,7 +124,7 @@ struct AllreduceChunk {
     reduceScatter @0;
     allGather @1;
   }
-  opId @0 :UInt64;  # unique per collective (e.g. step * buckets + bucket)
+  obsoleteOpId @0 :UInt64;  # no longer written
   step @1 :Int64;
   bucketBegin @2 :Int64;  # element offset of the bucket in the flat gradient
   chunkIndex @3 :UInt32;

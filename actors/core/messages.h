@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "actors/core/wire_form.h"
 #include "kernels/event.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
@@ -51,6 +52,10 @@ struct Weights {
   // UpdaterConfig::loss_scale), and the updater divides the reduced gradients by it.
   float loss_scale = 1.0f;
 };
+template <>
+inline constexpr auto wire::kForm<Weights> = wire::form<Weights>(
+    "weights", wire::field("step", &Weights::step), wire::field("weights", &Weights::weights),
+    wire::field("buffers", &Weights::buffers), wire::field("lossScale", &Weights::loss_scale));
 
 // An observer of a run (troupe/observer.h: a process that joined it to watch, such as an
 // evaluator) -> the chief's updater or PS client: send the weights to actor `actor` of the
@@ -60,6 +65,12 @@ struct Subscribe {
   std::uint32_t actor = 0;
   std::int64_t every = 1;
 };
+// Refuses a subscription from another node than its own, or to fewer than every step.
+void checkDecoded(const Subscribe& s, std::uint32_t from_node);
+template <>
+inline constexpr auto wire::kForm<Subscribe> = wire::form<Subscribe>(
+    "subscribe", wire::field("node", &Subscribe::node), wire::field("actor", &Subscribe::actor),
+    wire::field("every", &Subscribe::every));
 
 // Replica -> Reducer (or straight to the updater): gradients [begin, end) of the flat gradient
 // tensor for one step, a slice of the replica's own gradients on its device. They are lent,
@@ -74,6 +85,11 @@ struct GradBucket {
   Tensor grads;
   kernels::Event ready;  // after the backward work that wrote `grads`
 };
+template <>
+inline constexpr auto wire::kForm<GradBucket> = wire::form<GradBucket>(
+    "gradBucket", wire::field("step", &GradBucket::step),
+    wire::field("replica", &GradBucket::replica), wire::field("begin", &GradBucket::begin),
+    wire::field("end", &GradBucket::end), wire::field("grads", &GradBucket::grads));
 
 // Reducer -> Updater: the sum over replicas (and processes) of one bucket, lent until the updater
 // applied it: in one of the replicas' buckets, or in memory of the reducer's.
@@ -84,6 +100,10 @@ struct Reduced {
   Tensor grads;
   kernels::Event ready;  // after the work that wrote the sum
 };
+template <>
+inline constexpr auto wire::kForm<Reduced> = wire::form<Reduced>(
+    "reduced", wire::field("step", &Reduced::step), wire::field("begin", &Reduced::begin),
+    wire::field("end", &Reduced::end), wire::field("grads", &Reduced::grads));
 
 // Replica -> Coordinator: a step's training metrics.
 struct StepDone {
@@ -103,6 +123,14 @@ struct StepDone {
   // the CPU, whose memory no backend counts).
   std::int64_t device_peak = 0;
 };
+template <>
+inline constexpr auto wire::kForm<StepDone> = wire::form<StepDone>(
+    "stepDone", wire::field("step", &StepDone::step), wire::field("replica", &StepDone::replica),
+    wire::field("lossSum", &StepDone::loss_sum), wire::field("correct", &StepDone::correct),
+    wire::field("count", &StepDone::count), wire::field("skipped", &StepDone::skipped),
+    wire::field("inputWait", &StepDone::input_wait), wire::field("ready", &StepDone::ready),
+    wire::field("readSeconds", &StepDone::read_seconds),
+    wire::field("devicePeak", &StepDone::device_peak));
 
 // Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.
 struct EpochEnd {
@@ -114,6 +142,11 @@ struct EpochEnd {
   float loss_scale = 0;
   std::int64_t overflow_steps = 0;
 };
+template <>
+inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
+    "epochEnd", wire::field("step", &EpochEnd::step), wire::field("weights", &EpochEnd::weights),
+    wire::field("state", &EpochEnd::state), wire::field("lossScale", &EpochEnd::loss_scale),
+    wire::field("overflowSteps", &EpochEnd::overflow_steps));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
@@ -123,6 +156,11 @@ struct Resume {};
 struct PauseAt {
   std::int64_t step = 0;
 };
+template <>
+inline constexpr auto wire::kForm<PauseAt> = wire::form<PauseAt>("pauseAt",
+                                                                 wire::field("", &PauseAt::step));
+template <>
+inline constexpr auto wire::kForm<Resume> = wire::form<Resume>("resume");
 
 // Updater -> Updater, in an elastic run: the state a new generation goes on from, from the
 // process that holds the newest to each that does not (a worker that joins, one that fell a step
@@ -135,12 +173,23 @@ struct Handover {
   float loss_scale = 0;  // the dynamic loss scale; 0: none
   std::int64_t overflow_steps = 0;  // steps skipped for inf or NaN gradients so far
 };
+template <>
+inline constexpr auto wire::kForm<Handover> = wire::form<Handover>(
+    "handover", wire::field("step", &Handover::step), wire::field("weights", &Handover::weights),
+    wire::field("state", &Handover::state), wire::field("buffers", &Handover::buffers),
+    wire::field("lossScale", &Handover::loss_scale),
+    wire::field("overflowSteps", &Handover::overflow_steps));
 
 // Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).
 struct BuffersRequest {};
 struct Buffers {
   Tensor buffers;  // a copy
 };
+template <>
+inline constexpr auto wire::kForm<BuffersRequest> = wire::form<BuffersRequest>("buffersRequest");
+template <>
+inline constexpr auto wire::kForm<Buffers> =
+    wire::form<Buffers>("buffers", wire::field("buffers", &Buffers::buffers));
 
 // Coordinator -> Replica: evaluate these weights on the replica's shard of the test set.
 struct Evaluate {
@@ -148,6 +197,10 @@ struct Evaluate {
   Tensor weights;
   Tensor buffers;
 };
+template <>
+inline constexpr auto wire::kForm<Evaluate> = wire::form<Evaluate>(
+    "evaluate", wire::field("epoch", &Evaluate::epoch), wire::field("weights", &Evaluate::weights),
+    wire::field("buffers", &Evaluate::buffers));
 
 // Replica -> Coordinator.
 struct Evaluated {
@@ -156,6 +209,11 @@ struct Evaluated {
   double correct = 0;
   std::int64_t count = 0;
 };
+template <>
+inline constexpr auto wire::kForm<Evaluated> = wire::form<Evaluated>(
+    "evaluated", wire::field("replica", &Evaluated::replica),
+    wire::field("lossSum", &Evaluated::loss_sum), wire::field("correct", &Evaluated::correct),
+    wire::field("count", &Evaluated::count));
 
 // Parameter servers. A worker's PS client pushes the reduced gradient of keys [key_begin, key_end)
 // to the server that owns them ...
@@ -166,6 +224,11 @@ struct Push {
   std::int64_t key_end = 0;
   Tensor data;
 };
+template <>
+inline constexpr auto wire::kForm<Push> =
+    wire::form<Push>("push", wire::field("step", &Push::step), wire::field("worker", &Push::worker),
+                     wire::field("keyBegin", &Push::key_begin),
+                     wire::field("keyEnd", &Push::key_end), wire::field("data", &Push::data));
 
 // ... then pulls the weights step `step` starts from. epoch_end: the server answers once every
 // worker reached this point, and adds the optimizer state (for checkpoints).
@@ -180,6 +243,11 @@ struct Pull {
   std::int64_t key_end = 0;
   std::uint32_t reply_actor = 0;
 };
+template <>
+inline constexpr auto wire::kForm<Pull> = wire::form<Pull>(
+    "pull", wire::field("step", &Pull::step), wire::field("worker", &Pull::worker),
+    wire::field("epochEnd", &Pull::epoch_end), wire::field("keyBegin", &Pull::key_begin),
+    wire::field("keyEnd", &Pull::key_end), wire::field("replyActor", &Pull::reply_actor));
 
 struct PullReply {
   std::int64_t step = 0;
@@ -188,6 +256,11 @@ struct PullReply {
   Tensor data;
   Tensor state;  // the optimizer's state of the keys (its rows), with epoch_end pulls
 };
+template <>
+inline constexpr auto wire::kForm<PullReply> = wire::form<PullReply>(
+    "pullReply", wire::field("step", &PullReply::step),
+    wire::field("keyBegin", &PullReply::key_begin), wire::field("keyEnd", &PullReply::key_end),
+    wire::field("data", &PullReply::data), wire::field("state", &PullReply::state));
 
 // Server -> a worker whose pull it holds: whom it waits for, so that a worker that gives up
 // names that worker, not the server that waits, healthy, for it. Sent once a pull has been held
@@ -200,6 +273,11 @@ struct PullHeld {
   bool final = false;
   std::string reason;  // "server 0 holds worker 1's pull of push 5 of key 0 for worker 0 (...)"
 };
+template <>
+inline constexpr auto wire::kForm<PullHeld> = wire::form<PullHeld>(
+    "pullHeld", wire::field("step", &PullHeld::step), wire::field("keyBegin", &PullHeld::key_begin),
+    wire::field("lateWorker", &PullHeld::late_worker), wire::field("final", &PullHeld::final),
+    wire::field("reason", &PullHeld::reason));
 
 // The KVStore (troupe/kvstore.h) on parameter servers. Worker 0 -> server: a new segment, keys
 // [key_begin, key_end) (a KVStore key's part on this server: server s's keys start at
@@ -215,6 +293,12 @@ struct KvInit {
   std::int32_t key = 0;    // the KVStore's key, for messages
   std::int64_t first = 0;  // the index in the key's values of the first one sent here
 };
+template <>
+inline constexpr auto wire::kForm<KvInit> = wire::form<KvInit>(
+    "kvInit", wire::field("id", &KvInit::id), wire::field("worker", &KvInit::worker),
+    wire::field("replyActor", &KvInit::reply_actor), wire::field("keyBegin", &KvInit::key_begin),
+    wire::field("keyEnd", &KvInit::key_end), wire::field("value", &KvInit::value),
+    wire::field("key", &KvInit::key), wire::field("first", &KvInit::first));
 
 // Worker 0 -> server: the update rule for pushes from now on (set_optimizer,
 // set_gradient_compression); answered by KvAck.
@@ -232,17 +316,43 @@ struct KvConfigure {
   kernels::OptimizerSettings optimizer;
   bool new_optimizer = false;  // setOptimizer: the optimizer's state starts anew
 };
+template <>
+inline constexpr auto wire::kForm<KvConfigure> = wire::form<KvConfigure>(
+    "kvConfigure", wire::field("id", &KvConfigure::id), wire::field("worker", &KvConfigure::worker),
+    wire::field("replyActor", &KvConfigure::reply_actor),
+    wire::field("hasOptimizer", &KvConfigure::has_optimizer),
+    wire::field("learningRate", &KvConfigure::learning_rate),
+    wire::field("rescaleGrad", &KvConfigure::rescale_grad),
+    wire::field("compression", &KvConfigure::compression),
+    wire::field("threshold", &KvConfigure::threshold),
+    wire::nested(&KvConfigure::optimizer,
+                 wire::field("optimizer", &kernels::OptimizerSettings::name),
+                 wire::field("momentum", &kernels::OptimizerSettings::momentum),
+                 wire::field("weightDecay", &kernels::OptimizerSettings::weight_decay),
+                 wire::field("nesterov", &kernels::OptimizerSettings::nesterov),
+                 wire::field("beta1", &kernels::OptimizerSettings::beta1),
+                 wire::field("beta2", &kernels::OptimizerSettings::beta2),
+                 wire::field("epsilon", &kernels::OptimizerSettings::epsilon),
+                 wire::field("rho", &kernels::OptimizerSettings::rho),
+                 wire::field("eta", &kernels::OptimizerSettings::eta)),
+    wire::field("newOptimizer", &KvConfigure::new_optimizer));
 
 // Server -> worker: the KvInit or KvConfigure `id` took effect; or, with `error` set, did not.
 struct KvAck {
   std::uint64_t id = 0;
   std::string error;
 };
+template <>
+inline constexpr auto wire::kForm<KvAck> = wire::form<KvAck>("kvAck", wire::field("id", &KvAck::id),
+                                                             wire::field("error", &KvAck::error));
 
 // Worker -> server: this worker is done with the store; the server ends once every worker is.
 struct KvDone {
   std::uint32_t worker = 0;
 };
+template <>
+inline constexpr auto wire::kForm<KvDone> = wire::form<KvDone>("kvDone",
+                                                               wire::field("", &KvDone::worker));
 
 // The cluster -> a KVStore server (in its process only, never on the wire): the link to node
 // `node` is lost. A worker done with the store has left; any other fails the server naming it.
@@ -259,6 +369,8 @@ struct Shutdown {};
 struct Watchdog {
   std::int64_t progress_mark = 0;
 };
+template <>
+inline constexpr auto wire::kForm<Shutdown> = wire::form<Shutdown>("shutdown");
 
 // Timer -> Reducer, Server or PS client: look for waits on other processes that have gone on too
 // long.
@@ -300,5 +412,24 @@ struct RingChunk {
   std::uint8_t ring = 0;  // which of a process's rings it belongs to (hierarchical reduction)
   kernels::Tensor data;   // float, the chunk's elements; uint8 when compressed
 };
+template <>
+inline constexpr auto wire::kForm<RingChunk> = wire::form<RingChunk>(
+    "allreduceChunk", wire::field("step", &RingChunk::step),
+    wire::field("bucketBegin", &RingChunk::bucket), wire::field("offset", &RingChunk::offset),
+    wire::field("segment", &RingChunk::segment), wire::field("chunkIndex", &RingChunk::chunk),
+    wire::field("round", &RingChunk::round), wire::field("phase", &RingChunk::phase),
+    wire::field("ring", &RingChunk::ring), wire::field("data", &RingChunk::data));
+// Chunks of different segments and rounds need no order among them: spread over the link's
+// connections.
+inline int wireLane(const RingChunk& c) {
+  return c.segment + c.chunk;
+}
+
+// Every message that crosses processes: each has its wire::kForm above and its schema in
+// transport/wire.capnp.
+using WireMessages =
+    std::tuple<GradBucket, Reduced, Weights, StepDone, EpochEnd, Resume, PauseAt, Handover,
+               Evaluate, Evaluated, BuffersRequest, Buffers, RingChunk, Push, Pull, PullReply,
+               PullHeld, KvInit, KvConfigure, KvAck, KvDone, Subscribe, Shutdown>;
 
 }  // namespace troupe::actors
