@@ -16,6 +16,7 @@
 
 #include "apps/commands.h"
 #include "apps/launcher.h"
+#include "rendezvous/url.h"
 #include "troupe/error.h"
 
 namespace troupe::apps {
@@ -128,9 +129,9 @@ void addLaunchCommand(CLI::App& app) {
             "--bucket_size_mb, --first_bucket_mb)");
       },
       "MXNet's; refused: troupe has no P3");
-  cmd->add_option("--rendezvous", o.rendezvous,
-                  "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT "
-                  "(default: an embedded store served by the launcher)");
+  cmd->add_option(
+      "--rendezvous", o.rendezvous,
+      rendezvous::storeUrlForms() + " (default: an embedded store served by the launcher)");
   cmd->add_option("--run_id", o.run_id, "run id (default: made up)");
   cmd->add_option("--secret-file,--secret_file", o.secret_file,
                   "file holding the run's secret (default: $TROUPE_SECRET, else a fresh one per "

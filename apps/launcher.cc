@@ -254,12 +254,22 @@ std::vector<LaunchHost> readHostfile(const std::string& path) {
 
 namespace {
 
-// A word of a command or a variable's value as the dry run shows it: a redis URL's password
-// redacted (rendezvous/value.h).
+// A word of a command or a variable's value as the dry run shows it: a store URL's password
+// redacted (rendezvous/value.h), where the URL starts after a '=' or at the word's start.
 std::string redacted(std::string_view word) {
-  const auto at = word.find("redis://");
-  if (at == std::string_view::npos) return std::string(word);
+  const auto sep = word.find("://");
+  if (sep == std::string_view::npos) return std::string(word);
+  const auto eq = word.rfind('=', sep);
+  const auto at = eq == std::string_view::npos ? 0 : eq + 1;
   return std::string(word.substr(0, at)) + rendezvous::redactedStoreUrl(word.substr(at));
+}
+
+// A variable whose value is a secret: the run's, or a store backend's password.
+bool isSecretVariable(std::string_view name) {
+  if (name == "TROUPE_SECRET") return true;
+  const auto& backends = rendezvous::storeBackends();
+  return std::any_of(backends.begin(), backends.end(),
+                     [&](const auto& b) { return b.password_variable == name; });
 }
 
 // What launch(o) would start, without starting anything.
@@ -296,7 +306,7 @@ int dryRun(const LaunchOptions& o) {
     command += (command.empty() ? "" : " ") + shellQuote(redacted(word));
   row("command", command);
   for (const auto& [name, value] : o.env) {
-    const bool secret = name == "TROUPE_SECRET" || name == "REDISCLI_AUTH";
+    const bool secret = isSecretVariable(name);
     row("variable",
         fmt::format("{}={} (every process)", name, secret ? "***" : shellQuote(redacted(value))));
   }

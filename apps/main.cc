@@ -47,21 +47,25 @@ void plainLogsUnderALauncher() {
   }
 }
 
-// A redis password on the command line (--rendezvous redis://:PASSWORD@HOST) is readable by every
-// user of the host in /proc/PID/cmdline for as long as the process runs: it is overwritten with
-// '*' there, once the arguments are copied for parsing ($REDISCLI_AUTH keeps it off for good).
+// A store URL's password on the command line (--rendezvous redis://:PASSWORD@HOST) is readable
+// by every user of the host in /proc/PID/cmdline for as long as the process runs: it is
+// overwritten with '*' there, once the arguments are copied for parsing ($REDISCLI_AUTH keeps it
+// off for good). A URL's user information (up to its last '@') is USER:PASSWORD or PASSWORD.
 void hidePasswordsInOwnCommandLine(int argc, char** argv) {
-  constexpr std::string_view kRedis = "redis://:";
+  constexpr std::string_view kSeparator = "://";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg(argv[i]);
-    for (auto at = arg.find(kRedis); at != std::string_view::npos; at = arg.find(kRedis, at + 1)) {
-      const auto begin = at + kRedis.size();
+    for (auto at = arg.find(kSeparator); at != std::string_view::npos;
+         at = arg.find(kSeparator, at + 1)) {
+      const auto begin = at + kSeparator.size();
+      if (arg.substr(begin).starts_with('/')) continue;  // a path: file:///dir
       // Up to the URL's last '@' (a password may hold one, as parseStoreUrl reads it), not past
       // the next URL of the argument.
-      const auto next = arg.find(kRedis, begin);
-      const auto url = arg.substr(0, next);
+      const auto url = arg.substr(0, arg.find(kSeparator, begin));
       const auto end = url.find('@', begin) == std::string_view::npos ? begin : url.rfind('@');
-      for (auto j = begin; j < end; ++j)
+      // USER:PASSWORD or PASSWORD: the password.
+      const auto colon = url.substr(0, end).find(':', begin);
+      for (auto j = colon == std::string_view::npos ? begin : colon + 1; j < end; ++j)
         argv[i][j] = '*';
     }
   }

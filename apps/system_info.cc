@@ -35,6 +35,7 @@
 #include "actors/schedules/schedule.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cuda_plugin.h"
+#include "rendezvous/url.h"
 #include "troupe/config.h"
 #include "troupe/error.h"
 #include "troupe/version.h"
@@ -333,11 +334,10 @@ std::vector<InfoItem> optimizerItems() {
 }
 
 std::vector<InfoItem> rendezvousStores() {
-  return {
-      {"tcp://HOST:PORT", {}, "troupe's embedded store, served by the launcher or rank 0"},
-      {"file:///shared/dir", {}, "a folder every process sees (NFS or one host)"},
-      {"redis://[:PASSWORD@]HOST[:PORT]", {}, "a Redis server (port 6379 by default)"},
-  };
+  std::vector<InfoItem> items;
+  for (const auto& backend : rendezvous::storeBackends())
+    items.push_back({std::string(backend.form), {}, std::string(backend.summary)});
+  return items;
 }
 
 std::vector<InfoItem> launchers() {

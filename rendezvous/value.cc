@@ -34,11 +34,13 @@ std::string quoted(std::string_view bytes, std::size_t max) {
 }
 
 std::string redactedStoreUrl(std::string_view url) {
-  constexpr std::string_view kRedis = "redis://";
-  if (!url.starts_with(kRedis)) return std::string(url);
-  const auto at = url.rfind('@');
-  if (at == std::string_view::npos) return std::string(url);
-  return fmt::format("{}***{}", kRedis, url.substr(at));
+  const auto sep = url.find("://");
+  if (sep == std::string_view::npos) return std::string(url);
+  const auto rest = url.substr(sep + 3);
+  const auto at = rest.rfind('@');
+  // A path (file:///dir) has no user information, whatever '@' it holds.
+  if (at == std::string_view::npos || rest.starts_with('/')) return std::string(url);
+  return fmt::format("{}***{}", url.substr(0, sep + 3), rest.substr(at));
 }
 
 void StoreValue::refuse(std::string_view expected) const {

@@ -19,8 +19,8 @@ std::string printable(std::string_view bytes, std::size_t max = 200);
 // printable() inside quotes, the quote itself escaped: "'a\x1b[31m'".
 std::string quoted(std::string_view bytes, std::size_t max = 200);
 
-// A store URL fit for a log, a message or a terminal: a redis password replaced by "***"
-// (rendezvous/url.h has the forms).
+// A store URL fit for a log, a message or a terminal: its user information, a password
+// (SCHEME://[USER]:PASSWORD@HOST, up to the last '@'), replaced by "***" (url.h has the forms).
 std::string redactedStoreUrl(std::string_view url);
 
 // A value read from key `key` of a store, for `who` ("elastic rendezvous", "rank 3") to parse.

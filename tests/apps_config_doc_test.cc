@@ -66,7 +66,8 @@ TEST(ConfigReference, EveryKeyHasARowWithItsTypeValuesAndDefault) {
 
 TEST(ConfigReference, APipeInAHelpTextDoesNotEndItsCell) {
   EXPECT_TRUE(contains(configReferenceMarkdown(),
-                       "tcp://HOST:PORT \\| file:///dir \\| redis://[:PASSWORD@]HOST:PORT |"));
+                       "tcp://HOST:PORT \\| file:///shared/dir \\| "
+                       "redis://[:PASSWORD@]HOST[:PORT] |"));
 }
 
 TEST(ConfigReference, EveryLauncherVariableIsListedWithItsKey) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -19,13 +20,12 @@ namespace {
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using Scheme = StoreUrl::Scheme;
 
 constexpr milliseconds kLong{5000};
 
 TEST(StoreUrlTest, ParsesTcp) {
   const auto u = parseStoreUrl("tcp://node-7.cluster:29500");
-  EXPECT_EQ(u.scheme, Scheme::kTcp);
+  EXPECT_EQ(u.backend->scheme, "tcp");
   EXPECT_EQ(u.host, "node-7.cluster");
   EXPECT_EQ(u.port, 29500);
   const auto v6 = parseStoreUrl("tcp://[::1]:1");
@@ -35,13 +35,13 @@ TEST(StoreUrlTest, ParsesTcp) {
 
 TEST(StoreUrlTest, ParsesFile) {
   const auto u = parseStoreUrl("file:///shared/dir");
-  EXPECT_EQ(u.scheme, Scheme::kFile);
+  EXPECT_EQ(u.backend->scheme, "file");
   EXPECT_EQ(u.path, "/shared/dir");
 }
 
 TEST(StoreUrlTest, ParsesRedisWithAndWithoutPasswordAndPort) {
   const auto plain = parseStoreUrl("redis://cache");
-  EXPECT_EQ(plain.scheme, Scheme::kRedis);
+  EXPECT_EQ(plain.backend->scheme, "redis");
   EXPECT_EQ(plain.host, "cache");
   EXPECT_EQ(plain.port, 6379);
   EXPECT_EQ(plain.password, "");
@@ -65,7 +65,7 @@ TEST(StoreUrlTest, RejectsBadUrlsNamingThemAndTheAcceptedForms) {
       ADD_FAILURE() << "accepted '" << url << "'";
     } catch (const InputError& e) {
       EXPECT_THAT(e.what(), HasSubstr("'" + url + "'"));
-      EXPECT_THAT(e.what(), HasSubstr("tcp://HOST:PORT, file:///shared/dir, "
+      EXPECT_THAT(e.what(), HasSubstr("accepted forms: tcp://HOST:PORT, file:///shared/dir, "
                                       "redis://[:PASSWORD@]HOST[:PORT]"));
     }
   }
@@ -112,7 +112,26 @@ TEST(OpenStoreTest, OpensEachBackend) {
 }
 
 TEST(OpenStoreTest, RejectsAnUnknownScheme) {
-  EXPECT_THROW(openStore("etcd://host:2379", kLong), InputError);
+  EXPECT_THROW(openStore("nope://host:2379", kLong), InputError);
+}
+
+TEST(StoreBackends, EachIsListedOnceWithAFormOfItsSchemeThatItParses) {
+  std::set<std::string_view> schemes;
+  for (const auto& backend : storeBackends()) {
+    EXPECT_TRUE(schemes.insert(backend.scheme).second) << backend.scheme;
+    EXPECT_TRUE(backend.form.starts_with(std::string(backend.scheme) + "://")) << backend.form;
+    EXPECT_FALSE(backend.summary.empty()) << backend.scheme;
+    EXPECT_THAT(storeUrlForms(), HasSubstr(backend.form));
+  }
+  EXPECT_EQ(schemes, (std::set<std::string_view>{"tcp", "file", "redis"}));
+}
+
+TEST(StoreBackends, AnyUrlsUserInformationIsRedactedAndAPathIsNot) {
+  EXPECT_EQ(redactedStoreUrl("redis://:pw@host:1"), "redis://***@host:1");
+  EXPECT_EQ(redactedStoreUrl("redis://:p@ss@host"), "redis://***@host");
+  EXPECT_EQ(redactedStoreUrl("etcd://user:pw@host"), "etcd://***@host");
+  EXPECT_EQ(redactedStoreUrl("file:///shared/a@b"), "file:///shared/a@b");
+  EXPECT_EQ(redactedStoreUrl("tcp://host:29500"), "tcp://host:29500");
 }
 
 }  // namespace

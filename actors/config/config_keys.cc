@@ -17,6 +17,7 @@
 #include "actors/config/worker_bounds.h"
 #include "actors/schedules/schedule.h"
 #include "kernels/optimizer.h"
+#include "rendezvous/url.h"
 #include "rendezvous/value.h"
 #include "troupe/error.h"
 
@@ -39,6 +40,12 @@ constexpr Range openAbove(double lo, double hi) {  // [lo, hi)
 constexpr double k2Pow20 = 1 << 20;
 constexpr double k2Pow40 = 1099511627776.0;
 constexpr double kMillion = 1e6;
+
+// The rendezvous key's help: the store backends' forms (rendezvous/url.h).
+const std::string& storeForms() {
+  static const std::string forms = rendezvous::storeUrlForms();
+  return forms;
+}
 // Inputs per step and process. Published large-batch runs use 32k-64k inputs over hundreds of
 // devices; 2^20 in one process is beyond any of them. Memory is checked again when the run
 // starts (runTraining), from the image size.
@@ -526,8 +533,7 @@ std::vector<Key> buildTable() {
       TROUPE_INT_KEY("generation", generation, closed(0, kMillion),
                      "restarts of the run so far (set by troupe launch --on-failure restart); "
                      "above 0 the run resumes as with --resume auto"),
-      TROUPE_STRING_KEY("rendezvous", rendezvous,
-                        "tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT"),
+      TROUPE_STRING_KEY("rendezvous", rendezvous, storeForms().c_str()),
       TROUPE_STRING_KEY("interface", interface, "network interface to listen on (e.g. eth0)"),
       TROUPE_STRING_KEY("secret_file", secret_file,
                         "file holding the run's secret (default: $TROUPE_SECRET; troupe launch "

@@ -51,7 +51,7 @@ class ClusterImpl final : public Cluster {
   ClusterImpl(const ClusterOptions& o, Runtime& system) : options_(o), system_(system) {
     if (o.serve_store && o.rank == 0) {
       const auto url = rendezvous::parseStoreUrl(o.rendezvous);
-      if (url.scheme == rendezvous::StoreUrl::Scheme::kTcp) {
+      if (url.backend->embedded) {
         server_ = rendezvous::startTcpStoreServer(url.host, url.port, o.secret);
         spdlog::info("rank 0 serves the rendezvous store at tcp://{}", server_->address());
       }

@@ -365,7 +365,7 @@ TrainResult runElastic(
   std::unique_ptr<rendezvous::TcpStoreServer> server;
   if (o.serve_store) {
     const auto url = rendezvous::parseStoreUrl(o.rendezvous);
-    if (url.scheme == rendezvous::StoreUrl::Scheme::kTcp) {
+    if (url.backend->embedded) {
       try {
         server = rendezvous::startTcpStoreServer(url.host, url.port, o.secret);
         spdlog::info(

@@ -23,6 +23,7 @@
 #include "actors/schedules/schedule.h"
 #include "kernels/cuda_plugin.h"
 #include "rendezvous/store.h"
+#include "rendezvous/url.h"
 #include "rendezvous/value.h"
 #include "troupe/error.h"
 
@@ -463,9 +464,8 @@ void validateElastic(const TrainOptions& o) {
   checkReducer(o);  // before any rendezvous
   if (o.rendezvous.empty() || o.run_id.empty()) {
     throw InputError(fmt::format(
-        "{}: an elastic run needs --rendezvous tcp://HOST:PORT (or file://, redis://) and "
-        "--run_id, the same for every worker",
-        bounds));
+        "{}: an elastic run needs --rendezvous ({}) and --run_id, the same for every worker",
+        bounds, rendezvous::storeUrlForms()));
   }
 }
 
