@@ -1,0 +1,94 @@
+// The wire codec's cost per message (actors/core/wire_codec.h): encodeMessage, and decodeMessage
+// of a frame parsed as a link parses it, in ns, for the messages a step sends most. Built against
+// two commits, it shows what a change to the codec costs:
+//   bash scripts/build.sh && build/bench/troupe_wire_codec_bench
+// Each decode gets a frame of its own (a frame's reader counts what it traversed, as a link's).
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "actors/core/messages.h"
+#include "actors/core/wire_codec.h"
+#include "transport/frame.h"
+#include "transport/message_state.h"
+#include "transport/wire.capnp.h"
+
+namespace {
+
+using namespace troupe;
+using Clock = std::chrono::steady_clock;
+
+transport::IncomingMessage sendAndReceive(transport::OutgoingMessage out) {
+  const transport::TransportOptions options;
+  const transport::EncodeLimits limits{options.maxFrameBytes, options.inlineTensorBytes,
+                                       options.bulkChunkBytes};
+  const auto encoded = transport::encodeMessage(
+      std::shared_ptr<transport::OutgoingMessage::State>(out.takeState()), limits);
+  std::string bytes;
+  for (const auto piece : encoded.pieces)
+    bytes.append(reinterpret_cast<const char*>(piece.data()), piece.size());
+  const auto* at = reinterpret_cast<const std::byte*>(bytes.data());
+  const auto header = transport::decodeFrameHeader(at, options.maxFrameBytes);
+  at += transport::kFrameHeaderBytes;
+  static const auto pool = std::make_shared<transport::BufferPool>(0);
+  auto state = transport::startMessage(header, at, *pool);
+  at += transport::segmentTableBytes(header.count);
+  std::memcpy(state->buffer.get(), at, header.bytes);
+  transport::parseMessage(*state, options);
+  return transport::IncomingMessage(state);
+}
+
+volatile std::uint64_t sink;
+
+template <typename M>
+void measure(const char* name, M message) {
+  actors::Typed<M> envelope(std::move(message));
+  constexpr int kEncodes = 200000;
+  constexpr int kDecodes = 20000;
+  const auto start = Clock::now();
+  for (int i = 0; i < kEncodes; ++i)
+    sink = sink + actors::encodeMessage({1, 2}, {0, 3}, envelope).frame().getTarget();
+  const auto encode = Clock::now() - start;
+  Clock::duration decode{};
+  for (int i = 0; i < kDecodes; ++i) {
+    const auto in = sendAndReceive(actors::encodeMessage({1, 2}, {0, 3}, envelope));
+    const auto begin = Clock::now();
+    sink = sink + actors::decodeMessage(1, in).target;
+    decode += Clock::now() - begin;
+  }
+  const auto ns = [](Clock::duration d, int n) {
+    return std::chrono::duration<double, std::nano>(d).count() / n;
+  };
+  std::cout << fmt::format("{:<12} {:>10.0f} {:>10.0f}\n", name, ns(encode, kEncodes),
+                           ns(decode, kDecodes));
+}
+
+}  // namespace
+
+int main() {
+  actors::RingChunk chunk;
+  chunk.step = 5;
+  chunk.segment = 1;
+  chunk.chunk = 2;
+  chunk.phase = actors::RingChunk::kAllGather;
+  chunk.data = kernels::Tensor::host({256});
+  std::memset(chunk.data.raw(), 0, chunk.data.bytes());
+  actors::StepDone done;
+  done.step = 3;
+  done.loss_sum = 1.5;
+  actors::KvConfigure configure;
+  configure.has_optimizer = true;
+  configure.optimizer.name = "adamw";
+  std::cout << fmt::format("{:<12} {:>10} {:>10}\n", "message", "encode ns", "decode ns");
+  for (int round = 0; round < 2; ++round) {
+    measure("RingChunk", chunk);
+    measure("Push", actors::Push{1, 2, 3, 4, chunk.data});
+    measure("StepDone", done);
+    measure("KvConfigure", configure);
+  }
+  return 0;
+}
