@@ -1,6 +1,5 @@
 #include "actors/core/system.h"
 
-#include <cxxabi.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -20,15 +19,6 @@
 #include "troupe/error.h"
 
 namespace troupe::actors {
-
-std::string messageName(std::type_index type) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
-  std::string name = status == 0 && demangled ? demangled : type.name();
-  std::free(demangled);
-  const auto colon = name.rfind("::");
-  return colon == std::string::npos ? name : name.substr(colon + 2);
-}
 
 std::ostream& operator<<(std::ostream& out, const Address& a) {
   return out << a.node << "/" << a.actor;

@@ -2,9 +2,10 @@
 // (Connection::onHeader .. onBulk in transport/asio/asio_transport.cc): frame headers, segment
 // tables, segments parsed within TransportOptions' reader limits, bulk chunks. Every field of every
 // complete message is then read through the schema (walk), each tensor field as a view whose
-// bytes are all touched. A Hello may come at any point (the link's rule that it comes
-// first is left out, so that inputs need not start with one). Bad input may only throw
-// troupe::Error; anything else (a crash, another exception, a sanitizer report) is a finding.
+// bytes are all touched, and decoded as the actors take it (actors::decodeMessage). A Hello may
+// come at any point (the link's rule that it comes first is left out, so that inputs need not start
+// with one). Bad input may only throw troupe::Error; anything else (a crash, another exception, a
+// sanitizer report) is a finding.
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <capnp/dynamic.h>
 #include <capnp/schema.h>
 
+#include "actors/core/wire_codec.h"
 #include "transport/frame.h"
 #include "transport/message_state.h"
 #include "troupe/error.h"
@@ -124,8 +126,15 @@ void walk(const IncomingMessage& in, capnp::DynamicValue::Reader value) {
   }
 }
 
+// Every field through the schema, then the message as the actors take it (wire_codec.h), which
+// may refuse it with an InputError.
 void readMessage(const IncomingMessage& in) {
   walkStruct(in, capnp::toDynamic(in.frame()));
+  try {
+    const auto decoded = troupe::actors::decodeMessage(1, in);
+    use(decoded.target);
+  } catch (const troupe::InputError&) {
+  }
 }
 
 void readHello(wire::Hello::Reader hello) {
