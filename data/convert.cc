@@ -311,6 +311,112 @@ ImageFormat formatFromName(std::string name, const std::string& what) {
   throw InputError(detail::concat(what, ": cannot encode as '", name, "' (known: jpg, png)"));
 }
 
+// InputError for sizes that contradict each other and limits below 1, before anything is read.
+void checkImagesetOptions(const ImagesetOptions& options) {
+  if ((options.resize_height > 0) != (options.resize_width > 0) || options.resize_height < 0 ||
+      options.resize_width < 0) {
+    throw InputError(detail::concat("resize needs both a height and a width > 0, got ",
+                                    options.resize_height, "x", options.resize_width));
+  }
+  if (options.resize_short < 0 || (options.resize_short > 0 && options.resize_height > 0)) {
+    throw InputError(detail::concat(
+        "resize (the short side) must be > 0 and excludes resize_height and resize_width, got ",
+        options.resize_short, " with ", options.resize_height, "x", options.resize_width));
+  }
+  if (options.max_image_pixels < 1 || options.max_image_bytes < 1) {
+    throw InputError(detail::concat("max_image_pixels and max_image_bytes must be > 0, got ",
+                                    options.max_image_pixels, " and ", options.max_image_bytes));
+  }
+}
+
+// The list's entries in the order `seed` shuffles their indices to.
+std::vector<ListEntry> shuffled(std::vector<ListEntry> entries, std::uint64_t seed) {
+  std::vector<std::int64_t> order(entries.size());
+  for (std::size_t i = 0; i < order.size(); ++i)
+    order[i] = static_cast<std::int64_t>(i);
+  SplitMix64 rng(seed);
+  shuffle(order, rng);
+  std::vector<ListEntry> out;
+  out.reserve(entries.size());
+  for (std::int64_t i : order)
+    out.push_back(std::move(entries[static_cast<std::size_t>(i)]));
+  return out;
+}
+
+// An image file of the list as read: its bytes, their format and the size its header gives.
+struct ImageFile {
+  std::string bytes;
+  ImageFormat format = ImageFormat::kUnknown;
+  ImageInfo info;
+};
+
+// The image file at path, decoded into `image` with `channels` and resized as options ask;
+// InputError (without the list's line) if it is bad.
+ImageFile readImage(const std::string& path, const ImagesetOptions& options, int channels,
+                    Image& image) {
+  ImageFile file;
+  file.bytes =
+      readRegularFile(path, "image", options.max_image_bytes,
+                      detail::concat("max_image_bytes (", options.max_image_bytes, " bytes)"));
+  file.format = sniffImageFormat(file.bytes);
+  try {
+    if (file.format == ImageFormat::kUnknown) throw InputError("is not a JPEG or PNG image");
+    file.info = probeImage(file.bytes);
+    decodeImage(file.bytes, channels, image, options.max_image_pixels);
+  } catch (const InputError& e) {
+    throw InputError(detail::concat("image '", path, "' ", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw InputError(detail::concat("image '", path, "' (", file.info.width, "x", file.info.height,
+                                    ") does not fit in memory decoded"));
+  }
+  if (options.resize_short > 0) {
+    const ImageSize size = shortSideResized(image.height, image.width, options.resize_short);
+    image = resizeAntialiased(image, size.height, size.width);
+  } else if (options.resize_height > 0) {
+    image = resizeBilinear(image, options.resize_height, options.resize_width);
+  }
+  return file;
+}
+
+// An H x W x C image's pixels as a raw Datum's data, C x H x W.
+void setRawPixels(const Image& image, caffe::Datum& datum) {
+  std::string* data = datum.mutable_data();
+  const int c = image.channels;
+  const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
+  data->resize(plane * c);
+  for (int k = 0; k < c; ++k) {
+    for (std::size_t j = 0; j < plane; ++j) {
+      (*data)[k * plane + j] = static_cast<char>(image.pixels[j * c + k]);
+    }
+  }
+}
+
+// The image at path as a Datum in `datum` (`image` holding its pixels); InputError (without the
+// list's line) if it is bad. An encoded record keeps the file as it is where nothing changed it.
+void toDatum(const ListEntry& entry, const std::string& path, const ImagesetOptions& options,
+             const std::optional<ImageFormat>& encode_as, Image& image, caffe::Datum& datum) {
+  const int channels = options.gray ? 1 : 3;
+  const bool resize = options.resize_height > 0 || options.resize_short > 0;
+  const ImageFile file = readImage(path, options, channels, image);
+  datum.Clear();
+  datum.set_label(entry.label);
+  datum.set_channels(image.channels);
+  datum.set_height(image.height);
+  datum.set_width(image.width);
+  if (!options.encoded) {
+    setRawPixels(image, datum);
+    return;
+  }
+  const ImageFormat target =
+      encode_as ? *encode_as : formatFromName(fs::path(entry.path).extension().string(), path);
+  datum.set_encoded(true);
+  if (!resize && file.info.channels == channels && file.format == target) {
+    datum.set_data(file.bytes);  // the file as it is
+  } else {
+    datum.set_data(target == ImageFormat::kPng ? encodePng(image) : encodeJpeg(image));
+  }
+}
+
 }  // namespace
 
 ConvertStats convertFashionMnist(const std::string& source_dir, const std::string& out_dir,
@@ -350,99 +456,24 @@ ConvertStats convertCifar10(const std::string& source_dir, const std::string& ou
 
 ImagesetStats convertImageset(const std::string& list_file, const std::string& root,
                               const std::string& out_db, const ImagesetOptions& options) {
-  if ((options.resize_height > 0) != (options.resize_width > 0) || options.resize_height < 0 ||
-      options.resize_width < 0) {
-    throw InputError(detail::concat("resize needs both a height and a width > 0, got ",
-                                    options.resize_height, "x", options.resize_width));
-  }
-  if (options.resize_short < 0 || (options.resize_short > 0 && options.resize_height > 0)) {
-    throw InputError(detail::concat(
-        "resize (the short side) must be > 0 and excludes resize_height and resize_width, got ",
-        options.resize_short, " with ", options.resize_height, "x", options.resize_width));
-  }
-  if (options.max_image_pixels < 1 || options.max_image_bytes < 1) {
-    throw InputError(detail::concat("max_image_pixels and max_image_bytes must be > 0, got ",
-                                    options.max_image_pixels, " and ", options.max_image_bytes));
-  }
-  const bool resize = options.resize_height > 0 || options.resize_short > 0;
+  checkImagesetOptions(options);
   std::optional<ImageFormat> encode_as;
   if (!options.encode_type.empty()) encode_as = formatFromName(options.encode_type, "convert");
   std::vector<ListEntry> entries = readList(list_file);
-  if (options.shuffle) {
-    std::vector<std::int64_t> order(entries.size());
-    for (std::size_t i = 0; i < order.size(); ++i)
-      order[i] = static_cast<std::int64_t>(i);
-    SplitMix64 rng(options.seed);
-    shuffle(order, rng);
-    std::vector<ListEntry> shuffled;
-    shuffled.reserve(entries.size());
-    for (std::int64_t i : order)
-      shuffled.push_back(std::move(entries[static_cast<std::size_t>(i)]));
-    entries = std::move(shuffled);
-  }
+  if (options.shuffle) entries = shuffled(std::move(entries), options.seed);
 
   auto db = createDb(out_db, options.type);
-  const int channels = options.gray ? 1 : 3;
   caffe::Datum datum;
   Image image;
   std::string value;
   std::optional<ImageInfo> raw_shape;
   ImagesetStats stats;
-  // The image at path as a Datum in `datum`; InputError (without the list's line) if it is bad.
-  const auto toDatum = [&](const ListEntry& entry, const std::string& path) {
-    const std::string bytes =
-        readRegularFile(path, "image", options.max_image_bytes,
-                        detail::concat("max_image_bytes (", options.max_image_bytes, " bytes)"));
-    const ImageFormat format = sniffImageFormat(bytes);
-    ImageInfo info;
-    try {
-      if (format == ImageFormat::kUnknown) throw InputError("is not a JPEG or PNG image");
-      info = probeImage(bytes);
-      decodeImage(bytes, channels, image, options.max_image_pixels);
-    } catch (const InputError& e) {
-      throw InputError(detail::concat("image '", path, "' ", e.what()));
-    } catch (const std::bad_alloc&) {
-      throw InputError(detail::concat("image '", path, "' (", info.width, "x", info.height,
-                                      ") does not fit in memory decoded"));
-    }
-    if (options.resize_short > 0) {
-      const ImageSize size = shortSideResized(image.height, image.width, options.resize_short);
-      image = resizeAntialiased(image, size.height, size.width);
-    } else if (resize) {
-      image = resizeBilinear(image, options.resize_height, options.resize_width);
-    }
-    datum.Clear();
-    datum.set_label(entry.label);
-    datum.set_channels(image.channels);
-    datum.set_height(image.height);
-    datum.set_width(image.width);
-    if (options.encoded) {
-      const ImageFormat target =
-          encode_as ? *encode_as : formatFromName(fs::path(entry.path).extension().string(), path);
-      datum.set_encoded(true);
-      if (!resize && info.channels == channels && format == target) {
-        datum.set_data(bytes);  // the file as it is
-      } else {
-        datum.set_data(target == ImageFormat::kPng ? encodePng(image) : encodeJpeg(image));
-      }
-      return;
-    }
-    std::string* data = datum.mutable_data();
-    const int c = image.channels;
-    const std::size_t plane = static_cast<std::size_t>(image.height) * image.width;
-    data->resize(plane * c);
-    for (int k = 0; k < c; ++k) {  // HxWxC -> CxHxW
-      for (std::size_t j = 0; j < plane; ++j) {
-        (*data)[k * plane + j] = static_cast<char>(image.pixels[j * c + k]);
-      }
-    }
-  };
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const ListEntry& entry = entries[i];
     const std::string path = root.empty() ? entry.path : (fs::path(root) / entry.path).string();
     const auto where = [&] { return detail::concat("list '", list_file, "' line ", entry.line); };
     try {
-      toDatum(entry, path);
+      toDatum(entry, path, options, encode_as, image, datum);
     } catch (const InputError& e) {
       if (!options.skip_bad_images) throw InputError(detail::concat(e.what(), " (", where(), ")"));
       if (stats.first_skipped.size() < ImagesetStats::kNamed) {

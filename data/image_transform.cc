@@ -304,30 +304,23 @@ void ImageTransform::shiftTaps(Taps& t, int origin) {
     first -= origin;
 }
 
-template <typename T>
-void ImageTransform::resample(const Image& source, const Window& window, T* out) {
+ImageTransform::Reach ImageTransform::reach() const {
+  return {down_.first.front(), down_.first.back() + down_.count.back(), across_.first.front(),
+          across_.first.back() + across_.count.back()};
+}
+
+// The reach's pixels as floats in source_, `lanes` to a pixel: a row of the reach after another.
+void ImageTransform::sourceToFloats(const Image& source, const Reach& area, int lanes) {
   const int c = channels_;
-  TROUPE_ENFORCE_EQ(source.channels, c);
-  TROUPE_ENFORCE(across_.first.front() >= 0 && down_.first.front() >= 0 &&
-                     across_.first.back() + across_.count.back() <= source.width &&
-                     down_.first.back() + down_.count.back() <= source.height,
-                 "the filter reads past the ", source.width, "x", source.height, " pixels decoded");
-  // From here on a colour pixel is 4 floats (B, G, R and a lane that is never read), so that each
-  // tap is one 4-wide multiply-add, which the compiler makes SIMD at the baseline ISA; gray is 1.
-  const int lanes = c == 3 ? 4 : 1;
-  // The source's pixels that the filter reads, as floats: rows [row_lo, row_hi), columns
-  // [col_lo, col_hi) (first taps grow with the output pixel, so the last is the farthest).
-  const int row_lo = down_.first.front(), row_hi = down_.first.back() + down_.count.back();
-  const int col_lo = across_.first.front(), col_hi = across_.first.back() + across_.count.back();
-  const std::size_t cols = static_cast<std::size_t>(col_hi - col_lo) * lanes;
-  source_.resize(static_cast<std::size_t>(row_hi - row_lo) * cols);
-  for (int y = row_lo; y < row_hi; ++y) {
+  const std::size_t cols = static_cast<std::size_t>(area.col_hi - area.col_lo) * lanes;
+  source_.resize(static_cast<std::size_t>(area.row_hi - area.row_lo) * cols);
+  for (int y = area.row_lo; y < area.row_hi; ++y) {
     const std::uint8_t* src =
-        source.pixels.data() + (static_cast<std::size_t>(y) * source.width + col_lo) * c;
-    float* dst = source_.data() + static_cast<std::size_t>(y - row_lo) * cols;
+        source.pixels.data() + (static_cast<std::size_t>(y) * source.width + area.col_lo) * c;
+    float* dst = source_.data() + static_cast<std::size_t>(y - area.row_lo) * cols;
     if (lanes == 4) {
       // Converted where they lie (a loop the compiler makes SIMD), then spread into lanes.
-      const auto n = static_cast<std::size_t>(col_hi - col_lo);
+      const auto n = static_cast<std::size_t>(area.col_hi - area.col_lo);
       float* packed = dst + n;  // the row's last quarter, overwritten last
 #pragma omp simd
       for (std::size_t x = 0; x < 3 * n; ++x)
@@ -345,15 +338,18 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
         dst[x] = src[x];
     }
   }
+}
 
-  // Horizontal pass over those rows.
+// The horizontal pass over the reach's rows, from source_ into rows_ (a row of width_ pixels each).
+void ImageTransform::horizontalPass(const Reach& area, int lanes) {
+  const std::size_t cols = static_cast<std::size_t>(area.col_hi - area.col_lo) * lanes;
   const std::size_t row_len = static_cast<std::size_t>(width_) * lanes;
-  rows_.resize(static_cast<std::size_t>(row_hi - row_lo) * row_len);
-  for (int y = row_lo; y < row_hi; ++y) {
-    const float* src = source_.data() + static_cast<std::size_t>(y - row_lo) * cols;
-    float* dst = rows_.data() + static_cast<std::size_t>(y - row_lo) * row_len;
+  rows_.resize(static_cast<std::size_t>(area.row_hi - area.row_lo) * row_len);
+  for (int y = area.row_lo; y < area.row_hi; ++y) {
+    const float* src = source_.data() + static_cast<std::size_t>(y - area.row_lo) * cols;
+    float* dst = rows_.data() + static_cast<std::size_t>(y - area.row_lo) * row_len;
     for (int j = 0; j < width_; ++j) {
-      const float* s = src + static_cast<std::size_t>(across_.first[j] - col_lo) * lanes;
+      const float* s = src + static_cast<std::size_t>(across_.first[j] - area.col_lo) * lanes;
       const float* w = across_.weights.data() + static_cast<std::size_t>(j) * across_.stride;
       const int n = across_.count[j];
       if (lanes == 4) {
@@ -374,63 +370,86 @@ void ImageTransform::resample(const Image& source, const Window& window, T* out)
       }
     }
   }
+}
 
-  // Vertical pass, a row of the output at a time: into pixels_ (H x W x lanes, 0..255) when colour
-  // jitter needs the whole image, else into one row that is laid out at once, while in cache.
-  const bool whole = window.brightness != 1 || window.contrast != 1 || window.saturation != 1;
-  pixels_.resize(whole ? static_cast<std::size_t>(height_) * row_len : row_len);
-  auto vertical = [&](int i, float* dst) {
-    const float* w = down_.weights.data() + static_cast<std::size_t>(i) * down_.stride;
-    for (int k = 0; k < down_.count[i]; ++k) {
-      const float* src =
-          rows_.data() + static_cast<std::size_t>(down_.first[i] + k - row_lo) * row_len;
-      const float wk = w[k];
-      if (k == 0) {
+// The vertical pass for output row i, from rows_ (rows from row_lo, of row_len floats) into dst.
+void ImageTransform::verticalPass(int i, int row_lo, std::size_t row_len, float* dst) const {
+  const float* w = down_.weights.data() + static_cast<std::size_t>(i) * down_.stride;
+  for (int k = 0; k < down_.count[i]; ++k) {
+    const float* src =
+        rows_.data() + static_cast<std::size_t>(down_.first[i] + k - row_lo) * row_len;
+    const float wk = w[k];
+    if (k == 0) {
 #pragma omp simd
-        for (std::size_t x = 0; x < row_len; ++x)
-          dst[x] = wk * src[x];
-      } else {
+      for (std::size_t x = 0; x < row_len; ++x)
+        dst[x] = wk * src[x];
+    } else {
 #pragma omp simd
-        for (std::size_t x = 0; x < row_len; ++x)
-          dst[x] += wk * src[x];
-      }
+      for (std::size_t x = 0; x < row_len; ++x)
+        dst[x] += wk * src[x];
     }
-  };
-  if (whole) {
-    for (int i = 0; i < height_; ++i)
-      vertical(i, pixels_.data() + static_cast<std::size_t>(i) * row_len);
-    jitter(window);
   }
-  // Mirror, normalise and lay out, row by row.
+}
+
+// Output row i from `row` (width_ pixels, `lanes` floats each): mirrored, normalised and laid out.
+template <typename T>
+void ImageTransform::layOutRow(const float* row, int i, int lanes, bool mirror, T* out) const {
+  const int c = channels_;
   const std::size_t plane = static_cast<std::size_t>(height_) * width_;
   const bool nchw = options_.layout == Layout::kNchw;
+  for (int k = 0; k < c; ++k) {
+    const float mean = mean_[k], scale = scale_[k];
+    // NCHW: the row of plane k; NHWC: every c-th value of the row from k.
+    T* dst = nchw ? out + k * plane + static_cast<std::size_t>(i) * width_
+                  : out + static_cast<std::size_t>(i) * width_ * c + k;
+    const float* src = row + k;
+    auto value = [&](std::size_t x) {
+      const float v = src[x * lanes];
+      return store<T>(std::is_same_v<T, float> ? (v - mean) * scale : v);
+    };
+    const auto w = static_cast<std::size_t>(width_);
+    if (nchw && !mirror) {  // the common case, in loops the compiler makes SIMD
+#pragma omp simd
+      for (std::size_t j = 0; j < w; ++j)
+        dst[j] = value(j);
+    } else if (nchw) {
+#pragma omp simd
+      for (std::size_t j = 0; j < w; ++j)
+        dst[j] = value(w - 1 - j);
+    } else {
+      for (std::size_t j = 0; j < w; ++j)
+        dst[j * c] = value(mirror ? w - 1 - j : j);
+    }
+  }
+}
+
+template <typename T>
+void ImageTransform::resample(const Image& source, const Window& window, T* out) {
+  const int c = channels_;
+  TROUPE_ENFORCE_EQ(source.channels, c);
+  const Reach area = reach();
+  TROUPE_ENFORCE(area.col_lo >= 0 && area.row_lo >= 0 && area.col_hi <= source.width &&
+                     area.row_hi <= source.height,
+                 "the filter reads past the ", source.width, "x", source.height, " pixels decoded");
+  // From here on a colour pixel is 4 floats (B, G, R and a lane that is never read), so that each
+  // tap is one 4-wide multiply-add, which the compiler makes SIMD at the baseline ISA; gray is 1.
+  const int lanes = c == 3 ? 4 : 1;
+  sourceToFloats(source, area, lanes);
+  horizontalPass(area, lanes);
+  // Vertical pass, a row of the output at a time: into pixels_ (H x W x lanes, 0..255) when colour
+  // jitter needs the whole image, else into one row that is laid out at once, while in cache.
+  const std::size_t row_len = static_cast<std::size_t>(width_) * lanes;
+  const bool whole = window.brightness != 1 || window.contrast != 1 || window.saturation != 1;
+  pixels_.resize(whole ? static_cast<std::size_t>(height_) * row_len : row_len);
+  if (whole) {
+    for (int i = 0; i < height_; ++i)
+      verticalPass(i, area.row_lo, row_len, pixels_.data() + static_cast<std::size_t>(i) * row_len);
+    jitter(window);
+  }
   for (int i = 0; i < height_; ++i) {
     float* row = pixels_.data() + (whole ? static_cast<std::size_t>(i) * row_len : 0);
-    if (!whole) vertical(i, row);
-    for (int k = 0; k < c; ++k) {
-      const float mean = mean_[k], scale = scale_[k];
-      // NCHW: the row of plane k; NHWC: every c-th value of the row from k.
-      T* dst = nchw ? out + k * plane + static_cast<std::size_t>(i) * width_
-                    : out + static_cast<std::size_t>(i) * width_ * c + k;
-      const float* src = row + k;
-      auto value = [&](std::size_t x) {
-        const float v = src[x * lanes];
-        return store<T>(std::is_same_v<T, float> ? (v - mean) * scale : v);
-      };
-      const auto w = static_cast<std::size_t>(width_);
-      if (nchw && !window.mirror) {  // the common case, in loops the compiler makes SIMD
-#pragma omp simd
-        for (std::size_t j = 0; j < w; ++j)
-          dst[j] = value(j);
-      } else if (nchw) {
-#pragma omp simd
-        for (std::size_t j = 0; j < w; ++j)
-          dst[j] = value(w - 1 - j);
-      } else {
-        for (std::size_t j = 0; j < w; ++j)
-          dst[j * c] = value(window.mirror ? w - 1 - j : j);
-      }
-    }
+    if (!whole) verticalPass(i, area.row_lo, row_len, row);
+    layOutRow(row, i, lanes, window.mirror, out);
   }
 }
 

@@ -111,6 +111,17 @@ class ImageTransform {
   // source holds every pixel the taps read.
   template <typename T>
   void resample(const Image& source, const Window& window, T* out);
+  // resample's steps. The source's pixels that the filter reads: rows [row_lo, row_hi), columns
+  // [col_lo, col_hi) (first taps grow with the output pixel, so the last is the farthest).
+  struct Reach {
+    int row_lo, row_hi, col_lo, col_hi;
+  };
+  Reach reach() const;
+  void sourceToFloats(const Image& source, const Reach& area, int lanes);
+  void horizontalPass(const Reach& area, int lanes);
+  void verticalPass(int i, int row_lo, std::size_t row_len, float* dst) const;
+  template <typename T>
+  void layOutRow(const float* row, int i, int lanes, bool mirror, T* out) const;
   void jitter(const Window& window);
   friend Image resizeAntialiased(const Image& image, int height, int width);
 

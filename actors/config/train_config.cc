@@ -18,6 +18,7 @@
 #include "actors/config/config_keys.h"
 #include "actors/core/run_id.h"
 #include "actors/schedules/schedule.h"
+#include "rendezvous/url.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
@@ -224,49 +225,152 @@ void settleMxnetPlace(config::Settings& s, const EnvLookup& env) {
   }
 }
 
+// A config file's text as a TOML table; InputError at FILE:LINE:COLUMN where it does not parse.
+toml::table parseConfigFile(const std::string& file) {
+  const std::string text = readConfigFile(file);
+  checkNonAscii(file, text);
+  try {
+    return toml::parse(text, file);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    throw InputError(fmt::format("{}:{}:{}: {}", file, where.line, where.column, e.description()));
+  }
+}
+
+// A file's [[layers]]: a custom model's layers, in order.
+std::vector<kernels::LayerSpec> layersFromToml(const std::string& file, const toml::node& node) {
+  const auto* arr = node.as_array();
+  if (!arr || !arr->is_array_of_tables()) {
+    throw InputError(fmt::format("{}: 'layers' must be an array of tables ([[layers]])", file));
+  }
+  std::vector<kernels::LayerSpec> layers;
+  for (std::size_t i = 0; i < arr->size(); ++i)
+    layers.push_back(layerFromToml(file, i, *arr->get(i)->as_table()));
+  return layers;
+}
+
+// The config file's keys, each set as the file gives it; [[layers]] replace the model's layers,
+// and name no model unless the file names one too.
+void applyConfigFile(config::Settings& s, const std::string& file) {
+  TrainOptions& o = s.options;
+  const toml::table table = parseConfigFile(file);
+  for (const auto& [k, node] : table) {
+    const std::string key(k.str());
+    if (key == "layers") {
+      o.model.layers = layersFromToml(file, node);
+      continue;
+    }
+    const Key* def = config::findKey(key == "kv_store" ? "schedule" : key);
+    if (!def) {
+      throw InputError(fmt::format(
+          "unknown key '{}' in {}{} (docs/config.md and troupe train --help list the keys)", key,
+          file, config::didYouMeanKey(key)));
+    }
+    const config::Source from{Rank::kFile, fmt::format("{}: key '{}'", file, key),
+                              fmt::format("{}: {} = {}", file, key, nodeText(node))};
+    if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
+    config::assign(s, *def, fromToml(file, *def, node), from);
+  }
+  if (!o.model.layers.empty() && !table.contains("model")) o.model.name.clear();
+}
+
+// troupe launch's TROUPE_* variables (any launcher's), for the keys that no flag gives.
+void applyLauncherVariables(const EnvLookup& env, const KeyGiven& flag_gives,
+                            const SetFromVariable& set) {
+  for (auto [var, key] : config::kLauncherVariables) {
+    // `troupe launch --elastic MIN:MAX` says TROUPE_NUM_WORKERS=MIN:MAX.
+    if (auto v = env(var);
+        v && key == std::string_view("num_shards") && v->find(':') != std::string::npos) {
+      key = "num_workers";
+    }
+    if (auto v = env(var); v && !flag_gives(key) &&
+                           !(key == std::string_view("num_shards") && flag_gives("num_workers"))) {
+      set(fmt::format("{}={}", var, *v), *v, key, Rank::kLauncher);
+    }
+  }
+}
+
+// The flags (or a service's values in their place), over every other source; a --model flag
+// drops the file's [[layers]].
+void applyFlags(config::Settings& s, const ConfigOverrides& overrides) {
+  TrainOptions& o = s.options;
+  for (const auto& [given_name, text] : overrides) {
+    // A setting copied from a command line keeps its dashes: "--batch_size" is batch_size.
+    std::string_view name = given_name;
+    while (name.starts_with('-'))
+      name.remove_prefix(1);
+    const Key* def = config::findKey(name);
+    if (!def) {
+      throw InputError(fmt::format("unknown setting '{}'{} (docs/config.md lists the settings)",
+                                   given_name, config::didYouMeanKey(name)));
+    }
+    const config::Source from{
+        Rank::kFlag, fmt::format("--{}", name),
+        text.empty() ? fmt::format("--{}", name) : fmt::format("--{} {}", name, text)};
+    if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
+    config::assign(s, *def, config::fromText(*def, text), from);
+  }
+  if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
+}
+
+// Started by srun, an Indexed Job or mpirun without `troupe launch`: the place the engine gives,
+// for what no flag, TROUPE_* or DMLC_* variable gave (actors/config/cluster_env.h).
+void applyClusterPlace(config::Settings& s, const EnvLookup& env) {
+  auto given_by = [&](std::string_view key) -> std::optional<std::string> {
+    if (const auto* g = s.find(key); g && g->source.rank >= Rank::kMxnet) return g->source.by;
+    for (const auto& [var, k] : config::kLauncherVariables) {
+      if (auto v = env(var); v && key == k) return fmt::format("{}={}", var, *v);
+    }
+    return std::nullopt;
+  };
+  applyClusterEnvironment(s.options, given_by, env);
+}
+
+// Several processes and no schedule named: Caffe2's trainer ran synchronous SGD across its
+// --num_shards (docs/flags.md), and MXNet's launch.py with servers dist_sync; so does troupe.
+void settleSchedule(config::Settings& s) {
+  const TrainOptions& o = s.options;
+  if (s.find("schedule") || o.num_shards + o.num_servers <= 1) return;
+  const std::string schedule = o.num_servers > 0 ? "dist_sync" : "bsp-allreduce";
+  config::assign(s, *config::findKey("schedule"), schedule,
+                 config::Source{Rank::kDefault, "several processes",
+                                fmt::format("several processes ({} workers, {} servers)",
+                                            o.num_shards, o.num_servers)});
+}
+
+// The secret file is read whole (transport::loadSecret): refused first if it is not a small
+// regular file, as a config file would be.
+void loadSecretFile(TrainOptions& o, const EnvLookup& env) {
+  const std::string secret_file =
+      !o.secret_file.empty() ? o.secret_file : env("TROUPE_SECRET_FILE").value_or("");
+  if (struct stat st{}; !secret_file.empty() && ::stat(secret_file.c_str(), &st) == 0) {
+    checkSmallRegularFile(secret_file, "secret file", st);
+  }
+  o.secret = transport::loadSecret(o.secret_file);
+}
+
+// Several processes need a rendezvous and, started by hand, one run id; a run id must be valid.
+void checkRendezvous(const TrainOptions& o) {
+  if (o.num_shards + o.num_servers > 1) {
+    if (o.rendezvous.empty()) {
+      throw InputError(
+          fmt::format("{} processes need a rendezvous: --rendezvous {} (troupe launch sets it; "
+                      "so do Caffe2's --redis_host and --file_store_path)",
+                      o.num_shards, rendezvous::storeUrlForms()));
+    }
+    if (o.run_id.empty()) {
+      throw InputError("processes started by hand need the same --run_id");
+    }
+  }
+  if (!o.run_id.empty()) checkRunId(o.run_id);
+}
+
 }  // namespace
 
 TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& overrides) {
   config::Settings s = config::defaultSettings();
   TrainOptions& o = s.options;
-  if (!file.empty()) {
-    const std::string text = readConfigFile(file);
-    checkNonAscii(file, text);
-    toml::table table;
-    try {
-      table = toml::parse(text, file);
-    } catch (const toml::parse_error& e) {
-      const auto& where = e.source().begin;
-      throw InputError(
-          fmt::format("{}:{}:{}: {}", file, where.line, where.column, e.description()));
-    }
-    for (const auto& [k, node] : table) {
-      const std::string key(k.str());
-      if (key == "layers") {
-        const auto* arr = node.as_array();
-        if (!arr || !arr->is_array_of_tables()) {
-          throw InputError(
-              fmt::format("{}: 'layers' must be an array of tables ([[layers]])", file));
-        }
-        o.model.layers.clear();
-        for (std::size_t i = 0; i < arr->size(); ++i) {
-          o.model.layers.push_back(layerFromToml(file, i, *arr->get(i)->as_table()));
-        }
-        continue;
-      }
-      const Key* def = config::findKey(key == "kv_store" ? "schedule" : key);
-      if (!def) {
-        throw InputError(fmt::format(
-            "unknown key '{}' in {}{} (docs/config.md and troupe train --help list the keys)", key,
-            file, config::didYouMeanKey(key)));
-      }
-      const config::Source from{Rank::kFile, fmt::format("{}: key '{}'", file, key),
-                                fmt::format("{}: {} = {}", file, key, nodeText(node))};
-      if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
-      config::assign(s, *def, fromToml(file, *def, node), from);
-    }
-    if (!o.model.layers.empty() && !table.contains("model")) o.model.name.clear();
-  }
+  if (!file.empty()) applyConfigFile(s, file);
   const EnvLookup env = processEnvironment();
   // A flag gives `key`: its own, or one of Caffe2's that sets it.
   auto flag_gives = [&](std::string_view key) {
@@ -290,80 +394,18 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
                    config::Source{rank, fmt::format("{}: key '{}'", by, key), by});
   };
   applyMxnetVariables(env, flag_gives, from_variable);
-  for (auto [var, key] : config::kLauncherVariables) {
-    // `troupe launch --elastic MIN:MAX` says TROUPE_NUM_WORKERS=MIN:MAX.
-    if (auto v = env(var);
-        v && key == std::string_view("num_shards") && v->find(':') != std::string::npos) {
-      key = "num_workers";
-    }
-    if (auto v = env(var); v && !flag_gives(key) &&
-                           !(key == std::string_view("num_shards") && flag_gives("num_workers"))) {
-      from_variable(fmt::format("{}={}", var, *v), *v, key, Rank::kLauncher);
-    }
-  }
-  for (const auto& [given_name, text] : overrides) {
-    // A setting copied from a command line keeps its dashes: "--batch_size" is batch_size.
-    std::string_view name = given_name;
-    while (name.starts_with('-'))
-      name.remove_prefix(1);
-    const Key* def = config::findKey(name);
-    if (!def) {
-      throw InputError(fmt::format("unknown setting '{}'{} (docs/config.md lists the settings)",
-                                   given_name, config::didYouMeanKey(name)));
-    }
-    const config::Source from{
-        Rank::kFlag, fmt::format("--{}", name),
-        text.empty() ? fmt::format("--{}", name) : fmt::format("--{} {}", name, text)};
-    if (def->refusal) throw InputError(fmt::format("{}: {}", from.by, def->refusal));
-    config::assign(s, *def, config::fromText(*def, text), from);
-  }
-  if (!o.model.layers.empty() && overrides.count("model")) o.model.layers.clear();
+  applyLauncherVariables(env, flag_gives, from_variable);
+  applyFlags(s, overrides);
   o.schedule = canonicalSchedule(o.schedule);
   config::resolveCaffe2Flags(s);
   resolveImageKeys(s);
   settleMxnetPlace(s, env);
-  // Started by srun, an Indexed Job or mpirun without `troupe launch`: the place the engine
-  // gives, for what no flag, TROUPE_* or DMLC_* variable gave (actors/config/cluster_env.h).
-  auto given_by = [&](std::string_view key) -> std::optional<std::string> {
-    if (const auto* g = s.find(key); g && g->source.rank >= Rank::kMxnet) return g->source.by;
-    for (const auto& [var, k] : config::kLauncherVariables) {
-      if (auto v = env(var); v && key == k) return fmt::format("{}={}", var, *v);
-    }
-    return std::nullopt;
-  };
-  applyClusterEnvironment(o, given_by, env);
-  // Several processes and no schedule named: Caffe2's trainer ran synchronous SGD across its
-  // --num_shards (docs/flags.md), and MXNet's launch.py with servers dist_sync; so does troupe.
-  if (!s.find("schedule") && o.num_shards + o.num_servers > 1) {
-    const std::string schedule = o.num_servers > 0 ? "dist_sync" : "bsp-allreduce";
-    config::assign(s, *config::findKey("schedule"), schedule,
-                   config::Source{Rank::kDefault, "several processes",
-                                  fmt::format("several processes ({} workers, {} servers)",
-                                              o.num_shards, o.num_servers)});
-  }
-  // The secret file is read whole (transport::loadSecret): refused first if it is not a small
-  // regular file, as a config file would be.
-  const std::string secret_file =
-      !o.secret_file.empty() ? o.secret_file : env("TROUPE_SECRET_FILE").value_or("");
-  if (struct stat st{}; !secret_file.empty() && ::stat(secret_file.c_str(), &st) == 0) {
-    checkSmallRegularFile(secret_file, "secret file", st);
-  }
-  o.secret = transport::loadSecret(o.secret_file);
+  applyClusterPlace(s, env);
+  settleSchedule(s);
+  loadSecretFile(o, env);
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
-  if (o.num_shards + o.num_servers > 1) {
-    if (o.rendezvous.empty()) {
-      throw InputError(
-          fmt::format("{} processes need a rendezvous: --rendezvous tcp://HOST:PORT, "
-                      "file:///shared/dir or redis://HOST:PORT (troupe launch sets it; so do "
-                      "Caffe2's --redis_host and --file_store_path)",
-                      o.num_shards));
-    }
-    if (o.run_id.empty()) {
-      throw InputError("processes started by hand need the same --run_id");
-    }
-  }
-  if (!o.run_id.empty()) checkRunId(o.run_id);
+  checkRendezvous(o);
   // As given: lr_scaling's factor is applied after (docs/config.md).
   for (const auto& k : config::keys())
     o.parameters.emplace_back(k.name, config::shownValue(k, k.get(s)));

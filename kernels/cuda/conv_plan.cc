@@ -173,6 +173,189 @@ Desc variantPack(const void* x, const void* w, const void* y, void* workspace) {
   return pack;
 }
 
+// The convolution of spec's geometry, cross-correlating and accumulating in float.
+Desc convolution(const ConvPlanSpec& s) {
+  Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float16 and bfloat16 accumulate in float
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const std::int64_t dims = 2;
+  const std::array<std::int64_t, 2> one{1, 1}, stride{s.stride, s.stride}, pad{s.pad, s.pad};
+  set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "compute");
+  set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
+  set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "dims");
+  set(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, one.data(), "dilations");
+  set(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data(), "strides");
+  set(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+  set(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
+  take(cudnnBackendFinalize(conv.get()), "the convolution");
+  return conv;
+}
+
+// Each direction's operation and the attributes that name its tensors (x, w, y: dx, dw, dy where
+// written), its convolution, alpha and beta.
+struct OperationNames {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+OperationNames operationNames(ConvPlanSpec::Kind kind) {
+  using Kind = ConvPlanSpec::Kind;
+  if (kind == Kind::kForward) {
+    return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+  }
+  if (kind == Kind::kBackwardData) {
+    return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+            CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+}
+
+// spec's direction of the convolution over x, w and y, as an operation: out = conv + beta * out.
+Desc operation(const ConvPlanSpec& s, const Desc& x, const Desc& w, const Desc& y,
+               const Desc& conv) {
+  const OperationNames names = operationNames(s.kind);
+  const float alpha = 1.0f, beta = s.beta;
+  Desc op(names.type);
+  setDesc(op, names.x, x, "x");
+  setDesc(op, names.w, w, "w");
+  setDesc(op, names.y, y, "y");
+  setDesc(op, names.conv, conv, "the convolution");
+  set(op, names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha, "alpha");
+  set(op, names.beta, CUDNN_TYPE_FLOAT, 1, &beta, "beta");
+  take(cudnnBackendFinalize(op.get()), "the operation");
+  return op;
+}
+
+// The graph of the one operation, run with handle.
+Desc operationGraph(const Desc& op, cudnnHandle_t handle) {
+  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  setDesc(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, op, "the graph's operation");
+  setHandle(graph, /*plan=*/false, handle);
+  take(cudnnBackendFinalize(graph.get()), "the operation graph");
+  return graph;
+}
+
+// The notes that exclude an engine from running this call: none that converts its inputs down
+// (as PyTorch), float32 without TF32 off tensor cores (as the legacy path's FMA math), no
+// reduction in float16 or bfloat16 (the legacy calls accumulate in float), none that compiles at
+// run time (seconds each), and with `deterministic` none that cuDNN notes as nondeterministic.
+struct ExcludedNotes {
+  std::vector<cudnnBackendNumericalNote_t> numerical;
+  std::vector<cudnnBackendBehaviorNote_t> behavior;
+};
+ExcludedNotes excludedNotes(const ConvPlanSpec& s) {
+  ExcludedNotes out;
+  out.numerical = {CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
+                   CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
+  if (s.data == CUDNN_DATA_FLOAT && !s.tf32)
+    out.numerical.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
+  if (s.deterministic) out.numerical.push_back(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
+  out.behavior = {CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
+  return out;
+}
+
+// What became of the heuristics' configs while the fastest plan was sought, for the refusal's
+// message: the engines tried (global indices), the configs passed over, and the last refusal.
+struct Tally {
+  std::vector<std::int64_t> tried;
+  int repeated = 0, excluded = 0, refused = 0, too_large = 0;
+  std::string last = "no engine";
+
+  std::string refusal(std::size_t configs) const {
+    return "no engine ran it: of " + std::to_string(configs) + " configs from the heuristics, " +
+           std::to_string(repeated) + " repeated, " + std::to_string(excluded) +
+           " excluded by their notes, " + std::to_string(too_large) +
+           " over the workspace limit, " + std::to_string(refused) + " refused (the last: " + last +
+           ")";
+  }
+};
+
+// The engine configs both of cuDNN's heuristics' modes offer for the graph, mode A's first; a
+// mode that refuses leaves its refusal in tally->last, as the other's engines may still take it.
+std::vector<Desc> heuristicConfigs(const Desc& graph, Tally* tally) {
+  std::vector<Desc> out;
+  for (auto mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    try {
+      for (auto& config : configs(graph, mode))
+        out.push_back(std::move(config));
+    } catch (const Refusal& r) {
+      tally->last = r.what;
+    }
+  }
+  return out;
+}
+
+// The finalized plan of config, and its workspace in *bytes; an empty Desc (counted in tally)
+// when its engine was tried already, has an excluded note, or needs more than max_workspace.
+Desc candidatePlan(const Desc& config, const ExcludedNotes& notes, cudnnHandle_t handle,
+                   std::size_t max_workspace, Tally* tally, std::size_t* bytes) {
+  const Engine engine = engineOf(config, notes.numerical, notes.behavior);
+  if (std::find(tally->tried.begin(), tally->tried.end(), engine.index) != tally->tried.end()) {
+    ++tally->repeated;
+    return Desc();
+  }
+  tally->tried.push_back(engine.index);
+  if (engine.excluded) {
+    ++tally->excluded;
+    return Desc();
+  }
+  Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  setHandle(plan, /*plan=*/true, handle);
+  setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config, "the plan's engine");
+  take(cudnnBackendFinalize(plan.get()), "a plan");
+  std::int64_t workspace = 0, count = 0;
+  take(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                CUDNN_TYPE_INT64, 1, &count, &workspace),
+       "a plan's workspace");
+  if (workspace < 0 || static_cast<std::size_t>(workspace) > max_workspace) {
+    ++tally->too_large;
+    return Desc();
+  }
+  *bytes = static_cast<std::size_t>(workspace);
+  return plan;
+}
+
+// Two events that time the trials, destroyed with their owner.
+struct Events {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~Events() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+};
+
+// Milliseconds that kRuns calls of plan on stream take between the two events, after one call
+// untimed.
+float timeRuns(cudnnHandle_t handle, cudaStream_t stream, const Events& events, const Desc& plan,
+               const Desc& pack) {
+  constexpr int kRuns = 3;
+  take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
+  TROUPE_CUDA_CHECK(cudaEventRecord(events.start, stream));
+  for (int i = 0; i < kRuns; ++i)
+    take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
+  TROUPE_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+  TROUPE_CUDA_CHECK(cudaEventSynchronize(events.stop));
+  float ms = 0;
+  TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+  return ms;
+}
+
 }  // namespace
 
 // Everything a plan was built from, kept while it lives.
@@ -189,7 +372,6 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
                                           void* w, void* y,
                                           const std::function<void*(std::size_t)>& workspace,
                                           std::string* refused) {
-  using Kind = ConvPlanSpec::Kind;
   std::unique_ptr<ConvPlan> out(new ConvPlan);
   out->alignment_ = s.alignment;
   out->d_ = std::make_unique<Descriptors>();
@@ -198,157 +380,39 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
     d.x = tensor(kX, {s.n, s.c, s.h, s.w}, s.nhwc, s.data, s.alignment);
     d.w = tensor(kW, {s.k, s.c, s.r, s.r}, s.nhwc, s.data, s.alignment);
     d.y = tensor(kY, {s.n, s.k, s.oh, s.ow}, s.nhwc, s.data, s.alignment);
-
-    d.conv = Desc(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
-    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float16 and bfloat16 accumulate in float
-    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    const std::int64_t dims = 2;
-    const std::array<std::int64_t, 2> one{1, 1}, stride{s.stride, s.stride}, pad{s.pad, s.pad};
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "compute");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "dims");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, one.data(), "dilations");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data(),
-        "strides");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
-    set(d.conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad.data(), "padding");
-    take(cudnnBackendFinalize(d.conv.get()), "the convolution");
-
-    // Each direction's operation and the attributes that name its tensors (x, w, y: dx, dw, dy
-    // where written), its convolution, alpha and beta.
-    struct Names {
-      cudnnBackendDescriptorType_t type;
-      cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
-    };
-    const Names names = s.kind == Kind::kForward
-                            ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA}
-                        : s.kind == Kind::kBackwardData
-                            ? Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA}
-                            : Names{CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
-                                    CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
-    const float alpha = 1.0f, beta = s.beta;
-    d.op = Desc(names.type);
-    setDesc(d.op, names.x, d.x, "x");
-    setDesc(d.op, names.w, d.w, "w");
-    setDesc(d.op, names.y, d.y, "y");
-    setDesc(d.op, names.conv, d.conv, "the convolution");
-    set(d.op, names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha, "alpha");
-    set(d.op, names.beta, CUDNN_TYPE_FLOAT, 1, &beta, "beta");
-    take(cudnnBackendFinalize(d.op.get()), "the operation");
-
-    d.graph = Desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-    setDesc(d.graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, d.op, "the graph's operation");
-    setHandle(d.graph, /*plan=*/false, handle);
-    take(cudnnBackendFinalize(d.graph.get()), "the operation graph");
-
-    // The engines that may run this call: none that converts its inputs down (as PyTorch), float32
-    // without TF32 off tensor cores (as the legacy path's FMA math), no reduction in float16 or
-    // bfloat16 (the legacy calls accumulate in float), none that compiles at run time (seconds
-    // each), and with `deterministic` none that cuDNN notes as nondeterministic.
-    std::vector<cudnnBackendNumericalNote_t> numerical{
-        CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
-    if (s.data == CUDNN_DATA_FLOAT && !s.tf32)
-      numerical.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
-    if (s.deterministic) numerical.push_back(CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC);
-    const std::vector<cudnnBackendBehaviorNote_t> behavior{CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION};
-
-    std::string last = "no engine";
-    for (auto mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-      try {
-        for (auto& config : configs(d.graph, mode))
-          d.configs.push_back(std::move(config));
-      } catch (const Refusal& r) {
-        last = r.what;  // the other mode's engines may still take it
-      }
-    }
-    // The first kCandidates plans that cuDNN finalizes, timed: each run once, then kRuns times
-    // between two events; the fastest kept.
-    constexpr int kCandidates = 8, kRuns = 3;
-    struct Events {
-      cudaEvent_t start = nullptr, stop = nullptr;
-      ~Events() {
-        if (start) cudaEventDestroy(start);
-        if (stop) cudaEventDestroy(stop);
-      }
-    } events;
+    d.conv = convolution(s);
+    d.op = operation(s, d.x, d.w, d.y, d.conv);
+    d.graph = operationGraph(d.op, handle);
+    const ExcludedNotes notes = excludedNotes(s);
+    Tally tally;
+    d.configs = heuristicConfigs(d.graph, &tally);
+    // The first kCandidates plans that cuDNN finalizes, timed; the fastest kept.
+    constexpr int kCandidates = 8;
+    Events events;
     TROUPE_CUDA_CHECK(cudaEventCreate(&events.start));
     TROUPE_CUDA_CHECK(cudaEventCreate(&events.stop));
-    const cudaEvent_t start = events.start, stop = events.stop;
     float best = 0;
     int timed = 0;
-    // What became of the configs, for the refusal's message.
-    int repeated = 0, excluded = 0, refused_here = 0, too_large = 0;
-    std::vector<std::int64_t> tried;  // engines' global indices
     for (const Desc& config : d.configs) {
       if (timed == kCandidates) break;
       try {
-        const Engine engine = engineOf(config, numerical, behavior);
-        if (std::find(tried.begin(), tried.end(), engine.index) != tried.end()) {
-          ++repeated;
-          continue;
-        }
-        tried.push_back(engine.index);
-        if (engine.excluded) {
-          ++excluded;
-          continue;
-        }
-        Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        setHandle(plan, /*plan=*/true, handle);
-        setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config, "the plan's engine");
-        take(cudnnBackendFinalize(plan.get()), "a plan");
-        std::int64_t bytes = 0, count = 0;
-        take(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                      CUDNN_TYPE_INT64, 1, &count, &bytes),
-             "a plan's workspace");
-        if (bytes < 0 || static_cast<std::size_t>(bytes) > max_workspace) {
-          ++too_large;
-          continue;
-        }
-        void* ws = workspace(static_cast<std::size_t>(bytes));
-        Desc pack = variantPack(x, w, y, ws);
-        take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
-        TROUPE_CUDA_CHECK(cudaEventRecord(start, stream));
-        for (int i = 0; i < kRuns; ++i)
-          take(cudnnBackendExecute(handle, plan.get(), pack.get()), "a plan's trial");
-        TROUPE_CUDA_CHECK(cudaEventRecord(stop, stream));
-        TROUPE_CUDA_CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        std::size_t bytes = 0;
+        Desc plan = candidatePlan(config, notes, handle, max_workspace, &tally, &bytes);
+        if (!plan.get()) continue;
+        Desc pack = variantPack(x, w, y, workspace(bytes));
+        const float ms = timeRuns(handle, stream, events, plan, pack);
         ++timed;
         if (!d.plan.get() || ms < best) {
           best = ms;
           d.plan = std::move(plan);
-          out->workspace_ = static_cast<std::size_t>(bytes);
+          out->workspace_ = bytes;
         }
       } catch (const Refusal& r) {
-        ++refused_here;
-        last = r.what;  // this engine only: the next may take the call
+        ++tally.refused;
+        tally.last = r.what;  // this engine only: the next may take the call
       }
     }
-    if (!d.plan.get()) {
-      throw Refusal{"no engine ran it: of " + std::to_string(d.configs.size()) +
-                    " configs from the heuristics, " + std::to_string(repeated) + " repeated, " +
-                    std::to_string(excluded) + " excluded by their notes, " +
-                    std::to_string(too_large) + " over the workspace limit, " +
-                    std::to_string(refused_here) + " refused (the last: " + last + ")"};
-    }
+    if (!d.plan.get()) throw Refusal{tally.refusal(d.configs.size())};
   } catch (const Refusal& r) {
     if (refused) *refused = r.what;
     return nullptr;
