@@ -13,7 +13,6 @@
 
 #include "actors/core/messages.h"
 #include "actors/core/wire_codec.h"
-#include "transport/frame.h"
 #include "transport/message_state.h"
 #include "transport/wire.capnp.h"
 
@@ -21,26 +20,6 @@ namespace {
 
 using namespace troupe;
 using Clock = std::chrono::steady_clock;
-
-transport::IncomingMessage sendAndReceive(transport::OutgoingMessage out) {
-  const transport::TransportOptions options;
-  const transport::EncodeLimits limits{options.maxFrameBytes, options.inlineTensorBytes,
-                                       options.bulkChunkBytes};
-  const auto encoded = transport::encodeMessage(
-      std::shared_ptr<transport::OutgoingMessage::State>(out.takeState()), limits);
-  std::string bytes;
-  for (const auto piece : encoded.pieces)
-    bytes.append(reinterpret_cast<const char*>(piece.data()), piece.size());
-  const auto* at = reinterpret_cast<const std::byte*>(bytes.data());
-  const auto header = transport::decodeFrameHeader(at, options.maxFrameBytes);
-  at += transport::kFrameHeaderBytes;
-  static const auto pool = std::make_shared<transport::BufferPool>(0);
-  auto state = transport::startMessage(header, at, *pool);
-  at += transport::segmentTableBytes(header.count);
-  std::memcpy(state->buffer.get(), at, header.bytes);
-  transport::parseMessage(*state, options);
-  return transport::IncomingMessage(state);
-}
 
 volatile std::uint64_t sink;
 
@@ -55,7 +34,7 @@ void measure(const char* name, M message) {
   const auto encode = Clock::now() - start;
   Clock::duration decode{};
   for (int i = 0; i < kDecodes; ++i) {
-    const auto in = sendAndReceive(actors::encodeMessage({1, 2}, {0, 3}, envelope));
+    const auto in = transport::loopback(actors::encodeMessage({1, 2}, {0, 3}, envelope));
     const auto begin = Clock::now();
     sink = sink + actors::decodeMessage(1, in).target;
     decode += Clock::now() - begin;

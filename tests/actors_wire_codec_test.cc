@@ -13,7 +13,6 @@
 
 #include "actors/core/messages.h"
 #include "actors/core/wire_codec.h"
-#include "transport/frame.h"
 #include "transport/message_state.h"
 #include "transport/wire.capnp.h"
 #include "troupe/error.h"
@@ -23,33 +22,10 @@ namespace {
 
 constexpr std::uint32_t kFromNode = 7;
 
-// The bytes the transport writes for `out`, read back as a link reads one frame.
-transport::IncomingMessage sendAndReceive(transport::OutgoingMessage out) {
-  const transport::TransportOptions options;
-  const transport::EncodeLimits limits{options.maxFrameBytes, options.inlineTensorBytes,
-                                       options.bulkChunkBytes};
-  const auto encoded = transport::encodeMessage(
-      std::shared_ptr<transport::OutgoingMessage::State>(out.takeState()), limits);
-  std::string bytes;
-  for (const auto piece : encoded.pieces)
-    bytes.append(reinterpret_cast<const char*>(piece.data()), piece.size());
-  const auto* at = reinterpret_cast<const std::byte*>(bytes.data());
-  const auto header = transport::decodeFrameHeader(at, options.maxFrameBytes);
-  at += transport::kFrameHeaderBytes;
-  static const auto pool = std::make_shared<transport::BufferPool>(0);
-  auto state = transport::startMessage(header, at, *pool);
-  at += transport::segmentTableBytes(header.count);
-  std::memcpy(state->buffer.get(), at, header.bytes);
-  transport::parseMessage(*state, options);
-  EXPECT_EQ(state->reader->getRoot<transport::wire::Frame>().getBulk().size(), 0u)
-      << "the test's tensors are small enough to travel inline";
-  return transport::IncomingMessage(state);
-}
-
 template <typename M>
 Decoded roundTrip(M message) {
   Typed<M> envelope(std::move(message));
-  const auto in = sendAndReceive(encodeMessage({kFromNode, 3}, {0, 2}, envelope));
+  const auto in = transport::loopback(encodeMessage({kFromNode, 3}, {0, 2}, envelope));
   return decodeMessage(kFromNode, in);
 }
 
@@ -120,7 +96,7 @@ void expectRoundTrip() {
                      [&](std::string_view name, auto get) { fillDistinct(get(sent), i++, name); });
   if constexpr (std::is_same_v<M, Subscribe>) sent.node = kFromNode;  // one's own node only
   Typed<M> envelope{M(sent)};
-  const auto in = sendAndReceive(encodeMessage({kFromNode, 3}, {0, 2}, envelope));
+  const auto in = transport::loopback(encodeMessage({kFromNode, 3}, {0, 2}, envelope));
   wire::eachField<M>(form.fields, [&](std::string_view name, auto get) {
     expectOnTheWire(in, form.frame_member, name, get(sent));
   });
@@ -169,7 +145,7 @@ transport::IncomingMessage handMade(Build&& build) {
   f.setTarget(2);
   f.setSourceActor(3);
   build(f);
-  return sendAndReceive(std::move(out));
+  return transport::loopback(std::move(out));
 }
 
 std::string decodeError(const transport::IncomingMessage& in) {

@@ -128,37 +128,42 @@ void OutgoingMessage::setTensor(wire::TensorData::Builder slot, kernels::Tensor 
   state_->pending.push_back({slot, std::move(tensor)});
 }
 
-EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
-                             const EncodeLimits& limits, SharedArena* arena) {
-  EncodedMessage out;
-  auto& pending = state->pending;
-  auto& builder = state->builder;
+namespace {
 
-  // Tensors in the arena the receiver maps go as (offset, bytes), and leave the pending list.
-  if (arena) {
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> shared;
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      auto& p = pending[i];
-      if (auto offset = arena->share(p.tensor.raw(), p.tensor.bytes())) {
-        p.slot.setSharedPart(static_cast<std::int32_t>(shared.size()));
-        shared.emplace_back(*offset, p.tensor.bytes());
-        state->tensors.push_back(std::move(p.tensor));
-      } else if (kept++ != i) {
-        pending[kept - 1] = std::move(p);
-      }
-    }
-    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(kept), pending.end());
-    if (!shared.empty()) {
-      auto parts = builder.getRoot<wire::Frame>().initShared(static_cast<unsigned>(shared.size()));
-      for (unsigned k = 0; k < shared.size(); ++k) {
-        parts[k].setOffset(shared[k].first);
-        parts[k].setBytes(shared[k].second);
-      }
+// The tensors a message has yet to place (OutgoingMessage::State::pending).
+using PendingList = std::vector<OutgoingMessage::State::Pending>;
+
+// Tensors in the arena the receiver maps go as (offset, bytes) in Frame.shared, and leave the
+// pending list for the message's tensors.
+void shareArenaTensors(OutgoingMessage::State& state, SharedArena& arena) {
+  auto& pending = state.pending;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> shared;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    auto& p = pending[i];
+    if (auto offset = arena.share(p.tensor.raw(), p.tensor.bytes())) {
+      p.slot.setSharedPart(static_cast<std::int32_t>(shared.size()));
+      shared.emplace_back(*offset, p.tensor.bytes());
+      state.tensors.push_back(std::move(p.tensor));
+    } else if (kept++ != i) {
+      pending[kept - 1] = std::move(p);
     }
   }
+  pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(kept), pending.end());
+  if (!shared.empty()) {
+    auto parts =
+        state.builder.getRoot<wire::Frame>().initShared(static_cast<unsigned>(shared.size()));
+    for (unsigned k = 0; k < shared.size(); ++k) {
+      parts[k].setOffset(shared[k].first);
+      parts[k].setBytes(shared[k].second);
+    }
+  }
+}
 
-  // Inline or bulk: large tensors go bulk, then the largest inline ones until the frame fits.
+// Inline or bulk, per pending tensor: large tensors go bulk, then the largest inline ones until
+// the frame fits. InputError if the message without its tensors exceeds the frame limit.
+std::vector<bool> chooseBulk(const PendingList& pending, capnp::MessageBuilder& builder,
+                             const EncodeLimits& limits) {
   std::size_t baseBytes = kFrameHeaderBytes + 64 + 16 * pending.size();
   for (auto segment : builder.getSegmentsForOutput())
     baseBytes += segment.size() * 8 + 4;
@@ -183,23 +188,31 @@ EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
       inlineBytes += bytes;
     }
   }
+  return bulk;
+}
 
-  struct External {
-    const capnp::word* segment;
-    std::size_t words;
-    const std::byte* data;
-    std::size_t bytes;
-    std::size_t lead;
-  };
-  std::vector<External> externals;
-  std::vector<std::size_t> bulkParts;
+// An inline tensor: a segment of the message that is written from the tensor's memory.
+struct External {
+  const capnp::word* segment;
+  std::size_t words;
+  const std::byte* data;
+  std::size_t bytes;
+  std::size_t lead;
+};
+
+// Points each pending tensor's slot at its bytes: an inline one at external data in the message
+// (its segment and tensor in *externals), a bulk one at its part (its pending index in
+// *bulkParts, whose sizes go in Frame.bulk).
+void placeTensors(PendingList& pending, const std::vector<bool>& bulk,
+                  capnp::MessageBuilder& builder, std::vector<External>* externals,
+                  std::vector<std::size_t>* bulkParts) {
   auto orphanage = builder.getOrphanage();
   for (std::size_t i = 0; i < pending.size(); ++i) {
     auto& [slot, tensor] = pending[i];
     const auto* data = static_cast<const std::byte*>(tensor.raw());
     if (bulk[i]) {
-      slot.setBulkPart(static_cast<std::int32_t>(bulkParts.size()));
-      bulkParts.push_back(i);
+      slot.setBulkPart(static_cast<std::int32_t>(bulkParts->size()));
+      bulkParts->push_back(i);
       continue;
     }
     // The blob starts at the aligned address at or before the data; the lead goes out as zeros.
@@ -209,16 +222,19 @@ EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
     slot.adoptData(orphanage.referenceExternalData(
         capnp::Data::Reader(reinterpret_cast<const kj::byte*>(aligned), blobBytes)));
     slot.setLead(static_cast<std::uint8_t>(lead));
-    externals.push_back({reinterpret_cast<const capnp::word*>(aligned), wordsFor(blobBytes), data,
-                         tensor.bytes(), lead});
+    externals->push_back({reinterpret_cast<const capnp::word*>(aligned), wordsFor(blobBytes), data,
+                          tensor.bytes(), lead});
   }
-  if (!bulkParts.empty()) {
-    auto sizes = builder.getRoot<wire::Frame>().initBulk(static_cast<unsigned>(bulkParts.size()));
-    for (unsigned k = 0; k < bulkParts.size(); ++k)
-      sizes.set(k, pending[bulkParts[k]].tensor.bytes());
+  if (!bulkParts->empty()) {
+    auto sizes = builder.getRoot<wire::Frame>().initBulk(static_cast<unsigned>(bulkParts->size()));
+    for (unsigned k = 0; k < bulkParts->size(); ++k)
+      sizes.set(k, pending[(*bulkParts)[k]].tensor.bytes());
   }
+}
 
-  // The message frame: header, segment table, segments (external ones written from the tensor).
+// The message frame: header, segment table, segments (external ones written from the tensor).
+void writeMessageFrame(capnp::MessageBuilder& builder, const std::vector<External>& externals,
+                       const EncodeLimits& limits, EncodedMessage& out) {
   auto segments = builder.getSegmentsForOutput();
   TROUPE_ENFORCE(segments.size() >= 1 && segments.size() <= kMaxSegments, "a message with ",
                  segments.size(), " segments");
@@ -248,8 +264,11 @@ EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
   }
   out.bytes = kFrameHeaderBytes + out.table.size() + payloadBytes;
   TROUPE_ENFORCE_LE(out.bytes, limits.maxFrameBytes);
+}
 
-  // The bulk parts, in chunks.
+// The bulk parts, in chunks of at most the chunk limit, each a frame of its own.
+void writeBulkFrames(const PendingList& pending, const std::vector<std::size_t>& bulkParts,
+                     const EncodeLimits& limits, EncodedMessage& out) {
   const std::size_t chunk = std::max<std::size_t>(
       8, std::min(limits.bulkChunkBytes, limits.maxFrameBytes - kFrameHeaderBytes));
   for (std::size_t k = 0; k < bulkParts.size(); ++k) {
@@ -264,7 +283,22 @@ EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
       out.bytes += kFrameHeaderBytes + bytes;
     }
   }
+}
 
+}  // namespace
+
+EncodedMessage encodeMessage(std::shared_ptr<OutgoingMessage::State> state,
+                             const EncodeLimits& limits, SharedArena* arena) {
+  EncodedMessage out;
+  auto& pending = state->pending;
+  auto& builder = state->builder;
+  if (arena) shareArenaTensors(*state, *arena);
+  const std::vector<bool> bulk = chooseBulk(pending, builder, limits);
+  std::vector<External> externals;
+  std::vector<std::size_t> bulkParts;
+  placeTensors(pending, bulk, builder, &externals, &bulkParts);
+  writeMessageFrame(builder, externals, limits, out);
+  writeBulkFrames(pending, bulkParts, limits, out);
   for (auto& p : pending)
     state->tensors.push_back(std::move(p.tensor));
   pending.clear();
@@ -419,6 +453,27 @@ std::span<const std::byte> IncomingMessage::frameBuffer() const {
 
 std::span<const std::byte> IncomingMessage::bulkBuffer() const {
   return {state_->bulk.get(), state_->bulkBytes};
+}
+
+IncomingMessage loopback(OutgoingMessage message, const TransportOptions& options) {
+  const EncodeLimits limits{options.maxFrameBytes, options.inlineTensorBytes,
+                            options.bulkChunkBytes};
+  const auto encoded =
+      encodeMessage(std::shared_ptr<OutgoingMessage::State>(message.takeState()), limits);
+  std::vector<std::byte> bytes;
+  for (const auto piece : encoded.pieces)
+    bytes.insert(bytes.end(), piece.begin(), piece.end());
+  const std::byte* at = bytes.data();
+  const auto header = decodeFrameHeader(at, options.maxFrameBytes);
+  at += kFrameHeaderBytes;
+  static const auto pool = std::make_shared<BufferPool>(0);
+  auto state = startMessage(header, at, *pool);
+  at += segmentTableBytes(header.count);
+  std::memcpy(state->buffer.get(), at, header.bytes);
+  parseMessage(*state, options);
+  TROUPE_ENFORCE(state->reader->getRoot<wire::Frame>().getBulk().size() == 0,
+                 "loopback of a message with bulk parts");
+  return IncomingMessage(state);
 }
 
 }  // namespace troupe::transport

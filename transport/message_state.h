@@ -115,6 +115,11 @@ void parseMessage(IncomingMessage::State& message, const TransportOptions& optio
 // refusing more than options.maxBulkBytes in all; the caller allocates `bulk`.
 void planBulkParts(IncomingMessage::State& message, const TransportOptions& options);
 
+// The bytes encodeMessage writes for `message` under `options`' limits, read back as a link reads
+// one frame: what tests and benchmarks of the codec take instead of a link. InvariantError for a
+// message with bulk parts (its tensors too large to travel inline).
+IncomingMessage loopback(OutgoingMessage message, const TransportOptions& options = {});
+
 // A message waiting for its bulk parts, and where the next chunk of them goes.
 struct PendingBulk {
   std::shared_ptr<IncomingMessage::State> message;  // null: none pending
