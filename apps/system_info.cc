@@ -35,6 +35,7 @@
 #include "actors/schedules/schedule.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cuda_plugin.h"
+#include "kernels/net.h"
 #include "rendezvous/url.h"
 #include "troupe/config.h"
 #include "troupe/error.h"
@@ -333,6 +334,17 @@ std::vector<InfoItem> optimizerItems() {
   return items;
 }
 
+std::vector<InfoItem> layerTypeItems() {
+  std::vector<InfoItem> items;
+  for (const auto& type : kernels::layerTypes()) {
+    std::string takes;
+    for (const auto& arg : type.args)
+      takes += (takes.empty() ? "; takes " : ", ") + arg.key;
+    items.push_back({type.name, {}, type.summary + takes});
+  }
+  return items;
+}
+
 std::vector<InfoItem> rendezvousStores() {
   std::vector<InfoItem> items;
   for (const auto& backend : rendezvous::storeBackends())
@@ -393,6 +405,7 @@ std::vector<InfoSection> systemInfo() {
       {"schedules (--schedule; MXNet kvstore names accepted)", "schedules", {}, schedules()});
   out.push_back(
       {"optimizers (--optimizer; MXNet names accepted)", "optimizers", {}, optimizerItems()});
+  out.push_back({"layer types (a config's [[layers]] type)", "layers", {}, layerTypeItems()});
   out.push_back({"rendezvous (--rendezvous)", "rendezvous", {}, rendezvousStores()});
   out.push_back({"launchers (troupe launch --launcher)", "launchers", {}, launchers()});
   return out;

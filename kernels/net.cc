@@ -10,185 +10,14 @@
 
 #include "kernels/backend.h"
 #include "kernels/layers.h"
+#include "kernels/net_graph.h"
 #include "kernels/random.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 namespace {
 
-struct Blob {
-  Shape shape;  // per sample
-  std::int64_t per = 0;
-  // data: [max_batch * per]; the input blob has none (it is the caller's images). diff: at least
-  // that, shared with blobs whose gradients live at other times (NetImpl::assignDiffs).
-  Tensor data, diff;
-  bool needs_diff = true;
-};
-
-// A parameter's initial values: U(-value, value), or the constant value.
-struct Init {
-  bool constant = false;
-  float value = 0.0f;
-};
-
-struct BufferFill {
-  std::int64_t begin = 0, end = 0;
-  float value = 0.0f;
-};
-
-// Everything the builder produces, in forward order.
-struct Graph {
-  std::vector<Blob> blobs;
-  std::vector<std::unique_ptr<Layer>> layers;
-  std::vector<std::string> layer_names;
-  std::vector<ParamInfo> params;
-  std::vector<Init> inits;  // per param
-  std::int64_t num_params = 0;
-  std::int64_t num_buffers = 0;
-  std::vector<BufferFill> buffer_fills;
-  // Why the model is not the same model with channels-last images: an inner product that reads
-  // an image (its weights' order would change); empty when it is.
-  std::string channels_last_misfit;
-};
-
-// A node is a blob with its per-sample shape.
-struct Node {
-  int blob = 0;
-  Shape shape;
-};
-
-class Builder {
- public:
-  explicit Builder(Graph& graph) : g_(graph) {}
-
-  Node input(const Shape& shape) { return Node{newBlob(shape, false), shape}; }
-
-  Node conv(const Node& in, const std::string& name, std::int64_t oc, std::int64_t k,
-            std::int64_t s, std::int64_t p, bool bias) {
-    const Shape out{oc, (in.shape[1] + 2 * p - k) / s + 1, (in.shape[2] + 2 * p - k) / s + 1};
-    auto layer = makeConvLayer(in.shape, oc, k, s, p, bias);
-    const float bound = 1.0f / std::sqrt(static_cast<float>(in.shape[0] * k * k));
-    beginParams();
-    addParam(name + ".weight", {oc, in.shape[0], k, k}, {false, bound});
-    if (bias) addParam(name + ".bias", {oc}, {false, bound}, false);
-    return add(std::move(layer), name, {in}, out);
-  }
-
-  Node pool(const Node& in, const std::string& name, std::int64_t k, std::int64_t s, std::int64_t p,
-            PoolMethod method, bool ceil_mode = true) {
-    PoolGeometry geo;
-    geo.height = in.shape[1];
-    geo.width = in.shape[2];
-    geo.kernel = k;
-    geo.stride = s;
-    geo.pad = p;
-    geo.ceil_mode = ceil_mode;
-    const Shape out{in.shape[0], geo.outHeight(), geo.outWidth()};
-    return add(makePoolLayer(in.shape, k, s, p, method, ceil_mode), name, {in}, out);
-  }
-
-  Node fc(const Node& in, const std::string& name, std::int64_t out) {
-    const Shape& stored = g_.blobs[in.blob].shape;
-    if (stored.size() == 3 && stored[1] * stored[2] > 1 && g_.channels_last_misfit.empty()) {
-      g_.channels_last_misfit = "its inner product '" + name + "' reads a " +
-                                std::to_string(stored[0]) + "x" + std::to_string(stored[1]) + "x" +
-                                std::to_string(stored[2]) + " map as a vector";
-    }
-    const std::int64_t fan_in = numelOf(in.shape);
-    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-    beginParams();
-    addParam(name + ".weight", {out, fan_in}, {false, bound});
-    addParam(name + ".bias", {out}, {false, bound}, false);
-    return add(makeInnerProductLayer(fan_in, out), name, {in}, {out});
-  }
-
-  Node relu(const Node& in, const std::string& name) {
-    return add(makeReluLayer(numelOf(in.shape)), name, {in}, in.shape);
-  }
-
-  // gamma: the scale's first value (0 for the last batch norm of a residual branch, Goyal et al.).
-  Node bn(const Node& in, const std::string& name, float gamma = 1.0f) {
-    const std::int64_t c = in.shape[0];
-    beginParams();
-    addParam(name + ".weight", {c}, {true, gamma}, false);
-    addParam(name + ".bias", {c}, {true, 0.0f}, false);
-    const std::int64_t buffers = g_.num_buffers;
-    g_.buffer_fills.push_back({buffers + c, buffers + 2 * c, 1.0f});  // running variance
-    g_.num_buffers += 2 * c;
-    Node out = add(makeBatchNormLayer(in.shape), name, {in}, in.shape);
-    g_.layers.back()->buffer_begin = buffers;
-    g_.layers.back()->buffer_end = buffers + 2 * c;
-    return out;
-  }
-
-  Node dropout(const Node& in, const std::string& name, float ratio) {
-    return add(makeDropoutLayer(numelOf(in.shape), ratio), name, {in}, in.shape);
-  }
-
-  Node sum(const Node& a, const Node& b, const std::string& name) {
-    TROUPE_ENFORCE(a.shape == b.shape, "adding ", toString(a.shape), " and ", toString(b.shape));
-    return add(makeAddLayer(numelOf(a.shape)), name, {a, b}, a.shape);
-  }
-
-  Node globalAvgPool(const Node& in, const std::string& name) {
-    return add(makeGlobalAvgPoolLayer(in.shape), name, {in}, {in.shape[0]});
-  }
-
-  static Node flatten(const Node& in) { return Node{in.blob, {numelOf(in.shape)}}; }
-
-  void loss(const Node& in, std::int64_t classes, float label_smoothing) {
-    auto layer = makeSoftmaxLossLayer(classes, label_smoothing);
-    layer->bottoms = {in.blob};
-    layer->param_begin = layer->param_end = g_.num_params;
-    g_.layers.push_back(std::move(layer));
-    g_.layer_names.push_back("loss");
-  }
-
- private:
-  int newBlob(const Shape& shape, bool needs_diff) {
-    Blob b;
-    b.shape = shape;
-    b.per = numelOf(shape);
-    b.needs_diff = needs_diff;
-    g_.blobs.push_back(std::move(b));
-    return static_cast<int>(g_.blobs.size()) - 1;
-  }
-
-  void beginParams() { pending_begin_ = g_.num_params; }
-
-  void addParam(const std::string& name, const Shape& shape, Init init, bool decays = true) {
-    ParamInfo info;
-    info.name = name;
-    info.decays = decays;
-    info.shape = shape;
-    info.offset = g_.num_params;
-    info.size = numelOf(shape);
-    info.layer = static_cast<int>(g_.layers.size());
-    g_.num_params += info.size;
-    g_.params.push_back(std::move(info));
-    g_.inits.push_back(init);
-  }
-
-  Node add(std::unique_ptr<Layer> layer, const std::string& name, std::vector<Node> ins,
-           const Shape& out) {
-    for (auto& in : ins)
-      layer->bottoms.push_back(in.blob);
-    layer->top = newBlob(out, true);
-    if (pending_begin_ >= 0) {
-      layer->param_begin = pending_begin_;
-      layer->param_end = g_.num_params;
-      pending_begin_ = -1;
-    } else {
-      layer->param_begin = layer->param_end = g_.num_params;
-    }
-    g_.layers.push_back(std::move(layer));
-    g_.layer_names.push_back(name);
-    return Node{g_.layers.back()->top, out};
-  }
-
-  Graph& g_;
-  std::int64_t pending_begin_ = -1;
-};
+using namespace graph;  // NOLINT: the builder's vocabulary
 
 // ---- models ----
 
@@ -206,42 +35,6 @@ Node buildLenet(Builder& b, Node x, std::int64_t classes) {
   x = b.pool(x, "pool2", 2, 2, 0, PoolMethod::kMax);
   x = b.relu(b.fc(Builder::flatten(x), "ip1", 500), "relu1");
   return b.fc(x, "ip2", classes);
-}
-
-// A residual block: basic (two 3x3 convolutions) or bottleneck (1x1, 3x3 that strides, 1x1 to
-// four times the width), a projection shortcut where the shape changes, the add, a ReLU. gamma: the
-// first scale of the branch's last batch norm (0: Goyal et al.'s zero-init residuals). The
-// shortcut's and the last ReLU's names differ between He et al.'s CIFAR nets and torchvision's.
-struct BlockStyle {
-  bool bottleneck = false;
-  float gamma = 1.0f;
-  const char* shortcut_conv;
-  const char* shortcut_bn;
-  const char* relu;
-};
-constexpr BlockStyle kCifarBlock{false, 1.0f, ".shortcut.conv", ".shortcut.bn", ".relu2"};
-
-Node residualBlock(Builder& b, const Node& x, const std::string& name, std::int64_t width,
-                   std::int64_t stride, const BlockStyle& style) {
-  const std::int64_t out = style.bottleneck ? 4 * width : width;
-  Node y;
-  if (style.bottleneck) {
-    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 1, 1, 0, false), name + ".bn1"),
-               name + ".relu1");
-    y = b.relu(b.bn(b.conv(y, name + ".conv2", width, 3, stride, 1, false), name + ".bn2"),
-               name + ".relu2");
-    y = b.bn(b.conv(y, name + ".conv3", out, 1, 1, 0, false), name + ".bn3", style.gamma);
-  } else {
-    y = b.relu(b.bn(b.conv(x, name + ".conv1", width, 3, stride, 1, false), name + ".bn1"),
-               name + ".relu1");
-    y = b.bn(b.conv(y, name + ".conv2", width, 3, 1, 1, false), name + ".bn2", style.gamma);
-  }
-  Node shortcut = x;
-  if (stride != 1 || x.shape[0] != out) {
-    shortcut = b.bn(b.conv(x, name + style.shortcut_conv, out, 1, stride, 0, false),
-                    name + style.shortcut_bn);
-  }
-  return b.relu(b.sum(y, shortcut, name + ".add"), name + style.relu);
 }
 
 // He et al.'s CIFAR ResNet-(6n+2): three stages of n basic blocks, 16, 32 and 64 wide.
@@ -275,222 +68,6 @@ Node buildImageNetResnet(Builder& b, Node x, std::int64_t classes, const ImageNe
     }
   }
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
-}
-
-// ---- layers written in a config ----
-
-const std::vector<std::string> kLayerTypes = {"conv", "pool",    "fc",  "relu",
-                                              "bn",   "dropout", "add", "flatten"};
-// Arguments every layer takes: a name later layers may refer to, and the output it reads (a named
-// layer's, or "data", the input) instead of the previous layer's.
-const std::vector<std::string> kEveryLayerArgs = {"name", "input"};
-
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names)
-    out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
-std::string layerWhere(const LayerSpec& spec, std::size_t index) {
-  return "layer " + std::to_string(index) + " (" + spec.type + ")";
-}
-
-class SpecArgs {
- public:
-  SpecArgs(const LayerSpec& spec, std::size_t index, std::vector<std::string> known)
-      : spec_(spec), index_(index), known_(std::move(known)) {
-    known_.insert(known_.end(), kEveryLayerArgs.begin(), kEveryLayerArgs.end());
-    for (const auto& [key, value] : spec.args)
-      if (std::find(known_.begin(), known_.end(), key) == known_.end())
-        fail(key, "is not an argument of it" + (known_.empty() ? std::string(" (it takes none)")
-                                                               : " (known: " + join(known_) + ")"));
-  }
-
-  std::int64_t integer(const std::string& key, std::int64_t min, const std::int64_t* fallback) {
-    auto it = spec_.args.find(key);
-    if (it == spec_.args.end()) {
-      if (!fallback) fail(key, "is missing");
-      return *fallback;
-    }
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0' || errno != 0)
-      fail(key, "= '" + it->second + "' is not an integer");
-    if (v < min) fail(key, "= " + it->second + " is below " + std::to_string(min));
-    return v;
-  }
-
-  float real(const std::string& key, float lo, float hi, float fallback) {
-    auto it = spec_.args.find(key);
-    if (it == spec_.args.end()) return fallback;
-    char* end = nullptr;
-    const float v = std::strtof(it->second.c_str(), &end);
-    if (it->second.empty() || *end != '\0') fail(key, "= '" + it->second + "' is not a number");
-    if (!(v >= lo && v < hi))
-      fail(key, "= " + it->second + " is outside [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + ")");
-    return v;
-  }
-
-  // The value as written; `fallback` if it is absent (nullptr: it is required).
-  std::string string(const std::string& key, const char* fallback) {
-    auto it = spec_.args.find(key);
-    if (it != spec_.args.end()) return it->second;
-    if (!fallback) fail(key, "is missing");
-    return fallback;
-  }
-
-  std::string text(const std::string& key, const std::vector<std::string>& allowed,
-                   const std::string& fallback) {
-    auto it = spec_.args.find(key);
-    if (it == spec_.args.end()) return fallback;
-    if (std::find(allowed.begin(), allowed.end(), it->second) == allowed.end())
-      fail(key, "= '" + it->second + "' is not one of " + join(allowed));
-    return it->second;
-  }
-
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw InputError(where() + ": argument '" + key + "' " + what);
-  }
-  std::string where() const { return layerWhere(spec_, index_); }
-
- private:
-  const LayerSpec& spec_;
-  std::size_t index_;
-  std::vector<std::string> known_;
-};
-
-// The layers' names (each one's own, or its type and count: "conv2") and the outputs that layers
-// may read by name: "data" (the input) and each layer named in the file.
-class LayerNames {
- public:
-  explicit LayerNames(const Node& data) { named_.emplace("data", data); }
-
-  // Layer `index`'s name; InputError if it is empty or taken.
-  std::string claim(const LayerSpec& spec, std::size_t index) {
-    const auto given = spec.args.find("name");
-    const std::string name =
-        given != spec.args.end() ? given->second : spec.type + std::to_string(++counts_[spec.type]);
-    const std::string what = given != spec.args.end() ? "argument 'name' = '" + name + "'"
-                                                      : "its default name '" + name + "'";
-    if (name.empty()) throw InputError(layerWhere(spec, index) + ": argument 'name' is empty");
-    if (name == "data") throw InputError(layerWhere(spec, index) + ": " + what + " is the input's");
-    if (const auto [it, fresh] = used_.emplace(name, index); !fresh) {
-      throw InputError(layerWhere(spec, index) + ": " + what + " is taken by layer " +
-                       std::to_string(it->second) +
-                       (given == spec.args.end() ? ": name one of them" : ""));
-    }
-    return name;
-  }
-
-  const Node& output(const LayerSpec& spec, std::size_t index, const std::string& key,
-                     const std::string& name) const {
-    auto it = named_.find(name);
-    if (it == named_.end()) {
-      std::vector<std::string> names;
-      for (const auto& entry : named_)
-        names.push_back(entry.first);
-      throw InputError(layerWhere(spec, index) + ": argument '" + key + "' = '" + name +
-                       "' names no earlier layer (named so far: " + join(names) + ")");
-    }
-    return it->second;
-  }
-
-  // After layer `index` is built: its output, if the file named it.
-  void built(const LayerSpec& spec, const std::string& name, const Node& out) {
-    if (spec.args.count("name")) named_.emplace(name, out);
-  }
-
- private:
-  std::map<std::string, int> counts_;
-  std::map<std::string, std::size_t> used_;
-  std::map<std::string, Node> named_;
-};
-
-Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
-  LayerNames names(x);
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    const LayerSpec& spec = layers[i];
-    const std::string name = names.claim(spec, i);
-    if (const auto input = spec.args.find("input"); input != spec.args.end())
-      x = names.output(spec, i, "input", input->second);
-    const bool spatial = x.shape.size() == 3;
-    auto needSpatial = [&](const SpecArgs& args) {
-      if (!spatial)
-        throw InputError(args.where() + " needs a [C,H,W] input, got " + toString(x.shape));
-    };
-    if (spec.type == "conv") {
-      SpecArgs args(spec, i, {"num_output", "kernel", "stride", "pad", "bias"});
-      needSpatial(args);
-      const std::int64_t one = 1, zero = 0;
-      const std::int64_t oc = args.integer("num_output", 1, nullptr);
-      const std::int64_t k = args.integer("kernel", 1, nullptr);
-      const std::int64_t s = args.integer("stride", 1, &one);
-      const std::int64_t p = args.integer("pad", 0, &zero);
-      const bool bias = args.text("bias", {"true", "false"}, "true") == "true";
-      if (x.shape[1] + 2 * p < k || x.shape[2] + 2 * p < k)
-        throw InputError(args.where() + ": kernel " + std::to_string(k) + " exceeds the padded " +
-                         toString(x.shape) + " input");
-      x = b.conv(x, name, oc, k, s, p, bias);
-    } else if (spec.type == "pool") {
-      SpecArgs args(spec, i, {"kernel", "stride", "pad", "method", "global", "round_mode"});
-      needSpatial(args);
-      if (args.text("global", {"true", "false"}, "false") == "true") {  // Caffe's global_pooling
-        for (const char* key : {"kernel", "stride", "pad", "round_mode"})
-          if (spec.args.count(key)) args.fail(key, "is not taken by a global pool");
-        if (args.text("method", {"max", "ave"}, "ave") != "ave")
-          args.fail("method", "= max: a global pool averages (method ave)");
-        x = b.globalAvgPool(x, name);
-        names.built(spec, name, x);
-        continue;
-      }
-      const std::int64_t zero = 0;
-      const std::int64_t k = args.integer("kernel", 1, nullptr);
-      const std::int64_t s = args.integer("stride", 1, &k);
-      const std::int64_t p = args.integer("pad", 0, &zero);
-      const bool max = args.text("method", {"max", "ave"}, "max") == "max";
-      if (p >= k) args.fail("pad", "must be smaller than the kernel");
-      if (x.shape[1] + 2 * p < k || x.shape[2] + 2 * p < k)
-        throw InputError(args.where() + ": kernel " + std::to_string(k) + " exceeds the padded " +
-                         toString(x.shape) + " input");
-      // Caffe's ceil by default; floor as PyTorch's and Caffe2's (torchvision's ResNets).
-      const bool ceil = args.text("round_mode", {"ceil", "floor"}, "ceil") == "ceil";
-      x = b.pool(x, name, k, s, p, max ? PoolMethod::kMax : PoolMethod::kAverage, ceil);
-    } else if (spec.type == "fc") {
-      SpecArgs args(spec, i, {"num_output"});
-      x = b.fc(x, name, args.integer("num_output", 1, nullptr));
-    } else if (spec.type == "relu") {
-      SpecArgs args(spec, i, {});
-      x = b.relu(x, name);
-    } else if (spec.type == "bn") {
-      SpecArgs args(spec, i, {"gamma"});
-      // The scale's first value: 0 for a residual branch's last batch norm (Goyal et al.).
-      x = b.bn(x, name, args.real("gamma", -1e6f, 1e6f, 1.0f));
-    } else if (spec.type == "dropout") {
-      SpecArgs args(spec, i, {"ratio"});
-      x = b.dropout(x, name, args.real("ratio", 0.0f, 1.0f, 0.5f));
-    } else if (spec.type == "add") {
-      // The residual connection: this input plus an earlier layer's output, of the same shape.
-      SpecArgs args(spec, i, {"with"});
-      const Node& other = names.output(spec, i, "with", args.string("with", nullptr));
-      if (other.blob == x.blob) args.fail("with", "names this layer's own input");
-      if (other.shape != x.shape) {
-        args.fail("with", "= '" + spec.args.at("with") + "' gives " + toString(other.shape) +
-                              " per sample, the input " + toString(x.shape));
-      }
-      x = b.sum(x, other, name);
-    } else if (spec.type == "flatten") {
-      SpecArgs args(spec, i, {});
-      x = Builder::flatten(x);
-    } else {
-      throw InputError("layer " + std::to_string(i) + " has unknown type '" + spec.type +
-                       "' (known: " + join(kLayerTypes) + ")");
-    }
-    names.built(spec, name, x);
-  }
-  return x;
 }
 
 // ---- the net ----
@@ -843,27 +420,53 @@ class NetImpl final : public Net, private LayerContext {
   // layer reads shares that input's memory. A blob no layer reads (a dead end) gets a zero
   // gradient of its own, outside the arena.
   void planMemory(std::int64_t max_batch, const std::vector<int>& readers) {
-    const auto L = static_cast<std::int64_t>(g_.layers.size());
-    auto fwd = [](std::size_t l) { return static_cast<std::int64_t>(l); };
-    auto bwd = [L](std::size_t l) { return 2 * L - 1 - static_cast<std::int64_t>(l); };
-    struct Item {
-      std::int64_t size = 0;             // elements
-      bool gradient = false;             // else activations
-      std::int64_t begin = 0, end = -1;  // live over [begin, end]
-      std::int64_t offset = 0;
-    };
-    std::vector<Item> items;
-    const std::size_t nb = g_.blobs.size();
-    std::vector<int> data_item(nb, -1), diff_item(nb, -1);
-    auto live = [](Item& it, std::int64_t t) {
-      if (it.end < it.begin) {
-        it.begin = it.end = t;
+    MemoryPlan plan;
+    plan.data_item.assign(g_.blobs.size(), -1);
+    plan.diff_item.assign(g_.blobs.size(), -1);
+    planActivations(max_batch, readers, plan);
+    planGradients(max_batch, plan);
+    const std::int64_t total = placeItems(plan.items);
+    arena_ = backend_.empty({std::max<std::int64_t>(total, 1)}, act_);
+    const auto bytes = static_cast<std::int64_t>(sizeOf(act_));
+    for (const MemoryItem& it : plan.items)
+      (it.gradient ? memory_.gradients : memory_.activations) += it.size * bytes;
+    memory_.held = total * bytes;
+    bindBlobMemory(max_batch, plan);
+  }
+
+  // planMemory's items: a blob's activations or its gradient, live over steps [begin, end] of a
+  // timeline of the forward pass and then the backward in reverse (forwardStep, backwardStep).
+  struct MemoryItem {
+    std::int64_t size = 0;             // elements
+    bool gradient = false;             // else activations
+    std::int64_t begin = 0, end = -1;  // live over [begin, end]
+    std::int64_t offset = 0;
+
+    void liveAt(std::int64_t t) {
+      if (end < begin) {
+        begin = end = t;
       } else {
-        it.begin = std::min(it.begin, t);
-        it.end = std::max(it.end, t);
+        begin = std::min(begin, t);
+        end = std::max(end, t);
       }
-    };
-    // Activations: each top a layer computes, or its input's memory for an in-place ReLU.
+    }
+  };
+  // The items, and each blob's item of activations and of gradient (-1: none).
+  struct MemoryPlan {
+    std::vector<MemoryItem> items;
+    std::vector<int> data_item, diff_item;
+  };
+  // Layer l's forward and backward on that timeline.
+  static std::int64_t forwardStep(std::size_t l) { return static_cast<std::int64_t>(l); }
+  std::int64_t backwardStep(std::size_t l) const {
+    return 2 * static_cast<std::int64_t>(g_.layers.size()) - 1 - static_cast<std::int64_t>(l);
+  }
+
+  // Activations: each top a layer computes, or its input's memory for an in-place ReLU; live from
+  // its forward to the last forward that reads it, or the last backward that does.
+  void planActivations(std::int64_t max_batch, const std::vector<int>& readers, MemoryPlan& plan) {
+    auto& items = plan.items;
+    auto& data_item = plan.data_item;
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.top < 0 || layer.computed_by >= 0) continue;
@@ -878,8 +481,9 @@ class NetImpl final : public Net, private LayerContext {
         data_item[t] = static_cast<int>(items.size());
         items.push_back({max_batch * g_.blobs[t].per, false});
       }
-      live(items[static_cast<std::size_t>(data_item[t])], fwd(l));
-      if (layer.backwardReadsTop()) live(items[static_cast<std::size_t>(data_item[t])], bwd(l));
+      items[static_cast<std::size_t>(data_item[t])].liveAt(forwardStep(l));
+      if (layer.backwardReadsTop())
+        items[static_cast<std::size_t>(data_item[t])].liveAt(backwardStep(l));
     }
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
@@ -887,13 +491,18 @@ class NetImpl final : public Net, private LayerContext {
       for (std::size_t k = 0; k < layer.bottoms.size(); ++k) {
         const int item = data_item[static_cast<std::size_t>(layer.bottoms[k])];
         if (item < 0) continue;  // the images
-        live(items[static_cast<std::size_t>(item)], fwd(l));
+        items[static_cast<std::size_t>(item)].liveAt(forwardStep(l));
         if (k == 0 && layer.backwardReadsBottom())
-          live(items[static_cast<std::size_t>(item)], bwd(l));
+          items[static_cast<std::size_t>(item)].liveAt(backwardStep(l));
       }
     }
-    // Gradients: written first by the backward of the blob's last reader, read last by that of
-    // the layer that made it.
+  }
+
+  // Gradients: written first by the backward of the blob's last reader, read last by that of
+  // the layer that made it.
+  void planGradients(std::int64_t max_batch, MemoryPlan& plan) {
+    auto& items = plan.items;
+    auto& diff_item = plan.diff_item;
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;
@@ -904,17 +513,20 @@ class NetImpl final : public Net, private LayerContext {
           diff_item[bi] = static_cast<int>(items.size());
           items.push_back({max_batch * g_.blobs[bi].per, true});
         }
-        live(items[static_cast<std::size_t>(diff_item[bi])], bwd(l));
+        items[static_cast<std::size_t>(diff_item[bi])].liveAt(backwardStep(l));
       }
     }
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0 || layer.top < 0) continue;
       const int item = diff_item[static_cast<std::size_t>(layer.top)];
-      if (item >= 0) live(items[static_cast<std::size_t>(item)], bwd(l));
+      if (item >= 0) items[static_cast<std::size_t>(item)].liveAt(backwardStep(l));
     }
-    // Offsets: the largest first, each at the lowest one clear of every placed item it is live
-    // with; aligned to 256 bytes.
+  }
+
+  // Offsets: the largest first, each at the lowest one clear of every placed item it is live
+  // with; aligned to 256 bytes. Returns the elements they span.
+  std::int64_t placeItems(std::vector<MemoryItem>& items) const {
     const std::int64_t align =
         std::max<std::int64_t>(1, 256 / static_cast<std::int64_t>(sizeOf(act_)));
     std::vector<std::size_t> order(items.size());
@@ -925,10 +537,10 @@ class NetImpl final : public Net, private LayerContext {
     std::int64_t total = 0;
     std::vector<std::size_t> placed;
     for (const std::size_t i : order) {
-      Item& it = items[i];
+      MemoryItem& it = items[i];
       std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // [offset, end) live with it
       for (const std::size_t j : placed) {
-        const Item& o = items[j];
+        const MemoryItem& o = items[j];
         if (o.begin <= it.end && it.begin <= o.end) taken.emplace_back(o.offset, o.offset + o.size);
       }
       std::sort(taken.begin(), taken.end());
@@ -941,20 +553,21 @@ class NetImpl final : public Net, private LayerContext {
       total = std::max(total, at + it.size);
       placed.push_back(i);
     }
-    arena_ = backend_.empty({std::max<std::int64_t>(total, 1)}, act_);
-    const auto bytes = static_cast<std::int64_t>(sizeOf(act_));
-    for (const Item& it : items)
-      (it.gradient ? memory_.gradients : memory_.activations) += it.size * bytes;
-    memory_.held = total * bytes;
-    for (std::size_t b = 0; b < nb; ++b) {
+    return total;
+  }
+
+  // Each blob's activations and gradient, sliced from the arena as planned; a blob no layer reads
+  // (a dead end) gets a zero gradient of its own.
+  void bindBlobMemory(std::int64_t max_batch, const MemoryPlan& plan) {
+    for (std::size_t b = 0; b < g_.blobs.size(); ++b) {
       Blob& blob = g_.blobs[b];
-      if (data_item[b] >= 0) {
-        const Item& it = items[static_cast<std::size_t>(data_item[b])];
+      if (plan.data_item[b] >= 0) {
+        const MemoryItem& it = plan.items[static_cast<std::size_t>(plan.data_item[b])];
         blob.data = arena_.slice(it.offset, it.offset + it.size);
       }
       if (!blob.needs_diff) continue;
-      if (diff_item[b] >= 0) {
-        const Item& it = items[static_cast<std::size_t>(diff_item[b])];
+      if (plan.diff_item[b] >= 0) {
+        const MemoryItem& it = plan.items[static_cast<std::size_t>(plan.diff_item[b])];
         blob.diff = arena_.slice(it.offset, it.offset + it.size);
       } else {
         blob.diff = backend_.empty({max_batch * blob.per}, act_);  // a dead end: zero

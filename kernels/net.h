@@ -19,8 +19,22 @@ namespace troupe::kernels {
 
 class Backend;
 
-// One layer of a model written in a config file: a type ("conv", "pool", "fc", "relu", "bn",
-// "dropout", "flatten", ...) and its arguments as text ("num_output" -> "20").
+// A layer type a config's [[layers]] tables may name (layerTypes(): "conv", "pool", "fc", ...).
+struct LayerTypeInfo {
+  struct Arg {
+    std::string key;
+    std::string shown;  // as the docs show it, default and values: "stride 1", "method max or ave"
+  };
+  std::string name;
+  std::string summary;    // one line, for `troupe info`
+  std::vector<Arg> args;  // besides name and input, which every layer takes
+};
+
+// Every layer type, in the order docs list them (kernels/layer_types/: one file each).
+std::vector<LayerTypeInfo> layerTypes();
+
+// One layer of a model written in a config file: a type (layerTypes()) and its arguments as text
+// ("num_output" -> "20").
 struct LayerSpec {
   std::string type;
   std::map<std::string, std::string> args;

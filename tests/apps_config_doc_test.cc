@@ -7,6 +7,7 @@
 
 #include "actors/config/train_config.h"
 #include "cli_util.h"
+#include "kernels/net.h"
 
 namespace troupe::actors {
 namespace {
@@ -62,6 +63,15 @@ TEST(ConfigReference, EveryKeyHasARowWithItsTypeValuesAndDefault) {
   EXPECT_TRUE(contains(doc, "| `nesterov` | boolean | `true`, `false` | `false` |")) << doc;
   EXPECT_TRUE(contains(doc, "| `model` | string |  | `lenet` |")) << doc;
   EXPECT_TRUE(contains(doc, "| `train_data` | string |  | (none) | training database |")) << doc;
+}
+
+TEST(ConfigReference, EveryLayerTypeIsListedWithItsArguments) {
+  const std::string doc = configReferenceMarkdown();
+  for (const auto& type : kernels::layerTypes()) {
+    EXPECT_TRUE(contains(doc, "`" + type.name + "`")) << type.name;
+    for (const auto& arg : type.args)
+      EXPECT_TRUE(contains(doc, arg.shown)) << type.name << " " << arg.key;
+  }
 }
 
 TEST(ConfigReference, APipeInAHelpTextDoesNotEndItsCell) {

@@ -51,6 +51,9 @@ TEST(InfoCommand, SaysTheVersionBuildLibrariesDevicesAndWhatTheBuildCanRun) {
                            "  sgd (MXNet: sgd, nag): ",
                            "  adamw (MXNet: adamw): ",
                            "  lars (MXNet: lars): ",
+                           "\nlayer types ",
+                           "  conv: ",
+                           "  add: the residual connection",
                            "\nrendezvous ",
                            "  tcp://",
                            "  file://",
@@ -77,7 +80,7 @@ TEST(InfoCommand, JsonParsesAndHoldsEverySection) {
       "python3 -c 'import json, re, sys\n"
       "d = json.load(open(sys.argv[1]))\n"
       "assert set(d) == {\"troupe\", \"build\", \"libraries\", \"devices\", \"schedules\", "
-      "\"optimizers\", \"rendezvous\", \"launchers\"}, sorted(d)\n"
+      "\"optimizers\", \"layers\", \"rendezvous\", \"launchers\"}, sorted(d)\n"
       "assert d[\"troupe\"][\"version\"] == sys.argv[2]\n"
       "for lib in (\"onednn\", \"capnproto\", \"lmdb\", \"leveldb\", \"protobuf\", \"hiredis\", "
       "\"spdlog\", \"fmt\", \"openssl\", \"cairo\"):\n"
@@ -93,6 +96,8 @@ TEST(InfoCommand, JsonParsesAndHoldsEverySection) {
       "assert [o[\"name\"] for o in d[\"optimizers\"]] == [\"sgd\", \"adam\", \"adamw\", "
       "\"lamb\", \"lars\", \"rmsprop\", \"adagrad\"]\n"
       "assert [l[\"name\"] for l in d[\"launchers\"]] == [\"local\", \"ssh\", \"mpi\", \"slurm\"]\n"
+      "assert [l[\"name\"] for l in d[\"layers\"]] == [\"conv\", \"pool\", \"fc\", \"relu\", "
+      "\"bn\", \"dropout\", \"add\", \"flatten\", \"residual\"]\n"
       "assert [s[\"name\"][:s[\"name\"].index(\":\")] for s in d[\"rendezvous\"]] == "
       "[\"tcp\", \"file\", \"redis\"]\n"
       "print(\"ok\")' " +

@@ -211,6 +211,53 @@ TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
   EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
 }
 
+// The built-in resnet20 again, with a `residual` layer per block (kernels/layer_types/
+// residual.cc): the same parameters, initial weights, loss and gradients, to the bit.
+TEST_F(NetTest, Resnet20WrittenWithResidualLayersIsTheBuiltinNet) {
+  std::vector<LayerSpec> specs = {
+      {"conv",
+       {{"name", "conv1"}, {"num_output", "16"}, {"kernel", "3"}, {"pad", "1"}, {"bias", "false"}}},
+      {"bn", {{"name", "bn1"}}},
+      {"relu", {{"name", "relu1"}}}};
+  const int widths[] = {16, 32, 64};
+  for (int stage = 0; stage < 3; ++stage) {
+    for (int block = 0; block < 3; ++block) {
+      specs.push_back(
+          {"residual",
+           {{"name", "stage" + std::to_string(stage + 1) + ".block" + std::to_string(block + 1)},
+            {"width", std::to_string(widths[stage])},
+            {"stride", stage > 0 && block == 0 ? "2" : "1"}}});
+    }
+  }
+  specs.push_back({"pool", {{"name", "avgpool"}, {"global", "true"}}});
+  specs.push_back({"flatten", {}});
+  specs.push_back({"fc", {{"name", "fc"}, {"num_output", "10"}}});
+  NetOptions blocks = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
+  blocks.model.layers = specs;
+  auto a = makeNet(*backend_, blocks), b = makeNet(*backend_, builtin);
+  ASSERT_EQ(a->params().size(), b->params().size());
+  for (std::size_t i = 0; i < a->params().size(); ++i) {
+    EXPECT_EQ(a->params()[i].name, b->params()[i].name);
+    EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
+  }
+  ASSERT_EQ(a->numParams(), b->numParams());
+  EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
+  Batch batch = fixedBatch(2, 1, 28, 28);
+  a->forward(batch.images, batch.labels, true);
+  b->forward(batch.images, batch.labels, true);
+  EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
+  a->backward(1.0f, nullptr);
+  b->backward(1.0f, nullptr);
+  EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
+  // A bottleneck block widens to four times its width; a block needs an image.
+  auto wide = makeNet(*backend_, custom({{"residual", {{"width", "4"}, {"bottleneck", "true"}}},
+                                         {"fc", {{"num_output", "10"}}}}));
+  EXPECT_EQ(wide->params().back().shape, (Shape{10}));
+  EXPECT_NE(errorOf(*backend_, custom({{"flatten", {}}, {"residual", {{"width", "4"}}}}))
+                .find("layer 1 (residual) needs a [C,H,W] input"),
+            std::string::npos);
+}
+
 TEST_F(NetTest, NamedOutputsAndAddLayersRefuseWhatDoesNotFit) {
   const LayerSpec conv{"conv", {{"num_output", "4"}, {"kernel", "3"}, {"pad", "1"}}};
   auto with = [](LayerSpec spec, std::map<std::string, std::string> more) {

@@ -5,8 +5,10 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/config/train_config.h"
+#include "kernels/net.h"
 
 namespace troupe::actors {
 namespace {
@@ -47,14 +49,13 @@ lr_milestones = [10, 15]
 ```
 
 A custom model is written as `[[layers]]` tables instead of `model` (`configs/lenet_layers.toml`),
-the softmax loss appended after the last. Types and their arguments: `conv` (num_output, kernel,
-stride 1, pad 0, bias true), `pool` (kernel, stride = kernel, pad 0, method max or ave,
-round_mode ceil as Caffe's or floor as PyTorch's; or global = true: the average of each channel),
-`fc` (num_output), `relu`, `bn` (gamma 1: the scale's first value), `dropout` (ratio 0.5),
-`flatten`, and `add` (with: the residual connection, this input plus the named output). Every
-layer takes `name`, which later layers may refer to, and `input`, a named output (or `data`, the
-images) to read instead of the previous layer's: `configs/resnet20_layers.toml` writes ResNet-20
-so.
+the softmax loss appended after the last. Types and their arguments:
+)";
+
+constexpr std::string_view kAfterLayerTypes = R"(
+Every layer takes `name`, which later layers may refer to, and `input`, a named output (or `data`,
+the images) to read instead of the previous layer's: `configs/resnet20_layers.toml` writes
+ResNet-20 so.
 Every key is also a flag, `--key VALUE`, which wins over the file:
 `troupe train configs/lenet.toml --batch_size 128 --lr_milestones 10,15 --nesterov`. A boolean
 flag without a value is `true`; a list is comma-separated. MXNet's `kv_store` (`--kv_store`,
@@ -89,10 +90,25 @@ the range shown (a parenthesis excludes its bound); a list's range holds for eac
 |---|---|---|---|---|
 )";
 
+// The layer types' table (kernels/net.h): "`conv` (num_output, kernel, stride 1, ...), ...".
+std::string layerTypesText() {
+  std::vector<std::string> types;
+  for (const auto& type : kernels::layerTypes()) {
+    std::vector<std::string> args;
+    for (const auto& arg : type.args)
+      args.push_back(arg.shown);
+    types.push_back(args.empty() ? code(type.name)
+                                 : fmt::format("{} ({})", code(type.name), fmt::join(args, ", ")));
+  }
+  return fmt::format("{}.", fmt::join(types, ", "));
+}
+
 }  // namespace
 
 std::string configReferenceMarkdown() {
   std::string out(kIntroduction);
+  out += layerTypesText();
+  out += kAfterLayerTypes;
   for (const auto& [variable, key] : launcherVariables())
     out += fmt::format("| `{}` | `{}` |\n", variable, key);
   out += kAfterVariables;

@@ -1,0 +1,11 @@
+// [[layers]] type "flatten": an image as a vector (no layer runs; the blob is read so).
+#include "kernels/net_graph.h"
+
+namespace troupe::kernels::graph {
+
+LayerType flattenLayerType() {
+  return {{"flatten", "the input as one vector per sample (no computation)", {}},
+          [](LayerCall& c) { return Builder::flatten(c.x); }};
+}
+
+}  // namespace troupe::kernels::graph

@@ -1,0 +1,68 @@
+// A config's [[layers]] tables, built into a graph through the layer types' table: each type is
+// one file of kernels/layer_types/ returning its row, listed here once.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/net.h"
+#include "kernels/net_graph.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace graph {
+
+LayerType convLayerType();
+LayerType poolLayerType();
+LayerType fcLayerType();
+LayerType reluLayerType();
+LayerType bnLayerType();
+LayerType dropoutLayerType();
+LayerType flattenLayerType();
+LayerType addLayerType();
+LayerType residualLayerType();
+
+const std::vector<LayerType>& layerTable() {
+  static const std::vector<LayerType> table = {
+      convLayerType(),    poolLayerType(), fcLayerType(),      reluLayerType(),    bnLayerType(),
+      dropoutLayerType(), addLayerType(),  flattenLayerType(), residualLayerType()};
+  return table;
+}
+
+Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
+  LayerNames names(x);
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& spec = layers[i];
+    const std::string name = names.claim(spec, i);
+    if (const auto input = spec.args.find("input"); input != spec.args.end())
+      x = names.output(spec, i, "input", input->second);
+    const auto& table = layerTable();
+    const auto type = std::find_if(table.begin(), table.end(),
+                                   [&](const LayerType& t) { return t.info.name == spec.type; });
+    if (type == table.end()) {
+      std::vector<std::string> known;
+      for (const auto& t : table)
+        known.push_back(t.info.name);
+      throw InputError("layer " + std::to_string(i) + " has unknown type '" + spec.type +
+                       "' (known: " + join(known) + ")");
+    }
+    std::vector<std::string> keys;
+    for (const auto& arg : type->info.args)
+      keys.push_back(arg.key);
+    SpecArgs args(spec, i, std::move(keys));
+    LayerCall call{b, x, name, args, names};
+    x = type->build(call);
+    names.built(spec, name, x);
+  }
+  return x;
+}
+
+}  // namespace graph
+
+std::vector<LayerTypeInfo> layerTypes() {
+  std::vector<LayerTypeInfo> out;
+  for (const auto& type : graph::layerTable())
+    out.push_back(type.info);
+  return out;
+}
+
+}  // namespace troupe::kernels
