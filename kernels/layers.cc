@@ -16,29 +16,39 @@ void Layer::widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor&
 
 namespace {
 
-// Ops are fixed to a batch size; a layer keeps one per batch size it has seen.
+// A layer that runs one op, made for each batch size it sees (ops are fixed to a batch size) by
+// make(); what its backward reads (backwardReadsBottom, backwardReadsTop) is fixed when it is
+// made, and most layers have no parameters to bind.
 template <typename Op>
-class OpCache {
+class OpLayer : public Layer {
  public:
-  template <typename Make>
-  Op& get(std::int64_t n, Make make) {
+  OpLayer(const char* kind, bool reads_bottom, bool reads_top)
+      : kind_(kind), reads_bottom_(reads_bottom), reads_top_(reads_top) {}
+  const char* kind() const override { return kind_; }
+  bool backwardReadsBottom() const override { return reads_bottom_; }
+  bool backwardReadsTop() const override { return reads_top_; }
+  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+
+ protected:
+  virtual std::unique_ptr<Op> make(LayerContext& ctx, std::int64_t n) = 0;
+  Op& op(LayerContext& ctx, std::int64_t n) {
     auto& op = ops_[n];
-    if (!op) op = make(n);
+    if (!op) op = make(ctx, n);
     return *op;
   }
 
  private:
+  const char* kind_;
+  bool reads_bottom_, reads_top_;
   std::map<std::int64_t, std::unique_ptr<Op>> ops_;
 };
 
-class ConvLayer final : public Layer {
+// The backward reads x, not y.
+class ConvLayer final : public OpLayer<ConvOp> {
  public:
-  const char* kind() const override { return "conv"; }
-  // The backward reads x, not y.
-  bool backwardReadsBottom() const override { return true; }
-  bool backwardReadsTop() const override { return false; }
   ConvLayer(const Shape& in, std::int64_t oc, std::int64_t k, std::int64_t s, std::int64_t p,
-            bool bias) {
+            bool bias)
+      : OpLayer("conv", true, false) {
     g_.channels = in[0];
     g_.height = in[1];
     g_.width = in[2];
@@ -99,27 +109,22 @@ class ConvLayer final : public Layer {
 
  private:
   std::int64_t filterSize() const { return g_.out_channels * g_.channels * g_.kernel * g_.kernel; }
-  ConvOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) {
-      ConvGeometry g = g_;
-      g.n = m;
-      g.channels_last = ctx.channelsLast();
-      return ctx.backend().makeConv(g);
-    });
+  std::unique_ptr<ConvOp> make(LayerContext& ctx, std::int64_t n) override {
+    ConvGeometry g = g_;
+    g.n = n;
+    g.channels_last = ctx.channelsLast();
+    return ctx.backend().makeConv(g);
   }
   ConvGeometry g_;
   Tensor w_, b_, dw_, db_;
-  OpCache<ConvOp> ops_;
 };
 
-class PoolLayer final : public Layer {
+// The backward reads neither: a max pool's choices are its op's.
+class PoolLayer final : public OpLayer<PoolOp> {
  public:
-  const char* kind() const override { return "pool"; }
-  // The backward reads neither: a max pool's choices are its op's.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return false; }
   PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m,
-            bool ceil_mode) {
+            bool ceil_mode)
+      : OpLayer("pool", false, false) {
     g_.ceil_mode = ceil_mode;
     g_.channels = in[0];
     g_.height = in[1];
@@ -129,7 +134,6 @@ class PoolLayer final : public Layer {
     g_.pad = p;
     g_.method = m;
   }
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -139,25 +143,20 @@ class PoolLayer final : public Layer {
   }
 
  private:
-  PoolOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) {
-      PoolGeometry g = g_;
-      g.n = m;
-      g.channels_last = ctx.channelsLast();
-      return ctx.backend().makePool(g);
-    });
+  std::unique_ptr<PoolOp> make(LayerContext& ctx, std::int64_t n) override {
+    PoolGeometry g = g_;
+    g.n = n;
+    g.channels_last = ctx.channelsLast();
+    return ctx.backend().makePool(g);
   }
   PoolGeometry g_;
-  OpCache<PoolOp> ops_;
 };
 
-class InnerProductLayer final : public Layer {
+// The backward reads x, not y.
+class InnerProductLayer final : public OpLayer<InnerProductOp> {
  public:
-  const char* kind() const override { return "fc"; }
-  // The backward reads x, not y.
-  bool backwardReadsBottom() const override { return true; }
-  bool backwardReadsTop() const override { return false; }
-  InnerProductLayer(std::int64_t in, std::int64_t out) : in_(in), out_(out) {}
+  InnerProductLayer(std::int64_t in, std::int64_t out)
+      : OpLayer("fc", true, false), in_(in), out_(out) {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     w_ = weights.slice(param_begin, param_begin + in_ * out_);
     dw_ = grads.slice(param_begin, param_begin + in_ * out_);
@@ -173,24 +172,17 @@ class InnerProductLayer final : public Layer {
   bool reducedParams() const override { return true; }
 
  private:
-  InnerProductOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) {
-      return ctx.backend().makeInnerProduct(InnerProductGeometry{m, in_, out_});
-    });
+  std::unique_ptr<InnerProductOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeInnerProduct(InnerProductGeometry{n, in_, out_});
   }
   std::int64_t in_, out_;
   Tensor w_, b_, dw_, db_;
-  OpCache<InnerProductOp> ops_;
 };
 
-class ReluLayer final : public Layer {
+// The backward reads y, not x.
+class ReluLayer final : public OpLayer<ReluOp> {
  public:
-  const char* kind() const override { return "relu"; }
-  // The backward reads y, not x.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return true; }
-  explicit ReluLayer(std::int64_t per_sample) : per_(per_sample) {}
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  explicit ReluLayer(std::int64_t per_sample) : OpLayer("relu", false, true), per_(per_sample) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -202,20 +194,18 @@ class ReluLayer final : public Layer {
   bool isRelu() const override { return true; }
 
  private:
-  ReluOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeRelu(m * per_); });
+  std::unique_ptr<ReluOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeRelu(n * per_);
   }
   std::int64_t per_;
-  OpCache<ReluOp> ops_;
 };
 
-class BatchNormLayer final : public Layer {
+// The backward reads x, and y for its ReLU.
+class BatchNormLayer final : public OpLayer<BatchNormOp> {
  public:
+  explicit BatchNormLayer(const Shape& in)
+      : OpLayer("bn", true, true), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   const char* kind() const override { return add_ ? "bn+add+relu" : relu_ ? "bn+relu" : "bn"; }
-  // The backward reads x, and y for its ReLU.
-  bool backwardReadsBottom() const override { return true; }
-  bool backwardReadsTop() const override { return true; }
-  explicit BatchNormLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) override {
     gamma_ = weights.slice(param_begin, param_begin + channels_);
     beta_ = weights.slice(param_begin + channels_, param_end);
@@ -249,32 +239,26 @@ class BatchNormLayer final : public Layer {
   }
 
  private:
-  BatchNormOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) {
-      BatchNormGeometry g;
-      g.n = m;
-      g.channels = channels_;
-      g.spatial = spatial_;
-      g.channels_last = ctx.channelsLast();
-      g.relu = relu_;
-      g.add = add_;
-      return ctx.backend().makeBatchNorm(g);
-    });
+  std::unique_ptr<BatchNormOp> make(LayerContext& ctx, std::int64_t n) override {
+    BatchNormGeometry g;
+    g.n = n;
+    g.channels = channels_;
+    g.spatial = spatial_;
+    g.channels_last = ctx.channelsLast();
+    g.relu = relu_;
+    g.add = add_;
+    return ctx.backend().makeBatchNorm(g);
   }
   std::int64_t channels_, spatial_;
   bool relu_ = false, add_ = false;
   Tensor gamma_, beta_, dgamma_, dbeta_, mean_, var_;
-  OpCache<BatchNormOp> ops_;
 };
 
-class DropoutLayer final : public Layer {
+// The backward reads neither: the mask is its op's.
+class DropoutLayer final : public OpLayer<DropoutOp> {
  public:
-  const char* kind() const override { return "dropout"; }
-  // The backward reads neither: the mask is its op's.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return false; }
-  DropoutLayer(std::int64_t per_sample, float ratio) : per_(per_sample), ratio_(ratio) {}
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  DropoutLayer(std::int64_t per_sample, float ratio)
+      : OpLayer("dropout", false, false), per_(per_sample), ratio_(ratio) {}
   void forward(LayerContext& ctx, std::int64_t n, bool train) override {
     if (!train) {
       ctx.backend().copy(ctx.data(bottoms[0]), ctx.data(top));
@@ -288,25 +272,19 @@ class DropoutLayer final : public Layer {
   }
 
  private:
-  DropoutOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeDropout(m * per_, ratio_); });
+  std::unique_ptr<DropoutOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeDropout(n * per_, ratio_);
   }
   std::int64_t per_;
   float ratio_;
-  OpCache<DropoutOp> ops_;
 };
 
-class AddLayer final : public Layer {
+// The backward reads neither.
+class AddLayer final : public OpLayer<AddOp> {
  public:
-  const char* kind() const override { return "add"; }
-  // The backward reads neither.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return false; }
-  explicit AddLayer(std::int64_t per_sample) : per_(per_sample) {}
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  explicit AddLayer(std::int64_t per_sample) : OpLayer("add", false, false), per_(per_sample) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
-    ops_.get(n, [&](std::int64_t m) { return ctx.backend().makeAdd(m * per_); })
-        .forward(ctx.data(bottoms[0]), ctx.data(bottoms[1]), ctx.data(top));
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(bottoms[1]), ctx.data(top));
   }
   void backward(LayerContext& ctx, std::int64_t, float) override {
     const Tensor dy = ctx.diff(top);
@@ -319,18 +297,17 @@ class AddLayer final : public Layer {
   bool isAdd() const override { return true; }
 
  private:
+  std::unique_ptr<AddOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeAdd(n * per_);
+  }
   std::int64_t per_;
-  OpCache<AddOp> ops_;
 };
 
-class GlobalAvgPoolLayer final : public Layer {
+// The backward reads neither.
+class GlobalAvgPoolLayer final : public OpLayer<GlobalAvgPoolOp> {
  public:
-  const char* kind() const override { return "global pool"; }
-  // The backward reads neither.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return false; }
-  explicit GlobalAvgPoolLayer(const Shape& in) : channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  explicit GlobalAvgPoolLayer(const Shape& in)
+      : OpLayer("global pool", false, false), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -340,24 +317,17 @@ class GlobalAvgPoolLayer final : public Layer {
   }
 
  private:
-  GlobalAvgPoolOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(n, [&](std::int64_t m) {
-      return ctx.backend().makeGlobalAvgPool(m, channels_, spatial_, ctx.channelsLast());
-    });
+  std::unique_ptr<GlobalAvgPoolOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeGlobalAvgPool(n, channels_, spatial_, ctx.channelsLast());
   }
   std::int64_t channels_, spatial_;
-  OpCache<GlobalAvgPoolOp> ops_;
 };
 
-class SoftmaxLossLayer final : public Layer {
+// The backward reads neither: its op keeps the probabilities.
+class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
  public:
-  const char* kind() const override { return "softmax loss"; }
-  // The backward reads neither: its op keeps the probabilities.
-  bool backwardReadsBottom() const override { return false; }
-  bool backwardReadsTop() const override { return false; }
   SoftmaxLossLayer(std::int64_t classes, float smoothing)
-      : classes_(classes), smoothing_(smoothing) {}
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+      : OpLayer("softmax loss", false, false), classes_(classes), smoothing_(smoothing) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.labels(), ctx.metrics());
   }
@@ -366,13 +336,11 @@ class SoftmaxLossLayer final : public Layer {
   }
 
  private:
-  SoftmaxLossOp& op(LayerContext& ctx, std::int64_t n) {
-    return ops_.get(
-        n, [&](std::int64_t m) { return ctx.backend().makeSoftmaxLoss(m, classes_, smoothing_); });
+  std::unique_ptr<SoftmaxLossOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeSoftmaxLoss(n, classes_, smoothing_);
   }
   std::int64_t classes_;
   float smoothing_;
-  OpCache<SoftmaxLossOp> ops_;
 };
 
 }  // namespace
