@@ -4,10 +4,37 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <string_view>
 #include <vector>
 
 namespace troupe {
 namespace {
+
+// A worker's actors in the order every worker spawns them: one of each role, or one a replica.
+// Where each actor is (its slot on its worker's node) follows from this table alone.
+struct WorkerRole {
+  std::string_view name;
+  bool per_replica;
+};
+enum Role { kCoordinator, kUpdater, kReducer, kReplica, kReader, kRoles };
+constexpr WorkerRole kWorkerRoles[kRoles] = {{"coordinator", false},
+                                             {"updater", false},
+                                             {"reducer", false},
+                                             {"replica", true},
+                                             {"reader", true}};
+
+int countOf(int role, int replicas) {
+  return kWorkerRoles[role].per_replica ? replicas : 1;
+}
+
+// Actor `index` of `role` on worker `worker`. The roles before the first one a replica have the
+// same slots whatever the replicas (Topology's static accessors pass 0).
+Topology::Address slot(int worker, int role, int index, int replicas) {
+  int actor = index;
+  for (int r = 0; r < role; ++r)
+    actor += countOf(r, replicas);
+  return Topology::Address{static_cast<std::uint32_t>(worker), static_cast<std::uint32_t>(actor)};
+}
 
 // "replica/1/0" -> {"replica", 1, 0}; the numbers are -1 when absent or not numbers.
 struct Parsed {
@@ -32,6 +59,29 @@ Parsed parse(const std::string& name) {
 
 }  // namespace
 
+Topology::Address Topology::coordinator(int worker) {
+  return slot(worker, kCoordinator, 0, 0);
+}
+Topology::Address Topology::updater(int worker) {
+  return slot(worker, kUpdater, 0, 0);
+}
+Topology::Address Topology::reducer(int worker) {
+  return slot(worker, kReducer, 0, 0);
+}
+Topology::Address Topology::replica(int worker, int r) {
+  return slot(worker, kReplica, r, 0);
+}
+Topology::Address Topology::reader(int worker, int r) const {
+  return slot(worker, kReader, r, replicas_);
+}
+Topology::Address Topology::server(int s) const {
+  return Address{static_cast<std::uint32_t>(workers_ + s), 0};
+}
+
+std::uint32_t Topology::actorsPerWorker() const {
+  return slot(0, kRoles, 0, replicas_).actor;
+}
+
 Result<Topology> Topology::create(int workers, int servers, int replicas) {
   if (workers < 1 || servers < 0 || replicas < 1) {
     return Status(ErrorKind::kInput,
@@ -46,14 +96,13 @@ Result<Topology::Address> Topology::find(const std::string& name) const {
   const Parsed p = parse(name);
   const auto in = [](int i, int n) { return i >= 0 && i < n; };
   const auto& i = p.indices;
-  if (i.size() == 1 && in(i[0], workers_)) {
-    if (p.role == "coordinator") return coordinator(i[0]);
-    if (p.role == "updater") return updater(i[0]);
-    if (p.role == "reducer") return reducer(i[0]);
-  }
-  if (i.size() == 2 && in(i[0], workers_) && in(i[1], replicas_)) {
-    if (p.role == "replica") return replica(i[0], i[1]);
-    if (p.role == "reader") return reader(i[0], i[1]);
+  for (int role = 0; role < kRoles; ++role) {
+    if (p.role != kWorkerRoles[role].name) continue;
+    const bool per_replica = kWorkerRoles[role].per_replica;
+    if (i.size() == (per_replica ? 2u : 1u) && in(i[0], workers_) &&
+        (!per_replica || in(i[1], replicas_))) {
+      return slot(i[0], role, per_replica ? i[1] : 0, replicas_);
+    }
   }
   if (i.size() == 1 && p.role == "server" && in(i[0], servers_)) return server(i[0]);
   return Status(ErrorKind::kInput,
@@ -69,12 +118,11 @@ std::string Topology::nameOf(Address a) const {
     return fmt::format("server/{}", node - workers_);
   }
   if (node < workers_) {
-    if (actor == 0) return fmt::format("coordinator/{}", node);
-    if (actor == 1) return fmt::format("updater/{}", node);
-    if (actor == 2) return fmt::format("reducer/{}", node);
-    if (actor >= 3 && actor < 3 + replicas_) return fmt::format("replica/{}/{}", node, actor - 3);
-    if (actor >= 3 + replicas_ && actor < 3 + 2 * replicas_) {
-      return fmt::format("reader/{}/{}", node, actor - 3 - replicas_);
+    for (int role = 0, first = 0; role < kRoles; first += countOf(role, replicas_), ++role) {
+      if (actor < first || actor >= first + countOf(role, replicas_)) continue;
+      if (!kWorkerRoles[role].per_replica)
+        return fmt::format("{}/{}", kWorkerRoles[role].name, node);
+      return fmt::format("{}/{}/{}", kWorkerRoles[role].name, node, actor - first);
     }
   }
   return fmt::format("node {} actor {}", node, actor);
@@ -84,7 +132,7 @@ std::vector<std::string> Topology::names() const {
   std::vector<std::string> all;
   for (int w = 0; w < workers_; ++w) {
     for (std::uint32_t a = 0; a < actorsPerWorker(); ++a)
-      all.push_back(nameOf(at(w, static_cast<int>(a))));
+      all.push_back(nameOf(Address{static_cast<std::uint32_t>(w), a}));
   }
   for (int s = 0; s < servers_; ++s)
     all.push_back(nameOf(server(s)));

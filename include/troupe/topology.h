@@ -30,14 +30,15 @@ class Topology {
   int servers() const { return servers_; }
   int replicas() const { return replicas_; }  // a worker
 
-  static Address coordinator(int worker) { return at(worker, 0); }
-  static Address updater(int worker) { return at(worker, 1); }
-  static Address reducer(int worker) { return at(worker, 2); }
-  static Address replica(int worker, int r) { return at(worker, 3 + r); }
-  Address reader(int worker, int r) const { return at(worker, 3 + replicas_ + r); }
-  Address server(int s) const { return at(workers_ + s, 0); }
+  // The actors of worker `worker`, by role; the first three are the same in every run.
+  static Address coordinator(int worker);
+  static Address updater(int worker);
+  static Address reducer(int worker);
+  static Address replica(int worker, int r);
+  Address reader(int worker, int r) const;
+  Address server(int s) const;
   // How many actors a worker spawns (a server spawns one).
-  std::uint32_t actorsPerWorker() const { return 3 + 2 * static_cast<std::uint32_t>(replicas_); }
+  std::uint32_t actorsPerWorker() const;
 
   // The address of a name above; kInput naming it, and the names there are, when the run has no
   // such actor.
@@ -50,9 +51,6 @@ class Topology {
  private:
   Topology(int workers, int servers, int replicas)
       : workers_(workers), servers_(servers), replicas_(replicas) {}
-  static Address at(int node, int actor) {
-    return Address{static_cast<std::uint32_t>(node), static_cast<std::uint32_t>(actor)};
-  }
   int workers_, servers_, replicas_;
 };
 
