@@ -12,16 +12,16 @@
 #include "redis_util.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/url.h"
+#include "rendezvous_util.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
 namespace {
 
+using namespace testing;
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-constexpr milliseconds kLong{5000};
 
 TEST(StoreUrlTest, ParsesTcp) {
   const auto u = parseStoreUrl("tcp://node-7.cluster:29500");
@@ -123,7 +123,8 @@ TEST(StoreBackends, EachIsListedOnceWithAFormOfItsSchemeThatItParses) {
     EXPECT_FALSE(backend.summary.empty()) << backend.scheme;
     EXPECT_THAT(storeUrlForms(), HasSubstr(backend.form));
   }
-  EXPECT_EQ(schemes, (std::set<std::string_view>{"tcp", "file", "redis"}));
+  for (const std::string_view scheme : {"tcp", "file", "redis"})
+    EXPECT_TRUE(schemes.count(scheme)) << scheme;
 }
 
 TEST(StoreBackends, AnyUrlsUserInformationIsRedactedAndAPathIsNot) {
