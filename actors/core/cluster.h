@@ -28,7 +28,7 @@ struct ClusterOptions {
   int rank = 0;   // this process's node id
   int world = 1;  // processes in the run
   std::string run_id;
-  std::string rendezvous;    // tcp://HOST:PORT | file:///dir | redis://[:PASSWORD@]HOST:PORT
+  std::string rendezvous;    // a store URL (rendezvous/url.h: storeBackends())
   bool serve_store = false;  // rank 0 serves the tcp:// store itself (started by hand)
   std::string interface;     // network interface to listen on; empty: TROUPE_INTERFACE or any
   // The run's secret (transport/auth.h): links and the embedded store refuse whoever lacks it.

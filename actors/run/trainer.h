@@ -66,7 +66,7 @@ struct TrainOptions {
   // one never mix in; a generation > 0 resumes as `resume = "auto"` does.
   int generation = 0;
   std::string
-      rendezvous;  // tcp://HOST:PORT (rank 0 serves it when started by hand) | file:// | redis://
+      rendezvous;  // a store URL (rendezvous/url.h); rank 0 serves a tcp:// one started by hand
   bool serve_store = false;  // set when no launcher serves the store
   std::string interface;     // network interface to listen on
   std::string secret_file;   // holds the run's secret; empty: $TROUPE_SECRET
