@@ -218,7 +218,10 @@ if grep -q "libtroupe_cuda" "$tmp/contents"; then
 fi
 dpkg-deb -f "$deb" Depends
 dpkg-deb -x "$deb" "$tmp/root"
-LD_LIBRARY_PATH="$tmp/root/usr/lib" "$tmp/root/usr/bin/troupe" info | head -1
+# Into a file, not `| head -1`: under pipefail, troupe killed by SIGPIPE once head has its line
+# would fail the step (the longer `troupe info` grows, the likelier).
+LD_LIBRARY_PATH="$tmp/root/usr/lib" "$tmp/root/usr/bin/troupe" info > "$tmp/info.txt"
+head -1 "$tmp/info.txt"
 apt-get install --simulate --no-install-recommends "$deb" > "$tmp/apt.log" 2>&1 ||
   { cat "$tmp/apt.log"; echo "apt cannot install $deb"; exit 1; }
 grep -q "^Inst troupe" "$tmp/apt.log" || grep -q "troupe is already the newest" "$tmp/apt.log" ||
