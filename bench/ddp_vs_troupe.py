@@ -13,7 +13,6 @@ gloo, images already in memory (no data loading cost for PyTorch), timed after a
 import argparse
 import os
 import socket
-import subprocess
 import sys
 import time
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_vs_pytorch import lenet, mlp  # noqa: E402
 from train_vs_pytorch import load_idx, troupe_rate  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_bench import add_troupe_and_data_flags, ensure_data  # noqa: E402
 
 
 def free_port():
@@ -87,17 +86,14 @@ def troupe_samples_per_sec(troupe, data, name, procs, batch, steps):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
-    p.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+    add_troupe_and_data_flags(p)
     p.add_argument("--models", default="lenet,mlp")
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--batch", type=int, default=32, help="per process")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=2, help="best of this many runs, each side")
     args = p.parse_args()
-    if not os.path.isdir(os.path.join(args.data, "train")):
-        subprocess.run([args.troupe, "convert", "fashion-mnist", "--out", args.data, "--db",
-                        "lmdb"], check=True)
+    ensure_data(args.troupe, args.data)
     print(f"{args.procs} processes x 1 thread, batch {args.batch} per process "
           f"(global {args.batch * args.procs}), {args.steps} steps, best of {args.repeats}; "
           f"torch {torch.__version__}")

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_bench import ROOT, add_troupe_and_data_flags, ensure_data
 
 
 def run(cmd, cwd):
@@ -84,17 +84,14 @@ def main():
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kvstore", choices=sorted(PEERS), default="dist_sync")
-    ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
+    add_troupe_and_data_flags(ap)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
     a = ap.parse_args()
     if a.epochs < 2 or a.rounds < 1:
         sys.exit("--epochs must be at least 2 (the first is the warm-up), --rounds at least 1")
     if not os.path.exists(a.troupe):
         sys.exit(f"{a.troupe} is missing: build it first (see the top of this file)")
-    if not os.path.isdir(os.path.join(a.data, "train")):
-        subprocess.run([a.troupe, "convert", "fashion-mnist", "--out", a.data, "--db", "lmdb"],
-                       check=True)
+    ensure_data(a.troupe, a.data)
     with tempfile.TemporaryDirectory(prefix="kvstore_vs_train.") as tmp:
         prefix, examples = os.path.join(tmp, "prefix"), os.path.join(tmp, "examples")
         run(["cmake", "--install", a.build, "--prefix", prefix], tmp)

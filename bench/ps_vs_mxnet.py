@@ -20,7 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_vs_pytorch import troupe_rate  # noqa: E402  (imports torch: run with /usr/bin/python3)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_bench import ROOT, RateTable, add_troupe_and_data_flags, ensure_data  # noqa: E402
 
 WORKER = r'''
 import gzip, os, sys, time
@@ -106,33 +106,27 @@ def troupe_samples_per_sec(troupe, data, schedule, workers, batch, steps):  # SG
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
-    p.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+    add_troupe_and_data_flags(p)
     p.add_argument("--mxnet-python", default=os.path.join(ROOT, ".venv-mxnet/bin/python"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64, help="per worker")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--baseline", help="another troupe build, measured beside (before/after)")
     args = p.parse_args()
-    if not os.path.isdir(os.path.join(args.data, "train")):
-        subprocess.run([args.troupe, "convert", "fashion-mnist", "--out", args.data, "--db",
-                        "lmdb"], check=True)
+    ensure_data(args.troupe, args.data)
     print(f"MLP, {args.workers} workers x 1 thread + 1 server, batch {args.batch} per worker, "
           f"{args.steps} steps")
-    baseline_head = f" {'baseline samples/s':>19} {'ours/baseline':>14}" if args.baseline else ""
-    print(f"{'schedule':<11} {'troupe samples/s':>17} {'mxnet samples/s':>16} {'ratio':>7}"
-          + baseline_head)
+    table = RateTable("schedule", 11, "mxnet samples/s", args.baseline)
     for schedule in ("dist_sync", "dist_async"):
         ours = troupe_samples_per_sec(args.troupe, args.data, schedule, args.workers, args.batch,
                                       args.steps)
         theirs = mxnet_samples_per_sec(args.mxnet_python, schedule, args.workers, args.batch,
                                        args.steps)
-        row = f"{schedule:<11} {ours:>17.0f} {theirs:>16.0f} {ours / theirs:>6.2f}x"
+        before = None
         if args.baseline:
             before = troupe_samples_per_sec(args.baseline, args.data, schedule, args.workers,
                                             args.batch, args.steps)
-            row += f" {before:>19.0f} {ours / before:>13.3f}x"
-        print(row, flush=True)
+        table.row(schedule, ours, theirs, before)
 
 
 if __name__ == "__main__":

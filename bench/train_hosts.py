@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
                              tail, take_down, wait_all)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_bench import ROOT, add_troupe_and_data_flags, ensure_data  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
 FASHION = "/usr/share/datasets/fashion-mnist"
 WORLD = 2
@@ -172,8 +172,7 @@ def cell(values, fmt):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
-    p.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+    add_troupe_and_data_flags(p)
     p.add_argument("--models", default="mlp,lenet")
     p.add_argument("--rate", default="1gbit", help="every host's egress rate (tc tbf); none")
     p.add_argument("--epochs", type=int, default=3)
@@ -200,9 +199,7 @@ def main():
         sys.exit(f"{a.troupe} is missing: flock /tmp/troupe-build.lock ninja -C build -j2 "
                  "troupe_cli")
     torch_version = "-" if a.no_ddp else ensure_torch()
-    if not os.path.isdir(os.path.join(a.data, "test")):
-        subprocess.run([a.troupe, "convert", "fashion-mnist", "--out", a.data, "--db", "lmdb"],
-                       check=True, stdout=subprocess.DEVNULL)
+    ensure_data(a.troupe, a.data, stdout=subprocess.DEVNULL)
     models = a.models.split(",")
     configs = ([] if a.no_ddp else ["ddp"]) + [f"troupe-{c}" for c in a.compression.split(",")]
 

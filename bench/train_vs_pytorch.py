@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels_vs_pytorch import lenet, mlp, resnet20  # noqa: E402  (same definitions)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from train_bench import RateTable, add_troupe_and_data_flags, ensure_data  # noqa: E402
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
@@ -110,8 +110,7 @@ def troupe_samples_per_sec(troupe, data, name, batch, steps, threads, optimizer=
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
-    p.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+    add_troupe_and_data_flags(p)
     p.add_argument("--models", default="lenet,mlp")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=400)
@@ -122,15 +121,11 @@ def main():
     p.add_argument("--baseline", help="another troupe build, measured in the same turns")
     args = p.parse_args()
 
-    if not os.path.isdir(os.path.join(args.data, "train")):
-        subprocess.run([args.troupe, "convert", "fashion-mnist", "--out", args.data, "--db",
-                        "lmdb"], check=True)
+    ensure_data(args.troupe, args.data)
 
     print(f"batch {args.batch}, {args.threads} threads, {args.steps} steps, best of {args.repeats}, "
           f"optimizer {args.optimizer}; torch {torch.__version__}")
-    baseline_head = f" {'baseline samples/s':>19} {'ours/baseline':>14}" if args.baseline else ""
-    print(f"{'model':<10} {'troupe samples/s':>17} {'pytorch samples/s':>18} {'ratio':>7}"
-          + baseline_head)
+    table = RateTable("model", 10, "pytorch samples/s", args.baseline)
     for name in args.models.split(","):
         # Turn about, so that all see the same spells of a busy or quiet machine.
         ours, theirs, before = 0.0, 0.0, 0.0
@@ -143,10 +138,7 @@ def main():
                 before = max(before, troupe_samples_per_sec(args.baseline, args.data, name,
                                                             args.batch, args.steps, args.threads,
                                                             args.optimizer))
-        row = f"{name:<10} {ours:>17.0f} {theirs:>18.0f} {ours / theirs:>6.2f}x"
-        if args.baseline:
-            row += f" {before:>19.0f} {ours / before:>13.3f}x"
-        print(row, flush=True)
+        table.row(name, ours, theirs, before)
 
 
 if __name__ == "__main__":

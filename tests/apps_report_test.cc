@@ -159,29 +159,35 @@ TEST_F(ReportTest, AnotherHeaderIsNamedAtLineTwo) {
       << errorOf(path);
 }
 
-TEST_F(ReportTest, ARowWithTooFewValuesIsNamedByItsLine) {
-  const auto path = write("short.log", std::string(kParameters) + "\n" + kHeader +
-                                           "\n1,1,10,10,1,10,0.5,1,0.1,1.5,0.25\n1,2,3\n");
-  EXPECT_EQ(errorOf(path), path + ":4: a row of 3 values, where the header has 11 columns");
+// A log whose rows (after kParameters and kHeader) are bad: the error names its line.
+struct BadRows {
+  const char* name;
+  const char* rows;
+  const char* error;  // after the log's path
+};
+
+class ReportBadRowsTest : public ReportTest, public ::testing::WithParamInterface<BadRows> {};
+
+TEST_P(ReportBadRowsTest, AreNamedByTheirLine) {
+  const auto& c = GetParam();
+  const auto path = write(std::string(c.name) + ".log",
+                          std::string(kParameters) + "\n" + kHeader + "\n" + c.rows);
+  EXPECT_EQ(errorOf(path), path + c.error);
 }
 
-TEST_F(ReportTest, ARowWithTooManyValuesIsNamedByItsLine) {
-  const auto path = write("long.log", std::string(kParameters) + "\n" + kHeader +
-                                          "\n1,1,10,10,1,10,0.5,1,0.1,1.5,0.25,9\n");
-  EXPECT_EQ(errorOf(path), path + ":3: a row of 12 values, where the header has 11 columns");
-}
-
-TEST_F(ReportTest, AValueThatIsNotANumberNamesItsColumnAndLine) {
-  const auto path = write("nan.log", std::string(kParameters) + "\n" + kHeader +
-                                         "\n1,1,10,10,1,10,0.5,1,0.1,lots,0.25\n");
-  EXPECT_EQ(errorOf(path), path + ":3: loss is 'lots', not a number");
-}
-
-TEST_F(ReportTest, AFractionalEpochNamesItsColumnAndLine) {
-  const auto path = write("epoch.log", std::string(kParameters) + "\n" + kHeader +
-                                           "\n1,1,10,10,1,10,0.5,1.5,0.1,1.5,0.25\n");
-  EXPECT_EQ(errorOf(path), path + ":3: epoch is '1.5', not a whole number");
-}
+INSTANTIATE_TEST_SUITE_P(
+    ReportTest, ReportBadRowsTest,
+    ::testing::Values(
+        BadRows{"ARowWithTooFewValuesIsNamedByItsLine",
+                "1,1,10,10,1,10,0.5,1,0.1,1.5,0.25\n1,2,3\n",
+                ":4: a row of 3 values, where the header has 11 columns"},
+        BadRows{"ARowWithTooManyValuesIsNamedByItsLine", "1,1,10,10,1,10,0.5,1,0.1,1.5,0.25,9\n",
+                ":3: a row of 12 values, where the header has 11 columns"},
+        BadRows{"AValueThatIsNotANumberNamesItsColumnAndLine",
+                "1,1,10,10,1,10,0.5,1,0.1,lots,0.25\n", ":3: loss is 'lots', not a number"},
+        BadRows{"AFractionalEpochNamesItsColumnAndLine", "1,1,10,10,1,10,0.5,1.5,0.1,1.5,0.25\n",
+                ":3: epoch is '1.5', not a whole number"}),
+    [](const ::testing::TestParamInfo<BadRows>& info) { return info.param.name; });
 
 TEST_F(ReportTest, AnOverlongLineIsRefusedWithoutReadingTheWholeFile) {
   const auto path = write("huge.log", "# x " + std::string(1 << 17, 'a') + "\n");

@@ -74,6 +74,11 @@ inline std::string sourceDir() {
 inline std::string testData(const std::string& db) {
   return std::string(TROUPE_TESTDATA) + "/" + db;
 }
+// The flags that train on that data's `db` (lmdb or leveldb) and test on it, with a leading space.
+inline std::string dataFlags(const std::string& db = "lmdb") {
+  return " --train_data " + testData(db) + "/train --test_data " + testData(db) +
+         "/test --db_type " + db;
+}
 
 // Whether `text` holds `part`.
 inline bool contains(const std::string& text, const std::string& part) {

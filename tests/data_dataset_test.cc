@@ -23,11 +23,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::RawDatum;
-using testing::TempDir;
-using testing::writeDb;
-
-using testing::errorOf;
+using namespace testing;
 
 DatasetOptions optionsFor(const std::string& path, DbType type = DbType::kLmdb) {
   DatasetOptions options;

@@ -21,9 +21,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::TempDir;
-
-using testing::errorOf;
+using namespace testing;
 
 class DbTest : public ::testing::TestWithParam<DbType> {};
 

@@ -28,10 +28,7 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::RawDatum;
-using testing::TempDir;
-
-using testing::errorOf;
+using namespace testing;
 
 // A photograph's stand-in: smooth shading, edges and fine texture, in BGR.
 Image photo(int height, int width, int channels = 3) {

@@ -20,14 +20,7 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::contains;
-using testing::exitedWith;
-using testing::runCommand;
-using testing::slurp;
-using testing::sourceDir;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
+using namespace testing;
 
 // Writes `body` as a bash script in `dir` and runs it there.
 testing::CommandResult runScript(const TempDir& dir, const std::string& body) {

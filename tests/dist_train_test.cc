@@ -31,19 +31,7 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::CommandResult;
-using testing::freeLoopbackPort;
-using testing::runCommand;
-using testing::slurp;
-using testing::sourceDir;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
-
-std::string dataFlags() {
-  return " --train_data " + testData("lmdb") + "/train --test_data " + testData("lmdb") +
-         "/test --db_type lmdb";
-}
+using namespace testing;
 
 std::string in(const TempDir& dir, const std::string& command) {
   return "cd " + dir.str() + " && " + command;

@@ -1,11 +1,9 @@
 // A real redis-server for the rendezvous tests: a child process on a free loopback port.
 #pragma once
 
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "daemon_util.h"
 
 namespace troupe::testing {
 
@@ -84,23 +83,7 @@ class RedisServer {
       args.push_back("--requirepass");
       args.push_back(password_);
     }
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      const int null = ::open("/dev/null", O_RDWR);
-      ::dup2(null, STDOUT_FILENO);
-      ::dup2(null, STDERR_FILENO);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    return pid;
+    return spawnDaemon(std::move(args), "/dev/null", SIGKILL);
   }
 
   redisContext* connect(std::string& error) const {
@@ -118,25 +101,22 @@ class RedisServer {
   }
 
   bool waitUntilReady(std::string& error) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        error = "it exited early (port " + std::to_string(port_) + " taken?)";
-        pid_ = -1;
-        return false;
-      }
-      if (auto* c = connect(error)) {
-        auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
-        const bool pong = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
-        if (reply != nullptr) freeReplyObject(reply);
-        redisFree(c);
-        if (pong) return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto start = awaitDaemon(pid_, std::chrono::milliseconds(5), [&] {
+      auto* c = connect(error);
+      if (c == nullptr) return false;
+      auto* reply = static_cast<redisReply*>(redisCommand(c, "PING"));
+      const bool pong = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
+      if (reply != nullptr) freeReplyObject(reply);
+      redisFree(c);
+      return pong;
+    });
+    if (start == DaemonStart::kExited) {
+      error = "it exited early (port " + std::to_string(port_) + " taken?)";
+      pid_ = -1;
+    } else if (start == DaemonStart::kTimedOut) {
+      error = "it did not answer PING within 10 s";
     }
-    error = "it did not answer PING within 10 s";
-    return false;
+    return start == DaemonStart::kReady;
   }
 
   void stop() {

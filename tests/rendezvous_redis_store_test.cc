@@ -10,17 +10,15 @@
 #include "redis_util.h"
 #include "rendezvous/redis_store.h"
 #include "rendezvous/url.h"
+#include "rendezvous_util.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
 namespace {
 
+using namespace testing;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
-
-constexpr milliseconds kLong{5000};
-constexpr milliseconds kShort{250};
 
 class RedisPasswordTest : public ::testing::Test {
  protected:

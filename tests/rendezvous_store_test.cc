@@ -23,19 +23,17 @@
 #include "rendezvous/prefix_store.h"
 #include "rendezvous/redis_store.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous_util.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
 namespace {
 
+using namespace testing;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-constexpr milliseconds kLong{5000};  // for waits that must succeed
-constexpr milliseconds kShort{250};  // for waits that must time out
 
 enum class Backend { kTcp, kFile, kRedis };
 

@@ -21,18 +21,16 @@
 #include "redis_util.h"
 #include "refusal_flood.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous_util.h"
 #include "transport/auth.h"
 #include "troupe/error.h"
 
 namespace troupe::rendezvous {
 namespace {
 
+using namespace testing;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
 using ::testing::HasSubstr;
-
-constexpr milliseconds kLong{5000};
-constexpr milliseconds kShort{250};
 
 // A raw TCP connection to the server, for sending bytes no client would; it passes the
 // authentication handshake with `secret` first unless told not to.

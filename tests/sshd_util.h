@@ -2,10 +2,8 @@
 // and a throwaway client key, no PAM, run as root in the foreground (`sshd -D -e -f CONFIG`).
 #pragma once
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +17,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "daemon_util.h"
 
 namespace troupe::testing {
 
@@ -69,12 +68,7 @@ class Sshd {
   std::string sshOpts() const {
     return "-oIdentityFile=" + path("user_key") + " -oUserKnownHostsFile=/dev/null";
   }
-  std::string log() const {
-    std::ifstream in(path("sshd.log"));
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
+  std::string log() const { return slurp(path("sshd.log")); }
 
  private:
   std::string path(const std::string& name) const { return dir_.str() + "/" + name; }
@@ -87,31 +81,20 @@ class Sshd {
         << "\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPidFile none\n"
            "MaxStartups 100\nMaxSessions 100\nLogLevel INFO\n";
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != parent) ::_exit(127);
-      const int log = ::open(path("sshd.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-      ::dup2(log, STDOUT_FILENO);
-      ::dup2(log, STDERR_FILENO);
-      const std::string config = path("sshd_config");
-      ::execl("/usr/sbin/sshd", "/usr/sbin/sshd", "-D", "-e", "-f", config.c_str(),
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) return;  // died: maybe the port was taken
-      if (acceptsConnections(port_)) {
+    const pid_t pid = spawnDaemon({"/usr/sbin/sshd", "-D", "-e", "-f", path("sshd_config")},
+                                  path("sshd.log"), SIGTERM);
+    switch (awaitDaemon(pid, std::chrono::milliseconds(20),
+                        [&] { return acceptsConnections(port_); })) {
+      case DaemonStart::kReady:
         pid_ = pid;
         return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      case DaemonStart::kExited:  // maybe the port was taken
+        return;
+      case DaemonStart::kTimedOut:
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        return;
     }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
   }
 
   TempDir dir_;

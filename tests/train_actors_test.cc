@@ -8,6 +8,7 @@
 
 #include "actors/run/trainer.h"
 #include "cli_util.h"
+#include "config_util.h"
 #include "float_bounds.h"
 #include "kernels/backend.h"
 #include "kernels/net.h"
@@ -16,19 +17,15 @@
 namespace troupe::actors {
 namespace {
 
+using troupe::testing::fashionMnistOptions;
 using troupe::testing::TempDir;
 using troupe::testing::testData;
 
 TrainOptions lenetOptions(const std::string& log_dir) {
-  TrainOptions o;
-  o.model.name = "lenet";
-  o.train_data = testData("lmdb") + "/train";
-  o.db_type = data::DbType::kLmdb;
+  TrainOptions o = fashionMnistOptions("lenet", log_dir);
   o.base_learning_rate = 0.05f;
   o.optimizer.momentum = 0.9f;
   o.optimizer.weight_decay = 0.0005f;
-  o.log_dir = log_dir;
-  o.log_every = 0;
   o.threads = 2;
   return o;
 }

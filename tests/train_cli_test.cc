@@ -22,12 +22,7 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::runCommand;
-using testing::slurp;
-using testing::sourceDir;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
+using namespace testing;
 
 std::vector<fs::path> logsIn(const fs::path& dir) {
   std::vector<fs::path> out;
@@ -63,11 +58,6 @@ LogStart readLogStart(const fs::path& path) {
 testing::CommandResult train(const TempDir& cwd, const std::string& args) {
   const std::string data = testData("lmdb");
   return runCommand("cd " + cwd.str() + " && " + troupeBinary() + " train " + args);
-}
-
-std::string dataFlags(const std::string& db = "lmdb") {
-  return " --train_data " + testData(db) + "/train --test_data " + testData(db) +
-         "/test --db_type " + db;
 }
 
 TEST(TrainCommand, LenetConfigAsWrittenTrainsAndLogsInTheCurrentFolder) {

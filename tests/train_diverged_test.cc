@@ -8,26 +8,22 @@
 
 #include "actors/run/trainer.h"
 #include "cli_util.h"
+#include "config_util.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
 namespace {
 
 namespace fs = std::filesystem;
+using troupe::testing::fashionMnistOptions;
 using troupe::testing::TempDir;
-using troupe::testing::testData;
 
 TrainOptions mlpOptions(const std::string& dir) {
-  TrainOptions o;
-  o.model.name = "mlp";
-  o.train_data = testData("lmdb") + "/train";
-  o.db_type = data::DbType::kLmdb;
+  TrainOptions o = fashionMnistOptions("mlp", dir);
   o.batch_size = 64;
   o.epoch_size = 64 * 20;
   o.num_epochs = 2;
   o.checkpoint_every = 1;
-  o.log_dir = dir;
-  o.log_every = 0;
   o.threads = 1;
   return o;
 }

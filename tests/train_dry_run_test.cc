@@ -14,19 +14,9 @@
 namespace troupe {
 namespace {
 
-using testing::contains;
+using namespace testing;
 
 namespace fs = std::filesystem;
-using testing::runCommand;
-using testing::sourceDir;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
-
-std::string dataFlags() {
-  return " --train_data " + testData("lmdb") + "/train --test_data " + testData("lmdb") +
-         "/test --db_type lmdb";
-}
 
 // troupe train in `cwd`, logging to cwd/logs.
 testing::CommandResult train(const TempDir& cwd, const std::string& args,

@@ -10,58 +10,60 @@
 namespace troupe {
 namespace {
 
-using testing::contains;
-
-using testing::CommandResult;
-using testing::runCommand;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
+using namespace testing;
 
 // `ENV troupe BEFORE train ... AFTER`: a 1-epoch MLP run of 640 inputs in a fresh folder.
 CommandResult train(const std::string& env, const std::string& before, const std::string& after) {
   TempDir cwd("log_level");
-  const std::string data = testData("lmdb");
   return runCommand("cd " + cwd.str() + " && " + env + " " + troupeBinary() + " " + before +
-                    " train --model mlp --train_data " + data + "/train --test_data " + data +
-                    "/test --db_type lmdb --num_epochs 1 --epoch_size 640 --threads 1 " + after);
+                    " train --model mlp" + dataFlags() + " --num_epochs 1 --epoch_size 640 " +
+                    "--threads 1 " + after);
 }
 
-TEST(LogLevel, ATrainingRunPrintsInfoLinesByDefault) {
-  const auto r = train("", "", "");
+// What a run that ends well prints.
+enum class Printed { kInfoLines, kNoInfoLines, kNothing };
+
+struct LevelCase {
+  const char* name;
+  const char* env;
+  const char* before;  // flags before the subcommand's name
+  const char* after;   // flags after train's own
+  Printed printed;
+};
+
+class LogLevelRun : public ::testing::TestWithParam<LevelCase> {};
+
+TEST_P(LogLevelRun, PrintsWhatTheLevelLets) {
+  const auto& c = GetParam();
+  const auto r = train(c.env, c.before, c.after);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[info] epoch 1 done")) << r.output;
+  switch (c.printed) {
+    case Printed::kInfoLines:
+      EXPECT_TRUE(contains(r.output, "[info] epoch 1 done")) << r.output;
+      break;
+    case Printed::kNoInfoLines:
+      EXPECT_FALSE(contains(r.output, "[info]")) << r.output;
+      break;
+    case Printed::kNothing:
+      EXPECT_EQ(r.output, "");
+      break;
+  }
 }
 
-TEST(LogLevel, QuietBeforeTheSubcommandLeavesNoInfoLines) {
-  const auto r = train("", "--quiet", "");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_FALSE(contains(r.output, "[info]")) << r.output;
-}
-
-TEST(LogLevel, QuietAfterTheSubcommandsNameLeavesNoInfoLines) {
-  const auto r = train("", "", "--quiet");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_FALSE(contains(r.output, "[info]")) << r.output;
-}
-
-TEST(LogLevel, LogLevelOffPrintsNothingAtAll) {
-  const auto r = train("", "--log-level off", "");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(r.output, "");
-}
-
-TEST(LogLevel, TheEnvironmentSetsTheLevelWhenNoFlagDoes) {
-  const auto r = train("TROUPE_LOG_LEVEL=warn", "", "");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_FALSE(contains(r.output, "[info]")) << r.output;
-}
-
-TEST(LogLevel, AFlagWinsOverTheEnvironment) {
-  const auto r = train("TROUPE_LOG_LEVEL=off", "", "--log-level info");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[info] epoch 1 done")) << r.output;
-}
+INSTANTIATE_TEST_SUITE_P(
+    LogLevel, LogLevelRun,
+    ::testing::Values(
+        LevelCase{"ATrainingRunPrintsInfoLinesByDefault", "", "", "", Printed::kInfoLines},
+        LevelCase{"QuietBeforeTheSubcommandLeavesNoInfoLines", "", "--quiet", "",
+                  Printed::kNoInfoLines},
+        LevelCase{"QuietAfterTheSubcommandsNameLeavesNoInfoLines", "", "", "--quiet",
+                  Printed::kNoInfoLines},
+        LevelCase{"LogLevelOffPrintsNothingAtAll", "", "--log-level off", "", Printed::kNothing},
+        LevelCase{"TheEnvironmentSetsTheLevelWhenNoFlagDoes", "TROUPE_LOG_LEVEL=warn", "", "",
+                  Printed::kNoInfoLines},
+        LevelCase{"AFlagWinsOverTheEnvironment", "TROUPE_LOG_LEVEL=off", "", "--log-level info",
+                  Printed::kInfoLines}),
+    [](const ::testing::TestParamInfo<LevelCase>& info) { return info.param.name; });
 
 TEST(LogLevel, QuietStillShowsTheErrorThatEndsARun) {
   TempDir cwd("log_level_error");

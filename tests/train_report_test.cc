@@ -14,15 +14,9 @@
 namespace troupe {
 namespace {
 
-using testing::contains;
+using namespace testing;
 
 namespace fs = std::filesystem;
-using testing::runCommand;
-using testing::slurp;
-using testing::sourceDir;
-using testing::TempDir;
-using testing::testData;
-using testing::troupeBinary;
 
 // Trains configs/mlp.toml for 2 short epochs with `flags`; the path of the log it wrote.
 std::string trainMlp(const TempDir& dir, const std::string& name, const std::string& flags) {
