@@ -55,19 +55,15 @@ void hidePasswordsInOwnCommandLine(int argc, char** argv) {
   constexpr std::string_view kSeparator = "://";
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg(argv[i]);
-    for (auto at = arg.find(kSeparator); at != std::string_view::npos;
-         at = arg.find(kSeparator, at + 1)) {
-      const auto begin = at + kSeparator.size();
-      if (arg.substr(begin).starts_with('/')) continue;  // a path: file:///dir
-      // Up to the URL's last '@' (a password may hold one, as parseStoreUrl reads it), not past
-      // the next URL of the argument.
-      const auto url = arg.substr(0, arg.find(kSeparator, begin));
-      const auto end = url.find('@', begin) == std::string_view::npos ? begin : url.rfind('@');
-      // USER:PASSWORD or PASSWORD: the password.
-      const auto colon = url.substr(0, end).find(':', begin);
-      for (auto j = colon == std::string_view::npos ? begin : colon + 1; j < end; ++j)
-        argv[i][j] = '*';
-    }
+    const auto begin = arg.find(kSeparator);
+    // Up to the argument's last '@' (a password may hold '@' or "://", as parseStoreUrl reads
+    // it): more than the password where the argument holds more after it, never less.
+    const auto end = arg.rfind('@');
+    if (begin == std::string_view::npos || end == std::string_view::npos || end < begin) continue;
+    const auto colon = arg.substr(0, end).find(':', begin + kSeparator.size());
+    for (auto j = colon == std::string_view::npos ? begin + kSeparator.size() : colon + 1; j < end;
+         ++j)
+      argv[i][j] = '*';
   }
 }
 

@@ -8,7 +8,7 @@ its ps-lite scheduler, server and workers (DMLC_ROLE ...), gluon Trainer with kv
 dist_async, images in memory. MXNet comes from PyPI into .venv-mxnet (scripts/setup.sh --bench):
 
     bash scripts/setup.sh --bench && bash scripts/build.sh troupe_cli
-    /usr/bin/python3 bench/ps_vs_mxnet.py [--steps 300]
+    /usr/bin/python3 bench/ps_vs_mxnet.py [--steps 300] [--repeats 3] [--baseline OLD_BINARY]
 """
 import argparse
 import os
@@ -112,20 +112,25 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="per worker")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--baseline", help="another troupe build, measured beside (before/after)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="best of this many runs, each side, taken in turns (3 processes on a "
+                        "2-core host vary by about 10%% from one run to the next)")
     args = p.parse_args()
     ensure_data(args.troupe, args.data)
     print(f"MLP, {args.workers} workers x 1 thread + 1 server, batch {args.batch} per worker, "
-          f"{args.steps} steps")
+          f"{args.steps} steps, best of {args.repeats}")
     table = RateTable("schedule", 11, "mxnet samples/s", args.baseline)
     for schedule in ("dist_sync", "dist_async"):
-        ours = troupe_samples_per_sec(args.troupe, args.data, schedule, args.workers, args.batch,
-                                      args.steps)
-        theirs = mxnet_samples_per_sec(args.mxnet_python, schedule, args.workers, args.batch,
-                                       args.steps)
-        before = None
-        if args.baseline:
-            before = troupe_samples_per_sec(args.baseline, args.data, schedule, args.workers,
-                                            args.batch, args.steps)
+        ours, theirs, before = 0.0, 0.0, None
+        for _ in range(args.repeats):
+            ours = max(ours, troupe_samples_per_sec(args.troupe, args.data, schedule,
+                                                    args.workers, args.batch, args.steps))
+            theirs = max(theirs, mxnet_samples_per_sec(args.mxnet_python, schedule, args.workers,
+                                                       args.batch, args.steps))
+            if args.baseline:
+                before = max(before or 0.0,
+                             troupe_samples_per_sec(args.baseline, args.data, schedule,
+                                                    args.workers, args.batch, args.steps))
         table.row(schedule, ours, theirs, before)
 
 

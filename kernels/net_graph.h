@@ -139,6 +139,9 @@ class Builder {
 
   static Node flatten(const Node& in) { return Node{in.blob, {numelOf(in.shape)}}; }
 
+  // The layers added so far, by name, in forward order.
+  const std::vector<std::string>& layerNames() const { return g_.layer_names; }
+
   void loss(const Node& in, std::int64_t classes, float label_smoothing) {
     auto layer = makeSoftmaxLossLayer(classes, label_smoothing);
     layer->bottoms = {in.blob};

@@ -1,6 +1,7 @@
 // A config's [[layers]] tables, built into a graph through the layer types' table: each type is
 // one file of kernels/layer_types/ returning its row, listed here once.
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ const std::vector<LayerType>& layerTable() {
 
 Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
   LayerNames names(x);
+  std::map<std::string, std::size_t> built;  // every layer's name, and the spec that added it
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& spec = layers[i];
     const std::string name = names.claim(spec, i);
@@ -50,7 +52,17 @@ Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
       keys.push_back(arg.key);
     SpecArgs args(spec, i, std::move(keys));
     LayerCall call{b, x, name, args, names};
+    const std::size_t before = b.layerNames().size();
     x = type->build(call);
+    // A type may add several layers (a residual block's NAME.conv1 ...): each named apart.
+    for (std::size_t k = before; k < b.layerNames().size(); ++k) {
+      const std::string& added = b.layerNames()[k];
+      if (const auto [it, fresh] = built.emplace(added, i); !fresh) {
+        throw InputError(layerWhere(spec, i) + ": its layer '" + added + "' has the name of " +
+                         (it->second == i ? std::string("another of its own")
+                                          : "a layer of layer " + std::to_string(it->second)));
+      }
+    }
     names.built(spec, name, x);
   }
   return x;

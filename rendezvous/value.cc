@@ -37,9 +37,10 @@ std::string redactedStoreUrl(std::string_view url) {
   const auto sep = url.find("://");
   if (sep == std::string_view::npos) return std::string(url);
   const auto rest = url.substr(sep + 3);
+  // Up to the last '@', even in what looks like a path (redis:///pw@host is a password typed
+  // wrong, not a path): a file store's folder with an '@' in it is shown masked, not a password.
   const auto at = rest.rfind('@');
-  // A path (file:///dir) has no user information, whatever '@' it holds.
-  if (at == std::string_view::npos || rest.starts_with('/')) return std::string(url);
+  if (at == std::string_view::npos) return std::string(url);
   return fmt::format("{}***{}", url.substr(0, sep + 3), rest.substr(at));
 }
 

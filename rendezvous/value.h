@@ -20,7 +20,8 @@ std::string printable(std::string_view bytes, std::size_t max = 200);
 std::string quoted(std::string_view bytes, std::size_t max = 200);
 
 // A store URL fit for a log, a message or a terminal: its user information, a password
-// (SCHEME://[USER]:PASSWORD@HOST, up to the last '@'), replaced by "***" (url.h has the forms).
+// (SCHEME://[USER]:PASSWORD@HOST: all up to the last '@'), replaced by "***" (url.h has the
+// forms).
 std::string redactedStoreUrl(std::string_view url);
 
 // A value read from key `key` of a store, for `who` ("elastic rendezvous", "rank 3") to parse.

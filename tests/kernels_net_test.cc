@@ -256,6 +256,11 @@ TEST_F(NetTest, Resnet20WrittenWithResidualLayersIsTheBuiltinNet) {
   EXPECT_NE(errorOf(*backend_, custom({{"flatten", {}}, {"residual", {{"width", "4"}}}}))
                 .find("layer 1 (residual) needs a [C,H,W] input"),
             std::string::npos);
+  // Its layers' names are the net's: another layer may not take one.
+  EXPECT_EQ(errorOf(*backend_, custom({{"residual", {{"name", "r"}, {"width", "4"}}},
+                                       {"relu", {{"name", "r.add"}}},
+                                       {"fc", {{"num_output", "10"}}}})),
+            "layer 1 (relu): its layer 'r.add' has the name of a layer of layer 0");
 }
 
 TEST_F(NetTest, NamedOutputsAndAddLayersRefuseWhatDoesNotFit) {

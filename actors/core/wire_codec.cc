@@ -112,9 +112,10 @@ struct Layout {
 
 // What a C++ member may fill: a schema field of the same kind.
 template <typename T>
-bool fits(Type::Which w) {
+bool fits(capnp::Type type) {
+  const Type::Which w = type.which();
   if constexpr (std::is_same_v<T, kernels::Tensor>) {
-    return w == Type::STRUCT;
+    return w == Type::STRUCT && type.asStruct() == capnp::Schema::from<schema::TensorData>();
   } else if constexpr (std::is_same_v<T, std::string>) {
     return w == Type::TEXT;
   } else if constexpr (std::is_enum_v<T>) {
@@ -135,7 +136,13 @@ const Layout& layoutOf() {
     const auto frame = capnp::Schema::from<schema::Frame>();
     const auto name = [](std::string_view n) { return kj::StringPtr(n.data(), n.size()); };
     Layout l;
-    l.member = frame.getFieldByName(name(form.frame_member));
+    KJ_IF_MAYBE (member, frame.findFieldByName(name(form.frame_member))) {
+      l.member = *member;
+    } else {
+      throw InvariantError(
+          fmt::format("wire.capnp's Frame has no member {} (messages.h's form of {})",
+                      form.frame_member, messageName(typeid(M))));
+    }
     const auto member = l.member.getProto();
     l.discriminant = member.getDiscriminantValue();
     l.is_struct = l.member.getType().isStruct();
@@ -156,7 +163,7 @@ const Layout& layoutOf() {
         found = body.findFieldByName(name(field));
       }
       KJ_IF_MAYBE (f, found) {
-        if (!fits<T>(f->getType().which())) {
+        if (!fits<T>(f->getType())) {
           throw InvariantError(fmt::format("wire.capnp's {}.{} is not of the kind of {}'s member",
                                            form.frame_member, field, messageName(typeid(M))));
         }
@@ -209,7 +216,8 @@ Bits load(kj::ArrayPtr<const capnp::byte> data, const Slot& s) {
 // An integer of wire type W from a member's value, which must fit.
 template <typename W, typename T>
 void storeInteger(kj::ArrayPtr<capnp::byte> data, const Slot& s, T v) {
-  TROUPE_ENFORCE(std::in_range<W>(v), "a value out of its wire field's range");
+  TROUPE_ENFORCE(std::in_range<W>(v), "value ", v, " out of the range of wire field ",
+                 s.field.getProto().getName().cStr());
   store<std::make_unsigned_t<W>>(data, s, static_cast<std::make_unsigned_t<W>>(static_cast<W>(v)));
 }
 
@@ -418,7 +426,10 @@ struct Codecs {
     encode[typeid(M)] = [](transport::OutgoingMessage& out, Envelope& e) {
       encodeAs(out, static_cast<Typed<M>&>(e).value);
     };
-    decode.at(layoutOf<M>().discriminant) = decodeAs<M>;
+    Decode& slot = decode.at(layoutOf<M>().discriminant);
+    TROUPE_ENFORCE(slot == nullptr, "two messages of WireMessages are carried by Frame member ",
+                   layoutOf<M>().member.getProto().getName().cStr());
+    slot = decodeAs<M>;
   }
 };
 

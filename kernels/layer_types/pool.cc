@@ -37,8 +37,8 @@ LayerType poolLayerType() {
             {"stride", "stride = kernel"},
             {"pad", "pad 0"},
             {"method", "method max or ave"},
-            {"round_mode", "round_mode ceil as Caffe's or floor as PyTorch's"},
-            {"global", "global false (true: the average of each channel)"}}},
+            {"global", "global false (true: the average of each channel)"},
+            {"round_mode", "round_mode ceil as Caffe's or floor as PyTorch's"}}},
           pool};
 }
 
