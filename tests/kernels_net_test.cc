@@ -56,6 +56,28 @@ NetOptions custom(std::vector<LayerSpec> layers) {
   return o;
 }
 
+// Two descriptions of one net (for a 2 x 1 x 28 x 28 batch): the same parameters in the same
+// order (and names), so the same initial weights, and the same loss and gradients, to the bit.
+void expectSameNet(Backend& backend, const NetOptions& x, const NetOptions& y, bool same_names) {
+  auto a = makeNet(backend, x), b = makeNet(backend, y);
+  ASSERT_EQ(a->numParams(), b->numParams());
+  ASSERT_EQ(a->params().size(), b->params().size());
+  for (std::size_t i = 0; i < a->params().size(); ++i) {
+    if (same_names) {
+      EXPECT_EQ(a->params()[i].name, b->params()[i].name);
+    }
+    EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
+  }
+  EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
+  Batch batch = fixedBatch(2, 1, 28, 28);
+  a->forward(batch.images, batch.labels, true);
+  b->forward(batch.images, batch.labels, true);
+  EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
+  a->backward(1.0f, nullptr);
+  b->backward(1.0f, nullptr);
+  EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
+}
+
 class NetTest : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> backend_ = makeCpuBackend(2);
@@ -196,19 +218,7 @@ TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
   NetOptions layers = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
   layers.model = file.model;
   ASSERT_FALSE(layers.model.layers.empty());
-  auto a = makeNet(*backend_, layers), b = makeNet(*backend_, builtin);
-  ASSERT_EQ(a->numParams(), b->numParams());
-  ASSERT_EQ(a->params().size(), b->params().size());
-  for (std::size_t i = 0; i < a->params().size(); ++i)
-    EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
-  EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
-  Batch batch = fixedBatch(2, 1, 28, 28);
-  a->forward(batch.images, batch.labels, true);
-  b->forward(batch.images, batch.labels, true);
-  EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
-  a->backward(1.0f, nullptr);
-  b->backward(1.0f, nullptr);
-  EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
+  expectSameNet(*backend_, layers, builtin, /*same_names=*/false);
 }
 
 // The built-in resnet20 again, with a `residual` layer per block (kernels/layer_types/
@@ -234,21 +244,7 @@ TEST_F(NetTest, Resnet20WrittenWithResidualLayersIsTheBuiltinNet) {
   specs.push_back({"fc", {{"name", "fc"}, {"num_output", "10"}}});
   NetOptions blocks = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
   blocks.model.layers = specs;
-  auto a = makeNet(*backend_, blocks), b = makeNet(*backend_, builtin);
-  ASSERT_EQ(a->params().size(), b->params().size());
-  for (std::size_t i = 0; i < a->params().size(); ++i) {
-    EXPECT_EQ(a->params()[i].name, b->params()[i].name);
-    EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
-  }
-  ASSERT_EQ(a->numParams(), b->numParams());
-  EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
-  Batch batch = fixedBatch(2, 1, 28, 28);
-  a->forward(batch.images, batch.labels, true);
-  b->forward(batch.images, batch.labels, true);
-  EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
-  a->backward(1.0f, nullptr);
-  b->backward(1.0f, nullptr);
-  EXPECT_EQ(0, std::memcmp(a->grads().f32(), b->grads().f32(), a->numParams() * 4));
+  expectSameNet(*backend_, blocks, builtin, /*same_names=*/true);
   // A bottleneck block widens to four times its width; a block needs an image.
   auto wide = makeNet(*backend_, custom({{"residual", {{"width", "4"}, {"bottleneck", "true"}}},
                                          {"fc", {{"num_output", "10"}}}}));
