@@ -62,25 +62,10 @@ class LocalKVStore final : public KVStore {
     }
     try {
       if (compression_.type != kernels::GradientCompression::kNone) compress(e, sum);
-      if (!optimizer_) {
-        std::copy_n(sum.f32(), n, e.value.f32());  // MXNet's local store without an updater
-        return {};
-      }
-      if (!e.optimizer) e.optimizer = kernels::makeOptimizer(*backend_, n, settings_);
-      if (spec_.rescale_grad != 1.0f) {
-        for (std::int64_t j = 0; j < n; ++j)
-          sum.f32()[j] *= spec_.rescale_grad;
-      }
-      if (!e.optimizer->step(e.value, sum, spec_.learning_rate, ++e.updates)) {
-        return {ErrorKind::kNumeric,
-                fmt::format("push of key {}: the update left inf or NaN in its value (learning "
-                            "rate {:g}; a gradient was not finite, or too large)",
-                            key, spec_.learning_rate)};
-      }
+      return updater_.apply(*backend_, e.updates, e.value, sum, fmt::format("push of key {}", key));
     } catch (const Error& e) {
       return {ErrorKind::kInternal, e.what()};
     }
-    return {};
   }
 
   Status pull(int key, std::span<float> out, int) override {
@@ -96,15 +81,9 @@ class LocalKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    auto settings = actors::optimizerOf(o);
-    if (!settings) return settings.status();
-    spec_ = o;
-    settings_ = settings.value();
-    optimizer_ = true;
-    for (auto& [key, e] : entries_) {
-      e.optimizer.reset();  // a new optimizer starts with no state
-      e.updates = 0;
-    }
+    if (Status s = updater_.set(o); !s) return s;
+    for (auto& [key, e] : entries_)
+      e.updates = {};
     return {};
   }
 
@@ -120,8 +99,7 @@ class LocalKVStore final : public KVStore {
  private:
   struct Entry {
     kernels::Tensor value;
-    std::unique_ptr<kernels::Optimizer> optimizer;
-    std::int64_t updates = 0;     // by the optimizer (Adam's bias correction counts them)
+    actors::KeyUpdates updates;
     std::vector<float> residual;  // 2bit
   };
 
@@ -142,9 +120,7 @@ class LocalKVStore final : public KVStore {
   std::string type_;
   std::unique_ptr<kernels::Backend> backend_;
   std::map<int, Entry> entries_;
-  OptimizerSpec spec_;
-  kernels::OptimizerSettings settings_;
-  bool optimizer_ = false;
+  actors::StoreUpdater updater_;
   kernels::CompressionSpec compression_;
 };
 
@@ -176,6 +152,32 @@ Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
     return inputError(fmt::format("optimizer: {}", e.what()));
   }
   return s;
+}
+
+Status StoreUpdater::set(const OptimizerSpec& o) {
+  auto settings = optimizerOf(o);
+  if (!settings) return settings.status();
+  spec_ = o;
+  settings_ = settings.value();
+  active_ = true;
+  return {};
+}
+
+Status StoreUpdater::apply(kernels::Backend& backend, KeyUpdates& key, const kernels::Tensor& value,
+                           const kernels::Tensor& sum, std::string_view what) const {
+  if (!active_) {
+    backend.copy(sum, value);
+    return {};
+  }
+  if (!key.optimizer) key.optimizer = kernels::makeOptimizer(backend, value.numel(), settings_);
+  if (spec_.rescale_grad != 1.0f) backend.scale(sum, spec_.rescale_grad);
+  if (!key.optimizer->step(value, sum, spec_.learning_rate, ++key.updates)) {
+    return {ErrorKind::kNumeric,
+            fmt::format("{}: the update left inf or NaN in its value (learning rate {:g}; a "
+                        "gradient was not finite, or too large)",
+                        what, spec_.learning_rate)};
+  }
+  return {};
 }
 
 Status checkInit(int key, std::size_t values, bool inited) {

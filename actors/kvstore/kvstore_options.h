@@ -1,9 +1,13 @@
 // What every KVStore type checks of its optimizer and gradient compression settings
-// (troupe/kvstore.h), defined in actors/kvstore/kvstore.cc.
+// (troupe/kvstore.h), and the update rule of the stores that apply pushes themselves; defined in
+// actors/kvstore/kvstore.cc.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "kernels/compression.h"
 #include "kernels/optimizer.h"
@@ -15,6 +19,30 @@ namespace troupe::actors {
 // (an unknown optimizer, with the known ones; a learning rate or rescale_grad not finite and
 // >= 0; a setting out of the optimizer's range).
 Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& optimizer);
+
+// A key's optimizer state in a store that applies its pushes itself (local, device, ring).
+struct KeyUpdates {
+  std::unique_ptr<kernels::Optimizer> optimizer;  // made at the key's first update
+  std::int64_t updates = 0;                       // by it (Adam's bias correction counts them)
+};
+
+// set_optimizer's rule in such a store: none, where a push's sum becomes the value (MXNet's store
+// without an updater), or an optimizer with MXNet's learning rate and rescale_grad.
+class StoreUpdater {
+ public:
+  // The rule from now on; kInput as optimizerOf, and the rule unchanged. The store starts each
+  // key's KeyUpdates anew (a new optimizer starts with no state).
+  Status set(const OptimizerSpec& optimizer);
+  // Applies `sum` (rescaled in place) to `value` on `backend`; kNumeric naming `what` ("push of
+  // key 3") when the update left inf or NaN in the value.
+  Status apply(kernels::Backend& backend, KeyUpdates& key, const kernels::Tensor& value,
+               const kernels::Tensor& sum, std::string_view what) const;
+
+ private:
+  OptimizerSpec spec_;
+  kernels::OptimizerSettings settings_;
+  bool active_ = false;
+};
 
 // init()'s checks of every type: a key >= 0, not inited yet (`inited`), a value of some size.
 Status checkInit(int key, std::size_t values, bool inited);

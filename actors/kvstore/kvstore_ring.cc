@@ -232,16 +232,10 @@ class RingKVStore final : public KVStore {
   }
 
   Status setOptimizer(const OptimizerSpec& o) override {
-    auto settings = optimizerOf(o);
-    if (!settings) return settings.status();
     std::lock_guard lock(mu_);
-    spec_ = o;
-    settings_ = settings.value();
-    has_optimizer_ = true;
-    for (auto& [key, k] : keys_) {
-      k.optimizer.reset();  // a new optimizer starts with no state
-      k.updates = 0;
-    }
+    if (Status s = updater_.set(o); !s) return s;
+    for (auto& [key, k] : keys_)
+      k.updates = {};
     return {};
   }
 
@@ -276,8 +270,7 @@ class RingKVStore final : public KVStore {
     kernels::Tensor value;
     std::int64_t pushes = 0;
     std::deque<std::pair<std::int64_t, kernels::Tensor>> pending;  // pushes not yet applied
-    std::unique_ptr<kernels::Optimizer> optimizer;
-    std::int64_t updates = 0;  // by the optimizer (Adam's bias correction counts them)
+    KeyUpdates updates;
   };
 
   static Status inputError(std::string message) { return {ErrorKind::kInput, std::move(message)}; }
@@ -337,19 +330,10 @@ class RingKVStore final : public KVStore {
       auto& [step, sum] = k.pending.front();
       if (Status s = awaitSum(step, k.base, fmt::format("push {} of key {}", step, key)); !s)
         return s;
-      const std::int64_t n = k.value.numel();
-      if (!has_optimizer_) {
-        std::copy_n(sum.f32(), n, k.value.f32());  // MXNet's store without an updater: the sum
-      } else {
-        if (!k.optimizer) k.optimizer = kernels::makeOptimizer(*backend_, n, settings_);
-        if (spec_.rescale_grad != 1.0f) backend_->scale(sum, spec_.rescale_grad);
-        if (!k.optimizer->step(k.value, sum, spec_.learning_rate, ++k.updates)) {
-          return {ErrorKind::kNumeric,
-                  fmt::format("push {} of key {}: the update left inf or NaN in its value "
-                              "(learning rate {:g}; a gradient was not finite, or too large)",
-                              step, key, spec_.learning_rate)};
-        }
-      }
+      if (Status s = updater_.apply(*backend_, k.updates, k.value, sum,
+                                    fmt::format("push {} of key {}", step, key));
+          !s)
+        return s;
       k.pending.pop_front();
     }
     return {};
@@ -368,9 +352,7 @@ class RingKVStore final : public KVStore {
   std::mutex mu_;  // one call at a time
   std::map<int, Key> keys_;
   std::int64_t next_base_ = 0;
-  OptimizerSpec spec_;
-  kernels::OptimizerSettings settings_;
-  bool has_optimizer_ = false;
+  StoreUpdater updater_;
   bool pushed_ = false;
   int barriers_ = 0;
 };
