@@ -9,7 +9,7 @@
 
 namespace troupe::kernels {
 
-// Adam and AdamW's update rule , as torch.optim's: with g' the
+// Adam and AdamW's update rule, as torch.optim's: with g' the
 // gradient (Adam: plus decay * w; AdamW: w first shrinks by lr * decay),
 //   m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2;
 //   w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
@@ -33,7 +33,7 @@ struct AdamRule {
   }
 };
 
-// RMSProp's update rule , as torch.optim.RMSprop's without momentum
+// RMSProp's update rule, as torch.optim.RMSprop's without momentum
 // or centering (MXNet's RMSProp, centered=False): g' = g + decay * w;
 //   v = rho v + (1 - rho) g'^2;  w -= lr g' / (sqrt(v) + eps).
 // Scalars: c[0] rho, c[1] eps.
@@ -50,7 +50,7 @@ struct RmsPropRule {
   }
 };
 
-// Adagrad's update rule , as torch.optim.Adagrad's (lr_decay 0):
+// Adagrad's update rule, as torch.optim.Adagrad's (lr_decay 0):
 // g' = g + decay * w;  sum += g'^2;  w -= lr g' / (sqrt(sum) + eps).
 // Scalars: c[0] eps.
 struct AdagradRule {
@@ -66,7 +66,7 @@ struct AdagradRule {
   }
 };
 
-// LARS's update rule : You, Gitman and Ginsburg 2017, "Large Batch
+// LARS's update rule: You, Gitman and Ginsburg 2017, "Large Batch
 // Training of Convolutional Networks", as MLPerf's ResNet-50 reference runs it. Per layer,
 //   trust = eta ||w|| / (||g|| + decay ||w|| + eps)   (1 where either norm is 0)
 //   v = momentum v + lr trust (g + decay w);  w -= v.
@@ -89,7 +89,7 @@ struct LarsRule {
   }
 };
 
-// LAMB's update rule : You et al. 2019, "Large Batch Optimization for
+// LAMB's update rule: You et al. 2019, "Large Batch Optimization for
 // Deep Learning: Training BERT in 76 minutes" (Algorithm 2, with bias correction, as MXNet's LAMB
 // and NVIDIA's FusedLAMB):
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
