@@ -76,7 +76,10 @@ def pytorch_rate(*args, **kwargs):
 
 
 def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, precision="fp32",
-                  warmup=10):
+                  warmup=10, inputs=None):
+    """images/s and peak MiB of PyTorch's training loop. inputs: a function giving each step's
+    images and labels on the GPU (a DataLoader's, say); default: the same random ones every
+    step, made once on the GPU."""
     import torch
     import torchvision
 
@@ -87,14 +90,18 @@ def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, precisi
     model = getattr(torchvision.models, model_name)(num_classes=1000).cuda()
     model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch,), device="cuda")
+    if inputs is None:
+        fixed = (torch.randn(batch, 3, 224, 224, device="cuda")
+                 .to(memory_format=torch.channels_last),
+                 torch.randint(0, 1000, (batch,), device="cuda"))
+        inputs = lambda: fixed  # noqa: E731
     step_model = torch.compile(model) if compile_model else model
     loss_fn = torch.nn.CrossEntropyLoss()
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
 
     def step():
+        x, y = inputs()
         opt.zero_grad(set_to_none=True)
         if amp is None:
             loss_fn(step_model(x), y).backward()

@@ -11,25 +11,26 @@
 #                                # anew after each part (the device tool brings back at most 8
 #                                # files, so a call that runs out of time still brings them all)
 #
-# run, most wanted first: nvidia-smi, `troupe info`, the CUDA op tests (troupe_cuda_tests: every
-# op against the CPU's; the batch norm tests, and those of code new to a GPU, each in a process of
-# its own), the host's and the device's time per call of single ResNet-50 ops with a profile of a
-# step by kind of layer (fp16 with the convolutions by cuDNN's graph-API plans, the default, and
-# by its legacy calls, TROUPE_CUDA_CONV=legacy; fp32 with troupe's batch norm where a ReLU
-# follows, the default, and with cuDNN's, TROUPE_CUDA_BATCH_NORM=persistent), ResNet-50 training
-# steps troupe (op by op, by CUDA graphs, and with the convolutions the other way) vs PyTorch
-# eager in fp16 and fp32 at batch 64, 128 and 256 (bench/gpu_vs_pytorch.py), the trainer by CUDA
-# graphs (cuda_graphs), LeNet on Fashion-MNIST on the GPU and on the CPU
-# (test accuracies), the input benchmark with 1 and 16 decode threads against torchvision
-# (bench/input_vs_peers.py; DALI is not on that machine), ResNet-50 in 2 processes sharing the GPU
-# and in 1 (Chrome traces), torch.compile's ResNet-50 figure; then ResNet-50 in bf16 and TF32,
-# LeNet in bf16, through NCCL (a group of one GPU) and in 2 processes with NCCL on one GPU (which
-# NCCL must refuse, not hang), ResNet-50 through the whole trainer, LeNet in 2 processes and 1,
-# and troupe's ResNet-50 with cuDNN's spatial batch norm instead of its persistent one and with
-# each ReLU apart from its batch norm, and in fp32 channels-last. Each part's log is its own
-# file; a part that fails does not stop the others, and the exit status says whether any failed.
+# run, most wanted first: a header in summary.txt (date, the bundle's commit, the GPU, driver, the
+# CUDA, cuDNN, cuBLAS and NCCL that troupe and PyTorch load), nvidia-smi, `troupe info`, the CUDA op
+# tests (troupe_cuda_tests: every op against the CPU's; those of the defaults new to a GPU, the
+# graph-API convolutions, CUDA graphs and troupe's batch norm, in a process of their own), issue
+# 34's table (bench/train_gpu_vs_pytorch.py: ResNet-50's whole loop, `troupe train` on synthetic
+# input, by CUDA graphs and from a JPEG database, against PyTorch's loop on synthetic input and
+# from a DataLoader, the kernels bench beside them, at batch 64, 128 and 256 in fp16, bf16 and
+# fp32), ResNet-50 in 2 processes sharing the GPU and in 1 (Chrome traces), torch.compile's
+# figure; then earlier issues' parts: the host's and the device's time of single ops with a
+# profile by kind of layer, the kernels bench against PyTorch eager with the convolutions the
+# other way, LeNet on Fashion-MNIST on the GPU and the CPU (test accuracies), the input benchmark
+# with 1 and 16 decode threads against torchvision, NCCL (a group of one GPU; 2 processes on one
+# GPU, which NCCL must refuse, not hang), batch norm and ReLU variants. Each part's command, exit
+# status and figures (its table's rows, or its last lines) go to summary.txt, its whole log to
+# its own file; a part that fails does not stop the others, and the exit status says whether any
+# failed.
 # The parts share BUDGET seconds (default 570, under a call's 600): a part gets what is left, and
 # none starts with less than 20 (or the part's own least, for the long ones).
+#   bash scripts/gpu.sh keep FOLDER   # here, after the call: summary.txt and results.tgz to
+#                                     # bench/results/gpu/DATE-DEVICE/, to be committed
 # PARTS="resnet50_compile input" runs only the parts named (a second call going on where a first
 # one's budget ran out; the names are those of summary.txt).
 set -uo pipefail
@@ -54,6 +55,11 @@ bundle() {
     grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libgcc_s|libstdc\+\+)\.so' |
     grep -v '/usr/local/cuda' | while read -r lib; do cp -L "$lib" "$stage/lib/"; done
   cp /usr/share/datasets/fashion-mnist/*.gz "$stage/data/"
+  # What was built: the summary's header names it (the copy there has no .git).
+  {
+    echo "commit $(git rev-parse HEAD) ($(git log -1 --format=%cd --date=iso-strict))"
+    git status --porcelain | sed 's/^/uncommitted: /'
+  } >"$stage/commit.txt"
   mkdir -p .gpu
   tar -C "$stage" -cf - . | xz -T2 -6 > .gpu/bundle.tar.xz
   rm -rf "$stage"
@@ -90,7 +96,7 @@ part() {  # part NAME LIMIT[:LEAST] COMMAND...: runs it, its output in $OUT/NAME
   local left=$((BUDGET - (SECONDS - began)))
   if ((left < least)); then
     echo "== $name: skipped, ${left} s of the budget left" | tee -a "$OUT/summary.txt"
-    failed=$((failed + 1))
+    skipped=$((skipped + 1))
     return
   fi
   ((limit > left)) && limit=$left
@@ -99,9 +105,58 @@ part() {  # part NAME LIMIT[:LEAST] COMMAND...: runs it, its output in $OUT/NAME
   timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1
   local rc=$?
   echo "   exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
-  tail -n 25 "$OUT/$name.txt"
+  figures "$OUT/$name.txt" | tee -a "$OUT/summary.txt"
   ((rc == 0)) || failed=$((failed + 1))
   pack
+}
+
+# A part's figures for the summary: its tables' rows and notes where it printed a table, else its
+# last lines (a test run's count, a trainer's last epoch).
+figures() {
+  if grep -q '^|' "$1"; then
+    grep -E '^(\||#|train / |[a-z_]+ failed at)' "$1" | sed 's/^/   /'
+  else
+    tail -n 6 "$1" | cut -c1-400 | sed 's/^/   /'
+  fi
+}
+
+# The summary's header: when, what was built, and the machine's GPU, driver and CUDA libraries.
+header() {
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    cat "$root/commit.txt"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader |
+      sed 's/^/gpu, driver, memory: /'
+    "$root/bin/troupe" info | grep -E '^  (cuda (runtime|driver|code)|cuDNN|cuBLAS|NCCL|cpu|physical cores):'
+    python3 - <<'EOF'
+import torch
+nccl = ".".join(map(str, torch.cuda.nccl.version()))
+print(f"  PyTorch {torch.__version__}: CUDA {torch.version.cuda}, "
+      f"cuDNN {torch.backends.cudnn.version()}, NCCL {nccl}")
+EOF
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  } >>"$OUT/summary.txt" 2>&1
+}
+
+# Keeps a call's results in the repository: bash scripts/gpu.sh keep FOLDER (the folder the device
+# tool brought summary.txt and results.tgz back to) copies them to
+# bench/results/gpu/DATE-DEVICE[-N]/, named by the summary's date and GPU.
+keep() {
+  set -e
+  local from=${1:?usage: bash scripts/gpu.sh keep FOLDER}
+  local date device dest
+  date=$(sed -n 's/^date: \([0-9-]*\)T.*/\1/p' "$from/summary.txt")
+  device=$(sed -n 's/^gpu, driver, memory: \([^,]*\),.*/\1/p' "$from/summary.txt" |
+    tr 'A-Z ' 'a-z-' | sed 's/^nvidia-//')
+  dest=bench/results/gpu/${date:?no date in the summary}-${device:?no gpu in the summary}
+  local n=1 base=$dest
+  while [[ -e $dest ]]; do
+    n=$((n + 1))
+    dest=$base-$n
+  done
+  mkdir -p "$dest"
+  cp "$from/summary.txt" "$from/results.tgz" "$dest/"
+  echo "kept in $dest"
 }
 
 # Every part's files, in the work folder $OUT, packed into $final/results.tgz beside a copy of
@@ -125,8 +180,8 @@ run() {
   # GPU_PLUGIN: another plugin, e.g. the tests' emulated GPU to rehearse the call here
   # (GPU_PLUGIN=$PWD/build/tests/libtroupe_emulated_gpu.so).
   export TROUPE_CUDA_LIBRARY="${GPU_PLUGIN:-$root/lib/libtroupe_cuda.so}"
-  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >"$OUT/summary.txt"
-  failed=0
+  : >"$OUT/summary.txt"
+  failed=0 skipped=0
   BUDGET=${BUDGET:-570}
   began=$SECONDS
   local troupe="$root/bin/troupe" fashion="$root/fashion"
@@ -134,15 +189,42 @@ run() {
   # is: every figure the issues must show (12: the CUDA op tests, ResNet-50 against PyTorch eager
   # in bf16 and fp32, LeNet's accuracy on the GPU and the CPU, 2 processes sharing the GPU beside
   # one alone, torch.compile's figure; 14: the input benchmark at 16 cores), then the rest.
+  header
   part nvidia-smi 20 nvidia-smi
   part info 20 "$troupe" info
-  # The tests of code that has not run on a GPU before (the graph-API convolutions, CUDA graphs,
-  # batch norm in troupe's kernels, which the batch norm tests take as one of their ways) each in a
-  # process of their own: if it crashes, it cannot take the other op tests' results with it.
-  local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*'
-  part cuda_tests 90 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests:*BatchNorm*"
-  part cuda_tests_batch_norm 40 "$root/bin/troupe_cuda_tests" --gtest_filter='*BatchNorm*'
-  part cuda_tests_graph 40 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
+  # The tests of the defaults new to a GPU (the graph-API convolutions, CUDA graphs, batch norm in
+  # troupe's kernels, which the batch norm tests take as one of their ways) in a process of their
+  # own: if it crashes, it cannot take the other op tests' results with it.
+  local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*:*BatchNorm*'
+  part cuda_tests 70 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests"
+  part cuda_tests_new_defaults 50 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
+  # Issue 34's table: ResNet-50's whole loop, troupe train (synthetic, by CUDA graphs, from JPEGs)
+  # against PyTorch's loop (synthetic, DataLoader), the kernels bench beside them, each batch and
+  # precision, row by row (a part cut short keeps the rows it printed).
+  part train_table "${TABLE_LIMIT:-420}:120" python3 bench/train_gpu_vs_pytorch.py \
+    --troupe "$troupe" --bench "$root/bin/troupe_kernels_bench" --batches "${BATCHES:-64,128,256}" \
+    --precisions "${PRECISIONS:-fp16,bf16,fp32}" --seconds "${SECONDS_PER_ROW:-1.5}" \
+    --budget "$((${TABLE_LIMIT:-420} - 30))" --row-limit 60 --logs "$OUT/train_table" \
+    --compile-rows "${TABLE_COMPILE_ROWS:-}"
+  # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
+  # one alone: ResNet-50 in mixed precision on synthetic input, 30 steps of 32 a process,
+  # gradients of 100 MB a step whose ring the traces show beside the backward pass.
+  local mixed=${MIXED:-fp16}
+  local r50=(train --model resnet50 --train_data null --num_channels 3 --image_size 224
+    --num_labels 1000 --batch_size 32 --num_epochs 1 --gpus 0 --precision "$mixed" --log_every 10
+    --checkpoint_dir "$root/ck_r50_shared")
+  part resnet50_two_processes 100:40 "$troupe" launch -n 2 --launcher local -- "$troupe" \
+    "${r50[@]}" --epoch_size 1920 --schedule bsp-allreduce \
+    --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
+  part resnet50_one_process 60 "$troupe" "${r50[@]}" --epoch_size 960 \
+    --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
+  local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
+    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
+  # torch.compile's figure beside the table's rows of that batch (it compiles for a minute or
+  # more): not started with less than 120 s left.
+  part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
+    --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
+  # What the table's parts do not show, for the speed work after it (earlier issues' parts).
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
   # convolution, batch norm and ReLU calls at batch 64, fp16 NHWC.
@@ -166,17 +248,9 @@ run() {
   part host_ops_fp32_cudnn_bn 60 env TROUPE_CUDA_BATCH_NORM=persistent \
     "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 --batch 64 --seconds 2 \
     --no-ops --host-ops --profile
-  # The headline: mixed precision then fp32 (TF32 off), each at every batch, printed row by row (a
-  # part cut short keeps the rows it printed). Mixed precision is fp16, PyTorch's autocast default
-  # on CUDA and the type cuDNN documents its persistent batch norm with its ReLU for; bf16 and TF32
-  # come later (resnet50_more). (The op tests' notes of a refused batch norm cannot choose it:
-  # their 5-channel cases are refused in every type.) MIXED=bf16 puts bf16 first.
-  local mixed=${MIXED:-fp16}
+  # Kernels bench vs PyTorch eager, with its convolutions the other way and by CUDA graphs.
   local other=bf16
   [[ $mixed == bf16 ]] && other=fp16
-  echo "   mixed precision: $mixed" | tee -a "$OUT/summary.txt"
-  local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
-    --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
   # Each troupe row three times: op by op, by CUDA graphs (--cuda-graphs: one launch a step for the
   # host), and with its convolutions the other way (--other-conv).
   part resnet50 380:240 "${r50bench[@]}" --cuda-graphs --other-conv \
@@ -203,22 +277,6 @@ run() {
   # images/s (DALI is not on that machine).
   part input 100:40 python3 bench/input_vs_peers.py --troupe "$troupe" --python python3 \
     --peers torchvision --threads 1,16 --rounds 1
-  # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
-  # one alone: ResNet-50 in mixed precision on synthetic input, 30 steps of 32 a process,
-  # gradients of 100 MB a step whose ring the traces show beside the backward pass.
-  local r50=(train --model resnet50 --train_data null --num_channels 3 --image_size 224
-    --num_labels 1000 --batch_size 32 --num_epochs 1 --gpus 0 --precision "$mixed" --log_every 10
-    --checkpoint_dir "$root/ck_r50_shared")
-  part resnet50_two_processes 100:40 "$troupe" launch -n 2 --launcher local -- "$troupe" \
-    "${r50[@]}" --epoch_size 1920 --schedule bsp-allreduce \
-    --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
-  part resnet50_one_process 60 "$troupe" "${r50[@]}" --epoch_size 960 \
-    --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
-  # torch.compile's figure beside the resnet50 part's rows of that batch (it compiles for a minute
-  # or more): not started with less than 120 s left, but left to a second call
-  # (PARTS="resnet50_compile ...").
-  part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
-    --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
   # The rest, for what the figures above do not show.
   part resnet50_more 200:40 "${r50bench[@]}" --precisions "${MORE_PRECISIONS:-$other,tf32}"
   part lenet_gpu_bf16 60 "$troupe" train "${lenet[@]}" --num_epochs 3 --gpus 0 --precision bf16 \
@@ -259,7 +317,7 @@ run() {
   # rows are channels-last in every type): is it the faster layout for float32 too?
   part resnet50_fp32_nhwc 30 "$root/bin/troupe_kernels_bench" --device cuda:0 --models resnet50 \
     --batch 128 --seconds "${SECONDS_PER_ROW:-3}" --no-ops --channels-last
-  echo "failed parts: $failed" | tee -a "$OUT/summary.txt"
+  echo "failed parts: $failed; skipped for the budget: $skipped" | tee -a "$OUT/summary.txt"
   pack
   echo "results: $final/summary.txt and $final/results.tgz (tar -xzf it)"
   ((failed == 0))
@@ -268,8 +326,9 @@ run() {
 case "$mode" in
   bundle) bundle ;;
   run) run ;;
+  keep) keep "${2:-}" ;;
   *)
-    echo "usage: bash scripts/gpu.sh bundle|run" >&2
+    echo "usage: bash scripts/gpu.sh bundle|run|keep FOLDER" >&2
     exit 2
     ;;
 esac
