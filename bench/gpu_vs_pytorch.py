@@ -117,9 +117,11 @@ def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, precisi
             scaler.step(opt)
             scaler.update()
 
+    began = time.perf_counter()
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - began
     torch.cuda.reset_peak_memory_stats()
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -129,8 +131,11 @@ def pytorch_timed(model_name, batch, seconds, tf32, compile_model=False, precisi
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    return {"rate": batch * steps / elapsed,
-            "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
+    rate = batch * steps / elapsed
+    # What the warm-up steps took beyond as many timed ones (cudnn.benchmark's trials, the
+    # allocator's first allocations, a compilation).
+    return {"rate": rate, "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "warmup_extra_s": warmup_s - warmup * batch / rate}
 
 
 def main():

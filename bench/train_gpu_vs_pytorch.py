@@ -19,7 +19,8 @@ decay, 1000 classes, 224x224 images:
                    on the GPU; (b) DataLoader: torchvision's transforms of the same JPEG bytes
                    (RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize) in
                    --threads worker processes, pinned, copied to the GPU each step. Timed after
-                   warm-up steps; peak = torch.cuda.max_memory_allocated.
+                   warm-up steps (5; with the DataLoader, 2 a worker); peak =
+                   torch.cuda.max_memory_allocated.
   torch.compile:   the synthetic loop compiled (a minute or more each), for --compile-rows.
 The JPEGs: --images crops of ImageNet's typical size (500x375), cut from the sample photographs
 of scikit-image's and scikit-learn's wheels, re-encoded at quality 75-95 (bench/input_vs_peers.py
@@ -86,10 +87,13 @@ def troupe_train(a, clock, name, batch, precision, epoch_size, data, graphs=Fals
                 "--decode_threads", str(a.threads)]
     rc, out = run_logged(cmd, os.path.join(a.logs, name + ".txt"), min(a.row_limit, clock.left()))
     rate = re.search(r"epoch 2 done: .*, ([\d.]+) inputs/s", out)
+    first = re.search(r"epoch 1 done: .*\(\d+ inputs in ([\d.]+) s", out)
     peak = re.findall(r"gpu memory: peak ([\d.]+) MiB", out)
     if rc != 0 or not rate:
         return {"error": f"exit {rc}: " + out[-1500:]}
     row = {"rate": float(rate.group(1)), "peak_mib": float(peak[-1]) if peak else None}
+    if first:  # what the first epoch took beyond the second (cuDNN's plans, the first allocations)
+        row["warmup_extra_s"] = float(first.group(1)) - epoch_size / row["rate"]
     waited = re.search(r"epoch 2 input: .* waited ([\d.]+) s for batches", out)
     if waited:
         row["input_wait_s"] = float(waited.group(1))
@@ -135,8 +139,12 @@ def loader_inputs(a, batch, jpegs):
 def pytorch_loop(a, batch, precision, jpegs=None, compiled=False):
     try:
         inputs = loader_inputs(a, batch, jpegs) if jpegs is not None else None
+        # A DataLoader's workers each make whole batches, slowly at first: every worker's second
+        # batch is taken before the timing starts (at batch 64, 16 workers after 5 warm-up
+        # steps gave 358 images/s, against the 1884 of bench/input_vs_peers.py's steady state).
+        warmup = 5 if jpegs is None else max(5, 2 * a.threads)
         return pytorch_timed("resnet50", batch, a.seconds, False, compiled, precision=precision,
-                             warmup=5, inputs=inputs)
+                             warmup=warmup, inputs=inputs)
     except Exception as e:  # a loop that fails is reported, the others still run
         return {"error": f"{type(e).__name__}: {e}"[-2000:]}
     finally:
@@ -152,6 +160,10 @@ def cell(d, key="rate"):
     if not d:
         return "-"
     return f"{d[key]:.0f}" if d.get(key) is not None else "failed" if "error" in d else "-"
+
+
+def seconds(d):
+    return f"{d['warmup_extra_s']:.1f}" if "warmup_extra_s" in d else "-"
 
 
 def main():
@@ -217,8 +229,8 @@ def main():
     print("\n| batch | precision | kernels bench | troupe train | by CUDA graphs | train / kernels "
           "| troupe JPEG | PyTorch eager | PyTorch DataLoader | torch.compile | train / eager "
           "| graphs / eager | JPEG / DataLoader | graphs / compile | troupe peak MiB | "
-          "PyTorch peak MiB |")
-    print("|---" * 16 + "|")
+          "PyTorch peak MiB | troupe warm-up s | PyTorch warm-up s |")
+    print("|---" * 18 + "|")
     for r in rows:
         best = max((r["train"], r["train_graphs"]), key=lambda d: d.get("rate", 0))
         comp = r.get("pytorch_compile", {})
@@ -229,10 +241,13 @@ def main():
               f"{ratio(r['train_graphs'], r['pytorch'])} | "
               f"{ratio(r['train_jpeg'], r['pytorch_loader'])} | "
               f"{ratio(r['train_graphs'], comp) if comp else '-'} | "
-              f"{cell(r['train'], 'peak_mib')} | {cell(r['pytorch'], 'peak_mib')} |")
+              f"{cell(r['train'], 'peak_mib')} | {cell(r['pytorch'], 'peak_mib')} | "
+              f"{seconds(r['train'])} | {seconds(r['pytorch'])} |")
     print("\ntrain / kernels: the faster of troupe train's two ways against the kernels bench "
           "(goal >= 0.95); JPEG: troupe's reader vs the DataLoader, each with "
-          f"{a.threads} threads/workers")
+          f"{a.threads} threads/workers; warm-up: what troupe's first epoch took beyond its "
+          "second, PyTorch's warm-up steps (5, the DataLoader's 2 a worker) beyond as many timed "
+          "ones")
     failed = [(side, r) for r in rows for side, d in r.items()
               if isinstance(d, dict) and "error" in d]
     for side, r in failed[:3]:

@@ -204,7 +204,7 @@ run() {
   part train_table "${TABLE_LIMIT:-420}:120" python3 bench/train_gpu_vs_pytorch.py \
     --troupe "$troupe" --bench "$root/bin/troupe_kernels_bench" --batches "${BATCHES:-64,128,256}" \
     --precisions "${PRECISIONS:-fp16,bf16,fp32}" --seconds "${SECONDS_PER_ROW:-1.5}" \
-    --budget "$((${TABLE_LIMIT:-420} - 30))" --row-limit 60 --logs "$OUT/train_table" \
+    --budget "$((${TABLE_LIMIT:-420} - 30))" --row-limit 90 --logs "$OUT/train_table" \
     --compile-rows "${TABLE_COMPILE_ROWS:-}"
   # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
   # one alone: ResNet-50 in mixed precision on synthetic input, 30 steps of 32 a process,
