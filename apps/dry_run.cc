@@ -268,6 +268,10 @@ std::string configSection(const std::string& file, const actors::ConfigOverrides
       if (origin == "default") continue;
       line = "# " + line;
       origin += " (Caffe2's flag: its value is in the key it sets)";
+    } else if (key && key->kind == "boolean" && text == "auto") {
+      // Unset, decided by the run (cuda_graphs: on where GPUs train); no boolean to reload.
+      line = "# " + line;
+      origin += " (unset: the run decides)";
     } else if (name == "model" && !o.model.layers.empty()) {
       line = "# model: the [[layers]] below";
     } else if (origin == "default" && name == "schedule" && text != key->default_value) {
@@ -365,7 +369,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
                                o.tf32 ? "on" : "off"));
     row("precision", actors::describePrecision(o, p.channels_last));
-    if (o.cuda_graphs) row("cuda graphs", actors::describeCudaGraphs(o));
+    row("cuda graphs", actors::describeCudaGraphs(o));
   }
   row("batch", fmt::format("{} per worker, {} global", o.batch_size, p.steps.global_batch));
   {

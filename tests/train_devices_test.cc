@@ -497,13 +497,15 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
 // was not made for (the other of a replica's two staging buffers, another loss scale) would change
 // the weights. fp16 with a dynamic loss scale of 2^24: the first steps overflow and are skipped,
 // halving the scale, and a window of 4 clean steps doubles it again, each new scale a new graph.
+// cuda_graphs is on by default on GPUs (auto); false goes op by op.
 TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
   TempDir cwd("devices_cuda_graphs");
   const std::string fp16 =
       "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 24 --loss_scale_window 4";
-  auto r = trainLenet(cwd, "fp16", emulated(1), fp16);
+  auto r = trainLenet(cwd, "fp16", emulated(1), fp16 + " --cuda_graphs false");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = trainLenet(cwd, "fp16_graphs", emulated(1), fp16 + " --cuda_graphs");
+  EXPECT_EQ(r.output.find("replayed from a CUDA graph"), std::string::npos) << r.output;
+  r = trainLenet(cwd, "fp16_graphs", emulated(1), fp16);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("replica/0/0: cuda_graphs: steps replayed from a CUDA graph from step "),
             std::string::npos)
@@ -511,7 +513,7 @@ TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
   EXPECT_TRUE(sameWeights(cwd.path() / "fp16", cwd.path() / "fp16_graphs"));
   // Two GPUs of a process, their bytes normalised there, summed on the first.
   const std::string two = "--gpus 0,1 --schedule device --threads 2 --input_dtype uint8";
-  r = trainLenet(cwd, "two", emulated(), two);
+  r = trainLenet(cwd, "two", emulated(), two + " --cuda_graphs false");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = trainLenet(cwd, "two_graphs", emulated(), two + " --cuda_graphs");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -529,7 +531,7 @@ TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
       << r.output;
 }
 
-TEST(Devices, CudaGraphsWithoutGpusAreRefusedAndATracedRunGoesOpByOp) {
+TEST(Devices, CudaGraphsWithoutGpusAreRefusedUnlessAutoAndATracedRunGoesOpByOp) {
   TempDir cwd("devices_cuda_graphs_off");
   auto r = trainLenet(cwd, "cpu", "", "--cuda_graphs");
   EXPECT_NE(r.exit_code, 0);
@@ -550,6 +552,23 @@ TEST(Devices, CudaGraphsWithoutGpusAreRefusedAndATracedRunGoesOpByOp) {
   EXPECT_NE(r.output.find("cuda graphs     each step's forward and backward replayed from a "
                           "CUDA graph"),
             std::string::npos)
+      << r.output;
+  // Unset (auto): on with GPUs, nothing said without them.
+  const std::string auto_dry =
+      troupeBinary() + " train --model lenet --train_data null --epoch_size 640 --dry-run";
+  r = runCommand(auto_dry);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("cuda graphs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("# cuda_graphs = auto"), std::string::npos) << r.output;
+  r = runCommand(emulated(1) + auto_dry + " --gpus 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cuda graphs     each step's forward and backward replayed from a "
+                          "CUDA graph"),
+            std::string::npos)
+      << r.output;
+  r = runCommand(emulated(1) + auto_dry + " --gpus 0 --cuda_graphs false");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cuda graphs     off (cuda_graphs false)"), std::string::npos)
       << r.output;
   r = trainLenet(cwd, "traced", emulated(1),
                  "--gpus 0 --cuda_graphs --trace " + (cwd.path() / "trace.json").string());

@@ -451,12 +451,16 @@ std::vector<Key> buildTable() {
                       "on GPUs, convolutions only with cuDNN's deterministic algorithms, so that a "
                       "run repeats to the bit (PyTorch's cudnn.deterministic); off, the fastest "
                       "measured (cudnn.benchmark)"),
-      TROUPE_BOOL_KEY(
-          "cuda_graphs", cuda_graphs,
+      Key{"cuda_graphs", Kind::kBool, kNotNumeric,
           "on GPUs, each training step's forward and backward by a CUDA graph, recorded at the "
           "second step with the same inputs and then replayed: one launch for the host instead of "
           "a call an op, each gradient bucket's reduction still starting at an event of the graph "
-          "(not in a traced run, nor for a model with dropout)"),
+          "(not in a traced run, nor for a model with dropout); auto: on wherever GPUs train",
+          [](Settings& s, const Value& v) { s.options.cuda_graphs = asBool(v); },
+          [](const Settings& s) {
+            const auto& g = s.options.cuda_graphs;
+            return std::string(!g ? "auto" : *g ? "true" : "false");
+          }},
       TROUPE_CHOICE_KEY("precision", precision,
                         "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
                         "and matrix products in 16 bits, accumulating in fp32; float32 weights, "

@@ -680,7 +680,8 @@ bool channelsLastOf(const TrainOptions& o, const std::string& misfit) {
 }
 
 bool cudaGraphsOf(const TrainOptions& o) {
-  if (!o.cuda_graphs || o.role == "server") return false;
+  if (o.cuda_graphs == false || o.role == "server") return false;
+  if (!o.cuda_graphs) return !o.gpus.empty() && o.trace.empty();  // auto
   if (o.gpus.empty()) {
     throw InputError(
         "cuda_graphs records the steps of GPU replicas, and this run has none (CPU replicas queue "
@@ -690,8 +691,9 @@ bool cudaGraphsOf(const TrainOptions& o) {
 }
 
 std::string describeCudaGraphs(const TrainOptions& o) {
-  if (!o.cuda_graphs) return "off (cuda_graphs)";
+  if (o.cuda_graphs == false) return "off (cuda_graphs false)";
   if (o.role == "server") return "off on a parameter server, which trains no replica";
+  if (o.gpus.empty()) return "off: no GPU replicas";
   if (!cudaGraphsOf(o)) return "off in a traced run, whose trace times each step's parts apart";
   return "each step's forward and backward replayed from a CUDA graph, recorded at the second "
          "step with the same inputs (a model with dropout goes op by op)";

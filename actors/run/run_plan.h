@@ -103,9 +103,10 @@ LossScale lossScaleOf(const TrainOptions& o);
 // with it (kernels::Net::channelsLastMisfit; empty: it would not). InputError for nhwc without
 // GPUs or for a model it would change.
 bool channelsLastOf(const TrainOptions& o, const std::string& misfit);
-// Whether GPU replicas train by CUDA graphs (cuda_graphs; kernels::NetOptions::graphs): not in a
-// traced run, whose trace times each step's forward and backward apart. InputError for
-// cuda_graphs without GPUs (a parameter server, which trains none, is not asked).
+// Whether GPU replicas train by CUDA graphs (cuda_graphs; kernels::NetOptions::graphs): unless
+// cuda_graphs is false, wherever GPUs train, but not in a traced run, whose trace times each
+// step's forward and backward apart. InputError for cuda_graphs true without GPUs (a parameter
+// server, which trains none, is not asked).
 bool cudaGraphsOf(const TrainOptions& o);
 // "each step's forward and backward replayed from a CUDA graph, from ...", or why not.
 std::string describeCudaGraphs(const TrainOptions& o);

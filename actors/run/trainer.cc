@@ -261,7 +261,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (!o.gpus.empty() && !server && (o.precision != "fp32" || p.net.channels_last))
     spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
   p.net.graphs = cudaGraphsOf(o);
-  if (o.cuda_graphs && !server && !p.net.graphs)
+  if (o.cuda_graphs == true && !server && !p.net.graphs)
     spdlog::warn("cuda_graphs: {}", describeCudaGraphs(o));
   init_net.reset();
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,8 +92,9 @@ struct TrainOptions {
   bool cudnn_deterministic = false;
   // On GPUs, each training step's forward and backward by a CUDA graph, recorded at the second
   // step with the same inputs and replayed (kernels::NetOptions::graphs): one launch a step for
-  // the host instead of a call an op. Not in a traced run, nor for a model with dropout.
-  bool cuda_graphs = false;
+  // the host instead of a call an op. Not in a traced run, nor for a model with dropout. Unset
+  // (auto): on wherever GPUs train, unless traced; true without GPUs is an error.
+  std::optional<bool> cuda_graphs;
   // Mixed precision on GPUs (kernels::NetOptions::precision): fp32, fp16 or bf16 activations and
   // convolution/matrix arithmetic, float32 master weights, gradients and updates.
   std::string precision = "fp32";
