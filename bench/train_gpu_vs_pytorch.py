@@ -10,8 +10,9 @@ decay, 1000 classes, 224x224 images:
   troupe train:    (a) synthetic: `--train_data null` (the same random batch sent every step);
                    (b) JPEG: the database below, decoded by its reader's --decode_threads
                    threads, the Inception crop to 224, a random mirror, ImageNet's mean and std.
-                   Each once op by op (the default) and, synthetic, once by CUDA graphs
-                   (--cuda_graphs). Two epochs each: the first warms up (cuDNN's plans, the
+                   Each by CUDA graphs (cuda_graphs auto, the default on GPUs), and with
+                   --op-by-op, synthetic, once op by op (--cuda_graphs false) too.
+                   Two epochs each: the first warms up (cuDNN's plans, the
                    graph's recording); the figure is the second's inputs/s from the trainer's
                    own log line, and the peak its allocator reports (tensors and workspaces).
   PyTorch:         torchvision's resnet50, channels_last, cudnn.benchmark, autocast to the
@@ -70,14 +71,14 @@ def run_logged(cmd, log, timeout):
     return rc, out
 
 
-def troupe_train(a, clock, name, batch, precision, epoch_size, data, graphs=False):
+def troupe_train(a, clock, name, batch, precision, epoch_size, data, graphs=True):
     """images/s and peak MiB of the second epoch of `troupe train`, from its own log lines."""
     cmd = [a.troupe, "train", "--model", "resnet50", "--num_channels", "3", "--num_labels", "1000",
            "--batch_size", str(batch), "--epoch_size", str(epoch_size), "--num_epochs", "2",
            "--gpus", "0", "--precision", precision, "--base_learning_rate", "0.01",
            "--momentum", "0.9", "--weight_decay", "0", "--log_every", "0",
            "--log_dir", os.path.join(a.work, name), "--checkpoint_dir",
-           os.path.join(a.work, name, "ck")] + (["--cuda_graphs"] if graphs else [])
+           os.path.join(a.work, name, "ck")] + ([] if graphs else ["--cuda_graphs", "false"])
     if data is None:
         cmd += ["--train_data", "null", "--image_size", "224"]
     else:
@@ -179,6 +180,8 @@ def main():
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--compile-rows", default="",
                     help="rows timed with torch.compile too, as PRECISION:BATCH,...")
+    ap.add_argument("--op-by-op", action="store_true",
+                    help="troupe train on synthetic input once more with --cuda_graphs false")
     ap.add_argument("--budget", type=float, default=1e9,
                     help="seconds for the whole run: rows are not started past it")
     ap.add_argument("--row-limit", type=float, default=120, help="seconds a process may take")
@@ -216,8 +219,9 @@ def main():
                 epoch = max(4, round(pace * a.seconds / batch)) * batch
                 row["train"] = troupe_train(a, clock, "train_" + tag, batch, precision, epoch,
                                             None)
-                row["train_graphs"] = troupe_train(a, clock, "train_graphs_" + tag, batch,
-                                                   precision, epoch, None, graphs=True)
+                if a.op_by_op:
+                    row["train_op_by_op"] = troupe_train(a, clock, "train_op_by_op_" + tag, batch,
+                                                         precision, epoch, None, graphs=False)
                 row["train_jpeg"] = troupe_train(a, clock, "train_jpeg_" + tag, batch,
                                                  precision, epoch, db)
                 row["pytorch"] = pytorch_loop(a, batch, precision)
@@ -226,24 +230,22 @@ def main():
                     row["pytorch_compile"] = pytorch_loop(a, batch, precision, compiled=True)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("\n| batch | precision | kernels bench | troupe train | by CUDA graphs | train / kernels "
+    print("\n| batch | precision | kernels bench | troupe train | op by op | train / kernels "
           "| troupe JPEG | PyTorch eager | PyTorch DataLoader | torch.compile | train / eager "
-          "| graphs / eager | JPEG / DataLoader | graphs / compile | troupe peak MiB | "
-          "PyTorch peak MiB | troupe warm-up s | PyTorch warm-up s |")
-    print("|---" * 18 + "|")
+          "| JPEG / DataLoader | train / compile | troupe peak MiB | PyTorch peak MiB | "
+          "troupe warm-up s | PyTorch warm-up s |")
+    print("|---" * 17 + "|")
     for r in rows:
-        best = max((r["train"], r["train_graphs"]), key=lambda d: d.get("rate", 0))
         comp = r.get("pytorch_compile", {})
         print(f"| {r['batch']} | {r['precision']} | {cell(r['kernels'])} | {cell(r['train'])} | "
-              f"{cell(r['train_graphs'])} | {ratio(best, r['kernels'])} | "
+              f"{cell(r.get('train_op_by_op'))} | {ratio(r['train'], r['kernels'])} | "
               f"{cell(r['train_jpeg'])} | {cell(r['pytorch'])} | {cell(r['pytorch_loader'])} | "
               f"{cell(comp)} | {ratio(r['train'], r['pytorch'])} | "
-              f"{ratio(r['train_graphs'], r['pytorch'])} | "
               f"{ratio(r['train_jpeg'], r['pytorch_loader'])} | "
-              f"{ratio(r['train_graphs'], comp) if comp else '-'} | "
+              f"{ratio(r['train'], comp) if comp else '-'} | "
               f"{cell(r['train'], 'peak_mib')} | {cell(r['pytorch'], 'peak_mib')} | "
               f"{seconds(r['train'])} | {seconds(r['pytorch'])} |")
-    print("\ntrain / kernels: the faster of troupe train's two ways against the kernels bench "
+    print("\ntrain / kernels: troupe train (by CUDA graphs) against the kernels bench "
           "(goal >= 0.95); JPEG: troupe's reader vs the DataLoader, each with "
           f"{a.threads} threads/workers; warm-up: what troupe's first epoch took beyond its "
           "second, PyTorch's warm-up steps (5, the DataLoader's 2 a worker) beyond as many timed "

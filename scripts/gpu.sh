@@ -19,7 +19,8 @@
 # input, by CUDA graphs and from a JPEG database, against PyTorch's loop on synthetic input and
 # from a DataLoader, the kernels bench beside them, at batch 64, 128 and 256 in fp16, bf16 and
 # fp32), ResNet-50 in 2 processes sharing the GPU and in 1 (Chrome traces), torch.compile's
-# figure; then earlier issues' parts: the host's and the device's time of single ops with a
+# figure, the trainer's traced steps at batch 256 beside the kernels bench's profile; then earlier
+# issues' parts: the host's and the device's time of single ops with a
 # profile by kind of layer, the kernels bench against PyTorch eager with the convolutions the
 # other way, LeNet on Fashion-MNIST on the GPU and the CPU (test accuracies), the input benchmark
 # with 1 and 16 decode threads against torchvision, NCCL (a group of one GPU; 2 processes on one
@@ -224,6 +225,15 @@ run() {
   # more): not started with less than 120 s left.
   part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
     --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
+  # Where troupe train's steps lose to the kernels bench's (0.91-0.93 on the H200, growing with
+  # the batch: 1.4 ms a step at 64, 3.5 at 256): the trainer's traced steps (op by op, with each
+  # step's device spans) beside the kernels bench's profile of the same batch.
+  part trainer_trace_b256 120:60 "$troupe" train --model resnet50 --train_data null \
+    --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 256 --epoch_size 5120 \
+    --num_epochs 2 --gpus 0 --precision fp16 --log_every 5 --log_dir "$OUT/trainer_trace_b256" \
+    --checkpoint_dir "$root/ck_trace_b256" --trace "$OUT/trace_trainer_b256.json"
+  part kernels_profile_b256 60 "$root/bin/troupe_kernels_bench" --device cuda:0 \
+    --models resnet50 --batch 256 --seconds 2 --no-ops --precision fp16 --channels-last --profile
   # What the table's parts do not show, for the speed work after it (earlier issues' parts).
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
