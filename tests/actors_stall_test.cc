@@ -67,8 +67,8 @@ TEST(Stalls, ABucketTheRingNeverReturnsIsReportedThenFailsNamingThePreviousWorke
   config.world = 3;
   config.next = Address{1, 2};
   config.updater = Address{0, 5};
-  config.stall_warning = 150ms;
-  config.peer_timeout = 600ms;
+  config.run.stall_warning = 150ms;
+  config.run.peer_timeout = 600ms;
   const Address reducer = system->spawn(makeReducer("reducer", config));
   system->tell(reducer, GradBucket{7, 0, 0, 1000, Tensor::host({1000}), {}});
   const auto start = std::chrono::steady_clock::now();
@@ -105,8 +105,8 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   config.key_begin = 0;
   config.key_end = 10;
   config.initial_weights = Tensor::host({10});
-  config.stall_warning = 150ms;
-  config.peer_timeout = 600ms;
+  config.run.stall_warning = 150ms;
+  config.run.peer_timeout = 600ms;
   const Address server = system->spawn(makeServer("server", config));
   const Address client = system->spawn(std::make_unique<HeldNotices>(heard));
   // Workers 0 and 2 push step 0; worker 1 never does; worker 0 pulls step 1.
@@ -150,8 +150,8 @@ TEST(Stalls, APullNoServerAnswersIsReportedThenFailsNamingTheServerAGraceAfterTh
   config.shards = shardKeys(10, 2);
   config.plan.steps_per_epoch = 5;
   config.plan.last_step = 10;
-  config.stall_warning = 150ms;
-  config.peer_timeout = 600ms;
+  config.run.stall_warning = 150ms;
+  config.run.peer_timeout = 600ms;
   // The client pulls step 0's weights as it starts; no server ever answers.
   system->spawn(makePsClient("ps-client", config));
   failAfter(*system, 10s);

@@ -732,11 +732,9 @@ void serveKVStore(const std::string& type, const TrainOptions& o) {
   config.mode = serverMode(type);  // the server modes are the store types
   config.staleness = o.staleness;
   config.threads = o.threads > 0 ? o.threads : 1;
-  config.stall_warning = fromSeconds(o.stall_warning_s);
-  config.peer_timeout = fromSeconds(o.peer_timeout_s);
   const int rank = o.num_shards + o.shard_id;
   auto members = std::make_shared<RunMembers>(o.num_shards, o.num_servers);
-  config.members = members;
+  config.run = roleContext(o, nullptr, 0, members);
   Node node =
       joinStore(type, o, rank, makeServer(fmt::format("kvstore/server/{}", o.shard_id), config),
                 SpawnOptions{.thread = "server"}, members, LostLinks::kActorJudges);

@@ -57,8 +57,8 @@ class Server final : public Actor {
         return;
       }
       system().fail(std::make_exception_ptr(
-          lostLinkError(config_.members ? config_.members->ofNode(l.node, l.address)
-                                        : Peer{"node", static_cast<int>(l.node), l.address},
+          lostLinkError(config_.run.members ? config_.run.members->ofNode(l.node, l.address)
+                                            : Peer{"node", static_cast<int>(l.node), l.address},
                         l.why)));
     });
   }
@@ -153,12 +153,12 @@ class Server final : public Actor {
 
   // "step 12 (epoch 1)" for the trainer, "push 12 of key 3" for the KVStore.
   std::string describe(const Segment& s, std::int64_t step) const {
-    if (!config_.kvstore) return describeStep(step, config_.steps_per_epoch);
+    if (!config_.kvstore) return describeStep(step, config_.run.steps_per_epoch);
     return fmt::format("push {} of key {}", step, s.key);
   }
 
   void armStallCheck() {
-    system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+    system().after(stallCheckPeriod(config_.run.stall_warning, config_.run.peer_timeout), self(),
                    StallCheck{});
   }
 
@@ -177,7 +177,7 @@ class Server final : public Actor {
       need = q.step - 1 - config_.staleness;
     std::vector<Late> late;
     for (std::size_t w = 0; w < s.clocks.size(); ++w) {
-      const Peer worker = peerOf(config_.members, "worker", static_cast<int>(w));
+      const Peer worker = peerOf(config_.run.members, "worker", static_cast<int>(w));
       if (s.clocks[w] < need) {
         const auto state = config_.kvstore
                                ? fmt::format("pushed key {} {} times", s.key, s.clocks[w] + 1)
@@ -208,13 +208,13 @@ class Server final : public Actor {
   // Horovod's stall report, for a parameter server: which workers a waiting pull waits for.
   void checkStalls() {
     const auto now = Clock::now();
-    const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
+    const double limit = std::chrono::duration<double>(config_.run.peer_timeout).count();
     for (const auto& q : pending_) {
       auto& w = waiting_[{q.worker, q.key_begin, q.step}];
       const double waited = std::chrono::duration<double>(now - w.since).count();
       const Segment& s = waitedSegment(q);
       const std::string when = describe(s, q.step);
-      if (now - w.since >= config_.peer_timeout) {
+      if (now - w.since >= config_.run.peer_timeout) {
         const auto late = lateWorkers(s, q);
         const std::string what =
             fmt::format("server {}: worker {}'s pull of {} waited {:.1f} s (peer_timeout) for {}",
@@ -234,14 +234,14 @@ class Server final : public Actor {
                         what);
       }
       if (!w.told &&
-          now - w.since >= stallCheckPeriod(config_.stall_warning, config_.peer_timeout)) {
+          now - w.since >= stallCheckPeriod(config_.run.stall_warning, config_.run.peer_timeout)) {
         w.told = true;
         const auto late = lateWorkers(s, q);
         tellHeld(q, late, false,
                  fmt::format("server {} holds worker {}'s pull of {} for {}", config_.index,
                              q.worker, when, describe(late)));
       }
-      if (now - w.since >= config_.stall_warning && !w.warned) {
+      if (now - w.since >= config_.run.stall_warning && !w.warned) {
         w.warned = true;
         spdlog::warn(
             "stall: server {} has held worker {}'s pull of {} for {:.1f} s, waiting for {}; the "
@@ -326,7 +326,7 @@ class Server final : public Actor {
   }
 
   void push(const Push& p) {
-    TraceScope span(config_.trace, name(),
+    TraceScope span(config_.run.trace, name(),
                     config_.mode == ServerConfig::Mode::kSync ? "push" : "apply push");
     checkWorker(p.worker, "push");
     const auto segments = cover(p.worker, "pushed", p.key_begin, p.key_end, /*whole=*/false);
@@ -591,7 +591,7 @@ class PsClient final : public Actor {
 
  private:
   void armStallCheck() {
-    system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+    system().after(stallCheckPeriod(config_.run.stall_warning, config_.run.peer_timeout), self(),
                    StallCheck{});
   }
 
@@ -599,7 +599,8 @@ class PsClient final : public Actor {
   std::vector<Peer> silentServers() const {
     std::vector<Peer> silent;
     for (std::size_t s = 0; s < answered_.size(); ++s) {
-      if (!answered_[s]) silent.push_back(peerOf(config_.members, "server", static_cast<int>(s)));
+      if (!answered_[s])
+        silent.push_back(peerOf(config_.run.members, "server", static_cast<int>(s)));
     }
     return silent;
   }
@@ -607,7 +608,7 @@ class PsClient final : public Actor {
   // A server holds this worker's pull for another worker (PullHeld): that one is the culprit.
   PeerError heldError() const {
     const Peer late = held_->late_worker >= 0
-                          ? peerOf(config_.members, "worker", held_->late_worker)
+                          ? peerOf(config_.run.members, "worker", held_->late_worker)
                           : silentServers().front();
     return PeerError(late,
                      fmt::format("a server held worker {}'s pull of {} for it", config_.worker,
@@ -620,8 +621,8 @@ class PsClient final : public Actor {
   void checkStall() {
     if (pulling_) {
       const auto waited = std::chrono::steady_clock::now() - pull_since_;
-      const auto limit =
-          config_.peer_timeout + peerTimeoutGrace(config_.stall_warning, config_.peer_timeout);
+      const auto limit = config_.run.peer_timeout +
+                         peerTimeoutGrace(config_.run.stall_warning, config_.run.peer_timeout);
       const double seconds = std::chrono::duration<double>(waited).count();
       const std::string when = describeStep(step_, config_.plan.steps_per_epoch);
       const auto silent = silentServers();
@@ -632,7 +633,7 @@ class PsClient final : public Actor {
         throw heldError();
       }
       if (waited >= limit && !silent.empty()) {
-        const double peer_timeout = std::chrono::duration<double>(config_.peer_timeout).count();
+        const double peer_timeout = std::chrono::duration<double>(config_.run.peer_timeout).count();
         const double total = std::chrono::duration<double>(limit).count();
         throw PeerError(
             silent.front(),
@@ -642,7 +643,7 @@ class PsClient final : public Actor {
                         "(peer_timeout {:g} s + grace): hung or gone",
                         config_.worker, fmt::join(names, ", "), when, seconds, peer_timeout));
       }
-      if (waited >= config_.stall_warning && !warned_) {
+      if (waited >= config_.run.stall_warning && !warned_) {
         warned_ = true;
         spdlog::warn(
             "stall: worker {} has waited {:.1f} s for {} to answer its pull of {}; the run fails "
@@ -724,9 +725,9 @@ class PsClient final : public Actor {
                      [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
                        send(to, Weights{step, weights, kernels::Tensor(), {}});
                      });
-    if (config_.trace) {
-      config_.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
-                               Trace::Clock::now());
+    if (config_.run.trace) {
+      config_.run.trace->asyncSpan(name(), "pull", static_cast<std::uint64_t>(step_), pull_started_,
+                                   Trace::Clock::now());
     }
     if (pulling_epoch_end_) {
       send(config_.coordinator, EpochEnd{step_, weights_, state_});

@@ -165,7 +165,7 @@ class Reader final : public Actor {
     }
     const auto ended = Trace::Clock::now();
     batch.read_seconds = std::chrono::duration<double>(ended - began).count();
-    if (config_.trace) config_.trace->span(name(), "read", began, ended);
+    if (config_.run.trace) config_.run.trace->span(name(), "read", began, ended);
     return batch;
   }
 

@@ -178,7 +178,7 @@ class Reducer final : public Actor {
 
   void armStallCheck() {
     if (config_.world > 1 || config_.nccl) {
-      system().after(stallCheckPeriod(config_.stall_warning, config_.peer_timeout), self(),
+      system().after(stallCheckPeriod(config_.run.stall_warning, config_.run.peer_timeout), self(),
                      StallCheck{});
     }
   }
@@ -189,17 +189,17 @@ class Reducer final : public Actor {
     if (config_.nccl) checkNcclStalls();
     const auto now = Trace::Clock::now();
     const int previous = (config_.rank + config_.world - 1) % config_.world;
-    const double limit = std::chrono::duration<double>(config_.peer_timeout).count();
+    const double limit = std::chrono::duration<double>(config_.run.peer_timeout).count();
     for (auto& [key, r] : in_ring_) {
       const auto& [step, begin] = key;
       // Hierarchical: the previous worker of the ring the bucket waits in.
       const int ring = hierarchical_ ? std::max(0, hierarchical_->ringOf(step, begin)) : 0;
       const Peer late =
-          peerOf(config_.members, "worker",
+          peerOf(config_.run.members, "worker",
                  hierarchical_ ? previous_[static_cast<std::size_t>(ring)] : previous);
       const double waited = std::chrono::duration<double>(now - r.started).count();
-      const std::string when = describeStep(step, config_.steps_per_epoch);
-      if (now - r.started >= config_.peer_timeout) {
+      const std::string when = describeStep(step, config_.run.steps_per_epoch);
+      if (now - r.started >= config_.run.peer_timeout) {
         throw PeerError(
             late,
             fmt::format("no ring chunks of {} within {:g} s (peer_timeout): it, or a worker "
@@ -210,7 +210,7 @@ class Reducer final : public Actor {
                         "ring, is hung or gone",
                         config_.rank, begin, begin + r.sum.numel(), when, waited, late.str()));
       }
-      if (now - r.started >= config_.stall_warning && !r.warned) {
+      if (now - r.started >= config_.run.stall_warning && !r.warned) {
         r.warned = true;
         spdlog::warn(
             "stall: worker {} has waited {:.1f} s in {} for {} to send ring chunks of bucket "
@@ -268,8 +268,8 @@ class Reducer final : public Actor {
   void handOn(InRings::iterator it) {
     const auto [step, begin] = it->first;
     const std::int64_t end = begin + it->second.sum.numel();
-    if (config_.trace && config_.world > 1) {
-      config_.trace->asyncSpan(
+    if (config_.run.trace && config_.world > 1) {
+      config_.run.trace->asyncSpan(
           name(), fmt::format("allreduce [{},{})", begin, end),
           static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(begin),
           it->second.started, Trace::Clock::now());
@@ -281,7 +281,7 @@ class Reducer final : public Actor {
   void add(GradBucket& b) {
     TROUPE_ENFORCE(0 <= b.replica && b.replica < config_.num_replicas, "bucket from replica ",
                    b.replica, " of ", config_.num_replicas);
-    if (config_.trace) traceDeviceSums(b.step);
+    if (config_.run.trace) traceDeviceSums(b.step);
     const std::pair<std::int64_t, std::int64_t> key{b.step, b.begin};
     Pending& pending = pending_[key];
     if (pending.parts.empty()) {
@@ -313,8 +313,8 @@ class Reducer final : public Actor {
     if (config_.nccl) {
       backend_->waitFor(ncclQueue(b.step, b.begin, parts));
     } else if (parts.parts.size() > 1) {
-      TraceScope span(config_.trace, name(), "reduce");
-      const bool timed = config_.trace && sum.device().kind != kernels::DeviceKind::kCpu;
+      TraceScope span(config_.run.trace, name(), "reduce");
+      const bool timed = config_.run.trace && sum.device().kind != kernels::DeviceKind::kCpu;
       const kernels::Event began = timed ? backend_->recordTimed() : kernels::Event();
       for (std::size_t r = 1; r < parts.parts.size(); ++r) {
         TROUPE_ENFORCE_EQ(parts.parts[r].numel(), sum.numel());
@@ -401,8 +401,8 @@ class Reducer final : public Actor {
     const std::int64_t end = begin + parts.parts[0].numel();
     kernels::Event began;
     kernels::Event summed =
-        comm.allreduce(parts.parts, parts.ready, config_.trace ? &began : nullptr);
-    if (config_.trace) {
+        comm.allreduce(parts.parts, parts.ready, config_.run.trace ? &began : nullptr);
+    if (config_.run.trace) {
       to_trace_.push_back({fmt::format("nccl allreduce [{},{})", begin, end), began, summed});
     }
     forgetSummed();
@@ -434,7 +434,7 @@ class Reducer final : public Actor {
     const std::string track =
         fmt::format("{}{} {}", name(), comm ? " nccl" : "", kernels::toString(config_.device));
     for (const auto& s : to_trace_)
-      config_.trace->span(track, s.what, at(s.began), at(s.summed));
+      config_.run.trace->span(track, s.what, at(s.began), at(s.summed));
     to_trace_.clear();
   }
 
@@ -458,7 +458,7 @@ class Reducer final : public Actor {
     const NcclSum& oldest = in_nccl_.front();
     const auto waited = Trace::Clock::now() - oldest.started;
     const double seconds = std::chrono::duration<double>(waited).count();
-    const std::string when = describeStep(oldest.step, config_.steps_per_epoch);
+    const std::string when = describeStep(oldest.step, config_.run.steps_per_epoch);
     const auto timeout = config_.nccl->timeout;
     if (waited >= timeout) {
       comm.abort();
@@ -470,7 +470,7 @@ class Reducer final : public Actor {
           "(peer_timeout): {}; the NCCL group was aborted",
           config_.rank, oldest.begin, oldest.end, when, seconds, culprit));
     }
-    if (waited >= config_.stall_warning && oldest.step != warned_nccl_step_) {
+    if (waited >= config_.run.stall_warning && oldest.step != warned_nccl_step_) {
       warned_nccl_step_ = oldest.step;
       spdlog::warn(
           "stall: worker {} has waited {:.1f} s in {} for NCCL to sum bucket [{},{}); {} sum(s) "

@@ -82,7 +82,7 @@ class Replica final : public Actor {
     if (waiting_since_) {
       const auto now = Trace::Clock::now();
       input_wait = std::chrono::duration<double>(now - *waiting_since_).count();
-      if (config_.trace) config_.trace->span(name(), "input wait", *waiting_since_, now);
+      if (config_.run.trace) config_.run.trace->span(name(), "input wait", *waiting_since_, now);
       waiting_since_.reset();
     }
     runStep(weights, batch, input_wait, ready);
@@ -124,7 +124,7 @@ class Replica final : public Actor {
   // bytes, a quarter of the floats, and are normalised there.
   kernels::Tensor deviceImages(const kernels::Tensor& images) {
     if (images.dtype() != kernels::DType::kUInt8) return onDevice(images, images_here_);
-    TraceScope span(config_.trace, name(), "normalise");
+    TraceScope span(config_.run.trace, name(), "normalise");
     const kernels::Tensor bytes = onDevice(images, bytes_here_);
     const kernels::Tensor out = fitted(floats_, images.shape(), kernels::DType::kFloat32);
     backend_->normalise(bytes, out, config_.input.mean, config_.input.scale);
@@ -181,9 +181,9 @@ class Replica final : public Actor {
       images = deviceImages(batch.images);
       labels = onDevice(batch.labels, labels_here_);
     }
-    if (config_.trace) {  // the forward and backward apart, each a span of the trace
+    if (config_.run.trace) {  // the forward and backward apart, each a span of the trace
       {
-        TraceScope span(config_.trace, name(), "forward");
+        TraceScope span(config_.run.trace, name(), "forward");
         net_->forward(images, labels, /*train=*/true);
       }
       mark("forward");
@@ -209,7 +209,7 @@ class Replica final : public Actor {
     if (!std::isfinite(loss_sum)) {
       throw NumericError(
           fmt::format("training diverged: the loss of {} is {} on replica {} of worker {}: {}",
-                      describeStep(step, config_.steps_per_epoch), loss_sum, config_.index,
+                      describeStep(step, config_.run.steps_per_epoch), loss_sum, config_.index,
                       config_.worker, whyNotFinite(weights.weights, images)));
     }
     send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
@@ -265,7 +265,7 @@ class Replica final : public Actor {
   // graph's event after which it is final).
   void backward(std::int64_t step, float loss_scale, const kernels::Tensor* images = nullptr,
                 const kernels::Tensor* labels = nullptr) {
-    TraceScope span(config_.trace, name(), "backward");
+    TraceScope span(config_.run.trace, name(), "backward");
     std::int64_t bucket_begin = -1, bucket_end = -1;
     std::int64_t cap = config_.first_bucket_bytes;
     const kernels::Event* final_at = nullptr;  // the net's event for the bucket's last range
@@ -317,7 +317,7 @@ class Replica final : public Actor {
       graphs_noted_ = true;
     } else if (stats.captured > 0) {
       spdlog::info("{}: cuda_graphs: steps replayed from a CUDA graph from {} on", name(),
-                   describeStep(step, config_.steps_per_epoch));
+                   describeStep(step, config_.run.steps_per_epoch));
       graphs_noted_ = true;
     } else if (++steps_unrecorded_ >= kStepsToRepeat) {
       spdlog::warn(
@@ -333,7 +333,7 @@ class Replica final : public Actor {
   // ("replica/0/0 cuda:0"): forward, then backward piece by piece, each piece ending as a bucket is
   // final. The host's spans of the same work time only its queueing.
   void mark(std::string what) {
-    if (config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu)
+    if (config_.run.trace && backend_->device().kind != kernels::DeviceKind::kCpu)
       marks_.push_back({std::move(what), backend_->recordTimed()});
   }
 
@@ -348,7 +348,8 @@ class Replica final : public Actor {
     };
     const std::string track = fmt::format("{} {}", name(), kernels::toString(backend_->device()));
     for (std::size_t i = 1; i < marks_.size(); ++i)
-      config_.trace->span(track, marks_[i].what, before(marks_[i - 1].at), before(marks_[i].at));
+      config_.run.trace->span(track, marks_[i].what, before(marks_[i - 1].at),
+                              before(marks_[i].at));
   }
 
   void evaluate(const Evaluate& e) {

@@ -108,6 +108,21 @@ struct TrainState {
   std::int64_t overflow_steps = 0;          // steps it skipped for inf or NaN gradients
 };
 
+// What every role of a run reads alike, set once for a process's roles (trainer.cc's WorkerSpawn,
+// a KVStore's): where its trace goes, how long it waits on a peer before it reports the peer and
+// before it fails the run, how long an epoch is (a report names a step's epoch), and the run's
+// members (a report names a peer by its host and process).
+struct RoleContext {
+  Trace* trace = nullptr;  // spans go here when tracing
+  // A wait on a peer (a bucket's allreduce, a pull, the pushes of a step) this long logs a stall
+  // report naming whom it waits for; one of peer_timeout fails the run (PeerError naming the
+  // peer).
+  std::chrono::milliseconds stall_warning{30000};
+  std::chrono::milliseconds peer_timeout{60000};
+  std::int64_t steps_per_epoch = 0;  // 0: a step is named alone
+  RunMembersPtr members;             // null: peers are named by their rank alone
+};
+
 // One replica a reader feeds: its share of each step's global batch.
 struct ReaderTarget {
   Address replica;
@@ -135,7 +150,7 @@ struct ReaderConfig {
   // written again once the BatchConsumed of its last batch came and its event is done.
   bool pinned = false;
   int device = -1;  // with pinned: the GPU of its (first) target, which its thread makes current
-  Trace* trace = nullptr;  // a span per batch read
+  RoleContext run;  // its trace: a span per batch read
 };
 std::unique_ptr<Actor> makeReader(std::string name, ReaderConfig config);
 
@@ -158,8 +173,7 @@ struct ReplicaConfig {
   int index = 0;        // among all replicas of all processes
   int local_index = 0;  // among this process's
   int num_replicas = 1;
-  int worker = 0;                    // this process's rank, for errors
-  std::int64_t steps_per_epoch = 0;  // for errors: the epoch of a step
+  int worker = 0;  // this process's rank, for errors
   kernels::NetOptions net;
   kernels::Device device;            // where its net lives and computes (the run's plan says)
   bool tf32 = false;                 // on a GPU (kernels::CudaOptions::tf32)
@@ -177,7 +191,7 @@ struct ReplicaConfig {
   data::DatasetOptions test;      // path empty: no evaluation
   bool skip_bad_records = false;  // bad test records are left out of the evaluation
   Address reader, reducer, coordinator;
-  Trace* trace = nullptr;             // spans go here when tracing
+  RoleContext run;                    // its trace; an error names the step's epoch
   std::shared_ptr<TrainState> state;  // elastic runs: replica 0 leaves its buffers there
 };
 std::unique_ptr<Actor> makeReplica(std::string name, ReplicaConfig config);
@@ -218,14 +232,10 @@ struct ReducerConfig {
   // place by NCCL, on its own streams: over every GPU of the run (no sum here, no ring), or over
   // this process's GPUs, then across processes by the ring (NcclGroup::spans_processes).
   std::shared_ptr<NcclGroup> nccl;
-  Trace* trace = nullptr;  // spans go here when tracing
-  // A bucket whose allreduce has waited this long logs a stall report (which step, which
-  // bucket, which worker it waits for), and fails the run after peer_timeout (PeerError naming
-  // the previous worker of the ring).
-  std::chrono::milliseconds stall_warning{30000};
-  std::chrono::milliseconds peer_timeout{60000};
-  std::int64_t steps_per_epoch = 0;  // for reports: the epoch of a step
-  RunMembersPtr members;             // for reports: the workers' addresses
+  // A bucket whose allreduce has waited run.stall_warning logs a stall report (which step, which
+  // bucket, which worker it waits for), and fails the run after run.peer_timeout (PeerError
+  // naming the previous worker of the ring).
+  RoleContext run;
 };
 std::unique_ptr<Actor> makeReducer(std::string name, ReducerConfig config);
 
@@ -262,7 +272,7 @@ struct UpdaterConfig {
   LossScale loss_scale;
   std::vector<Address> replicas;
   Address coordinator;
-  Trace* trace = nullptr;  // spans go here when tracing
+  RoleContext run;  // its trace
   // Elastic runs. When the updater goes (the generation ended, or failed mid-step), it leaves its
   // last whole step's state in `state` (buffers: replica 0 leaves them). It waits for a Handover
   // before its first step when `await_handover`, and sends one to each of `handover_to` first.
@@ -310,13 +320,9 @@ struct ServerConfig {
   std::int64_t first_step = 0;  // > 0 when resuming
   int threads = 1;
   std::shared_ptr<const ThreadBudget> budget;  // as ReplicaConfig's (the whole of it)
-  Trace* trace = nullptr;                      // spans go here when tracing
-  // A pull that has waited this long logs a stall report (which step, which workers have not
-  // pushed it), and fails the run after peer_timeout (PeerError naming the first of them).
-  std::chrono::milliseconds stall_warning{30000};
-  std::chrono::milliseconds peer_timeout{60000};
-  std::int64_t steps_per_epoch = 0;  // for reports: the epoch of a step
-  RunMembersPtr members;             // for reports: the workers' addresses
+  // A pull that has waited run.stall_warning logs a stall report (which step, which workers have
+  // not pushed it), and fails the run after run.peer_timeout (PeerError naming the first of them).
+  RoleContext run;
 };
 std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config);
 
@@ -333,12 +339,9 @@ struct PsClientConfig {
   StepPlan plan;
   std::vector<Address> replicas;
   Address coordinator;
-  Trace* trace = nullptr;  // spans go here when tracing
-  // The pull fails after peer_timeout and a grace (peerTimeoutGrace): a server that holds it for
-  // a late worker names that worker first.
-  std::chrono::milliseconds stall_warning{30000};
-  std::chrono::milliseconds peer_timeout{60000};
-  RunMembersPtr members;  // for reports: the servers' addresses
+  // The pull fails after run.peer_timeout and a grace (peerTimeoutGrace): a server that holds it
+  // for a late worker names that worker first.
+  RoleContext run;
 };
 std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
 

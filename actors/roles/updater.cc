@@ -95,7 +95,7 @@ class Updater final : public Actor {
     TROUPE_ENFORCE_EQ(r.step, step_);
     if (config_.state && reduced_ == 0) snapshot();
     {
-      TraceScope span(config_.trace, name(), "update");
+      TraceScope span(config_.run.trace, name(), "update");
       backend_->waitFor(r.ready);
       kernels::Tensor grads = r.grads;
       if (grads.device() != backend_->device()) {
@@ -125,7 +125,7 @@ class Updater final : public Actor {
     // checkpoint at an epoch's end) or watched is tested first; so is everything in a traced run,
     // whose reducer dates the device's sums by this wait (Reducer::traceDeviceSums).
     const bool early =
-        !ends && !config_.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
+        !ends && !config_.run.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
     if (early) broadcast();
     checkFinite(applied);
     observers_.offer(step_, step_ == config_.plan.last_step, weights_,

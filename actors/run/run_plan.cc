@@ -80,6 +80,17 @@ std::chrono::milliseconds fromSeconds(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
+RoleContext roleContext(const TrainOptions& o, Trace* trace, std::int64_t steps_per_epoch,
+                        RunMembersPtr members) {
+  RoleContext run;
+  run.trace = trace;
+  run.stall_warning = fromSeconds(o.stall_warning_s);
+  run.peer_timeout = fromSeconds(o.peer_timeout_s);
+  run.steps_per_epoch = steps_per_epoch;
+  run.members = std::move(members);
+  return run;
+}
+
 bool isParameterServerSchedule(const std::string& schedule) {
   const auto* row = findSchedule(schedule);
   return row && row->parameter_servers;

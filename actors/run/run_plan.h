@@ -42,6 +42,11 @@ ClusterOptions clusterOptions(const TrainOptions& o, const std::string& run_id, 
 // Seconds from a config value, as milliseconds.
 std::chrono::milliseconds fromSeconds(double seconds);
 
+// What every role of this process reads alike (roles.h): the trace, o's stall_warning and
+// peer_timeout, the epoch's steps and the run's members.
+RoleContext roleContext(const TrainOptions& o, Trace* trace, std::int64_t steps_per_epoch,
+                        RunMembersPtr members);
+
 bool isParameterServerSchedule(const std::string& schedule);
 
 // Where the compute actors of a worker process run. Replica r runs on GPU gpus[r], or on the CPU.

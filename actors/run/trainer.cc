@@ -152,16 +152,12 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
   auto budget = std::make_shared<ThreadBudget>();
   config.budget = budget;
-  config.stall_warning = fromSeconds(o.stall_warning_s);
-  config.peer_timeout = fromSeconds(o.peer_timeout_s);
-  config.steps_per_epoch = plan.steps_per_epoch;
-  config.members = members;
   std::unique_ptr<Trace> trace;
   if (!o.trace.empty()) {
     trace = std::make_unique<Trace>(static_cast<std::uint32_t>(rank),
                                     fmt::format("server {}", o.shard_id));
   }
-  config.trace = trace.get();
+  config.run = roleContext(o, trace.get(), plan.steps_per_epoch, members);
 
   auto node = makeNodeSystem(rank, 1, true);
   auto& system = node.system;
@@ -348,7 +344,7 @@ ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& tra
   reader.skip_bad_records = o.skip_bad_records;
   reader.synthetic = o.synthetic;
   reader.pinned = !o.gpus.empty();
-  reader.trace = trace;
+  reader.run.trace = trace;
   return reader;
 }
 
@@ -389,8 +385,7 @@ struct WorkerSpawn {
   const RunLayout& layout;
   const WorkerAddresses& a;
   GenerationRole* role;
-  Trace* trace;
-  std::shared_ptr<RunMembers> members;
+  RoleContext run;                  // every role's
   std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed once the processes met, before run()
 
   CoordinatorConfig coordinator(RunControl* control, TrainLog* log, TrainResult& result) const {
@@ -445,7 +440,7 @@ struct WorkerSpawn {
     u.budget_ways = o.replicas;
     u.replicas = a.local_replicas;
     u.coordinator = a.chief;
-    u.trace = trace;
+    u.run = run;
     u.nccl = nccl;
     if (role) {
       u.state = role->state;
@@ -470,10 +465,7 @@ struct WorkerSpawn {
     c.plan = p.plan;
     c.replicas = a.local_replicas;
     c.coordinator = a.chief;
-    c.trace = trace;
-    c.stall_warning = fromSeconds(o.stall_warning_s);
-    c.peer_timeout = fromSeconds(o.peer_timeout_s);
-    c.members = members;
+    c.run = run;
     return c;
   }
 
@@ -483,23 +475,19 @@ struct WorkerSpawn {
     r.device = p.devices.reducer;
     r.threads = 1;
     r.updater = a.updater;
-    r.trace = trace;
-    r.stall_warning = fromSeconds(o.stall_warning_s);
-    r.peer_timeout = fromSeconds(o.peer_timeout_s);
-    r.steps_per_epoch = p.plan.steps_per_epoch;
-    r.members = members;
+    r.run = run;
     if (nccl) {
       r.nccl = nccl;
       r.nccl->spans_processes = ncclSpansProcesses(o, p.nodes);
-      r.nccl->timeout = r.peer_timeout;
+      r.nccl->timeout = run.peer_timeout;
       // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the
       // links' heartbeat watch (peer_timeout, two graces and a heartbeat interval:
       // clusterOptions), which names a silent peer, as the backstop for a peer that still beats
       // but is hung in its GPU. A group of this process's GPUs waits for no peer: the ring's
       // watch keeps peer_timeout.
       if (r.nccl->spans_processes)
-        r.nccl->timeout +=
-            4 * peerTimeoutGrace(r.stall_warning, r.peer_timeout) + std::chrono::milliseconds(1000);
+        r.nccl->timeout += 4 * peerTimeoutGrace(run.stall_warning, run.peer_timeout) +
+                           std::chrono::milliseconds(1000);
     }
     if (!p.ps) {  // with parameter servers, the servers sum over workers
       r.rank = p.rank;
@@ -518,7 +506,6 @@ struct WorkerSpawn {
     c.local_index = r;
     c.num_replicas = o.replicas * p.workers;
     c.worker = p.rank;
-    c.steps_per_epoch = p.plan.steps_per_epoch;
     c.net = p.net;
     c.device = p.devices.replicas[static_cast<std::size_t>(r)];
     c.tf32 = o.tf32;
@@ -544,7 +531,7 @@ struct WorkerSpawn {
     // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
     c.reduce_on = c.reducer == a.reducer ? p.devices.reducer : p.devices.updater;
     c.coordinator = a.chief;
-    c.trace = trace;
+    c.run = run;
     if (role) c.state = role->state;
     return c;
   }
@@ -554,7 +541,7 @@ struct WorkerSpawn {
   std::unique_ptr<Actor> reader(int r, const std::vector<ReaderTarget>& targets) const {
     const std::string name = layout.nameOf(layout.reader(p.rank, r));
     if (!o.reader_factory || o.shared_reader) {
-      ReaderConfig database = readerConfig(o, p.train, p.plan, trace);
+      ReaderConfig database = readerConfig(o, p.train, p.plan, run.trace);
       database.targets = targets;
       database.device = gpuOf(r);
       return makeReader(name, database);
@@ -616,9 +603,13 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     control->workers.store(layout.workers());
   }
   const WorkerAddresses a = addressesOf(layout, rank, p.workers, p.nodes, o.replicas);
-  const WorkerSpawn spawn{
-      o,    p,         layout,  a,
-      role, trace_ptr, members, o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr};
+  const WorkerSpawn spawn{o,
+                          p,
+                          layout,
+                          a,
+                          role,
+                          roleContext(o, trace_ptr, p.plan.steps_per_epoch, members),
+                          o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr};
   // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
   auto node = makeNodeSystem(rank, 2, p.nodes > 1 || !o.rendezvous.empty());
   auto& system = *node.system;
