@@ -133,6 +133,13 @@ void addLaunchCommand(CLI::App& app) {
       "--rendezvous", o.rendezvous,
       rendezvous::storeUrlForms() + " (default: an embedded store served by the launcher)");
   cmd->add_option("--run_id", o.run_id, "run id (default: made up)");
+  cmd->add_option("--master-addr,--master_addr", o.master_addr,
+                  "torchrun's: the MASTER_ADDR every worker gets, where a torch.distributed "
+                  "script's rank 0 serves its store (default: worker 0's host)");
+  cmd->add_option("--master-port,--master_port", o.master_port,
+                  "torchrun's: the MASTER_PORT every worker gets (default: a free port of this "
+                  "host for local runs, 29500 for ssh)")
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("--secret-file,--secret_file", o.secret_file,
                   "file holding the run's secret (default: $TROUPE_SECRET, else a fresh one per "
                   "run); every process gets it as TROUPE_SECRET");

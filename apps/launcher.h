@@ -130,6 +130,12 @@ struct LaunchOptions {
   // Prints what would start (each process: host, role, rank, variables, command) and starts
   // nothing.
   bool dry_run = false;
+  // torchrun's: where a torch.distributed script's rank 0 serves its store (each worker gets
+  // MASTER_ADDR and MASTER_PORT, with RANK, LOCAL_RANK, WORLD_SIZE and the rest of torchrun's
+  // variables). Empty: worker 0's host (127.0.0.1 for local runs); 0: a free port of this host for
+  // local runs, torchrun's 29500 for ssh.
+  std::string master_addr;
+  int master_port = 0;
 };
 
 // Runs the processes to the end. Returns 0 when all exited 0 (in some generation), else the last

@@ -1,9 +1,12 @@
 // The local and ssh launchers: one child process per role and rank, supervised from one loop
 // that polls their pipes, relays their lines, reaps them, names the failure and stops the rest.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +21,7 @@
 #include "apps/launcher_run.h"
 #include "apps/launcher_ssh.h"
 #include "apps/output_relay.h"
+#include "troupe/error.h"
 
 namespace troupe::apps::launch_detail {
 namespace {
@@ -454,6 +458,79 @@ Attempt Supervisor::run() {
   return {};
 }
 
+// A TCP port of 127.0.0.1 that nothing listens on now (the kernel's pick), for a local run's
+// MASTER_PORT; InputError when none can be had.
+int freeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof at;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&at), &size) == 0;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (!ok) {
+    throw InputError(
+        fmt::format("troupe launch: no free port on 127.0.0.1 for MASTER_PORT ({}); "
+                    "name one with --master_port",
+                    std::strerror(error)));
+  }
+  return ntohs(at.sin_port);
+}
+
+// torchrun's variables, so that a script written for it runs under troupe launch as it is: each
+// worker's RANK and WORLD_SIZE (the servers are no ranks of torch.distributed), its LOCAL_RANK
+// and LOCAL_WORLD_SIZE among the workers of its host, GROUP_RANK and GROUP_WORLD_SIZE of the
+// hosts, ROLE_* as torchrun's one role, MASTER_ADDR and MASTER_PORT (where rank 0 serves
+// torch.distributed's store) and TORCHELASTIC_*: the run id, restarts so far and at most.
+void addTorchrunVariables(Kind kind, const RunContext& run, std::vector<PlannedProcess>& planned) {
+  const LaunchOptions& o = run.options;
+  std::map<std::string, int> workers_on, host_index;
+  for (const auto& p : planned) {
+    if (p.role != "worker") continue;
+    ++workers_on[p.host];
+    host_index.emplace(p.host, static_cast<int>(host_index.size()));
+  }
+  const auto first = std::find_if(planned.begin(), planned.end(),
+                                  [](const PlannedProcess& p) { return p.role == "worker"; });
+  if (first == planned.end()) return;
+  const std::string addr = !o.master_addr.empty() ? o.master_addr
+                           : kind == Kind::kLocal ? std::string("127.0.0.1")
+                                                  : first->remote->name;
+  const int port = o.master_port > 0      ? o.master_port
+                   : kind == Kind::kLocal ? freeLoopbackPort()
+                                          : 29500;
+  const std::string world = std::to_string(o.num_workers);
+  const std::string restarts = std::to_string(o.on_failure == "restart" ? o.max_restarts : 0);
+  std::map<std::string, int> local_rank;
+  for (auto& p : planned) {
+    if (p.role != "worker") continue;
+    const std::string rank = std::to_string(p.rank);
+    const std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", rank},
+        {"WORLD_SIZE", world},
+        {"LOCAL_RANK", std::to_string(local_rank[p.host]++)},
+        {"LOCAL_WORLD_SIZE", std::to_string(workers_on[p.host])},
+        {"GROUP_RANK", std::to_string(host_index[p.host])},
+        {"GROUP_WORLD_SIZE", std::to_string(host_index.size())},
+        {"ROLE_NAME", "default"},
+        {"ROLE_RANK", rank},
+        {"ROLE_WORLD_SIZE", world},
+        {"MASTER_ADDR", addr},
+        {"MASTER_PORT", std::to_string(port)},
+        {"TORCHELASTIC_RUN_ID", run.run_id},
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(run.generation)},
+        {"TORCHELASTIC_MAX_RESTARTS", restarts}};
+    for (const auto& [name, value] : vars) {
+      // What --env gave stays: every process gets the launch's own variables before these.
+      const bool given =
+          std::any_of(o.env.begin(), o.env.end(), [&](const auto& kv) { return kv.first == name; });
+      if (!given) p.env.emplace_back(name, value);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
@@ -487,6 +564,7 @@ std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
              {"TROUPE_GENERATION", std::to_string(run.generation)},
              {"TROUPE_RENDEZVOUS", run.rendezvous}};
   }
+  addTorchrunVariables(kind, run, planned);
   return planned;
 }
 

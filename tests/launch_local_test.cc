@@ -70,6 +70,54 @@ TEST(LaunchLocal, ADryRunSaysWhatWouldStartAndStartsNothing) {
   EXPECT_FALSE(std::filesystem::exists(cwd.path() / "started")) << "a process started";
 }
 
+// torchrun's variables: every worker's RANK, WORLD_SIZE, LOCAL_RANK, ... (the servers are no ranks
+// of torch.distributed), what --env gives kept.
+TEST(LaunchLocal, EveryWorkerGetsTorchrunsVariables) {
+  TempDir cwd("launch_torchrun_vars");
+  auto r = runCommand(launchIn(cwd, "-n 3 -s 1 --master_port 29555 --dry-run -- true"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "TROUPE_ROLE=worker TROUPE_RANK=2 TROUPE_NUM_WORKERS=3 TROUPE_NUM_SERVERS=1 "
+                       "TROUPE_GENERATION=0 RANK=2 WORLD_SIZE=3 LOCAL_RANK=2 LOCAL_WORLD_SIZE=3 "
+                       "GROUP_RANK=0 GROUP_WORLD_SIZE=1 ROLE_NAME=default ROLE_RANK=2 "
+                       "ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "
+                       "TORCHELASTIC_RUN_ID=(made up at start) TORCHELASTIC_RESTART_COUNT=0 "
+                       "TORCHELASTIC_MAX_RESTARTS=0"))
+      << r.output;
+  const std::regex server(R"(process +server 0 on localhost:[^\n]*\bRANK=)");
+  EXPECT_FALSE(std::regex_search(r.output, server)) << r.output;
+  // Over ssh: LOCAL_* count the workers of each host, GROUP_RANK numbers the hosts, MASTER_ADDR
+  // is worker 0's and MASTER_PORT torchrun's default.
+  std::ofstream(cwd.path() / "hosts.txt") << "localhost\n127.0.0.1:2222\n";
+  r = runCommand(launchIn(cwd, "-n 3 -H hosts.txt --env MASTER_PORT=1234 --dry-run -- true"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line :
+       {"worker 1 on 127.0.0.1:2222: TROUPE_LOCAL_SIZE=1 TROUPE_ROLE=worker TROUPE_RANK=1 "
+        "TROUPE_NUM_WORKERS=3 TROUPE_NUM_SERVERS=0 TROUPE_GENERATION=0 RANK=1 WORLD_SIZE=3 "
+        "LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 GROUP_RANK=1 GROUP_WORLD_SIZE=2 ROLE_NAME=default "
+        "ROLE_RANK=1 ROLE_WORLD_SIZE=3 MASTER_ADDR=localhost TORCHELASTIC",
+        "worker 2 on localhost: TROUPE_LOCAL_SIZE=2 TROUPE_ROLE=worker TROUPE_RANK=2 "
+        "TROUPE_NUM_WORKERS=3 TROUPE_NUM_SERVERS=0 TROUPE_GENERATION=0 RANK=2 WORLD_SIZE=3 "
+        "LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=0",
+        "MASTER_PORT=1234 (every process)"}) {
+    EXPECT_TRUE(contains(r.output, line)) << line << "\n" << r.output;
+  }
+}
+
+// A script written for torchrun runs under troupe launch as it is: torch.distributed's env://
+// rendezvous on gloo (Debian's python3-torch, scripts/setup.sh), an allreduce over 3 ranks.
+TEST(LaunchLocal, ATorchrunScriptRunsUnchanged) {
+  TempDir cwd("launch_torchrun_script");
+  const auto r = runCommand(
+      launchIn(cwd, "-n 3 -- /usr/bin/python3 " + sourceDir() + "/tests/torchrun_allreduce.py"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"[worker 0] rank 0 of 3, local 0 of 3, group 0: sum 6",
+                           "[worker 1] rank 1 of 3, local 1 of 3, group 0: sum 6",
+                           "[worker 2] rank 2 of 3, local 2 of 3, group 0: sum 6"}) {
+    EXPECT_TRUE(contains(r.output, line)) << line << "\n" << r.output;
+  }
+}
+
 // -H meant ssh in MXNet's launch.py: with a hostfile and no --launcher, troupe launches over ssh
 // (it ran every process locally and exited 0); --launcher local with -H is refused.
 TEST(LaunchLocal, AHostfileWithoutALauncherMeansSshAndWithTheLocalLauncherIsRefused) {

@@ -21,9 +21,9 @@ std::string launchIn(const TempDir& dir, const std::string& args) {
   return "cd " + dir.str() + " && " + troupeBinary() + " launch " + args;
 }
 
-TEST(LaunchMxnetOptions, EveryRowOfTheTableIsWhatTroupeLaunchDoes) {
-  const auto rows = flagRows(flagsDoc(), "## MXNet's tools/launch.py");
-  ASSERT_GT(rows.size(), 15u);
+// Each row of a section of docs/flags.md's on `troupe launch`: listed in its help, refused with
+// its error, or run with its output.
+void checkLaunchRows(const std::vector<FlagRow>& rows) {
   const auto help = runCommand(troupeBinary() + " launch --help");
   for (const auto& row : rows) {
     const std::string where =
@@ -42,6 +42,19 @@ TEST(LaunchMxnetOptions, EveryRowOfTheTableIsWhatTroupeLaunchDoes) {
       ADD_FAILURE() << where << ": a row of this table says runs:, refused: or listed:";
     }
   }
+}
+
+TEST(LaunchMxnetOptions, EveryRowOfTheTableIsWhatTroupeLaunchDoes) {
+  const auto rows = flagRows(flagsDoc(), "## MXNet's tools/launch.py");
+  ASSERT_GT(rows.size(), 15u);
+  checkLaunchRows(rows);
+}
+
+// torchrun's variables and options (tests/launch_local_test.cc runs a torchrun script).
+TEST(LaunchTorchrunOptions, EveryRowOfTheTableIsWhatTroupeLaunchDoes) {
+  const auto rows = flagRows(flagsDoc(), "## torchrun's options and variables");
+  ASSERT_GT(rows.size(), 10u);
+  checkLaunchRows(rows);
 }
 
 // tools/launch.py's options (apache/mxnet, with BytePS's and P3's) and the command.
