@@ -206,6 +206,24 @@ TEST_F(AcrossHosts, LaunchSshTrainsLeNetWithOneWorkerOnEachHost) {
   expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("ssh", "");
 }
 
+// A torchrun script, unchanged, over ssh on the two hosts: torch.distributed's env:// rendezvous
+// at worker 0's host (MASTER_ADDR: the hostfile's first line) on torchrun's port 29500, and
+// gloo's allreduce between the hosts (GLOO_SOCKET_IFNAME: each host's interface, as a cluster's
+// user names it).
+TEST_F(AcrossHosts, LaunchSshRunsATorchrunScriptAsItIs) {
+  const auto r =
+      hosts_->run(0,
+                  troupeBinary() + " launch --launcher ssh -H hosts" + hosts_->launchFlags() +
+                      " -n 2 --env GLOO_SOCKET_IFNAME=eth0 -- /usr/bin/python3 " + sourceDir() +
+                      "/tests/torchrun_allreduce.py",
+                  120s, "/tmp/run");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 0] rank 0 of 2, local 0 of 1, group 0: sum 3"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker 1] rank 1 of 2, local 0 of 1, group 1: sum 3"))
+      << r.output;
+}
+
 // mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.
 TEST_F(AcrossHosts, LaunchMpiTrainsLeNetWithOneRankOnEachHost) {
   expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("mpi", "--ssh-opt=-oStrictHostKeyChecking=no");
