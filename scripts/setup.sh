@@ -17,8 +17,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-dev pybind11-dev python3-pytest
 )
+# python3-dev, pybind11-dev: the Python package (python/); python3-pytest runs its tests.
 # python3-torch (Debian's 1.13, for /usr/bin/python3) is the suite's reference for the optimizers
 # (tests/optimizer_reference.py: torch.optim in float64); benchmarks use PyPI's torch in a venv.
 

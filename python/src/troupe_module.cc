@@ -1,0 +1,253 @@
+// troupe._troupe: the C++ library's KVStore (include/troupe/kvstore.h) for Python, over float32
+// numpy arrays. python/troupe/kv.py gives it MXNet's API (mx.kv) on top: keys and lists of keys,
+// torch tensors, optimizers by name. A call's error Status becomes troupe.Error (its kind and
+// message); the calls that wait (for servers, for other workers) let other Python threads run.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "troupe/kvstore.h"
+#include "troupe/version.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using FloatArray = py::array_t<float, py::array::c_style>;
+
+// troupe.Error, with the Status's kind ("input", "timeout", "peer", ...) as its `kind`.
+py::object& errorType() {
+  static py::object type;
+  return type;
+}
+
+const char* kindName(troupe::ErrorKind kind) {
+  switch (kind) {
+    case troupe::ErrorKind::kOk:
+      return "ok";
+    case troupe::ErrorKind::kInput:
+      return "input";
+    case troupe::ErrorKind::kIo:
+      return "io";
+    case troupe::ErrorKind::kTimeout:
+      return "timeout";
+    case troupe::ErrorKind::kResource:
+      return "resource";
+    case troupe::ErrorKind::kNumeric:
+      return "numeric";
+    case troupe::ErrorKind::kPeer:
+      return "peer";
+    case troupe::ErrorKind::kInvariant:
+      return "invariant";
+    case troupe::ErrorKind::kInternal:
+      return "internal";
+  }
+  return "internal";
+}
+
+void check(const troupe::Status& s) {
+  if (s) return;
+  py::object error = errorType()(s.message());
+  error.attr("kind") = kindName(s.kind());
+  PyErr_SetObject(errorType().ptr(), error.ptr());
+  throw py::error_already_set();
+}
+
+// A float32 array's values, read in place: numpy arrays of another type or layout are refused
+// (kv.py converts), so that no copy is made behind the caller's back.
+std::span<const float> values(const FloatArray& a) {
+  return {a.data(), static_cast<std::size_t>(a.size())};
+}
+
+class PyKVStore {
+ public:
+  explicit PyKVStore(std::unique_ptr<troupe::KVStore> store) : store_(std::move(store)) {}
+
+  std::string type() const { return store_->type(); }
+  int rank() const { return store_->rank(); }
+  int numWorkers() const { return store_->numWorkers(); }
+
+  void init(int key, const FloatArray& value) {
+    const auto v = values(value);
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->init(key, v);
+    }
+    check(s);
+  }
+
+  // The sum of `arrays` (each the key's size) pushed for `key`.
+  void push(int key, const std::vector<FloatArray>& arrays, int priority) {
+    std::vector<std::span<const float>> spans;
+    for (const auto& a : arrays)
+      spans.push_back(values(a));
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->push(key, spans, priority);
+    }
+    check(s);
+  }
+
+  // One array a key, the keys sent together.
+  void pushMany(const std::vector<int>& keys, const std::vector<FloatArray>& arrays, int priority) {
+    std::vector<std::span<const float>> spans;
+    for (const auto& a : arrays)
+      spans.push_back(values(a));
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->push(keys, spans, priority);
+    }
+    check(s);
+  }
+
+  void pull(int key, FloatArray& out, int priority) {
+    std::span<float> into(out.mutable_data(), static_cast<std::size_t>(out.size()));
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->pull(key, into, priority);
+    }
+    check(s);
+  }
+
+  void pullMany(const std::vector<int>& keys, std::vector<FloatArray>& outs, int priority) {
+    std::vector<std::span<float>> spans;
+    for (auto& o : outs)
+      spans.emplace_back(o.mutable_data(), static_cast<std::size_t>(o.size()));
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->pull(keys, spans, priority);
+    }
+    check(s);
+  }
+
+  void setOptimizer(const troupe::OptimizerSpec& spec) { check(store_->setOptimizer(spec)); }
+
+  void setGradientCompression(const std::string& type, float threshold) {
+    check(store_->setGradientCompression(type, threshold));
+  }
+
+  void barrier() {
+    troupe::Status s;
+    {
+      py::gil_scoped_release free;
+      s = store_->barrier();
+    }
+    check(s);
+  }
+
+  // Tells the servers this worker is done and waits for the others (the C++ store's destructor):
+  // at close() or when the object goes.
+  void close() {
+    py::gil_scoped_release free;
+    store_.reset();
+  }
+
+  bool closed() const { return !store_; }
+
+  troupe::KVStore& store() {
+    if (!store_) {
+      check(troupe::Status(troupe::ErrorKind::kInput, "this KVStore was closed"));
+    }
+    return *store_;
+  }
+
+ private:
+  std::unique_ptr<troupe::KVStore> store_;
+};
+
+// Every method but close() goes through store(), which refuses a closed store.
+template <typename... Args>
+auto open(void (PyKVStore::*method)(Args...)) {
+  return [method](PyKVStore& self, Args... args) {
+    self.store();
+    (self.*method)(std::forward<Args>(args)...);
+  };
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_troupe, m) {
+  m.doc() = "troupe's C++ library: the KVStore (include/troupe/kvstore.h)";
+  m.attr("__version__") = troupe::version();
+  errorType() = py::reinterpret_borrow<py::object>(
+      PyErr_NewExceptionWithDoc("troupe.Error",
+                                "A troupe call failed: `kind` says how (input, io, timeout, "
+                                "peer, numeric, ...), the message names the culprit.",
+                                PyExc_RuntimeError, nullptr));
+  m.attr("Error") = errorType();
+
+  py::class_<troupe::OptimizerSpec>(m, "OptimizerSpec")
+      .def(py::init<>())
+      .def_readwrite("name", &troupe::OptimizerSpec::name)
+      .def_readwrite("learning_rate", &troupe::OptimizerSpec::learning_rate)
+      .def_readwrite("momentum", &troupe::OptimizerSpec::momentum)
+      .def_readwrite("weight_decay", &troupe::OptimizerSpec::weight_decay)
+      .def_readwrite("rescale_grad", &troupe::OptimizerSpec::rescale_grad)
+      .def_readwrite("nesterov", &troupe::OptimizerSpec::nesterov)
+      .def_readwrite("beta1", &troupe::OptimizerSpec::beta1)
+      .def_readwrite("beta2", &troupe::OptimizerSpec::beta2)
+      .def_readwrite("epsilon", &troupe::OptimizerSpec::epsilon)
+      .def_readwrite("rho", &troupe::OptimizerSpec::rho)
+      .def_readwrite("eta", &troupe::OptimizerSpec::eta);
+
+  py::class_<PyKVStore>(m, "KVStore")
+      .def_property_readonly("type", &PyKVStore::type)
+      .def_property_readonly("rank", &PyKVStore::rank)
+      .def_property_readonly("num_workers", &PyKVStore::numWorkers)
+      .def_property_readonly("closed", &PyKVStore::closed)
+      .def("init", open(&PyKVStore::init), py::arg("key"), py::arg("value"))
+      .def("push", open(&PyKVStore::push), py::arg("key"), py::arg("arrays"),
+           py::arg("priority") = 0)
+      .def("push_many", open(&PyKVStore::pushMany), py::arg("keys"), py::arg("arrays"),
+           py::arg("priority") = 0)
+      .def("pull", open(&PyKVStore::pull), py::arg("key"), py::arg("out").noconvert(),
+           py::arg("priority") = 0)
+      .def("pull_many", open(&PyKVStore::pullMany), py::arg("keys"), py::arg("outs").noconvert(),
+           py::arg("priority") = 0)
+      .def("set_optimizer", open(&PyKVStore::setOptimizer), py::arg("spec"))
+      .def("set_gradient_compression", open(&PyKVStore::setGradientCompression), py::arg("type"),
+           py::arg("threshold") = 0.5f)
+      .def("barrier", open(&PyKVStore::barrier))
+      .def("close", &PyKVStore::close);
+
+  m.def(
+      "create",
+      [](const std::string& type, const troupe::KVStoreSettings& settings) {
+        auto made = [&] {
+          py::gil_scoped_release free;
+          return troupe::KVStore::create(type, settings);
+        }();
+        check(made.status());
+        return std::make_unique<PyKVStore>(std::move(made.value()));
+      },
+      py::arg("type"), py::arg("settings") = troupe::KVStoreSettings{},
+      "A store of `type` (local, device, dist_sync, dist_async, ssp, ring), placed by the "
+      "launcher's variables or `settings` (config keys)");
+  m.def(
+      "is_server",
+      [](const troupe::KVStoreSettings& settings) { return troupe::KVStore::isServer(settings); },
+      py::arg("settings") = troupe::KVStoreSettings{},
+      "Whether this process was started as a parameter server");
+  m.def(
+      "run_server",
+      [](const std::string& type, const troupe::KVStoreSettings& settings) {
+        troupe::Status s;
+        {
+          py::gil_scoped_release free;
+          s = troupe::KVStore::runServer(type, settings);
+        }
+        check(s);
+      },
+      py::arg("type"), py::arg("settings") = troupe::KVStoreSettings{},
+      "Serves this process's keys of a distributed store until every worker is done");
+}

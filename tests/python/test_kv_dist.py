@@ -1,0 +1,42 @@
+"""troupe.kv across processes: the same program on 2 workers and 1 parameter server, started by
+`troupe launch` (tests/python/kv_worker.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def launch(args, store):
+    cmd = [os.environ.get("TROUPE", "troupe"), "launch", *args, "--", sys.executable,
+           os.path.join(HERE, "kv_worker.py"), store]
+    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=240)
+
+
+@pytest.mark.parametrize("store,args", [("dist_sync", ["-n", "2", "-s", "1"]),
+                                        ("ring", ["-n", "2"])])
+def test_two_workers_see_every_step_of_the_summed_pushes(store, args):
+    r = launch(args, store)
+    assert r.returncode == 0, r.stdout
+    # Step s's value: 1 - 0.5 * 3 * (s + 1), exact in float32; dist_sync's pull after a push
+    # waits for that step's update, and so does the ring's.
+    for rank in (0, 1):
+        for step, value in enumerate((-0.5, -2, -3.5)):
+            line = f"[worker {rank}] worker {rank} of 2 step {step}: {value:g}"
+            assert line in r.stdout, r.stdout
+
+
+def test_dist_async_applies_each_push_as_it_comes():
+    r = launch(["-n", "2", "-s", "1"], "dist_async")
+    assert r.returncode == 0, r.stdout
+    # Each push is applied as it comes, at the learning rate as set: worker 0's pushes take 0.5
+    # each, worker 1's 1. A worker's pull after its 3rd push holds its own 3 pushes and 0 to 3 of
+    # the other's: worker 0 sees 1 - 1.5 - [0, 3], worker 1 sees 1 - 3 - [0, 1.5].
+    for rank, (low, high) in ((0, (-3.5, -0.5)), (1, (-3.5, -2.0))):
+        final = [line for line in r.stdout.splitlines()
+                 if line.startswith(f"[worker {rank}] ") and " step 2: " in line]
+        assert len(final) == 1, r.stdout
+        assert low <= float(final[0].rsplit(" ", 1)[1]) <= high, r.stdout
