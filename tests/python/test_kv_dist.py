@@ -40,3 +40,33 @@ def test_dist_async_applies_each_push_as_it_comes():
                  if line.startswith(f"[worker {rank}] ") and " step 2: " in line]
         assert len(final) == 1, r.stdout
         assert low <= float(final[0].rsplit(" ", 1)[1]) <= high, r.stdout
+
+
+def test_processes_placed_by_mxnets_dmlc_variables():
+    # As MXNet's tools/launch.py places them (less its scheduler: worker 0 serves the rendezvous
+    # at DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT), each process started by hand.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port),
+               DMLC_NUM_WORKER="2", DMLC_NUM_SERVER="1")
+    for name in [k for k in env if k.startswith("TROUPE_")]:
+        del env[name]
+    roles = [("server", {"DMLC_SERVER_ID": "0"}), ("worker", {"DMLC_WORKER_ID": "0"}),
+             ("worker", {"DMLC_WORKER_ID": "1"})]
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "kv_worker.py"), "dist_sync"],
+                              env=dict(env, DMLC_ROLE=role, **ids), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for role, ids in roles]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out
+    for rank in (0, 1):
+        assert f"worker {rank} of 2 step 2: -3.5" in outputs[1 + rank], outputs[1 + rank]
