@@ -96,15 +96,14 @@ def jpeg_bytes(folder):
     return out
 
 
-def torchvision_rate(folder, threads, batch, batches, warmup):
+def torchvision_dataset(data):
+    """A torch Dataset of the JPEG bytes `data`, each decoded by Pillow and given the ResNet-50
+    training transform (torchvision's), labelled i % 1000."""
     import io
-    import time
-    import torch
     from PIL import Image
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import Dataset
     from torchvision import transforms
 
-    data = jpeg_bytes(folder)
     transform = transforms.Compose([
         transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
         transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
@@ -116,8 +115,18 @@ def torchvision_rate(folder, threads, batch, batches, warmup):
         def __getitem__(self, i):
             return transform(Image.open(io.BytesIO(data[i])).convert("RGB")), i % 1000
 
-    loader = DataLoader(Jpegs(), batch_size=batch, shuffle=True, num_workers=threads,
-                        drop_last=True, persistent_workers=True, prefetch_factor=2,
+    return Jpegs()
+
+
+def torchvision_rate(folder, threads, batch, batches, warmup):
+    import time
+    import torch
+    from torch.utils.data import DataLoader
+
+    data = jpeg_bytes(folder)
+    loader = DataLoader(torchvision_dataset(data), batch_size=batch, shuffle=True,
+                        num_workers=threads, drop_last=True, persistent_workers=True,
+                        prefetch_factor=2,
                         worker_init_fn=lambda _: torch.set_num_threads(1),
                         generator=torch.Generator().manual_seed(1))
     torch.set_num_threads(1)

@@ -44,7 +44,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_vs_pytorch import pytorch_timed, troupe_rate  # noqa: E402
-from input_vs_peers import MEAN, STD, jpeg_bytes, make_photos  # noqa: E402
+from input_vs_peers import MEAN, STD, jpeg_bytes, make_photos, torchvision_dataset  # noqa: E402
 
 
 class Clock:
@@ -106,25 +106,11 @@ def troupe_train(a, clock, name, batch, precision, epoch_size, data, graphs=True
 
 def loader_inputs(a, batch, jpegs):
     """A function giving the DataLoader's next batch on the GPU, channels-last."""
-    import io
     import torch
-    from PIL import Image
-    from torch.utils.data import DataLoader, Dataset, RandomSampler
-    from torchvision import transforms
+    from torch.utils.data import DataLoader, RandomSampler
 
-    transform = transforms.Compose([
-        transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-        transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
-
-    class Jpegs(Dataset):
-        def __len__(self):
-            return len(jpegs)
-
-        def __getitem__(self, i):
-            return transform(Image.open(io.BytesIO(jpegs[i])).convert("RGB")), i % 1000
-
-    loader = DataLoader(Jpegs(), batch_size=batch, num_workers=a.threads, pin_memory=True,
-                        drop_last=True, persistent_workers=True, prefetch_factor=4,
+    loader = DataLoader(torchvision_dataset(jpegs), batch_size=batch, num_workers=a.threads,
+                        pin_memory=True, drop_last=True, persistent_workers=True, prefetch_factor=4,
                         sampler=RandomSampler(range(len(jpegs)), replacement=True,
                                               num_samples=1 << 30),
                         worker_init_fn=lambda _: torch.set_num_threads(1))

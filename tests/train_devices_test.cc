@@ -540,36 +540,27 @@ TEST(Devices, CudaGraphsWithoutGpusAreRefusedUnlessAutoAndATracedRunGoesOpByOp) 
             std::string::npos)
       << r.output;
   // The dry run says the same, and what a run with GPUs does.
-  const std::string dry = troupeBinary() +
-                          " train --model lenet --train_data null --epoch_size 640 --cuda_graphs "
-                          "--dry-run";
-  r = runCommand(dry);
+  const std::string dry =
+      troupeBinary() + " train --model lenet --train_data null --epoch_size 640 --dry-run";
+  r = runCommand(dry + " --cuda_graphs");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("cuda_graphs records the steps of GPU replicas"), std::string::npos)
       << r.output;
-  r = runCommand(emulated(1) + dry + " --gpus 0");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("cuda graphs     each step's forward and backward replayed from a "
-                          "CUDA graph"),
-            std::string::npos)
-      << r.output;
+  // The dry run's row on an emulated GPU, with `flags`.
+  const auto graphsRow = [&](const std::string& flags, const std::string& row) {
+    const auto run = runCommand(emulated(1) + dry + " --gpus 0 " + flags);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("cuda graphs     " + row), std::string::npos) << run.output;
+  };
+  const std::string replayed = "each step's forward and backward replayed from a CUDA graph";
+  graphsRow("--cuda_graphs", replayed);
   // Unset (auto): on with GPUs, nothing said without them.
-  const std::string auto_dry =
-      troupeBinary() + " train --model lenet --train_data null --epoch_size 640 --dry-run";
-  r = runCommand(auto_dry);
+  r = runCommand(dry);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("cuda graphs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("# cuda_graphs = auto"), std::string::npos) << r.output;
-  r = runCommand(emulated(1) + auto_dry + " --gpus 0");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("cuda graphs     each step's forward and backward replayed from a "
-                          "CUDA graph"),
-            std::string::npos)
-      << r.output;
-  r = runCommand(emulated(1) + auto_dry + " --gpus 0 --cuda_graphs false");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("cuda graphs     off (cuda_graphs false)"), std::string::npos)
-      << r.output;
+  graphsRow("", replayed);
+  graphsRow("--cuda_graphs false", "off (cuda_graphs false)");
   r = trainLenet(cwd, "traced", emulated(1),
                  "--gpus 0 --cuda_graphs --trace " + (cwd.path() / "trace.json").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;

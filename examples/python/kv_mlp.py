@@ -117,9 +117,10 @@ def main():
         seconds = time.perf_counter() - start
         if kv.rank == 0:
             accuracy = (forward(params, test_x)[-1].argmax(axis=1) == test_y).mean()
+            rate = steps * a.batch_size * kv.num_workers / seconds
             print(f"epoch {epoch + 1}: train loss {loss_sum / (steps * a.batch_size):.4f}, "
-                  f"test accuracy {accuracy:.4f}, {steps * a.batch_size * kv.num_workers / seconds:.0f} "
-                  f"images/s ({kv.num_workers} worker(s), {a.kv_store})", flush=True)
+                  f"test accuracy {accuracy:.4f}, {rate:.0f} images/s ({kv.num_workers} "
+                  f"worker(s), {a.kv_store})", flush=True)
     kv.close()
 
 

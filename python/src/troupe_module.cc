@@ -58,6 +58,18 @@ void check(const troupe::Status& s) {
   throw py::error_already_set();
 }
 
+// Runs `call` (a troupe call that may wait on other processes) with the GIL released, so that
+// other Python threads run meanwhile, and raises its error Status.
+template <typename Call>
+void released(Call&& call) {
+  troupe::Status s;
+  {
+    py::gil_scoped_release free;
+    s = call();
+  }
+  check(s);
+}
+
 // A float32 array's values, read in place: numpy arrays of another type or layout are refused
 // (kv.py converts), so that no copy is made behind the caller's back.
 std::span<const float> values(const FloatArray& a) {
@@ -74,12 +86,7 @@ class PyKVStore {
 
   void init(int key, const FloatArray& value) {
     const auto v = values(value);
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->init(key, v);
-    }
-    check(s);
+    released([&] { return store_->init(key, v); });
   }
 
   // The sum of `arrays` (each the key's size) pushed for `key`.
@@ -87,12 +94,7 @@ class PyKVStore {
     std::vector<std::span<const float>> spans;
     for (const auto& a : arrays)
       spans.push_back(values(a));
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->push(key, spans, priority);
-    }
-    check(s);
+    released([&] { return store_->push(key, spans, priority); });
   }
 
   // One array a key, the keys sent together.
@@ -100,34 +102,19 @@ class PyKVStore {
     std::vector<std::span<const float>> spans;
     for (const auto& a : arrays)
       spans.push_back(values(a));
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->push(keys, spans, priority);
-    }
-    check(s);
+    released([&] { return store_->push(keys, spans, priority); });
   }
 
   void pull(int key, FloatArray& out, int priority) {
     std::span<float> into(out.mutable_data(), static_cast<std::size_t>(out.size()));
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->pull(key, into, priority);
-    }
-    check(s);
+    released([&] { return store_->pull(key, into, priority); });
   }
 
   void pullMany(const std::vector<int>& keys, std::vector<FloatArray>& outs, int priority) {
     std::vector<std::span<float>> spans;
     for (auto& o : outs)
       spans.emplace_back(o.mutable_data(), static_cast<std::size_t>(o.size()));
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->pull(keys, spans, priority);
-    }
-    check(s);
+    released([&] { return store_->pull(keys, spans, priority); });
   }
 
   void setOptimizer(const troupe::OptimizerSpec& spec) { check(store_->setOptimizer(spec)); }
@@ -137,12 +124,7 @@ class PyKVStore {
   }
 
   void barrier() {
-    troupe::Status s;
-    {
-      py::gil_scoped_release free;
-      s = store_->barrier();
-    }
-    check(s);
+    released([&] { return store_->barrier(); });
   }
 
   // Tells the servers this worker is done and waits for the others (the C++ store's destructor):
@@ -241,12 +223,7 @@ PYBIND11_MODULE(_troupe, m) {
   m.def(
       "run_server",
       [](const std::string& type, const troupe::KVStoreSettings& settings) {
-        troupe::Status s;
-        {
-          py::gil_scoped_release free;
-          s = troupe::KVStore::runServer(type, settings);
-        }
-        check(s);
+        released([&] { return troupe::KVStore::runServer(type, settings); });
       },
       py::arg("type"), py::arg("settings") = troupe::KVStoreSettings{},
       "Serves this process's keys of a distributed store until every worker is done");

@@ -49,9 +49,9 @@ def _receive(out, flat, shape):
         import torch
         out.copy_(torch.from_numpy(values))
     elif isinstance(out, np.ndarray):
-        if out.shape != values.shape and out.size != values.size:
+        if out.size != values.size:
             raise ValueError(f"out has shape {out.shape}, the key's value {values.shape}")
-        out.reshape(-1)[...] = flat
+        out[...] = flat.reshape(out.shape)  # in place, whatever out's strides
     else:  # an mx.nd.NDArray, say
         out[:] = values
 

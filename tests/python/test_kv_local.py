@@ -89,3 +89,11 @@ def test_errors_name_the_culprit():
     with pytest.raises(troupe.Error) as e:
         kv.set_optimizer(troupe.optimizer.create("nosuch"))
     assert "nosuch" in str(e.value)
+
+
+def test_a_pull_into_a_strided_out_writes_it_in_place():
+    kv = troupe.kv.create("local")
+    kv.init(0, np.arange(6.0))
+    out = np.zeros((2, 6), dtype=np.float32)[:, ::2]  # a view with strides: 6 numbers
+    kv.pull(0, out=out)
+    np.testing.assert_array_equal(out, np.arange(6.0).reshape(2, 3))
