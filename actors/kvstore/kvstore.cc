@@ -6,6 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "actors/config/train_config.h"
@@ -96,6 +100,13 @@ class LocalKVStore final : public KVStore {
 
   Status barrier() override { return {}; }
 
+  Status saveOptimizerStates(const std::string& path) const override {
+    return actors::saveKeyStates(path, updater_, keyStates());
+  }
+  Status loadOptimizerStates(const std::string& path) override {
+    return actors::loadKeyStates(path, *backend_, updater_, keyStates());
+  }
+
  private:
   struct Entry {
     kernels::Tensor value;
@@ -106,6 +117,13 @@ class LocalKVStore final : public KVStore {
   static Status neverInitialised(const char* what, int key) {
     return inputError(
         fmt::format("{} of key {}: the key was never initialised (init it first)", what, key));
+  }
+
+  std::vector<actors::KeyState> keyStates() const {
+    std::vector<actors::KeyState> keys;
+    for (auto& [key, e] : entries_)
+      keys.push_back({key, e.value.numel(), const_cast<actors::KeyUpdates*>(&e.updates)});
+    return keys;
   }
 
   // What the push would be after crossing the wire.
@@ -180,6 +198,140 @@ Status StoreUpdater::apply(kernels::Backend& backend, KeyUpdates& key, const ker
   return {};
 }
 
+std::unique_ptr<kernels::Optimizer> StoreUpdater::make(kernels::Backend& backend,
+                                                       std::int64_t size) const {
+  return kernels::makeOptimizer(backend, size, settings_);
+}
+
+namespace {
+
+constexpr char kStatesMagic[] = "TROUPEKVOPT1";
+
+// The file's layout: the magic, the optimizer's name (its length first), the number of keys, then
+// each key's number, size, update count, state rows and the rows' values (host order).
+template <typename T>
+void put(std::ofstream& out, const T& v) {
+  out.write(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <typename T>
+bool get(std::ifstream& in, T& v) {
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(&v), sizeof v));
+}
+
+}  // namespace
+
+Status saveKeyStates(const std::string& path, const StoreUpdater& updater,
+                     const std::vector<KeyState>& keys) {
+  if (!updater.active()) {
+    return inputError("save_optimizer_states: this store has no optimizer (set_optimizer first)");
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(kStatesMagic, sizeof kStatesMagic - 1);
+    put(out, static_cast<std::uint32_t>(updater.name().size()));
+    out.write(updater.name().data(), static_cast<std::streamsize>(updater.name().size()));
+    put(out, static_cast<std::uint32_t>(keys.size()));
+    for (const KeyState& k : keys) {
+      const kernels::Optimizer* opt = k.updates->optimizer.get();
+      const auto rows = static_cast<std::uint32_t>(opt ? opt->states().size() : 0);
+      put(out, static_cast<std::int32_t>(k.key));
+      put(out, k.size);
+      put(out, k.updates->updates);
+      put(out, rows);
+      if (rows > 0) {
+        out.write(reinterpret_cast<const char*>(opt->state().f32()),
+                  static_cast<std::streamsize>(sizeof(float) * rows * k.size));
+      }
+    }
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      return {ErrorKind::kIo,
+              fmt::format("save_optimizer_states: cannot write {}: {}", tmp, std::strerror(errno))};
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) {
+    std::remove(tmp.c_str());
+    return {ErrorKind::kIo, fmt::format("save_optimizer_states: cannot move {} to {}: {}", tmp,
+                                        path, error.message())};
+  }
+  return {};
+}
+
+Status loadKeyStates(const std::string& path, kernels::Backend& backend,
+                     const StoreUpdater& updater, const std::vector<KeyState>& keys) {
+  const auto bad = [&](const std::string& why) {
+    return inputError(fmt::format("load_optimizer_states: {}: {}", path, why));
+  };
+  if (!updater.active()) {
+    return inputError(
+        "load_optimizer_states: this store has no optimizer (set_optimizer first, the one the "
+        "states were saved with)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return {ErrorKind::kIo,
+            fmt::format("load_optimizer_states: cannot open {}: {}", path, std::strerror(errno))};
+  }
+  char magic[sizeof kStatesMagic - 1] = {};
+  std::uint32_t name_size = 0, count = 0;
+  if (!in.read(magic, sizeof magic) || std::memcmp(magic, kStatesMagic, sizeof magic) != 0) {
+    return bad("not a file of save_optimizer_states");
+  }
+  if (!get(in, name_size) || name_size > 256) return bad("truncated");
+  std::string name(name_size, '\0');
+  if (!in.read(name.data(), name_size) || !get(in, count)) return bad("truncated");
+  if (name != updater.name()) {
+    return bad(
+        fmt::format("the states are {}'s, and this store's optimizer is {}", name, updater.name()));
+  }
+  if (count != keys.size()) {
+    return bad(fmt::format("it holds {} keys, and this store {}", count, keys.size()));
+  }
+  // Read whole before anything changes: a bad file leaves the store as it was.
+  struct Saved {
+    std::int64_t updates = 0;
+    std::uint32_t rows = 0;
+    std::vector<float> values;
+  };
+  std::vector<Saved> saved(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    std::int32_t key = 0;
+    std::int64_t size = 0;
+    Saved& s = saved[i];
+    if (!get(in, key) || !get(in, size) || !get(in, s.updates) || !get(in, s.rows)) {
+      return bad("truncated");
+    }
+    if (key != keys[i].key || size != keys[i].size) {
+      return bad(fmt::format("its key {} of {} values is not this store's key {} of {}", key, size,
+                             keys[i].key, keys[i].size));
+    }
+    const std::size_t rows = kernels::optimizerInfo(updater.name()).states.size();
+    if (s.rows != 0 && s.rows != rows) {
+      return bad(fmt::format("its key {} has {} state rows, and {} has {}", key, s.rows,
+                             updater.name(), rows));
+    }
+    s.values.resize(static_cast<std::size_t>(s.rows) * static_cast<std::size_t>(size));
+    if (!in.read(reinterpret_cast<char*>(s.values.data()),
+                 static_cast<std::streamsize>(sizeof(float) * s.values.size()))) {
+      return bad("truncated");
+    }
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    KeyUpdates& k = *keys[i].updates;
+    const Saved& s = saved[i];
+    k.optimizer.reset();
+    k.updates = s.updates;
+    if (s.rows == 0) continue;
+    k.optimizer = updater.make(backend, keys[i].size);
+    std::copy(s.values.begin(), s.values.end(), k.optimizer->state().f32());
+  }
+  return {};
+}
+
 Status checkInit(int key, std::size_t values, bool inited) {
   if (key < 0) return inputError(fmt::format("init of key {}: keys are >= 0", key));
   if (inited) return inputError(fmt::format("init of key {}: it has a value already", key));
@@ -223,6 +375,25 @@ Status KVStore::pull(const std::vector<int>& keys, const std::vector<std::span<f
     if (Status s = pull(keys[i], outs[i], priority); !s) return s;
   }
   return {};
+}
+
+// Where the optimizer is not this process's (a distributed store's servers, a ring's workers).
+namespace {
+Status statesNotHere(const char* what, const std::string& type) {
+  return {ErrorKind::kInput,
+          fmt::format("{}: a {} store's optimizer states are not kept here{}", what, type,
+                      type == "ring" ? " yet"
+                                     : ": its servers hold them (MXNet's distributed stores "
+                                       "refuse it too)")};
+}
+}  // namespace
+
+Status KVStore::saveOptimizerStates(const std::string&) const {
+  return statesNotHere("save_optimizer_states", type());
+}
+
+Status KVStore::loadOptimizerStates(const std::string&) {
+  return statesNotHere("load_optimizer_states", type());
 }
 
 Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type,

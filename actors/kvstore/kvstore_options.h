@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kernels/compression.h"
 #include "kernels/optimizer.h"
@@ -30,6 +31,10 @@ struct KeyUpdates {
 // without an updater), or an optimizer with MXNet's learning rate and rescale_grad.
 class StoreUpdater {
  public:
+  bool active() const { return active_; }
+  const std::string& name() const { return settings_.name; }
+  // The optimizer of a key of `size` values (active() only), with no state yet.
+  std::unique_ptr<kernels::Optimizer> make(kernels::Backend& backend, std::int64_t size) const;
   // The rule from now on; kInput as optimizerOf, and the rule unchanged. The store starts each
   // key's KeyUpdates anew (a new optimizer starts with no state).
   Status set(const OptimizerSpec& optimizer);
@@ -43,6 +48,23 @@ class StoreUpdater {
   kernels::OptimizerSettings settings_;
   bool active_ = false;
 };
+
+// A key whose optimizer state a store saves or loads (save_optimizer_states): its number, its
+// value's size and its updates.
+struct KeyState {
+  int key = 0;
+  std::int64_t size = 0;
+  KeyUpdates* updates = nullptr;
+};
+// The optimizer's name, then each key's update count and state rows, to `path` (through a
+// temporary file renamed over it: whole or not at all); kInput without an optimizer, kIo naming
+// the file.
+Status saveKeyStates(const std::string& path, const StoreUpdater& updater,
+                     const std::vector<KeyState>& keys);
+// Back: the file must name the updater's optimizer and hold exactly `keys`, of their sizes; a key
+// that had updates gets its optimizer (made on `backend`) with the saved state and count.
+Status loadKeyStates(const std::string& path, kernels::Backend& backend,
+                     const StoreUpdater& updater, const std::vector<KeyState>& keys);
 
 // init()'s checks of every type: a key >= 0, not inited yet (`inited`), a value of some size.
 Status checkInit(int key, std::size_t values, bool inited);

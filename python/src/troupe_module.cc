@@ -123,6 +123,13 @@ class PyKVStore {
     check(store_->setGradientCompression(type, threshold));
   }
 
+  void saveOptimizerStates(const std::string& path) {
+    released([&] { return store_->saveOptimizerStates(path); });
+  }
+  void loadOptimizerStates(const std::string& path) {
+    released([&] { return store_->loadOptimizerStates(path); });
+  }
+
   void barrier() {
     released([&] { return store_->barrier(); });
   }
@@ -199,6 +206,8 @@ PYBIND11_MODULE(_troupe, m) {
       .def("set_optimizer", open(&PyKVStore::setOptimizer), py::arg("spec"))
       .def("set_gradient_compression", open(&PyKVStore::setGradientCompression), py::arg("type"),
            py::arg("threshold") = 0.5f)
+      .def("save_optimizer_states", open(&PyKVStore::saveOptimizerStates), py::arg("path"))
+      .def("load_optimizer_states", open(&PyKVStore::loadOptimizerStates), py::arg("path"))
       .def("barrier", open(&PyKVStore::barrier))
       .def("close", &PyKVStore::close);
 

@@ -187,11 +187,20 @@ class KVStore:
     _barrier = barrier  # MXNet 1.x's name
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        raise NotImplementedError("save_optimizer_states: not in troupe's stores yet (troupe "
-                                  "train's checkpoints hold their optimizer state)")
+        """Every key's optimizer state (and update count) to fname, written whole or not at all:
+        local and device stores, whose optimizer runs here (a distributed store's servers hold
+        theirs: troupe.Error, as MXNet refuses). The file names the optimizer; its settings are
+        not in it (dump_optimizer): set the same optimizer before load_optimizer_states."""
+        if dump_optimizer:
+            raise NotImplementedError("save_optimizer_states(dump_optimizer=True): troupe's file "
+                                      "holds the states, not the optimizer's settings; call "
+                                      "set_optimizer with them before load_optimizer_states")
+        self._store.save_optimizer_states(str(fname))
 
     def load_optimizer_states(self, fname):
-        raise NotImplementedError("load_optimizer_states: not in troupe's stores yet")
+        """The states save_optimizer_states wrote, into a store with the same optimizer set and
+        the same keys (troupe.Error naming what differs)."""
+        self._store.load_optimizer_states(str(fname))
 
     def close(self):
         """Tells the servers this worker is done and waits for the others (also when the store

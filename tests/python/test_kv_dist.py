@@ -27,6 +27,9 @@ def test_two_workers_see_every_step_of_the_summed_pushes(store, args):
         for step, value in enumerate((-0.5, -2, -3.5)):
             line = f"[worker {rank}] worker {rank} of 2 step {step}: {value:g}"
             assert line in r.stdout, r.stdout
+        refused = (f"[worker {rank}] worker {rank}: input: save_optimizer_states: a {store} "
+                   "store's optimizer states are not kept here")
+        assert refused in r.stdout, r.stdout
 
 
 def test_dist_async_applies_each_push_as_it_comes():

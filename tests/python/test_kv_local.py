@@ -97,3 +97,59 @@ def test_a_pull_into_a_strided_out_writes_it_in_place():
     out = np.zeros((2, 6), dtype=np.float32)[:, ::2]  # a view with strides: 6 numbers
     kv.pull(0, out=out)
     np.testing.assert_array_equal(out, np.arange(6.0).reshape(2, 3))
+
+
+def test_optimizer_states_saved_and_loaded_go_on_as_if_never_stopped(tmp_path):
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal(50).astype(np.float32)
+    grads = [rng.standard_normal(50).astype(np.float32) for _ in range(6)]
+    adam = troupe.optimizer.create("adam", learning_rate=0.01)
+
+    def store(value):
+        kv = troupe.kv.create("local")
+        kv.init(["w", "unpushed"], [value, np.zeros(3)])
+        kv.set_optimizer(adam)
+        return kv
+
+    whole = store(w0)
+    for g in grads:
+        whole.push("w", g)
+    first = store(w0)
+    for g in grads[:3]:
+        first.push("w", g)
+    path = tmp_path / "states"
+    first.save_optimizer_states(path)
+    second = store(first.pull("w"))  # the weights come with the run; the states from the file
+    second.load_optimizer_states(path)
+    for g in grads[3:]:
+        second.push("w", g)
+    # The same float32 operations in the same order as the run never stopped: the same bits.
+    np.testing.assert_array_equal(second.pull("w"), whole.pull("w"))
+
+
+def test_optimizer_states_refused_where_they_do_not_fit(tmp_path):
+    path = tmp_path / "states"
+    kv = troupe.kv.create("local")
+    kv.init(0, np.ones(4))
+    with pytest.raises(troupe.Error, match="no optimizer"):
+        kv.save_optimizer_states(path)
+    kv.set_optimizer(troupe.optimizer.create("adam"))
+    kv.push(0, np.ones(4))
+    kv.save_optimizer_states(path)
+    other = troupe.kv.create("local")
+    other.init(0, np.ones(4))
+    other.set_optimizer(troupe.optimizer.create("sgd", momentum=0.9))
+    with pytest.raises(troupe.Error, match="the states are adam's, and this store's optimizer is "
+                                           "sgd"):
+        other.load_optimizer_states(path)
+    bigger = troupe.kv.create("local")
+    bigger.init(0, np.ones(5))
+    bigger.set_optimizer(troupe.optimizer.create("adam"))
+    with pytest.raises(troupe.Error, match="its key 0 of 4 values is not this store's key 0 of 5"):
+        bigger.load_optimizer_states(path)
+    with pytest.raises(troupe.Error) as e:
+        bigger.load_optimizer_states(tmp_path / "missing")
+    assert e.value.kind == "io" and "missing" in str(e.value)
+    (tmp_path / "garbage").write_bytes(b"not a states file at all")
+    with pytest.raises(troupe.Error, match="not a file of save_optimizer_states"):
+        bigger.load_optimizer_states(tmp_path / "garbage")
