@@ -458,8 +458,37 @@ Attempt Supervisor::run() {
   return {};
 }
 
-// A TCP port of 127.0.0.1 that nothing listens on now (the kernel's pick), for a local run's
-// MASTER_PORT; InputError when none can be had.
+// torchrun's variables for the local and ssh launchers, whose workers' places are known here:
+// each worker's RANK, its LOCAL_RANK and LOCAL_WORLD_SIZE among the workers of its host, and the
+// hosts' GROUP_RANK and GROUP_WORLD_SIZE (torchrunVariables says the rest).
+void addTorchrunVariables(Kind kind, const RunContext& run, std::vector<PlannedProcess>& planned) {
+  std::map<std::string, int> workers_on, host_index;
+  for (const auto& p : planned) {
+    if (p.role != "worker") continue;
+    ++workers_on[p.host];
+    host_index.emplace(p.host, static_cast<int>(host_index.size()));
+  }
+  const auto first = std::find_if(planned.begin(), planned.end(),
+                                  [](const PlannedProcess& p) { return p.role == "worker"; });
+  if (first == planned.end()) return;
+  const std::string addr = kind == Kind::kLocal ? "127.0.0.1" : first->remote->name;
+  const int port = masterPort(run, kind == Kind::kLocal);
+  std::map<std::string, int> local_rank;
+  for (auto& p : planned) {
+    if (p.role != "worker") continue;
+    TorchrunPlace place{std::to_string(p.rank),
+                        std::to_string(local_rank[p.host]++),
+                        std::to_string(workers_on[p.host]),
+                        std::to_string(host_index[p.host]),
+                        std::to_string(host_index.size()),
+                        addr};
+    for (auto& kv : torchrunVariables(run, place, port))
+      p.env.push_back(std::move(kv));
+  }
+}
+
+}  // namespace
+
 int freeLoopbackPort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in at{};
@@ -479,59 +508,41 @@ int freeLoopbackPort() {
   return ntohs(at.sin_port);
 }
 
-// torchrun's variables, so that a script written for it runs under troupe launch as it is: each
-// worker's RANK and WORLD_SIZE (the servers are no ranks of torch.distributed), its LOCAL_RANK
-// and LOCAL_WORLD_SIZE among the workers of its host, GROUP_RANK and GROUP_WORLD_SIZE of the
-// hosts, ROLE_* as torchrun's one role, MASTER_ADDR and MASTER_PORT (where rank 0 serves
-// torch.distributed's store) and TORCHELASTIC_*: the run id, restarts so far and at most.
-void addTorchrunVariables(Kind kind, const RunContext& run, std::vector<PlannedProcess>& planned) {
-  const LaunchOptions& o = run.options;
-  std::map<std::string, int> workers_on, host_index;
-  for (const auto& p : planned) {
-    if (p.role != "worker") continue;
-    ++workers_on[p.host];
-    host_index.emplace(p.host, static_cast<int>(host_index.size()));
-  }
-  const auto first = std::find_if(planned.begin(), planned.end(),
-                                  [](const PlannedProcess& p) { return p.role == "worker"; });
-  if (first == planned.end()) return;
-  const std::string addr = !o.master_addr.empty() ? o.master_addr
-                           : kind == Kind::kLocal ? std::string("127.0.0.1")
-                                                  : first->remote->name;
-  const int port = o.master_port > 0      ? o.master_port
-                   : kind == Kind::kLocal ? freeLoopbackPort()
-                                          : 29500;
-  const std::string world = std::to_string(o.num_workers);
-  const std::string restarts = std::to_string(o.on_failure == "restart" ? o.max_restarts : 0);
-  std::map<std::string, int> local_rank;
-  for (auto& p : planned) {
-    if (p.role != "worker") continue;
-    const std::string rank = std::to_string(p.rank);
-    const std::vector<std::pair<std::string, std::string>> vars = {
-        {"RANK", rank},
-        {"WORLD_SIZE", world},
-        {"LOCAL_RANK", std::to_string(local_rank[p.host]++)},
-        {"LOCAL_WORLD_SIZE", std::to_string(workers_on[p.host])},
-        {"GROUP_RANK", std::to_string(host_index[p.host])},
-        {"GROUP_WORLD_SIZE", std::to_string(host_index.size())},
-        {"ROLE_NAME", "default"},
-        {"ROLE_RANK", rank},
-        {"ROLE_WORLD_SIZE", world},
-        {"MASTER_ADDR", addr},
-        {"MASTER_PORT", std::to_string(port)},
-        {"TORCHELASTIC_RUN_ID", run.run_id},
-        {"TORCHELASTIC_RESTART_COUNT", std::to_string(run.generation)},
-        {"TORCHELASTIC_MAX_RESTARTS", restarts}};
-    for (const auto& [name, value] : vars) {
-      // What --env gave stays: every process gets the launch's own variables before these.
-      const bool given =
-          std::any_of(o.env.begin(), o.env.end(), [&](const auto& kv) { return kv.first == name; });
-      if (!given) p.env.emplace_back(name, value);
-    }
-  }
+int masterPort(const RunContext& run, bool this_host) {
+  if (run.options.master_port > 0) return run.options.master_port;
+  return this_host ? freeLoopbackPort() : 29500;
 }
 
-}  // namespace
+std::vector<std::pair<std::string, std::string>> torchrunVariables(const RunContext& run,
+                                                                   const TorchrunPlace& place,
+                                                                   int port) {
+  const LaunchOptions& o = run.options;
+  const std::string world = std::to_string(o.num_workers);
+  const std::vector<std::pair<std::string, std::string>> all = {
+      {"RANK", place.rank},
+      {"WORLD_SIZE", world},
+      {"LOCAL_RANK", place.local_rank},
+      {"LOCAL_WORLD_SIZE", place.local_size},
+      {"GROUP_RANK", place.group_rank},
+      {"GROUP_WORLD_SIZE", place.group_size},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", place.rank},
+      {"ROLE_WORLD_SIZE", world},
+      {"MASTER_ADDR", o.master_addr.empty() ? place.master_addr : o.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_RUN_ID", run.run_id},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(run.generation)},
+      {"TORCHELASTIC_MAX_RESTARTS",
+       std::to_string(o.on_failure == "restart" ? o.max_restarts : 0)}};
+  std::vector<std::pair<std::string, std::string>> vars;
+  for (const auto& [name, value] : all) {
+    // What --env gave stays: every process gets the launch's own variables before these.
+    const bool given =
+        std::any_of(o.env.begin(), o.env.end(), [&](const auto& kv) { return kv.first == name; });
+    if (!given && !value.empty()) vars.emplace_back(name, value);
+  }
+  return vars;
+}
 
 std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
   const LaunchOptions& o = run.options;

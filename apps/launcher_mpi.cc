@@ -127,10 +127,18 @@ std::vector<std::string> mpirunCommand(const RunContext& run, const Env& env,
   // No value (the run's secret among them) stands on a command line.
   for (const auto& kv : env)
     argv.insert(argv.end(), {"-x", kv.first});
-  argv.insert(argv.end(),
-              {"sh", "-c",
-               wrapperScript(o.num_servers, "OMPI_COMM_WORLD_RANK", "mpirun", "$(uname -n)", ""),
-               "troupe-launch"});
+  // torchrun's variables from Open MPI's; rank 0 runs on the hostfile's first host (mpirun fills
+  // the hosts' slots in order), or here.
+  const bool here = run.hosts.empty();
+  const std::string torchrun = torchrunExports(
+      run, "",
+      {"$OMPI_COMM_WORLD_RANK", "$OMPI_COMM_WORLD_LOCAL_RANK", "$OMPI_COMM_WORLD_LOCAL_SIZE", "",
+       "", here ? "127.0.0.1" : run.hosts.front().name},
+      masterPort(run, here));
+  argv.insert(argv.end(), {"sh", "-c",
+                           wrapperScript(o.num_servers, "OMPI_COMM_WORLD_RANK", "mpirun",
+                                         "$(uname -n)", "", torchrun),
+                           "troupe-launch"});
   argv.insert(argv.end(), run.command.begin(), run.command.end());
   return argv;
 }

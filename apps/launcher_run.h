@@ -49,6 +49,24 @@ struct PlannedProcess {
 };
 std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run);
 
+// torchrun's variables, so that a script written for it runs under troupe launch as it is: each
+// worker's RANK and WORLD_SIZE (servers are no ranks of torch.distributed), LOCAL_RANK and
+// LOCAL_WORLD_SIZE among the workers of its host, GROUP_RANK and GROUP_WORLD_SIZE of the hosts,
+// ROLE_* as torchrun's one role, MASTER_ADDR and MASTER_PORT (where rank 0 serves
+// torch.distributed's store; --master_addr and --master_port win) and TORCHELASTIC_* (the run id,
+// restarts so far and at most). A worker's place, as values or (the wrapped launchers', known only
+// in the task) shell expressions; an empty one is left out.
+struct TorchrunPlace {
+  std::string rank, local_rank, local_size, group_rank, group_size, master_addr;
+};
+std::vector<std::pair<std::string, std::string>> torchrunVariables(const RunContext& run,
+                                                                   const TorchrunPlace& place,
+                                                                   int port);
+// MASTER_PORT: --master_port, else a free port of 127.0.0.1 when rank 0 runs on this host, else
+// torchrun's 29500. A free port: InputError when none can be had.
+int masterPort(const RunContext& run, bool this_host);
+int freeLoopbackPort();
+
 // local and ssh: one child process per role and rank.
 Attempt runChildren(Kind kind, const RunContext& run);
 

@@ -144,6 +144,21 @@ void parseSrunLine(std::string_view line, std::optional<TaskFailure>& failure) {
   failure = std::move(f);
 }
 
+// torchrun's variables from Slurm's: the task's rank and node, the tasks of its node (this node's
+// count in SLURM_STEP_TASKS_PER_NODE, "2(x3),1": 2 on each of the first 3 nodes, then 1), and the
+// step's first node for MASTER_ADDR (where task 0 runs: srun places tasks in blocks of nodes).
+std::string torchrunOfSlurm(const RunContext& run) {
+  const std::string tasks_here =
+      "n=$SLURM_NODEID; LWS=; for p in $(echo \"$SLURM_STEP_TASKS_PER_NODE\" | tr , ' '); do "
+      "c=${p%%(*}; k=1; case $p in *x*) k=${p#*x}; k=${k%)};; esac; "
+      "if [ \"$n\" -lt \"$k\" ]; then LWS=$c; break; fi; n=$((n - k)); done; ";
+  return torchrunExports(run, tasks_here,
+                         {"$SLURM_PROCID", "$SLURM_LOCALID", "$LWS", "$SLURM_NODEID",
+                          "${SLURM_STEP_NUM_NODES:-$SLURM_NNODES}",
+                          "$(scontrol show hostnames \"$SLURM_STEP_NODELIST\" | head -n1)"},
+                         masterPort(run, false));
+}
+
 // srun's command line; the values of `env` go in its environment (srun --export=ALL).
 std::vector<std::string> srunCommand(const RunContext& run) {
   const auto& o = run.options;
@@ -157,7 +172,7 @@ std::vector<std::string> srunCommand(const RunContext& run) {
       "sh",
       "-c",
       wrapperScript(o.num_servers, "SLURM_PROCID", "srun", "${SLURMD_NODENAME:-$(uname -n)}",
-                    "step $SLURM_JOB_ID.$SLURM_STEP_ID"),
+                    "step $SLURM_JOB_ID.$SLURM_STEP_ID", torchrunOfSlurm(run)),
       "troupe-launch"};
   argv.insert(argv.end(), run.command.begin(), run.command.end());
   return argv;

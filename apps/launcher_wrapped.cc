@@ -218,14 +218,27 @@ Attempt WrappedSupervisor::summary(int status) {
 }  // namespace
 
 std::string wrapperScript(int num_servers, std::string_view rank_variable, std::string_view starter,
-                          std::string_view host, std::string_view extra) {
+                          std::string_view host, std::string_view extra,
+                          std::string_view worker_env) {
   return fmt::format(
       "r=${{{2}:?troupe launch: not started by {3}}}; "
       "if [ \"$r\" -lt {0} ]; then TROUPE_ROLE=server; TROUPE_RANK=$r; "
-      "else TROUPE_ROLE=worker; TROUPE_RANK=$((r - {0})); fi; "
+      "else TROUPE_ROLE=worker; TROUPE_RANK=$((r - {0})); {7}fi; "
       "export TROUPE_ROLE TROUPE_RANK; echo \"{1} host {4} pid $${5}{6}\"; "
       "\"$@\"; rc=$?; echo \"{1} exit $rc\"; exit $rc",
-      num_servers, kMarker, rank_variable, starter, host, extra.empty() ? "" : " ", extra);
+      num_servers, kMarker, rank_variable, starter, host, extra.empty() ? "" : " ", extra,
+      worker_env);
+}
+
+std::string torchrunExports(const RunContext& run, std::string_view prelude,
+                            const TorchrunPlace& place, int port) {
+  if (run.options.num_servers > 0) return "";
+  std::string names, out(prelude);
+  for (const auto& [name, value] : torchrunVariables(run, place, port)) {
+    out += fmt::format("{}=\"{}\"; ", name, value);
+    names += " " + name;
+  }
+  return out + "export" + names + "; ";
 }
 
 Attempt runWrapped(const RunContext& run, const StarterWords& words, WrappedStarter& starter) {

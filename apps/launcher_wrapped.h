@@ -22,6 +22,7 @@
 namespace troupe::apps::launch_detail {
 
 struct RunContext;
+struct TorchrunPlace;
 
 // A failed task as its starter reports it.
 struct TaskFailure {
@@ -72,8 +73,16 @@ class WrappedStarter {
 // process of a task, so the command goes with its shell, and the exit marker names the task that
 // failed first even when the starter prints no report (mpirun does not when it had to kill the
 // other ranks).
+// `worker_env`: shell code a worker's task runs before the command (torchrunExports).
 std::string wrapperScript(int num_servers, std::string_view rank_variable, std::string_view starter,
-                          std::string_view host, std::string_view extra);
+                          std::string_view host, std::string_view extra,
+                          std::string_view worker_env = {});
+
+// torchrun's variables (launcher_run.h: torchrunVariables) as a worker task's shell exports, its
+// place given as the starter's variables, after `prelude` (shell code that computes some). None
+// with parameter servers: a task's place among the workers is not known before the tasks start.
+std::string torchrunExports(const RunContext& run, std::string_view prelude,
+                            const TorchrunPlace& place, int port);
 
 // One start of the world by `starter`'s command; see launcher_run.h. SIGTERM to the command on the
 // launcher's stop signal, starter.kill() after the grace period.

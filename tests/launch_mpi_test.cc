@@ -47,6 +47,17 @@ TEST(LaunchMpi, LowRanksAreServersAndEveryProcessGetsTheEnvironment) {
                                      "[worker 1] worker 1 2/1 [x y] tcp://127.0.0.1 run-"}));
 }
 
+// A torchrun script runs as it is under mpirun: RANK, LOCAL_RANK, LOCAL_WORLD_SIZE from Open MPI's
+// variables, MASTER_ADDR and a free MASTER_PORT of this host (no hostfile: every rank here).
+TEST(LaunchMpi, ATorchrunScriptRunsUnchanged) {
+  TempDir cwd("launch_mpi_torchrun");
+  const auto r =
+      launchMpi(cwd, "-n 2 -- /usr/bin/python3 " + sourceDir() + "/tests/torchrun_allreduce.py");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(containsAll(r.output, {"[worker 0] rank 0 of 2, local 0 of 2, group -: sum 3",
+                                     "[worker 1] rank 1 of 2, local 1 of 2, group -: sum 3"}));
+}
+
 TEST(LaunchMpi, AFailingRankIsNamedAndTheJobEnds) {
   TempDir cwd("launch_mpi_fail");
   const auto r =

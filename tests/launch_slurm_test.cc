@@ -48,6 +48,17 @@ TEST(LaunchSlurm, TwoWorkersTrainLeNetForAnEpochUnderOneSrun) {
   EXPECT_FALSE(contains(r.output, "@@troupe")) << r.output;
 }
 
+// A torchrun script runs as it is under one srun on the one-node cluster: RANK, LOCAL_RANK,
+// LOCAL_WORLD_SIZE and GROUP_RANK from Slurm's variables, MASTER_ADDR the step's first node.
+TEST(LaunchSlurm, ATorchrunScriptRunsUnchanged) {
+  TempDir cwd("slurm_torchrun");
+  const auto r =
+      launchSlurm(cwd, "-n 2 -- /usr/bin/python3 " + sourceDir() + "/tests/torchrun_allreduce.py");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(containsAll(r.output, {"[worker 0] rank 0 of 2, local 0 of 2, group 0: sum 3",
+                                     "[worker 1] rank 1 of 2, local 1 of 2, group 0: sum 3"}));
+}
+
 // Three tasks on a node that may have two CPUs: SLURM_OVERCOMMIT lets srun place them.
 TEST(LaunchSlurm, LowTasksAreServersAndEveryTaskGetsTheEnvironment) {
   TempDir cwd("slurm_roles");

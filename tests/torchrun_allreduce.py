@@ -10,7 +10,8 @@ dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
+# GROUP_RANK: the host's index (Open MPI's launcher cannot say it: unset there).
 print(f"rank {rank} of {world}, local {os.environ['LOCAL_RANK']} of "
-      f"{os.environ['LOCAL_WORLD_SIZE']}, group {os.environ['GROUP_RANK']}: sum {t.item():g}",
-      flush=True)
+      f"{os.environ['LOCAL_WORLD_SIZE']}, group {os.environ.get('GROUP_RANK', '-')}: "
+      f"sum {t.item():g}", flush=True)
 dist.destroy_process_group()
