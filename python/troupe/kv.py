@@ -31,14 +31,21 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
-def _as_float32(value):
-    """A C-contiguous float32 numpy array of value's values (no copy where it already is one)."""
+def _as_float32(value, what):
+    """A C-contiguous float32 numpy array of value's values (no copy where it already is one);
+    TypeError naming `what` ("push of key 3") for a value that is not floating point: troupe's
+    stores hold float32, and an integer's conversion would round silently above 2^24."""
     if _is_torch(value):
-        value = value.detach()
-        if value.device.type != "cpu":
-            value = value.cpu()
-        value = value.numpy()
-    return np.ascontiguousarray(value, dtype=np.float32)
+        if not value.is_floating_point():
+            raise TypeError(f"{what}: a torch tensor of {value.dtype}; troupe's stores hold "
+                            "float32 (convert it, or keep integers out of the store)")
+        # float32 on the CPU (bfloat16 has no numpy type; a CUDA tensor crosses to the host).
+        value = value.detach().to(device="cpu", dtype=sys.modules["torch"].float32).numpy()
+    array = np.asarray(value)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise TypeError(f"{what}: an array of {array.dtype}; troupe's stores hold float32 "
+                        "(convert it, or keep integers out of the store)")
+    return np.ascontiguousarray(array, dtype=np.float32)
 
 
 def _receive(out, flat, shape):
@@ -107,7 +114,7 @@ class KVStore:
     def init(self, key, value):
         """Gives each key its first value (worker 0's; the others wait for it)."""
         for k, v in zip(*self._listed(key, value)):
-            array = _as_float32(v)
+            array = _as_float32(v, f"init of key {k!r}")
             k = self._key(k, new=True)
             self._store.init(k, array.reshape(-1))
             self._shapes[k] = array.shape
@@ -115,15 +122,16 @@ class KVStore:
     def push(self, key, value, priority=0):
         """Pushes each key's value (a list of values: their sum)."""
         keys, values = self._listed(key, value)
+        ints = [self._key(k) for k in keys]
         if len(keys) > 1 and not any(isinstance(v, (list, tuple)) for v in values):
-            ints = [self._key(k) for k in keys]
-            arrays = [self._checked(k, _as_float32(v)) for k, v in zip(ints, values)]
+            arrays = [self._checked(i, _as_float32(v, f"push of key {k!r}"))
+                      for k, i, v in zip(keys, ints, values)]
             self._store.push_many(ints, arrays, priority)
             return
-        for k, v in zip(keys, values):
-            k = self._key(k)
+        for k, i, v in zip(keys, ints, values):
             parts = v if isinstance(v, (list, tuple)) else [v]
-            self._store.push(k, [self._checked(k, _as_float32(p)) for p in parts], priority)
+            self._store.push(i, [self._checked(i, _as_float32(p, f"push of key {k!r}"))
+                                 for p in parts], priority)
 
     def _checked(self, k, array):
         if array.size != self._size(k):

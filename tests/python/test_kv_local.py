@@ -153,3 +153,15 @@ def test_optimizer_states_refused_where_they_do_not_fit(tmp_path):
     (tmp_path / "garbage").write_bytes(b"not a states file at all")
     with pytest.raises(troupe.Error, match="not a file of save_optimizer_states"):
         bigger.load_optimizer_states(tmp_path / "garbage")
+
+
+def test_values_of_other_float_types_convert_and_integers_are_refused_naming_the_key():
+    kv = troupe.kv.create("local")
+    kv.init("h", np.ones(4, dtype=np.float16))
+    kv.push("h", torch.full((4,), 2.5, dtype=torch.bfloat16))
+    np.testing.assert_array_equal(kv.pull("h"), np.full(4, 2.5))
+    with pytest.raises(TypeError, match="push of key 'h': an array of int64; troupe's stores hold "
+                                        "float32"):
+        kv.push("h", np.ones(4, dtype=np.int64))
+    with pytest.raises(TypeError, match="init of key 'n': a torch tensor of torch.int32"):
+        kv.init("n", torch.ones(3, dtype=torch.int32))
