@@ -7,10 +7,12 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "troupe/compression.h"
 #include "troupe/kvstore.h"
 #include "troupe/version.h"
 
@@ -211,6 +213,42 @@ PYBIND11_MODULE(_troupe, m) {
       .def("barrier", open(&PyKVStore::barrier))
       .def("close", &PyKVStore::close);
 
+  m.def(
+      "encoded_size",
+      [](const std::string& type, std::int64_t n) {
+        auto size = troupe::encodedSize(type, n);
+        check(size.status());
+        return size.value();
+      },
+      py::arg("type"), py::arg("n"), "Bytes that n values take encoded as type");
+  m.def(
+      "encode",
+      [](const std::string& type, float threshold, const FloatArray& values,
+         std::optional<FloatArray> residual) {
+        auto size = troupe::encodedSize(type, values.size());
+        check(size.status());
+        py::array_t<std::uint8_t> out(size.value());
+        std::span<float> rest;
+        if (residual) rest = {residual->mutable_data(), static_cast<std::size_t>(residual->size())};
+        check(troupe::encode(type, threshold,
+                             {values.data(), static_cast<std::size_t>(values.size())}, rest,
+                             {out.mutable_data(), static_cast<std::size_t>(out.size())}));
+        return out;
+      },
+      py::arg("type"), py::arg("threshold"), py::arg("values"),
+      py::arg("residual").noconvert() = py::none(),
+      "values (float32) encoded as troupe's transport does (2bit: the residual, float32 of the "
+      "values' size, is read and updated in place)");
+  m.def(
+      "decode",
+      [](const std::string& type, float threshold, const py::array_t<std::uint8_t>& bytes,
+         FloatArray& out, bool accumulate) {
+        check(
+            troupe::decode(type, threshold, {bytes.data(), static_cast<std::size_t>(bytes.size())},
+                           {out.mutable_data(), static_cast<std::size_t>(out.size())}, accumulate));
+      },
+      py::arg("type"), py::arg("threshold"), py::arg("bytes"), py::arg("out").noconvert(),
+      py::arg("accumulate") = false, "bytes decoded into out (float32): out = or out += values");
   m.def(
       "create",
       [](const std::string& type, const troupe::KVStoreSettings& settings) {
