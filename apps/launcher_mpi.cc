@@ -154,6 +154,14 @@ class Mpirun final : public WrappedStarter {
   bool parseTag(std::string_view line, int& task, std::string_view& text) const override {
     return parseTagged(line, task, text);
   }
+  std::size_t nextTag(std::string_view text) const override {
+    for (auto at = text.find('['); at != std::string_view::npos; at = text.find('[', at + 1)) {
+      int task = 0;
+      std::string_view rest;
+      if (parseTagged(text.substr(at), task, rest)) return at;
+    }
+    return std::string_view::npos;
+  }
   void parseOwnLine(std::string_view line, std::optional<TaskFailure>& failure) override {
     parseMpirunLine(line, pending_rank_, failure);
   }

@@ -27,6 +27,7 @@ struct Task {
   std::optional<int> exit;
   std::optional<Culprit> culprit;  // from its last culprit line
   std::string first_error;         // the first error line it logged (its message)
+  std::string partial;             // the start of a line the starter cut (WrappedStarter::nextTag)
 };
 
 std::string label(const Task& t) {
@@ -80,6 +81,18 @@ void WrappedSupervisor::onLine(std::string_view line) {
     return;
   }
   auto& t = tasks_[static_cast<std::size_t>(index)];
+  // A line's first part, then another task's: kept until the rest of the line comes.
+  if (const auto next = starter_.nextTag(text); next != std::string_view::npos) {
+    t.partial += text.substr(0, next);
+    onLine(text.substr(next));
+    return;
+  }
+  std::string whole;
+  if (!t.partial.empty()) {
+    whole = std::move(t.partial) + std::string(text);
+    t.partial.clear();
+    text = whole;
+  }
   const auto at = text.find(kMarker);
   const auto relayed = text.substr(0, at);
   if (at == std::string_view::npos || at > 0) {

@@ -54,6 +54,11 @@ class WrappedStarter {
   // text; false for the starter's own lines.
   virtual bool parseTag(std::string_view line, int& task, std::string_view& text) const = 0;
 
+  // Where in a task's text another task's tag begins: the starter tagged the first part of a
+  // task's line, then another task's output before that line's end (mpirun does, a write at a
+  // time); npos where it never does.
+  virtual std::size_t nextTag(std::string_view) const { return std::string_view::npos; }
+
   // Reads one of the starter's own lines for its report of a failed task; sets `failure` once.
   // Not called after the launcher's stop signal: what fails then is no failure to name.
   virtual void parseOwnLine(std::string_view line, std::optional<TaskFailure>& failure) = 0;

@@ -58,6 +58,18 @@ TEST(LaunchMpi, ATorchrunScriptRunsUnchanged) {
                                      "[worker 1] rank 1 of 2, local 1 of 2, group -: sum 3"}));
 }
 
+// mpirun tags each write of a rank: a line written in two parts with another rank's line between
+// them came out as "[1,0]<stdout>:start[1,1]<stdout>:other" and then "[1,0]<stdout>: end". The
+// launcher puts each rank's line back together.
+TEST(LaunchMpi, ALineWrittenInPartsAroundAnotherRanksLineIsOneLine) {
+  TempDir cwd("launch_mpi_parts");
+  const auto r = launchMpi(cwd,
+                           "-n 2 -- sh -c 'if [ $TROUPE_RANK = 0 ]; then printf start; sleep 1; "
+                           "echo \" end\"; else sleep 0.5; echo other; fi'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(containsAll(r.output, {"[worker 0] start end\n", "[worker 1] other\n"}));
+}
+
 TEST(LaunchMpi, AFailingRankIsNamedAndTheJobEnds) {
   TempDir cwd("launch_mpi_fail");
   const auto r =
