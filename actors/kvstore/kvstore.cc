@@ -100,7 +100,7 @@ class LocalKVStore final : public KVStore {
 
   Status barrier() override { return {}; }
 
-  Status saveOptimizerStates(const std::string& path) const override {
+  Status saveOptimizerStates(const std::string& path) override {
     return actors::saveKeyStates(path, updater_, keyStates());
   }
   Status loadOptimizerStates(const std::string& path) override {
@@ -119,10 +119,10 @@ class LocalKVStore final : public KVStore {
         fmt::format("{} of key {}: the key was never initialised (init it first)", what, key));
   }
 
-  std::vector<actors::KeyState> keyStates() const {
+  std::vector<actors::KeyState> keyStates() {
     std::vector<actors::KeyState> keys;
     for (auto& [key, e] : entries_)
-      keys.push_back({key, e.value.numel(), const_cast<actors::KeyUpdates*>(&e.updates)});
+      keys.push_back({key, e.value.numel(), &e.updates});
     return keys;
   }
 
@@ -377,18 +377,17 @@ Status KVStore::pull(const std::vector<int>& keys, const std::vector<std::span<f
   return {};
 }
 
-// Where the optimizer is not this process's (a distributed store's servers, a ring's workers).
+// Where the optimizer is not this process's: a distributed store's servers.
 namespace {
 Status statesNotHere(const char* what, const std::string& type) {
   return {ErrorKind::kInput,
-          fmt::format("{}: a {} store's optimizer states are not kept here{}", what, type,
-                      type == "ring" ? " yet"
-                                     : ": its servers hold them (MXNet's distributed stores "
-                                       "refuse it too)")};
+          fmt::format("{}: a {} store's optimizer states are not kept here: its servers hold "
+                      "them (MXNet's distributed stores refuse it too)",
+                      what, type)};
 }
 }  // namespace
 
-Status KVStore::saveOptimizerStates(const std::string&) const {
+Status KVStore::saveOptimizerStates(const std::string&) {
   return statesNotHere("save_optimizer_states", type());
 }
 

@@ -231,6 +231,18 @@ class RingKVStore final : public KVStore {
     return {};
   }
 
+  // This worker's copy of the states, once its pushes are applied.
+  Status saveOptimizerStates(const std::string& path) override {
+    std::lock_guard lock(mu_);
+    if (Status s = settleAll(); !s) return s;
+    return saveKeyStates(path, updater_, keyStates());
+  }
+  Status loadOptimizerStates(const std::string& path) override {
+    std::lock_guard lock(mu_);
+    if (Status s = settleAll(); !s) return s;
+    return loadKeyStates(path, *backend_, updater_, keyStates());
+  }
+
   Status setOptimizer(const OptimizerSpec& o) override {
     std::lock_guard lock(mu_);
     if (Status s = updater_.set(o); !s) return s;
@@ -322,6 +334,20 @@ class RingKVStore final : public KVStore {
                 const std::string& what) {
     if (Status s = tell(RingStart{step, base, values}); !s) return s;
     return awaitSum(step, base, what);
+  }
+
+  Status settleAll() {
+    for (auto& [key, k] : keys_) {
+      if (Status s = settle(key, k); !s) return s;
+    }
+    return {};
+  }
+
+  std::vector<KeyState> keyStates() {
+    std::vector<KeyState> keys;
+    for (auto& [key, k] : keys_)
+      keys.push_back({key, k.value.numel(), &k.updates});
+    return keys;
   }
 
   // Applies the key's pushes that this worker made, in order, once each is summed.

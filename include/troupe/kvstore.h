@@ -132,11 +132,11 @@ class KVStore {
   virtual Status barrier() = 0;
   // MXNet's save_optimizer_states / load_optimizer_states: the optimizer's name and every key's
   // update count and state (Adam's exp_avg and exp_avg_sq, say) to a file, written whole or not
-  // at all, and back into a store with the same optimizer and keys. Local and device stores,
-  // whose optimizer runs here; a distributed store's runs on its servers (kInput, as MXNet's
-  // refuses), a ring's is not saved yet. kInput naming what differs (the optimizer, a key, a
-  // size), kIo naming the file.
-  virtual Status saveOptimizerStates(const std::string& path) const;
+  // at all, and back into a store with the same optimizer and keys. Local, device and ring
+  // stores, whose optimizer runs here (a ring's worker saves its own copy, after its pushes are
+  // applied); a distributed store's runs on its servers (kInput, as MXNet's refuses). kInput
+  // naming what differs (the optimizer, a key, a size), kIo naming the file.
+  virtual Status saveOptimizerStates(const std::string& path);
   virtual Status loadOptimizerStates(const std::string& path);
 };
 

@@ -196,8 +196,8 @@ class KVStore:
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Every key's optimizer state (and update count) to fname, written whole or not at all:
-        local and device stores, whose optimizer runs here (a distributed store's servers hold
-        theirs: troupe.Error, as MXNet refuses). The file names the optimizer; its settings are
+        local, device and ring stores, whose optimizer runs here (a ring's worker saves its own
+        copy; a distributed store's servers hold theirs: troupe.Error, as MXNet refuses). The file names the optimizer; its settings are
         not in it (dump_optimizer): set the same optimizer before load_optimizer_states."""
         if dump_optimizer:
             raise NotImplementedError("save_optimizer_states(dump_optimizer=True): troupe's file "
