@@ -84,3 +84,25 @@ def test_a_ring_workers_optimizer_states_save_and_load_as_a_local_stores(tmp_pat
     for rank in (0, 1):
         assert (f"[worker {rank}] worker {rank}: the ring's states saved and loaded as the local "
                 "store's") in r.stdout, r.stdout
+
+
+def test_a_process_that_never_comes_ends_create_with_a_timeout_naming_the_missing_ranks():
+    # Worker 0 of 2 workers and 1 server, alone: it serves the rendezvous (DMLC_PS_ROOT_URI) and
+    # waits rendezvous_timeout for the others, then says whom it waited for.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    env.update(DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_WORKER="2",
+               DMLC_NUM_SERVER="1", DMLC_ROLE="worker", DMLC_WORKER_ID="0")
+    script = ("import troupe\n"
+              "try:\n"
+              "    troupe.kv.create('dist_sync', settings={'rendezvous_timeout': 2})\n"
+              "except troupe.Error as e:\n"
+              "    print('kind', e.kind, '|', e)\n")
+    r = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout
+    assert "kind timeout | " in r.stdout, r.stdout
+    assert "timed out after 2 s waiting for ranks 1, 2 of 3" in r.stdout, r.stdout
