@@ -27,7 +27,8 @@ std::vector<std::string> rankKeys(std::string_view prefix, int world_size) {
 // Waits for every rank's key; on timeout names the ranks whose keys are still missing. Returns
 // normally if they all turned up after all.
 void waitForRanks(Store& store, std::string_view what, std::string_view name,
-                  const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+                  const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                  const std::function<std::string(int)>& who = {}) {
   try {
     store.wait(keys, timeout);
   } catch (const TimeoutError&) {
@@ -36,21 +37,30 @@ void waitForRanks(Store& store, std::string_view what, std::string_view name,
       if (!store.check({keys[r]})) missing.push_back(static_cast<int>(r));
     }
     if (missing.empty()) return;
-    throw TimeoutError(fmt::format("{} '{}' timed out after {} waiting for rank{} {} of {} ({})",
-                                   what, name, detail::formatDuration(timeout),
-                                   missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
-                                   keys.size(), store.describe()));
+    const std::string ranks = fmt::format("rank{} {} of {}", missing.size() == 1 ? "" : "s",
+                                          fmt::join(missing, ", "), keys.size());
+    std::vector<std::string> named;
+    if (who) {
+      for (const int r : missing)
+        named.push_back(who(r));
+    }
+    throw TimeoutError(
+        fmt::format("{} '{}' timed out after {} waiting for {} ({})", what, name,
+                    detail::formatDuration(timeout),
+                    named.empty() ? ranks : fmt::format("{} ({})", fmt::join(named, ", "), ranks),
+                    store.describe()));
   }
 }
 
 }  // namespace
 
 std::vector<std::string> exchange(Store& store, int rank, int world_size, std::string_view my_value,
-                                  std::chrono::milliseconds timeout, std::string_view name) {
+                                  std::chrono::milliseconds timeout, std::string_view name,
+                                  const std::function<std::string(int)>& who) {
   checkRank("rendezvous", name, rank, world_size);
   const auto keys = rankKeys(name, world_size);
   store.set(keys[static_cast<size_t>(rank)], my_value);
-  waitForRanks(store, "rendezvous", name, keys, timeout);
+  waitForRanks(store, "rendezvous", name, keys, timeout, who);
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (const auto& key : keys)

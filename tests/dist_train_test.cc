@@ -613,7 +613,7 @@ TEST(DistributedTraining, APeerThatNeverArrivesIsNamed) {
                              "--schedule bsp-allreduce "
                              "--rendezvous tcp://127.0.0.1:29518 --rendezvous_timeout 2"));
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("waiting for rank 1 of 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("waiting for worker 1 (rank 1 of 2)"), std::string::npos) << r.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 

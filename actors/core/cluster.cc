@@ -100,7 +100,7 @@ class ClusterImpl final : public Cluster {
     transport_ = transport::makeTransport(t, std::move(handlers));
 
     addresses_ = rendezvous::exchange(*store_, o.rank, o.world, transport_->address(), o.timeout,
-                                      "transport-addresses");
+                                      "transport-addresses", o.name_of);
     addressesKnown_ = true;
     // Each pair links once: the higher rank connects to the lower one.
     for (int peer = 0; peer < o.rank; ++peer) {

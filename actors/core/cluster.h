@@ -45,6 +45,9 @@ struct ClusterOptions {
   // on a transport thread with the node, the address it advertised and why. Unset: the system
   // fails with "lost the link to node N".
   std::function<void(int node, const std::string& address, const std::string& why)> on_peer_lost;
+  // What a node is ("worker 1", "server 0"), for the error of a rendezvous some never reached;
+  // unset: nodes are named by their rank.
+  std::function<std::string(int node)> name_of;
 };
 
 class Cluster {

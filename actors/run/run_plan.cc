@@ -73,6 +73,9 @@ ClusterOptions clusterOptions(const TrainOptions& o, const std::string& run_id, 
     system.fail(std::make_exception_ptr(
         lostLinkError(members.ofNode(static_cast<std::uint32_t>(peer), address), why)));
   };
+  c.name_of = [&members](int node) {
+    return members.ofNode(static_cast<std::uint32_t>(node)).str();
+  };
   return c;
 }
 

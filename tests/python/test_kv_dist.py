@@ -86,7 +86,7 @@ def test_a_ring_workers_optimizer_states_save_and_load_as_a_local_stores(tmp_pat
                 "store's") in r.stdout, r.stdout
 
 
-def test_a_process_that_never_comes_ends_create_with_a_timeout_naming_the_missing_ranks():
+def test_a_process_that_never_comes_ends_create_with_a_timeout_naming_the_missing_ones():
     # Worker 0 of 2 workers and 1 server, alone: it serves the rendezvous (DMLC_PS_ROOT_URI) and
     # waits rendezvous_timeout for the others, then says whom it waited for.
     import socket
@@ -105,4 +105,5 @@ def test_a_process_that_never_comes_ends_create_with_a_timeout_naming_the_missin
                        stderr=subprocess.STDOUT, text=True, timeout=60)
     assert r.returncode == 0, r.stdout
     assert "kind timeout | " in r.stdout, r.stdout
-    assert "timed out after 2 s waiting for ranks 1, 2 of 3" in r.stdout, r.stdout
+    assert "timed out after 2 s waiting for worker 1, server 0 (ranks 1, 2 of 3)" in r.stdout, \
+        r.stdout
