@@ -82,13 +82,15 @@ class PyKVStore {
  public:
   explicit PyKVStore(std::unique_ptr<troupe::KVStore> store) : store_(std::move(store)) {}
 
-  std::string type() const { return store_->type(); }
-  int rank() const { return store_->rank(); }
-  int numWorkers() const { return store_->numWorkers(); }
+  // Every call goes through store(), which refuses a closed store (troupe.Error).
+  std::string type() { return store().type(); }
+  int rank() { return store().rank(); }
+  int numWorkers() { return store().numWorkers(); }
 
   void init(int key, const FloatArray& value) {
     const auto v = values(value);
-    released([&] { return store_->init(key, v); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.init(key, v); });
   }
 
   // The sum of `arrays` (each the key's size) pushed for `key`.
@@ -96,7 +98,8 @@ class PyKVStore {
     std::vector<std::span<const float>> spans;
     for (const auto& a : arrays)
       spans.push_back(values(a));
-    released([&] { return store_->push(key, spans, priority); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.push(key, spans, priority); });
   }
 
   // One array a key, the keys sent together.
@@ -104,36 +107,42 @@ class PyKVStore {
     std::vector<std::span<const float>> spans;
     for (const auto& a : arrays)
       spans.push_back(values(a));
-    released([&] { return store_->push(keys, spans, priority); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.push(keys, spans, priority); });
   }
 
   void pull(int key, FloatArray& out, int priority) {
     std::span<float> into(out.mutable_data(), static_cast<std::size_t>(out.size()));
-    released([&] { return store_->pull(key, into, priority); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.pull(key, into, priority); });
   }
 
   void pullMany(const std::vector<int>& keys, std::vector<FloatArray>& outs, int priority) {
     std::vector<std::span<float>> spans;
     for (auto& o : outs)
       spans.emplace_back(o.mutable_data(), static_cast<std::size_t>(o.size()));
-    released([&] { return store_->pull(keys, spans, priority); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.pull(keys, spans, priority); });
   }
 
-  void setOptimizer(const troupe::OptimizerSpec& spec) { check(store_->setOptimizer(spec)); }
+  void setOptimizer(const troupe::OptimizerSpec& spec) { check(store().setOptimizer(spec)); }
 
   void setGradientCompression(const std::string& type, float threshold) {
-    check(store_->setGradientCompression(type, threshold));
+    check(store().setGradientCompression(type, threshold));
   }
 
   void saveOptimizerStates(const std::string& path) {
-    released([&] { return store_->saveOptimizerStates(path); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.saveOptimizerStates(path); });
   }
   void loadOptimizerStates(const std::string& path) {
-    released([&] { return store_->loadOptimizerStates(path); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.loadOptimizerStates(path); });
   }
 
   void barrier() {
-    released([&] { return store_->barrier(); });
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.barrier(); });
   }
 
   // Tells the servers this worker is done and waits for the others (the C++ store's destructor):
@@ -145,25 +154,14 @@ class PyKVStore {
 
   bool closed() const { return !store_; }
 
+ private:
   troupe::KVStore& store() {
-    if (!store_) {
-      check(troupe::Status(troupe::ErrorKind::kInput, "this KVStore was closed"));
-    }
+    if (!store_) check(troupe::Status(troupe::ErrorKind::kInput, "this KVStore was closed"));
     return *store_;
   }
 
- private:
   std::unique_ptr<troupe::KVStore> store_;
 };
-
-// Every method but close() goes through store(), which refuses a closed store.
-template <typename... Args>
-auto open(void (PyKVStore::*method)(Args...)) {
-  return [method](PyKVStore& self, Args... args) {
-    self.store();
-    (self.*method)(std::forward<Args>(args)...);
-  };
-}
 
 }  // namespace
 
@@ -196,21 +194,20 @@ PYBIND11_MODULE(_troupe, m) {
       .def_property_readonly("rank", &PyKVStore::rank)
       .def_property_readonly("num_workers", &PyKVStore::numWorkers)
       .def_property_readonly("closed", &PyKVStore::closed)
-      .def("init", open(&PyKVStore::init), py::arg("key"), py::arg("value"))
-      .def("push", open(&PyKVStore::push), py::arg("key"), py::arg("arrays"),
+      .def("init", &PyKVStore::init, py::arg("key"), py::arg("value"))
+      .def("push", &PyKVStore::push, py::arg("key"), py::arg("arrays"), py::arg("priority") = 0)
+      .def("push_many", &PyKVStore::pushMany, py::arg("keys"), py::arg("arrays"),
            py::arg("priority") = 0)
-      .def("push_many", open(&PyKVStore::pushMany), py::arg("keys"), py::arg("arrays"),
+      .def("pull", &PyKVStore::pull, py::arg("key"), py::arg("out").noconvert(),
            py::arg("priority") = 0)
-      .def("pull", open(&PyKVStore::pull), py::arg("key"), py::arg("out").noconvert(),
+      .def("pull_many", &PyKVStore::pullMany, py::arg("keys"), py::arg("outs").noconvert(),
            py::arg("priority") = 0)
-      .def("pull_many", open(&PyKVStore::pullMany), py::arg("keys"), py::arg("outs").noconvert(),
-           py::arg("priority") = 0)
-      .def("set_optimizer", open(&PyKVStore::setOptimizer), py::arg("spec"))
-      .def("set_gradient_compression", open(&PyKVStore::setGradientCompression), py::arg("type"),
+      .def("set_optimizer", &PyKVStore::setOptimizer, py::arg("spec"))
+      .def("set_gradient_compression", &PyKVStore::setGradientCompression, py::arg("type"),
            py::arg("threshold") = 0.5f)
-      .def("save_optimizer_states", open(&PyKVStore::saveOptimizerStates), py::arg("path"))
-      .def("load_optimizer_states", open(&PyKVStore::loadOptimizerStates), py::arg("path"))
-      .def("barrier", open(&PyKVStore::barrier))
+      .def("save_optimizer_states", &PyKVStore::saveOptimizerStates, py::arg("path"))
+      .def("load_optimizer_states", &PyKVStore::loadOptimizerStates, py::arg("path"))
+      .def("barrier", &PyKVStore::barrier)
       .def("close", &PyKVStore::close);
 
   m.def(

@@ -165,3 +165,14 @@ def test_values_of_other_float_types_convert_and_integers_are_refused_naming_the
         kv.push("h", np.ones(4, dtype=np.int64))
     with pytest.raises(TypeError, match="init of key 'n': a torch tensor of torch.int32"):
         kv.init("n", torch.ones(3, dtype=torch.int32))
+
+
+def test_a_closed_store_refuses_every_call():
+    kv = troupe.kv.create("local")
+    kv.init(0, np.zeros(2))
+    kv.close()
+    for call in (lambda: kv.rank, lambda: kv.type, lambda: kv.pull(0), lambda: kv.barrier(),
+                 lambda: kv.push(0, np.zeros(2))):
+        with pytest.raises(troupe.Error, match="this KVStore was closed"):
+            call()
+    kv.close()  # a second close does nothing
