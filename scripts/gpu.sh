@@ -199,6 +199,19 @@ run() {
   local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*:*BatchNorm*'
   part cuda_tests 70 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests"
   part cuda_tests_new_defaults 50 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
+  # Where troupe train's steps lose to the kernels bench's (0.91-0.93 on the H200, growing with
+  # the batch: 1.4 ms a step at 64, 3.5 at 256), first as it decides the speed work: the trainer's
+  # traced steps (op by op, with each step's device spans; bench/trace_steps.py: the device's busy
+  # time a step against the period, the gap is the device waiting for the host) beside the kernels
+  # bench's profile of the same batch.
+  part trainer_trace_b256 100:60 env TRACE="$OUT/trace_trainer_b256.json" bash -c \
+    '"$@" && python3 bench/trace_steps.py "$TRACE" --batch 256' _ "$troupe" train \
+    --model resnet50 --train_data null --num_channels 3 --image_size 224 --num_labels 1000 \
+    --batch_size 256 --epoch_size 5120 \
+    --num_epochs 2 --gpus 0 --precision fp16 --log_every 5 --log_dir "$OUT/trainer_trace_b256" \
+    --checkpoint_dir "$root/ck_trace_b256" --trace "$OUT/trace_trainer_b256.json"
+  part kernels_profile_b256 60 "$root/bin/troupe_kernels_bench" --device cuda:0 \
+    --models resnet50 --batch 256 --seconds 2 --no-ops --precision fp16 --channels-last --profile
   # Issue 34's table: ResNet-50's whole loop, troupe train (synthetic, by CUDA graphs, from JPEGs)
   # against PyTorch's loop (synthetic, DataLoader), the kernels bench beside them, each batch and
   # precision, row by row (a part cut short keeps the rows it printed).
@@ -225,15 +238,6 @@ run() {
   # more): not started with less than 120 s left.
   part resnet50_compile 200:120 "${r50bench[@]}" --batches "${COMPILE_BATCHES:-128}" \
     --precisions "${COMPILE_PRECISIONS:-$mixed}" --compile-only
-  # Where troupe train's steps lose to the kernels bench's (0.91-0.93 on the H200, growing with
-  # the batch: 1.4 ms a step at 64, 3.5 at 256): the trainer's traced steps (op by op, with each
-  # step's device spans) beside the kernels bench's profile of the same batch.
-  part trainer_trace_b256 120:60 "$troupe" train --model resnet50 --train_data null \
-    --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 256 --epoch_size 5120 \
-    --num_epochs 2 --gpus 0 --precision fp16 --log_every 5 --log_dir "$OUT/trainer_trace_b256" \
-    --checkpoint_dir "$root/ck_trace_b256" --trace "$OUT/trace_trainer_b256.json"
-  part kernels_profile_b256 60 "$root/bin/troupe_kernels_bench" --device cuda:0 \
-    --models resnet50 --batch 256 --seconds 2 --no-ops --precision fp16 --channels-last --profile
   # What the table's parts do not show, for the speed work after it (earlier issues' parts).
   # First, in a minute, what decides the next step of the speed work. Where a step's host time
   # goes (troupe_kernels_bench's host figure beside its step's): the host and device time of single
