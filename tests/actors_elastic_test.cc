@@ -47,6 +47,27 @@ TEST(StepPlan, AWholeRunOrAResumedOneReadsAsStepTimesBatch) {
   }
 }
 
+// The updaters pause at an epoch's end (sending the coordinator their state) for an evaluation, a
+// checkpoint or the run's end only; a resumed run counts epochs from the run's start.
+TEST(StepPlan, UpdatersPauseAtAnEpochsEndOnlyForAnEvaluationACheckpointOrTheRunsEnd) {
+  for (const std::int64_t first : {0, 10}) {  // from scratch, resumed after epoch 1
+    SCOPED_TRACE(first);
+    auto p = planOf(1000, 100);  // 10 steps an epoch
+    p.start(first, 4);
+    ASSERT_EQ(p.last_step, 40);
+    EXPECT_FALSE(p.pausesAt(20));
+    EXPECT_FALSE(p.pausesAt(30));
+    EXPECT_TRUE(p.pausesAt(40));  // the run's end
+    p.checkpoint_every = 2;
+    EXPECT_TRUE(p.pausesAt(20));  // epoch 2's checkpoint
+    EXPECT_FALSE(p.pausesAt(30));
+    p.checkpoint_every = 0;
+    p.evaluates = true;
+    for (const std::int64_t done : {20, 30, 40})
+      EXPECT_TRUE(p.pausesAt(done)) << done;
+  }
+}
+
 // Steps 0..k-1 of epoch 0 ran with 3 workers (global batch 192); the rest of the epoch and the
 // next run with 2 (128). Every record position of the epoch is trained once, but a tail shorter
 // than the new global batch; the next epoch starts at position 0 with whole steps of 128.

@@ -114,6 +114,37 @@ TEST(Training, ResumingFromAMidRunCheckpointGivesTheUninterruptedResult) {
   EXPECT_EQ(norm_rel, 0.0);
 }
 
+// An epoch end with nothing to keep (no checkpoint, no test data) lets the updaters go on; one
+// with a checkpoint pauses them. Either way the same float operations run in the same order:
+// the weights and every epoch's figures are the same bits.
+TEST(Training, EpochEndsThatGoOnTrainAsThoseThatPause) {
+  TempDir dir("epoch_ends");
+  auto o = lenetOptions(dir.str());
+  o.batch_size = 32;
+  o.epoch_size = 32 * 10;
+  o.num_epochs = 3;
+  o.replicas = 2;
+  o.checkpoint_every = 1;
+  o.run_name = "paused";
+  const auto paused = runTraining(o);
+  o.checkpoint_every = 0;
+  o.run_name = "went_on";
+  const auto went_on = runTraining(o);
+  EXPECT_EQ(paused.checkpoints.size(), 3u);
+  EXPECT_EQ(went_on.checkpoints.size(), 1u);  // the run's end
+  ASSERT_EQ(went_on.steps, paused.steps);
+  ASSERT_EQ(went_on.epochs.size(), 3u);
+  ASSERT_EQ(paused.epochs.size(), 3u);
+  for (std::size_t e = 0; e < 3; ++e) {
+    EXPECT_EQ(went_on.epochs[e].epoch, static_cast<int>(e) + 1);
+    EXPECT_EQ(went_on.epochs[e].loss, paused.epochs[e].loss) << "epoch " << e + 1;
+    EXPECT_EQ(went_on.epochs[e].accuracy, paused.epochs[e].accuracy) << "epoch " << e + 1;
+  }
+  const auto [max_rel, norm_rel] = relativeDifference(paused.weights, went_on.weights);
+  EXPECT_EQ(max_rel, 0.0);
+  EXPECT_EQ(norm_rel, 0.0);
+}
+
 // no_wd (Goyal et al.): after one step, biases trained with weight decay and no_wd are those
 // trained without weight decay, bit for bit (their gradient comes from the same initial weights),
 // while the other weights decayed; without no_wd the biases decay too.

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <limits>
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_util.h"
@@ -117,6 +119,50 @@ TEST(ReaderApi, ReadersOfOnesOwnFeedEveryReplicaInStepOrderAndTheRunLearns) {
   EXPECT_EQ(BalancedReader::sent_.load(), 2 * 80);  // each reader, each step, once
   // Ten patterns that a linear layer separates: an MLP gets nearly all in two epochs.
   EXPECT_GT(test_accuracy, 0.9);
+}
+
+// The updaters pause at an epoch's end only where its state is kept or evaluated (a checkpoint,
+// test data, the run's end): without either, epoch 2's steps go on while the coordinator still
+// handles epoch 1's end (here its on_epoch callback, held); with a checkpoint every epoch, the
+// replicas wait, and the readers send no more than their credit (prefetch 4) past epoch 1's last
+// step. (Steps going on while the coordinator is held end when its mailbox of 64 is full of their
+// StepDone messages, 2 a step, so not all 40 of epoch 2 need come: 20 of them tell.)
+TEST(ReaderApi, AnEpochEndWithNothingToKeepDoesNotHoldUpTheNextEpochsSteps) {
+  for (const bool checkpoint_every_epoch : {false, true}) {
+    SCOPED_TRACE(checkpoint_every_epoch ? "checkpoint_every 1" : "checkpoint_every 0");
+    TempDir dir("reader_api_epoch_end");
+    TrainerData data;
+    data.reader = [](const ReaderSpec& s) { return std::make_unique<BalancedReader>(s); };
+    constexpr int kEpoch = 2 * 40;            // batches of an epoch: 2 readers, 40 steps
+    constexpr int kGoneOn = kEpoch + 2 * 20;  // 20 steps into epoch 2
+    int sent_in_epoch_1s_end = -1;
+    TrainerCallbacks callbacks;
+    callbacks.on_epoch = [&](const EpochMetrics& e) {
+      if (e.epoch != 1) return;
+      // Long enough for 20 MLP steps many times over where nothing holds them; where the
+      // updaters pause, the wait cannot end early (nothing is sent until this callback returns).
+      const auto until = std::chrono::steady_clock::now() + (checkpoint_every_epoch ? 2s : 60s);
+      while (BalancedReader::sent_.load() < kGoneOn && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(5ms);
+      sent_in_epoch_1s_end = BalancedReader::sent_.load();
+    };
+    BalancedReader::sent_ = 0;
+    Settings settings = readerRun(dir);
+    settings["checkpoint_every"] = checkpoint_every_epoch ? "1" : "0";
+    settings["checkpoint_dir"] = dir.str();
+    auto started = Trainer::start(config(), settings, callbacks, data);
+    ASSERT_TRUE(started) << started.status().message();
+    const Status done = started.value()->wait(120s);
+    ASSERT_TRUE(done) << done.message();
+    EXPECT_EQ(started.value()->steps(), 80);
+    EXPECT_EQ(BalancedReader::sent_.load(), 2 * kEpoch);
+    if (checkpoint_every_epoch) {
+      EXPECT_GE(sent_in_epoch_1s_end, kEpoch);
+      EXPECT_LE(sent_in_epoch_1s_end, kEpoch + 2 * 5);  // a reader's credit past the last step
+    } else {
+      EXPECT_GE(sent_in_epoch_1s_end, kGoneOn);
+    }
+  }
 }
 
 // Its data comes after three tries: each onCredit() before asks to be called again.

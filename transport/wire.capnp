@@ -86,6 +86,7 @@ struct EpochEnd {
   state @2 :TensorData;
   lossScale @3 :Float32;      # 0: no loss scale
   overflowSteps @4 :Int64;    # steps skipped so far for inf or NaN gradients
+  paused @5 :Bool = true;     # false: the updater went on (no weights, no state)
 }
 
 # Updater -> Updater (elastic runs): the state a new generation goes on from.

@@ -132,7 +132,9 @@ inline constexpr auto wire::kForm<StepDone> = wire::form<StepDone>(
     wire::field("readSeconds", &StepDone::read_seconds),
     wire::field("devicePeak", &StepDone::device_peak));
 
-// Updater -> Coordinator: the last step of an epoch is applied; the updater waits for Resume.
+// Updater -> Coordinator: the last step of an epoch is applied. A paused updater (an evaluation
+// or a checkpoint at this epoch's end, the run's end, a pause asked for: StepPlan::pausesAt) sends
+// its weights and optimizer state and waits for Resume; one that went on sends neither.
 struct EpochEnd {
   std::int64_t step = 0;  // steps applied so far
   Tensor weights;
@@ -141,12 +143,14 @@ struct EpochEnd {
   // gradients held inf or NaN. loss_scale 0: no loss scale.
   float loss_scale = 0;
   std::int64_t overflow_steps = 0;
+  bool paused = true;
 };
 template <>
 inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
     "epochEnd", wire::field("step", &EpochEnd::step), wire::field("weights", &EpochEnd::weights),
     wire::field("state", &EpochEnd::state), wire::field("lossScale", &EpochEnd::loss_scale),
-    wire::field("overflowSteps", &EpochEnd::overflow_steps));
+    wire::field("overflowSteps", &EpochEnd::overflow_steps),
+    wire::field("paused", &EpochEnd::paused));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};

@@ -38,9 +38,14 @@ class Coordinator final : public Actor {
     on<StepDone>([this](StepDone& s) { stepDone(s); });
     on<EpochEnd>([this](EpochEnd& e) {
       ++progress_;
-      ++epoch_ends_;
-      // Every process's updater pauses; they hold bitwise the same weights, any one will do.
-      if (!epoch_end_) epoch_end_ = std::move(e);
+      // Every process's updater sends one; they hold bitwise the same weights, any one will do.
+      auto& [first, count] = ends_[e.step];
+      if (count++ == 0) {
+        first = std::move(e);
+      } else {
+        TROUPE_ENFORCE(first.paused == e.paused, "the updaters disagree on pausing after step ",
+                       e.step);
+      }
       maybeEndEpoch();
     });
     on<Buffers>([this](Buffers& b) {
@@ -144,6 +149,7 @@ class Coordinator final : public Actor {
     TROUPE_ENFORCE_EQ(s.step, complete_through_);
     ++complete_through_;
     epoch_.add(agg);
+    if (config_.plan.epochEndsAt(complete_through_)) closeEpoch();
     window_.loss_sum += agg.loss_sum;
     window_.correct += agg.correct;
     window_.count += agg.count;
@@ -182,6 +188,17 @@ class Coordinator final : public Actor {
   }
 
   std::int64_t epochIndex() const { return config_.plan.epochOf(complete_through_ - 1); }
+
+  // The epoch's last step is done: its figures are kept for its end (maybeEndEpoch), and the next
+  // epoch counts from here (its steps go on meanwhile where the updaters do not pause).
+  void closeEpoch() {
+    const auto now = Clock::now();
+    closed_[complete_through_] = {epoch_, epochSeconds(now)};
+    epoch_ = {};
+    recent_.clear();
+    epoch_seconds_before_ = 0;
+    epoch_start_ = now;
+  }
 
   // The epoch's time until `now`, earlier generations' part included (elastic runs).
   double epochSeconds(Clock::time_point now) const {
@@ -268,7 +285,6 @@ class Coordinator final : public Actor {
       return;
     }
     epoch_end_.reset();
-    epoch_ends_ = 0;
     pause_at_ = -1;
     pause_for_ = PauseFor::kNothing;
     for (const auto& u : config_.updaters)
@@ -299,16 +315,21 @@ class Coordinator final : public Actor {
     system().shutdown();
   }
 
+  // Once every updater sent its EpochEnd for the step and the step is done: a pause part way
+  // through an epoch, or the epoch's end (evaluation, log row, checkpoint).
   void maybeEndEpoch() {
-    if (!epoch_end_ || epoch_ends_ < config_.num_updaters || complete_through_ < epoch_end_->step) {
-      return;
-    }
+    if (epoch_end_ || ends_.empty()) return;  // one at a time
+    auto first = ends_.begin();
+    if (first->second.second < config_.num_updaters || complete_through_ < first->first) return;
+    epoch_end_ = std::move(first->second.first);
+    ends_.erase(first);
     if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
       paused();
       return;
     }
-    epoch_time_ = epochSeconds(Clock::now());
-    if (config_.has_buffers) {
+    // Replica 0's batch-norm statistics, for the evaluation and the checkpoint: only the
+    // updaters' pause (StepPlan::pausesAt) keeps the replicas from changing them meanwhile.
+    if (config_.has_buffers && epoch_end_->paused) {
       send(config_.replicas[0], BuffersRequest{});
     } else {
       evaluate();
@@ -329,11 +350,10 @@ class Coordinator final : public Actor {
 
   // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,
   // how fast they decode (readers of troupe's own; a caller's reader reports no time).
-  void logInput(std::int64_t epoch) const {
-    const auto& e = epoch_;
+  static void logInput(std::int64_t epoch, const EpochStats& e, int num_replicas) {
     if (e.replica_steps == 0) return;
     // Counted per replica and step: "of their 2 x 25 steps" for 2 replicas of 25 steps.
-    const int replicas = std::max(1, config_.num_replicas);
+    const int replicas = std::max(1, num_replicas);
     spdlog::info(
         "epoch {} input: {} waited {:.3f} s for batches (at {} of {} steps); {:.1f} batches "
         "ready at a step, {} at the fewest{}",
@@ -366,22 +386,27 @@ class Coordinator final : public Actor {
     progress_line_.clear();
     const std::int64_t step = epoch_end_->step;
     const std::int64_t epoch = config_.plan.epochOf(step - 1) + 1;  // epochs completed
-    cumulative_time_ += epoch_time_;
-    cumulative_inputs_ += epoch_.count;
+    const auto closed = closed_.find(step);
+    TROUPE_ENFORCE(closed != closed_.end(), "epoch ", epoch, " ended before its last step");
+    const EpochStats stats = closed->second.stats;
+    const double epoch_time = closed->second.seconds;
+    closed_.erase(closed);
+    cumulative_time_ += epoch_time;
+    cumulative_inputs_ += stats.count;
     LogRow row;
-    row.time_spent = epoch_time_;
+    row.time_spent = epoch_time;
     row.cumulative_time_spent = config_.cumulative_time + cumulative_time_;
-    row.input_count = epoch_.count;
+    row.input_count = stats.count;
     row.cumulative_input_count = config_.cumulative_inputs + cumulative_inputs_;
     row.cumulative_batch_count = step;
-    row.inputs_per_sec = static_cast<double>(epoch_.count) / std::max(epoch_time_, 1e-9);
-    row.accuracy = epoch_.correct / std::max<std::int64_t>(1, epoch_.count);
+    row.inputs_per_sec = static_cast<double>(stats.count) / std::max(epoch_time, 1e-9);
+    row.accuracy = stats.correct / std::max<std::int64_t>(1, stats.count);
     row.epoch = epoch;
     row.learning_rate = kernels::learningRate(config_.lr, config_.plan.scheduleStep(step - 1));
-    row.loss = epoch_.loss_sum / std::max<std::int64_t>(1, epoch_.count);
+    row.loss = stats.loss_sum / std::max<std::int64_t>(1, stats.count);
     row.test_accuracy =
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
-    row.skipped_records = epoch_.skipped;
+    row.skipped_records = stats.skipped;
     config_.log->write(row);
     // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did).
     spdlog::info(
@@ -389,12 +414,12 @@ class Coordinator final : public Actor {
         epoch, row.loss, row.accuracy,
         config_.has_test ? fmt::format(" test_accuracy {:.4f}", row.test_accuracy) : std::string(),
         row.input_count, row.time_spent, row.inputs_per_sec,
-        options_.skip_bad_records ? fmt::format(", {} bad records skipped", epoch_.skipped) : "");
-    logInput(epoch);
+        options_.skip_bad_records ? fmt::format(", {} bad records skipped", stats.skipped) : "");
+    logInput(epoch, stats, config_.num_replicas);
     logLossScale(epoch);
     auto& result = *config_.result;
     result.epochs.push_back(
-        {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, epoch_.skipped});
+        {epoch, row.loss, row.accuracy, row.test_accuracy, row.inputs_per_sec, stats.skipped});
     result.steps = step;
 
     if (config_.control && config_.control->callbacks.on_epoch) {
@@ -409,6 +434,8 @@ class Coordinator final : public Actor {
     const bool asked = pause == PauseFor::kCheckpoint ||
                        (pause == PauseFor::kStop && config_.control->checkpoint_at_stop.load());
     if (last || asked || (every > 0 && epoch % every == 0)) {
+      // StepPlan::pausesAt said so to the updaters, which sent their weights and state.
+      TROUPE_ENFORCE(epoch_end_->paused, "epoch ", epoch, "'s checkpoint: the updaters went on");
       writeCheckpoint(fmt::format("{}_epoch{}.ckpt", config_.experiment_id, epoch), epoch,
                       row.cumulative_time_spent, row.cumulative_input_count);
     }
@@ -425,12 +452,8 @@ class Coordinator final : public Actor {
       system().shutdown();
       return;
     }
+    const bool paused = epoch_end_->paused;
     epoch_end_.reset();
-    epoch_ends_ = 0;
-    epoch_ = {};
-    recent_.clear();
-    epoch_seconds_before_ = 0;
-    epoch_start_ = Clock::now();
     if (pause == PauseFor::kJoin) {
       endGeneration(step);
       return;
@@ -439,9 +462,15 @@ class Coordinator final : public Actor {
       pause_at_ = -1;
       pause_for_ = PauseFor::kNothing;
     }
-    window_start_ = epoch_start_;
+    if (!paused) {  // the updaters went on: the next epoch's steps are under way
+      maybeEndEpoch();
+      return;
+    }
+    // The next epoch's time starts now, the pause's evaluation and checkpoint left out.
+    epoch_start_ = window_start_ = Clock::now();
     for (const auto& u : config_.updaters)
       send(u, Resume{});
+    maybeEndEpoch();
   }
 
   // The paused updaters' state as `name` in the checkpoint folder; `epochs` completed so far.
@@ -517,14 +546,22 @@ class Coordinator final : public Actor {
   std::int64_t complete_through_ = 0;
   EpochStats epoch_, window_, eval_;
   int evaluated_ = 0;
+  // Epochs whose last step is done, by the step they end at, until their end is handled (where
+  // the updaters go on, the next epoch's steps are done meanwhile).
+  struct Closed {
+    EpochStats stats;
+    double seconds = 0;
+  };
+  std::map<std::int64_t, Closed> closed_;
+  // The updaters' EpochEnds by step, and how many came; the first step's is handled (epoch_end_)
+  // once every updater's came and its step is done.
+  std::map<std::int64_t, std::pair<EpochEnd, int>> ends_;
   std::optional<EpochEnd> epoch_end_;
   std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
-  int epoch_ends_ = 0;
   kernels::Tensor buffers_;
   bool started_ = false;
   Clock::time_point epoch_start_ = Clock::now(), window_start_ = Clock::now(),
                     last_progress_ = Clock::now();
-  double epoch_time_ = 0;
   double epoch_seconds_before_ = 0;  // of the epoch, in earlier generations (elastic runs)
   ProgressLine progress_line_;
   Clock::time_point last_step_at_ = Clock::now();

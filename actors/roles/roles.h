@@ -48,6 +48,10 @@ struct StepPlan {
   std::int64_t first_epoch = 0;
   std::int64_t first_epoch_records = 0;
   std::int64_t first_epoch_steps = 0;  // steps of first_epoch from first_step on
+  // What an epoch's end needs of the updaters' state: an evaluation every epoch (test data), a
+  // checkpoint every checkpoint_every epochs (0: at the run's end only).
+  bool evaluates = false;
+  std::int64_t checkpoint_every = 0;
 
   // Starts at `step`, a whole number of steps into its epoch (a run from scratch or a resumed
   // one), and ends after `num_epochs` epochs.
@@ -79,6 +83,14 @@ struct StepPlan {
   bool epochEndsAt(std::int64_t done) const {
     const std::int64_t past = done - first_step - first_epoch_steps;
     return past >= 0 && past % steps_per_epoch == 0;
+  }
+  // Whether the updaters pause at the epoch's end once `done` steps are, sending their weights
+  // and state to the coordinator (an evaluation, a checkpoint, the run's end), or go on: an epoch
+  // end without these costs the device no idle time.
+  bool pausesAt(std::int64_t done) const {
+    const std::int64_t epoch = epochOf(done - 1) + 1;  // epochs completed
+    return done >= last_step || evaluates ||
+           (checkpoint_every > 0 && epoch % checkpoint_every == 0);
   }
   // The step as a 1-based count in its epoch, in steps of this plan's global batch.
   std::int64_t indexInEpoch(std::int64_t step) const { return recordOf(step) / global_batch + 1; }

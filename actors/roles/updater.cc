@@ -119,25 +119,32 @@ class Updater final : public Actor {
     ++step_;
     const bool ends =
         config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_;
+    // At an epoch's end, the updater pauses only where the coordinator needs its state; else it
+    // goes on (the next step's weights go out as any step's).
+    const bool pauses = ends && (step_ == pause_at_ || config_.plan.pausesAt(step_));
     // On a device the replicas get the weights, with the event of their updates, before the
     // finiteness test waits for those updates: the next step queues meanwhile, and a failed test
     // still ends the run here, naming the step, long before that next step ends. What is kept (a
     // checkpoint at an epoch's end) or watched is tested first; so is everything in a traced run,
     // whose reducer dates the device's sums by this wait (Reducer::traceDeviceSums).
     const bool early =
-        !ends && !config_.run.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
+        !pauses && !config_.run.trace && backend_->device().kind != kernels::DeviceKind::kCpu;
     if (early) broadcast();
     checkFinite(applied);
     observers_.offer(step_, step_ == config_.plan.last_step, weights_,
                      [this](Address to, std::int64_t step, const kernels::Tensor& weights) {
                        send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
                      });
-    if (ends) {
+    if (pauses) {
       send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
-                                         loss_scale_, overflow_steps_});
-    } else if (!early) {
-      broadcast();
+                                         loss_scale_, overflow_steps_, /*paused=*/true});
+      return;
     }
+    if (ends) {
+      send(config_.coordinator,
+           EpochEnd{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/false});
+    }
+    if (!early) broadcast();
   }
 
   // reducer nccl: the step's updates were queued behind NCCL's sums, which a failed group ends

@@ -584,6 +584,8 @@ StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size) {
                                  plan.global_batch));
   }
   plan.epoch_size = epoch_size;
+  plan.evaluates = !o.test_data.empty();
+  plan.checkpoint_every = o.checkpoint_every;
   plan.start(0, o.num_epochs);
   return plan;
 }
