@@ -24,6 +24,7 @@
 #include "actors/run/run_layout.h"
 #include "actors/run/run_plan.h"
 #include "actors/run/train_log.h"
+#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "kernels/backend.h"
 #include "rendezvous/exchange.h"
@@ -173,33 +174,6 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
-// What one process of the run does, decided before anything runs: the options checked, its place
-// in the world, the batch split, the data, the step plan and learning rates, the net, and the
-// state it starts from (from scratch, a checkpoint, or an elastic generation's).
-struct ProcessPlan {
-  bool server = false, ps = false, chief = false;
-  int workers = 0, nodes = 0, rank = 0, threads = 1;
-  ProcessDevices devices;
-  std::vector<std::int64_t> shares;  // of the batch, per replica
-  data::DatasetOptions train, test;
-  StepPlan plan;
-  kernels::LrPolicy lr;
-  kernels::OptimizerSettings optimizer;  // TrainOptions::optimizer, with the net's ranges
-  kernels::NetOptions net;
-  std::int64_t num_params = 0;
-  bool has_buffers = false;
-  kernels::Tensor weights, state, buffers;  // to start from; state, buffers may be empty
-  std::string checkpoint_dir, resumed_from;
-  double cumulative_time = 0;  // carried over from a resumed checkpoint
-  std::int64_t cumulative_inputs = 0;
-  float loss_scale = 0;             // a resumed checkpoint's dynamic loss scale; 0: none there
-  std::int64_t overflow_steps = 0;  // the steps it skipped for inf or NaN gradients
-  bool nothing_left = false;        // the newest checkpoint holds the run's last step already
-  // The compute threads, once the run's processes met (joinRun), where no flag or launcher gave
-  // them: the replicas' and the updater's teams read it when they start.
-  std::shared_ptr<ThreadBudget> budget = std::make_shared<ThreadBudget>();
-};
-
 // The plan stage; with `role`, for one generation of an elastic run (actors/run/elastic.h).
 ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   checkProcessOptions(o);
@@ -333,324 +307,32 @@ struct WorkerActors {
   std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed by formNcclGroup, before run()
 };
 
-// A database reader's settings, less the replicas it feeds.
-ReaderConfig readerConfig(const TrainOptions& o, const data::DatasetOptions& train,
-                          const StepPlan& plan, Trace* trace) {
-  ReaderConfig reader;
-  reader.dataset = train;
-  reader.seed = o.seed;
-  reader.plan = plan;
-  reader.prefetch = o.prefetch;
-  reader.skip_bad_records = o.skip_bad_records;
-  reader.synthetic = o.synthetic;
-  reader.pinned = !o.gpus.empty();
-  reader.run.trace = trace;
-  return reader;
-}
-
-// Whom a worker's actors send to, by the run's layout (actors/run/run_layout.h): every process
-// spawns the same actors in the same order.
-struct WorkerAddresses {
-  Address chief, updater, reducer;
-  std::vector<Address> local_replicas, all_replicas, all_updaters, servers;
-  std::vector<Address> followers;  // the chief's Shutdown ends them: other coordinators, servers
-};
-
-WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int nodes,
-                            int replicas) {
-  WorkerAddresses a;
-  a.chief = RunLayout::coordinator(0);
-  a.updater = RunLayout::updater(rank);
-  a.reducer = RunLayout::reducer(rank);
-  for (int r = 0; r < replicas; ++r)
-    a.local_replicas.push_back(RunLayout::replica(rank, r));
-  for (int node = 0; node < workers; ++node) {
-    for (int r = 0; r < replicas; ++r)
-      a.all_replicas.push_back(RunLayout::replica(node, r));
-    a.all_updaters.push_back(RunLayout::updater(node));
-  }
-  for (int node = 1; node < workers; ++node)
-    a.followers.push_back(RunLayout::coordinator(node));
-  for (int s = 0; s < nodes - workers; ++s) {
-    a.servers.push_back(layout.server(s));
-    a.followers.push_back(layout.server(s));
-  }
-  return a;
-}
-
-// What one worker process spawns, with what it shares between its actors' configs.
-struct WorkerSpawn {
-  const TrainOptions& o;
-  const ProcessPlan& p;
-  const RunLayout& layout;
-  const WorkerAddresses& a;
-  GenerationRole* role;
-  RoleContext run;                  // every role's
-  std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed once the processes met, before run()
-
-  CoordinatorConfig coordinator(RunControl* control, TrainLog* log, TrainResult& result) const {
-    CoordinatorConfig c;
-    c.cumulative_time = p.cumulative_time;
-    c.cumulative_inputs = p.cumulative_inputs;
-    c.overflow_steps = p.overflow_steps;
-    c.options = &o;
-    c.plan = p.plan;
-    c.lr = p.lr;
-    c.num_replicas = o.replicas * p.workers;
-    c.num_updaters = p.workers;
-    c.has_test = !o.test_data.empty();
-    c.has_buffers = p.has_buffers;
-    c.experiment_id = result.experiment_id;
-    c.log = log;
-    c.checkpoint_dir = p.checkpoint_dir;
-    c.num_params = p.num_params;
-    c.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
-    c.replicas = a.all_replicas;
-    c.updaters = a.all_updaters;
-    c.followers = a.followers;
-    c.result = &result;
-    c.control = control;
-    if (role) {
-      c.joiner_waiting = role->joiner_waiting;
-      c.carry = role->carry;
-    }
-    return c;
-  }
-
-  UpdaterConfig updater() const {
-    UpdaterConfig u;
-    u.initial_weights = p.weights;
-    u.initial_state = p.state;
-    u.initial_buffers = p.buffers;
-    u.worker = p.rank;
-    u.device = p.devices.updater;
-    u.optimizer = p.optimizer;
-    u.clip_grad_norm = o.clip_grad_norm;
-    u.lr = p.lr;
-    u.plan = p.plan;
-    u.loss_scale = lossScaleOf(o);
-    if (u.loss_scale.dynamic && p.loss_scale > 0) {
-      u.loss_scale.initial = p.loss_scale;
-      u.loss_scale.skipped = p.overflow_steps;
-    }
-    // It computes on replica 0's thread, with replica 0's team: a bigger one would spin on the
-    // cores of the other replicas.
-    u.threads = std::max(1, p.threads / o.replicas);
-    u.budget = p.budget;
-    u.budget_ways = o.replicas;
-    u.replicas = a.local_replicas;
-    u.coordinator = a.chief;
-    u.run = run;
-    u.nccl = nccl;
-    if (role) {
-      u.state = role->state;
-      u.await_handover = role->await_handover;
-      for (const int r : role->handover_to)
-        u.handover_to.push_back(RunLayout::updater(r));
-    }
-    return u;
-  }
-
-  // The parameter servers update; this worker's PS client stands where the updater would.
-  PsClientConfig psClient() const {
-    PsClientConfig c;
-    c.worker = static_cast<std::uint32_t>(p.rank);
-    c.compression = compressionOf(o);
-    c.initial_weights = p.weights;
-    c.servers = a.servers;
-    c.shards = shardKeys(p.num_params, o.num_servers,
-                         kernels::optimizerInfo(p.optimizer.name).layerwise
-                             ? p.optimizer.layers
-                             : std::vector<kernels::ParamRange>{});
-    c.plan = p.plan;
-    c.replicas = a.local_replicas;
-    c.coordinator = a.chief;
-    c.run = run;
-    return c;
-  }
-
-  ReducerConfig reducer(const std::shared_ptr<ReductionPlan>& reduction) const {
-    ReducerConfig r;
-    r.num_replicas = o.replicas;
-    r.device = p.devices.reducer;
-    r.threads = 1;
-    r.updater = a.updater;
-    r.run = run;
-    if (nccl) {
-      r.nccl = nccl;
-      r.nccl->spans_processes = ncclSpansProcesses(o, p.nodes);
-      r.nccl->timeout = run.peer_timeout;
-      // Across processes, NCCL cannot say whom a sum waits for: it gives up two graces after the
-      // links' heartbeat watch (peer_timeout, two graces and a heartbeat interval:
-      // clusterOptions), which names a silent peer, as the backstop for a peer that still beats
-      // but is hung in its GPU. A group of this process's GPUs waits for no peer: the ring's
-      // watch keeps peer_timeout.
-      if (r.nccl->spans_processes)
-        r.nccl->timeout += 4 * peerTimeoutGrace(run.stall_warning, run.peer_timeout) +
-                           std::chrono::milliseconds(1000);
-    }
-    if (!p.ps) {  // with parameter servers, the servers sum over workers
-      r.rank = p.rank;
-      r.world = p.workers;
-      r.next = RunLayout::reducer((p.rank + 1) % p.workers);
-      r.compression = compressionOf(o);
-      r.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
-      r.reduction = reduction;
-    }
-    return r;
-  }
-
-  ReplicaConfig replica(int r) const {
-    ReplicaConfig c;
-    c.index = p.rank * o.replicas + r;
-    c.local_index = r;
-    c.num_replicas = o.replicas * p.workers;
-    c.worker = p.rank;
-    c.net = p.net;
-    c.device = p.devices.replicas[static_cast<std::size_t>(r)];
-    c.tf32 = o.tf32;
-    c.cudnn_deterministic = o.cudnn_deterministic;
-    c.threads = std::max(1, p.threads / o.replicas);
-    c.budget = p.budget;
-    c.budget_ways = o.replicas;
-    // Every schedule averages over the global batch: under dist_async and ssp each worker's push
-    // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
-    c.grad_scale = 1.0f / static_cast<float>(p.plan.global_batch);
-    c.input = data::normalisationOf(p.train);
-    c.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
-    c.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
-    c.test = p.test;
-    c.skip_bad_records = o.skip_bad_records;
-    c.reader = layout.reader(p.rank, o.shared_reader ? 0 : r);
-    // A worker's only replica skips the reducer (two thread hops per bucket) where nothing is to
-    // be summed with other workers' on the way: alone in the run, or with parameter servers
-    // (they sum; the PS client runs on this replica's thread all the same).
-    // NCCL sums even one GPU's buckets (a group of one), as asked.
-    const bool alone = o.replicas == 1 && (p.nodes == 1 || p.ps) && !nccl;
-    c.reducer = alone ? a.updater : a.reducer;
-    // (Under parameter-server schedules the updater's device, the PS client's, is the CPU.)
-    c.reduce_on = c.reducer == a.reducer ? p.devices.reducer : p.devices.updater;
-    c.coordinator = a.chief;
-    c.run = run;
-    if (role) c.state = role->state;
-    return c;
-  }
-
-  // Reader r of this process: one on the training database feeding `targets` (one replica's
-  // share of the batch, or every replica's: shared_reader), else the caller's (troupe/reader.h).
-  std::unique_ptr<Actor> reader(int r, const std::vector<ReaderTarget>& targets) const {
-    const std::string name = layout.nameOf(layout.reader(p.rank, r));
-    if (!o.reader_factory || o.shared_reader) {
-      ReaderConfig database = readerConfig(o, p.train, p.plan, run.trace);
-      database.targets = targets;
-      database.device = gpuOf(r);
-      return makeReader(name, database);
-    }
-    const ReaderTarget& target = targets.front();
-    ReaderSpec spec;
-    spec.name = name;
-    spec.worker = p.rank;
-    spec.replica = target.local_index;
-    spec.to = target.replica;
-    spec.first_step = p.plan.first_step;
-    spec.last_step = p.plan.last_step;
-    spec.steps_per_epoch = p.plan.steps_per_epoch;
-    spec.global_batch = p.plan.global_batch;
-    spec.offset = target.offset;
-    spec.batch = target.count;
-    spec.channels = p.train.channels;
-    spec.height = p.train.height;
-    spec.width = p.train.width;
-    spec.num_labels = p.train.num_labels;
-    spec.seed = o.seed;
-    spec.prefetch = o.prefetch;
-    auto reader = o.reader_factory(spec);
-    if (!reader) throw InputError(fmt::format("TrainerData::reader made no actor for {}", name));
-    return reader;
-  }
-
-  int gpuOf(int r) const {  // replica r's GPU, or -1
-    const kernels::Device& d = p.devices.replicas[static_cast<std::size_t>(r)];
-    return d.kind == kernels::DeviceKind::kCuda ? d.index : -1;
-  }
-
-  // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
-  // replica 0's (they never compute at once), so a process has one team per replica.
-  static SpawnOptions computeThread(int replica) {
-    return SpawnOptions{.thread = fmt::format("compute/{}", replica)};
-  }
-
-  // With a core to spare, readers run on the pool, beside the compute. Without one, a reader
-  // woken on the pool takes a computing core at any moment, and the OpenMP team of that core
-  // waits for it at its next barrier: it then reads on its replica's thread, between steps
-  // (measured on the MLP, 2 threads on 2 cores: a step's reader wake-up cost 30 us of 235 us).
-  // Replicas on GPUs keep no OpenMP team: each reader then has a thread of its own, so that a
-  // batch is read while the GPU computes, not between steps on the replica's thread while the GPU
-  // waits; not the pool's, which it would hold while it waits for its pinned buffer's last copy.
-  SpawnOptions readerThread(int r) const {
-    if (gpuOf(r) >= 0) return SpawnOptions{.thread = layout.nameOf(layout.reader(p.rank, r))};
-    return p.threads < defaultThreads() ? SpawnOptions{} : computeThread(r);
-  }
-};
-
 WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
                          RunControl* control, TrainLog* chief_log, TrainResult& result,
                          Trace* trace_ptr, const std::shared_ptr<RunMembers>& members) {
-  const int rank = p.rank;
   const RunLayout layout(p.workers, p.nodes - p.workers, o.replicas);
   if (control != nullptr) {
     control->servers.store(layout.servers());
     control->workers.store(layout.workers());
   }
-  const WorkerAddresses a = addressesOf(layout, rank, p.workers, p.nodes, o.replicas);
+  const WorkerAddresses a = addressesOf(layout, p.rank, p.workers, p.nodes, o.replicas);
   const WorkerSpawn spawn{o,
                           p,
                           layout,
                           a,
                           role,
                           roleContext(o, trace_ptr, p.plan.steps_per_epoch, members),
-                          o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr};
+                          o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr,
+                          std::make_shared<ReductionPlan>(),
+                          control,
+                          chief_log,
+                          &result};
   // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
-  auto node = makeNodeSystem(rank, 2, p.nodes > 1 || !o.rendezvous.empty());
-  auto& system = *node.system;
-  const auto expect = [](Address spawned, Address planned) { TROUPE_ENFORCE_EQ(spawned, planned); };
-
-  expect(system.spawn(
-             p.chief ? makeCoordinator("coordinator", spawn.coordinator(control, chief_log, result))
-                     : makeFollower("coordinator")),
-         RunLayout::coordinator(rank));
-  expect(p.ps ? system.spawn(makePsClient("ps-client", spawn.psClient()), spawn.computeThread(0))
-              : system.spawn(makeUpdater("updater", spawn.updater()), spawn.computeThread(0)),
-         a.updater);
-  auto reduction = std::make_shared<ReductionPlan>();  // filled in by joinRun, before run()
-  // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
-  // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
-  expect(system.spawn(makeReducer("reducer", spawn.reducer(reduction)),
-                      SpawnOptions{.thread = "reducer"}),
-         a.reducer);
-  for (int r = 0; r < o.replicas; ++r) {
-    const Address at = RunLayout::replica(rank, r);
-    expect(system.spawn(makeReplica(layout.nameOf(at), spawn.replica(r)), spawn.computeThread(r)),
-           at);
-  }
-  // Each replica's share of the global batch, in replica order.
-  std::vector<ReaderTarget> targets;
-  std::int64_t offset = o.batch_size * rank;
-  for (int r = 0; r < o.replicas; ++r) {
-    const auto share = p.shares[static_cast<std::size_t>(r)];
-    targets.push_back({RunLayout::replica(rank, r), r, offset, share});
-    offset += share;
-  }
-  if (o.shared_reader) {  // one reader feeds every replica of this process (planProcess checked)
-    expect(system.spawn(spawn.reader(0, targets), spawn.readerThread(0)), layout.reader(rank, 0));
-  } else {
-    for (int r = 0; r < o.replicas; ++r) {
-      expect(system.spawn(spawn.reader(r, {targets[static_cast<std::size_t>(r)]}),
-                          spawn.readerThread(r)),
-             layout.reader(rank, r));
-    }
-  }
-  return WorkerActors{std::move(node), reduction, spawn.nccl};
+  auto node = makeNodeSystem(p.rank, 2, p.nodes > 1 || !o.rendezvous.empty());
+  // The schedule's roles, each where the layout (that every process computes alike) places it.
+  for (const RoleSpawn& r : scheduleInfo(o.schedule).worker_roles(spawn))
+    TROUPE_ENFORCE_EQ(node.system->spawn(r.make(), r.thread), r.at);
+  return WorkerActors{std::move(node), spawn.reduction, spawn.nccl};
 }
 
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's

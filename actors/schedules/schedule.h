@@ -3,7 +3,8 @@
 // own file of this folder, and every list a user sees (the schedule key's help, docs/config.md,
 // `troupe info`, the unknown-schedule error) comes from it. A row says what the rest of the run
 // decides by: whether workers push to parameter servers (a PS client in the updater's slot),
-// whether the gradients may be summed on a GPU, whether workers may come and go.
+// whether the gradients may be summed on a GPU, whether workers may come and go; and the actors a
+// worker process runs (spawnWorker spawns them in a loop).
 #pragma once
 
 #include <string>
@@ -13,6 +14,9 @@
 #include "actors/run/trainer.h"
 
 namespace troupe::actors {
+
+struct RoleSpawn;  // actors/run/worker_spawn.h
+struct WorkerSpawn;
 
 struct ScheduleInfo {
   std::string name;
@@ -24,6 +28,8 @@ struct ScheduleInfo {
   bool elastic = false;            // workers may die or join (num_workers MIN:MAX)
   // InputError when the run's options do not fit the schedule, naming what to change.
   void (*validate)(const TrainOptions& o) = nullptr;
+  // A worker process's actors, in the run layout's order (actors/run/run_layout.h).
+  std::vector<RoleSpawn> (*worker_roles)(const WorkerSpawn& spawn) = nullptr;
 };
 
 // Every schedule, in the order help texts list them.

@@ -1,4 +1,5 @@
 // ssp: stale-synchronous parameter servers; a worker runs at most `staleness` steps ahead.
+#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -16,6 +17,7 @@ ScheduleInfo sspSchedule() {
   ScheduleInfo row{"ssp", "parameter servers; a worker runs at most `staleness` steps ahead", {}};
   row.parameter_servers = true;
   row.validate = validate;
+  row.worker_roles = pushingWorkerRoles;
   return row;
 }
 

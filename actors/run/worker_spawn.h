@@ -1,0 +1,111 @@
+// What a worker process spawns: its plan (ProcessPlan, decided before anything runs), whom its
+// actors send to (WorkerAddresses), each role's config from the one RoleContext and the plan
+// (WorkerSpawn), and the list of its actors (RoleSpawn) that its schedule gives
+// (ScheduleInfo::worker_roles, actors/schedules/) and spawnWorker spawns in a loop.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/core/system.h"
+#include "actors/roles/roles.h"
+#include "actors/run/run_layout.h"
+#include "actors/run/run_plan.h"
+#include "actors/run/trainer.h"
+
+namespace troupe::actors {
+
+class TrainLog;
+struct GenerationRole;
+
+// What one process of the run does, decided before anything runs: the options checked, its place
+// in the world, the batch split, the data, the step plan and learning rates, the net, and the
+// state it starts from (from scratch, a checkpoint, or an elastic generation's).
+struct ProcessPlan {
+  bool server = false, ps = false, chief = false;
+  int workers = 0, nodes = 0, rank = 0, threads = 1;
+  ProcessDevices devices;
+  std::vector<std::int64_t> shares;  // of the batch, per replica
+  data::DatasetOptions train, test;
+  StepPlan plan;
+  kernels::LrPolicy lr;
+  kernels::OptimizerSettings optimizer;  // TrainOptions::optimizer, with the net's ranges
+  kernels::NetOptions net;
+  std::int64_t num_params = 0;
+  bool has_buffers = false;
+  kernels::Tensor weights, state, buffers;  // to start from; state, buffers may be empty
+  std::string checkpoint_dir, resumed_from;
+  double cumulative_time = 0;  // carried over from a resumed checkpoint
+  std::int64_t cumulative_inputs = 0;
+  float loss_scale = 0;             // a resumed checkpoint's dynamic loss scale; 0: none there
+  std::int64_t overflow_steps = 0;  // the steps it skipped for inf or NaN gradients
+  bool nothing_left = false;        // the newest checkpoint holds the run's last step already
+  // The compute threads, once the run's processes met (joinRun), where no flag or launcher gave
+  // them: the replicas' and the updater's teams read it when they start.
+  std::shared_ptr<ThreadBudget> budget = std::make_shared<ThreadBudget>();
+};
+
+// Whom a worker's actors send to, by the run's layout (actors/run/run_layout.h): every process
+// spawns the same actors in the same order.
+struct WorkerAddresses {
+  Address chief, updater, reducer;
+  std::vector<Address> local_replicas, all_replicas, all_updaters, servers;
+  std::vector<Address> followers;  // the chief's Shutdown ends them: other coordinators, servers
+};
+
+WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int nodes,
+                            int replicas);
+
+// What one worker process spawns, with what it shares between its actors' configs.
+struct WorkerSpawn {
+  const TrainOptions& o;
+  const ProcessPlan& p;
+  const RunLayout& layout;
+  const WorkerAddresses& a;
+  GenerationRole* role;
+  RoleContext run;                  // every role's
+  std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed once the processes met, before run()
+  std::shared_ptr<ReductionPlan> reduction;  // filled in by joinRun, before run()
+  RunControl* control = nullptr;             // the chief's, from the caller
+  TrainLog* log = nullptr;                   // the chief's
+  TrainResult* result = nullptr;
+
+  CoordinatorConfig coordinator() const;
+  UpdaterConfig updater() const;
+  // The parameter servers update; this worker's PS client stands where the updater would.
+  PsClientConfig psClient() const;
+  ReducerConfig reducer() const;
+  ReplicaConfig replica(int r) const;
+  // Reader r of this process: one on the training database feeding `targets` (one replica's
+  // share of the batch, or every replica's: shared_reader), else the caller's (troupe/reader.h).
+  std::unique_ptr<Actor> reader(int r, const std::vector<ReaderTarget>& targets) const;
+  int gpuOf(int r) const;  // replica r's GPU, or -1
+  // Compute actors get threads of their own, so their OpenMP teams stay put; the updater shares
+  // replica 0's (they never compute at once), so a process has one team per replica.
+  static SpawnOptions computeThread(int replica);
+  SpawnOptions readerThread(int r) const;
+};
+
+// One actor of a worker process: its role (for messages), where the layout places it, the thread
+// it runs on, and how it is made (called once, while `spawn` lives).
+struct RoleSpawn {
+  std::string role;
+  Address at;
+  SpawnOptions thread;
+  std::function<std::unique_ptr<Actor>()> make;
+};
+
+// A training worker's actors in the layout's order (actors/run/run_layout.h): the coordinator
+// (a follower but on the chief), `weights` in the updater's slot, the reducer, the replicas and
+// their readers.
+std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights);
+// Those of a worker that updates its weights itself (an updater in the slot: local, device,
+// bsp-allreduce), and of one whose parameter servers update them (a PS client there: dist_sync,
+// dist_async, ssp).
+std::vector<RoleSpawn> updatingWorkerRoles(const WorkerSpawn& spawn);
+std::vector<RoleSpawn> pushingWorkerRoles(const WorkerSpawn& spawn);
+
+}  // namespace troupe::actors
