@@ -7,6 +7,9 @@
     kv.push(3, grads)
     kv.pull(3, out=weights)
 
+A PyTorch model trains on the parameter servers through troupe.torch.ParameterServerOptimizer
+(`import troupe.torch`, which imports torch).
+
 Start the processes with `troupe launch -n WORKERS -s SERVERS -- python script.py` (or MXNet's
 DMLC_* variables). A failed call raises troupe.Error, whose `kind` says how it failed (input,
 timeout, peer, ...) and whose message names the culprit.
