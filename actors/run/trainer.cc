@@ -330,7 +330,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
   auto node = makeNodeSystem(p.rank, 2, p.nodes > 1 || !o.rendezvous.empty());
   // The schedule's roles, each where the layout (that every process computes alike) places it.
-  for (const RoleSpawn& r : scheduleInfo(o.schedule).worker_roles(spawn))
+  for (const RoleSpawn& r : workerRolesOf(scheduleInfo(o.schedule), spawn))
     TROUPE_ENFORCE_EQ(node.system->spawn(r.make(), r.thread), r.at);
   return WorkerActors{std::move(node), spawn.reduction, spawn.nccl};
 }

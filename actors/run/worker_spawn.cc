@@ -264,6 +264,10 @@ std::vector<RoleSpawn> pushingWorkerRoles(const WorkerSpawn& spawn) {
                                [&spawn] { return makePsClient("ps-client", spawn.psClient()); }});
 }
 
+std::vector<RoleSpawn> workerRolesOf(const ScheduleInfo& schedule, const WorkerSpawn& spawn) {
+  return schedule.parameter_servers ? pushingWorkerRoles(spawn) : updatingWorkerRoles(spawn);
+}
+
 std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights) {
   const TrainOptions& o = spawn.o;
   const int rank = spawn.p.rank;

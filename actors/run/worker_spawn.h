@@ -1,7 +1,7 @@
 // What a worker process spawns: its plan (ProcessPlan, decided before anything runs), whom its
 // actors send to (WorkerAddresses), each role's config from the one RoleContext and the plan
-// (WorkerSpawn), and the list of its actors (RoleSpawn) that its schedule gives
-// (ScheduleInfo::worker_roles, actors/schedules/) and spawnWorker spawns in a loop.
+// (WorkerSpawn), and the list of its actors (RoleSpawn) that its schedule runs (workerRolesOf)
+// and spawnWorker spawns in a loop.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "actors/run/run_layout.h"
 #include "actors/run/run_plan.h"
 #include "actors/run/trainer.h"
+#include "actors/schedules/schedule.h"
 
 namespace troupe::actors {
 
@@ -107,5 +108,8 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
 // dist_async, ssp).
 std::vector<RoleSpawn> updatingWorkerRoles(const WorkerSpawn& spawn);
 std::vector<RoleSpawn> pushingWorkerRoles(const WorkerSpawn& spawn);
+// The actors a worker of `schedule` runs (actors/schedules/): with parameter servers, a PS
+// client in the updater's slot.
+std::vector<RoleSpawn> workerRolesOf(const ScheduleInfo& schedule, const WorkerSpawn& spawn);
 
 }  // namespace troupe::actors

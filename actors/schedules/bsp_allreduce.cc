@@ -2,7 +2,6 @@
 // updates its own copy (Horovod's way); the one schedule whose workers may come and go.
 #include <fmt/format.h>
 
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -27,7 +26,6 @@ ScheduleInfo bspAllreduceSchedule() {
       {}};
   row.elastic = true;
   row.validate = validate;
-  row.worker_roles = updatingWorkerRoles;
   return row;
 }
 

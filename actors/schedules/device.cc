@@ -1,5 +1,4 @@
 // device (MXNet's device): one process, its replicas' gradients summed on a GPU.
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -24,7 +23,6 @@ ScheduleInfo deviceSchedule() {
                    {"device"}};
   row.one_process = true;
   row.validate = validate;
-  row.worker_roles = updatingWorkerRoles;
   return row;
 }
 

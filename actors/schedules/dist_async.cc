@@ -1,5 +1,4 @@
 // dist_async (MXNet's): server shards apply each push as it arrives.
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 
 namespace troupe::actors {
@@ -9,7 +8,6 @@ ScheduleInfo distAsyncSchedule() {
       "dist_async", "parameter servers; each push applied as it comes", {"dist_async"}};
   row.parameter_servers = true;
   row.validate = requireServers;
-  row.worker_roles = pushingWorkerRoles;
   return row;
 }
 

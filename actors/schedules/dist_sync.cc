@@ -1,6 +1,5 @@
 // dist_sync (MXNet's dist_sync and dist_device_sync): server shards update once every worker
 // pushed a step.
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 
 namespace troupe::actors {
@@ -11,7 +10,6 @@ ScheduleInfo distSyncSchedule() {
                    {"dist_sync", "dist_device_sync"}};
   row.parameter_servers = true;
   row.validate = requireServers;
-  row.worker_roles = pushingWorkerRoles;
   return row;
 }
 

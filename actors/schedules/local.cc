@@ -1,5 +1,4 @@
 // local (MXNet's local): one process, its replicas' gradients summed in host memory.
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 
 namespace troupe::actors {
@@ -9,7 +8,6 @@ ScheduleInfo localSchedule() {
   row.one_process = true;
   row.sums_on_gpu = false;
   row.validate = requireOneProcess;
-  row.worker_roles = updatingWorkerRoles;
   return row;
 }
 

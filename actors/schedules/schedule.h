@@ -3,8 +3,9 @@
 // own file of this folder, and every list a user sees (the schedule key's help, docs/config.md,
 // `troupe info`, the unknown-schedule error) comes from it. A row says what the rest of the run
 // decides by: whether workers push to parameter servers (a PS client in the updater's slot),
-// whether the gradients may be summed on a GPU, whether workers may come and go; and the actors a
-// worker process runs (spawnWorker spawns them in a loop).
+// whether the gradients may be summed on a GPU, whether workers may come and go (and so which
+// actors a worker runs: workerRolesOf, actors/run/worker_spawn.h). The table stays light: the
+// config fuzzer links it to validate runs, without the actors.
 #pragma once
 
 #include <string>
@@ -28,8 +29,6 @@ struct ScheduleInfo {
   bool elastic = false;            // workers may die or join (num_workers MIN:MAX)
   // InputError when the run's options do not fit the schedule, naming what to change.
   void (*validate)(const TrainOptions& o) = nullptr;
-  // A worker process's actors, in the run layout's order (actors/run/run_layout.h).
-  std::vector<RoleSpawn> (*worker_roles)(const WorkerSpawn& spawn) = nullptr;
 };
 
 // Every schedule, in the order help texts list them.

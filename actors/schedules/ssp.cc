@@ -1,5 +1,4 @@
 // ssp: stale-synchronous parameter servers; a worker runs at most `staleness` steps ahead.
-#include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -17,7 +16,6 @@ ScheduleInfo sspSchedule() {
   ScheduleInfo row{"ssp", "parameter servers; a worker runs at most `staleness` steps ahead", {}};
   row.parameter_servers = true;
   row.validate = validate;
-  row.worker_roles = pushingWorkerRoles;
   return row;
 }
 
