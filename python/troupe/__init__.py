@@ -7,8 +7,9 @@
     kv.push(3, grads)
     kv.pull(3, out=weights)
 
-A PyTorch model trains on the parameter servers through troupe.torch.ParameterServerOptimizer
-(`import troupe.torch`, which imports torch).
+`import troupe.torch` (which imports torch) registers the torch.distributed backend "troupe"
+(dist.init_process_group("troupe"): DDP on troupe's ring) and gives
+troupe.torch.ParameterServerOptimizer (a PyTorch model trained on the parameter servers).
 
 Start the processes with `troupe launch -n WORKERS -s SERVERS -- python script.py` (or MXNet's
 DMLC_* variables). A failed call raises troupe.Error, whose `kind` says how it failed (input,

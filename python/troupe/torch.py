@@ -1,5 +1,24 @@
-"""troupe for PyTorch models: an optimizer whose update runs on troupe's parameter servers, as
-BytePS's and MXNet's distributed training did.
+"""troupe for PyTorch: a torch.distributed backend on troupe's transport, and an optimizer whose
+update runs on troupe's parameter servers (as Horovod and BytePS plugged into PyTorch).
+
+The backend: after `import troupe.torch`, dist.init_process_group("troupe") runs PyTorch's
+collectives on troupe's ring, so DDP (and code calling dist.all_reduce & co.) runs unchanged:
+
+    import torch.distributed as dist, troupe.torch
+    dist.init_process_group("troupe")             # troupe launch -n N -- python train.py
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Each rank's tensor is summed by troupe's ring allreduce over its transport (a "ring" KVStore: the
+same sum, bit for bit, on every rank). The ranks are placed by `troupe launch` (its TROUPE_*
+variables), or, under torchrun, by rank 0, which serves troupe's rendezvous on a free port at
+MASTER_ADDR and tells the others through torch's store. A first step: the process group is
+written in Python (torch calls it through its trampoline) and each collective is synchronous;
+float tensors (float32; float16 and bfloat16 summed in float32) on the CPU, and on a GPU through
+host memory; ReduceOp.SUM. allreduce, broadcast and allgather (of integer and bool tensors too,
+bit for bit), reduce_scatter, barrier; alltoall, send/recv, gather, scatter, reduce and the other
+reductions are refused by name.
+
+The parameter-server optimizer:
 
     import troupe, troupe.torch
     kv = troupe.kv.create("dist_async")           # or "dist_sync", "ssp"
@@ -18,10 +37,18 @@ once every worker pushed the step (the workers' gradients averaged, as DDP avera
 dist_async each push as it comes (1/W of a step each: staleness-aware asynchronous SGD), under ssp
 as dist_async with workers at most `staleness` steps apart.
 """
-import torch
+import os
+import socket
 
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+
+from . import kv as _kv
 from .kv import KVStore
 from .optimizer import Optimizer
+
 
 
 class ParameterServerOptimizer:
@@ -113,3 +140,201 @@ class ParameterServerOptimizer:
         self._kv.push(self._names, grads)
         self._kv.pull(self._names, out=[p.data for p in self._params])
         return loss
+
+
+# ---- the torch.distributed backend "troupe" ----
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _done(result=None):
+    """A collective that is over when it returns (troupe's calls wait for their sums): a Work whose
+    future holds the result, which C++ callers (DDP) wait on as on any backend's."""
+    future = torch.futures.Future()
+    future.set_result(result or [])
+    return _c10d._create_work_from_future(future)
+
+
+def _ring_settings(store, rank, size, timeout):
+    """troupe's placement of this rank: the launcher's, or one rank 0 serves (under torchrun);
+    waiting for the other ranks as long as init_process_group's timeout says."""
+    wait = {"rendezvous_timeout": str(timeout.total_seconds())}
+    if os.environ.get("TROUPE_RENDEZVOUS") or os.environ.get("TROUPE_RUN_ID"):
+        if int(os.environ.get("TROUPE_RANK", rank)) != rank:
+            raise ValueError(f"troupe backend: rank {rank} given, but troupe launch placed this "
+                             f"process as rank {os.environ['TROUPE_RANK']}")
+        return wait
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        store.set("troupe/rendezvous", f"tcp://{host}:{port}")
+    url = store.get("troupe/rendezvous").decode()
+    run = "torch-" + "".join(c if c.isalnum() else "-" for c in url[len("tcp://"):])
+    return {"rendezvous": url, "shard_id": rank, "num_shards": size, "run_id": run, **wait}
+
+
+class ProcessGroupTroupe(_c10d.ProcessGroup):
+    """The "troupe" backend's process group (made by dist.init_process_group("troupe"))."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._kv = _kv.create("ring", _ring_settings(store, rank, size, timeout))
+        self._sizes = {}  # numel -> the ring key that sums arrays of that size
+
+    def getBackendName(self):
+        return "troupe"
+
+    # ---- helpers ----
+    def _sum(self, flat):
+        """Sums a float32 numpy array over every rank, in place."""
+        key = self._sizes.get(flat.size)
+        if key is None:
+            key = self._sizes[flat.size] = f"sum{flat.size}"
+            self._kv.init(key, np.zeros(flat.size, dtype=np.float32))
+        self._kv.push(key, flat)
+        self._kv.pull(key, out=flat)
+
+    @staticmethod
+    def _float(what, t):
+        if t.dtype not in _FLOATS:
+            raise TypeError(f"troupe backend: {what} of a {t.dtype} tensor: troupe's collectives "
+                            "sum float32 (float16 and bfloat16 through it)")
+        if t.is_sparse:
+            raise TypeError(f"troupe backend: {what} of a sparse tensor")
+
+    @staticmethod
+    def _sum_only(what, opts):
+        op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+        if op != dist.ReduceOp.SUM:
+            names = [n for n in ("PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG",
+                                 "PREMUL_SUM") if hasattr(dist.ReduceOp, n)
+                     and op == getattr(dist.ReduceOp, n)]
+            raise ValueError(f"troupe backend: {what} with ReduceOp."
+                             f"{names[0] if names else op}: only ReduceOp.SUM for now")
+
+    def _summed(self, tensors):
+        """The float32 host sum over every rank of the local tensors' sum."""
+        host = tensors[0].detach().to("cpu", torch.float32).reshape(-1).clone()
+        for t in tensors[1:]:
+            host += t.detach().to("cpu", torch.float32).reshape(-1)
+        flat = host.numpy()
+        self._sum(flat)
+        return host
+
+    # ---- collectives ----
+    def allreduce(self, tensors, opts=None):
+        for t in tensors:
+            self._float("allreduce", t)
+        self._sum_only("allreduce", opts)
+        total = self._summed(tensors)
+        for t in tensors:
+            t.copy_(total.view(t.shape))
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        for t in tensors:
+            self._float("allreduce_coalesced", t)
+        self._sum_only("allreduce_coalesced", opts)
+        flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
+        self._sum(flat.numpy())
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+        return _done(tensors)
+
+    def broadcast(self, tensors, opts=None):
+        root = 0 if opts is None else opts.rootRank
+        for t in tensors:
+            if t.dtype in _FLOATS:
+                # The root's values plus zeros from every other rank: its values, on every rank.
+                host = t.detach().to("cpu", torch.float32).reshape(-1).clone()
+                if self.rank() != root:
+                    host.zero_()
+                self._sum(host.numpy())
+                t.copy_(host.view(t.shape))
+            else:  # integers and bools, bit for bit
+                t.copy_(self._exchanged(t, [root])[0].view(t.shape))
+        return _done(tensors)
+
+    def _exchanged(self, t, ranks):
+        """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers and
+        bools: small tensors, such as DDP's shape checks): its bytes, each a float32 in [0, 255],
+        in the rank's slot of a ring sum whose other slots hold zeros."""
+        ranks = list(ranks)
+        raw = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint8)
+        n = raw.size
+        host = np.zeros(len(ranks) * n, dtype=np.float32)
+        if self.rank() in ranks:
+            slot = ranks.index(self.rank())
+            host[slot * n:(slot + 1) * n] = raw
+        self._sum(host)
+        dtype = t.detach().cpu().numpy().dtype
+        return [torch.from_numpy(np.frombuffer(host[i * n:(i + 1) * n].astype(np.uint8).tobytes(),
+                                               dtype=dtype).copy()) for i in range(len(ranks))]
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        for outs, t in zip(output_tensors, input_tensors):
+            if len(outs) != self.size():
+                raise ValueError(f"troupe backend: allgather into {len(outs)} tensors, for "
+                                 f"{self.size()} ranks")
+            n = t.numel()
+            for r, o in enumerate(outs):
+                if o.numel() != n:
+                    raise ValueError(f"troupe backend: allgather: output {r} holds {o.numel()} "
+                                     f"values, the input {n}")
+            if t.dtype not in _FLOATS:  # integers and bools, bit for bit
+                for o, got in zip(outs, self._exchanged(t, range(self.size()))):
+                    o.copy_(got.view(o.shape))
+                continue
+            self._float("allgather", t)
+            # Each rank's values in its slot, zeros elsewhere: the sum is every rank's values.
+            host = torch.zeros(self.size() * n, dtype=torch.float32)
+            host[self.rank() * n:(self.rank() + 1) * n] = t.detach().to("cpu",
+                                                                         torch.float32).reshape(-1)
+            self._sum(host.numpy())
+            for r, o in enumerate(outs):
+                o.copy_(host[r * n:(r + 1) * n].view(o.shape))
+        return _done(output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._sum_only("reduce_scatter", opts)
+        for out, ins in zip(output_tensors, input_tensors):
+            self._float("reduce_scatter", out)
+            if len(ins) != self.size():
+                raise ValueError(f"troupe backend: reduce_scatter of {len(ins)} tensors, for "
+                                 f"{self.size()} ranks")
+            for t in ins:
+                self._float("reduce_scatter", t)
+            flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in ins])
+            self._sum(flat.numpy())
+            n = out.numel()
+            out.copy_(flat[self.rank() * n:(self.rank() + 1) * n].view(out.shape))
+        return _done(output_tensors)
+
+    def barrier(self, opts=None):
+        self._kv.barrier()
+        return _done()
+
+
+def _refused(what):
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(f"troupe backend: {what} is not supported yet (allreduce, "
+                                  "broadcast, allgather, reduce_scatter and barrier are)")
+    return refuse
+
+
+for _method, _what in (("alltoall", "alltoall"), ("alltoall_base", "alltoall"),
+                       ("send", "send"), ("recv", "recv"), ("recv_anysource", "recv"),
+                       ("gather", "gather"), ("scatter", "scatter"), ("reduce", "reduce")):
+    setattr(ProcessGroupTroupe, _method, _refused(_what))
+
+
+def _create_process_group(store, rank, size, timeout):
+    return ProcessGroupTroupe(store, rank, size, timeout)
+
+
+if "troupe" not in dist.Backend.__dict__ and not hasattr(dist.Backend, "TROUPE"):
+    dist.Backend.register_backend("troupe", _create_process_group)

@@ -1,0 +1,60 @@
+"""troupe.torch's torch.distributed backend ("troupe") against gloo: every collective on random
+tensors of odd sizes, bad calls refused, and DDP's 20 steps (tests/python/torch_backend_worker.py),
+in 3 ranks started by `troupe launch` and in 2 started with torchrun's variables alone."""
+import os
+import socket
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_backend_worker.py")
+CHECKS = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
+          "refused: troupe backend: allreduce of a torch.float64 tensor",
+          "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM for now",
+          "refused: troupe backend: send is not supported yet",
+          "ok ddp relative difference"]
+
+
+def test_three_ranks_started_by_troupe_launch():
+    r = subprocess.run([os.environ.get("TROUPE", "troupe"), "launch", "-n", "3", "--",
+                        sys.executable, WORKER],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout
+    for rank in range(3):
+        for check in CHECKS:
+            assert f"[worker {rank}] {check}" in r.stdout, (check, r.stdout)
+
+
+def test_two_ranks_placed_by_torchruns_variables():
+    # What torchrun gives each rank (its launcher itself fails under Debian's Python 3.11):
+    # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; no TROUPE_* variable, so rank 0
+    # serves troupe's rendezvous and tells the other through torch's store.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    procs = [subprocess.Popen([sys.executable, WORKER], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
+             for rank in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+        for check in CHECKS:
+            assert check in out, (check, out)
+
+
+def test_a_rank_that_never_comes_ends_the_wait_naming_it():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    program = ("import datetime, torch.distributed as dist, troupe.torch\n"
+               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=3))\n")
+    r = subprocess.run([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120,
+                       env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
+                                WORLD_SIZE="2", LOCAL_RANK="0"))
+    assert r.returncode != 0, r.stdout
+    assert "timed out after 3 s waiting for worker 1 (rank 1 of 2)" in r.stdout, r.stdout

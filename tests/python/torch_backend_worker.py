@@ -1,0 +1,107 @@
+"""torch.distributed on troupe's backend against gloo, in each rank of a run started by
+`troupe launch -n N` (or torchrun), for tests/python/test_torch_backend.py. Every collective runs
+on both process groups on the same random tensors of odd sizes; then DDP trains the same model
+20 steps on each. A difference past its bound raises (the process exits non-zero); each check
+prints "ok NAME" with what it measured."""
+import sys
+
+import torch
+import torch.distributed as dist
+
+import troupe.torch  # noqa: F401  (registers the "troupe" backend)
+
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def main():
+    dist.init_process_group("troupe")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    g = torch.Generator().manual_seed(100 + rank)
+
+    for n in (1, 7, 1000, 4099):
+        x = torch.randn(n, generator=g)
+        ours, theirs, magnitude = x.clone(), x.clone(), x.abs()
+        dist.all_reduce(ours)
+        dist.all_reduce(theirs, group=gloo)
+        dist.all_reduce(magnitude, group=gloo)
+        # Two float sums of the same `world` terms in other orders: each within
+        # gamma(world - 1) * sum |x_i| of the exact sum (Higham, Lemma 3.1).
+        gamma = (world - 1) * U / (1 - (world - 1) * U)
+        excess = ((ours - theirs).abs() - 2 * gamma * magnitude).max().item()
+        assert excess <= 0, f"allreduce of {n}: {excess} past the bound"
+    print("ok allreduce", flush=True)
+
+    for dtype in (torch.float32, torch.float16, torch.int64, torch.uint8):
+        for root in range(world):
+            x = (torch.randn(13, generator=g) * 100).to(dtype)
+            ours, theirs = x.clone(), x.clone()
+            dist.broadcast(ours, src=root)
+            dist.broadcast(theirs, src=root, group=gloo)
+            assert torch.equal(ours, theirs), f"broadcast of {dtype} from {root}"
+    print("ok broadcast", flush=True)
+
+    for dtype in (torch.float32, torch.int64):
+        x = (torch.randn(5, generator=g) * 1000).to(dtype)
+        ours = [torch.empty_like(x) for _ in range(world)]
+        theirs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(ours, x)
+        dist.all_gather(theirs, x, group=gloo)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), f"allgather of {dtype}"
+    print("ok allgather", flush=True)
+
+    parts = [torch.randn(3, generator=g) for _ in range(world)]
+    out = torch.empty(3)
+    dist.reduce_scatter(out, parts)
+    whole = torch.cat(parts)
+    dist.all_reduce(whole, group=gloo)  # gloo has no reduce_scatter: its allreduce's slice
+    magnitude = torch.cat(parts).abs()
+    dist.all_reduce(magnitude, group=gloo)
+    gamma = (world - 1) * U / (1 - (world - 1) * U)
+    mine = slice(3 * rank, 3 * rank + 3)
+    assert ((out - whole[mine]).abs() <= 2 * gamma * magnitude[mine]).all(), "reduce_scatter"
+    dist.barrier()
+    print("ok reduce_scatter barrier", flush=True)
+
+    for bad, call in ((torch.zeros(3, dtype=torch.float64), lambda t: dist.all_reduce(t)),
+                      (torch.zeros(3), lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX)),
+                      (torch.zeros(3), lambda t: dist.send(t, dst=(rank + 1) % world))):
+        try:
+            call(bad)
+        except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
+            assert "troupe backend" in str(e), str(e)
+            print(f"refused: {str(e).splitlines()[0]}", flush=True)
+        else:
+            raise AssertionError("a bad call went through")
+
+    # DDP, 20 steps of SGD (momentum 0.9) on each backend from the same weights and batches.
+    def trained(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Tanh(),
+                                    torch.nn.Linear(16, 3))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        data = torch.Generator().manual_seed(rank)
+        for _ in range(20):
+            x = torch.randn(8, 10, generator=data)
+            y = torch.randn(8, 3, generator=data)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        return [p.detach() for p in model.parameters()]
+
+    ours = trained(dist.group.WORLD)
+    theirs = trained(gloo)
+    # The same gradients on each rank; the two backends sum the world's in other orders, within
+    # 2 gamma(world - 1) of the exact sum when its terms do not cancel (tests/float_bounds.h's
+    # sgdTrajectoryBound, with the probabilistic gamma: 7 sqrt(world) u); the momentum buffer
+    # carries each step's error 1 / (1 - 0.9) times over, and the weights move by lr v.
+    bound = 2 * 7 * world ** 0.5 * U / (1 - 0.9) + 20 * 4 * U
+    worst = max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(ours, theirs))
+    assert worst <= bound, f"DDP: relative difference {worst} past {bound}"
+    print(f"ok ddp relative difference {worst:.3g} (bound {bound:.3g})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
