@@ -36,6 +36,17 @@ def load(folder, kind):
     return images.reshape(len(images), -1).astype(np.float32) / 255.0, labels.astype(np.int64)
 
 
+def add_training_flags(ap):
+    """The data and SGD flags of MXNet's train_mnist.py that this folder's MLPs take alike."""
+    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist",
+                    help="the IDX files of Fashion-MNIST (or MNIST), gzipped")
+    ap.add_argument("--num-epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64, help="a worker's batch")
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--wd", type=float, default=1e-4)
+
+
 SIZES = [784, 128, 64, 10]
 NAMES = [f"fc{i + 1}_{part}" for i in range(len(SIZES) - 1) for part in ("weight", "bias")]
 
@@ -83,13 +94,7 @@ def gradients(params, x, y):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-store", default="local", help="local, dist_sync, dist_async, ring ...")
-    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist",
-                    help="the IDX files of Fashion-MNIST (or MNIST), gzipped")
-    ap.add_argument("--num-epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=64, help="a worker's batch")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--wd", type=float, default=1e-4)
+    add_training_flags(ap)
     a = ap.parse_args()
 
     kv = troupe.kv.create(a.kv_store)  # a parameter server serves here, then exits

@@ -19,19 +19,13 @@ import torch
 
 import troupe
 import troupe.torch
-from kv_mlp import load  # the IDX reader of the numpy MLP beside this file
+from kv_mlp import add_training_flags, load  # the numpy MLP beside this file
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-store", default="dist_sync", help="dist_sync, dist_async or ssp")
-    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist",
-                    help="the IDX files of Fashion-MNIST (or MNIST), gzipped")
-    ap.add_argument("--num-epochs", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=64, help="a worker's batch")
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--wd", type=float, default=1e-4)
+    add_training_flags(ap)
     a = ap.parse_args()
 
     kv = troupe.kv.create(a.kv_store)  # a parameter server serves here, then exits
