@@ -205,11 +205,13 @@ class RingKVStore final : public KVStore {
                                       key, i, values[i].size(), n));
       }
     }
-    auto sum = kernels::Tensor::host({n});
+    // The first array copied, the others added: no zero fill to add them to.
+    auto sum = kernels::Tensor::hostUninitialized({n});
     float* s = sum.f32();
-    for (const auto& v : values) {
+    std::copy(values[0].begin(), values[0].end(), s);
+    for (std::size_t i = 1; i < values.size(); ++i) {
       for (std::int64_t j = 0; j < n; ++j)
-        s[j] += v[static_cast<std::size_t>(j)];
+        s[j] += values[i][static_cast<std::size_t>(j)];
     }
     const std::int64_t step = k.pushes++;
     k.pending.push_back({step, sum});
