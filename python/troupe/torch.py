@@ -191,10 +191,12 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         """Sums a float32 numpy array over every rank, in place."""
         key = self._sizes.get(flat.size)
         if key is None:
-            key = self._sizes[flat.size] = f"sum{flat.size}"
-            self._kv.init(key, np.zeros(flat.size, dtype=np.float32))
-        self._kv.push(key, flat)
-        self._kv.pull(key, out=flat)
+            name = f"sum{flat.size}"
+            self._kv.init(name, np.zeros(flat.size, dtype=np.float32))
+            key = self._sizes[flat.size] = self._kv._key(name)
+        # The store's own calls: the sum straight into `flat`, no array of the pull's between.
+        self._kv._store.push(key, [flat], 0)
+        self._kv._store.pull(key, flat, 0)
 
     @staticmethod
     def _float(what, t):
@@ -228,6 +230,11 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         for t in tensors:
             self._float("allreduce", t)
         self._sum_only("allreduce", opts)
+        t = tensors[0]
+        if (len(tensors) == 1 and t.device.type == "cpu" and t.dtype == torch.float32
+                and t.is_contiguous()):  # DDP's buckets: summed where they lie
+            self._sum(t.detach().view(-1).numpy())
+            return _done(tensors)
         total = self._summed(tensors)
         for t in tensors:
             t.copy_(total.view(t.shape))
