@@ -147,6 +147,11 @@ class ParameterServerOptimizer:
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _host(t):
+    """t's values as a flat float32 CPU tensor (t itself where it already is one)."""
+    return t.detach().to("cpu", torch.float32).reshape(-1)
+
+
 def _done(result=None):
     """A collective that is over when it returns (troupe's calls wait for their sums): a Work whose
     future holds the result, which C++ callers (DDP) wait on as on any backend's."""
@@ -218,12 +223,29 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
 
     def _summed(self, tensors):
         """The float32 host sum over every rank of the local tensors' sum."""
-        host = tensors[0].detach().to("cpu", torch.float32).reshape(-1).clone()
+        host = _host(tensors[0]).clone()
         for t in tensors[1:]:
-            host += t.detach().to("cpu", torch.float32).reshape(-1)
-        flat = host.numpy()
-        self._sum(flat)
+            host += _host(t)
+        self._sum(host.numpy())
         return host
+
+    def _concatenated_sum(self, tensors):
+        """The float32 host sum over every rank of the tensors laid end to end."""
+        flat = torch.cat([_host(t) for t in tensors])
+        self._sum(flat.numpy())
+        return flat
+
+    def _slots(self, values, ranks):
+        """Each of `ranks`' float32 `values` (a flat numpy array of one size on every rank), on
+        every rank: each in its slot of a ring sum whose other slots hold zeros."""
+        ranks = list(ranks)
+        n = values.size
+        host = np.zeros(len(ranks) * n, dtype=np.float32)
+        if self.rank() in ranks:
+            slot = ranks.index(self.rank())
+            host[slot * n:(slot + 1) * n] = values
+        self._sum(host)
+        return [host[i * n:(i + 1) * n] for i in range(len(ranks))]
 
     # ---- collectives ----
     def allreduce(self, tensors, opts=None):
@@ -244,8 +266,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         for t in tensors:
             self._float("allreduce_coalesced", t)
         self._sum_only("allreduce_coalesced", opts)
-        flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in tensors])
-        self._sum(flat.numpy())
+        flat = self._concatenated_sum(tensors)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view(t.shape))
@@ -255,13 +276,8 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         root = 0 if opts is None else opts.rootRank
         for t in tensors:
-            if t.dtype in _FLOATS:
-                # The root's values plus zeros from every other rank: its values, on every rank.
-                host = t.detach().to("cpu", torch.float32).reshape(-1).clone()
-                if self.rank() != root:
-                    host.zero_()
-                self._sum(host.numpy())
-                t.copy_(host.view(t.shape))
+            if t.dtype in _FLOATS:  # the root's values in the one slot
+                t.copy_(torch.from_numpy(self._slots(_host(t).numpy(), [root])[0]).view(t.shape))
             else:  # integers and bools, bit for bit
                 t.copy_(self._exchanged(t, [root])[0].view(t.shape))
         return _done(tensors)
@@ -270,17 +286,10 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers and
         bools: small tensors, such as DDP's shape checks): its bytes, each a float32 in [0, 255],
         in the rank's slot of a ring sum whose other slots hold zeros."""
-        ranks = list(ranks)
         raw = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint8)
-        n = raw.size
-        host = np.zeros(len(ranks) * n, dtype=np.float32)
-        if self.rank() in ranks:
-            slot = ranks.index(self.rank())
-            host[slot * n:(slot + 1) * n] = raw
-        self._sum(host)
         dtype = t.detach().cpu().numpy().dtype
-        return [torch.from_numpy(np.frombuffer(host[i * n:(i + 1) * n].astype(np.uint8).tobytes(),
-                                               dtype=dtype).copy()) for i in range(len(ranks))]
+        return [torch.from_numpy(np.frombuffer(got.astype(np.uint8).tobytes(), dtype=dtype).copy())
+                for got in self._slots(raw.astype(np.float32), ranks)]
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         for outs, t in zip(output_tensors, input_tensors):
@@ -297,13 +306,8 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                     o.copy_(got.view(o.shape))
                 continue
             self._float("allgather", t)
-            # Each rank's values in its slot, zeros elsewhere: the sum is every rank's values.
-            host = torch.zeros(self.size() * n, dtype=torch.float32)
-            host[self.rank() * n:(self.rank() + 1) * n] = t.detach().to("cpu",
-                                                                         torch.float32).reshape(-1)
-            self._sum(host.numpy())
-            for r, o in enumerate(outs):
-                o.copy_(host[r * n:(r + 1) * n].view(o.shape))
+            for o, got in zip(outs, self._slots(_host(t).numpy(), range(self.size()))):
+                o.copy_(torch.from_numpy(got).view(o.shape))
         return _done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -315,8 +319,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                                  f"{self.size()} ranks")
             for t in ins:
                 self._float("reduce_scatter", t)
-            flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in ins])
-            self._sum(flat.numpy())
+            flat = self._concatenated_sum(ins)
             n = out.numel()
             out.copy_(flat[self.rank() * n:(self.rank() + 1) * n].view(out.shape))
         return _done(output_tensors)
