@@ -65,7 +65,7 @@ void checkWritableDir(const std::string& dir, const char* what) {
 // The checks and plan of trainProcess up to its first rendezvous, with its error messages.
 Plan plan(const actors::TrainOptions& o) {
   actors::checkProcessOptions(o);
-  const bool server = o.role == "server";
+  const bool server = o.role == actors::ProcessRole::kServer;
   const int workers = o.num_shards;
   Plan p;
   p.shares = actors::splitBatch(o.batch_size, o.replicas, o.work_load_list);
@@ -356,15 +356,16 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
                             o.min_workers, o.max_workers, workers)
               : fmt::format("{}", workers));
   row("servers", fmt::format("{}", o.num_servers));
-  row("this process", fmt::format("{} {}{}", o.role, o.shard_id,
-                                  o.role == "worker" && o.shard_id == 0 ? " (the chief)" : ""));
-  row("schedule", o.schedule);
+  row("this process",
+      fmt::format("{} {}{}", actors::roleName(o.role), o.shard_id,
+                  o.role == actors::ProcessRole::kWorker && o.shard_id == 0 ? " (the chief)" : ""));
+  row("schedule", o.schedule.name());
   std::string shares;
   for (const auto s : p.shares)
     shares += (shares.empty() ? "" : ", ") + std::to_string(s);
   row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
   if (!o.gpus.empty()) {
-    const bool ps = actors::isParameterServerSchedule(o.schedule);
+    const bool ps = o.schedule.servers() != nullptr;
     const auto devices = actors::devicesOf(o, ps, processes);
     row("devices", fmt::format("{}; TF32 {}", actors::describe(devices, o, ps, processes),
                                o.tf32 ? "on" : "off"));
@@ -410,20 +411,21 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   } else if (o.resume == "auto") {
     row("resume", "auto: no checkpoint of this run yet, from scratch");
   }
-  std::string lr = fmt::format("{} from {:g}", p.lr.policy, p.lr.base);
+  std::string lr =
+      fmt::format("{} from {:g}", kernels::nameIn(kernels::kLrPolicies, p.lr.policy), p.lr.base);
   for (const auto& [name, value] : o.parameters) {
     if (name == "lr_scaling" && !value.empty() && value != "none")
       lr += fmt::format(" (base_learning_rate scaled by lr_scaling {})", value);
   }
-  if (p.lr.policy == "step")
+  if (p.lr.policy == kernels::LrSchedule::kStep)
     lr += fmt::format(", x {:g} every {} steps", p.lr.gamma, p.lr.stepsize);
-  if (p.lr.policy == "multistep") {
+  if (p.lr.policy == kernels::LrSchedule::kMultistep) {
     std::string at;
     for (const auto s : p.lr.stepvalues)
       at += (at.empty() ? "" : ", ") + std::to_string(s);
     lr += fmt::format(", x {:g} at steps {}", p.lr.gamma, at);
   }
-  if (p.lr.policy == "poly") {
+  if (p.lr.policy == kernels::LrSchedule::kPoly) {
     lr += fmt::format(", to {:g} as (1 - step / {})^{:g}", p.lr.end, p.lr.max_steps, p.lr.power);
   }
   if (p.lr.warmup_steps > 0) lr += fmt::format(", warmup {} steps", p.lr.warmup_steps);
@@ -439,15 +441,17 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   if (o.label_smoothing > 0) optimizer += fmt::format(", label smoothing {:g}", o.label_smoothing);
   row("optimizer", optimizer);
   if (processes > 1 || elastic) {
-    const bool serves = o.serve_store && o.role == "worker" && o.shard_id == 0 &&
-                        o.rendezvous.starts_with("tcp://");
+    const bool serves = o.serve_store && o.role == actors::ProcessRole::kWorker &&
+                        o.shard_id == 0 && o.rendezvous.starts_with("tcp://");
     row("rendezvous",
         rendezvous::redactedStoreUrl(o.rendezvous) + (serves ? " (this process serves it)" : ""));
     row("run id", o.run_id);
     row("compression", kernels::describe(actors::compressionOf(o)));
-    if (o.schedule == "bsp-allreduce") row("allreduce", o.allreduce);
+    if (const auto* all = o.schedule.allreduce()) {
+      row("allreduce", actors::allreduceName(all->algorithm));
+    }
   }
-  if (o.role == "worker" && o.shard_id == 0) {
+  if (o.role == actors::ProcessRole::kWorker && o.shard_id == 0) {
     const std::string checkpoints = actors::checkpointDir(o);
     row("log", fmt::format("{}/{}.log", o.log_dir, actors::experimentId(o)));
     row("checkpoints", o.checkpoint_every > 0

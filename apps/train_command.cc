@@ -48,8 +48,9 @@ void addTrainCommand(CLI::App& app) {
       return;
     }
     if (result.epochs.empty()) {  // not the chief: rank 0 logs the run
-      spdlog::info("done: {} {} of {}", options.role, options.shard_id,
-                   options.role == "server" ? options.num_servers : options.num_shards);
+      spdlog::info(
+          "done: {} {} of {}", actors::roleName(options.role), options.shard_id,
+          options.role == actors::ProcessRole::kServer ? options.num_servers : options.num_shards);
       return;
     }
     if (options.test_data.empty()) {

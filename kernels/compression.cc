@@ -10,25 +10,13 @@
 namespace troupe::kernels {
 
 GradientCompression parseGradientCompression(const std::string& name) {
-  if (name == "none") return GradientCompression::kNone;
-  if (name == "fp16") return GradientCompression::kFp16;
-  if (name == "bf16") return GradientCompression::kBf16;
-  if (name == "2bit") return GradientCompression::k2Bit;
+  for (const auto& row : kCompressions)
+    if (name == row.name) return row.value;
   throw InputError("unknown gradient compression '" + name + "' (known: none, fp16, bf16, 2bit)");
 }
 
 std::string toString(GradientCompression type) {
-  switch (type) {
-    case GradientCompression::kFp16:
-      return "fp16";
-    case GradientCompression::kBf16:
-      return "bf16";
-    case GradientCompression::k2Bit:
-      return "2bit";
-    case GradientCompression::kNone:
-      break;
-  }
-  return "none";
+  return nameIn(kCompressions, type);
 }
 
 std::string describe(const CompressionSpec& spec) {

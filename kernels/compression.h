@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/named.h"
 #include "kernels/tensor.h"
 
 namespace troupe::kernels {
@@ -24,6 +25,11 @@ struct CompressionSpec {
   bool operator==(const CompressionSpec&) const = default;
 };
 
+inline constexpr Named<GradientCompression> kCompressions[] = {
+    {"none", GradientCompression::kNone},
+    {"fp16", GradientCompression::kFp16},
+    {"bf16", GradientCompression::kBf16},
+    {"2bit", GradientCompression::k2Bit}};
 // "none", "fp16", "bf16", "2bit"; parse throws InputError naming the known ones.
 GradientCompression parseGradientCompression(const std::string& name);
 std::string toString(GradientCompression type);

@@ -1,5 +1,6 @@
 #include "kernels/layers.h"
 
+#include <functional>
 #include <map>
 
 #include "troupe/error.h"
@@ -17,20 +18,21 @@ void Layer::widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor&
 namespace {
 
 // A layer that runs one op, made for each batch size it sees (ops are fixed to a batch size) by
-// make(); what its backward reads (backwardReadsBottom, backwardReadsTop) is fixed when it is
-// made, and most layers have no parameters to bind.
+// make(), or by the maker it was given; what its backward reads (backwardReadsBottom,
+// backwardReadsTop) is fixed when it is made, and most layers have no parameters to bind.
 template <typename Op>
 class OpLayer : public Layer {
  public:
-  OpLayer(const char* kind, bool reads_bottom, bool reads_top)
-      : kind_(kind), reads_bottom_(reads_bottom), reads_top_(reads_top) {}
+  using Maker = std::function<std::unique_ptr<Op>(LayerContext& ctx, std::int64_t n)>;
+  OpLayer(const char* kind, bool reads_bottom, bool reads_top, Maker maker = nullptr)
+      : kind_(kind), reads_bottom_(reads_bottom), reads_top_(reads_top), maker_(std::move(maker)) {}
   const char* kind() const override { return kind_; }
   bool backwardReadsBottom() const override { return reads_bottom_; }
   bool backwardReadsTop() const override { return reads_top_; }
   void bind(const Tensor&, const Tensor&, const Tensor&) override {}
 
  protected:
-  virtual std::unique_ptr<Op> make(LayerContext& ctx, std::int64_t n) = 0;
+  virtual std::unique_ptr<Op> make(LayerContext& ctx, std::int64_t n) { return maker_(ctx, n); }
   Op& op(LayerContext& ctx, std::int64_t n) {
     auto& op = ops_[n];
     if (!op) op = make(ctx, n);
@@ -40,7 +42,24 @@ class OpLayer : public Layer {
  private:
   const char* kind_;
   bool reads_bottom_, reads_top_;
+  Maker maker_;
   std::map<std::int64_t, std::unique_ptr<Op>> ops_;
+};
+
+// A layer whose op maps x to y, and whose backward needs dy alone (pooling: a max pool's choices
+// are its op's).
+template <typename Op>
+class MapLayer final : public OpLayer<Op> {
+ public:
+  MapLayer(const char* kind, typename OpLayer<Op>::Maker maker)
+      : OpLayer<Op>(kind, false, false, std::move(maker)) {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    this->op(ctx, n).forward(ctx.data(this->bottoms[0]), ctx.data(this->top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(this->bottoms[0]);
+    if (dx.raw()) this->op(ctx, n).backward(ctx.diff(this->top), dx);
+  }
 };
 
 // The backward reads x, not y.
@@ -48,16 +67,15 @@ class ConvLayer final : public OpLayer<ConvOp> {
  public:
   ConvLayer(const Shape& in, std::int64_t oc, std::int64_t k, std::int64_t s, std::int64_t p,
             bool bias)
-      : OpLayer("conv", true, false) {
-    g_.channels = in[0];
-    g_.height = in[1];
-    g_.width = in[2];
-    g_.out_channels = oc;
-    g_.kernel = k;
-    g_.stride = s;
-    g_.pad = p;
-    g_.bias = bias;
-  }
+      : OpLayer("conv", true, false),
+        g_{.channels = in[0],
+           .height = in[1],
+           .width = in[2],
+           .out_channels = oc,
+           .kernel = k,
+           .stride = s,
+           .pad = p,
+           .bias = bias} {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     const std::int64_t wn = g_.out_channels * g_.channels * g_.kernel * g_.kernel;
     w_ = weights.slice(param_begin, param_begin + wn);
@@ -119,39 +137,6 @@ class ConvLayer final : public OpLayer<ConvOp> {
   Tensor w_, b_, dw_, db_;
 };
 
-// The backward reads neither: a max pool's choices are its op's.
-class PoolLayer final : public OpLayer<PoolOp> {
- public:
-  PoolLayer(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p, PoolMethod m,
-            bool ceil_mode)
-      : OpLayer("pool", false, false) {
-    g_.ceil_mode = ceil_mode;
-    g_.channels = in[0];
-    g_.height = in[1];
-    g_.width = in[2];
-    g_.kernel = k;
-    g_.stride = s;
-    g_.pad = p;
-    g_.method = m;
-  }
-  void forward(LayerContext& ctx, std::int64_t n, bool) override {
-    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
-  }
-  void backward(LayerContext& ctx, std::int64_t n, float) override {
-    const Tensor dx = ctx.diff(bottoms[0]);
-    if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
-  }
-
- private:
-  std::unique_ptr<PoolOp> make(LayerContext& ctx, std::int64_t n) override {
-    PoolGeometry g = g_;
-    g.n = n;
-    g.channels_last = ctx.channelsLast();
-    return ctx.backend().makePool(g);
-  }
-  PoolGeometry g_;
-};
-
 // The backward reads x, not y.
 class InnerProductLayer final : public OpLayer<InnerProductOp> {
  public:
@@ -182,7 +167,10 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
 // The backward reads y, not x.
 class ReluLayer final : public OpLayer<ReluOp> {
  public:
-  explicit ReluLayer(std::int64_t per_sample) : OpLayer("relu", false, true), per_(per_sample) {}
+  explicit ReluLayer(std::int64_t per_sample)
+      : OpLayer("relu", false, true, [per_sample](LayerContext& ctx, std::int64_t n) {
+          return ctx.backend().makeRelu(n * per_sample);
+        }) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -192,12 +180,6 @@ class ReluLayer final : public OpLayer<ReluOp> {
   }
   bool inPlace() const override { return true; }
   bool isRelu() const override { return true; }
-
- private:
-  std::unique_ptr<ReluOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeRelu(n * per_);
-  }
-  std::int64_t per_;
 };
 
 // The backward reads x, and y for its ReLU.
@@ -258,7 +240,9 @@ class BatchNormLayer final : public OpLayer<BatchNormOp> {
 class DropoutLayer final : public OpLayer<DropoutOp> {
  public:
   DropoutLayer(std::int64_t per_sample, float ratio)
-      : OpLayer("dropout", false, false), per_(per_sample), ratio_(ratio) {}
+      : OpLayer("dropout", false, false, [per_sample, ratio](LayerContext& ctx, std::int64_t n) {
+          return ctx.backend().makeDropout(n * per_sample, ratio);
+        }) {}
   void forward(LayerContext& ctx, std::int64_t n, bool train) override {
     if (!train) {
       ctx.backend().copy(ctx.data(bottoms[0]), ctx.data(top));
@@ -270,19 +254,15 @@ class DropoutLayer final : public OpLayer<DropoutOp> {
     const Tensor dx = ctx.diff(bottoms[0]);
     if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
   }
-
- private:
-  std::unique_ptr<DropoutOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeDropout(n * per_, ratio_);
-  }
-  std::int64_t per_;
-  float ratio_;
 };
 
 // The backward reads neither.
 class AddLayer final : public OpLayer<AddOp> {
  public:
-  explicit AddLayer(std::int64_t per_sample) : OpLayer("add", false, false), per_(per_sample) {}
+  explicit AddLayer(std::int64_t per_sample)
+      : OpLayer("add", false, false, [per_sample](LayerContext& ctx, std::int64_t n) {
+          return ctx.backend().makeAdd(n * per_sample);
+        }) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(bottoms[1]), ctx.data(top));
   }
@@ -295,52 +275,22 @@ class AddLayer final : public OpLayer<AddOp> {
   }
 
   bool isAdd() const override { return true; }
-
- private:
-  std::unique_ptr<AddOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeAdd(n * per_);
-  }
-  std::int64_t per_;
-};
-
-// The backward reads neither.
-class GlobalAvgPoolLayer final : public OpLayer<GlobalAvgPoolOp> {
- public:
-  explicit GlobalAvgPoolLayer(const Shape& in)
-      : OpLayer("global pool", false, false), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
-  void forward(LayerContext& ctx, std::int64_t n, bool) override {
-    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
-  }
-  void backward(LayerContext& ctx, std::int64_t n, float) override {
-    const Tensor dx = ctx.diff(bottoms[0]);
-    if (dx.raw()) op(ctx, n).backward(ctx.diff(top), dx);
-  }
-
- private:
-  std::unique_ptr<GlobalAvgPoolOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeGlobalAvgPool(n, channels_, spatial_, ctx.channelsLast());
-  }
-  std::int64_t channels_, spatial_;
 };
 
 // The backward reads neither: its op keeps the probabilities.
 class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
  public:
   SoftmaxLossLayer(std::int64_t classes, float smoothing)
-      : OpLayer("softmax loss", false, false), classes_(classes), smoothing_(smoothing) {}
+      : OpLayer("softmax loss", false, false,
+                [classes, smoothing](LayerContext& ctx, std::int64_t n) {
+                  return ctx.backend().makeSoftmaxLoss(n, classes, smoothing);
+                }) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.labels(), ctx.metrics());
   }
   void backward(LayerContext& ctx, std::int64_t n, float grad_scale) override {
     op(ctx, n).backward(grad_scale, ctx.diff(bottoms[0]));
   }
-
- private:
-  std::unique_ptr<SoftmaxLossOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeSoftmaxLoss(n, classes_, smoothing_);
-  }
-  std::int64_t classes_;
-  float smoothing_;
 };
 
 }  // namespace
@@ -352,7 +302,20 @@ std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
 }
 std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
                                      std::int64_t pad, PoolMethod method, bool ceil_mode) {
-  return std::make_unique<PoolLayer>(in, kernel, stride, pad, method, ceil_mode);
+  const PoolGeometry geometry{.channels = in[0],
+                              .height = in[1],
+                              .width = in[2],
+                              .kernel = kernel,
+                              .stride = stride,
+                              .pad = pad,
+                              .method = method,
+                              .ceil_mode = ceil_mode};
+  return std::make_unique<MapLayer<PoolOp>>("pool", [geometry](LayerContext& ctx, std::int64_t n) {
+    PoolGeometry g = geometry;
+    g.n = n;
+    g.channels_last = ctx.channelsLast();
+    return ctx.backend().makePool(g);
+  });
 }
 std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out) {
   return std::make_unique<InnerProductLayer>(in, out);
@@ -370,7 +333,11 @@ std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample) {
   return std::make_unique<AddLayer>(per_sample);
 }
 std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in) {
-  return std::make_unique<GlobalAvgPoolLayer>(in);
+  const std::int64_t channels = in[0], spatial = numelOf(in) / in[0];
+  return std::make_unique<MapLayer<GlobalAvgPoolOp>>(
+      "global pool", [channels, spatial](LayerContext& ctx, std::int64_t n) {
+        return ctx.backend().makeGlobalAvgPool(n, channels, spatial, ctx.channelsLast());
+      });
 }
 std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing) {
   if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f)) {

@@ -36,10 +36,7 @@ const OptimizerInfo& optimizerInfo(const std::string& name) {
 }
 
 std::string optimizerNames() {
-  std::string names;
-  for (const auto& row : optimizers())
-    names += (names.empty() ? "" : ", ") + row.name;
-  return names;
+  return namesOf(optimizers());
 }
 
 std::vector<ParamRange> clipRanges(const std::vector<ParamRange>& ranges, std::int64_t begin,
@@ -220,47 +217,58 @@ void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
 
 void validate(const LrPolicy& p) {
   auto fail = [&](const std::string& what) {
-    throw InputError("lr policy '" + p.policy + "': " + what);
+    throw InputError(fmt::format("lr policy '{}': {}", nameIn(kLrPolicies, p.policy), what));
   };
   if (!(p.base > 0.0f) || !std::isfinite(p.base)) fail("base rate must be positive");
   if (p.warmup_steps < 0) fail("warmup_steps must not be negative");
-  if (p.policy == "fixed") return;
-  if (p.policy == "step") {
-    if (p.stepsize <= 0) fail("needs stepsize > 0");
-    if (!(p.gamma > 0.0f)) fail("needs gamma > 0");
-  } else if (p.policy == "multistep") {
-    if (p.stepvalues.empty()) fail("needs stepvalues");
-    if (!std::is_sorted(p.stepvalues.begin(), p.stepvalues.end()))
-      fail("stepvalues must be increasing");
-    if (!(p.gamma > 0.0f)) fail("needs gamma > 0");
-  } else if (p.policy == "cosine") {
-    if (p.max_steps <= 0) fail("needs max_steps > 0");
-  } else if (p.policy == "poly") {
-    if (p.max_steps <= 0) fail("needs max_steps > 0");
-    if (!(p.power > 0.0f) || !std::isfinite(p.power)) fail("needs power > 0");
-    if (!(p.end >= 0.0f && p.end <= p.base)) fail("needs 0 <= end rate <= base rate");
-  } else {
-    throw InputError("unknown lr policy '" + p.policy +
-                     "' (known: fixed, step, multistep, cosine, poly)");
+  switch (p.policy) {
+    case LrSchedule::kFixed:
+      return;
+    case LrSchedule::kStep:
+      if (p.stepsize <= 0) fail("needs stepsize > 0");
+      if (!(p.gamma > 0.0f)) fail("needs gamma > 0");
+      return;
+    case LrSchedule::kMultistep:
+      if (p.stepvalues.empty()) fail("needs stepvalues");
+      if (!std::is_sorted(p.stepvalues.begin(), p.stepvalues.end()))
+        fail("stepvalues must be increasing");
+      if (!(p.gamma > 0.0f)) fail("needs gamma > 0");
+      return;
+    case LrSchedule::kCosine:
+      if (p.max_steps <= 0) fail("needs max_steps > 0");
+      return;
+    case LrSchedule::kPoly:
+      if (p.max_steps <= 0) fail("needs max_steps > 0");
+      if (!(p.power > 0.0f) || !std::isfinite(p.power)) fail("needs power > 0");
+      if (!(p.end >= 0.0f && p.end <= p.base)) fail("needs 0 <= end rate <= base rate");
+      return;
   }
 }
 
 float learningRate(const LrPolicy& p, std::int64_t step) {
   double lr = p.base;
-  if (p.policy == "step") {
-    lr *= std::pow(static_cast<double>(p.gamma), static_cast<double>(step / p.stepsize));
-  } else if (p.policy == "multistep") {
-    const auto passed =
-        std::upper_bound(p.stepvalues.begin(), p.stepvalues.end(), step) - p.stepvalues.begin();
-    lr *= std::pow(static_cast<double>(p.gamma), static_cast<double>(passed));
-  } else if (p.policy == "cosine") {
-    const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
-    lr *= 0.5 * (1.0 + std::cos(std::numbers::pi * t));
-  } else if (p.policy == "poly") {
-    const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
-    lr = p.end + (lr - p.end) * std::pow(1.0 - t, static_cast<double>(p.power));
-  } else if (p.policy != "fixed") {
-    validate(p);
+  switch (p.policy) {
+    case LrSchedule::kFixed:
+      break;
+    case LrSchedule::kStep:
+      lr *= std::pow(static_cast<double>(p.gamma), static_cast<double>(step / p.stepsize));
+      break;
+    case LrSchedule::kMultistep: {
+      const auto passed =
+          std::upper_bound(p.stepvalues.begin(), p.stepvalues.end(), step) - p.stepvalues.begin();
+      lr *= std::pow(static_cast<double>(p.gamma), static_cast<double>(passed));
+      break;
+    }
+    case LrSchedule::kCosine: {
+      const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
+      lr *= 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+      break;
+    }
+    case LrSchedule::kPoly: {
+      const double t = static_cast<double>(std::min(step, p.max_steps)) / p.max_steps;
+      lr = p.end + (lr - p.end) * std::pow(1.0 - t, static_cast<double>(p.power));
+      break;
+    }
   }
   if (step < p.warmup_steps)
     lr *= static_cast<double>(step + 1) / static_cast<double>(p.warmup_steps);

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/named.h"
 #include "kernels/tensor.h"
 #include "kernels/update.h"
 
@@ -147,8 +148,14 @@ void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads
 // Linear warmup multiplies that rate by (step + 1) / warmup_steps while step < warmup_steps, so the
 // first step (step 0) runs at rate / warmup_steps and step warmup_steps - 1 at the full rate.
 // Steps count from 0.
+enum class LrSchedule : std::uint8_t { kFixed, kStep, kMultistep, kCosine, kPoly };
+inline constexpr Named<LrSchedule> kLrPolicies[] = {{"fixed", LrSchedule::kFixed},
+                                                    {"step", LrSchedule::kStep},
+                                                    {"multistep", LrSchedule::kMultistep},
+                                                    {"cosine", LrSchedule::kCosine},
+                                                    {"poly", LrSchedule::kPoly}};
 struct LrPolicy {
-  std::string policy = "fixed";
+  LrSchedule policy = LrSchedule::kFixed;
   float base = 0.01f;
   float gamma = 0.1f;
   std::int64_t stepsize = 0;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/named.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
@@ -44,19 +45,12 @@ std::size_t sizeOf(DType dtype) {
 }
 
 std::string toString(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kInt32:
-      return "int32";
-    case DType::kUInt8:
-      return "uint8";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-  }
-  return "dtype " + std::to_string(static_cast<int>(dtype));
+  static constexpr Named<DType> kNames[] = {{"float32", DType::kFloat32},
+                                            {"int32", DType::kInt32},
+                                            {"uint8", DType::kUInt8},
+                                            {"float16", DType::kFloat16},
+                                            {"bfloat16", DType::kBFloat16}};
+  return nameIn(kNames, dtype);
 }
 
 std::uint16_t toFloat16(float value) {

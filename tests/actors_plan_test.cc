@@ -51,7 +51,7 @@ TEST(Schedules, TheTableFindsMxnetNamesAndEachRowRefusesAWorldItCannotRun) {
   }
   const auto refusal = [](const std::string& schedule, int workers, int servers) {
     TrainOptions o;
-    o.schedule = schedule;
+    o.schedule = scheduleNamed(schedule);
     o.num_shards = workers;
     o.num_servers = servers;
     try {
@@ -62,9 +62,9 @@ TEST(Schedules, TheTableFindsMxnetNamesAndEachRowRefusesAWorldItCannotRun) {
     return std::string();
   };
   for (const auto& row : schedules()) {
-    if (row.one_process) {
+    if (row.oneProcess()) {
       EXPECT_THAT(refusal(row.name, 2, 0), ::testing::HasSubstr("runs in one process")) << row.name;
-    } else if (row.parameter_servers) {
+    } else if (row.parameterServers()) {
       EXPECT_THAT(refusal(row.name, 2, 0), ::testing::HasSubstr("needs parameter servers"))
           << row.name;
       EXPECT_EQ(refusal(row.name, 2, 1), "") << row.name;
@@ -76,6 +76,100 @@ TEST(Schedules, TheTableFindsMxnetNamesAndEachRowRefusesAWorldItCannotRun) {
   }
   EXPECT_EQ(refusal("local", 1, 0), "");
   EXPECT_THAT(refusal("device", 1, 0), ::testing::HasSubstr("sums gradients on a GPU"));
+}
+
+// A run's schedule is typed once its config is loaded: the row with its family's settings, from
+// the keys that only that family reads; what a family cannot take is refused at the edge.
+TEST(Schedules, LoadingGivesTheScheduleItsFamilyWithItsOwnSettings) {
+  const auto ssp = optionsOf({{"schedule", "ssp"}, {"staleness", "5"}}).schedule;
+  ASSERT_NE(ssp.servers(), nullptr);
+  EXPECT_EQ(ssp.servers()->mode, ParameterServers::Mode::kStale);
+  EXPECT_EQ(ssp.servers()->staleness, 5);
+  EXPECT_EQ(ssp.allreduce(), nullptr);
+  EXPECT_FALSE(ssp.nccl());
+
+  // MXNet's names: kvstore nccl is device with NCCL's sums; dist_device_sync is dist_sync.
+  const auto nccl = optionsOf({{"schedule", "nccl"}}).schedule;
+  EXPECT_EQ(nccl.name(), "device");
+  EXPECT_TRUE(std::holds_alternative<OneProcess>(nccl.family()));
+  EXPECT_TRUE(nccl.nccl());
+  EXPECT_EQ(optionsOf({{"schedule", "dist_device_sync"}}).schedule.servers()->mode,
+            ParameterServers::Mode::kSync);
+
+  const auto ring =
+      optionsOf({{"schedule", "bsp-allreduce"}, {"allreduce", "hierarchical"}}).schedule;
+  ASSERT_NE(ring.allreduce(), nullptr);
+  EXPECT_EQ(ring.allreduce()->algorithm, Allreduce::kHierarchical);
+  EXPECT_EQ(ring.keys().allreduce, "hierarchical");
+  EXPECT_EQ(makeSchedule(ring.keys()).allreduce()->algorithm, Allreduce::kHierarchical);
+
+  // Several processes and no schedule: Caffe2's sync SGD, or MXNet's dist_sync with servers.
+  EXPECT_EQ(optionsOf({{"num_shards", "2"},
+                       {"shard_id", "0"},
+                       {"rendezvous", "file:///tmp/x"},
+                       {"run_id", "r"}})
+                .schedule.name(),
+            "bsp-allreduce");
+
+  const auto refusal = [](const ConfigOverrides& flags) {
+    try {
+      optionsOf(flags);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal({{"schedule", "dist_async"}, {"reducer", "nccl"}}),
+            "reducer nccl: under schedule 'dist_async' the parameter servers sum the gradients; "
+            "use schedule bsp-allreduce, or reducer troupe");
+  EXPECT_THAT(refusal({{"allreduce", "tree"}}),
+              ::testing::HasSubstr("expected auto, ring or hierarchical"));
+  EXPECT_THAT(refusal({{"schedule", "dist_syn"}}),
+              ::testing::HasSubstr("unknown schedule 'dist_syn' (known: local, device"));
+}
+
+// The options hold typed values; their names stay at the config's edge, where a name a key does
+// not know is refused listing those it does.
+TEST(TypedOptions, KeysGiveValuesAndRefuseUnknownNamesListingTheKnownOnes) {
+  const auto o = optionsOf({{"role", "server"},
+                            {"num_servers", "1"},
+                            {"rendezvous", "file:///tmp/typed"},
+                            {"run_id", "typed"},
+                            {"precision", "bf16"},
+                            {"input_dtype", "uint8"},
+                            {"memory_format", "nhwc"},
+                            {"gradient_compression", "2bit"},
+                            {"lr_policy", "poly"}});
+  EXPECT_EQ(o.role, ProcessRole::kServer);
+  EXPECT_EQ(o.precision, kernels::DType::kBFloat16);
+  EXPECT_EQ(o.input_dtype, kernels::DType::kUInt8);
+  EXPECT_EQ(o.memory_format, MemoryFormat::kNhwc);
+  EXPECT_EQ(o.gradient_compression, kernels::GradientCompression::k2Bit);
+  EXPECT_EQ(o.lr_policy, kernels::LrSchedule::kPoly);
+  // The log's parameters name them as given.
+  const auto shown = [&](const std::string& key) {
+    for (const auto& [k, v] : o.parameters)
+      if (k == key) return v;
+    return std::string("(none)");
+  };
+  EXPECT_EQ(shown("role"), "server");
+  EXPECT_EQ(shown("precision"), "bf16");
+  EXPECT_EQ(shown("lr_policy"), "poly");
+  EXPECT_EQ(shown("gradient_compression"), "2bit");
+  const auto refusal = [](const std::string& key, const std::string& value) {
+    try {
+      optionsOf({{key, value}});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_THAT(refusal("lr_policy", "linear"),
+              HasSubstr("expected fixed, step, multistep, cosine or poly"));
+  EXPECT_THAT(refusal("role", "scheduler"), HasSubstr("expected worker or server"));
+  EXPECT_THAT(refusal("precision", "fp8"), HasSubstr("expected fp32, fp16 or bf16"));
+  EXPECT_THAT(refusal("gradient_compression", "1bit"),
+              HasSubstr("expected none, fp16, bf16 or 2bit"));
 }
 
 // A layerwise optimizer's shards end at layer boundaries, each shard keeps a key at least, and a

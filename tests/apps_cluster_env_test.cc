@@ -91,7 +91,7 @@ TEST(SlurmHostlist, AMalformedListIsAnErrorNamingWhereItCameFrom) {
 TEST(SlurmEnvironment, AnSrunTaskTakesRankWorldRunIdAndTheFirstNodeOfItsStep) {
   actors::TrainOptions o;
   EXPECT_EQ(applyClusterEnvironment(o, givenIn({}), lookupIn(srunTask(1, 2))), "slurm");
-  EXPECT_EQ(o.role, "worker");
+  EXPECT_EQ(o.role, ProcessRole::kWorker);
   EXPECT_EQ(o.shard_id, 1);
   EXPECT_EQ(o.num_shards, 2);
   EXPECT_EQ(o.run_id, "slurm-42.0");
@@ -103,13 +103,13 @@ TEST(SlurmEnvironment, LowTasksAreServersAndTheRestWorkers) {
   actors::TrainOptions o;
   o.num_servers = 1;
   applyClusterEnvironment(o, givenIn({{"num_servers", "1"}}), lookupIn(srunTask(0, 3)));
-  EXPECT_EQ(o.role, "server");
+  EXPECT_EQ(o.role, ProcessRole::kServer);
   EXPECT_EQ(o.shard_id, 0);
   EXPECT_EQ(o.num_shards, 2);
   actors::TrainOptions last;
   last.num_servers = 1;
   applyClusterEnvironment(last, givenIn({{"num_servers", "1"}}), lookupIn(srunTask(2, 3)));
-  EXPECT_EQ(last.role, "worker");
+  EXPECT_EQ(last.role, ProcessRole::kWorker);
   EXPECT_EQ(last.shard_id, 1);
 }
 
@@ -197,13 +197,13 @@ TEST(KubernetesEnvironment, TheCompletionIndexIsTheRankServersFirst) {
   o.num_servers = 1;
   EXPECT_EQ(applyClusterEnvironment(o, givenIn({}), lookupIn({{"JOB_COMPLETION_INDEX", "2"}})),
             "kubernetes");
-  EXPECT_EQ(o.role, "worker");
+  EXPECT_EQ(o.role, ProcessRole::kWorker);
   EXPECT_EQ(o.shard_id, 1);
   EXPECT_EQ(o.num_shards, 2);
   EXPECT_EQ(o.rendezvous, "");  // the manifest gives it
   actors::TrainOptions first = o;
   applyClusterEnvironment(first, givenIn({}), lookupIn({{"JOB_COMPLETION_INDEX", "0"}}));
-  EXPECT_EQ(first.role, "server");
+  EXPECT_EQ(first.role, ProcessRole::kServer);
   EXPECT_EQ(first.shard_id, 0);
 }
 
@@ -225,7 +225,7 @@ TEST(MpiEnvironment, OpenMpisRankWinsOverTheSlurmStepItRunsIn) {
   env["OMPI_COMM_WORLD_SIZE"] = "4";
   actors::TrainOptions o;
   EXPECT_EQ(applyClusterEnvironment(o, givenIn({}), lookupIn(env)), "mpi");
-  EXPECT_EQ(o.role, "worker");
+  EXPECT_EQ(o.role, ProcessRole::kWorker);
   EXPECT_EQ(o.shard_id, 3);
   EXPECT_EQ(o.num_shards, 4);
   EXPECT_EQ(o.rendezvous, "");  // mpirun names no node to meet on
@@ -239,7 +239,7 @@ TEST(ClusterEnvironmentPrecedence, FlagsBeatTroupeVariablesWhichBeatSlurms) {
     vars.push_back(std::make_unique<ScopedEnv>(k.c_str(), v.c_str()));
   ScopedEnv run_id("TROUPE_RUN_ID", "from-troupe");
   const auto o = loadTrainOptions("", {{"rendezvous", "tcp://127.0.0.1:1234"}});
-  EXPECT_EQ(o.role, "worker");
+  EXPECT_EQ(o.role, ProcessRole::kWorker);
   EXPECT_EQ(o.shard_id, 1);
   EXPECT_EQ(o.num_shards, 2);
   EXPECT_EQ(o.run_id, "from-troupe");

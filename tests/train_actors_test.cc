@@ -238,7 +238,7 @@ TEST(Training, Uint8InputTrainsAsFloatInputBitForBit) {
   o.num_epochs = 1;
   o.replicas = 2;
   const auto floats = runTraining(o);
-  o.input_dtype = "uint8";
+  o.input_dtype = kernels::DType::kUInt8;
   const auto bytes = runTraining(o);
   ASSERT_EQ(floats.weights.numel(), bytes.weights.numel());
   EXPECT_EQ(0, std::memcmp(floats.weights.f32(), bytes.weights.f32(), floats.weights.bytes()));
@@ -285,7 +285,7 @@ TEST(Training, LenetLearnsFashionMnistInOneEpoch) {
   TempDir dir("lenet");
   auto o = lenetOptions(dir.str());
   o.test_data = testData("lmdb") + "/test";
-  o.lr_policy = "cosine";  // as configs/lenet.toml
+  o.lr_policy = kernels::LrSchedule::kCosine;  // as configs/lenet.toml
   o.num_epochs = 1;
   const auto r = runTraining(o);
   ASSERT_EQ(r.epochs.size(), 1u);
@@ -302,7 +302,7 @@ TEST(Training, MlpLearnsFashionMnistFromLevelDb) {
   o.train_data = testData("leveldb") + "/train";
   o.test_data = testData("leveldb") + "/test";
   o.db_type = data::DbType::kLevelDb;
-  o.lr_policy = "cosine";
+  o.lr_policy = kernels::LrSchedule::kCosine;
   o.num_epochs = 1;
   o.replicas = 2;
   const auto r = runTraining(o);

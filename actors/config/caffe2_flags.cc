@@ -152,7 +152,7 @@ std::vector<Key> caffe2Keys() {
           "troupe's own sums and ring (reducer troupe)",
           "reducer",
           [](Settings& s, const Value& v) {
-            s.options.reducer = std::get<bool>(v) ? "nccl" : "troupe";
+            s.schedule_keys.reducer = std::get<bool>(v) ? "nccl" : "troupe";
           },
           "false"),
       alias(
@@ -165,13 +165,14 @@ std::vector<Key> caffe2Keys() {
           [](Settings& s, const Value& v) {
             const auto& type = std::get<std::string>(v);
             if (type != "float" && type != "float16") throw Refusal("expected float or float16");
-            s.options.precision = type == "float16" ? "fp16" : "fp32";
+            s.options.precision =
+                type == "float16" ? kernels::DType::kFloat16 : kernels::DType::kFloat32;
           },
           "float"),
-      onlyFalse("float16_compute",
-                "Caffe2's: true is refused (troupe's fp16 accumulates in float32)",
-                "troupe's fp16 (--dtype float16, precision fp16) multiplies in fp16 and "
-                "accumulates in float32; it has no fp16 accumulation"),
+      agreed(onlyFalse("float16_compute",
+                       "Caffe2's: true is refused (troupe's fp16 accumulates in float32)",
+                       "troupe's fp16 (--dtype float16, precision fp16) multiplies in fp16 and "
+                       "accumulates in float32; it has no fp16 accumulation")),
       alias(
           "enable_tensor_core", Kind::kBool, Range{},
           "Caffe2's: Tensor Core math on GPUs; troupe's in float32 is TF32 (tf32)", "tf32",
@@ -212,11 +213,12 @@ std::vector<Key> caffe2Keys() {
             s.options.model.name = fmt::format("resnet{}", depth);
           },
           "50"),  // Caffe2's default; it sets model only when given
-      onlyInt("resnext_num_groups", Range{1, 1024},
-              "Caffe2's: 1 (a plain ResNet) accepted, more refused (no ResNeXt)", 1, kNoResNeXt),
-      onlyInt("resnext_width_per_group", Range{1, 65536},
-              "Caffe2's: 64 (a plain ResNet) accepted, others refused (no ResNeXt)", 64,
-              kNoResNeXt),
+      agreed(onlyInt("resnext_num_groups", Range{1, 1024},
+                     "Caffe2's: 1 (a plain ResNet) accepted, more refused (no ResNeXt)", 1,
+                     kNoResNeXt)),
+      agreed(onlyInt("resnext_width_per_group", Range{1, 65536},
+                     "Caffe2's: 64 (a plain ResNet) accepted, others refused (no ResNeXt)", 64,
+                     kNoResNeXt)),
       alias(
           "image_mean_per_channel", Kind::kFloatList, Range{-1e6, 1e6},
           "Caffe2's: mean_per_channel", "mean_per_channel",

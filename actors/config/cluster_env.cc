@@ -213,7 +213,7 @@ std::string applyClusterEnvironment(TrainOptions& o, const GivenBy& given_by,
   settleWorld(o, *p, given_by);
   if (!given_by("role") && !given_by("shard_id")) {
     const bool server = p->rank < o.num_servers;
-    o.role = server ? "server" : "worker";
+    o.role = server ? ProcessRole::kServer : ProcessRole::kWorker;
     o.shard_id = static_cast<int>(server ? p->rank : p->rank - o.num_servers);
   }
   if (p->engine == "slurm" && o.num_shards + o.num_servers > 1) slurmRendezvous(o, env);

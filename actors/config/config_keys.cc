@@ -16,6 +16,7 @@
 #include "actors/config/train_config.h"
 #include "actors/config/worker_bounds.h"
 #include "actors/schedules/schedule.h"
+#include "kernels/named.h"
 #include "kernels/optimizer.h"
 #include "rendezvous/url.h"
 #include "rendezvous/value.h"
@@ -103,10 +104,12 @@ std::string listText(const std::vector<double>& list) {
   return out;
 }
 
-#define TROUPE_INT_KEY(key, field, range, help)                                                    \
-  Key {                                                                                            \
-    key, Kind::kInt, range, help, [](Settings& s, const Value& v) { s.options.field = asInt(v); }, \
-        [](const Settings& s) { return fmt::format("{}", s.options.field); }                       \
+// Keys of a TrainOptions field; the _AT forms name any member of the settings.
+#define TROUPE_INT_KEY(key, field, range, help) TROUPE_INT_KEY_AT(key, options.field, range, help)
+#define TROUPE_INT_KEY_AT(key, member, range, help)                                         \
+  Key {                                                                                     \
+    key, Kind::kInt, range, help, [](Settings& s, const Value& v) { s.member = asInt(v); }, \
+        [](const Settings& s) { return fmt::format("{}", s.member); }                       \
   }
 #define TROUPE_FLOAT_KEY(key, field, range, help)                               \
   Key {                                                                         \
@@ -117,11 +120,12 @@ std::string listText(const std::vector<double>& list) {
         [](const Settings& s) { return fmt::format("{}", s.options.field); },   \
         std::is_same_v<decltype(TrainOptions{}.field), float>                   \
   }
-#define TROUPE_STRING_KEY(key, field, help)                                 \
-  Key {                                                                     \
-    key, Kind::kString, kNotNumeric, help,                                  \
-        [](Settings& s, const Value& v) { s.options.field = asString(v); }, \
-        [](const Settings& s) { return s.options.field; }                   \
+#define TROUPE_STRING_KEY(key, field, help) TROUPE_STRING_KEY_AT(key, options.field, help)
+#define TROUPE_STRING_KEY_AT(key, member, help)                      \
+  Key {                                                              \
+    key, Kind::kString, kNotNumeric, help,                           \
+        [](Settings& s, const Value& v) { s.member = asString(v); }, \
+        [](const Settings& s) { return s.member; }                   \
   }
 
 // A string key that takes one of its choices (a Refusal names them otherwise).
@@ -132,13 +136,48 @@ std::string oneOf(const std::string& value, const std::vector<std::string>& choi
     list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
   throw Refusal("expected " + list);
 }
-#define TROUPE_CHOICE_KEY(key, field, help, ...)                                       \
-  Key {                                                                                \
-    key, Kind::kString, kNotNumeric, help,                                             \
-        [](Settings& s, const Value& v) {                                              \
-          s.options.field = oneOf(asString(v), std::vector<std::string>{__VA_ARGS__}); \
-        },                                                                             \
-        [](const Settings& s) { return s.options.field; }                              \
+#define TROUPE_CHOICE_KEY(key, field, help, ...) \
+  TROUPE_CHOICE_KEY_AT(key, options.field, help, __VA_ARGS__)
+#define TROUPE_CHOICE_KEY_AT(key, member, help, ...)                            \
+  Key {                                                                         \
+    key, Kind::kString, kNotNumeric, help,                                      \
+        [](Settings& s, const Value& v) {                                       \
+          s.member = oneOf(asString(v), std::vector<std::string>{__VA_ARGS__}); \
+        },                                                                      \
+        [](const Settings& s) { return s.member; }                              \
+  }
+
+// A key that takes one of `table`'s names (trainer.h's Named tables), each standing for a value
+// of the field.
+template <typename E, std::size_t N>
+E named(const Named<E> (&table)[N], const std::string& text) {
+  std::vector<std::string> names;
+  for (const auto& row : table) {
+    if (text == row.name) return row.value;
+    names.emplace_back(row.name);
+  }
+  oneOf(text, names);  // throws, naming them
+  return table[0].value;
+}
+#define TROUPE_NAMED_KEY(key, field, table, help)                                         \
+  Key {                                                                                   \
+    key, Kind::kString, kNotNumeric, help,                                                \
+        [](Settings& s, const Value& v) { s.options.field = named(table, asString(v)); }, \
+        [](const Settings& s) { return std::string(nameIn(table, s.options.field)); }     \
+  }
+
+// A list of two numbers, low then high, into two fields.
+#define TROUPE_RANGE_KEY(key, low, high, range, help)       \
+  Key {                                                     \
+    key, Kind::kFloatList, range, help,                     \
+        [](Settings& s, const Value& v) {                   \
+          const auto& r = pairOf(v, key);                   \
+          s.options.low = r[0];                             \
+          s.options.high = r[1];                            \
+        },                                                  \
+        [](const Settings& s) {                             \
+          return listText({s.options.low, s.options.high}); \
+        }                                                   \
   }
 
 #define TROUPE_BOOL_KEY(key, field, help)                                                 \
@@ -187,20 +226,10 @@ std::string Range::text() const {
 }
 
 const char* kindName(Kind k) {
-  switch (k) {
-    case Kind::kInt:
-    case Kind::kUint:
-      return "integer";
-    case Kind::kFloat:
-      return "number";
-    case Kind::kBool:
-      return "boolean";
-    case Kind::kString:
-      return "string";
-    case Kind::kFloatList:
-      return "list of numbers";
-  }
-  return "?";
+  static constexpr kernels::Named<Kind> kNames[] = {
+      {"integer", Kind::kInt},  {"integer", Kind::kUint},  {"number", Kind::kFloat},
+      {"boolean", Kind::kBool}, {"string", Kind::kString}, {"list of numbers", Kind::kFloatList}};
+  return kernels::nameIn(kNames, k);
 }
 
 namespace {
@@ -249,13 +278,14 @@ const char* epsilonHelp() {
 
 std::vector<Key> buildTable() {
   std::vector<Key> table = {
-      Key{"model", Kind::kString, kNotNumeric,
-          "built-in model: mlp, lenet, resnet20 and resnet56 (CIFAR), resnet18, resnet34 and "
-          "resnet50 (ImageNet, as torchvision's); or [[layers]] in the file",
-          [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
-          [](const Settings& s) {
-            return s.options.model.name.empty() ? "custom" : s.options.model.name;
-          }},
+      agreed(
+          Key{"model", Kind::kString, kNotNumeric,
+              "built-in model: mlp, lenet, resnet20 and resnet56 (CIFAR), resnet18, resnet34 and "
+              "resnet50 (ImageNet, as torchvision's); or [[layers]] in the file",
+              [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
+              [](const Settings& s) {
+                return s.options.model.name.empty() ? "custom" : s.options.model.name;
+              }}),
       Key{"train_data", Kind::kString, kNotNumeric, "training database",
           [](Settings& s, const Value& v) {
             // Caffe2's simulated input; ./null names a database called null.
@@ -276,15 +306,17 @@ std::vector<Key> buildTable() {
             }
           },
           [](const Settings& s) { return std::string(data::toString(s.options.db_type)); }},
-      TROUPE_INT_KEY("batch_size", batch_size, kBatchSize,
-                     "inputs per step, in total over the replicas"),
-      TROUPE_INT_KEY("epoch_size", epoch_size, kEpochSize,
-                     "inputs per epoch (0: the training set's size)"),
-      TROUPE_INT_KEY("num_epochs", num_epochs, closed(1, kMillion), "epochs to train"),
+      agreed(TROUPE_INT_KEY("batch_size", batch_size, kBatchSize,
+                            "inputs per step, in total over the replicas")),
+      agreed(TROUPE_INT_KEY("epoch_size", epoch_size, kEpochSize,
+                            "inputs per epoch (0: the training set's size)")),
+      agreed(TROUPE_INT_KEY("num_epochs", num_epochs, closed(1, kMillion), "epochs to train")),
       // A rate has no natural bound (it scales with the loss; tests drive runs to divergence with
       // 1e30): finite, not negative, and 1e38 the round number below a float's largest.
-      TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, closed(0, 1e38), "learning rate"),
-      Key{"lr_scaling", Kind::kString, kNotNumeric,
+      agreed(TROUPE_FLOAT_KEY("base_learning_rate", base_learning_rate, closed(0, 1e38),
+                              "learning rate")),
+      agreed(Key{
+          "lr_scaling", Kind::kString, kNotNumeric,
           "none, or per256: base_learning_rate is per 256 inputs and the run's rate is "
           "base_learning_rate x global batch / 256 (Goyal et al.'s rule, as Caffe2 runs used it)",
           [](Settings&, const Value& v) {
@@ -292,117 +324,121 @@ std::vector<Key> buildTable() {
               throw Refusal("expected none or per256");
             }
           },
-          [](const Settings& s) { return s.textOr("lr_scaling", "none"); }},
+          [](const Settings& s) { return s.textOr("lr_scaling", "none"); }}),
       // Caffe's and PyTorch's defaults are 1e-4 to 5e-4; at 1 a step's decay is the weight itself.
-      Key{"optimizer", Kind::kString, kNotNumeric, optimizerHelp(),
-          [](Settings& s, const Value& v) {
-            if (!kernels::setOptimizerName(s.options.optimizer, asString(v)))
-              throw Refusal("expected nag or one of " + kernels::optimizerNames());
-          },
-          [](const Settings& s) { return s.options.optimizer.name; }},
+      agreed(Key{"optimizer", Kind::kString, kNotNumeric, optimizerHelp(),
+                 [](Settings& s, const Value& v) {
+                   if (!kernels::setOptimizerName(s.options.optimizer, asString(v)))
+                     throw Refusal("expected nag or one of " + kernels::optimizerNames());
+                 },
+                 [](const Settings& s) { return s.options.optimizer.name; }}),
       // Expanded by assign() into the keys it names (optimizerParams).
-      Key{"optimizer_params", Kind::kString, kNotNumeric,
-          "MXNet's optimizer_params, as a dict or name=value pairs: "
-          "\"{'learning_rate': 0.1, 'wd': 1e-4, 'momentum': 0.9}\"; each sets its key (lr and "
-          "learning_rate: base_learning_rate, wd: weight_decay, gamma1: rho, mom: momentum)",
-          [](Settings&, const Value&) {},
-          [](const Settings& s) { return s.textOr("optimizer_params", ""); }},
-      TROUPE_FLOAT_KEY("weight_decay", optimizer.weight_decay, closed(0, 1),
-                       "L2 weight decay (adamw: decoupled, as torch.optim.AdamW's)"),
+      agreed(
+          Key{"optimizer_params", Kind::kString, kNotNumeric,
+              "MXNet's optimizer_params, as a dict or name=value pairs: "
+              "\"{'learning_rate': 0.1, 'wd': 1e-4, 'momentum': 0.9}\"; each sets its key (lr and "
+              "learning_rate: base_learning_rate, wd: weight_decay, gamma1: rho, mom: momentum)",
+              [](Settings&, const Value&) {},
+              [](const Settings& s) { return s.textOr("optimizer_params", ""); }}),
+      agreed(TROUPE_FLOAT_KEY("weight_decay", optimizer.weight_decay, closed(0, 1),
+                              "L2 weight decay (adamw: decoupled, as torch.optim.AdamW's)")),
       // At 1 or above the velocity never decays: the run diverges.
-      TROUPE_FLOAT_KEY("momentum", optimizer.momentum, openAbove(0, 1), "sgd's and lars' momentum"),
-      TROUPE_FLOAT_KEY("beta1", optimizer.beta1, openAbove(0, 1),
-                       "adam, adamw, lamb: the gradients' moving-average decay"),
-      TROUPE_FLOAT_KEY("beta2", optimizer.beta2, openAbove(0, 1),
-                       "adam, adamw, lamb: the squared gradients' moving-average decay"),
-      Key{"epsilon", Kind::kFloat, closed(0, 1), epsilonHelp(),
-          [](Settings& s, const Value& v) {
-            s.options.optimizer.epsilon = static_cast<float>(asFloat(v));
-          },
-          [](const Settings& s) { return fmt::format("{}", s.options.optimizer.epsilon); }, true},
-      TROUPE_FLOAT_KEY("rho", optimizer.rho, openAbove(0, 1),
-                       "rmsprop: the squared gradients' decay (MXNet's gamma1, PyTorch's alpha)"),
-      TROUPE_FLOAT_KEY("eta", optimizer.eta, closed(0, 1e6), "lars: the trust coefficient"),
+      agreed(TROUPE_FLOAT_KEY("momentum", optimizer.momentum, openAbove(0, 1),
+                              "sgd's and lars' momentum")),
+      agreed(TROUPE_FLOAT_KEY("beta1", optimizer.beta1, openAbove(0, 1),
+                              "adam, adamw, lamb: the gradients' moving-average decay")),
+      agreed(TROUPE_FLOAT_KEY("beta2", optimizer.beta2, openAbove(0, 1),
+                              "adam, adamw, lamb: the squared gradients' moving-average decay")),
+      agreed(Key{"epsilon", Kind::kFloat, closed(0, 1), epsilonHelp(),
+                 [](Settings& s, const Value& v) {
+                   s.options.optimizer.epsilon = static_cast<float>(asFloat(v));
+                 },
+                 [](const Settings& s) { return fmt::format("{}", s.options.optimizer.epsilon); },
+                 true}),
+      agreed(TROUPE_FLOAT_KEY(
+          "rho", optimizer.rho, openAbove(0, 1),
+          "rmsprop: the squared gradients' decay (MXNet's gamma1, PyTorch's alpha)")),
+      agreed(TROUPE_FLOAT_KEY("eta", optimizer.eta, closed(0, 1e6), "lars: the trust coefficient")),
       // Like a rate, a norm has no natural bound; 0 turns clipping off.
-      TROUPE_FLOAT_KEY("clip_grad_norm", clip_grad_norm, closed(0, 1e38),
-                       "gradients scaled down to this global L2 norm where above, as torch's "
-                       "clip_grad_norm_ (0: none)"),
-      TROUPE_FLOAT_KEY("label_smoothing", label_smoothing, openAbove(0, 1),
-                       "the softmax loss's target: 1 - this on the label, this / num_labels on "
-                       "every class (PyTorch's CrossEntropyLoss label_smoothing)"),
-      TROUPE_BOOL_KEY(
+      agreed(
+          TROUPE_FLOAT_KEY("clip_grad_norm", clip_grad_norm, closed(0, 1e38),
+                           "gradients scaled down to this global L2 norm where above, as torch's "
+                           "clip_grad_norm_ (0: none)")),
+      agreed(
+          TROUPE_FLOAT_KEY("label_smoothing", label_smoothing, openAbove(0, 1),
+                           "the softmax loss's target: 1 - this on the label, this / num_labels on "
+                           "every class (PyTorch's CrossEntropyLoss label_smoothing)")),
+      agreed(TROUPE_BOOL_KEY(
           "no_wd", no_wd,
           "no weight decay on biases and batch-norm scales and shifts (Goyal et al.; GluonCV's "
-          "--no-wd)"),
-      TROUPE_BOOL_KEY("nesterov", optimizer.nesterov, "Nesterov momentum"),
-      TROUPE_STRING_KEY("lr_policy", lr_policy, "fixed, step, multistep, cosine or poly"),
-      TROUPE_FLOAT_KEY("lr_power", lr_power, closed(1e-6f, 100),
-                       "poly: the rate falls as (1 - step / steps)^this (MLPerf's LARS: 2)"),
-      TROUPE_FLOAT_KEY("lr_end", lr_end, closed(0, 1e38), "poly: the rate at the run's end"),
+          "--no-wd)")),
+      agreed(TROUPE_BOOL_KEY("nesterov", optimizer.nesterov, "Nesterov momentum")),
+      agreed(TROUPE_NAMED_KEY("lr_policy", lr_policy, kernels::kLrPolicies,
+                              "fixed, step, multistep, cosine or poly")),
+      agreed(
+          TROUPE_FLOAT_KEY("lr_power", lr_power, closed(1e-6f, 100),
+                           "poly: the rate falls as (1 - step / steps)^this (MLPerf's LARS: 2)")),
+      agreed(
+          TROUPE_FLOAT_KEY("lr_end", lr_end, closed(0, 1e38), "poly: the rate at the run's end")),
       // A decay: above 1 the rate would grow at every step; the step policies need it above 0.
-      TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep"),
-      TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
-                       "step: decay every this many epochs"),
-      Key{"lr_milestones", Kind::kFloatList, kEpochs, "multistep: epochs at which to decay",
-          [](Settings& s, const Value& v) { s.options.lr_milestones = asList(v); },
-          [](const Settings& s) { return listText(s.options.lr_milestones); }},
-      TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs"),
-      TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes"),
+      agreed(
+          TROUPE_FLOAT_KEY("gamma", gamma, openBelow(0, 1), "decay factor of step and multistep")),
+      agreed(TROUPE_FLOAT_KEY("lr_step_epochs", lr_step_epochs, kEpochs,
+                              "step: decay every this many epochs")),
+      agreed(Key{"lr_milestones", Kind::kFloatList, kEpochs, "multistep: epochs at which to decay",
+                 [](Settings& s, const Value& v) { s.options.lr_milestones = asList(v); },
+                 [](const Settings& s) { return listText(s.options.lr_milestones); }}),
+      agreed(TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs")),
+      agreed(TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes")),
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
-      TROUPE_INT_KEY("image_size", image_size, closed(1, 4096), "height and width of the images"),
-      TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images"),
-      TROUPE_BOOL_KEY(
+      agreed(TROUPE_INT_KEY("image_size", image_size, closed(1, 4096),
+                            "height and width of the images")),
+      agreed(
+          TROUPE_INT_KEY("num_channels", num_channels, closed(1, 256), "channels of the images")),
+      agreed(TROUPE_BOOL_KEY(
           "zero_init_residual", zero_init_residual,
           "resnet18/34/50: each block's last batch-norm scale starts at 0, so every block starts "
-          "as the identity (Goyal et al.; torchvision's zero_init_residual)"),
-      TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value"),
-      TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean"),
-      Key{"mean_per_channel", Kind::kFloatList, kMean,
+          "as the identity (Goyal et al.; torchvision's zero_init_residual)")),
+      agreed(TROUPE_FLOAT_KEY("mean", mean, kMean, "subtracted from every pixel value")),
+      agreed(
+          TROUPE_FLOAT_KEY("scale", scale, kScale, "multiplies every pixel value after the mean")),
+      agreed(Key{
+          "mean_per_channel", Kind::kFloatList, kMean,
           "Caffe2's: subtracted from each channel's values, in the stored order (BGR in Caffe's "
           "and troupe's databases); replaces mean",
           [](Settings& s, const Value& v) { s.options.mean_per_channel = asList(v); },
-          [](const Settings& s) { return listText(s.options.mean_per_channel); }},
-      Key{"std_per_channel", Kind::kFloatList, openBelow(0, kMillion),
-          "Caffe2's: each channel's values are divided by it after the mean; replaces scale",
-          [](Settings& s, const Value& v) { s.options.std_per_channel = asList(v); },
-          [](const Settings& s) { return listText(s.options.std_per_channel); }},
-      TROUPE_INT_KEY("resize_short", transform.resize_short, closed(0, kImageSide),
-                     "Caffe2's scale: the short side is resized to this before the crop (0: no "
-                     "resize)"),
-      TROUPE_INT_KEY("crop", transform.crop, closed(0, kImageSide),
-                     "height and width of the crop the net sees (random when training, centred "
-                     "when testing); records may then be of any size, and image_size is crop (0: "
-                     "no crop)"),
-      TROUPE_INT_KEY("pad", transform.pad, closed(0, kImageSide),
-                     "training crops may reach this many pixels past each edge, filled with 0 "
-                     "(CIFAR's recipe: 4)"),
-      TROUPE_BOOL_KEY(
+          [](const Settings& s) { return listText(s.options.mean_per_channel); }}),
+      agreed(Key{"std_per_channel", Kind::kFloatList, openBelow(0, kMillion),
+                 "Caffe2's: each channel's values are divided by it after the mean; replaces scale",
+                 [](Settings& s, const Value& v) { s.options.std_per_channel = asList(v); },
+                 [](const Settings& s) { return listText(s.options.std_per_channel); }}),
+      agreed(
+          TROUPE_INT_KEY("resize_short", transform.resize_short, closed(0, kImageSide),
+                         "Caffe2's scale: the short side is resized to this before the crop (0: no "
+                         "resize)")),
+      agreed(TROUPE_INT_KEY(
+          "crop", transform.crop, closed(0, kImageSide),
+          "height and width of the crop the net sees (random when training, centred "
+          "when testing); records may then be of any size, and image_size is crop (0: "
+          "no crop)")),
+      agreed(
+          TROUPE_INT_KEY("pad", transform.pad, closed(0, kImageSide),
+                         "training crops may reach this many pixels past each edge, filled with 0 "
+                         "(CIFAR's recipe: 4)")),
+      agreed(TROUPE_BOOL_KEY(
           "random_resized_crop", transform.random_resized_crop,
           "training: the Inception crop (random_area, random_aspect_ratio), resized to crop; "
-          "testing: resize_short (default crop / 0.875) and the centre"),
-      Key{"random_area", Kind::kFloatList, openBelow(0, 1),
-          "random_resized_crop: the range of the crop's share of the image's area (DALI's name)",
-          [](Settings& s, const Value& v) {
-            const auto& r = pairOf(v, "random_area");
-            s.options.transform.min_area = r[0];
-            s.options.transform.max_area = r[1];
-          },
-          [](const Settings& s) {
-            return listText({s.options.transform.min_area, s.options.transform.max_area});
-          }},
-      Key{"random_aspect_ratio", Kind::kFloatList, openBelow(0, 100),
-          "random_resized_crop: the range of the crop's width / height, drawn log-uniform",
-          [](Settings& s, const Value& v) {
-            const auto& r = pairOf(v, "random_aspect_ratio");
-            s.options.transform.min_aspect = r[0];
-            s.options.transform.max_aspect = r[1];
-          },
-          [](const Settings& s) {
-            return listText({s.options.transform.min_aspect, s.options.transform.max_aspect});
-          }},
-      TROUPE_BOOL_KEY("mirror", transform.mirror,
-                      "training: flip images left-right at random (1 in 2)"),
-      Key{"color_jitter", Kind::kFloatList, closed(0, 1),
+          "testing: resize_short (default crop / 0.875) and the centre")),
+      agreed(TROUPE_RANGE_KEY(
+          "random_area", transform.min_area, transform.max_area, openBelow(0, 1),
+          "random_resized_crop: the range of the crop's share of the image's area (DALI's name)")),
+      agreed(TROUPE_RANGE_KEY(
+          "random_aspect_ratio", transform.min_aspect, transform.max_aspect, openBelow(0, 100),
+          "random_resized_crop: the range of the crop's width / height, drawn log-uniform")),
+      agreed(TROUPE_BOOL_KEY("mirror", transform.mirror,
+                             "training: flip images left-right at random (1 in 2)")),
+      agreed(Key{
+          "color_jitter", Kind::kFloatList, closed(0, 1),
           "training: brightness, contrast and saturation, each factor drawn from [1 - j, 1 + j] "
           "(torchvision's ColorJitter without hue; empty: none)",
           [](Settings& s, const Value& v) {
@@ -419,24 +455,25 @@ std::vector<Key> buildTable() {
             const auto& t = s.options.transform;
             if (t.brightness == 0 && t.contrast == 0 && t.saturation == 0) return std::string();
             return listText({t.brightness, t.contrast, t.saturation});
-          }},
+          }}),
       TROUPE_INT_KEY("decode_threads", decode_threads, closed(1, 1024),
                      "threads that decode each reader's records (MXNet's preprocess_threads)"),
-      TROUPE_BOOL_KEY("synthetic", synthetic,
-                      "random inputs made once and sent every step, to measure the compute alone "
-                      "(Caffe2's train_data null); needs epoch_size, not train_data"),
+      agreed(TROUPE_BOOL_KEY(
+          "synthetic", synthetic,
+          "random inputs made once and sent every step, to measure the compute alone "
+          "(Caffe2's train_data null); needs epoch_size, not train_data")),
       TROUPE_BOOL_KEY("shared_reader", shared_reader,
                       "one reader per process feeds all its replicas, its decode_threads decoding "
                       "for all of them (MXNet's one iterator per process); else a reader per "
                       "replica"),
-      TROUPE_CHOICE_KEY("input_dtype", input_dtype,
-                        "float32, or uint8: training images travel from the reader as bytes "
-                        "before the mean and scale, and each replica normalises them on its device "
-                        "(MXNet's ImageRecordIter dtype)",
-                        "float32", "uint8"),
+      agreed(TROUPE_NAMED_KEY(
+          "input_dtype", input_dtype, kInputTypes,
+          "float32, or uint8: training images travel from the reader as bytes "
+          "before the mean and scale, and each replica normalises them on its device "
+          "(MXNet's ImageRecordIter dtype)")),
       // A replica is a thread with a team of its own: no more of them than threads.
-      TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
-                     "model replicas in this process (the batch is split)"),
+      agreed(TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
+                            "model replicas in this process (the batch is split)")),
       Key{"gpus", Kind::kString, kNotNumeric,
           "GPU ids, one replica on each (Caffe2's and MXNet's --gpus 0,1); empty: the CPU",
           [](Settings& s, const Value& v) {
@@ -461,78 +498,76 @@ std::vector<Key> buildTable() {
             const auto& g = s.options.cuda_graphs;
             return std::string(!g ? "auto" : *g ? "true" : "false");
           }},
-      TROUPE_CHOICE_KEY("precision", precision,
-                        "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
-                        "and matrix products in 16 bits, accumulating in fp32; float32 weights, "
-                        "gradients, batch norm and loss, as PyTorch's autocast)",
-                        "fp32", "fp16", "bf16"),
-      TROUPE_CHOICE_KEY("memory_format", memory_format,
-                        "images in GPU memory: nhwc (channels last, PyTorch's channels_last), "
-                        "nchw, or auto (nhwc where tensor cores compute, in fp16, bf16 or tf32, "
-                        "and the model is the same either way)",
-                        "auto", "nchw", "nhwc"),
-      TROUPE_FLOAT_KEY("loss_scale", loss_scale, closed(0, 1e38),
-                       "fp16's loss scale: 0 dynamic (2^initial_scale_power to start, halved and "
-                       "the step skipped "
-                       "on an inf or NaN gradient, doubled after loss_scale_window clean steps, "
-                       "as PyTorch's GradScaler); > 0 fixed (for any precision)"),
-      TROUPE_INT_KEY("initial_scale_power", initial_scale_power, closed(0, 120),
-                     "a dynamic loss scale starts at 2^initial_scale_power (DeepSpeed's key)"),
-      TROUPE_INT_KEY("loss_scale_window", loss_scale_window, closed(1, kMillion),
-                     "clean steps after which a dynamic loss scale doubles"),
+      agreed(TROUPE_NAMED_KEY(
+          "precision", precision, kPrecisions,
+          "fp32, or on GPUs fp16 or bf16: mixed precision (activations, convolutions "
+          "and matrix products in 16 bits, accumulating in fp32; float32 weights, "
+          "gradients, batch norm and loss, as PyTorch's autocast)")),
+      TROUPE_NAMED_KEY("memory_format", memory_format, kMemoryFormats,
+                       "images in GPU memory: nhwc (channels last, PyTorch's channels_last), "
+                       "nchw, or auto (nhwc where tensor cores compute, in fp16, bf16 or tf32, "
+                       "and the model is the same either way)"),
+      agreed(TROUPE_FLOAT_KEY(
+          "loss_scale", loss_scale, closed(0, 1e38),
+          "fp16's loss scale: 0 dynamic (2^initial_scale_power to start, halved and "
+          "the step skipped "
+          "on an inf or NaN gradient, doubled after loss_scale_window clean steps, "
+          "as PyTorch's GradScaler); > 0 fixed (for any precision)")),
+      agreed(
+          TROUPE_INT_KEY("initial_scale_power", initial_scale_power, closed(0, 120),
+                         "a dynamic loss scale starts at 2^initial_scale_power (DeepSpeed's key)")),
+      agreed(TROUPE_INT_KEY("loss_scale_window", loss_scale_window, closed(1, kMillion),
+                            "clean steps after which a dynamic loss scale doubles")),
       TROUPE_INT_KEY(
-          "threads", threads, kThreads,
+          "threads",
+          threads, kThreads,
           "CPU threads of this process (0: the host's, shared among the run's processes on it)"),
-      Key{"schedule", Kind::kString, kNotNumeric, scheduleHelp(),
-          [](Settings& s, const Value& v) {
-            s.options.schedule = asString(v);
-            if (s.options.schedule == "nccl") {
-              s.options.schedule = "device";
-              s.options.reducer = "nccl";
-            }
-          },
-          [](const Settings& s) { return s.options.schedule; }},
+      agreed(TROUPE_STRING_KEY_AT("schedule", schedule_keys.schedule, scheduleHelp())),
       TROUPE_INT_KEY("num_shards", num_shards, kProcesses,
                      "worker processes (set by troupe launch)"),
-      Key{"num_workers", Kind::kString, kNotNumeric,
-          "worker processes: N, or MIN:MAX for an elastic run (workers may die or join)",
-          [](Settings& s, const Value& v) {
-            const auto bounds = parseNumWorkers(asString(v));
-            s.options.min_workers = bounds.min;
-            s.options.max_workers = bounds.max;
-            if (!bounds.elastic()) s.options.num_shards = bounds.fixed;
-          },
-          [](const Settings& s) {
-            const auto& o = s.options;
-            return o.max_workers > 0 ? fmt::format("{}:{}", o.min_workers, o.max_workers)
-                                     : std::to_string(o.num_shards);
-          }},
+      agreed(Key{"num_workers", Kind::kString, kNotNumeric,
+                 "worker processes: N, or MIN:MAX for an elastic run (workers may die or join)",
+                 [](Settings& s, const Value& v) {
+                   const auto bounds = parseNumWorkers(asString(v));
+                   s.options.min_workers = bounds.min;
+                   s.options.max_workers = bounds.max;
+                   if (!bounds.elastic()) s.options.num_shards = bounds.fixed;
+                 },
+                 [](const Settings& s) {
+                   const auto& o = s.options;
+                   return o.max_workers > 0 ? fmt::format("{}:{}", o.min_workers, o.max_workers)
+                                            : std::to_string(o.num_shards);
+                 }}),
       TROUPE_INT_KEY("shard_id", shard_id, closed(0, kProcesses.hi - 1),
                      "this process's rank in its role (set by troupe launch)"),
-      TROUPE_INT_KEY("num_servers", num_servers, closed(0, kProcesses.hi),
-                     "parameter-server processes (set by troupe launch)"),
-      TROUPE_STRING_KEY("role", role, "worker or server (set by troupe launch)"),
-      TROUPE_INT_KEY("staleness", staleness, closed(0, kMillion),
-                     "ssp: steps a worker may run ahead of the slowest"),
-      TROUPE_STRING_KEY("allreduce", allreduce,
-                        "bsp-allreduce across processes: auto, ring or hierarchical (inside each "
-                        "host, then across hosts)"),
-      TROUPE_CHOICE_KEY("reducer", reducer,
-                        "what sums gradients of GPU replicas: troupe (its own sums and ring) or "
-                        "nccl (NCCL over every GPU of the run; with allreduce ring or "
-                        "hierarchical, over each process's GPUs, troupe's allreduce across)",
-                        "troupe", "nccl"),
+      agreed(TROUPE_INT_KEY("num_servers", num_servers, closed(0, kProcesses.hi),
+                            "parameter-server processes (set by troupe launch)")),
+      TROUPE_NAMED_KEY("role", role, kRoles, "worker or server (set by troupe launch)"),
+      agreed(TROUPE_INT_KEY_AT("staleness", schedule_keys.staleness, closed(0, kMillion),
+                               "ssp: steps a worker may run ahead of the slowest")),
+      agreed(
+          TROUPE_CHOICE_KEY_AT("allreduce", schedule_keys.allreduce,
+                               "bsp-allreduce across processes: auto, ring or hierarchical (inside "
+                               "each host, then across hosts)",
+                               "auto", "ring", "hierarchical")),
+      agreed(TROUPE_CHOICE_KEY_AT(
+          "reducer", schedule_keys.reducer,
+          "what sums gradients of GPU replicas: troupe (its own sums and ring) or "
+          "nccl (NCCL over every GPU of the run; with allreduce ring or "
+          "hierarchical, over each process's GPUs, troupe's allreduce across)",
+          "troupe", "nccl")),
       // More connections than a host has cores only add context switches; 16 is NCCL's cap.
       TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),
                      "TCP connections to each process on another host (ring chunks spread over "
                      "them)"),
-      TROUPE_STRING_KEY("gradient_compression", gradient_compression,
-                        "what gradients travel as between processes: none, fp16, bf16 or 2bit "
-                        "(MXNet's)"),
+      agreed(
+          TROUPE_NAMED_KEY("gradient_compression", gradient_compression, kernels::kCompressions,
+                           "what gradients travel as between processes: none, fp16, bf16 or 2bit "
+                           "(MXNet's)")),
       // Gradients of a trained net are of order 1e-3..1; 2bit sends +-threshold, and MXNet's
       // default is 0.5. Beyond 1e6 every value rounds to 0 for good.
-      TROUPE_FLOAT_KEY("gradient_compression_threshold", gradient_compression_threshold,
-                       openBelow(0, kMillion), "2bit: the magnitude each sent value takes"),
+      agreed(TROUPE_FLOAT_KEY("gradient_compression_threshold", gradient_compression_threshold,
+                              openBelow(0, kMillion), "2bit: the magnitude each sent value takes")),
       TROUPE_STRING_KEY("run_id", run_id, "id shared by the processes of one run"),
       TROUPE_INT_KEY("generation", generation, closed(0, kMillion),
                      "restarts of the run so far (set by troupe launch --on-failure restart); "
@@ -553,9 +588,9 @@ std::vector<Key> buildTable() {
           "relative share of the batch per replica",
           [](Settings& s, const Value& v) { s.options.work_load_list = asList(v); },
           [](const Settings& s) { return listText(s.options.work_load_list); }},
-      Key{"seed", Kind::kUint, kNotNumeric, "seed of initialisation and data order",
-          [](Settings& s, const Value& v) { s.options.seed = std::get<std::uint64_t>(v); },
-          [](const Settings& s) { return fmt::format("{}", s.options.seed); }},
+      agreed(Key{"seed", Kind::kUint, kNotNumeric, "seed of initialisation and data order",
+                 [](Settings& s, const Value& v) { s.options.seed = std::get<std::uint64_t>(v); },
+                 [](const Settings& s) { return fmt::format("{}", s.options.seed); }}),
       // Batches in flight per reader: memory grows with it, speed stops growing after a few.
       TROUPE_INT_KEY("prefetch", prefetch, closed(1, 1024), "batches a reader keeps in flight"),
       TROUPE_BOOL_KEY(
@@ -563,13 +598,15 @@ std::vector<Key> buildTable() {
           "skip (and count, and log once) records that do not parse, decode or fit, instead of "
           "failing; also --skip-bad-records"),
       // Horovod fuses up to 128 MiB, DDP buckets 25 MB: 4 GiB is past any model's gradients.
-      TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb, "gradient bucket size (MiB)"),
+      agreed(TROUPE_FLOAT_KEY("bucket_size_mb", bucket_size_mb, kBucketMb,
+                              "gradient bucket size (MiB)")),
       // A segment of a few KiB is all message overhead; 1 GiB is past any bucket.
-      TROUPE_FLOAT_KEY("ring_segment_mb", ring_segment_mb, closed(0.01, 1024),
-                       "bsp-allreduce across processes: the pieces a bucket is pipelined in, each "
-                       "its own ring (and copied from a GPU to the host and back) (MiB)"),
-      TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
-                       "size of the first bucket (MiB)"),
+      agreed(TROUPE_FLOAT_KEY(
+          "ring_segment_mb", ring_segment_mb, closed(0.01, 1024),
+          "bsp-allreduce across processes: the pieces a bucket is pipelined in, each "
+          "its own ring (and copied from a GPU to the host and back) (MiB)")),
+      agreed(TROUPE_FLOAT_KEY("first_bucket_mb", first_bucket_mb, kBucketMb,
+                              "size of the first bucket (MiB)")),
   };
   // Caffe2's resnet50_trainer flags troupe's own keys do not cover, then the files' keys.
   const auto caffe2 = caffe2Keys();
@@ -591,79 +628,15 @@ std::vector<Key> buildTable() {
       TROUPE_STRING_KEY("trace", trace, "write a Chrome trace (chrome://tracing, Perfetto) here"),
   };
   table.insert(table.end(), std::begin(last), std::end(last));
-  // What every process of a run must share (Key::agree). A rank started by hand with another
-  // learning rate trained beside the others and diverged (1.9e11) without a word.
-  static constexpr std::string_view kAgreed[] = {"model",
-                                                 "batch_size",
-                                                 "epoch_size",
-                                                 "num_epochs",
-                                                 "base_learning_rate",
-                                                 "lr_scaling",
-                                                 "weight_decay",
-                                                 "momentum",
-                                                 "nesterov",
-                                                 "optimizer",
-                                                 "optimizer_params",
-                                                 "beta1",
-                                                 "beta2",
-                                                 "epsilon",
-                                                 "rho",
-                                                 "eta",
-                                                 "clip_grad_norm",
-                                                 "label_smoothing",
-                                                 "lr_power",
-                                                 "lr_end",
-                                                 "lr_policy",
-                                                 "gamma",
-                                                 "lr_step_epochs",
-                                                 "lr_milestones",
-                                                 "warmup_epochs",
-                                                 "num_labels",
-                                                 "image_size",
-                                                 "num_channels",
-                                                 "mean",
-                                                 "scale",
-                                                 "mean_per_channel",
-                                                 "std_per_channel",
-                                                 "resize_short",
-                                                 "crop",
-                                                 "pad",
-                                                 "random_area",
-                                                 "random_aspect_ratio",
-                                                 "mirror",
-                                                 "color_jitter",
-                                                 "synthetic",
-                                                 "input_dtype",
-                                                 "replicas",
-                                                 "precision",
-                                                 "loss_scale",
-                                                 "initial_scale_power",
-                                                 "loss_scale_window",
-                                                 "schedule",
-                                                 "num_workers",
-                                                 "num_servers",
-                                                 "staleness",
-                                                 "allreduce",
-                                                 "reducer",
-                                                 "gradient_compression",
-                                                 "gradient_compression_threshold",
-                                                 "seed",
-                                                 "bucket_size_mb",
-                                                 "ring_segment_mb",
-                                                 "first_bucket_mb",
-                                                 "no_wd",
-                                                 "zero_init_residual",
-                                                 "random_resized_crop",
-                                                 "resnext_num_groups",
-                                                 "resnext_width_per_group",
-                                                 "float16_compute"};
-  for (auto& key : table) {
-    key.agree = std::find(std::begin(kAgreed), std::end(kAgreed), key.name) != std::end(kAgreed);
-  }
   return table;
 }
 
 }  // namespace
+
+Key agreed(Key key) {
+  key.agree = true;
+  return key;
+}
 
 const std::vector<Key>& keys() {
   static const std::vector<Key> table = buildTable();

@@ -64,6 +64,7 @@ struct Given {
 // for (lr_scaling, and Caffe2's flags that combine: caffe2_flags.h).
 struct Settings {
   TrainOptions options;
+  ScheduleKeys schedule_keys;  // options.schedule once every source is read (makeSchedule)
   std::map<std::string, Given, std::less<>> given;
   std::optional<bool> use_cpu;  // Caffe2's --use_cpu, as given
 
@@ -98,6 +99,11 @@ struct Key {
   // the others are a process's own (paths, threads, timeouts, output, its place in the run).
   bool agree = false;
 };
+
+// `key`, marked as one every process of a run must give the same value (Key::agree). A rank
+// started by hand with another learning rate once trained beside the others and diverged
+// (1.9e11) without a word.
+Key agreed(Key key);
 
 // Every key, in the order of --help, docs/config.md and TrainOptions::parameters.
 const std::vector<Key>& keys();

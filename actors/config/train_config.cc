@@ -59,13 +59,6 @@ using config::Kind;
 using config::Rank;
 using config::Value;
 
-// MXNet's kvstore names map onto schedules (the table's rows name theirs); "kv_store" is
-// accepted as a key alias too. An unknown name stays as given, for validateSchedule to refuse.
-std::string canonicalSchedule(const std::string& s) {
-  const auto* row = findSchedule(s);
-  return row ? row->name : s;
-}
-
 Value fromToml(const std::string& file, const Key& key, const toml::node& node) {
   auto wrong = [&]() -> InputError {
     return InputError(
@@ -214,7 +207,7 @@ void settleMxnetPlace(config::Settings& s, const EnvLookup& env) {
   if (!role || !role_given || role_given->source.rank != Rank::kMxnet || s.find("shard_id")) {
     return;
   }
-  const bool server = o.role == "server";
+  const bool server = o.role == ProcessRole::kServer;
   const int count = server ? o.num_servers : o.num_shards;
   if (count > 1) {
     throw InputError(fmt::format(
@@ -396,12 +389,16 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
   applyMxnetVariables(env, flag_gives, from_variable);
   applyLauncherVariables(env, flag_gives, from_variable);
   applyFlags(s, overrides);
-  o.schedule = canonicalSchedule(o.schedule);
   config::resolveCaffe2Flags(s);
   resolveImageKeys(s);
   settleMxnetPlace(s, env);
   applyClusterPlace(s, env);
   settleSchedule(s);
+  // MXNet's kvstore names map onto schedules (the table's rows name theirs; "kv_store" is
+  // accepted as a key alias too): the log shows the row's name.
+  o.schedule = makeSchedule(s.schedule_keys);
+  s.schedule_keys.schedule = o.schedule.name();
+  if (o.schedule.nccl()) s.schedule_keys.reducer = "nccl";
   loadSecretFile(o, env);
   // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
   o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();

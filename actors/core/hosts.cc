@@ -32,11 +32,7 @@ std::vector<std::vector<int>> groupHosts(const std::vector<std::string>& keys) {
   return hosts;
 }
 
-ReductionPlan planReduction(const std::string& mode, const std::vector<std::vector<int>>& hosts,
-                            int rank) {
-  if (mode != "auto" && mode != "ring" && mode != "hierarchical") {
-    throw InputError(fmt::format("allreduce '{}' is not one of auto, ring, hierarchical", mode));
-  }
+ReductionPlan planReduction(Allreduce mode, const std::vector<std::vector<int>>& hosts, int rank) {
   std::size_t workers = 0;
   std::vector<std::size_t> sizes;
   for (const auto& h : hosts) {
@@ -45,11 +41,11 @@ ReductionPlan planReduction(const std::string& mode, const std::vector<std::vect
   }
   ReductionPlan plan;
   plan.description = fmt::format("flat ring of {} workers", workers);
-  if (mode == "ring") return plan;
+  if (mode == Allreduce::kRing) return plan;
   const bool even = std::all_of(sizes.begin(), sizes.end(), [&](auto n) { return n == sizes[0]; });
   const bool gains = hosts.size() > 1 && !sizes.empty() && sizes[0] > 1;
   if (!even || !gains) {
-    if (mode == "auto") return plan;
+    if (mode == Allreduce::kAuto) return plan;
     throw InputError(fmt::format(
         "allreduce 'hierarchical' needs several hosts with the same number (2 or more) of "
         "workers each; this run's hosts hold {} worker(s) (hosts by their lowest rank: {})",

@@ -3,6 +3,7 @@
 #include <new>
 
 #include "actors/core/peer.h"
+#include "kernels/named.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -61,3 +62,20 @@ void throwIfError(const Status& status) {
 }
 
 }  // namespace troupe::actors
+
+namespace troupe {
+
+const char* errorKindName(ErrorKind kind) {
+  static constexpr kernels::Named<ErrorKind> kNames[] = {{"ok", ErrorKind::kOk},
+                                                         {"input", ErrorKind::kInput},
+                                                         {"io", ErrorKind::kIo},
+                                                         {"timeout", ErrorKind::kTimeout},
+                                                         {"resource", ErrorKind::kResource},
+                                                         {"numeric", ErrorKind::kNumeric},
+                                                         {"peer", ErrorKind::kPeer},
+                                                         {"invariant", ErrorKind::kInvariant},
+                                                         {"internal", ErrorKind::kInternal}};
+  return kernels::nameIn(kNames, kind);
+}
+
+}  // namespace troupe

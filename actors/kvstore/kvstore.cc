@@ -425,7 +425,7 @@ Result<std::unique_ptr<KVStore>> KVStore::create(const std::string& type,
 
 bool KVStore::isServer(const KVStoreSettings& settings) {
   try {
-    return actors::loadTrainOptions("", settings).role == "server";
+    return actors::loadTrainOptions("", settings).role == actors::ProcessRole::kServer;
   } catch (const std::exception&) {
     return false;  // create() or runServer() reports it
   }

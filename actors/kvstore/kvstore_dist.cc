@@ -144,11 +144,11 @@ class DistKVStore final : public KVStore {
         wait_limit_(peer_timeout_ +
                     peerTimeoutGrace(fromSeconds(o.stall_warning_s), peer_timeout_)) {
     checkPlace(type, o);
-    if (o.role != "worker") {
+    if (o.role != ProcessRole::kWorker) {
       throw InputError(
           fmt::format("this process is {} {} of the run (role '{}'): it serves with "
                       "troupe::KVStore::runServer(), not create()",
-                      o.role, o.shard_id, o.role));
+                      roleName(o.role), o.shard_id, roleName(o.role)));
     }
     if (const char* bound = std::getenv("MXNET_KVSTORE_BIGARRAY_BOUND")) {
       char* end = nullptr;
@@ -719,7 +719,7 @@ std::unique_ptr<KVStore> makeDistKVStore(const std::string& type, const TrainOpt
 
 void serveKVStore(const std::string& type, const TrainOptions& o) {
   checkPlace(type, o);
-  if (o.role != "server") {
+  if (o.role != ProcessRole::kServer) {
     throw InputError(
         fmt::format("this process is worker {} of the run, not a server: it makes "
                     "its store with troupe::KVStore::create()",
@@ -729,8 +729,12 @@ void serveKVStore(const std::string& type, const TrainOptions& o) {
   config.kvstore = true;
   config.index = o.shard_id;
   config.num_workers = o.num_shards;
-  config.mode = serverMode(type);  // the server modes are the store types
-  config.staleness = o.staleness;
+  // The server modes are the store types; the staleness is the run's key.
+  ScheduleKeys keys = o.schedule.keys();
+  keys.schedule = type;
+  const ParameterServers servers = *makeSchedule(keys).servers();
+  config.mode = servers.mode;
+  config.staleness = servers.staleness;
   config.threads = o.threads > 0 ? o.threads : 1;
   const int rank = o.num_shards + o.shard_id;
   auto members = std::make_shared<RunMembers>(o.num_shards, o.num_servers);

@@ -117,7 +117,7 @@ class RingKVStore final : public KVStore {
           fmt::format("kvstore 'ring' has no servers, and this run has {} (-s 0, or num_servers 0)",
                       o.num_servers));
     }
-    if (o.role != "worker") {
+    if (o.role != ProcessRole::kWorker) {
       throw InputError("kvstore 'ring' has no servers: every process is a worker (role worker)");
     }
     // Each worker's RingMember is its actor 0; the ring goes from rank to rank + 1.

@@ -173,7 +173,7 @@ class Server final : public Actor {
   // The workers a pull of step q waits for.
   std::vector<Late> lateWorkers(const Segment& s, const Pull& q) const {
     std::int64_t need = q.step - 1;  // dist_sync and epoch ends: every push of step q-1
-    if (config_.mode == ServerConfig::Mode::kSsp && !q.epoch_end)
+    if (config_.mode == ServerConfig::Mode::kStale && !q.epoch_end)
       need = q.step - 1 - config_.staleness;
     std::vector<Late> late;
     for (std::size_t w = 0; w < s.clocks.size(); ++w) {
@@ -495,7 +495,7 @@ class Server final : public Actor {
              (config_.mode != ServerConfig::Mode::kSync || s.applied >= q.step);
     }
     if (config_.mode == ServerConfig::Mode::kSync) return s.applied >= q.step;
-    if (config_.mode == ServerConfig::Mode::kSsp)
+    if (config_.mode == ServerConfig::Mode::kStale)
       return min_clock >= q.step - 1 - config_.staleness;
     return true;
   }
@@ -790,23 +790,12 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
   return shards;
 }
 
-ServerConfig::Mode serverMode(std::string_view schedule) {
-  if (schedule == "dist_sync") return ServerConfig::Mode::kSync;
-  if (schedule == "dist_async") return ServerConfig::Mode::kAsync;
-  TROUPE_ENFORCE(schedule == "ssp", "no parameter-server mode for '", schedule, "'");
-  return ServerConfig::Mode::kSsp;
-}
-
 const char* modeName(ServerConfig::Mode mode) {
-  switch (mode) {
-    case ServerConfig::Mode::kSync:
-      return "dist_sync";
-    case ServerConfig::Mode::kAsync:
-      return "dist_async";
-    case ServerConfig::Mode::kSsp:
-      break;
-  }
-  return "ssp";
+  static constexpr kernels::Named<ServerConfig::Mode> kNames[] = {
+      {"dist_sync", ServerConfig::Mode::kSync},
+      {"dist_async", ServerConfig::Mode::kAsync},
+      {"ssp", ServerConfig::Mode::kStale}};
+  return kernels::nameIn(kNames, mode);
 }
 
 std::unique_ptr<Actor> makeServer(std::string name, ServerConfig config) {

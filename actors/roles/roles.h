@@ -17,6 +17,7 @@
 #include "actors/core/hosts.h"
 #include "actors/core/peer.h"
 #include "actors/core/system.h"
+#include "actors/schedules/schedule.h"
 #include "data/dataset.h"
 #include "kernels/communicator.h"
 #include "kernels/compression.h"
@@ -319,7 +320,7 @@ struct ServerConfig {
   bool kvstore = false;
   int num_workers = 1;
   // How pushes are applied and pulls answered (the schedule's name, for messages: modeName).
-  enum class Mode : std::uint8_t { kSync, kAsync, kSsp };
+  using Mode = ParameterServers::Mode;
   Mode mode = Mode::kSync;
   kernels::CompressionSpec compression;  // of the workers' pushes (kernels/compression.h)
   int staleness = 0;
@@ -357,9 +358,7 @@ struct PsClientConfig {
 };
 std::unique_ptr<Actor> makePsClient(std::string name, PsClientConfig config);
 
-// A server's mode from a parameter-server schedule's (or KVStore type's) name: dist_sync,
-// dist_async or ssp; InvariantError for another. And back, for messages.
-ServerConfig::Mode serverMode(std::string_view schedule);
+// A server mode's schedule, for messages: dist_sync, dist_async or ssp.
 const char* modeName(ServerConfig::Mode mode);
 
 // The KVStore's keys on server s are s << kKvKeyShift onwards: a KVStore key's part there is

@@ -94,11 +94,6 @@ RoleContext roleContext(const TrainOptions& o, Trace* trace, std::int64_t steps_
   return run;
 }
 
-bool isParameterServerSchedule(const std::string& schedule) {
-  const auto* row = findSchedule(schedule);
-  return row && row->parameter_servers;
-}
-
 ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
   ProcessDevices d;
   for (int r = 0; r < o.replicas; ++r) {
@@ -106,8 +101,7 @@ ProcessDevices devicesOf(const TrainOptions& o, bool ps, int nodes) {
                                         : kernels::Device{kernels::DeviceKind::kCuda,
                                                           o.gpus[static_cast<std::size_t>(r)]});
   }
-  const auto* schedule = findSchedule(o.schedule);
-  const bool on_gpu = !o.gpus.empty() && !ps && (!schedule || schedule->sums_on_gpu);
+  const bool on_gpu = !o.gpus.empty() && !ps && o.schedule.info().sums_on_gpu;
   d.reducer = on_gpu ? d.replicas[0] : kernels::Device{};
   d.updater = (o.replicas == 1 && nodes == 1) ? d.replicas[0] : d.reducer;
   return d;
@@ -117,14 +111,17 @@ std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, in
   std::vector<std::string> replicas;
   for (const auto& device : d.replicas)
     replicas.push_back(kernels::toString(device));
-  if (o.reducer == "nccl") {
+  if (o.schedule.nccl()) {
     const std::string summed =
         ncclSpansProcesses(o, nodes)
             ? fmt::format("by NCCL over the run's {} GPU(s)", o.replicas * nodes)
             : fmt::format(
                   "by NCCL over this process's {} GPU(s), then by troupe's {} across "
                   "processes",
-                  o.replicas, o.allreduce == "hierarchical" ? "hierarchical allreduce" : "ring");
+                  o.replicas,
+                  o.schedule.allreduce()->algorithm == Allreduce::kHierarchical
+                      ? "hierarchical allreduce"
+                      : "ring");
     return fmt::format("replica{} on {}; gradients summed {}, weights updated on {}",
                        replicas.size() == 1 ? "" : "s", fmt::join(replicas, ", "), summed,
                        kernels::toString(d.updater));
@@ -139,7 +136,7 @@ std::string describe(const ProcessDevices& d, const TrainOptions& o, bool ps, in
 }
 
 void validateSchedule(const TrainOptions& o) {
-  scheduleInfo(o.schedule).validate(o);
+  o.schedule.info().validate(o);
 }
 
 namespace {
@@ -299,8 +296,7 @@ kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) 
 }
 
 kernels::CompressionSpec compressionOf(const TrainOptions& o) {
-  return {kernels::parseGradientCompression(o.gradient_compression),
-          o.gradient_compression_threshold};
+  return {o.gradient_compression, o.gradient_compression_threshold};
 }
 
 std::string checkpointDir(const TrainOptions& o) {
@@ -459,14 +455,14 @@ void validateElastic(const TrainOptions& o) {
   if (o.min_workers < 1 || o.min_workers > o.max_workers) {
     throw InputError(fmt::format("{}: need 1 <= MIN <= MAX", bounds));
   }
-  if (const auto* row = findSchedule(o.schedule); !row || !row->elastic) {
+  if (!o.schedule.info().elastic) {
     std::string elastic;
     for (const auto& s : schedules())
       if (s.elastic) elastic += (elastic.empty() ? "" : " or ") + s.name;
     throw InputError(fmt::format("{}: an elastic run needs schedule {} (this one has '{}')", bounds,
-                                 elastic, o.schedule));
+                                 elastic, o.schedule.name()));
   }
-  if (o.role != "worker" || o.num_servers > 0) {
+  if (o.role != ProcessRole::kWorker || o.num_servers > 0) {
     throw InputError(fmt::format("{}: an elastic run has no parameter servers", bounds));
   }
   if (!o.resume.empty() || o.generation > 0) {
@@ -505,14 +501,11 @@ void checkGpus(const TrainOptions& o) {
 void checkProcessOptions(const TrainOptions& o) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
-  const bool server = o.role == "server";
-  if (!server && o.role != "worker") {
-    throw InputError(fmt::format("role '{}' is neither worker nor server", o.role));
-  }
+  const bool server = o.role == ProcessRole::kServer;
   const int shards_of_role = server ? o.num_servers : o.num_shards;
   if (o.shard_id < 0 || o.shard_id >= shards_of_role) {
-    throw InputError(
-        fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id, shards_of_role, o.role));
+    throw InputError(fmt::format("shard_id {} is not one of the {} {}(s)", o.shard_id,
+                                 shards_of_role, roleName(o.role)));
   }
   if (o.replicas < 1) throw InputError("replicas must be at least 1");
   if (!server) {
@@ -570,7 +563,7 @@ data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& pa
   d.train = train;
   d.seed = o.seed;
   d.decode_threads = o.decode_threads;
-  d.uint8 = train && o.input_dtype == "uint8";
+  d.uint8 = train && o.input_dtype == kernels::DType::kUInt8;
   return d;
 }
 
@@ -604,65 +597,59 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
 }
 
 bool ncclSpansProcesses(const TrainOptions& o, int nodes) {
-  return o.allreduce == "auto" || nodes == 1;
+  const auto* all = o.schedule.allreduce();
+  return !all || all->algorithm == Allreduce::kAuto || nodes == 1;
 }
 
 void checkReducer(const TrainOptions& o) {
-  if (o.reducer != "nccl") return;
+  if (!o.schedule.nccl()) return;
   auto refuse = [](const std::string& why) { throw InputError("reducer nccl: " + why); };
   if (o.gpus.empty()) {
     refuse(
         "NCCL sums on GPUs, and this run has none: name them with gpus (--gpus 0,1 or --num_gpus "
         "2), or use reducer troupe");
   }
-  if (isParameterServerSchedule(o.schedule)) {
-    refuse(fmt::format(
-        "under schedule '{}' the parameter servers sum the gradients; use schedule bsp-allreduce, "
-        "or reducer troupe",
-        o.schedule));
-  }
-  if (const auto* row = findSchedule(o.schedule); row && !row->sums_on_gpu) {
+  // Under parameter servers, makeSchedule refused it already.
+  if (!o.schedule.info().sums_on_gpu) {
     refuse(fmt::format(
         "schedule '{}' sums gradients on the CPU (MXNet's local); use schedule device (one "
         "process) or bsp-allreduce (several), where NCCL sums on the GPUs",
-        o.schedule));
+        o.schedule.name()));
   }
-  if (o.gradient_compression != "none" && o.allreduce == "auto") {
+  if (o.gradient_compression != kernels::GradientCompression::kNone && ncclSpansProcesses(o, 2)) {
     refuse(fmt::format(
         "NCCL sums float32 gradients, and gradient_compression is {}; to compress between "
         "processes, name troupe's allreduce for them (allreduce ring or hierarchical: NCCL sums "
         "each process's GPUs, troupe's ring the processes), or use gradient_compression none",
-        o.gradient_compression));
+        kernels::toString(o.gradient_compression)));
   }
 }
 
 void checkPrecision(const TrainOptions& o) {
-  if (isParameterServerSchedule(o.schedule) && (o.precision == "fp16" || o.loss_scale > 0)) {
+  const bool ps = o.schedule.servers() != nullptr;
+  if (ps && (o.precision == kernels::DType::kFloat16 || o.loss_scale > 0)) {
     throw InputError(fmt::format(
         "precision {} with a loss scale under schedule '{}': the parameter servers, each holding "
         "a shard, neither divide the scale out nor skip an overflowing step together; use "
         "precision bf16 (no loss scale), or bsp-allreduce",
-        o.precision, o.schedule));
+        precisionName(o.precision), o.schedule.name()));
   }
-  if (isParameterServerSchedule(o.schedule) && o.clip_grad_norm > 0) {
+  if (ps && o.clip_grad_norm > 0) {
     throw InputError(fmt::format(
         "clip_grad_norm {:g} under schedule '{}': the gradients' global norm is of every shard, "
         "and each parameter server holds one; use bsp-allreduce, or clip_grad_norm 0",
-        o.clip_grad_norm, o.schedule));
+        o.clip_grad_norm, o.schedule.name()));
   }
-  if (o.precision != "fp32" && o.gpus.empty()) {
+  if (o.precision != kernels::DType::kFloat32 && o.gpus.empty()) {
     throw InputError(fmt::format(
         "precision {} computes on GPUs, and this run has none: name them with gpus (--gpus 0 or "
         "--num_gpus 1), or use precision fp32 (CPU replicas compute in float32)",
-        o.precision));
+        precisionName(o.precision)));
   }
 }
 
 kernels::DType precisionOf(const TrainOptions& o) {
-  if (o.gpus.empty()) return kernels::DType::kFloat32;
-  if (o.precision == "fp16") return kernels::DType::kFloat16;
-  if (o.precision == "bf16") return kernels::DType::kBFloat16;
-  return kernels::DType::kFloat32;
+  return o.gpus.empty() ? kernels::DType::kFloat32 : o.precision;
 }
 
 LossScale lossScaleOf(const TrainOptions& o) {
@@ -678,8 +665,8 @@ LossScale lossScaleOf(const TrainOptions& o) {
 }
 
 bool channelsLastOf(const TrainOptions& o, const std::string& misfit) {
-  if (o.memory_format == "nchw") return false;
-  if (o.memory_format == "nhwc") {
+  if (o.memory_format == MemoryFormat::kNchw) return false;
+  if (o.memory_format == MemoryFormat::kNhwc) {
     if (o.gpus.empty()) {
       throw InputError(
           "memory_format nhwc lays images out for GPUs, and this run has none (CPU replicas "
@@ -696,7 +683,7 @@ bool channelsLastOf(const TrainOptions& o, const std::string& misfit) {
 }
 
 bool cudaGraphsOf(const TrainOptions& o) {
-  if (o.cuda_graphs == false || o.role == "server") return false;
+  if (o.cuda_graphs == false || o.role == ProcessRole::kServer) return false;
   if (!o.cuda_graphs) return !o.gpus.empty() && o.trace.empty();  // auto
   if (o.gpus.empty()) {
     throw InputError(
@@ -708,7 +695,7 @@ bool cudaGraphsOf(const TrainOptions& o) {
 
 std::string describeCudaGraphs(const TrainOptions& o) {
   if (o.cuda_graphs == false) return "off (cuda_graphs false)";
-  if (o.role == "server") return "off on a parameter server, which trains no replica";
+  if (o.role == ProcessRole::kServer) return "off on a parameter server, which trains no replica";
   if (o.gpus.empty()) return "off: no GPU replicas";
   if (!cudaGraphsOf(o)) return "off in a traced run, whose trace times each step's parts apart";
   return "each step's forward and backward replayed from a CUDA graph, recorded at the second "
@@ -721,7 +708,7 @@ std::string describePrecision(const TrainOptions& o, bool channels_last) {
   const LossScale scale = lossScaleOf(o);
   return fmt::format(
       "{} activations, convolutions and products; fp32 weights, gradients and updates{}{}",
-      o.precision,
+      precisionName(o.precision),
       scale.initial <= 0 ? std::string()
       : scale.dynamic ? fmt::format("; loss scale dynamic from {:g}, doubled after {} clean steps",
                                     scale.initial, scale.window)

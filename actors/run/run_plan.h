@@ -47,8 +47,6 @@ std::chrono::milliseconds fromSeconds(double seconds);
 RoleContext roleContext(const TrainOptions& o, Trace* trace, std::int64_t steps_per_epoch,
                         RunMembersPtr members);
 
-bool isParameterServerSchedule(const std::string& schedule);
-
 // Where the compute actors of a worker process run. Replica r runs on GPU gpus[r], or on the CPU.
 // Its buckets are summed on the first GPU under schedule device (and bsp-allreduce, whose ring
 // then reads a copy on the host), on the CPU under local (MXNet's) and with parameter servers;

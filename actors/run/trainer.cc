@@ -84,7 +84,9 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
   if (reduction) {
     const auto hosts =
         groupHosts(exchangeHostKeys(cluster->store(), rank, o.num_shards, c.timeout));
-    *reduction = planReduction(o.allreduce, hosts, rank);
+    // The workers' ring, flat or by host; auto for the schedules without the allreduce key.
+    const auto* all = o.schedule.allreduce();
+    *reduction = planReduction(all ? all->algorithm : Allreduce::kAuto, hosts, rank);
     if (rank == 0) spdlog::info("allreduce: {}", reduction->description);
   }
   return cluster;
@@ -138,9 +140,9 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
-  config.mode = serverMode(scheduleInfo(o.schedule).name);
+  config.mode = o.schedule.servers()->mode;
   config.compression = compressionOf(o);
-  config.staleness = o.staleness;
+  config.staleness = o.schedule.servers()->staleness;
   config.key_begin = shard.first;
   config.key_end = shard.second;
   config.initial_weights = weights.slice(shard.first, shard.second);
@@ -178,9 +180,9 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
 ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   checkProcessOptions(o);
   ProcessPlan p;
-  const bool server = p.server = o.role == "server";
+  const bool server = p.server = o.role == ProcessRole::kServer;
   const int workers = p.workers = o.num_shards;
-  p.ps = isParameterServerSchedule(o.schedule);
+  p.ps = o.schedule.servers() != nullptr;
   // Node ids: workers 0 .. W-1, then servers W .. W+S-1. Worker 0 is the chief.
   p.nodes = workers + o.num_servers;
   p.rank = server ? workers + o.shard_id : o.shard_id;
@@ -228,7 +230,8 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
   p.net.precision = precisionOf(o);
   p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
-  if (!o.gpus.empty() && !server && (o.precision != "fp32" || p.net.channels_last))
+  if (!o.gpus.empty() && !server &&
+      (o.precision != kernels::DType::kFloat32 || p.net.channels_last))
     spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
   p.net.graphs = cudaGraphsOf(o);
   if (o.cuda_graphs == true && !server && !p.net.graphs)
@@ -322,7 +325,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                           a,
                           role,
                           roleContext(o, trace_ptr, p.plan.steps_per_epoch, members),
-                          o.reducer == "nccl" ? std::make_shared<NcclGroup>() : nullptr,
+                          o.schedule.nccl() ? std::make_shared<NcclGroup>() : nullptr,
                           std::make_shared<ReductionPlan>(),
                           control,
                           chief_log,
@@ -330,7 +333,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
   auto node = makeNodeSystem(p.rank, 2, p.nodes > 1 || !o.rendezvous.empty());
   // The schedule's roles, each where the layout (that every process computes alike) places it.
-  for (const RoleSpawn& r : workerRolesOf(scheduleInfo(o.schedule), spawn))
+  for (const RoleSpawn& r : workerRolesOf(o.schedule, spawn))
     TROUPE_ENFORCE_EQ(node.system->spawn(r.make(), r.thread), r.at);
   return WorkerActors{std::move(node), spawn.reduction, spawn.nccl};
 }

@@ -9,14 +9,45 @@
 #include <string>
 #include <vector>
 
+#include "actors/schedules/schedule.h"
 #include "data/db.h"
 #include "data/image_transform.h"
+#include "kernels/compression.h"
+#include "kernels/named.h"
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/tensor.h"
 #include "troupe/trainer.h"
 
 namespace troupe::actors {
+
+// The names the keys below take (kernels/named.h): the options hold the values.
+using kernels::Named;
+using kernels::nameIn;
+
+// What a process is in its run (troupe launch's TROUPE_ROLE, MXNet's DMLC_ROLE): a worker trains
+// replicas; a server holds a shard of the weights (dist_sync, dist_async, ssp).
+enum class ProcessRole : std::uint8_t { kWorker, kServer };
+inline constexpr Named<ProcessRole> kRoles[] = {{"worker", ProcessRole::kWorker},
+                                                {"server", ProcessRole::kServer}};
+inline const char* roleName(ProcessRole role) {
+  return nameIn(kRoles, role);
+}
+
+// The precision keys' and input_dtype's names.
+inline constexpr Named<kernels::DType> kPrecisions[] = {{"fp32", kernels::DType::kFloat32},
+                                                        {"fp16", kernels::DType::kFloat16},
+                                                        {"bf16", kernels::DType::kBFloat16}};
+inline const char* precisionName(kernels::DType precision) {
+  return nameIn(kPrecisions, precision);
+}
+inline constexpr Named<kernels::DType> kInputTypes[] = {{"float32", kernels::DType::kFloat32},
+                                                        {"uint8", kernels::DType::kUInt8}};
+
+// How images lie in GPU memory (memory_format).
+enum class MemoryFormat : std::uint8_t { kAuto, kNchw, kNhwc };
+inline constexpr Named<MemoryFormat> kMemoryFormats[] = {
+    {"auto", MemoryFormat::kAuto}, {"nchw", MemoryFormat::kNchw}, {"nhwc", MemoryFormat::kNhwc}};
 
 struct TrainOptions {
   kernels::ModelSpec model;
@@ -44,11 +75,13 @@ struct TrainOptions {
   // Random inputs made once and sent every step (Caffe2's --train_data null): for measuring the
   // compute alone, with no reading or decoding. Needs epoch_size; not with train_data.
   bool synthetic = false;
-  // "float32", or "uint8": readers send training images as bytes before the mean and scale, and
+  // float32, or uint8: readers send training images as bytes before the mean and scale, and
   // each replica normalises them on its device (MXNet's ImageRecordIter dtype).
-  std::string input_dtype = "float32";
+  kernels::DType input_dtype = kernels::DType::kFloat32;
 
-  std::string schedule = "local";
+  // The schedule with its family's settings (the keys schedule, allreduce, reducer and
+  // staleness; actors/schedules/schedule.h).
+  Schedule schedule;
   // Processes of the run (Caffe2's --num_shards / --shard_id); set by `troupe launch` through
   // TROUPE_NUM_WORKERS / TROUPE_RANK, or by hand. With several, batch_size is per process.
   int num_shards = 1;   // workers
@@ -59,9 +92,8 @@ struct TrainOptions {
   // shard_id then come from each generation's rendezvous. 0: a fixed world of num_shards.
   int min_workers = 0;
   int max_workers = 0;
-  std::string role = "worker";  // or "server" (TROUPE_ROLE)
-  int staleness = 2;            // ssp: how many steps a worker may run ahead of the slowest
-  std::string run_id;           // shared by the processes of one run
+  ProcessRole role = ProcessRole::kWorker;  // TROUPE_ROLE
+  std::string run_id;                       // shared by the processes of one run
   // Restarts of the run so far (troupe launch --on-failure restart sets TROUPE_GENERATION). Each
   // generation meets under its own rendezvous prefix and transport id, so processes of an earlier
   // one never mix in; a generation > 0 resumes as `resume = "auto"` does.
@@ -97,7 +129,7 @@ struct TrainOptions {
   std::optional<bool> cuda_graphs;
   // Mixed precision on GPUs (kernels::NetOptions::precision): fp32, fp16 or bf16 activations and
   // convolution/matrix arithmetic, float32 master weights, gradients and updates.
-  std::string precision = "fp32";
+  kernels::DType precision = kernels::DType::kFloat32;
   // The loss scale of fp16: 0 is dynamic (PyTorch's GradScaler: 2^16 to start, halved on a step
   // whose gradients hold inf or NaN, which is skipped, and doubled after loss_scale_window steps
   // without one); > 0 fixes it (a step with inf or NaN then fails the run). bf16 and fp32 need
@@ -108,7 +140,7 @@ struct TrainOptions {
   // Images in GPU memory: nhwc (channels last, PyTorch's channels_last: cuDNN's tensor-core
   // convolutions read it natively), nchw, or auto: nhwc where tensor cores compute (fp16, bf16,
   // or tf32) and the model is the same either way (no inner product reads an image).
-  std::string memory_format = "auto";
+  MemoryFormat memory_format = MemoryFormat::kAuto;
   int threads = 0;                     // 0: all hardware threads
   std::int64_t batch_size = 64;        // per process, over its replicas
   std::vector<double> work_load_list;  // relative share of each replica; empty: equal
@@ -123,7 +155,7 @@ struct TrainOptions {
   bool skip_bad_records = false;
 
   float base_learning_rate = 0.01f;
-  std::string lr_policy = "fixed";
+  kernels::LrSchedule lr_policy = kernels::LrSchedule::kFixed;
   float gamma = 0.1f;
   double lr_step_epochs = 0;          // step: decay every this many epochs
   std::vector<double> lr_milestones;  // multistep: epochs at which to decay
@@ -141,17 +173,9 @@ struct TrainOptions {
   // What gradients travel as between processes (kernels/compression.h): none, fp16, bf16 or 2bit
   // (MXNet's, with gradient_compression_threshold), on the ring and on pushes to the servers.
   // Every process of a run must agree (checked at rendezvous).
-  std::string gradient_compression = "none";
+  kernels::GradientCompression gradient_compression = kernels::GradientCompression::kNone;
   float gradient_compression_threshold = 0.5f;
 
-  // How bsp-allreduce sums across processes (actors/core/hosts.h): "auto" (hierarchical when
-  // several hosts hold the same number, 2 or more, of workers each; else one flat ring), "ring"
-  // or "hierarchical" (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE).
-  std::string allreduce = "auto";
-  // What sums the gradients of replicas on GPUs: "troupe" (its own sums on a GPU or the CPU and
-  // its ring between processes) or "nccl" (NCCL over every GPU of the run, in the machine and
-  // across machines, its group's id passed through the rendezvous; Caffe2's --use_nccl).
-  std::string reducer = "troupe";
   // TCP connections to each peer on another host; ring chunks spread over them (as NCCL's
   // NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS and Gloo's several pairs do). 1 until a gain is
   // measured: on the 2-core test machine both ends of every link share two cores, and 2 showed

@@ -264,8 +264,21 @@ std::vector<RoleSpawn> pushingWorkerRoles(const WorkerSpawn& spawn) {
                                [&spawn] { return makePsClient("ps-client", spawn.psClient()); }});
 }
 
-std::vector<RoleSpawn> workerRolesOf(const ScheduleInfo& schedule, const WorkerSpawn& spawn) {
-  return schedule.parameter_servers ? pushingWorkerRoles(spawn) : updatingWorkerRoles(spawn);
+std::vector<RoleSpawn> workerRolesOf(const Schedule& schedule, const WorkerSpawn& spawn) {
+  return std::visit([&spawn](const auto& family) { return workerRolesOf(family, spawn); },
+                    schedule.family());
+}
+
+std::vector<RoleSpawn> workerRolesOf(const OneProcess&, const WorkerSpawn& spawn) {
+  return updatingWorkerRoles(spawn);
+}
+
+std::vector<RoleSpawn> workerRolesOf(const AllreduceWorkers&, const WorkerSpawn& spawn) {
+  return updatingWorkerRoles(spawn);
+}
+
+std::vector<RoleSpawn> workerRolesOf(const ParameterServers&, const WorkerSpawn& spawn) {
+  return pushingWorkerRoles(spawn);
 }
 
 std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights) {

@@ -108,8 +108,12 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
 // dist_async, ssp).
 std::vector<RoleSpawn> updatingWorkerRoles(const WorkerSpawn& spawn);
 std::vector<RoleSpawn> pushingWorkerRoles(const WorkerSpawn& spawn);
-// The actors a worker of `schedule` runs (actors/schedules/): with parameter servers, a PS
-// client in the updater's slot.
-std::vector<RoleSpawn> workerRolesOf(const ScheduleInfo& schedule, const WorkerSpawn& spawn);
+// The actors a worker of `schedule` runs, by its family (actors/schedules/schedule.h): with
+// parameter servers, a PS client in the updater's slot. A family that spawns other actors (a
+// pipeline's stages) adds its overload here.
+std::vector<RoleSpawn> workerRolesOf(const Schedule& schedule, const WorkerSpawn& spawn);
+std::vector<RoleSpawn> workerRolesOf(const OneProcess& family, const WorkerSpawn& spawn);
+std::vector<RoleSpawn> workerRolesOf(const AllreduceWorkers& family, const WorkerSpawn& spawn);
+std::vector<RoleSpawn> workerRolesOf(const ParameterServers& family, const WorkerSpawn& spawn);
 
 }  // namespace troupe::actors

@@ -2,6 +2,7 @@
 // updates its own copy (Horovod's way); the one schedule whose workers may come and go.
 #include <fmt/format.h>
 
+#include "actors/run/trainer.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -25,6 +26,9 @@ ScheduleInfo bspAllreduceSchedule() {
       "workers sum gradients by ring or hierarchical allreduce, every step (Horovod's way)",
       {}};
   row.elastic = true;
+  row.family = [](const ScheduleKeys& keys) -> ScheduleFamily {
+    return AllreduceWorkers{allreduceOf(keys), reducerOf(keys)};
+  };
   row.validate = validate;
   return row;
 }

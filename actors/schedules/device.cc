@@ -1,4 +1,5 @@
 // device (MXNet's device): one process, its replicas' gradients summed on a GPU.
+#include "actors/run/trainer.h"
 #include "actors/schedules/schedule.h"
 #include "troupe/error.h"
 
@@ -21,7 +22,7 @@ ScheduleInfo deviceSchedule() {
                    "one process; its replicas' gradients summed on a GPU (by NCCL with --reducer "
                    "nccl)",
                    {"device"}};
-  row.one_process = true;
+  row.family = oneProcessFamily;
   row.validate = validate;
   return row;
 }

@@ -6,7 +6,9 @@ namespace troupe::actors {
 ScheduleInfo distAsyncSchedule() {
   ScheduleInfo row{
       "dist_async", "parameter servers; each push applied as it comes", {"dist_async"}};
-  row.parameter_servers = true;
+  row.family = [](const ScheduleKeys& keys) {
+    return serversFamily(keys, ParameterServers::Mode::kAsync);
+  };
   row.validate = requireServers;
   return row;
 }

@@ -8,7 +8,9 @@ ScheduleInfo distSyncSchedule() {
   ScheduleInfo row{"dist_sync",
                    "parameter servers; every step waits for every worker's push",
                    {"dist_sync", "dist_device_sync"}};
-  row.parameter_servers = true;
+  row.family = [](const ScheduleKeys& keys) {
+    return serversFamily(keys, ParameterServers::Mode::kSync);
+  };
   row.validate = requireServers;
   return row;
 }

@@ -5,8 +5,8 @@ namespace troupe::actors {
 
 ScheduleInfo localSchedule() {
   ScheduleInfo row{"local", "one process; its replicas' gradients summed in memory", {"local"}};
-  row.one_process = true;
   row.sums_on_gpu = false;
+  row.family = oneProcessFamily;
   row.validate = requireOneProcess;
   return row;
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/run/trainer.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -33,23 +34,93 @@ const ScheduleInfo* findSchedule(std::string_view name) {
   return nullptr;
 }
 
+bool ScheduleInfo::parameterServers() const {
+  return std::holds_alternative<ParameterServers>(family(ScheduleKeys{}));
+}
+
+bool ScheduleInfo::oneProcess() const {
+  return std::holds_alternative<OneProcess>(family(ScheduleKeys{}));
+}
+
+Schedule::Schedule() : Schedule(scheduleNamed("local")) {}
+
+Schedule::Schedule(const ScheduleInfo& row, ScheduleFamily family)
+    : row_(&row), family_(std::move(family)) {}
+
+bool Schedule::nccl() const {
+  if (const auto* one = std::get_if<OneProcess>(&family_))
+    return one->reducer == ReducerKind::kNccl;
+  if (const auto* all = allreduce()) return all->reducer == ReducerKind::kNccl;
+  return false;
+}
+
+ScheduleKeys Schedule::keys() const {
+  ScheduleKeys keys;
+  keys.schedule = name();
+  keys.reducer = nccl() ? "nccl" : "troupe";
+  if (const auto* all = allreduce()) keys.allreduce = allreduceName(all->algorithm);
+  if (const auto* ps = servers()) keys.staleness = ps->staleness;
+  return keys;
+}
+
+ReducerKind reducerOf(const ScheduleKeys& keys) {
+  if (keys.reducer == "troupe") return ReducerKind::kTroupe;
+  if (keys.reducer == "nccl") return ReducerKind::kNccl;
+  throw InputError(fmt::format("reducer '{}' is not one of troupe, nccl", keys.reducer));
+}
+
+ScheduleFamily oneProcessFamily(const ScheduleKeys& keys) {
+  return OneProcess{reducerOf(keys)};
+}
+
+ScheduleFamily serversFamily(const ScheduleKeys& keys, ParameterServers::Mode mode) {
+  if (reducerOf(keys) == ReducerKind::kNccl) {
+    throw InputError(fmt::format(
+        "reducer nccl: under schedule '{}' the parameter servers sum the gradients; use schedule "
+        "bsp-allreduce, or reducer troupe",
+        keys.schedule));
+  }
+  return ParameterServers{mode, static_cast<int>(keys.staleness)};
+}
+
+Allreduce allreduceOf(const ScheduleKeys& keys) {
+  for (const auto& row : kAllreduces)
+    if (keys.allreduce == row.name) return row.value;
+  throw InputError(
+      fmt::format("allreduce '{}' is not one of auto, ring, hierarchical", keys.allreduce));
+}
+
+Schedule makeSchedule(const ScheduleKeys& keys) {
+  ScheduleKeys given = keys;
+  if (given.schedule == "nccl") {  // MXNet's kvstore nccl
+    given.schedule = "device";
+    given.reducer = "nccl";
+  }
+  const ScheduleInfo& row = scheduleInfo(given.schedule);
+  given.schedule = row.name;
+  return Schedule(row, row.family(given));
+}
+
+Schedule scheduleNamed(std::string_view name) {
+  ScheduleKeys keys;
+  keys.schedule = name;
+  return makeSchedule(keys);
+}
+
 const ScheduleInfo& scheduleInfo(std::string_view name) {
   if (const auto* row = findSchedule(name)) return *row;
   throw InputError(fmt::format("unknown schedule '{}' (known: {})", name, scheduleNames()));
 }
 
 std::string scheduleNames() {
-  std::string names;
-  for (const auto& row : schedules())
-    names += (names.empty() ? "" : ", ") + row.name;
-  return names;
+  return kernels::namesOf(schedules());
 }
 
 void requireServers(const TrainOptions& o) {
   if (o.num_servers < 1) {
     throw InputError(
         fmt::format("schedule '{}' needs parameter servers: troupe launch -s 1 (or --num_servers)",
-                    o.schedule));
+                    o.schedule.name()));
   }
 }
 
@@ -58,7 +129,7 @@ void requireOneProcess(const TrainOptions& o) {
     throw InputError(
         fmt::format("schedule '{}' runs in one process, and this run has {} worker(s) and {} "
                     "server(s); use bsp-allreduce, dist_sync, dist_async or ssp",
-                    o.schedule, o.num_shards, o.num_servers));
+                    o.schedule.name(), o.num_shards, o.num_servers));
   }
 }
 

@@ -1,21 +1,14 @@
 // ssp: stale-synchronous parameter servers; a worker runs at most `staleness` steps ahead.
 #include "actors/schedules/schedule.h"
-#include "troupe/error.h"
 
 namespace troupe::actors {
-namespace {
-
-void validate(const TrainOptions& o) {
-  requireServers(o);
-  if (o.staleness < 0) throw InputError("staleness must be >= 0");
-}
-
-}  // namespace
 
 ScheduleInfo sspSchedule() {
   ScheduleInfo row{"ssp", "parameter servers; a worker runs at most `staleness` steps ahead", {}};
-  row.parameter_servers = true;
-  row.validate = validate;
+  row.family = [](const ScheduleKeys& keys) {
+    return serversFamily(keys, ParameterServers::Mode::kStale);
+  };
+  row.validate = requireServers;
   return row;
 }
 

@@ -23,6 +23,10 @@ enum class ErrorKind {
   kInternal,   // anything else
 };
 
+// "ok", "input", "io", "timeout", "resource", "numeric", "peer", "invariant", "internal": the
+// kind as Python's troupe.Error names it.
+const char* errorKindName(ErrorKind kind);
+
 class Status {
  public:
   Status() = default;  // ok

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "kernels/named.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels::cpu {
@@ -58,15 +59,9 @@ Isa cpuIsa() {
 }
 
 std::string isaName(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kBaseline:
-      break;
-  }
-  return "baseline";
+  static constexpr Named<Isa> kNames[] = {
+      {"baseline", Isa::kBaseline}, {"avx2", Isa::kAvx2}, {"avx512", Isa::kAvx512}};
+  return nameIn(kNames, isa);
 }
 
 }  // namespace troupe::kernels::cpu

@@ -28,34 +28,10 @@ py::object& errorType() {
   return type;
 }
 
-const char* kindName(troupe::ErrorKind kind) {
-  switch (kind) {
-    case troupe::ErrorKind::kOk:
-      return "ok";
-    case troupe::ErrorKind::kInput:
-      return "input";
-    case troupe::ErrorKind::kIo:
-      return "io";
-    case troupe::ErrorKind::kTimeout:
-      return "timeout";
-    case troupe::ErrorKind::kResource:
-      return "resource";
-    case troupe::ErrorKind::kNumeric:
-      return "numeric";
-    case troupe::ErrorKind::kPeer:
-      return "peer";
-    case troupe::ErrorKind::kInvariant:
-      return "invariant";
-    case troupe::ErrorKind::kInternal:
-      return "internal";
-  }
-  return "internal";
-}
-
 void check(const troupe::Status& s) {
   if (s) return;
   py::object error = errorType()(s.message());
-  error.attr("kind") = kindName(s.kind());
+  error.attr("kind") = troupe::errorKindName(s.kind());
   PyErr_SetObject(errorType().ptr(), error.ptr());
   throw py::error_already_set();
 }
