@@ -1,6 +1,8 @@
 // Running the troupe binary from tests: its exit code and everything it printed.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -15,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace troupe::testing {
 
@@ -83,6 +86,36 @@ inline std::string dataFlags(const std::string& db = "lmdb") {
 // Whether `text` holds `part`.
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// Success when `output` holds every one of `parts`; else a failure naming those it lacks, then
+// the output.
+inline ::testing::AssertionResult containsAll(const std::string& output,
+                                              const std::vector<std::string>& parts) {
+  std::string missing;
+  for (const auto& part : parts) {
+    if (!contains(output, part)) missing += "missing: " + part + "\n";
+  }
+  if (missing.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << missing << "in:\n" << output;
+}
+
+// `r` exited with `code` and its output holds every one of `parts`; a failure names a wrong exit
+// code and every part missing, then the output.
+inline ::testing::AssertionResult exitedWith(const CommandResult& r, int code,
+                                             const std::vector<std::string>& parts) {
+  auto held = containsAll(r.output, parts);
+  if (r.exit_code == code) return held;
+  return ::testing::AssertionFailure() << "exit code " << r.exit_code << ", not " << code << "\n"
+                                       << (held ? r.output : held.message());
+}
+
+// `r` exited other than 0 (a refusal or a failure) and its output holds every one of `parts`.
+inline ::testing::AssertionResult failedWith(const CommandResult& r,
+                                             const std::vector<std::string>& parts) {
+  auto held = containsAll(r.output, parts);
+  if (r.exit_code != 0) return held;
+  return ::testing::AssertionFailure() << "exit code 0\n" << (held ? r.output : held.message());
 }
 
 // The whole of the file at `path`; "" when it cannot be read.

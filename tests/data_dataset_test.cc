@@ -25,10 +25,30 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using namespace testing;
 
+// The records' shape and the normalisation of their pixels, (value - mean) * scale; the defaults
+// are DatasetOptions'.
+struct Shape {
+  int channels = 1;
+  int height = 28;
+  int width = 28;
+  float mean = 0.0f;
+  float scale = 1.0f / 255.0f;
+};
+
 DatasetOptions optionsFor(const std::string& path, DbType type = DbType::kLmdb) {
   DatasetOptions options;
   options.path = path;
   options.type = type;
+  return options;
+}
+
+DatasetOptions optionsFor(const std::string& path, DbType type, const Shape& shape) {
+  auto options = optionsFor(path, type);
+  options.channels = shape.channels;
+  options.height = shape.height;
+  options.width = shape.width;
+  options.mean = shape.mean;
+  options.scale = shape.scale;
   return options;
 }
 
@@ -40,6 +60,15 @@ std::vector<float> readOne(Dataset& dataset, std::int64_t index, std::int32_t* l
   dataset.read({index}, 0, image.data(), &l);
   if (label) *label = l;
   return image;
+}
+
+// Writes `records` to a database of the options' type at their path, opens it with them and
+// reads record `index`.
+std::vector<float> writeAndReadOne(const DatasetOptions& options,
+                                   const std::vector<std::string>& records, std::int64_t index = 0,
+                                   std::int32_t* label = nullptr) {
+  writeDb(options.path, options.type, records);
+  return readOne(*openDataset(options), index, label);
 }
 
 class DatasetTest : public ::testing::TestWithParam<DbType> {};
@@ -76,22 +105,16 @@ INSTANTIATE_TEST_SUITE_P(Backends, DatasetTest, ::testing::Values(DbType::kLmdb,
 
 TEST(DatasetRawTest, AppliesMeanAndScaleAndKeepsChannelPlanes) {
   TempDir dir;
-  RawDatum d;
-  d.channels = 3;
-  d.height = 2;
-  d.width = 2;
-  d.data = std::string("\x00\x01\x02\x03\x10\x11\x12\x13\xfd\xfe\xff\x80", 12);
-  d.label = 4;
-  writeDb(dir / "db", DbType::kLmdb, {testing::datumBytes(d)});
-  DatasetOptions options = optionsFor(dir / "db");
-  options.channels = 3;
-  options.height = 2;
-  options.width = 2;
-  options.mean = 128.0f;
-  options.scale = 0.5f;
-  auto dataset = openDataset(options);
+  const RawDatum d{.channels = 3,
+                   .height = 2,
+                   .width = 2,
+                   .data = std::string("\x00\x01\x02\x03\x10\x11\x12\x13\xfd\xfe\xff\x80", 12),
+                   .label = 4};
   std::int32_t label = -1;
-  const auto image = readOne(*dataset, 0, &label);
+  const auto image = writeAndReadOne(
+      optionsFor(dir / "db", DbType::kLmdb,
+                 {.channels = 3, .height = 2, .width = 2, .mean = 128.0f, .scale = 0.5f}),
+      {testing::datumBytes(d)}, 0, &label);
   EXPECT_EQ(label, 4);
   ASSERT_EQ(image.size(), 12u);
   for (int j = 0; j < 12; ++j) {
@@ -142,95 +165,68 @@ TEST(DatasetRawTest, ReadsEveryWireFormVariantOfARawRecordAsProtobufDoes) {
 
 TEST(DatasetRawTest, ReadsFloatData) {
   TempDir dir;
-  RawDatum d;
-  d.height = 2;
-  d.width = 3;
-  d.float_data = {0.0f, 1.5f, -2.0f, 255.0f, 10.0f, 3.25f};
-  d.label = 9;
-  writeDb(dir / "db", DbType::kLmdb, {testing::datumBytes(d)});
-  DatasetOptions options = optionsFor(dir / "db");
-  options.height = 2;
-  options.width = 3;
-  options.mean = 1.0f;
-  options.scale = 2.0f;
-  auto dataset = openDataset(options);
+  const RawDatum d{
+      .height = 2, .width = 3, .label = 9, .float_data = {0.0f, 1.5f, -2.0f, 255.0f, 10.0f, 3.25f}};
   std::int32_t label = -1;
-  const auto image = readOne(*dataset, 0, &label);
+  const auto image = writeAndReadOne(
+      optionsFor(dir / "db", DbType::kLmdb, {.height = 2, .width = 3, .mean = 1.0f, .scale = 2.0f}),
+      {testing::datumBytes(d)}, 0, &label);
   EXPECT_EQ(label, 9);
   for (int j = 0; j < 6; ++j)
     EXPECT_FLOAT_EQ(image[j], (d.float_data[j] - 1.0f) * 2.0f);
 }
 
 Image gradient(int height, int width, int channels) {
-  Image image;
-  image.height = height;
-  image.width = width;
-  image.channels = channels;
-  image.pixels.resize(static_cast<std::size_t>(height) * width * channels);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      for (int c = 0; c < channels; ++c) {
-        image.pixels[(y * width + x) * channels + c] =
-            static_cast<std::uint8_t>((x * 8 + y * 4 + c * 60) % 256);
-      }
-    }
-  }
-  return image;
+  return imageOf(height, width, channels, [](int y, int x, int c) {
+    return static_cast<std::uint8_t>((x * 8 + y * 4 + c * 60) % 256);
+  });
 }
 
 std::string encodedDatum(const std::string& bytes, int label) {
-  RawDatum d;
-  d.channels = 0;  // as Caffe's convert_imageset --encoded leaves them
-  d.height = 0;
-  d.width = 0;
-  d.data = bytes;
-  d.label = label;
-  d.encoded = true;
-  return testing::datumBytes(d);
+  // No shape, as Caffe's convert_imageset --encoded leaves it.
+  return testing::datumBytes(
+      {.channels = 0, .height = 0, .width = 0, .data = bytes, .label = label, .encoded = true});
 }
 
 TEST(DatasetEncodedTest, DecodesPngExactly) {
   TempDir dir;
   const Image gray = gradient(28, 28, 1);
-  writeDb(dir / "db", DbType::kLmdb, {encodedDatum(encodePng(gray), 3)});
-  auto dataset = openDataset(optionsFor(dir / "db"));
   std::int32_t label = -1;
-  const auto image = readOne(*dataset, 0, &label);
+  const auto image =
+      writeAndReadOne(optionsFor(dir / "db"), {encodedDatum(encodePng(gray), 3)}, 0, &label);
   EXPECT_EQ(label, 3);
   for (std::size_t j = 0; j < gray.pixels.size(); ++j) {
     ASSERT_FLOAT_EQ(image[j], gray.pixels[j] / 255.0f) << "pixel " << j;
   }
 }
 
-TEST(DatasetEncodedTest, DecodesColorPngAsBgrPlanes) {
+// Writes `source` as a PNG record to a database of `type` and reads it back as 3 channel planes
+// (BGR), each pixel exact: a gray image's one channel in every plane.
+void expectBgrPlanesOf(const Image& source, DbType type) {
   TempDir dir;
-  const Image bgr = gradient(5, 7, 3);
-  writeDb(dir / "db", DbType::kLevelDb, {encodedDatum(encodePng(bgr), 1)});
-  DatasetOptions options = optionsFor(dir / "db", DbType::kLevelDb);
-  options.channels = 3;
-  options.height = 5;
-  options.width = 7;
-  options.scale = 1.0f;
-  auto dataset = openDataset(options);
-  const auto image = readOne(*dataset, 0);
+  const auto image = writeAndReadOne(
+      optionsFor(dir / "db", type,
+                 {.channels = 3, .height = source.height, .width = source.width, .scale = 1.0f}),
+      {encodedDatum(encodePng(source), 0)});
+  const int n = source.height * source.width;
   for (int c = 0; c < 3; ++c) {
-    for (int j = 0; j < 35; ++j)
-      ASSERT_EQ(image[c * 35 + j], bgr.pixels[j * 3 + c]);
+    for (int j = 0; j < n; ++j) {
+      ASSERT_EQ(image[c * n + j],
+                source.pixels[j * source.channels + (source.channels == 3 ? c : 0)])
+          << "channel " << c << " pixel " << j;
+    }
   }
+}
+
+TEST(DatasetEncodedTest, DecodesColorPngAsBgrPlanes) {
+  expectBgrPlanesOf(gradient(5, 7, 3), DbType::kLevelDb);
 }
 
 // A smooth image (no wrap-around), which JPEG keeps well even with 4:2:0 chroma.
 Image smooth(int height, int width, int channels) {
-  Image image = gradient(height, width, channels);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      for (int c = 0; c < channels; ++c) {
-        image.pixels[(y * width + x) * channels + c] =
-            static_cast<std::uint8_t>(std::min(255, 20 + x * 3 + y * 2 + c * 70));
-      }
-    }
-  }
-  return image;
+  return imageOf(height, width, channels, [](int y, int x, int c) {
+    return static_cast<std::uint8_t>(std::min(255, 20 + x * 3 + y * 2 + c * 70));
+  });
 }
 
 TEST(DatasetEncodedTest, DecodesJpegWithinTolerance) {
@@ -261,20 +257,7 @@ TEST(DatasetEncodedTest, DecodesJpegWithinTolerance) {
 }
 
 TEST(DatasetEncodedTest, GrayImageDecodesIntoThreeEqualChannels) {
-  TempDir dir;
-  const Image gray = gradient(4, 4, 1);
-  writeDb(dir / "db", DbType::kLmdb, {encodedDatum(encodePng(gray), 0)});
-  DatasetOptions options = optionsFor(dir / "db");
-  options.channels = 3;
-  options.height = 4;
-  options.width = 4;
-  options.scale = 1.0f;
-  auto dataset = openDataset(options);
-  const auto image = readOne(*dataset, 0);
-  for (int c = 0; c < 3; ++c) {
-    for (int j = 0; j < 16; ++j)
-      ASSERT_EQ(image[c * 16 + j], gray.pixels[j]);
-  }
+  expectBgrPlanesOf(gradient(4, 4, 1), DbType::kLmdb);
 }
 
 // Bad records: each error names the database and the record's key, and says what is wrong.
@@ -302,53 +285,41 @@ TEST_F(BadRecordTest, CorruptBytesAreNotADatum) {
 }
 
 TEST_F(BadRecordTest, TruncatedRecordIsNotADatum) {
-  RawDatum d;
-  d.data = testing::pattern(28 * 28, 1);
-  const std::string bytes = testing::datumBytes(d);
+  const std::string bytes = testing::datumBytes({.data = testing::pattern(28 * 28, 1)});
   EXPECT_THAT(errorReading(bytes.substr(0, bytes.size() - 100)),
               AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("not a Datum")));
 }
 
 TEST_F(BadRecordTest, TooFewPixelBytes) {
-  RawDatum d;
-  d.data = testing::pattern(28 * 28 - 1, 1);
-  EXPECT_THAT(errorReading(testing::datumBytes(d)),
+  EXPECT_THAT(errorReading(testing::datumBytes({.data = testing::pattern(28 * 28 - 1, 1)})),
               AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("783 pixel bytes"),
                     HasSubstr("expected 784")));
 }
 
 TEST_F(BadRecordTest, ShapeMismatchSaysGotAndExpected) {
-  RawDatum d;
-  d.height = 27;
-  d.data = testing::pattern(27 * 28, 1);
-  EXPECT_THAT(errorReading(testing::datumBytes(d)),
-              AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("1x27x28"),
-                    HasSubstr("expected 1x28x28")));
+  EXPECT_THAT(
+      errorReading(testing::datumBytes({.height = 27, .data = testing::pattern(27 * 28, 1)})),
+      AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("1x27x28"),
+            HasSubstr("expected 1x28x28")));
 }
 
 TEST_F(BadRecordTest, ChannelMismatchSaysGotAndExpected) {
-  RawDatum d;
-  d.channels = 3;
-  d.data = testing::pattern(3 * 28 * 28, 1);
-  EXPECT_THAT(errorReading(testing::datumBytes(d)),
-              AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("3x28x28"),
-                    HasSubstr("expected 1x28x28")));
+  EXPECT_THAT(
+      errorReading(testing::datumBytes({.channels = 3, .data = testing::pattern(3 * 28 * 28, 1)})),
+      AllOf(HasSubstr(dbName()), HasSubstr("'00000001'"), HasSubstr("3x28x28"),
+            HasSubstr("expected 1x28x28")));
 }
 
 TEST_F(BadRecordTest, LabelAtNumLabelsIsOutOfRange) {
-  RawDatum d;
-  d.data = testing::pattern(28 * 28, 1);
-  d.label = 10;
-  EXPECT_THAT(errorReading(testing::datumBytes(d)),
-              AllOf(HasSubstr("'00000001'"), HasSubstr("label 10"), HasSubstr("< 10")));
+  EXPECT_THAT(
+      errorReading(testing::datumBytes({.data = testing::pattern(28 * 28, 1), .label = 10})),
+      AllOf(HasSubstr("'00000001'"), HasSubstr("label 10"), HasSubstr("< 10")));
 }
 
 TEST_F(BadRecordTest, NegativeLabelIsOutOfRange) {
-  RawDatum d;
-  d.data = testing::pattern(28 * 28, 1);
-  d.label = -1;
-  EXPECT_THAT(errorReading(testing::datumBytes(d)),
-              AllOf(HasSubstr("'00000001'"), HasSubstr("label -1")));
+  EXPECT_THAT(
+      errorReading(testing::datumBytes({.data = testing::pattern(28 * 28, 1), .label = -1})),
+      AllOf(HasSubstr("'00000001'"), HasSubstr("label -1")));
 }
 
 TEST_F(BadRecordTest, EncodedBytesThatAreNoImage) {

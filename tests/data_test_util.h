@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/db.h"
+#include "data/image.h"
 #include "troupe/error.h"
 
 namespace troupe::data::testing {
@@ -74,9 +75,9 @@ struct RawDatum {
   int channels = 1;
   int height = 28;
   int width = 28;
-  std::string data;
+  std::string data = {};
   int label = 0;
-  std::vector<float> float_data;
+  std::vector<float> float_data = {};
   bool encoded = false;
 };
 
@@ -112,6 +113,24 @@ inline std::string pattern(std::size_t size, int i) {
   for (std::size_t j = 0; j < size; ++j)
     out[j] = static_cast<char>((j * 7 + i * 31) & 0xFF);
   return out;
+}
+
+// A height x width image of `channels` channels (interleaved, as decodeImage gives them) whose
+// pixel (y, x, c) is shade(y, x, c).
+template <typename Shade>
+Image imageOf(int height, int width, int channels, Shade shade) {
+  Image image;
+  image.height = height;
+  image.width = width;
+  image.channels = channels;
+  image.pixels.resize(static_cast<std::size_t>(height) * width * channels);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      for (int c = 0; c < channels; ++c)
+        image.pixels[(static_cast<std::size_t>(y) * width + x) * channels + c] = shade(y, x, c);
+    }
+  }
+  return image;
 }
 
 struct CliResult {

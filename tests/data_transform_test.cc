@@ -32,22 +32,11 @@ using namespace testing;
 
 // A photograph's stand-in: smooth shading, edges and fine texture, in BGR.
 Image photo(int height, int width, int channels = 3) {
-  Image image;
-  image.height = height;
-  image.width = width;
-  image.channels = channels;
-  image.pixels.resize(static_cast<std::size_t>(height) * width * channels);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      for (int c = 0; c < channels; ++c) {
-        const double v = 128 + 60 * std::sin(x * 0.05 + c) * std::cos(y * 0.03) +
-                         30 * ((x / 40 + y / 30) % 2) + 20 * std::sin(x * 0.7 + y * 0.9 + c);
-        image.pixels[(static_cast<std::size_t>(y) * width + x) * channels + c] =
-            static_cast<std::uint8_t>(std::clamp(v, 0.0, 255.0));
-      }
-    }
-  }
-  return image;
+  return imageOf(height, width, channels, [](int y, int x, int c) {
+    const double v = 128 + 60 * std::sin(x * 0.05 + c) * std::cos(y * 0.03) +
+                     30 * ((x / 40 + y / 30) % 2) + 20 * std::sin(x * 0.7 + y * 0.9 + c);
+    return static_cast<std::uint8_t>(std::clamp(v, 0.0, 255.0));
+  });
 }
 
 std::uint8_t at(const Image& image, int y, int x, int c) {

@@ -25,6 +25,7 @@
 #include "cli_util.h"
 #include "float_bounds.h"
 #include "hosts_util.h"
+#include "launch_util.h"
 
 namespace troupe::testing {
 namespace {
@@ -214,14 +215,9 @@ TEST_F(AcrossHosts, LaunchSshRunsATorchrunScriptAsItIs) {
   const auto r =
       hosts_->run(0,
                   troupeBinary() + " launch --launcher ssh -H hosts" + hosts_->launchFlags() +
-                      " -n 2 --env GLOO_SOCKET_IFNAME=eth0 -- /usr/bin/python3 " + sourceDir() +
-                      "/tests/torchrun_allreduce.py",
+                      " -n 2 --env GLOO_SOCKET_IFNAME=eth0 -- " + torchrunScript(),
                   120s, "/tmp/run");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker 0] rank 0 of 2, local 0 of 1, group 0: sum 3"))
-      << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker 1] rank 1 of 2, local 0 of 1, group 1: sum 3"))
-      << r.output;
+  EXPECT_TRUE(ranTheTorchrunScript(r, {"local 0 of 1, group 0", "local 0 of 1, group 1"}));
 }
 
 // mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.

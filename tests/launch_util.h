@@ -10,26 +10,25 @@
 
 namespace troupe::testing {
 
-// Success when `output` holds every one of `parts`; else a failure naming those it lacks, then
-// the output.
-inline ::testing::AssertionResult containsAll(const std::string& output,
-                                              const std::vector<std::string>& parts) {
-  std::string missing;
-  for (const auto& part : parts) {
-    if (!contains(output, part)) missing += "missing: " + part + "\n";
-  }
-  if (missing.empty()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << missing << "in:\n" << output;
+// A command for `troupe launch -- ...` that runs tests/torchrun_allreduce.py, a script written for
+// torchrun: each rank adds rank + 1 by gloo's allreduce and prints what it saw.
+inline std::string torchrunScript() {
+  return "/usr/bin/python3 " + sourceDir() + "/tests/torchrun_allreduce.py";
 }
 
-// `r` exited with `code` and its output holds every one of `parts`.
-inline ::testing::AssertionResult exitedWith(const CommandResult& r, int code,
-                                             const std::vector<std::string>& parts) {
-  if (r.exit_code != code) {
-    return ::testing::AssertionFailure() << "exit code " << r.exit_code << ", not " << code << "\n"
-                                         << r.output;
+// `r` is a launch of torchrunScript() by `local.size()` workers that exited 0, worker i printing
+// its rank with torchrun's LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK as `local[i]` says them
+// ("local 0 of 2, group 0") and the allreduce's sum, 1 + 2 + ... + the world size.
+inline ::testing::AssertionResult ranTheTorchrunScript(const CommandResult& r,
+                                                       const std::vector<std::string>& local) {
+  const int world = static_cast<int>(local.size());
+  std::vector<std::string> lines;
+  for (int i = 0; i < world; ++i) {
+    lines.push_back("[worker " + std::to_string(i) + "] rank " + std::to_string(i) + " of " +
+                    std::to_string(world) + ", " + local[i] + ": sum " +
+                    std::to_string(world * (world + 1) / 2));
   }
-  return containsAll(r.output, parts);
+  return exitedWith(r, 0, lines);
 }
 
 // `r` is a launch of secretCensus() by `workers` workers that exited 0, every worker having the

@@ -36,6 +36,13 @@ Settings mlpRun(const TempDir& dir) {
           {"log_dir", dir.str()}};
 }
 
+// mlpRun with `key` set to `value`.
+Settings mlpRunWith(const TempDir& dir, const std::string& key, const std::string& value) {
+  auto settings = mlpRun(dir);
+  settings.insert_or_assign(key, value);
+  return settings;
+}
+
 std::string config() {
   return sourceDir() + "/configs/mlp.toml";
 }
@@ -116,12 +123,11 @@ TEST(TrainerApi, ACheckpointAskedForMidEpochResumesToTheSameBits) {
   const auto uninterrupted = actors::loadCheckpoint(checkpoints[1].first);
 
   TempDir resumed_dir("api_resumed");
-  auto settings = mlpRun(resumed_dir);
-  settings.insert_or_assign("resume", checkpoints[0].first);
   std::string last;
   TrainerCallbacks resumed_callbacks;
   resumed_callbacks.on_checkpoint = [&](const std::string& path, std::int64_t) { last = path; };
-  auto resumed = Trainer::start(config(), settings, resumed_callbacks);
+  auto resumed = Trainer::start(config(), mlpRunWith(resumed_dir, "resume", checkpoints[0].first),
+                                resumed_callbacks);
   ASSERT_TRUE(resumed) << resumed.status().message();
   const Status resumed_done = resumed.value()->wait(120s);
   ASSERT_TRUE(resumed_done) << resumed_done.message();
@@ -146,9 +152,8 @@ TEST(TrainerApi, AStopEndsTheRunAFewStepsOnWithACheckpoint) {
   callbacks.on_checkpoint = [&](const std::string&, std::int64_t step) {
     checkpoint_steps.push_back(step);
   };
-  auto settings = mlpRun(dir);
-  settings.insert_or_assign("num_epochs", "50");  // one value a key: this one
-  auto started = Trainer::start(config(), settings, callbacks);
+  // One value a key: this one.
+  auto started = Trainer::start(config(), mlpRunWith(dir, "num_epochs", "50"), callbacks);
   ASSERT_TRUE(started) << started.status().message();
   self = &started.value();
   const Status done = started.value()->wait(120s);
@@ -159,9 +164,7 @@ TEST(TrainerApi, AStopEndsTheRunAFewStepsOnWithACheckpoint) {
 
 TEST(TrainerApi, AWaitThatRunsOutSaysSoAndTheRunGoesOnUntilStopped) {
   TempDir dir("api_wait");
-  auto settings = mlpRun(dir);
-  settings.insert_or_assign("num_epochs", "1000");
-  auto started = Trainer::start(config(), settings);
+  auto started = Trainer::start(config(), mlpRunWith(dir, "num_epochs", "1000"));
   ASSERT_TRUE(started) << started.status().message();
   auto& trainer = *started.value();
   const Status early = trainer.wait(20ms);
@@ -177,9 +180,7 @@ TEST(TrainerApi, AWaitThatRunsOutSaysSoAndTheRunGoesOnUntilStopped) {
 
 TEST(TrainerApi, BadSettingsAreAnErrorValueAndNothingRuns) {
   TempDir dir("api_bad");
-  auto settings = mlpRun(dir);
-  settings.insert_or_assign("bach_size", "3");
-  auto bad_key = Trainer::start(config(), settings);
+  auto bad_key = Trainer::start(config(), mlpRunWith(dir, "bach_size", "3"));
   ASSERT_FALSE(bad_key);
   EXPECT_EQ(bad_key.status().kind(), ErrorKind::kInput);
   // A setting is named as a key, not as a flag ("unknown flag --bach_size" before), and one
@@ -187,15 +188,11 @@ TEST(TrainerApi, BadSettingsAreAnErrorValueAndNothingRuns) {
   EXPECT_EQ(bad_key.status().message(),
             "unknown setting 'bach_size': did you mean 'batch_size'? (docs/config.md lists the "
             "settings)");
-  settings = mlpRun(dir);
-  settings.insert_or_assign("--bach_size", "3");
-  EXPECT_EQ(Trainer::start(config(), settings).status().message(),
+  EXPECT_EQ(Trainer::start(config(), mlpRunWith(dir, "--bach_size", "3")).status().message(),
             "unknown setting '--bach_size': did you mean 'batch_size'? (docs/config.md lists the "
             "settings)");
 
-  settings = mlpRun(dir);
-  settings.insert_or_assign("train_data", dir.str() + "/missing");
-  auto missing = Trainer::start(config(), settings);
+  auto missing = Trainer::start(config(), mlpRunWith(dir, "train_data", dir.str() + "/missing"));
   ASSERT_FALSE(missing);
   EXPECT_NE(missing.status().message().find(dir.str() + "/missing"), std::string::npos)
       << missing.status().message();
@@ -208,9 +205,7 @@ TEST(TrainerApi, BadSettingsAreAnErrorValueAndNothingRuns) {
 
 TEST(TrainerApi, ADivergedRunIsANumericErrorValue) {
   TempDir dir("api_diverged");
-  auto settings = mlpRun(dir);
-  settings.insert_or_assign("base_learning_rate", "1e30");
-  auto started = Trainer::start(config(), settings);
+  auto started = Trainer::start(config(), mlpRunWith(dir, "base_learning_rate", "1e30"));
   ASSERT_TRUE(started) << started.status().message();
   const Status done = started.value()->wait(120s);
   EXPECT_EQ(done.kind(), ErrorKind::kNumeric) << done.message();

@@ -27,6 +27,8 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::exitedWith;
+using testing::failedWith;
 using testing::runCommand;
 using testing::TempDir;
 using testing::testData;
@@ -88,9 +90,7 @@ void expectTheCpusWeights(const std::string& name, const std::string& cpu, const
   auto r = trainLenet(cwd, "cpu", launch, cpu, batch);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = trainLenet(cwd, "gpu", emulated() + launch, gpu, batch);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find(placement), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("epoch 1 gpu memory: peak "), std::string::npos) << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {placement, "epoch 1 gpu memory: peak "}));
   EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
 }
 
@@ -249,10 +249,7 @@ TEST(Devices, NcclRanksTheGpusOfSeveralProcessesInOrder) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = trainLenet(cwd, "two", emulated(2) + troupeBinary() + " launch -n 2 --launcher local -- ",
                  "--gpus 0,1 --schedule bsp-allreduce --reducer nccl --threads 2", 64);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("NCCL: a group of 4 GPU(s) in 2 process(es) sums the gradients"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"NCCL: a group of 4 GPU(s) in 2 process(es) sums the gradients"}));
   EXPECT_TRUE(sameWeights(cwd.path() / "one", cwd.path() / "two"));
 }
 
@@ -279,13 +276,10 @@ TEST(Devices, ATraceShowsNcclSumsOverlappingTheBackwardPass) {
 TEST(Devices, MxnetsKvstoreNcclIsScheduleDeviceWithReducerNccl) {
   TempDir cwd("devices_kvstore_nccl");
   const auto r = trainLenet(cwd, "gpu", emulated(), "--gpus 0,1 --kv-store nccl --dry-run");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("schedule = \"device\""), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("reducer = \"nccl\""), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed by "
-                          "NCCL over the run's 2 GPU(s), weights updated on cuda:0"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"schedule = \"device\"", "reducer = \"nccl\"",
+                          "#   devices         replicas on cuda:0, cuda:1; gradients summed by "
+                          "NCCL over the run's 2 GPU(s), weights updated on cuda:0"}));
 }
 
 TEST(Devices, NcclWhereItCannotSumIsRefused) {
@@ -313,60 +307,49 @@ TEST(Devices, NcclWhereItCannotSumIsRefused) {
   const auto r = runCommand(
       emulated(1) + troupeBinary() + " launch -n 1 -s 1 --launcher local -- " + troupeBinary() +
       " train" + data + " --gpus 0 --reducer nccl --schedule dist_sync --epoch_size 640");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("reducer nccl: under schedule 'dist_sync' the parameter servers sum the "
-                          "gradients; use schedule bsp-allreduce, or reducer troupe"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      failedWith(r, {"reducer nccl: under schedule 'dist_sync' the parameter servers sum the "
+                     "gradients; use schedule bsp-allreduce, or reducer troupe"}));
 }
 
 TEST(Devices, TheDryRunShowsTheGpusAndTf32) {
   TempDir cwd("devices_dry_run");
   const auto r = trainLenet(cwd, "gpu", emulated(), "--num_gpus 2 --enable_tensor_core --dry-run");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed on "
-                          "cpu, weights updated on cpu; TF32 on"),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("#   replicas        2 per worker"), std::string::npos) << r.output;
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"#   devices         replicas on cuda:0, cuda:1; gradients summed on "
+                          "cpu, weights updated on cpu; TF32 on",
+                          "#   replicas        2 per worker"}));
   // Its output is a config that resolves to the same devices.
   std::ofstream(cwd.path() / "dry.toml") << r.output;
   const auto again = runCommand(emulated() + troupeBinary() + " train " +
                                 (cwd.path() / "dry.toml").string() + " --dry-run");
-  ASSERT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_NE(again.output.find("#   devices         replicas on cuda:0, cuda:1; gradients summed "
-                              "on cpu, weights updated on cpu; TF32 on"),
-            std::string::npos)
-      << again.output;
+  ASSERT_TRUE(exitedWith(again, 0,
+                         {"#   devices         replicas on cuda:0, cuda:1; gradients summed "
+                          "on cpu, weights updated on cpu; TF32 on"}));
 }
 
 TEST(Devices, AGpuTheMachineLacksIsNamedBeforeTheRun) {
   TempDir cwd("devices_missing");
   auto r = trainLenet(cwd, "gpu", emulated(1), "--gpus 0,1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("[error] gpus 0,1: there is no cuda:1 here: this machine has 1 GPU(s), "
-                          "cuda:0 to cuda:0"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(exitedWith(r, 1,
+                         {"[error] gpus 0,1: there is no cuda:1 here: this machine has 1 GPU(s), "
+                          "cuda:0 to cuda:0"}));
   // No CUDA backend at all: why not, from the loader.
   r = trainLenet(cwd, "gpu", "TROUPE_CUDA_LIBRARY=/nonexistent/libtroupe_cuda.so ", "--num_gpus 1");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("[error] gpus 0: there is no cuda:0 here: the CUDA backend "
-                          "(libtroupe_cuda.so) is not loadable: /nonexistent/libtroupe_cuda.so: "),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      exitedWith(r, 1,
+                 {"[error] gpus 0: there is no cuda:0 here: the CUDA backend "
+                  "(libtroupe_cuda.so) is not loadable: /nonexistent/libtroupe_cuda.so: "}));
   EXPECT_FALSE(fs::exists(cwd.path() / "gpu")) << "a refused run wrote its checkpoint folder";
 }
 
 TEST(Devices, ScheduleDeviceWithoutGpusSaysHowToNameThem) {
   TempDir cwd("devices_schedule");
   const auto r = trainLenet(cwd, "cpu", "", "--schedule device");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("[error] schedule 'device' sums gradients on a GPU, and this run has "
+  EXPECT_TRUE(exitedWith(r, 1,
+                         {"[error] schedule 'device' sums gradients on a GPU, and this run has "
                           "none: name them with gpus (--gpus 0,1 or --num_gpus 2), or use "
-                          "schedule 'local'"),
-            std::string::npos)
-      << r.output;
+                          "schedule 'local'"}));
 }
 
 // ---- mixed precision (precision fp16 / bf16): the emulated GPU computes each op on float16 or
@@ -388,11 +371,9 @@ TEST(Devices, Bf16ComputesInReducedPrecisionAndLearns) {
   auto r = trainLenet(cwd, "fp32", emulated(1), "--gpus 0 --threads 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = trainLenet(cwd, "bf16", emulated(1), "--gpus 0 --threads 1 --precision bf16");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("precision: bf16 activations, convolutions and products; fp32 weights, "
-                          "gradients and updates\n"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"precision: bf16 activations, convolutions and products; fp32 weights, "
+                          "gradients and updates\n"}));
   EXPECT_EQ(r.output.find("loss scale"), std::string::npos) << r.output;  // bf16 needs none
   EXPECT_FALSE(sameWeights(cwd.path() / "fp32", cwd.path() / "bf16"));
   EXPECT_LT(figureAfter(r.output, "epoch 1 done: loss "), 0.9 * std::log(10.0)) << r.output;
@@ -425,11 +406,9 @@ TEST(Devices, Fp16StepsSkippedForOverflowLeaveTheWeightsAlone) {
   TempDir cwd("devices_fp16_skipped");
   const auto r = trainLenet(cwd, "fp16", emulated(1),
                             "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 40");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("epoch 1 loss scale 1.04858e+06: 20 step(s) skipped for inf or NaN "
-                          "gradients (20 in all)"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"epoch 1 loss scale 1.04858e+06: 20 step(s) skipped for inf or NaN "
+                          "gradients (20 in all)"}));
   kernels::NetOptions lenet;  // Fashion-MNIST's 1x28x28 and 10 labels, seed 1: the run's
   lenet.model.name = "lenet";
   auto cpu = kernels::makeCpuBackend(1);
@@ -478,8 +457,7 @@ TEST(Devices, Fp16ResumesWithItsLossScale) {
   EXPECT_EQ(first.meta.at("loss_scale"),
             fmt::format("{:.9g}", figureAfter(r.output, "epoch 1 loss scale ")));
   r = runCommand(run + "--num_epochs 2 --checkpoint_dir parts --resume auto");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("resuming from "), std::string::npos) << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"resuming from "}));
   EXPECT_EQ(epoch2(r.output), whole_epoch2) << r.output;
   const auto whole = newestIn(cwd.path() / "whole"), parts = newestIn(cwd.path() / "parts");
   EXPECT_EQ(whole.metaInt("step"), 40);
@@ -506,51 +484,37 @@ TEST(Devices, StepsByCudaGraphsEndWithTheWeightsOfStepsOpByOp) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("replayed from a CUDA graph"), std::string::npos) << r.output;
   r = trainLenet(cwd, "fp16_graphs", emulated(1), fp16);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("replica/0/0: cuda_graphs: steps replayed from a CUDA graph from step "),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(
+      exitedWith(r, 0, {"replica/0/0: cuda_graphs: steps replayed from a CUDA graph from step "}));
   EXPECT_TRUE(sameWeights(cwd.path() / "fp16", cwd.path() / "fp16_graphs"));
   // Two GPUs of a process, their bytes normalised there, summed on the first.
   const std::string two = "--gpus 0,1 --schedule device --threads 2 --input_dtype uint8";
   r = trainLenet(cwd, "two", emulated(), two + " --cuda_graphs false");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = trainLenet(cwd, "two_graphs", emulated(), two + " --cuda_graphs");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("replica/0/1: cuda_graphs: steps replayed from a CUDA graph"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"replica/0/1: cuda_graphs: steps replayed from a CUDA graph"}));
   EXPECT_TRUE(sameWeights(cwd.path() / "two", cwd.path() / "two_graphs"));
   // A loss scale of 2^40 overflows every step, halving the scale each time: no step's inputs
   // repeat, no graph is recorded, and the run says so.
   r = trainLenet(cwd, "never", emulated(1),
                  "--gpus 0 --threads 1 --precision fp16 --initial_scale_power 40 --cuda_graphs");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("replica/0/0: cuda_graphs: no step's inputs repeated in 8 steps"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"replica/0/0: cuda_graphs: no step's inputs repeated in 8 steps"}));
 }
 
 TEST(Devices, CudaGraphsWithoutGpusAreRefusedUnlessAutoAndATracedRunGoesOpByOp) {
   TempDir cwd("devices_cuda_graphs_off");
   auto r = trainLenet(cwd, "cpu", "", "--cuda_graphs");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("[error] cuda_graphs records the steps of GPU replicas, and this run "
-                          "has none"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(failedWith(r, {"[error] cuda_graphs records the steps of GPU replicas, and this run "
+                             "has none"}));
   // The dry run says the same, and what a run with GPUs does.
   const std::string dry =
       troupeBinary() + " train --model lenet --train_data null --epoch_size 640 --dry-run";
   r = runCommand(dry + " --cuda_graphs");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("cuda_graphs records the steps of GPU replicas"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(failedWith(r, {"cuda_graphs records the steps of GPU replicas"}));
   // The dry run's row on an emulated GPU, with `flags`.
   const auto graphsRow = [&](const std::string& flags, const std::string& row) {
     const auto run = runCommand(emulated(1) + dry + " --gpus 0 " + flags);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_NE(run.output.find("cuda graphs     " + row), std::string::npos) << run.output;
+    ASSERT_TRUE(exitedWith(run, 0, {"cuda graphs     " + row}));
   };
   const std::string replayed = "each step's forward and backward replayed from a CUDA graph";
   graphsRow("--cuda_graphs", replayed);
@@ -563,8 +527,7 @@ TEST(Devices, CudaGraphsWithoutGpusAreRefusedUnlessAutoAndATracedRunGoesOpByOp) 
   graphsRow("--cuda_graphs false", "off (cuda_graphs false)");
   r = trainLenet(cwd, "traced", emulated(1),
                  "--gpus 0 --cuda_graphs --trace " + (cwd.path() / "trace.json").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("cuda_graphs: off in a traced run"), std::string::npos) << r.output;
+  ASSERT_TRUE(exitedWith(r, 0, {"cuda_graphs: off in a traced run"}));
   EXPECT_EQ(r.output.find("replayed from a CUDA graph"), std::string::npos) << r.output;
 }
 
@@ -592,8 +555,7 @@ TEST(Devices, ChannelsLastImagesTrainAsNchwToTheBit) {
         trainResnet20(cwd, precision + "_nchw", "--memory_format nchw --precision " + precision);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     r = trainResnet20(cwd, precision + "_nhwc", "--memory_format nhwc --precision " + precision);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("; channels-last images\n"), std::string::npos) << r.output;
+    ASSERT_TRUE(exitedWith(r, 0, {"; channels-last images\n"}));
     EXPECT_TRUE(
         sameWeights(cwd.path() / (precision + "_nchw"), cwd.path() / (precision + "_nhwc")));
   }
@@ -605,11 +567,9 @@ TEST(Devices, ChannelsLastWhereTensorCoresComputeAndTheModelStaysTheSame) {
   const std::string dry = emulated(1) + troupeBinary() +
                           " train --train_data null --epoch_size 640 --gpus 0 --dry-run ";
   auto r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224 --precision bf16");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("#   precision       bf16 activations, convolutions and products; fp32 "
-                          "weights, gradients and updates; channels-last images\n"),
-            std::string::npos)
-      << r.output;
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"#   precision       bf16 activations, convolutions and products; fp32 "
+                          "weights, gradients and updates; channels-last images\n"}));
   r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224");
   EXPECT_NE(r.output.find("#   precision       fp32\n"), std::string::npos) << r.output;
   r = runCommand(dry + "--model resnet50 --num_channels 3 --image_size 224 --tf32");
@@ -621,42 +581,31 @@ TEST(Devices, ChannelsLastWhereTensorCoresComputeAndTheModelStaysTheSame) {
             std::string::npos)
       << r.output;
   r = runCommand(dry + "--model lenet --memory_format nhwc");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("[error] memory_format nhwc would change this model: its inner product "
-                          "'ip1' reads a 50x4x4 map as a vector; use memory_format nchw (or "
-                          "auto)"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      failedWith(r, {"[error] memory_format nhwc would change this model: its inner product "
+                     "'ip1' reads a 50x4x4 map as a vector; use memory_format nchw (or "
+                     "auto)"}));
   r = runCommand(troupeBinary() + " train --train_data null --epoch_size 640 --model lenet " +
                  "--memory_format nhwc");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("[error] memory_format nhwc lays images out for GPUs, and this run has "
-                          "none"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      failedWith(r, {"[error] memory_format nhwc lays images out for GPUs, and this run has "
+                     "none"}));
 }
 
 TEST(Devices, ReducedPrecisionWithoutGpusOrUnderParameterServersIsRefused) {
   const std::string data = " --model lenet --train_data " + testData("lmdb") + "/train";
   auto r = runCommand(troupeBinary() + " train" + data + " --precision bf16");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("[error] precision bf16 computes on GPUs, and this run has none: name "
-                          "them with gpus (--gpus 0 or --num_gpus 1), or use precision fp32"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(failedWith(r, {"[error] precision bf16 computes on GPUs, and this run has none: name "
+                             "them with gpus (--gpus 0 or --num_gpus 1), or use precision fp32"}));
   r = runCommand(emulated(1) + troupeBinary() + " launch -n 1 -s 1 --launcher local -- " +
                  troupeBinary() + " train" + data +
                  " --gpus 0 --precision fp16 --schedule dist_sync --epoch_size 640");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("precision fp16 with a loss scale under schedule 'dist_sync': the "
-                          "parameter servers, each holding a shard, neither divide the scale out "
-                          "nor skip an overflowing step together"),
-            std::string::npos)
-      << r.output;
+  EXPECT_TRUE(
+      failedWith(r, {"precision fp16 with a loss scale under schedule 'dist_sync': the "
+                     "parameter servers, each holding a shard, neither divide the scale out "
+                     "nor skip an overflowing step together"}));
   r = runCommand(troupeBinary() + " train" + data + " --precision fp8");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--precision fp8: expected fp32, fp16 or bf16"), std::string::npos)
-      << r.output;
+  EXPECT_TRUE(failedWith(r, {"--precision fp8: expected fp32, fp16 or bf16"}));
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ std::string lenet() {
   return sourceDir() + "/configs/lenet.toml";
 }
 
+// The dry run of LeNet's config on the test data with `flags`, in `cwd`.
+testing::CommandResult dryRunLenet(const TempDir& cwd, const std::string& flags,
+                                   const std::string& env = "") {
+  return train(cwd, lenet() + dataFlags() + flags + " --dry-run", env);
+}
+
 // The message of spdlog's "[time] [error] MESSAGE" line.
 std::string errorMessage(const std::string& output) {
   const auto at = output.find("[error] ");
@@ -52,7 +58,7 @@ std::string layerLine(const std::string& output, const std::string& layer) {
 
 TEST(TrainDryRun, ListsLenetsLayersWithTheirShapesAndTheParameterTotalAndWritesNothing) {
   TempDir cwd("dry_lenet");
-  const auto r = train(cwd, lenet() + dataFlags() + " --dry-run");
+  const auto r = dryRunLenet(cwd, "");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Caffe's LeNet on 1 x 28 x 28: conv 5x5 (20), max pool 2, conv 5x5 (50), max pool 2, fc 500,
   // relu, fc 10. A layer's parameters: weights and one bias per output.
@@ -76,15 +82,11 @@ TEST(TrainDryRun, ListsLenetsLayersWithTheirShapesAndTheParameterTotalAndWritesN
       layerLine(r.output, "total").ends_with(" " + std::to_string(conv1 + conv2 + ip1 + ip2)))
       << r.output;
   // Fashion-MNIST (the test data is all of it), and the plan of configs/lenet.toml.
-  EXPECT_TRUE(contains(r.output, "#   train  60000 records  " + testData("lmdb") + "/train"))
-      << r.output;
-  EXPECT_TRUE(contains(r.output, "#   test   10000 records  " + testData("lmdb") + "/test"))
-      << r.output;
-  EXPECT_TRUE(contains(r.output, "59968 trained (937 steps of 64")) << r.output;
-  EXPECT_TRUE(contains(r.output, "937 per epoch x 10 epochs = 9370")) << r.output;
-  EXPECT_TRUE(contains(r.output, "cosine from 0.05")) << r.output;
-  EXPECT_TRUE(contains(r.output, "0.05 at step 0, ")) << r.output;
-  EXPECT_TRUE(contains(r.output, " at step 9369")) << r.output;
+  EXPECT_TRUE(
+      containsAll(r.output, {"#   train  60000 records  " + testData("lmdb") + "/train",
+                             "#   test   10000 records  " + testData("lmdb") + "/test",
+                             "59968 trained (937 steps of 64", "937 per epoch x 10 epochs = 9370",
+                             "cosine from 0.05", "0.05 at step 0, ", " at step 9369"}));
   EXPECT_FALSE(fs::exists(cwd.path() / "logs")) << "the log folder was made";
   EXPECT_EQ(filesIn(cwd.path()), 0u) << "a file was written";
 }
@@ -127,8 +129,7 @@ TEST(TrainDryRun, ItsParameterTotalIsTheOneARealRunsCheckpointHolds) {
 
 TEST(TrainDryRun, MarksWhereEachValueCameFrom) {
   TempDir cwd("dry_origin");
-  const auto r =
-      train(cwd, lenet() + dataFlags() + " --num_epochs 2 --dry-run", "TROUPE_RUN_ID=r7");
+  const auto r = dryRunLenet(cwd, " --num_epochs 2", "TROUPE_RUN_ID=r7");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto line = [&](const std::string& key) {
     const auto at = r.output.find("\n" + key + " = ");
@@ -147,9 +148,9 @@ TEST(TrainDryRun, MarksWhereEachValueCameFrom) {
 TEST(TrainDryRun, ItsOutputIsAConfigThatResolvesToTheSameValues) {
   TempDir cwd("dry_round_trip");
   // mean_per_channel and std_per_channel are troupe's keys, named after Caffe2's options.
-  const auto first = train(cwd, lenet() + dataFlags() +
-                                    " --replicas 2 --work_load_list 1,3 --mean_per_channel 0.5 "
-                                    "--std_per_channel 0.25 --dry-run");
+  const auto first = dryRunLenet(cwd,
+                                 " --replicas 2 --work_load_list 1,3 --mean_per_channel 0.5 "
+                                 "--std_per_channel 0.25");
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto saved = cwd.path() / "resolved.toml";
   std::ofstream(saved) << first.output;
@@ -165,24 +166,21 @@ TEST(TrainDryRun, ItsOutputIsAConfigThatResolvesToTheSameValues) {
     return out;
   };
   EXPECT_EQ(values(first.output), values(second.output));
-  EXPECT_TRUE(contains(values(second.output), "work_load_list = [1, 3]")) << second.output;
-  EXPECT_TRUE(contains(values(second.output), "mean_per_channel = [0.5]")) << second.output;
-  EXPECT_TRUE(contains(values(second.output), "std_per_channel = [0.25]")) << second.output;
+  EXPECT_TRUE(containsAll(
+      values(second.output),
+      {"work_load_list = [1, 3]", "mean_per_channel = [0.5]", "std_per_channel = [0.25]"}));
   EXPECT_TRUE(contains(second.output, "batch shares 16, 48")) << second.output;
 }
 
 TEST(TrainDryRun, PlansAProcessOfSeveralWithoutMeetingTheOthers) {
   TempDir cwd("dry_world");
-  const auto r = train(cwd, lenet() + dataFlags() +
-                                " --schedule bsp-allreduce --num_shards 2 --shard_id 1 --run_id r1"
-                                " --rendezvous tcp://127.0.0.1:1 --dry-run");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "#   workers         2\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "#   this process    worker 1\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "64 per worker, 128 global")) << r.output;
-  EXPECT_TRUE(contains(r.output, "468 per epoch x 10 epochs = 4680")) << r.output;
-  EXPECT_TRUE(contains(r.output, "#   rendezvous      tcp://127.0.0.1:1\n")) << r.output;
-  EXPECT_TRUE(contains(r.output, "#   run id          r1\n")) << r.output;
+  const auto r = dryRunLenet(cwd,
+                             " --schedule bsp-allreduce --num_shards 2 --shard_id 1 --run_id r1"
+                             " --rendezvous tcp://127.0.0.1:1");
+  ASSERT_TRUE(exitedWith(r, 0,
+                         {"#   workers         2\n", "#   this process    worker 1\n",
+                          "64 per worker, 128 global", "468 per epoch x 10 epochs = 4680",
+                          "#   rendezvous      tcp://127.0.0.1:1\n", "#   run id          r1\n"}));
 }
 
 // Whatever a real run refuses before its first step, the dry run refuses with the same message.

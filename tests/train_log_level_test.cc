@@ -69,31 +69,25 @@ TEST(LogLevel, QuietStillShowsTheErrorThatEndsARun) {
   TempDir cwd("log_level_error");
   const auto r = runCommand("cd " + cwd.str() + " && " + troupeBinary() +
                             " --quiet train --model mlp --train_data /nonexistent");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "[error]")) << r.output;
-  EXPECT_TRUE(contains(r.output, "/nonexistent")) << r.output;
+  EXPECT_TRUE(exitedWith(r, 1, {"[error]", "/nonexistent"}));
 }
 
 TEST(LogLevel, AnUnknownLevelIsOneLineNamingItAndTheValidOnes) {
   const auto r = runCommand(troupeBinary() + " --log-level loud train --model mlp");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output,
-                       "--log-level: unknown log level 'loud' (valid: trace, debug, info, warn, "
-                       "error, critical, off)"))
-      << r.output;
+  EXPECT_TRUE(exitedWith(r, 1,
+                         {"--log-level: unknown log level 'loud' (valid: trace, debug, info, "
+                          "warn, error, critical, off)"}));
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
 TEST(LogLevel, AnUnknownLevelInTheEnvironmentNamesTheVariable) {
-  const auto r = runCommand("TROUPE_LOG_LEVEL=loud " + troupeBinary() + " info");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "TROUPE_LOG_LEVEL: unknown log level 'loud'")) << r.output;
+  EXPECT_TRUE(exitedWith(runCommand("TROUPE_LOG_LEVEL=loud " + troupeBinary() + " info"), 1,
+                         {"TROUPE_LOG_LEVEL: unknown log level 'loud'"}));
 }
 
 TEST(LogLevel, QuietAndALogLevelTogetherAreRefused) {
-  const auto r = runCommand(troupeBinary() + " --quiet --log-level info info");
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "--log-level excludes --quiet")) << r.output;
+  EXPECT_TRUE(failedWith(runCommand(troupeBinary() + " --quiet --log-level info info"),
+                         {"--log-level excludes --quiet"}));
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import troupe.torch  # noqa: F401  (registers the "troupe" backend)
-from kv_mlp import add_training_flags, load  # the numpy MLP beside this file
+from kv_mlp import add_training_flags, load, print_epoch  # the numpy MLP beside this file
 
 
 def main():
@@ -55,9 +55,8 @@ def main():
         if rank == 0:
             with torch.no_grad():
                 accuracy = (model(test_x).argmax(dim=1) == test_y).float().mean().item()
-            print(f"epoch {epoch + 1}: train loss {loss_sum / steps:.4f}, test accuracy "
-                  f"{accuracy:.4f}, {steps * a.batch_size * world / seconds:.0f} images/s "
-                  f"({world} rank(s), {a.backend})", flush=True)
+            print_epoch(epoch, loss_sum / steps, accuracy, steps * a.batch_size * world, seconds,
+                        f"{world} rank(s), {a.backend}")
     dist.destroy_process_group()
 
 

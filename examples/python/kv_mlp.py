@@ -47,6 +47,13 @@ def add_training_flags(ap):
     ap.add_argument("--wd", type=float, default=1e-4)
 
 
+def print_epoch(epoch, loss, accuracy, images, seconds, where):
+    """Worker 0's line after each epoch (`epoch` from 0): the mean loss, the test accuracy, the
+    images every worker trained in `seconds` a second, and `where` (how many workers, on what)."""
+    print(f"epoch {epoch + 1}: train loss {loss:.4f}, test accuracy {accuracy:.4f}, "
+          f"{images / seconds:.0f} images/s ({where})", flush=True)
+
+
 SIZES = [784, 128, 64, 10]
 NAMES = [f"fc{i + 1}_{part}" for i in range(len(SIZES) - 1) for part in ("weight", "bias")]
 
@@ -122,10 +129,9 @@ def main():
         seconds = time.perf_counter() - start
         if kv.rank == 0:
             accuracy = (forward(params, test_x)[-1].argmax(axis=1) == test_y).mean()
-            rate = steps * a.batch_size * kv.num_workers / seconds
-            print(f"epoch {epoch + 1}: train loss {loss_sum / (steps * a.batch_size):.4f}, "
-                  f"test accuracy {accuracy:.4f}, {rate:.0f} images/s ({kv.num_workers} "
-                  f"worker(s), {a.kv_store})", flush=True)
+            print_epoch(epoch, loss_sum / (steps * a.batch_size), accuracy,
+                        steps * a.batch_size * kv.num_workers, seconds,
+                        f"{kv.num_workers} worker(s), {a.kv_store}")
     kv.close()
 
 

@@ -19,7 +19,7 @@ import torch
 
 import troupe
 import troupe.torch
-from kv_mlp import add_training_flags, load  # the numpy MLP beside this file
+from kv_mlp import add_training_flags, load, print_epoch  # the numpy MLP beside this file
 
 
 def main():
@@ -57,10 +57,8 @@ def main():
         if kv.rank == 0:
             with torch.no_grad():
                 accuracy = (model(test_x).argmax(dim=1) == test_y).float().mean().item()
-            rate = steps * a.batch_size * kv.num_workers / seconds
-            print(f"epoch {epoch + 1}: train loss {loss_sum / steps:.4f}, test accuracy "
-                  f"{accuracy:.4f}, {rate:.0f} images/s ({kv.num_workers} worker(s), "
-                  f"{a.kv_store})", flush=True)
+            print_epoch(epoch, loss_sum / steps, accuracy, steps * a.batch_size * kv.num_workers,
+                        seconds, f"{kv.num_workers} worker(s), {a.kv_store}")
     kv.close()
 
 

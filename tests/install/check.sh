@@ -58,29 +58,50 @@ quiet cmake --build "$tmp/examples" -j2
 "$tmp/examples/kvstore_softmax" --epochs 1 | tee "$tmp/softmax.txt"
 # The test accuracy of the last line that matches $1 in file $2.
 accuracy() { sed -n "s/.*$1.*test accuracy \([0-9.]*\).*/\1/p" "$2" | tail -1; }
+# Fails, saying that $3 did not learn, unless that accuracy is at least 0.75.
+learned() {
+  awk -v a="$(accuracy "$1" "$2")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
+    { echo "$3 did not learn"; exit 1; }
+}
+# A loopback port that was free a moment ago.
+free_port() {
+  python3 - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+PY
+}
+# Starts 2 KVStore workers (examples/kvstore_softmax, dist_sync) by hand, for $2 epochs, as MXNet's
+# DMLC_* variables say: their server at 127.0.0.1:$port (a free port, set here), which ps_service
+# serves with run id dmlc-127.0.0.1-$port. Worker w writes to $tmp/$1_w.txt; `workers` holds their
+# pids.
+start_dmlc_workers() {
+  port=$(free_port)
+  local dmlc=(DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1
+              DMLC_PS_ROOT_PORT="$port")
+  local w
+  workers=()
+  for w in 0 1; do
+    env "${dmlc[@]}" DMLC_ROLE=worker DMLC_WORKER_ID=$w timeout 120 \
+      "$tmp/examples/kvstore_softmax" --kvstore dist_sync --epochs "$2" > "$tmp/$1_$w.txt" 2>&1 &
+    workers+=($!)
+  done
+}
 # Softmax regression reaches about 0.82 on Fashion-MNIST after one epoch; 0.75 leaves room for
 # another machine's rounding and still fails a loop that does not learn.
-awk -v a="$(accuracy epoch "$tmp/softmax.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
-  { echo "the KVStore loop did not learn"; exit 1; }
+learned epoch "$tmp/softmax.txt" "the KVStore loop"
 step "the KVStore loop on 2 workers and 1 server (dist_sync), started by the installed troupe launch"
 "$tmp/prefix/bin/troupe" launch -n 2 -s 1 -- "$tmp/examples/kvstore_softmax" --kvstore dist_sync \
   --epochs 1 > "$tmp/softmax_dist.txt" 2>&1 || { cat "$tmp/softmax_dist.txt"; exit 1; }
 grep -E "epoch|launcher\] all" "$tmp/softmax_dist.txt"
-awk -v a="$(accuracy "worker 0. epoch 1:" "$tmp/softmax_dist.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
-  { echo "the distributed KVStore loop did not learn"; exit 1; }
+learned "worker 0. epoch 1:" "$tmp/softmax_dist.txt" "the distributed KVStore loop"
 grep -q "kvstore dist_sync, 2 worker(s)" "$tmp/softmax_dist.txt" ||
   { echo "the distributed KVStore loop did not run on 2 workers"; exit 1; }
 grep -q "\[launcher\] all 3 process(es) exited 0" "$tmp/softmax_dist.txt" ||
   { echo "a worker or the server of the distributed KVStore loop failed"; exit 1; }
 step "the standalone parameter-server service with 2 KVStore workers started by hand (MXNet's DMLC_*)"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dmlc=(DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT="$port")
-workers=()
-for w in 0 1; do
-  env "${dmlc[@]}" DMLC_ROLE=worker DMLC_WORKER_ID=$w timeout 120 "$tmp/examples/kvstore_softmax" \
-    --kvstore dist_sync --epochs 1 > "$tmp/by_hand_$w.txt" 2>&1 &
-  workers+=($!)
-done
+start_dmlc_workers by_hand 1
 timeout 120 "$tmp/examples/ps_service" --kvstore dist_sync --workers 2 --servers 1 --index 0 \
   --rendezvous "tcp://127.0.0.1:$port" --run_id "dmlc-127.0.0.1-$port" > "$tmp/ps_service.txt" 2>&1 ||
   { cat "$tmp/ps_service.txt" "$tmp"/by_hand_*.txt; exit 1; }
@@ -89,18 +110,10 @@ for pid in "${workers[@]}"; do
 done
 grep -E "parameter server|every worker" "$tmp/ps_service.txt"
 grep "epoch 1" "$tmp/by_hand_0.txt"
-awk -v a="$(accuracy "epoch 1:" "$tmp/by_hand_0.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
-  { echo "the KVStore loop on the parameter-server service did not learn"; exit 1; }
+learned "epoch 1:" "$tmp/by_hand_0.txt" "the KVStore loop on the parameter-server service"
 
 step "a parameter server killed mid-run: each worker stops at once, naming it"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dmlc=(DMLC_NUM_WORKER=2 DMLC_NUM_SERVER=1 DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT="$port")
-workers=()
-for w in 0 1; do
-  env "${dmlc[@]}" DMLC_ROLE=worker DMLC_WORKER_ID=$w timeout 120 "$tmp/examples/kvstore_softmax" \
-    --kvstore dist_sync --epochs 100000 > "$tmp/orphan_$w.txt" 2>&1 &
-  workers+=($!)
-done
+start_dmlc_workers orphan 100000
 "$tmp/examples/ps_service" --workers 2 --servers 1 --index 0 --rendezvous "tcp://127.0.0.1:$port" \
   --run_id "dmlc-127.0.0.1-$port" > "$tmp/killed_service.txt" 2>&1 &
 service=$!
@@ -119,22 +132,20 @@ step "a service's in-memory records as the training data (examples/memory_reader
   --epochs 1) > "$tmp/memory_reader.txt" 2>&1 || { cat "$tmp/memory_reader.txt"; exit 1; }
 grep -E "records in memory|^epoch" "$tmp/memory_reader.txt"
 # An MLP reaches about 0.84 on Fashion-MNIST's test set after an epoch.
-awk -v a="$(accuracy "epoch 1:" "$tmp/memory_reader.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
-  { echo "training on records from memory did not learn"; exit 1; }
+learned "epoch 1:" "$tmp/memory_reader.txt" "training on records from memory"
 
 step "a Reader actor of one's own feeds the replicas from a table that fills (examples/custom_reader)"
 (cd "$tmp" && timeout 300 "$tmp/examples/custom_reader" --config "$src/configs/mlp.toml" \
   --epochs 1 --replicas 2) > "$tmp/custom_reader.txt" 2>&1 || { cat "$tmp/custom_reader.txt"; exit 1; }
 grep -E "arrive|^epoch|^readers" "$tmp/custom_reader.txt"
 # Class-balanced sampling from the same records: about the accuracy of the database run.
-awk -v a="$(accuracy "epoch 1:" "$tmp/custom_reader.txt")" 'BEGIN { exit !(a + 0 >= 0.75) }' ||
-  { echo "training from a reader of one's own did not learn"; exit 1; }
+learned "epoch 1:" "$tmp/custom_reader.txt" "training from a reader of one's own"
 # Each of the 2 readers sent each of the epoch's 937 steps once.
 grep -q "^readers: 1874 batches sent" "$tmp/custom_reader.txt" ||
   { echo "the readers did not send one batch a step each"; exit 1; }
 
 step "the evaluator service joins a running training and serves its scores over HTTP"
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 data="$build/testdata/lmdb"
 workers=()
 for r in 0 1; do
