@@ -50,3 +50,12 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import mxnet" 2>/de
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q mxnet==1.9.1 "numpy<1.24"
 fi
+
+# NumPy 2 (.venv-numpy2, about 20 MB): troupe's Python module is built with Debian's pybind11,
+# which predates NumPy 2's ABI; tests/python/test_numpy2.py runs the module under it.
+venv2="$(cd "$(dirname "$0")/.." && pwd)/.venv-numpy2"
+if [[ ! -x "$venv2/bin/python" ]] || ! "$venv2/bin/python" -c "import numpy; assert numpy.__version__ >= '2'" 2>/dev/null; then
+  echo "setup: installing NumPy 2 into $venv2"
+  python3 -m venv "$venv2"
+  "$venv2/bin/pip" install -q "numpy>=2,<3"
+fi

@@ -200,7 +200,12 @@ PYBIND11_MODULE(_troupe, m) {
          std::optional<FloatArray> residual) {
         auto size = troupe::encodedSize(type, values.size());
         check(size.status());
-        py::array_t<std::uint8_t> out(size.value());
+        // Made by numpy itself: pybind11 2.10 (Debian's) reads an element's size where numpy 1
+        // kept it, and under numpy 2 an array it made had other strides (every byte past the
+        // first read from the wrong place).
+        auto out = py::module_::import("numpy")
+                       .attr("empty")(size.value(), "uint8")
+                       .cast<py::array_t<std::uint8_t>>();
         std::span<float> rest;
         if (residual) rest = {residual->mutable_data(), static_cast<std::size_t>(residual->size())};
         check(troupe::encode(type, threshold,

@@ -37,6 +37,7 @@ once every worker pushed the step (the workers' gradients averaged, as DDP avera
 dist_async each push as it comes (1/W of a step each: staleness-aware asynchronous SGD), under ssp
 as dist_async with workers at most `staleness` steps apart.
 """
+import inspect
 import os
 import socket
 
@@ -347,4 +348,9 @@ def _create_process_group(store, rank, size, timeout):
 
 
 if "troupe" not in dist.Backend.__dict__ and not hasattr(dist.Backend, "TROUPE"):
-    dist.Backend.register_backend("troupe", _create_process_group)
+    # torch 2 asks which devices' tensors a backend takes (CUDA tensors go through host memory
+    # here); torch 1.13's register_backend has no such argument.
+    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+        dist.Backend.register_backend("troupe", _create_process_group, devices=["cpu", "cuda"])
+    else:
+        dist.Backend.register_backend("troupe", _create_process_group)

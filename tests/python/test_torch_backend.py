@@ -50,11 +50,22 @@ def test_a_rank_that_never_comes_ends_the_wait_naming_it():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
-    program = ("import datetime, torch.distributed as dist, troupe.torch\n"
-               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=3))\n")
-    r = subprocess.run([sys.executable, "-c", program], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=120,
-                       env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0",
-                                WORLD_SIZE="2", LOCAL_RANK="0"))
+    # Rank 1 joins torch's store (torch 2 waits there for every rank before it calls a backend)
+    # and goes no further: rank 0 then waits for it in troupe's rendezvous.
+    stand_in = subprocess.Popen(
+        [sys.executable, "-c",
+         "import datetime, time, torch.distributed as dist\n"
+         f"s = dist.TCPStore('127.0.0.1', {port}, 2, False, datetime.timedelta(seconds=60))\n"
+         "time.sleep(60)\n"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        program = ("import datetime, torch.distributed as dist, troupe.torch\n"
+                   "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=3))\n")
+        r = subprocess.run([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120,
+                           env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                    RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"))
+    finally:
+        stand_in.kill()
+        stand_in.wait()
     assert r.returncode != 0, r.stdout
     assert "timed out after 3 s waiting for worker 1 (rank 1 of 2)" in r.stdout, r.stdout
