@@ -33,6 +33,16 @@ TrainOptions optionsOf(const ConfigOverrides& flags) {
   return loadTrainOptions("", flags);
 }
 
+// The error loading `flags` gives; "" when they load.
+std::string refusalOf(const ConfigOverrides& flags) {
+  try {
+    optionsOf(flags);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Every key that changes a step's arithmetic is compared: a rate, the momentum, the decay, the
 // seed, the mean (each once differed between hand-started ranks that trained on together).
 // The schedules' table: MXNet's names find their rows, an unknown name lists the known ones, and
@@ -111,20 +121,12 @@ TEST(Schedules, LoadingGivesTheScheduleItsFamilyWithItsOwnSettings) {
                 .schedule.name(),
             "bsp-allreduce");
 
-  const auto refusal = [](const ConfigOverrides& flags) {
-    try {
-      optionsOf(flags);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(refusal({{"schedule", "dist_async"}, {"reducer", "nccl"}}),
+  EXPECT_EQ(refusalOf({{"schedule", "dist_async"}, {"reducer", "nccl"}}),
             "reducer nccl: under schedule 'dist_async' the parameter servers sum the gradients; "
             "use schedule bsp-allreduce, or reducer troupe");
-  EXPECT_THAT(refusal({{"allreduce", "tree"}}),
+  EXPECT_THAT(refusalOf({{"allreduce", "tree"}}),
               ::testing::HasSubstr("expected auto, ring or hierarchical"));
-  EXPECT_THAT(refusal({{"schedule", "dist_syn"}}),
+  EXPECT_THAT(refusalOf({{"schedule", "dist_syn"}}),
               ::testing::HasSubstr("unknown schedule 'dist_syn' (known: local, device"));
 }
 
@@ -156,19 +158,11 @@ TEST(TypedOptions, KeysGiveValuesAndRefuseUnknownNamesListingTheKnownOnes) {
   EXPECT_EQ(shown("precision"), "bf16");
   EXPECT_EQ(shown("lr_policy"), "poly");
   EXPECT_EQ(shown("gradient_compression"), "2bit");
-  const auto refusal = [](const std::string& key, const std::string& value) {
-    try {
-      optionsOf({{key, value}});
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_THAT(refusal("lr_policy", "linear"),
+  EXPECT_THAT(refusalOf({{"lr_policy", "linear"}}),
               HasSubstr("expected fixed, step, multistep, cosine or poly"));
-  EXPECT_THAT(refusal("role", "scheduler"), HasSubstr("expected worker or server"));
-  EXPECT_THAT(refusal("precision", "fp8"), HasSubstr("expected fp32, fp16 or bf16"));
-  EXPECT_THAT(refusal("gradient_compression", "1bit"),
+  EXPECT_THAT(refusalOf({{"role", "scheduler"}}), HasSubstr("expected worker or server"));
+  EXPECT_THAT(refusalOf({{"precision", "fp8"}}), HasSubstr("expected fp32, fp16 or bf16"));
+  EXPECT_THAT(refusalOf({{"gradient_compression", "1bit"}}),
               HasSubstr("expected none, fp16, bf16 or 2bit"));
 }
 
