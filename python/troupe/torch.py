@@ -40,6 +40,8 @@ as dist_async with workers at most `staleness` steps apart.
 import inspect
 import os
 import socket
+import threading
+import time
 
 import numpy as np
 import torch
@@ -181,6 +183,41 @@ def _ring_settings(store, rank, size, timeout):
     return {"rendezvous": url, "shard_id": rank, "num_shards": size, "run_id": run, **wait}
 
 
+class _ThreadWork(_c10d.Work):
+    """Work done by `run` on a thread of its own, for Python callers (dist.recv, dist.irecv):
+    wait() raises what `run` returned as its error. (A Work made from a future swallows the
+    future's exception, in torch 1.13 and 2.15 alike.)"""
+
+    def __init__(self, run, tensors, name):
+        super().__init__()
+        self._tensors, self._error = tensors, None
+
+        def body():
+            self._error = run()
+
+        self._thread = threading.Thread(target=body, daemon=True, name=name)
+        self._thread.start()
+
+    def is_completed(self):
+        return not self._thread.is_alive()
+
+    def is_success(self):
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def wait(self, timeout=None):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def result(self):
+        self.wait()
+        return self._tensors
+
+
 class ProcessGroupTroupe(_c10d.ProcessGroup):
     """The "troupe" backend's process group (made by dist.init_process_group("troupe"))."""
 
@@ -188,6 +225,9 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         super().__init__(rank, size)
         self._kv = _kv.create("ring", _ring_settings(store, rank, size, timeout))
         self._sizes = {}  # numel -> the ring key that sums arrays of that size
+        # send and recv: through torch's store, each message under its own key.
+        self._store, self._timeout = store, timeout
+        self._sent, self._received = {}, {}  # (peer, tag) -> messages so far
 
     def getBackendName(self):
         return "troupe"
@@ -329,17 +369,133 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._kv.barrier()
         return _done()
 
+    def _everyones(self, t):
+        """Every rank's t, bit for bit, in rank order: the ranks' tensors may differ in size
+        (not in dtype); floats in the slots of a ring sum, other types as their bytes."""
+        sizes = [int(n) for n in self._exchanged(torch.tensor([t.numel()]), range(self.size()))]
+        most = max(sizes)
+        padded = torch.zeros(most, dtype=t.dtype)
+        padded[:t.numel()] = t.detach().cpu().reshape(-1)
+        if t.dtype in _FLOATS:
+            got = [torch.from_numpy(v).to(t.dtype)
+                   for v in self._slots(padded.to(torch.float32).numpy(), range(self.size()))]
+        else:
+            got = self._exchanged(padded, range(self.size()))
+        return [g[:n] for g, n in zip(got, sizes)]
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """Rank r's input split j lands in rank j's output split r (equal splits where none are
+        given). Every rank's input goes round the ring: a first version, whose traffic is the
+        world's inputs, not one's own."""
+        world, me = self.size(), self.rank()
+
+        def splits(t, given, what):
+            if given:
+                if len(given) != world or sum(given) != t.shape[0]:
+                    raise ValueError(f"troupe backend: alltoall: {what} split sizes {given} "
+                                     f"for {world} ranks and {t.shape[0]} rows")
+                return list(given)
+            if t.shape[0] % world:
+                raise ValueError(f"troupe backend: alltoall: {t.shape[0]} rows of the {what} "
+                                 f"do not split evenly over {world} ranks")
+            return [t.shape[0] // world] * world
+
+        if input.dtype != output.dtype:
+            raise TypeError(f"troupe backend: alltoall from {input.dtype} into {output.dtype}")
+        row = input[0].numel() if input.dim() > 0 and input.shape[0] else 1
+        theirs_in = self._everyones(torch.tensor(splits(input, input_split_sizes, "input")))
+        mine_out = splits(output, output_split_sizes, "output")
+        inputs = self._everyones(input)
+        parts = []
+        for r in range(world):
+            begin = int(theirs_in[r][:me].sum()) * row
+            count = int(theirs_in[r][me]) * row
+            if count != mine_out[r] * row:
+                raise ValueError(f"troupe backend: alltoall: rank {r} sends this rank "
+                                 f"{count // row} rows, and its output split holds {mine_out[r]}")
+            parts.append(inputs[r][begin:begin + count])
+        output.copy_(torch.cat(parts).view(output.shape))
+        return _done([output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """input_tensors[j] to rank j; output_tensors[r] from rank r."""
+        world = self.size()
+        if len(input_tensors) != world or len(output_tensors) != world:
+            raise ValueError(f"troupe backend: alltoall of {len(input_tensors)} inputs into "
+                             f"{len(output_tensors)} outputs, for {world} ranks")
+        sizes = [t.numel() for t in input_tensors]
+        flat = torch.cat([t.detach().cpu().reshape(-1) for t in input_tensors])
+        out = torch.empty(sum(o.numel() for o in output_tensors), dtype=flat.dtype)
+        self.alltoall_base(out, flat, [o.numel() for o in output_tensors], sizes)
+        offset = 0
+        for o in output_tensors:
+            o.copy_(out[offset:offset + o.numel()].view(o.shape))
+            offset += o.numel()
+        return _done(output_tensors)
+
+    def _key(self, src, dst, tag, count):
+        return f"troupe/p2p/{src}/{dst}/{tag}/{count}"
+
+    def send(self, tensors, dst, tag=0):
+        """Each tensor's bytes under a key of its own in torch's store (which rank 0 serves), and
+        the key's count raised: a first version, for small messages (the ring carries the
+        collectives)."""
+        for t in tensors:
+            count = self._sent.get((dst, tag), 0)
+            self._sent[(dst, tag)] = count + 1
+            key = self._key(self.rank(), dst, tag, count)
+            self._store.set(key, t.detach().cpu().contiguous().numpy().tobytes())
+            self._store.add(key + "/in", 1)
+        return _done(tensors)
+
+    def recv(self, tensors, src, tag=0):
+        """Waits, on a thread of its own, for src's messages; the Work is done when they are in.
+        A wait past init_process_group's timeout fails naming the rank."""
+        keys = []
+        for _ in tensors:
+            count = self._received.get((src, tag), 0)
+            self._received[(src, tag)] = count + 1
+            keys.append(self._key(src, self.rank(), tag, count))
+        def receive():
+            try:
+                for t, key in zip(tensors, keys):
+                    # Polled, sleeping between looks: the store's own wait holds the GIL (torch
+                    # 1.13), and the send this recv waits for may be the caller's next call.
+                    deadline = time.monotonic() + self._timeout.total_seconds()
+                    pause = 0.0005
+                    while self._store.add(key + "/in", 0) == 0:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(
+                                f"troupe backend: recv timed out after "
+                                f"{self._timeout.total_seconds():g} s waiting for rank {src} "
+                                f"(tag {tag})")
+                        time.sleep(pause)
+                        pause = min(pause * 2, 0.01)
+                    raw = self._store.get(key)
+                    self._store.delete_key(key)
+                    self._store.delete_key(key + "/in")
+                    got = np.frombuffer(raw, dtype=t.detach().cpu().numpy().dtype)
+                    if got.size != t.numel():
+                        raise ValueError(f"troupe backend: recv from rank {src}: {got.size} "
+                                         f"values for a tensor of {t.numel()}")
+                    t.copy_(torch.from_numpy(got.copy()).view(t.shape))
+            except Exception as e:  # the Work's wait raises it
+                return e
+            return None
+
+        return _ThreadWork(receive, tensors, f"troupe-recv-{src}")
+
 
 def _refused(what):
     def refuse(self, *args, **kwargs):
         raise NotImplementedError(f"troupe backend: {what} is not supported yet (allreduce, "
-                                  "broadcast, allgather, reduce_scatter and barrier are)")
+                                  "broadcast, allgather, reduce_scatter, alltoall, barrier, "
+                                  "send and recv are)")
     return refuse
 
 
-for _method, _what in (("alltoall", "alltoall"), ("alltoall_base", "alltoall"),
-                       ("send", "send"), ("recv", "recv"), ("recv_anysource", "recv"),
-                       ("gather", "gather"), ("scatter", "scatter"), ("reduce", "reduce")):
+for _method, _what in (("recv_anysource", "recv from any source"), ("gather", "gather"),
+                       ("scatter", "scatter"), ("reduce", "reduce")):
     setattr(ProcessGroupTroupe, _method, _refused(_what))
 
 

@@ -9,9 +9,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_backend_worker.py")
 CHECKS = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
+          "ok alltoall", "ok send recv",
           "refused: troupe backend: allreduce of a torch.float64 tensor",
           "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM for now",
-          "refused: troupe backend: send is not supported yet",
+          "refused: troupe backend: recv from any source is not supported yet",
           "ok ddp relative difference"]
 
 
@@ -69,3 +70,27 @@ def test_a_rank_that_never_comes_ends_the_wait_naming_it():
         stand_in.wait()
     assert r.returncode != 0, r.stdout
     assert "timed out after 3 s waiting for worker 1 (rank 1 of 2)" in r.stdout, r.stdout
+
+
+def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
+    # Both ranks meet (a 10 s timeout, which init_process_group gives the group's waits); rank 1
+    # then sends nothing, and rank 0's recv ends at the timeout naming it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    program = ("import datetime, time, torch, torch.distributed as dist, troupe.torch\n"
+               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=10))\n"
+               "dist.barrier()\n"
+               "if dist.get_rank() == 0:\n"
+               "    dist.recv(torch.zeros(4), src=1, tag=5)\n"
+               "else:\n"
+               "    time.sleep(15)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
+             for rank in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[0].returncode != 0, outs[0]
+    assert "recv timed out after 10 s waiting for rank 1 (tag 5)" in outs[0], outs[0]

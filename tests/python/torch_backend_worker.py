@@ -63,9 +63,47 @@ def main():
     dist.barrier()
     print("ok reduce_scatter barrier", flush=True)
 
+    # alltoall: rank r's split j lands in rank j's output split r. Even splits and uneven ones
+    # (rank r sends rank j r + j + 1 rows of 3), every dtype, against gloo's all_to_all_single.
+    for dtype in (torch.float32, torch.float16, torch.int64, torch.uint8):
+        x = (torch.randn(world * 7, 3, generator=g) * 100).to(dtype)
+        ours, theirs = torch.empty_like(x), torch.empty_like(x)
+        dist.all_to_all_single(ours, x)
+        dist.all_to_all_single(theirs, x, group=gloo)
+        assert torch.equal(ours, theirs), f"alltoall of {dtype}"
+        sends = [rank + j + 1 for j in range(world)]
+        gets = [r + rank + 1 for r in range(world)]
+        x = (torch.randn(sum(sends), 3, generator=g) * 100).to(dtype)
+        ours = torch.empty(sum(gets), 3, dtype=dtype)
+        theirs = torch.empty_like(ours)
+        dist.all_to_all_single(ours, x, gets, sends)
+        dist.all_to_all_single(theirs, x, gets, sends, group=gloo)
+        assert torch.equal(ours, theirs), f"alltoall of {dtype} in uneven splits"
+    # The list form, against what each rank knows it was sent: rank r's tensor for rank j holds
+    # 10 r + j, j + 1 times.
+    outs = [torch.empty(rank + 1) for _ in range(world)]
+    dist.all_to_all(outs, [torch.full((j + 1,), 10.0 * rank + j) for j in range(world)])
+    assert all(torch.equal(o, torch.full((rank + 1,), 10.0 * r + rank))
+               for r, o in enumerate(outs)), "alltoall of lists"
+    print("ok alltoall", flush=True)
+
+    # send and recv round the ring, receives posted first, against gloo's.
+    def passed(group):
+        x = (torch.randn(11, generator=torch.Generator().manual_seed(rank)) * 100).to(torch.int32)
+        got = torch.empty_like(x)
+        receive = dist.irecv(got, src=(rank - 1) % world, group=group, tag=5)
+        dist.send(x, dst=(rank + 1) % world, group=group, tag=5)
+        receive.wait()
+        return got
+    ours = passed(None)
+    assert torch.equal(ours, passed(gloo)), "send and recv"
+    want = (torch.randn(11, generator=torch.Generator().manual_seed((rank - 1) % world)) * 100)
+    assert torch.equal(ours, want.to(torch.int32)), "recv of what the previous rank sent"
+    print("ok send recv", flush=True)
+
     for bad, call in ((torch.zeros(3, dtype=torch.float64), lambda t: dist.all_reduce(t)),
                       (torch.zeros(3), lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX)),
-                      (torch.zeros(3), lambda t: dist.send(t, dst=(rank + 1) % world))):
+                      (torch.zeros(3), lambda t: dist.recv(t))):
         try:
             call(bad)
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
