@@ -73,19 +73,20 @@ def test_a_rank_that_never_comes_ends_the_wait_naming_it():
 
 
 def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
-    # Both ranks meet (a 10 s timeout, which init_process_group gives the group's waits); rank 1
-    # then sends nothing, and rank 0's recv ends at the timeout naming it.
+    # Both ranks meet (a 4 s timeout, which init_process_group gives the group's waits); rank 1
+    # then sends nothing (staying a little longer than the timeout), and rank 0's recv ends at
+    # the timeout naming it.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
     program = ("import datetime, time, torch, torch.distributed as dist, troupe.torch\n"
-               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=10))\n"
+               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=4))\n"
                "dist.barrier()\n"
                "if dist.get_rank() == 0:\n"
                "    dist.recv(torch.zeros(4), src=1, tag=5)\n"
                "else:\n"
-               "    time.sleep(15)\n")
+               "    time.sleep(6)\n")
     procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -93,4 +94,4 @@ def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
              for rank in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert procs[0].returncode != 0, outs[0]
-    assert "recv timed out after 10 s waiting for rank 1 (tag 5)" in outs[0], outs[0]
+    assert "recv timed out after 4 s waiting for rank 1 (tag 5)" in outs[0], outs[0]
