@@ -729,9 +729,11 @@ void serveKVStore(const std::string& type, const TrainOptions& o) {
   config.kvstore = true;
   config.index = o.shard_id;
   config.num_workers = o.num_shards;
-  // The server modes are the store types; the staleness is the run's key.
+  // The server modes are the store types (whose servers sum on the CPU); the staleness is the
+  // run's key.
   ScheduleKeys keys = o.schedule.keys();
   keys.schedule = type;
+  keys.reducer = "troupe";
   const ParameterServers servers = *makeSchedule(keys).servers();
   config.mode = servers.mode;
   config.staleness = servers.staleness;
