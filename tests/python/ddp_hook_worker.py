@@ -79,4 +79,8 @@ gathered = [torch.empty_like(weights) for _ in range(world)]
 dist.all_gather(gathered, weights)
 assert all(torch.equal(g, weights) for g in gathered)
 print(f"rank {rank}: ddp loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+# Every rank past its last collective before any tears gloo down: twice this stop, under a full
+# ctest, a rank that destroyed its group while the others were still in the all_gather died at
+# exit with "terminate called without an active exception" (torch 1.13; not seen alone).
+dist.barrier()
 dist.destroy_process_group()
