@@ -10,8 +10,7 @@
 namespace troupe::kernels {
 
 GradientCompression parseGradientCompression(const std::string& name) {
-  for (const auto& row : kCompressions)
-    if (name == row.name) return row.value;
+  if (const auto* type = valueNamed(kCompressions, name)) return *type;
   throw InputError("unknown gradient compression '" + name + "' (known: none, fp16, bf16, 2bit)");
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace troupe::kernels {
 
@@ -20,6 +21,15 @@ const char* nameIn(const Named<E> (&table)[N], E value) {
   for (const auto& row : table)
     if (row.value == value) return row.name;
   return table[0].name;
+}
+
+// The value `name` stands for in `table`; nullptr where it names none (the caller's error names
+// the known ones: namesOf(table)).
+template <typename E, std::size_t N>
+const E* valueNamed(const Named<E> (&table)[N], std::string_view name) {
+  for (const auto& row : table)
+    if (name == row.name) return &row.value;
+  return nullptr;
 }
 
 // The names of a table's rows (each with a `name`: the schedules', the optimizers'), comma

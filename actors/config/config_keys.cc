@@ -151,11 +151,10 @@ std::string oneOf(const std::string& value, const std::vector<std::string>& choi
 // of the field.
 template <typename E, std::size_t N>
 E named(const Named<E> (&table)[N], const std::string& text) {
+  if (const E* value = kernels::valueNamed(table, text)) return *value;
   std::vector<std::string> names;
-  for (const auto& row : table) {
-    if (text == row.name) return row.value;
+  for (const auto& row : table)
     names.emplace_back(row.name);
-  }
   oneOf(text, names);  // throws, naming them
   return table[0].value;
 }

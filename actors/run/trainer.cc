@@ -140,9 +140,10 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
-  config.mode = o.schedule.servers()->mode;
+  const ParameterServers& servers = *o.schedule.servers();
+  config.mode = servers.mode;
   config.compression = compressionOf(o);
-  config.staleness = o.schedule.servers()->staleness;
+  config.staleness = servers.staleness;
   config.key_begin = shard.first;
   config.key_end = shard.second;
   config.initial_weights = weights.slice(shard.first, shard.second);

@@ -57,15 +57,14 @@ bool Schedule::nccl() const {
 ScheduleKeys Schedule::keys() const {
   ScheduleKeys keys;
   keys.schedule = name();
-  keys.reducer = nccl() ? "nccl" : "troupe";
+  keys.reducer = kernels::nameIn(kReducers, nccl() ? ReducerKind::kNccl : ReducerKind::kTroupe);
   if (const auto* all = allreduce()) keys.allreduce = allreduceName(all->algorithm);
   if (const auto* ps = servers()) keys.staleness = ps->staleness;
   return keys;
 }
 
 ReducerKind reducerOf(const ScheduleKeys& keys) {
-  if (keys.reducer == "troupe") return ReducerKind::kTroupe;
-  if (keys.reducer == "nccl") return ReducerKind::kNccl;
+  if (const auto* reducer = kernels::valueNamed(kReducers, keys.reducer)) return *reducer;
   throw InputError(fmt::format("reducer '{}' is not one of troupe, nccl", keys.reducer));
 }
 
@@ -84,8 +83,7 @@ ScheduleFamily serversFamily(const ScheduleKeys& keys, ParameterServers::Mode mo
 }
 
 Allreduce allreduceOf(const ScheduleKeys& keys) {
-  for (const auto& row : kAllreduces)
-    if (keys.allreduce == row.name) return row.value;
+  if (const auto* mode = kernels::valueNamed(kAllreduces, keys.allreduce)) return *mode;
   throw InputError(
       fmt::format("allreduce '{}' is not one of auto, ring, hierarchical", keys.allreduce));
 }

@@ -28,6 +28,8 @@ struct TrainOptions;  // actors/run/trainer.h
 // What sums the gradients of replicas on GPUs: troupe's own sums (on a GPU or the CPU) and ring,
 // or NCCL over the run's GPUs (Caffe2's --use_nccl, MXNet's kvstore nccl).
 enum class ReducerKind : std::uint8_t { kTroupe, kNccl };
+inline constexpr kernels::Named<ReducerKind> kReducers[] = {{"troupe", ReducerKind::kTroupe},
+                                                            {"nccl", ReducerKind::kNccl}};
 
 // The families of schedules, each with its own settings.
 struct OneProcess {  // local, device: one process; its replicas' gradients summed in it
