@@ -42,16 +42,14 @@ std::string emulated(int gpus = 2) {
          " TROUPE_EMULATED_GPU_DELAY_US=100 TROUPE_EMULATED_GPU_COPY_DELAY_US=2000 ";
 }
 
-// LeNet on Fashion-MNIST for 1280 inputs in steps of `batch` a process and an evaluation, its
-// checkpoint in `dir`.
+// LeNet on Fashion-MNIST for 1280 inputs in steps of `batch` a process, its checkpoint in `dir`.
 // `prefix` goes before the command: variables, a launcher (troupe launch ... --).
 testing::CommandResult trainLenet(const TempDir& cwd, const std::string& dir,
                                   const std::string& prefix, const std::string& flags,
                                   int batch = 64) {
   return runCommand("cd " + cwd.str() + " && " + prefix + troupeBinary() +
                     " train --model lenet --train_data " + testData("lmdb") +
-                    "/train --test_data " + testData("lmdb") + "/test --batch_size " +
-                    std::to_string(batch) +
+                    "/train --batch_size " + std::to_string(batch) +
                     " --epoch_size 1280 --num_epochs 1 --log_every 0 "
                     "--base_learning_rate 0.05 --momentum 0.9 --checkpoint_dir " +
                     dir + " " + flags);
@@ -81,17 +79,29 @@ actors::Checkpoint checkpointIn(const fs::path& dir) {
   return ::testing::AssertionSuccess();
 }
 
-// Trains on the CPU with `cpu` and on emulated GPUs with `gpu` (after `launch`, if any, in both);
-// the GPU run must say `placement` and end with the CPU run's weights.
+// The figure after `label` in `output` (0 when the label is missing, a failure then).
+double figureAfter(const std::string& output, const std::string& label) {
+  const auto at = output.find(label);
+  EXPECT_NE(at, std::string::npos) << "no '" << label << "' in " << output;
+  return at == std::string::npos ? 0.0 : std::stod(output.substr(at + label.size()));
+}
+
+// Trains on the CPU with `cpu` and on emulated GPUs with `gpu` (after `launch`, if any, in both),
+// each run evaluating the test set at its end; the GPU run must say `placement` and end with the
+// CPU run's weights and its test accuracy.
 void expectTheCpusWeights(const std::string& name, const std::string& cpu, const std::string& gpu,
                           const std::string& placement, const std::string& launch = "",
                           int batch = 64) {
   TempDir cwd(name);
-  auto r = trainLenet(cwd, "cpu", launch, cpu, batch);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = trainLenet(cwd, "gpu", emulated() + launch, gpu, batch);
-  ASSERT_TRUE(exitedWith(r, 0, {placement, "epoch 1 gpu memory: peak "}));
+  const std::string evaluated = " --test_data " + testData("lmdb") + "/test";
+  const auto cpu_run = trainLenet(cwd, "cpu", launch, cpu + evaluated, batch);
+  ASSERT_EQ(cpu_run.exit_code, 0) << cpu_run.output;
+  const auto gpu_run = trainLenet(cwd, "gpu", emulated() + launch, gpu + evaluated, batch);
+  ASSERT_TRUE(exitedWith(gpu_run, 0, {placement, "epoch 1 gpu memory: peak "}));
   EXPECT_TRUE(sameWeights(cwd.path() / "cpu", cwd.path() / "gpu"));
+  EXPECT_EQ(figureAfter(gpu_run.output, "final test_accuracy "),
+            figureAfter(cpu_run.output, "final test_accuracy "))
+      << cpu_run.output << gpu_run.output;
 }
 
 // With input_dtype uint8, batches cross to each GPU as bytes and are normalised there.
@@ -356,13 +366,6 @@ TEST(Devices, ScheduleDeviceWithoutGpusSaysHowToNameThem) {
 // bfloat16 tensors in float32 and rounds its outputs once, as cuDNN's float-accumulating
 // configurations do.
 
-// The figure after `label` in `output` (0 when the label is missing, a failure then).
-double figureAfter(const std::string& output, const std::string& label) {
-  const auto at = output.find(label);
-  EXPECT_NE(at, std::string::npos) << "no '" << label << "' in " << output;
-  return at == std::string::npos ? 0.0 : std::stod(output.substr(at + label.size()));
-}
-
 // bf16 activations change the arithmetic, so the weights differ from float32's; and the run
 // learns: its training loss ends below 0.9 ln 10 (chance is ln 10 = 2.303; this run in float32
 // ends at 1.92).
@@ -533,12 +536,14 @@ TEST(Devices, CudaGraphsWithoutGpusAreRefusedUnlessAutoAndATracedRunGoesOpByOp) 
 
 // ---- channels-last images (memory_format) ----
 
-// ResNet-20 for 4 steps of 32 synthetic images on an emulated GPU, its checkpoint in `dir`.
+// ResNet-20 for 2 steps of 16 synthetic images on an emulated GPU, its checkpoint in `dir`: the
+// second step's forward reads the first's updated weights, so each layer's backward and update
+// show in the weights.
 testing::CommandResult trainResnet20(const TempDir& cwd, const std::string& dir,
                                      const std::string& flags) {
   return runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() +
                     " train --model resnet20 --train_data null --num_channels 3 --image_size 32 "
-                    "--num_labels 10 --epoch_size 128 --batch_size 32 --num_epochs 1 "
+                    "--num_labels 10 --epoch_size 32 --batch_size 16 --num_epochs 1 "
                     "--log_every 0 --gpus 0 --threads 1 --checkpoint_dir " +
                     dir + " " + flags);
 }
