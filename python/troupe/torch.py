@@ -12,7 +12,8 @@ Each rank's tensor is summed by troupe's ring allreduce over its transport (a "r
 same sum, bit for bit, on every rank). The ranks are placed by `troupe launch` (its TROUPE_*
 variables), or, under torchrun, by rank 0, which serves troupe's rendezvous on a free port at
 MASTER_ADDR and tells the others through torch's store. A first step: the process group is
-written in Python (torch calls it through its trampoline) and each collective is synchronous;
+written in Python (torch calls it through its trampoline); DDP's bucket sums run on a thread of
+their own while the backward pass goes on, and the other collectives are synchronous;
 float tensors (float32; float16 and bfloat16 summed in float32) on the CPU, and on a GPU through
 host memory; ReduceOp.SUM. allreduce, broadcast and allgather (of integer and bool tensors too,
 bit for bit), reduce_scatter, barrier; alltoall, send/recv, gather, scatter, reduce and the other
@@ -37,6 +38,7 @@ once every worker pushed the step (the workers' gradients averaged, as DDP avera
 dist_async each push as it comes (1/W of a step each: staleness-aware asynchronous SGD), under ssp
 as dist_async with workers at most `staleness` steps apart.
 """
+import concurrent.futures
 import inspect
 import os
 import socket
@@ -225,6 +227,13 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         super().__init__(rank, size)
         self._kv = _kv.create("ring", _ring_settings(store, rank, size, timeout))
         self._sizes = {}  # numel -> the ring key that sums arrays of that size
+        # DDP's bucket sums run on a thread of their own, in the order DDP asks for them, while
+        # its backward pass goes on; every other collective waits for them first (_drain), so
+        # the ring sees every rank's calls in one order.
+        self._sums_thread = f"troupe-sums-{id(self):x}"
+        self._sums = concurrent.futures.ThreadPoolExecutor(1, self._sums_thread)
+        self._pending = None  # the last bucket sum handed to that thread
+        self._failed = None  # the error of a bucket sum, raised by the next collective
         # send and recv: through torch's store, each message under its own key.
         self._store, self._timeout = store, timeout
         self._sent, self._received = {}, {}  # (peer, tag) -> messages so far
@@ -233,6 +242,41 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return "troupe"
 
     # ---- helpers ----
+    def _in_background(self, sum_, tensors):
+        """A Work for `sum_()` run on the sums' thread (in call order), done with `tensors`."""
+        self._drain(just_errors=True)
+        future = torch.futures.Future()
+
+        def run():
+            try:
+                sum_()
+            except Exception as e:  # noqa: BLE001  (DDP's wait sees it; so does the next call)
+                self._failed = e
+                future.set_exception(e)
+                return
+            future.set_result(tensors)  # runs the callbacks, on this thread
+
+        # A DDP hook's callback runs on the sums' thread when its sum is done; its own collectives
+        # (PowerSGD's, which it waits for) run there at once, before the sums queued after it.
+        if self._inside_a_sum():
+            run()
+        else:
+            self._pending = self._sums.submit(run)
+        return _c10d._create_work_from_future(future)
+
+    def _inside_a_sum(self):
+        """Whether this call comes from the sums' thread (a callback of a sum that is done)."""
+        return threading.current_thread().name.startswith(self._sums_thread)
+
+    def _drain(self, just_errors=False):
+        """Waits until the bucket sums handed to the sums' thread are done; raises the error of
+        one that failed (a peer gone: the ring's error names it)."""
+        if not just_errors and self._pending is not None and not self._inside_a_sum():
+            self._pending.result()
+            self._pending = None
+        if self._failed is not None:
+            raise self._failed
+
     def _sum(self, flat):
         """Sums a float32 numpy array over every rank, in place."""
         key = self._sizes.get(flat.size)
@@ -295,15 +339,17 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._sum_only("allreduce", opts)
         t = tensors[0]
         if (len(tensors) == 1 and t.device.type == "cpu" and t.dtype == torch.float32
-                and t.is_contiguous()):  # DDP's buckets: summed where they lie
-            self._sum(t.detach().view(-1).numpy())
-            return _done(tensors)
+                and t.is_contiguous()):  # DDP's buckets: summed where they lie, meanwhile
+            flat = t.detach().view(-1).numpy()
+            return self._in_background(lambda: self._sum(flat), tensors)
+        self._drain()
         total = self._summed(tensors)
         for t in tensors:
             t.copy_(total.view(t.shape))
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
+        self._drain()
         for t in tensors:
             self._float("allreduce_coalesced", t)
         self._sum_only("allreduce_coalesced", opts)
@@ -315,6 +361,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return _done(tensors)
 
     def broadcast(self, tensors, opts=None):
+        self._drain()
         root = 0 if opts is None else opts.rootRank
         for t in tensors:
             if t.dtype in _FLOATS:  # the root's values in the one slot
@@ -324,15 +371,26 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return _done(tensors)
 
     def _exchanged(self, t, ranks):
-        """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers and
-        bools: small tensors, such as DDP's shape checks): its bytes, each a float32 in [0, 255],
-        in the rank's slot of a ring sum whose other slots hold zeros."""
+        """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers,
+        bools, and the bytes of compressed gradients): its bytes, three to a float32 (an integer
+        below 2^24, which a sum with zeros keeps exactly), in the rank's slot of a ring sum whose
+        other slots hold zeros."""
         raw = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint8)
         dtype = t.detach().cpu().numpy().dtype
-        return [torch.from_numpy(np.frombuffer(got.astype(np.uint8).tobytes(), dtype=dtype).copy())
-                for got in self._slots(raw.astype(np.float32), ranks)]
+        triples = np.zeros(-(-raw.size // 3) * 3, dtype=np.uint32)
+        triples[:raw.size] = raw
+        triples = triples.reshape(-1, 3)
+        packed = (triples[:, 0] | triples[:, 1] << 8 | triples[:, 2] << 16).astype(np.float32)
+        out = []
+        for got in self._slots(packed, ranks):
+            word = got.astype(np.uint32)
+            unpacked = np.stack([word & 0xFF, word >> 8 & 0xFF, word >> 16], axis=1)
+            data = unpacked.astype(np.uint8).reshape(-1)[:raw.size]
+            out.append(torch.from_numpy(np.frombuffer(data.tobytes(), dtype=dtype).copy()))
+        return out
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        self._drain()
         for outs, t in zip(output_tensors, input_tensors):
             if len(outs) != self.size():
                 raise ValueError(f"troupe backend: allgather into {len(outs)} tensors, for "
@@ -352,6 +410,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return _done(output_tensors)
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        self._drain()
         self._sum_only("reduce_scatter", opts)
         for out, ins in zip(output_tensors, input_tensors):
             self._float("reduce_scatter", out)
@@ -366,6 +425,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return _done(output_tensors)
 
     def barrier(self, opts=None):
+        self._drain()
         self._kv.barrier()
         return _done()
 
@@ -387,6 +447,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         """Rank r's input split j lands in rank j's output split r (equal splits where none are
         given). Every rank's input goes round the ring: a first version, whose traffic is the
         world's inputs, not one's own."""
+        self._drain()
         world, me = self.size(), self.rank()
 
         def splits(t, given, what):
@@ -440,6 +501,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         """Each tensor's bytes under a key of its own in torch's store (which rank 0 serves), and
         the key's count raised: a first version, for small messages (the ring carries the
         collectives)."""
+        self._drain()
         for t in tensors:
             count = self._sent.get((dst, tag), 0)
             self._sent[(dst, tag)] = count + 1
@@ -451,6 +513,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def recv(self, tensors, src, tag=0):
         """Waits, on a thread of its own, for src's messages; the Work is done when they are in.
         A wait past init_process_group's timeout fails naming the rank."""
+        self._drain()
         keys = []
         for _ in tensors:
             count = self._received.get((src, tag), 0)
