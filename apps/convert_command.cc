@@ -1,6 +1,6 @@
 // `troupe convert`: builds LMDB/LevelDB databases of Caffe Datum records, from Fashion-MNIST's IDX
 // files, CIFAR-10's binary files or an image list (as Caffe's convert_mnist_data,
-// convert_cifar_data and convert_imageset).
+// convert_cifar_data and convert_imageset); and token shards of text in llm.c's format.
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
@@ -11,6 +11,7 @@
 #include "apps/commands.h"
 #include "data/convert.h"
 #include "data/db.h"
+#include "data/token_shards.h"
 
 namespace troupe::apps {
 namespace {
@@ -112,10 +113,35 @@ void addImages(CLI::App& convert) {
   });
 }
 
+void addText(CLI::App& convert) {
+  auto o = std::make_shared<data::TextConvertOptions>();
+  auto* cmd = convert.add_subcommand(
+      "text",
+      "Text files -> token shards in llm.c's .bin format, byte-level tokens (vocabulary 256): "
+      "OUT/NAME_val_000000.bin, then OUT/NAME_train_000001.bin ...");
+  cmd->add_option("FILES", o->files, "Text files, read as bytes in this order")->required();
+  cmd->add_option("--out", o->out, "Output folder")->required();
+  cmd->add_option("--name", o->name, "The shards' names")->capture_default_str();
+  cmd->add_option("--val_fraction", o->val_fraction,
+                  "The share of the tokens, from the start, in the validation shard")
+      ->capture_default_str();
+  cmd->add_option("--shard_size", o->shard_tokens, "A train shard's most tokens")
+      ->capture_default_str();
+  cmd->callback([o] {
+    const auto start = std::chrono::steady_clock::now();
+    const data::TextConvertStats stats = data::convertText(*o);
+    spdlog::info(
+        "wrote {} validation and {} training tokens (byte-level; {} train shard(s)) to {} "
+        "in {:.2f} s",
+        stats.val_tokens, stats.train_tokens, stats.train_shards, o->out, secondsSince(start));
+  });
+}
+
 }  // namespace
 
 void addConvertCommand(CLI::App& app) {
-  auto* convert = app.add_subcommand("convert", "Convert a data set into an LMDB/LevelDB database");
+  auto* convert = app.add_subcommand(
+      "convert", "Convert a data set into LMDB/LevelDB databases, or text into token shards");
   convert->require_subcommand(1);
   addTrainTestSet(*convert, "fashion-mnist",
                   "Fashion-MNIST IDX files -> OUT/train (60000) and OUT/test (10000)",
@@ -127,6 +153,7 @@ void addConvertCommand(CLI::App& app) {
                   "folder holding cifar-10-batches-bin)",
                   "", data::convertCifar10);
   addImages(*convert);
+  addText(*convert);
 }
 
 }  // namespace troupe::apps

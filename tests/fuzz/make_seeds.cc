@@ -1,6 +1,7 @@
 // Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/) with troupe's own
 // writers: frames from the wire codec and the transport's encoder, Datum records from the
-// Fashion-MNIST and image-list converters, a checkpoint from saveCheckpoint. The config seeds are
+// Fashion-MNIST and image-list converters, a checkpoint from saveCheckpoint, token shards from
+// writeTokenShard (GPT-2's and Llama 3's layouts). The config seeds are
 // the repository's configs/*.toml, which make_seeds.sh copies.
 // Usage: troupe_fuzz_seeds FASHION_MNIST_DIR CORPUS_DIR
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "data/datum.h"
 #include "data/db.h"
 #include "data/image.h"
+#include "data/token_shards.h"
 #include "transport/message_state.h"
 #include "troupe/error.h"
 
@@ -78,10 +80,16 @@ void writeFrames(const fs::path& dir) {
   const std::string helloBytes = frameBytes(std::move(hello), limits);
   writeFile(dir / "hello", helloBytes);
 
-  writeFile(dir / "grad_bucket",
-            actorFrame(actors::GradBucket{7, 0, 0, 16, ramp(16, 0.125f)}, limits));
-  writeFile(dir / "weights_bulk",
-            actorFrame(actors::Weights{8, ramp(24, 0.5f), ramp(8, 0.25f)}, bulkLimits));
+  actors::GradBucket bucket;
+  bucket.step = 7;
+  bucket.end = 16;
+  bucket.grads = ramp(16, 0.125f);
+  writeFile(dir / "grad_bucket", actorFrame(std::move(bucket), limits));
+  actors::Weights weights;
+  weights.step = 8;
+  weights.weights = ramp(24, 0.5f);
+  weights.buffers = ramp(8, 0.25f);
+  writeFile(dir / "weights_bulk", actorFrame(std::move(weights), bulkLimits));
   actors::RingChunk chunk;
   chunk.step = 9;
   chunk.bucket = 32;
@@ -154,6 +162,14 @@ void writeCheckpoint(const fs::path& dir, const fs::path& work) {
   writeFile(dir / "mlp_epoch2", std::string(std::istreambuf_iterator<char>(in), {}));
 }
 
+// Token shards: byte-level tokens of a sentence (GPT-2's layout) and tokens past 16 bits (Llama
+// 3's).
+void writeTokenShards(const fs::path& dir) {
+  fs::create_directories(dir);
+  data::writeTokenShard((dir / "bytes").string(), data::byteTokens("The quick brown fox.\n"));
+  data::writeTokenShard((dir / "wide").string(), std::vector<std::uint32_t>{128000, 9906, 13});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +185,7 @@ int main(int argc, char** argv) {
     writeFrames(corpus / "frame");
     writeDatums(argv[1], corpus / "datum", work);
     writeCheckpoint(corpus / "checkpoint", work);
+    writeTokenShards(corpus / "token_shard");
   } catch (const std::exception& e) {
     std::cerr << "troupe_fuzz_seeds: " << e.what() << "\n";
     fs::remove_all(work);
