@@ -56,7 +56,9 @@ TokenShard readTokenShard(const std::string& path) {
   }
   shard.tokens.resize(static_cast<std::size_t>(count));
   const char* at = bytes.data() + kHeaderBytes;
-  if (shard.token_bytes == 4) {
+  if (shard.tokens.empty()) {
+    // nothing to copy (an empty vector's data() may be null, which memcpy may not take)
+  } else if (shard.token_bytes == 4) {
     std::memcpy(shard.tokens.data(), at, shard.tokens.size() * 4);
   } else {
     for (std::size_t i = 0; i < shard.tokens.size(); ++i) {
@@ -81,7 +83,7 @@ void writeTokenShard(const std::string& path, std::span<const std::uint32_t> tok
   std::string bytes(kHeaderBytes + tokens.size() * (wide ? 4 : 2), '\0');
   std::memcpy(bytes.data(), header.data(), kHeaderBytes);
   char* at = bytes.data() + kHeaderBytes;
-  if (wide) {
+  if (wide) {  // not empty: a wide token is in it
     std::memcpy(at, tokens.data(), tokens.size() * 4);
   } else {
     for (std::size_t i = 0; i < tokens.size(); ++i) {

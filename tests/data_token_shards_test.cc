@@ -49,9 +49,11 @@ TEST(TokenShards, ReadsGpt2AndLlama3ShardsAsLlmcWritesThem) {
   write(dir / "llama.bin", llmcShard(20240801, 7, {128000, 9906, 128255}, 4, 3));
   EXPECT_THAT(readTokenShard(dir / "llama.bin").tokens, ElementsAre(128000, 9906, 128255));
   EXPECT_EQ(readTokenShard(dir / "llama.bin").token_bytes, 4);
-  // An empty shard is a shard.
+  // An empty shard is a shard, in either layout (the fuzzer's first find: an empty Llama 3 one).
   write(dir / "empty.bin", llmcShard(20240520, 1, {}, 2, 0));
   EXPECT_TRUE(readTokenShard(dir / "empty.bin").tokens.empty());
+  write(dir / "empty_llama.bin", llmcShard(20240801, 7, {}, 4, 0));
+  EXPECT_TRUE(readTokenShard(dir / "empty_llama.bin").tokens.empty());
 }
 
 TEST(TokenShards, WritesLlmcsLayoutByteForByteAndWidensOnlyWhereATokenNeedsIt) {
