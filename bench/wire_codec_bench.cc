@@ -61,7 +61,7 @@ int main() {
   done.loss_sum = 1.5;
   actors::KvConfigure configure;
   configure.has_optimizer = true;
-  configure.optimizer.name = "adamw";
+  configure.optimizer.kind = &kernels::optimizerInfo("adamw");
   std::cout << fmt::format("{:<12} {:>10} {:>10}\n", "message", "encode ns", "decode ns");
   for (int round = 0; round < 2; ++round) {
     measure("RingChunk", chunk);

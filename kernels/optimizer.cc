@@ -51,16 +51,30 @@ std::vector<ParamRange> clipRanges(const std::vector<ParamRange>& ranges, std::i
 
 bool setOptimizerName(OptimizerSettings& settings, const std::string& name) {
   if (name == "nag") {  // MXNet's name for SGD with Nesterov momentum
-    settings.name = "sgd";
+    settings.kind = &optimizerInfo("sgd");
     settings.nesterov = true;
     return true;
   }
   for (const auto& row : optimizers()) {
     if (row.name != name) continue;
-    settings.name = name;
+    settings.kind = &row;
     return true;
   }
   return false;
+}
+
+OptimizerSettings optimizerNamed(const std::string& name) {
+  OptimizerSettings s;
+  if (!setOptimizerName(s, name)) optimizerInfo(name);  // throws, listing the known names
+  return s;
+}
+
+const OptimizerInfo& OptimizerSettings::info() const {
+  return kind ? *kind : optimizers().front();
+}
+
+const std::string& OptimizerSettings::name() const {
+  return info().name;
 }
 
 OptimizerSettings OptimizerSettings::within(std::int64_t begin, std::int64_t end) const {
@@ -84,7 +98,6 @@ bool Optimizer::step(const Tensor& weights, const Tensor& grads, float lr, std::
 OptimizerSettings sgdSettings(float momentum, float weight_decay, bool nesterov,
                               std::vector<ParamRange> no_decay) {
   OptimizerSettings s;
-  s.name = "sgd";
   s.momentum = momentum;
   s.weight_decay = weight_decay;
   s.nesterov = nesterov;
@@ -96,7 +109,7 @@ RuleOptimizer::RuleOptimizer(Backend& backend, std::int64_t size, OptimizerSetti
                              UpdateKernel kernel)
     : backend_(backend),
       settings_(std::move(settings)),
-      info_(optimizerInfo(settings_.name)),
+      info_(settings_.info()),
       kernel_(kernel),
       size_(size),
       state_(backend.empty({kernel.states * size})) {
@@ -109,7 +122,7 @@ void RuleOptimizer::stepRange(const Tensor& weights, const Tensor& grads, std::i
                  size_, " weights");
   TROUPE_ENFORCE_EQ(weights.numel(), end - begin);
   TROUPE_ENFORCE_EQ(grads.numel(), end - begin);
-  TROUPE_ENFORCE(t >= 1, settings_.name, " update number ", t, " (they count from 1)");
+  TROUPE_ENFORCE(t >= 1, settings_.name(), " update number ", t, " (they count from 1)");
   UpdateArgs a;
   a.w = weights;
   a.g = grads;
@@ -131,18 +144,18 @@ bool RuleOptimizer::finite() {
 }
 
 void check(const OptimizerSettings& s, std::int64_t size) {
-  const OptimizerInfo& info = optimizerInfo(s.name);
+  const OptimizerInfo& info = s.info();
   // Not below 0 (nor NaN); an infinite decay is left to the run, which stops at its first update.
   if (!(s.weight_decay >= 0.0f))
-    throw InputError(fmt::format("{} weight_decay = {:g} is not >= 0", s.name, s.weight_decay));
-  if (size < 0) throw InputError(fmt::format("{} over {} parameters", s.name, size));
+    throw InputError(fmt::format("{} weight_decay = {:g} is not >= 0", s.name(), s.weight_decay));
+  if (size < 0) throw InputError(fmt::format("{} over {} parameters", s.name(), size));
   for (const auto* ranges : {&s.no_decay, &s.layers}) {
     std::int64_t after = 0;
     for (const auto& [lo, hi] : *ranges) {
       if (!(after <= lo && lo < hi && hi <= size)) {
         throw InputError(
             fmt::format("{} {} range [{}, {}) is empty, out of order or outside the {} parameters",
-                        s.name, ranges == &s.layers ? "layer" : "no_decay", lo, hi, size));
+                        s.name(), ranges == &s.layers ? "layer" : "no_decay", lo, hi, size));
       }
       after = hi;
     }
@@ -152,7 +165,7 @@ void check(const OptimizerSettings& s, std::int64_t size) {
     if (setting.field == &OptimizerSettings::epsilon && value == 0.0f) value = info.epsilon;
     if (value >= setting.lo && (value < setting.hi || (setting.hi_closed && value == setting.hi)))
       continue;
-    throw InputError(fmt::format("{} {} = {:g} is outside [{:g}, {:g}{}", s.name, setting.key,
+    throw InputError(fmt::format("{} {} = {:g} is outside [{:g}, {:g}{}", s.name(), setting.key,
                                  value, setting.lo, setting.hi, setting.hi_closed ? "]" : ")"));
   }
   if (info.check) info.check(s);
@@ -162,20 +175,20 @@ std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,
                                          const OptimizerSettings& settings) {
   check(settings, size);
   OptimizerSettings s = settings;
-  if (s.epsilon == 0.0f) s.epsilon = optimizerInfo(s.name).epsilon;
-  return optimizerInfo(s.name).make(backend, size, s);
+  if (s.epsilon == 0.0f) s.epsilon = s.info().epsilon;
+  return s.info().make(backend, size, s);
 }
 
 std::string describe(const OptimizerSettings& s) {
-  const OptimizerInfo& info = optimizerInfo(s.name);
-  std::string out = s.name;
+  const OptimizerInfo& info = s.info();
+  std::string out = s.name();
   std::string parts;
   for (const OptimizerSetting& setting : info.settings) {
     float value = s.*(setting.field);
     if (setting.field == &OptimizerSettings::epsilon && value == 0.0f) value = info.epsilon;
     parts += fmt::format("{}{} {:g}", parts.empty() ? "" : ", ", setting.key, value);
   }
-  if (s.name == "sgd" && s.nesterov) parts += ", nesterov";
+  if (info.name == "sgd" && s.nesterov) parts += ", nesterov";
   if (!parts.empty()) out += " (" + parts + ")";
   return out + fmt::format(", weight decay {:g}", s.weight_decay);
 }

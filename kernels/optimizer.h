@@ -21,10 +21,13 @@
 namespace troupe::kernels {
 
 class Backend;
+struct OptimizerInfo;
 
 // Every optimizer's settings; each reads the ones its row names (OptimizerInfo::settings).
 struct OptimizerSettings {
-  std::string name = "sgd";
+  // The optimizer: its row of optimizers(), picked by name where names come in (a config key,
+  // MXNet's optimizer name, a message, a checkpoint: setOptimizerName); null is SGD, the first.
+  const OptimizerInfo* kind = nullptr;
   float weight_decay = 0.0f;
   float momentum = 0.9f;               // sgd, lars
   bool nesterov = false;               // sgd
@@ -44,6 +47,9 @@ struct OptimizerSettings {
   // These settings for elements [begin, end) of the ones they were made for: the ranges clipped
   // to it and made relative to begin (a parameter server's shard, a bucket).
   OptimizerSettings within(std::int64_t begin, std::int64_t end) const;
+  // The optimizer's row, and its name ("sgd", "adamw": what logs, messages and checkpoints say).
+  const OptimizerInfo& info() const;
+  const std::string& name() const;
 };
 
 // The ranges' parts within [begin, end), relative to begin.
@@ -108,9 +114,12 @@ const std::vector<OptimizerInfo>& optimizers();
 const OptimizerInfo& optimizerInfo(const std::string& name);
 // The names, comma separated (for messages).
 std::string optimizerNames();
-// Sets settings.name to `name`, or to sgd with nesterov for MXNet's nag; false, changing nothing,
-// for a name that is neither (optimizerInfo's error lists the known ones).
+// Sets settings.kind to the row named `name`, or to sgd with nesterov for MXNet's nag; false,
+// changing nothing, for a name that is neither (optimizerInfo's error lists the known ones).
 bool setOptimizerName(OptimizerSettings& settings, const std::string& name);
+// The settings of the optimizer named `name` (as setOptimizerName), the others at their defaults;
+// InputError listing the known names for an unknown one.
+OptimizerSettings optimizerNamed(const std::string& name);
 
 // SGD's settings (torch.optim.SGD's momentum, weight_decay, nesterov).
 OptimizerSettings sgdSettings(float momentum, float weight_decay = 0.0f, bool nesterov = false,
@@ -119,7 +128,7 @@ OptimizerSettings sgdSettings(float momentum, float weight_decay = 0.0f, bool ne
 // Checks `settings` for the optimizer it names (InputError naming the problem; an epsilon of 0 is
 // the optimizer's default), and the ranges against `size` elements.
 void check(const OptimizerSettings& settings, std::int64_t size);
-// The checked optimizer `settings.name` over `size` elements, its state zero (Adagrad's too).
+// The checked optimizer `settings.kind` over `size` elements, its state zero (Adagrad's too).
 std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,
                                          const OptimizerSettings& settings);
 // What a dry run and the log show: "adam (beta1 0.9, beta2 0.999, epsilon 1e-08), weight decay 0".

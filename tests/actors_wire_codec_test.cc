@@ -42,6 +42,10 @@ void fillDistinct(T& value, int i, std::string_view name) {
     value = true;
   } else if constexpr (std::is_enum_v<T>) {
     value = static_cast<T>(1);  // every enum on the wire has a value 1 that is not its default
+  } else if constexpr (wire::NamedRowPointer<T>) {
+    // The one table whose rows travel by name so far: a row other than the default (SGD).
+    value = &kernels::optimizers()[1 + static_cast<std::size_t>(i) %
+                                           (kernels::optimizers().size() - 1)];
   } else {
     value = static_cast<T>(100 + i);
   }
@@ -74,6 +78,8 @@ void expectOnTheWire(const transport::IncomingMessage& in, std::string_view memb
     EXPECT_EQ(std::memcmp(t.raw(), value.raw(), value.bytes()), 0) << name;
   } else if constexpr (std::is_same_v<T, std::string>) {
     EXPECT_EQ(std::string(v.as<capnp::Text>().cStr()), value) << name;
+  } else if constexpr (wire::NamedRowPointer<T>) {
+    EXPECT_EQ(std::string(v.as<capnp::Text>().cStr()), value->name) << name;
   } else if constexpr (std::is_enum_v<T>) {
     EXPECT_EQ(v.as<capnp::DynamicEnum>().getRaw(), static_cast<std::uint16_t>(value)) << name;
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -130,11 +136,16 @@ TEST(WireCodec, CompressedGradientsComeBackAsBytes) {
   EXPECT_EQ(static_cast<Typed<Push>&>(*p.message).value.data.dtype(), kernels::DType::kFloat32);
 }
 
-TEST(WireCodec, AnEmptyOptimizerNameIsSgd) {
+// An optimizer travels by its name and comes back as the same row of the table; the default
+// (none set) is SGD's.
+TEST(WireCodec, AnOptimizerTravelsByItsName) {
   KvConfigure c;
-  c.optimizer.name = "";
-  const Decoded d = roundTrip(c);
-  EXPECT_EQ(static_cast<Typed<KvConfigure>&>(*d.message).value.optimizer.name, "sgd");
+  Decoded d = roundTrip(c);
+  EXPECT_EQ(static_cast<Typed<KvConfigure>&>(*d.message).value.optimizer.name(), "sgd");
+  c.optimizer.kind = &kernels::optimizerInfo("lamb");
+  d = roundTrip(c);
+  EXPECT_EQ(static_cast<Typed<KvConfigure>&>(*d.message).value.optimizer.kind,
+            &kernels::optimizerInfo("lamb"));
 }
 
 // A frame built by hand, as a peer that does not run troupe's codec might send it.
@@ -169,6 +180,13 @@ TEST(WireCodec, AValueOutOfItsMembersRangeIsAnInputErrorNamingTheMessage) {
   const auto in = handMade([](auto f) { f.initAllreduceChunk().setSegment(4000000000u); });
   const std::string error = decodeError(in);
   EXPECT_NE(error.find("node 7 sent a malformed allreduceChunk"), std::string::npos) << error;
+}
+
+TEST(WireCodec, AnOptimizerNameTheTableLacksIsAnInputErrorNamingTheMessage) {
+  const auto in = handMade([](auto f) { f.initKvConfigure().setOptimizer("adamax"); });
+  const std::string error = decodeError(in);
+  EXPECT_NE(error.find("node 7 sent a malformed kvConfigure"), std::string::npos) << error;
+  EXPECT_NE(error.find("unknown name 'adamax'"), std::string::npos) << error;
 }
 
 TEST(WireCodec, ASubscriptionForAnotherNodeIsRefused) {

@@ -710,7 +710,7 @@ TEST_F(CudaOps, EveryOptimizerUpdatesAsTheCpus) {
   }
   for (const auto& row : optimizers()) {
     OptimizerSettings s;
-    s.name = row.name;
+    s.kind = &row;
     s.weight_decay = 1e-3f;
     s.layers = layers;
     s.no_decay = {layers[3]};

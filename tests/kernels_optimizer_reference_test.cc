@@ -132,7 +132,7 @@ TEST_P(OptimizerReference, HundredStepsStayWithinTheRoundingBoundOfTheReference)
 
 OptimizerSettings settings(const std::string& name, float weight_decay) {
   OptimizerSettings s;
-  s.name = name;
+  s.kind = &optimizerInfo(name);
   s.weight_decay = weight_decay;
   return s;
 }

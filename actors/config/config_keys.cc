@@ -330,7 +330,7 @@ std::vector<Key> buildTable() {
                    if (!kernels::setOptimizerName(s.options.optimizer, asString(v)))
                      throw Refusal("expected nag or one of " + kernels::optimizerNames());
                  },
-                 [](const Settings& s) { return s.options.optimizer.name; }}),
+                 [](const Settings& s) { return s.options.optimizer.name(); }}),
       // Expanded by assign() into the keys it names (optimizerParams).
       agreed(
           Key{"optimizer_params", Kind::kString, kNotNumeric,

@@ -304,6 +304,19 @@ inline constexpr auto wire::kForm<KvInit> = wire::form<KvInit>(
     wire::field("keyEnd", &KvInit::key_end), wire::field("value", &KvInit::value),
     wire::field("key", &KvInit::key), wire::field("first", &KvInit::first));
 
+// An optimizer travels by its name (kernels::optimizers()).
+template <>
+struct wire::NamedRow<kernels::OptimizerInfo> {
+  static std::string_view name(const kernels::OptimizerInfo* row) {
+    return row ? row->name : kernels::optimizers().front().name;
+  }
+  static const kernels::OptimizerInfo* find(std::string_view name) {
+    for (const auto& row : kernels::optimizers())
+      if (row.name == name) return &row;
+    return nullptr;
+  }
+};
+
 // Worker 0 -> server: the update rule for pushes from now on (set_optimizer,
 // set_gradient_compression); answered by KvAck.
 struct KvConfigure {
@@ -330,7 +343,7 @@ inline constexpr auto wire::kForm<KvConfigure> = wire::form<KvConfigure>(
     wire::field("compression", &KvConfigure::compression),
     wire::field("threshold", &KvConfigure::threshold),
     wire::nested(&KvConfigure::optimizer,
-                 wire::field("optimizer", &kernels::OptimizerSettings::name),
+                 wire::field("optimizer", &kernels::OptimizerSettings::kind),
                  wire::field("momentum", &kernels::OptimizerSettings::momentum),
                  wire::field("weightDecay", &kernels::OptimizerSettings::weight_decay),
                  wire::field("nesterov", &kernels::OptimizerSettings::nesterov),

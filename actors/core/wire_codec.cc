@@ -116,7 +116,7 @@ bool fits(capnp::Type type) {
   const Type::Which w = type.which();
   if constexpr (std::is_same_v<T, kernels::Tensor>) {
     return w == Type::STRUCT && type.asStruct() == capnp::Schema::from<schema::TensorData>();
-  } else if constexpr (std::is_same_v<T, std::string>) {
+  } else if constexpr (std::is_same_v<T, std::string> || wire::NamedRowPointer<T>) {
     return w == Type::TEXT;
   } else if constexpr (std::is_enum_v<T>) {
     return w == Type::ENUM;
@@ -315,6 +315,11 @@ void put(transport::OutgoingMessage& out, AnyStruct::Builder s, const Slot& slot
   } else if constexpr (std::is_same_v<T, std::string>) {
     s.getPointerSection()[slot.offset].setAs<capnp::Text>(
         capnp::Text::Reader(value.data(), value.size()));
+  } else if constexpr (wire::NamedRowPointer<T>) {
+    const std::string_view name =
+        wire::NamedRow<std::remove_cv_t<std::remove_pointer_t<T>>>::name(value);
+    s.getPointerSection()[slot.offset].setAs<capnp::Text>(
+        capnp::Text::Reader(name.data(), name.size()));
   } else {
     putScalar(s.getDataSection(), slot, value);
   }
@@ -334,6 +339,12 @@ void take(const transport::IncomingMessage& in, AnyStruct::Reader s, const Slot&
   } else if constexpr (std::is_same_v<T, std::string>) {
     const auto text = pointerOf(s, slot).getAs<capnp::Text>();
     if (text.size() > 0) into.assign(text.cStr(), text.size());
+  } else if constexpr (wire::NamedRowPointer<T>) {
+    const auto text = pointerOf(s, slot).getAs<capnp::Text>();
+    if (text.size() == 0) return;
+    const std::string_view name(text.cStr(), text.size());
+    into = wire::NamedRow<std::remove_cv_t<std::remove_pointer_t<T>>>::find(name);
+    if (!into) throw InputError(fmt::format("unknown name '{}'", name));
   } else {
     into = takeScalar<T>(s.getDataSection(), slot);
   }

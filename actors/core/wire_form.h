@@ -11,6 +11,9 @@
 //     is refused on decode);
 //   - an enum member fills an enum field by its value (an unknown value is refused on decode);
 //   - a std::string fills a Text field; an empty Text decodes as the member's default;
+//   - a pointer to a row of a table of named rows (NamedRow<Row> specialised) fills a Text field
+//     with the row's name; an unknown name is refused on decode, an empty one decodes as the
+//     member's default;
 //   - a Tensor fills a TensorData field. Where the schema struct has a bool field `compressed`,
 //     it says whether the tensor is bytes of the run's gradient compression (uint8) or float32;
 //   - a message with an Event `ready` is encoded once the event is done (the transport reads its
@@ -25,8 +28,20 @@
 #include <cstdint>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 namespace troupe::actors::wire {
+
+// For a member `const Row*` that points into a table of named rows (an optimizer's row), a
+// specialisation gives `static std::string_view name(const Row*)` (a null member's: the default
+// row's name) and `static const Row* find(std::string_view)` (null for a name the table lacks).
+template <typename Row>
+struct NamedRow;
+
+template <typename T>
+concept NamedRowPointer = std::is_pointer_v<T> && requires(std::string_view name) {
+  NamedRow<std::remove_cv_t<std::remove_pointer_t<T>>>::find(name);
+};
 
 // Member `member` of M fills the schema field `name`.
 template <typename M, typename T>

@@ -155,8 +155,10 @@ Result<kernels::OptimizerSettings> optimizerOf(const OptimizerSpec& o) {
   }
   kernels::OptimizerSettings s;
   s.nesterov = o.nesterov;
-  // An unknown name stays, for check()'s error to name it with the known ones.
-  if (!kernels::setOptimizerName(s, o.name)) s.name = o.name;
+  if (!kernels::setOptimizerName(s, o.name)) {
+    return inputError(fmt::format("optimizer: unknown optimizer '{}' (known: {})", o.name,
+                                  kernels::optimizerNames()));
+  }
   s.momentum = o.momentum;
   s.weight_decay = o.weight_decay;
   s.beta1 = o.beta1;
@@ -309,7 +311,7 @@ Status loadKeyStates(const std::string& path, kernels::Backend& backend,
       return bad(fmt::format("its key {} of {} values is not this store's key {} of {}", key, size,
                              keys[i].key, keys[i].size));
     }
-    const std::size_t rows = kernels::optimizerInfo(updater.name()).states.size();
+    const std::size_t rows = updater.settings().info().states.size();
     if (s.rows != 0 && s.rows != rows) {
       return bad(fmt::format("its key {} has {} state rows, and {} has {}", key, s.rows,
                              updater.name(), rows));

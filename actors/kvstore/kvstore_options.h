@@ -32,7 +32,8 @@ struct KeyUpdates {
 class StoreUpdater {
  public:
   bool active() const { return active_; }
-  const std::string& name() const { return settings_.name; }
+  const std::string& name() const { return settings_.name(); }
+  const kernels::OptimizerSettings& settings() const { return settings_; }
   // The optimizer of a key of `size` values (active() only), with no state yet.
   std::unique_ptr<kernels::Optimizer> make(kernels::Backend& backend, std::int64_t size) const;
   // The rule from now on; kInput as optimizerOf, and the rule unchanged. The store starts each

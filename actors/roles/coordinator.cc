@@ -497,9 +497,9 @@ class Coordinator final : public Actor {
     }
     ck.weights = epoch_end_->weights;
     ck.state = epoch_end_->state;
-    ck.meta["optimizer"] = options_.optimizer.name;
+    ck.meta["optimizer"] = options_.optimizer.name();
     ck.meta["optimizer_state"] =
-        fmt::format("{}", fmt::join(kernels::optimizerInfo(options_.optimizer.name).states, ","));
+        fmt::format("{}", fmt::join(options_.optimizer.info().states, ","));
     ck.buffers = buffers_;
     progress_line_.clear();
     const std::string path = config_.checkpoint_dir + "/" + name;

@@ -720,12 +720,12 @@ void checkResumable(const Resumed& resumed, std::int64_t num_params, const StepP
                     const kernels::OptimizerSettings& optimizer) {
   const auto& ck = resumed.checkpoint;
   const std::string& path = resumed.path;
-  const auto& states = kernels::optimizerInfo(optimizer.name).states;
-  if (ck.optimizer() != optimizer.name || ck.stateNames() != states) {
+  const auto& states = optimizer.info().states;
+  if (ck.optimizer() != optimizer.name() || ck.stateNames() != states) {
     throw InputError(fmt::format(
         "checkpoint '{}' holds the state of optimizer {} ({}); this run's optimizer is {} ({}): "
         "resume with optimizer {}, or start afresh in another checkpoint_dir",
-        path, ck.optimizer(), fmt::join(ck.stateNames(), ", "), optimizer.name,
+        path, ck.optimizer(), fmt::join(ck.stateNames(), ", "), optimizer.name(),
         fmt::join(states, ", "), ck.optimizer()));
   }
   if (ck.weights.numel() != num_params) {

@@ -134,7 +134,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   const int workers = o.num_shards;
   const auto shard =
       shardKeys(num_params, o.num_servers,
-                kernels::optimizerInfo(optimizer.name).layerwise
+                optimizer.info().layerwise
                     ? optimizer.layers
                     : std::vector<kernels::ParamRange>{})[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;

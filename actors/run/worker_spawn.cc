@@ -120,10 +120,9 @@ PsClientConfig WorkerSpawn::psClient() const {
   c.compression = compressionOf(o);
   c.initial_weights = p.weights;
   c.servers = a.servers;
-  c.shards = shardKeys(p.num_params, o.num_servers,
-                       kernels::optimizerInfo(p.optimizer.name).layerwise
-                           ? p.optimizer.layers
-                           : std::vector<kernels::ParamRange>{});
+  c.shards = shardKeys(
+      p.num_params, o.num_servers,
+      p.optimizer.info().layerwise ? p.optimizer.layers : std::vector<kernels::ParamRange>{});
   c.plan = p.plan;
   c.replicas = a.local_replicas;
   c.coordinator = a.chief;
