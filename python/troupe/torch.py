@@ -245,16 +245,26 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def _in_background(self, sum_, tensors):
         """A Work for `sum_()` run on the sums' thread (in call order), done with `tensors`."""
         self._drain(just_errors=True)
-        future = torch.futures.Future()
+        # The sum's outcome goes into `outcome`, and `done` holds the tensors or the error: an
+        # error raised in a callback is one C++ sees (DDP's wait raises it). Future.set_exception
+        # would hand C++ a Python object for the tensors, and DDP crashes on it.
+        outcome = torch.futures.Future()
+
+        def settle(f):
+            if isinstance(f.value(), Exception):
+                raise f.value()
+            return tensors
+
+        done = outcome.then(settle)
 
         def run():
             try:
                 sum_()
-            except Exception as e:  # noqa: BLE001  (DDP's wait sees it; so does the next call)
+            except Exception as e:  # noqa: BLE001  (DDP's wait raises it; so does the next call)
                 self._failed = e
-                future.set_exception(e)
+                outcome.set_result(e)
                 return
-            future.set_result(tensors)  # runs the callbacks, on this thread
+            outcome.set_result(None)  # runs the callbacks, on this thread
 
         # A DDP hook's callback runs on the sums' thread when its sum is done; its own collectives
         # (PowerSGD's, which it waits for) run there at once, before the sums queued after it.
@@ -262,7 +272,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             run()
         else:
             self._pending = self._sums.submit(run)
-        return _c10d._create_work_from_future(future)
+        return _c10d._create_work_from_future(done)
 
     def _inside_a_sum(self):
         """Whether this call comes from the sums' thread (a callback of a sum that is done)."""

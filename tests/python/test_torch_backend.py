@@ -95,3 +95,32 @@ def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert procs[0].returncode != 0, outs[0]
     assert "recv timed out after 4 s waiting for rank 1 (tag 5)" in outs[0], outs[0]
+
+
+def test_a_rank_that_dies_mid_ddp_ends_the_others_backward_naming_it():
+    # Rank 1 exits before its fourth backward; rank 0's bucket sum (on the backend's own thread)
+    # fails on the lost link, and DDP's backward raises that error: exit 1, neither a hang nor a
+    # crash (a Work whose future holds a Python exception object made DDP crash: a signal).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    program = ("import datetime, os, torch, torch.distributed as dist, troupe.torch\n"
+               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=10))\n"
+               "torch.manual_seed(0)\n"
+               "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(50, 10))\n"
+               "for step in range(10):\n"
+               "    if dist.get_rank() == 1 and step == 3:\n"
+               "        os._exit(3)\n"
+               "    model(torch.randn(8, 50)).sum().backward()\n"
+               "    print('step', step, 'done', flush=True)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
+             for rank in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 3, outs[1]
+    assert procs[0].returncode == 1, outs[0]
+    assert "step 2 done" in outs[0] and "step 3 done" not in outs[0], outs[0]
+    assert "lost the link to worker 1" in outs[0], outs[0]
