@@ -128,7 +128,7 @@ std::string listText(const std::vector<double>& list) {
         [](const Settings& s) { return s.member; }                   \
   }
 
-// A string key that takes one of its choices (a Refusal names them otherwise).
+// One of the choices, or a Refusal naming them.
 std::string oneOf(const std::string& value, const std::vector<std::string>& choices) {
   if (std::find(choices.begin(), choices.end(), value) != choices.end()) return value;
   std::string list;
@@ -136,16 +136,6 @@ std::string oneOf(const std::string& value, const std::vector<std::string>& choi
     list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
   throw Refusal("expected " + list);
 }
-#define TROUPE_CHOICE_KEY(key, field, help, ...) \
-  TROUPE_CHOICE_KEY_AT(key, options.field, help, __VA_ARGS__)
-#define TROUPE_CHOICE_KEY_AT(key, member, help, ...)                            \
-  Key {                                                                         \
-    key, Kind::kString, kNotNumeric, help,                                      \
-        [](Settings& s, const Value& v) {                                       \
-          s.member = oneOf(asString(v), std::vector<std::string>{__VA_ARGS__}); \
-        },                                                                      \
-        [](const Settings& s) { return s.member; }                              \
-  }
 
 // A key that takes one of `table`'s names (trainer.h's Named tables), each standing for a value
 // of the field.
@@ -163,6 +153,15 @@ E named(const Named<E> (&table)[N], const std::string& text) {
     key, Kind::kString, kNotNumeric, help,                                                \
         [](Settings& s, const Value& v) { s.options.field = named(table, asString(v)); }, \
         [](const Settings& s) { return std::string(nameIn(table, s.options.field)); }     \
+  }
+
+// A key that takes one of `table`'s names and keeps it as text (the schedule's keys, which
+// makeSchedule reads once every source is in).
+#define TROUPE_TABLE_NAME_KEY_AT(key, member, table, help)                                        \
+  Key {                                                                                           \
+    key, Kind::kString, kNotNumeric, help,                                                        \
+        [](Settings& s, const Value& v) { s.member = nameIn(table, named(table, asString(v))); }, \
+        [](const Settings& s) { return s.member; }                                                \
   }
 
 // A list of two numbers, low then high, into two fields.
@@ -544,17 +543,14 @@ std::vector<Key> buildTable() {
       TROUPE_NAMED_KEY("role", role, kRoles, "worker or server (set by troupe launch)"),
       agreed(TROUPE_INT_KEY_AT("staleness", schedule_keys.staleness, closed(0, kMillion),
                                "ssp: steps a worker may run ahead of the slowest")),
-      agreed(
-          TROUPE_CHOICE_KEY_AT("allreduce", schedule_keys.allreduce,
-                               "bsp-allreduce across processes: auto, ring or hierarchical (inside "
-                               "each host, then across hosts)",
-                               "auto", "ring", "hierarchical")),
-      agreed(TROUPE_CHOICE_KEY_AT(
-          "reducer", schedule_keys.reducer,
+      agreed(TROUPE_TABLE_NAME_KEY_AT("allreduce", schedule_keys.allreduce, kAllreduces,
+                                      "bsp-allreduce across processes: auto, ring or hierarchical "
+                                      "(inside each host, then across hosts)")),
+      agreed(TROUPE_TABLE_NAME_KEY_AT(
+          "reducer", schedule_keys.reducer, kReducers,
           "what sums gradients of GPU replicas: troupe (its own sums and ring) or "
           "nccl (NCCL over every GPU of the run; with allreduce ring or "
-          "hierarchical, over each process's GPUs, troupe's allreduce across)",
-          "troupe", "nccl")),
+          "hierarchical, over each process's GPUs, troupe's allreduce across)")),
       // More connections than a host has cores only add context switches; 16 is NCCL's cap.
       TROUPE_INT_KEY("connections_per_peer", connections_per_peer, closed(1, 16),
                      "TCP connections to each process on another host (ring chunks spread over "
