@@ -16,6 +16,28 @@ CHECKS = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter bar
           "ok ddp relative difference"]
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_ranks(args, world=2):
+    """Runs `python ARGS` as every rank of `world`, placed by torchrun's variables alone
+    (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; no TROUPE_* variable, so rank 0 serves
+    troupe's rendezvous and tells the others through torch's store): exit codes and outputs."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
+    procs = [subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                       RANK=str(rank), WORLD_SIZE=str(world),
+                                       LOCAL_RANK=str(rank)))
+             for rank in range(world)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    return [p.returncode for p in procs], outs
+
+
 def test_three_ranks_started_by_troupe_launch():
     r = subprocess.run([os.environ.get("TROUPE", "troupe"), "launch", "-n", "3", "--",
                         sys.executable, WORKER],
@@ -27,29 +49,16 @@ def test_three_ranks_started_by_troupe_launch():
 
 
 def test_two_ranks_placed_by_torchruns_variables():
-    # What torchrun gives each rank (its launcher itself fails under Debian's Python 3.11):
-    # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; no TROUPE_* variable, so rank 0
-    # serves troupe's rendezvous and tells the other through torch's store.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
-    procs = [subprocess.Popen([sys.executable, WORKER], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
-             for rank in range(2)]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out
+    # What torchrun gives each rank (its launcher itself fails under Debian's Python 3.11).
+    codes, outs = torchrun_ranks([WORKER])
+    for code, out in zip(codes, outs):
+        assert code == 0, out
         for check in CHECKS:
             assert check in out, (check, out)
 
 
 def test_a_rank_that_never_comes_ends_the_wait_naming_it():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
     # Rank 1 joins torch's store (torch 2 waits there for every rank before it calls a backend)
     # and goes no further: rank 0 then waits for it in troupe's rendezvous.
@@ -76,10 +85,6 @@ def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
     # Both ranks meet (a 4 s timeout, which init_process_group gives the group's waits); rank 1
     # then sends nothing (staying a little longer than the timeout), and rank 0's recv ends at
     # the timeout naming it.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
     program = ("import datetime, time, torch, torch.distributed as dist, troupe.torch\n"
                "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=4))\n"
                "dist.barrier()\n"
@@ -87,13 +92,8 @@ def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
                "    dist.recv(torch.zeros(4), src=1, tag=5)\n"
                "else:\n"
                "    time.sleep(6)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
-             for rank in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert procs[0].returncode != 0, outs[0]
+    codes, outs = torchrun_ranks(["-c", program])
+    assert codes[0] != 0, outs[0]
     assert "recv timed out after 4 s waiting for rank 1 (tag 5)" in outs[0], outs[0]
 
 
@@ -101,10 +101,6 @@ def test_a_rank_that_dies_mid_ddp_ends_the_others_backward_naming_it():
     # Rank 1 exits before its fourth backward; rank 0's bucket sum (on the backend's own thread)
     # fails on the lost link, and DDP's backward raises that error: exit 1, neither a hang nor a
     # crash (a Work whose future holds a Python exception object made DDP crash: a signal).
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TROUPE_")}
     program = ("import datetime, os, torch, torch.distributed as dist, troupe.torch\n"
                "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=10))\n"
                "torch.manual_seed(0)\n"
@@ -114,13 +110,8 @@ def test_a_rank_that_dies_mid_ddp_ends_the_others_backward_naming_it():
                "        os._exit(3)\n"
                "    model(torch.randn(8, 50)).sum().backward()\n"
                "    print('step', step, 'done', flush=True)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                                       RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank)))
-             for rank in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    assert procs[1].returncode == 3, outs[1]
-    assert procs[0].returncode == 1, outs[0]
+    codes, outs = torchrun_ranks(["-c", program])
+    assert codes[1] == 3, outs[1]
+    assert codes[0] == 1, outs[0]
     assert "step 2 done" in outs[0] and "step 3 done" not in outs[0], outs[0]
     assert "lost the link to worker 1" in outs[0], outs[0]
