@@ -11,7 +11,6 @@
 #include "apps/commands.h"
 #include "data/convert.h"
 #include "data/db.h"
-#include "data/token_shards.h"
 
 namespace troupe::apps {
 namespace {

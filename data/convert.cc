@@ -1,11 +1,12 @@
 #include "data/convert.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -17,6 +18,7 @@
 #include "data/files.h"
 #include "data/image.h"
 #include "data/image_transform.h"
+#include "data/token_shards.h"
 #include "troupe/error.h"
 
 namespace troupe::data {
@@ -502,6 +504,52 @@ ImagesetStats convertImageset(const std::string& list_file, const std::string& r
                                     " were bad, the first: ", stats.first_skipped.front()));
   }
   db->publish();
+  return stats;
+}
+
+TextConvertStats convertText(const TextConvertOptions& o) {
+  if (!std::isfinite(o.val_fraction) || o.val_fraction < 0 || o.val_fraction >= 1) {
+    throw InputError(fmt::format("--val_fraction {}: expected a number in [0, 1)", o.val_fraction));
+  }
+  if (o.shard_tokens < 1) {
+    throw InputError(fmt::format("--shard_size {}: expected at least 1 token", o.shard_tokens));
+  }
+  if (o.files.empty()) throw InputError("convert text: no text files given");
+  std::string text;
+  for (const auto& file : o.files) {
+    checkRegularFile(file, "text file");  // a FIFO or a folder refused, not read
+    text += readMaybeGzipped(file);
+  }
+  if (text.empty()) {
+    throw InputError(fmt::format("convert text: the {} file(s) hold no text", o.files.size()));
+  }
+  std::error_code ec;
+  if (fs::exists(o.out, ec)) {
+    for (const auto& entry : fs::directory_iterator(o.out, ec)) {
+      if (entry.path().extension() == ".bin") {
+        throw InputError(fmt::format("convert text: '{}' holds token shards already ({})", o.out,
+                                     entry.path().filename().string()));
+      }
+    }
+  }
+  fs::create_directories(o.out, ec);
+  if (ec) throw IoError(fmt::format("cannot create '{}': {}", o.out, ec.message()));
+
+  // A byte is a token: each shard's tokens are made from its part of the text as it is written,
+  // so that memory holds the text and one shard, not every token.
+  const auto total = static_cast<std::int64_t>(text.size());
+  TextConvertStats stats;
+  stats.val_tokens = static_cast<std::int64_t>(std::floor(o.val_fraction * total));
+  stats.train_tokens = total - stats.val_tokens;
+  const auto write = [&](const std::string& split, int index, std::int64_t begin, std::int64_t n) {
+    const auto path = fs::path(o.out) / fmt::format("{}_{}_{:06d}.bin", o.name, split, index);
+    writeTokenShard(path.string(),
+                    byteTokens(std::string_view(text).substr(static_cast<std::size_t>(begin),
+                                                             static_cast<std::size_t>(n))));
+  };
+  write("val", 0, 0, stats.val_tokens);
+  for (std::int64_t begin = stats.val_tokens; begin < total; begin += o.shard_tokens)
+    write("train", ++stats.train_shards, begin, std::min(o.shard_tokens, total - begin));
   return stats;
 }
 

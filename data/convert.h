@@ -90,4 +90,26 @@ struct ImagesetStats {
 ImagesetStats convertImageset(const std::string& list_file, const std::string& root,
                               const std::string& out_db, const ImagesetOptions& options);
 
+struct TextConvertOptions {
+  std::vector<std::string> files;  // text files (or gzipped), read as bytes, in this order
+  std::string out;                 // folder for the shards (made; refused if it holds shards)
+  std::string name = "text";       // the shards' names: NAME_val_000000.bin, NAME_train_000001.bin
+  double val_fraction = 0.1;       // of the tokens, from the start (llm.c's val comes first)
+  std::int64_t shard_tokens = 100'000'000;  // a train shard's most tokens (llm.c's fineweb: 1e8)
+};
+
+struct TextConvertStats {
+  std::int64_t train_tokens = 0;
+  std::int64_t val_tokens = 0;
+  int train_shards = 0;
+};
+
+// Text as token shards (data/token_shards.h), as `troupe convert text` makes them. Tokenizes the
+// files (bytes; a gzipped file, such as a dictzip .dz, decompressed) and writes
+// OUT/NAME_val_000000.bin with the first val_fraction of the tokens and the rest as
+// OUT/NAME_train_000001.bin, ... of at most shard_tokens each. InputError naming the culprit for a
+// missing file, no text, a val_fraction outside [0, 1) or not finite, a shard_tokens below 1, or an
+// OUT that already holds shards; IoError naming the file that cannot be written.
+TextConvertStats convertText(const TextConvertOptions& options);
+
 }  // namespace troupe::data

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -132,51 +131,6 @@ std::vector<std::string> tokenShardsIn(const std::string& dir, const std::string
   }
   std::sort(shards.begin(), shards.end());
   return shards;
-}
-
-TextConvertStats convertText(const TextConvertOptions& o) {
-  if (!std::isfinite(o.val_fraction) || o.val_fraction < 0 || o.val_fraction >= 1) {
-    throw InputError(fmt::format("--val_fraction {}: expected a number in [0, 1)", o.val_fraction));
-  }
-  if (o.shard_tokens < 1) {
-    throw InputError(fmt::format("--shard_size {}: expected at least 1 token", o.shard_tokens));
-  }
-  if (o.files.empty()) throw InputError("convert text: no text files given");
-  std::string text;
-  for (const auto& file : o.files)
-    text += readRegularFile(file, "text file");
-  if (text.empty()) {
-    throw InputError(fmt::format("convert text: the {} file(s) hold no text", o.files.size()));
-  }
-  std::error_code ec;
-  if (fs::exists(o.out, ec)) {
-    for (const auto& entry : fs::directory_iterator(o.out, ec)) {
-      if (entry.path().extension() == ".bin") {
-        throw InputError(fmt::format("convert text: '{}' holds token shards already ({})", o.out,
-                                     entry.path().filename().string()));
-      }
-    }
-  }
-  fs::create_directories(o.out, ec);
-  if (ec) throw IoError(fmt::format("cannot create '{}': {}", o.out, ec.message()));
-
-  const std::vector<std::uint32_t> tokens = byteTokens(text);
-  const auto total = static_cast<std::int64_t>(tokens.size());
-  TextConvertStats stats;
-  stats.val_tokens = static_cast<std::int64_t>(std::floor(o.val_fraction * total));
-  stats.train_tokens = total - stats.val_tokens;
-  const auto shard = [&](const std::string& split, int index) {
-    return (fs::path(o.out) / fmt::format("{}_{}_{:06d}.bin", o.name, split, index)).string();
-  };
-  const std::span<const std::uint32_t> all(tokens);
-  writeTokenShard(shard("val", 0), all.first(static_cast<std::size_t>(stats.val_tokens)));
-  for (std::int64_t begin = stats.val_tokens; begin < total; begin += o.shard_tokens) {
-    const std::int64_t n = std::min(o.shard_tokens, total - begin);
-    ++stats.train_shards;
-    writeTokenShard(shard("train", stats.train_shards),
-                    all.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)));
-  }
-  return stats;
 }
 
 }  // namespace troupe::data

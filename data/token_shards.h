@@ -2,7 +2,7 @@
 // data llm.c's scripts prepared trains as it is: a header of 256 little-endian int32 (the magic,
 // the version, the token count; the rest 0), then the tokens. GPT-2's shards: magic 20240520,
 // version 1, uint16 tokens; Llama 3's: magic 20240801, version 7, uint32 tokens.
-// `troupe convert text` writes them from text files (byte-level tokens: vocabulary 256).
+// `troupe convert text` writes them from text files (data/convert.h: byte-level tokens).
 #pragma once
 
 #include <cstdint>
@@ -40,26 +40,5 @@ std::vector<std::uint32_t> byteTokens(std::string_view text);
 // "_<split>" (llm.c's names: tiny_shakespeare_val.bin, fineweb_train_000001.bin), sorted by name.
 // InputError naming the folder when there are none.
 std::vector<std::string> tokenShardsIn(const std::string& dir, const std::string& split);
-
-struct TextConvertOptions {
-  std::vector<std::string> files;  // text files, read as bytes, in this order
-  std::string out;                 // folder for the shards (made; refused if it holds shards)
-  std::string name = "text";       // the shards' names: NAME_val_000000.bin, NAME_train_000001.bin
-  double val_fraction = 0.1;       // of the tokens, from the start (llm.c's val comes first)
-  std::int64_t shard_tokens = 100'000'000;  // a train shard's most tokens (llm.c's fineweb: 1e8)
-};
-
-struct TextConvertStats {
-  std::int64_t train_tokens = 0;
-  std::int64_t val_tokens = 0;
-  int train_shards = 0;
-};
-
-// Tokenizes the files (bytes) and writes OUT/NAME_val_000000.bin with the first val_fraction of
-// the tokens and the rest as OUT/NAME_train_000001.bin, ... of at most shard_tokens each.
-// InputError naming the culprit for a missing file, no text, a val_fraction outside [0, 1) or
-// not finite, a shard_tokens below 1, or an OUT that already holds shards; IoError naming the file
-// that cannot be written.
-TextConvertStats convertText(const TextConvertOptions& options);
 
 }  // namespace troupe::data

@@ -16,9 +16,11 @@ packages=(
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev libcairo2-dev fonts-dejavu-core
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist dict-gcide
   python3-torch python3-numpy python3-dev pybind11-dev python3-pytest
 )
+# dict-gcide: the English corpus of the text tests and benchmarks (the Collaborative
+# International Dictionary of English, Webster's 1913 with its quotations: 40 MB of text).
 # python3-dev, pybind11-dev: the Python package (python/); python3-pytest runs its tests.
 # python3-torch (Debian's 1.13, for /usr/bin/python3) is the suite's reference for the optimizers
 # (tests/optimizer_reference.py: torch.optim in float64); benchmarks use PyPI's torch in a venv.

@@ -1,6 +1,7 @@
 // Token shards in llm.c's .bin format (data/token_shards.h) and `troupe convert text`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/convert.h"
 #include "data/token_shards.h"
 #include "data_test_util.h"
 #include "troupe/error.h"
@@ -149,6 +151,37 @@ TEST(ConvertText, BadInputIsOneErrorNamingTheCulpritAndNothingIsOverwritten) {
   EXPECT_FALSE(fs::exists(dir / "o4"));
   EXPECT_THAT(errorOf([&] { tokenShardsIn(dir / "out", "test"); }),
               AllOf(HasSubstr("no test shard"), HasSubstr(dir / "out")));
+}
+
+// The English corpus of the text tests and benchmarks: Debian's dict-gcide (scripts/setup.sh
+// installs it), the Collaborative International Dictionary of English, whose dictzip file is
+// gzip: converted as it is, every decompressed byte a token, in order.
+TEST(ConvertText, TheEnglishCorpusConvertsFromItsDictzipFile) {
+  const std::string corpus = "/usr/share/dictd/gcide.dict.dz";
+  std::string text;
+  gzFile file = gzopen(corpus.c_str(), "rb");
+  ASSERT_NE(file, nullptr) << corpus << " (scripts/setup.sh installs dict-gcide)";
+  char buffer[1 << 16];
+  for (int n; (n = gzread(file, buffer, sizeof buffer)) > 0;)
+    text.append(buffer, static_cast<std::size_t>(n));
+  gzclose(file);
+  ASSERT_GE(text.size(), 5'000'000u);  // the "at least 5 MB"
+  TempDir dir;
+  const auto r = testing::runTroupe("convert text " + corpus + " --out " + (dir / "gcide") +
+                                    " --name gcide --val_fraction 0.01 --shard_size 16000000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> shards = tokenShardsIn(dir / "gcide", "val");
+  const auto train = tokenShardsIn(dir / "gcide", "train");
+  EXPECT_EQ(train.size(), (text.size() - text.size() / 100 + 15'999'999) / 16'000'000);
+  shards.insert(shards.end(), train.begin(), train.end());
+  std::size_t at = 0;
+  for (const auto& path : shards) {
+    const auto tokens = readTokenShard(path).tokens;
+    ASSERT_LE(at + tokens.size(), text.size()) << path;
+    EXPECT_EQ(tokens, byteTokens(std::string_view(text).substr(at, tokens.size()))) << path;
+    at += tokens.size();
+  }
+  EXPECT_EQ(at, text.size());
 }
 
 }  // namespace
