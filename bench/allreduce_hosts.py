@@ -220,6 +220,31 @@ def take_down(hosts):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+class Measuring:
+    """`with Measuring(hosts) as run:` around a benchmark's work on the hosts: Ctrl-C and a
+    ToolError end the block with one line and set run.code (130, 1); the hosts come down however
+    the block ends."""
+
+    def __init__(self, hosts):
+        self.hosts, self.code = hosts, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        try:
+            if kind is KeyboardInterrupt:
+                print("# interrupted", file=sys.stderr)
+                self.code = 130
+            elif kind is not None and issubclass(kind, ToolError):
+                print(f"# {error}", file=sys.stderr)
+                self.code = 1
+        finally:
+            if self.hosts is not None:
+                take_down(self.hosts)
+        return self.code is not None
+
+
 class Hosts:
     def __init__(self, prefix, subnet):
         self.prefix, self.subnet = prefix, subnet
@@ -538,7 +563,7 @@ def main():
     cpu = {}  # (rate, tool) -> [the machine's busy fraction]
     cpu0 = {}  # (rate, tool) -> [host 0's process's CPU seconds per second]
     failures = 0
-    try:
+    with Measuring(hosts) as run:
         print(hosts.up(), file=sys.stderr, flush=True)
         mpi_binary = build_mpi(hosts.shared) if "mpi" in tools else None
         bench = Bench(a, hosts, a.troupe, mpi_binary)
@@ -570,14 +595,8 @@ def main():
                         rows.items()) + f"  GB/s; CPUs {100 * busy[0]:.0f}% busy, host 0's "
                         f"process {100 * busy[1]:.0f}% of a core",
                         file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print("# interrupted", file=sys.stderr)
-        return 130
-    except ToolError as e:
-        print(f"# {e}", file=sys.stderr)
-        return 1
-    finally:
-        take_down(hosts)
+    if run.code is not None:
+        return run.code
 
     def get(rate, tool, mb, k=0):
         return [v[k] for v in results.get((rate, tool, mb), [])]
@@ -592,8 +611,8 @@ def main():
           f"iterations, [min-max] over rounds; ratios of the medians; line = troupe's busbw / the "
           f"line rate's (rate/8; busbw = bytes each rank sends one way at n = 2)")
     w = 21
-    print(f"# tcp: not an allreduce but its bytes moved without reducing, each rank sending and "
-          f"receiving S at once over one plain connection (tcp_worker); t/tcp = troupe / that")
+    print("# tcp: not an allreduce but its bytes moved without reducing, each rank sending and "
+          "receiving S at once over one plain connection (tcp_worker); t/tcp = troupe / that")
     print(f"{'rate':>7} {'MB':>5} {'troupe':>{w}} {'gloo':>{w}} {'mpi':>{w}} {'tcp':>{w}} "
           f"{'t/gloo':>7} {'t/mpi':>6} {'t/tcp':>6} {'t/line':>7}")
     for rate in rates:

@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
-                             tail, take_down, wait_all)
+                             tail, Measuring, wait_all)
 import allreduce_hosts  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,11 +103,10 @@ def main():
         sys.exit("--hosts must run as root (hosts.sh makes network namespaces)")
     interrupt_on_termination()
     results, failed = {}, {}
-    hosts = None
-    try:
-        if a.hosts:
-            allreduce_hosts.WORLD = a.hosts
-            hosts = Hosts(a.prefix, a.subnet)
+    allreduce_hosts.WORLD = a.hosts or allreduce_hosts.WORLD
+    hosts = Hosts(a.prefix, a.subnet) if a.hosts else None
+    with Measuring(hosts) as run:
+        if hosts:
             print(hosts.up(), file=sys.stderr, flush=True)
             for i in range(a.hosts):
                 print(f"# {hosts.shape(i, a.rate)}", file=sys.stderr, flush=True)
@@ -130,15 +129,8 @@ def main():
                 print(f"# round {r + 1}: {backend} {hook}: {ms:.1f} ms a step, held-out loss "
                       f"{loss:.3f} ({time.monotonic() - start:.0f} s)", file=sys.stderr,
                       flush=True)
-    except KeyboardInterrupt:
-        print("# interrupted", file=sys.stderr)
-        return 130
-    except ToolError as e:
-        print(f"# {e}", file=sys.stderr)
-        return 1
-    finally:
-        if hosts:
-            take_down(hosts)
+    if run.code is not None:
+        return run.code
 
     where = (f"{a.hosts} namespace hosts x 1 rank, egress {a.rate} (tc tbf)" if a.hosts
              else f"{a.procs} ranks on this host (troupe launch)")

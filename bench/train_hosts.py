@@ -36,7 +36,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
-                             tail, take_down, wait_all)
+                             tail, Measuring, wait_all)
 
 from train_bench import ROOT, add_troupe_and_data_flags, ensure_data  # noqa: E402
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -209,7 +209,7 @@ def main():
     results = {}  # (model, config) -> [(inputs/s, test accuracy)]
     failures = 0
     params = {}
-    try:
+    with Measuring(hosts) as run:
         print(hosts.up(), file=sys.stderr, flush=True)
         for i in range(WORLD):
             print(f"# {hosts.shape(i, a.rate)}", file=sys.stderr, flush=True)
@@ -233,14 +233,8 @@ def main():
                     print(f"# round {r + 1}: {model} {config}: {rate:.0f} inputs/s, test accuracy "
                           f"{acc:.4f}; epoch seconds {' '.join(f'{t:.2f}' for t in times)}; "
                           f"load average {load}", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print("# interrupted", file=sys.stderr)
-        return 130
-    except ToolError as e:
-        print(f"# {e}", file=sys.stderr)
-        return 1
-    finally:
-        take_down(hosts)
+    if run.code is not None:
+        return run.code
 
     print(f"# 2 hosts x 1 process x 1 thread, link {a.rate} each way (tc tbf), batch {a.batch} "
           f"per process (global {a.batch * WORLD}), SGD lr 0.01 momentum 0.9 wd 5e-4, "
