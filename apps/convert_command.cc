@@ -118,7 +118,8 @@ void addText(CLI::App& convert) {
       "text",
       "Text files -> token shards in llm.c's .bin format, byte-level tokens (vocabulary 256): "
       "OUT/NAME_val_000000.bin, then OUT/NAME_train_000001.bin ...");
-  cmd->add_option("FILES", o->files, "Text files, read as bytes in this order")->required();
+  cmd->add_option("FILES", o->files, "Text files (gzipped too), read as bytes in this order")
+      ->required();
   cmd->add_option("--out", o->out, "Output folder")->required();
   cmd->add_option("--name", o->name, "The shards' names")->capture_default_str();
   cmd->add_option("--val_fraction", o->val_fraction,
