@@ -42,6 +42,7 @@ import concurrent.futures
 import inspect
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -155,6 +156,17 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 def _host(t):
     """t's values as a flat float32 CPU tensor (t itself where it already is one)."""
     return t.detach().to("cpu", torch.float32).reshape(-1)
+
+
+def _from_the_python_api():
+    """Whether the collective was called by torch.distributed's Python functions (dist.all_reduce
+    and the like), not by DDP's reducer: their Work is waited for through wait(), which swallows
+    the error of a Work made from a future (torch 1.13 and 2.15), so they get their sum at once."""
+    try:
+        caller = sys._getframe(2)  # the collective method's caller
+    except ValueError:  # none in Python: DDP's reducer on the autograd engine's thread
+        return False
+    return caller.f_code.co_filename.endswith("distributed_c10d.py")
 
 
 def _done(result=None):
@@ -349,7 +361,9 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._sum_only("allreduce", opts)
         t = tensors[0]
         if (len(tensors) == 1 and t.device.type == "cpu" and t.dtype == torch.float32
-                and t.is_contiguous()):  # DDP's buckets: summed where they lie, meanwhile
+                and t.is_contiguous() and not _from_the_python_api()):
+            # DDP's buckets: summed where they lie, meanwhile (DDP waits on the Work's future,
+            # whose error it sees; a call of dist.all_reduce sums below, raising its errors there)
             flat = t.detach().view(-1).numpy()
             return self._in_background(lambda: self._sum(flat), tensors)
         self._drain()
