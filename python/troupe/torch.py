@@ -278,8 +278,10 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                 return
             outcome.set_result(None)  # runs the callbacks, on this thread
 
-        # A DDP hook's callback runs on the sums' thread when its sum is done; its own collectives
-        # (PowerSGD's, which it waits for) run there at once, before the sums queued after it.
+        # A DDP hook's callback runs on the sums' thread when its sum is done, and its collectives
+        # run there at once, before the sums queued after it: a call of the process group itself
+        # here; one through torch.distributed's functions (PowerSGD's, which it waits for) in the
+        # caller's own sum, _drain not waiting for the sum it is part of.
         if self._inside_a_sum():
             run()
         else:
@@ -291,8 +293,9 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         return threading.current_thread().name.startswith(self._sums_thread)
 
     def _drain(self, just_errors=False):
-        """Waits until the bucket sums handed to the sums' thread are done; raises the error of
-        one that failed (a peer gone: the ring's error names it)."""
+        """Waits until the bucket sums handed to the sums' thread are done (not on that thread: a
+        hook's callback there is inside the last of them); raises the error of one that failed
+        (a peer gone: the ring's error names it)."""
         if not just_errors and self._pending is not None and not self._inside_a_sum():
             self._pending.result()
             self._pending = None
