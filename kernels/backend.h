@@ -159,6 +159,12 @@ class Backend {
   // label_smoothing in [0, 1): SoftmaxLossOp's target.
   virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
                                                          float label_smoothing) = 0;
+  // Sequence models' ops. A backend without them throws InputError naming the op and the device
+  // (kernels/backend.cc).
+  virtual std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g);
+  virtual std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g);
+  virtual std::unique_ptr<GeluOp> makeGelu(std::int64_t numel);
+  virtual std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g);
 };
 
 // A CPU backend computing with `threads` threads (OpenMP; oneDNN's sgemm underneath). It flushes

@@ -138,13 +138,19 @@ class ConvLayer final : public OpLayer<ConvOp> {
 };
 
 // The backward reads x, not y.
+// rows: the vectors a sample holds (a sequence's tokens; 1 for an image read as a vector).
+// `tied`: the weights [out, in] are another layer's, from that offset of the flat parameters (an
+// output layer reading the token embedding, GPT-2's weight tying), and there is no bias: the layer
+// owns no parameters, and its backward writes that layer's gradient first.
 class InnerProductLayer final : public OpLayer<InnerProductOp> {
  public:
-  InnerProductLayer(std::int64_t in, std::int64_t out)
-      : OpLayer("fc", true, false), in_(in), out_(out) {}
+  InnerProductLayer(std::int64_t in, std::int64_t out, std::int64_t rows, std::int64_t tied)
+      : OpLayer("fc", true, false), in_(in), out_(out), rows_(rows), tied_(tied) {}
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
-    w_ = weights.slice(param_begin, param_begin + in_ * out_);
-    dw_ = grads.slice(param_begin, param_begin + in_ * out_);
+    const std::int64_t at = tied_ >= 0 ? tied_ : param_begin;
+    w_ = weights.slice(at, at + in_ * out_);
+    dw_ = grads.slice(at, at + in_ * out_);
+    if (tied_ >= 0) return;
     b_ = weights.slice(param_begin + in_ * out_, param_end);
     db_ = grads.slice(param_begin + in_ * out_, param_end);
   }
@@ -154,13 +160,14 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
   void backward(LayerContext& ctx, std::int64_t n, float) override {
     op(ctx, n).backward(ctx.data(bottoms[0]), w_, ctx.diff(top), ctx.diff(bottoms[0]), dw_, db_);
   }
-  bool reducedParams() const override { return true; }
+  // A tied layer reads the float32 weights of the layer that owns them.
+  bool reducedParams() const override { return tied_ < 0; }
 
  private:
   std::unique_ptr<InnerProductOp> make(LayerContext& ctx, std::int64_t n) override {
-    return ctx.backend().makeInnerProduct(InnerProductGeometry{n, in_, out_});
+    return ctx.backend().makeInnerProduct(InnerProductGeometry{n * rows_, in_, out_});
   }
-  std::int64_t in_, out_;
+  std::int64_t in_, out_, rows_, tied_;
   Tensor w_, b_, dw_, db_;
 };
 
@@ -278,12 +285,13 @@ class AddLayer final : public OpLayer<AddOp> {
 };
 
 // The backward reads neither: its op keeps the probabilities.
+// rows: the predictions a sample holds (a sequence's next tokens), each with its label.
 class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
  public:
-  SoftmaxLossLayer(std::int64_t classes, float smoothing)
+  SoftmaxLossLayer(std::int64_t classes, float smoothing, std::int64_t rows)
       : OpLayer("softmax loss", false, false,
-                [classes, smoothing](LayerContext& ctx, std::int64_t n) {
-                  return ctx.backend().makeSoftmaxLoss(n, classes, smoothing);
+                [classes, smoothing, rows](LayerContext& ctx, std::int64_t n) {
+                  return ctx.backend().makeSoftmaxLoss(n * rows, classes, smoothing);
                 }) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.labels(), ctx.metrics());
@@ -293,6 +301,97 @@ class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
   }
 };
 
+// Token and position embedding: bottoms[0] is the input's tokens. Its parameters are wte then
+// wpe. `tied`: an output layer reads wte too, and wrote its gradient first.
+class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
+ public:
+  EmbeddingLayer(const EmbeddingGeometry& g, bool tied)
+      : OpLayer("embedding", true, false), g_(g), tied_(tied) {}
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+    const std::int64_t wn = g_.vocab * g_.channels;
+    wte_ = weights.slice(param_begin, param_begin + wn);
+    dwte_ = grads.slice(param_begin, param_begin + wn);
+    wpe_ = weights.slice(param_begin + wn, param_end);
+    dwpe_ = grads.slice(param_begin + wn, param_end);
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), wte_, wpe_, ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dwte_, dwpe_, tied_);
+  }
+
+ private:
+  std::unique_ptr<EmbeddingOp> make(LayerContext& ctx, std::int64_t n) override {
+    EmbeddingGeometry g = g_;
+    g.n = n;
+    return ctx.backend().makeEmbedding(g);
+  }
+  EmbeddingGeometry g_;
+  bool tied_;
+  Tensor wte_, wpe_, dwte_, dwpe_;
+};
+
+// The backward reads x, not y. Parameters: gamma then beta.
+class LayerNormLayer final : public OpLayer<LayerNormOp> {
+ public:
+  LayerNormLayer(std::int64_t rows, std::int64_t channels)
+      : OpLayer("layer norm", true, false), rows_(rows), channels_(channels) {}
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+    gamma_ = weights.slice(param_begin, param_begin + channels_);
+    beta_ = weights.slice(param_begin + channels_, param_end);
+    dgamma_ = grads.slice(param_begin, param_begin + channels_);
+    dbeta_ = grads.slice(param_begin + channels_, param_end);
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), gamma_, beta_, ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), gamma_, ctx.diff(top), ctx.diff(bottoms[0]), dgamma_,
+                        dbeta_);
+  }
+
+ private:
+  std::unique_ptr<LayerNormOp> make(LayerContext& ctx, std::int64_t n) override {
+    return ctx.backend().makeLayerNorm(LayerNormGeometry{n * rows_, channels_});
+  }
+  std::int64_t rows_, channels_;
+  Tensor gamma_, beta_, dgamma_, dbeta_;
+};
+
+// The backward reads x, not y.
+class GeluLayer final : public OpLayer<GeluOp> {
+ public:
+  explicit GeluLayer(std::int64_t per_sample)
+      : OpLayer("gelu", true, false, [per_sample](LayerContext& ctx, std::int64_t n) {
+          return ctx.backend().makeGelu(n * per_sample);
+        }) {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
+  }
+};
+
+// The backward reads the input (q, k, v), not y: the attention weights are its op's.
+class AttentionLayer final : public OpLayer<AttentionOp> {
+ public:
+  explicit AttentionLayer(const AttentionGeometry& geometry)
+      : OpLayer("attention", true, false, [geometry](LayerContext& ctx, std::int64_t n) {
+          AttentionGeometry g = geometry;
+          g.n = n;
+          return ctx.backend().makeAttention(g);
+        }) {}
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    const Tensor dx = ctx.diff(bottoms[0]);
+    if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
+  }
+};
 }  // namespace
 
 std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
@@ -317,8 +416,9 @@ std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::
     return ctx.backend().makePool(g);
   });
 }
-std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out) {
-  return std::make_unique<InnerProductLayer>(in, out);
+std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out, std::int64_t rows,
+                                             std::int64_t tied) {
+  return std::make_unique<InnerProductLayer>(in, out, rows, tied);
 }
 std::unique_ptr<Layer> makeReluLayer(std::int64_t per_sample) {
   return std::make_unique<ReluLayer>(per_sample);
@@ -339,11 +439,26 @@ std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in) {
         return ctx.backend().makeGlobalAvgPool(n, channels, spatial, ctx.channelsLast());
       });
 }
-std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing) {
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing,
+                                            std::int64_t rows) {
   if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f)) {
     throw InputError("label_smoothing = " + std::to_string(label_smoothing) + " is outside [0, 1)");
   }
-  return std::make_unique<SoftmaxLossLayer>(classes, label_smoothing);
+  return std::make_unique<SoftmaxLossLayer>(classes, label_smoothing, rows);
+}
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
+                                          bool tied) {
+  return std::make_unique<EmbeddingLayer>(EmbeddingGeometry{1, t, vocab, channels}, tied);
+}
+std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels) {
+  return std::make_unique<LayerNormLayer>(rows, channels);
+}
+std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample) {
+  return std::make_unique<GeluLayer>(per_sample);
+}
+std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
+                                          std::int64_t heads) {
+  return std::make_unique<AttentionLayer>(AttentionGeometry{1, t, channels, heads});
 }
 
 }  // namespace troupe::kernels

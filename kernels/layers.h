@@ -82,12 +82,25 @@ std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
                                      bool bias);
 std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
                                      std::int64_t pad, PoolMethod method, bool ceil_mode = true);
-std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out);
+// rows: vectors of `in` a sample holds, each mapped apart (a sequence's tokens). tied >= 0: the
+// weights are another layer's, at that offset of the flat parameters, and there is no bias.
+std::unique_ptr<Layer> makeInnerProductLayer(std::int64_t in, std::int64_t out,
+                                             std::int64_t rows = 1, std::int64_t tied = -1);
 std::unique_ptr<Layer> makeReluLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeBatchNormLayer(const Shape& in);
 std::unique_ptr<Layer> makeDropoutLayer(std::int64_t per_sample, float ratio);
 std::unique_ptr<Layer> makeAddLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in);
-std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing = 0.0f);
+// rows: predictions a sample holds, each with its own label (a sequence's next tokens).
+std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing = 0.0f,
+                                            std::int64_t rows = 1);
+// Sequences of t tokens, each a row of `channels`. tied: an output layer reads the token
+// embedding too (its backward first).
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
+                                          bool tied);
+std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels);
+std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample);
+std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
+                                          std::int64_t heads);
 
 }  // namespace troupe::kernels

@@ -70,6 +70,26 @@ Node buildImageNetResnet(Builder& b, Node x, std::int64_t classes, const ImageNe
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
 }
 
+// GPT-2 (GptShape) over sequences x of tokens; residual projections start at 0.02 / sqrt(2
+// n_layer), as GPT-2's paper and llm.c scale them.
+Node buildGpt(Builder& b, Node x, const GptShape& gpt, std::int64_t vocab) {
+  const std::int64_t c = gpt.n_embd;
+  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(gpt.n_layer));
+  Node h = b.embedding(x, "transformer.wte", "transformer.wte.weight", "transformer.wpe.weight",
+                       vocab, c, true);
+  for (std::int64_t l = 0; l < gpt.n_layer; ++l) {
+    const std::string p = "transformer.h." + std::to_string(l);
+    Node a = b.linear(b.layerNorm(h, p + ".ln_1"), p + ".attn.c_attn", 3 * c, 0.02f);
+    a = b.linear(b.attention(a, p + ".attn", gpt.n_head), p + ".attn.c_proj", c, residual);
+    h = b.sum(h, a, p + ".add_1");
+    Node m = b.linear(b.layerNorm(h, p + ".ln_2"), p + ".mlp.c_fc", 4 * c, 0.02f);
+    m = b.linear(b.gelu(m, p + ".mlp.gelu"), p + ".mlp.c_proj", c, residual);
+    h = b.sum(h, m, p + ".add_2");
+  }
+  return b.tiedLinear(b.layerNorm(h, "transformer.ln_f"), "lm_head", "transformer.wte.weight",
+                      vocab);
+}
+
 // ---- the net ----
 
 class NetImpl final : public Net, private LayerContext {
@@ -138,14 +158,17 @@ class NetImpl final : public Net, private LayerContext {
   const Tensor& metrics() const override { return metrics_; }
 
   void forward(const Tensor& images, const Tensor& labels, bool train) override {
-    const Shape expected{options_.channels, options_.height, options_.width};
-    TROUPE_ENFORCE(
-        images.rank() == 4 && Shape(images.shape().begin() + 1, images.shape().end()) == expected,
-        "images of shape ", toString(images.shape()), " for a net on ", toString(expected));
+    const Shape& expected = g_.blobs[0].shape;
+    TROUPE_ENFORCE(images.rank() == expected.size() + 1 &&
+                       Shape(images.shape().begin() + 1, images.shape().end()) == expected,
+                   "inputs of shape ", toString(images.shape()), " for a net on ",
+                   toString(expected));
+    TROUPE_ENFORCE(g_.input_dtype != DType::kInt32 || images.dtype() == DType::kInt32, "tokens of ",
+                   toString(images.dtype()), " (int32 expected)");
     n_ = images.dim(0);
     TROUPE_ENFORCE(n_ >= 1 && n_ <= options_.max_batch, "batch of ", n_, " with max_batch ",
                    options_.max_batch);
-    TROUPE_ENFORCE_EQ(labels.numel(), n_);
+    TROUPE_ENFORCE_EQ(labels.numel(), n_ * g_.label_rows);
     images_ = inputOf(images);
     if (images_.raw() != images.raw()) {
       timed("input layout", false, [&] {
@@ -317,6 +340,7 @@ class NetImpl final : public Net, private LayerContext {
 
   // What the first layer reads: the images, or their copy in the net's layout and type.
   Tensor inputOf(const Tensor& images) const {
+    if (g_.input_dtype == DType::kInt32) return images;  // tokens
     if (!nhwc_ && images.dtype() == act_) return images;
     return input_.slice(0, images.numel()).view(images.shape());
   }
@@ -602,10 +626,18 @@ class NetImpl final : public Net, private LayerContext {
       const ParamInfo& info = g_.params[p];
       const Init init = g_.inits[p];
       float* out = w.f32() + info.offset;
-      for (std::int64_t i = 0; i < info.size; ++i)
-        out[i] = init.constant
-                     ? init.value
-                     : (2.0f * uniform01(randomBits(options_.seed, p + 1, i)) - 1.0f) * init.value;
+      for (std::int64_t i = 0; i < info.size; ++i) {
+        if (init.constant) {
+          out[i] = init.value;
+        } else if (init.normal) {  // Box-Muller on two draws
+          const auto k = static_cast<std::uint64_t>(i);
+          const float u = 1.0f - uniform01(randomBits(options_.seed, p + 1, 2 * k));
+          const float v = uniform01(randomBits(options_.seed, p + 1, 2 * k + 1));
+          out[i] = init.value * std::sqrt(-2.0f * std::log(u)) * std::cos(6.2831853f * v);
+        } else {
+          out[i] = (2.0f * uniform01(randomBits(options_.seed, p + 1, i)) - 1.0f) * init.value;
+        }
+      }
     }
     backend_.copy(w, weights_);
     Tensor buf = Tensor::host({g_.num_buffers});
@@ -703,11 +735,34 @@ std::vector<std::pair<std::int64_t, std::int64_t>> paramRanges(
 }
 
 std::vector<std::string> builtinModels() {
-  return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50"};
+  return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50", "gpt2"};
 }
 
+namespace {
+
+// InputError unless the GPT's shape is one (names each key as its config file does).
+void checkGpt(const GptShape& gpt, std::int64_t sequence_length) {
+  if (sequence_length < 1) {
+    throw InputError(
+        "model gpt2 reads token sequences: set block_size (the tokens a sequence "
+        "holds)");
+  }
+  if (gpt.n_layer < 1)
+    throw InputError("n_layer = " + std::to_string(gpt.n_layer) + " (at least 1)");
+  if (gpt.n_head < 1) throw InputError("n_head = " + std::to_string(gpt.n_head) + " (at least 1)");
+  if (gpt.n_embd < 1 || gpt.n_embd % gpt.n_head != 0) {
+    throw InputError("n_embd = " + std::to_string(gpt.n_embd) + " is not a positive multiple of " +
+                     "n_head = " + std::to_string(gpt.n_head));
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
-  if (options.channels < 1 || options.height < 1 || options.width < 1)
+  if (options.sequence_length < 0)
+    throw InputError("sequence_length = " + std::to_string(options.sequence_length));
+  if (options.sequence_length == 0 &&
+      (options.channels < 1 || options.height < 1 || options.width < 1))
     throw InputError("input of " + std::to_string(options.channels) + "x" +
                      std::to_string(options.height) + "x" + std::to_string(options.width));
   if (options.num_labels < 2)
@@ -721,9 +776,15 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
                          : "model '" + model.name + "' has both a built-in name and layers");
   Graph graph;
   Builder b(graph);
-  Node x = b.input({options.channels, options.height, options.width});
+  Node x = options.sequence_length > 0 ? b.tokens(options.sequence_length)
+                                       : b.input({options.channels, options.height, options.width});
+  if (options.sequence_length > 0 && !model.name.empty() && model.name != "gpt2")
+    throw InputError("model " + model.name + " reads images, not token sequences");
   if (!model.name.empty()) {
-    if (model.name == "mlp") {
+    if (model.name == "gpt2") {
+      checkGpt(options.gpt, options.sequence_length);
+      x = buildGpt(b, x, options.gpt, options.num_labels);
+    } else if (model.name == "mlp") {
       x = buildMlp(b, x, options.num_labels);
     } else if (model.name == "lenet") {
       if (options.height < 16 || options.width < 16)
@@ -746,9 +807,11 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
     }
   } else {
     x = buildFromSpec(b, x, model.layers);
-    if (numelOf(x.shape) != options.num_labels)
+    const std::int64_t rows = std::max<std::int64_t>(1, options.sequence_length);
+    if (numelOf(x.shape) != options.num_labels * rows)
       throw InputError("the last layer gives " + std::to_string(numelOf(x.shape)) +
-                       " outputs per sample, num_labels is " + std::to_string(options.num_labels));
+                       " outputs per sample, num_labels is " + std::to_string(options.num_labels) +
+                       (rows > 1 ? " for each of " + std::to_string(rows) + " tokens" : ""));
   }
   b.loss(x, options.num_labels, options.label_smoothing);
   return std::make_unique<NetImpl>(backend, options, std::move(graph));

@@ -41,11 +41,22 @@ struct LayerSpec {
 };
 
 // Either a built-in model by name (builtinModels(): "mlp", "lenet", the CIFAR ResNets "resnet20"
-// and "resnet56", torchvision's ImageNet ResNets "resnet18", "resnet34", "resnet50") or a list of
-// layers.
+// and "resnet56", torchvision's ImageNet ResNets "resnet18", "resnet34", "resnet50"; "gpt2", a
+// language model: GptShape) or a list of layers.
 struct ModelSpec {
   std::string name;
   std::vector<LayerSpec> layers;
+};
+
+// A GPT's shape (model "gpt2"): GPT-2's layout as nanoGPT and llm.c write it (pre-norm blocks of
+// causal self-attention and a GELU MLP four times as wide, a final layer norm, the output layer
+// tied to the token embedding), its parameters named as nanoGPT names them
+// ("transformer.h.0.attn.c_attn.weight"). The defaults are GPT-2 124M's (llm.c's d12); the
+// vocabulary is NetOptions::num_labels and the context NetOptions::sequence_length.
+struct GptShape {
+  std::int64_t n_layer = 12;
+  std::int64_t n_head = 12;
+  std::int64_t n_embd = 768;
 };
 
 struct NetOptions {
@@ -53,7 +64,13 @@ struct NetOptions {
   int channels = 1;
   int height = 28;
   int width = 28;
+  // Classes, or with sequence_length the vocabulary.
   int num_labels = 10;
+  // 0: the input is images [N, channels, height, width] with a label each. Above 0: sequences of
+  // this many tokens [N, sequence_length] (int32, each below num_labels), each token labelled
+  // with the one that follows it, the loss summed over every token (a language model).
+  std::int64_t sequence_length = 0;
+  GptShape gpt;
   // The softmax loss's target: 1 - this on the label, this / num_labels on every class
   // (SoftmaxLossOp; PyTorch's CrossEntropyLoss label_smoothing). In [0, 1).
   float label_smoothing = 0.0f;
@@ -176,7 +193,9 @@ class Net {
   // Non-trainable state (batch-norm running statistics), flat; may be empty.
   virtual const Tensor& buffers() const = 0;
 
-  // images: [N, C, H, W] float, labels: [N] int32, both on the net's backend, N <= max_batch.
+  // images: [N, C, H, W] float, labels: [N] int32, both on the net's backend, N <= max_batch; for
+  // a language model (NetOptions::sequence_length T) tokens [N, T] int32 and labels [N, T] (or
+  // N T) int32, and the metrics sum over the N T tokens.
   // train: dropout active, batch norm uses and updates batch statistics.
   virtual void forward(const Tensor& images, const Tensor& labels, bool train) = 0;
   // {sum of the loss over the batch, number of correct top-1 predictions} of the last forward,

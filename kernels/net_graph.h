@@ -28,10 +28,12 @@ struct Blob {
   bool needs_diff = true;
 };
 
-// A parameter's initial values: U(-value, value), or the constant value.
+// A parameter's initial values: U(-value, value), the constant value, or with normal N(0, value^2)
+// (GPT-2's).
 struct Init {
   bool constant = false;
   float value = 0.0f;
+  bool normal = false;
 };
 
 struct BufferFill {
@@ -52,6 +54,10 @@ struct Graph {
   // Why the model is not the same model with channels-last images: an inner product that reads
   // an image (its weights' order would change); empty when it is.
   std::string channels_last_misfit;
+  // What the input (blob 0) holds: images (float32), or tokens (int32); and how many labels a
+  // sample has: one, or one a token (the next one).
+  DType input_dtype = DType::kFloat32;
+  std::int64_t label_rows = 1;
 };
 
 // A node is a blob with its per-sample shape.
@@ -65,6 +71,14 @@ class Builder {
   explicit Builder(Graph& graph) : g_(graph) {}
 
   Node input(const Shape& shape) { return Node{newBlob(shape, false), shape}; }
+
+  // The input as sequences of t tokens (int32), each with its next token as its label.
+  Node tokens(std::int64_t t) {
+    g_.input_dtype = DType::kInt32;
+    g_.label_rows = t;
+    g_.channels_last_misfit = "it reads token sequences";
+    return input({t});
+  }
 
   Node conv(const Node& in, const std::string& name, std::int64_t oc, std::int64_t k,
             std::int64_t s, std::int64_t p, bool bias) {
@@ -105,6 +119,70 @@ class Builder {
     return add(makeInnerProductLayer(fan_in, out), name, {in}, {out});
   }
 
+  // ---- sequence models: a sample is t rows (tokens) of channels ----
+
+  // Token and position embedding of the tokens `in` [t]: [t, channels]. Its parameters are
+  // `token` [vocab, channels] then `position` [t, channels], N(0, 0.02^2) as GPT-2's. tied: an
+  // output layer will read the token embedding (tiedLinear).
+  Node embedding(const Node& in, const std::string& name, const std::string& token,
+                 const std::string& position, std::int64_t vocab, std::int64_t channels,
+                 bool tied) {
+    const std::int64_t t = in.shape[0];
+    beginParams();
+    addParam(token, {vocab, channels}, {false, 0.02f, true});
+    addParam(position, {t, channels}, {false, 0.02f, true});
+    return add(makeEmbeddingLayer(t, vocab, channels, tied), name, {in}, {t, channels});
+  }
+
+  // The offset of parameter `name` in the flat parameters (InvariantError if there is none).
+  std::int64_t paramOffset(const std::string& name) const {
+    for (const auto& p : g_.params)
+      if (p.name == name) return p.offset;
+    TROUPE_ENFORCE(false, "no parameter '", name, "'");
+    return 0;
+  }
+
+  // Over each row's last dimension; scale 1, shift 0, neither decays.
+  Node layerNorm(const Node& in, const std::string& name) {
+    const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
+    beginParams();
+    addParam(name + ".weight", {c}, {true, 1.0f}, false);
+    addParam(name + ".bias", {c}, {true, 0.0f}, false);
+    return add(makeLayerNormLayer(rows, c), name, {in}, in.shape);
+  }
+
+  // torch's Linear over each row's last dimension: weights [out, in] drawn N(0, stddev^2), the
+  // bias 0 (GPT-2's initialisation).
+  Node linear(const Node& in, const std::string& name, std::int64_t out, float stddev) {
+    const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
+    Shape shape = in.shape;
+    shape.back() = out;
+    beginParams();
+    addParam(name + ".weight", {out, c}, {false, stddev, true});
+    addParam(name + ".bias", {out}, {true, 0.0f}, false);
+    return add(makeInnerProductLayer(c, out, rows), name, {in}, shape);
+  }
+
+  // The same with the weights [out, in] of parameter `weights` (another layer's: GPT-2's output
+  // layer reads the token embedding), no bias, no parameters of its own.
+  Node tiedLinear(const Node& in, const std::string& name, const std::string& weights,
+                  std::int64_t out) {
+    const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
+    Shape shape = in.shape;
+    shape.back() = out;
+    return add(makeInnerProductLayer(c, out, rows, paramOffset(weights)), name, {in}, shape);
+  }
+
+  Node gelu(const Node& in, const std::string& name) {
+    return add(makeGeluLayer(numelOf(in.shape)), name, {in}, in.shape);
+  }
+
+  // Causal self-attention of `heads` heads over in [t, 3 channels] (q, k, v): [t, channels].
+  Node attention(const Node& in, const std::string& name, std::int64_t heads) {
+    const std::int64_t t = in.shape[0], c = in.shape[1] / 3;
+    return add(makeAttentionLayer(t, c, heads), name, {in}, {t, c});
+  }
+
   Node relu(const Node& in, const std::string& name) {
     return add(makeReluLayer(numelOf(in.shape)), name, {in}, in.shape);
   }
@@ -143,7 +221,7 @@ class Builder {
   const std::vector<std::string>& layerNames() const { return g_.layer_names; }
 
   void loss(const Node& in, std::int64_t classes, float label_smoothing) {
-    auto layer = makeSoftmaxLossLayer(classes, label_smoothing);
+    auto layer = makeSoftmaxLossLayer(classes, label_smoothing, g_.label_rows);
     layer->bottoms = {in.blob};
     layer->param_begin = layer->param_end = g_.num_params;
     g_.layers.push_back(std::move(layer));

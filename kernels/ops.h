@@ -170,4 +170,66 @@ class SoftmaxLossOp {
   virtual void backward(float scale, const Tensor& dlogits) = 0;
 };
 
+// ---- sequence models: a batch of n sequences of t tokens, each token a row of `channels` ----
+
+// Token and position embedding (GPT-2's wte and wpe): y[i][s] = wte[tokens[i][s]] + wpe[s].
+struct EmbeddingGeometry {
+  std::int64_t n = 1, t = 1, vocab = 1, channels = 1;
+};
+
+class EmbeddingOp {
+ public:
+  virtual ~EmbeddingOp() = default;
+  // tokens: int32 [n, t]; wte [vocab, channels]; wpe [at least t, channels]; y [n, t, channels].
+  // A token outside [0, vocab) throws InputError naming it and where it is.
+  virtual void forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       const Tensor& y) = 0;
+  // dwpe (its first t rows) is written; dwte is written, or added to with add_to_dwte (an
+  // output layer tied to wte wrote its gradient first).
+  virtual void backward(const Tensor& tokens, const Tensor& dy, const Tensor& dwte,
+                        const Tensor& dwpe, bool add_to_dwte) = 0;
+};
+
+// Layer norm over each row of `channels` (PyTorch's LayerNorm): y = (x - mean) / sqrt(var + eps)
+// * gamma + beta, var biased.
+struct LayerNormGeometry {
+  std::int64_t rows = 1, channels = 1;
+  float eps = 1e-5f;
+};
+
+class LayerNormOp {
+ public:
+  virtual ~LayerNormOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& y) = 0;
+  // From the last forward's statistics; dgamma and dbeta sum over rows in a fixed order.
+  virtual void backward(const Tensor& x, const Tensor& gamma, const Tensor& dy, const Tensor& dx,
+                        const Tensor& dgamma, const Tensor& dbeta) = 0;
+};
+
+// GELU in GPT-2's tanh form (PyTorch's gelu(approximate='tanh')): y = x/2 (1 + tanh(sqrt(2/pi)
+// (x + 0.044715 x^3))).
+class GeluOp {
+ public:
+  virtual ~GeluOp() = default;
+  virtual void forward(const Tensor& x, const Tensor& y) = 0;
+  virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+};
+
+// Causal multi-head self-attention of GPT-2 after its qkv projection: qkv [n, t, 3 channels] holds
+// each token's query, key and value (each `channels` wide, head h at h * channels / heads), y
+// [n, t, channels] is softmax(q k^T / sqrt(channels / heads), keys up to the query's position) v
+// of each head, the heads side by side (nanoGPT's layout).
+struct AttentionGeometry {
+  std::int64_t n = 1, t = 1, channels = 1, heads = 1;
+};
+
+class AttentionOp {
+ public:
+  virtual ~AttentionOp() = default;
+  virtual void forward(const Tensor& qkv, const Tensor& y) = 0;
+  // From the last forward's attention weights.
+  virtual void backward(const Tensor& qkv, const Tensor& dy, const Tensor& dqkv) = 0;
+};
+
 }  // namespace troupe::kernels

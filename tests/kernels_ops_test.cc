@@ -611,3 +611,174 @@ TEST_F(OpsTest, ChunkedConvolutionMatchesOneImageAtATime) {
 
 }  // namespace
 }  // namespace troupe::kernels
+
+// ---- the sequence models' ops ----
+namespace troupe::kernels {
+namespace {
+
+Tensor tokensHost(std::initializer_list<int> values) {
+  Tensor t = Tensor::host({static_cast<std::int64_t>(values.size())}, DType::kInt32);
+  std::copy(values.begin(), values.end(), t.i32());
+  return t;
+}
+
+// wte's gradient sums the rows of dy of each token (token 1 appears twice), wpe's the rows of
+// each position over the sequences; tied, wte's adds to what an output layer wrote.
+TEST_F(OpsTest, EmbeddingGradientsMatchFiniteDifferencesAndAddWhenTied) {
+  const EmbeddingGeometry g{2, 3, 5, 4};
+  auto op = backend_->makeEmbedding(g);
+  Tensor tokens = tokensHost({1, 4, 1, 0, 2, 1});
+  Tensor wte = randomHost({5, 4}, 1), wpe = randomHost({3, 4}, 2), r = randomHost({2, 3, 4}, 3);
+  Tensor y = Tensor::host({2, 3, 4}), dwte = Tensor::host({5, 4}), dwpe = Tensor::host({3, 4});
+  op->forward(tokens, wte, wpe, y);
+  EXPECT_EQ(y.f32()[4 + 2], wte.f32()[4 * 4 + 2] + wpe.f32()[1 * 4 + 2]);  // token 4, position 1
+  op->backward(tokens, r, dwte, dwpe, false);
+  auto loss = [&] {
+    op->forward(tokens, wte, wpe, y);
+    return dot(r, y);
+  };
+  expectGradient("embedding dwte", wte, dwte, loss);
+  expectGradient("embedding dwpe", wpe, dwpe, loss);
+  Tensor tied = randomHost({5, 4}, 4), written = Tensor::host({5, 4});
+  std::copy(tied.f32(), tied.f32() + 20, written.f32());
+  op->backward(tokens, r, written, dwpe, true);
+  for (int i = 0; i < 20; ++i)  // the same sums of at most three terms, then one add
+    EXPECT_NEAR(written.f32()[i], tied.f32()[i] + dwte.f32()[i],
+                gammaN(4) * (std::abs(tied.f32()[i]) + 3.0));
+}
+
+TEST_F(OpsTest, EmbeddingRefusesATokenOutsideTheVocabularyNamingWhereItIs) {
+  auto op = backend_->makeEmbedding(EmbeddingGeometry{2, 3, 5, 4});
+  Tensor tokens = tokensHost({1, 4, 1, 0, 5, 1});
+  Tensor wte = randomHost({5, 4}, 1), wpe = randomHost({3, 4}, 2), y = Tensor::host({2, 3, 4});
+  try {
+    op->forward(tokens, wte, wpe, y);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "token 5 at position 1 of sequence 1 is outside the vocabulary [0, 5)");
+  }
+}
+
+TEST_F(OpsTest, LayerNormGradientsMatchFiniteDifferences) {
+  auto op = backend_->makeLayerNorm(LayerNormGeometry{6, 5});
+  Tensor x = randomHost({6, 5}, 1, -2, 2), gamma = randomHost({5}, 2, 0.5f, 1.5f);
+  Tensor beta = randomHost({5}, 3), r = randomHost({6, 5}, 4), y = Tensor::host({6, 5});
+  Tensor dx = Tensor::host({6, 5}), dg = Tensor::host({5}), db = Tensor::host({5});
+  op->forward(x, gamma, beta, y);
+  op->backward(x, gamma, r, dx, dg, db);
+  auto loss = [&] {
+    op->forward(x, gamma, beta, y);
+    return dot(r, y);
+  };
+  expectGradient("layer norm dx", x, dx, loss, 1e-3f);
+  expectGradient("layer norm dgamma", gamma, dg, loss, 1e-3f);
+  expectGradient("layer norm dbeta", beta, db, loss, 1e-3f);
+}
+
+// Each output against the formula in double: a mean and a variance of 5 terms (gammaN(5) of
+// their magnitudes each), then under 6 rounded operations (sqrt exact to half an ulp).
+TEST_F(OpsTest, LayerNormNormalisesEachRowAsPyTorch) {
+  auto op = backend_->makeLayerNorm(LayerNormGeometry{3, 5, 1e-5f});
+  Tensor x = randomHost({3, 5}, 1, -2, 2), gamma = randomHost({5}, 2, 0.5f, 1.5f);
+  Tensor beta = randomHost({5}, 3), y = Tensor::host({3, 5});
+  op->forward(x, gamma, beta, y);
+  for (int r = 0; r < 3; ++r) {
+    const float* xr = x.f32() + r * 5;
+    double mean = 0, var = 0;
+    for (int k = 0; k < 5; ++k)
+      mean += xr[k] / 5.0;
+    for (int k = 0; k < 5; ++k)
+      var += (xr[k] - mean) * (xr[k] - mean) / 5.0;
+    const double rstd = 1 / std::sqrt(var + 1e-5);
+    for (int k = 0; k < 5; ++k) {
+      const double xhat = (xr[k] - mean) * rstd, want = xhat * gamma.f32()[k] + beta.f32()[k];
+      // The centred value's error (the mean's, 2 gammaN(5) of |x| at most 2) and rstd's
+      // relative error (the variance's gammaN(5) halved, plus 3 roundings) scale xhat.
+      const double bound =
+          (2 * gammaN(5) * 2 * rstd + (gammaN(5) + 6 * kFloatRoundoff) * std::abs(xhat)) * 1.5 +
+          3 * kFloatRoundoff * std::abs(want);
+      EXPECT_NEAR(y.f32()[r * 5 + k], want, bound) << "row " << r << ", channel " << k;
+    }
+  }
+}
+
+// The tanh form against the formula in double: tanh within 4 ulp (glibc), under 8 other
+// roundings on values of at most |x| (x in [-4, 4]).
+TEST_F(OpsTest, GeluIsTheTanhFormAndItsGradientMatchesFiniteDifferences) {
+  auto op = backend_->makeGelu(40);
+  Tensor x = randomHost({40}, 1, -4, 4), r = randomHost({40}, 2), y = Tensor::host({40});
+  Tensor dx = Tensor::host({40});
+  op->forward(x, y);
+  for (int i = 0; i < 40; ++i) {
+    const double v = x.f32()[i];
+    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    EXPECT_NEAR(y.f32()[i], want, 12 * kFloatRoundoff * 4 * std::abs(v) + 1e-30) << "x = " << v;
+  }
+  op->backward(x, r, dx);
+  expectGradient("gelu dx", x, dx, [&] {
+    op->forward(x, y);
+    return dot(r, y);
+  });
+}
+
+TEST_F(OpsTest, CausalAttentionGradientMatchesFiniteDifferences) {
+  const AttentionGeometry g{2, 4, 6, 2};
+  auto op = backend_->makeAttention(g);
+  Tensor qkv = randomHost({2, 4, 18}, 1), r = randomHost({2, 4, 6}, 2), y = Tensor::host({2, 4, 6});
+  Tensor dqkv = Tensor::host({2, 4, 18});
+  op->forward(qkv, y);
+  op->backward(qkv, r, dqkv);
+  expectGradient(
+      "attention dqkv", qkv, dqkv,
+      [&] {
+        op->forward(qkv, y);
+        return dot(r, y);
+      },
+      1e-3f);
+}
+
+// Against softmax(q k^T / sqrt(3)) v over the keys up to each query's position, in double; and a
+// later token's q, k and v change no earlier output, to the bit.
+TEST_F(OpsTest, CausalAttentionAttendsToEarlierTokensOnly) {
+  const AttentionGeometry g{1, 5, 6, 2};
+  auto op = backend_->makeAttention(g);
+  Tensor qkv = randomHost({1, 5, 18}, 1, -2, 2), y = Tensor::host({1, 5, 6});
+  op->forward(qkv, y);
+  const float* a = qkv.f32();
+  for (int h = 0; h < 2; ++h) {
+    for (int s = 0; s < 5; ++s) {
+      std::vector<double> p(5, 0.0);
+      double sum = 0, mx = -1e30;
+      for (int j = 0; j <= s; ++j) {
+        for (int d = 0; d < 3; ++d)
+          p[j] += double(a[s * 18 + h * 3 + d]) * a[j * 18 + 6 + h * 3 + d] / std::sqrt(3.0);
+        mx = std::max(mx, p[j]);
+      }
+      for (int j = 0; j <= s; ++j)
+        sum += (p[j] = std::exp(p[j] - mx));
+      for (int d = 0; d < 3; ++d) {
+        double want = 0, magnitude = 0;
+        for (int j = 0; j <= s; ++j) {
+          want += p[j] / sum * a[j * 18 + 12 + h * 3 + d];
+          magnitude += std::abs(a[j * 18 + 12 + h * 3 + d]);
+        }
+        // Scores: dot products of 3 terms of at most 4 (|q|, |k| <= 2), within gammaN(4) * 12
+        // each, and the softmax's weights are within about 2 (score errors) + 8 ulp relative of
+        // theirs (exp within 4 ulp, a sum of 5, a division); the output sums 5 weighted values.
+        const double weights = 2 * gammaN(4) * 12 + 8 * kFloatRoundoff + gammaN(5);
+        EXPECT_NEAR(y.f32()[s * 6 + h * 3 + d], want, (weights + gammaN(5)) * magnitude)
+            << "head " << h << ", position " << s << ", channel " << d;
+      }
+    }
+  }
+  Tensor before = Tensor::host({1, 5, 6});
+  std::copy(y.f32(), y.f32() + 30, before.f32());
+  for (int k = 3 * 18; k < 5 * 18; ++k)
+    qkv.f32()[k] += 1.0f;
+  op->forward(qkv, y);
+  for (int k = 0; k < 3 * 6; ++k)
+    EXPECT_EQ(y.f32()[k], before.f32()[k]) << "output " << k << " of the first three tokens";
+}
+
+}  // namespace
+}  // namespace troupe::kernels

@@ -298,6 +298,18 @@ class CpuBackend final : public Backend {
                                                  float label_smoothing) override {
     return cpu::makeSoftmaxLoss(n, classes, label_smoothing, threads_);
   }
+  std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g) override {
+    return cpu::makeEmbedding(g, threads_);
+  }
+  std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g) override {
+    return cpu::makeLayerNorm(g, threads_);
+  }
+  std::unique_ptr<GeluOp> makeGelu(std::int64_t numel) override {
+    return cpu::makeGelu(numel, threads_);
+  }
+  std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g) override {
+    return cpu::makeAttention(g, threads_);
+  }
 
  private:
   // The CPU's ops compute in NCHW (kernels/ops.h); channels-last is for devices.

@@ -20,5 +20,9 @@ std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t 
                                                    std::int64_t spatial, int threads);
 std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
                                                float label_smoothing, int threads);
+std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g, int threads);
+std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g, int threads);
+std::unique_ptr<GeluOp> makeGelu(std::int64_t numel, int threads);
+std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g, int threads);
 
 }  // namespace troupe::kernels::cpu

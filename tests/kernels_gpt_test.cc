@@ -1,0 +1,248 @@
+// GPT-2 (model "gpt2", kernels/net.cc's buildGpt): its shape and names against nanoGPT's and
+// llm.c's, its gradients against finite differences, and 20 training steps against PyTorch
+// (tests/gpt_reference.py, run with Debian's python3-torch) with the loss of each step within a
+// first-order rounding bound that the reference derives at that step's weights.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "kernels/backend.h"
+#include "kernels/net.h"
+#include "kernels/random.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+namespace fs = std::filesystem;
+
+NetOptions gpt(std::int64_t n_layer, std::int64_t n_head, std::int64_t n_embd,
+               std::int64_t block_size, int vocab, std::int64_t batch) {
+  NetOptions o;
+  o.model.name = "gpt2";
+  o.gpt = {n_layer, n_head, n_embd};
+  o.sequence_length = block_size;
+  o.num_labels = vocab;
+  o.max_batch = batch;
+  return o;
+}
+
+// A batch of random tokens, each labelled with a random next one (the net does not care which).
+struct Sequences {
+  Tensor tokens, labels;
+};
+Sequences randomSequences(std::int64_t n, std::int64_t t, int vocab, std::uint64_t seed) {
+  Sequences s{Tensor::host({n, t}, DType::kInt32), Tensor::host({n, t}, DType::kInt32)};
+  for (std::int64_t i = 0; i < n * t; ++i) {
+    s.tokens.i32()[i] = static_cast<int>(randomBits(seed, 0, i) % vocab);
+    s.labels.i32()[i] = static_cast<int>(randomBits(seed, 1, i) % vocab);
+  }
+  return s;
+}
+
+std::string errorOf(const NetOptions& o) {
+  auto backend = makeCpuBackend(1);
+  try {
+    makeNet(*backend, o);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+// llm.c's train_gpt2 prints "num_parameters: 124439808" for d12 (vocabulary 50257, context
+// 1024), nanoGPT counts the same with the tied output layer counted once.
+TEST(Gpt, D12HasGpt2SmallsParameterCountAndNanoGptsNames) {
+  auto backend = makeCpuBackend(1);
+  auto net = makeNet(*backend, gpt(12, 12, 768, 1024, 50257, 1));
+  EXPECT_EQ(net->numParams(), 124439808);
+  const auto& p = net->params();
+  ASSERT_EQ(p.size(), 2u + 12 * 12 + 2);
+  EXPECT_EQ(p[0].name, "transformer.wte.weight");
+  EXPECT_EQ(p[0].shape, (Shape{50257, 768}));
+  EXPECT_EQ(p[1].name, "transformer.wpe.weight");
+  EXPECT_EQ(p[4].name, "transformer.h.0.attn.c_attn.weight");
+  EXPECT_EQ(p[4].shape, (Shape{3 * 768, 768}));
+  EXPECT_EQ(p[12].name, "transformer.h.0.mlp.c_proj.weight");
+  EXPECT_EQ(p[12].shape, (Shape{768, 4 * 768}));
+  EXPECT_EQ(p.back().name, "transformer.ln_f.bias");
+  // Weight decay as llm.c's: the embeddings and the matrices, not the biases and layer norms.
+  EXPECT_TRUE(p[0].decays);
+  EXPECT_TRUE(p[4].decays);
+  EXPECT_FALSE(p[5].decays);
+  EXPECT_FALSE(p[2].decays);
+  // GPT-2's initialisation: N(0, 0.02^2), the residual projections' scaled by 1/sqrt(2 n_layer).
+  const float* w = net->weights().f32();
+  auto stddev = [&](const ParamInfo& info) {
+    double s = 0;
+    for (std::int64_t i = 0; i < info.size; ++i)
+      s += double(w[info.offset + i]) * w[info.offset + i];
+    return std::sqrt(s / static_cast<double>(info.size));
+  };
+  // A sample standard deviation of m >= 589,824 draws is within 3 / sqrt(2 m) < 0.3% relative
+  // of sigma with probability above 0.997; 1% leaves room.
+  EXPECT_NEAR(stddev(p[4]), 0.02, 0.02 * 0.01);
+  EXPECT_NEAR(stddev(p[12]), 0.02 / std::sqrt(24.0), 0.02 / std::sqrt(24.0) * 0.01);
+}
+
+TEST(Gpt, BadShapesAreRefusedNamingTheKey) {
+  EXPECT_EQ(errorOf(gpt(2, 3, 16, 8, 40, 1)),
+            "n_embd = 16 is not a positive multiple of n_head = 3");
+  EXPECT_EQ(errorOf(gpt(0, 2, 16, 8, 40, 1)), "n_layer = 0 (at least 1)");
+  NetOptions images = gpt(2, 2, 16, 8, 40, 1);
+  images.sequence_length = 0;
+  EXPECT_EQ(errorOf(images),
+            "model gpt2 reads token sequences: set block_size (the tokens a sequence holds)");
+  NetOptions lenet = gpt(2, 2, 16, 8, 40, 1);
+  lenet.model.name = "lenet";
+  EXPECT_EQ(errorOf(lenet), "model lenet reads images, not token sequences");
+}
+
+TEST(Gpt, ReadyRangesCoverEveryParameterOnceWithTheTiedEmbeddingLast) {
+  auto backend = makeCpuBackend(2);
+  auto net = makeNet(*backend, gpt(2, 2, 16, 8, 40, 3));
+  const Sequences s = randomSequences(3, 8, 40, 1);
+  net->forward(s.tokens, s.labels, true);
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  net->backward(1.0f, [&](std::int64_t begin, std::int64_t end, const Event*) {
+    ranges.emplace_back(begin, end);
+  });
+  ASSERT_FALSE(ranges.empty());
+  EXPECT_EQ(ranges.front().second, net->numParams());
+  EXPECT_EQ(ranges.back(), (std::pair<std::int64_t, std::int64_t>{0, (40 + 8) * 16}));
+  for (std::size_t i = 1; i < ranges.size(); ++i)
+    EXPECT_EQ(ranges[i].second, ranges[i - 1].first) << "range " << i;
+}
+
+// One element of every parameter tensor against one-sided differences of the loss (the same
+// argument as kernels_net_test's Resnet20GradientsMatchFiniteDifferences: where L' is monotone
+// on [w - eps, w + eps], L'(w) lies between them, each off by at most 2 dL / eps for a loss
+// rounded within dL <= 2 ulp). The loss is smooth (no kinks), so L' is monotone there unless
+// L'' changes sign inside; the wte elements reached through both the embedding and the output
+// layer check the tied gradient's two parts.
+TEST(Gpt, GradientsMatchFiniteDifferences) {
+  auto backend = makeCpuBackend(1);
+  auto net = makeNet(*backend, gpt(2, 2, 16, 8, 40, 3));
+  const Sequences s = randomSequences(3, 8, 40, 2);
+  net->forward(s.tokens, s.labels, true);
+  net->backward(1.0f, nullptr);
+  std::vector<float> grads(net->grads().f32(), net->grads().f32() + net->numParams());
+  float* w = net->weights().f32();
+  auto loss = [&] {
+    net->forward(s.tokens, s.labels, true);
+    return static_cast<double>(net->metrics().f32()[0]);
+  };
+  int agree = 0, checked = 0;
+  for (const auto& p : net->params()) {
+    for (int pick = 0; pick < 2; ++pick) {
+      const std::int64_t i =
+          p.offset + static_cast<std::int64_t>(randomBits(3, p.offset, pick) % p.size);
+      const float keep = w[i], eps = 1e-2f;
+      w[i] = keep + eps;
+      const double up = loss();
+      w[i] = keep - eps;
+      const double down = loss();
+      w[i] = keep;
+      const double centre = loss();
+      const double forward = (up - centre) / eps, backward = (centre - down) / eps;
+      const double ulp = std::nextafter(static_cast<float>(std::abs(centre)), INFINITY) -
+                         static_cast<float>(std::abs(centre));
+      const double rounding = 2 * (2 * ulp) / eps;
+      ++checked;
+      const bool ok = grads[i] >= std::min(forward, backward) - rounding &&
+                      grads[i] <= std::max(forward, backward) + rounding;
+      agree += ok;
+      if (!ok) {
+        std::cout << p.name << "[" << i - p.offset << "]: " << grads[i] << " not within ["
+                  << forward << ", " << backward << "] +- " << rounding << "\n";
+      }
+    }
+  }
+  // A wrong gradient (a missing residual path, the tied embedding's half) leaves most outside.
+  EXPECT_GE(agree, checked * 9 / 10) << "of " << checked;
+}
+
+// Debian's interpreter: python3-torch and python3-numpy are its packages (scripts/setup.sh).
+constexpr const char* kPython = "/usr/bin/python3";
+
+// 20 steps of SGD (lr 0.1) on one batch: before each step troupe's weights go to the reference,
+// which computes the loss at them in float64 with its bound; troupe's loss of that step must be
+// within twice the bound (the second-order terms the bound leaves out are below (roundings on a
+// path x u) ~ 1e3 x 2^-24 < 1e-4 of it).
+TEST(Gpt, TwentyStepsLossesEqualPyTorchsWithinTheRoundingBound) {
+  const std::int64_t layers = 2, heads = 2, embd = 32, t = 16, n = 4, steps = 20;
+  const int vocab = 64;
+  const float lr = 0.1f;
+  auto backend = makeCpuBackend(2);
+  auto net = makeNet(*backend, gpt(layers, heads, embd, t, vocab, n));
+  const Sequences s = randomSequences(n, t, vocab, 3);
+  const fs::path dump =
+      fs::temp_directory_path() / ("troupe_gpt_" + std::to_string(::getpid()) + ".bin");
+  const fs::path answer = dump.string() + ".ref";
+  std::ofstream out(dump, std::ios::binary);
+  auto put = [&](const void* p, std::size_t bytes) {
+    out.write(static_cast<const char*>(p), static_cast<std::streamsize>(bytes));
+  };
+  auto putInt = [&](std::int64_t v) { put(&v, sizeof v); };
+  put("TROUPEGPT1", 10);
+  for (std::int64_t v : {layers, heads, embd, t, std::int64_t{vocab}, n, steps})
+    putInt(v);
+  put(&lr, sizeof lr);
+  putInt(static_cast<std::int64_t>(net->params().size()));
+  for (const auto& p : net->params()) {
+    putInt(static_cast<std::int64_t>(p.name.size()));
+    put(p.name.data(), p.name.size());
+    putInt(static_cast<std::int64_t>(p.shape.size()));
+    for (auto d : p.shape)
+      putInt(d);
+  }
+  put(s.tokens.raw(), s.tokens.bytes());
+  put(s.labels.raw(), s.labels.bytes());
+  std::vector<double> losses;
+  const Tensor& w = net->weights();
+  for (std::int64_t step = 0; step < steps; ++step) {
+    put(w.raw(), w.bytes());
+    net->forward(s.tokens, s.labels, true);
+    losses.push_back(double(net->metrics().f32()[0]) / double(n * t));
+    net->backward(1.0f / static_cast<float>(n * t), nullptr);
+    backend->axpy(-lr, net->grads(), w);
+  }
+  out.close();
+  const std::string command = std::string(kPython) + " " + testing::sourceDir() +
+                              "/tests/gpt_reference.py --in " + dump.string() + " --out " +
+                              answer.string();
+  const auto run = testing::runCommand(command);
+  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
+  std::ifstream in(answer, std::ios::binary);
+  char magic[13] = {};
+  in.read(magic, sizeof magic);
+  ASSERT_EQ(std::string(magic, sizeof magic), "TROUPEGPTREF1");
+  std::vector<double> ref(2 * steps), own(steps);
+  in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 8));
+  in.read(reinterpret_cast<char*>(own.data()), static_cast<std::streamsize>(own.size() * 8));
+  ASSERT_TRUE(in) << answer << " is cut short";
+  fs::remove(dump);
+  fs::remove(answer);
+  double worst = 0;
+  std::cout << std::setprecision(9);
+  for (std::int64_t k = 0; k < steps; ++k) {
+    const double want = ref[2 * k], bound = ref[2 * k + 1];
+    EXPECT_NEAR(losses[k], want, 2 * bound) << "step " << k;
+    worst = std::max(worst, std::abs(losses[k] - want) / bound);
+    std::cout << "step " << k << ": troupe " << losses[k] << ", PyTorch at its weights " << want
+              << " (bound " << bound << "), PyTorch's own float64 training " << own[k] << "\n";
+  }
+  std::cout << "largest difference / bound: " << worst << "\n";
+  EXPECT_LT(losses.back(), losses.front() - 0.5) << "the loss barely fell";
+}
+
+}  // namespace
+}  // namespace troupe::kernels
