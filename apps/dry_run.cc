@@ -72,8 +72,9 @@ Plan plan(const actors::TrainOptions& o) {
   actors::checkBatchMemory(o);
   p.threads = o.threads > 0 ? o.threads : actors::defaultThreads();
 
-  p.train_size = o.synthetic ? o.epoch_size
-                             : data::openDataset(actors::datasetOptions(o, o.train_data))->size();
+  p.train_size = o.synthetic
+                     ? o.epoch_size
+                     : data::openDataset(actors::datasetOptions(o, o.train_data, true))->size();
   if (!o.test_data.empty()) {
     p.test_size = data::openDataset(actors::datasetOptions(o, o.test_data))->size();
   }
@@ -324,8 +325,12 @@ std::string modelSection(const actors::TrainOptions& o, const Plan& p) {
 }
 
 std::string dataSection(const actors::TrainOptions& o, const Plan& p) {
-  std::string out = fmt::format("\n# data: {}, {} x {} x {} inputs\n", data::toString(o.db_type),
-                                o.num_channels, o.image_size, o.image_size);
+  std::string out =
+      o.block_size > 0
+          ? fmt::format("\n# data: token shards, sequences of {} tokens (vocabulary {})\n",
+                        o.block_size, o.vocab_size)
+          : fmt::format("\n# data: {}, {} x {} x {} inputs\n", data::toString(o.db_type),
+                        o.num_channels, o.image_size, o.image_size);
   out +=
       fmt::format("#   train  {} records  {}\n", p.train_size,
                   o.synthetic ? std::string("synthetic (random inputs, made once)") : o.train_data);

@@ -1,4 +1,5 @@
 #include "data/dataset.h"
+#include "data/token_dataset.h"
 
 #include "data/datum.h"
 #include "data/memory_dataset.h"
@@ -118,7 +119,14 @@ void Dataset::read(const std::vector<std::int64_t>&, std::int64_t, std::uint8_t*
                                   "' holds float images: input_dtype uint8 needs a database"));
 }
 
+void Dataset::read(const std::vector<std::int64_t>&, std::int64_t, std::int32_t*, std::int32_t*) {
+  throw InputError(detail::concat("dataset '", options().path,
+                                  "' holds images: a language model (block_size) reads token "
+                                  "shards"));
+}
+
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options) {
+  if (options.sequence_length > 0) return openTokenDataset(options);
   if (isMemoryDataset(options.path)) return openMemoryDataset(options);
   return std::make_unique<DbDataset>(options);
 }

@@ -57,6 +57,17 @@ struct DatasetOptions {
   // replica normalises on its device (TrainOptions::input_dtype "uint8"): a quarter of the bytes.
   bool uint8 = false;
 
+  // Above 0: the records are sequences of this many tokens from token shards (data/
+  // token_dataset.h), each token's label the one after it, every token below num_labels (the
+  // vocabulary); the image settings do not apply.
+  std::int64_t sequence_length = 0;
+
+  // Values a sample holds (an image's, or a sequence's tokens), and labels (one, or one a token).
+  std::int64_t sampleSize() const {
+    return sequence_length > 0 ? sequence_length : std::int64_t{channels} * height * width;
+  }
+  std::int64_t labelsPerSample() const { return sequence_length > 0 ? sequence_length : 1; }
+
   // Whether records go through an ImageTransform: a transform, or per-channel normalisation.
   bool transforms() const {
     return transform.active() || !mean_per_channel.empty() || !std_per_channel.empty();
@@ -83,6 +94,10 @@ class Dataset {
   // of float_data is a BadRecordError; a dataset without uint8 images (memory://) an InputError.
   virtual void read(const std::vector<std::int64_t>& indices, std::int64_t epoch,
                     std::uint8_t* images, std::int32_t* labels);
+  // A token dataset's sequences (DatasetOptions::sequence_length t): tokens and labels, each
+  // indices.size() x t. An image dataset throws InputError.
+  virtual void read(const std::vector<std::int64_t>& indices, std::int64_t epoch,
+                    std::int32_t* tokens, std::int32_t* labels);
 };
 
 // What a value of channel c becomes: (value - mean[c]) * scale[c], one element standing for every
@@ -95,7 +110,8 @@ Normalisation normalisationOf(const DatasetOptions& options);
 
 // Opens the database and loads its key list; throws as openDb() does, and InputError for a
 // non-positive shape or num_labels. A path "memory://NAME" opens a dataset this process holds in
-// memory (data/memory_dataset.h).
+// memory (data/memory_dataset.h); with sequence_length, the path is token shards
+// (data/token_dataset.h).
 std::unique_ptr<Dataset> openDataset(const DatasetOptions& options);
 
 // The PRNG behind epochOrder and shuffled conversions, fixed here so that orders are the same on

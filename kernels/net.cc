@@ -758,13 +758,21 @@ void checkGpt(const GptShape& gpt, std::int64_t sequence_length) {
 
 }  // namespace
 
-std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
+void checkNetInput(const NetOptions& options) {
   if (options.sequence_length < 0)
     throw InputError("sequence_length = " + std::to_string(options.sequence_length));
   if (options.sequence_length == 0 &&
       (options.channels < 1 || options.height < 1 || options.width < 1))
     throw InputError("input of " + std::to_string(options.channels) + "x" +
                      std::to_string(options.height) + "x" + std::to_string(options.width));
+  const std::string& name = options.model.name;
+  if (name == "gpt2") checkGpt(options.gpt, options.sequence_length);
+  if (options.sequence_length > 0 && !name.empty() && name != "gpt2")
+    throw InputError("model " + name + " reads images, not token sequences");
+}
+
+std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
+  checkNetInput(options);
   if (options.num_labels < 2)
     throw InputError("num_labels = " + std::to_string(options.num_labels) + " (at least 2)");
   if (options.max_batch < 1)
@@ -778,11 +786,8 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
   Builder b(graph);
   Node x = options.sequence_length > 0 ? b.tokens(options.sequence_length)
                                        : b.input({options.channels, options.height, options.width});
-  if (options.sequence_length > 0 && !model.name.empty() && model.name != "gpt2")
-    throw InputError("model " + model.name + " reads images, not token sequences");
   if (!model.name.empty()) {
     if (model.name == "gpt2") {
-      checkGpt(options.gpt, options.sequence_length);
       x = buildGpt(b, x, options.gpt, options.num_labels);
     } else if (model.name == "mlp") {
       x = buildMlp(b, x, options.num_labels);

@@ -220,6 +220,10 @@ class Net {
   virtual void reseed(std::uint64_t seed) = 0;
 };
 
+// InputError unless the input fits the model (images, or token sequences for gpt2) and a GPT's
+// shape is one; makeNet checks it first, a run before it opens its data.
+void checkNetInput(const NetOptions& options);
+
 // Builds a net; an unknown model or layer name, or a bad layer argument, throws InputError naming
 // it (and listing the known ones). Parameters are initialised from options.seed.
 std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options);

@@ -62,7 +62,8 @@ TEST(ConfigReference, EveryKeyHasARowWithItsTypeValuesAndDefault) {
       << doc;
   EXPECT_TRUE(contains(doc, "| `nesterov` | boolean | `true`, `false` | `false` |")) << doc;
   EXPECT_TRUE(contains(doc, "| `model` | string |  | `lenet` |")) << doc;
-  EXPECT_TRUE(contains(doc, "| `train_data` | string |  | (none) | training database |")) << doc;
+  EXPECT_TRUE(contains(doc, "| `train_data` | string |  | (none) | training database; with"))
+      << doc;
 }
 
 TEST(ConfigReference, EveryLayerTypeIsListedWithItsArguments) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/convert.h"
+#include "data/dataset.h"
 #include "data/token_shards.h"
 #include "data_test_util.h"
 #include "troupe/error.h"
@@ -182,6 +183,44 @@ TEST(ConvertText, TheEnglishCorpusConvertsFromItsDictzipFile) {
     at += tokens.size();
   }
   EXPECT_EQ(at, text.size());
+}
+
+// A token dataset's record i is tokens [i t, i t + t) of the shards end to end, each labelled with
+// the next token, the last record's last label the first token past it; a folder gives its train
+// or val split, a glob its matches in order.
+TEST(TokenDataset, RecordsAreConsecutiveSequencesLabelledWithTheNextTokens) {
+  TempDir dir;
+  writeTokenShard(dir / "t_val_000000.bin", std::vector<std::uint32_t>{9, 8, 7});
+  writeTokenShard(dir / "t_train_000001.bin", std::vector<std::uint32_t>{0, 1, 2, 3});
+  writeTokenShard(dir / "t_train_000002.bin", std::vector<std::uint32_t>{4, 5, 6});
+  DatasetOptions o;
+  o.sequence_length = 3;
+  o.num_labels = 10;
+  o.train = true;
+  for (const std::string& path : {dir.str(), dir / "t_train_*.bin"}) {
+    o.path = path;
+    auto d = openDataset(o);
+    ASSERT_EQ(d->size(), 2) << path;  // (7 - 1) / 3
+    std::vector<std::int32_t> tokens(6), labels(6);
+    d->read({1, 0}, 0, tokens.data(), labels.data());
+    EXPECT_THAT(tokens, ElementsAre(3, 4, 5, 0, 1, 2)) << path;
+    EXPECT_THAT(labels, ElementsAre(4, 5, 6, 1, 2, 3)) << path;
+    EXPECT_THAT(errorOf([&] { d->read({2}, 0, tokens.data(), labels.data()); }),
+                HasSubstr("sequence 2 of token shards"));
+    std::vector<float> images(6);
+    EXPECT_THAT(errorOf([&] { d->read({0}, 0, images.data(), labels.data()); }),
+                HasSubstr("hold token sequences, not images"));
+  }
+  o.path = dir.str();
+  o.train = false;
+  o.sequence_length = 2;
+  EXPECT_EQ(openDataset(o)->size(), 1);  // the val shard: (3 - 1) / 2
+  o.num_labels = 9;
+  EXPECT_EQ(errorOf([&] { openDataset(o); }),
+            "token shard '" + (dir / "t_val_000000.bin") +
+                "': token 9 at position 0 is outside the vocabulary [0, 9) (vocab_size)");
+  o.path = dir / "nothing_*.bin";
+  EXPECT_EQ(errorOf([&] { openDataset(o); }), "token shards '" + o.path + "': no file matches");
 }
 
 }  // namespace

@@ -279,12 +279,15 @@ std::vector<Key> buildTable() {
       agreed(
           Key{"model", Kind::kString, kNotNumeric,
               "built-in model: mlp, lenet, resnet20 and resnet56 (CIFAR), resnet18, resnet34 and "
-              "resnet50 (ImageNet, as torchvision's); or [[layers]] in the file",
+              "resnet50 (ImageNet, as torchvision's), gpt2 (a language model: block_size, n_layer, "
+              "n_head, n_embd); or [[layers]] in the file",
               [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
               [](const Settings& s) {
                 return s.options.model.name.empty() ? "custom" : s.options.model.name;
               }}),
-      Key{"train_data", Kind::kString, kNotNumeric, "training database",
+      Key{"train_data", Kind::kString, kNotNumeric,
+          "training database; with block_size, token shards (a .bin file, a glob of them, or a "
+          "folder: its *_train_* shards)",
           [](Settings& s, const Value& v) {
             // Caffe2's simulated input; ./null names a database called null.
             if (asString(v) == "null") {
@@ -294,7 +297,9 @@ std::vector<Key> buildTable() {
             s.options.train_data = asString(v);
           },
           [](const Settings& s) { return s.options.train_data; }},
-      TROUPE_STRING_KEY("test_data", test_data, "test database (evaluated after every epoch)"),
+      TROUPE_STRING_KEY("test_data", test_data,
+                        "test database (evaluated after every epoch); with block_size, token "
+                        "shards (a folder: its *_val_* shards)"),
       Key{"db_type", Kind::kString, kNotNumeric, "lmdb or leveldb",
           [](Settings& s, const Value& v) {
             try {
@@ -388,6 +393,19 @@ std::vector<Key> buildTable() {
                  [](const Settings& s) { return listText(s.options.lr_milestones); }}),
       agreed(TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs")),
       agreed(TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes")),
+      agreed(TROUPE_INT_KEY("block_size", block_size, closed(0, k2Pow20),
+                            "language models (model gpt2): tokens a sequence holds, read from "
+                            "token shards (llm.c's .bin), each labelled with the next (nanoGPT's "
+                            "and llm.c's; 0: the input is images)")),
+      agreed(TROUPE_INT_KEY("vocab_size", vocab_size, closed(2, 16 * k2Pow20),
+                            "language models: tokens the model knows (GPT-2's BPE: 50257; "
+                            "troupe convert text's bytes: 256)")),
+      agreed(TROUPE_INT_KEY("n_layer", gpt.n_layer, closed(1, 1000),
+                            "gpt2: transformer blocks (GPT-2 124M, llm.c's d12: 12)")),
+      agreed(TROUPE_INT_KEY("n_head", gpt.n_head, closed(1, 1000),
+                            "gpt2: attention heads, each n_embd / n_head wide (124M: 12)")),
+      agreed(TROUPE_INT_KEY("n_embd", gpt.n_embd, closed(1, k2Pow20),
+                            "gpt2: width of the residual stream (124M: 768)")),
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
       agreed(TROUPE_INT_KEY("image_size", image_size, closed(1, 4096),
                             "height and width of the images")),

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 
@@ -174,12 +175,12 @@ class Coordinator final : public Actor {
     if (options_.log_every > 0 && !progress_line_.on() &&
         complete_through_ % options_.log_every == 0) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
-      spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} inputs/s",
+      spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} {}/s",
                    epochIndex() + 1, in_epoch, config_.plan.steps_per_epoch,
                    window_.loss_sum / std::max<std::int64_t>(1, window_.count),
                    window_.correct / std::max<std::int64_t>(1, window_.count),
                    kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step)),
-                   static_cast<double>(window_.count) / std::max(secs, 1e-9));
+                   static_cast<double>(window_.count) / std::max(secs, 1e-9), units());
       window_ = {};
       window_start_ = Clock::now();
     }
@@ -219,12 +220,17 @@ class Coordinator final : public Actor {
     const double left =
         static_cast<double>(config_.plan.last_step - complete_through_) * step_seconds_;
     progress_line_.show(fmt::format(
-        "epoch {}/{}  step {}/{}  {:.0f} inputs/s  loss {:.4f}  lr {:.4g}  ETA {}",
-        epochIndex() + 1, options_.num_epochs, in_epoch, config_.plan.steps_per_epoch,
-        static_cast<double>(config_.plan.global_batch) / std::max(step_seconds_, 1e-9),
-        loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
+        "epoch {}/{}  step {}/{}  {:.0f} {}/s  loss {:.4f}  lr {:.4g}  ETA {}", epochIndex() + 1,
+        options_.num_epochs, in_epoch, config_.plan.steps_per_epoch,
+        static_cast<double>(config_.plan.global_batch *
+                            std::max<std::int64_t>(1, options_.block_size)) /
+            std::max(step_seconds_, 1e-9),
+        units(), loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
         formatDuration(left)));
   }
+
+  // What the counts count: a language model's tokens, or inputs (images).
+  const char* units() const { return options_.block_size > 0 ? "tokens" : "inputs"; }
 
   // A stop or a checkpoint asked through RunControl, or a worker waiting to join an elastic run,
   // pauses every updater a few steps on.
@@ -350,7 +356,7 @@ class Coordinator final : public Actor {
 
   // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,
   // how fast they decode (readers of troupe's own; a caller's reader reports no time).
-  static void logInput(std::int64_t epoch, const EpochStats& e, int num_replicas) {
+  void logInput(std::int64_t epoch, const EpochStats& e, int num_replicas) const {
     if (e.replica_steps == 0) return;
     // Counted per replica and step: "of their 2 x 25 steps" for 2 replicas of 25 steps.
     const int replicas = std::max(1, num_replicas);
@@ -361,8 +367,8 @@ class Coordinator final : public Actor {
         replicas == 1 ? fmt::format("its {}", e.replica_steps)
                       : fmt::format("their {} x {}", replicas, e.replica_steps / replicas),
         static_cast<double>(e.ready_sum) / static_cast<double>(e.replica_steps), e.fewest_ready,
-        e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} inputs/s",
-                                         static_cast<double>(e.count) / e.read_seconds)
+        e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} {}/s",
+                                         static_cast<double>(e.count) / e.read_seconds, units())
                            : std::string());
     // As torch.cuda.max_memory_allocated: the live tensors and workspaces at their most.
     if (e.device_peak > 0) {
@@ -408,12 +414,18 @@ class Coordinator final : public Actor {
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
     row.skipped_records = stats.skipped;
     config_.log->write(row);
-    // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did).
+    // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did). A
+    // language model's test loss is per token, with its perplexity.
+    std::string test;
+    if (config_.has_test && options_.block_size > 0) {
+      const double loss = eval_.loss_sum / std::max<std::int64_t>(1, eval_.count);
+      test = fmt::format(" test_loss {:.4f} (perplexity {:.2f})", loss, std::exp(loss));
+    }
+    if (config_.has_test) test += fmt::format(" test_accuracy {:.4f}", row.test_accuracy);
     spdlog::info(
-        "epoch {} done: loss {:.4f} accuracy {:.4f}{} ({} inputs in {:.2f} s, {:.0f} inputs/s{})",
-        epoch, row.loss, row.accuracy,
-        config_.has_test ? fmt::format(" test_accuracy {:.4f}", row.test_accuracy) : std::string(),
-        row.input_count, row.time_spent, row.inputs_per_sec,
+        "epoch {} done: loss {:.4f} accuracy {:.4f}{} ({} {} in {:.2f} s, {:.0f} {}/s{})", epoch,
+        row.loss, row.accuracy, test, row.input_count, units(), row.time_spent, row.inputs_per_sec,
+        units(),
         options_.skip_bad_records ? fmt::format(", {} bad records skipped", stats.skipped) : "");
     logInput(epoch, stats, config_.num_replicas);
     logLossScale(epoch);

@@ -71,11 +71,20 @@ class Reader final : public Actor {
     return config_.pinned ? kernels::pinnedHostBuffer(std::move(shape), dtype, config_.device)
                           : kernels::Tensor::hostUninitialized(std::move(shape), dtype);
   }
+  // A batch of `count` samples: images [count, C, H, W], or token sequences [count, t] with a
+  // label a token.
   kernels::Shape imageShape(std::int64_t count) const {
     const auto& d = config_.dataset;
+    if (d.sequence_length > 0) return {count, d.sequence_length};
     return {count, d.channels, d.height, d.width};
   }
+  kernels::Shape labelShape(std::int64_t count) const {
+    const auto& d = config_.dataset;
+    if (d.sequence_length > 0) return {count, d.sequence_length};
+    return {count};
+  }
   kernels::DType imageType() const {
+    if (config_.dataset.sequence_length > 0) return kernels::DType::kInt32;
     return config_.dataset.uint8 ? kernels::DType::kUInt8 : kernels::DType::kFloat32;
   }
 
@@ -93,13 +102,13 @@ class Reader final : public Actor {
     const std::int64_t count = config_.targets[t].count;
     if (!config_.pinned) {
       batch.images = hostTensor(imageShape(count), imageType());
-      batch.labels = hostTensor({count}, kernels::DType::kInt32);
+      batch.labels = hostTensor(labelShape(count), kernels::DType::kInt32);
       return;
     }
     Slot& slot = slotOf(t, step);
     if (slot.images.numel() == 0) {
       slot.images = hostTensor(imageShape(count), imageType());
-      slot.labels = hostTensor({count}, kernels::DType::kInt32);
+      slot.labels = hostTensor(labelShape(count), kernels::DType::kInt32);
     }
     slot.consumed.wait();  // a host wait for a copy that is done nearly always
     batch.images = slot.images;
@@ -107,26 +116,29 @@ class Reader final : public Actor {
   }
 
   // One batch of each target's size: images uniform in [-1, 1) (bytes uniform in [0, 256) for
-  // uint8 input) and labels uniform in [0, num_labels), from the seed and the target.
+  // uint8 input; tokens uniform in the vocabulary) and labels uniform in [0, num_labels), from
+  // the seed and the target.
   void makeSynthetic() {
     const auto& d = config_.dataset;
     for (const auto& target : config_.targets) {
       Batch b;
       b.images = hostTensor(imageShape(target.count), imageType());
-      b.labels = hostTensor({target.count}, kernels::DType::kInt32);
+      b.labels = hostTensor(labelShape(target.count), kernels::DType::kInt32);
       const auto stream = static_cast<std::uint64_t>(target.offset) * 2;
+      const auto labels = static_cast<std::uint64_t>(d.num_labels);
       for (std::int64_t i = 0; i < b.images.numel(); ++i) {
         const std::uint64_t bits = kernels::randomBits(config_.seed, stream, i);
-        if (d.uint8) {
+        if (b.images.dtype() == kernels::DType::kInt32) {
+          b.images.i32()[i] = static_cast<std::int32_t>(bits % labels);
+        } else if (d.uint8) {
           static_cast<std::uint8_t*>(b.images.raw())[i] = static_cast<std::uint8_t>(bits >> 56);
         } else {
           b.images.f32()[i] = 2.0f * kernels::uniform01(bits) - 1.0f;
         }
       }
-      for (std::int64_t i = 0; i < target.count; ++i) {
+      for (std::int64_t i = 0; i < b.labels.numel(); ++i) {
         b.labels.i32()[i] =
-            static_cast<std::int32_t>(kernels::randomBits(config_.seed, stream + 1, i) %
-                                      static_cast<std::uint64_t>(d.num_labels));
+            static_cast<std::int32_t>(kernels::randomBits(config_.seed, stream + 1, i) % labels);
       }
       synthetic_.push_back(std::move(b));
     }
@@ -176,8 +188,9 @@ class Reader final : public Actor {
     const auto n = static_cast<std::int64_t>(order_.size());
     std::int64_t skipped = 0;
     std::vector<std::int64_t> one(1);
-    for (std::int64_t i = 0; i < batch.labels.numel(); ++i) {
-      std::int32_t* label = batch.labels.i32() + i;
+    const std::int64_t samples = batch.images.dim(0);
+    for (std::int64_t i = 0; i < samples; ++i) {
+      std::int32_t* label = batch.labels.i32() + i * d.labelsPerSample();
       bool slot_bad = false;
       for (std::int64_t probe = 0;; ++probe) {
         if (probe == n) {
@@ -203,12 +216,14 @@ class Reader final : public Actor {
     return skipped;
   }
 
-  // Reads records into images from slot `first` on, as floats or (DatasetOptions::uint8) bytes.
+  // Reads records into images from slot `first` on, as floats, (DatasetOptions::uint8) bytes,
+  // or tokens.
   void readInto(const std::vector<std::int64_t>& indices, std::int64_t epoch,
                 const kernels::Tensor& images, std::int64_t first, std::int32_t* labels) {
-    const auto& d = config_.dataset;
-    const auto at = static_cast<std::size_t>(first) * d.channels * d.height * d.width;
-    if (images.dtype() == kernels::DType::kUInt8) {
+    const auto at = static_cast<std::size_t>(first * config_.dataset.sampleSize());
+    if (images.dtype() == kernels::DType::kInt32) {
+      dataset_->read(indices, epoch, images.i32() + at, labels);
+    } else if (images.dtype() == kernels::DType::kUInt8) {
       dataset_->read(indices, epoch, static_cast<std::uint8_t*>(images.raw()) + at, labels);
     } else {
       dataset_->read(indices, epoch, images.f32() + at, labels);

@@ -367,6 +367,14 @@ class Replica final : public Actor {
       indices.resize(static_cast<std::size_t>(count));
       for (std::int64_t i = 0; i < count; ++i)
         indices[static_cast<std::size_t>(i)] = first + i;
+      if (t.sequence_length > 0) {  // token shards: no bad records (checked when opened)
+        auto tokens = kernels::Tensor::host({count, t.sequence_length}, kernels::DType::kInt32);
+        auto labels = kernels::Tensor::host({count, t.sequence_length}, kernels::DType::kInt32);
+        test_->read(indices, /*epoch=*/0, tokens.i32(), labels.i32());
+        evaluateBatch(onDevice(tokens, images_here_), onDevice(labels, labels_here_), result);
+        result.count += labels.numel();
+        continue;
+      }
       auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
       auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
       std::int64_t good = count;
@@ -380,15 +388,20 @@ class Replica final : public Actor {
                      .view({good, t.channels, t.height, t.width});
         labels = labels.slice(0, good);
       }
-      net_->forward(onDevice(images, images_here_), onDevice(labels, labels_here_),
-                    /*train=*/false);
-      backend_->copy(net_->metrics(), metrics_host_);
-      backend_->synchronize();
-      result.loss_sum += metrics_host_.f32()[0];
-      result.correct += metrics_host_.f32()[1];
+      evaluateBatch(onDevice(images, images_here_), onDevice(labels, labels_here_), result);
       result.count += good;
     }
     send(config_.coordinator, result);
+  }
+
+  // The loss and correct predictions of one test batch, added to `result`.
+  void evaluateBatch(const kernels::Tensor& images, const kernels::Tensor& labels,
+                     Evaluated& result) {
+    net_->forward(images, labels, /*train=*/false);
+    backend_->copy(net_->metrics(), metrics_host_);
+    backend_->synchronize();
+    result.loss_sum += metrics_host_.f32()[0];
+    result.correct += metrics_host_.f32()[1];
   }
 
   // Reads the records of `indices` one by one, packing the good ones at the front of images and

@@ -197,7 +197,7 @@ struct ReplicaConfig {
   int threads = 1;
   std::shared_ptr<const ThreadBudget> budget;  // when set and settled: its share, not `threads`
   int budget_ways = 1;
-  float grad_scale = 1.0f;    // 1 / global batch
+  float grad_scale = 1.0f;    // 1 / global batch (of tokens, for a language model)
   data::Normalisation input;  // what a batch of uint8 images becomes (input_dtype uint8)
   std::int64_t bucket_bytes = 25 << 20;
   std::int64_t first_bucket_bytes = 1 << 20;

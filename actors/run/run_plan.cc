@@ -515,6 +515,7 @@ void checkProcessOptions(const TrainOptions& o) {
   }
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
+  kernels::checkNetInput(netOptions(o, 1));  // before the data is opened: tokens or images
   checkTrainingData(o);
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
   if (o.generation < 0) throw InputError("generation must be at least 0");
@@ -563,7 +564,9 @@ data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& pa
   d.train = train;
   d.seed = o.seed;
   d.decode_threads = o.decode_threads;
-  d.uint8 = train && o.input_dtype == kernels::DType::kUInt8;
+  d.uint8 = train && o.input_dtype == kernels::DType::kUInt8 && o.block_size == 0;
+  d.sequence_length = o.block_size;
+  if (o.block_size > 0) d.num_labels = static_cast<int>(o.vocab_size);
   return d;
 }
 
@@ -593,6 +596,9 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.label_smoothing = o.label_smoothing;
   net.max_batch = max_batch;
   net.seed = o.seed;
+  net.sequence_length = o.block_size;
+  net.gpt = o.gpt;
+  if (o.block_size > 0) net.num_labels = static_cast<int>(o.vocab_size);
   return net;
 }
 

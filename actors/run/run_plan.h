@@ -77,7 +77,7 @@ void checkTrainingData(const TrainOptions& o);
 
 // The database at `path` as the run's readers open it (type, shape, labels, normalisation,
 // transform, decode threads). `train`: the training set's, whose transform draws random crops,
-// mirror and jitter.
+// mirror and jitter, and which takes a folder of token shards' "train" split (else "val").
 data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path,
                                     bool train = false);
 

@@ -60,6 +60,12 @@ struct TrainOptions {
   int num_channels = 1;
   int image_size = 28;
   int num_labels = 10;
+  // Language models (model gpt2): above 0, samples are sequences of this many tokens read from
+  // token shards (data/token_shards.h), each token labelled with the next (nanoGPT's block_size);
+  // 0: images.
+  std::int64_t block_size = 0;
+  std::int64_t vocab_size = 50257;  // tokens a language model knows (GPT-2's BPE)
+  kernels::GptShape gpt;            // n_layer, n_head, n_embd
   float mean = 0.0f;
   float scale = 1.0f / 255.0f;
   // Caffe2's per-channel normalisation, (value - mean_c) / std_c, replacing mean and scale.

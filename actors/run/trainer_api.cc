@@ -109,7 +109,7 @@ Result<std::unique_ptr<Trainer>> Trainer::start(const std::string& config_file,
     // The data is opened here too, so that a missing database is the answer, not a failed run.
     actors::checkTrainingData(options);
     if (!options.train_data.empty()) {
-      data::openDataset(actors::datasetOptions(options, options.train_data));
+      data::openDataset(actors::datasetOptions(options, options.train_data, /*train=*/true));
     }
     if (!options.test_data.empty()) {
       data::openDataset(actors::datasetOptions(options, options.test_data));

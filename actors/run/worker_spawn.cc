@@ -176,7 +176,9 @@ ReplicaConfig WorkerSpawn::replica(int r) const {
   c.budget_ways = o.replicas;
   // Every schedule averages over the global batch: under dist_async and ssp each worker's push
   // is then 1/W of a synchronous step, so a learning rate means the same under every schedule.
-  c.grad_scale = 1.0f / static_cast<float>(p.plan.global_batch);
+  // A language model's loss is a sum over every token: it averages over the batch's tokens, as
+  // PyTorch's cross_entropy over (B, T) and llm.c do.
+  c.grad_scale = 1.0f / static_cast<float>(p.plan.global_batch * p.train.labelsPerSample());
   c.input = data::normalisationOf(p.train);
   c.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
   c.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
