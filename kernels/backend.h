@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "kernels/update.h"
+#include "troupe/error.h"
 
 namespace troupe::kernels {
 
@@ -159,12 +161,25 @@ class Backend {
   // label_smoothing in [0, 1): SoftmaxLossOp's target.
   virtual std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
                                                          float label_smoothing) = 0;
-  // Sequence models' ops. A backend without them throws InputError naming the op and the device
-  // (kernels/backend.cc).
-  virtual std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g);
-  virtual std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g);
-  virtual std::unique_ptr<GeluOp> makeGelu(std::int64_t numel);
-  virtual std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g);
+  // Sequence models' ops. A backend without them throws InputError naming the op and the device.
+  // Defined here, not in a .cc: Backend keeps no key function, so that its type information is in
+  // every library that uses it (the CUDA plugin, loaded at run time, among them).
+  virtual std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry&) {
+    noKernel("an embedding");
+  }
+  virtual std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry&) {
+    noKernel("layer norm");
+  }
+  virtual std::unique_ptr<GeluOp> makeGelu(std::int64_t) { noKernel("GELU"); }
+  virtual std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry&) {
+    noKernel("self-attention");
+  }
+
+ private:
+  [[noreturn]] void noKernel(const char* op) const {
+    throw InputError(std::string(op) + " has no kernel on " + toString(device()) +
+                     " yet: sequence models train on the CPU");
+  }
 };
 
 // A CPU backend computing with `threads` threads (OpenMP; oneDNN's sgemm underneath). It flushes

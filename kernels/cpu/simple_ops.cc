@@ -124,60 +124,82 @@ class CpuGlobalAvgPool final : public GlobalAvgPoolOp {
   int threads_;
 };
 
+// Rows are shared among the threads (a language model's thousands of tokens, each a row of the
+// vocabulary); each range sums its rows' losses, and the ranges' sums are added in range order.
 class CpuSoftmaxLoss final : public SoftmaxLossOp {
  public:
-  CpuSoftmaxLoss(std::int64_t n, std::int64_t classes, float smoothing)
-      : n_(n), classes_(classes), smoothing_(smoothing), prob_(n * classes), labels_(n) {}
+  CpuSoftmaxLoss(std::int64_t n, std::int64_t classes, float smoothing, int threads)
+      : n_(n),
+        classes_(classes),
+        smoothing_(smoothing),
+        threads_(n * classes >= kParallelGrain ? threads : 1),
+        prob_(n * classes),
+        labels_(n) {}
   void forward(const Tensor& logits, const Tensor& labels, const Tensor& metrics) override {
     TROUPE_ENFORCE_EQ(logits.numel(), n_ * classes_);
     TROUPE_ENFORCE_EQ(labels.numel(), n_);
     TROUPE_ENFORCE_EQ(metrics.numel(), 2);
-    const float* z = logits.f32();
     const std::int32_t* lab = labels.i32();
-    double loss = 0.0;
-    std::int64_t correct = 0;
     for (std::int64_t i = 0; i < n_; ++i) {
       const std::int32_t label = lab[i];
       if (label < 0 || label >= classes_)
         throw InputError("label " + std::to_string(label) + " of sample " + std::to_string(i) +
                          " is outside [0, " + std::to_string(classes_) + ")");
       labels_[i] = label;
-      const float* row = z + i * classes_;
-      float* p = prob_.data() + i * classes_;
-      std::int64_t best = 0;
-      for (std::int64_t k = 1; k < classes_; ++k)
-        if (row[k] > row[best]) best = k;
-      const float mx = row[best];
-      float sum = 0.0f, shifted = 0.0f;  // shifted: the sum of row[k] - mx (smoothing's)
-      for (std::int64_t k = 0; k < classes_; ++k) {
-        sum += (p[k] = std::exp(row[k] - mx));
-        shifted += row[k] - mx;
-      }
-      const float inv = 1.0f / sum;
-      for (std::int64_t k = 0; k < classes_; ++k)
-        p[k] *= inv;
-      loss += smoothing_ == 0.0f
-                  ? std::log(sum) - (row[label] - mx)
-                  : std::log(sum) - ((1.0f - smoothing_) * (row[label] - mx) +
-                                     smoothing_ / static_cast<float>(classes_) * shifted);
-      correct += best == label;
     }
-    metrics.f32()[0] = static_cast<float>(loss);
-    metrics.f32()[1] = static_cast<float>(correct);
+    const float* z = logits.f32();
+    std::vector<double> loss(static_cast<std::size_t>(threads_), 0.0);
+    std::vector<std::int64_t> correct(static_cast<std::size_t>(threads_), 0);
+    forRangesIndexed(n_, threads_, 0, [&](int index, std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const std::int32_t label = labels_[i];
+        const float* row = z + i * classes_;
+        float* p = prob_.data() + i * classes_;
+        std::int64_t best = 0;
+        for (std::int64_t k = 1; k < classes_; ++k)
+          if (row[k] > row[best]) best = k;
+        const float mx = row[best];
+        float sum = 0.0f, shifted = 0.0f;  // shifted: the sum of row[k] - mx (smoothing's)
+        for (std::int64_t k = 0; k < classes_; ++k) {
+          sum += (p[k] = std::exp(row[k] - mx));
+          shifted += row[k] - mx;
+        }
+        const float inv = 1.0f / sum;
+        for (std::int64_t k = 0; k < classes_; ++k)
+          p[k] *= inv;
+        loss[static_cast<std::size_t>(index)] +=
+            smoothing_ == 0.0f
+                ? std::log(sum) - (row[label] - mx)
+                : std::log(sum) - ((1.0f - smoothing_) * (row[label] - mx) +
+                                   smoothing_ / static_cast<float>(classes_) * shifted);
+        correct[static_cast<std::size_t>(index)] += best == label;
+      }
+    });
+    double total = 0.0;
+    std::int64_t right = 0;
+    for (int r = 0; r < threads_; ++r) {
+      total += loss[static_cast<std::size_t>(r)];
+      right += correct[static_cast<std::size_t>(r)];
+    }
+    metrics.f32()[0] = static_cast<float>(total);
+    metrics.f32()[1] = static_cast<float>(right);
   }
   void backward(float scale, const Tensor& dlogits) override {
     TROUPE_ENFORCE_EQ(dlogits.numel(), n_ * classes_);
     float* d = dlogits.f32();
     const float spread = scale * smoothing_ / static_cast<float>(classes_);
-    for (std::int64_t i = 0; i < n_ * classes_; ++i)
-      d[i] = scale * prob_[i] - spread;
-    for (std::int64_t i = 0; i < n_; ++i)
-      d[i * classes_ + labels_[i]] -= scale * (1.0f - smoothing_);
+    forRanges(n_, threads_, 0, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin * classes_; i < end * classes_; ++i)
+        d[i] = scale * prob_[i] - spread;
+      for (std::int64_t i = begin; i < end; ++i)
+        d[i * classes_ + labels_[i]] -= scale * (1.0f - smoothing_);
+    });
   }
 
  private:
   std::int64_t n_, classes_;
   float smoothing_;
+  int threads_;
   std::vector<float> prob_;
   std::vector<std::int32_t> labels_;
 };
@@ -199,10 +221,10 @@ std::unique_ptr<GlobalAvgPoolOp> makeGlobalAvgPool(std::int64_t n, std::int64_t 
   return std::make_unique<CpuGlobalAvgPool>(n * channels, spatial, threads);
 }
 std::unique_ptr<SoftmaxLossOp> makeSoftmaxLoss(std::int64_t n, std::int64_t classes,
-                                               float label_smoothing, int) {
+                                               float label_smoothing, int threads) {
   TROUPE_ENFORCE(label_smoothing >= 0.0f && label_smoothing < 1.0f, "label smoothing ",
                  label_smoothing);
-  return std::make_unique<CpuSoftmaxLoss>(n, classes, label_smoothing);
+  return std::make_unique<CpuSoftmaxLoss>(n, classes, label_smoothing, threads);
 }
 
 }  // namespace troupe::kernels::cpu
