@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/net.h"
 #include "kernels/random.h"
+#include "one_sided_differences.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
@@ -122,12 +123,10 @@ TEST(Gpt, ReadyRangesCoverEveryParameterOnceWithTheTiedEmbeddingLast) {
     EXPECT_EQ(ranges[i].second, ranges[i - 1].first) << "range " << i;
 }
 
-// One element of every parameter tensor against one-sided differences of the loss (the same
-// argument as kernels_net_test's Resnet20GradientsMatchFiniteDifferences: where L' is monotone
-// on [w - eps, w + eps], L'(w) lies between them, each off by at most 2 dL / eps for a loss
-// rounded within dL <= 2 ulp). The loss is smooth (no kinks), so L' is monotone there unless
-// L'' changes sign inside; the wte elements reached through both the embedding and the output
-// layer check the tied gradient's two parts.
+// Two elements of every parameter tensor against one-sided differences of the loss
+// (one_sided_differences.h). The loss is smooth (no kinks), so L' is monotone on the interval
+// unless L'' changes sign inside; the wte elements reached through both the embedding and the
+// output layer check the tied gradient's two parts.
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   auto backend = makeCpuBackend(1);
   auto net = makeNet(*backend, gpt(2, 2, 16, 8, 40, 3));
@@ -145,29 +144,16 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
     for (int pick = 0; pick < 2; ++pick) {
       const std::int64_t i =
           p.offset + static_cast<std::int64_t>(randomBits(3, p.offset, pick) % p.size);
-      const float keep = w[i], eps = 1e-2f;
-      w[i] = keep + eps;
-      const double up = loss();
-      w[i] = keep - eps;
-      const double down = loss();
-      w[i] = keep;
-      const double centre = loss();
-      const double forward = (up - centre) / eps, backward = (centre - down) / eps;
-      const double ulp = std::nextafter(static_cast<float>(std::abs(centre)), INFINITY) -
-                         static_cast<float>(std::abs(centre));
-      const double rounding = 2 * (2 * ulp) / eps;
       ++checked;
-      const bool ok = grads[i] >= std::min(forward, backward) - rounding &&
-                      grads[i] <= std::max(forward, backward) + rounding;
+      const bool ok = testing::withinOneSidedDifferences(w, i, grads[i], 1e-2f, loss);
       agree += ok;
-      if (!ok) {
-        std::cout << p.name << "[" << i - p.offset << "]: " << grads[i] << " not within ["
-                  << forward << ", " << backward << "] +- " << rounding << "\n";
-      }
+      if (!ok) std::cout << p.name << "[" << i - p.offset << "]: " << grads[i] << " disagrees\n";
     }
   }
-  // A wrong gradient (a missing residual path, the tied embedding's half) leaves most outside.
-  EXPECT_GE(agree, checked * 9 / 10) << "of " << checked;
+  // The loss has no kinks, so all agree but where L'' turns inside an interval (none of the 56
+  // here); one is allowed for that. A missing half of the tied embedding's gradient fails both
+  // of wte's, a wrong layer's gradient most of its own.
+  EXPECT_GE(agree, checked - 1) << "of " << checked;
 }
 
 // Debian's interpreter: python3-torch and python3-numpy are its packages (scripts/setup.sh).

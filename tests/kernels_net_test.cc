@@ -12,6 +12,7 @@
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/random.h"
+#include "one_sided_differences.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
@@ -478,26 +479,8 @@ TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
   for (const auto& p : net->params()) {
     const std::int64_t i =
         p.offset + static_cast<std::int64_t>(randomBits(3, p.offset, 0) % p.size);
-    const float keep = w[i], eps = 1e-3f;
-    w[i] = keep + eps;
-    const double up = loss();
-    w[i] = keep - eps;
-    const double down = loss();
-    w[i] = keep;
-    const double centre = loss();
-    // Where L' is monotone on [w - eps, w + eps] (no ReLU kink or batch-norm turn inside), the
-    // mean value theorem puts L'(w) between the one-sided differences; each is off by at most
-    // 2 dL / eps for a loss rounded within dL of its exact value, and dL <= 2 ulp(L) (the final
-    // rounding and the mean of three per-image losses, each rounded once more).
-    const double forward = (up - centre) / eps, backward = (centre - down) / eps;
-    const double ulp = std::nextafter(static_cast<float>(std::abs(centre)), INFINITY) -
-                       static_cast<float>(std::abs(centre));
-    const double rounding = 2 * (2 * ulp) / eps;
     ++checked;
-    if (grads[i] >= std::min(forward, backward) - rounding &&
-        grads[i] <= std::max(forward, backward) + rounding) {
-      ++agree;
-    }
+    agree += testing::withinOneSidedDifferences(w, i, grads[i], 1e-3f, loss);
   }
   // Kinks inside the interval make L' non-monotone there for a few weights (two of 65 on
   // AVX-512, AVX2 and baseline alike); a wrong gradient (a missing residual term, a transposed
