@@ -302,11 +302,11 @@ class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
 };
 
 // Token and position embedding: bottoms[0] is the input's tokens. Its parameters are wte then
-// wpe. `tied`: an output layer reads wte too, and wrote its gradient first.
+// wpe. Tied (tie()): an output layer reads wte too, and wrote its gradient first.
 class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
  public:
-  EmbeddingLayer(const EmbeddingGeometry& g, bool tied)
-      : OpLayer("embedding", true, false), g_(g), tied_(tied) {}
+  explicit EmbeddingLayer(const EmbeddingGeometry& g) : OpLayer("embedding", true, false), g_(g) {}
+  bool tie() override { return tied_ = true; }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     const std::int64_t wn = g_.vocab * g_.channels;
     wte_ = weights.slice(param_begin, param_begin + wn);
@@ -328,7 +328,7 @@ class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
     return ctx.backend().makeEmbedding(g);
   }
   EmbeddingGeometry g_;
-  bool tied_;
+  bool tied_ = false;
   Tensor wte_, wpe_, dwte_, dwpe_;
 };
 
@@ -446,9 +446,9 @@ std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_sm
   }
   return std::make_unique<SoftmaxLossLayer>(classes, label_smoothing, rows);
 }
-std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
-                                          bool tied) {
-  return std::make_unique<EmbeddingLayer>(EmbeddingGeometry{1, t, vocab, channels}, tied);
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab,
+                                          std::int64_t channels) {
+  return std::make_unique<EmbeddingLayer>(EmbeddingGeometry{1, t, vocab, channels});
 }
 std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels) {
   return std::make_unique<LayerNormLayer>(rows, channels);

@@ -61,6 +61,10 @@ class Layer {
   // The same for an add of its output and blob `z` (a new bottom) with the ReLU after it
   // (BatchNormGeometry::add).
   virtual bool takeAddRelu(int /*z*/, int /*relu_top*/) { return false; }
+  // Another layer (a tied output layer) reads this layer's first parameter tensor as its weights
+  // and writes its gradient first, in its backward: this layer's backward then adds to it. False
+  // where the layer cannot (only a token embedding can).
+  virtual bool tie() { return false; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.
@@ -94,10 +98,9 @@ std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in);
 // rows: predictions a sample holds, each with its own label (a sequence's next tokens).
 std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing = 0.0f,
                                             std::int64_t rows = 1);
-// Sequences of t tokens, each a row of `channels`. tied: an output layer reads the token
-// embedding too (its backward first).
-std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
-                                          bool tied);
+// Sequences of t tokens, each a row of `channels`.
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab,
+                                          std::int64_t channels);
 std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels);
 std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,

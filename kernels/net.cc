@@ -70,24 +70,13 @@ Node buildImageNetResnet(Builder& b, Node x, std::int64_t classes, const ImageNe
   return b.fc(Builder::flatten(b.globalAvgPool(x, "avgpool")), "fc", classes);
 }
 
-// GPT-2 (GptShape) over sequences x of tokens; residual projections start at 0.02 / sqrt(2
-// n_layer), as GPT-2's paper and llm.c scale them.
+// GPT-2 (GptShape) over sequences x of tokens.
 Node buildGpt(Builder& b, Node x, const GptShape& gpt, std::int64_t vocab) {
-  const std::int64_t c = gpt.n_embd;
-  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(gpt.n_layer));
   Node h = b.embedding(x, "transformer.wte", "transformer.wte.weight", "transformer.wpe.weight",
-                       vocab, c, true);
-  for (std::int64_t l = 0; l < gpt.n_layer; ++l) {
-    const std::string p = "transformer.h." + std::to_string(l);
-    Node a = b.linear(b.layerNorm(h, p + ".ln_1"), p + ".attn.c_attn", 3 * c, 0.02f);
-    a = b.linear(b.attention(a, p + ".attn", gpt.n_head), p + ".attn.c_proj", c, residual);
-    h = b.sum(h, a, p + ".add_1");
-    Node m = b.linear(b.layerNorm(h, p + ".ln_2"), p + ".mlp.c_fc", 4 * c, 0.02f);
-    m = b.linear(b.gelu(m, p + ".mlp.gelu"), p + ".mlp.c_proj", c, residual);
-    h = b.sum(h, m, p + ".add_2");
-  }
-  return b.tiedLinear(b.layerNorm(h, "transformer.ln_f"), "lm_head", "transformer.wte.weight",
-                      vocab);
+                       vocab, gpt.n_embd);
+  for (std::int64_t l = 0; l < gpt.n_layer; ++l)
+    h = transformerBlock(b, h, "transformer.h." + std::to_string(l), gpt.n_head, gpt.n_layer);
+  return b.tiedLinear(b.layerNorm(h, "transformer.ln_f"), "lm_head", "transformer.wte");
 }
 
 // ---- the net ----

@@ -72,6 +72,9 @@ class Builder {
 
   Node input(const Shape& shape) { return Node{newBlob(shape, false), shape}; }
 
+  // Whether x is the input's token sequences.
+  bool isTokens(const Node& x) const { return x.blob == 0 && g_.input_dtype == DType::kInt32; }
+
   // The input as sequences of t tokens (int32), each with its next token as its label.
   Node tokens(std::int64_t t) {
     g_.input_dtype = DType::kInt32;
@@ -122,24 +125,14 @@ class Builder {
   // ---- sequence models: a sample is t rows (tokens) of channels ----
 
   // Token and position embedding of the tokens `in` [t]: [t, channels]. Its parameters are
-  // `token` [vocab, channels] then `position` [t, channels], N(0, 0.02^2) as GPT-2's. tied: an
-  // output layer will read the token embedding (tiedLinear).
+  // `token` [vocab, channels] then `position` [t, channels], N(0, 0.02^2) as GPT-2's.
   Node embedding(const Node& in, const std::string& name, const std::string& token,
-                 const std::string& position, std::int64_t vocab, std::int64_t channels,
-                 bool tied) {
+                 const std::string& position, std::int64_t vocab, std::int64_t channels) {
     const std::int64_t t = in.shape[0];
     beginParams();
     addParam(token, {vocab, channels}, {false, 0.02f, true});
     addParam(position, {t, channels}, {false, 0.02f, true});
-    return add(makeEmbeddingLayer(t, vocab, channels, tied), name, {in}, {t, channels});
-  }
-
-  // The offset of parameter `name` in the flat parameters (InvariantError if there is none).
-  std::int64_t paramOffset(const std::string& name) const {
-    for (const auto& p : g_.params)
-      if (p.name == name) return p.offset;
-    TROUPE_ENFORCE(false, "no parameter '", name, "'");
-    return 0;
+    return add(makeEmbeddingLayer(t, vocab, channels), name, {in}, {t, channels});
   }
 
   // Over each row's last dimension; scale 1, shift 0, neither decays.
@@ -163,14 +156,25 @@ class Builder {
     return add(makeInnerProductLayer(c, out, rows), name, {in}, shape);
   }
 
-  // The same with the weights [out, in] of parameter `weights` (another layer's: GPT-2's output
-  // layer reads the token embedding), no bias, no parameters of its own.
-  Node tiedLinear(const Node& in, const std::string& name, const std::string& weights,
-                  std::int64_t out) {
+  // The same with the weights of layer `owner`'s first parameter [out, in] (GPT-2's output
+  // layer reads the token embedding: Layer::tie), no bias, no parameters of its own. InputError
+  // naming both when the owner cannot be tied or its weights do not fit.
+  Node tiedLinear(const Node& in, const std::string& name, const std::string& owner) {
+    const auto it = std::find(g_.layer_names.begin(), g_.layer_names.end(), owner);
+    const auto layer = static_cast<std::size_t>(it - g_.layer_names.begin());
+    const auto param = std::find_if(g_.params.begin(), g_.params.end(), [&](const ParamInfo& p) {
+      return p.layer == static_cast<int>(layer);
+    });
     const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
+    if (it == g_.layer_names.end() || param == g_.params.end() || !g_.layers[layer]->tie())
+      throw InputError("'" + name + "' ties its weights to '" + owner + "', not an embedding");
+    if (param->shape.size() != 2 || param->shape[1] != c) {
+      throw InputError("'" + name + "' reads rows of " + std::to_string(c) + ", and the weights " +
+                       "of '" + owner + "' are " + toString(param->shape));
+    }
     Shape shape = in.shape;
-    shape.back() = out;
-    return add(makeInnerProductLayer(c, out, rows, paramOffset(weights)), name, {in}, shape);
+    shape.back() = param->shape[0];
+    return add(makeInnerProductLayer(c, shape.back(), rows, param->offset), name, {in}, shape);
   }
 
   Node gelu(const Node& in, const std::string& name) {
@@ -451,6 +455,23 @@ inline Node residualBlock(Builder& b, const Node& x, const std::string& name, st
                     name + style.shortcut_bn);
   }
   return b.relu(b.sum(y, shortcut, name + ".add"), name + style.relu);
+}
+
+// GPT-2's block over x [t, channels] (pre-norm): x + attention, then + an MLP four times as
+// wide with a GELU, its layers named as nanoGPT's modules (NAME.ln_1, NAME.attn.c_attn,
+// NAME.attn, NAME.attn.c_proj, NAME.add_1, NAME.ln_2, NAME.mlp.c_fc, NAME.mlp.gelu,
+// NAME.mlp.c_proj, NAME.add_2). The projections into the residual stream start at 0.02 / sqrt(2
+// n_layer), the others at 0.02, as GPT-2's paper and llm.c draw them.
+inline Node transformerBlock(Builder& b, const Node& x, const std::string& name, std::int64_t heads,
+                             std::int64_t n_layer) {
+  const std::int64_t c = x.shape.back();
+  const float residual = 0.02f / std::sqrt(2.0f * static_cast<float>(n_layer));
+  Node a = b.linear(b.layerNorm(x, name + ".ln_1"), name + ".attn.c_attn", 3 * c, 0.02f);
+  a = b.linear(b.attention(a, name + ".attn", heads), name + ".attn.c_proj", c, residual);
+  const Node h = b.sum(x, a, name + ".add_1");
+  Node m = b.linear(b.layerNorm(h, name + ".ln_2"), name + ".mlp.c_fc", 4 * c, 0.02f);
+  m = b.linear(b.gelu(m, name + ".mlp.gelu"), name + ".mlp.c_proj", c, residual);
+  return b.sum(h, m, name + ".add_2");
 }
 
 // What a layer type's build gets: the builder, the layer's input (the previous layer's output,

@@ -21,11 +21,19 @@ LayerType dropoutLayerType();
 LayerType flattenLayerType();
 LayerType addLayerType();
 LayerType residualLayerType();
+LayerType embeddingLayerType();
+LayerType layernormLayerType();
+LayerType geluLayerType();
+LayerType attentionLayerType();
+LayerType linearLayerType();
+LayerType transformerLayerType();
 
 const std::vector<LayerType>& layerTable() {
   static const std::vector<LayerType> table = {
-      convLayerType(),    poolLayerType(), fcLayerType(),      reluLayerType(),    bnLayerType(),
-      dropoutLayerType(), addLayerType(),  flattenLayerType(), residualLayerType()};
+      convLayerType(),      poolLayerType(),      fcLayerType(),         reluLayerType(),
+      bnLayerType(),        dropoutLayerType(),   addLayerType(),        flattenLayerType(),
+      residualLayerType(),  embeddingLayerType(), layernormLayerType(),  geluLayerType(),
+      attentionLayerType(), linearLayerType(),    transformerLayerType()};
   return table;
 }
 

@@ -57,9 +57,11 @@ NetOptions custom(std::vector<LayerSpec> layers) {
   return o;
 }
 
-// Two descriptions of one net (for a 2 x 1 x 28 x 28 batch): the same parameters in the same
-// order (and names), so the same initial weights, and the same loss and gradients, to the bit.
-void expectSameNet(Backend& backend, const NetOptions& x, const NetOptions& y, bool same_names) {
+// Two descriptions of one net (for `batch`, by default 2 x 1 x 28 x 28 images): the same
+// parameters in the same order (and names), so the same initial weights, and the same loss and
+// gradients, to the bit.
+void expectSameNet(Backend& backend, const NetOptions& x, const NetOptions& y, bool same_names,
+                   const Batch& batch = fixedBatch(2, 1, 28, 28)) {
   auto a = makeNet(backend, x), b = makeNet(backend, y);
   ASSERT_EQ(a->numParams(), b->numParams());
   ASSERT_EQ(a->params().size(), b->params().size());
@@ -70,7 +72,6 @@ void expectSameNet(Backend& backend, const NetOptions& x, const NetOptions& y, b
     EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
   }
   EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
-  Batch batch = fixedBatch(2, 1, 28, 28);
   a->forward(batch.images, batch.labels, true);
   b->forward(batch.images, batch.labels, true);
   EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
@@ -220,6 +221,40 @@ TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
   layers.model = file.model;
   ASSERT_FALSE(layers.model.layers.empty());
   expectSameNet(*backend_, layers, builtin, /*same_names=*/false);
+}
+
+// configs/gpt_layers.toml, a small gpt2 written as [[layers]] (embedding, transformer blocks, a
+// layer norm, the tied output layer): the same parameters in the same order, the same initial
+// weights, loss and gradients, to the bit.
+TEST_F(NetTest, GptWrittenAsLayersIsTheBuiltinNet) {
+  const auto file =
+      actors::loadTrainOptions(std::string(TROUPE_SOURCE_DIR) + "/configs/gpt_layers.toml", {});
+  NetOptions layers = options("", 2), builtin = options("gpt2", 2);
+  for (NetOptions* o : {&layers, &builtin}) {
+    o->sequence_length = file.block_size;
+    o->num_labels = static_cast<int>(file.vocab_size);
+    o->gpt = {2, 4, 64};
+  }
+  layers.model = file.model;
+  ASSERT_EQ(layers.model.layers.size(), 5u);
+  Batch tokens{Tensor::host({2, 64}, DType::kInt32), Tensor::host({2, 64}, DType::kInt32)};
+  for (std::int64_t i = 0; i < 128; ++i) {
+    tokens.images.i32()[i] = static_cast<int>(randomBits(7, 0, i) % 256);
+    tokens.labels.i32()[i] = static_cast<int>(randomBits(7, 1, i) % 256);
+  }
+  expectSameNet(*backend_, layers, builtin, /*same_names=*/false, tokens);
+}
+
+// A tied output layer names an embedding; a token embedding reads tokens.
+TEST_F(NetTest, SequenceLayersRefuseWhatDoesNotFit) {
+  NetOptions o = custom({{"embedding", {{"num_output", "8"}, {"input_dim", "10"}}},
+                         {"linear", {{"tied", "layernorm1"}}}});
+  o.sequence_length = 4;
+  EXPECT_EQ(errorOf(*backend_, o), "'linear1' ties its weights to 'layernorm1', not an embedding");
+  o.model.layers = {{"flatten", {}}, {"embedding", {{"num_output", "8"}, {"input_dim", "10"}}}};
+  o.sequence_length = 0;
+  EXPECT_EQ(errorOf(*backend_, o),
+            "layer 1 (embedding) reads the input's token sequences (block_size), got [784]");
 }
 
 // The built-in resnet20 again, with a `residual` layer per block (kernels/layer_types/

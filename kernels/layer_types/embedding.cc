@@ -1,0 +1,25 @@
+// [[layers]] type "embedding": each token of the input's sequences becomes a row of its token
+// embedding plus its position's (GPT-2's wte and wpe; Caffe's Embed takes num_output and
+// input_dim too). Its parameters are NAME.weight [input_dim, num_output] and NAME.position.
+#include "kernels/net_graph.h"
+
+namespace troupe::kernels::graph {
+
+LayerType embeddingLayerType() {
+  return {{"embedding",
+           "token and position embedding of the input's token sequences (GPT-2's wte and wpe)",
+           {{"num_output", "num_output: the width of a row"},
+            {"input_dim", "input_dim: the vocabulary (vocab_size)"}}},
+          [](LayerCall& c) {
+            if (!c.b.isTokens(c.x)) {
+              throw InputError(c.args.where() +
+                               " reads the input's token sequences (block_size), got " +
+                               toString(c.x.shape));
+            }
+            return c.b.embedding(c.x, c.name, c.name + ".weight", c.name + ".position",
+                                 c.args.integer("input_dim", 2, nullptr),
+                                 c.args.integer("num_output", 1, nullptr));
+          }};
+}
+
+}  // namespace troupe::kernels::graph

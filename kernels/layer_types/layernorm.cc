@@ -1,0 +1,12 @@
+// [[layers]] type "layernorm": layer norm over each row's last dimension (torch's LayerNorm), with
+// a scale and a shift.
+#include "kernels/net_graph.h"
+
+namespace troupe::kernels::graph {
+
+LayerType layernormLayerType() {
+  return {{"layernorm", "layer norm over each row (a token's), with a scale and a shift", {}},
+          [](LayerCall& c) { return c.b.layerNorm(c.x, c.name); }};
+}
+
+}  // namespace troupe::kernels::graph
