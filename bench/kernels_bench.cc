@@ -17,6 +17,8 @@
 // batch norms, a ReLU) in the run's type and layout, to tell which calls keep a GPU waiting.
 // --graphs: each step's forward and backward by a CUDA graph (NetOptions::graphs), recorded at the
 // second step with the same inputs and loss scale; a row then says graphs=replayed/recorded.
+// --models gpt2: GPT-2 124M on token sequences of --seq tokens (256 by default; vocabulary 50257),
+// its rows counted in sequences/s (tokens/s is that times --seq).
 // --profile: after the timing, 3 steps with each layer between two timed events on the device,
 // and a table of each kind of layer's ms a step (Net::setProfiling). Where the host sets the pace,
 // a layer's time includes the device waiting for its calls: read it where the GPU does (fp32,
@@ -93,10 +95,14 @@ Tensor randomTensor(Backend& backend, Shape shape, std::uint64_t stream) {
   return t;
 }
 
+// The tokens a gpt2 sequence holds (--seq).
+std::int64_t g_seq = 256;
+
 struct Input {
   int channels, size, labels;
 };
 Input inputOf(const std::string& model) {
+  if (model == "gpt2") return {1, 1, 50257};
   if (model == "lenet" || model == "mlp" || model == "softmax") return {1, 28, 10};
   if (model.rfind("resnet", 0) == 0 && model != "resnet20" && model != "resnet56") {
     return {3, 224, 1000};
@@ -126,6 +132,9 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   options.precision = precision;
   options.channels_last = channels_last;
   options.graphs = graphs;
+  const bool tokens = model == "gpt2";
+  const std::int64_t rows = tokens ? g_seq : 1;  // labels a sample
+  if (tokens) options.sequence_length = g_seq;
   auto net = makeNet(backend, options);
   auto sgd = makeOptimizer(backend, net->numParams(), OptimizerSettings{});
   g_net_memory = net->memory();
@@ -140,12 +149,17 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
   const int batches = backend.device().kind == DeviceKind::kCpu ? 8 : 1;
   std::vector<Tensor> images, labels;
   for (int b = 0; b < batches; ++b) {
-    images.push_back(randomTensor(backend, {batch, in.channels, in.size, in.size}, b + 1));
-    Tensor host = Tensor::host({batch}, DType::kInt32);
-    for (std::int64_t i = 0; i < batch; ++i)
+    Tensor host = Tensor::host({batch * rows}, DType::kInt32);
+    for (std::int64_t i = 0; i < batch * rows; ++i)
       host.i32()[i] = static_cast<int>(randomBits(9, b, i) % static_cast<unsigned>(in.labels));
-    labels.push_back(backend.empty({batch}, DType::kInt32));
+    labels.push_back(backend.empty({batch * rows}, DType::kInt32));
     backend.copy(host, labels.back());
+    if (tokens) {  // the labels' values as the tokens: any tokens do
+      images.push_back(backend.empty({batch, rows}, DType::kInt32));
+      backend.copy(host, images.back());
+    } else {
+      images.push_back(randomTensor(backend, {batch, in.channels, in.size, in.size}, b + 1));
+    }
   }
   // On a device the host queues 5 steps between waits, as bench/gpu_vs_pytorch.py's PyTorch loop
   // does (fp16's finiteness test waits each step on both sides: PyTorch's GradScaler reads its
@@ -162,7 +176,8 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
               const int b = step++ % batches;
               ++steps;
               auto queued = Clock::now();
-              net->trainStep(images[b], labels[b], loss_scale / static_cast<float>(batch), nullptr);
+              net->trainStep(images[b], labels[b], loss_scale / static_cast<float>(batch * rows),
+                             nullptr);
               host += std::chrono::duration<double>(Clock::now() - queued).count();
               // skipped, as the updater does
               if (precision == DType::kFloat16 && !backend.allFinite({net->grads()})) {
@@ -190,7 +205,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
     net->setProfiling(true);
     for (int i = 0; i < 3; ++i)
       net->trainStep(images[i % batches], labels[i % batches],
-                     loss_scale / static_cast<float>(batch), nullptr);
+                     loss_scale / static_cast<float>(batch * rows), nullptr);
     g_profile = net->profile();
     net->setProfiling(false);
   }
@@ -395,6 +410,8 @@ int main(int argc, char** argv) {
       graphs = true;
     else if (arg == "--profile")
       profile = true;
+    else if (arg == "--seq")
+      g_seq = std::stoll(next());
     else if (arg == "--precision") {
       precision_name = next();
       if (precision_name == "fp16") {

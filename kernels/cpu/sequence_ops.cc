@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/cpu_util.h"
+#include "kernels/cpu/vec.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels::cpu {
@@ -178,9 +179,6 @@ class CpuLayerNorm final : public LayerNormOp {
   std::vector<float> mean_, rstd_, partial_;
 };
 
-constexpr float kGeluA = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluB = 0.044715f;
-
 class CpuGelu final : public GeluOp {
  public:
   CpuGelu(std::int64_t numel, int threads) : numel_(numel), threads_(threads) {}
@@ -188,12 +186,8 @@ class CpuGelu final : public GeluOp {
     TROUPE_ENFORCE_EQ(x.numel(), numel_);
     const float* in = x.f32();
     float* out = y.f32();
-    forRanges(numel_, threads_, kGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        const float v = in[i];
-        out[i] = 0.5f * v * (1.0f + std::tanh(kGeluA * (v + kGeluB * v * v * v)));
-      }
-    });
+    forRanges(numel_, threads_, kGrain,
+              [&](std::int64_t b, std::int64_t e) { vec::geluForward(in + b, out + b, e - b); });
   }
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
     TROUPE_ENFORCE_EQ(dy.numel(), numel_);
@@ -201,13 +195,7 @@ class CpuGelu final : public GeluOp {
     const float* d = dy.f32();
     float* out = dx.f32();
     forRanges(numel_, threads_, kGrain, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        const float v = in[i];
-        const float th = std::tanh(kGeluA * (v + kGeluB * v * v * v));
-        const float slope = 0.5f * (1.0f + th) +
-                            0.5f * v * (1.0f - th * th) * kGeluA * (1.0f + 3.0f * kGeluB * v * v);
-        out[i] = d[i] * slope;
-      }
+      vec::geluBackward(in + b, d + b, out + b, e - b);
     });
   }
 
@@ -242,10 +230,7 @@ class CpuAttention final : public AttentionOp {
         float mx = row[0];
         for (std::int64_t j = 1; j <= s; ++j)
           mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-        for (std::int64_t j = 0; j <= s; ++j)
-          sum += (row[j] = std::exp(row[j] - mx));
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / vec::expSum(row, mx, row, s + 1);
         for (std::int64_t j = 0; j <= s; ++j)
           row[j] *= inv;
         std::fill(row + s + 1, row + t, 0.0f);

@@ -159,10 +159,11 @@ class CpuSoftmaxLoss final : public SoftmaxLossOp {
         for (std::int64_t k = 1; k < classes_; ++k)
           if (row[k] > row[best]) best = k;
         const float mx = row[best];
-        float sum = 0.0f, shifted = 0.0f;  // shifted: the sum of row[k] - mx (smoothing's)
-        for (std::int64_t k = 0; k < classes_; ++k) {
-          sum += (p[k] = std::exp(row[k] - mx));
-          shifted += row[k] - mx;
+        const float sum = vec::expSum(row, mx, p, classes_);
+        float shifted = 0.0f;  // the sum of row[k] - mx (smoothing's)
+        if (smoothing_ != 0.0f) {
+          for (std::int64_t k = 0; k < classes_; ++k)
+            shifted += row[k] - mx;
         }
         const float inv = 1.0f / sum;
         for (std::int64_t k = 0; k < classes_; ++k)

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <cstdint>
 
 #include "kernels/cpu/isa.h"
 
@@ -57,13 +59,17 @@ struct Loops {
   decltype(&baseline::fromBfloat16) fromBfloat16;
   decltype(&baseline::quantize2Bit) quantize2Bit;
   decltype(&baseline::dequantize2Bit) dequantize2Bit;
+  decltype(&baseline::geluForward) geluForward;
+  decltype(&baseline::geluBackward) geluBackward;
+  decltype(&baseline::expSum) expSum;
 };
 
-#define TROUPE_VEC_LOOPS(ns)                                                                      \
-  Loops {                                                                                         \
-    &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add,               \
-        &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable, &ns::toHalf,    \
-        &ns::fromHalf, &ns::toBfloat16, &ns::fromBfloat16, &ns::quantize2Bit, &ns::dequantize2Bit \
+#define TROUPE_VEC_LOOPS(ns)                                                                       \
+  Loops {                                                                                          \
+    &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add,                \
+        &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable, &ns::toHalf,     \
+        &ns::fromHalf, &ns::toBfloat16, &ns::fromBfloat16, &ns::quantize2Bit, &ns::dequantize2Bit, \
+        &ns::geluForward, &ns::geluBackward, &ns::expSum                                           \
   }
 
 const Loops& loops() {
@@ -209,6 +215,18 @@ void quantize2Bit(const float* x, float* residual, float threshold, std::uint8_t
 void dequantize2Bit(const std::uint8_t* in, float threshold, float* y, std::int64_t n,
                     bool accumulate) {
   loops().dequantize2Bit(in, threshold, y, n, accumulate);
+}
+
+void geluForward(const float* x, float* y, std::int64_t n) {
+  loops().geluForward(x, y, n);
+}
+
+void geluBackward(const float* x, const float* dy, float* dx, std::int64_t n) {
+  loops().geluBackward(x, dy, dx, n);
+}
+
+float expSum(const float* x, float shift, float* y, std::int64_t n) {
+  return loops().expSum(x, shift, y, n);
 }
 
 }  // namespace troupe::kernels::cpu::vec

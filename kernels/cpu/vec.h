@@ -28,6 +28,15 @@ void addRowVector(float* y, const float* b, std::int64_t rows, std::int64_t cols
 // s[c] = sum over rows r of x[r * ld + c], for c < cols.
 void sumRows(const float* x, std::int64_t ld, float* s, std::int64_t rows, std::int64_t cols);
 
+// GELU in GPT-2's tanh form (kernels/ops.h, GeluOp), its tanh from a polynomial e^x within 2
+// ulp: y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and dx = dy y'(x).
+void geluForward(const float* x, float* y, std::int64_t n);
+void geluBackward(const float* x, const float* dy, float* dx, std::int64_t n);
+
+// y[i] = e^(x[i] - shift) from the same polynomial (shift: the row's largest, for a softmax; a
+// value below -87 gives e^-87, not 0), and their sum. x and y may be the same memory.
+float expSum(const float* x, float shift, float* y, std::int64_t n);
+
 // 2x2 stride-2 max pooling of one [h, w] plane (h, w even) into [h/2, w/2], recording each
 // window's arg max as an index into the plane.
 void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, std::int64_t w);
