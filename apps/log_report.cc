@@ -10,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "data/files.h"
 #include "troupe/error.h"
@@ -36,13 +37,24 @@ constexpr Column kColumns[] = {{"time_spent", &LogRow::time_spent},
                                {"learning_rate", &LogRow::learning_rate},
                                {"loss", &LogRow::loss},
                                {"test_accuracy", &LogRow::test_accuracy},
-                               {"skipped_records", nullptr, &LogRow::skipped_records}};
-constexpr std::size_t kCaffe2Columns = 11;  // skipped_records is troupe's twelfth
+                               {"skipped_records", nullptr, &LogRow::skipped_records},
+                               {"test_loss", &LogRow::test_loss}};
+constexpr std::size_t kCaffe2Columns = 11;  // troupe's own follow, where a run has them
 
-std::string header(std::size_t columns) {
+// The columns of a log: Caffe2's, then troupe's skipped_records and test_loss where it has them.
+std::vector<const Column*> columnsOf(bool skipped, bool test_loss) {
+  std::vector<const Column*> out;
+  for (std::size_t i = 0; i < kCaffe2Columns; ++i)
+    out.push_back(&kColumns[i]);
+  if (skipped) out.push_back(&kColumns[kCaffe2Columns]);
+  if (test_loss) out.push_back(&kColumns[kCaffe2Columns + 1]);
+  return out;
+}
+
+std::string header(const std::vector<const Column*>& columns) {
   std::string out;
-  for (std::size_t i = 0; i < columns; ++i)
-    out += (i ? "," : "") + std::string(kColumns[i].name);
+  for (const Column* c : columns)
+    out += (out.empty() ? "" : ",") + std::string(c->name);
   return out;
 }
 
@@ -129,12 +141,14 @@ void readCell(std::string_view text, const Column& column, LogRow& row, const Li
   throw lines.error(fmt::format("{} is '{}', not a number", column.name, shown(text)));
 }
 
-LogRow readRow(std::string_view line, std::size_t columns, const LineReader& lines) {
+LogRow readRow(std::string_view line, const std::vector<const Column*>& header,
+               const LineReader& lines) {
   LogRow row;
+  const std::size_t columns = header.size();
   std::size_t i = 0;
   for (std::string_view rest = line;; ++i) {
     const auto comma = rest.find(',');
-    if (i < columns) readCell(rest.substr(0, comma), kColumns[i], row, lines);
+    if (i < columns) readCell(rest.substr(0, comma), *header[i], row, lines);
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
@@ -174,16 +188,19 @@ std::string mainParameters(const TrainLogFile& log) {
 
 std::string epochTable(const TrainLogFile& log) {
   if (log.rows.empty()) return "No epoch was logged: the run ended in its first epoch.\n";
-  const bool skipped = log.skipped_column;
+  const bool skipped = log.skipped_column, test_loss = log.test_loss_column;
   std::string out = fmt::format(
       "| epoch | train loss | train accuracy | test accuracy | time (s) | inputs/s | learning rate "
-      "|{}\n|---:|---:|---:|---:|---:|---:|---:|{}\n",
-      skipped ? " skipped records |" : "", skipped ? "---:|" : "");
+      "|{}{}\n|---:|---:|---:|---:|---:|---:|---:|{}{}\n",
+      skipped ? " skipped records |" : "", test_loss ? " test loss |" : "", skipped ? "---:|" : "",
+      test_loss ? "---:|" : "");
   for (const auto& r : log.rows) {
     out += fmt::format("| {} | {:.4f} | {:.4f} | {} | {:.2f} | {:.0f} | {:.6g} |", r.epoch, r.loss,
                        r.accuracy, accuracyText(r.test_accuracy), r.time_spent, r.inputs_per_sec,
                        r.learning_rate);
-    out += skipped ? fmt::format(" {} |\n", r.skipped_records) : "\n";
+    if (skipped) out += fmt::format(" {} |", r.skipped_records);
+    if (test_loss) out += r.test_loss < 0 ? " n/a |" : fmt::format(" {:.4f} |", r.test_loss);
+    out += "\n";
   }
   return out;
 }
@@ -242,15 +259,24 @@ TrainLogFile readTrainLog(const std::string& path) {
   }
   readFirstLine(*first, log);
   const auto columns = lines.next();
-  log.skipped_column = columns == header(std::size(kColumns));
-  if (columns != header(kCaffe2Columns) && !log.skipped_column) {
-    throw lines.error(fmt::format(
-        "not a troupe training log: the header is '{}', not '{}' (and maybe ',skipped_records')",
-        shown(columns.value_or("")), header(kCaffe2Columns)));
+  std::vector<const Column*> known;
+  for (const bool skipped : {false, true}) {
+    for (const bool test_loss : {false, true}) {
+      if (columns == header(columnsOf(skipped, test_loss))) {
+        log.skipped_column = skipped;
+        log.test_loss_column = test_loss;
+        known = columnsOf(skipped, test_loss);
+      }
+    }
   }
-  const std::size_t width = log.skipped_column ? std::size(kColumns) : kCaffe2Columns;
+  if (known.empty()) {
+    throw lines.error(fmt::format(
+        "not a troupe training log: the header is '{}', not '{}' (and maybe ',skipped_records', "
+        "',test_loss')",
+        shown(columns.value_or("")), header(columnsOf(false, false))));
+  }
   while (const auto line = lines.next())
-    log.rows.push_back(readRow(*line, width, lines));
+    log.rows.push_back(readRow(*line, known, lines));
   if (in.bad()) {
     throw InputError(fmt::format("cannot read training log '{}': {}", path, std::strerror(errno)));
   }

@@ -14,12 +14,14 @@ struct TrainLogFile {
   std::string path;
   std::string experiment_id;
   std::vector<std::pair<std::string, std::string>> parameters;  // of the first line, in order
-  bool skipped_column = false;                                  // the twelfth, skipped_records
-  std::vector<actors::LogRow> rows;                             // one per epoch, as written
+  bool skipped_column = false;       // skipped_records, after Caffe2's eleven
+  bool test_loss_column = false;     // test_loss (a language model's), after those
+  std::vector<actors::LogRow> rows;  // one per epoch, as written
 };
 
 // Reads a log as actors::TrainLog writes it: "# EXPERIMENT_ID key=value ...", the header of
-// Caffe2's eleven columns (and skipped_records, if the run had it), then one row per epoch. An
+// Caffe2's eleven columns (then skipped_records and test_loss, if the run had them), then one row
+// per epoch. An
 // InputError naming the file (and the line, "FILE:LINE: ...") for a file that cannot be read, a
 // first line or header that is not troupe's, or a row that is not one number per column, whole
 // where the column counts.

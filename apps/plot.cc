@@ -298,7 +298,10 @@ void plotLogs(const std::vector<TrainLogFile>& logs, const std::vector<std::stri
   const TimeUnit unit = timeUnit(longest);
   const auto nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<Panel> panels = {
-      {"loss", "training loss", {{[](const actors::LogRow& r) { return r.loss; }}}},
+      {"loss",
+       "loss",
+       {{[](const actors::LogRow& r) { return r.loss; }, true},
+        {[nan](const actors::LogRow& r) { return r.test_loss < 0 ? nan : r.test_loss; }}}},
       {"accuracy",
        "accuracy",
        {{[](const actors::LogRow& r) { return r.accuracy; }, true},

@@ -1,5 +1,6 @@
 // `troupe plot`'s work: training logs drawn with cairo as one SVG or PNG. Three rows of panels
-// (loss; train accuracy dashed and test accuracy solid; inputs/s), against epoch on the left and
+// (training loss dashed and, for a language model, test loss solid; train accuracy dashed and test
+// accuracy solid; inputs/s), against epoch on the left and
 // against wall time (the log's cumulative time) on the right; one colour a run, named in a legend.
 #pragma once
 

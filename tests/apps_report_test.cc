@@ -124,6 +124,28 @@ TEST_F(ReportTest, TheSkippedRecordsColumnIsShownWhenTheLogHasIt) {
       << report;
 }
 
+// A language model's log (TrainLog's test_loss column), with skipped_records before it or not.
+TEST_F(ReportTest, TheTestLossColumnOfALanguageModelIsReadAndShown) {
+  const auto log = readTrainLog(
+      write("gpt.log", std::string(kParameters) + "\n" + kHeader +
+                           ",test_loss\n1,1,10,10,1,10,0.5,1,0.1,1.5,0.25,2.667800\n"));
+  EXPECT_TRUE(log.test_loss_column);
+  EXPECT_FALSE(log.skipped_column);
+  EXPECT_EQ(log.rows.at(0).test_loss, 2.6678);
+  const auto report = reportMarkdown({log});
+  EXPECT_TRUE(contains(report, "| learning rate | test loss |\n")) << report;
+  EXPECT_TRUE(contains(report, "| 1 | 1.5000 | 0.5000 | 0.2500 | 1.00 | 10 | 0.1 | 2.6678 |\n"))
+      << report;
+  const auto both = readTrainLog(write(
+      "both.log", std::string(kParameters) + "\n" + kHeader +
+                      ",skipped_records,test_loss\n1,1,10,10,1,10,0.5,1,0.1,1.5,0.25,7,3.5\n"));
+  EXPECT_EQ(both.rows.at(0).skipped_records, 7);
+  EXPECT_EQ(both.rows.at(0).test_loss, 3.5);
+  EXPECT_THROW(readTrainLog(write("swapped.log", std::string(kParameters) + "\n" + kHeader +
+                                                     ",test_loss,skipped_records\n")),
+               InputError);
+}
+
 TEST_F(ReportTest, ALogWithoutRowsSaysSo) {
   const auto log = readTrainLog(write("none.log", std::string(kParameters) + "\n" + kHeader));
   EXPECT_TRUE(contains(reportMarkdown({log}), "No epoch was logged"));

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,18 @@ void expectItLearns(const std::string& optimizer) {
   const double baseline = unigramLoss(dir.str() + "/data");
   EXPECT_LT(loss, baseline - 0.3) << "the byte frequencies alone give " << baseline;
   EXPECT_NEAR(perplexity, std::exp(loss), 0.01 * std::exp(loss));  // both rounded for the line
+  // The CSV log has the test loss as a column of its own after Caffe2's (troupe plot draws it).
+  std::string header, row, last;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() != ".log") continue;
+    std::istringstream lines(slurp(e.path()));
+    std::getline(lines, header);  // the parameters
+    std::getline(lines, header);
+    while (std::getline(lines, row))
+      last = row;
+  }
+  EXPECT_TRUE(header.ends_with(",loss,test_accuracy,test_loss")) << header;
+  EXPECT_NEAR(std::stod(last.substr(last.rfind(',') + 1)), loss, 1e-4) << last;
 }
 
 TEST(LanguageModel, AGptOnConvertedTextBeatsTheByteFrequenciesOnHeldOutText) {

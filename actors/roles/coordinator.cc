@@ -413,14 +413,15 @@ class Coordinator final : public Actor {
     row.test_accuracy =
         config_.has_test ? eval_.correct / std::max<std::int64_t>(1, eval_.count) : -1.0;
     row.skipped_records = stats.skipped;
-    config_.log->write(row);
     // Without test data, no test accuracy (the log's column holds -1, as Caffe2's did). A
-    // language model's test loss is per token, with its perplexity.
+    // language model's test loss is per token (its own column), with its perplexity.
     std::string test;
     if (config_.has_test && options_.block_size > 0) {
-      const double loss = eval_.loss_sum / std::max<std::int64_t>(1, eval_.count);
-      test = fmt::format(" test_loss {:.4f} (perplexity {:.2f})", loss, std::exp(loss));
+      row.test_loss = eval_.loss_sum / std::max<std::int64_t>(1, eval_.count);
+      test = fmt::format(" test_loss {:.4f} (perplexity {:.2f})", row.test_loss,
+                         std::exp(row.test_loss));
     }
+    config_.log->write(row);
     if (config_.has_test) test += fmt::format(" test_accuracy {:.4f}", row.test_accuracy);
     spdlog::info(
         "epoch {} done: loss {:.4f} accuracy {:.4f}{} ({} {} in {:.2f} s, {:.0f} {}/s{})", epoch,

@@ -13,8 +13,8 @@ namespace troupe::actors {
 
 TrainLog::TrainLog(const std::string& dir, const std::string& experiment_id,
                    const std::vector<std::pair<std::string, std::string>>& parameters,
-                   bool skipped_column)
-    : skipped_column_(skipped_column) {
+                   bool skipped_column, bool test_loss_column)
+    : skipped_column_(skipped_column), test_loss_column_(test_loss_column) {
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
     path_ = fmt::format("{}/{}{}.log", dir, experiment_id,
@@ -37,8 +37,8 @@ TrainLog::TrainLog(const std::string& dir, const std::string& experiment_id,
   fmt::print(file_,
              "time_spent,cumulative_time_spent,input_count,cumulative_input_count,"
              "cumulative_batch_count,inputs_per_sec,accuracy,epoch,learning_rate,loss,"
-             "test_accuracy{}\n",
-             skipped_column_ ? ",skipped_records" : "");
+             "test_accuracy{}{}\n",
+             skipped_column_ ? ",skipped_records" : "", test_loss_column_ ? ",test_loss" : "");
   std::fflush(file_);
 }
 
@@ -58,6 +58,7 @@ void TrainLog::write(const LogRow& r) {
              r.cumulative_batch_count, r.inputs_per_sec, r.accuracy, r.epoch, r.learning_rate,
              r.loss, r.test_accuracy);
   if (skipped_column_) fmt::print(file_, ",{}", r.skipped_records);
+  if (test_loss_column_) fmt::print(file_, ",{:.6f}", r.test_loss);
   fmt::print(file_, "\n");
   std::fflush(file_);
   ::fsync(::fileno(file_));

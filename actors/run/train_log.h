@@ -23,16 +23,20 @@ struct LogRow {
   double loss = 0;
   double test_accuracy = -1;
   long long skipped_records = 0;  // written only by a log made with the skipped_records column
+  // A language model's test loss a token (-1: no test set), written only by a log made with the
+  // test_loss column.
+  double test_loss = -1;
 };
 
 class TrainLog {
  public:
   // Creates dir/experiment_id.log; never replaces an existing file (a suffix _1, _2 ... is added).
   // Throws IoError naming the folder if it cannot be written. With `skipped_column`, a twelfth
-  // column, skipped_records, follows Caffe2's eleven (which stay as they are).
+  // column, skipped_records, follows Caffe2's eleven (which stay as they are); with
+  // `test_loss_column` (a language model's log), test_loss follows them.
   TrainLog(const std::string& dir, const std::string& experiment_id,
            const std::vector<std::pair<std::string, std::string>>& parameters,
-           bool skipped_column = false);
+           bool skipped_column = false, bool test_loss_column = false);
   ~TrainLog();
   TrainLog(const TrainLog&) = delete;
   TrainLog& operator=(const TrainLog&) = delete;
@@ -47,6 +51,7 @@ class TrainLog {
   std::string path_;
   std::FILE* file_ = nullptr;
   bool skipped_column_ = false;
+  bool test_loss_column_ = false;
 };
 
 }  // namespace troupe::actors

@@ -373,8 +373,8 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     // An elastic run's chief keeps one log through its generations.
     auto& slot = role ? *role->log : log;
     if (!slot) {
-      slot =
-          std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters, o.skip_bad_records);
+      slot = std::make_unique<TrainLog>(o.log_dir, experimentId(o), o.parameters,
+                                        o.skip_bad_records, o.block_size > 0);
     }
     result.log_path = slot->path();
     result.experiment_id = slot->id();
