@@ -90,6 +90,18 @@ TEST(LanguageModel, SgdStepsWithTheGradientAveragedOverTokens) {
   expectItLearns("--optimizer sgd --momentum 0.9 --base_learning_rate 0.1");
 }
 
+// A diverged run says why, as an image model's does: the tokens, integers, are not scanned as
+// floats (the scan once failed on them with an error of its own).
+TEST(LanguageModel, ADivergedRunSaysTheForwardPassOverflowed) {
+  TempDir dir("gpt_diverged");
+  convert(dir);
+  const auto run = train(dir, kSmallGpt + "--train_data data --base_learning_rate 1e8");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("training diverged: the loss of step"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("weights and inputs are finite"), std::string::npos) << run.output;
+}
+
 TEST(LanguageModel, AShardWithATokenOutsideTheVocabularyIsRefusedNamingIt) {
   TempDir dir("gpt_vocab");
   convert(dir);

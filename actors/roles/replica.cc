@@ -239,7 +239,9 @@ class Replica final : public Actor {
       }
       return r;
     };
-    const Scan w = scan(weights), x = scan(images);
+    // A language model's tokens are integers, finite always.
+    const Scan w = scan(weights),
+               x = images.dtype() == kernels::DType::kFloat32 ? scan(images) : Scan{};
     if (w.bad > 0) {
       return fmt::format("{} of the {} weights it was given are not finite (the first at {})",
                          w.bad, weights.numel(), w.first);
