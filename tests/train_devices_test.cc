@@ -614,4 +614,21 @@ TEST(Devices, ReducedPrecisionWithoutGpusOrUnderParameterServersIsRefused) {
 }
 
 }  // namespace
+// A language model on a GPU is refused naming the op and the device: the sequence ops have CPU
+// kernels only so far (kernels/backend.h).
+TEST(Devices, AGptOnAGpuIsRefusedNamingTheOpAndTheDevice) {
+  TempDir cwd("devices_gpt");
+  ASSERT_EQ(runCommand(troupeBinary() + " convert text /usr/share/common-licenses/GPL-3 --out " +
+                       cwd.str() + "/data --name lic")
+                .exit_code,
+            0);
+  const auto run = runCommand("cd " + cwd.str() + " && " + emulated(1) + troupeBinary() +
+                              " train --model gpt2 --train_data data --block_size 32 "
+                              "--vocab_size 256 --n_layer 1 --n_head 1 --n_embd 8 --gpus 0");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("has no kernel on cuda:0 yet: sequence models train on the CPU"),
+            std::string::npos)
+      << run.output;
+}
+
 }  // namespace troupe
