@@ -102,6 +102,33 @@ TEST(LanguageModel, ADivergedRunSaysTheForwardPassOverflowed) {
   EXPECT_NE(run.output.find("weights and inputs are finite"), std::string::npos) << run.output;
 }
 
+// A model that does not fit max_memory in one process is refused before it starts, naming what
+// it needs and the limit; within the limit it trains. The small GPT: 120,576 parameters, 0.45 MiB
+// of weights, as much again for each of AdamW's 2 state rows and the gradients; its activations
+// at 8 sequences of 64 tokens are a few MiB.
+TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndTheLimit) {
+  TempDir dir("gpt_memory");
+  convert(dir);
+  auto run = train(dir, kSmallGpt + "--train_data data --optimizer adamw --max_memory 1M");
+  EXPECT_NE(run.exit_code, 0);
+  std::smatch m;
+  const std::regex refusal(
+      R"(the model needs (\d+) bytes \(\S+ MiB\) in a worker, more than max_memory 1048576 )"
+      R"(\(1.0 MiB\): 120576 parameters' weights 0.5 MiB, adamw's 2 state row\(s\) 0.9 MiB)");
+  ASSERT_TRUE(std::regex_search(run.output, m, refusal)) << run.output;
+  EXPECT_GT(std::stoll(m[1]), 4 * 4 * 120576);  // weights, gradients, 2 state rows, activations
+  EXPECT_EQ(run.output.find("epoch 1"), std::string::npos) << "it started:\n" << run.output;
+  run = train(dir, kSmallGpt +
+                       "--train_data data --optimizer adamw --max_memory 0.5GiB "
+                       "--num_epochs 1");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  run = train(dir, kSmallGpt + "--train_data data --max_memory 12apples");
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("'12apples' is not a count of bytes (512M, 16G, 1.5GiB)"),
+            std::string::npos)
+      << run.output;
+}
+
 TEST(LanguageModel, AShardWithATokenOutsideTheVocabularyIsRefusedNamingIt) {
   TempDir dir("gpt_vocab");
   convert(dir);

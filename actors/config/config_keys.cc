@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <set>
 #include <string>
@@ -127,6 +128,28 @@ std::string listText(const std::vector<double>& list) {
         [](Settings& s, const Value& v) { s.member = asString(v); }, \
         [](const Settings& s) { return s.member; }                   \
   }
+
+// A count of bytes as people write it: 1500000, 512K, 512M, 16G, 1.5GiB, 2TB (K, M, G, T powers
+// of 1024, with or without "i" and "B"); InputError for anything else or a negative count.
+std::int64_t parseBytes(const std::string& text) {
+  double value = 0;
+  const char* end = text.c_str();
+  if (!text.empty()) value = std::strtod(text.c_str(), const_cast<char**>(&end));
+  std::string unit(end);
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == 'i') unit.pop_back();
+  const std::string units = "KMGT";
+  double scale = 1;
+  if (unit.size() == 1 && units.find(unit[0]) != std::string::npos) {
+    scale = std::pow(1024.0, static_cast<double>(units.find(unit[0]) + 1));
+  } else if (!unit.empty()) {
+    value = -1;
+  }
+  if (end == text.c_str() || !(value >= 0) || value * scale > 9e18) {
+    throw InputError("'" + text + "' is not a count of bytes (512M, 16G, 1.5GiB)");
+  }
+  return static_cast<std::int64_t>(value * scale);
+}
 
 // One of the choices, or a Refusal naming them.
 std::string oneOf(const std::string& value, const std::vector<std::string>& choices) {
@@ -300,6 +323,17 @@ std::vector<Key> buildTable() {
       TROUPE_STRING_KEY("test_data", test_data,
                         "test database (evaluated after every epoch); with block_size, token "
                         "shards (a folder: its *_val_* shards)"),
+      Key{"max_memory", Kind::kString, kNotNumeric,
+          "bytes a worker may hold for its model (weights, gradients, optimizer state, "
+          "activations), as 512M, 16G or 1.5GiB; a run that needs more is refused (0: no limit)",
+          [](Settings& s, const Value& v) {
+            try {
+              s.options.max_memory = parseBytes(asString(v));
+            } catch (const InputError& e) {
+              throw Refusal(e.what());
+            }
+          },
+          [](const Settings& s) { return fmt::format("{}", s.options.max_memory); }},
       Key{"db_type", Kind::kString, kNotNumeric, "lmdb or leveldb",
           [](Settings& s, const Value& v) {
             try {

@@ -239,17 +239,44 @@ void checkBatchMemory(const TrainOptions& o) {
   const long page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return;
   const double host = static_cast<double>(pages) * static_cast<double>(page);
-  const double input =
-      4.0 * (static_cast<double>(o.num_channels) * o.image_size * o.image_size + 1);  // + label
+  const auto d = datasetOptions(o, o.train_data, /*train=*/true);
+  const double input = 4.0 * static_cast<double>(d.sampleSize() + d.labelsPerSample());
   const double need = static_cast<double>(o.prefetch) * static_cast<double>(o.batch_size) * input;
   if (need > host) {
     throw InputError(fmt::format(
         "batch_size {} needs {:.0f} bytes ({:.1f} GiB) for the input batches in flight (prefetch "
-        "{} x {} inputs of {}x{}x{} floats and a label), more than the {:.0f} bytes ({:.1f} GiB) "
-        "of memory this host has",
-        o.batch_size, need, need / (1 << 30), o.prefetch, o.batch_size, o.num_channels,
-        o.image_size, o.image_size, host, host / (1 << 30)));
+        "{} x {} inputs of {} values and {} label(s) each), more than the {:.0f} bytes ({:.1f} "
+        "GiB) of memory this host has",
+        o.batch_size, need, need / (1 << 30), o.prefetch, o.batch_size, d.sampleSize(),
+        d.labelsPerSample(), host, host / (1 << 30)));
   }
+}
+
+void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
+                      const std::vector<std::int64_t>& shares) {
+  if (o.max_memory <= 0) return;
+  const auto& optimizer = o.optimizer.info();
+  const double params = 4.0 * static_cast<double>(num_params);
+  const double state = params * static_cast<double>(optimizer.states.size());
+  const auto replicas = static_cast<double>(shares.size());
+  std::int64_t inputs = 0;
+  for (const auto share : shares)
+    inputs += share;
+  const double activations = static_cast<double>(held_per_input) * static_cast<double>(inputs);
+  const double need = params + state + replicas * params + activations;
+  if (need <= static_cast<double>(o.max_memory)) return;
+  const auto size = [](double bytes) {
+    return bytes < (1 << 30) ? fmt::format("{:.1f} MiB", bytes / (1 << 20))
+                             : fmt::format("{:.2f} GiB", bytes / (1 << 30));
+  };
+  throw InputError(fmt::format(
+      "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
+      "parameters' weights {}, {}'s {} state row(s) {}, gradients {} ({} replica(s)), activations "
+      "{} ({} inputs); troupe cannot split a model over processes yet (pipeline stages, sharded "
+      "optimizer state): a smaller model or batch fits",
+      need, size(need), o.max_memory, size(static_cast<double>(o.max_memory)), num_params,
+      size(params), optimizer.name, optimizer.states.size(), size(state), size(replicas * params),
+      shares.size(), size(activations), inputs));
 }
 
 void ensureWritableDir(const std::string& dir, const char* what) {

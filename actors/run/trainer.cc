@@ -228,6 +228,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
+  if (!server) checkModelMemory(o, num_params, init_net->memory().held, p.shares);
   // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
   p.net.precision = precisionOf(o);
   p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());

@@ -66,6 +66,9 @@ struct TrainOptions {
   std::int64_t block_size = 0;
   std::int64_t vocab_size = 50257;  // tokens a language model knows (GPT-2's BPE)
   kernels::GptShape gpt;            // n_layer, n_head, n_embd
+  // Bytes a worker process may hold for its model (weights, gradients, the optimizer's state,
+  // activations): a run that needs more is refused before it starts. 0: no limit.
+  std::int64_t max_memory = 0;
   float mean = 0.0f;
   float scale = 1.0f / 255.0f;
   // Caffe2's per-channel normalisation, (value - mean_c) / std_c, replacing mean and scale.
