@@ -306,7 +306,11 @@ class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
 class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
  public:
   explicit EmbeddingLayer(const EmbeddingGeometry& g) : OpLayer("embedding", true, false), g_(g) {}
-  bool tie() override { return tied_ = true; }
+  // Once: a second tied layer would write over the first one's gradient.
+  bool tie() override {
+    if (tied_) return false;
+    return tied_ = true;
+  }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     const std::int64_t wn = g_.vocab * g_.channels;
     wte_ = weights.slice(param_begin, param_begin + wn);

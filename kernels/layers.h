@@ -63,7 +63,7 @@ class Layer {
   virtual bool takeAddRelu(int /*z*/, int /*relu_top*/) { return false; }
   // Another layer (a tied output layer) reads this layer's first parameter tensor as its weights
   // and writes its gradient first, in its backward: this layer's backward then adds to it. False
-  // where the layer cannot (only a token embedding can).
+  // where the layer cannot (only a token embedding can, once).
   virtual bool tie() { return false; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last

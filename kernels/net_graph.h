@@ -167,7 +167,8 @@ class Builder {
     });
     const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
     if (it == g_.layer_names.end() || param == g_.params.end() || !g_.layers[layer]->tie())
-      throw InputError("'" + name + "' ties its weights to '" + owner + "', not an embedding");
+      throw InputError("'" + name + "' ties its weights to '" + owner +
+                       "', which is no embedding or is tied already");
     if (param->shape.size() != 2 || param->shape[1] != c) {
       throw InputError("'" + name + "' reads rows of " + std::to_string(c) + ", and the weights " +
                        "of '" + owner + "' are " + toString(param->shape));

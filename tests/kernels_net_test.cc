@@ -250,7 +250,13 @@ TEST_F(NetTest, SequenceLayersRefuseWhatDoesNotFit) {
   NetOptions o = custom({{"embedding", {{"num_output", "8"}, {"input_dim", "10"}}},
                          {"linear", {{"tied", "layernorm1"}}}});
   o.sequence_length = 4;
-  EXPECT_EQ(errorOf(*backend_, o), "'linear1' ties its weights to 'layernorm1', not an embedding");
+  EXPECT_EQ(errorOf(*backend_, o),
+            "'linear1' ties its weights to 'layernorm1', which is no embedding or is tied already");
+  o.model.layers = {{"embedding", {{"name", "e"}, {"num_output", "10"}, {"input_dim", "10"}}},
+                    {"linear", {{"tied", "e"}}},
+                    {"linear", {{"tied", "e"}}}};
+  EXPECT_EQ(errorOf(*backend_, o),
+            "'linear2' ties its weights to 'e', which is no embedding or is tied already");
   o.model.layers = {{"flatten", {}}, {"embedding", {{"num_output", "8"}, {"input_dim", "10"}}}};
   o.sequence_length = 0;
   EXPECT_EQ(errorOf(*backend_, o),
