@@ -216,6 +216,7 @@ TEST(PlanAgreement, EveryKeyIsComparedOrListedAsAProcesssOwn) {
       "rendezvous_timeout", "peer_timeout", "stall_warning", "work_load_list", "prefetch",
       "log_dir", "checkpoint_dir", "checkpoint_every", "resume", "log_every", "step_timeout",
       "run_name", "trace", "threads", "skip_bad_records", "cuda_graphs", "serve_store",
+      "max_memory",  // each host its own limit
       // Caffe2's flags of the same kinds
       "model_parallel", "cudnn_workspace_limit_mb", "gpu_engine_workspace_limit_mb", "redis_port",
       "use_cpu", "use_ideep", "distributed_transport", "test_epoch_size", "first_iter_timeout"};
