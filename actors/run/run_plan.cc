@@ -576,13 +576,22 @@ void checkTrainingData(const TrainOptions& o) {
   }
 }
 
+namespace {
+
+// What a label can be: one of the classes, or a language model's token of its vocabulary.
+int labelsOf(const TrainOptions& o) {
+  return o.block_size > 0 ? static_cast<int>(o.vocab_size) : o.num_labels;
+}
+
+}  // namespace
+
 data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path, bool train) {
   data::DatasetOptions d;
   d.path = path;
   d.type = o.db_type;
   d.channels = o.num_channels;
   d.height = d.width = o.image_size;
-  d.num_labels = o.num_labels;
+  d.num_labels = labelsOf(o);
   d.mean = o.mean;
   d.scale = o.scale;
   d.mean_per_channel.assign(o.mean_per_channel.begin(), o.mean_per_channel.end());
@@ -593,7 +602,6 @@ data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& pa
   d.decode_threads = o.decode_threads;
   d.uint8 = train && o.input_dtype == kernels::DType::kUInt8 && o.block_size == 0;
   d.sequence_length = o.block_size;
-  if (o.block_size > 0) d.num_labels = static_cast<int>(o.vocab_size);
   return d;
 }
 
@@ -619,13 +627,12 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.zero_init_residual = o.zero_init_residual;
   net.channels = o.num_channels;
   net.height = net.width = o.image_size;
-  net.num_labels = o.num_labels;
+  net.num_labels = labelsOf(o);
   net.label_smoothing = o.label_smoothing;
   net.max_batch = max_batch;
   net.seed = o.seed;
   net.sequence_length = o.block_size;
   net.gpt = o.gpt;
-  if (o.block_size > 0) net.num_labels = static_cast<int>(o.vocab_size);
   return net;
 }
 
