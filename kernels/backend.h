@@ -174,6 +174,7 @@ class Backend {
   virtual std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry&) {
     noKernel("self-attention");
   }
+  virtual std::unique_ptr<LstmOp> makeLstm(const LstmGeometry&) { noKernel("an LSTM"); }
 
  private:
   [[noreturn]] void noKernel(const char* op) const {

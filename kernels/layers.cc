@@ -140,8 +140,9 @@ class ConvLayer final : public OpLayer<ConvOp> {
 // The backward reads x, not y.
 // rows: the vectors a sample holds (a sequence's tokens; 1 for an image read as a vector).
 // `tied`: the weights [out, in] are another layer's, from that offset of the flat parameters (an
-// output layer reading the token embedding, GPT-2's weight tying), and there is no bias: the layer
-// owns no parameters, and its backward writes that layer's gradient first.
+// output layer reading the token embedding, GPT-2's weight tying), and its backward writes that
+// layer's gradient first; the layer owns a bias if it has parameters (an LSTM model's decoder),
+// else none (GPT-2's).
 class InnerProductLayer final : public OpLayer<InnerProductOp> {
  public:
   InnerProductLayer(std::int64_t in, std::int64_t out, std::int64_t rows, std::int64_t tied)
@@ -150,9 +151,10 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
     const std::int64_t at = tied_ >= 0 ? tied_ : param_begin;
     w_ = weights.slice(at, at + in_ * out_);
     dw_ = grads.slice(at, at + in_ * out_);
-    if (tied_ >= 0) return;
-    b_ = weights.slice(param_begin + in_ * out_, param_end);
-    db_ = grads.slice(param_begin + in_ * out_, param_end);
+    const std::int64_t bias = tied_ >= 0 ? param_begin : param_begin + in_ * out_;
+    if (bias == param_end) return;
+    b_ = weights.slice(bias, param_end);
+    db_ = grads.slice(bias, param_end);
   }
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), w_, b_, ctx.data(top));
@@ -302,7 +304,8 @@ class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
 };
 
 // Token and position embedding: bottoms[0] is the input's tokens. Its parameters are wte then
-// wpe. Tied (tie()): an output layer reads wte too, and wrote its gradient first.
+// wpe (none without positions). Tied (tie()): an output layer reads wte too, and wrote its gradient
+// first.
 class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
  public:
   explicit EmbeddingLayer(const EmbeddingGeometry& g) : OpLayer("embedding", true, false), g_(g) {}
@@ -396,6 +399,44 @@ class AttentionLayer final : public OpLayer<AttentionOp> {
     if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
   }
 };
+
+// The backward reads x and y (the hidden states); the gates and cells are its op's. Parameters:
+// w_ih, w_hh, b_ih, b_hh (nn.LSTM's order).
+class LstmLayer final : public OpLayer<LstmOp> {
+ public:
+  explicit LstmLayer(const LstmGeometry& geometry)
+      : OpLayer("lstm", true, true,
+                [geometry](LayerContext& ctx, std::int64_t n) {
+                  LstmGeometry g = geometry;
+                  g.n = n;
+                  return ctx.backend().makeLstm(g);
+                }),
+        g_(geometry) {}
+  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+    std::int64_t at = param_begin;
+    auto take = [&](std::int64_t count, Tensor& w, Tensor& dw) {
+      w = weights.slice(at, at + count);
+      dw = grads.slice(at, at + count);
+      at += count;
+    };
+    const std::int64_t gates = 4 * g_.hidden;
+    take(gates * g_.input, w_ih_, dw_ih_);
+    take(gates * g_.hidden, w_hh_, dw_hh_);
+    take(gates, b_ih_, db_ih_);
+    take(gates, b_hh_, db_hh_);
+  }
+  void forward(LayerContext& ctx, std::int64_t n, bool) override {
+    op(ctx, n).forward(ctx.data(bottoms[0]), w_ih_, w_hh_, b_ih_, b_hh_, ctx.data(top));
+  }
+  void backward(LayerContext& ctx, std::int64_t n, float) override {
+    op(ctx, n).backward(ctx.data(bottoms[0]), ctx.data(top), w_ih_, w_hh_, ctx.diff(top),
+                        ctx.diff(bottoms[0]), dw_ih_, dw_hh_, db_ih_, db_hh_);
+  }
+
+ private:
+  LstmGeometry g_;
+  Tensor w_ih_, w_hh_, b_ih_, b_hh_, dw_ih_, dw_hh_, db_ih_, db_hh_;
+};
 }  // namespace
 
 std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
@@ -450,9 +491,9 @@ std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_sm
   }
   return std::make_unique<SoftmaxLossLayer>(classes, label_smoothing, rows);
 }
-std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab,
-                                          std::int64_t channels) {
-  return std::make_unique<EmbeddingLayer>(EmbeddingGeometry{1, t, vocab, channels});
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
+                                          bool positions) {
+  return std::make_unique<EmbeddingLayer>(EmbeddingGeometry{1, t, vocab, channels, positions});
 }
 std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels) {
   return std::make_unique<LayerNormLayer>(rows, channels);
@@ -463,6 +504,9 @@ std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample) {
 std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
                                           std::int64_t heads) {
   return std::make_unique<AttentionLayer>(AttentionGeometry{1, t, channels, heads});
+}
+std::unique_ptr<Layer> makeLstmLayer(std::int64_t t, std::int64_t input, std::int64_t hidden) {
+  return std::make_unique<LstmLayer>(LstmGeometry{1, t, input, hidden});
 }
 
 }  // namespace troupe::kernels

@@ -98,12 +98,13 @@ std::unique_ptr<Layer> makeGlobalAvgPoolLayer(const Shape& in);
 // rows: predictions a sample holds, each with its own label (a sequence's next tokens).
 std::unique_ptr<Layer> makeSoftmaxLossLayer(std::int64_t classes, float label_smoothing = 0.0f,
                                             std::int64_t rows = 1);
-// Sequences of t tokens, each a row of `channels`.
-std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab,
-                                          std::int64_t channels);
+// Sequences of t tokens, each a row of `channels`; without `positions`, no position embedding.
+std::unique_ptr<Layer> makeEmbeddingLayer(std::int64_t t, std::int64_t vocab, std::int64_t channels,
+                                          bool positions = true);
 std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channels);
 std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample);
 std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
                                           std::int64_t heads);
+std::unique_ptr<Layer> makeLstmLayer(std::int64_t t, std::int64_t input, std::int64_t hidden);
 
 }  // namespace troupe::kernels

@@ -79,6 +79,19 @@ Node buildGpt(Builder& b, Node x, const GptShape& gpt, std::int64_t vocab) {
   return b.tiedLinear(b.layerNorm(h, "transformer.ln_f"), "lm_head", "transformer.wte");
 }
 
+// The LSTM language model (LstmShape) over sequences x of tokens.
+Node buildLstmLm(Builder& b, Node x, const LstmShape& lstm, std::int64_t vocab) {
+  const Init uniform{false, 0.1f};
+  Node h = b.embedding(x, "encoder", "encoder.weight", "", vocab, lstm.emsize, uniform);
+  if (lstm.dropout > 0.0f) h = b.dropout(h, "drop.encoder", lstm.dropout);
+  for (std::int64_t l = 0; l < lstm.nlayers; ++l) {
+    h = b.lstm(h, "rnn", l, lstm.nhid);
+    if (lstm.dropout > 0.0f) h = b.dropout(h, "drop.rnn.l" + std::to_string(l), lstm.dropout);
+  }
+  if (lstm.tied) return b.tiedLinear(h, "decoder", "encoder", true);
+  return b.linear(h, "decoder", vocab, uniform);
+}
+
 // ---- the net ----
 
 class NetImpl final : public Net, private LayerContext {
@@ -724,7 +737,8 @@ std::vector<std::pair<std::int64_t, std::int64_t>> paramRanges(
 }
 
 std::vector<std::string> builtinModels() {
-  return {"mlp", "lenet", "resnet20", "resnet56", "resnet18", "resnet34", "resnet50", "gpt2"};
+  return {"mlp",      "lenet",    "resnet20", "resnet56", "resnet18",
+          "resnet34", "resnet50", "gpt2",     "lstm"};
 }
 
 namespace {
@@ -745,6 +759,31 @@ void checkGpt(const GptShape& gpt, std::int64_t sequence_length) {
   }
 }
 
+// The same for an LSTM language model.
+void checkLstm(const LstmShape& lstm, std::int64_t sequence_length) {
+  if (sequence_length < 1) {
+    throw InputError(
+        "model lstm reads token sequences: set block_size (the tokens a sequence holds, the "
+        "examples' bptt)");
+  }
+  if (lstm.nlayers < 1)
+    throw InputError("nlayers = " + std::to_string(lstm.nlayers) + " (at least 1)");
+  if (lstm.nhid < 1) throw InputError("nhid = " + std::to_string(lstm.nhid) + " (at least 1)");
+  if (lstm.emsize < 1)
+    throw InputError("emsize = " + std::to_string(lstm.emsize) + " (at least 1)");
+  if (!(lstm.dropout >= 0.0f && lstm.dropout < 1.0f))
+    throw InputError("dropout = " + std::to_string(lstm.dropout) + " is outside [0, 1)");
+  if (lstm.tied && lstm.emsize != lstm.nhid) {
+    throw InputError(std::string("tied needs emsize = nhid (the decoder reads the embedding's ") +
+                     "weights), got emsize = " + std::to_string(lstm.emsize) +
+                     ", nhid = " + std::to_string(lstm.nhid));
+  }
+}
+
+bool isLanguageModel(const std::string& name) {
+  return name == "gpt2" || name == "lstm";
+}
+
 }  // namespace
 
 void checkNetInput(const NetOptions& options) {
@@ -756,7 +795,8 @@ void checkNetInput(const NetOptions& options) {
                      std::to_string(options.height) + "x" + std::to_string(options.width));
   const std::string& name = options.model.name;
   if (name == "gpt2") checkGpt(options.gpt, options.sequence_length);
-  if (options.sequence_length > 0 && !name.empty() && name != "gpt2")
+  if (name == "lstm") checkLstm(options.lstm, options.sequence_length);
+  if (options.sequence_length > 0 && !name.empty() && !isLanguageModel(name))
     throw InputError("model " + name + " reads images, not token sequences");
 }
 
@@ -778,6 +818,8 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
   if (!model.name.empty()) {
     if (model.name == "gpt2") {
       x = buildGpt(b, x, options.gpt, options.num_labels);
+    } else if (model.name == "lstm") {
+      x = buildLstmLm(b, x, options.lstm, options.num_labels);
     } else if (model.name == "mlp") {
       x = buildMlp(b, x, options.num_labels);
     } else if (model.name == "lenet") {

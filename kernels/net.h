@@ -41,8 +41,8 @@ struct LayerSpec {
 };
 
 // Either a built-in model by name (builtinModels(): "mlp", "lenet", the CIFAR ResNets "resnet20"
-// and "resnet56", torchvision's ImageNet ResNets "resnet18", "resnet34", "resnet50"; "gpt2", a
-// language model: GptShape) or a list of layers.
+// and "resnet56", torchvision's ImageNet ResNets "resnet18", "resnet34", "resnet50"; the language
+// models "gpt2" (GptShape) and "lstm" (LstmShape)) or a list of layers.
 struct ModelSpec {
   std::string name;
   std::vector<LayerSpec> layers;
@@ -59,6 +59,22 @@ struct GptShape {
   std::int64_t n_embd = 768;
 };
 
+// An LSTM language model (model "lstm"): the word language model of MXNet's and PyTorch's
+// examples (example/rnn/word_lm; pytorch/examples' word_language_model, its RNNModel): a token
+// embedding emsize wide, nlayers LSTM layers of nhid (nn.LSTM's), dropout after the embedding and
+// after each LSTM layer, a linear decoder to the vocabulary, with `tied` reading the embedding's
+// weights (emsize = nhid). Parameters named as PyTorch's module names them (encoder.weight,
+// rnn.weight_ih_l0, ..., decoder.weight, decoder.bias), the embedding and decoder drawn from
+// U(-0.1, 0.1) as the example's init_weights. Each sequence starts from a zero state. The
+// defaults are the examples' medium model: 2 layers of 650, dropout 0.5.
+struct LstmShape {
+  std::int64_t nlayers = 2;
+  std::int64_t nhid = 650;
+  std::int64_t emsize = 650;
+  float dropout = 0.5f;
+  bool tied = false;
+};
+
 struct NetOptions {
   ModelSpec model;
   int channels = 1;
@@ -71,6 +87,7 @@ struct NetOptions {
   // with the one that follows it, the loss summed over every token (a language model).
   std::int64_t sequence_length = 0;
   GptShape gpt;
+  LstmShape lstm;
   // The softmax loss's target: 1 - this on the label, this / num_labels on every class
   // (SoftmaxLossOp; PyTorch's CrossEntropyLoss label_smoothing). In [0, 1).
   float label_smoothing = 0.0f;

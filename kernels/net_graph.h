@@ -125,14 +125,17 @@ class Builder {
   // ---- sequence models: a sample is t rows (tokens) of channels ----
 
   // Token and position embedding of the tokens `in` [t]: [t, channels]. Its parameters are
-  // `token` [vocab, channels] then `position` [t, channels], N(0, 0.02^2) as GPT-2's.
+  // `token` [vocab, channels] then `position` [t, channels], N(0, 0.02^2) as GPT-2's. Without a
+  // position name, the token embedding alone, drawn from `init`.
   Node embedding(const Node& in, const std::string& name, const std::string& token,
-                 const std::string& position, std::int64_t vocab, std::int64_t channels) {
+                 const std::string& position, std::int64_t vocab, std::int64_t channels,
+                 Init init = {false, 0.02f, true}) {
     const std::int64_t t = in.shape[0];
     beginParams();
-    addParam(token, {vocab, channels}, {false, 0.02f, true});
-    addParam(position, {t, channels}, {false, 0.02f, true});
-    return add(makeEmbeddingLayer(t, vocab, channels), name, {in}, {t, channels});
+    addParam(token, {vocab, channels}, init);
+    if (!position.empty()) addParam(position, {t, channels}, init);
+    return add(makeEmbeddingLayer(t, vocab, channels, !position.empty()), name, {in},
+               {t, channels});
   }
 
   // Over each row's last dimension; scale 1, shift 0, neither decays.
@@ -145,21 +148,26 @@ class Builder {
   }
 
   // torch's Linear over each row's last dimension: weights [out, in] drawn N(0, stddev^2), the
-  // bias 0 (GPT-2's initialisation).
+  // bias 0 (GPT-2's initialisation); or drawn from `weights`.
   Node linear(const Node& in, const std::string& name, std::int64_t out, float stddev) {
+    return linear(in, name, out, Init{false, stddev, true});
+  }
+  Node linear(const Node& in, const std::string& name, std::int64_t out, Init weights) {
     const std::int64_t c = in.shape.back(), rows = numelOf(in.shape) / c;
     Shape shape = in.shape;
     shape.back() = out;
     beginParams();
-    addParam(name + ".weight", {out, c}, {false, stddev, true});
+    addParam(name + ".weight", {out, c}, weights);
     addParam(name + ".bias", {out}, {true, 0.0f}, false);
     return add(makeInnerProductLayer(c, out, rows), name, {in}, shape);
   }
 
   // The same with the weights of layer `owner`'s first parameter [out, in] (GPT-2's output
-  // layer reads the token embedding: Layer::tie), no bias, no parameters of its own. InputError
-  // naming both when the owner cannot be tied or its weights do not fit.
-  Node tiedLinear(const Node& in, const std::string& name, const std::string& owner) {
+  // layer reads the token embedding: Layer::tie), and no bias (GPT-2's) or a bias of its own
+  // (the LSTM language model's decoder). InputError naming both when the owner cannot be tied or
+  // its weights do not fit.
+  Node tiedLinear(const Node& in, const std::string& name, const std::string& owner,
+                  bool bias = false) {
     const auto it = std::find(g_.layer_names.begin(), g_.layer_names.end(), owner);
     const auto layer = static_cast<std::size_t>(it - g_.layer_names.begin());
     const auto param = std::find_if(g_.params.begin(), g_.params.end(), [&](const ParamInfo& p) {
@@ -175,7 +183,29 @@ class Builder {
     }
     Shape shape = in.shape;
     shape.back() = param->shape[0];
-    return add(makeInnerProductLayer(c, shape.back(), rows, param->offset), name, {in}, shape);
+    const std::int64_t tied_offset = param->offset;
+    if (bias) {
+      beginParams();
+      addParam(name + ".bias", {shape.back()}, {true, 0.0f}, false);
+    }
+    return add(makeInnerProductLayer(c, shape.back(), rows, tied_offset), name, {in}, shape);
+  }
+
+  // Layer `index` of PyTorch's nn.LSTM `module` over in [t, input]: [t, hidden], its parameters
+  // named as nn.LSTM's (MODULE.weight_ih_l0, MODULE.weight_hh_l0, MODULE.bias_ih_l0,
+  // MODULE.bias_hh_l0), each U(-1/sqrt(hidden), 1/sqrt(hidden)) as nn.LSTM draws them; the layer
+  // is MODULE.lINDEX.
+  Node lstm(const Node& in, const std::string& module, std::int64_t index, std::int64_t hidden) {
+    const std::int64_t t = in.shape[0], input = in.shape.back();
+    const Init init{false, 1.0f / std::sqrt(static_cast<float>(hidden))};
+    const std::string l = "_l" + std::to_string(index);
+    beginParams();
+    addParam(module + ".weight_ih" + l, {4 * hidden, input}, init);
+    addParam(module + ".weight_hh" + l, {4 * hidden, hidden}, init);
+    addParam(module + ".bias_ih" + l, {4 * hidden}, init, false);
+    addParam(module + ".bias_hh" + l, {4 * hidden}, init, false);
+    return add(makeLstmLayer(t, input, hidden), module + ".l" + std::to_string(index), {in},
+               {t, hidden});
   }
 
   Node gelu(const Node& in, const std::string& name) {

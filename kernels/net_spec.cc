@@ -27,13 +27,14 @@ LayerType geluLayerType();
 LayerType attentionLayerType();
 LayerType linearLayerType();
 LayerType transformerLayerType();
+LayerType lstmLayerType();
 
 const std::vector<LayerType>& layerTable() {
   static const std::vector<LayerType> table = {
-      convLayerType(),      poolLayerType(),      fcLayerType(),         reluLayerType(),
-      bnLayerType(),        dropoutLayerType(),   addLayerType(),        flattenLayerType(),
-      residualLayerType(),  embeddingLayerType(), layernormLayerType(),  geluLayerType(),
-      attentionLayerType(), linearLayerType(),    transformerLayerType()};
+      convLayerType(),      poolLayerType(),      fcLayerType(),          reluLayerType(),
+      bnLayerType(),        dropoutLayerType(),   addLayerType(),         flattenLayerType(),
+      residualLayerType(),  embeddingLayerType(), layernormLayerType(),   geluLayerType(),
+      attentionLayerType(), linearLayerType(),    transformerLayerType(), lstmLayerType()};
   return table;
 }
 

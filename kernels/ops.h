@@ -172,9 +172,11 @@ class SoftmaxLossOp {
 
 // ---- sequence models: a batch of n sequences of t tokens, each token a row of `channels` ----
 
-// Token and position embedding (GPT-2's wte and wpe): y[i][s] = wte[tokens[i][s]] + wpe[s].
+// Token and position embedding (GPT-2's wte and wpe): y[i][s] = wte[tokens[i][s]] + wpe[s]; without
+// `positions`, token embedding alone (an LSTM's encoder): y[i][s] = wte[tokens[i][s]], no wpe.
 struct EmbeddingGeometry {
   std::int64_t n = 1, t = 1, vocab = 1, channels = 1;
+  bool positions = true;
 };
 
 class EmbeddingOp {
@@ -230,6 +232,27 @@ class AttentionOp {
   virtual void forward(const Tensor& qkv, const Tensor& y) = 0;
   // From the last forward's attention weights.
   virtual void backward(const Tensor& qkv, const Tensor& dy, const Tensor& dqkv) = 0;
+};
+
+// One LSTM layer over sequences (PyTorch's nn.LSTM, batch_first, one layer; the state starts at
+// 0 for each sequence): x [n, t, input], y [n, t, hidden] the hidden states h. Each step's gates
+// are x W_ih^T + b_ih + h_prev W_hh^T + b_hh, 4 x hidden wide in PyTorch's (and cuDNN's) order
+// i, f, g, o: c = sigmoid(f) c_prev + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c).
+struct LstmGeometry {
+  std::int64_t n = 1, t = 1, input = 1, hidden = 1;
+};
+
+class LstmOp {
+ public:
+  virtual ~LstmOp() = default;
+  // w_ih [4 hidden, input], w_hh [4 hidden, hidden], b_ih and b_hh [4 hidden].
+  virtual void forward(const Tensor& x, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                       const Tensor& b_hh, const Tensor& y) = 0;
+  // From the last forward's gates and cells, and y (its hidden states): writes dx (where it has
+  // memory) and the four parameter gradients (db_ih and db_hh are equal).
+  virtual void backward(const Tensor& x, const Tensor& y, const Tensor& w_ih, const Tensor& w_hh,
+                        const Tensor& dy, const Tensor& dx, const Tensor& dw_ih,
+                        const Tensor& dw_hh, const Tensor& db_ih, const Tensor& db_hh) = 0;
 };
 
 }  // namespace troupe::kernels

@@ -5,25 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
-#include <iostream>
 #include <string>
 #include <vector>
 
-#include "cli_util.h"
 #include "kernels/backend.h"
 #include "kernels/net.h"
-#include "kernels/random.h"
-#include "one_sided_differences.h"
+#include "language_model_util.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 namespace {
 
-namespace fs = std::filesystem;
+using testing::errorOf;
+using testing::randomSequences;
+using testing::Sequences;
 
 NetOptions gpt(std::int64_t n_layer, std::int64_t n_head, std::int64_t n_embd,
                std::int64_t block_size, int vocab, std::int64_t batch) {
@@ -34,29 +29,6 @@ NetOptions gpt(std::int64_t n_layer, std::int64_t n_head, std::int64_t n_embd,
   o.num_labels = vocab;
   o.max_batch = batch;
   return o;
-}
-
-// A batch of random tokens, each labelled with a random next one (the net does not care which).
-struct Sequences {
-  Tensor tokens, labels;
-};
-Sequences randomSequences(std::int64_t n, std::int64_t t, int vocab, std::uint64_t seed) {
-  Sequences s{Tensor::host({n, t}, DType::kInt32), Tensor::host({n, t}, DType::kInt32)};
-  for (std::int64_t i = 0; i < n * t; ++i) {
-    s.tokens.i32()[i] = static_cast<int>(randomBits(seed, 0, i) % vocab);
-    s.labels.i32()[i] = static_cast<int>(randomBits(seed, 1, i) % vocab);
-  }
-  return s;
-}
-
-std::string errorOf(const NetOptions& o) {
-  auto backend = makeCpuBackend(1);
-  try {
-    makeNet(*backend, o);
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "(no InputError)";
 }
 
 // llm.c's train_gpt2 prints "num_parameters: 124439808" for d12 (vocabulary 50257, context
@@ -131,33 +103,12 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
   auto backend = makeCpuBackend(1);
   auto net = makeNet(*backend, gpt(2, 2, 16, 8, 40, 3));
   const Sequences s = randomSequences(3, 8, 40, 2);
-  net->forward(s.tokens, s.labels, true);
-  net->backward(1.0f, nullptr);
-  std::vector<float> grads(net->grads().f32(), net->grads().f32() + net->numParams());
-  float* w = net->weights().f32();
-  auto loss = [&] {
-    net->forward(s.tokens, s.labels, true);
-    return static_cast<double>(net->metrics().f32()[0]);
-  };
-  int agree = 0, checked = 0;
-  for (const auto& p : net->params()) {
-    for (int pick = 0; pick < 2; ++pick) {
-      const std::int64_t i =
-          p.offset + static_cast<std::int64_t>(randomBits(3, p.offset, pick) % p.size);
-      ++checked;
-      const bool ok = testing::withinOneSidedDifferences(w, i, grads[i], 1e-2f, loss);
-      agree += ok;
-      if (!ok) std::cout << p.name << "[" << i - p.offset << "]: " << grads[i] << " disagrees\n";
-    }
-  }
+  const auto [agree, checked] = testing::checkAgainstOneSidedDifferences(*net, s, 2);
   // The loss has no kinks, so all agree but where L'' turns inside an interval (none of the 56
   // here); one is allowed for that. A missing half of the tied embedding's gradient fails both
   // of wte's, a wrong layer's gradient most of its own.
   EXPECT_GE(agree, checked - 1) << "of " << checked;
 }
-
-// Debian's interpreter: python3-torch and python3-numpy are its packages (scripts/setup.sh).
-constexpr const char* kPython = "/usr/bin/python3";
 
 // 20 steps of SGD (lr 0.1) on one batch: before each step troupe's weights go to the reference,
 // which computes the loss at them in float64 with its bound; troupe's loss of that step must be
@@ -170,64 +121,12 @@ TEST(Gpt, TwentyStepsLossesEqualPyTorchsWithinTheRoundingBound) {
   auto backend = makeCpuBackend(2);
   auto net = makeNet(*backend, gpt(layers, heads, embd, t, vocab, n));
   const Sequences s = randomSequences(n, t, vocab, 3);
-  const fs::path dump =
-      fs::temp_directory_path() / ("troupe_gpt_" + std::to_string(::getpid()) + ".bin");
-  const fs::path answer = dump.string() + ".ref";
-  std::ofstream out(dump, std::ios::binary);
-  auto put = [&](const void* p, std::size_t bytes) {
-    out.write(static_cast<const char*>(p), static_cast<std::streamsize>(bytes));
-  };
-  auto putInt = [&](std::int64_t v) { put(&v, sizeof v); };
-  put("TROUPEGPT1", 10);
-  for (std::int64_t v : {layers, heads, embd, t, std::int64_t{vocab}, n, steps})
-    putInt(v);
-  put(&lr, sizeof lr);
-  putInt(static_cast<std::int64_t>(net->params().size()));
-  for (const auto& p : net->params()) {
-    putInt(static_cast<std::int64_t>(p.name.size()));
-    put(p.name.data(), p.name.size());
-    putInt(static_cast<std::int64_t>(p.shape.size()));
-    for (auto d : p.shape)
-      putInt(d);
-  }
-  put(s.tokens.raw(), s.tokens.bytes());
-  put(s.labels.raw(), s.labels.bytes());
-  std::vector<double> losses;
-  const Tensor& w = net->weights();
-  for (std::int64_t step = 0; step < steps; ++step) {
-    put(w.raw(), w.bytes());
-    net->forward(s.tokens, s.labels, true);
-    losses.push_back(double(net->metrics().f32()[0]) / double(n * t));
-    net->backward(1.0f / static_cast<float>(n * t), nullptr);
-    backend->axpy(-lr, net->grads(), w);
-  }
-  out.close();
-  const std::string command = std::string(kPython) + " " + testing::sourceDir() +
-                              "/tests/gpt_reference.py --in " + dump.string() + " --out " +
-                              answer.string();
-  const auto run = testing::runCommand(command);
-  ASSERT_EQ(run.exit_code, 0) << command << "\n" << run.output;
-  std::ifstream in(answer, std::ios::binary);
-  char magic[13] = {};
-  in.read(magic, sizeof magic);
-  ASSERT_EQ(std::string(magic, sizeof magic), "TROUPEGPTREF1");
-  std::vector<double> ref(2 * steps), own(steps);
-  in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 8));
-  in.read(reinterpret_cast<char*>(own.data()), static_cast<std::streamsize>(own.size() * 8));
-  ASSERT_TRUE(in) << answer << " is cut short";
-  fs::remove(dump);
-  fs::remove(answer);
-  double worst = 0;
-  std::cout << std::setprecision(9);
-  for (std::int64_t k = 0; k < steps; ++k) {
-    const double want = ref[2 * k], bound = ref[2 * k + 1];
-    EXPECT_NEAR(losses[k], want, 2 * bound) << "step " << k;
-    worst = std::max(worst, std::abs(losses[k] - want) / bound);
-    std::cout << "step " << k << ": troupe " << losses[k] << ", PyTorch at its weights " << want
-              << " (bound " << bound << "), PyTorch's own float64 training " << own[k] << "\n";
-  }
-  std::cout << "largest difference / bound: " << worst << "\n";
-  EXPECT_LT(losses.back(), losses.front() - 0.5) << "the loss barely fell";
+  const testing::ReferenceSteps r =
+      testing::runReferenceSteps(*backend, *net, s.tokens, s.labels, vocab, steps, lr, "TROUPEGPT1",
+                                 {layers, heads, embd}, "gpt_reference.py");
+  ASSERT_EQ(r.error, "");
+  testing::expectWithinTwiceTheBound(r);
+  EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << "the loss barely fell";
 }
 
 }  // namespace

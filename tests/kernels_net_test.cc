@@ -94,9 +94,9 @@ TEST_F(NetTest, UnknownModelNameListsTheBuiltinModels) {
 
 TEST_F(NetTest, UnknownLayerTypeListsTheKnownTypes) {
   const std::string what =
-      errorOf(*backend_, custom({{"flatten", {}}, {"lstm", {}}, {"fc", {{"num_output", "10"}}}}));
+      errorOf(*backend_, custom({{"flatten", {}}, {"gru", {}}, {"fc", {{"num_output", "10"}}}}));
   EXPECT_NE(what.find("layer 1"), std::string::npos) << what;
-  EXPECT_NE(what.find("lstm"), std::string::npos) << what;
+  EXPECT_NE(what.find("gru"), std::string::npos) << what;
   EXPECT_NE(what.find("conv, pool, fc"), std::string::npos) << what;
 }
 
@@ -239,6 +239,26 @@ TEST_F(NetTest, GptWrittenAsLayersIsTheBuiltinNet) {
   ASSERT_EQ(layers.model.layers.size(), 5u);
   Batch tokens{Tensor::host({2, 64}, DType::kInt32), Tensor::host({2, 64}, DType::kInt32)};
   for (std::int64_t i = 0; i < 128; ++i) {
+    tokens.images.i32()[i] = static_cast<int>(randomBits(7, 0, i) % 256);
+    tokens.labels.i32()[i] = static_cast<int>(randomBits(7, 1, i) % 256);
+  }
+  expectSameNet(*backend_, layers, builtin, /*same_names=*/false, tokens);
+}
+
+TEST_F(NetTest, LstmWrittenAsLayersIsTheBuiltinNet) {
+  const auto file =
+      actors::loadTrainOptions(std::string(TROUPE_SOURCE_DIR) + "/configs/lstm_layers.toml", {});
+  NetOptions layers = options("", 2), builtin = options("lstm", 2);
+  for (NetOptions* o : {&layers, &builtin}) {
+    o->sequence_length = file.block_size;
+    o->num_labels = static_cast<int>(file.vocab_size);
+    o->lstm = {2, 64, 64, 0.2f, true};
+  }
+  layers.model = file.model;
+  ASSERT_EQ(layers.model.layers.size(), 5u);
+  const std::int64_t t = file.block_size;
+  Batch tokens{Tensor::host({2, t}, DType::kInt32), Tensor::host({2, t}, DType::kInt32)};
+  for (std::int64_t i = 0; i < 2 * t; ++i) {
     tokens.images.i32()[i] = static_cast<int>(randomBits(7, 0, i) % 256);
     tokens.labels.i32()[i] = static_cast<int>(randomBits(7, 1, i) % 256);
   }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <iostream>
 #include <vector>
 
 #include "float_bounds.h"
@@ -781,6 +782,124 @@ TEST_F(OpsTest, CausalAttentionAttendsToEarlierTokensOnly) {
   op->forward(qkv, y);
   for (int k = 0; k < 3 * 6; ++k)
     EXPECT_EQ(y.f32()[k], before.f32()[k]) << "output " << k << " of the first three tokens";
+}
+
+struct LstmTensors {
+  Tensor x, w_ih, w_hh, b_ih, b_hh, y;
+};
+// Weights drawn as nn.LSTM draws them, U(-1/sqrt(hidden), 1/sqrt(hidden)); inputs U(-1, 1).
+LstmTensors lstmTensors(const LstmGeometry& g) {
+  const float k = 1.0f / std::sqrt(static_cast<float>(g.hidden));
+  const std::int64_t gates = 4 * g.hidden;
+  return {randomHost({g.n, g.t, g.input}, 1),      randomHost({gates, g.input}, 2, -k, k),
+          randomHost({gates, g.hidden}, 3, -k, k), randomHost({gates}, 4, -k, k),
+          randomHost({gates}, 5, -k, k),           Tensor::host({g.n, g.t, g.hidden})};
+}
+
+// The layer in double beside a first-order bound on what float32 may differ by, carried through
+// the steps: each step's pre-activations are within gammaN(input + hidden + 3) of the magnitudes
+// of their terms (two biases, two products, in any order), plus what the previous h's error
+// moves them by; sigmoid is within 4 u relative and tanh within 9 u absolute of their rounded
+// inputs (kernels/cpu/vec.h), plus the inputs' errors times their slopes; c = f c_prev + i g is
+// within gammaN(2) of its terms' magnitudes plus its factors' errors, h = o tanh(c) one rounding
+// plus its factors'. (The flush of denormals moves a sigmoid below 2^-126 by less than 1e-30.)
+struct LstmInDouble {
+  std::vector<double> y, bound;
+};
+LstmInDouble lstmInDouble(const LstmGeometry& g, const LstmTensors& v) {
+  const std::int64_t in = g.input, hid = g.hidden;
+  const double u = kFloatRoundoff;
+  auto sigmoid = [](double z) { return 1 / (1 + std::exp(-z)); };
+  LstmInDouble out{std::vector<double>(static_cast<std::size_t>(g.n * g.t * hid)), {}};
+  out.bound = out.y;
+  for (std::int64_t i = 0; i < g.n; ++i) {
+    std::vector<double> h(hid, 0.0), eh(hid, 0.0), c(hid, 0.0), ec(hid, 0.0);
+    for (std::int64_t s = 0; s < g.t; ++s) {
+      std::vector<double> act(4 * hid), err(4 * hid);
+      for (std::int64_t q = 0; q < 4 * hid; ++q) {
+        double pre = double(v.b_ih.f32()[q]) + v.b_hh.f32()[q];
+        double mag = std::abs(double(v.b_ih.f32()[q])) + std::abs(double(v.b_hh.f32()[q]));
+        double moved = 0;
+        for (std::int64_t k = 0; k < in; ++k) {
+          const double term = double(v.x.f32()[(i * g.t + s) * in + k]) * v.w_ih.f32()[q * in + k];
+          pre += term;
+          mag += std::abs(term);
+        }
+        for (std::int64_t k = 0; k < hid; ++k) {
+          const double w = v.w_hh.f32()[q * hid + k];
+          pre += h[k] * w;
+          mag += std::abs(h[k] * w);
+          moved += std::abs(w) * eh[k];
+        }
+        const double e = gammaN(in + hid + 3) * mag + moved;
+        if (q / hid == 2) {
+          act[q] = std::tanh(pre);
+          err[q] = (1 - act[q] * act[q]) * e + 9 * u;
+        } else {
+          act[q] = sigmoid(pre);
+          err[q] = act[q] * (1 - act[q]) * e + 4 * u * act[q] + 1e-30;
+        }
+      }
+      for (std::int64_t k = 0; k < hid; ++k) {
+        const double ig = act[k], fg = act[hid + k], gg = act[2 * hid + k], og = act[3 * hid + k];
+        const double ei = err[k], ef = err[hid + k], eg = err[2 * hid + k], eo = err[3 * hid + k];
+        const double cell = fg * c[k] + ig * gg;
+        ec[k] = std::abs(fg) * ec[k] + std::abs(c[k]) * ef + std::abs(ig) * eg + std::abs(gg) * ei +
+                gammaN(2) * (std::abs(fg * c[k]) + std::abs(ig * gg));
+        c[k] = cell;
+        const double tc = std::tanh(cell), etc = (1 - tc * tc) * ec[k] + 9 * u;
+        h[k] = og * tc;
+        eh[k] = std::abs(og) * etc + std::abs(tc) * eo + u * std::abs(h[k]);
+        out.y[static_cast<std::size_t>((i * g.t + s) * hid + k)] = h[k];
+        out.bound[static_cast<std::size_t>((i * g.t + s) * hid + k)] = eh[k];
+      }
+    }
+  }
+  return out;
+}
+
+// Small (one thread) and large enough that the two threads share the hidden units (the barrier
+// after each step, the split products of the backward). The bound is first order: the terms it
+// leaves out are products of two errors, below 1e-6 of it here; twice it is asserted.
+TEST_F(OpsTest, LstmIsNnLstmsEquationsWithinTheRoundingBound) {
+  for (const LstmGeometry g : {LstmGeometry{2, 4, 3, 5}, LstmGeometry{4, 8, 64, 64}}) {
+    auto op = backend_->makeLstm(g);
+    LstmTensors v = lstmTensors(g);
+    op->forward(v.x, v.w_ih, v.w_hh, v.b_ih, v.b_hh, v.y);
+    const LstmInDouble want = lstmInDouble(g, v);
+    double worst = 0;
+    for (std::size_t k = 0; k < want.y.size(); ++k) {
+      ASSERT_NEAR(v.y.f32()[k], want.y[k], 2 * want.bound[k])
+          << "output " << k << " of " << g.n << "x" << g.t << "x" << g.hidden;
+      worst = std::max(worst, std::abs(v.y.f32()[k] - want.y[k]) / want.bound[k]);
+    }
+    std::cout << g.n << "x" << g.t << "x" << g.hidden << ": largest difference / bound " << worst
+              << "\n";
+  }
+}
+
+// Every gradient against central differences (expectGradient). The state carries each input to
+// every later output of its sequence, at most 4 x 5 = 20 outputs of sums of at most 3 + 5 + 2
+// terms of order 1, within the rounding argument above.
+TEST_F(OpsTest, LstmGradientsMatchFiniteDifferences) {
+  const LstmGeometry g{2, 4, 3, 5};
+  auto op = backend_->makeLstm(g);
+  LstmTensors v = lstmTensors(g);
+  const Tensor r = randomHost(v.y.shape(), 6);
+  Tensor dx = Tensor::host(v.x.shape()), dw_ih = Tensor::host(v.w_ih.shape());
+  Tensor dw_hh = Tensor::host(v.w_hh.shape()), db_ih = Tensor::host(v.b_ih.shape());
+  Tensor db_hh = Tensor::host(v.b_hh.shape());
+  op->forward(v.x, v.w_ih, v.w_hh, v.b_ih, v.b_hh, v.y);
+  op->backward(v.x, v.y, v.w_ih, v.w_hh, r, dx, dw_ih, dw_hh, db_ih, db_hh);
+  auto loss = [&] {
+    op->forward(v.x, v.w_ih, v.w_hh, v.b_ih, v.b_hh, v.y);
+    return dot(r, v.y);
+  };
+  expectGradient("lstm dx", v.x, dx, loss);
+  expectGradient("lstm dw_ih", v.w_ih, dw_ih, loss);
+  expectGradient("lstm dw_hh", v.w_hh, dw_hh, loss);
+  expectGradient("lstm db_ih", v.b_ih, db_ih, loss);
+  expectGradient("lstm db_hh", v.b_hh, db_hh, loss);
 }
 
 }  // namespace

@@ -303,7 +303,8 @@ std::vector<Key> buildTable() {
           Key{"model", Kind::kString, kNotNumeric,
               "built-in model: mlp, lenet, resnet20 and resnet56 (CIFAR), resnet18, resnet34 and "
               "resnet50 (ImageNet, as torchvision's), gpt2 (a language model: block_size, n_layer, "
-              "n_head, n_embd); or [[layers]] in the file",
+              "n_head, n_embd), lstm (the LSTM language model of MXNet's and PyTorch's examples: "
+              "block_size, nlayers, nhid, emsize, dropout, tied); or [[layers]] in the file",
               [](Settings& s, const Value& v) { s.options.model.name = asString(v); },
               [](const Settings& s) {
                 return s.options.model.name.empty() ? "custom" : s.options.model.name;
@@ -428,9 +429,9 @@ std::vector<Key> buildTable() {
       agreed(TROUPE_FLOAT_KEY("warmup_epochs", warmup_epochs, kEpochs, "linear warmup, in epochs")),
       agreed(TROUPE_INT_KEY("num_labels", num_labels, closed(1, k2Pow20), "number of classes")),
       agreed(TROUPE_INT_KEY("block_size", block_size, closed(0, k2Pow20),
-                            "language models (model gpt2): tokens a sequence holds, read from "
+                            "language models (gpt2, lstm): tokens a sequence holds, read from "
                             "token shards (llm.c's .bin), each labelled with the next (nanoGPT's "
-                            "and llm.c's; 0: the input is images)")),
+                            "block_size, the LSTM examples' bptt; 0: the input is images)")),
       agreed(TROUPE_INT_KEY("vocab_size", vocab_size, closed(2, 16 * k2Pow20),
                             "language models: tokens the model knows (GPT-2's BPE: 50257; "
                             "troupe convert text's bytes: 256)")),
@@ -440,6 +441,18 @@ std::vector<Key> buildTable() {
                             "gpt2: attention heads, each n_embd / n_head wide (124M: 12)")),
       agreed(TROUPE_INT_KEY("n_embd", gpt.n_embd, closed(1, k2Pow20),
                             "gpt2: width of the residual stream (124M: 768)")),
+      agreed(TROUPE_INT_KEY("nlayers", lstm.nlayers, closed(1, 1000),
+                            "lstm: LSTM layers (the examples' medium model: 2)")),
+      agreed(TROUPE_INT_KEY("nhid", lstm.nhid, closed(1, k2Pow20),
+                            "lstm: hidden units of each layer (medium: 650)")),
+      agreed(TROUPE_INT_KEY("emsize", lstm.emsize, closed(1, k2Pow20),
+                            "lstm: width of the token embedding (medium: 650)")),
+      agreed(TROUPE_FLOAT_KEY("dropout", lstm.dropout, openAbove(0, 1),
+                              "lstm: dropout after the embedding and after each LSTM layer "
+                              "(medium: 0.5)")),
+      agreed(TROUPE_BOOL_KEY("tied", lstm.tied,
+                             "lstm: the decoder reads the embedding's weights (needs emsize = "
+                             "nhid)")),
       // A 4096 x 4096 image is 64 MiB of floats per channel: larger ones are tiled first.
       agreed(TROUPE_INT_KEY("image_size", image_size, closed(1, 4096),
                             "height and width of the images")),

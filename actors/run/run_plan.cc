@@ -289,6 +289,15 @@ void ensureWritableDir(const std::string& dir, const char* what) {
   fs::remove(probe, ec);
 }
 
+namespace {
+
+// What a label can be: one of the classes, or a language model's token of its vocabulary.
+int labelsOf(const TrainOptions& o) {
+  return o.block_size > 0 ? static_cast<int>(o.vocab_size) : o.num_labels;
+}
+
+}  // namespace
+
 std::string runName(const TrainOptions& o) {
   return !o.run_name.empty() ? o.run_name : (o.model.name.empty() ? "custom" : o.model.name);
 }
@@ -300,7 +309,7 @@ std::string experimentId(const TrainOptions& o) {
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y%m%d_%H%M%S", &tm);
   return fmt::format("{}_{}{}_b{}_L{}_lr{:.2f}_{}", runName(o), o.gpus.empty() ? "cpu" : "gpu",
-                     o.replicas, o.batch_size, o.num_labels, o.base_learning_rate, stamp);
+                     o.replicas, o.batch_size, labelsOf(o), o.base_learning_rate, stamp);
 }
 
 kernels::LrPolicy lrPolicy(const TrainOptions& o, std::int64_t steps_per_epoch) {
@@ -576,15 +585,6 @@ void checkTrainingData(const TrainOptions& o) {
   }
 }
 
-namespace {
-
-// What a label can be: one of the classes, or a language model's token of its vocabulary.
-int labelsOf(const TrainOptions& o) {
-  return o.block_size > 0 ? static_cast<int>(o.vocab_size) : o.num_labels;
-}
-
-}  // namespace
-
 data::DatasetOptions datasetOptions(const TrainOptions& o, const std::string& path, bool train) {
   data::DatasetOptions d;
   d.path = path;
@@ -633,6 +633,7 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.seed = o.seed;
   net.sequence_length = o.block_size;
   net.gpt = o.gpt;
+  net.lstm = o.lstm;
   return net;
 }
 

@@ -60,12 +60,13 @@ struct TrainOptions {
   int num_channels = 1;
   int image_size = 28;
   int num_labels = 10;
-  // Language models (model gpt2): above 0, samples are sequences of this many tokens read from
+  // Language models (gpt2, lstm): above 0, samples are sequences of this many tokens read from
   // token shards (data/token_shards.h), each token labelled with the next (nanoGPT's block_size);
   // 0: images.
   std::int64_t block_size = 0;
   std::int64_t vocab_size = 50257;  // tokens a language model knows (GPT-2's BPE)
   kernels::GptShape gpt;            // n_layer, n_head, n_embd
+  kernels::LstmShape lstm;          // nlayers, nhid, emsize, dropout, tied
   // Bytes a worker process may hold for its model (weights, gradients, the optimizer's state,
   // activations): a run that needs more is refused before it starts. 0: no limit.
   std::int64_t max_memory = 0;

@@ -310,6 +310,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g) override {
     return cpu::makeAttention(g, threads_);
   }
+  std::unique_ptr<LstmOp> makeLstm(const LstmGeometry& g) override {
+    return cpu::makeLstm(g, threads_);
+  }
 
  private:
   // The CPU's ops compute in NCHW (kernels/ops.h); channels-last is for devices.

@@ -24,5 +24,6 @@ std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g, int threa
 std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g, int threads);
 std::unique_ptr<GeluOp> makeGelu(std::int64_t numel, int threads);
 std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g, int threads);
+std::unique_ptr<LstmOp> makeLstm(const LstmGeometry& g, int threads);
 
 }  // namespace troupe::kernels::cpu

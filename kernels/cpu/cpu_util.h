@@ -44,6 +44,35 @@ inline void splitRange(std::int64_t total, int rank, int count, std::int64_t& be
   end = begin + base + (rank < extra ? 1 : 0);
 }
 
+// Splits [0, total) among `count` threads in multiples of 16 floats (a cache line), so that no
+// two threads write one line; [begin, end) is the share of thread `rank`.
+inline void splitAligned(std::int64_t total, int rank, int count, std::int64_t& begin,
+                         std::int64_t& end) {
+  constexpr std::int64_t kLine = 16;
+  const std::int64_t lines = (total + kLine - 1) / kLine;
+  splitRange(lines, rank, count, begin, end);
+  begin = std::min(total, begin * kLine);
+  end = std::min(total, end * kLine);
+}
+
+// Below this many multiply-adds a pass of sgemm calls runs on one thread: waking a team costs
+// more.
+constexpr std::int64_t kParallelMacs = std::int64_t{1} << 20;
+
+// Runs fn(rank, count) on every thread of a team of `threads`, each computing its own share with
+// single-threaded sgemm calls; or once, as rank 0 of 1, on the calling thread alone.
+template <typename Fn>
+void onTeam(int threads, const Fn& fn) {
+  if (threads <= 1) {
+    useThreads(1);
+    fn(0, 1);
+    return;
+  }
+  flushDenormals(threads);
+#pragma omp parallel num_threads(threads)
+  fn(omp_get_thread_num(), omp_get_num_threads());
+}
+
 // Runs fn(begin, end) over [0, total) split into equal contiguous ranges, one per thread, or on
 // the calling thread alone below `grain` items (waking a team costs more than it saves).
 template <typename Fn>

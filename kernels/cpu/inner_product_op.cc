@@ -12,19 +12,6 @@
 namespace troupe::kernels::cpu {
 namespace {
 
-// Below this many multiply-adds a pass runs on one thread: waking a team costs more.
-constexpr std::int64_t kParallelMacs = std::int64_t{1} << 20;
-
-// Splits [0, total) among `count` threads in multiples of 16 floats (a cache line), so that no
-// two threads write one line; [begin, end) is the share of thread `rank`.
-void splitAligned(std::int64_t total, int rank, int count, std::int64_t& begin, std::int64_t& end) {
-  constexpr std::int64_t kLine = 16;
-  const std::int64_t lines = (total + kLine - 1) / kLine;
-  splitRange(lines, rank, count, begin, end);
-  begin = std::min(total, begin * kLine);
-  end = std::min(total, end * kLine);
-}
-
 class CpuInnerProduct final : public InnerProductOp {
  public:
   CpuInnerProduct(const InnerProductGeometry& g, int threads)
@@ -38,7 +25,7 @@ class CpuInnerProduct final : public InnerProductOp {
     const float* bp = optionalF32(b);
     float* yp = y.f32();
     // y[:, o0:o1] = x * w[o0:o1, :]^T + b[o0:o1]
-    onTeam([&](int rank, int count) {
+    onTeam(threads_, [&](int rank, int count) {
       std::int64_t o0, o1;
       splitAligned(g_.out, rank, count, o0, o1);
       if (o1 <= o0) return;
@@ -65,7 +52,7 @@ class CpuInnerProduct final : public InnerProductOp {
     float* dxp = optionalF32(dx);
     // dw[o0:o1, :] = dy[:, o0:o1]^T * x, db[o0:o1] = column sums of dy[:, o0:o1], and
     // dx[:, i0:i1] = dy * w[:, i0:i1]: the three read dy and write disjoint shares.
-    onTeam([&](int rank, int count) {
+    onTeam(threads_, [&](int rank, int count) {
       std::int64_t o0, o1, i0, i1;
       splitAligned(g_.out, rank, count, o0, o1);
       splitAligned(g_.in, rank, count, i0, i1);
@@ -82,20 +69,6 @@ class CpuInnerProduct final : public InnerProductOp {
   }
 
  private:
-  // Runs fn(rank, count) on every thread of the op's team, each computing its own share with
-  // single-threaded sgemm calls; or once, as rank 0 of 1, on the calling thread alone.
-  template <typename Fn>
-  void onTeam(const Fn& fn) {
-    if (threads_ <= 1) {
-      useThreads(1);
-      fn(0, 1);
-      return;
-    }
-    flushDenormals(threads_);
-#pragma omp parallel num_threads(threads_)
-    fn(omp_get_thread_num(), omp_get_num_threads());
-  }
-
   InnerProductGeometry g_;
   int threads_;
 };

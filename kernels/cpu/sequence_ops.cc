@@ -26,7 +26,7 @@ class CpuEmbedding final : public EmbeddingOp {
     const std::int64_t rows = g_.n * g_.t, c = g_.channels;
     TROUPE_ENFORCE_EQ(tokens.numel(), rows);
     TROUPE_ENFORCE_EQ(wte.numel(), g_.vocab * c);
-    TROUPE_ENFORCE_GE(wpe.numel(), g_.t * c);
+    if (g_.positions) TROUPE_ENFORCE_GE(wpe.numel(), g_.t * c);
     TROUPE_ENFORCE_EQ(y.numel(), rows * c);
     const std::int32_t* tok = tokens.i32();
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -37,13 +37,17 @@ class CpuEmbedding final : public EmbeddingOp {
       }
     }
     const float* te = wte.f32();
-    const float* pe = wpe.f32();
+    const float* pe = g_.positions ? wpe.f32() : nullptr;
     float* out = y.f32();
     forRanges(rows, threads_, kGrain / c + 1, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t r = b; r < e; ++r) {
         const float* a = te + tok[r] * c;
-        const float* p = pe + (r % g_.t) * c;
         float* o = out + r * c;
+        if (!pe) {
+          std::copy(a, a + c, o);
+          continue;
+        }
+        const float* p = pe + (r % g_.t) * c;
         for (std::int64_t k = 0; k < c; ++k)
           o[k] = a[k] + p[k];
       }
@@ -59,7 +63,7 @@ class CpuEmbedding final : public EmbeddingOp {
     const std::int32_t* tok = tokens.i32();
     const float* d = dy.f32();
     float* te = optionalF32(dwte);
-    float* pe = optionalF32(dwpe);
+    float* pe = g_.positions ? optionalF32(dwpe) : nullptr;
     forRanges(c, threads_, 16, [&](std::int64_t b, std::int64_t e) {
       if (te && !add_to_dwte) {
         for (std::int64_t v = 0; v < g_.vocab; ++v)
@@ -295,6 +299,158 @@ class CpuAttention final : public AttentionOp {
   std::vector<float> att_;
 };
 
+// One LSTM layer. The input's share of every step's gates is computed up front; then each step
+// adds h_prev W_hh^T and runs the cells. The threads share the hidden units (in whole cache
+// lines): each computes its units' four gates with single-threaded sgemm calls and their cells,
+// all in one parallel region, meeting at a barrier after each step (the next reads every unit's
+// h). The backward runs the steps in reverse the same way; the weights' gradients are then
+// products over every step at once, the threads sharing their rows.
+class CpuLstm final : public LstmOp {
+ public:
+  CpuLstm(const LstmGeometry& g, int threads)
+      : g_(g),
+        threads_(g.n * g.t * 4 * g.hidden * (g.input + g.hidden) >= kParallelMacs ? threads : 1),
+        gates_(size(g.n * g.t * 4 * g.hidden)),
+        c_(size(g.n * g.t * g.hidden)),
+        tc_(size(g.n * g.t * g.hidden)) {}
+
+  void forward(const Tensor& x, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+               const Tensor& b_hh, const Tensor& y) override {
+    const std::int64_t n = g_.n, t = g_.t, in = g_.input, hid = g_.hidden, g4 = 4 * hid;
+    TROUPE_ENFORCE_EQ(x.numel(), n * t * in);
+    TROUPE_ENFORCE_EQ(y.numel(), n * t * hid);
+    TROUPE_ENFORCE_EQ(w_ih.numel(), g4 * in);
+    TROUPE_ENFORCE_EQ(w_hh.numel(), g4 * hid);
+    const float* xp = x.f32();
+    const float* wi = w_ih.f32();
+    const float* wh = w_hh.f32();
+    const float* bi = b_ih.f32();
+    const float* bh = b_hh.f32();
+    float* yp = y.f32();
+    float* gates = gates_.data();
+    onTeam(threads_, [&](int rank, int count) {
+      std::int64_t k0, k1;
+      splitAligned(hid, rank, count, k0, k1);
+      const std::int64_t w = k1 - k0;
+      for (std::int64_t j = 0; j < 4 && w > 0; ++j) {
+        const std::int64_t col = j * hid + k0;
+        for (std::int64_t r = 0; r < n * t; ++r) {
+          float* row = gates + r * g4 + col;
+          for (std::int64_t k = 0; k < w; ++k)
+            row[k] = bi[col + k] + bh[col + k];
+        }
+        sgemm(false, true, n * t, w, in, 1.0f, xp, in, wi + col * in, in, 1.0f, gates + col, g4);
+      }
+      for (std::int64_t s = 0; s < t; ++s) {
+        for (std::int64_t j = 0; j < 4 && w > 0 && s > 0; ++j) {
+          const std::int64_t col = j * hid + k0;
+          sgemm(false, true, n, w, hid, 1.0f, yp + (s - 1) * hid, t * hid, wh + col * hid, hid,
+                1.0f, gates + s * g4 + col, t * g4);
+        }
+        for (std::int64_t i = 0; i < n && w > 0; ++i) {
+          const std::int64_t r = i * t + s;
+          vec::lstmCellForward(gates + r * g4 + k0, hid, s > 0 ? cell(r - 1) + k0 : nullptr,
+                               cell(r) + k0, tanhCell(r) + k0, yp + r * hid + k0, w);
+        }
+        if (count > 1) {
+#pragma omp barrier
+        }
+      }
+    });
+  }
+
+  void backward(const Tensor& x, const Tensor& y, const Tensor& w_ih, const Tensor& w_hh,
+                const Tensor& dy, const Tensor& dx, const Tensor& dw_ih, const Tensor& dw_hh,
+                const Tensor& db_ih, const Tensor& db_hh) override {
+    const std::int64_t n = g_.n, t = g_.t, in = g_.input, hid = g_.hidden, g4 = 4 * hid;
+    TROUPE_ENFORCE_EQ(dy.numel(), n * t * hid);
+    const float* xp = x.f32();
+    const float* yp = y.f32();
+    const float* wi = w_ih.f32();
+    const float* wh = w_hh.f32();
+    const float* d = dy.f32();
+    float* dxp = optionalF32(dx);
+    float* dwi = optionalF32(dw_ih);
+    float* dwh = optionalF32(dw_hh);
+    float* dbi = optionalF32(db_ih);
+    float* dbh = optionalF32(db_hh);
+    dgates_.resize(gates_.size());
+    hprev_.resize(size(n * t * hid));
+    dh_.resize(size(n * hid));
+    dc_.resize(size(n * hid));
+    float* dg = dgates_.data();
+    float* hp = hprev_.data();
+    onTeam(threads_, [&](int rank, int count) {
+      // h_prev of every step (0 before the first), for dW_hh.
+      std::int64_t r0, r1;
+      splitRange(n * t, rank, count, r0, r1);
+      for (std::int64_t r = r0; r < r1; ++r) {
+        if (r % t == 0)
+          std::fill(hp + r * hid, hp + (r + 1) * hid, 0.0f);
+        else
+          std::copy(yp + (r - 1) * hid, yp + r * hid, hp + r * hid);
+      }
+      std::int64_t k0, k1;
+      splitAligned(hid, rank, count, k0, k1);
+      const std::int64_t w = k1 - k0;
+      for (std::int64_t s = t - 1; s >= 0; --s) {
+        for (std::int64_t i = 0; i < n && w > 0; ++i) {
+          const float* from = d + (i * t + s) * hid + k0;
+          std::copy(from, from + w, dh_.data() + i * hid + k0);
+          if (s == t - 1) std::fill(dc_.data() + i * hid + k0, dc_.data() + i * hid + k1, 0.0f);
+        }
+        // dh += the next step's dgates W_hh, for these units.
+        if (w > 0 && s < t - 1) {
+          sgemm(false, false, n, w, g4, 1.0f, dg + (s + 1) * g4, t * g4, wh + k0, hid, 1.0f,
+                dh_.data() + k0, hid);
+        }
+        for (std::int64_t i = 0; i < n && w > 0; ++i) {
+          const std::int64_t r = i * t + s;
+          vec::lstmCellBackward(gates_.data() + r * g4 + k0, hid,
+                                s > 0 ? cell(r - 1) + k0 : nullptr, tanhCell(r) + k0,
+                                dh_.data() + i * hid + k0, dc_.data() + i * hid + k0,
+                                dg + r * g4 + k0, w);
+        }
+        if (count > 1) {
+#pragma omp barrier
+        }
+      }
+      std::int64_t q0, q1, i0, i1;
+      splitAligned(g4, rank, count, q0, q1);
+      splitAligned(in, rank, count, i0, i1);
+      if (q1 > q0) {
+        if (dwi)
+          sgemm(true, false, q1 - q0, in, n * t, 1.0f, dg + q0, g4, xp, in, 0.0f, dwi + q0 * in,
+                in);
+        if (dwh)
+          sgemm(true, false, q1 - q0, hid, n * t, 1.0f, dg + q0, g4, hp, hid, 0.0f, dwh + q0 * hid,
+                hid);
+        if (dbi) vec::sumRows(dg + q0, g4, dbi + q0, n * t, q1 - q0);
+        if (dbh) vec::sumRows(dg + q0, g4, dbh + q0, n * t, q1 - q0);
+      }
+      if (dxp && i1 > i0)
+        sgemm(false, false, n * t, i1 - i0, g4, 1.0f, dg, g4, wi + i0, in, 0.0f, dxp + i0, in);
+    });
+  }
+
+ private:
+  static std::size_t size(std::int64_t count) {
+    return static_cast<std::size_t>(count);
+  }
+  float* cell(std::int64_t row) {
+    return c_.data() + row * g_.hidden;
+  }
+  float* tanhCell(std::int64_t row) {
+    return tc_.data() + row * g_.hidden;
+  }
+
+  LstmGeometry g_;
+  int threads_;
+  // Per step and sequence: the gates' activations, c and tanh(c); the backward's gradients of
+  // the gates' pre-activations, h_prev, and the running dh and dc of one step.
+  std::vector<float> gates_, c_, tc_, dgates_, hprev_, dh_, dc_;
+};
+
 }  // namespace
 
 std::unique_ptr<EmbeddingOp> makeEmbedding(const EmbeddingGeometry& g, int threads) {
@@ -312,6 +468,10 @@ std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g, int threa
   TROUPE_ENFORCE(g.n > 0 && g.t > 0 && g.heads > 0 && g.channels % g.heads == 0,
                  "bad attention geometry");
   return std::make_unique<CpuAttention>(g, threads);
+}
+std::unique_ptr<LstmOp> makeLstm(const LstmGeometry& g, int threads) {
+  TROUPE_ENFORCE(g.n > 0 && g.t > 0 && g.input > 0 && g.hidden > 0, "bad LSTM geometry");
+  return std::make_unique<CpuLstm>(g, threads);
 }
 
 }  // namespace troupe::kernels::cpu

@@ -62,6 +62,8 @@ struct Loops {
   decltype(&baseline::geluForward) geluForward;
   decltype(&baseline::geluBackward) geluBackward;
   decltype(&baseline::expSum) expSum;
+  decltype(&baseline::lstmCellForward) lstmCellForward;
+  decltype(&baseline::lstmCellBackward) lstmCellBackward;
 };
 
 #define TROUPE_VEC_LOOPS(ns)                                                                       \
@@ -69,7 +71,8 @@ struct Loops {
     &ns::reluForward, &ns::reluBackward, &ns::sgd, &ns::axpy, &ns::scale, &ns::add,                \
         &ns::addScalar, &ns::addRowVector, &ns::sumRows, &ns::maxPool2x2Portable, &ns::toHalf,     \
         &ns::fromHalf, &ns::toBfloat16, &ns::fromBfloat16, &ns::quantize2Bit, &ns::dequantize2Bit, \
-        &ns::geluForward, &ns::geluBackward, &ns::expSum                                           \
+        &ns::geluForward, &ns::geluBackward, &ns::expSum, &ns::lstmCellForward,                    \
+        &ns::lstmCellBackward                                                                      \
   }
 
 const Loops& loops() {
@@ -227,6 +230,16 @@ void geluBackward(const float* x, const float* dy, float* dx, std::int64_t n) {
 
 float expSum(const float* x, float shift, float* y, std::int64_t n) {
   return loops().expSum(x, shift, y, n);
+}
+
+void lstmCellForward(float* gates, std::int64_t stride, const float* c_prev, float* c, float* tc,
+                     float* h, std::int64_t n) {
+  loops().lstmCellForward(gates, stride, c_prev, c, tc, h, n);
+}
+
+void lstmCellBackward(const float* gates, std::int64_t stride, const float* c_prev, const float* tc,
+                      const float* dh, float* dc, float* dgates, std::int64_t n) {
+  loops().lstmCellBackward(gates, stride, c_prev, tc, dh, dc, dgates, n);
 }
 
 }  // namespace troupe::kernels::cpu::vec

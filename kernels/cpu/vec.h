@@ -37,6 +37,18 @@ void geluBackward(const float* x, const float* dy, float* dx, std::int64_t n);
 // value below -87 gives e^-87, not 0), and their sum. x and y may be the same memory.
 float expSum(const float* x, float shift, float* y, std::int64_t n);
 
+// One LSTM step's cells, n of them (kernels/ops.h, LstmOp). `gates` holds the pre-activations of
+// i, f, g and o, `stride` apart (the layer's hidden size), and becomes their activations: sigmoid
+// as 1 / (1 + e^-x) (within 4 ulp), tanh as 1 - 2 / (1 + e^2x) (within 9 u absolute), from the
+// polynomial e^x. Then c = f c_prev + i g (c_prev null: 0), tc = tanh(c) and h = o tc.
+void lstmCellForward(float* gates, std::int64_t stride, const float* c_prev, float* c, float* tc,
+                     float* h, std::int64_t n);
+// Its backward: dh is the step's whole output gradient, dc holds the next step's gradient of this
+// step's c on entry and this step's of c_prev (dc f) on return; dgates gets the gradients of the
+// pre-activations (laid out as gates).
+void lstmCellBackward(const float* gates, std::int64_t stride, const float* c_prev, const float* tc,
+                      const float* dh, float* dc, float* dgates, std::int64_t n);
+
 // 2x2 stride-2 max pooling of one [h, w] plane (h, w even) into [h/2, w/2], recording each
 // window's arg max as an index into the plane.
 void maxPool2x2(const float* x, float* y, std::int32_t* argmax, std::int64_t h, std::int64_t w);
