@@ -69,7 +69,8 @@ class WrappedSupervisor {
   std::vector<Task> tasks_;
   int interrupted_ = 0;  // the launcher's stop signal: what fails after it is no failure to name
   std::optional<TaskFailure> failure_;
-  std::optional<int> first_failed_;  // the first task whose wrapper reported a non-zero exit
+  // The first task whose wrapper reported a non-zero exit before the starter reported another.
+  std::optional<int> first_failed_;
 };
 
 void WrappedSupervisor::onLine(std::string_view line) {
@@ -113,7 +114,10 @@ void WrappedSupervisor::onLine(std::string_view line) {
     starter_.taskStarted(std::string_view(rest).substr(static_cast<std::size_t>(used)));
   } else if (std::sscanf(rest.c_str(), " exit %d", &code) == 1) {
     t.exit = code;
-    if (code != 0 && !first_failed_ && !interrupted_) first_failed_ = index;
+    // A task the starter reported failing first keeps the blame: this one may have ended of the
+    // step's cancel that followed (srun's SIGTERM to the others when a task was killed).
+    const bool reported_first = failure_ && failure_->task != index;
+    if (code != 0 && !first_failed_ && !interrupted_ && !reported_first) first_failed_ = index;
   }
 }
 
