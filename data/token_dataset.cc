@@ -2,6 +2,7 @@
 
 #include <glob.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,18 +34,12 @@ class TokenDataset final : public Dataset {
  public:
   explicit TokenDataset(const DatasetOptions& options) : options_(options) {
     const std::int64_t t = options.sequence_length;
+    std::int64_t total = 0;
     for (const std::string& path : shardPaths(options)) {
-      TokenShard shard = readTokenShard(path);
-      for (std::size_t i = 0; i < shard.tokens.size(); ++i) {
-        if (shard.tokens[i] >= static_cast<std::uint32_t>(options.num_labels)) {
-          throw InputError("token shard '" + path + "': token " + std::to_string(shard.tokens[i]) +
-                           " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
-                           std::to_string(options.num_labels) + ") (vocab_size)");
-        }
-      }
-      tokens_.insert(tokens_.end(), shard.tokens.begin(), shard.tokens.end());
+      shards_.push_back(std::make_unique<MappedTokenShard>(path));
+      starts_.push_back(total);
+      total += shards_.back()->size();
     }
-    const auto total = static_cast<std::int64_t>(tokens_.size());
     if (total < t + 1) {
       throw InputError("token shards '" + options.path + "' hold " + std::to_string(total) +
                        " tokens, fewer than block_size + 1 = " + std::to_string(t + 1));
@@ -58,16 +53,23 @@ class TokenDataset final : public Dataset {
   void read(const std::vector<std::int64_t>& indices, std::int64_t, std::int32_t* tokens,
             std::int32_t* labels) override {
     const std::int64_t t = options_.sequence_length;
+    std::vector<std::uint32_t> window(static_cast<std::size_t>(t + 1));  // a sequence and the next
     for (std::size_t k = 0; k < indices.size(); ++k) {
       const std::int64_t i = indices[k];
       if (i < 0 || i >= size_) {
         throw InputError("sequence " + std::to_string(i) + " of token shards '" + options_.path +
                          "', which hold " + std::to_string(size_));
       }
-      const std::uint32_t* from = tokens_.data() + i * t;
+      copyTokens(i * t, t + 1, window.data());
+      for (std::int64_t s = 0; s <= t; ++s) {
+        if (window[static_cast<std::size_t>(s)] >= static_cast<std::uint32_t>(options_.num_labels))
+          outsideVocabulary(i * t + s, window[static_cast<std::size_t>(s)]);
+      }
       for (std::int64_t s = 0; s < t; ++s) {
-        tokens[static_cast<std::int64_t>(k) * t + s] = static_cast<std::int32_t>(from[s]);
-        labels[static_cast<std::int64_t>(k) * t + s] = static_cast<std::int32_t>(from[s + 1]);
+        tokens[static_cast<std::int64_t>(k) * t + s] =
+            static_cast<std::int32_t>(window[static_cast<std::size_t>(s)]);
+        labels[static_cast<std::int64_t>(k) * t + s] =
+            static_cast<std::int32_t>(window[static_cast<std::size_t>(s + 1)]);
       }
     }
   }
@@ -76,8 +78,32 @@ class TokenDataset final : public Dataset {
   }
 
  private:
+  // The shard holding token `at` of the shards taken end to end (an empty one holds none).
+  std::size_t shardOf(std::int64_t at) const {
+    return static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), at) -
+                                    starts_.begin()) -
+           1;
+  }
+  // Tokens [from, from + count) of the shards taken end to end, across their boundaries.
+  void copyTokens(std::int64_t from, std::int64_t count, std::uint32_t* out) const {
+    for (std::size_t k = shardOf(from); count > 0; ++k) {
+      const std::int64_t begin = from - starts_[k];
+      const std::int64_t n = std::min(count, shards_[k]->size() - begin);
+      shards_[k]->copy(begin, n, out);
+      from += n, out += n, count -= n;
+    }
+  }
+  [[noreturn]] void outsideVocabulary(std::int64_t at, std::uint32_t token) const {
+    const std::size_t k = shardOf(at);
+    throw InputError("token shard '" + shards_[k]->path() + "': token " + std::to_string(token) +
+                     " at position " + std::to_string(at - starts_[k]) +
+                     " is outside the vocabulary [0, " + std::to_string(options_.num_labels) +
+                     ") (vocab_size)");
+  }
+
   DatasetOptions options_;
-  std::vector<std::uint32_t> tokens_;
+  std::vector<std::unique_ptr<MappedTokenShard>> shards_;
+  std::vector<std::int64_t> starts_;  // each shard's first token, of the shards end to end
   std::int64_t size_ = 0;
 };
 

@@ -28,6 +28,33 @@ struct TokenShard {
 // (a truncated or padded file).
 TokenShard readTokenShard(const std::string& path);
 
+// A shard mapped read-only into memory (mmap) rather than read: the processes and readers of a
+// run share its pages through the page cache and copy only the sequences they read, so that a
+// corpus of billions of tokens (llm.c's FineWeb shards) trains without being held in memory.
+// The same refusals as readTokenShard for its header and size, from the file's first 1 KiB and
+// its status. (A shard cut short while mapped faults the reader that touches the lost pages:
+// shards are not rewritten during a run.)
+class MappedTokenShard {
+ public:
+  explicit MappedTokenShard(const std::string& path);
+  ~MappedTokenShard();
+  MappedTokenShard(const MappedTokenShard&) = delete;
+  MappedTokenShard& operator=(const MappedTokenShard&) = delete;
+
+  const std::string& path() const { return path_; }
+  int tokenBytes() const { return token_bytes_; }
+  std::int64_t size() const { return count_; }
+  // Tokens [begin, begin + count) widened to 32 bits, into out.
+  void copy(std::int64_t begin, std::int64_t count, std::uint32_t* out) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  std::size_t bytes_ = 0;
+  int token_bytes_ = 2;
+  std::int64_t count_ = 0;
+};
+
 // Writes `tokens` as a shard at `path`: GPT-2's layout when every token fits 16 bits, Llama 3's
 // otherwise. Written to PATH.tmp and renamed, so that a failed write leaves no shard behind.
 // IoError naming the file.

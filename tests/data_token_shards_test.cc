@@ -215,10 +215,22 @@ TEST(TokenDataset, RecordsAreConsecutiveSequencesLabelledWithTheNextTokens) {
   o.train = false;
   o.sequence_length = 2;
   EXPECT_EQ(openDataset(o)->size(), 1);  // the val shard: (3 - 1) / 2
+  // A token outside the vocabulary is found when a sequence holding it (or its label) is read,
+  // named by its shard and its place there: the shards are mapped, not read, when opened.
   o.num_labels = 9;
-  EXPECT_EQ(errorOf([&] { openDataset(o); }),
+  std::vector<std::int32_t> tokens(3), labels(3);
+  auto val = openDataset(o);
+  EXPECT_EQ(errorOf([&] { val->read({0}, 0, tokens.data(), labels.data()); }),
             "token shard '" + (dir / "t_val_000000.bin") +
                 "': token 9 at position 0 is outside the vocabulary [0, 9) (vocab_size)");
+  o.train = true;
+  o.sequence_length = 3;
+  o.num_labels = 6;
+  auto train = openDataset(o);
+  train->read({0}, 0, tokens.data(), labels.data());
+  EXPECT_EQ(errorOf([&] { train->read({1}, 0, tokens.data(), labels.data()); }),
+            "token shard '" + (dir / "t_train_000002.bin") +
+                "': token 6 at position 2 is outside the vocabulary [0, 6) (vocab_size)");
   o.path = dir / "nothing_*.bin";
   EXPECT_EQ(errorOf([&] { openDataset(o); }), "token shards '" + o.path + "': no file matches");
 }
