@@ -12,6 +12,8 @@
 
 #include "actors/run/checkpoint.h"
 #include "cli_util.h"
+#include "data/token_shards.h"
+#include "troupe/model.h"
 #include "troupe/record_source.h"
 #include "troupe/trainer.h"
 
@@ -278,6 +280,48 @@ TEST(TrainerApi, ARecordTheSourceCannotReadEndsTheRunNamingIt) {
   EXPECT_NE(done.message().find("77"), std::string::npos) << done.message();
   EXPECT_NE(done.message().find("the service lost this record"), std::string::npos)
       << done.message();
+}
+
+// troupe::Model scores a language model per token, on its token shards, as the run scored its
+// test set: the same batches of batch_size sequences from the first, on as many threads, so the
+// same float32 sums, added in double in the same order: the same loss, to the bit.
+TEST(ModelApi, ScoresALanguageModelPerTokenAsItsRunDid) {
+  TempDir dir("api_language_model");
+  const auto convert = testing::runCommand(testing::troupeBinary() +
+                                           " convert text /usr/share/common-licenses/GPL-3 --out " +
+                                           dir.str() + "/data --name lic");
+  ASSERT_EQ(convert.exit_code, 0) << convert.output;
+  const std::string lstm = sourceDir() + "/configs/lstm_layers.toml";
+  const Settings run{{"train_data", dir.str() + "/data"},
+                     {"test_data", dir.str() + "/data"},
+                     {"num_epochs", "1"},
+                     {"threads", "1"},
+                     {"log_every", "0"},
+                     {"log_dir", dir.str()}};
+  std::vector<EpochMetrics> epochs;
+  std::string checkpoint;
+  TrainerCallbacks callbacks;
+  callbacks.on_epoch = [&](const EpochMetrics& e) { epochs.push_back(e); };
+  callbacks.on_checkpoint = [&](const std::string& path, std::int64_t) { checkpoint = path; };
+  auto started = Trainer::start(lstm, run, callbacks);
+  ASSERT_TRUE(started) << started.status().message();
+  const Status done = started.value()->wait(120s);
+  ASSERT_TRUE(done) << done.message();
+  ASSERT_EQ(epochs.size(), 1u);
+  ASSERT_GT(epochs[0].test_loss, 0);
+
+  auto model = Model::create(lstm, {{"threads", "1"}});
+  ASSERT_TRUE(model) << model.status().message();
+  const auto weights = actors::loadCheckpoint(checkpoint).weights;
+  const auto score = model.value()->evaluate(
+      std::span<const float>(weights.f32(), static_cast<std::size_t>(weights.numel())),
+      dir.str() + "/data");
+  ASSERT_TRUE(score) << score.status().message();
+  EXPECT_EQ(score.value().loss, epochs[0].test_loss);
+  EXPECT_EQ(score.value().accuracy, epochs[0].test_accuracy);
+  // The validation shard's tokens in sequences of 35, each labelled with the next token.
+  const auto val = data::readTokenShard(dir.str() + "/data/lic_val_000000.bin").tokens.size();
+  EXPECT_EQ(score.value().count, static_cast<std::int64_t>(val - 1) / 35);
 }
 
 }  // namespace

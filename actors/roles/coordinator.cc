@@ -438,7 +438,7 @@ class Coordinator final : public Actor {
     if (config_.control && config_.control->callbacks.on_epoch) {
       config_.control->callbacks.on_epoch(EpochMetrics{epoch, step, row.loss, row.accuracy,
                                                        row.test_accuracy, row.inputs_per_sec,
-                                                       row.time_spent});
+                                                       row.time_spent, row.test_loss});
     }
     const bool last = step >= config_.plan.last_step;
     const auto every = options_.checkpoint_every;

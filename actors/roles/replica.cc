@@ -369,7 +369,7 @@ class Replica final : public Actor {
       indices.resize(static_cast<std::size_t>(count));
       for (std::int64_t i = 0; i < count; ++i)
         indices[static_cast<std::size_t>(i)] = first + i;
-      if (t.sequence_length > 0) {  // token shards: no bad records (checked when opened)
+      if (t.sequence_length > 0) {  // token shards: a token outside the vocabulary ends the run
         auto tokens = kernels::Tensor::host({count, t.sequence_length}, kernels::DType::kInt32);
         auto labels = kernels::Tensor::host({count, t.sequence_length}, kernels::DType::kInt32);
         test_->read(indices, /*epoch=*/0, tokens.i32(), labels.i32());

@@ -45,26 +45,36 @@ class ModelImpl final : public Model {
       std::int64_t n = dataset.size();
       if (max_records > 0) n = std::min(n, max_records);
       Score score;
-      double loss = 0, correct = 0;
+      double loss = 0, correct = 0, predictions = 0;
       std::vector<std::int64_t> indices;
       for (std::int64_t first = 0; first < n; first += batch_) {
         const std::int64_t count = std::min(batch_, n - first);
         indices.resize(static_cast<std::size_t>(count));
         for (std::int64_t i = 0; i < count; ++i)
           indices[static_cast<std::size_t>(i)] = first + i;
-        auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
-        auto labels = kernels::Tensor::host({count}, kernels::DType::kInt32);
-        dataset.read(indices, /*epoch=*/0, images.f32(), labels.i32());
-        net_->forward(images, labels, /*train=*/false);
+        // Images, or a language model's token sequences, a label each token.
+        const bool tokens = t.sequence_length > 0;
+        const kernels::Shape shape = tokens ? kernels::Shape{count, t.sequence_length}
+                                            : kernels::Shape{count, t.channels, t.height, t.width};
+        auto input = kernels::Tensor::host(
+            shape, tokens ? kernels::DType::kInt32 : kernels::DType::kFloat32);
+        auto labels =
+            kernels::Tensor::host(tokens ? shape : kernels::Shape{count}, kernels::DType::kInt32);
+        if (tokens)
+          dataset.read(indices, /*epoch=*/0, input.i32(), labels.i32());
+        else
+          dataset.read(indices, /*epoch=*/0, input.f32(), labels.i32());
+        net_->forward(input, labels, /*train=*/false);
         backend_->copy(net_->metrics(), metrics_);
         backend_->synchronize();
         loss += metrics_.f32()[0];
         correct += metrics_.f32()[1];
         score.count += count;
+        predictions += static_cast<double>(labels.numel());
       }
       if (score.count > 0) {
-        score.loss = loss / static_cast<double>(score.count);
-        score.accuracy = correct / static_cast<double>(score.count);
+        score.loss = loss / predictions;
+        score.accuracy = correct / predictions;
       }
       return score;
     } catch (const std::exception& e) {

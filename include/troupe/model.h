@@ -17,6 +17,7 @@
 
 namespace troupe {
 
+// A language model's (block_size) loss and accuracy are per token, its records its sequences.
 struct Score {
   double loss = 0;         // mean cross-entropy
   double accuracy = 0;     // top-1
@@ -39,9 +40,9 @@ class Model {
   virtual std::int64_t numParams() const = 0;
   // Scores `weights` (numParams() values, laid out as Observer and checkpoints have them) on the
   // first `max_records` records (0: all) of the database at `data`, read as the config reads its
-  // test data (db_type, image size, channels, scale, mean), in batches of batch_size. kInput for
-  // weights of another length or a database that is missing or of other images; kIo when it
-  // cannot be read.
+  // test data (db_type, image size, channels, scale, mean; a language model's token shards), in
+  // batches of batch_size. kInput for weights of another length or a database that is missing or
+  // of other images; kIo when it cannot be read.
   virtual Result<Score> evaluate(std::span<const float> weights, const std::string& data,
                                  std::int64_t max_records = 0) = 0;
 };

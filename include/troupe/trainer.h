@@ -50,6 +50,7 @@ struct EpochMetrics {
   double test_accuracy = -1;  // -1: no test data
   double inputs_per_sec = 0;
   double seconds = 0;
+  double test_loss = -1;  // a language model's, a token (-1: no test data, or images)
 };
 
 // Called on a thread of the run, between its steps: keep them short, and do not call the
