@@ -22,8 +22,6 @@ Each side's median step time over --steps steps is printed as tokens/s, with the
         [--llmc /work/.mirror/karpathy+llm.c/repo]
 """
 import argparse
-import csv
-import glob
 import os
 import re
 import shutil
@@ -35,6 +33,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import ensure_torch  # noqa: E402
+from lm_bench_util import torch_median_step, troupe_tokens_per_sec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -117,11 +116,7 @@ def run_torch(a, compiled):
            "--n-layer", str(a.n_layer), "--n-head", str(a.n_head), "--n-embd", str(a.n_embd)]
     if compiled:
         cmd.append("--compile")
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"median_step_s ([0-9.]+)", r.stdout)
-    if r.returncode != 0 or not m:
-        sys.exit(f"PyTorch's side failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    return float(m.group(1))
+    return torch_median_step(cmd)
 
 
 # ---- troupe ----
@@ -134,13 +129,7 @@ def run_troupe(a, work):
            "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--batch_size",
            str(a.batch_size), "--optimizer", "adamw", "--base_learning_rate", "0.0001",
            "--weight_decay", "0", "--threads", str(a.threads), "--log_dir", work]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
-    logs = glob.glob(os.path.join(work, "gpt2_*.log"))
-    if r.returncode != 0 or not logs:
-        sys.exit(f"troupe failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    with open(logs[0]) as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    return float(rows[-1]["inputs_per_sec"])  # tokens/s of the second epoch
+    return troupe_tokens_per_sec(cmd, work, "gpt2")
 
 
 # ---- llm.c ----

@@ -17,18 +17,15 @@ Each side's figure is printed as tokens/s, with the ratio.
     python3 bench/lstm_cpu_vs_peers.py [--steps 10] [--threads 2] [--nhid 650 --emsize 650]
 """
 import argparse
-import csv
-import glob
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import ensure_torch  # noqa: E402
+from lm_bench_util import torch_median_step, troupe_tokens_per_sec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -79,12 +76,8 @@ def torch_side(a):
 
 
 def run_torch(a):
-    cmd = [VENV_PY, os.path.abspath(__file__), "--torch-side"] + shared_args(a)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"median_step_s ([0-9.]+)", r.stdout)
-    if r.returncode != 0 or not m:
-        sys.exit(f"PyTorch's side failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    return float(m.group(1))
+    return torch_median_step([VENV_PY, os.path.abspath(__file__), "--torch-side"] +
+                             shared_args(a))
 
 
 # ---- troupe ----
@@ -97,13 +90,7 @@ def run_troupe(a, work):
            "--batch_size", str(a.batch_size), "--optimizer", "sgd", "--momentum", "0",
            "--base_learning_rate", str(a.lr), "--clip_grad_norm", str(a.clip),
            "--threads", str(a.threads), "--log_dir", work]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
-    logs = glob.glob(os.path.join(work, "lstm_*.log"))
-    if r.returncode != 0 or not logs:
-        sys.exit(f"troupe failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    with open(logs[0]) as f:
-        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    return float(rows[-1]["inputs_per_sec"])  # tokens/s of the second epoch
+    return troupe_tokens_per_sec(cmd, work, "lstm")
 
 
 def shared_args(a):

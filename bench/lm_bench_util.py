@@ -1,0 +1,29 @@
+"""What the language models' CPU benchmarks share (bench/gpt_cpu_vs_peers.py,
+bench/lstm_cpu_vs_peers.py): running PyTorch's side and troupe's, each read as its figure."""
+import csv
+import glob
+import os
+import re
+import subprocess
+import sys
+
+
+def torch_median_step(cmd):
+    """Runs PyTorch's side (a command printing "median_step_s S"): S, in seconds."""
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"median_step_s ([0-9.]+)", r.stdout)
+    if r.returncode != 0 or not m:
+        sys.exit(f"PyTorch's side failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    return float(m.group(1))
+
+
+def troupe_tokens_per_sec(cmd, work, model):
+    """Runs `troupe train` (cmd, its log in `work`, two epochs): the tokens/s of its second epoch
+    from its CSV log (the first holds the warm-up)."""
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
+    logs = glob.glob(os.path.join(work, model + "_*.log"))
+    if r.returncode != 0 or not logs:
+        sys.exit(f"troupe failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    with open(logs[0]) as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    return float(rows[-1]["inputs_per_sec"])
