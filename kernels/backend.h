@@ -188,4 +188,9 @@ class Backend {
 // thread count (reductions are split by thread). Throws InputError unless threads >= 1.
 std::unique_ptr<Backend> makeCpuBackend(int threads);
 
+// The float32 operations a second of this machine's sgemm (oneDNN's) on `threads` threads: the
+// best of six 1024 x 1024 x 1024 products after two to warm up (about 0.1 s in all on 2 cores).
+// The denominator of model FLOPs utilisation on the CPU (Net::trainingFlopsPerSample).
+double cpuSgemmPeak(int threads);
+
 }  // namespace troupe::kernels

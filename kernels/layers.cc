@@ -76,6 +76,10 @@ class ConvLayer final : public OpLayer<ConvOp> {
            .stride = s,
            .pad = p,
            .bias = bias} {}
+  double forwardFlops() const override {
+    return 2.0 * static_cast<double>(g_.channels * g_.kernel * g_.kernel * g_.out_channels *
+                                     g_.outHeight() * g_.outWidth());
+  }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     const std::int64_t wn = g_.out_channels * g_.channels * g_.kernel * g_.kernel;
     w_ = weights.slice(param_begin, param_begin + wn);
@@ -147,6 +151,7 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
  public:
   InnerProductLayer(std::int64_t in, std::int64_t out, std::int64_t rows, std::int64_t tied)
       : OpLayer("fc", true, false), in_(in), out_(out), rows_(rows), tied_(tied) {}
+  double forwardFlops() const override { return 2.0 * static_cast<double>(in_ * out_ * rows_); }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     const std::int64_t at = tied_ >= 0 ? tied_ : param_begin;
     w_ = weights.slice(at, at + in_ * out_);
@@ -386,11 +391,18 @@ class GeluLayer final : public OpLayer<GeluOp> {
 class AttentionLayer final : public OpLayer<AttentionOp> {
  public:
   explicit AttentionLayer(const AttentionGeometry& geometry)
-      : OpLayer("attention", true, false, [geometry](LayerContext& ctx, std::int64_t n) {
-          AttentionGeometry g = geometry;
-          g.n = n;
-          return ctx.backend().makeAttention(g);
-        }) {}
+      : OpLayer("attention", true, false,
+                [geometry](LayerContext& ctx, std::int64_t n) {
+                  AttentionGeometry g = geometry;
+                  g.n = n;
+                  return ctx.backend().makeAttention(g);
+                }),
+        g_(geometry) {}
+  // q k^T and the weights times v, as if every key were seen (PaLM's count: 12 L H Q T a token
+  // for training), not the causal half.
+  double forwardFlops() const override {
+    return 4.0 * static_cast<double>(g_.t * g_.t * g_.channels);
+  }
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -398,6 +410,9 @@ class AttentionLayer final : public OpLayer<AttentionOp> {
     const Tensor dx = ctx.diff(bottoms[0]);
     if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
   }
+
+ private:
+  AttentionGeometry g_;
 };
 
 // The backward reads x and y (the hidden states); the gates and cells are its op's. Parameters:
@@ -412,6 +427,9 @@ class LstmLayer final : public OpLayer<LstmOp> {
                   return ctx.backend().makeLstm(g);
                 }),
         g_(geometry) {}
+  double forwardFlops() const override {
+    return 2.0 * static_cast<double>(g_.t * 4 * g_.hidden * (g_.input + g_.hidden));
+  }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
     std::int64_t at = param_begin;
     auto take = [&](std::int64_t count, Tensor& w, Tensor& dw) {

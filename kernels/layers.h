@@ -48,6 +48,10 @@ class Layer {
   // What the layer computes, for a profile of a step by kind (Net::setProfiling): "conv",
   // "bn+relu", "pool", ...
   virtual const char* kind() const = 0;
+  // Floating-point operations of one sample's forward in the layer's products (convolution,
+  // inner product, LSTM, attention: twice their multiply-adds); 0 for the rest, whose element-wise
+  // work model FLOPs utilisation leaves out by convention (PaLM's, nanoGPT's and llm.c's MFU).
+  virtual double forwardFlops() const { return 0; }
   virtual bool isRelu() const { return false; }
   virtual bool isAdd() const { return false; }
   // Whether the backward reads the activations of bottoms[0], and of top: the net keeps those

@@ -145,6 +145,12 @@ class NetImpl final : public Net, private LayerContext {
     }
     return out;
   }
+  double trainingFlopsPerSample() const override {
+    double forward = 0;
+    for (const auto& layer : g_.layers)
+      forward += layer->forwardFlops();
+    return 3 * forward;
+  }
   const Tensor& weights() const override { return weights_; }
 
   void useWeights(const Tensor& weights) override {

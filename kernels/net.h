@@ -201,6 +201,10 @@ class Net {
   virtual std::int64_t numParams() const = 0;
   // The layers in forward order, the loss last (a flatten is no layer: the next one reads it).
   virtual std::vector<LayerInfo> layers() const = 0;
+  // Floating-point operations of a training step's products for one sample: three times the
+  // forward's (Layer::forwardFlops; the backward's two products for each of the forward's), the
+  // model FLOPs of MFU (a GPT's 6 N + 12 L H Q T a token, as PaLM and nanoGPT count them).
+  virtual double trainingFlopsPerSample() const = 0;
   // Flat tensors of numParams() elements on the net's backend.
   virtual const Tensor& weights() const = 0;
   // Computes with `weights` (numParams() elements on the net's backend) from now on, in place of

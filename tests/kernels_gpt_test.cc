@@ -37,6 +37,12 @@ TEST(Gpt, D12HasGpt2SmallsParameterCountAndNanoGptsNames) {
   auto backend = makeCpuBackend(1);
   auto net = makeNet(*backend, gpt(12, 12, 768, 1024, 50257, 1));
   EXPECT_EQ(net->numParams(), 124439808);
+  // MFU's model FLOPs (PaLM's count, as nanoGPT's estimate_mfu): 6 a token for each weight of a
+  // product (each block's four matrices and the tied output layer), and 12 L C T a token for
+  // attention; over a sequence of T = 1024.
+  const double t = 1024, block = 768.0 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768;
+  EXPECT_DOUBLE_EQ(net->trainingFlopsPerSample(),
+                   t * (6 * (12 * block + 768.0 * 50257) + 12 * 12 * 768 * t));
   const auto& p = net->params();
   ASSERT_EQ(p.size(), 2u + 12 * 12 + 2);
   EXPECT_EQ(p[0].name, "transformer.wte.weight");

@@ -38,6 +38,10 @@ TEST(Lstm, MediumModelHasPyTorchsNamesAndParameterCount) {
   const std::int64_t layer = 4 * 650 * (650 + 650) + 2 * 4 * 650;
   auto net = makeNet(*backend, lstm(2, 650, 650, false, 35, 10000, 1));
   EXPECT_EQ(net->numParams(), 10000 * 650 + 2 * layer + 650 * 10000 + 10000);
+  // MFU's model FLOPs: 6 a token for each weight of a product (the layers' and the decoder's; the
+  // embedding is a lookup), over a sequence of 35.
+  EXPECT_DOUBLE_EQ(net->trainingFlopsPerSample(),
+                   35 * 6 * (2 * 4 * 650.0 * (650 + 650) + 650.0 * 10000));
   const auto& p = net->params();
   ASSERT_EQ(p.size(), 1u + 2 * 4 + 2);
   EXPECT_EQ(p[0].name, "encoder.weight");

@@ -131,6 +131,15 @@ TEST_F(NetTest, BuiltinModelsHaveTheirKnownParameterCounts) {
 }
 
 // torchvision's parameter counts for 1000 classes (torchvision.models.resnetN().parameters()).
+// MFU's model FLOPs of LeNet on 28x28: the multiply-adds of conv1 (1 x 5 x 5 x 20 at 24 x 24),
+// conv2 (20 x 5 x 5 x 50 at 8 x 8), ip1 (800 x 500) and ip2 (500 x 10), twice for the forward and
+// three times that for a training step; pooling and the ReLU are not counted.
+TEST_F(NetTest, TrainingFlopsCountTheProductsOfTheForwardThreeTimes) {
+  auto net = makeNet(*backend_, options("lenet", 1));
+  const double macs = 25.0 * 20 * 24 * 24 + 20.0 * 25 * 50 * 8 * 8 + 800.0 * 500 + 500.0 * 10;
+  EXPECT_DOUBLE_EQ(net->trainingFlopsPerSample(), 3 * 2 * macs);
+}
+
 TEST_F(NetTest, ImageNetResnetsHaveTorchvisionsParameterCountsAndNames) {
   const std::map<std::string, std::int64_t> torchvision = {
       {"resnet18", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};

@@ -98,6 +98,31 @@ TEST(LanguageModel, AnLstmOnConvertedTextBeatsTheByteFrequenciesOnHeldOutText) {
 // The gradient is the mean over the batch's tokens, as PyTorch's cross_entropy over (B, T): SGD's
 // learning rate means what it does there (summed over a sequence's 64 tokens instead, this run
 // diverged to a loss of 1e19).
+// The log_every lines give MFU: the model's training FLOPs a token (the small GPT's, 6 for each
+// weight of its products plus 12 L C T: 6 (2 (3 + 1 + 4 + 4) 64^2 + 64 x 256) + 12 x 2 x 64 x 64
+// = 786,432) times tokens/s over the sgemm peak the run measured and said.
+TEST(LanguageModel, TheLogLinesGiveTheModelFlopsUtilisation) {
+  TempDir dir("lm_mfu");
+  convert(dir);
+  const auto run = train(dir, kSmallGpt + "--train_data data --log_every 5 --threads 1");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch peak, line;
+  ASSERT_TRUE(std::regex_search(
+      run.output, peak,
+      std::regex(R"(MFU: 0.7864 MFLOP a token in training, of this machine's sgemm: ([0-9.]+) )"
+                 R"(GFLOP/s on 1 thread\(s\))")))
+      << run.output;
+  ASSERT_TRUE(std::regex_search(run.output, line,
+                                std::regex(R"(step 5/\d+: .* (\d+) tokens/s MFU (\d+)%)")))
+      << run.output;
+  // The printed figures' rounding: the rate to a token/s, the peak to 0.05 GFLOP/s, MFU to 0.5%.
+  const double rate = std::stod(line[1]), gflops = std::stod(peak[1]);
+  const double mfu = 100 * rate * 786432 / (gflops * 1e9);
+  const double rounding = 100 * 0.5 * 786432 / (gflops * 1e9) + mfu * 0.05 / gflops + 0.5;
+  EXPECT_NEAR(std::stod(line[2]), mfu, rounding) << line[0];
+  EXPECT_GT(std::stod(line[2]), 0);
+}
+
 TEST(LanguageModel, SgdStepsWithTheGradientAveragedOverTokens) {
   expectItLearns(kSmallGpt, "--optimizer sgd --momentum 0.9 --base_learning_rate 0.1");
 }

@@ -175,12 +175,13 @@ class Coordinator final : public Actor {
     if (options_.log_every > 0 && !progress_line_.on() &&
         complete_through_ % options_.log_every == 0) {
       const double secs = std::chrono::duration<double>(Clock::now() - window_start_).count();
-      spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} {}/s",
+      const double rate = static_cast<double>(window_.count) / std::max(secs, 1e-9);
+      spdlog::info("epoch {} step {}/{}: loss {:.4f} accuracy {:.4f} lr {:.5g} {:.0f} {}/s{}",
                    epochIndex() + 1, in_epoch, config_.plan.steps_per_epoch,
                    window_.loss_sum / std::max<std::int64_t>(1, window_.count),
                    window_.correct / std::max<std::int64_t>(1, window_.count),
-                   kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step)),
-                   static_cast<double>(window_.count) / std::max(secs, 1e-9), units());
+                   kernels::learningRate(config_.lr, config_.plan.scheduleStep(s.step)), rate,
+                   units(), mfu(rate, " "));
       window_ = {};
       window_start_ = Clock::now();
     }
@@ -219,14 +220,24 @@ class Coordinator final : public Actor {
     loss_average_ = loss_average_ < 0 ? loss : 0.9 * loss_average_ + 0.1 * loss;
     const double left =
         static_cast<double>(config_.plan.last_step - complete_through_) * step_seconds_;
+    const double rate = static_cast<double>(config_.plan.global_batch *
+                                            std::max<std::int64_t>(1, options_.block_size)) /
+                        std::max(step_seconds_, 1e-9);
     progress_line_.show(fmt::format(
-        "epoch {}/{}  step {}/{}  {:.0f} {}/s  loss {:.4f}  lr {:.4g}  ETA {}", epochIndex() + 1,
-        options_.num_epochs, in_epoch, config_.plan.steps_per_epoch,
-        static_cast<double>(config_.plan.global_batch *
-                            std::max<std::int64_t>(1, options_.block_size)) /
-            std::max(step_seconds_, 1e-9),
-        units(), loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
+        "epoch {}/{}  step {}/{}  {:.0f} {}/s{}  loss {:.4f}  lr {:.4g}  ETA {}", epochIndex() + 1,
+        options_.num_epochs, in_epoch, config_.plan.steps_per_epoch, rate, units(), mfu(rate, "  "),
+        loss_average_, kernels::learningRate(config_.lr, config_.plan.scheduleStep(step)),
         formatDuration(left)));
+  }
+
+  // "MFU 41%" after `separator`, for `rate` inputs (tokens) a second: the model's training FLOPs
+  // a second over the peak (CoordinatorConfig::peak_flops); empty without a peak.
+  std::string mfu(double rate, const char* separator) const {
+    if (config_.peak_flops <= 0 || config_.model_flops_per_sample <= 0) return "";
+    const double samples =
+        rate / static_cast<double>(std::max<std::int64_t>(1, options_.block_size));
+    return fmt::format("{}MFU {:.0f}%", separator,
+                       100 * samples * config_.model_flops_per_sample / config_.peak_flops);
   }
 
   // What the counts count: a language model's tokens, or inputs (images).

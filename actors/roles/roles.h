@@ -436,6 +436,9 @@ struct CoordinatorConfig {
   std::int64_t cumulative_inputs = 0;
   std::int64_t overflow_steps = 0;  // skipped for inf or NaN gradients
   std::int64_t num_params = 0;
+  // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
+  // the peak they are a share of (0: none shown).
+  double model_flops_per_sample = 0, peak_flops = 0;
   std::chrono::milliseconds step_timeout{300000};
   std::vector<Address> replicas;   // of every process
   std::vector<Address> updaters;   // of every process

@@ -229,6 +229,17 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (!server) checkModelMemory(o, num_params, init_net->memory().held, p.shares);
+  // MFU where the peak is this process's cores': a run of one CPU process.
+  p.model_flops_per_sample = init_net->trainingFlopsPerSample();
+  if (!server && p.workers == 1 && o.gpus.empty() && p.model_flops_per_sample > 0) {
+    p.peak_flops = kernels::cpuSgemmPeak(p.threads);
+    const bool tokens = o.block_size > 0;
+    spdlog::info(
+        "MFU: {:.4g} MFLOP a {} in training, of this machine's sgemm: {:.1f} GFLOP/s on "
+        "{} thread(s)",
+        p.model_flops_per_sample / static_cast<double>(tokens ? o.block_size : 1) / 1e6,
+        tokens ? "token" : "input", p.peak_flops / 1e9, p.threads);
+  }
   // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
   p.net.precision = precisionOf(o);
   p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());

@@ -37,6 +37,10 @@ struct ProcessPlan {
   kernels::NetOptions net;
   std::int64_t num_params = 0;
   bool has_buffers = false;
+  // Model FLOPs utilisation (the coordinator's lines): the net's training FLOPs a sample
+  // (Net::trainingFlopsPerSample) and, in a run of one CPU process, its sgemm's peak
+  // (kernels::cpuSgemmPeak; 0: no MFU is shown).
+  double model_flops_per_sample = 0, peak_flops = 0;
   kernels::Tensor weights, state, buffers;  // to start from; state, buffers may be empty
   std::string checkpoint_dir, resumed_from;
   double cumulative_time = 0;  // carried over from a resumed checkpoint

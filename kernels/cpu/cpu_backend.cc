@@ -1,8 +1,10 @@
 #include <dnnl.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -327,6 +329,21 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 }  // namespace cpu
+
+double cpuSgemmPeak(int threads) {
+  constexpr std::int64_t n = 1024;
+  std::vector<float> a(static_cast<std::size_t>(n * n), 1.0f), b = a, c = a;
+  cpu::useThreads(threads);
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const auto begin = std::chrono::steady_clock::now();
+    cpu::sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    if (i > 1) best = std::max(best, 2.0 * n * n * n / std::max(seconds, 1e-9));
+  }
+  return best;
+}
 
 std::unique_ptr<Backend> makeCpuBackend(int threads) {
   if (threads < 1)
