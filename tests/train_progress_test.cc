@@ -31,7 +31,9 @@ TEST(ProgressLine, OnATerminalOneLineIsRedrawnInPlaceInsteadOfThePeriodicLines) 
   // Carriage return, the line, then erase to the end of the line.
   EXPECT_TRUE(contains(r.output, "\repoch 1/1  step ")) << r.output;
   EXPECT_TRUE(contains(r.output, "/100  ")) << r.output;  // 6400 / 64 steps
-  EXPECT_TRUE(contains(r.output, " inputs/s  loss ")) << r.output;
+  // A one-process CPU run: the model FLOPs utilisation beside the rate.
+  EXPECT_TRUE(contains(r.output, " inputs/s  MFU ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "%  loss ")) << r.output;
   EXPECT_TRUE(contains(r.output, "  ETA ")) << r.output;
   EXPECT_TRUE(contains(r.output, "\033[K")) << r.output;
   EXPECT_FALSE(contains(r.output, "[info] epoch 1 step 20/100")) << "no periodic lines";

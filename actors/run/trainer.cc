@@ -235,10 +235,10 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     p.peak_flops = kernels::cpuSgemmPeak(p.threads);
     const bool tokens = o.block_size > 0;
     spdlog::info(
-        "MFU: {:.4g} MFLOP a {} in training, of this machine's sgemm: {:.1f} GFLOP/s on "
+        "MFU: {:.4g} MFLOP {} in training, of this machine's sgemm: {:.1f} GFLOP/s on "
         "{} thread(s)",
         p.model_flops_per_sample / static_cast<double>(tokens ? o.block_size : 1) / 1e6,
-        tokens ? "token" : "input", p.peak_flops / 1e9, p.threads);
+        tokens ? "a token" : "an input", p.peak_flops / 1e9, p.threads);
   }
   // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
   p.net.precision = precisionOf(o);
