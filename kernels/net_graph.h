@@ -183,7 +183,7 @@ class Builder {
     }
     Shape shape = in.shape;
     shape.back() = param->shape[0];
-    const std::int64_t tied_offset = param->offset;
+    const std::int64_t tied_offset = param->offset;  // (addParam may move g_.params)
     if (bias) {
       beginParams();
       addParam(name + ".bias", {shape.back()}, {true, 0.0f}, false);

@@ -425,8 +425,10 @@ class CpuLstm final : public LstmOp {
         if (dwh)
           sgemm(true, false, q1 - q0, hid, n * t, 1.0f, dg + q0, g4, hp, hid, 0.0f, dwh + q0 * hid,
                 hid);
-        if (dbi) vec::sumRows(dg + q0, g4, dbi + q0, n * t, q1 - q0);
-        if (dbh) vec::sumRows(dg + q0, g4, dbh + q0, n * t, q1 - q0);
+        // The two biases' gradients are the same sums.
+        float* db = dbi ? dbi : dbh;
+        if (db) vec::sumRows(dg + q0, g4, db + q0, n * t, q1 - q0);
+        if (dbi && dbh) std::copy(dbi + q0, dbi + q1, dbh + q0);
       }
       if (dxp && i1 > i0)
         sgemm(false, false, n * t, i1 - i0, g4, 1.0f, dg, g4, wi + i0, in, 0.0f, dxp + i0, in);
