@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/core/messages.h"
 #include "actors/core/system.h"
 #include "actors/roles/roles.h"
 #include "actors/run/elastic.h"
@@ -457,6 +458,83 @@ TEST(ElasticCarry, ACoordinatorWhoseGenerationNeverRanLeavesTheCarryAsItWas) {
   EXPECT_EQ(carry->cumulative_time, 40);
   EXPECT_EQ(carry->cumulative_inputs, 9600);
   EXPECT_EQ(carry->left, left);
+}
+
+// A generation that starts where the one before (2 workers, 128 a step) left fewer of epoch 2's
+// records than one of its own steps (3 workers, 192: 128 left) ends epoch 2 before any step, with
+// the carried count, and counts epoch 3 apart (CI once logged both epochs as one row of 19072).
+TEST(ElasticCarry, AGenerationWithNoWholeStepOfItsFirstEpochLeftEndsThatEpochFirst) {
+  testing::TempDir dir("elastic_epoch_end");
+  TrainOptions options;
+  options.num_epochs = 3;
+  TrainLog log(dir.str(), "carry", {});
+  TrainResult result;
+  auto carry = std::make_shared<EpochCarry>();
+  carry->epoch.count = 9472;  // 74 steps of 128 of epoch 2
+  carry->epoch.loss_sum = 9472;
+  carry->complete_through = 149;
+  carry->global_batch = 128;
+  carry->epoch_index = 1;
+  carry->cumulative_inputs = 9600;
+  CoordinatorConfig config;
+  config.options = &options;
+  config.log = &log;
+  config.result = &result;
+  config.carry = carry;
+  config.checkpoint_dir = dir.str();
+  config.num_params = 4;
+  config.plan = planOf(9600, 192);
+  config.plan.startAt(149, 1, 9472, 3);
+  ASSERT_EQ(config.plan.first_epoch_steps, 0);
+  ASSERT_EQ(config.plan.last_step, 199);
+  auto system = makeRuntime(SystemOptions{});
+  const Address coordinator = system->spawn(makeCoordinator("coordinator", config));
+  system->tell(coordinator, EpochEnd{149, {}, {}, 0, 0, /*paused=*/false});
+  for (std::int64_t step = 149; step < 199; ++step)
+    system->tell(coordinator, StepDone{step, 0, 2.0 * 192, 96, 192});
+  system->tell(coordinator, EpochEnd{199, Tensor::host({4}), Tensor::host({0}), 0, 0, true});
+  system->run();
+  ASSERT_EQ(result.epochs.size(), 2u);
+  EXPECT_EQ(result.epochs[0].epoch, 2);
+  EXPECT_EQ(result.epochs[0].loss, 1.0);
+  EXPECT_EQ(result.epochs[1].epoch, 3);
+  EXPECT_EQ(result.epochs[1].loss, 2.0);
+  EXPECT_EQ(result.epochs[1].accuracy, 0.5);
+  EXPECT_EQ(result.steps, 199);
+}
+
+// What an updater tells its coordinator and replicas, in order; the first weights end the run.
+struct Heard final : Actor {
+  explicit Heard(std::shared_ptr<std::vector<std::string>> heard)
+      : Actor("heard"), heard_(std::move(heard)) {
+    on<EpochEnd>([this](EpochEnd& e) {
+      heard_->push_back("EpochEnd " + std::to_string(e.step) + (e.paused ? " paused" : ""));
+    });
+    on<Weights>([this](Weights& w) {
+      heard_->push_back("Weights " + std::to_string(w.step));
+      system().shutdown();
+    });
+  }
+  std::shared_ptr<std::vector<std::string>> heard_;
+};
+
+// The same generation's updater: epoch 2's end (paused for its evaluation) before any weights go
+// out, which Resume then sends.
+TEST(ElasticCarry, AnUpdaterWithNoWholeStepOfItsFirstEpochLeftEndsThatEpochFirst) {
+  auto heard = std::make_shared<std::vector<std::string>>();
+  auto system = makeRuntime(SystemOptions{});
+  const Address sink = system->spawn(std::make_unique<Heard>(heard));
+  UpdaterConfig config;
+  config.initial_weights = Tensor::host({4});
+  config.plan = planOf(9600, 192);
+  config.plan.evaluates = true;
+  config.plan.startAt(149, 1, 9472, 3);
+  config.replicas = {sink};
+  config.coordinator = sink;
+  const Address updater = system->spawn(makeUpdater("updater", config));
+  system->tell(updater, Resume{});
+  system->run();
+  EXPECT_EQ(*heard, (std::vector<std::string>{"EpochEnd 149 paused", "Weights 149"}));
 }
 
 }  // namespace

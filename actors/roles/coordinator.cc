@@ -132,6 +132,10 @@ class Coordinator final : public Actor {
       }
     }
     complete_through_ = config_.plan.first_step;
+    // A generation that starts with no whole step of its first epoch left (Updater::beginSteps)
+    // ends that epoch before any step: its updaters' EpochEnd for first_step comes next.
+    if (config_.plan.first_epoch_records > 0 && config_.plan.epochEndsAt(complete_through_))
+      closeEpoch();
     armWatchdog();
     spdlog::info("{}: {} steps per epoch, global batch {}, {} replica(s), from step {} to {}",
                  config_.experiment_id, config_.plan.steps_per_epoch, config_.plan.global_batch,

@@ -81,7 +81,7 @@ class Updater final : public Actor {
         send(to, h);
     }
     awaiting_ = config_.await_handover;
-    if (!awaiting_ && step_ < config_.plan.last_step) broadcast();
+    if (!awaiting_) beginSteps();
   }
 
  private:
@@ -282,7 +282,26 @@ class Updater final : public Actor {
     }
     backend_->synchronize();
     awaiting_ = false;
-    if (step_ < config_.plan.last_step) broadcast();
+    beginSteps();
+  }
+
+  // Once the state to go on from is here: the first step's weights go out. An elastic
+  // generation may start where the one before left fewer of its epoch's records than one step of
+  // this one's global batch (StepPlan::startAt: that epoch's tail goes untrained, as any epoch's
+  // does): that epoch ends here, before any step, as at any epoch's end (its evaluation, log row
+  // and checkpoint first where it pauses; Resume then sends the weights).
+  void beginSteps() {
+    if (step_ >= config_.plan.last_step) return;
+    if (config_.plan.first_epoch_records > 0 && config_.plan.epochEndsAt(step_)) {
+      if (config_.plan.pausesAt(step_)) {
+        send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
+                                           loss_scale_, overflow_steps_, /*paused=*/true});
+        return;
+      }
+      send(config_.coordinator,
+           EpochEnd{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/false});
+    }
+    broadcast();
   }
 
   // Elastic runs: the state before a step's first bucket is applied, for a generation that ends
