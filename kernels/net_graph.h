@@ -522,6 +522,17 @@ struct LayerType {
   Node (*build)(LayerCall& call) = nullptr;
 };
 
+// Defines TYPELayerType(), the row of layer type TYPE (a kernels/layer_types/ file's one
+// definition): its help and its arguments as the docs show them (LayerTypeInfo), then its build,
+// the braced body that follows the macro, reading `LayerCall& c` and returning the layer's output:
+//   TROUPE_LAYER_TYPE(relu, "max(x, 0)", {}) { return c.b.relu(c.x, c.name); }
+#define TROUPE_LAYER_TYPE(type, help, ...)             \
+  static Node type##Build(LayerCall& c);               \
+  LayerType type##LayerType() {                        \
+    return {{#type, help, __VA_ARGS__}, &type##Build}; \
+  }                                                    \
+  static Node type##Build(LayerCall& c)
+
 // Every type, in the order docs list them (net_spec.cc).
 const std::vector<LayerType>& layerTable();
 

@@ -7,26 +7,20 @@
 
 namespace troupe::kernels::graph {
 
-LayerType embeddingLayerType() {
-  return {{"embedding",
-           "token and position embedding of the input's token sequences (GPT-2's wte and wpe)",
-           {{"num_output", "num_output: the width of a row"},
-            {"input_dim", "input_dim: the vocabulary (vocab_size)"},
-            {"positions", "positions true: add a position embedding (false: tokens alone)"}}},
-          [](LayerCall& c) {
-            if (!c.b.isTokens(c.x)) {
-              throw InputError(c.args.where() +
-                               " reads the input's token sequences (block_size), got " +
-                               toString(c.x.shape));
-            }
-            const std::int64_t vocab = c.args.integer("input_dim", 2, nullptr);
-            const std::int64_t width = c.args.integer("num_output", 1, nullptr);
-            if (c.args.text("positions", {"true", "false"}, "true") == "false")
-              return c.b.embedding(c.x, c.name, c.name + ".weight", "", vocab, width,
-                                   Init{false, 0.1f});
-            return c.b.embedding(c.x, c.name, c.name + ".weight", c.name + ".position", vocab,
-                                 width);
-          }};
+TROUPE_LAYER_TYPE(
+    embedding, "token and position embedding of the input's token sequences (GPT-2's wte and wpe)",
+    {{"num_output", "num_output: the width of a row"},
+     {"input_dim", "input_dim: the vocabulary (vocab_size)"},
+     {"positions", "positions true: add a position embedding (false: tokens alone)"}}) {
+  if (!c.b.isTokens(c.x)) {
+    throw InputError(c.args.where() + " reads the input's token sequences (block_size), got " +
+                     toString(c.x.shape));
+  }
+  const std::int64_t vocab = c.args.integer("input_dim", 2, nullptr);
+  const std::int64_t width = c.args.integer("num_output", 1, nullptr);
+  if (c.args.text("positions", {"true", "false"}, "true") == "false")
+    return c.b.embedding(c.x, c.name, c.name + ".weight", "", vocab, width, Init{false, 0.1f});
+  return c.b.embedding(c.x, c.name, c.name + ".weight", c.name + ".position", vocab, width);
 }
 
 }  // namespace troupe::kernels::graph

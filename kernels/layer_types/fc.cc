@@ -3,12 +3,9 @@
 
 namespace troupe::kernels::graph {
 
-LayerType fcLayerType() {
-  return {
-      {"fc",
-       "an inner product with a bias (Caffe's InnerProduct, torch's Linear)",
-       {{"num_output", "num_output"}}},
-      [](LayerCall& c) { return c.b.fc(c.x, c.name, c.args.integer("num_output", 1, nullptr)); }};
+TROUPE_LAYER_TYPE(fc, "an inner product with a bias (Caffe's InnerProduct, torch's Linear)",
+                  {{"num_output", "num_output"}}) {
+  return c.b.fc(c.x, c.name, c.args.integer("num_output", 1, nullptr));
 }
 
 }  // namespace troupe::kernels::graph

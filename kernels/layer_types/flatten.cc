@@ -3,9 +3,8 @@
 
 namespace troupe::kernels::graph {
 
-LayerType flattenLayerType() {
-  return {{"flatten", "the input as one vector per sample (no computation)", {}},
-          [](LayerCall& c) { return Builder::flatten(c.x); }};
+TROUPE_LAYER_TYPE(flatten, "the input as one vector per sample (no computation)", {}) {
+  return Builder::flatten(c.x);
 }
 
 }  // namespace troupe::kernels::graph

@@ -3,9 +3,8 @@
 
 namespace troupe::kernels::graph {
 
-LayerType geluLayerType() {
-  return {{"gelu", "GELU in GPT-2's tanh form (torch's gelu(approximate='tanh'))", {}},
-          [](LayerCall& c) { return c.b.gelu(c.x, c.name); }};
+TROUPE_LAYER_TYPE(gelu, "GELU in GPT-2's tanh form (torch's gelu(approximate='tanh'))", {}) {
+  return c.b.gelu(c.x, c.name);
 }
 
 }  // namespace troupe::kernels::graph

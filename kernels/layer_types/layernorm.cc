@@ -4,9 +4,8 @@
 
 namespace troupe::kernels::graph {
 
-LayerType layernormLayerType() {
-  return {{"layernorm", "layer norm over each row (a token's), with a scale and a shift", {}},
-          [](LayerCall& c) { return c.b.layerNorm(c.x, c.name); }};
+TROUPE_LAYER_TYPE(layernorm, "layer norm over each row (a token's), with a scale and a shift", {}) {
+  return c.b.layerNorm(c.x, c.name);
 }
 
 }  // namespace troupe::kernels::graph

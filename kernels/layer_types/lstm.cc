@@ -6,29 +6,26 @@
 
 namespace troupe::kernels::graph {
 
-LayerType lstmLayerType() {
-  return {{"lstm",
-           "LSTM layers over a sequence's rows (torch.nn.LSTM), each step's state from the last",
-           {{"num_output", "num_output: hidden units of each layer"},
-            {"num_layers", "num_layers 1"},
-            {"dropout", "dropout 0: between the layers, as nn.LSTM's"}}},
-          [](LayerCall& c) {
-            const std::int64_t one = 1;
-            if (c.x.shape.size() != 2) {
-              throw InputError(c.args.where() + " needs a sequence of rows [t, width], got " +
-                               toString(c.x.shape));
-            }
-            const std::int64_t hidden = c.args.integer("num_output", 1, nullptr);
-            const std::int64_t layers = c.args.integer("num_layers", 1, &one);
-            const float dropout = c.args.real("dropout", 0.0f, 1.0f, 0.0f);
-            Node h = c.x;
-            for (std::int64_t l = 0; l < layers; ++l) {
-              if (l > 0 && dropout > 0.0f)
-                h = c.b.dropout(h, c.name + ".drop.l" + std::to_string(l - 1), dropout);
-              h = c.b.lstm(h, c.name, l, hidden);
-            }
-            return h;
-          }};
+TROUPE_LAYER_TYPE(
+    lstm, "LSTM layers over a sequence's rows (torch.nn.LSTM), each step's state from the last",
+    {{"num_output", "num_output: hidden units of each layer"},
+     {"num_layers", "num_layers 1"},
+     {"dropout", "dropout 0: between the layers, as nn.LSTM's"}}) {
+  const std::int64_t one = 1;
+  if (c.x.shape.size() != 2) {
+    throw InputError(c.args.where() + " needs a sequence of rows [t, width], got " +
+                     toString(c.x.shape));
+  }
+  const std::int64_t hidden = c.args.integer("num_output", 1, nullptr);
+  const std::int64_t layers = c.args.integer("num_layers", 1, &one);
+  const float dropout = c.args.real("dropout", 0.0f, 1.0f, 0.0f);
+  Node h = c.x;
+  for (std::int64_t l = 0; l < layers; ++l) {
+    if (l > 0 && dropout > 0.0f)
+      h = c.b.dropout(h, c.name + ".drop.l" + std::to_string(l - 1), dropout);
+    h = c.b.lstm(h, c.name, l, hidden);
+  }
+  return h;
 }
 
 }  // namespace troupe::kernels::graph

@@ -30,16 +30,15 @@ Node pool(LayerCall& c) {
 
 }  // namespace
 
-LayerType poolLayerType() {
-  return {{"pool",
-           "max or average pooling (Caffe's Pooling); global: the average of each channel",
-           {{"kernel", "kernel"},
-            {"stride", "stride = kernel"},
-            {"pad", "pad 0"},
-            {"method", "method max or ave"},
-            {"global", "global false (true: the average of each channel)"},
-            {"round_mode", "round_mode ceil as Caffe's or floor as PyTorch's"}}},
-          pool};
+TROUPE_LAYER_TYPE(pool,
+                  "max or average pooling (Caffe's Pooling); global: the average of each channel",
+                  {{"kernel", "kernel"},
+                   {"stride", "stride = kernel"},
+                   {"pad", "pad 0"},
+                   {"method", "method max or ave"},
+                   {"global", "global false (true: the average of each channel)"},
+                   {"round_mode", "round_mode ceil as Caffe's or floor as PyTorch's"}}) {
+  return pool(c);
 }
 
 }  // namespace troupe::kernels::graph

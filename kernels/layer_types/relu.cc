@@ -3,9 +3,8 @@
 
 namespace troupe::kernels::graph {
 
-LayerType reluLayerType() {
-  return {{"relu", "max(x, 0), in place where nothing else reads its input", {}},
-          [](LayerCall& c) { return c.b.relu(c.x, c.name); }};
+TROUPE_LAYER_TYPE(relu, "max(x, 0), in place where nothing else reads its input", {}) {
+  return c.b.relu(c.x, c.name);
 }
 
 }  // namespace troupe::kernels::graph
