@@ -749,16 +749,28 @@ std::vector<std::string> builtinModels() {
 
 namespace {
 
+// InputError "KEY = VALUE (at least 1)" unless it is.
+void needPositive(const char* key, std::int64_t value) {
+  if (value < 1)
+    throw InputError(std::string(key) + " = " + std::to_string(value) + " (at least 1)");
+}
+
+// InputError unless a language model's input is token sequences, naming block_size (and what
+// the model's own users call it, `alias`, where that differs).
+void needSequences(const std::string& model, std::int64_t sequence_length,
+                   const std::string& alias = "") {
+  if (sequence_length < 1) {
+    throw InputError("model " + model +
+                     " reads token sequences: set block_size (the tokens a sequence holds" +
+                     (alias.empty() ? "" : ", " + alias) + ")");
+  }
+}
+
 // InputError unless the GPT's shape is one (names each key as its config file does).
 void checkGpt(const GptShape& gpt, std::int64_t sequence_length) {
-  if (sequence_length < 1) {
-    throw InputError(
-        "model gpt2 reads token sequences: set block_size (the tokens a sequence "
-        "holds)");
-  }
-  if (gpt.n_layer < 1)
-    throw InputError("n_layer = " + std::to_string(gpt.n_layer) + " (at least 1)");
-  if (gpt.n_head < 1) throw InputError("n_head = " + std::to_string(gpt.n_head) + " (at least 1)");
+  needSequences("gpt2", sequence_length);
+  needPositive("n_layer", gpt.n_layer);
+  needPositive("n_head", gpt.n_head);
   if (gpt.n_embd < 1 || gpt.n_embd % gpt.n_head != 0) {
     throw InputError("n_embd = " + std::to_string(gpt.n_embd) + " is not a positive multiple of " +
                      "n_head = " + std::to_string(gpt.n_head));
@@ -767,16 +779,10 @@ void checkGpt(const GptShape& gpt, std::int64_t sequence_length) {
 
 // The same for an LSTM language model.
 void checkLstm(const LstmShape& lstm, std::int64_t sequence_length) {
-  if (sequence_length < 1) {
-    throw InputError(
-        "model lstm reads token sequences: set block_size (the tokens a sequence holds, the "
-        "examples' bptt)");
-  }
-  if (lstm.nlayers < 1)
-    throw InputError("nlayers = " + std::to_string(lstm.nlayers) + " (at least 1)");
-  if (lstm.nhid < 1) throw InputError("nhid = " + std::to_string(lstm.nhid) + " (at least 1)");
-  if (lstm.emsize < 1)
-    throw InputError("emsize = " + std::to_string(lstm.emsize) + " (at least 1)");
+  needSequences("lstm", sequence_length, "the examples' bptt");
+  needPositive("nlayers", lstm.nlayers);
+  needPositive("nhid", lstm.nhid);
+  needPositive("emsize", lstm.emsize);
   if (!(lstm.dropout >= 0.0f && lstm.dropout < 1.0f))
     throw InputError("dropout = " + std::to_string(lstm.dropout) + " is outside [0, 1)");
   if (lstm.tied && lstm.emsize != lstm.nhid) {

@@ -22,12 +22,8 @@ using testing::Sequences;
 
 NetOptions gpt(std::int64_t n_layer, std::int64_t n_head, std::int64_t n_embd,
                std::int64_t block_size, int vocab, std::int64_t batch) {
-  NetOptions o;
-  o.model.name = "gpt2";
+  NetOptions o = testing::languageModel("gpt2", block_size, vocab, batch);
   o.gpt = {n_layer, n_head, n_embd};
-  o.sequence_length = block_size;
-  o.num_labels = vocab;
-  o.max_batch = batch;
   return o;
 }
 

@@ -21,12 +21,8 @@ using testing::Sequences;
 
 NetOptions lstm(std::int64_t nlayers, std::int64_t nhid, std::int64_t emsize, bool tied,
                 std::int64_t block_size, int vocab, std::int64_t batch, float dropout = 0.0f) {
-  NetOptions o;
-  o.model.name = "lstm";
+  NetOptions o = testing::languageModel("lstm", block_size, vocab, batch);
   o.lstm = {nlayers, nhid, emsize, dropout, tied};
-  o.sequence_length = block_size;
-  o.num_labels = vocab;
-  o.max_batch = batch;
   return o;
 }
 

@@ -38,6 +38,18 @@
 
 namespace troupe::testing {
 
+// Built-in model `name` over sequences of `block_size` tokens of `vocab`, in batches of up to
+// `batch`; its shape (NetOptions::gpt, lstm) as the caller sets it.
+inline kernels::NetOptions languageModel(const std::string& name, std::int64_t block_size,
+                                         int vocab, std::int64_t batch) {
+  kernels::NetOptions o;
+  o.model.name = name;
+  o.sequence_length = block_size;
+  o.num_labels = vocab;
+  o.max_batch = batch;
+  return o;
+}
+
 // A batch of random tokens, each labelled with a random next one (the net does not care which).
 struct Sequences {
   kernels::Tensor tokens, labels;
