@@ -166,6 +166,49 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
       << run.output;
 }
 
+// A GPT of 1,661,952 parameters (n_embd 256) under max_memory 24M: in one process its weights,
+// AdamW's two state rows and its gradients (6.3 + 12.7 + 6.3 MiB) and activations (4.8 MiB) do
+// not fit, and the refusal says so; with the state on parameter servers the worker needs 17.4
+// MiB, and each of 2 servers holds half the keys' weights, state and pushes (12.7 MiB): it trains.
+// One server would hold all of them (25.4 MiB), which it refuses, naming itself.
+TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItOnParameterServers) {
+  TempDir dir("lm_sharded_state");
+  convert(dir);
+  const std::string model =
+      "--model gpt2 --block_size 64 --vocab_size 256 --n_layer 2 --n_head 4 --n_embd 256 "
+      "--batch_size 2 --train_data data --optimizer adamw --base_learning_rate 0.001 "
+      "--max_memory 24M --epoch_size 200 --num_epochs 2 --threads 1 --log_every 0 ";
+  auto run = train(dir, model);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("the model needs 31571968 bytes (30.1 MiB) in a worker, more than "
+                            "max_memory 25165824 (24.0 MiB): 1661952 parameters' weights 6.3 MiB, "
+                            "adamw's 2 state row(s) 12.7 MiB"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("parameter servers hold the optimizer's state instead, sharded over "
+                            "them (--schedule dist_sync, troupe launch -s N)"),
+            std::string::npos)
+      << run.output;
+  const auto launch = [&](int servers) {
+    return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch -n 1 -s " +
+                      std::to_string(servers) + " -- " + troupeBinary() + " train " + model +
+                      "--schedule dist_sync");
+  };
+  run = launch(1);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.output.find("server 0 needs 26591232 bytes (25.4 MiB) for its 1661952 keys, more "
+                            "than max_memory 25165824 (24.0 MiB): weights 6.3 MiB, adamw's 2 state "
+                            "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB; more servers"),
+            std::string::npos)
+      << run.output;
+  run = launch(2);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch m;
+  const std::regex epochs(R"(epoch 1 done: loss (\S+)[^]*epoch 2 done: loss (\S+))");
+  ASSERT_TRUE(std::regex_search(run.output, m, epochs)) << run.output;
+  EXPECT_LT(std::stod(m[2]), std::stod(m[1])) << "the loss did not fall";
+}
+
 TEST(LanguageModel, AShardWithATokenOutsideTheVocabularyIsRefusedNamingIt) {
   TempDir dir("gpt_vocab");
   convert(dir);

@@ -325,8 +325,9 @@ std::vector<Key> buildTable() {
                         "test database (evaluated after every epoch); with block_size, token "
                         "shards (a folder: its *_val_* shards)"),
       Key{"max_memory", Kind::kString, kNotNumeric,
-          "bytes a worker may hold for its model (weights, gradients, optimizer state, "
-          "activations), as 512M, 16G or 1.5GiB; a run that needs more is refused (0: no limit)",
+          "bytes a process may hold for its model (a worker: weights, gradients, optimizer state "
+          "unless parameter servers hold it, activations; a server: its keys' weights, state "
+          "and pushes), as 512M, 16G or 1.5GiB; a run that needs more is refused (0: no limit)",
           [](Settings& s, const Value& v) {
             try {
               s.options.max_memory = parseBytes(asString(v));

@@ -252,12 +252,23 @@ void checkBatchMemory(const TrainOptions& o) {
   }
 }
 
+namespace {
+
+std::string memorySize(double bytes) {
+  return bytes < (1 << 30) ? fmt::format("{:.1f} MiB", bytes / (1 << 20))
+                           : fmt::format("{:.2f} GiB", bytes / (1 << 30));
+}
+
+}  // namespace
+
 void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
                       const std::vector<std::int64_t>& shares) {
   if (o.max_memory <= 0) return;
   const auto& optimizer = o.optimizer.info();
+  // With parameter servers the optimizer's state is theirs, sharded over them.
+  const bool ps = o.schedule.servers() != nullptr;
   const double params = 4.0 * static_cast<double>(num_params);
-  const double state = params * static_cast<double>(optimizer.states.size());
+  const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size());
   const auto replicas = static_cast<double>(shares.size());
   std::int64_t inputs = 0;
   for (const auto share : shares)
@@ -265,18 +276,36 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
   const double activations = static_cast<double>(held_per_input) * static_cast<double>(inputs);
   const double need = params + state + replicas * params + activations;
   if (need <= static_cast<double>(o.max_memory)) return;
-  const auto size = [](double bytes) {
-    return bytes < (1 << 30) ? fmt::format("{:.1f} MiB", bytes / (1 << 20))
-                             : fmt::format("{:.2f} GiB", bytes / (1 << 30));
-  };
+  const std::string state_text = ps ? fmt::format("{}'s state on the servers", optimizer.name)
+                                    : fmt::format("{}'s {} state row(s) {}", optimizer.name,
+                                                  optimizer.states.size(), memorySize(state));
   throw InputError(fmt::format(
       "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
-      "parameters' weights {}, {}'s {} state row(s) {}, gradients {} ({} replica(s)), activations "
-      "{} ({} inputs); troupe cannot split a model over processes yet (pipeline stages, sharded "
-      "optimizer state): a smaller model or batch fits",
-      need, size(need), o.max_memory, size(static_cast<double>(o.max_memory)), num_params,
-      size(params), optimizer.name, optimizer.states.size(), size(state), size(replicas * params),
-      shares.size(), size(activations), inputs));
+      "parameters' weights {}, {}, gradients {} ({} replica(s)), activations {} ({} inputs); {}",
+      need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
+      num_params, memorySize(params), state_text, memorySize(replicas * params), shares.size(),
+      memorySize(activations), inputs,
+      ps ? "a smaller model or batch fits (troupe cannot split the weights over processes yet)"
+         : "parameter servers hold the optimizer's state instead, sharded over them (--schedule "
+           "dist_sync, troupe launch -s N), or a smaller model or batch fits"));
+}
+
+void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
+  if (o.max_memory <= 0) return;
+  const auto& optimizer = o.optimizer.info();
+  const bool sync = o.schedule.servers()->mode == ParameterServers::Mode::kSync;
+  const std::int64_t pushes = sync ? workers : 1;
+  const double shard = 4.0 * static_cast<double>(keys);
+  const double need = shard * static_cast<double>(1 + optimizer.states.size() + pushes);
+  if (need <= static_cast<double>(o.max_memory)) return;
+  throw InputError(fmt::format(
+      "server {} needs {:.0f} bytes ({}) for its {} keys, more than max_memory {} ({}): weights "
+      "{}, {}'s {} state row(s) {}, {} push buffer(s) {}; more servers (troupe launch -s N) "
+      "shard the keys finer",
+      o.shard_id, need, memorySize(need), keys, o.max_memory,
+      memorySize(static_cast<double>(o.max_memory)), memorySize(shard), optimizer.name,
+      optimizer.states.size(), memorySize(shard * static_cast<double>(optimizer.states.size())),
+      pushes, memorySize(shard * static_cast<double>(pushes))));
 }
 
 void ensureWritableDir(const std::string& dir, const char* what) {

@@ -148,11 +148,15 @@ std::vector<std::int64_t> splitBatch(std::int64_t batch, int replicas,
 void checkBatchMemory(const TrainOptions& o);
 
 // InputError, naming the bytes and the limit, when a worker process would hold more than
-// max_memory for its model: the float32 weights and the optimizer's state rows (the updater's),
-// each replica's gradients, and its activations and their gradients at its share of the batch
-// (`held_per_input`: a net's arena at batch 1, NetMemory::held).
+// max_memory for its model: the float32 weights and the optimizer's state rows (the updater's;
+// none with parameter servers, which hold them), each replica's gradients, and its activations
+// and their gradients at its share of the batch (`held_per_input`: a net's arena at batch 1,
+// NetMemory::held).
 void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
                       const std::vector<std::int64_t>& shares);
+// The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, and
+// the pushes it holds at once (dist_sync: one from each of `workers` workers; else one).
+void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers);
 
 // IoError naming `what` folder when `dir` cannot be made or written.
 void ensureWritableDir(const std::string& dir, const char* what);

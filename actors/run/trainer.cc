@@ -228,7 +228,16 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
-  if (!server) checkModelMemory(o, num_params, init_net->memory().held, p.shares);
+  if (!server) {
+    checkModelMemory(o, num_params, init_net->memory().held, p.shares);
+  } else {
+    const auto keys =
+        shardKeys(num_params, o.num_servers,
+                  o.optimizer.info().layerwise
+                      ? p.optimizer.layers
+                      : std::vector<kernels::ParamRange>{})[static_cast<std::size_t>(o.shard_id)];
+    checkServerMemory(o, keys.second - keys.first, workers);
+  }
   // MFU where the peak is this process's cores': a run of one CPU process.
   p.model_flops_per_sample = init_net->trainingFlopsPerSample();
   if (!server && p.workers == 1 && o.gpus.empty() && p.model_flops_per_sample > 0) {
