@@ -29,11 +29,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import ensure_torch  # noqa: E402
-from lm_bench_util import torch_median_step, troupe_tokens_per_sec  # noqa: E402
+from lm_bench_util import (median_step_seconds, torch_median_step,  # noqa: E402
+                           troupe_tokens_per_sec)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -98,16 +98,14 @@ def torch_side(a):
         step_fn = torch.compile(model)
     tokens = torch.randint(0, VOCAB, (a.batch_size, a.seq + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    times = []
-    for step in range(a.steps + 1):
-        start = time.perf_counter()
+
+    def step():
         loss = step_fn(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step > 0:  # the first is the warm-up (and torch.compile's compilation)
-            times.append(time.perf_counter() - start)
-    print(f"median_step_s {statistics.median(times):.6f} torch {torch.__version__}")
+
+    print(f"median_step_s {median_step_seconds(step, a.steps):.6f} torch {torch.__version__}")
 
 
 def run_torch(a, compiled):

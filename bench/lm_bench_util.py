@@ -4,8 +4,22 @@ import csv
 import glob
 import os
 import re
+import statistics
 import subprocess
 import sys
+import time
+
+
+def median_step_seconds(step, steps):
+    """Runs step() steps + 1 times, the first a warm-up (and torch.compile's compilation): the
+    median of the others' times, in seconds."""
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        step()
+        if i > 0:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def torch_median_step(cmd):

@@ -18,14 +18,13 @@ Each side's figure is printed as tokens/s, with the ratio.
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import ensure_torch  # noqa: E402
-from lm_bench_util import torch_median_step, troupe_tokens_per_sec  # noqa: E402
+from lm_bench_util import (median_step_seconds, torch_median_step,  # noqa: E402
+                           troupe_tokens_per_sec)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -62,17 +61,15 @@ def torch_side(a):
     opt = torch.optim.SGD(model.parameters(), lr=a.lr)
     tokens = torch.randint(0, a.vocab, (a.batch_size, a.bptt + 1))
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    times = []
-    for step in range(a.steps + 1):
-        start = time.perf_counter()
+
+    def step():
         loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
         opt.step()
-        if step > 0:  # the first is the warm-up
-            times.append(time.perf_counter() - start)
-    print(f"median_step_s {statistics.median(times):.6f} torch {torch.__version__}")
+
+    print(f"median_step_s {median_step_seconds(step, a.steps):.6f} torch {torch.__version__}")
 
 
 def run_torch(a):

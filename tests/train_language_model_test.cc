@@ -133,10 +133,8 @@ TEST(LanguageModel, ADivergedRunSaysTheForwardPassOverflowed) {
   TempDir dir("gpt_diverged");
   convert(dir);
   const auto run = train(dir, kSmallGpt + "--train_data data --base_learning_rate 1e8");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("training diverged: the loss of step"), std::string::npos)
-      << run.output;
-  EXPECT_NE(run.output.find("weights and inputs are finite"), std::string::npos) << run.output;
+  EXPECT_TRUE(
+      failedWith(run, {"training diverged: the loss of step", "weights and inputs are finite"}));
 }
 
 // A model that does not fit max_memory in one process is refused before it starts, naming what
@@ -160,10 +158,7 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
                        "--num_epochs 1");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   run = train(dir, kSmallGpt + "--train_data data --max_memory 12apples");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("'12apples' is not a count of bytes (512M, 16G, 1.5GiB)"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"'12apples' is not a count of bytes (512M, 16G, 1.5GiB)"}));
 }
 
 // A GPT of 1,661,952 parameters (n_embd 256) under max_memory 24M: in one process its weights,
@@ -179,28 +174,22 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItOnParameterSe
       "--batch_size 2 --train_data data --optimizer adamw --base_learning_rate 0.001 "
       "--max_memory 24M --epoch_size 200 --num_epochs 2 --threads 1 --log_every 0 ";
   auto run = train(dir, model);
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("the model needs 31571968 bytes (30.1 MiB) in a worker, more than "
-                            "max_memory 25165824 (24.0 MiB): 1661952 parameters' weights 6.3 MiB, "
-                            "adamw's 2 state row(s) 12.7 MiB"),
-            std::string::npos)
-      << run.output;
-  EXPECT_NE(run.output.find("parameter servers hold the optimizer's state instead, sharded over "
-                            "them (--schedule dist_sync, troupe launch -s N)"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(
+      failedWith(run, {"the model needs 31571968 bytes (30.1 MiB) in a worker, more than "
+                       "max_memory 25165824 (24.0 MiB): 1661952 parameters' weights 6.3 MiB, "
+                       "adamw's 2 state row(s) 12.7 MiB",
+                       "parameter servers hold the optimizer's state instead, sharded over them "
+                       "(--schedule dist_sync, troupe launch -s N)"}));
   const auto launch = [&](int servers) {
     return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch -n 1 -s " +
                       std::to_string(servers) + " -- " + troupeBinary() + " train " + model +
                       "--schedule dist_sync");
   };
   run = launch(1);
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("server 0 needs 26591232 bytes (25.4 MiB) for its 1661952 keys, more "
-                            "than max_memory 25165824 (24.0 MiB): weights 6.3 MiB, adamw's 2 state "
-                            "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB; more servers"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(
+      failedWith(run, {"server 0 needs 26591232 bytes (25.4 MiB) for its 1661952 keys, more "
+                       "than max_memory 25165824 (24.0 MiB): weights 6.3 MiB, adamw's 2 state "
+                       "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB; more servers"}));
   run = launch(2);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   std::smatch m;
@@ -233,34 +222,21 @@ TEST(LanguageModel, TheModelAndTheInputMustAgree) {
   TempDir dir("gpt_input");
   convert(dir);
   auto run = train(dir, "--model gpt2 --train_data data");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("model gpt2 reads token sequences: set block_size"), std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"model gpt2 reads token sequences: set block_size"}));
   run = train(dir, "--model lenet --block_size 64 --vocab_size 256 --train_data data");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("model lenet reads images, not token sequences"), std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"model lenet reads images, not token sequences"}));
   run = train(dir, "--model gpt2 --block_size 100000 --vocab_size 256 --train_data data");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("token shards 'data' hold 41857 tokens, fewer than block_size + 1 = "
-                            "100001"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"token shards 'data' hold 41857 tokens, fewer than block_size + 1 = "
+                               "100001"}));
   run = train(dir,
               "--model gpt2 --block_size 64 --vocab_size 256 --n_embd 64 --n_head 3 "
               "--train_data data");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("n_embd = 64 is not a positive multiple of n_head = 3"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"n_embd = 64 is not a positive multiple of n_head = 3"}));
   run = train(dir,
               "--model lstm --block_size 35 --vocab_size 256 --nhid 100 --emsize 128 --tied true "
               "--train_data data");
-  EXPECT_NE(run.exit_code, 0);
-  EXPECT_NE(run.output.find("tied needs emsize = nhid (the decoder reads the embedding's "
-                            "weights), got emsize = 128, nhid = 100"),
-            std::string::npos)
-      << run.output;
+  EXPECT_TRUE(failedWith(run, {"tied needs emsize = nhid (the decoder reads the embedding's "
+                               "weights), got emsize = 128, nhid = 100"}));
 }
 
 }  // namespace
