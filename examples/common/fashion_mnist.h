@@ -11,6 +11,8 @@
 
 namespace examples {
 
+// Where Debian's dataset-fashion-mnist puts the IDX files.
+constexpr const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 constexpr int kPixels = 28 * 28;
 constexpr int kClasses = 10;
 

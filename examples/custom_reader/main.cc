@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/fashion_mnist.h"
+#include "common/flags.h"
 
 namespace {
 
@@ -143,21 +144,11 @@ class TestSet final : public troupe::RecordSource {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config, epochs = "1", replicas = "2", data = "/usr/share/datasets/fashion-mnist";
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) fail(flag + " needs a value");
-    if (flag == "--config")
-      config = argv[i + 1];
-    else if (flag == "--epochs")
-      epochs = argv[i + 1];
-    else if (flag == "--replicas")
-      replicas = argv[i + 1];
-    else if (flag == "--data")
-      data = argv[i + 1];
-    else
-      fail("unknown flag " + flag);
-  }
+  auto flags = examples::parseFlags(
+      "custom_reader", argc, argv,
+      {{"config", ""}, {"epochs", "1"}, {"replicas", "2"}, {"data", examples::kFashionMnist}});
+  const std::string config = flags["config"], epochs = flags["epochs"],
+                    replicas = flags["replicas"], data = flags["data"];
   if (config.empty()) fail("--config is needed");
   examples::FashionMnist train;
   std::shared_ptr<TestSet> test;

@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/flags.h"
+
 namespace {
 
 [[noreturn]] void fail(const std::string& message) {
@@ -260,33 +262,25 @@ class MetricsServer {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config, data, listen = "127.0.0.1";
-  std::int64_t every = 100, records = 0;
-  int port = 9100, linger = 0;
+  auto flags = examples::parseFlags("evaluator", argc, argv,
+                                    {{"config", ""},
+                                     {"data", ""},
+                                     {"every", "100"},
+                                     {"records", "0"},
+                                     {"listen", "127.0.0.1"},
+                                     {"port", "9100"},
+                                     {"linger", "0"},
+                                     {"rendezvous", ""},
+                                     {"run_id", ""},
+                                     {"secret_file", ""}});
+  const std::string config = flags["config"], data = flags["data"], listen = flags["listen"];
+  const std::int64_t every = std::atoll(flags["every"].c_str());
+  const std::int64_t records = std::atoll(flags["records"].c_str());
+  const int port = std::atoi(flags["port"].c_str()), linger = std::atoi(flags["linger"].c_str());
+  // The run is found as its workers find it: these flags, else the launcher's TROUPE_* variables.
   troupe::ObserverSettings settings;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) fail(flag + " needs a value");
-    const std::string value = argv[i + 1];
-    if (flag == "--config")
-      config = value;
-    else if (flag == "--data")
-      data = value;
-    else if (flag == "--every")
-      every = std::atoll(value.c_str());
-    else if (flag == "--records")
-      records = std::atoll(value.c_str());
-    else if (flag == "--listen")
-      listen = value;
-    else if (flag == "--port")
-      port = std::atoi(value.c_str());
-    else if (flag == "--linger")
-      linger = std::atoi(value.c_str());
-    else if (flag == "--rendezvous" || flag == "--run_id" || flag == "--secret_file")
-      settings[flag.substr(2)] = value;
-    else
-      fail("unknown flag " + flag);
-  }
+  for (const char* key : {"rendezvous", "run_id", "secret_file"})
+    if (!flags[key].empty()) settings[key] = flags[key];
   if (config.empty() || data.empty()) fail("--config and --data are needed");
   if (port < 0 || port > 65535 || linger < 0) fail("--port or --linger out of range");
 

@@ -21,6 +21,7 @@
 #include <troupe/version.h>
 
 #include "common/fashion_mnist.h"
+#include "common/flags.h"
 
 #include <algorithm>
 #include <chrono>
@@ -101,24 +102,15 @@ void addGradients(const float* const* x, int n, const float* d, std::vector<floa
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string type = "local", data = "/usr/share/datasets/fashion-mnist";
-  int epochs = 1, batch = 64;
-  float lr = 0.02f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--kvstore")
-      type = value;
-    else if (flag == "--epochs")
-      epochs = std::atoi(value.c_str());
-    else if (flag == "--batch")
-      batch = std::atoi(value.c_str());
-    else if (flag == "--lr")
-      lr = std::strtof(value.c_str(), nullptr);
-    else if (flag == "--data")
-      data = value;
-    else
-      fail("unknown flag " + flag);
-  }
+  auto flags = examples::parseFlags("kvstore_softmax", argc, argv,
+                                    {{"kvstore", "local"},
+                                     {"epochs", "1"},
+                                     {"batch", "64"},
+                                     {"lr", "0.02"},
+                                     {"data", examples::kFashionMnist}});
+  const std::string type = flags["kvstore"], data = flags["data"];
+  const int epochs = std::atoi(flags["epochs"].c_str()), batch = std::atoi(flags["batch"].c_str());
+  const float lr = std::strtof(flags["lr"].c_str(), nullptr);
   if (epochs < 1 || batch < 1 || !(lr > 0)) fail("--epochs, --batch and --lr must be positive");
   if (troupe::KVStore::isServer()) {
     const troupe::Status served = troupe::KVStore::runServer(type);

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/fashion_mnist.h"
+#include "common/flags.h"
 
 namespace {
 
@@ -49,19 +50,10 @@ class InMemory final : public troupe::RecordSource {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config, epochs = "1", data = "/usr/share/datasets/fashion-mnist";
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) fail(flag + " needs a value");
-    if (flag == "--config")
-      config = argv[i + 1];
-    else if (flag == "--epochs")
-      epochs = argv[i + 1];
-    else if (flag == "--data")
-      data = argv[i + 1];
-    else
-      fail("unknown flag " + flag);
-  }
+  auto flags =
+      examples::parseFlags("memory_reader", argc, argv,
+                           {{"config", ""}, {"epochs", "1"}, {"data", examples::kFashionMnist}});
+  const std::string config = flags["config"], epochs = flags["epochs"], data = flags["data"];
   if (config.empty()) fail("--config is needed");
   std::shared_ptr<InMemory> train, test;
   try {
