@@ -761,6 +761,13 @@ class PsClient final : public Actor {
 
 }  // namespace
 
+std::vector<std::pair<std::int64_t, std::int64_t>> serverShards(
+    std::int64_t num_params, int servers, const kernels::OptimizerSettings& optimizer) {
+  return shardKeys(
+      num_params, servers,
+      optimizer.info().layerwise ? optimizer.layers : std::vector<kernels::ParamRange>{});
+}
+
 std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
     std::int64_t num_params, int servers, const std::vector<kernels::ParamRange>& layers) {
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;

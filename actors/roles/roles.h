@@ -370,6 +370,9 @@ inline constexpr int kKvKeyShift = 40;
 // layer's trust ratio is one server's.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardKeys(
     std::int64_t num_params, int servers, const std::vector<kernels::ParamRange>& layers = {});
+// A run's servers' shards: shardKeys at `optimizer`'s layers where it is layerwise.
+std::vector<std::pair<std::int64_t, std::int64_t>> serverShards(
+    std::int64_t num_params, int servers, const kernels::OptimizerSettings& optimizer);
 
 // A training epoch's figures so far.
 struct EpochStats {

@@ -133,10 +133,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
                       const std::shared_ptr<RunMembers>& members) {
   const int workers = o.num_shards;
   const auto shard =
-      shardKeys(num_params, o.num_servers,
-                optimizer.info().layerwise
-                    ? optimizer.layers
-                    : std::vector<kernels::ParamRange>{})[static_cast<std::size_t>(o.shard_id)];
+      serverShards(num_params, o.num_servers, optimizer)[static_cast<std::size_t>(o.shard_id)];
   ServerConfig config;
   config.index = o.shard_id;
   config.num_workers = workers;
@@ -232,10 +229,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
     checkModelMemory(o, num_params, init_net->memory().held, p.shares);
   } else {
     const auto keys =
-        shardKeys(num_params, o.num_servers,
-                  o.optimizer.info().layerwise
-                      ? p.optimizer.layers
-                      : std::vector<kernels::ParamRange>{})[static_cast<std::size_t>(o.shard_id)];
+        serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
     checkServerMemory(o, keys.second - keys.first, workers);
   }
   // MFU where the peak is this process's cores': a run of one CPU process.

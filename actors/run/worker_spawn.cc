@@ -122,9 +122,7 @@ PsClientConfig WorkerSpawn::psClient() const {
   c.compression = compressionOf(o);
   c.initial_weights = p.weights;
   c.servers = a.servers;
-  c.shards = shardKeys(
-      p.num_params, o.num_servers,
-      p.optimizer.info().layerwise ? p.optimizer.layers : std::vector<kernels::ParamRange>{});
+  c.shards = serverShards(p.num_params, o.num_servers, p.optimizer);
   c.plan = p.plan;
   c.replicas = a.local_replicas;
   c.coordinator = a.chief;
