@@ -46,6 +46,28 @@ class OpLayer : public Layer {
   std::map<std::int64_t, std::unique_ptr<Op>> ops_;
 };
 
+// A layer whose op is made by a backend factory from the layer's geometry with the batch size n
+// set (Geometry::n): the sequence ops'. g_ is the geometry of a batch of one.
+template <typename Op, typename Geometry>
+class GeometryLayer : public OpLayer<Op> {
+ public:
+  using Factory = std::unique_ptr<Op> (Backend::*)(const Geometry&);
+  GeometryLayer(const char* kind, bool reads_bottom, bool reads_top, const Geometry& g,
+                Factory factory)
+      : OpLayer<Op>(kind, reads_bottom, reads_top), g_(g), factory_(factory) {}
+
+ protected:
+  std::unique_ptr<Op> make(LayerContext& ctx, std::int64_t n) override {
+    Geometry g = g_;
+    g.n = n;
+    return (ctx.backend().*factory_)(g);
+  }
+  Geometry g_;
+
+ private:
+  Factory factory_;
+};
+
 // A layer whose op maps x to y, and whose backward needs dy alone (pooling: a max pool's choices
 // are its op's).
 template <typename Op>
@@ -311,9 +333,10 @@ class SoftmaxLossLayer final : public OpLayer<SoftmaxLossOp> {
 // Token and position embedding: bottoms[0] is the input's tokens. Its parameters are wte then
 // wpe (none without positions). Tied (tie()): an output layer reads wte too, and wrote its gradient
 // first.
-class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
+class EmbeddingLayer final : public GeometryLayer<EmbeddingOp, EmbeddingGeometry> {
  public:
-  explicit EmbeddingLayer(const EmbeddingGeometry& g) : OpLayer("embedding", true, false), g_(g) {}
+  explicit EmbeddingLayer(const EmbeddingGeometry& g)
+      : GeometryLayer("embedding", true, false, g, &Backend::makeEmbedding) {}
   // Once: a second tied layer would write over the first one's gradient.
   bool tie() override {
     if (tied_) return false;
@@ -334,12 +357,6 @@ class EmbeddingLayer final : public OpLayer<EmbeddingOp> {
   }
 
  private:
-  std::unique_ptr<EmbeddingOp> make(LayerContext& ctx, std::int64_t n) override {
-    EmbeddingGeometry g = g_;
-    g.n = n;
-    return ctx.backend().makeEmbedding(g);
-  }
-  EmbeddingGeometry g_;
   bool tied_ = false;
   Tensor wte_, wpe_, dwte_, dwpe_;
 };
@@ -388,16 +405,10 @@ class GeluLayer final : public OpLayer<GeluOp> {
 };
 
 // The backward reads the input (q, k, v), not y: the attention weights are its op's.
-class AttentionLayer final : public OpLayer<AttentionOp> {
+class AttentionLayer final : public GeometryLayer<AttentionOp, AttentionGeometry> {
  public:
-  explicit AttentionLayer(const AttentionGeometry& geometry)
-      : OpLayer("attention", true, false,
-                [geometry](LayerContext& ctx, std::int64_t n) {
-                  AttentionGeometry g = geometry;
-                  g.n = n;
-                  return ctx.backend().makeAttention(g);
-                }),
-        g_(geometry) {}
+  explicit AttentionLayer(const AttentionGeometry& g)
+      : GeometryLayer("attention", true, false, g, &Backend::makeAttention) {}
   // q k^T and the weights times v, as if every key were seen (PaLM's count: 12 L H Q T a token
   // for training), not the causal half.
   double forwardFlops() const override {
@@ -410,23 +421,14 @@ class AttentionLayer final : public OpLayer<AttentionOp> {
     const Tensor dx = ctx.diff(bottoms[0]);
     if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
   }
-
- private:
-  AttentionGeometry g_;
 };
 
 // The backward reads x and y (the hidden states); the gates and cells are its op's. Parameters:
 // w_ih, w_hh, b_ih, b_hh (nn.LSTM's order).
-class LstmLayer final : public OpLayer<LstmOp> {
+class LstmLayer final : public GeometryLayer<LstmOp, LstmGeometry> {
  public:
-  explicit LstmLayer(const LstmGeometry& geometry)
-      : OpLayer("lstm", true, true,
-                [geometry](LayerContext& ctx, std::int64_t n) {
-                  LstmGeometry g = geometry;
-                  g.n = n;
-                  return ctx.backend().makeLstm(g);
-                }),
-        g_(geometry) {}
+  explicit LstmLayer(const LstmGeometry& g)
+      : GeometryLayer("lstm", true, true, g, &Backend::makeLstm) {}
   double forwardFlops() const override {
     return 2.0 * static_cast<double>(g_.t * 4 * g_.hidden * (g_.input + g_.hidden));
   }
@@ -452,7 +454,6 @@ class LstmLayer final : public OpLayer<LstmOp> {
   }
 
  private:
-  LstmGeometry g_;
   Tensor w_ih_, w_hh_, b_ih_, b_hh_, dw_ih_, dw_hh_, db_ih_, db_hh_;
 };
 }  // namespace
