@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -12,6 +13,7 @@
 #include "kernels/net.h"
 #include "kernels/optimizer.h"
 #include "kernels/random.h"
+#include "language_model_util.h"
 #include "one_sided_differences.h"
 #include "troupe/error.h"
 
@@ -232,46 +234,37 @@ TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
   expectSameNet(*backend_, layers, builtin, /*same_names=*/false);
 }
 
-// configs/gpt_layers.toml, a small gpt2 written as [[layers]] (embedding, transformer blocks, a
-// layer norm, the tied output layer): the same parameters in the same order, the same initial
-// weights, loss and gradients, to the bit.
-TEST_F(NetTest, GptWrittenAsLayersIsTheBuiltinNet) {
+// configs/`config`, a language model written as [[layers]], against built-in model `name` of the
+// shape `shape` sets: the same parameters in the same order, the same initial weights, loss and
+// gradients, to the bit, on 2 random sequences (language_model_util.h).
+void expectLayersFileIsTheBuiltinModel(Backend& backend, const std::string& config,
+                                       const std::string& name,
+                                       const std::function<void(NetOptions&)>& shape) {
   const auto file =
-      actors::loadTrainOptions(std::string(TROUPE_SOURCE_DIR) + "/configs/gpt_layers.toml", {});
-  NetOptions layers = options("", 2), builtin = options("gpt2", 2);
-  for (NetOptions* o : {&layers, &builtin}) {
-    o->sequence_length = file.block_size;
-    o->num_labels = static_cast<int>(file.vocab_size);
-    o->gpt = {2, 4, 64};
-  }
+      actors::loadTrainOptions(std::string(TROUPE_SOURCE_DIR) + "/configs/" + config, {});
+  const int vocab = static_cast<int>(file.vocab_size);
+  NetOptions layers = testing::languageModel("", file.block_size, vocab, 2);
+  NetOptions builtin = testing::languageModel(name, file.block_size, vocab, 2);
+  shape(layers);
+  shape(builtin);
   layers.model = file.model;
   ASSERT_EQ(layers.model.layers.size(), 5u);
-  Batch tokens{Tensor::host({2, 64}, DType::kInt32), Tensor::host({2, 64}, DType::kInt32)};
-  for (std::int64_t i = 0; i < 128; ++i) {
-    tokens.images.i32()[i] = static_cast<int>(randomBits(7, 0, i) % 256);
-    tokens.labels.i32()[i] = static_cast<int>(randomBits(7, 1, i) % 256);
-  }
-  expectSameNet(*backend_, layers, builtin, /*same_names=*/false, tokens);
+  const testing::Sequences s = testing::randomSequences(2, file.block_size, vocab, 7);
+  expectSameNet(backend, layers, builtin, /*same_names=*/false, Batch{s.tokens, s.labels});
 }
 
+// configs/gpt_layers.toml: embedding, transformer blocks, a layer norm, the tied output layer.
+TEST_F(NetTest, GptWrittenAsLayersIsTheBuiltinNet) {
+  expectLayersFileIsTheBuiltinModel(*backend_, "gpt_layers.toml", "gpt2", [](NetOptions& o) {
+    o.gpt = {2, 4, 64};
+  });
+}
+
+// configs/lstm_layers.toml: the encoder, dropout, 2 LSTM layers, dropout, the tied decoder.
 TEST_F(NetTest, LstmWrittenAsLayersIsTheBuiltinNet) {
-  const auto file =
-      actors::loadTrainOptions(std::string(TROUPE_SOURCE_DIR) + "/configs/lstm_layers.toml", {});
-  NetOptions layers = options("", 2), builtin = options("lstm", 2);
-  for (NetOptions* o : {&layers, &builtin}) {
-    o->sequence_length = file.block_size;
-    o->num_labels = static_cast<int>(file.vocab_size);
-    o->lstm = {2, 64, 64, 0.2f, true};
-  }
-  layers.model = file.model;
-  ASSERT_EQ(layers.model.layers.size(), 5u);
-  const std::int64_t t = file.block_size;
-  Batch tokens{Tensor::host({2, t}, DType::kInt32), Tensor::host({2, t}, DType::kInt32)};
-  for (std::int64_t i = 0; i < 2 * t; ++i) {
-    tokens.images.i32()[i] = static_cast<int>(randomBits(7, 0, i) % 256);
-    tokens.labels.i32()[i] = static_cast<int>(randomBits(7, 1, i) % 256);
-  }
-  expectSameNet(*backend_, layers, builtin, /*same_names=*/false, tokens);
+  expectLayersFileIsTheBuiltinModel(*backend_, "lstm_layers.toml", "lstm", [](NetOptions& o) {
+    o.lstm = {2, 64, 64, 0.2f, true};
+  });
 }
 
 // A tied output layer names an embedding; a token embedding reads tokens.
