@@ -95,6 +95,7 @@ const std::vector<Group>& groups() {
         "role",
         "staleness",
         "allreduce",
+        "zero_stage",
         "reducer",
         "gradient_compression",
         "gradient_compression_threshold",

@@ -453,7 +453,13 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("run id", o.run_id);
     row("compression", kernels::describe(actors::compressionOf(o)));
     if (const auto* all = o.schedule.allreduce()) {
-      row("allreduce", actors::allreduceName(all->algorithm));
+      row("allreduce", all->zero_stage > 0 ? "ring" : actors::allreduceName(all->algorithm));
+      if (all->zero_stage > 0) {
+        row("zero_stage",
+            fmt::format("{}: the optimizer's state sharded over the {} workers (gradients "
+                        "reduce-scattered, weights all-gathered)",
+                        all->zero_stage, workers));
+      }
     }
   }
   if (o.role == actors::ProcessRole::kWorker && o.shard_id == 0) {

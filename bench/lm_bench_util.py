@@ -34,10 +34,15 @@ def torch_median_step(cmd):
 def troupe_tokens_per_sec(cmd, work, model):
     """Runs `troupe train` (cmd, its log in `work`, two epochs): the tokens/s of its second epoch
     from its CSV log (the first holds the warm-up)."""
+    return troupe_run(cmd, work, model)[0]
+
+
+def troupe_run(cmd, work, model):
+    """As troupe_tokens_per_sec: that figure, and the run's output."""
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
     logs = glob.glob(os.path.join(work, model + "_*.log"))
     if r.returncode != 0 or not logs:
         sys.exit(f"troupe failed ({r.returncode}):\n{r.stdout[-3000:]}")
     with open(logs[0]) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
-    return float(rows[-1]["inputs_per_sec"])
+    return float(rows[-1]["inputs_per_sec"]), r.stdout

@@ -12,13 +12,14 @@ packages=(
   libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   libhiredis-dev redis-server libssl-dev
-  openssh-client openssh-server rsync openmpi-bin iproute2 util-linux python3 slurm-wlm munge
+  openssh-client openssh-server rsync openmpi-bin iproute2 util-linux python3 slurm-wlm munge time
   libspdlog-dev libfmt-dev libtomlplusplus-dev libcli11-dev libcairo2-dev fonts-dejavu-core
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist dict-gcide
   python3-torch python3-numpy python3-dev pybind11-dev python3-pytest
 )
+# time: GNU time, each worker's peak memory in bench/zero_cpu.py.
 # dict-gcide: the English corpus of the text tests and benchmarks (the Collaborative
 # International Dictionary of English, Webster's 1913 with its quotations: 40 MB of text).
 # python3-dev, pybind11-dev: the Python package (python/); python3-pytest runs its tests.

@@ -128,6 +128,23 @@ TEST(Schedules, LoadingGivesTheScheduleItsFamilyWithItsOwnSettings) {
               ::testing::HasSubstr("expected auto, ring or hierarchical"));
   EXPECT_THAT(refusalOf({{"schedule", "dist_syn"}}),
               ::testing::HasSubstr("unknown schedule 'dist_syn' (known: local, device"));
+
+  // ZeRO: the state sharded over bsp-allreduce's workers, and nowhere else.
+  const auto zero = optionsOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "1"}}).schedule;
+  EXPECT_EQ(zero.allreduce()->zero_stage, 1);
+  EXPECT_EQ(makeSchedule(zero.keys()).allreduce()->zero_stage, 1);
+  EXPECT_EQ(refusalOf({{"schedule", "ssp"}, {"zero_stage", "1"}}),
+            "zero_stage 1 shards the optimizer's state over the workers of schedule "
+            "bsp-allreduce; under 'ssp' the parameter servers shard it already (zero_stage 0)");
+  EXPECT_EQ(refusalOf({{"zero_stage", "1"}}),
+            "zero_stage 1 shards the optimizer's state over the workers of schedule "
+            "bsp-allreduce; 'local' runs one process, with nothing to shard it over "
+            "(zero_stage 0)");
+  EXPECT_THAT(refusalOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "2"}}),
+              ::testing::HasSubstr("zero_stage 2: troupe shards the optimizer's state (stage 1), "
+                                   "not yet the gradients (2)"));
+  EXPECT_THAT(refusalOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "4"}}),
+              ::testing::HasSubstr("zero_stage"));
 }
 
 // The options hold typed values; their names stay at the config's edge, where a name a key does

@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "actors/roles/ring_allreduce.h"
 #include "float_bounds.h"
@@ -15,7 +18,9 @@ namespace {
 // N ranks in one thread; messages are delivered in a shuffled order across links (in order per
 // link, as a transport guarantees), to shake out ordering assumptions.
 struct Ring {
-  Ring(int world, std::int64_t segment, unsigned seed, kernels::CompressionSpec compression = {})
+  Ring(int world, std::int64_t segment, unsigned seed, kernels::CompressionSpec compression = {},
+       RingAllreduce::Mode mode = RingAllreduce::Mode::kAllreduce,
+       const RingAllreduce::Shards& shards = {})
       : links(static_cast<std::size_t>(world), seed) {
     for (int r = 0; r < world; ++r) {
       ranks.emplace_back(
@@ -30,7 +35,7 @@ struct Ring {
           [this, r](std::int64_t step, std::int64_t begin, std::int64_t end) {
             done.push_back({r, step, begin, end});
           },
-          compression);
+          compression, mode, 0, shards);
     }
   }
   void deliverAll() {
@@ -172,6 +177,75 @@ TEST(CompressedRing, TwoBitResidualsMakeTheMeanOverStepsTheTrueSum) {
     for (int r = 0; r < world; ++r)
       exact += gradient(r, i);
     ASSERT_NEAR(mean[0][i], exact, bound) << "element " << i;
+  }
+}
+
+// ZeRO's two halves of an allreduce: with chunks cut at the ranks' shards, the reduce-scatter
+// leaves each rank the whole sum of its own shard's part of every bucket, and the all-gather then
+// gives every rank each shard as its owner had it. The shards are uneven, and a bucket may lie
+// within one shard (its other chunks empty) or cross several; segments cut the buckets further.
+// The values are small integers, so every sum is exact whatever the order of its additions.
+TEST(ShardedRing, ReduceScatterFinishesEachShardAndAllGatherSpreadsIt) {
+  const int world = 3;
+  const RingAllreduce::Shards shards = {{0, 7}, {7, 30}, {30, 41}};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> bucket_ranges = {
+      {0, 5}, {5, 25}, {25, 41}, {9, 12}};  // [9,12): a second step's bucket within shard 1
+  for (const std::int64_t segment : {4, 100}) {
+    SCOPED_TRACE(::testing::Message() << "segment " << segment);
+    Ring scatter(world, segment, 11, {}, RingAllreduce::Mode::kReduceScatter, shards);
+    std::vector<std::vector<kernels::Tensor>> buckets(world);
+    for (int r = world - 1; r >= 0; --r) {
+      for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+        const auto [begin, end] = bucket_ranges[b];
+        buckets[r].push_back(values(end - begin, r, static_cast<int>(b)));
+        scatter.ranks[r].start(b == 3 ? 5 : 4, begin, buckets[r][b]);
+        if (b == 1) scatter.deliverAll();
+      }
+    }
+    scatter.deliverAll();
+    ASSERT_EQ(scatter.done.size(), bucket_ranges.size() * world);
+    for (int r = 0; r < world; ++r) {
+      const auto [lo, hi] = shards[r];
+      for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+        const auto [begin, end] = bucket_ranges[b];
+        for (std::int64_t i = std::max(lo, begin); i < std::min(hi, end); ++i) {
+          float expected = 0;
+          for (int q = 0; q < world; ++q)
+            expected += values(end - begin, q, static_cast<int>(b)).f32()[i - begin];
+          ASSERT_EQ(buckets[r][b].f32()[i - begin], expected)
+              << "rank " << r << " bucket " << b << " element " << i;
+        }
+      }
+    }
+
+    // The all-gather: each rank's own shard holds its rank's mark, the rest stale values.
+    Ring gather(world, segment, 13, {}, RingAllreduce::Mode::kAllGather, shards);
+    auto owner = [&](std::int64_t i) {
+      int q = 0;
+      while (i >= shards[q].second)
+        ++q;
+      return q;
+    };
+    for (int r = 0; r < world; ++r) {
+      for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+        const auto [begin, end] = bucket_ranges[b];
+        for (std::int64_t i = begin; i < end; ++i)
+          buckets[r][b].f32()[i - begin] = owner(i) == r ? static_cast<float>(100 * r + i) : -1.0f;
+        gather.ranks[r].start(b == 3 ? 5 : 4, begin, buckets[r][b]);
+      }
+      if (r == 0) gather.deliverAll();
+    }
+    gather.deliverAll();
+    ASSERT_EQ(gather.done.size(), bucket_ranges.size() * world);
+    for (int r = 0; r < world; ++r) {
+      for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+        const auto [begin, end] = bucket_ranges[b];
+        for (std::int64_t i = begin; i < end; ++i)
+          ASSERT_EQ(buckets[r][b].f32()[i - begin], static_cast<float>(100 * owner(i) + i))
+              << "rank " << r << " element " << i;
+      }
+      EXPECT_EQ(gather.ranks[r].pending(), 0u);
+    }
   }
 }
 

@@ -1,4 +1,5 @@
 // Training with several real processes on loopback: `troupe launch` and processes started by hand.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -109,14 +110,15 @@ TEST(DistributedTraining, LaunchTwoWorkersBspAllreduceAsWritten) {
 }
 
 // Runs LeNet for 20 steps as one process of batch 64 and as `two` (a `troupe launch ... --` prefix
-// plus schedule flags, batch 32 per worker); returns both final checkpoints and the launch output.
+// plus schedule flags, batch `batch` per worker: 32 for two workers); returns both final
+// checkpoints and the launch output.
 struct OneVersusTwo {
   actors::Checkpoint one, two;
   std::string output;
 };
 
 OneVersusTwo trainOneAndTwo(const TempDir& cwd, const std::string& launch,
-                            const std::string& schedule) {
+                            const std::string& schedule, int batch = 32) {
   const std::string common = sourceDir() + "/configs/lenet.toml" + dataFlags() +
                              " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
                              " --log_every 0 --threads 1";
@@ -125,9 +127,10 @@ OneVersusTwo trainOneAndTwo(const TempDir& cwd, const std::string& launch,
                                           " --batch_size 64 --run_name one --checkpoint_dir " +
                                           cwd.str() + "/one"));
   EXPECT_EQ(one.exit_code, 0) << one.output;
-  const auto two = runCommand(in(
-      cwd, troupeBinary() + " " + launch + " troupe train " + common + " --schedule " + schedule +
-               " --batch_size 32 --run_name two --checkpoint_dir " + cwd.str() + "/two"));
+  const auto two =
+      runCommand(in(cwd, troupeBinary() + " " + launch + " troupe train " + common +
+                             " --schedule " + schedule + " --batch_size " + std::to_string(batch) +
+                             " --run_name two --checkpoint_dir " + cwd.str() + "/two"));
   EXPECT_EQ(two.exit_code, 0) << two.output;
   r.output = two.output;
   r.one = actors::loadCheckpoint(filesIn(cwd.path() / "one", ".ckpt").at(0));
@@ -145,6 +148,101 @@ TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
   printMeasured("bsp-allreduce", weights, momentum);
   EXPECT_LE(weights, kOneVersusTwoBound);
   EXPECT_LE(momentum, kOneVersusTwoBound);
+}
+
+// ZeRO stage 1: with the optimizer's state sharded over two workers (gradients reduce-scattered,
+// each worker updating its shard, weights all-gathered) the run ends with the weights and state of
+// the same run unsharded, to the bit: two workers' sums are x0 + x1 in either ring (addition
+// commutes), the update of an element does not depend on where the shard boundary lies (AdamW is
+// elementwise; LARS's trust ratio is per layer, and its shards are cut at layer bounds), and the
+// checkpoint puts the shards' state together. The sharded run's checkpoint then resumes, sharded
+// and unsharded, to the same weights.
+class ZeroTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
+  const char* optimizer = GetParam();
+  TempDir cwd("dist_zero");
+  const std::string common =
+      troupeBinary() + " launch -n 2 -- troupe train --model lenet" + dataFlags() +
+      " --optimizer " + optimizer +
+      " --base_learning_rate 0.01 --weight_decay 0.0005 --no_wd --epoch_size 640 --batch_size 32"
+      " --log_every 0 --threads 1 --schedule bsp-allreduce --checkpoint_dir ";
+  const auto whole = runCommand(in(cwd, common + "whole --num_epochs 1"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto sharded = runCommand(in(cwd, common + "sharded --num_epochs 1 --zero_stage 1"));
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_THAT(sharded.output, ::testing::HasSubstr("zero_stage 1: each of 2 workers holds "));
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
+  EXPECT_EQ(b.optimizer(), optimizer);
+  EXPECT_EQ(b.metaInt("step"), 10);
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  ASSERT_EQ(a.state.numel(), b.state.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
+      << "weights differ by " << relativeDifference(a.weights, b.weights);
+  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0)
+      << "state differs by " << relativeDifference(a.state, b.state);
+
+  // A second epoch from the sharded checkpoint: each sharded worker takes its shard of the saved
+  // state.
+  const std::string saved = filesIn(cwd.path() / "sharded", ".ckpt").at(0).string();
+  for (const char* zero : {"0", "1"}) {
+    const auto resumed = runCommand(in(cwd, common + "resumed" + zero + " --num_epochs 2" +
+                                                " --resume " + saved + " --zero_stage " + zero));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  }
+  const auto c = actors::loadCheckpoint(filesIn(cwd.path() / "resumed0", ".ckpt").at(0));
+  const auto d = actors::loadCheckpoint(filesIn(cwd.path() / "resumed1", ".ckpt").at(0));
+  EXPECT_EQ(c.metaInt("step"), 20);
+  EXPECT_EQ(d.metaInt("step"), 20);
+  ASSERT_EQ(c.weights.numel(), d.weights.numel());
+  EXPECT_EQ(std::memcmp(c.weights.raw(), d.weights.raw(), c.weights.bytes()), 0)
+      << "weights differ by " << relativeDifference(c.weights, d.weights);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"));
+
+// Four workers of batch 16 with the state sharded four ways (each shard's sums finished by
+// another worker, the weights gathered round the ring) end as one process of batch 64, up to the
+// order of the sums, as unsharded workers do.
+TEST(DistributedTraining, FourWorkersWithShardedStateMatchOneProcess) {
+  TempDir cwd("dist_zero_four");
+  const auto r = trainOneAndTwo(cwd, "launch -n 4 --", "bsp-allreduce --zero_stage 1", 16);
+  const double weights = relativeDifference(r.one.weights, r.two.weights);
+  const double momentum = relativeDifference(r.one.state, r.two.state);
+  printMeasured("bsp-allreduce, zero_stage 1, 4 workers", weights, momentum);
+  EXPECT_LE(weights, kOneVersusTwoBound);
+  EXPECT_LE(momentum, kOneVersusTwoBound);
+}
+
+// Clipping with sharded state: the gradients' global norm sums each worker's sum of squares over
+// its shard, so it differs from the unsharded run's only by the order of that sum (of
+// num_params positive terms, within probableGammaN(num_params) relative; the clip factor, by its
+// square root, within half that), a perturbation of every step's gradient that SGD's momentum
+// carries as sgdTrajectoryBound does the order of gradient sums. The clip bites: the run
+// unclipped ends far outside that bound.
+TEST(DistributedTraining, ClippingWithShardedStateIsTheUnshardedRunsUpToTheNormsRounding) {
+  TempDir cwd("dist_zero_clip");
+  const std::string common =
+      troupeBinary() + " launch -n 2 -- troupe train --model lenet" + dataFlags() +
+      " --base_learning_rate 0.01 --epoch_size 640 --batch_size 32 --num_epochs 1 --log_every 0"
+      " --threads 1 --schedule bsp-allreduce --checkpoint_dir ";
+  for (const std::string run :
+       {"whole --clip_grad_norm 0.05", "sharded --clip_grad_norm 0.05 --zero_stage 1", "free"}) {
+    const auto r = runCommand(in(cwd, common + run));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const auto whole = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
+  const auto sharded = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
+  const auto free = actors::loadCheckpoint(filesIn(cwd.path() / "free", ".ckpt").at(0));
+  const double bound = testing::sgdTrajectoryBound(static_cast<double>(whole.weights.numel()), 0.9);
+  const double weights = relativeDifference(whole.weights, sharded.weights);
+  const double momentum = relativeDifference(whole.state, sharded.state);
+  std::cout << "[ measured ] clipping sharded against whole: relative difference of weights "
+            << weights << ", of momentum " << momentum << " (bound " << bound << ")\n";
+  EXPECT_LE(weights, bound);
+  EXPECT_LE(momentum, bound);
+  EXPECT_GT(relativeDifference(whole.state, free.state), 10 * bound) << "the clip never bit";
 }
 
 // dist_sync over one and over two parameter servers (keys sharded) gives the parameters of one

@@ -165,8 +165,9 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
 // AdamW's two state rows and its gradients (6.3 + 12.7 + 6.3 MiB) and activations (4.8 MiB) do
 // not fit, and the refusal says so; with the state on parameter servers the worker needs 17.4
 // MiB, and each of 2 servers holds half the keys' weights, state and pushes (12.7 MiB): it trains.
-// One server would hold all of them (25.4 MiB), which it refuses, naming itself.
-TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItOnParameterServers) {
+// One server would hold all of them (25.4 MiB), which it refuses, naming itself. Sharded over two
+// workers (zero_stage 1) each holds half the state (6.3 MiB), 23.8 MiB in all: it trains too.
+TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnParameterServers) {
   TempDir dir("lm_sharded_state");
   convert(dir);
   const std::string model =
@@ -178,24 +179,27 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItOnParameterSe
       failedWith(run, {"the model needs 31571968 bytes (30.1 MiB) in a worker, more than "
                        "max_memory 25165824 (24.0 MiB): 1661952 parameters' weights 6.3 MiB, "
                        "adamw's 2 state row(s) 12.7 MiB",
-                       "parameter servers hold the optimizer's state instead, sharded over them "
+                       "the optimizer's state sharded over the workers (--zero_stage 1 with "
+                       "bsp-allreduce, troupe launch -n N) or held by parameter servers "
                        "(--schedule dist_sync, troupe launch -s N)"}));
-  const auto launch = [&](int servers) {
-    return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch -n 1 -s " +
-                      std::to_string(servers) + " -- " + troupeBinary() + " train " + model +
-                      "--schedule dist_sync");
+  const auto launch = [&](const std::string& processes, const std::string& schedule) {
+    return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch " + processes +
+                      " -- " + troupeBinary() + " train " + model + schedule);
   };
-  run = launch(1);
+  const auto expectItLearns = [](const CommandResult& run) {
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    std::smatch m;
+    const std::regex epochs(R"(epoch 1 done: loss (\S+)[^]*epoch 2 done: loss (\S+))");
+    ASSERT_TRUE(std::regex_search(run.output, m, epochs)) << run.output;
+    EXPECT_LT(std::stod(m[2]), std::stod(m[1])) << "the loss did not fall";
+  };
+  expectItLearns(launch("-n 2", "--schedule bsp-allreduce --zero_stage 1"));
+  run = launch("-n 1 -s 1", "--schedule dist_sync");
   EXPECT_TRUE(
       failedWith(run, {"server 0 needs 26591232 bytes (25.4 MiB) for its 1661952 keys, more "
                        "than max_memory 25165824 (24.0 MiB): weights 6.3 MiB, adamw's 2 state "
                        "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB; more servers"}));
-  run = launch(2);
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  std::smatch m;
-  const std::regex epochs(R"(epoch 1 done: loss (\S+)[^]*epoch 2 done: loss (\S+))");
-  ASSERT_TRUE(std::regex_search(run.output, m, epochs)) << run.output;
-  EXPECT_LT(std::stod(m[2]), std::stod(m[1])) << "the loss did not fall";
+  expectItLearns(launch("-n 1 -s 2", "--schedule dist_sync"));
 }
 
 TEST(LanguageModel, AShardWithATokenOutsideTheVocabularyIsRefusedNamingIt) {

@@ -87,6 +87,8 @@ struct EpochEnd {
   lossScale @3 :Float32;      # 0: no loss scale
   overflowSteps @4 :Int64;    # steps skipped so far for inf or NaN gradients
   paused @5 :Bool = true;     # false: the updater went on (no weights, no state)
+  stateBegin @6 :Int64;       # sharded state (ZeRO): the elements its rows hold; 0, 0: all
+  stateEnd @7 :Int64;
 }
 
 # Updater -> Updater (elastic runs): the state a new generation goes on from.

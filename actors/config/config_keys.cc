@@ -612,6 +612,10 @@ std::vector<Key> buildTable() {
       agreed(TROUPE_TABLE_NAME_KEY_AT("allreduce", schedule_keys.allreduce, kAllreduces,
                                       "bsp-allreduce across processes: auto, ring or hierarchical "
                                       "(inside each host, then across hosts)")),
+      agreed(TROUPE_INT_KEY_AT("zero_stage", schedule_keys.zero_stage, closed(0, 3),
+                               "bsp-allreduce: 1 shards the optimizer's state over the workers "
+                               "(ZeRO stage 1: gradients reduce-scattered, each worker updates "
+                               "its shard, weights all-gathered); 0: none")),
       agreed(TROUPE_TABLE_NAME_KEY_AT(
           "reducer", schedule_keys.reducer, kReducers,
           "what sums gradients of GPU replicas: troupe (its own sums and ring) or "

@@ -144,13 +144,18 @@ struct EpochEnd {
   float loss_scale = 0;
   std::int64_t overflow_steps = 0;
   bool paused = true;
+  // Sharded optimizer state (ZeRO stage 1): `state` holds the rows' elements [state_begin,
+  // state_end) only, this updater's shard; the coordinator puts the shards together. 0, 0: all.
+  std::int64_t state_begin = 0;
+  std::int64_t state_end = 0;
 };
 template <>
 inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
     "epochEnd", wire::field("step", &EpochEnd::step), wire::field("weights", &EpochEnd::weights),
     wire::field("state", &EpochEnd::state), wire::field("lossScale", &EpochEnd::loss_scale),
     wire::field("overflowSteps", &EpochEnd::overflow_steps),
-    wire::field("paused", &EpochEnd::paused));
+    wire::field("paused", &EpochEnd::paused), wire::field("stateBegin", &EpochEnd::state_begin),
+    wire::field("stateEnd", &EpochEnd::state_end));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
@@ -398,6 +403,37 @@ struct StallCheck {};
 struct ChunkWritten {
   std::int64_t step = 0;
   std::int64_t begin = 0;
+};
+
+// Updater -> Reducer (in-process only), with sharded optimizer state (ZeRO stage 1,
+// ReducerConfig::shards): this worker's shard of bucket [begin, end) of `weights` is updated for
+// `step` (after `ready`); all-gather the other workers' shards of it into `weights`.
+struct GatherWeights {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  Tensor weights;  // the updater's weights [begin, end), written in place
+  kernels::Event ready;
+};
+
+// Reducer -> Updater (in-process only): the all-gather of GatherWeights [begin, end) of `step` is
+// done; the weights hold every shard of it.
+struct WeightsGathered {
+  std::int64_t step = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+// Updater -> Reducer (in-process only), with sharded optimizer state: figures of this worker's
+// shard of `step`'s gradients (clipping's sum of squares) to be summed over the workers (a third
+// ring, RingChunk::ring 2); the sums come back in place as SummedAcrossWorkers.
+struct SumAcrossWorkers {
+  std::int64_t step = 0;
+  Tensor values;  // float32, on the host
+};
+struct SummedAcrossWorkers {
+  std::int64_t step = 0;
+  Tensor values;
 };
 
 // How often an actor with waits bounded by `warning` and `timeout` looks at them.

@@ -40,12 +40,22 @@ class Coordinator final : public Actor {
     on<EpochEnd>([this](EpochEnd& e) {
       ++progress_;
       // Every process's updater sends one; they hold bitwise the same weights, any one will do.
+      // Their optimizer's state too, unless each holds a shard of it (ZeRO): put together here.
       auto& [first, count] = ends_[e.step];
       if (count++ == 0) {
+        const EpochEnd shard = e;
         first = std::move(e);
+        if (shard.paused && shard.state_end > shard.state_begin) {
+          first.state =
+              kernels::Tensor::host({shard.state.numel() / (shard.state_end - shard.state_begin) *
+                                     first.weights.numel()});
+          first.state_begin = first.state_end = 0;
+          addStateShard(first, shard);
+        }
       } else {
         TROUPE_ENFORCE(first.paused == e.paused, "the updaters disagree on pausing after step ",
                        e.step);
+        if (e.paused && e.state_end > e.state_begin) addStateShard(first, e);
       }
       maybeEndEpoch();
     });
@@ -338,6 +348,12 @@ class Coordinator final : public Actor {
 
   // Once every updater sent its EpochEnd for the step and the step is done: a pause part way
   // through an epoch, or the epoch's end (evaluation, log row, checkpoint).
+  // A sharded updater's state (EpochEnd::state_begin, state_end) into the whole, `into.state`.
+  static void addStateShard(const EpochEnd& into, const EpochEnd& shard) {
+    kernels::setStateColumns(shard.state, into.state, into.weights.numel(), shard.state_begin,
+                             shard.state_end);
+  }
+
   void maybeEndEpoch() {
     if (epoch_end_ || ends_.empty()) return;  // one at a time
     auto first = ends_.begin();

@@ -101,7 +101,9 @@ class EventWaiter {
 // does not depend on arrival order), as soon as the last replica's part of it arrives; then, with
 // several processes, over all of them by ring allreduce, while backward goes on. With
 // reducer = nccl, NCCL sums the replicas' buckets over every GPU of the run instead, or, with
-// the allreduce named (ring, hierarchical), over this process's GPUs before the ring.
+// the allreduce named (ring, hierarchical), over this process's GPUs before the ring. With the
+// optimizer's state sharded (ZeRO, ReducerConfig::shards) the ring only reduce-scatters, and the
+// updated weights come back to be all-gathered.
 class Reducer final : public Actor {
  private:
   struct InRing {
@@ -111,7 +113,12 @@ class Reducer final : public Actor {
     bool warned = false;   // the stall report for it was logged
     bool reduced = false;  // the ring is done with it
     int unwritten = 0;     // chunks sent from it that the transport has not released yet
+    // What it is: gradients to sum, or with sharded state (ZeRO) weights to all-gather
+    // (GatherWeights) or an updater's figures to sum (SumAcrossWorkers).
+    enum class Kind : std::uint8_t { kGradients, kWeights, kFigures } kind = Kind::kGradients;
   };
+  // The key of a step's figures in in_ring_ (no bucket begins there).
+  static constexpr std::int64_t kFiguresKey = -1;
   using InRings = std::map<std::pair<std::int64_t, std::int64_t>, InRing>;
   // A bucket's parts from this process's replicas, as they arrive.
   struct Pending {
@@ -130,7 +137,11 @@ class Reducer final : public Actor {
       : Actor(std::move(name)), config_(std::move(config)) {
     on<GradBucket>([this](GradBucket& b) { add(b); });
     on<RingChunk>([this](RingChunk& c) {
-      if (hierarchical_) {
+      if (gather_ && c.ring == 1) {
+        gather_->receive(std::move(c));
+      } else if (figures_ && c.ring == 2) {
+        figures_->receive(std::move(c));
+      } else if (hierarchical_) {
         hierarchical_->receive(std::move(c));
       } else {
         flat_->receive(std::move(c));
@@ -139,6 +150,8 @@ class Reducer final : public Actor {
     on<ChunkWritten>([this](ChunkWritten& w) { written(w); });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
     on<OnHost>([this](OnHost& h) { startRing(h); });
+    on<GatherWeights>([this](GatherWeights& g) { gather(g); });
+    on<SumAcrossWorkers>([this](SumAcrossWorkers& s) { sumFigures(s); });
   }
 
   void started() override {
@@ -158,6 +171,17 @@ class Reducer final : public Actor {
     auto done = [this](std::int64_t step, std::int64_t begin, std::int64_t) {
       finished(step, begin);
     };
+    if (!config_.shards.empty()) {
+      TROUPE_ENFORCE(plan.host_ranks.empty(), "sharded state over a hierarchical allreduce");
+      flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression,
+                    RingAllreduce::Mode::kReduceScatter, 0, config_.shards);
+      gather_.emplace(config_.rank, config_.world, segment, send, done, config_.compression,
+                      RingAllreduce::Mode::kAllGather, 1, config_.shards);
+      figures_.emplace(config_.rank, config_.world, segment, send, done, kernels::CompressionSpec{},
+                       RingAllreduce::Mode::kAllreduce, 2);
+      nexts_ = {config_.next, config_.next, config_.next};
+      return;
+    }
     if (plan.host_ranks.empty()) {
       flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression);
       nexts_ = {config_.next};
@@ -232,8 +256,9 @@ class Reducer final : public Actor {
     if (chunk.data.dtype() == kernels::DType::kFloat32) {
       // Chunks of the ring across hosts name their slice's start; the others, their bucket.
       const std::pair<std::int64_t, std::int64_t> key{
-          chunk.step,
-          chunk.ring == 1 ? hierarchical_->bucketHolding(chunk.step, chunk.bucket) : chunk.bucket};
+          chunk.step, chunk.ring == 1 && hierarchical_
+                          ? hierarchical_->bucketHolding(chunk.step, chunk.bucket)
+                          : chunk.bucket};
       auto out = sendable(system(), next, chunk.data, [&system = system(), me = self(), key] {
         system.tell(me, ChunkWritten{key.first, key.second});
       });
@@ -268,14 +293,48 @@ class Reducer final : public Actor {
   void handOn(InRings::iterator it) {
     const auto [step, begin] = it->first;
     const std::int64_t end = begin + it->second.sum.numel();
-    if (config_.run.trace && config_.world > 1) {
-      config_.run.trace->asyncSpan(
-          name(), fmt::format("allreduce [{},{})", begin, end),
-          static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(begin),
-          it->second.started, Trace::Clock::now());
+    using Kind = InRing::Kind;
+    const Kind kind = it->second.kind;
+    if (config_.run.trace && config_.world > 1 && kind != Kind::kFigures) {
+      const bool weights = kind == Kind::kWeights;
+      const char* what = weights ? "all-gather" : gather_ ? "reduce-scatter" : "allreduce";
+      config_.run.trace->asyncSpan(name(), fmt::format("{} [{},{})", what, begin, end),
+                                   static_cast<std::uint64_t>(step) * 1000003u +
+                                       static_cast<std::uint64_t>(begin) + (weights ? 500001u : 0u),
+                                   it->second.started, Trace::Clock::now());
     }
-    send(config_.updater, Reduced{step, begin, end, it->second.sum, it->second.ready});
+    if (kind == Kind::kWeights) {
+      send(config_.updater, WeightsGathered{step, begin, end});
+    } else if (kind == Kind::kFigures) {
+      send(config_.updater, SummedAcrossWorkers{step, it->second.sum});
+    } else {
+      send(config_.updater, Reduced{step, begin, end, it->second.sum, it->second.ready});
+    }
     in_ring_.erase(it);
+  }
+
+  // ZeRO: the updater's weights [begin, end), its own shard of them updated, all-gathered in
+  // place (ring 1) with the same pieces as the sums came in.
+  void gather(const GatherWeights& g) {
+    backend_->waitFor(g.ready);
+    TROUPE_ENFORCE_EQ(g.weights.numel(), g.end - g.begin);
+    startSharded(*gather_, g.step, g.begin, g.weights, InRing::Kind::kWeights);
+  }
+
+  // ZeRO: an updater's figures of its shard, summed over the workers in place (ring 2).
+  void sumFigures(const SumAcrossWorkers& s) {
+    startSharded(*figures_, s.step, kFiguresKey, s.values, InRing::Kind::kFigures);
+  }
+
+  void startSharded(RingAllreduce& ring, std::int64_t step, std::int64_t begin,
+                    const kernels::Tensor& values, InRing::Kind kind) {
+    const auto [it, added] = in_ring_.try_emplace({step, begin});
+    TROUPE_ENFORCE(added, "[", begin, ",", begin + values.numel(), ") of step ", step,
+                   " started twice in the reducer's rings");
+    it->second.sum = values;
+    it->second.kind = kind;
+    it->second.started = Trace::Clock::now();
+    ring.start(step, begin, values);
   }
 
   void add(GradBucket& b) {
@@ -519,6 +578,8 @@ class Reducer final : public Actor {
   // One of them, from the run's topology (ReducerConfig::reduction), once started.
   std::optional<RingAllreduce> flat_;
   std::optional<HierarchicalAllreduce> hierarchical_;
+  // ZeRO: the weights' all-gather (flat_ reduce-scatters), and the updaters' figures' sums.
+  std::optional<RingAllreduce> gather_, figures_;
   std::vector<Address> nexts_;  // where chunks of each ring (RingChunk::ring) go
   std::vector<int> previous_;   // hierarchical: whom each ring receives from
   InRings in_ring_;

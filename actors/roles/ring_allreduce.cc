@@ -9,7 +9,7 @@ namespace troupe::actors {
 
 RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send,
                              DoneFn done, kernels::CompressionSpec compression, Mode mode,
-                             std::uint8_t ring)
+                             std::uint8_t ring, Shards shards)
     : rank_(rank),
       world_(world),
       segment_elements_(std::max<std::int64_t>(segment_elements, world)),
@@ -17,8 +17,13 @@ RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements,
       done_(std::move(done)),
       compression_(compression),
       mode_(mode),
-      ring_(ring) {
+      ring_(ring),
+      shards_(std::move(shards)) {
   TROUPE_ENFORCE(0 <= rank && rank < world, "rank ", rank, " of ", world);
+  TROUPE_ENFORCE(shards_.empty() || static_cast<int>(shards_.size()) == world, shards_.size(),
+                 " shards for a world of ", world);
+  TROUPE_ENFORCE(shards_.empty() || compression.type == kernels::GradientCompression::kNone,
+                 "compression is for chunks cut evenly only");
   TROUPE_ENFORCE(
       mode == Mode::kAllreduce || compression.type == kernels::GradientCompression::kNone,
       "compression is for whole allreduces only");
@@ -30,7 +35,12 @@ std::pair<std::int64_t, std::int64_t> RingAllreduce::chunkRange(const Bucket& b,
   const std::int64_t n = b.values.numel();
   const std::int64_t seg_begin = segment * segment_elements_;
   const std::int64_t seg_len = std::min(segment_elements_, n - seg_begin);
-  return {seg_begin + seg_len * chunk / world_, seg_begin + seg_len * (chunk + 1) / world_};
+  if (shards_.empty())
+    return {seg_begin + seg_len * chunk / world_, seg_begin + seg_len * (chunk + 1) / world_};
+  // The segment's part of the shard of rank (chunk - 1) mod N, which finishes this chunk.
+  const auto& [lo, hi] = shards_[static_cast<std::size_t>((chunk + world_ - 1) % world_)];
+  const std::int64_t first = std::clamp(lo - b.begin, seg_begin, seg_begin + seg_len);
+  return {first, std::clamp(hi - b.begin, first, seg_begin + seg_len)};
 }
 
 kernels::Tensor RingAllreduce::encoded(const Bucket& b, std::int64_t begin, std::int64_t lo,
@@ -74,6 +84,7 @@ void RingAllreduce::start(std::int64_t step, std::int64_t begin, const kernels::
   }
   auto& b = buckets_[{step, begin}];
   TROUPE_ENFORCE(!b.started, "bucket ", begin, " of step ", step, " started twice");
+  b.begin = begin;
   b.values = values;
   b.started = true;
   b.segments = static_cast<std::int32_t>(

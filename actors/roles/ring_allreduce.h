@@ -15,13 +15,20 @@
 // when this rank holds the finished sum of its own chunk of each segment (chunk (rank + 1) % N) and
 // leaves the rest of the bucket partial; kAllGather starts from those finished chunks and only
 // passes them around.
-// Thread safety: one thread at a time (the reducer actor's).
+// Shards (ZeRO: each rank owns the optimizer's state of one contiguous range of the flat
+// parameters, actors/roles/roles.h ReducerConfig::shards): a segment's chunks are cut at the
+// shards' bounds instead of evenly, chunk c being the segment's part of rank (c - 1) mod N's shard,
+// so that kReduceScatter finishes each rank's sums of its own shard, and kAllGather passes each
+// rank's shard around. A chunk may then be empty (a bucket within one shard); it still travels, so
+// that every rank counts the same messages. Thread safety: one thread at a time (the reducer
+// actor's).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/core/messages.h"
@@ -36,10 +43,13 @@ class RingAllreduce {
   using DoneFn = std::function<void(std::int64_t step, std::int64_t begin, std::int64_t end)>;
 
   enum class Mode : std::uint8_t { kAllreduce, kReduceScatter, kAllGather };
+  // Per rank, the elements [begin, end) of the flat parameters it owns; contiguous, in rank order,
+  // covering every bucket. Empty: chunks are even parts of each segment.
+  using Shards = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
   RingAllreduce(int rank, int world, std::int64_t segment_elements, SendFn send, DoneFn done,
                 kernels::CompressionSpec compression = {}, Mode mode = Mode::kAllreduce,
-                std::uint8_t ring = 0);
+                std::uint8_t ring = 0, Shards shards = {});
 
   // The elements [lo, hi) of a bucket of n that this rank finishes in kReduceScatter (and starts
   // from in kAllGather), when segment_elements >= n (one segment).
@@ -57,6 +67,7 @@ class RingAllreduce {
 
  private:
   struct Bucket {
+    std::int64_t begin = 0;  // its first element's index in the flat parameters
     kernels::Tensor values;
     bool started = false;
     std::int32_t segments = 0;
@@ -84,6 +95,7 @@ class RingAllreduce {
   kernels::CompressionSpec compression_;
   Mode mode_;
   std::uint8_t ring_;
+  Shards shards_;
   std::vector<float> residual_;  // 2bit: per element of the flat gradient
   std::map<Key, Bucket> buckets_;
 };

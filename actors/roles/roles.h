@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "actors/core/hosts.h"
@@ -245,6 +246,12 @@ struct ReducerConfig {
   // place by NCCL, on its own streams: over every GPU of the run (no sum here, no ring), or over
   // this process's GPUs, then across processes by the ring (NcclGroup::spans_processes).
   std::shared_ptr<NcclGroup> nccl;
+  // Sharded optimizer state (ZeRO stage 1; flat ring, CPU): per rank, the elements [begin, end) of
+  // the flat parameters whose optimizer state it holds (serverShards). Each bucket is then
+  // reduce-scattered (this rank's updater gets the finished sums of its shard only), and the
+  // updater's GatherWeights all-gathered (a second ring, RingChunk::ring 1) before its
+  // WeightsGathered. Empty: allreduce.
+  std::vector<std::pair<std::int64_t, std::int64_t>> shards;
   // A bucket whose allreduce has waited run.stall_warning logs a stall report (which step, which
   // bucket, which worker it waits for), and fails the run after run.peer_timeout (PeerError
   // naming the previous worker of the ring).
@@ -295,6 +302,13 @@ struct UpdaterConfig {
   // reducer nccl: the group whose sums the buckets' events cover. A step whose sums ended because
   // the group failed is not whole (an elastic run goes on from the step before).
   std::shared_ptr<const NcclGroup> nccl;
+  // Sharded optimizer state (ZeRO stage 1), as ReducerConfig::shards: this updater holds the
+  // state of shards[worker] only, updates only those weights (the Reduced sums are final there
+  // only), and sends each bucket to `reducer` to all-gather (GatherWeights); a step ends once every
+  // bucket came back (WeightsGathered). Its EpochEnd carries its shard of the state. Empty: the
+  // whole model.
+  std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  Address reducer;
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 

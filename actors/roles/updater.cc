@@ -1,7 +1,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "actors/core/messages.h"
@@ -17,6 +21,8 @@ namespace {
 
 // Owns the master weights and the optimizer. Applies a step once every bucket of it is reduced,
 // then hands the new weights to the replicas; at an epoch's end it pauses for the coordinator.
+// With the state sharded (ZeRO), it updates its shard of each bucket, and the step ends once the
+// reducer all-gathered every bucket's shards into its weights.
 class Updater final : public Actor {
  public:
   Updater(std::string name, UpdaterConfig config)
@@ -40,6 +46,13 @@ class Updater final : public Actor {
     });
     on<Handover>([this](Handover& h) { adopt(h); });
     on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
+    on<WeightsGathered>([this](WeightsGathered& g) { gathered(g); });
+    on<SummedAcrossWorkers>([this](SummedAcrossWorkers& s) {
+      TROUPE_ENFORCE(sharded_ && s.step == step_ && reduced_ == weights_.numel(),
+                     "figures of step ", s.step, " summed at step ", step_);
+      applyHeldAndGather(s.values.f32()[0]);
+      // (its gathers come back next: endStep)
+    });
   }
 
   // An elastic run's process keeps the last whole step's state for its next generation.
@@ -66,11 +79,20 @@ class Updater final : public Actor {
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);
-    optimizer_ = kernels::makeOptimizer(*backend_, n, config_.optimizer);
+    sharded_ = !config_.shards.empty();
+    shard_ = sharded_ ? config_.shards.at(static_cast<std::size_t>(config_.worker))
+                      : std::pair<std::int64_t, std::int64_t>{0, n};
+    const auto [lo, hi] = shard_;
+    optimizer_ = kernels::makeOptimizer(
+        *backend_, hi - lo, sharded_ ? config_.optimizer.within(lo, hi) : config_.optimizer);
     hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
+    TROUPE_ENFORCE(!sharded_ || loss_scale_ == 0, "sharded state with a loss scale");
     if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
-      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), optimizer_->state().numel());
-      backend_->copy(config_.initial_state, optimizer_->state());
+      const std::int64_t rows = static_cast<std::int64_t>(optimizer_->states().size());
+      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), rows * n);
+      backend_->copy(sharded_ ? kernels::stateColumns(config_.initial_state, n, lo, hi)
+                              : config_.initial_state,
+                     optimizer_->state());
     }
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
@@ -107,15 +129,71 @@ class Updater final : public Actor {
         held_.push_back({r.begin, r.end, grads});
       } else {
         apply(r.begin, r.end, grads);
+        gather(r.begin, r.end);
       }
     }
     reduced_ += r.end - r.begin;
     TROUPE_ENFORCE_LE(reduced_, weights_.numel());
     if (reduced_ < weights_.numel()) return;
     if (cutShort(r)) return;
-    if (hold_) applyHeld();
+    if (hold_) {
+      if (sharded_ && config_.clip_grad_norm > 0) {
+        // The norm is of every shard's gradients: this shard's sum of squares goes round the
+        // workers first (SummedAcrossWorkers).
+        auto figures = kernels::Tensor::host({1});
+        figures.f32()[0] = static_cast<float>(backend_->sumOfSquares(heldShard()));
+        send(config_.reducer, SumAcrossWorkers{step_, figures});
+        return;
+      }
+      applyHeldAndGather(std::nullopt);
+    }
+    if (sharded_ && gathered_ < weights_.numel()) return;  // endStep once all came back
+    endStep();
+  }
+
+  // The held gradients (applyHeld) with, where given, the step's sum of their squares over every
+  // shard; sharded, each piece goes to be all-gathered then.
+  void applyHeldAndGather(std::optional<double> sum_of_squares) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+    for (const auto& h : held_)
+      pieces.emplace_back(h.begin, h.end);
+    applyHeld(sum_of_squares);
+    for (const auto& [begin, end] : pieces)
+      gather(begin, end);
+  }
+
+  // The held gradients' parts in this updater's shard (all of them unsharded).
+  std::vector<kernels::Tensor> heldShard() const {
+    std::vector<kernels::Tensor> parts;
+    const auto [lo, hi] = shard_;
+    for (const auto& h : held_) {
+      const std::int64_t from = std::max(h.begin, lo), to = std::min(h.end, hi);
+      if (from < to) parts.push_back(h.grads.slice(from - h.begin, to - h.begin));
+    }
+    return parts;
+  }
+
+  // ZeRO: the piece [begin, end) of the weights, this updater's shard of it updated, goes to the
+  // reducer to be all-gathered (WeightsGathered when done).
+  void gather(std::int64_t begin, std::int64_t end) {
+    if (!sharded_) return;
+    send(config_.reducer,
+         GatherWeights{step_, begin, end, weights_.slice(begin, end), backend_->record()});
+  }
+
+  void gathered(const WeightsGathered& g) {
+    TROUPE_ENFORCE(sharded_ && g.step == step_, "weights of step ", g.step, " gathered at step ",
+                   step_);
+    gathered_ += g.end - g.begin;
+    TROUPE_ENFORCE_LE(gathered_, reduced_);
+    if (gathered_ == weights_.numel()) endStep();
+  }
+
+  // Every bucket of the step is applied (and, sharded, every shard of it gathered here).
+  void endStep() {
     const std::int64_t applied = step_;
     reduced_ = 0;
+    gathered_ = 0;
     ++step_;
     const bool ends =
         config_.plan.epochEndsAt(step_) || step_ == config_.plan.last_step || step_ == pause_at_;
@@ -136,8 +214,7 @@ class Updater final : public Actor {
                        send(to, Weights{step, onHost(weights), kernels::Tensor(), {}});
                      });
     if (pauses) {
-      send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
-                                         loss_scale_, overflow_steps_, /*paused=*/true});
+      send(config_.coordinator, pausedEnd());
       return;
     }
     if (ends) {
@@ -164,8 +241,13 @@ class Updater final : public Actor {
   }
 
   // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).
+  // Sharded, only this updater's shard of them (the others' sums are partial here).
   void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
-    optimizer_->stepRange(weights_.slice(begin, end), grads, begin, end, learningRate(), update());
+    const auto [lo, hi] = shard_;
+    const std::int64_t from = std::max(begin, lo), to = std::min(end, hi);
+    if (from >= to) return;
+    optimizer_->stepRange(weights_.slice(from, to), grads.slice(from - begin, to - begin),
+                          from - lo, to - lo, learningRate(), update());
   }
 
   // This step's update of the optimizer's state, counting from 1: the steps before it that were
@@ -190,16 +272,15 @@ class Updater final : public Actor {
 
   // The step's gradients, all held. With a loss scale they are of the loss times loss_scale_: if
   // they are finite, divided by it and applied; else the step is skipped and a dynamic scale
-  // halves (PyTorch's GradScaler).
-  void applyHeld() {
-    std::vector<kernels::Tensor> all;
-    for (const auto& h : held_)
-      all.push_back(h.grads);
+  // halves (PyTorch's GradScaler). Clipping's sum of squares is theirs unless given (sharded:
+  // over every shard).
+  void applyHeld(std::optional<double> sum_of_squares) {
+    const std::vector<kernels::Tensor> all = heldShard();
     const float scale = loss_scale_;
     // The step's one host wait for it.
     const bool finite = loss_scale_ > 0 ? backend_->allFinite(all) : true;
     if (finite) {
-      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f);
+      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f, sum_of_squares);
       if (loss_scale_ > 0 && config_.loss_scale.dynamic &&
           ++clean_steps_ >= config_.loss_scale.window) {
         loss_scale_ *= 2.0f;
@@ -233,9 +314,11 @@ class Updater final : public Actor {
   // Applies the held gradients times `factor`, scaled down to clip_grad_norm where their norm is
   // above it (as torch's clip_grad_norm_: by max_norm / (norm + 1e-6)); a layerwise optimizer's
   // in one update of the whole, gathered in order.
-  void applyWhole(const std::vector<kernels::Tensor>& all, float factor) {
+  void applyWhole(const std::vector<kernels::Tensor>& all, float factor,
+                  std::optional<double> sum_of_squares) {
     if (config_.clip_grad_norm > 0) {
-      const double norm = std::sqrt(backend_->sumOfSquares(all)) * factor;
+      const double norm =
+          std::sqrt(sum_of_squares ? *sum_of_squares : backend_->sumOfSquares(all)) * factor;
       if (norm > config_.clip_grad_norm)
         factor = static_cast<float>(factor * (config_.clip_grad_norm / (norm + 1e-6)));
     }
@@ -253,7 +336,10 @@ class Updater final : public Actor {
       const kernels::Tensor to = grads_here_.slice(h.begin, h.end);
       if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
     }
-    optimizer_->stepRange(weights_, grads_here_, 0, weights_.numel(), learningRate(), update());
+    // Sharded: this updater's shard, whose bounds are the layers' (serverShards).
+    const auto [lo, hi] = shard_;
+    optimizer_->stepRange(weights_.slice(lo, hi), grads_here_.slice(lo, hi), 0, hi - lo,
+                          learningRate(), update());
   }
 
   void broadcast() {
@@ -294,14 +380,21 @@ class Updater final : public Actor {
     if (step_ >= config_.plan.last_step) return;
     if (config_.plan.first_epoch_records > 0 && config_.plan.epochEndsAt(step_)) {
       if (config_.plan.pausesAt(step_)) {
-        send(config_.coordinator, EpochEnd{step_, onHost(weights_), onHost(optimizer_->state()),
-                                           loss_scale_, overflow_steps_, /*paused=*/true});
+        send(config_.coordinator, pausedEnd());
         return;
       }
       send(config_.coordinator,
            EpochEnd{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/false});
     }
     broadcast();
+  }
+
+  // The epoch's end where the updater pauses: its weights and state (sharded: its shard's).
+  EpochEnd pausedEnd() {
+    EpochEnd e{step_,       onHost(weights_), onHost(optimizer_->state()),
+               loss_scale_, overflow_steps_,  /*paused=*/true};
+    if (sharded_) std::tie(e.state_begin, e.state_end) = shard_;
+    return e;
   }
 
   // Elastic runs: the state before a step's first bucket is applied, for a generation that ends
@@ -337,6 +430,11 @@ class Updater final : public Actor {
   std::int64_t step_;
   std::int64_t reduced_ = 0;
   std::int64_t pause_at_ = -1;
+  // ZeRO (UpdaterConfig::shards): this updater's shard of the weights, whose state it holds
+  // ([0, n) otherwise), and the elements of this step all-gathered so far.
+  bool sharded_ = false;
+  std::pair<std::int64_t, std::int64_t> shard_;
+  std::int64_t gathered_ = 0;
   bool awaiting_ = false;
   kernels::Tensor snapshot_weights_, snapshot_state_;
   std::int64_t snapshot_step_ = 0;

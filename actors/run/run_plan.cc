@@ -265,10 +265,13 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
                       const std::vector<std::int64_t>& shares) {
   if (o.max_memory <= 0) return;
   const auto& optimizer = o.optimizer.info();
-  // With parameter servers the optimizer's state is theirs, sharded over them.
+  // With parameter servers the optimizer's state is theirs, sharded over them; with zero_stage 1
+  // each worker holds its shard (an even share: serverShards' cut moves only to a layer bound).
   const bool ps = o.schedule.servers() != nullptr;
+  const auto* all = o.schedule.allreduce();
+  const int sharing = all && all->zero_stage > 0 ? std::max(1, o.num_shards) : 1;
   const double params = 4.0 * static_cast<double>(num_params);
-  const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size());
+  const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size()) / sharing;
   const auto replicas = static_cast<double>(shares.size());
   std::int64_t inputs = 0;
   for (const auto share : shares)
@@ -276,9 +279,11 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
   const double activations = static_cast<double>(held_per_input) * static_cast<double>(inputs);
   const double need = params + state + replicas * params + activations;
   if (need <= static_cast<double>(o.max_memory)) return;
-  const std::string state_text = ps ? fmt::format("{}'s state on the servers", optimizer.name)
-                                    : fmt::format("{}'s {} state row(s) {}", optimizer.name,
-                                                  optimizer.states.size(), memorySize(state));
+  const std::string state_text =
+      ps ? fmt::format("{}'s state on the servers", optimizer.name)
+         : fmt::format("{}'s {} state row(s) {}{}", optimizer.name, optimizer.states.size(),
+                       memorySize(state),
+                       sharing > 1 ? fmt::format(" (its shard of {})", sharing) : "");
   throw InputError(fmt::format(
       "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
       "parameters' weights {}, {}, gradients {} ({} replica(s)), activations {} ({} inputs); {}",
@@ -286,8 +291,11 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
       num_params, memorySize(params), state_text, memorySize(replicas * params), shares.size(),
       memorySize(activations), inputs,
       ps ? "a smaller model or batch fits (troupe cannot split the weights over processes yet)"
-         : "parameter servers hold the optimizer's state instead, sharded over them (--schedule "
-           "dist_sync, troupe launch -s N), or a smaller model or batch fits"));
+      : sharing > 1
+          ? "more workers shard the state finer, or a smaller model or batch fits"
+          : "the optimizer's state sharded over the workers (--zero_stage 1 with bsp-allreduce, "
+            "troupe launch -n N) or held by parameter servers (--schedule dist_sync, troupe "
+            "launch -s N), or a smaller model or batch fits"));
 }
 
 void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {

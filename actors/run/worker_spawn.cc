@@ -106,6 +106,8 @@ UpdaterConfig WorkerSpawn::updater() const {
   u.coordinator = a.chief;
   u.run = run;
   u.nccl = nccl;
+  u.shards = zeroShards();
+  u.reducer = a.reducer;
   if (role) {
     u.state = role->state;
     u.await_handover = role->await_handover;
@@ -157,8 +159,16 @@ ReducerConfig WorkerSpawn::reducer() const {
     r.compression = compressionOf(o);
     r.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
     r.reduction = reduction;
+    r.shards = zeroShards();
   }
   return r;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> WorkerSpawn::zeroShards() const {
+  const auto* all = o.schedule.allreduce();
+  if (!all || all->zero_stage == 0 || p.workers < 2) return {};
+  // Cut as parameter servers' (at layer bounds for a layerwise optimizer).
+  return serverShards(p.num_params, p.workers, p.optimizer);
 }
 
 ReplicaConfig WorkerSpawn::replica(int r) const {

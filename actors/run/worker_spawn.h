@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/core/system.h"
@@ -83,6 +84,9 @@ struct WorkerSpawn {
   // The parameter servers update; this worker's PS client stands where the updater would.
   PsClientConfig psClient() const;
   ReducerConfig reducer() const;
+  // ZeRO (zero_stage 1, several workers): each worker's shard of the optimizer's state; else
+  // empty.
+  std::vector<std::pair<std::int64_t, std::int64_t>> zeroShards() const;
   ReplicaConfig replica(int r) const;
   // Reader r of this process: one on the training database feeding `targets` (one replica's
   // share of the batch, or every replica's: shared_reader), else the caller's (troupe/reader.h).

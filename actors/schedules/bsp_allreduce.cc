@@ -16,6 +16,28 @@ void validate(const TrainOptions& o) {
         "dist_sync",
         o.num_servers));
   }
+  const int zero = o.schedule.allreduce()->zero_stage;
+  if (zero == 0) return;
+  // What the sharded update cannot do yet, each named.
+  auto refuse = [&](const std::string& what, const char* instead) {
+    throw InputError(
+        fmt::format("zero_stage {} with {}: not supported yet; {}", zero, what, instead));
+  };
+  if (o.max_workers > 0) {
+    refuse(fmt::format("an elastic run (num_workers {}:{})", o.min_workers, o.max_workers),
+           "a fixed number of workers, or zero_stage 0");
+  }
+  if (!o.gpus.empty()) refuse("GPUs", "CPU replicas, or zero_stage 0");
+  if (o.schedule.allreduce()->algorithm == Allreduce::kHierarchical)
+    refuse("allreduce hierarchical", "allreduce ring (or auto), or zero_stage 0");
+  if (o.gradient_compression != kernels::GradientCompression::kNone) {
+    refuse(fmt::format("gradient_compression {}", kernels::toString(o.gradient_compression)),
+           "gradient_compression none, or zero_stage 0");
+  }
+  if (o.loss_scale > 0) {
+    refuse(fmt::format("loss_scale {:g} (a test over every shard)", o.loss_scale),
+           "loss_scale 0, or zero_stage 0");
+  }
 }
 
 }  // namespace
@@ -27,7 +49,13 @@ ScheduleInfo bspAllreduceSchedule() {
       {}};
   row.elastic = true;
   row.family = [](const ScheduleKeys& keys) -> ScheduleFamily {
-    return AllreduceWorkers{allreduceOf(keys), reducerOf(keys)};
+    if (keys.zero_stage > 1) {
+      throw InputError(fmt::format(
+          "zero_stage {}: troupe shards the optimizer's state (stage 1), not yet the gradients "
+          "(2) or the weights (3); use zero_stage 1",
+          keys.zero_stage));
+    }
+    return AllreduceWorkers{allreduceOf(keys), reducerOf(keys), static_cast<int>(keys.zero_stage)};
   };
   row.validate = validate;
   return row;

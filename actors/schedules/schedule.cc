@@ -58,7 +58,10 @@ ScheduleKeys Schedule::keys() const {
   ScheduleKeys keys;
   keys.schedule = name();
   keys.reducer = kernels::nameIn(kReducers, nccl() ? ReducerKind::kNccl : ReducerKind::kTroupe);
-  if (const auto* all = allreduce()) keys.allreduce = allreduceName(all->algorithm);
+  if (const auto* all = allreduce()) {
+    keys.allreduce = allreduceName(all->algorithm);
+    keys.zero_stage = all->zero_stage;
+  }
   if (const auto* ps = servers()) keys.staleness = ps->staleness;
   return keys;
 }
@@ -96,7 +99,19 @@ Schedule makeSchedule(const ScheduleKeys& keys) {
   }
   const ScheduleInfo& row = scheduleInfo(given.schedule);
   given.schedule = row.name;
-  return Schedule(row, row.family(given));
+  Schedule schedule(row, row.family(given));
+  if (given.zero_stage > 0 && !schedule.allreduce()) {
+    throw InputError(fmt::format(
+        "zero_stage {} shards the optimizer's state over the workers of schedule bsp-allreduce; "
+        "{}",
+        given.zero_stage,
+        schedule.servers()
+            ? fmt::format("under '{}' the parameter servers shard it already (zero_stage 0)",
+                          row.name)
+            : fmt::format("'{}' runs one process, with nothing to shard it over (zero_stage 0)",
+                          row.name)));
+  }
+  return schedule;
 }
 
 Schedule scheduleNamed(std::string_view name) {

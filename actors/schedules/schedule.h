@@ -38,6 +38,10 @@ struct OneProcess {  // local, device: one process; its replicas' gradients summ
 struct AllreduceWorkers {  // bsp-allreduce: workers sum their gradients and each updates
   Allreduce algorithm = Allreduce::kAuto;  // across processes (actors/core/hosts.h)
   ReducerKind reducer = ReducerKind::kTroupe;
+  // ZeRO's stage (DeepSpeed's zero_optimization.stage, llm.c's -z): 1 shards the optimizer's
+  // state over the workers (each updates its shard; gradients reduce-scattered, weights
+  // all-gathered); 0: every worker holds all of it.
+  int zero_stage = 0;
 };
 struct ParameterServers {  // dist_sync, dist_async, ssp: server shards update, workers push
   // How a server applies pushes and answers pulls: once every worker pushed a step (sync), each
@@ -54,6 +58,7 @@ struct ScheduleKeys {
   std::string allreduce = "auto";  // auto, ring or hierarchical
   std::string reducer = "troupe";  // troupe or nccl
   std::int64_t staleness = 2;
+  std::int64_t zero_stage = 0;
 };
 
 struct ScheduleInfo {
