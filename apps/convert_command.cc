@@ -116,8 +116,9 @@ void addText(CLI::App& convert) {
   auto o = std::make_shared<data::TextConvertOptions>();
   auto* cmd = convert.add_subcommand(
       "text",
-      "Text files -> token shards in llm.c's .bin format, byte-level tokens (vocabulary 256): "
-      "OUT/NAME_val_000000.bin, then OUT/NAME_train_000001.bin ...");
+      "Text files -> token shards in llm.c's .bin format, byte-level tokens (vocabulary 256) or "
+      "GPT-2's BPE (--vocab, --merges): OUT/NAME_val_000000.bin, then OUT/NAME_train_000001.bin "
+      "...");
   cmd->add_option("FILES", o->files, "Text files (gzipped too), read as bytes in this order")
       ->required();
   cmd->add_option("--out", o->out, "Output folder")->required();
@@ -127,13 +128,18 @@ void addText(CLI::App& convert) {
       ->capture_default_str();
   cmd->add_option("--shard_size", o->shard_tokens, "A train shard's most tokens")
       ->capture_default_str();
+  cmd->add_option("--vocab", o->vocab,
+                  "GPT-2's BPE: its vocabulary (encoder.json, or a byte-level BPE's vocab.json)");
+  cmd->add_option("--merges", o->merges,
+                  "GPT-2's BPE: its merges (vocab.bpe, or a byte-level BPE's merges.txt)");
   cmd->callback([o] {
     const auto start = std::chrono::steady_clock::now();
     const data::TextConvertStats stats = data::convertText(*o);
     spdlog::info(
-        "wrote {} validation and {} training tokens (byte-level; {} train shard(s)) to {} "
-        "in {:.2f} s",
-        stats.val_tokens, stats.train_tokens, stats.train_shards, o->out, secondsSince(start));
+        "wrote {} validation and {} training tokens ({}; {} train shard(s)) to {} in {:.2f} s; "
+        "train with --vocab_size {}",
+        stats.val_tokens, stats.train_tokens, o->vocab.empty() ? "byte-level" : "GPT-2's BPE",
+        stats.train_shards, o->out, secondsSince(start), stats.vocab_size);
   });
 }
 

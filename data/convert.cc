@@ -13,6 +13,7 @@
 #include <new>
 #include <optional>
 
+#include "data/bpe.h"
 #include "data/dataset.h"
 #include "data/datum.h"
 #include "data/files.h"
@@ -515,12 +516,30 @@ TextConvertStats convertText(const TextConvertOptions& o) {
     throw InputError(fmt::format("--shard_size {}: expected at least 1 token", o.shard_tokens));
   }
   if (o.files.empty()) throw InputError("convert text: no text files given");
-  std::string text;
+  if (o.vocab.empty() != o.merges.empty()) {
+    throw InputError(
+        fmt::format("convert text: GPT-2's BPE needs its vocabulary and its merges "
+                    "(--vocab and --merges); only --{} was given",
+                    o.vocab.empty() ? "merges" : "vocab"));
+  }
+  std::optional<Gpt2Tokenizer> bpe;
+  if (!o.vocab.empty()) bpe = Gpt2Tokenizer::load(o.vocab, o.merges);
+  std::string text;                   // bytes: every file's text
+  std::vector<std::uint32_t> tokens;  // BPE: every file's tokens (its text read one at a time)
+  bool any_text = false;
   for (const auto& file : o.files) {
     checkRegularFile(file, "text file");  // a FIFO or a folder refused, not read
-    text += readMaybeGzipped(file);
+    std::string document = readMaybeGzipped(file);
+    any_text = any_text || !document.empty();
+    if (!bpe) {
+      text += document;
+      continue;
+    }
+    if (const auto eot = bpe->endOfText()) tokens.push_back(*eot);
+    const auto ids = bpe->encode(document);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
   }
-  if (text.empty()) {
+  if (!any_text) {
     throw InputError(fmt::format("convert text: the {} file(s) hold no text", o.files.size()));
   }
   std::error_code ec;
@@ -536,16 +555,20 @@ TextConvertStats convertText(const TextConvertOptions& o) {
   if (ec) throw IoError(fmt::format("cannot create '{}': {}", o.out, ec.message()));
 
   // A byte is a token: each shard's tokens are made from its part of the text as it is written,
-  // so that memory holds the text and one shard, not every token.
-  const auto total = static_cast<std::int64_t>(text.size());
+  // so that memory holds the text and one shard, not every token. BPE's are all made already.
+  const auto total = static_cast<std::int64_t>(bpe ? tokens.size() : text.size());
   TextConvertStats stats;
+  if (bpe) stats.vocab_size = bpe->vocabSize();
   stats.val_tokens = static_cast<std::int64_t>(std::floor(o.val_fraction * total));
   stats.train_tokens = total - stats.val_tokens;
   const auto write = [&](const std::string& split, int index, std::int64_t begin, std::int64_t n) {
     const auto path = fs::path(o.out) / fmt::format("{}_{}_{:06d}.bin", o.name, split, index);
-    writeTokenShard(path.string(),
-                    byteTokens(std::string_view(text).substr(static_cast<std::size_t>(begin),
-                                                             static_cast<std::size_t>(n))));
+    const auto at = static_cast<std::size_t>(begin), count = static_cast<std::size_t>(n);
+    if (bpe) {
+      writeTokenShard(path.string(), std::span<const std::uint32_t>(tokens).subspan(at, count));
+    } else {
+      writeTokenShard(path.string(), byteTokens(std::string_view(text).substr(at, count)));
+    }
   };
   write("val", 0, 0, stats.val_tokens);
   for (std::int64_t begin = stats.val_tokens; begin < total; begin += o.shard_tokens)

@@ -96,20 +96,26 @@ struct TextConvertOptions {
   std::string name = "text";       // the shards' names: NAME_val_000000.bin, NAME_train_000001.bin
   double val_fraction = 0.1;       // of the tokens, from the start (llm.c's val comes first)
   std::int64_t shard_tokens = 100'000'000;  // a train shard's most tokens (llm.c's fineweb: 1e8)
+  // GPT-2's BPE (data/bpe.h) instead of byte-level tokens, from its vocabulary and merges files
+  // (both or neither): each file is a document, "<|endoftext|>" before it where the vocabulary
+  // has that token (llm.c's data scripts).
+  std::string vocab, merges;
 };
 
 struct TextConvertStats {
   std::int64_t train_tokens = 0;
   std::int64_t val_tokens = 0;
   int train_shards = 0;
+  std::int64_t vocab_size = 256;  // the vocab_size a model of these tokens needs
 };
 
 // Text as token shards (data/token_shards.h), as `troupe convert text` makes them. Tokenizes the
-// files (bytes; a gzipped file, such as a dictzip .dz, decompressed) and writes
+// files (bytes, or GPT-2's BPE; a gzipped file, such as a dictzip .dz, decompressed) and writes
 // OUT/NAME_val_000000.bin with the first val_fraction of the tokens and the rest as
 // OUT/NAME_train_000001.bin, ... of at most shard_tokens each. InputError naming the culprit for a
-// missing file, no text, a val_fraction outside [0, 1) or not finite, a shard_tokens below 1, or an
-// OUT that already holds shards; IoError naming the file that cannot be written.
+// missing file, no text, a val_fraction outside [0, 1) or not finite, a shard_tokens below 1, an
+// OUT that already holds shards, a vocabulary without merges or the other way round, or as
+// Gpt2Tokenizer::load; IoError naming the file that cannot be written.
 TextConvertStats convertText(const TextConvertOptions& options);
 
 }  // namespace troupe::data

@@ -13,7 +13,7 @@ bash scripts/setup.sh
 seconds=${1:-60}
 shift $(($# > 0 ? 1 : 0))
 targets=("$@")
-((${#targets[@]})) || targets=(frame datum checkpoint config store_value image_header token_shard)
+((${#targets[@]})) || targets=(frame datum checkpoint config store_value image_header token_shard bpe)
 parallel=${JOBS:-2}
 build_dir=${FUZZ_BUILD_DIR:-build-fuzz}
 

@@ -62,3 +62,12 @@ if [[ ! -x "$venv2/bin/python" ]] || ! "$venv2/bin/python" -c "import numpy; ass
   python3 -m venv "$venv2"
   "$venv2/bin/pip" install -q "numpy>=2,<3"
 fi
+
+# Hugging Face tokenizers (.venv-tokenizers, about 70 MB with its dependencies): the reference of troupe's GPT-2 BPE
+# (tests/bpe_reference.py, tests/data_bpe_test.cc).
+venv3="$(cd "$(dirname "$0")/.." && pwd)/.venv-tokenizers"
+if [[ ! -x "$venv3/bin/python" ]] || ! "$venv3/bin/python" -c "import tokenizers" 2>/dev/null; then
+  echo "setup: installing tokenizers 0.23.3 into $venv3"
+  python3 -m venv "$venv3"
+  "$venv3/bin/pip" install -q tokenizers==0.23.3
+fi

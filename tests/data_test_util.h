@@ -138,10 +138,10 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs the troupe CLI with the given arguments (a shell-quoted string).
-inline CliResult runTroupe(const std::string& args) {
+// Runs a shell command line, its stderr with its stdout.
+inline CliResult runShell(const std::string& command_line) {
   CliResult result;
-  const std::string command = std::string("'") + TROUPE_BINARY + "' " + args + " 2>&1";
+  const std::string command = command_line + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return result;
   std::array<char, 4096> buffer;
@@ -151,6 +151,11 @@ inline CliResult runTroupe(const std::string& args) {
   const int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// Runs the troupe CLI with the given arguments (a shell-quoted string).
+inline CliResult runTroupe(const std::string& args) {
+  return runShell(std::string("'") + TROUPE_BINARY + "' " + args);
 }
 
 }  // namespace troupe::data::testing
