@@ -156,7 +156,7 @@ TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
 // commutes), the update of an element does not depend on where the shard boundary lies (AdamW is
 // elementwise; LARS's trust ratio is per layer, and its shards are cut at layer bounds), and the
 // checkpoint puts the shards' state together. The sharded run's checkpoint then resumes, sharded
-// and unsharded, to the same weights.
+// and unsharded, to the same weights (AdamW's).
 class ZeroTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
@@ -184,7 +184,8 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
       << "state differs by " << relativeDifference(a.state, b.state);
 
   // A second epoch from the sharded checkpoint: each sharded worker takes its shard of the saved
-  // state.
+  // state. (Once: the resume is the same for any optimizer.)
+  if (std::string(optimizer) != "adamw") return;
   const std::string saved = filesIn(cwd.path() / "sharded", ".ckpt").at(0).string();
   for (const char* zero : {"0", "1"}) {
     const auto resumed = runCommand(in(cwd, common + "resumed" + zero + " --num_epochs 2" +

@@ -298,10 +298,11 @@ class Reducer final : public Actor {
     if (config_.run.trace && config_.world > 1 && kind != Kind::kFigures) {
       const bool weights = kind == Kind::kWeights;
       const char* what = weights ? "all-gather" : gather_ ? "reduce-scatter" : "allreduce";
-      config_.run.trace->asyncSpan(name(), fmt::format("{} [{},{})", what, begin, end),
-                                   static_cast<std::uint64_t>(step) * 1000003u +
-                                       static_cast<std::uint64_t>(begin) + (weights ? 500001u : 0u),
-                                   it->second.started, Trace::Clock::now());
+      config_.run.trace->asyncSpan(
+          name(), fmt::format("{} [{},{})", what, begin, end),
+          (static_cast<std::uint64_t>(step) * 1000003u + static_cast<std::uint64_t>(begin)) * 2u +
+              (weights ? 1u : 0u),
+          it->second.started, Trace::Clock::now());
     }
     if (kind == Kind::kWeights) {
       send(config_.updater, WeightsGathered{step, begin, end});
