@@ -116,7 +116,7 @@ class NetImpl final : public Net, private LayerContext {
         for (int b : layer->bottoms)
           ++readers[static_cast<std::size_t>(b)];
     planMemory(options.max_batch, readers);
-    weights_ = backend_.empty({g_.num_params});
+    if (!options.given_weights) weights_ = backend_.empty({g_.num_params});
     grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
@@ -126,7 +126,7 @@ class NetImpl final : public Net, private LayerContext {
       reduced_grads_ = backend_.empty({g_.num_params}, act_);
     }
     initialise();
-    bindLayers();
+    if (!options.given_weights) bindLayers();  // else at useWeights()
     written_.assign(g_.blobs.size(), false);
   }
 
@@ -166,6 +166,7 @@ class NetImpl final : public Net, private LayerContext {
   const Tensor& metrics() const override { return metrics_; }
 
   void forward(const Tensor& images, const Tensor& labels, bool train) override {
+    TROUPE_ENFORCE(weights_.defined(), "a net with given_weights computes only after useWeights()");
     const Shape& expected = g_.blobs[0].shape;
     TROUPE_ENFORCE(images.rank() == expected.size() + 1 &&
                        Shape(images.shape().begin() + 1, images.shape().end()) == expected,
@@ -464,6 +465,10 @@ class NetImpl final : public Net, private LayerContext {
       (it.gradient ? memory_.gradients : memory_.activations) += it.size * bytes;
     memory_.held = total * bytes;
     bindBlobMemory(max_batch, plan);
+    // A gradient that several readers add into needs scratch (diff(): at most two of the largest
+    // blob's size, made at first use, never where a GPU's convolution adds in its own pass).
+    if (std::any_of(readers.begin(), readers.end(), [](int n) { return n > 1; }))
+      memory_.scratch = 2 * max_batch * max_per_ * bytes;
   }
 
   // planMemory's items: a blob's activations or its gradient, live over steps [begin, end] of a
@@ -629,6 +634,14 @@ class NetImpl final : public Net, private LayerContext {
   }
 
   void initialise() {
+    if (!options_.given_weights) initialiseWeights();
+    Tensor buf = Tensor::host({g_.num_buffers});
+    for (const auto& fill : g_.buffer_fills)
+      std::fill(buf.f32() + fill.begin, buf.f32() + fill.end, fill.value);
+    backend_.copy(buf, buffers_);
+  }
+
+  void initialiseWeights() {
     Tensor w = Tensor::host({g_.num_params});
     for (std::size_t p = 0; p < g_.params.size(); ++p) {
       const ParamInfo& info = g_.params[p];
@@ -648,10 +661,6 @@ class NetImpl final : public Net, private LayerContext {
       }
     }
     backend_.copy(w, weights_);
-    Tensor buf = Tensor::host({g_.num_buffers});
-    for (const auto& fill : g_.buffer_fills)
-      std::fill(buf.f32() + fill.begin, buf.f32() + fill.end, fill.value);
-    backend_.copy(buf, buffers_);
   }
 
   Backend& backend_;

@@ -118,6 +118,9 @@ struct NetOptions {
   // launch for the host instead of a call an op. Not for a net with dropout (its seeds change
   // every step).
   bool graphs = false;
+  // The weights come by useWeights() before any forward (a replica's: the updater's, or its copy
+  // of them): the net neither allocates nor initialises any of its own (only its buffers).
+  bool given_weights = false;
 };
 
 // How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
@@ -166,6 +169,8 @@ struct NetMemory {
   std::int64_t activations = 0;
   std::int64_t gradients = 0;
   std::int64_t held = 0;
+  // At most, the scratch for gradients that several readers add into, outside the arena.
+  std::int64_t scratch = 0;
 };
 
 // Where a net's steps spent the device's time, by kind of layer (Layer::kind: "conv",

@@ -1,12 +1,14 @@
 #include "kernels/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "kernels/host_memory.h"
 #include "kernels/named.h"
 #include "troupe/error.h"
 
@@ -103,16 +105,45 @@ Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dty
       device_(device),
       defined_(true) {}
 
+namespace {
+
+std::atomic<std::int64_t> host_in_use{0}, host_peak{0};
+
+void countHostBytes(std::int64_t bytes) {
+  const std::int64_t now = host_in_use.fetch_add(bytes) + bytes;
+  std::int64_t peak = host_peak.load();
+  while (now > peak && !host_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+}  // namespace
+
+std::int64_t HostTensorMemory::inUse() {
+  return host_in_use.load();
+}
+std::int64_t HostTensorMemory::peak() {
+  return host_peak.load();
+}
+void HostTensorMemory::resetPeak() {
+  host_peak.store(host_in_use.load());
+}
+
 Tensor Tensor::hostUninitialized(Shape shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
   const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+  const auto counted = static_cast<std::int64_t>(rounded);
+  countHostBytes(counted);
   void* p = std::aligned_alloc(64, rounded);
   if (!p) {
+    host_in_use.fetch_sub(counted);
     throw ResourceError("out of memory: cannot allocate " + std::to_string(rounded) +
                         " bytes for a tensor of shape " + toString(shape) +
                         " (a smaller batch_size, or fewer replicas, needs less)");
   }
-  std::shared_ptr<void> storage(p, [](void* q) { std::free(q); });
+  std::shared_ptr<void> storage(p, [counted](void* q) {
+    std::free(q);
+    host_in_use.fetch_sub(counted);
+  });
   return Tensor(std::move(storage), p, std::move(shape), dtype, Device{});
 }
 

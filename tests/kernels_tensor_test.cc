@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernels/backend.h"
+#include "kernels/host_memory.h"
 #include "kernels/tensor.h"
 #include "troupe/error.h"
 
@@ -36,6 +37,24 @@ TEST(Tensor, OnlyADefaultTensorIsUndefined) {
   EXPECT_EQ(empty.numel(), 0);
   EXPECT_TRUE(Tensor::host({3}).slice(1, 1).defined());
   EXPECT_TRUE(Tensor::host({2, 2}).defined());
+}
+
+// Every host tensor's bytes (rounded up to 64) are counted while its storage lives, views and
+// copies of the handle included once, and the peak keeps the most. (This test's thread makes the
+// only tensors meanwhile: the suite's binaries run one test at a time.)
+TEST(Tensor, HostTensorMemoryCountsEachStorageWhileItLives) {
+  const std::int64_t before = HostTensorMemory::inUse();
+  HostTensorMemory::resetPeak();
+  {
+    const Tensor a = Tensor::host({1000});  // 4000 bytes, 4032 counted
+    const Tensor view = a.slice(10, 20);
+    const Tensor b = Tensor::hostUninitialized({3}, DType::kUInt8);  // 64
+    EXPECT_EQ(HostTensorMemory::inUse(), before + 4032 + 64);
+  }
+  EXPECT_EQ(HostTensorMemory::inUse(), before);
+  EXPECT_EQ(HostTensorMemory::peak(), before + 4032 + 64);
+  HostTensorMemory::resetPeak();
+  EXPECT_EQ(HostTensorMemory::peak(), before);
 }
 
 TEST(Tensor, ViewKeepsElementCount) {

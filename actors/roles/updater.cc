@@ -96,6 +96,8 @@ class Updater final : public Actor {
     }
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
+    // Copied: this process's plan lets go of them too (trainProcess), so they are not held twice.
+    config_.initial_weights = config_.initial_state = kernels::Tensor();
     if (!config_.handover_to.empty()) {
       const Handover h{step_,    hostCopy(weights_), hostCopy(optimizer_->state()),
                        buffers_, loss_scale_,        overflow_steps_};

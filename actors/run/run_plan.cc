@@ -252,14 +252,10 @@ void checkBatchMemory(const TrainOptions& o) {
   }
 }
 
-namespace {
-
 std::string memorySize(double bytes) {
   return bytes < (1 << 30) ? fmt::format("{:.1f} MiB", bytes / (1 << 20))
                            : fmt::format("{:.2f} GiB", bytes / (1 << 30));
 }
-
-}  // namespace
 
 void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
                       const std::vector<std::int64_t>& shares) {

@@ -27,6 +27,7 @@
 #include "actors/run/worker_spawn.h"
 #include "actors/schedules/schedule.h"
 #include "kernels/backend.h"
+#include "kernels/host_memory.h"
 #include "rendezvous/exchange.h"
 #include "rendezvous/store.h"
 #include "troupe/error.h"
@@ -238,7 +239,8 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (!server) {
-    checkModelMemory(o, num_params, init_net->memory().held, p.shares);
+    const kernels::NetMemory memory = init_net->memory();
+    checkModelMemory(o, num_params, memory.held + memory.scratch, p.shares);
   } else {
     const auto keys =
         serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
@@ -370,7 +372,7 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
 // log and spawn (spawnWorker), rendezvous (joinRun), run, finish. With `role`, one generation of
 // an elastic run.
 TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl* control) {
-  const ProcessPlan p = planProcess(o, role);
+  ProcessPlan p = planProcess(o, role);
   if (p.nothing_left) {
     TrainResult done;
     done.resumed_from = p.resumed_from;
@@ -382,6 +384,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   const std::string& checkpoint_dir = p.checkpoint_dir;
   const std::string& resumed_from = p.resumed_from;
 
+  kernels::HostTensorMemory::resetPeak();  // the peak of the run's tensors, from here
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
     return runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params, p.weights, p.state,
@@ -415,6 +418,9 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   }
   auto [node, reduction, nccl] =
       spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
+  // The actors' configs hold the weights and state to start from: the plan need not (the updater
+  // copies them and lets go, so they are not held twice through the run).
+  p.weights = p.state = kernels::Tensor();
   auto& system = node.system;
   std::unique_ptr<Cluster> cluster;
   if (nodes > 1 || !o.rendezvous.empty()) {
@@ -430,6 +436,12 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   }
 
   system->run();
+  if (o.max_memory > 0) {
+    const auto peak = kernels::HostTensorMemory::peak();
+    spdlog::info("memory: this process's tensors peaked at {} bytes ({}); max_memory {} ({})", peak,
+                 memorySize(static_cast<double>(peak)), o.max_memory,
+                 memorySize(static_cast<double>(o.max_memory)));
+  }
   if (trace && !cluster) trace->write(o.trace);
   if (trace && cluster) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));
   if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close

@@ -178,6 +178,7 @@ ReplicaConfig WorkerSpawn::replica(int r) const {
   c.num_replicas = o.replicas * p.workers;
   c.worker = p.rank;
   c.net = p.net;
+  c.net.given_weights = true;  // the updater's, or its copy of them (Replica::adopt)
   c.device = p.devices.replicas[static_cast<std::size_t>(r)];
   c.tf32 = o.tf32;
   c.cudnn_deterministic = o.cudnn_deterministic;
