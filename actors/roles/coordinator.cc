@@ -39,23 +39,26 @@ class Coordinator final : public Actor {
     on<StepDone>([this](StepDone& s) { stepDone(s); });
     on<EpochEnd>([this](EpochEnd& e) {
       ++progress_;
-      // Every process's updater sends one; they hold bitwise the same weights, any one will do.
-      // Their optimizer's state too, unless each holds a shard of it (ZeRO): put together here.
-      auto& [first, count] = ends_[e.step];
+      // Every process's updater sends one. Where it pauses, the chief's carries the weights (every
+      // updater holds the same bits) and the optimizer's state; the others', nothing, or each its
+      // shard of the state (ZeRO), put together here.
+      auto& [end, count] = ends_[e.step];
       if (count++ == 0) {
-        const EpochEnd shard = e;
-        first = std::move(e);
-        if (shard.paused && shard.state_end > shard.state_begin) {
-          first.state =
-              kernels::Tensor::host({shard.state.numel() / (shard.state_end - shard.state_begin) *
-                                     first.weights.numel()});
-          first.state_begin = first.state_end = 0;
-          addStateShard(first, shard);
-        }
+        end = EpochEnd{e.step, {}, {}, e.loss_scale, e.overflow_steps, e.paused};
       } else {
-        TROUPE_ENFORCE(first.paused == e.paused, "the updaters disagree on pausing after step ",
+        TROUPE_ENFORCE(end.paused == e.paused, "the updaters disagree on pausing after step ",
                        e.step);
-        if (e.paused && e.state_end > e.state_begin) addStateShard(first, e);
+      }
+      if (e.weights.defined()) end.weights = e.weights;
+      if (e.state_end > e.state_begin) {
+        if (!end.state.defined()) {
+          end.state = kernels::Tensor::host(
+              {e.state.numel() / (e.state_end - e.state_begin) * config_.num_params});
+        }
+        kernels::setStateColumns(e.state, end.state, config_.num_params, e.state_begin,
+                                 e.state_end);
+      } else if (e.state.defined()) {
+        end.state = e.state;
       }
       maybeEndEpoch();
     });
@@ -348,18 +351,15 @@ class Coordinator final : public Actor {
 
   // Once every updater sent its EpochEnd for the step and the step is done: a pause part way
   // through an epoch, or the epoch's end (evaluation, log row, checkpoint).
-  // A sharded updater's state (EpochEnd::state_begin, state_end) into the whole, `into.state`.
-  static void addStateShard(const EpochEnd& into, const EpochEnd& shard) {
-    kernels::setStateColumns(shard.state, into.state, into.weights.numel(), shard.state_begin,
-                             shard.state_end);
-  }
-
   void maybeEndEpoch() {
     if (epoch_end_ || ends_.empty()) return;  // one at a time
     auto first = ends_.begin();
     if (first->second.second < config_.num_updaters || complete_through_ < first->first) return;
     epoch_end_ = std::move(first->second.first);
     ends_.erase(first);
+    TROUPE_ENFORCE(!epoch_end_->paused || epoch_end_->weights.defined(),
+                   "the chief's updater paused after step ", epoch_end_->step,
+                   " without its weights");
     if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
       paused();
       return;

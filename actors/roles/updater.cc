@@ -391,10 +391,14 @@ class Updater final : public Actor {
     broadcast();
   }
 
-  // The epoch's end where the updater pauses: its weights and state (sharded: its shard's).
+  // The epoch's end where the updater pauses: the chief's carries its weights and state, the
+  // others' their shard of the state where it is sharded, else nothing (every updater holds the
+  // same bits: one copy is all the coordinator needs).
   EpochEnd pausedEnd() {
-    EpochEnd e{step_,       onHost(weights_), onHost(optimizer_->state()),
-               loss_scale_, overflow_steps_,  /*paused=*/true};
+    const bool chief = config_.worker == 0;
+    EpochEnd e{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/true};
+    if (chief) e.weights = onHost(weights_);
+    if (chief || sharded_) e.state = onHost(optimizer_->state());
     if (sharded_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }
