@@ -367,8 +367,11 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& vocab_path, const std::stri
 
 std::vector<std::uint32_t> Gpt2Tokenizer::encode(std::string_view text) {
   std::vector<std::uint32_t> out;
-  for (const std::string_view piece : gpt2Pieces(text))
-    encodeWord(piece, out);
+  for (std::size_t at = 0; at < text.size();) {  // gpt2Pieces', one at a time
+    const std::size_t end = matchEnd(text, at);
+    encodeWord(text.substr(at, end - at), out);
+    at = end;
+  }
   return out;
 }
 
@@ -421,6 +424,7 @@ void Gpt2Tokenizer::encodeWord(std::string_view word, std::vector<std::uint32_t>
   for (const auto symbol : symbols)
     ids.push_back(ids_.at(std::string(symbol)));  // single bytes and merge results: checked
   out.insert(out.end(), ids.begin(), ids.end());
+  if (cache_.size() >= kCachedWords) cache_.clear();  // a bound on its memory
   cache_.emplace(std::string(word), std::move(ids));
 }
 

@@ -52,7 +52,9 @@ class Gpt2Tokenizer {
   std::unordered_map<std::string, std::uint32_t> ids_;    // a token's bytes -> its id
   std::unordered_map<std::uint32_t, std::string> bytes_;  // and back
   std::unordered_map<std::string, int> ranks_;            // pairKey(a, b) -> the merge's rank
-  std::unordered_map<std::string, std::vector<std::uint32_t>> cache_;  // word -> its ids
+  // Word -> its ids; emptied when it holds kCachedWords (gcide's 40 MB of English: about 330k).
+  static constexpr std::size_t kCachedWords = 1 << 20;
+  std::unordered_map<std::string, std::vector<std::uint32_t>> cache_;
   std::optional<std::uint32_t> end_of_text_;
   std::int64_t vocab_size_ = 0;
 };

@@ -80,6 +80,16 @@ double relativeDifference(const kernels::Tensor& a, const kernels::Tensor& b) {
 // at batch 64 (conv1's weight gradient sums 64 * 24 * 24 terms) and momentum 0.9.
 const double kOneVersusTwoBound = testing::sgdTrajectoryBound(64 * 24 * 24, 0.9);
 
+// Two checkpoints hold the same weights and optimizer state, to the bit (and how far apart if not).
+void expectTheSameBits(const actors::Checkpoint& a, const actors::Checkpoint& b) {
+  ASSERT_EQ(a.weights.numel(), b.weights.numel());
+  ASSERT_EQ(a.state.numel(), b.state.numel());
+  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
+      << "weights differ by " << relativeDifference(a.weights, b.weights);
+  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0)
+      << "state differs by " << relativeDifference(a.state, b.state);
+}
+
 void printMeasured(const std::string& what, double weights, double momentum) {
   std::cout << "[ measured ] " << what << ": relative difference of weights " << weights
             << ", of momentum " << momentum << " (bound " << kOneVersusTwoBound << ")\n";
@@ -156,7 +166,7 @@ TEST(DistributedTraining, TwoProcessesOfBatch32MatchOneOfBatch64) {
 // commutes), the update of an element does not depend on where the shard boundary lies (AdamW is
 // elementwise; LARS's trust ratio is per layer, and its shards are cut at layer bounds), and the
 // checkpoint puts the shards' state together. The sharded run's checkpoint then resumes, sharded
-// and unsharded, to the same weights (AdamW's).
+// and unsharded, to the same weights and state (AdamW's).
 class ZeroTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
@@ -176,12 +186,7 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
   const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
   EXPECT_EQ(b.optimizer(), optimizer);
   EXPECT_EQ(b.metaInt("step"), 10);
-  ASSERT_EQ(a.weights.numel(), b.weights.numel());
-  ASSERT_EQ(a.state.numel(), b.state.numel());
-  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
-      << "weights differ by " << relativeDifference(a.weights, b.weights);
-  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0)
-      << "state differs by " << relativeDifference(a.state, b.state);
+  expectTheSameBits(a, b);
 
   // A second epoch from the sharded checkpoint: each sharded worker takes its shard of the saved
   // state. (Once: the resume is the same for any optimizer.)
@@ -196,9 +201,7 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
   const auto d = actors::loadCheckpoint(filesIn(cwd.path() / "resumed1", ".ckpt").at(0));
   EXPECT_EQ(c.metaInt("step"), 20);
   EXPECT_EQ(d.metaInt("step"), 20);
-  ASSERT_EQ(c.weights.numel(), d.weights.numel());
-  EXPECT_EQ(std::memcmp(c.weights.raw(), d.weights.raw(), c.weights.bytes()), 0)
-      << "weights differ by " << relativeDifference(c.weights, d.weights);
+  expectTheSameBits(c, d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"));
@@ -291,12 +294,7 @@ TEST_P(ServerOptimizerTest, OneWorkersServersEndAsOneProcessToTheBit) {
   EXPECT_EQ(a.optimizer(), optimizer);
   EXPECT_EQ(b.optimizer(), optimizer);
   EXPECT_EQ(a.stateNames(), b.stateNames());
-  ASSERT_EQ(a.weights.numel(), b.weights.numel());
-  ASSERT_EQ(a.state.numel(), b.state.numel());
-  EXPECT_EQ(std::memcmp(a.weights.raw(), b.weights.raw(), a.weights.bytes()), 0)
-      << "weights differ by " << relativeDifference(a.weights, b.weights);
-  EXPECT_EQ(std::memcmp(a.state.raw(), b.state.raw(), a.state.bytes()), 0)
-      << "state differs by " << relativeDifference(a.state, b.state);
+  expectTheSameBits(a, b);
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ServerOptimizerTest,

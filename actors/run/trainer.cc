@@ -368,6 +368,15 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   return WorkerActors{std::move(node), spawn.reduction, spawn.nccl};
 }
 
+// With max_memory: what this process's tensors peaked at since the run's actors were made.
+void logMemoryPeak(const TrainOptions& o) {
+  if (o.max_memory <= 0) return;
+  const auto peak = kernels::HostTensorMemory::peak();
+  spdlog::info("memory: this process's tensors peaked at {} bytes ({}); max_memory {} ({})", peak,
+               memorySize(static_cast<double>(peak)), o.max_memory,
+               memorySize(static_cast<double>(o.max_memory)));
+}
+
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's
 // log and spawn (spawnWorker), rendezvous (joinRun), run, finish. With `role`, one generation of
 // an elastic run.
@@ -387,8 +396,10 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   kernels::HostTensorMemory::resetPeak();  // the peak of the run's tensors, from here
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
-    return runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params, p.weights, p.state,
-                     resumed_from, members);
+    TrainResult served = runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params,
+                                   p.weights, p.state, resumed_from, members);
+    logMemoryPeak(o);
+    return served;
   }
 
   TrainResult result;
@@ -436,12 +447,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   }
 
   system->run();
-  if (o.max_memory > 0) {
-    const auto peak = kernels::HostTensorMemory::peak();
-    spdlog::info("memory: this process's tensors peaked at {} bytes ({}); max_memory {} ({})", peak,
-                 memorySize(static_cast<double>(peak)), o.max_memory,
-                 memorySize(static_cast<double>(o.max_memory)));
-  }
+  logMemoryPeak(o);
   if (trace && !cluster) trace->write(o.trace);
   if (trace && cluster) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));
   if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close
