@@ -453,7 +453,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
     row("run id", o.run_id);
     row("compression", kernels::describe(actors::compressionOf(o)));
     if (const auto* all = o.schedule.allreduce()) {
-      row("allreduce", all->zero_stage > 0 ? "ring" : actors::allreduceName(all->algorithm));
+      row("allreduce", actors::allreduceName(all->across()));
       if (all->zero_stage > 0) {
         row("zero_stage",
             fmt::format("{}: the optimizer's state sharded over the {} workers (gradients "

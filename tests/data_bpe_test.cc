@@ -203,24 +203,23 @@ TEST(Gpt2Tokenizer, BadFilesAreOneErrorNamingTheFileAndWhere) {
     std::ofstream(dir / name, std::ios::binary) << text;
     return dir / name;
   };
-  // Every byte's token (GPT-2's mapping: '!' as itself, the space as U+0120), and one merge.
-  std::string vocab = "{";
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    vocab += "\"\\u" + fmt::format("{:04x}", printable ? b : 0) + "\": " + std::to_string(b) + ",";
-  }
+  // Every byte's token, each byte as its id: in GPT-2's mapping ('!' as itself, the space as
+  // U+0120), or with the bytes outside the printable ones all as U+0000 (not GPT-2's mapping).
+  auto byteVocabulary = [](bool gpt2s) {
+    std::string json = "{";
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+      const int c = printable ? b : gpt2s ? next++ : 0;
+      json += "\"\\u" + fmt::format("{:04x}", c) + "\": " + std::to_string(b) + ",";
+    }
+    return json;
+  };
+  const std::string vocab = byteVocabulary(false), good = byteVocabulary(true);
   const std::string merges = write("merges.txt", "#version: 0.2\nh i\n");
-  // (The bytes outside the printable ones all map to U+0000 here: not GPT-2's mapping.)
   EXPECT_THAT(
       errorOf([&] { Gpt2Tokenizer::load(write("v1.json", vocab + "\"hi\": 256}"), merges); }),
       AllOf(HasSubstr("v1.json"), HasSubstr("lacks the token of byte 0")));
-  std::string good = "{";
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-    const int c = printable ? b : next++;
-    good += "\"\\u" + fmt::format("{:04x}", c) + "\": " + std::to_string(b) + ",";
-  }
   const auto ok = write("ok.json", good + "\"hi\": 256}");
   EXPECT_EQ(Gpt2Tokenizer::load(ok, merges).encode("hi!"), (std::vector<std::uint32_t>{256, 33}));
   EXPECT_THAT(errorOf([&] { Gpt2Tokenizer::load(write("cut.json", good + "\"hi\": "), merges); }),

@@ -264,8 +264,7 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
   // With parameter servers the optimizer's state is theirs, sharded over them; with zero_stage 1
   // each worker holds its shard (an even share: serverShards' cut moves only to a layer bound).
   const bool ps = o.schedule.servers() != nullptr;
-  const auto* all = o.schedule.allreduce();
-  const int sharing = all && all->zero_stage > 0 ? std::max(1, o.num_shards) : 1;
+  const int sharing = o.schedule.zeroStage() > 0 ? std::max(1, o.num_shards) : 1;
   const double params = 4.0 * static_cast<double>(num_params);
   const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size()) / sharing;
   const auto replicas = static_cast<double>(shares.size());

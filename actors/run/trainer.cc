@@ -87,18 +87,14 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
         groupHosts(exchangeHostKeys(cluster->store(), rank, o.num_shards, c.timeout));
     // The workers' ring, flat or by host; auto for the schedules without the allreduce key.
     const auto* all = o.schedule.allreduce();
-    // Sharded state (zero_stage) reduce-scatters over one flat ring.
-    const Allreduce algorithm = !all                  ? Allreduce::kAuto
-                                : all->zero_stage > 0 ? Allreduce::kRing
-                                                      : all->algorithm;
-    *reduction = planReduction(algorithm, hosts, rank);
+    *reduction = planReduction(all ? all->across() : Allreduce::kAuto, hosts, rank);
     if (rank == 0) {
       spdlog::info("allreduce: {}", reduction->description);
-      if (all && all->zero_stage > 0) {
+      if (const int zero = o.schedule.zeroStage(); zero > 0) {
         spdlog::info(
             "zero_stage {}: each of {} workers holds the optimizer's state of its shard, about {} "
             "of the {} parameters; gradients reduce-scattered, weights all-gathered",
-            all->zero_stage, nodes, (num_params + nodes - 1) / nodes, num_params);
+            zero, nodes, (num_params + nodes - 1) / nodes, num_params);
       }
     }
   }

@@ -165,8 +165,7 @@ ReducerConfig WorkerSpawn::reducer() const {
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> WorkerSpawn::zeroShards() const {
-  const auto* all = o.schedule.allreduce();
-  if (!all || all->zero_stage == 0 || p.workers < 2) return {};
+  if (o.schedule.zeroStage() == 0 || p.workers < 2) return {};
   // Cut as parameter servers' (at layer bounds for a layerwise optimizer).
   return serverShards(p.num_params, p.workers, p.optimizer);
 }

@@ -42,6 +42,8 @@ struct AllreduceWorkers {  // bsp-allreduce: workers sum their gradients and eac
   // state over the workers (each updates its shard; gradients reduce-scattered, weights
   // all-gathered); 0: every worker holds all of it.
   int zero_stage = 0;
+  // The allreduce across processes: sharded state reduce-scatters over one flat ring.
+  Allreduce across() const { return zero_stage > 0 ? Allreduce::kRing : algorithm; }
 };
 struct ParameterServers {  // dist_sync, dist_async, ssp: server shards update, workers push
   // How a server applies pushes and answers pulls: once every worker pushed a step (sync), each
@@ -91,6 +93,8 @@ class Schedule {
   const AllreduceWorkers* allreduce() const { return std::get_if<AllreduceWorkers>(&family_); }
   // NCCL sums the GPU replicas' gradients (reducer nccl); never under parameter servers.
   bool nccl() const;
+  // ZeRO's stage (AllreduceWorkers::zero_stage); 0 for the other families.
+  int zeroStage() const { return allreduce() ? allreduce()->zero_stage : 0; }
   // The keys that give this schedule back (the log's parameters, the dry run).
   ScheduleKeys keys() const;
 
