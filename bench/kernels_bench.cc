@@ -196,6 +196,7 @@ double trainStep(Backend& backend, const std::string& model, std::int64_t batch,
           [&] {
             host = 0;
             steps = 0;
+            backend.resetPeakMemory();  // the steps' peak, as PyTorch's after its warm-up
           }) /
       per_call;
   g_cpu_per_call /= per_call;

@@ -129,6 +129,15 @@ class Backend {
   // whose work the host times itself.
   virtual double elapsed(const Event& from, const Event& to) = 0;
   virtual MemoryStats memory() const { return {}; }
+  // From here, peak_in_use counts from what is in use now (a replica's after each step, so that
+  // an epoch's peak is its own steps', not the first step's trials).
+  virtual void resetPeakMemory() {}
+  // Memory that nothing reads or writes during the work queued until the next call (a net's arena
+  // where no activation or gradient lives during one layer's call), which that work may take as
+  // its workspace before the shared one; an undefined tensor ends the loan. A convolution's
+  // workspace is then held only during its layer's call, as PyTorch's caching allocator frees it
+  // after the call, instead of through the whole step.
+  virtual void lendWorkspace(const Tensor& free) { (void)free; }
   // Waits for the work queued so far, then runs `queue`, recording the work it queues on this
   // backend instead of running it (CUDA stream capture), and returns that work as a graph whose
   // replay() costs the host one launch where queueing it costs a call an op. Null where the

@@ -218,12 +218,14 @@ class ReluLayer final : public OpLayer<ReluOp> {
   bool isRelu() const override { return true; }
 };
 
-// The backward reads x, and y for its ReLU.
+// The backward reads x, and y only for its ReLU: a batch norm without one lets its output go
+// once the forward's readers are done (a downsampling block's, before the add).
 class BatchNormLayer final : public OpLayer<BatchNormOp> {
  public:
   explicit BatchNormLayer(const Shape& in)
-      : OpLayer("bn", true, true), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
+      : OpLayer("bn", true, false), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   const char* kind() const override { return add_ ? "bn+add+relu" : relu_ ? "bn+relu" : "bn"; }
+  bool backwardReadsTop() const override { return relu_; }
   void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) override {
     gamma_ = weights.slice(param_begin, param_begin + channels_);
     beta_ = weights.slice(param_begin + channels_, param_end);

@@ -200,9 +200,11 @@ class NetImpl final : public Net, private LayerContext {
     labels_ = labels;
     trained_ = train;
     ++forward_count_;
-    for (auto& layer : g_.layers) {
-      if (layer->computed_by < 0)
-        timed(layer->kind(), false, [&] { layer->forward(*this, n_, train); });
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      Layer& layer = *g_.layers[l];
+      if (layer.computed_by >= 0) continue;
+      timed(layer.kind(), false,
+            [&] { lending(lent_forward_[l], [&] { layer.forward(*this, n_, train); }); });
     }
   }
 
@@ -214,7 +216,8 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.computed_by >= 0) continue;  // no parameters
       current_ = &layer;
       pending_.clear();
-      timed(layer.kind(), true, [&] { layer.backward(*this, n_, grad_scale); });
+      timed(layer.kind(), true,
+            [&] { lending(lent_backward_[l], [&] { layer.backward(*this, n_, grad_scale); }); });
       if (!pending_.empty()) {
         timed("gradient sums", true, [&] {
           for (auto& [scratch, blob] : pending_)
@@ -460,6 +463,7 @@ class NetImpl final : public Net, private LayerContext {
     planGradients(max_batch, plan);
     const std::int64_t total = placeItems(plan.items);
     arena_ = backend_.empty({std::max<std::int64_t>(total, 1)}, act_);
+    planLoans(plan.items, total);
     const auto bytes = static_cast<std::int64_t>(sizeOf(act_));
     for (const MemoryItem& it : plan.items)
       (it.gradient ? memory_.gradients : memory_.activations) += it.size * bytes;
@@ -563,9 +567,13 @@ class NetImpl final : public Net, private LayerContext {
 
   // Offsets: the largest first, each at the lowest one clear of every placed item it is live
   // with; aligned to 256 bytes. Returns the elements they span.
+  // Elements of the arena's 256-byte alignment (an item's offset; a loan's).
+  std::int64_t arenaAlignment() const {
+    return std::max<std::int64_t>(1, 256 / static_cast<std::int64_t>(sizeOf(act_)));
+  }
+
   std::int64_t placeItems(std::vector<MemoryItem>& items) const {
-    const std::int64_t align =
-        std::max<std::int64_t>(1, 256 / static_cast<std::int64_t>(sizeOf(act_)));
+    const std::int64_t align = arenaAlignment();
     std::vector<std::size_t> order(items.size());
     for (std::size_t i = 0; i < order.size(); ++i)
       order[i] = i;
@@ -591,6 +599,54 @@ class NetImpl final : public Net, private LayerContext {
       placed.push_back(i);
     }
     return total;
+  }
+
+  // What each layer's call, forward and backward, lends the backend for its workspace
+  // (Backend::lendWorkspace): the longest span of the arena that no item live at its step covers.
+  // Late in the forward pass and early in the backward, where the activations kept for the
+  // backward fill the arena, there is little; early and late in the step, most of it.
+  void planLoans(const std::vector<MemoryItem>& items, std::int64_t total) {
+    const std::int64_t align = arenaAlignment();
+    auto freeAt = [&](std::int64_t t) {
+      std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // [offset, end) live at t
+      for (const MemoryItem& it : items)
+        if (it.begin <= t && t <= it.end) taken.emplace_back(it.offset, it.offset + it.size);
+      std::sort(taken.begin(), taken.end());
+      std::int64_t from = 0, best_from = 0, best = 0;
+      auto span = [&](std::int64_t to) {
+        const std::int64_t at = (from + align - 1) / align * align;
+        if (to - at > best) {
+          best_from = at;
+          best = to - at;
+        }
+      };
+      for (const auto& [offset, end] : taken) {
+        span(offset);
+        from = std::max(from, end);
+      }
+      span(total);
+      return best > 0 ? arena_.slice(best_from, best_from + best) : Tensor();
+    };
+    lent_forward_.assign(g_.layers.size(), Tensor());
+    lent_backward_.assign(g_.layers.size(), Tensor());
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      if (g_.layers[l]->computed_by >= 0) continue;
+      lent_forward_[l] = freeAt(forwardStep(l));
+      lent_backward_[l] = freeAt(backwardStep(l));
+    }
+  }
+
+  // Runs one layer's call with `free` lent to the backend, and ends the loan after it.
+  template <typename Fn>
+  void lending(const Tensor& free, Fn fn) {
+    backend_.lendWorkspace(free);
+    try {
+      fn();
+    } catch (...) {
+      backend_.lendWorkspace(Tensor());
+      throw;
+    }
+    backend_.lendWorkspace(Tensor());
   }
 
   // Each blob's activations and gradient, sliced from the arena as planned; a blob no layer reads
@@ -672,6 +728,8 @@ class NetImpl final : public Net, private LayerContext {
   bool copies_;  // convolutions and inner products compute from a copy of their weights
   Tensor weights_, grads_, buffers_, metrics_;
   Tensor arena_;  // every blob's activations and gradient (planMemory)
+  // By layer, the arena's span free during its forward and its backward call (planLoans).
+  std::vector<Tensor> lent_forward_, lent_backward_;
   NetMemory memory_;
   Tensor scratch_[2];  // a second writer's gradient until it is summed (diff()); made at first use
   Tensor images_, labels_;

@@ -725,5 +725,36 @@ TEST_F(NetTest, ActivationsAndGradientsShareMemoryWhoseLivesDoNotOverlap) {
   // bitwise-repeat tests, hold as before.
 }
 
+// At its peak, where the backward starts, the arena holds what the backward reads and little
+// more. A batch norm without a ReLU (in a downsampling block, before the add its neighbour does)
+// is read by no backward: its output goes once the add is done (it was held to the end, 7% of
+// ResNet-50's peak).
+TEST_F(NetTest, ResNet50HoldsAtItsPeakWhatItsBackwardReads) {
+  // Of each image: the stem's convolution and batch norm (with its ReLU) outputs, and the max
+  // pool's; in each bottleneck the outputs of conv1, bn1, conv2, bn2, conv3 and its own (the
+  // next block's input, which the add with its ReLU reads back), conv1 at the block's input size
+  // (v1.5 strides in conv2); a first block's projection (downsample.0) too, its batch norm's input.
+  std::int64_t reads = 2 * 64 * 112 * 112 + 64 * 56 * 56;
+  const int blocks[] = {3, 4, 6, 3};
+  for (int stage = 0; stage < 4; ++stage) {
+    const std::int64_t width = std::int64_t{64} << stage, out = 4 * width, side = 56 >> stage;
+    for (int block = 0; block < blocks[stage]; ++block) {
+      const std::int64_t in_side = stage > 0 && block == 0 ? 2 * side : side;
+      reads += 2 * width * in_side * in_side + 2 * width * side * side + 2 * out * side * side;
+      if (block == 0) reads += out * side * side;
+    }
+  }
+  NetOptions o = options("resnet50", 1, 3, 224);
+  o.num_labels = 1000;
+  o.fuse = true;
+  const NetMemory m = makeNet(*backend_, o)->memory();
+  // Beside them, at the last block's backward: the gradients of its output, of its input and of
+  // conv3's output (2048 x 7 x 7 each).
+  EXPECT_GE(m.held, reads * 4);
+  EXPECT_LE(m.held, (reads + 3 * 2048 * 7 * 7) * 4);
+  std::cout << "[ measured ] resnet50: the backward reads " << reads * 4 << " bytes an image, "
+            << m.held << " held\n";
+}
+
 }  // namespace
 }  // namespace troupe::kernels

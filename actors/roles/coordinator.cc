@@ -401,7 +401,8 @@ class Coordinator final : public Actor {
         e.read_seconds > 0 ? fmt::format("; a reader decodes {:.0f} {}/s",
                                          static_cast<double>(e.count) / e.read_seconds, units())
                            : std::string());
-    // As torch.cuda.max_memory_allocated: the live tensors and workspaces at their most.
+    // As torch.cuda.max_memory_allocated after reset_peak_memory_stats at the epoch's start: the
+    // live tensors and workspaces at their most during this epoch's steps.
     if (e.device_peak > 0) {
       spdlog::info("epoch {} gpu memory: peak {:.1f} MiB in a replica's tensors and workspaces",
                    epoch, static_cast<double>(e.device_peak) / (1 << 20));

@@ -154,6 +154,11 @@ void DeviceAllocator::emptyCache() {
   free_.clear();
 }
 
+void DeviceAllocator::resetPeak() {
+  std::lock_guard lock(mu_);
+  stats_.peak_in_use = stats_.in_use;
+}
+
 DeviceAllocator::Stats DeviceAllocator::stats() const {
   std::lock_guard lock(mu_);
   return stats_;

@@ -31,6 +31,7 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
     std::int64_t in_use = 0, reserved = 0, peak_in_use = 0, device_mallocs = 0;
   };
   Stats stats() const;
+  void resetPeak();  // peak_in_use from in_use now
   // Gives one cached block of `bytes` (rounded) back to the device, if there is one: for a
   // buffer that only grows (a workspace), whose outgrown block the cache would hold for nothing,
   // as it reuses blocks only at their own size. Work queued on it must be done.

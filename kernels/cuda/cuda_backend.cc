@@ -124,12 +124,16 @@ struct Context {
   std::shared_ptr<DeviceAllocator> allocator;
   std::shared_ptr<void> workspace;
   std::size_t workspace_bytes = 0;
+  // Lent by a net for one layer's call (Backend::lendWorkspace): taken before the shared workspace.
+  void* lent = nullptr;
+  std::size_t lent_bytes = 0;
   std::vector<Checked*> unchecked;  // in the order their work was queued
   // While a CUDA graph is captured (Backend::capture), and the ops that queued work to check.
   bool capturing = false;
   std::vector<Checked*> captured_checks;
 
   void* scratch(std::size_t bytes) {
+    if (lent && bytes <= lent_bytes) return lent;
     if (bytes > workspace_bytes) {
       TROUPE_ENFORCE(!capturing, "the workspace would grow from ", workspace_bytes, " to ", bytes,
                      " bytes while a CUDA graph is captured: an op's first call was captured "
@@ -146,6 +150,26 @@ struct Context {
       workspace_bytes = roundedSize(bytes);
     }
     return workspace.get();
+  }
+  // Workspace to time an engine on: where neither the lent memory nor the shared workspace holds
+  // it, memory of its own (kept in `trials` until the engines are timed), so that an engine tried
+  // and not kept grows nothing that stays.
+  using Trials = std::vector<std::pair<std::shared_ptr<void>, std::size_t>>;
+  void* trialScratch(std::size_t bytes, Trials& trials) {
+    if ((lent && bytes <= lent_bytes) || bytes <= workspace_bytes) return scratch(bytes);
+    trials.emplace_back(allocator->allocate(bytes), bytes);
+    return trials.back().first.get();
+  }
+  // Gives the trials' memory back to the device once their work is done (the cache would hold
+  // each at its size for nothing).
+  void endTrials(Trials& trials) {
+    if (trials.empty()) return;
+    TROUPE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (auto& [memory, bytes] : trials) {
+      memory.reset();
+      allocator->freeCached(bytes);
+    }
+    trials.clear();
   }
   Tensor empty(Shape shape, DType dtype) {
     Tensor t = uninitialized(std::move(shape), dtype);
@@ -392,9 +416,11 @@ class CudaConv final : public ConvOp {
     const Tensor w = ctx_.uninitialized({g.out_channels, g.channels, g.kernel, g.kernel}, dtype_);
     const Tensor y = ctx_.uninitialized({g.n, g.out_channels, g.outHeight(), g.outWidth()}, dtype_);
     std::string refused;
+    Context::Trials trials;
     auto plan = ConvPlan::build(
         ctx_.cudnn, ctx_.stream, spec, maxWorkspace(ctx_.device), x.raw(), w.raw(), y.raw(),
-        [&](std::size_t bytes) { return ctx_.scratch(bytes); }, &refused);
+        [&](std::size_t bytes) { return ctx_.trialScratch(bytes, trials); }, &refused);
+    ctx_.endTrials(trials);
     if (!plan) {  // said for each geometry and direction, once: they are few
       std::fprintf(stderr,
                    "troupe cuda: cuDNN's graph API refused a convolution's %s (%lld x %lld x "
@@ -1444,6 +1470,11 @@ class CudaBackend final : public Backend {
     const auto s = ctx_.allocator->stats();
     return MemoryStats{s.in_use, s.peak_in_use, s.reserved,
                        static_cast<std::int64_t>(ctx_.workspace_bytes)};
+  }
+  void resetPeakMemory() override { ctx_.allocator->resetPeak(); }
+  void lendWorkspace(const Tensor& free) override {
+    ctx_.lent = free.raw();
+    ctx_.lent_bytes = free.raw() ? free.bytes() : 0;
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {

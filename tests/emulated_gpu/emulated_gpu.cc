@@ -54,6 +54,10 @@ class MemoryCounter {
     std::lock_guard lock(mutex_);
     return stats_;
   }
+  void resetPeak() {
+    std::lock_guard lock(mutex_);
+    stats_.peak_in_use = stats_.in_use;
+  }
 
  private:
   mutable std::mutex mutex_;
@@ -178,9 +182,20 @@ class Queued {
       : stream_(std::move(stream)), op_(std::move(op)), cpu_(std::move(cpu)) {}
 
  protected:
+  // The memory lent for a workspace (Backend::lendWorkspace), which the ops given it scribble
+  // over (NaN in every float type) on the stream before and after their call, as a CUDA op's
+  // workspace is written: a loan that overlaps what the call reads or what outlives it shows as
+  // results unlike the CPU's.
+  void workspaceFrom(std::shared_ptr<const Tensor> lent) { lent_ = std::move(lent); }
+  void scribble() {
+    if (!lent_ || lent_->raw() == nullptr) return;
+    stream_->enqueue([to = hostView(*lent_)] { std::memset(to.raw(), 0xff, to.bytes()); });
+  }
+
   template <typename Call, typename... Tensors>
   void queueNhwc(Call call, std::vector<Nhwc> layout, const Tensors&... tensors) {
     called();
+    scribble();
     constexpr std::size_t kCount = sizeof...(Tensors);
     stream_->enqueue(
         [op = op_, cpu = cpu_, call, layout, views = std::make_tuple(hostView(tensors)...)] {
@@ -207,6 +222,7 @@ class Queued {
               },
               views);
         });
+    scribble();
   }
   template <typename Call, std::size_t N, std::size_t... I>
   static void callWith(Call& call, Op& op, const std::array<Tensor, N>& args,
@@ -217,11 +233,13 @@ class Queued {
   template <typename Call, typename... Tensors>
   void queue(Call call, const Tensors&... tensors) {
     called();
+    scribble();
     stream_->enqueue([op = op_, call, views = std::make_tuple(hostView(tensors)...)]() mutable {
       std::apply(
           [&](const auto&... t) { widened([&](const auto&... w) { call(*op, w...); }, t...); },
           views);
     });
+    scribble();
   }
   // Refuses an op's first call while a graph is captured, as the CUDA backend does: there a first
   // call finds the op's algorithm (timing it, growing the workspace), which a capture cannot hold.
@@ -233,12 +251,14 @@ class Queued {
   std::shared_ptr<Stream> stream_;
   std::shared_ptr<Op> op_;        // shared with queued work: a net may go before its work ran
   std::shared_ptr<Backend> cpu_;  // for channels-last ops
+  std::shared_ptr<const Tensor> lent_;
 };
 
 class Conv final : public ConvOp, Queued<ConvOp> {
  public:
   Conv(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu, const ConvGeometry& g)
       : Queued(std::move(stream), cpu->makeConv(nchw(g)), cpu), g_(g) {}
+  using Queued::workspaceFrom;
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override {
     auto call = [](ConvOp& op, auto&... t) { op.forward(t...); };
     if (!g_.channels_last) return queue(call, x, w, b, y);
@@ -327,6 +347,7 @@ class BatchNorm final : public BatchNormOp, Queued<BatchNormOp> {
   BatchNorm(std::shared_ptr<Stream> stream, std::shared_ptr<Backend> cpu,
             const BatchNormGeometry& g)
       : Queued(std::move(stream), cpu->makeBatchNorm(nchw(g)), cpu), g_(g) {}
+  using Queued::workspaceFrom;
   void forward(const Tensor& x, const Tensor& z, const Tensor& gamma, const Tensor& beta,
                const Tensor& running_mean, const Tensor& running_var, const Tensor& y,
                bool train) override {
@@ -452,6 +473,8 @@ class EmulatedBackend final : public Backend {
                   device());
   }
   MemoryStats memory() const override { return memory_->stats(); }
+  void resetPeakMemory() override { memory_->resetPeak(); }
+  void lendWorkspace(const Tensor& free) override { *lent_ = free; }
 
   void copy(const Tensor& src, const Tensor& dst) override {
     TROUPE_ENFORCE(src.dtype() == dst.dtype(), "copy between dtypes");
@@ -609,7 +632,9 @@ class EmulatedBackend final : public Backend {
   }
 
   std::unique_ptr<ConvOp> makeConv(const ConvGeometry& g) override {
-    return std::make_unique<Conv>(stream_, cpu_, g);
+    auto conv = std::make_unique<Conv>(stream_, cpu_, g);
+    conv->workspaceFrom(lent_);
+    return conv;
   }
   std::unique_ptr<PoolOp> makePool(const PoolGeometry& g) override {
     return std::make_unique<Pool>(stream_, cpu_, g);
@@ -618,7 +643,9 @@ class EmulatedBackend final : public Backend {
     return std::make_unique<InnerProduct>(stream_, cpu_->makeInnerProduct(g));
   }
   std::unique_ptr<BatchNormOp> makeBatchNorm(const BatchNormGeometry& g) override {
-    return std::make_unique<BatchNorm>(stream_, cpu_, g);
+    auto bn = std::make_unique<BatchNorm>(stream_, cpu_, g);
+    bn->workspaceFrom(lent_);
+    return bn;
   }
   std::unique_ptr<ReluOp> makeRelu(std::int64_t numel) override {
     return std::make_unique<Relu>(stream_, cpu_->makeRelu(numel));
@@ -647,6 +674,7 @@ class EmulatedBackend final : public Backend {
   std::shared_ptr<Backend> cpu_;  // its ops and element-wise loops, run on the stream
   std::shared_ptr<Stream> stream_;
   std::shared_ptr<MemoryCounter> memory_ = std::make_shared<MemoryCounter>();
+  std::shared_ptr<Tensor> lent_ = std::make_shared<Tensor>();  // lendWorkspace's
   std::vector<std::shared_ptr<StreamEvent>> captured_events_;  // by the capture under way
   const int copy_delay_ = envInt("TROUPE_EMULATED_GPU_COPY_DELAY_US", 0);
 };
