@@ -14,7 +14,8 @@ decay, 1000 classes, 224x224 images:
                    --op-by-op, synthetic, once op by op (--cuda_graphs false) too.
                    Two epochs each: the first warms up (cuDNN's plans, the
                    graph's recording); the figure is the second's inputs/s from the trainer's
-                   own log line, and the peak its allocator reports (tensors and workspaces).
+                   own log line, and the peak of every tensor and workspace the process held on
+                   the GPU in that epoch's steps (the replica's, the updater's: its allocators').
   PyTorch:         torchvision's resnet50, channels_last, cudnn.benchmark, autocast to the
                    row's type (fp16 with a GradScaler): (a) synthetic: random tensors made once
                    on the GPU; (b) DataLoader: torchvision's transforms of the same JPEG bytes

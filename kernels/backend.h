@@ -29,6 +29,9 @@ struct MemoryStats {
   std::int64_t peak_in_use = 0;  // the most in_use ever was
   std::int64_t reserved = 0;     // taken from the device, cached blocks included
   std::int64_t workspace = 0;    // of that in use, the ops' shared workspace (a convolution's)
+  // The most that every backend of this process on this device held together (a replica's, its
+  // updater's, its copier's): torch.cuda.max_memory_allocated's count.
+  std::int64_t device_peak = 0;
 };
 
 // A backend's queued work, recorded once and queued again whole (a CUDA graph): Backend::capture.
@@ -129,8 +132,8 @@ class Backend {
   // whose work the host times itself.
   virtual double elapsed(const Event& from, const Event& to) = 0;
   virtual MemoryStats memory() const { return {}; }
-  // From here, peak_in_use counts from what is in use now (a replica's after each step, so that
-  // an epoch's peak is its own steps', not the first step's trials).
+  // From here, peak_in_use and device_peak count from what is in use now (a replica's after each
+  // step, so that an epoch's peak is its own steps', not the first step's trials).
   virtual void resetPeakMemory() {}
   // Memory that nothing reads or writes during the work queued until the next call (a net's arena
   // where no activation or gradient lives during one layer's call), which that work may take as

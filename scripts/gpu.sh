@@ -220,6 +220,24 @@ run() {
     --precisions "${PRECISIONS:-fp16,bf16,fp32}" --seconds "${SECONDS_PER_ROW:-1.5}" \
     --budget "$((${TABLE_LIMIT:-420} - 30))" --row-limit 90 --logs "$OUT/train_table" \
     --compile-rows "${TABLE_COMPILE_ROWS:-}"
+  # Where a mixed-precision step's memory goes beside PyTorch's: ResNet-50 at batch 256 with
+  # cuDNN's persistent batch norm (its ReLU in the same call, a reserve space kept from each
+  # forward to its backward) and with troupe's batch norm kernels (no reserve), in the kernels
+  # bench (its step's speed and peak, one backend) and in troupe train (the whole process's peak,
+  # the updater's memory too).
+  part bn_ways 160:60 bash -c '
+    for precision in bf16 fp16; do
+      for way in persistent troupe; do
+        echo "-- $precision, TROUPE_CUDA_BATCH_NORM=$way"
+        TROUPE_CUDA_BATCH_NORM=$way "$1" --device cuda:0 --models resnet50 --batch 256 \
+          --seconds 2 --no-ops --precision $precision --channels-last --profile | grep -E "^resnet50|bn"
+        [[ $precision == bf16 ]] && TROUPE_CUDA_BATCH_NORM=$way "$2" train --model resnet50 \
+          --train_data null --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 256 \
+          --epoch_size 3840 --num_epochs 2 --gpus 0 --precision $precision --log_every 0 \
+          --log_dir "$3/bn_ways_$way" --checkpoint_dir "/tmp/ck_bn_$way" 2>&1 |
+          grep -E "epoch 2 (done|gpu memory)"
+      done
+    done' _ "$root/bin/troupe_kernels_bench" "$troupe" "$OUT"
   # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
   # one alone: ResNet-50 in mixed precision on synthetic input, 30 steps of 32 a process,
   # gradients of 100 MB a step whose ring the traces show beside the backward pass.

@@ -119,9 +119,9 @@ struct StepDone {
   double input_wait = 0;
   int ready = 0;
   double read_seconds = 0;
-  // Bytes: the most the replica's device memory held since its last StepDone, this step's work
-  // (Backend::memory().peak_in_use, reset after each step; 0 on the CPU, whose memory no backend
-  // counts).
+  // Bytes: the most this process held on the replica's device since its last StepDone, this
+  // step's work (Backend::memory().device_peak, reset after each step; 0 on the CPU, whose memory
+  // no backend counts).
   std::int64_t device_peak = 0;
 };
 template <>

@@ -404,8 +404,10 @@ class Coordinator final : public Actor {
     // As torch.cuda.max_memory_allocated after reset_peak_memory_stats at the epoch's start: the
     // live tensors and workspaces at their most during this epoch's steps.
     if (e.device_peak > 0) {
-      spdlog::info("epoch {} gpu memory: peak {:.1f} MiB in a replica's tensors and workspaces",
-                   epoch, static_cast<double>(e.device_peak) / (1 << 20));
+      spdlog::info(
+          "epoch {} gpu memory: peak {:.1f} MiB of this process's tensors and workspaces on a "
+          "replica's GPU",
+          epoch, static_cast<double>(e.device_peak) / (1 << 20));
     }
   }
 

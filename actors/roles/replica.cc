@@ -214,7 +214,7 @@ class Replica final : public Actor {
     }
     send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
                                        batch.labels.numel(), batch.skipped, input_wait, ready,
-                                       batch.read_seconds, backend_->memory().peak_in_use});
+                                       batch.read_seconds, backend_->memory().device_peak});
     backend_->resetPeakMemory();  // each StepDone the peak of its own step
   }
 

@@ -402,7 +402,7 @@ struct EpochStats {
   std::int64_t ready_sum = 0;
   int fewest_ready = std::numeric_limits<int>::max();
   double read_seconds = 0;
-  std::int64_t device_peak = 0;  // the most any replica's device memory held in a step (bytes)
+  std::int64_t device_peak = 0;  // the most a process held on a replica's GPU in a step (bytes)
 
   void add(const EpochStats& s) {
     loss_sum += s.loss_sum;

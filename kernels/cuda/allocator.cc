@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -14,6 +17,37 @@ std::size_t roundedSize(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
   const std::size_t granule = bytes < (1 << 20) ? kSmall : kLarge;
   return (bytes + granule - 1) / granule * granule;
+}
+
+namespace {
+
+// Every allocator's blocks in use on one device, this process's (a replica's, its updater's, its
+// copier's): what torch.cuda.max_memory_allocated counts of a process. Locked apart from any
+// allocator's mutex, and only inside one.
+struct DeviceTotals {
+  std::mutex mu;
+  std::map<int, std::pair<std::int64_t, std::int64_t>> in_use_and_peak;
+};
+
+DeviceTotals& deviceTotals() {
+  static DeviceTotals totals;
+  return totals;
+}
+
+void countOnDevice(int device, std::int64_t delta) {
+  DeviceTotals& t = deviceTotals();
+  std::lock_guard lock(t.mu);
+  auto& [in_use, peak] = t.in_use_and_peak[device];
+  in_use += delta;
+  peak = std::max(peak, in_use);
+}
+
+}  // namespace
+
+void DeviceAllocator::count(std::int64_t delta) {
+  stats_.in_use += delta;
+  stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+  countOnDevice(device_, delta);
 }
 
 DeviceAllocator::~DeviceAllocator() {
@@ -33,7 +67,7 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
     if (own != capture_free_.end()) {
       p = own->second;
       capture_free_.erase(own);
-      stats_.in_use -= static_cast<std::int64_t>(size);  // counted again below
+      count(-static_cast<std::int64_t>(size));  // counted again below
     } else if (auto it = free_.find(size); it != free_.end()) {
       p = it->second;
       free_.erase(it);
@@ -74,8 +108,7 @@ std::shared_ptr<void> DeviceAllocator::allocate(std::size_t bytes) {
       ++stats_.device_mallocs;
     }
     if (holding_) capture_given_.emplace_back(p, size);
-    stats_.in_use += static_cast<std::int64_t>(size);
-    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
+    count(static_cast<std::int64_t>(size));
   }
   auto self = shared_from_this();
   return std::shared_ptr<void>(p, [self, size](void* q) { self->release(q, size); });
@@ -93,7 +126,7 @@ void DeviceAllocator::release(void* p, std::size_t size) {
     capture_free_.emplace(size, p);
     return;
   }
-  stats_.in_use -= static_cast<std::int64_t>(size);
+  count(-static_cast<std::int64_t>(size));
   free_.emplace(size, p);
 }
 
@@ -123,7 +156,7 @@ DeviceAllocator::Held::~Held() {
   std::lock_guard lock(owner_->mu_);
   auto giveBack = [&](const std::vector<std::pair<void*, std::size_t>>& blocks) {
     for (const auto& [p, size] : blocks) {
-      owner_->stats_.in_use -= static_cast<std::int64_t>(size);
+      owner_->count(-static_cast<std::int64_t>(size));
       owner_->free_.emplace(size, p);
     }
   };
@@ -157,11 +190,19 @@ void DeviceAllocator::emptyCache() {
 void DeviceAllocator::resetPeak() {
   std::lock_guard lock(mu_);
   stats_.peak_in_use = stats_.in_use;
+  DeviceTotals& t = deviceTotals();
+  std::lock_guard device_lock(t.mu);
+  auto& [in_use, peak] = t.in_use_and_peak[device_];
+  peak = in_use;
 }
 
 DeviceAllocator::Stats DeviceAllocator::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  Stats s = stats_;
+  DeviceTotals& t = deviceTotals();
+  std::lock_guard device_lock(t.mu);
+  s.device_peak = t.in_use_and_peak[device_].second;
+  return s;
 }
 
 }  // namespace troupe::kernels::cuda

@@ -29,9 +29,12 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
 
   struct Stats {
     std::int64_t in_use = 0, reserved = 0, peak_in_use = 0, device_mallocs = 0;
+    // The most every allocator of this process on the device held together.
+    std::int64_t device_peak = 0;
   };
   Stats stats() const;
-  void resetPeak();  // peak_in_use from in_use now
+  // Both peaks from what is in use now: this allocator's, and the device's (every allocator's).
+  void resetPeak();
   // Gives one cached block of `bytes` (rounded) back to the device, if there is one: for a
   // buffer that only grows (a workspace), whose outgrown block the cache would hold for nothing,
   // as it reuses blocks only at their own size. Work queued on it must be done.
@@ -50,7 +53,8 @@ class DeviceAllocator : public std::enable_shared_from_this<DeviceAllocator> {
 
  private:
   void release(void* p, std::size_t bytes);
-  void emptyCache();  // with mu_ held
+  void count(std::int64_t delta);  // bytes in use, with mu_ held
+  void emptyCache();               // with mu_ held
 
   int device_;
   mutable std::mutex mu_;

@@ -1469,7 +1469,7 @@ class CudaBackend final : public Backend {
   MemoryStats memory() const override {
     const auto s = ctx_.allocator->stats();
     return MemoryStats{s.in_use, s.peak_in_use, s.reserved,
-                       static_cast<std::int64_t>(ctx_.workspace_bytes)};
+                       static_cast<std::int64_t>(ctx_.workspace_bytes), s.device_peak};
   }
   void resetPeakMemory() override { ctx_.allocator->resetPeak(); }
   void lendWorkspace(const Tensor& free) override {

@@ -49,6 +49,7 @@ class MemoryCounter {
     stats_.in_use += bytes;
     stats_.reserved = stats_.in_use;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    stats_.device_peak = stats_.peak_in_use;  // a backend's own: one a device here
   }
   MemoryStats stats() const {
     std::lock_guard lock(mutex_);
@@ -56,7 +57,7 @@ class MemoryCounter {
   }
   void resetPeak() {
     std::lock_guard lock(mutex_);
-    stats_.peak_in_use = stats_.in_use;
+    stats_.peak_in_use = stats_.device_peak = stats_.in_use;
   }
 
  private:
