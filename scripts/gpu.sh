@@ -231,7 +231,8 @@ run() {
         echo "-- $precision, TROUPE_CUDA_BATCH_NORM=$way"
         TROUPE_CUDA_BATCH_NORM=$way "$1" --device cuda:0 --models resnet50 --batch 256 \
           --seconds 2 --no-ops --precision $precision --channels-last --profile | grep -E "^resnet50|bn"
-        [[ $precision == bf16 ]] && TROUPE_CUDA_BATCH_NORM=$way "$2" train --model resnet50 \
+        [[ $precision == bf16 ]] || continue
+        TROUPE_CUDA_BATCH_NORM=$way "$2" train --model resnet50 \
           --train_data null --num_channels 3 --image_size 224 --num_labels 1000 --batch_size 256 \
           --epoch_size 3840 --num_epochs 2 --gpus 0 --precision $precision --log_every 0 \
           --log_dir "$3/bn_ways_$way" --checkpoint_dir "/tmp/ck_bn_$way" 2>&1 |

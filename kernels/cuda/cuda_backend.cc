@@ -124,6 +124,20 @@ struct Context {
   std::shared_ptr<DeviceAllocator> allocator;
   std::shared_ptr<void> workspace;
   std::size_t workspace_bytes = 0;
+  // cuBLAS's workspace is ours, as a call captured into a CUDA graph may not allocate one, and
+  // the same for every call, so that a product gives the same bits in and out of a graph (32
+  // MiB: what cuBLAS asks for on Hopper). Made at the first product: a backend that multiplies
+  // nothing (an updater's, a copier's) holds none.
+  std::shared_ptr<void> cublas_workspace;
+  void readyCublas() {
+    if (cublas_workspace) return;
+    TROUPE_ENFORCE(!capturing,
+                   "cuBLAS's first product while a CUDA graph is captured (run the "
+                   "work once before capturing it)");
+    constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
+    cublas_workspace = allocator->allocate(kCublasWorkspace);
+    TROUPE_CUDA_CHECK(cublasSetWorkspace(cublas, cublas_workspace.get(), kCublasWorkspace));
+  }
   // Lent by a net for one layer's call (Backend::lendWorkspace): taken before the shared workspace.
   void* lent = nullptr;
   std::size_t lent_bytes = 0;
@@ -585,6 +599,7 @@ class CudaPool final : public PoolOp {
 // as the handle's math mode says), cublasGemmEx accumulating in float for float16 and bfloat16.
 void gemm(Context& ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
           const Tensor& a, int lda, const Tensor& b, int ldb, const Tensor& c, int ldc) {
+  ctx.readyCublas();
   if (c.dtype() == DType::kFloat32) {
     TROUPE_CUDA_CHECK(cublasSgemm(ctx.cublas, ta, tb, m, n, k, &kOne, f32(a), lda, f32(b), ldb,
                                   &kZero, f32(c), ldc));
@@ -1231,12 +1246,6 @@ class CudaBackend final : public Backend {
     TROUPE_CUDA_CHECK(cublasSetMathMode(
         ctx_.cublas, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     ctx_.allocator = std::make_shared<DeviceAllocator>(index);
-    // cuBLAS's workspace is ours, as a call captured into a CUDA graph may not allocate one, and
-    // the same for every call, so that a product gives the same bits in and out of a graph (32
-    // MiB: what cuBLAS asks for on Hopper).
-    constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;
-    cublas_workspace_ = ctx_.allocator->allocate(kCublasWorkspace);
-    TROUPE_CUDA_CHECK(cublasSetWorkspace(ctx_.cublas, cublas_workspace_.get(), kCublasWorkspace));
     TROUPE_CUDA_CHECK(cudaMallocHost(&flag_host_, sizeof(int)));
     flag_ = ctx_.empty({1}, DType::kInt32);
     updates_flag_ = ctx_.empty({1}, DType::kInt32);
@@ -1586,7 +1595,6 @@ class CudaBackend final : public Backend {
   std::map<std::vector<std::int64_t>, RuleTables> rule_tables_;
   Tensor flag_, updates_flag_;  // allFinite's; sgdUpdate's, gathered until updatesFinite()
   int* flag_host_ = nullptr;
-  std::shared_ptr<void> cublas_workspace_;
 };
 
 CudaInfo describe() {
