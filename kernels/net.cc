@@ -165,30 +165,24 @@ class NetImpl final : public Net, private LayerContext {
   const Tensor& buffers() const override { return buffers_; }
   const Tensor& metrics() const override { return metrics_; }
 
+  Tensor ownInput(const Tensor& images) override {
+    checkInput(images);
+    Tensor own = inputOf(images);
+    if (own.raw() != images.raw()) convertInput(images, own);
+    return own;
+  }
+
+  bool convertsImages() const override {
+    return g_.input_dtype != DType::kInt32 && input_.defined();
+  }
+
   void forward(const Tensor& images, const Tensor& labels, bool train) override {
     TROUPE_ENFORCE(weights_.defined(), "a net with given_weights computes only after useWeights()");
-    const Shape& expected = g_.blobs[0].shape;
-    TROUPE_ENFORCE(images.rank() == expected.size() + 1 &&
-                       Shape(images.shape().begin() + 1, images.shape().end()) == expected,
-                   "inputs of shape ", toString(images.shape()), " for a net on ",
-                   toString(expected));
-    TROUPE_ENFORCE(g_.input_dtype != DType::kInt32 || images.dtype() == DType::kInt32, "tokens of ",
-                   toString(images.dtype()), " (int32 expected)");
+    checkInput(images);
     n_ = images.dim(0);
-    TROUPE_ENFORCE(n_ >= 1 && n_ <= options_.max_batch, "batch of ", n_, " with max_batch ",
-                   options_.max_batch);
     TROUPE_ENFORCE_EQ(labels.numel(), n_ * g_.label_rows);
     images_ = inputOf(images);
-    if (images_.raw() != images.raw()) {
-      timed("input layout", false, [&] {
-        if (nhwc_) {
-          backend_.transpose(images, images_, n_, options_.channels,
-                             std::int64_t{options_.height} * options_.width);
-        } else {
-          backend_.cast(images, images_);
-        }
-      });
-    }
+    if (images_.raw() != images.raw()) convertInput(images, images_);
     if (copies_) {
       timed("weight copies", false, [&] {
         for (auto& layer : g_.layers) {
@@ -351,6 +345,30 @@ class NetImpl final : public Net, private LayerContext {
   }
 
   // What the first layer reads: the images, or their copy in the net's layout and type.
+  void checkInput(const Tensor& images) const {
+    const Shape& expected = g_.blobs[0].shape;
+    TROUPE_ENFORCE(images.rank() == expected.size() + 1 &&
+                       Shape(images.shape().begin() + 1, images.shape().end()) == expected,
+                   "inputs of shape ", toString(images.shape()), " for a net on ",
+                   toString(expected));
+    TROUPE_ENFORCE(g_.input_dtype != DType::kInt32 || images.dtype() == DType::kInt32, "tokens of ",
+                   toString(images.dtype()), " (int32 expected)");
+    TROUPE_ENFORCE(images.dim(0) >= 1 && images.dim(0) <= options_.max_batch, "batch of ",
+                   images.dim(0), " with max_batch ", options_.max_batch);
+  }
+
+  // The images in the net's precision and layout, in its own input memory (inputOf's).
+  void convertInput(const Tensor& images, const Tensor& own) {
+    timed("input layout", false, [&] {
+      if (nhwc_) {
+        backend_.transpose(images, own, images.dim(0), options_.channels,
+                           std::int64_t{options_.height} * options_.width);
+      } else {
+        backend_.cast(images, own);
+      }
+    });
+  }
+
   Tensor inputOf(const Tensor& images) const {
     if (g_.input_dtype == DType::kInt32) return images;  // tokens
     if (!nhwc_ && images.dtype() == act_) return images;

@@ -224,6 +224,13 @@ class Net {
   // N T) int32, and the metrics sum over the N T tokens.
   // train: dropout active, batch norm uses and updates batch statistics.
   virtual void forward(const Tensor& images, const Tensor& labels, bool train) = 0;
+  // The images in the net's own memory, in its precision and layout, converted now where forward()
+  // would convert them; else (images it reads as they are, tokens) the images themselves. Given
+  // the result, forward() and trainStep() read nothing more of the images' buffer: a replica's
+  // staging slot is free for the next batch once this conversion's work is done.
+  virtual Tensor ownInput(const Tensor& images) = 0;
+  // Whether ownInput() copies float32 images (a precision other than float32, or channels-last).
+  virtual bool convertsImages() const = 0;
   // {sum of the loss over the batch, number of correct top-1 predictions} of the last forward,
   // as a 2-element float tensor on the backend (read it after synchronize()).
   virtual const Tensor& metrics() const = 0;
