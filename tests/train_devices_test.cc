@@ -382,6 +382,24 @@ TEST(Devices, Bf16ComputesInReducedPrecisionAndLearns) {
   EXPECT_LT(figureAfter(r.output, "epoch 1 done: loss "), 0.9 * std::log(10.0)) << r.output;
 }
 
+// A net that converts its images (bf16) gets them in one staging slot, which takes the next batch
+// once this step's images are converted (Net::ownInput). Were the copy not to wait for that, a
+// device that computes slowly and copies fast would convert the next batch's images in its place:
+// each piece of work here sleeps 1 ms and copies not at all, and the weights must be those of the
+// usual delays, to the bit.
+TEST(Devices, OneStagingSlotOfImagesIsRefilledOnlyOnceTheyAreConverted) {
+  TempDir cwd("devices_one_slot");
+  const std::string bf16 = "--gpus 0 --threads 1 --precision bf16";
+  auto r = trainLenet(cwd, "usual", emulated(1), bf16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = trainLenet(cwd, "slow",
+                 "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
+                     " TROUPE_EMULATED_GPUS=1 TROUPE_EMULATED_GPU_DELAY_US=1000 ",
+                 bf16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(sameWeights(cwd.path() / "usual", cwd.path() / "slow"));
+}
+
 // A dynamic loss scale of 2^24 makes the first step's output gradients overflow float16: the
 // softmax's 2^24 / 64 * (1 - p) is above 65504 for any p below 0.75, and at the first step p is
 // about 0.1. Each such step is skipped and the scale halved; no step of the 20 doubles it (the
