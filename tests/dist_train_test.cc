@@ -206,6 +206,36 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"));
 
+// The same with each worker's replica and updater on a GPU (emulated, one a process, its work and
+// its copies from pinned memory late): the sums and the updated weights go round the host's rings
+// through pinned memory (the weights copied there once their shard is updated, and back once
+// all-gathered), to the unsharded run's bits. NCCL, which sums each bucket whole in place, is
+// refused by name.
+TEST(Zero, GpuWorkersWithShardedStateEndAsUnshardedToTheBit) {
+  TempDir cwd("dist_zero_gpu");
+  const std::string common =
+      "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
+      " TROUPE_EMULATED_GPUS=1 TROUPE_EMULATED_GPU_DELAY_US=100 "
+      "TROUPE_EMULATED_GPU_COPY_DELAY_US=2000 " +
+      troupeBinary() + " launch -n 2 -- troupe train --model lenet" + dataFlags() +
+      " --optimizer adamw --base_learning_rate 0.01 --epoch_size 640 --batch_size 32"
+      " --num_epochs 1 --log_every 0 --threads 1 --gpus 0 --schedule bsp-allreduce"
+      " --checkpoint_dir ";
+  const auto whole = runCommand(in(cwd, common + "whole"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto sharded = runCommand(in(cwd, common + "sharded --zero_stage 1"));
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
+  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
+  EXPECT_EQ(b.metaInt("step"), 10);
+  expectTheSameBits(a, b);
+  const auto nccl = runCommand(in(cwd, common + "nccl --zero_stage 1 --reducer nccl"));
+  EXPECT_TRUE(testing::failedWith(
+      nccl, {"zero_stage 1 with reducer nccl (NCCL sums every bucket whole in place): not "
+             "supported yet; reducer troupe (GPUs summed through the host's ring), or zero_stage "
+             "0"}));
+}
+
 // Four workers of batch 16 with the state sharded four ways (each shard's sums finished by
 // another worker, the weights gathered round the ring) end as one process of batch 64, up to the
 // order of the sums, as unsharded workers do.

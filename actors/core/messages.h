@@ -423,6 +423,7 @@ struct WeightsGathered {
   std::int64_t step = 0;
   std::int64_t begin = 0;
   std::int64_t end = 0;
+  kernels::Event ready;  // weights on a GPU: after their copy back there
 };
 
 // Updater -> Reducer (in-process only), with sharded optimizer state: figures of this worker's

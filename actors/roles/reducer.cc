@@ -116,6 +116,7 @@ class Reducer final : public Actor {
     // What it is: gradients to sum, or with sharded state (ZeRO) weights to all-gather
     // (GatherWeights) or an updater's figures to sum (SumAcrossWorkers).
     enum class Kind : std::uint8_t { kGradients, kWeights, kFigures } kind = Kind::kGradients;
+    kernels::Tensor device_weights;  // weights on a GPU whose host copy `sum` goes round
   };
   // The key of a step's figures in in_ring_ (no bucket begins there).
   static constexpr std::int64_t kFiguresKey = -1;
@@ -305,7 +306,12 @@ class Reducer final : public Actor {
           it->second.started, Trace::Clock::now());
     }
     if (kind == Kind::kWeights) {
-      send(config_.updater, WeightsGathered{step, begin, end});
+      kernels::Event ready;
+      if (it->second.device_weights.defined()) {  // back to the updater's GPU
+        backend_->copy(it->second.sum, it->second.device_weights);
+        ready = backend_->record();
+      }
+      send(config_.updater, WeightsGathered{step, begin, end, ready});
     } else if (kind == Kind::kFigures) {
       send(config_.updater, SummedAcrossWorkers{step, it->second.sum});
     } else {
@@ -315,11 +321,23 @@ class Reducer final : public Actor {
   }
 
   // ZeRO: the updater's weights [begin, end), its own shard of them updated, all-gathered in
-  // place (ring 1) with the same pieces as the sums came in.
+  // place (ring 1) with the same pieces as the sums came in. Weights on a GPU go round through
+  // the host, as the sums do: copied there once updated (OnHost starts the ring), and back once
+  // the ring is done.
   void gather(const GatherWeights& g) {
-    backend_->waitFor(g.ready);
     TROUPE_ENFORCE_EQ(g.weights.numel(), g.end - g.begin);
-    startSharded(*gather_, g.step, g.begin, g.weights, InRing::Kind::kWeights);
+    backend_->waitFor(g.ready);
+    if (g.weights.device().kind == kernels::DeviceKind::kCpu) {
+      startSharded(*gather_, g.step, g.begin, g.weights, InRing::Kind::kWeights);
+      return;
+    }
+    TROUPE_ENFORCE(g.weights.device() == backend_->device(), "weights on ",
+                   kernels::toString(g.weights.device()), " to all-gather through a reducer on ",
+                   kernels::toString(backend_->device()));
+    const kernels::Tensor host = staging(gather_host_, g.begin, g.weights.numel(), {});
+    enter(g.step, g.begin, host, InRing::Kind::kWeights).device_weights = g.weights;
+    backend_->copy(g.weights, host);
+    waiter().add(backend_->record(), g.step, g.begin);
   }
 
   // ZeRO: an updater's figures of its shard, summed over the workers in place (ring 2).
@@ -329,13 +347,20 @@ class Reducer final : public Actor {
 
   void startSharded(RingAllreduce& ring, std::int64_t step, std::int64_t begin,
                     const kernels::Tensor& values, InRing::Kind kind) {
+    enter(step, begin, values, kind);
+    ring.start(step, begin, values);
+  }
+
+  // A sharded ring's entry for [begin, begin + values.numel()) of `step`.
+  InRing& enter(std::int64_t step, std::int64_t begin, const kernels::Tensor& values,
+                InRing::Kind kind) {
     const auto [it, added] = in_ring_.try_emplace({step, begin});
     TROUPE_ENFORCE(added, "[", begin, ",", begin + values.numel(), ") of step ", step,
                    " started twice in the reducer's rings");
     it->second.sum = values;
     it->second.kind = kind;
     it->second.started = Trace::Clock::now();
-    ring.start(step, begin, values);
+    return it->second;
   }
 
   void add(GradBucket& b) {
@@ -418,19 +443,13 @@ class Reducer final : public Actor {
   void fromDevice(std::int64_t step, std::int64_t begin, const kernels::Tensor& sum) {
     const std::int64_t n = sum.numel();
     const kernels::Tensor host = staging(host_, begin, n, kernels::Device{});
-    if (!waiter_) {
-      waiter_ = std::make_unique<EventWaiter>(
-          [&system = system(), me = self()](std::int64_t s, std::int64_t at, std::string error) {
-            system.tell(me, OnHost{s, at, std::move(error)});
-          });
-    }
     for (std::int64_t at = 0; at < n; at += piece(n)) {
       const std::int64_t to = std::min(n, at + piece(n));
       InRing& entry = in_ring_[{step, begin + at}];
       entry.started = Trace::Clock::now();  // again at startRing
       entry.sum = host.slice(at, to);
       backend_->copy(sum.slice(at, to), entry.sum);
-      waiter_->add(backend_->record(), step, begin + at);
+      waiter().add(backend_->record(), step, begin + at);
     }
   }
 
@@ -439,11 +458,24 @@ class Reducer final : public Actor {
     if (!h.error.empty()) throw Error(h.error);
     InRing& entry = in_ring_.at({h.step, h.begin});
     entry.started = Trace::Clock::now();
-    if (hierarchical_) {
+    if (entry.kind == InRing::Kind::kWeights) {
+      gather_->start(h.step, h.begin, entry.sum);
+    } else if (hierarchical_) {
       hierarchical_->start(h.step, h.begin, entry.sum);
     } else {
       flat_->start(h.step, h.begin, entry.sum);
     }
+  }
+
+  // What tells the reducer (OnHost) that a copy from the GPU is done.
+  EventWaiter& waiter() {
+    if (!waiter_) {
+      waiter_ = std::make_unique<EventWaiter>(
+          [&system = system(), me = self()](std::int64_t s, std::int64_t at, std::string error) {
+            system.tell(me, OnHost{s, at, std::move(error)});
+          });
+    }
+    return *waiter_;
   }
 
   // reducer = nccl: the replicas' buckets are summed in place over every GPU of the run, queued
@@ -566,6 +598,7 @@ class Reducer final : public Actor {
   std::unique_ptr<kernels::Backend> backend_;
   // Staging: buckets of each replica copied to this device, and sums copied to the host.
   std::map<std::int64_t, kernels::Tensor> host_;
+  std::map<std::int64_t, kernels::Tensor> gather_host_;  // ZeRO: weights from a GPU, by begin
   std::vector<std::map<std::int64_t, kernels::Tensor>> device_copies_;
   std::map<std::pair<std::int64_t, std::int64_t>, Pending> pending_;
   std::deque<NcclSum> in_nccl_;  // reducer = nccl: the sums queued, oldest first

@@ -186,6 +186,7 @@ class Updater final : public Actor {
   void gathered(const WeightsGathered& g) {
     TROUPE_ENFORCE(sharded_ && g.step == step_, "weights of step ", g.step, " gathered at step ",
                    step_);
+    backend_->waitFor(g.ready);
     gathered_ += g.end - g.begin;
     TROUPE_ENFORCE_LE(gathered_, reduced_);
     if (gathered_ == weights_.numel()) endStep();

@@ -27,7 +27,10 @@ void validate(const TrainOptions& o) {
     refuse(fmt::format("an elastic run (num_workers {}:{})", o.min_workers, o.max_workers),
            "a fixed number of workers, or zero_stage 0");
   }
-  if (!o.gpus.empty()) refuse("GPUs", "CPU replicas, or zero_stage 0");
+  if (o.schedule.allreduce()->reducer == ReducerKind::kNccl) {
+    refuse("reducer nccl (NCCL sums every bucket whole in place)",
+           "reducer troupe (GPUs summed through the host's ring), or zero_stage 0");
+  }
   if (o.schedule.allreduce()->algorithm == Allreduce::kHierarchical)
     refuse("allreduce hierarchical", "allreduce ring (or auto), or zero_stage 0");
   if (o.gradient_compression != kernels::GradientCompression::kNone) {
