@@ -209,7 +209,9 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"
 // The same with each worker's replica and updater on a GPU (emulated, one a process, its work and
 // its copies from pinned memory late): the sums and the updated weights go round the host's rings
 // through pinned memory (the weights copied there once their shard is updated, and back once
-// all-gathered), to the unsharded run's bits. NCCL, which sums each bucket whole in place, is
+// all-gathered), to the unsharded run's bits; in fp16 too, from a loss scale of 2^24 whose first
+// steps overflow: a step is skipped on every worker or applied on every one, as unsharded (the
+// shards' tests are summed over the workers). NCCL, which sums each bucket whole in place, is
 // refused by name.
 TEST(Zero, GpuWorkersWithShardedStateEndAsUnshardedToTheBit) {
   TempDir cwd("dist_zero_gpu");
@@ -221,14 +223,28 @@ TEST(Zero, GpuWorkersWithShardedStateEndAsUnshardedToTheBit) {
       " --optimizer adamw --base_learning_rate 0.01 --epoch_size 640 --batch_size 32"
       " --num_epochs 1 --log_every 0 --threads 1 --gpus 0 --schedule bsp-allreduce"
       " --checkpoint_dir ";
-  const auto whole = runCommand(in(cwd, common + "whole"));
-  ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  const auto sharded = runCommand(in(cwd, common + "sharded --zero_stage 1"));
-  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
-  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
-  const auto b = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
-  EXPECT_EQ(b.metaInt("step"), 10);
-  expectTheSameBits(a, b);
+  for (const std::string precision : {"fp32", "fp16"}) {
+    SCOPED_TRACE(precision);
+    const std::string flags = " --precision " + precision + " --initial_scale_power 24";
+    const auto whole = runCommand(in(cwd, common + precision + "whole" + flags));
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const auto sharded = runCommand(in(cwd, common + precision + "sharded --zero_stage 1" + flags));
+    ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+    const auto a =
+        actors::loadCheckpoint(filesIn(cwd.path() / (precision + "whole"), ".ckpt").at(0));
+    const auto b =
+        actors::loadCheckpoint(filesIn(cwd.path() / (precision + "sharded"), ".ckpt").at(0));
+    EXPECT_EQ(b.metaInt("step"), 10);
+    expectTheSameBits(a, b);
+    if (precision == "fp16") {  // skipped steps, as many in both
+      const std::regex skipped(R"(epoch 1 loss scale [0-9.e+]+: (\d+) step\(s\) skipped)");
+      std::smatch w, s;
+      ASSERT_TRUE(std::regex_search(whole.output, w, skipped)) << whole.output;
+      ASSERT_TRUE(std::regex_search(sharded.output, s, skipped)) << sharded.output;
+      EXPECT_GT(std::stoi(w[1]), 0);
+      EXPECT_EQ(w[1], s[1]);
+    }
+  }
   const auto nccl = runCommand(in(cwd, common + "nccl --zero_stage 1 --reducer nccl"));
   EXPECT_TRUE(testing::failedWith(
       nccl, {"zero_stage 1 with reducer nccl (NCCL sums every bucket whole in place): not "

@@ -427,8 +427,9 @@ struct WeightsGathered {
 };
 
 // Updater -> Reducer (in-process only), with sharded optimizer state: figures of this worker's
-// shard of `step`'s gradients (clipping's sum of squares) to be summed over the workers (a third
-// ring, RingChunk::ring 2); the sums come back in place as SummedAcrossWorkers.
+// shard of `step`'s gradients (clipping's sum of squares; under a loss scale, 1 where they hold
+// inf or NaN) to be summed over the workers (a third ring, RingChunk::ring 2); the sums come back
+// in place as SummedAcrossWorkers.
 struct SumAcrossWorkers {
   std::int64_t step = 0;
   Tensor values;  // float32, on the host

@@ -50,7 +50,9 @@ class Updater final : public Actor {
     on<SummedAcrossWorkers>([this](SummedAcrossWorkers& s) {
       TROUPE_ENFORCE(sharded_ && s.step == step_ && reduced_ == weights_.numel(),
                      "figures of step ", s.step, " summed at step ", step_);
-      applyHeldAndGather(s.values.f32()[0]);
+      applyHeldAndGather(Figures{
+          config_.clip_grad_norm > 0 ? std::optional<double>(s.values.f32()[0]) : std::nullopt,
+          loss_scale_ > 0 ? std::optional<bool>(s.values.f32()[1] == 0.0f) : std::nullopt});
       // (its gathers come back next: endStep)
     });
   }
@@ -86,7 +88,6 @@ class Updater final : public Actor {
     optimizer_ = kernels::makeOptimizer(
         *backend_, hi - lo, sharded_ ? config_.optimizer.within(lo, hi) : config_.optimizer);
     hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
-    TROUPE_ENFORCE(!sharded_ || loss_scale_ == 0, "sharded state with a loss scale");
     if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
       const std::int64_t rows = static_cast<std::int64_t>(optimizer_->states().size());
       TROUPE_ENFORCE_EQ(config_.initial_state.numel(), rows * n);
@@ -139,27 +140,38 @@ class Updater final : public Actor {
     if (reduced_ < weights_.numel()) return;
     if (cutShort(r)) return;
     if (hold_) {
-      if (sharded_ && config_.clip_grad_norm > 0) {
-        // The norm is of every shard's gradients: this shard's sum of squares goes round the
-        // workers first (SummedAcrossWorkers).
-        auto figures = kernels::Tensor::host({1});
-        figures.f32()[0] = static_cast<float>(backend_->sumOfSquares(heldShard()));
+      if (sharded_ && (config_.clip_grad_norm > 0 || loss_scale_ > 0)) {
+        // The norm, and a loss scale's test, are of every shard's gradients: this shard's sum of
+        // squares and whether it holds inf or NaN go round the workers first
+        // (SummedAcrossWorkers).
+        const std::vector<kernels::Tensor> shard = heldShard();
+        auto figures = kernels::Tensor::host({2});
+        figures.f32()[0] =
+            config_.clip_grad_norm > 0 ? static_cast<float>(backend_->sumOfSquares(shard)) : 0.0f;
+        figures.f32()[1] = loss_scale_ > 0 && !backend_->allFinite(shard) ? 1.0f : 0.0f;
         send(config_.reducer, SumAcrossWorkers{step_, figures});
         return;
       }
-      applyHeldAndGather(std::nullopt);
+      applyHeldAndGather({});
     }
     if (sharded_ && gathered_ < weights_.numel()) return;  // endStep once all came back
     endStep();
   }
 
-  // The held gradients (applyHeld) with, where given, the step's sum of their squares over every
-  // shard; sharded, each piece goes to be all-gathered then.
-  void applyHeldAndGather(std::optional<double> sum_of_squares) {
+  // What sharded state's figures say of every shard's gradients, summed over the workers:
+  // clipping's sum of their squares, and whether they are all finite (a loss scale's test).
+  struct Figures {
+    std::optional<double> sum_of_squares;
+    std::optional<bool> finite;
+  };
+
+  // The held gradients (applyHeld) with, where given, the step's figures over every shard;
+  // sharded, each piece goes to be all-gathered then (unchanged where the step is skipped).
+  void applyHeldAndGather(const Figures& figures) {
     std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
     for (const auto& h : held_)
       pieces.emplace_back(h.begin, h.end);
-    applyHeld(sum_of_squares);
+    applyHeld(figures);
     for (const auto& [begin, end] : pieces)
       gather(begin, end);
   }
@@ -275,15 +287,16 @@ class Updater final : public Actor {
 
   // The step's gradients, all held. With a loss scale they are of the loss times loss_scale_: if
   // they are finite, divided by it and applied; else the step is skipped and a dynamic scale
-  // halves (PyTorch's GradScaler). Clipping's sum of squares is theirs unless given (sharded:
-  // over every shard).
-  void applyHeld(std::optional<double> sum_of_squares) {
+  // halves (PyTorch's GradScaler). Clipping's sum of squares and the test are theirs unless given
+  // (sharded: over every shard).
+  void applyHeld(const Figures& figures) {
     const std::vector<kernels::Tensor> all = heldShard();
     const float scale = loss_scale_;
     // The step's one host wait for it.
-    const bool finite = loss_scale_ > 0 ? backend_->allFinite(all) : true;
+    const bool finite =
+        loss_scale_ > 0 ? (figures.finite ? *figures.finite : backend_->allFinite(all)) : true;
     if (finite) {
-      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f, sum_of_squares);
+      applyWhole(all, loss_scale_ > 0 ? 1.0f / scale : 1.0f, figures.sum_of_squares);
       if (loss_scale_ > 0 && config_.loss_scale.dynamic &&
           ++clean_steps_ >= config_.loss_scale.window) {
         loss_scale_ *= 2.0f;

@@ -39,10 +39,6 @@ void validate(const TrainOptions& o) {
                        kernels::nameIn(kernels::kCompressions, o.gradient_compression)),
            "gradient_compression none, or zero_stage 0");
   }
-  if (o.loss_scale > 0) {
-    refuse(fmt::format("loss_scale {:g} (a test over every shard)", o.loss_scale),
-           "loss_scale 0, or zero_stage 0");
-  }
 }
 
 }  // namespace
