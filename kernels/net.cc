@@ -344,7 +344,7 @@ class NetImpl final : public Net, private LayerContext {
     timed_.push_back(std::move(t));
   }
 
-  // What the first layer reads: the images, or their copy in the net's layout and type.
+  // The images (or tokens) a batch gives: the net's input shape, at most max_batch of them.
   void checkInput(const Tensor& images) const {
     const Shape& expected = g_.blobs[0].shape;
     TROUPE_ENFORCE(images.rank() == expected.size() + 1 &&
@@ -369,6 +369,7 @@ class NetImpl final : public Net, private LayerContext {
     });
   }
 
+  // What the first layer reads: the images, or their copy in the net's layout and type.
   Tensor inputOf(const Tensor& images) const {
     if (g_.input_dtype == DType::kInt32) return images;  // tokens
     if (!nhwc_ && images.dtype() == act_) return images;
@@ -583,13 +584,13 @@ class NetImpl final : public Net, private LayerContext {
     }
   }
 
-  // Offsets: the largest first, each at the lowest one clear of every placed item it is live
-  // with; aligned to 256 bytes. Returns the elements they span.
   // Elements of the arena's 256-byte alignment (an item's offset; a loan's).
   std::int64_t arenaAlignment() const {
     return std::max<std::int64_t>(1, 256 / static_cast<std::int64_t>(sizeOf(act_)));
   }
 
+  // Offsets: the largest first, each at the lowest one clear of every placed item it is live
+  // with; aligned to 256 bytes. Returns the elements they span.
   std::int64_t placeItems(std::vector<MemoryItem>& items) const {
     const std::int64_t align = arenaAlignment();
     std::vector<std::size_t> order(items.size());

@@ -18,8 +18,9 @@
 # 34's table (bench/train_gpu_vs_pytorch.py: ResNet-50's whole loop, `troupe train` on synthetic
 # input, by CUDA graphs and from a JPEG database, against PyTorch's loop on synthetic input and
 # from a DataLoader, the kernels bench beside them, at batch 64, 128 and 256 in fp16, bf16 and
-# fp32), ResNet-50 in 2 processes sharing the GPU and in 1 (Chrome traces), torch.compile's
-# figure, the trainer's traced steps at batch 256 beside the kernels bench's profile; then earlier
+# fp32), where a mixed-precision step's memory goes (bn_ways: cuDNN's batch norm against troupe's),
+# the trainer's traced steps at batch 256 beside the kernels bench's profile, ResNet-50 in 2
+# processes sharing the GPU and in 1 (Chrome traces), torch.compile's figure; then earlier
 # issues' parts: the host's and the device's time of single ops with a
 # profile by kind of layer, the kernels bench against PyTorch eager with the convolutions the
 # other way, LeNet on Fashion-MNIST on the GPU and the CPU (test accuracies), the input benchmark
@@ -199,19 +200,6 @@ run() {
   local new_tests='*ByGraphPlans*:*CudaGraphs*:*Capture*:*BatchNorm*'
   part cuda_tests 70 "$root/bin/troupe_cuda_tests" --gtest_filter="-$new_tests"
   part cuda_tests_new_defaults 50 "$root/bin/troupe_cuda_tests" --gtest_filter="$new_tests"
-  # Where troupe train's steps lose to the kernels bench's (0.91-0.93 on the H200, growing with
-  # the batch: 1.4 ms a step at 64, 3.5 at 256), first as it decides the speed work: the trainer's
-  # traced steps (op by op, with each step's device spans; bench/trace_steps.py: the device's busy
-  # time a step against the period, the gap is the device waiting for the host) beside the kernels
-  # bench's profile of the same batch.
-  part trainer_trace_b256 100:60 env TRACE="$OUT/trace_trainer_b256.json" bash -c \
-    '"$@" && python3 bench/trace_steps.py "$TRACE" --batch 256' _ "$troupe" train \
-    --model resnet50 --train_data null --num_channels 3 --image_size 224 --num_labels 1000 \
-    --batch_size 256 --epoch_size 5120 \
-    --num_epochs 2 --gpus 0 --precision fp16 --log_every 5 --log_dir "$OUT/trainer_trace_b256" \
-    --checkpoint_dir "$root/ck_trace_b256" --trace "$OUT/trace_trainer_b256.json"
-  part kernels_profile_b256 60 "$root/bin/troupe_kernels_bench" --device cuda:0 \
-    --models resnet50 --batch 256 --seconds 2 --no-ops --precision fp16 --channels-last --profile
   # Issue 34's table: ResNet-50's whole loop, troupe train (synthetic, by CUDA graphs, from JPEGs)
   # against PyTorch's loop (synthetic, DataLoader), the kernels bench beside them, each batch and
   # precision, row by row (a part cut short keeps the rows it printed).
@@ -239,6 +227,19 @@ run() {
           grep -E "epoch 2 (done|gpu memory)"
       done
     done' _ "$root/bin/troupe_kernels_bench" "$troupe" "$OUT"
+  # The trainer's traced steps (op by op, with each step's device spans; bench/trace_steps.py: the
+  # device's busy time a step against the period, the gap is the device waiting for the host)
+  # beside the kernels bench's profile of the same batch, by kind of layer: where a step's time
+  # goes (train / kernels was 0.91-0.96 until the epoch's end stopped pausing the device, 0.99-1.02
+  # since).
+  part trainer_trace_b256 100:60 env TRACE="$OUT/trace_trainer_b256.json" bash -c \
+    '"$@" && python3 bench/trace_steps.py "$TRACE" --batch 256' _ "$troupe" train \
+    --model resnet50 --train_data null --num_channels 3 --image_size 224 --num_labels 1000 \
+    --batch_size 256 --epoch_size 5120 \
+    --num_epochs 2 --gpus 0 --precision fp16 --log_every 5 --log_dir "$OUT/trainer_trace_b256" \
+    --checkpoint_dir "$root/ck_trace_b256" --trace "$OUT/trace_trainer_b256.json"
+  part kernels_profile_b256 60 "$root/bin/troupe_kernels_bench" --device cuda:0 \
+    --models resnet50 --batch 256 --seconds 2 --no-ops --precision fp16 --channels-last --profile
   # Two processes sharing the GPU through troupe's own path (pinned host memory, the ring), and
   # one alone: ResNet-50 in mixed precision on synthetic input, 30 steps of 32 a process,
   # gradients of 100 MB a step whose ring the traces show beside the backward pass.
