@@ -252,6 +252,17 @@ run() {
     --trace "$OUT/trace_resnet50_two_processes.json" --log_dir "$OUT/resnet50_two"
   part resnet50_one_process 60 "$troupe" "${r50[@]}" --epoch_size 960 \
     --trace "$OUT/trace_resnet50_one_process.json" --log_dir "$OUT/resnet50_one"
+  # Issue 37's sharded state on GPUs: the same 2 processes with AdamW, its state whole in each and
+  # sharded (--zero_stage 1): the chief process's peak on the GPU and the epoch's images/s.
+  part zero_two_processes 120:60 bash -c '
+    logs=$1
+    shift
+    for zero in 0 1; do
+      echo "-- zero_stage $zero"
+      "$@" --optimizer adamw --base_learning_rate 0.001 --zero_stage $zero \
+        --log_dir "$logs/zero_$zero" 2>&1 | grep -E "epoch 1 (done|gpu memory)|zero_stage|error"
+    done' _ "$OUT" "$troupe" launch -n 2 --launcher local -- "$troupe" "${r50[@]}" \
+    --epoch_size 1920 --schedule bsp-allreduce
   local r50bench=(python3 bench/gpu_vs_pytorch.py --bench "$root/bin/troupe_kernels_bench"
     --batches "${BATCHES:-64,128,256}" --seconds "${SECONDS_PER_ROW:-3}")
   # torch.compile's figure beside the table's rows of that batch (it compiles for a minute or
