@@ -211,32 +211,37 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"
 // through pinned memory (the weights copied there once their shard is updated, and back once
 // all-gathered), to the unsharded run's bits; in fp16 too, from a loss scale of 2^24 whose first
 // steps overflow: a step is skipped on every worker or applied on every one, as unsharded (the
-// shards' tests are summed over the workers). NCCL, which sums each bucket whole in place, is
-// refused by name.
+// shards' tests are summed over the workers); and with two GPUs a process. NCCL, which sums each
+// bucket whole in place, is refused by name.
 TEST(Zero, GpuWorkersWithShardedStateEndAsUnshardedToTheBit) {
   TempDir cwd("dist_zero_gpu");
   const std::string common =
       "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) +
-      " TROUPE_EMULATED_GPUS=1 TROUPE_EMULATED_GPU_DELAY_US=100 "
+      " TROUPE_EMULATED_GPUS=2 TROUPE_EMULATED_GPU_DELAY_US=100 "
       "TROUPE_EMULATED_GPU_COPY_DELAY_US=2000 " +
       troupeBinary() + " launch -n 2 -- troupe train --model lenet" + dataFlags() +
       " --optimizer adamw --base_learning_rate 0.01 --epoch_size 640 --batch_size 32"
-      " --num_epochs 1 --log_every 0 --threads 1 --gpus 0 --schedule bsp-allreduce"
-      " --checkpoint_dir ";
-  for (const std::string precision : {"fp32", "fp16"}) {
-    SCOPED_TRACE(precision);
-    const std::string flags = " --precision " + precision + " --initial_scale_power 24";
-    const auto whole = runCommand(in(cwd, common + precision + "whole" + flags));
+      " --num_epochs 1 --log_every 0 --threads 1 --schedule bsp-allreduce --checkpoint_dir ";
+  // One GPU a process in fp32 and fp16; two, whose replicas' sums the reducer adds on the first.
+  struct Run {
+    std::string name, precision, gpus;
+  };
+  for (const Run& run :
+       {Run{"fp32", "fp32", "0"}, Run{"fp16", "fp16", "0"}, Run{"two_gpus", "fp32", "0,1"}}) {
+    SCOPED_TRACE(run.name);
+    const std::string flags =
+        " --precision " + run.precision + " --initial_scale_power 24" + " --gpus " + run.gpus;
+    const auto whole = runCommand(in(cwd, common + run.name + "whole" + flags));
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
-    const auto sharded = runCommand(in(cwd, common + precision + "sharded --zero_stage 1" + flags));
+    const auto sharded = runCommand(in(cwd, common + run.name + "sharded --zero_stage 1" + flags));
     ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
     const auto a =
-        actors::loadCheckpoint(filesIn(cwd.path() / (precision + "whole"), ".ckpt").at(0));
+        actors::loadCheckpoint(filesIn(cwd.path() / (run.name + "whole"), ".ckpt").at(0));
     const auto b =
-        actors::loadCheckpoint(filesIn(cwd.path() / (precision + "sharded"), ".ckpt").at(0));
+        actors::loadCheckpoint(filesIn(cwd.path() / (run.name + "sharded"), ".ckpt").at(0));
     EXPECT_EQ(b.metaInt("step"), 10);
     expectTheSameBits(a, b);
-    if (precision == "fp16") {  // skipped steps, as many in both
+    if (run.precision == "fp16") {  // skipped steps, as many in both
       const std::regex skipped(R"(epoch 1 loss scale [0-9.e+]+: (\d+) step\(s\) skipped)");
       std::smatch w, s;
       ASSERT_TRUE(std::regex_search(whole.output, w, skipped)) << whole.output;
@@ -245,7 +250,7 @@ TEST(Zero, GpuWorkersWithShardedStateEndAsUnshardedToTheBit) {
       EXPECT_EQ(w[1], s[1]);
     }
   }
-  const auto nccl = runCommand(in(cwd, common + "nccl --zero_stage 1 --reducer nccl"));
+  const auto nccl = runCommand(in(cwd, common + "nccl --gpus 0 --zero_stage 1 --reducer nccl"));
   EXPECT_TRUE(testing::failedWith(
       nccl, {"zero_stage 1 with reducer nccl (NCCL sums every bucket whole in place): not "
              "supported yet; reducer troupe (GPUs summed through the host's ring), or zero_stage "
