@@ -13,8 +13,8 @@ every step. Each rank trains on every world_size-th training image from its rank
 step. Rank 0 prints each epoch's line (the mean loss, the accuracy on the first --test-images test
 images) and at the end a digest of every parameter and buffer's bytes: two ranks end with the same
 digest on troupe's backend and on gloo (a sum of two is the same in either order, and broadcasts
-copy), which tests/python/test_examples.py checks. One epoch on 2 ranks of one thread each (2
-cores, Debian's torch 1.13): train loss 0.5375, test accuracy 0.860, 295 images/s.
+copy), which tests/python/test_example_resnet18.py checks. One epoch on 2 ranks of one thread
+each (2 cores, Debian's torch 1.13): train loss 0.5375, test accuracy 0.860, 295 images/s.
 """
 import argparse
 import hashlib
