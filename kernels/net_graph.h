@@ -1,7 +1,7 @@
 // How a net is put together (private to kernels/): the graph of blobs and layers that
 // makeNet's models build through a Builder, and what a config's [[layers]] tables are read with
 // (SpecArgs, LayerNames) by the layer types' table (LayerType; kernels/layer_types/: one file a
-// type, listed in net_spec.cc).
+// type, listed by the build).
 #pragma once
 
 #include <algorithm>
@@ -533,7 +533,8 @@ struct LayerType {
   }                                                    \
   static Node type##Build(LayerCall& c)
 
-// Every type, in the order docs list them (net_spec.cc).
+// Every type, in the order docs list them: by file name (written by the build from
+// kernels/layer_types/, cmake/registry.cmake).
 const std::vector<LayerType>& layerTable();
 
 // The net that `layers` describe, after input x (net_spec.cc).

@@ -1,5 +1,5 @@
-// A config's [[layers]] tables, built into a graph through the layer types' table: each type is
-// one file of kernels/layer_types/ returning its row, listed here once.
+// A config's [[layers]] tables, built into a graph through the layer types' table (layerTable():
+// one file of kernels/layer_types/ a type, listed by the build, cmake/registry.cmake).
 #include <algorithm>
 #include <map>
 #include <string>
@@ -11,32 +11,6 @@
 
 namespace troupe::kernels {
 namespace graph {
-
-LayerType convLayerType();
-LayerType poolLayerType();
-LayerType fcLayerType();
-LayerType reluLayerType();
-LayerType bnLayerType();
-LayerType dropoutLayerType();
-LayerType flattenLayerType();
-LayerType addLayerType();
-LayerType residualLayerType();
-LayerType embeddingLayerType();
-LayerType layernormLayerType();
-LayerType geluLayerType();
-LayerType attentionLayerType();
-LayerType linearLayerType();
-LayerType transformerLayerType();
-LayerType lstmLayerType();
-
-const std::vector<LayerType>& layerTable() {
-  static const std::vector<LayerType> table = {
-      convLayerType(),      poolLayerType(),      fcLayerType(),          reluLayerType(),
-      bnLayerType(),        dropoutLayerType(),   addLayerType(),         flattenLayerType(),
-      residualLayerType(),  embeddingLayerType(), layernormLayerType(),   geluLayerType(),
-      attentionLayerType(), linearLayerType(),    transformerLayerType(), lstmLayerType()};
-  return table;
-}
 
 Node buildFromSpec(Builder& b, Node x, const std::vector<LayerSpec>& layers) {
   LayerNames names(x);

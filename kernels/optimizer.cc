@@ -12,23 +12,6 @@
 
 namespace troupe::kernels {
 
-// One row each, in kernels/optimizers/.
-OptimizerInfo sgdOptimizer();
-OptimizerInfo adamOptimizer();
-OptimizerInfo adamwOptimizer();
-OptimizerInfo lambOptimizer();
-OptimizerInfo larsOptimizer();
-OptimizerInfo rmspropOptimizer();
-OptimizerInfo adagradOptimizer();
-
-const std::vector<OptimizerInfo>& optimizers() {
-  static const std::vector<OptimizerInfo> table{
-      sgdOptimizer(),  adamOptimizer(),    adamwOptimizer(),   lambOptimizer(),
-      larsOptimizer(), rmspropOptimizer(), adagradOptimizer(),
-  };
-  return table;
-}
-
 const OptimizerInfo& optimizerInfo(const std::string& name) {
   for (const auto& row : optimizers())
     if (row.name == name) return row;

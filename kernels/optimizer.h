@@ -3,9 +3,10 @@
 // An optimizer updates a flat weight tensor in place from a flat gradient tensor on one backend.
 // Its state is `states` named rows of the weights' size, held as one flat tensor (row k of
 // element i at k * size + i), so checkpoints, messages and parameter-server shards carry any
-// slice of it by name. The optimizers are a table (optimizers(), kernels/optimizer.cc): one file
-// each under kernels/optimizers/, with its rule (a header both the CPU and CUDA compile) and one
-// row in that table. Thread safety: like the backend it runs on, one thread at a time.
+// slice of it by name. The optimizers are a table (optimizers()): one file each under
+// kernels/optimizers/ defining its row, which the build lists (cmake/registry.cmake), with its rule
+// (a header both the CPU and CUDA compile). Thread safety: like the backend it runs on, one thread
+// at a time.
 #pragma once
 
 #include <cstdint>
@@ -108,7 +109,8 @@ struct OptimizerInfo {
   void (*check)(const OptimizerSettings& settings) = nullptr;
 };
 
-// Every optimizer troupe has, in the order help texts list them.
+// Every optimizer troupe has, in the order help texts list them: SGD, the default, then by name
+// (written by the build from kernels/optimizers/, cmake/registry.cmake).
 const std::vector<OptimizerInfo>& optimizers();
 // The row named `name`; InputError listing the known names when there is none.
 const OptimizerInfo& optimizerInfo(const std::string& name);

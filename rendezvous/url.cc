@@ -9,17 +9,6 @@
 
 namespace troupe::rendezvous {
 
-// The rows of rendezvous/stores/.
-StoreBackend tcpStoreBackend();
-StoreBackend fileStoreBackend();
-StoreBackend redisStoreBackend();
-
-const std::vector<StoreBackend>& storeBackends() {
-  static const std::vector<StoreBackend> table = {tcpStoreBackend(), fileStoreBackend(),
-                                                  redisStoreBackend()};
-  return table;
-}
-
 std::string storeUrlForms(std::string_view separator) {
   std::string forms;
   for (const auto& backend : storeBackends())

@@ -49,7 +49,8 @@ struct StoreBackend {
   std::string_view password_variable = {};
 };
 
-// Every backend, in the order help texts list them.
+// Every backend, in the order help texts list them: tcp, the embedded default, then by file name
+// (written by the build from rendezvous/stores/, cmake/registry.cmake).
 const std::vector<StoreBackend>& storeBackends();
 // The backends' forms joined by `separator`: "tcp://HOST:PORT | file:///shared/dir | ...".
 std::string storeUrlForms(std::string_view separator = " | ");

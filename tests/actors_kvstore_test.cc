@@ -108,8 +108,8 @@ TEST(KVStoreLocal, BadCallsAreErrorValuesNamingTheKey) {
   OptimizerSpec adamax;
   adamax.name = "adamax";
   expect(kv->setOptimizer(adamax), ErrorKind::kInput,
-         "optimizer: unknown optimizer 'adamax' (known: sgd, adam, adamw, lamb, lars, rmsprop, "
-         "adagrad)");
+         "optimizer: unknown optimizer 'adamax' (known: sgd, adagrad, adam, adamw, lamb, lars, "
+         "rmsprop)");
   OptimizerSpec bad_beta;
   bad_beta.name = "adam";
   bad_beta.beta2 = 1.0f;

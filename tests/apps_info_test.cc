@@ -116,7 +116,7 @@ TEST(InfoCommand, JsonParsesAndHoldsEverySection) {
       "for section, names in json.loads(sys.argv[3]).items():\n"
       "    got = [s[\"name\"] for s in d[section]]\n"
       "    assert got == names, (section, got, names)\n"
-      "assert \"dist_device_sync\" in d[\"schedules\"][3][\"mxnet\"]\n"
+      "assert \"dist_device_sync\" in d[\"schedules\"][4][\"mxnet\"]\n"
       "assert [l[\"name\"] for l in d[\"launchers\"]] == [\"local\", \"ssh\", \"mpi\", \"slurm\"]\n"
       "print(\"ok\")' " +
       json.string() + " " + TROUPE_VERSION + " '" + tableNames() + "'");

@@ -7,21 +7,6 @@
 
 namespace troupe::actors {
 
-// One row each, in actors/schedules/.
-ScheduleInfo localSchedule();
-ScheduleInfo deviceSchedule();
-ScheduleInfo bspAllreduceSchedule();
-ScheduleInfo distSyncSchedule();
-ScheduleInfo distAsyncSchedule();
-ScheduleInfo sspSchedule();
-
-const std::vector<ScheduleInfo>& schedules() {
-  static const std::vector<ScheduleInfo> table{localSchedule(),        deviceSchedule(),
-                                               bspAllreduceSchedule(), distSyncSchedule(),
-                                               distAsyncSchedule(),    sspSchedule()};
-  return table;
-}
-
 const ScheduleInfo* findSchedule(std::string_view name) {
   for (const auto& row : schedules()) {
     if (row.name == name) return &row;

@@ -1,7 +1,8 @@
 // The schedules: how a run's processes wait for each other (DESIGN.md, "Schedules"). A table, as
 // the optimizers' (kernels/optimizer.h): schedules() lists one row per schedule, each made in its
-// own file of this folder, and every list a user sees (the schedule key's help, docs/config.md,
-// `troupe info`, the unknown-schedule error) comes from it.
+// own file of this folder and listed by the build (cmake/registry.cmake), and every list a user
+// sees (the schedule key's help, docs/config.md, `troupe info`, the unknown-schedule error) comes
+// from it.
 //
 // A run holds its schedule typed (TrainOptions::schedule): the row, and the row's family with
 // what only that family reads: one process (local, device), an allreduce across processes
@@ -109,7 +110,8 @@ Schedule makeSchedule(const ScheduleKeys& keys);
 // The row named `name` (or whose MXNet names hold it) and its family with the keys' defaults.
 Schedule scheduleNamed(std::string_view name);
 
-// Every schedule, in the order help texts list them.
+// Every schedule, in the order help texts list them: local, the default, then by file name
+// (written by the build from actors/schedules/, cmake/registry.cmake).
 const std::vector<ScheduleInfo>& schedules();
 // The row named `name` (or whose MXNet names hold it); nullptr when there is none.
 const ScheduleInfo* findSchedule(std::string_view name);
