@@ -21,8 +21,6 @@
 namespace troupe::apps::launch_detail {
 namespace {
 
-constexpr std::array<int, 3> kStopSignals{SIGINT, SIGTERM, SIGHUP};
-
 std::vector<char*> pointersTo(std::vector<std::string>& strings) {
   std::vector<char*> pointers;
   for (auto& s : strings)
@@ -69,6 +67,12 @@ volatile sig_atomic_t g_stop_signal = 0;
 
 extern "C" void onStopSignal(int signo) {
   g_stop_signal = signo;
+}
+
+// The stop handler, with no signal noted yet (cleared before the handler is in place).
+void (*clearedStopHandler())(int) {
+  g_stop_signal = 0;
+  return onStopSignal;
 }
 
 }  // namespace
@@ -252,28 +256,24 @@ void terminateGroup(pid_t pgid) {
   ::kill(-pgid, SIGCONT);
 }
 
-StopSignals::StopSignals() {
-  g_stop_signal = 0;
+HeldSignals::HeldSignals(std::vector<int> signals, void (*handler)(int))
+    : signals_(std::move(signals)), previous_(signals_.size()) {
   struct sigaction sa {};
-  sa.sa_handler = onStopSignal;
+  sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
-  for (std::size_t i = 0; i < kStopSignals.size(); ++i)
-    ::sigaction(kStopSignals[i], &sa, &previous_[i]);
+  for (std::size_t i = 0; i < signals_.size(); ++i)
+    ::sigaction(signals_[i], &sa, &previous_[i]);
 }
 
-StopSignals::~StopSignals() {
-  for (std::size_t i = 0; i < kStopSignals.size(); ++i)
-    ::sigaction(kStopSignals[i], &previous_[i], nullptr);
+HeldSignals::~HeldSignals() {
+  for (std::size_t i = 0; i < signals_.size(); ++i)
+    ::sigaction(signals_[i], &previous_[i], nullptr);
 }
+
+StopSignals::StopSignals() : HeldSignals({SIGINT, SIGTERM, SIGHUP}, clearedStopHandler()) {}
 
 int stopSignal() {
   return g_stop_signal;
-}
-
-IgnoreSigpipe::IgnoreSigpipe() : previous_(::signal(SIGPIPE, SIG_IGN)) {}
-
-IgnoreSigpipe::~IgnoreSigpipe() {
-  ::signal(SIGPIPE, previous_);
 }
 
 std::string join(const std::vector<std::string>& words) {

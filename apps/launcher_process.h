@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <sys/types.h>
 
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -71,33 +70,34 @@ bool processGroupStopped(pid_t pgid);
 // Tells group `pgid` to end: SIGTERM, then SIGCONT, which a stopped process needs to act on it.
 void terminateGroup(pid_t pgid);
 
+// `signals` go to `handler` (a function, or SIG_IGN) while it lives; their actions before, after.
+class HeldSignals {
+ public:
+  HeldSignals(std::vector<int> signals, void (*handler)(int));
+  ~HeldSignals();
+  HeldSignals(const HeldSignals&) = delete;
+  HeldSignals& operator=(const HeldSignals&) = delete;
+
+ private:
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
+};
+
 // SIGINT, SIGTERM and SIGHUP to the launcher, noted for the main loop while one lives (ssh, mpi
 // and slurm only: local processes die with the launcher through PR_SET_PDEATHSIG, remote ones
 // need the launcher).
-class StopSignals {
+class StopSignals : HeldSignals {
  public:
   StopSignals();
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  std::array<struct sigaction, 3> previous_{};
 };
 // The signal noted since the last StopSignals began; 0: none.
 int stopSignal();
 
 // SIGPIPE ignored while it lives: a reader of the launcher's output that goes away must not end
 // the launcher (the OutputRelay sees EPIPE instead). Children get the default back.
-class IgnoreSigpipe {
+class IgnoreSigpipe : HeldSignals {
  public:
-  IgnoreSigpipe();
-  ~IgnoreSigpipe();
-  IgnoreSigpipe(const IgnoreSigpipe&) = delete;
-  IgnoreSigpipe& operator=(const IgnoreSigpipe&) = delete;
-
- private:
-  void (*previous_)(int);
+  IgnoreSigpipe() : HeldSignals({SIGPIPE}, SIG_IGN) {}
 };
 
 // The words, each shell-quoted, joined by spaces.

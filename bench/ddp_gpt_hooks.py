@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
                              tail, Measuring, wait_all)
 import allreduce_hosts  # noqa: E402
+from train_bench import add_int_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -87,12 +88,7 @@ def main():
     ap.add_argument("--procs", type=int, default=2, help="ranks on this host (local)")
     ap.add_argument("--hosts", type=int, default=0, help="namespace hosts, a rank each")
     ap.add_argument("--rate", default="1gbit", help="each host's egress (--hosts); none: unshaped")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--n-layer", type=int, default=2)
-    ap.add_argument("--block-size", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=1)
+    add_int_flags(ap, steps=300, n_embd=128, n_layer=2, block_size=64, batch_size=16, rounds=1)
     ap.add_argument("--prefix", default="bg")
     ap.add_argument("--subnet", default="10.77.3")
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))

@@ -31,9 +31,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce_hosts import ensure_torch  # noqa: E402
-from lm_bench_util import (median_step_seconds, torch_median_step,  # noqa: E402
-                           troupe_tokens_per_sec)
+from lm_bench_util import (median_step_seconds, parse_args_or_torch_side,  # noqa: E402
+                           torch_median_step, troupe_tokens_per_sec)
+from train_bench import add_int_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -206,19 +206,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
     ap.add_argument("--llmc", default=LLMC_MIRROR, help="llm.c checkout or mirror ('' to skip)")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--n-layer", type=int, default=12)
-    ap.add_argument("--n-head", type=int, default=12)
-    ap.add_argument("--n-embd", type=int, default=768)
+    add_int_flags(ap, steps=5, seq=256, batch_size=4, threads=os.cpu_count(), n_layer=12,
+                  n_head=12, n_embd=768)
     ap.add_argument("--compile", action="store_true", help="torch.compile's side too")
-    ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.torch_side:
-        return torch_side(a)
-    version = ensure_torch()
+    a, version = parse_args_or_torch_side(ap, torch_side)
     tokens = a.batch_size * a.seq
     print(f"# GPT-2 L{a.n_layer} H{a.n_head} C{a.n_embd}, batch {a.batch_size} x {a.seq} tokens, "
           f"float32, AdamW, {a.threads} threads, median of {a.steps} steps; torch {version}",

@@ -36,6 +36,8 @@ import subprocess
 import sys
 import tempfile
 
+from train_bench import add_int_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-torch")
 VENV_PY = os.path.join(VENV, "bin/python")
@@ -244,12 +246,7 @@ def cell(values, digits=1):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--images", type=int, default=512)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--batches", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=1)
+    add_int_flags(ap, rounds=3, images=512, batch=64, batches=12, warmup=2, seed=1)
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
     # Where the peers are already installed (the GPU machine's python3 has torchvision and
     # scikit-image but no DALI): that python, and the peers to run.

@@ -1,5 +1,6 @@
 """What the language models' CPU benchmarks share (bench/gpt_cpu_vs_peers.py,
 bench/lstm_cpu_vs_peers.py): running PyTorch's side and troupe's, each read as its figure."""
+import argparse
 import csv
 import glob
 import os
@@ -8,6 +9,21 @@ import statistics
 import subprocess
 import sys
 import time
+
+from allreduce_hosts import ensure_torch
+
+
+def parse_args_or_torch_side(parser, torch_side):
+    """Parses the command line, with the internal flag --torch-side that PyTorch's side's command
+    gives (torch_median_step's, this script under .venv-torch's python): then torch_side(args)
+    prints its figure and the script ends. Otherwise: the args, and the torch version of
+    .venv-torch (installed if missing)."""
+    parser.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.torch_side:
+        torch_side(a)
+        sys.exit()
+    return a, ensure_torch()
 
 
 def median_step_seconds(step, steps):

@@ -22,9 +22,9 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from allreduce_hosts import ensure_torch  # noqa: E402
-from lm_bench_util import (median_step_seconds, torch_median_step,  # noqa: E402
-                           troupe_tokens_per_sec)
+from lm_bench_util import (median_step_seconds, parse_args_or_torch_side,  # noqa: E402
+                           torch_median_step, troupe_tokens_per_sec)
+from train_bench import add_int_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_PY = os.path.join(ROOT, ".venv-torch/bin/python")
@@ -100,22 +100,12 @@ def shared_args(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--bptt", type=int, default=35)
-    ap.add_argument("--batch-size", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--nlayers", type=int, default=2)
-    ap.add_argument("--nhid", type=int, default=650)
-    ap.add_argument("--emsize", type=int, default=650)
-    ap.add_argument("--vocab", type=int, default=10000)
+    add_int_flags(ap, steps=10, bptt=35, batch_size=20, threads=os.cpu_count(), nlayers=2,
+                  nhid=650, emsize=650, vocab=10000)
     ap.add_argument("--dropout", type=float, default=0.5)
     ap.add_argument("--lr", type=float, default=20.0)
     ap.add_argument("--clip", type=float, default=0.25)
-    ap.add_argument("--torch-side", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.torch_side:
-        return torch_side(a)
-    version = ensure_torch()
+    a, version = parse_args_or_torch_side(ap, torch_side)
     tokens = a.batch_size * a.bptt
     print(f"# LSTM LM {a.nlayers}x{a.nhid} (emsize {a.emsize}, vocabulary {a.vocab}, dropout "
           f"{a.dropout}), batch {a.batch_size} x {a.bptt} tokens, float32, SGD lr {a.lr} clip "

@@ -1,6 +1,7 @@
 """What troupe's training benchmarks share (bench/train_vs_pytorch.py, ddp_vs_troupe.py,
 ps_vs_mxnet.py, kvstore_vs_train.py, train_hosts.py): the troupe binary, the Fashion-MNIST data it
-trains on (converted once by `troupe convert`), and the table of samples/s they print."""
+trains on (converted once by `troupe convert`), and the table of samples/s they print; and the
+whole-number flags of most benchmarks here (add_int_flags)."""
 import os
 import subprocess
 
@@ -12,6 +13,13 @@ def add_troupe_and_data_flags(parser):
     missing, out/fashion-mnist-lmdb)."""
     parser.add_argument("--troupe", default=os.path.join(ROOT, "build/bin/troupe"))
     parser.add_argument("--data", default=os.path.join(ROOT, "out/fashion-mnist-lmdb"))
+
+
+def add_int_flags(parser, **defaults):
+    """A whole-number flag for each keyword, in their order: --NAME (its underscores as dashes)
+    defaulting to the keyword's value; add_int_flags(p, batch_size=16) adds --batch-size, 16."""
+    for name, default in defaults.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
 
 
 def ensure_data(troupe, data, **run_args):

@@ -29,6 +29,7 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lm_bench_util import troupe_run  # noqa: E402
+from train_bench import add_int_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TROUPE = os.path.join(ROOT, "build/bin/troupe")
@@ -105,13 +106,8 @@ def run(a, zero, work):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=8)
-    p.add_argument("--n-embd", type=int, default=512)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--epoch-size", type=int, default=256)
+    add_int_flags(p, workers=2, n_layer=4, n_head=8, n_embd=512, seq=64, batch_size=4,
+                  epoch_size=256)
     a = p.parse_args()
     if not os.path.exists(TROUPE):
         sys.exit(f"{TROUPE} is missing: bash scripts/build.sh troupe_cli")

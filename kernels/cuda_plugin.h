@@ -85,3 +85,17 @@ struct CudaPlugin {
 };
 
 }  // namespace troupe::kernels
+
+// Exports troupe_cuda_plugin() from a plugin whose namespace NS defines describe, make, pinnedFor,
+// ncclId and makeCommunicator (the table's functions, in its order).
+#define TROUPE_CUDA_PLUGIN(NS)                                                         \
+  extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin* \
+  troupe_cuda_plugin() {                                                               \
+    static const troupe::kernels::CudaPlugin plugin{troupe::kernels::CudaPlugin::kAbi, \
+                                                    &NS::describe,                     \
+                                                    &NS::make,                         \
+                                                    &NS::pinnedFor,                    \
+                                                    &NS::ncclId,                       \
+                                                    &NS::makeCommunicator};            \
+    return &plugin;                                                                    \
+  }

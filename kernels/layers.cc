@@ -390,38 +390,30 @@ class LayerNormLayer final : public OpLayer<LayerNormOp> {
   Tensor gamma_, beta_, dgamma_, dbeta_;
 };
 
-// The backward reads x, not y.
-class GeluLayer final : public OpLayer<GeluOp> {
+// Base, an OpLayer whose op maps x to y, with a backward that reads x and dy, not y (GELU;
+// attention, whose weights are its op's).
+template <typename Base>
+class ReadsInputLayer : public Base {
  public:
-  explicit GeluLayer(std::int64_t per_sample)
-      : OpLayer("gelu", true, false, [per_sample](LayerContext& ctx, std::int64_t n) {
-          return ctx.backend().makeGelu(n * per_sample);
-        }) {}
+  using Base::Base;
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
-    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
+    this->op(ctx, n).forward(ctx.data(this->bottoms[0]), ctx.data(this->top));
   }
   void backward(LayerContext& ctx, std::int64_t n, float) override {
-    const Tensor dx = ctx.diff(bottoms[0]);
-    if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
+    const Tensor dx = ctx.diff(this->bottoms[0]);
+    if (dx.raw()) this->op(ctx, n).backward(ctx.data(this->bottoms[0]), ctx.diff(this->top), dx);
   }
 };
 
 // The backward reads the input (q, k, v), not y: the attention weights are its op's.
-class AttentionLayer final : public GeometryLayer<AttentionOp, AttentionGeometry> {
+class AttentionLayer final : public ReadsInputLayer<GeometryLayer<AttentionOp, AttentionGeometry>> {
  public:
   explicit AttentionLayer(const AttentionGeometry& g)
-      : GeometryLayer("attention", true, false, g, &Backend::makeAttention) {}
+      : ReadsInputLayer("attention", true, false, g, &Backend::makeAttention) {}
   // q k^T and the weights times v, as if every key were seen (PaLM's count: 12 L H Q T a token
   // for training), not the causal half.
   double forwardFlops() const override {
     return 4.0 * static_cast<double>(g_.t * g_.t * g_.channels);
-  }
-  void forward(LayerContext& ctx, std::int64_t n, bool) override {
-    op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
-  }
-  void backward(LayerContext& ctx, std::int64_t n, float) override {
-    const Tensor dx = ctx.diff(bottoms[0]);
-    if (dx.raw()) op(ctx, n).backward(ctx.data(bottoms[0]), ctx.diff(top), dx);
   }
 };
 
@@ -520,7 +512,10 @@ std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channe
   return std::make_unique<LayerNormLayer>(rows, channels);
 }
 std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample) {
-  return std::make_unique<GeluLayer>(per_sample);
+  return std::make_unique<ReadsInputLayer<OpLayer<GeluOp>>>(
+      "gelu", true, false, [per_sample](LayerContext& ctx, std::int64_t n) {
+        return ctx.backend().makeGelu(n * per_sample);
+      });
 }
 std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
                                           std::int64_t heads) {

@@ -16,6 +16,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -151,6 +152,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& peer() const { return peer_; }
 
  private:
+  // A handshake's turn: writes `mine`, then reads the client's `theirs` and goes on at `next`.
+  void exchange(asio::const_buffer mine, asio::mutable_buffer theirs,
+                void (Session::*next)(std::error_code));
   void onChallenge(std::error_code ec);
   void onProof(std::error_code ec);
   void readHeader();
@@ -262,13 +266,18 @@ void Session::start() {
                   transport::kRefusedNoHandshake);
     }
   });
-  asio::async_write(socket_, asio::buffer(handshake_.challenge()),
-                    [self = shared_from_this()](std::error_code ec, size_t) {
-                      if (!self->open_) return;
-                      if (ec) return self->close("write failed: " + ec.message());
-                      asio::async_read(self->socket_, asio::buffer(self->challenge_),
-                                       [self](std::error_code e, size_t) { self->onChallenge(e); });
-                    });
+  exchange(asio::buffer(handshake_.challenge()), asio::buffer(challenge_), &Session::onChallenge);
+}
+
+void Session::exchange(asio::const_buffer mine, asio::mutable_buffer theirs,
+                       void (Session::*next)(std::error_code)) {
+  asio::async_write(
+      socket_, mine, [self = shared_from_this(), theirs, next](std::error_code ec, size_t) {
+        if (!self->open_) return;
+        if (ec) return self->close("write failed: " + ec.message());
+        asio::async_read(self->socket_, theirs,
+                         [self, next](std::error_code e, size_t) { ((*self).*next)(e); });
+      });
 }
 
 void Session::onChallenge(std::error_code ec) {
@@ -280,13 +289,7 @@ void Session::onChallenge(std::error_code ec) {
     return close(std::string("refused: ") + e.what(), transport::kRefusedNotAPeer);
   }
   proof_ = handshake_.proof();
-  asio::async_write(socket_, asio::buffer(proof_),
-                    [self = shared_from_this()](std::error_code e, size_t) {
-                      if (!self->open_) return;
-                      if (e) return self->close("write failed: " + e.message());
-                      asio::async_read(self->socket_, asio::buffer(self->peer_proof_),
-                                       [self](std::error_code e2, size_t) { self->onProof(e2); });
-                    });
+  exchange(asio::buffer(proof_), asio::buffer(peer_proof_), &Session::onProof);
 }
 
 void Session::onProof(std::error_code ec) {
@@ -676,32 +679,21 @@ class TcpStoreClient final : public Store {
     auto req = request(Op::kGet);
     putBytes(req, key);
     putU64(req, static_cast<uint64_t>(clampTimeout(timeout).count()));
-    auto reply = call(std::move(req), timeout);
-    Reader in(reply);
-    auto value = in.bytes();
-    in.end();
-    return value;
+    return replyOf(std::move(req), timeout, [](Reader& in) { return in.bytes(); });
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
     auto req = request(Op::kAdd);
     putBytes(req, key);
     putU64(req, static_cast<uint64_t>(delta));
-    auto reply = call(std::move(req), milliseconds(0));
-    Reader in(reply);
-    const auto value = static_cast<int64_t>(in.u64());
-    in.end();
-    return value;
+    return replyOf(std::move(req), milliseconds(0),
+                   [](Reader& in) { return static_cast<int64_t>(in.u64()); });
   }
 
   bool check(const std::vector<std::string>& keys) override {
     auto req = request(Op::kCheck);
     putKeys(req, keys);
-    auto reply = call(std::move(req), milliseconds(0));
-    Reader in(reply);
-    const bool all = in.u8() != 0;
-    in.end();
-    return all;
+    return replyOf(std::move(req), milliseconds(0), [](Reader& in) { return in.u8() != 0; });
   }
 
   void wait(const std::vector<std::string>& keys, milliseconds timeout) override {
@@ -714,16 +706,23 @@ class TcpStoreClient final : public Store {
   bool remove(const std::string& key) override {
     auto req = request(Op::kRemove);
     putBytes(req, key);
-    auto reply = call(std::move(req), milliseconds(0));
-    Reader in(reply);
-    const bool existed = in.u8() != 0;
-    in.end();
-    return existed;
+    return replyOf(std::move(req), milliseconds(0), [](Reader& in) { return in.u8() != 0; });
   }
 
   std::string describe() const override { return name_; }
 
  private:
+  // What `read` takes from the reply to `req`, which must hold that and nothing more.
+  template <typename Read>
+  std::invoke_result_t<const Read&, Reader&> replyOf(std::string req, milliseconds timeout,
+                                                     const Read& read) {
+    const auto reply = call(std::move(req), timeout);
+    Reader in(reply);
+    auto value = read(in);
+    in.end();
+    return value;
+  }
+
   static std::string request(Op op) {
     auto f = startFrame();
     putU8(f, static_cast<uint8_t>(op));

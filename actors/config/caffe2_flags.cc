@@ -46,6 +46,16 @@ Key onlyFalse(const char* name, const char* help, const char* why) {
       "false");
 }
 
+// A text flag that gives the rendezvous its store, refusing an empty one as not `what`.
+Key rendezvousFlag(const char* name, const char* help, const char* what) {
+  return alias(
+      name, Kind::kString, Range{}, help, "rendezvous",
+      [what](Settings&, const Value& v) {
+        if (std::get<std::string>(v).empty()) throw Refusal(std::string("expected ") + what);
+      },
+      "");
+}
+
 // An integer flag that troupe takes at `accepted` only (Caffe2's default), refusing any other value
 // saying `why`.
 Key onlyInt(const char* name, Range range, const char* help, std::int64_t accepted,
@@ -104,23 +114,13 @@ std::vector<Key> caffe2Keys() {
               "Caffe2's: refused (troupe's GPU kernels size their own workspace)",
               "troupe's GPU kernels size their own workspace (cuDNN's, up to half the GPU's "
               "free memory and 4 GiB an algorithm), and there is no limit to set yet"),
-      alias(
-          "redis_host", Kind::kString, Range{},
-          "Caffe2's: rendezvous redis://HOST:PORT, PORT being redis_port", "rendezvous",
-          [](Settings&, const Value& v) {
-            if (std::get<std::string>(v).empty()) throw Refusal("expected a host name");
-          },
-          ""),
+      rendezvousFlag("redis_host", "Caffe2's: rendezvous redis://HOST:PORT, PORT being redis_port",
+                     "a host name"),
       alias(
           "redis_port", Kind::kInt, kPort, "Caffe2's: the port of redis_host", nullptr,
           [](Settings&, const Value&) {}, "6379"),
-      alias(
-          "file_store_path", Kind::kString, Range{},
-          "Caffe2's: rendezvous file://DIR (a folder every process sees)", "rendezvous",
-          [](Settings&, const Value& v) {
-            if (std::get<std::string>(v).empty()) throw Refusal("expected a folder");
-          },
-          ""),
+      rendezvousFlag("file_store_path",
+                     "Caffe2's: rendezvous file://DIR (a folder every process sees)", "a folder"),
       alias(
           "save_model_name", Kind::kString, Range{},
           "Caffe2's: run_name, which begins the names of the log and of the checkpoints "

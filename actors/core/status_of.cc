@@ -9,25 +9,38 @@
 namespace troupe::actors {
 namespace {
 
+template <typename E, ErrorKind K>
+struct Typed {
+  using Type = E;
+  static constexpr ErrorKind kKind = K;
+};
+
+// The typed errors with their kinds, read both ways: an error's kind (kInternal for none of
+// them), and an error of a kind (troupe::Error for another).
+template <typename... T>
+struct Kinds {
+  static ErrorKind kindOf(const std::exception& e) {
+    ErrorKind kind = ErrorKind::kInternal;
+    (void)((dynamic_cast<const typename T::Type*>(&e) ? (kind = T::kKind, true) : false) || ...);
+    return kind;
+  }
+  [[noreturn]] static void raise(ErrorKind kind, const std::string& message) {
+    ((kind == T::kKind ? throw typename T::Type(message) : void()), ...);
+    throw Error(message);
+  }
+};
+using TypedErrors =
+    Kinds<Typed<InputError, ErrorKind::kInput>, Typed<IoError, ErrorKind::kIo>,
+          Typed<TimeoutError, ErrorKind::kTimeout>, Typed<ResourceError, ErrorKind::kResource>,
+          Typed<NumericError, ErrorKind::kNumeric>, Typed<InvariantError, ErrorKind::kInvariant>>;
+
 // The kind of `e`: its own, or that of the first typed error nested in it (the actor system
 // rethrows an actor's error nested in one that names the actor). A peer that is gone or hung is
 // kPeer whatever carried it.
 ErrorKind kindOf(const std::exception& error) {
   ErrorKind kind = ErrorKind::kInternal;
   visitNested(error, [&](const std::exception& e) {
-    if (dynamic_cast<const InputError*>(&e)) {
-      kind = ErrorKind::kInput;
-    } else if (dynamic_cast<const IoError*>(&e)) {
-      kind = ErrorKind::kIo;
-    } else if (dynamic_cast<const TimeoutError*>(&e)) {
-      kind = ErrorKind::kTimeout;
-    } else if (dynamic_cast<const ResourceError*>(&e) || dynamic_cast<const std::bad_alloc*>(&e)) {
-      kind = ErrorKind::kResource;
-    } else if (dynamic_cast<const NumericError*>(&e)) {
-      kind = ErrorKind::kNumeric;
-    } else if (dynamic_cast<const InvariantError*>(&e)) {
-      kind = ErrorKind::kInvariant;
-    }
+    kind = dynamic_cast<const std::bad_alloc*>(&e) ? ErrorKind::kResource : TypedErrors::kindOf(e);
     return kind != ErrorKind::kInternal;
   });
   return kind;
@@ -41,24 +54,7 @@ Status statusOf(const std::exception& e) {
 }
 
 void throwIfError(const Status& status) {
-  switch (status.kind()) {
-    case ErrorKind::kOk:
-      return;
-    case ErrorKind::kInput:
-      throw InputError(status.message());
-    case ErrorKind::kIo:
-      throw IoError(status.message());
-    case ErrorKind::kTimeout:
-      throw TimeoutError(status.message());
-    case ErrorKind::kResource:
-      throw ResourceError(status.message());
-    case ErrorKind::kNumeric:
-      throw NumericError(status.message());
-    case ErrorKind::kInvariant:
-      throw InvariantError(status.message());
-    default:
-      throw Error(status.message());
-  }
+  if (status.kind() != ErrorKind::kOk) TypedErrors::raise(status.kind(), status.message());
 }
 
 }  // namespace troupe::actors

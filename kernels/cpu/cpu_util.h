@@ -1,4 +1,4 @@
-// Helpers shared by the CPU ops: thread budgets, row-major sgemm, work splitting.
+// Helpers shared by the CPU ops: thread budgets, row-major sgemm, work splitting, element-wise ops.
 #pragma once
 
 #include <omp.h>
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/tensor.h"
+#include "troupe/error.h"
 
 namespace troupe::kernels::cpu {
 
@@ -109,5 +110,36 @@ void forRangesIndexed(std::int64_t total, int threads, std::int64_t grain, const
 inline float* optionalF32(const Tensor& t) {
   return t.raw() ? t.f32() : nullptr;
 }
+
+// An element-wise op `Op` (ReLU, GELU) of `numel` floats: y = kForward(x); dx = kBackward(saved,
+// dy), `saved` being what Op's backward reads (ReLU's y, GELU's x). The threads share ranges of
+// at least `grain` elements.
+template <class Op, void (*kForward)(const float*, float*, std::int64_t),
+          void (*kBackward)(const float*, const float*, float*, std::int64_t)>
+class Elementwise final : public Op {
+ public:
+  Elementwise(std::int64_t numel, int threads, std::int64_t grain)
+      : numel_(numel), threads_(threads), grain_(grain) {}
+  void forward(const Tensor& x, const Tensor& y) override {
+    TROUPE_ENFORCE_EQ(x.numel(), numel_);
+    const float* in = x.f32();
+    float* out = y.f32();
+    forRanges(numel_, threads_, grain_,
+              [&](std::int64_t b, std::int64_t e) { kForward(in + b, out + b, e - b); });
+  }
+  void backward(const Tensor& saved, const Tensor& dy, const Tensor& dx) override {
+    TROUPE_ENFORCE_EQ(dy.numel(), numel_);
+    const float* s = saved.f32();
+    const float* d = dy.f32();
+    float* out = dx.f32();
+    forRanges(numel_, threads_, grain_,
+              [&](std::int64_t b, std::int64_t e) { kBackward(s + b, d + b, out + b, e - b); });
+  }
+
+ private:
+  std::int64_t numel_;
+  int threads_;
+  std::int64_t grain_;
+};
 
 }  // namespace troupe::kernels::cpu

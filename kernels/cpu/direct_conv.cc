@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/isa.h"
@@ -106,31 +107,12 @@ void overBlocks(std::int64_t channels, Args&&... args) {
   std::int64_t oc0 = 0;
   for (; oc0 + kBlock <= channels; oc0 += kBlock)
     Kernel<kBlock>::run(args..., oc0);
-  switch (channels - oc0) {
-    case 0:
-      break;
-    case 1:
-      Kernel<1>::run(args..., oc0);
-      break;
-    case 2:
-      Kernel<2>::run(args..., oc0);
-      break;
-    case 3:
-      Kernel<3>::run(args..., oc0);
-      break;
-    case 4:
-      Kernel<4>::run(args..., oc0);
-      break;
-    case 5:
-      Kernel<5>::run(args..., oc0);
-      break;
-    case 6:
-      Kernel<6>::run(args..., oc0);
-      break;
-    default:
-      Kernel<7>::run(args..., oc0);
-      break;
+  const auto rest = static_cast<int>(channels - oc0);  // below kBlock
+  // Kernel<NB> for the NB that is the rest, among 1 .. kBlock - 1.
+  [&]<int... kFewer>(std::integer_sequence<int, kFewer...>) {
+    ((rest == kFewer + 1 ? Kernel<kFewer + 1>::run(args..., oc0) : void()), ...);
   }
+  (std::make_integer_sequence<int, kBlock - 1>{});
 }
 
 template <int NB>

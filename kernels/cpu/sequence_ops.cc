@@ -183,31 +183,6 @@ class CpuLayerNorm final : public LayerNormOp {
   std::vector<float> mean_, rstd_, partial_;
 };
 
-class CpuGelu final : public GeluOp {
- public:
-  CpuGelu(std::int64_t numel, int threads) : numel_(numel), threads_(threads) {}
-  void forward(const Tensor& x, const Tensor& y) override {
-    TROUPE_ENFORCE_EQ(x.numel(), numel_);
-    const float* in = x.f32();
-    float* out = y.f32();
-    forRanges(numel_, threads_, kGrain,
-              [&](std::int64_t b, std::int64_t e) { vec::geluForward(in + b, out + b, e - b); });
-  }
-  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override {
-    TROUPE_ENFORCE_EQ(dy.numel(), numel_);
-    const float* in = x.f32();
-    const float* d = dy.f32();
-    float* out = dx.f32();
-    forRanges(numel_, threads_, kGrain, [&](std::int64_t b, std::int64_t e) {
-      vec::geluBackward(in + b, d + b, out + b, e - b);
-    });
-  }
-
- private:
-  std::int64_t numel_;
-  int threads_;
-};
-
 // One (sequence, head) pair at a time, the pairs shared among the threads; within a pair the
 // products are single-threaded sgemm calls on the strided rows of qkv.
 class CpuAttention final : public AttentionOp {
@@ -464,7 +439,8 @@ std::unique_ptr<LayerNormOp> makeLayerNorm(const LayerNormGeometry& g, int threa
   return std::make_unique<CpuLayerNorm>(g, threads);
 }
 std::unique_ptr<GeluOp> makeGelu(std::int64_t numel, int threads) {
-  return std::make_unique<CpuGelu>(numel, threads);
+  return std::make_unique<Elementwise<GeluOp, vec::geluForward, vec::geluBackward>>(numel, threads,
+                                                                                    kGrain);
 }
 std::unique_ptr<AttentionOp> makeAttention(const AttentionGeometry& g, int threads) {
   TROUPE_ENFORCE(g.n > 0 && g.t > 0 && g.heads > 0 && g.channels % g.heads == 0,

@@ -15,31 +15,6 @@ namespace {
 // Below this many elements a loop runs on one thread (waking a team costs more).
 constexpr std::int64_t kParallelGrain = 1 << 15;
 
-class CpuRelu final : public ReluOp {
- public:
-  CpuRelu(std::int64_t numel, int threads) : numel_(numel), threads_(threads) {}
-  void forward(const Tensor& x, const Tensor& y) override {
-    TROUPE_ENFORCE_EQ(x.numel(), numel_);
-    const float* in = x.f32();
-    float* out = y.f32();
-    forRanges(numel_, threads_, kParallelGrain,
-              [&](std::int64_t b, std::int64_t e) { vec::reluForward(in + b, out + b, e - b); });
-  }
-  void backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
-    TROUPE_ENFORCE_EQ(dy.numel(), numel_);
-    const float* yp = y.f32();
-    const float* d = dy.f32();
-    float* out = dx.f32();
-    forRanges(numel_, threads_, kParallelGrain, [&](std::int64_t b, std::int64_t e) {
-      vec::reluBackward(yp + b, d + b, out + b, e - b);
-    });
-  }
-
- private:
-  std::int64_t numel_;
-  int threads_;
-};
-
 class CpuDropout final : public DropoutOp {
  public:
   CpuDropout(std::int64_t numel, float ratio, int threads)
@@ -208,7 +183,8 @@ class CpuSoftmaxLoss final : public SoftmaxLossOp {
 }  // namespace
 
 std::unique_ptr<ReluOp> makeRelu(std::int64_t numel, int threads) {
-  return std::make_unique<CpuRelu>(numel, threads);
+  return std::make_unique<Elementwise<ReluOp, vec::reluForward, vec::reluBackward>>(numel, threads,
+                                                                                    kParallelGrain);
 }
 std::unique_ptr<DropoutOp> makeDropout(std::int64_t numel, float ratio, int threads) {
   TROUPE_ENFORCE(ratio >= 0.0f && ratio < 1.0f, "dropout ratio ", ratio);

@@ -73,30 +73,31 @@ void* act(const Tensor& t) {
   return t.raw();
 }
 
-cudnnDataType_t cudnnType(DType dtype) {
+// A floating-point dtype as cuDNN and cuBLAS name it; `library` is who refuses any other.
+struct LibraryTypes {
+  cudnnDataType_t cudnn;
+  cudaDataType_t cublas;
+};
+LibraryTypes libraryTypes(DType dtype, const char* library) {
   switch (dtype) {
     case DType::kFloat16:
-      return CUDNN_DATA_HALF;
+      return {CUDNN_DATA_HALF, CUDA_R_16F};
     case DType::kBFloat16:
-      return CUDNN_DATA_BFLOAT16;
+      return {CUDNN_DATA_BFLOAT16, CUDA_R_16BF};
     case DType::kFloat32:
-      return CUDNN_DATA_FLOAT;
+      return {CUDNN_DATA_FLOAT, CUDA_R_32F};
     default:
-      throw InvariantError("cuDNN computes on floating-point tensors, not " + toString(dtype));
+      throw InvariantError(std::string(library) + " computes on floating-point tensors, not " +
+                           toString(dtype));
   }
 }
 
+cudnnDataType_t cudnnType(DType dtype) {
+  return libraryTypes(dtype, "cuDNN").cudnn;
+}
+
 cudaDataType_t cublasType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return CUDA_R_16F;
-    case DType::kBFloat16:
-      return CUDA_R_16BF;
-    case DType::kFloat32:
-      return CUDA_R_32F;
-    default:
-      throw InvariantError("cuBLAS computes on floating-point tensors, not " + toString(dtype));
-  }
+  return libraryTypes(dtype, "cuBLAS").cublas;
 }
 bool wanted(const Tensor& t) {
   return t.raw() != nullptr;
@@ -1642,11 +1643,4 @@ std::unique_ptr<Backend> make(int index, const CudaOptions& options) {
 }  // namespace
 }  // namespace troupe::kernels::cuda
 
-extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
-troupe_cuda_plugin() {
-  static const troupe::kernels::CudaPlugin plugin{
-      troupe::kernels::CudaPlugin::kAbi, &troupe::kernels::cuda::describe,
-      &troupe::kernels::cuda::make,      &troupe::kernels::cuda::pinnedFor,
-      &troupe::kernels::cuda::ncclId,    &troupe::kernels::cuda::makeCommunicator};
-  return &plugin;
-}
+TROUPE_CUDA_PLUGIN(troupe::kernels::cuda)

@@ -706,11 +706,4 @@ std::unique_ptr<Backend> make(int index, const CudaOptions&) {
 }  // namespace
 }  // namespace troupe::kernels::emulated
 
-extern "C" __attribute__((visibility("default"))) const troupe::kernels::CudaPlugin*
-troupe_cuda_plugin() {
-  static const troupe::kernels::CudaPlugin plugin{
-      troupe::kernels::CudaPlugin::kAbi,  &troupe::kernels::emulated::describe,
-      &troupe::kernels::emulated::make,   &troupe::kernels::emulated::pinnedFor,
-      &troupe::kernels::emulated::ncclId, &troupe::kernels::emulated::makeCommunicator};
-  return &plugin;
-}
+TROUPE_CUDA_PLUGIN(troupe::kernels::emulated)

@@ -38,6 +38,15 @@ def torchrun_ranks(args, world=2):
     return [p.returncode for p in procs], outs
 
 
+def troupe_program(timeout, *lines):
+    """A rank's program (for python -c): torch.distributed's group on the "troupe" backend, its
+    waits ending after `timeout` seconds, then `lines` (with datetime, os, time, torch and
+    torch.distributed as dist imported)."""
+    return "\n".join(["import datetime, os, time, torch, torch.distributed as dist, troupe.torch",
+                      "dist.init_process_group('troupe', "
+                      f"timeout=datetime.timedelta(seconds={timeout}))", *lines, ""])
+
+
 def test_three_ranks_started_by_troupe_launch():
     r = subprocess.run([os.environ.get("TROUPE", "troupe"), "launch", "-n", "3", "--",
                         sys.executable, WORKER],
@@ -68,9 +77,7 @@ def test_a_rank_that_never_comes_ends_the_wait_naming_it():
          f"s = dist.TCPStore('127.0.0.1', {port}, 2, False, datetime.timedelta(seconds=60))\n"
          "time.sleep(60)\n"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        program = ("import datetime, torch.distributed as dist, troupe.torch\n"
-                   "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=3))\n")
-        r = subprocess.run([sys.executable, "-c", program], stdout=subprocess.PIPE,
+        r = subprocess.run([sys.executable, "-c", troupe_program(3)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=120,
                            env=dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                                     RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"))
@@ -85,13 +92,12 @@ def test_a_recv_whose_send_never_comes_fails_naming_the_rank():
     # Both ranks meet (a 4 s timeout, which init_process_group gives the group's waits); rank 1
     # then sends nothing (staying a little longer than the timeout), and rank 0's recv ends at
     # the timeout naming it.
-    program = ("import datetime, time, torch, torch.distributed as dist, troupe.torch\n"
-               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=4))\n"
-               "dist.barrier()\n"
-               "if dist.get_rank() == 0:\n"
-               "    dist.recv(torch.zeros(4), src=1, tag=5)\n"
-               "else:\n"
-               "    time.sleep(6)\n")
+    program = troupe_program(
+        4, "dist.barrier()",
+        "if dist.get_rank() == 0:",
+        "    dist.recv(torch.zeros(4), src=1, tag=5)",
+        "else:",
+        "    time.sleep(6)")
     codes, outs = torchrun_ranks(["-c", program])
     assert codes[0] != 0, outs[0]
     assert "recv timed out after 4 s waiting for rank 1 (tag 5)" in outs[0], outs[0]
@@ -101,15 +107,14 @@ def test_a_rank_that_dies_mid_ddp_ends_the_others_backward_naming_it():
     # Rank 1 exits before its fourth backward; rank 0's bucket sum (on the backend's own thread)
     # fails on the lost link, and DDP's backward raises that error: exit 1, neither a hang nor a
     # crash (a Work whose future holds a Python exception object made DDP crash: a signal).
-    program = ("import datetime, os, torch, torch.distributed as dist, troupe.torch\n"
-               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=10))\n"
-               "torch.manual_seed(0)\n"
-               "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(50, 10))\n"
-               "for step in range(10):\n"
-               "    if dist.get_rank() == 1 and step == 3:\n"
-               "        os._exit(3)\n"
-               "    model(torch.randn(8, 50)).sum().backward()\n"
-               "    print('step', step, 'done', flush=True)\n")
+    program = troupe_program(
+        10, "torch.manual_seed(0)",
+        "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(50, 10))",
+        "for step in range(10):",
+        "    if dist.get_rank() == 1 and step == 3:",
+        "        os._exit(3)",
+        "    model(torch.randn(8, 50)).sum().backward()",
+        "    print('step', step, 'done', flush=True)")
     codes, outs = torchrun_ranks(["-c", program])
     assert codes[1] == 3, outs[1]
     assert codes[0] == 1, outs[0]
@@ -121,11 +126,10 @@ def test_tensors_of_other_sizes_across_ranks_are_refused_naming_both():
     # dist.all_reduce of 10 values on rank 0 and 12 on rank 1: rank 1 is refused at once, naming
     # both sizes; rank 0, whose partner is gone, fails naming it. No rank returns a tensor it
     # summed alone (the call returns only once its Work is waited for, which raises).
-    program = ("import datetime, torch, torch.distributed as dist, troupe.torch\n"
-               "dist.init_process_group('troupe', timeout=datetime.timedelta(seconds=5))\n"
-               "t = torch.ones(10 if dist.get_rank() == 0 else 12)\n"
-               "dist.all_reduce(t)\n"
-               "print('all_reduce returned', t.tolist(), flush=True)\n")
+    program = troupe_program(
+        5, "t = torch.ones(10 if dist.get_rank() == 0 else 12)",
+        "dist.all_reduce(t)",
+        "print('all_reduce returned', t.tolist(), flush=True)")
     codes, outs = torchrun_ranks(["-c", program])
     assert codes[1] != 0 and "all_reduce returned" not in outs[1], outs[1]
     assert "worker 0 inited it with 10 values, this worker with 12" in outs[1], outs[1]

@@ -147,6 +147,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void handshake();
+  // A handshake's turn: writes `mine`, then reads the peer's `theirs` and goes on at `next`.
+  void exchange(asio::const_buffer mine, asio::mutable_buffer theirs,
+                void (Connection::*next)(const asio::error_code&));
   void onChallenge(const asio::error_code& error);
   void onProof(const asio::error_code& error);
   void heartbeat();
@@ -403,16 +406,21 @@ void Connection::handshake() {
             fmt::format("refused: no authentication handshake within {} ms", timeout.count()), true,
             kRefusedNoHandshake);
       }));
-  auto self = shared_from_this();
+  exchange(asio::buffer(handshake_.challenge()), asio::buffer(peerChallenge_),
+           &Connection::onChallenge);
+}
+
+void Connection::exchange(asio::const_buffer mine, asio::mutable_buffer theirs,
+                          void (Connection::*next)(const asio::error_code&)) {
   asio::async_write(
-      socket_, asio::buffer(handshake_.challenge()),
-      asio::bind_executor(strand_, [self](const asio::error_code& error, std::size_t) {
+      socket_, mine,
+      asio::bind_executor(strand_, [self = shared_from_this(), theirs, next](
+                                       const asio::error_code& error, std::size_t) {
         if (error) return self->failRead(error, "in the authentication handshake");
         asio::async_read(
-            self->socket_, asio::buffer(self->peerChallenge_),
-            asio::bind_executor(self->strand_, [self](const asio::error_code& e, std::size_t) {
-              self->onChallenge(e);
-            }));
+            self->socket_, theirs,
+            asio::bind_executor(self->strand_, [self, next](const asio::error_code& e,
+                                                            std::size_t) { ((*self).*next)(e); }));
       }));
 }
 
@@ -424,17 +432,7 @@ void Connection::onChallenge(const asio::error_code& error) {
     return closeOnStrand(std::string("refused: ") + e.what(), true, kRefusedNotAPeer);
   }
   proof_ = handshake_.proof();
-  auto self = shared_from_this();
-  asio::async_write(
-      socket_, asio::buffer(proof_),
-      asio::bind_executor(strand_, [self](const asio::error_code& e, std::size_t) {
-        if (e) return self->failRead(e, "in the authentication handshake");
-        asio::async_read(
-            self->socket_, asio::buffer(self->peerProof_),
-            asio::bind_executor(self->strand_, [self](const asio::error_code& e2, std::size_t) {
-              self->onProof(e2);
-            }));
-      }));
+  exchange(asio::buffer(proof_), asio::buffer(peerProof_), &Connection::onProof);
 }
 
 void Connection::onProof(const asio::error_code& error) {
