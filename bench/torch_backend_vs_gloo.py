@@ -5,6 +5,7 @@ default group and a gloo group, and times the same work on each, alternating.
 
   allreduce:  dist.all_reduce of float32 tensors of 1 MB and 25 MB (DDP's bucket), seconds each
               and the ring's algorithm bandwidth (bytes / time).
+  all_gather: dist.all_gather of 1 MB and 25 MB in all (each rank's part 1/P of it), likewise.
   DDP:        an MLP (784-512-512-10, 0.7M parameters: compute-bound) and a wide one (1024-4096-
               4096-10, 21M parameters, 84 MB of gradients: communication-bound), batch 32 a rank,
               1 thread a rank, SGD; steps/s after 3 warm-up steps.
@@ -47,6 +48,17 @@ def run_rank(a):
             dist.all_reduce(t, group=group)  # warm-up (troupe: the key's first use)
             times[name] = timed(lambda g=group: dist.all_reduce(t, group=g), a.rounds)
         rows.append((f"allreduce {mb} MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
+                     lambda s, mb=mb: f"{mb / s:.0f} MB/s"))
+
+    world = dist.get_world_size()
+    for mb in (1, 25):  # what every rank ends with: its part is 1/world of it
+        part = torch.ones(mb * (1 << 20) // 4 // world)
+        parts = [torch.empty_like(part) for _ in range(world)]
+        times = {}
+        for name, group in groups.items():
+            dist.all_gather(parts, part, group=group)
+            times[name] = timed(lambda g=group: dist.all_gather(parts, part, group=g), a.rounds)
+        rows.append((f"all_gather {mb} MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
                      lambda s, mb=mb: f"{mb / s:.0f} MB/s"))
 
     def mlp(sizes):

@@ -26,12 +26,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The settings of one process of a run of 2 workers and `servers` servers.
+// The settings of one process of a run of `workers` workers and `servers` servers.
 KVStoreSettings place(const std::string& run, std::uint16_t port, const std::string& role, int rank,
-                      int servers = 1) {
+                      int servers = 1, int workers = 2) {
   return {{"role", role},
           {"shard_id", std::to_string(rank)},
-          {"num_shards", "2"},
+          {"num_shards", std::to_string(workers)},
           {"num_servers", std::to_string(servers)},
           {"rendezvous", "tcp://127.0.0.1:" + std::to_string(port)},
           {"run_id", run},
@@ -39,17 +39,17 @@ KVStoreSettings place(const std::string& run, std::uint16_t port, const std::str
           {"rendezvous_timeout", "20"}};
 }
 
-// Runs `worker` on two worker threads and each of `servers` servers on a thread of its own; the
-// first server's Status comes back (the others' are checked).
+// Runs `worker` on `workers` worker threads and each of `servers` servers on a thread of its own;
+// the first server's Status comes back (the others' are checked).
 Status runWorld(const std::string& type, const std::string& run,
                 const std::function<void(KVStore&)>& worker, const std::string& staleness = "",
-                int servers = 1, const KVStoreSettings& extra = {}) {
+                int servers = 1, const KVStoreSettings& extra = {}, int workers = 2) {
   const auto port = testing::freeLoopbackPort();
   std::vector<Status> served(static_cast<std::size_t>(std::max(servers, 1)));
   std::vector<std::thread> server_threads;
   for (int s = 0; s < servers; ++s) {
     server_threads.emplace_back([&, s] {
-      auto settings = place(run, port, "server", s, servers);
+      auto settings = place(run, port, "server", s, servers, workers);
       if (!staleness.empty()) settings["staleness"] = staleness;
       for (const auto& [key, value] : extra)
         settings[key] = value;
@@ -57,10 +57,10 @@ Status runWorld(const std::string& type, const std::string& run,
       served[static_cast<std::size_t>(s)] = KVStore::runServer(type, settings);
     });
   }
-  std::vector<std::thread> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    workers.emplace_back([&, rank] {
-      auto settings = place(run, port, "worker", rank, servers);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < workers; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto settings = place(run, port, "worker", rank, servers, workers);
       if (!staleness.empty()) settings["staleness"] = staleness;
       for (const auto& [key, value] : extra)
         settings[key] = value;
@@ -69,12 +69,12 @@ Status runWorld(const std::string& type, const std::string& run,
       ASSERT_TRUE(kv) << kv.status().message();
       EXPECT_EQ(kv.value()->type(), type);
       EXPECT_EQ(kv.value()->rank(), rank);
-      EXPECT_EQ(kv.value()->numWorkers(), 2);
+      EXPECT_EQ(kv.value()->numWorkers(), workers);
       worker(*kv.value());
     });
   }
-  for (auto& w : workers)
-    w.join();
+  for (auto& t : threads)
+    t.join();
   for (auto& t : server_threads)
     t.join();
   for (std::size_t s = 1; s < served.size(); ++s)
@@ -102,6 +102,12 @@ TEST(KVStoreDistSync, Worker0sInitWinsAndAPullAfterThePushesReadsTheirSumThenThe
     ASSERT_TRUE(kv.setOptimizer({.learning_rate = 0.5f}));
     ASSERT_TRUE(kv.push(7, std::vector<float>{1, 2, 4}));
     EXPECT_EQ(pulled(kv, 7, 3), (std::vector<float>{2, 4, 16}));
+    std::vector<float> all(4);
+    const Status no_collectives = kv.allgather(std::vector<float>{1, 2}, all);
+    EXPECT_EQ(no_collectives.kind(), ErrorKind::kInput);
+    EXPECT_NE(no_collectives.message().find("a dist_sync store has no collectives"),
+              std::string::npos)
+        << no_collectives.message();
     // Several arrays pushed together are summed first, as from several devices.
     const std::vector<float> a{1, 1, 1}, b{1, 1, 1};
     ASSERT_TRUE(kv.push(7, {a, b}));
@@ -358,6 +364,48 @@ TEST(KVStoreRing, PushesAreSummedOverTheWorkersAndEveryCopyUpdatedAlike) {
   EXPECT_TRUE(served) << served.message();
 }
 
+// The ring store's allgather and reduce_scatter (the torch.distributed backend's), on 3 workers:
+// each part goes once around the ring, in segments as the sums' (the large case spans several);
+// a worker's buffers of the wrong size are refused by name. Integer values below 2^24: exact.
+TEST(KVStoreRing, AllgatherAndReduceScatterMoveEachPartOnceAroundTheRing) {
+  const Status served = runWorld(
+      "ring", "kv-ring-collectives",
+      [](KVStore& kv) {
+        const int me = kv.rank();
+        for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{400003}}) {
+          std::vector<float> mine(n), all(3 * n, -1.0f);
+          for (std::size_t i = 0; i < n; ++i)
+            mine[i] = static_cast<float>(me * 1000000 + static_cast<int>(i));
+          ASSERT_TRUE(kv.allgather(mine, all));
+          for (std::size_t w = 0; w < 3; ++w) {
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(all[w * n + i], static_cast<float>(w * 1000000 + i))
+                  << "allgather of " << n << ": worker " << w << "'s value " << i;
+            }
+          }
+          // Worker w's part r holds (w + 1) (r 1000 + i mod 1000): part r sums to 6 (r 1000 + ...).
+          for (std::size_t r = 0; r < 3; ++r) {
+            for (std::size_t i = 0; i < n; ++i)
+              all[r * n + i] = static_cast<float>((me + 1) * (r * 1000 + i % 1000));
+          }
+          std::vector<float> summed(n, -1.0f);
+          ASSERT_TRUE(kv.reduceScatter(all, summed));
+          for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(summed[i],
+                      static_cast<float>(6 * (static_cast<std::size_t>(me) * 1000 + i % 1000)))
+                << "reduce_scatter of " << n << ": value " << i;
+          }
+        }
+        std::vector<float> mine(4), too_few(11);
+        const Status refused = kv.allgather(mine, too_few);
+        EXPECT_EQ(refused.kind(), ErrorKind::kInput);
+        EXPECT_EQ(refused.message(), "allgather: 11 values for 3 workers of 4 each");
+        ASSERT_TRUE(kv.barrier());
+      },
+      "", 0, {}, 3);
+  EXPECT_TRUE(served) << served.message();
+}
+
 TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
   auto kv = KVStore::create("ring", {{"num_shards", "1"}});
   ASSERT_TRUE(kv) << kv.status().message();
@@ -366,6 +414,9 @@ TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
   ASSERT_TRUE(kv.value()->setOptimizer({.learning_rate = 0.25f}));
   ASSERT_TRUE(kv.value()->push(0, std::vector<float>{4, 8}));
   EXPECT_EQ(pulled(*kv.value(), 0, 2), (std::vector<float>{1, 2}));
+  std::vector<float> all(2);
+  ASSERT_TRUE(kv.value()->allgather(std::vector<float>{3, 5}, all));
+  EXPECT_EQ(all, (std::vector<float>{3, 5}));
   auto with_servers = KVStore::create(
       "ring", {{"num_servers", "1"}, {"rendezvous", "tcp://127.0.0.1:1"}, {"run_id", "r"}});
   ASSERT_FALSE(with_servers);

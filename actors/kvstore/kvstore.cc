@@ -355,6 +355,12 @@ Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, floa
   return spec;
 }
 
+Status collectiveSizes(const char* what, std::size_t all, std::size_t mine, int workers) {
+  if (all == mine * static_cast<std::size_t>(workers)) return {};
+  return inputError(
+      fmt::format("{}: {} values for {} workers of {} each", what, all, workers, mine));
+}
+
 }  // namespace actors
 
 Status KVStore::push(const std::vector<int>& keys,
@@ -387,7 +393,32 @@ Status statesNotHere(const char* what, const std::string& type) {
                       "them (MXNet's distributed stores refuse it too)",
                       what, type)};
 }
+
+Status noCollectives(const char* what, const std::string& type) {
+  return inputError(
+      fmt::format("{}: a {} store has no collectives: the ring store's (type 'ring') "
+                  "run them without servers",
+                  what, type));
+}
 }  // namespace
+
+// The collectives of a store of one worker (copies); the stores of several override them.
+Status KVStore::allgather(std::span<const float> mine, std::span<float> all) {
+  if (Status s = actors::collectiveSizes("allgather", all.size(), mine.size(), numWorkers()); !s)
+    return s;
+  if (numWorkers() != 1) return noCollectives("allgather", type());
+  std::copy(mine.begin(), mine.end(), all.begin());
+  return {};
+}
+
+Status KVStore::reduceScatter(std::span<const float> all, std::span<float> mine) {
+  if (Status s = actors::collectiveSizes("reduce_scatter", all.size(), mine.size(), numWorkers());
+      !s)
+    return s;
+  if (numWorkers() != 1) return noCollectives("reduce_scatter", type());
+  std::copy(all.begin(), all.end(), mine.begin());
+  return {};
+}
 
 Status KVStore::saveOptimizerStates(const std::string&) {
   return statesNotHere("save_optimizer_states", type());

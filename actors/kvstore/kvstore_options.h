@@ -73,4 +73,8 @@ Status checkInit(int key, std::size_t values, bool inited);
 // "none", "fp16", "bf16" or "2bit" (threshold > 0); kInput naming the bad one.
 Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, float threshold);
 
+// A collective's sizes (KVStore::allgather, reduceScatter): `all` is `workers` times `mine`, else
+// kInput naming both.
+Status collectiveSizes(const char* what, std::size_t all, std::size_t mine, int workers);
+
 }  // namespace troupe::actors

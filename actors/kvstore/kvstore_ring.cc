@@ -3,7 +3,9 @@
 // bsp-allreduce` uses (actors/roles/ring_allreduce.h: every worker ends with bitwise the same sum),
 // and each worker applies it to its own copy with the same optimizer, so the copies stay equal. A
 // worker's actor (RingMember) holds its place in the ring; the caller's thread hands it the sums
-// and waits for them when it pulls.
+// and waits for them when it pulls. Two more rings run the store's allgather and reduceScatter:
+// each part goes once around (the second half of an allreduce, or its first), in segments as the
+// sums' so that the links stay busy.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -15,7 +17,9 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
+#include <tuple>
 
 #include "actors/core/messages.h"
 #include "actors/core/status_of.h"
@@ -36,10 +40,35 @@ using std::chrono::milliseconds;
 // Elements a ring segment holds (as the trainer's reducer's default, 4 MiB of floats).
 constexpr std::int64_t kSegment = std::int64_t{1} << 20;
 
+// A RingMember's rings (RingChunk::ring): the keys' sums, allgathers, reduce-scatters.
+constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2;
+
+// Where each worker's part of a collective of `n` values a worker lies in the ring's buffer of
+// world * n: segments of `segment` (a multiple of world) each give every worker one chunk,
+// worker w's being chunk (w + 1) % world, the one the ring finishes there (RingAllreduce). Calls
+// fn(worker, at, from, count): the buffer's [at, at + count) is the worker's [from, from + count).
+template <typename Fn>
+void forEachPart(int world, std::int64_t n, std::int64_t segment, const Fn& fn) {
+  const std::int64_t total = world * n;
+  for (std::int64_t begin = 0, from = 0; begin < total; begin += segment) {
+    const std::int64_t part = std::min(segment, total - begin) / world;
+    for (int w = 0; w < world; ++w)
+      fn(w, begin + ((w + 1) % world) * part, from, part);
+    from += part;
+  }
+}
+
 // Caller -> its RingMember (in-process): sum `values` over the workers, in place.
 struct RingStart {
   std::int64_t step = 0;
   std::int64_t base = 0;
+  kernels::Tensor values;
+};
+// Caller -> its RingMember (in-process): the collective of ring `ring` numbered `step` (the
+// store's allgathers and reduce-scatters, each counted apart), on `values` in place.
+struct RingCollective {
+  std::uint8_t ring = kGatherRing;
+  std::int64_t step = 0;
   kernels::Tensor values;
 };
 // Caller -> its RingMember (in-process): rings from now on encode their chunks so.
@@ -47,11 +76,12 @@ struct RingCompression {
   kernels::CompressionSpec spec;
 };
 
-// The sums done, by (step, base); shared by the caller and its RingMember.
+// The rings' work done, by (ring, step, base); shared by the caller and its RingMember.
 struct RingDone {
+  using Work = std::tuple<std::uint8_t, std::int64_t, std::int64_t>;
   std::mutex mu;
   std::condition_variable changed;
-  std::set<std::pair<std::int64_t, std::int64_t>> done;
+  std::set<Work> done;
 };
 
 class RingMember final : public Actor {
@@ -63,20 +93,55 @@ class RingMember final : public Actor {
         next_(next),
         done_(std::move(done)) {
     on<RingStart>([this](RingStart& s) {
-      if (world_ == 1) return finished(s.step, s.base);
+      if (world_ == 1) return finished(kSumRing, s.step, s.base);
       ring_->start(s.step, s.base, s.values);
     });
-    on<RingChunk>([this](RingChunk& c) { ring_->receive(std::move(c)); });
+    on<RingCollective>([this](RingCollective& c) {
+      if (world_ == 1) return finished(c.ring, c.step, 0);
+      (c.ring == kGatherRing ? gather_ : scatter_)->start(c.step, 0, c.values);
+    });
+    on<RingChunk>([this](RingChunk& c) {
+      switch (c.ring) {
+        case kSumRing:
+          return ring_->receive(std::move(c));
+        case kGatherRing:
+          return gather_->receive(std::move(c));
+        case kScatterRing:
+          return scatter_->receive(std::move(c));
+        default:
+          throw InputError(
+              fmt::format("kvstore: worker {} got a chunk of ring {}, which the ring "
+                          "store does not run",
+                          rank_, c.ring));
+      }
+    });
     on<RingCompression>([this](RingCompression& c) { build(c.spec); });
   }
 
-  void started() override { build({}); }
+  void started() override {
+    build({});
+    if (world_ == 1) return;  // a collective ends where it starts
+    using Mode = RingAllreduce::Mode;
+    gather_.emplace(rank_, world_, collectiveSegment(world_), forwarder(), doneOn(kGatherRing),
+                    kernels::CompressionSpec{}, Mode::kAllGather, kGatherRing);
+    scatter_.emplace(rank_, world_, collectiveSegment(world_), forwarder(), doneOn(kScatterRing),
+                     kernels::CompressionSpec{}, Mode::kReduceScatter, kScatterRing);
+  }
+
+  // A collective's segment: about kSegment, a multiple of the world (forEachPart).
+  static std::int64_t collectiveSegment(int world) {
+    return world * std::max<std::int64_t>(1, kSegment / world);
+  }
 
  private:
   void build(kernels::CompressionSpec spec) {
     if (world_ == 1) return;
     TROUPE_ENFORCE(!ring_ || ring_->pending() == 0, "a ring rebuilt with sums in flight");
-    auto forward = [this](RingChunk chunk) {
+    ring_.emplace(rank_, world_, kSegment, forwarder(), doneOn(kSumRing), spec);
+  }
+
+  RingAllreduce::SendFn forwarder() {
+    return [this](RingChunk chunk) {
       // A copy: the ring writes into the bucket again while the transport may still read it.
       if (chunk.data.dtype() == kernels::DType::kFloat32) {
         auto copy = kernels::Tensor::hostUninitialized({chunk.data.numel()});
@@ -85,21 +150,24 @@ class RingMember final : public Actor {
       }
       send(next_, std::move(chunk));
     };
-    ring_.emplace(
-        rank_, world_, kSegment, forward,
-        [this](std::int64_t step, std::int64_t base, std::int64_t) { finished(step, base); }, spec);
   }
 
-  void finished(std::int64_t step, std::int64_t base) {
+  RingAllreduce::DoneFn doneOn(std::uint8_t ring) {
+    return [this, ring](std::int64_t step, std::int64_t base, std::int64_t) {
+      finished(ring, step, base);
+    };
+  }
+
+  void finished(std::uint8_t ring, std::int64_t step, std::int64_t base) {
     std::lock_guard lock(done_->mu);
-    done_->done.insert({step, base});
+    done_->done.insert({ring, step, base});
     done_->changed.notify_all();
   }
 
   int rank_, world_;
   Address next_;
   std::shared_ptr<RingDone> done_;
-  std::optional<RingAllreduce> ring_;
+  std::optional<RingAllreduce> ring_, gather_, scatter_;
 };
 
 class RingKVStore final : public KVStore {
@@ -265,6 +333,30 @@ class RingKVStore final : public KVStore {
     return tell(RingCompression{spec.value()});
   }
 
+  Status allgather(std::span<const float> mine, std::span<float> all) override {
+    const auto n = static_cast<std::int64_t>(mine.size());
+    return collective(
+        kGatherRing, "allgather", all.size(), mine.size(),
+        [&](int w, float* part, std::int64_t from, std::int64_t count) {
+          if (w == rank_) std::copy_n(mine.data() + from, count, part);
+        },
+        [&](int w, const float* part, std::int64_t from, std::int64_t count) {
+          std::copy_n(part, count, all.data() + w * n + from);
+        });
+  }
+
+  Status reduceScatter(std::span<const float> all, std::span<float> mine) override {
+    const auto n = static_cast<std::int64_t>(mine.size());
+    return collective(
+        kScatterRing, "reduce_scatter", all.size(), mine.size(),
+        [&](int w, float* part, std::int64_t from, std::int64_t count) {
+          std::copy_n(all.data() + w * n + from, count, part);
+        },
+        [&](int w, const float* part, std::int64_t from, std::int64_t count) {
+          if (w == rank_) std::copy_n(part, count, mine.data() + from);
+        });
+  }
+
   Status barrier() override {
     std::lock_guard lock(mu_);
     if (Status s = failure(); !s) return s;
@@ -312,12 +404,14 @@ class RingKVStore final : public KVStore {
     return {};
   }
 
-  // Waits until the sum (step, base) is done; the run's failure or the wait limit end it.
-  Status awaitSum(std::int64_t step, std::int64_t base, const std::string& what) {
+  // Waits until ring `ring`'s work (step, base) is done; the run's failure or the wait limit end
+  // it.
+  Status awaitRing(std::uint8_t ring, std::int64_t step, std::int64_t base,
+                   const std::string& what) {
+    const RingDone::Work work{ring, step, base};
     std::unique_lock lock(done_->mu);
-    const bool ended = done_->changed.wait_for(lock, wait_limit_, [&] {
-      return done_->done.count({step, base}) || !failure_.isOk();
-    });
+    const bool ended = done_->changed.wait_for(
+        lock, wait_limit_, [&] { return done_->done.count(work) || !failure_.isOk(); });
     if (!failure_.isOk()) return failure_;
     if (!ended) {
       const int previous = (rank_ + world_ - 1) % world_;
@@ -327,7 +421,34 @@ class RingKVStore final : public KVStore {
                           rank_, what, std::chrono::duration<double>(wait_limit_).count(),
                           node_.members->worker(previous).str())};
     }
-    done_->done.erase({step, base});
+    done_->done.erase(work);
+    return {};
+  }
+
+  // Runs collective `ring` (kGatherRing, kScatterRing) of `mine` values a worker, `all` in all:
+  // `in` fills each worker's parts of the ring's buffer (laid out by forEachPart) before, and
+  // `out` reads them after, each called with (worker, part, from, count).
+  template <typename In, typename Out>
+  Status collective(std::uint8_t ring, const char* what, std::size_t all, std::size_t mine,
+                    const In& in, const Out& out) {
+    std::lock_guard lock(mu_);
+    if (Status s = failure(); !s) return s;
+    if (Status s = collectiveSizes(what, all, mine, world_); !s) return s;
+    const auto n = static_cast<std::int64_t>(mine);
+    auto buffer = kernels::Tensor::hostUninitialized({world_ * n});
+    float* b = buffer.f32();
+    const std::int64_t segment = RingMember::collectiveSegment(world_);
+    forEachPart(world_, n, segment,
+                [&](int w, std::int64_t at, std::int64_t from, std::int64_t count) {
+                  in(w, b + at, from, count);
+                });
+    const std::int64_t step = collectives_[ring == kGatherRing ? 0 : 1]++;
+    if (Status s = tell(RingCollective{ring, step, buffer}); !s) return s;
+    if (Status s = awaitRing(ring, step, 0, fmt::format("{} {}", what, step)); !s) return s;
+    forEachPart(world_, n, segment,
+                [&](int w, std::int64_t at, std::int64_t from, std::int64_t count) {
+                  out(w, b + at, from, count);
+                });
     return {};
   }
 
@@ -335,7 +456,7 @@ class RingKVStore final : public KVStore {
   Status reduce(std::int64_t step, std::int64_t base, const kernels::Tensor& values,
                 const std::string& what) {
     if (Status s = tell(RingStart{step, base, values}); !s) return s;
-    return awaitSum(step, base, what);
+    return awaitRing(kSumRing, step, base, what);
   }
 
   Status settleAll() {
@@ -356,7 +477,8 @@ class RingKVStore final : public KVStore {
   Status settle(int key, Key& k) {
     while (!k.pending.empty()) {
       auto& [step, sum] = k.pending.front();
-      if (Status s = awaitSum(step, k.base, fmt::format("push {} of key {}", step, key)); !s)
+      if (Status s = awaitRing(kSumRing, step, k.base, fmt::format("push {} of key {}", step, key));
+          !s)
         return s;
       if (Status s = updater_.apply(*backend_, k.updates, k.value, sum,
                                     fmt::format("push {} of key {}", step, key));
@@ -383,6 +505,7 @@ class RingKVStore final : public KVStore {
   StoreUpdater updater_;
   bool pushed_ = false;
   int barriers_ = 0;
+  std::int64_t collectives_[2] = {0, 0};  // allgathers, reduce-scatters
 };
 
 }  // namespace

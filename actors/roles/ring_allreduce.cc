@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -126,12 +128,20 @@ void RingAllreduce::receive(RingChunk chunk) {
 }
 
 void RingAllreduce::handle(Bucket& b, RingChunk& c) {
-  TROUPE_ENFORCE(0 <= c.segment && c.segment < b.segments, "ring chunk of segment ", c.segment,
-                 " in a bucket of ", b.segments);
-  const auto [lo, hi] = chunkRange(b, c.segment, c.chunk);
-  TROUPE_ENFORCE_EQ(c.offset, c.bucket + lo);
   const bool compressed = compression_.type != kernels::GradientCompression::kNone;
-  if (!compressed) TROUPE_ENFORCE_EQ(c.data.numel(), hi - lo);
+  const bool placed = 0 <= c.segment && c.segment < b.segments && 0 <= c.chunk &&
+                      c.chunk < world_ && 0 <= c.round && c.round < world_ - 1;
+  const auto [lo, hi] =
+      placed ? chunkRange(b, c.segment, c.chunk) : std::pair<std::int64_t, std::int64_t>{0, 0};
+  if (!placed || c.offset != c.bucket + lo || (!compressed && c.data.numel() != hi - lo)) {
+    // A bucket of another size on the previous rank (the ranks disagree), or a malformed chunk.
+    throw InputError(fmt::format(
+        "ring {}, step {}: the previous rank sent {} values at {} of segment {} of a bucket at {}, "
+        "where this rank's bucket of {} values in {} segments has {} at {}: the ranks' sizes "
+        "differ",
+        ring_, c.step, c.data.numel(), c.offset, c.segment, c.bucket, b.values.numel(), b.segments,
+        hi - lo, c.bucket + lo));
+  }
   // __restrict: a received chunk never aliases the bucket, and so the loops vectorise.
   float* __restrict dst = b.values.f32() + lo;
   const std::int64_t n = hi - lo;

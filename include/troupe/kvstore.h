@@ -130,6 +130,14 @@ class KVStore {
   virtual Status setGradientCompression(const std::string& type, float threshold = 0.5f) = 0;
   // Waits for every worker (a local store has one).
   virtual Status barrier() = 0;
+  // Collectives of troupe's own (not MXNet's), for frameworks that run their own optimizer (the
+  // torch.distributed backend): every worker calls them in the same order with the same sizes.
+  // allgather: `all` (numWorkers() times the size of `mine`) gets every worker's `mine`, in rank
+  // order. reduceScatter: `mine` gets the sum over the workers of their `all`'s rank-th part.
+  // The ring store moves each part once around the ring (an allreduce moves twice as much); a
+  // store of one worker copies; the distributed stores refuse (kInput).
+  virtual Status allgather(std::span<const float> mine, std::span<float> all);
+  virtual Status reduceScatter(std::span<const float> all, std::span<float> mine);
   // MXNet's save_optimizer_states / load_optimizer_states: the optimizer's name and every key's
   // update count and state (Adam's exp_avg and exp_avg_sq, say) to a file, written whole or not
   // at all, and back into a store with the same optimizer and keys. Local, device and ring

@@ -101,18 +101,21 @@ TROUPE_AVX512 void weightGradBlock(const ConvGeometry& g, const float* x, const 
   }
 }
 
+// Runs Kernel<rest>, the last block of `rest` output channels, for rest among kFewer + 1 (none for
+// 0).
+template <template <int> class Kernel, int... kFewer, typename... Args>
+void lastBlock(int rest, std::integer_sequence<int, kFewer...>, const Args&... args) {
+  ((rest == kFewer + 1 ? Kernel<kFewer + 1>::run(args...) : void()), ...);
+}
+
 // Runs Kernel<NB> over the output channels in blocks of kBlock and one last smaller block.
 template <template <int> class Kernel, typename... Args>
 void overBlocks(std::int64_t channels, Args&&... args) {
   std::int64_t oc0 = 0;
   for (; oc0 + kBlock <= channels; oc0 += kBlock)
     Kernel<kBlock>::run(args..., oc0);
-  const auto rest = static_cast<int>(channels - oc0);  // below kBlock
-  // Kernel<NB> for the NB that is the rest, among 1 .. kBlock - 1.
-  [&]<int... kFewer>(std::integer_sequence<int, kFewer...>) {
-    ((rest == kFewer + 1 ? Kernel<kFewer + 1>::run(args..., oc0) : void()), ...);
-  }
-  (std::make_integer_sequence<int, kBlock - 1>{});
+  lastBlock<Kernel>(static_cast<int>(channels - oc0), std::make_integer_sequence<int, kBlock - 1>{},
+                    args..., oc0);
 }
 
 template <int NB>

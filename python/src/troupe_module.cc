@@ -101,6 +101,22 @@ class PyKVStore {
     released([&] { return kv.pull(keys, spans, priority); });
   }
 
+  // Every worker's `mine` into `all`, in rank order (KVStore::allgather).
+  void allgather(const FloatArray& mine, FloatArray& all) {
+    const auto from = values(mine);
+    std::span<float> into(all.mutable_data(), static_cast<std::size_t>(all.size()));
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.allgather(from, into); });
+  }
+
+  // The sum over the workers of their `all`'s rank-th part into `mine` (KVStore::reduceScatter).
+  void reduceScatter(const FloatArray& all, FloatArray& mine) {
+    const auto from = values(all);
+    std::span<float> into(mine.mutable_data(), static_cast<std::size_t>(mine.size()));
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.reduceScatter(from, into); });
+  }
+
   void setOptimizer(const troupe::OptimizerSpec& spec) { check(store().setOptimizer(spec)); }
 
   void setGradientCompression(const std::string& type, float threshold) {
@@ -178,6 +194,8 @@ PYBIND11_MODULE(_troupe, m) {
            py::arg("priority") = 0)
       .def("pull_many", &PyKVStore::pullMany, py::arg("keys"), py::arg("outs").noconvert(),
            py::arg("priority") = 0)
+      .def("allgather", &PyKVStore::allgather, py::arg("mine"), py::arg("all").noconvert())
+      .def("reduce_scatter", &PyKVStore::reduceScatter, py::arg("all"), py::arg("mine").noconvert())
       .def("set_optimizer", &PyKVStore::setOptimizer, py::arg("spec"))
       .def("set_gradient_compression", &PyKVStore::setGradientCompression, py::arg("type"),
            py::arg("threshold") = 0.5f)

@@ -345,11 +345,19 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._sum(flat.numpy())
         return flat
 
+    def _everyone(self, ranks):
+        return list(ranks) == list(range(self.size()))
+
     def _slots(self, values, ranks):
         """Each of `ranks`' float32 `values` (a flat numpy array of one size on every rank), on
-        every rank: each in its slot of a ring sum whose other slots hold zeros."""
+        every rank: every rank's by the store's allgather (each part once around the ring), a
+        few ranks' each in its slot of a ring sum whose other slots hold zeros."""
         ranks = list(ranks)
         n = values.size
+        if self._everyone(ranks):
+            everyone = np.empty(len(ranks) * n, dtype=np.float32)
+            self._kv._store.allgather(np.ascontiguousarray(values, dtype=np.float32), everyone)
+            return [everyone[i * n:(i + 1) * n] for i in range(len(ranks))]
         host = np.zeros(len(ranks) * n, dtype=np.float32)
         if self.rank() in ranks:
             slot = ranks.index(self.rank())
@@ -399,11 +407,18 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
 
     def _exchanged(self, t, ranks):
         """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers,
-        bools, and the bytes of compressed gradients): its bytes, three to a float32 (an integer
-        below 2^24, which a sum with zeros keeps exactly), in the rank's slot of a ring sum whose
-        other slots hold zeros."""
+        bools, and the bytes of compressed gradients): every rank's by the store's allgather,
+        which copies its floats' bits, four bytes to a float32; a few ranks' three bytes to a
+        float32 (an integer below 2^24, which a sum with zeros keeps exactly), in the rank's slot
+        of a ring sum whose other slots hold zeros."""
         raw = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint8)
         dtype = t.detach().cpu().numpy().dtype
+        if self._everyone(ranks):
+            words = np.zeros(-(-raw.size // 4) * 4, dtype=np.uint8)
+            words[:raw.size] = raw
+            got = self._slots(words.view(np.float32), ranks)
+            return [torch.from_numpy(np.frombuffer(g.view(np.uint8)[:raw.size].tobytes(),
+                                                   dtype=dtype).copy()) for g in got]
         triples = np.zeros(-(-raw.size // 3) * 3, dtype=np.uint32)
         triples[:raw.size] = raw
         triples = triples.reshape(-1, 3)
@@ -446,9 +461,14 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                                  f"{self.size()} ranks")
             for t in ins:
                 self._float("reduce_scatter", t)
-            flat = self._concatenated_sum(ins)
             n = out.numel()
-            out.copy_(flat[self.rank() * n:(self.rank() + 1) * n].view(out.shape))
+            for r, t in enumerate(ins):
+                if t.numel() != n:
+                    raise ValueError(f"troupe backend: reduce_scatter: input {r} holds "
+                                     f"{t.numel()} values, the output {n}")
+            mine = np.empty(n, dtype=np.float32)
+            self._kv._store.reduce_scatter(torch.cat([_host(t) for t in ins]).numpy(), mine)
+            out.copy_(torch.from_numpy(mine).view(out.shape))
         return _done(output_tensors)
 
     def barrier(self, opts=None):
@@ -458,7 +478,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
 
     def _everyones(self, t):
         """Every rank's t, bit for bit, in rank order: the ranks' tensors may differ in size
-        (not in dtype); floats in the slots of a ring sum, other types as their bytes."""
+        (not in dtype); by the store's allgather, floats as floats, other types as their bytes."""
         sizes = [int(n) for n in self._exchanged(torch.tensor([t.numel()]), range(self.size()))]
         most = max(sizes)
         padded = torch.zeros(most, dtype=t.dtype)
