@@ -122,10 +122,11 @@ class RingMember final : public Actor {
     build({});
     if (world_ == 1) return;  // a collective ends where it starts
     using Mode = RingAllreduce::Mode;
-    gather_.emplace(rank_, world_, collectiveSegment(world_), forwarder(), doneOn(kGatherRing),
+    gather_.emplace(rank_, world_, collectiveSegment(world_), forwarder(false), doneOn(kGatherRing),
                     kernels::CompressionSpec{}, Mode::kAllGather, kGatherRing);
-    scatter_.emplace(rank_, world_, collectiveSegment(world_), forwarder(), doneOn(kScatterRing),
-                     kernels::CompressionSpec{}, Mode::kReduceScatter, kScatterRing);
+    scatter_.emplace(rank_, world_, collectiveSegment(world_), forwarder(false),
+                     doneOn(kScatterRing), kernels::CompressionSpec{}, Mode::kReduceScatter,
+                     kScatterRing);
   }
 
   // A collective's segment: about kSegment, a multiple of the world (forEachPart).
@@ -137,13 +138,16 @@ class RingMember final : public Actor {
   void build(kernels::CompressionSpec spec) {
     if (world_ == 1) return;
     TROUPE_ENFORCE(!ring_ || ring_->pending() == 0, "a ring rebuilt with sums in flight");
-    ring_.emplace(rank_, world_, kSegment, forwarder(), doneOn(kSumRing), spec);
+    ring_.emplace(rank_, world_, kSegment, forwarder(true), doneOn(kSumRing), spec);
   }
 
-  RingAllreduce::SendFn forwarder() {
-    return [this](RingChunk chunk) {
-      // A copy: the ring writes into the bucket again while the transport may still read it.
-      if (chunk.data.dtype() == kernels::DType::kFloat32) {
+  // Sends a ring's chunks on; `copied`: a copy of each, where the ring writes into what it sent
+  // again while the transport may still read it (the sums: a reduce-scatter's partial sums are
+  // overwritten by the all-gather). The collectives write each part of their buffer once, before
+  // it is sent, and the buffer lives while a chunk of it does.
+  RingAllreduce::SendFn forwarder(bool copied) {
+    return [this, copied](RingChunk chunk) {
+      if (copied && chunk.data.dtype() == kernels::DType::kFloat32) {
         auto copy = kernels::Tensor::hostUninitialized({chunk.data.numel()});
         std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
         chunk.data = std::move(copy);
