@@ -364,10 +364,11 @@ TEST(KVStoreRing, PushesAreSummedOverTheWorkersAndEveryCopyUpdatedAlike) {
   EXPECT_TRUE(served) << served.message();
 }
 
-// The ring store's allgather and reduce_scatter (the torch.distributed backend's), on 3 workers:
-// each part goes once around the ring, in segments as the sums' (the large case spans several);
-// a worker's buffers of the wrong size are refused by name. Integer values below 2^24: exact.
-TEST(KVStoreRing, AllgatherAndReduceScatterMoveEachPartOnceAroundTheRing) {
+// The ring store's collectives (the torch.distributed backend's), on 3 workers: allgather and
+// reduce_scatter move each part once around the ring, allreduce sums in place, in segments as the
+// sums' (the large case spans several); a worker's buffers of the wrong size are refused by name.
+// Integer values below 2^24: exact.
+TEST(KVStoreRing, CollectivesAllgatherReduceScatterAndAllreduceOverThreeWorkers) {
   const Status served = runWorld(
       "ring", "kv-ring-collectives",
       [](KVStore& kv) {
@@ -395,6 +396,11 @@ TEST(KVStoreRing, AllgatherAndReduceScatterMoveEachPartOnceAroundTheRing) {
                       static_cast<float>(6 * (static_cast<std::size_t>(me) * 1000 + i % 1000)))
                 << "reduce_scatter of " << n << ": value " << i;
           }
+          for (std::size_t i = 0; i < n; ++i)
+            mine[i] = static_cast<float>((me + 1) * static_cast<int>(i % 5000));
+          ASSERT_TRUE(kv.allreduce(mine));
+          for (std::size_t i = 0; i < n; ++i)
+            ASSERT_EQ(mine[i], static_cast<float>(6 * (i % 5000))) << "allreduce of " << n;
         }
         std::vector<float> mine(4), too_few(11);
         const Status refused = kv.allgather(mine, too_few);

@@ -138,6 +138,7 @@ struct AllreduceChunk {
   round @8 :UInt32;    # 0 .. world-2 within the phase
   compressed @9 :Bool;  # data is bytes of the run's gradient compression, not float32
   ring @10 :UInt8;      # which of the receiver's rings (hierarchical reduction: local or across)
+  bucketSize @11 :Int64;  # the bucket's elements, which must be the receiver's bucket's too
 }
 
 # Parameter server: a worker pushes gradients of keys [keyBegin, keyEnd) ...

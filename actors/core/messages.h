@@ -459,8 +459,9 @@ inline std::chrono::milliseconds peerTimeoutGrace(std::chrono::milliseconds warn
 struct RingChunk {
   enum Phase : std::uint8_t { kReduceScatter = 0, kAllGather = 1 };
   std::int64_t step = 0;
-  std::int64_t bucket = 0;  // the bucket's first element in the flat gradient
-  std::int64_t offset = 0;  // this chunk's first element in the flat gradient
+  std::int64_t bucket = 0;       // the bucket's first element in the flat gradient
+  std::int64_t bucket_size = 0;  // its elements, which must be the receiver's bucket's too
+  std::int64_t offset = 0;       // this chunk's first element in the flat gradient
   std::int32_t segment = 0;
   std::int32_t chunk = 0;
   std::int32_t round = 0;
@@ -471,7 +472,8 @@ struct RingChunk {
 template <>
 inline constexpr auto wire::kForm<RingChunk> = wire::form<RingChunk>(
     "allreduceChunk", wire::field("step", &RingChunk::step),
-    wire::field("bucketBegin", &RingChunk::bucket), wire::field("offset", &RingChunk::offset),
+    wire::field("bucketBegin", &RingChunk::bucket),
+    wire::field("bucketSize", &RingChunk::bucket_size), wire::field("offset", &RingChunk::offset),
     wire::field("segment", &RingChunk::segment), wire::field("chunkIndex", &RingChunk::chunk),
     wire::field("round", &RingChunk::round), wire::field("phase", &RingChunk::phase),
     wire::field("ring", &RingChunk::ring), wire::field("data", &RingChunk::data));

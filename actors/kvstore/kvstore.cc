@@ -403,6 +403,11 @@ Status noCollectives(const char* what, const std::string& type) {
 }  // namespace
 
 // The collectives of a store of one worker (copies); the stores of several override them.
+Status KVStore::allreduce(std::span<float>) {
+  if (numWorkers() != 1) return noCollectives("allreduce", type());
+  return {};
+}
+
 Status KVStore::allgather(std::span<const float> mine, std::span<float> all) {
   if (Status s = actors::collectiveSizes("allgather", all.size(), mine.size(), numWorkers()); !s)
     return s;

@@ -40,8 +40,10 @@ using std::chrono::milliseconds;
 // Elements a ring segment holds (as the trainer's reducer's default, 4 MiB of floats).
 constexpr std::int64_t kSegment = std::int64_t{1} << 20;
 
-// A RingMember's rings (RingChunk::ring): the keys' sums, allgathers, reduce-scatters.
-constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2;
+// A RingMember's rings (RingChunk::ring): the keys' sums, then the collectives: allgathers,
+// reduce-scatters, allreduces (each numbered apart).
+constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2, kAllreduceRing = 3;
+constexpr int kCollectives = 3;
 
 // Where each worker's part of a collective of `n` values a worker lies in the ring's buffer of
 // world * n: segments of `segment` (a multiple of world) each give every worker one chunk,
@@ -65,7 +67,7 @@ struct RingStart {
   kernels::Tensor values;
 };
 // Caller -> its RingMember (in-process): the collective of ring `ring` numbered `step` (the
-// store's allgathers and reduce-scatters, each counted apart), on `values` in place.
+// store's allgathers, reduce-scatters and allreduces, each counted apart), on `values` in place.
 struct RingCollective {
   std::uint8_t ring = kGatherRing;
   std::int64_t step = 0;
@@ -98,22 +100,16 @@ class RingMember final : public Actor {
     });
     on<RingCollective>([this](RingCollective& c) {
       if (world_ == 1) return finished(c.ring, c.step, 0);
-      (c.ring == kGatherRing ? gather_ : scatter_)->start(c.step, 0, c.values);
+      collectives_[c.ring - 1]->start(c.step, 0, c.values);
     });
     on<RingChunk>([this](RingChunk& c) {
-      switch (c.ring) {
-        case kSumRing:
-          return ring_->receive(std::move(c));
-        case kGatherRing:
-          return gather_->receive(std::move(c));
-        case kScatterRing:
-          return scatter_->receive(std::move(c));
-        default:
-          throw InputError(
-              fmt::format("kvstore: worker {} got a chunk of ring {}, which the ring "
-                          "store does not run",
-                          rank_, c.ring));
+      if (c.ring == kSumRing) return ring_->receive(std::move(c));
+      if (c.ring > kCollectives) {
+        throw InputError(fmt::format(
+            "kvstore: worker {} got a chunk of ring {}, which the ring store does not run", rank_,
+            c.ring));
       }
+      collectives_[c.ring - 1]->receive(std::move(c));
     });
     on<RingCompression>([this](RingCompression& c) { build(c.spec); });
   }
@@ -122,11 +118,16 @@ class RingMember final : public Actor {
     build({});
     if (world_ == 1) return;  // a collective ends where it starts
     using Mode = RingAllreduce::Mode;
-    gather_.emplace(rank_, world_, collectiveSegment(world_), forwarder(false), doneOn(kGatherRing),
-                    kernels::CompressionSpec{}, Mode::kAllGather, kGatherRing);
-    scatter_.emplace(rank_, world_, collectiveSegment(world_), forwarder(false),
-                     doneOn(kScatterRing), kernels::CompressionSpec{}, Mode::kReduceScatter,
-                     kScatterRing);
+    // The gathers and scatters write each part of their buffer once, before it is sent (no copy
+    // needed: forwarder); an allreduce overwrites its partial sums.
+    const std::pair<std::uint8_t, Mode> rings[kCollectives] = {{kGatherRing, Mode::kAllGather},
+                                                               {kScatterRing, Mode::kReduceScatter},
+                                                               {kAllreduceRing, Mode::kAllreduce}};
+    for (const auto& [ring, mode] : rings) {
+      collectives_[ring - 1].emplace(rank_, world_, collectiveSegment(world_),
+                                     forwarder(mode == Mode::kAllreduce), doneOn(ring),
+                                     kernels::CompressionSpec{}, mode, ring);
+    }
   }
 
   // A collective's segment: about kSegment, a multiple of the world (forEachPart).
@@ -142,9 +143,8 @@ class RingMember final : public Actor {
   }
 
   // Sends a ring's chunks on; `copied`: a copy of each, where the ring writes into what it sent
-  // again while the transport may still read it (the sums: a reduce-scatter's partial sums are
-  // overwritten by the all-gather). The collectives write each part of their buffer once, before
-  // it is sent, and the buffer lives while a chunk of it does.
+  // again while the transport may still read it (an allreduce: its reduce-scatter's partial sums
+  // are overwritten by its all-gather). Else the buffer lives while a chunk of it does.
   RingAllreduce::SendFn forwarder(bool copied) {
     return [this, copied](RingChunk chunk) {
       if (copied && chunk.data.dtype() == kernels::DType::kFloat32) {
@@ -171,7 +171,8 @@ class RingMember final : public Actor {
   int rank_, world_;
   Address next_;
   std::shared_ptr<RingDone> done_;
-  std::optional<RingAllreduce> ring_, gather_, scatter_;
+  std::optional<RingAllreduce> ring_;
+  std::optional<RingAllreduce> collectives_[kCollectives];  // by ring - 1
 };
 
 class RingKVStore final : public KVStore {
@@ -337,6 +338,16 @@ class RingKVStore final : public KVStore {
     return tell(RingCompression{spec.value()});
   }
 
+  // In place: the ring sums the caller's memory (its chunks go out as copies, forwarder).
+  Status allreduce(std::span<float> values) override {
+    std::lock_guard lock(mu_);
+    if (Status s = failure(); !s) return s;
+    const auto n = static_cast<std::int64_t>(values.size());
+    const kernels::Tensor in_place(std::shared_ptr<void>(values.data(), [](void*) {}),
+                                   values.data(), {n}, kernels::DType::kFloat32, kernels::Device{});
+    return runCollective(kAllreduceRing, in_place, "allreduce");
+  }
+
   Status allgather(std::span<const float> mine, std::span<float> all) override {
     const auto n = static_cast<std::int64_t>(mine.size());
     return collective(
@@ -446,14 +457,19 @@ class RingKVStore final : public KVStore {
                 [&](int w, std::int64_t at, std::int64_t from, std::int64_t count) {
                   in(w, b + at, from, count);
                 });
-    const std::int64_t step = collectives_[ring == kGatherRing ? 0 : 1]++;
-    if (Status s = tell(RingCollective{ring, step, buffer}); !s) return s;
-    if (Status s = awaitRing(ring, step, 0, fmt::format("{} {}", what, step)); !s) return s;
+    if (Status s = runCollective(ring, buffer, what); !s) return s;
     forEachPart(world_, n, segment,
                 [&](int w, std::int64_t at, std::int64_t from, std::int64_t count) {
                   out(w, b + at, from, count);
                 });
     return {};
+  }
+
+  // Runs collective `ring` on `values`, the next of its number.
+  Status runCollective(std::uint8_t ring, const kernels::Tensor& values, const char* what) {
+    const std::int64_t step = collectives_[ring - 1]++;
+    if (Status s = tell(RingCollective{ring, step, values}); !s) return s;
+    return awaitRing(ring, step, 0, fmt::format("{} {}", what, step));
   }
 
   // Sums `values` over the workers in place (step -1: an init's broadcast).
@@ -509,7 +525,7 @@ class RingKVStore final : public KVStore {
   StoreUpdater updater_;
   bool pushed_ = false;
   int barriers_ = 0;
-  std::int64_t collectives_[2] = {0, 0};  // allgathers, reduce-scatters
+  std::int64_t collectives_[kCollectives] = {};  // the collectives run, by ring - 1
 };
 
 }  // namespace

@@ -64,6 +64,7 @@ void RingAllreduce::sendChunk(const Bucket& b, std::int64_t step, std::int64_t b
   RingChunk c;
   c.step = step;
   c.bucket = begin;
+  c.bucket_size = b.values.numel();
   c.offset = begin + lo;
   c.segment = segment;
   c.chunk = chunk;
@@ -128,19 +129,23 @@ void RingAllreduce::receive(RingChunk chunk) {
 }
 
 void RingAllreduce::handle(Bucket& b, RingChunk& c) {
+  if (c.bucket_size != b.values.numel()) {
+    throw InputError(fmt::format(
+        "ring {}, step {}: rank {} sums {} values at {}, this rank {}: the ranks' sizes differ",
+        ring_, c.step, (rank_ + world_ - 1) % world_, c.bucket_size, c.bucket, b.values.numel()));
+  }
   const bool compressed = compression_.type != kernels::GradientCompression::kNone;
   const bool placed = 0 <= c.segment && c.segment < b.segments && 0 <= c.chunk &&
                       c.chunk < world_ && 0 <= c.round && c.round < world_ - 1;
   const auto [lo, hi] =
       placed ? chunkRange(b, c.segment, c.chunk) : std::pair<std::int64_t, std::int64_t>{0, 0};
   if (!placed || c.offset != c.bucket + lo || (!compressed && c.data.numel() != hi - lo)) {
-    // A bucket of another size on the previous rank (the ranks disagree), or a malformed chunk.
+    // A malformed chunk (the sizes agree).
     throw InputError(fmt::format(
-        "ring {}, step {}: the previous rank sent {} values at {} of segment {} of a bucket at {}, "
-        "where this rank's bucket of {} values in {} segments has {} at {}: the ranks' sizes "
-        "differ",
-        ring_, c.step, c.data.numel(), c.offset, c.segment, c.bucket, b.values.numel(), b.segments,
-        hi - lo, c.bucket + lo));
+        "ring {}, step {}: rank {} sent a malformed chunk: {} values at {} of segment {}, chunk "
+        "{}, round {} of the bucket of {} at {}, which has {} segments and {} values there",
+        ring_, c.step, (rank_ + world_ - 1) % world_, c.data.numel(), c.offset, c.segment, c.chunk,
+        c.round, b.values.numel(), c.bucket, b.segments, hi - lo));
   }
   // __restrict: a received chunk never aliases the bucket, and so the loops vectorise.
   float* __restrict dst = b.values.f32() + lo;

@@ -132,10 +132,13 @@ class KVStore {
   virtual Status barrier() = 0;
   // Collectives of troupe's own (not MXNet's), for frameworks that run their own optimizer (the
   // torch.distributed backend): every worker calls them in the same order with the same sizes.
-  // allgather: `all` (numWorkers() times the size of `mine`) gets every worker's `mine`, in rank
-  // order. reduceScatter: `mine` gets the sum over the workers of their `all`'s rank-th part.
-  // The ring store moves each part once around the ring (an allreduce moves twice as much); a
-  // store of one worker copies; the distributed stores refuse (kInput).
+  // allreduce: `values` becomes their sum over the workers, in place (no key, no optimizer: every
+  // worker ends with bitwise the same sum). allgather: `all` (numWorkers() times the size of
+  // `mine`) gets every worker's `mine`, in rank order. reduceScatter: `mine` gets the sum over the
+  // workers of their `all`'s rank-th part. The ring store runs each on a ring of its own (an
+  // allgather or a reduce-scatter moves each part once around, an allreduce twice); a store of
+  // one worker copies; the distributed stores refuse (kInput).
+  virtual Status allreduce(std::span<float> values);
   virtual Status allgather(std::span<const float> mine, std::span<float> all);
   virtual Status reduceScatter(std::span<const float> all, std::span<float> mine);
   // MXNet's save_optimizer_states / load_optimizer_states: the optimizer's name and every key's

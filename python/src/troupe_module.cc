@@ -101,6 +101,13 @@ class PyKVStore {
     released([&] { return kv.pull(keys, spans, priority); });
   }
 
+  // `values` summed over the workers, in place (KVStore::allreduce).
+  void allreduce(FloatArray& values) {
+    std::span<float> in_place(values.mutable_data(), static_cast<std::size_t>(values.size()));
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.allreduce(in_place); });
+  }
+
   // Every worker's `mine` into `all`, in rank order (KVStore::allgather).
   void allgather(const FloatArray& mine, FloatArray& all) {
     const auto from = values(mine);
@@ -194,6 +201,7 @@ PYBIND11_MODULE(_troupe, m) {
            py::arg("priority") = 0)
       .def("pull_many", &PyKVStore::pullMany, py::arg("keys"), py::arg("outs").noconvert(),
            py::arg("priority") = 0)
+      .def("allreduce", &PyKVStore::allreduce, py::arg("values").noconvert())
       .def("allgather", &PyKVStore::allgather, py::arg("mine"), py::arg("all").noconvert())
       .def("reduce_scatter", &PyKVStore::reduceScatter, py::arg("all"), py::arg("mine").noconvert())
       .def("set_optimizer", &PyKVStore::setOptimizer, py::arg("spec"))

@@ -238,7 +238,6 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._kv = _kv.create("ring", _ring_settings(store, rank, size, timeout))
-        self._sizes = {}  # numel -> the ring key that sums arrays of that size
         # DDP's bucket sums run on a thread of their own, in the order DDP asks for them, while
         # its backward pass goes on; every other collective waits for them first (_drain), so
         # the ring sees every rank's calls in one order.
@@ -303,15 +302,9 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             raise self._failed
 
     def _sum(self, flat):
-        """Sums a float32 numpy array over every rank, in place."""
-        key = self._sizes.get(flat.size)
-        if key is None:
-            name = f"sum{flat.size}"
-            self._kv.init(name, np.zeros(flat.size, dtype=np.float32))
-            key = self._sizes[flat.size] = self._kv._key(name)
-        # The store's own calls: the sum straight into `flat`, no array of the pull's between.
-        self._kv._store.push(key, [flat], 0)
-        self._kv._store.pull(key, flat, 0)
+        """Sums a float32 numpy array over every rank, in place (the ring store's allreduce: no
+        copy of it on the way)."""
+        self._kv._store.allreduce(flat)
 
     @staticmethod
     def _float(what, t):

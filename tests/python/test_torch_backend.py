@@ -123,15 +123,16 @@ def test_a_rank_that_dies_mid_ddp_ends_the_others_backward_naming_it():
 
 
 def test_tensors_of_other_sizes_across_ranks_are_refused_naming_both():
-    # dist.all_reduce of 10 values on rank 0 and 12 on rank 1: rank 1 is refused at once, naming
-    # both sizes; rank 0, whose partner is gone, fails naming it. No rank returns a tensor it
-    # summed alone (the call returns only once its Work is waited for, which raises).
+    # dist.all_reduce of 10 values on rank 0 and 12 on rank 1: each is refused by the first chunk
+    # of the other's, naming both sizes (or, if its partner failed first, naming that partner).
+    # No rank returns a tensor it summed alone (the call returns only once its Work is waited
+    # for, which raises).
     program = troupe_program(
         5, "t = torch.ones(10 if dist.get_rank() == 0 else 12)",
         "dist.all_reduce(t)",
         "print('all_reduce returned', t.tolist(), flush=True)")
     codes, outs = torchrun_ranks(["-c", program])
     assert codes[1] != 0 and "all_reduce returned" not in outs[1], outs[1]
-    assert "worker 0 inited it with 10 values, this worker with 12" in outs[1], outs[1]
+    assert "rank 0 sums 10 values at 0, this rank 12: the ranks' sizes differ" in outs[1], outs[1]
     assert codes[0] != 0 and "all_reduce returned" not in outs[0], outs[0]
-    assert "worker 1" in outs[0], outs[0]
+    assert "rank 1" in outs[0], outs[0]
