@@ -487,7 +487,8 @@ def rate_bps(rate):
 
 
 def ensure_torch():
-    check = [VENV_PY, "-c", "import torch, torch.distributed as d; "
+    # numpy too: troupe's Python module (build/python) reads and writes numpy arrays.
+    check = [VENV_PY, "-c", "import numpy, torch, torch.distributed as d; "
              "assert d.is_gloo_available(); print(torch.__version__)"]
     if os.path.exists(VENV_PY):
         r = subprocess.run(check, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -495,7 +496,7 @@ def ensure_torch():
             return r.stdout.strip()
     print(f"# installing the peer: torch=={TORCH_VERSION} into {VENV} (about 5 GB)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    subprocess.run([os.path.join(VENV, "bin/pip"), "install", f"torch=={TORCH_VERSION}"],
+    subprocess.run([os.path.join(VENV, "bin/pip"), "install", f"torch=={TORCH_VERSION}", "numpy"],
                    check=True)
     return subprocess.run(check, stdout=subprocess.PIPE, text=True, check=True).stdout.strip()
 
