@@ -140,6 +140,56 @@ TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   }
 }
 
+// A worker's client that keeps the weights of each pull's answer, and ends the system at the
+// `last`-th.
+struct PulledWeights final : Actor {
+  PulledWeights(Runtime& system, int last, std::shared_ptr<std::vector<float>> got)
+      : Actor("worker 0's client") {
+    on<PullReply>([this, &system, last, got](PullReply& r) {
+      got->assign(r.data.f32(), r.data.f32() + r.data.numel());
+      if (++answers_ == last) system.shutdown();
+    });
+  }
+  int answers_ = 0;
+};
+
+// dist_async: a push lands at 1/W of the learning rate, and at 1/(tau + 1) where its measured
+// staleness tau (the updates between the answer to its pull and it) is more than W - 1. A worker
+// that stalled while the others pushed on moves the weights less: its late gradient at 1/W, with
+// momentum 0.9, once threw a LeNet run under dist_async off in CI (loss NaN at step 57).
+TEST(Stalls, AnAsynchronousPushAfterAStallIsScaledByItsMeasuredStaleness) {
+  auto system = systemWithSilentPeers();
+  auto got = std::make_shared<std::vector<float>>();
+  ServerConfig config;
+  config.num_workers = 2;
+  config.mode = ServerConfig::Mode::kAsync;
+  config.key_begin = 0;
+  config.key_end = 1;
+  config.initial_weights = Tensor::host({1});
+  config.optimizer.momentum = 0.0f;
+  config.optimizer.weight_decay = 0.0f;
+  config.lr.base = 0.5f;
+  const Address server = system->spawn(makeServer("server", config));
+  const Address client = system->spawn(std::make_unique<PulledWeights>(*system, 2, got));
+  const auto one = [] {
+    auto t = Tensor::host({1});
+    t.f32()[0] = 1.0f;
+    return t;
+  };
+  // Worker 0 reads step 1's weights. Worker 1 pushes steps 0 to 3, each at 1/W (its weights were
+  // not read here: staleness 0). Worker 0's push of step 1 comes 4 updates after its read: at
+  // 1/5. Worker 0 then reads step 2's weights.
+  system->tell(server, Pull{1, 0, false, 0, 1, client.actor});
+  for (std::int64_t step = 0; step < 4; ++step)
+    system->tell(server, Push{step, 1, 0, 1, one()});
+  system->tell(server, Push{1, 0, 0, 1, one()});
+  system->tell(server, Pull{2, 0, false, 0, 1, client.actor});
+  failAfter(*system, 10s);
+  system->run();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_FLOAT_EQ(got->front(), -4 * (0.5f / 2) - 0.5f / 5) << "1/W would give -1.25";
+}
+
 TEST(Stalls, APullNoServerAnswersIsReportedThenFailsNamingTheServerAGraceAfterThePeerTimeout) {
   LogCapture log;
   auto system = systemWithSilentPeers();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -97,6 +98,9 @@ class Server final : public Actor {
     std::int64_t updates = 0;
     std::vector<std::int64_t> clocks;  // per worker: the last step fully pushed here
     std::int64_t applied = 0;          // dist_sync: steps applied
+    // dist_async and ssp: `updates` when each (worker, step)'s pull was answered, until that
+    // step's push: the push's staleness is the updates applied in between.
+    std::map<std::pair<std::uint32_t, std::int64_t>, std::int64_t> read_at;
     std::map<std::int64_t, StepPushes> steps;
     std::int64_t size() const { return end - begin; }
   };
@@ -340,6 +344,13 @@ class Server final : public Actor {
     answer();
   }
 
+  // The updates of `s` between the answer to the pull of `p`'s worker and step and this push (0
+  // where that pull was not answered here: a run's first step, from the initial weights).
+  static std::int64_t staleness(const Segment& s, const Push& p) {
+    const auto it = s.read_at.find({p.worker, p.step});
+    return it == s.read_at.end() ? 0 : s.updates - it->second;
+  }
+
   // Values [lo, hi) of segment `s` from push `p`.
   void pushSegment(Segment& s, const Push& p, std::int64_t lo, std::int64_t hi,
                    const kernels::Tensor& grads) {
@@ -361,10 +372,13 @@ class Server final : public Actor {
       }
       // The trainer's asynchronous SGD is staleness-aware (Zhang et al. 2016): a push lands on
       // weights about W-1 pushes newer than the ones it was computed from, so its step is scaled
-      // by 1/W. The KVStore applies the optimizer as set, as MXNet's servers do.
+      // by 1/W, and by 1/(tau + 1) where its measured staleness tau was more (a worker that
+      // stalled while the others pushed on: its late gradient, at 1/W with momentum, could throw
+      // the weights off). The KVStore applies the optimizer as set, as MXNet's servers do.
       const float lr = config_.kvstore
                            ? learningRate(p.step)
-                           : learningRate(p.step) / static_cast<float>(config_.num_workers);
+                           : learningRate(p.step) / static_cast<float>(std::max<std::int64_t>(
+                                                        config_.num_workers, staleness(s, p) + 1));
       s.optimizer->stepRange(s.weights.slice(lo, hi), grads, lo, hi, lr, s.updates + 1);
       if (!backend_->updatesFinite()) {
         failNonFinite(s, p.step, lo, hi, lr, nonFinitePush(grads, s, lo, p.worker));
@@ -377,6 +391,8 @@ class Server final : public Actor {
     }
     if (step.received[p.worker] == s.size()) {
       s.clocks[p.worker] = p.step;
+      s.read_at.erase(s.read_at.lower_bound({p.worker, std::numeric_limits<std::int64_t>::min()}),
+                      s.read_at.upper_bound({p.worker, p.step}));
       if (config_.mode != ServerConfig::Mode::kSync) ++s.updates;  // the worker's whole push
     }
     const bool all_in = std::all_of(step.received.begin(), step.received.end(),
@@ -526,9 +542,12 @@ class Server final : public Actor {
       reply.key_end = it->key_end;
       // A copy: the weights go on changing while the transport writes (async schedules).
       reply.data = kernels::Tensor::host({it->key_end - it->key_begin});
-      for (const Segment* s : segments)
+      for (Segment* s : segments) {
         backend_->copy(s->weights,
                        reply.data.slice(s->begin - it->key_begin, s->end - it->key_begin));
+        if (config_.mode != ServerConfig::Mode::kSync)
+          s->read_at[{it->worker, it->step}] = s->updates;
+      }
       if (it->epoch_end) reply.state = snapshot(segments.front()->optimizer->state());
       backend_->synchronize();
       send(Address{it->worker, it->reply_actor}, std::move(reply));

@@ -318,7 +318,9 @@ std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 //               answers a pull for step t+1 after that.
 //   dist_async: updates on every push as it arrives, at 1/W of the learning rate (staleness-aware
 //               asynchronous SGD: with W workers a push lands on weights ~W-1 pushes newer than
-//               the ones it was computed from); answers pulls at once.
+//               the ones it was computed from), and at 1/(tau + 1) where the push's measured
+//               staleness tau (updates since its pull was answered) is more; answers pulls at
+//               once.
 //   ssp:        as dist_async (same learning-rate scaling), but answers a pull for step t only
 //               once every worker has pushed
 //               step t - staleness - 1 (no worker runs more than `staleness` steps ahead).
