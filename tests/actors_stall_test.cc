@@ -95,16 +95,22 @@ struct HeldNotices final : Actor {
   std::shared_ptr<std::vector<PullHeld>> heard_;
 };
 
+// A server of `workers` workers holding keys [0, keys), all 0.
+ServerConfig serverOf(int workers, ServerConfig::Mode mode, std::int64_t keys) {
+  ServerConfig config;
+  config.num_workers = workers;
+  config.mode = mode;
+  config.key_begin = 0;
+  config.key_end = keys;
+  config.initial_weights = Tensor::host({keys});
+  return config;
+}
+
 TEST(Stalls, AServerNamesTheWorkersAPullWaitsForThenFails) {
   LogCapture log;
   auto system = systemWithSilentPeers();
   auto heard = std::make_shared<std::vector<PullHeld>>();
-  ServerConfig config;
-  config.num_workers = 3;
-  config.mode = ServerConfig::Mode::kSync;
-  config.key_begin = 0;
-  config.key_end = 10;
-  config.initial_weights = Tensor::host({10});
+  ServerConfig config = serverOf(3, ServerConfig::Mode::kSync, 10);
   config.run.stall_warning = 150ms;
   config.run.peer_timeout = 600ms;
   const Address server = system->spawn(makeServer("server", config));
@@ -156,16 +162,11 @@ struct PulledWeights final : Actor {
 // dist_async: a push lands at 1/W of the learning rate, and at 1/(tau + 1) where its measured
 // staleness tau (the updates between the answer to its pull and it) is more than W - 1. A worker
 // that stalled while the others pushed on moves the weights less: its late gradient at 1/W, with
-// momentum 0.9, once threw a LeNet run under dist_async off in CI (loss NaN at step 57).
+// momentum 0.9, threw a LeNet run under dist_async off in CI twice (loss NaN at steps 83 and 57).
 TEST(Stalls, AnAsynchronousPushAfterAStallIsScaledByItsMeasuredStaleness) {
   auto system = systemWithSilentPeers();
   auto got = std::make_shared<std::vector<float>>();
-  ServerConfig config;
-  config.num_workers = 2;
-  config.mode = ServerConfig::Mode::kAsync;
-  config.key_begin = 0;
-  config.key_end = 1;
-  config.initial_weights = Tensor::host({1});
+  ServerConfig config = serverOf(2, ServerConfig::Mode::kAsync, 1);
   config.optimizer.momentum = 0.0f;
   config.optimizer.weight_decay = 0.0f;
   config.lr.base = 0.5f;
