@@ -135,4 +135,6 @@ def test_tensors_of_other_sizes_across_ranks_are_refused_naming_both():
     assert codes[1] != 0 and "all_reduce returned" not in outs[1], outs[1]
     assert "rank 0 sums 10 values at 0, this rank 12: the ranks' sizes differ" in outs[1], outs[1]
     assert codes[0] != 0 and "all_reduce returned" not in outs[0], outs[0]
-    assert "rank 1" in outs[0], outs[0]
+    # Rank 0 hears rank 1's first chunk, or rank 1 is gone first: either way it names it.
+    assert ("rank 1 sums 12 values at 0, this rank 10" in outs[0]
+            or "lost the link to worker 1" in outs[0]), outs[0]
