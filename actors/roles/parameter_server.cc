@@ -98,8 +98,8 @@ class Server final : public Actor {
     std::int64_t updates = 0;
     std::vector<std::int64_t> clocks;  // per worker: the last step fully pushed here
     std::int64_t applied = 0;          // dist_sync: steps applied
-    // dist_async and ssp: `updates` when each (worker, step)'s pull was answered, until that
-    // step's push: the push's staleness is the updates applied in between.
+    // The trainer's dist_async and ssp: `updates` when each (worker, step)'s pull was answered,
+    // until that step's push: the push's staleness is the updates applied in between.
     std::map<std::pair<std::uint32_t, std::int64_t>, std::int64_t> read_at;
     std::map<std::int64_t, StepPushes> steps;
     std::int64_t size() const { return end - begin; }
@@ -545,7 +545,9 @@ class Server final : public Actor {
       for (Segment* s : segments) {
         backend_->copy(s->weights,
                        reply.data.slice(s->begin - it->key_begin, s->end - it->key_begin));
-        if (config_.mode != ServerConfig::Mode::kSync)
+        // Only the trainer's pushes are scaled by it, and only its pulls are each of a step the
+        // worker pushes next (a KVStore's would pile up).
+        if (config_.mode != ServerConfig::Mode::kSync && !config_.kvstore)
           s->read_at[{it->worker, it->step}] = s->updates;
       }
       if (it->epoch_end) reply.state = snapshot(segments.front()->optimizer->state());
