@@ -16,6 +16,10 @@ namespace troupe::data {
 namespace fs = std::filesystem;
 
 namespace {
+internal::DbBackend backendOf(DbType type) {
+  return type == DbType::kLmdb ? internal::lmdb() : internal::levelDb();
+}
+
 std::string_view withArticle(DbType type) {
   return type == DbType::kLmdb ? "an lmdb" : "a leveldb";
 }
@@ -25,8 +29,7 @@ class StagedWriter final : public DbWriter {
  public:
   StagedWriter(std::string path, fs::path staging, DbType type)
       : path_(std::move(path)), staging_(std::move(staging)) {
-    backend_ = type == DbType::kLmdb ? internal::createLmdb(staging_.string())
-                                     : internal::createLevelDb(staging_.string());
+    backend_ = backendOf(type).create(staging_.string());
   }
   ~StagedWriter() override {
     if (published_) return;
@@ -143,7 +146,7 @@ std::unique_ptr<DbReader> openDb(const std::string& path, DbType type) {
     throw InputError(detail::concat("database '", path, "' is not ", withArticle(type),
                                     " database (it looks like ", toString(*found), ")"));
   }
-  return type == DbType::kLmdb ? internal::openLmdb(path) : internal::openLevelDb(path);
+  return backendOf(type).open(path);
 }
 
 }  // namespace troupe::data

@@ -72,9 +72,21 @@ class BackendWriter {
   virtual void commit() = 0;
 };
 
-std::unique_ptr<BackendWriter> createLmdb(const std::string& path);
-std::unique_ptr<DbReader> openLmdb(const std::string& path);
-std::unique_ptr<BackendWriter> createLevelDb(const std::string& path);
-std::unique_ptr<DbReader> openLevelDb(const std::string& path);
+// A backend: its writer of a new database at a folder, and its reader of an existing one.
+struct DbBackend {
+  std::unique_ptr<BackendWriter> (*create)(const std::string& path);
+  std::unique_ptr<DbReader> (*open)(const std::string& path);
+};
+template <class Writer, class Reader>
+DbBackend backendWith() {
+  return {[](const std::string& path) -> std::unique_ptr<BackendWriter> {
+            return std::make_unique<Writer>(path);
+          },
+          [](const std::string& path) -> std::unique_ptr<DbReader> {
+            return std::make_unique<Reader>(path);
+          }};
+}
+DbBackend lmdb();
+DbBackend levelDb();
 
 }  // namespace troupe::data::internal

@@ -127,12 +127,8 @@ class LevelDbReader final : public DbReader {
 
 }  // namespace
 
-std::unique_ptr<BackendWriter> createLevelDb(const std::string& path) {
-  return std::make_unique<LevelDbWriter>(path);
-}
-
-std::unique_ptr<DbReader> openLevelDb(const std::string& path) {
-  return std::make_unique<LevelDbReader>(path);
+DbBackend levelDb() {
+  return backendWith<LevelDbWriter, LevelDbReader>();
 }
 
 }  // namespace troupe::data::internal

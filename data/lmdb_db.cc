@@ -235,12 +235,8 @@ class LmdbReader final : public DbReader {
 
 }  // namespace
 
-std::unique_ptr<BackendWriter> createLmdb(const std::string& path) {
-  return std::make_unique<LmdbWriter>(path);
-}
-
-std::unique_ptr<DbReader> openLmdb(const std::string& path) {
-  return std::make_unique<LmdbReader>(path);
+DbBackend lmdb() {
+  return backendWith<LmdbWriter, LmdbReader>();
 }
 
 }  // namespace troupe::data::internal

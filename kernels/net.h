@@ -21,9 +21,14 @@ class Backend;
 
 // A layer type a config's [[layers]] tables may name (layerTypes(): "conv", "pool", "fc", ...).
 struct LayerTypeInfo {
+  // An argument as the docs show it, its key first, then its default and values: "stride 1",
+  // "method max or ave", "n_head: heads, each width / n_head wide". The key is the text before
+  // the first space or colon.
   struct Arg {
+    Arg(const char* text)  // NOLINT: the layer types' tables are lists of these texts
+        : shown(text), key(shown.substr(0, shown.find_first_of(" :"))) {}
+    std::string shown;
     std::string key;
-    std::string shown;  // as the docs show it, default and values: "stride 1", "method max or ave"
   };
   std::string name;
   std::string summary;    // one line, for `troupe info`

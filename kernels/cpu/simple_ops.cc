@@ -69,33 +69,35 @@ class CpuAdd final : public AddOp {
 class CpuGlobalAvgPool final : public GlobalAvgPoolOp {
  public:
   CpuGlobalAvgPool(std::int64_t planes, std::int64_t spatial, int threads)
-      : planes_(planes), spatial_(spatial), threads_(threads) {}
+      : planes_(planes),
+        spatial_(spatial),
+        inv_(1.0f / static_cast<float>(spatial)),
+        threads_(threads) {}
   void forward(const Tensor& x, const Tensor& y) override {
     TROUPE_ENFORCE_EQ(x.numel(), planes_ * spatial_);
     const float* in = x.f32();
     float* out = y.f32();
-    const float inv = 1.0f / static_cast<float>(spatial_);
     for (std::int64_t p = 0; p < planes_; ++p) {
       float s = 0.0f;
 #pragma omp simd reduction(+ : s)
       for (std::int64_t q = 0; q < spatial_; ++q)
         s += in[p * spatial_ + q];
-      out[p] = s * inv;
+      out[p] = s * inv_;
     }
   }
   void backward(const Tensor& dy, const Tensor& dx) override {
     TROUPE_ENFORCE_EQ(dx.numel(), planes_ * spatial_);
     const float* d = dy.f32();
     float* out = dx.f32();
-    const float inv = 1.0f / static_cast<float>(spatial_);
     for (std::int64_t p = 0; p < planes_; ++p) {
-      const float v = d[p] * inv;
+      const float v = d[p] * inv_;
       std::fill(out + p * spatial_, out + (p + 1) * spatial_, v);
     }
   }
 
  private:
   std::int64_t planes_, spatial_;
+  float inv_;  // 1 / spatial_
   int threads_;
 };
 

@@ -100,8 +100,8 @@ template <typename Rule>
 constexpr RuleRow row() {
   return {Rule::kName, run<Rule>};
 }
-constexpr RuleRow kRules[] = {row<AdamRule>(), row<RmsPropRule>(), row<AdagradRule>(),
-                              row<LarsRule>(), row<LambRule>()};
+constexpr RuleRow kRules[] = {row<AdamRule>(), row<SquareSumRule>(), row<LarsRule>(),
+                              row<LambRule>()};
 
 __global__ void squaresKernel(const float* p, std::int64_t n, double* partials) {
   double sum = 0, unused = 0;

@@ -5,7 +5,7 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(
     add, "the residual connection: this input plus the output `with` names, of the same shape",
-    {{"with", "with: the named output added to this input"}}) {
+    {"with: the named output added to this input"}) {
   const Node& other =
       c.names.output(c.args.spec(), c.args.index(), "with", c.args.string("with", nullptr));
   if (other.blob == c.x.blob) c.args.fail("with", "names this layer's own input");

@@ -4,11 +4,7 @@
 namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(conv, "a 2-D convolution with a bias by default (Caffe's Convolution)",
-                  {{"num_output", "num_output"},
-                   {"kernel", "kernel"},
-                   {"stride", "stride 1"},
-                   {"pad", "pad 0"},
-                   {"bias", "bias true"}}) {
+                  {"num_output", "kernel", "stride 1", "pad 0", "bias true"}) {
   c.args.needSpatial(c.x);
   const std::int64_t one = 1, zero = 0;
   const std::int64_t oc = c.args.integer("num_output", 1, nullptr);

@@ -9,9 +9,8 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(
     embedding, "token and position embedding of the input's token sequences (GPT-2's wte and wpe)",
-    {{"num_output", "num_output: the width of a row"},
-     {"input_dim", "input_dim: the vocabulary (vocab_size)"},
-     {"positions", "positions true: add a position embedding (false: tokens alone)"}}) {
+    {"num_output: the width of a row", "input_dim: the vocabulary (vocab_size)",
+     "positions true: add a position embedding (false: tokens alone)"}) {
   if (!c.b.isTokens(c.x)) {
     throw InputError(c.args.where() + " reads the input's token sequences (block_size), got " +
                      toString(c.x.shape));

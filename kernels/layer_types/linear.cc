@@ -7,9 +7,8 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(
     linear, "an inner product with a bias over each row (torch's Linear on the last dimension)",
-    {{"num_output", "num_output"},
-     {"tied", "tied: an embedding's name, whose weights it reads (no bias)"},
-     {"bias", "bias false: with tied, a bias of its own"}}) {
+    {"num_output", "tied: an embedding's name, whose weights it reads (no bias)",
+     "bias false: with tied, a bias of its own"}) {
   if (c.args.has("tied")) {
     if (c.args.has("num_output")) c.args.fail("num_output", "is the tied weights' rows");
     return c.b.tiedLinear(c.x, c.name, c.args.string("tied", nullptr),

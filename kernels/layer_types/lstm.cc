@@ -8,9 +8,8 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(
     lstm, "LSTM layers over a sequence's rows (torch.nn.LSTM), each step's state from the last",
-    {{"num_output", "num_output: hidden units of each layer"},
-     {"num_layers", "num_layers 1"},
-     {"dropout", "dropout 0: between the layers, as nn.LSTM's"}}) {
+    {"num_output: hidden units of each layer", "num_layers 1",
+     "dropout 0: between the layers, as nn.LSTM's"}) {
   const std::int64_t one = 1;
   if (c.x.shape.size() != 2) {
     throw InputError(c.args.where() + " needs a sequence of rows [t, width], got " +

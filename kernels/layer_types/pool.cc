@@ -32,12 +32,9 @@ Node pool(LayerCall& c) {
 
 TROUPE_LAYER_TYPE(pool,
                   "max or average pooling (Caffe's Pooling); global: the average of each channel",
-                  {{"kernel", "kernel"},
-                   {"stride", "stride = kernel"},
-                   {"pad", "pad 0"},
-                   {"method", "method max or ave"},
-                   {"global", "global false (true: the average of each channel)"},
-                   {"round_mode", "round_mode ceil as Caffe's or floor as PyTorch's"}}) {
+                  {"kernel", "stride = kernel", "pad 0", "method max or ave",
+                   "global false (true: the average of each channel)",
+                   "round_mode ceil as Caffe's or floor as PyTorch's"}) {
   return pool(c);
 }
 

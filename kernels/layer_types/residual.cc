@@ -9,11 +9,8 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(residual,
                   "a ResNet block: convolutions, batch norms, a shortcut, the add and a ReLU",
-                  {{"width", "width"},
-                   {"stride", "stride 1"},
-                   {"bottleneck", "bottleneck false (true: 1x1, 3x3, 1x1 to 4 x width)"},
-                   {"gamma",
-                    "gamma 1: the last batch norm's first scale (0: zero-init residuals)"}}) {
+                  {"width", "stride 1", "bottleneck false (true: 1x1, 3x3, 1x1 to 4 x width)",
+                   "gamma 1: the last batch norm's first scale (0: zero-init residuals)"}) {
   c.args.needSpatial(c.x);
   const std::int64_t one = 1;
   const std::int64_t width = c.args.integer("width", 1, nullptr);

@@ -7,10 +7,9 @@ namespace troupe::kernels::graph {
 
 TROUPE_LAYER_TYPE(
     transformer, "GPT-2's block: layer norms, causal self-attention, a GELU MLP, two residual adds",
-    {{"n_head", "n_head"},
-     {"n_layer",
-      "n_layer 1: the blocks of the net (its projections start at "
-      "0.02 / sqrt(2 n_layer))"}}) {
+    {"n_head",
+     "n_layer 1: the blocks of the net (its projections start at "
+     "0.02 / sqrt(2 n_layer))"}) {
   const std::int64_t one = 1;
   const std::int64_t heads = c.args.integer("n_head", 1, nullptr);
   if (c.x.shape.size() != 2 || c.x.shape[1] % heads != 0) {

@@ -33,36 +33,22 @@ struct AdamRule {
   }
 };
 
-// RMSProp's update rule, as torch.optim.RMSprop's without momentum
-// or centering (MXNet's RMSProp, centered=False): g' = g + decay * w;
-//   v = rho v + (1 - rho) g'^2;  w -= lr g' / (sqrt(v) + eps).
-// Scalars: c[0] rho, c[1] eps.
-struct RmsPropRule {
-  static constexpr const char* kName = "rmsprop";  // as backends know the rule
-  static constexpr int kStates = 1;                // square_avg
+// RMSProp's and Adagrad's update rule, a weighted running sum of squared gradients:
+//   g' = g + decay * w;  v = a v + b g'^2;  w -= lr g' / (sqrt(v) + eps).
+// RMSProp, as torch.optim.RMSprop without momentum or centering (MXNet's RMSProp,
+// centered=False): a = rho, b = 1 - rho. Adagrad, as torch.optim.Adagrad (lr_decay 0): a = b = 1,
+// whose products by 1 are exact, so v is the sum v + g'^2 to the bit.
+// Scalars: c[0] a, c[1] eps, c[2] b.
+struct SquareSumRule {
+  static constexpr const char* kName = "square_sum";  // as backends know the rule
+  static constexpr int kStates = 1;                   // square_avg, or sum
   static constexpr bool kLayerwise = false;
   TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
                                 float) {
     const float grad = g + decay * w;
-    const float v = c.c[0] * s[0] + (1.0f - c.c[0]) * grad * grad;
+    const float v = c.c[0] * s[0] + c.c[2] * grad * grad;
     s[0] = v;
     return w - c.lr * grad / (std::sqrt(v) + c.c[1]);
-  }
-};
-
-// Adagrad's update rule, as torch.optim.Adagrad's (lr_decay 0):
-// g' = g + decay * w;  sum += g'^2;  w -= lr g' / (sqrt(sum) + eps).
-// Scalars: c[0] eps.
-struct AdagradRule {
-  static constexpr const char* kName = "adagrad";  // as backends know the rule
-  static constexpr int kStates = 1;                // sum
-  static constexpr bool kLayerwise = false;
-  TROUPE_HD static float update(float w, float g, StateRef s, const UpdateScalars& c, float decay,
-                                float) {
-    const float grad = g + decay * w;
-    const float sum = s[0] + grad * grad;
-    s[0] = sum;
-    return w - c.lr * grad / (std::sqrt(sum) + c.c[0]);
   }
 };
 
