@@ -5,10 +5,14 @@ default group and a gloo group, and times the same work on each, alternating.
 
   allreduce:  dist.all_reduce of float32 tensors of 1 MB and 25 MB (DDP's bucket), seconds each
               and the ring's algorithm bandwidth (bytes / time).
-  all_gather: dist.all_gather of 1 MB and 25 MB in all (each rank's part 1/P of it), likewise.
+  all_gather: dist.all_gather of 1 MB and 25 MB in all (each rank's part 1/P of it), likewise;
+              and dist.all_gather_into_tensor (FSDP's: into one tensor) of 25 MB.
   DDP:        an MLP (784-512-512-10, 0.7M parameters: compute-bound) and a wide one (1024-4096-
               4096-10, 21M parameters, 84 MB of gradients: communication-bound), batch 32 a rank,
               1 thread a rank, SGD; steps/s after 3 warm-up steps.
+  FSDP2:      the wide MLP under torch's fully_shard (torch 2: each Linear sharded, all-gathered
+              for its forward and backward, its gradients reduce-scattered), likewise; and the
+              largest relative difference of the two backends' weights after the steps.
 Rank 0 prints a table with troupe / gloo (above 1: troupe faster).
 
     /usr/bin/python3 bench/torch_backend_vs_gloo.py [--procs 2] [--steps 20]
@@ -61,6 +65,16 @@ def run_rank(a):
         rows.append((f"all_gather {mb} MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
                      lambda s, mb=mb: f"{mb / s:.0f} MB/s"))
 
+    whole = torch.empty(25 * (1 << 20) // 4)
+    part = torch.ones(whole.numel() // world)
+    times = {}
+    for name, group in groups.items():
+        dist.all_gather_into_tensor(whole, part, group=group)
+        times[name] = timed(lambda g=group: dist.all_gather_into_tensor(whole, part, group=g),
+                            a.rounds)
+    rows.append(("all_gather_into_tensor 25 MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
+                 lambda s: f"{25 / s:.0f} MB/s"))
+
     def mlp(sizes):
         layers = []
         for i, (m, n) in enumerate(zip(sizes, sizes[1:])):
@@ -69,23 +83,56 @@ def run_rank(a):
                 layers.append(torch.nn.ReLU())
         return torch.nn.Sequential(*layers)
 
+    def trained(model, sizes):
+        """The seconds of a SGD step of model on a batch of 32, timed over a.steps after 3."""
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(32, sizes[0]), torch.randint(0, 10, (32,))
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        for _ in range(3):
+            step()
+        return timed(step, a.steps)
+
     for label, sizes in (("DDP MLP 0.7M", [784, 512, 512, 10]),
                          ("DDP wide MLP 21M", [1024, 4096, 4096, 10])):
         times = {}
         for name, group in groups.items():
             torch.manual_seed(0)
             model = torch.nn.parallel.DistributedDataParallel(mlp(sizes), process_group=group)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            x, y = torch.randn(32, sizes[0]), torch.randint(0, 10, (32,))
-
-            def step(model=model, opt=opt):
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-            for _ in range(3):
-                step()
-            times[name] = timed(step, a.steps)
+            times[name] = trained(model, sizes)
         rows.append((label, "steps/s", times, lambda s: f"{1 / s:.1f} steps/s", None))
+
+    fsdp_difference = None
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch 1
+        fully_shard = None
+    if fully_shard is not None:
+        sizes, times, weights = [1024, 4096, 4096, 10], {}, {}
+        for name, group in groups.items():
+            torch.manual_seed(0)
+            model = mlp(sizes)
+            mesh = DeviceMesh.from_group(group, "cpu")
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            times[name] = trained(model, sizes)
+            # This rank's shards: both backends shard alike. (DTensor's full_tensor() calls
+            # torch's functional collectives, which reach a group's C++ backend: the troupe
+            # group, written in Python, has none.)
+            weights[name] = [p.to_local().detach().clone() for p in model.parameters()]
+        rows.append(("FSDP2 wide MLP 21M", "steps/s", times, lambda s: f"{1 / s:.1f} steps/s",
+                     None))
+        worst = torch.tensor(max(((a - b).abs().max() / a.abs().max()).item()
+                                 for a, b in zip(weights["troupe"], weights["gloo"])
+                                 if a.numel() > 0))
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
+        fsdp_difference = worst.item()
 
     if rank == 0:
         print(f"\n{dist.get_world_size()} ranks on this host, 1 thread each\n")
@@ -96,6 +143,9 @@ def run_rank(a):
             print(f"| {label} | {show(times['troupe'])} | {show(times['gloo'])} | {ratio:.2f} | "
                   f"{rate(times['troupe']) if rate else '-'} | "
                   f"{rate(times['gloo']) if rate else '-'} |", flush=True)
+        if fsdp_difference is not None:
+            print(f"\nFSDP2: the largest relative difference of the backends' weights after "
+                  f"{a.steps + 3} steps: {fsdp_difference:.3g}", flush=True)
     dist.destroy_process_group()
 
 

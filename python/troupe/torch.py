@@ -15,9 +15,10 @@ MASTER_ADDR and tells the others through torch's store. A first step: the proces
 written in Python (torch calls it through its trampoline); DDP's bucket sums run on a thread of
 their own while the backward pass goes on, and the other collectives are synchronous;
 float tensors (float32; float16 and bfloat16 summed in float32) on the CPU, and on a GPU through
-host memory; ReduceOp.SUM. allreduce, broadcast and allgather (of integer and bool tensors too,
-bit for bit), reduce_scatter, barrier; alltoall, send/recv, gather, scatter, reduce and the other
-reductions are refused by name.
+host memory; ReduceOp.SUM and AVG. allreduce, broadcast and allgather (of integer and bool tensors
+too, bit for bit), reduce_scatter, all_gather_into_tensor and reduce_scatter_tensor (FSDP's),
+barrier; alltoall, send/recv; gather, scatter, reduce and the other reductions are refused by
+name.
 
 The parameter-server optimizer:
 
@@ -158,6 +159,11 @@ def _host(t):
     return t.detach().to("cpu", torch.float32).reshape(-1)
 
 
+def _in_place(t):
+    """Whether the store can write t's values where they lie: float32, contiguous, on the host."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+
+
 def _from_the_python_api():
     """Whether the collective was called by torch.distributed's Python functions (dist.all_reduce
     and the like), not by DDP's reducer: their Work is waited for through wait(), which swallows
@@ -252,6 +258,16 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def getBackendName(self):
         return "troupe"
 
+    # torch 2 names each group (init_process_group and new_group set it); DeviceMesh and FSDP2
+    # read the name. torch's own ProcessGroup keeps it in its backends, which a group made in
+    # Python has none of, so this one keeps it itself.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return self._group_name
+
     # ---- helpers ----
     def _in_background(self, sum_, tensors):
         """A Work for `sum_()` run on the sums' thread (in call order), done with `tensors`."""
@@ -314,15 +330,18 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         if t.is_sparse:
             raise TypeError(f"troupe backend: {what} of a sparse tensor")
 
-    @staticmethod
-    def _sum_only(what, opts):
+    def _divisor(self, what, opts):
+        """What a reduction's sum is divided by: 1 for ReduceOp.SUM, the world's size for AVG
+        (FSDP's reduce-scatter of gradients); the other reductions are refused by name."""
         op = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-        if op != dist.ReduceOp.SUM:
-            names = [n for n in ("PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG",
-                                 "PREMUL_SUM") if hasattr(dist.ReduceOp, n)
-                     and op == getattr(dist.ReduceOp, n)]
-            raise ValueError(f"troupe backend: {what} with ReduceOp."
-                             f"{names[0] if names else op}: only ReduceOp.SUM for now")
+        if op == dist.ReduceOp.SUM:
+            return 1
+        if hasattr(dist.ReduceOp, "AVG") and op == dist.ReduceOp.AVG:
+            return self.size()
+        names = [n for n in ("PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+                 if hasattr(dist.ReduceOp, n) and op == getattr(dist.ReduceOp, n)]
+        raise ValueError(f"troupe backend: {what} with ReduceOp."
+                         f"{names[0] if names else op}: only ReduceOp.SUM and AVG for now")
 
     def _summed(self, tensors):
         """The float32 host sum over every rank of the local tensors' sum."""
@@ -362,16 +381,23 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         for t in tensors:
             self._float("allreduce", t)
-        self._sum_only("allreduce", opts)
+        divisor = self._divisor("allreduce", opts)
         t = tensors[0]
         if (len(tensors) == 1 and t.device.type == "cpu" and t.dtype == torch.float32
                 and t.is_contiguous() and not _from_the_python_api()):
             # DDP's buckets: summed where they lie, meanwhile (DDP waits on the Work's future,
             # whose error it sees; a call of dist.all_reduce sums below, raising its errors there)
             flat = t.detach().view(-1).numpy()
-            return self._in_background(lambda: self._sum(flat), tensors)
+
+            def average():
+                self._sum(flat)
+                if divisor != 1:
+                    np.divide(flat, divisor, out=flat)
+            return self._in_background(average, tensors)
         self._drain()
         total = self._summed(tensors)
+        if divisor != 1:
+            total /= divisor
         for t in tensors:
             t.copy_(total.view(t.shape))
         return _done(tensors)
@@ -380,8 +406,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._drain()
         for t in tensors:
             self._float("allreduce_coalesced", t)
-        self._sum_only("allreduce_coalesced", opts)
-        flat = self._concatenated_sum(tensors)
+        flat = self._concatenated_sum(tensors) / self._divisor("allreduce_coalesced", opts)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view(t.shape))
@@ -446,7 +471,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         self._drain()
-        self._sum_only("reduce_scatter", opts)
+        divisor = self._divisor("reduce_scatter", opts)
         for out, ins in zip(output_tensors, input_tensors):
             self._float("reduce_scatter", out)
             if len(ins) != self.size():
@@ -461,8 +486,58 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                                      f"{t.numel()} values, the output {n}")
             mine = np.empty(n, dtype=np.float32)
             self._kv._store.reduce_scatter(torch.cat([_host(t) for t in ins]).numpy(), mine)
-            out.copy_(torch.from_numpy(mine).view(out.shape))
+            out.copy_(torch.from_numpy(mine / divisor).view(out.shape))
         return _done(output_tensors)
+
+    def all_gather_single(self, output, input, opts=None):
+        """dist.all_gather_into_tensor (FSDP's): every rank's input laid end to end in output,
+        rank by rank. A float32 output in host memory is written where it lies, with no copy."""
+        self._drain()
+        n = input.numel()
+        if output.numel() != n * self.size():
+            raise ValueError(f"troupe backend: all_gather_into_tensor: the output holds "
+                             f"{output.numel()} values, {self.size()} ranks' inputs {n} each")
+        if input.dtype not in _FLOATS:  # integers and bools, bit for bit
+            output.copy_(torch.cat(self._exchanged(input, range(self.size()))).view(output.shape))
+            return _done([output])
+        self._float("all_gather_into_tensor", input)
+        self._float("all_gather_into_tensor", output)
+        mine = np.ascontiguousarray(_host(input).numpy())
+        if _in_place(output):
+            self._kv._store.allgather(mine, output.detach().view(-1).numpy())
+        else:
+            everyone = np.empty(n * self.size(), dtype=np.float32)
+            self._kv._store.allgather(mine, everyone)
+            output.copy_(torch.from_numpy(everyone).view(output.shape))
+        return _done([output])
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        """dist.reduce_scatter_tensor (FSDP's): the sum over the ranks of their input's rank-th
+        part (as many values as output holds) into output. A float32 output in host memory is
+        written where it lies."""
+        self._drain()
+        divisor = self._divisor("reduce_scatter_tensor", opts)
+        self._float("reduce_scatter_tensor", input)
+        self._float("reduce_scatter_tensor", output)
+        n = output.numel()
+        if input.numel() != n * self.size():
+            raise ValueError(f"troupe backend: reduce_scatter_tensor: the input holds "
+                             f"{input.numel()} values, {self.size()} ranks' parts of {n}")
+        everyone = np.ascontiguousarray(_host(input).numpy())
+        if _in_place(output):
+            self._kv._store.reduce_scatter(everyone, output.detach().view(-1).numpy())
+            if divisor != 1:
+                output.div_(divisor)
+        else:
+            mine = np.empty(n, dtype=np.float32)
+            self._kv._store.reduce_scatter(everyone, mine)
+            output.copy_(torch.from_numpy(mine / divisor).view(output.shape))
+        return _done([output])
+
+    # torch 1.13's names of the two (torch 2 calls them all_gather_single and
+    # reduce_scatter_single).
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
 
     def barrier(self, opts=None):
         self._drain()

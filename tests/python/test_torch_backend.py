@@ -9,9 +9,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_backend_worker.py")
 CHECKS = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
-          "ok alltoall", "ok send recv",
+          "ok all_gather_into_tensor reduce_scatter_tensor avg", "ok alltoall", "ok send recv",
           "refused: troupe backend: allreduce of a torch.float64 tensor",
-          "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM for now",
+          "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM and AVG for now",
           "refused: troupe backend: recv from any source is not supported yet",
           "ok ddp relative difference"]
 

@@ -63,6 +63,34 @@ def main():
     dist.barrier()
     print("ok reduce_scatter barrier", flush=True)
 
+    # all_gather_into_tensor and reduce_scatter_tensor (FSDP's): a float32 output in host memory
+    # is written where it lies, others through a copy; against gloo's list all_gather and the
+    # slice of its allreduce. AVG is the sum divided by the world's size: with the same sum,
+    # the same division, so equal to the bit to SUM's result divided here.
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        x = (torch.randn(7, generator=g) * 100).to(dtype)
+        ours = torch.empty(world * 7, dtype=dtype)
+        theirs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather_into_tensor(ours, x)
+        dist.all_gather(theirs, x, group=gloo)
+        assert torch.equal(ours, torch.cat(theirs)), f"all_gather_into_tensor of {dtype}"
+    whole = torch.randn(world * 5, generator=g)
+    out, avg = torch.empty(5), torch.empty(5)
+    dist.reduce_scatter_tensor(out, whole)
+    dist.reduce_scatter_tensor(avg, whole, op=dist.ReduceOp.AVG)
+    theirs, magnitude = whole.clone(), whole.abs()
+    dist.all_reduce(theirs, group=gloo)
+    dist.all_reduce(magnitude, group=gloo)
+    mine = slice(5 * rank, 5 * rank + 5)
+    assert ((out - theirs[mine]).abs() <= 2 * gamma * magnitude[mine]).all(), \
+        "reduce_scatter_tensor"
+    assert torch.equal(avg, out / world), "reduce_scatter_tensor with AVG"
+    summed, averaged = whole.clone(), whole.clone()
+    dist.all_reduce(summed)
+    dist.all_reduce(averaged, op=dist.ReduceOp.AVG)
+    assert torch.equal(averaged, summed / world), "allreduce with AVG"
+    print("ok all_gather_into_tensor reduce_scatter_tensor avg", flush=True)
+
     # alltoall: rank r's split j lands in rank j's output split r. Even splits and uneven ones
     # (rank r sends rank j r + j + 1 rows of 3), every dtype, against gloo's all_to_all_single.
     for dtype in (torch.float32, torch.float16, torch.int64, torch.uint8):
