@@ -191,6 +191,10 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
   }
   // A tied layer reads the float32 weights of the layer that owns them.
   bool reducedParams() const override { return tied_ < 0; }
+  std::pair<std::int64_t, std::int64_t> tiedWeights() const override {
+    if (tied_ < 0) return {0, 0};
+    return {tied_, tied_ + in_ * out_};
+  }
 
  private:
   std::unique_ptr<InnerProductOp> make(LayerContext& ctx, std::int64_t n) override {

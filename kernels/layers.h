@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -69,6 +70,9 @@ class Layer {
   // and writes its gradient first, in its backward: this layer's backward then adds to it. False
   // where the layer cannot (only a token embedding can, once).
   virtual bool tie() { return false; }
+  // The range of the flat parameters that a tied layer reads as its weights (another layer's);
+  // empty (0, 0) for every other layer.
+  virtual std::pair<std::int64_t, std::int64_t> tiedWeights() const { return {0, 0}; }
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.

@@ -128,6 +128,7 @@ class NetImpl final : public Net, private LayerContext {
     initialise();
     if (!options.given_weights) bindLayers();  // else at useWeights()
     written_.assign(g_.blobs.size(), false);
+    end_ = g_.layers.size();
   }
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
@@ -178,23 +179,30 @@ class NetImpl final : public Net, private LayerContext {
 
   void forward(const Tensor& images, const Tensor& labels, bool train) override {
     TROUPE_ENFORCE(weights_.defined(), "a net with given_weights computes only after useWeights()");
-    checkInput(images);
-    n_ = images.dim(0);
-    TROUPE_ENFORCE_EQ(labels.numel(), n_ * g_.label_rows);
-    images_ = inputOf(images);
-    if (images_.raw() != images.raw()) convertInput(images, images_);
+    if (begin_ > 0) {
+      checkActivations(images, in_blob_, "the activations entering a stage");
+      n_ = images.dim(0);
+      stage_input_ = images;
+    } else {
+      checkInput(images);
+      n_ = images.dim(0);
+      images_ = inputOf(images);
+      if (images_.raw() != images.raw()) convertInput(images, images_);
+    }
+    if (end_ == g_.layers.size()) TROUPE_ENFORCE_EQ(labels.numel(), n_ * g_.label_rows);
     if (copies_) {
       timed("weight copies", false, [&] {
-        for (auto& layer : g_.layers) {
-          if (layer->reducedParams() && layer->param_end > layer->param_begin)
-            layer->copyParams(backend_, weights_, reduced_weights_, nhwc_);
+        for (std::size_t l = begin_; l < end_; ++l) {
+          Layer& layer = *g_.layers[l];
+          if (layer.reducedParams() && layer.param_end > layer.param_begin)
+            layer.copyParams(backend_, weights_, reduced_weights_, nhwc_);
         }
       });
     }
     labels_ = labels;
     trained_ = train;
     ++forward_count_;
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    for (std::size_t l = begin_; l < end_; ++l) {
       Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;
       timed(layer.kind(), false,
@@ -204,8 +212,13 @@ class NetImpl final : public Net, private LayerContext {
 
   void backward(float grad_scale, const GradReadyFn& on_ready) override {
     TROUPE_ENFORCE(trained_, "backward() after a forward() that was not training");
+    for (TiedOut& t : tied_out_) {
+      TROUPE_ENFORCE(t.set, "a stage's backward() before setTiedGrad() of its weights at ",
+                     t.range.first, " (which another stage reads)");
+      t.set = false;
+    }
     std::fill(written_.begin(), written_.end(), false);
-    for (std::size_t l = g_.layers.size(); l-- > 0;) {
+    for (std::size_t l = end_; l-- > begin_;) {
       Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;  // no parameters
       current_ = &layer;
@@ -236,7 +249,7 @@ class NetImpl final : public Net, private LayerContext {
       forward(images, labels, true);
       backward(grad_scale, on_ready);
     };
-    if (!options_.graphs || !graph_stats_.off.empty() || profiling_) return opByOp();
+    if (!options_.graphs || !graph_stats_.off.empty() || profiling_ || staged()) return opByOp();
     const StepKey key{images.raw(),   labels.raw(),   weights_.raw(), images.shape(),
                       labels.shape(), images.dtype(), grad_scale,     on_ready != nullptr};
     auto replay = [&](const StepGraph& step) {
@@ -327,6 +340,100 @@ class NetImpl final : public Net, private LayerContext {
     forward_count_ = 0;
   }
 
+  // A cut before layer c: the blobs made before it (the input by none) and read at or after it
+  // are the one that layer c - 1 made, and no layer from c on is computed by one before c.
+  std::vector<PipelineCut> pipelineCuts() const override {
+    const std::size_t count = g_.layers.size();
+    std::vector<std::size_t> made_by(g_.blobs.size(), 0);  // 1 + the layer; 0: the input
+    std::vector<std::size_t> last_read(g_.blobs.size(), 0);
+    for (std::size_t l = 0; l < count; ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.top >= 0) made_by[static_cast<std::size_t>(layer.top)] = l + 1;
+      for (int b : layer.bottoms)
+        last_read[static_cast<std::size_t>(b)] = l;
+    }
+    std::vector<PipelineCut> cuts;
+    double flops = 0;
+    for (std::size_t c = 1; c < count; ++c) {
+      flops += g_.layers[c - 1]->forwardFlops();
+      const int top = g_.layers[c - 1]->top;
+      bool one = top > 0 && last_read[static_cast<std::size_t>(top)] >= c;
+      for (std::size_t b = 0; one && b < g_.blobs.size(); ++b)
+        one = static_cast<int>(b) == top || made_by[b] > c || last_read[b] < c ||
+              (b > 0 && made_by[b] == 0);  // between fused layers: nothing computes it
+      for (std::size_t l = c; one && l < count; ++l) {
+        const int by = g_.layers[l]->computed_by;
+        one = by < 0 || static_cast<std::size_t>(by) >= c;
+      }
+      if (one) cuts.push_back({c, g_.blobs[static_cast<std::size_t>(top)].shape, flops});
+    }
+    return cuts;
+  }
+
+  void runLayers(std::size_t begin, std::size_t end) override {
+    const std::size_t count = g_.layers.size();
+    const auto cuts = pipelineCuts();
+    auto cutAt = [&](std::size_t layer) {
+      return std::find_if(cuts.begin(), cuts.end(),
+                          [&](const PipelineCut& c) { return c.layer == layer; }) != cuts.end();
+    };
+    TROUPE_ENFORCE(
+        begin < end && end <= count && (begin == 0 || cutAt(begin)) && (end == count || cutAt(end)),
+        "layers [", begin, ", ", end, ") of ", count, " are no pipeline stage");
+    begin_ = begin;
+    end_ = end;
+    in_blob_ = begin > 0 ? g_.layers[begin - 1]->top : -1;
+    out_blob_ = end < count ? g_.layers[end - 1]->top : -1;
+    stage_input_ = Tensor();
+    tied_in_.clear();
+    tied_out_.clear();
+    for (std::size_t l = 0; l < count; ++l) {
+      const auto tied = g_.layers[l]->tiedWeights();
+      if (tied.first == tied.second || inStage(l) == ownedInStage(tied.first)) continue;
+      if (inStage(l)) {
+        tied_in_.push_back(tied);
+      } else {
+        tied_out_.push_back({tied, false});
+      }
+    }
+  }
+
+  Tensor output() override {
+    TROUPE_ENFORCE(out_blob_ >= 0, "output() of a stage that ends with the net's loss");
+    return data(out_blob_);
+  }
+  void setOutputGrad(const Tensor& grad) override {
+    TROUPE_ENFORCE(out_blob_ >= 0, "setOutputGrad() of a stage that ends with the net's loss");
+    checkActivations(grad, out_blob_, "the gradient leaving a stage");
+    TROUPE_ENFORCE_EQ(grad.dim(0), n_);
+    backend_.copy(grad, shaped(g_.blobs[static_cast<std::size_t>(out_blob_)].diff, out_blob_));
+  }
+  Tensor inputGrad() override {
+    TROUPE_ENFORCE(in_blob_ >= 0, "inputGrad() of a stage that starts with the net's input");
+    return shaped(g_.blobs[static_cast<std::size_t>(in_blob_)].diff, in_blob_);
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const override {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (std::size_t l = begin_; l < end_; ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.param_end > layer.param_begin)
+        ranges.emplace_back(layer.param_begin, layer.param_end);
+    }
+    return ranges;
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override {
+    return tied_in_;
+  }
+  void setTiedGrad(std::int64_t begin, const Tensor& part) override {
+    const auto it = std::find_if(tied_out_.begin(), tied_out_.end(),
+                                 [&](const TiedOut& t) { return t.range.first == begin; });
+    TROUPE_ENFORCE(it != tied_out_.end() && part.numel() == it->range.second - begin,
+                   "setTiedGrad of ", part.numel(), " values at ", begin,
+                   ": no tied weights of this stage's there");
+    backend_.copy(part, grads_.slice(begin, it->range.second));
+    it->set = true;
+  }
+
  private:
   // fn(), between two timed events of the device when profiling (setProfiling), on `kind`'s row.
   template <typename Fn>
@@ -342,6 +449,24 @@ class NetImpl final : public Net, private LayerContext {
     t.host = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     t.to = backend_.recordTimed();
     timed_.push_back(std::move(t));
+  }
+
+  bool staged() const { return begin_ > 0 || end_ < g_.layers.size(); }
+  bool inStage(std::size_t layer) const { return begin_ <= layer && layer < end_; }
+  bool ownedInStage(std::int64_t param) const {
+    for (std::size_t l = begin_; l < end_; ++l)
+      if (g_.layers[l]->param_begin <= param && param < g_.layers[l]->param_end) return true;
+    return false;
+  }
+
+  // Activations of blob `blob` in the net's precision, at most max_batch samples.
+  void checkActivations(const Tensor& t, int blob, const char* what) const {
+    const Shape& expected = g_.blobs[static_cast<std::size_t>(blob)].shape;
+    TROUPE_ENFORCE(t.rank() == expected.size() + 1 &&
+                       Shape(t.shape().begin() + 1, t.shape().end()) == expected &&
+                       t.dtype() == act_ && t.dim(0) >= 1 && t.dim(0) <= options_.max_batch,
+                   what, " are ", toString(t.dtype()), " ", toString(t.shape()), ", not ",
+                   toString(act_), " [N <= ", options_.max_batch, ", ", toString(expected), "]");
   }
 
   // The images (or tokens) a batch gives: the net's input shape, at most max_batch of them.
@@ -380,6 +505,7 @@ class NetImpl final : public Net, private LayerContext {
   Backend& backend() override { return backend_; }
   Tensor data(int blob) override {
     if (blob == 0) return images_;
+    if (blob == in_blob_) return stage_input_;
     return shaped(g_.blobs[blob].data, blob);
   }
   Tensor diff(int blob) override {
@@ -758,6 +884,20 @@ class NetImpl final : public Net, private LayerContext {
   std::int64_t n_ = 0;
   bool trained_ = false;
   std::uint64_t seed_ = 0, forward_count_ = 0;
+  // runLayers(): the layers run, [begin_, end_); the blob entering at begin_ (-1: the input) and
+  // its activations as forward() got them; the blob leaving at end_ (-1: none, the loss).
+  std::size_t begin_ = 0, end_ = 0;
+  int in_blob_ = -1, out_blob_ = -1;
+  Tensor stage_input_;
+  // Tied weights across the stage's bounds: those a layer here reads from another stage (this
+  // stage's part of their gradient leaves in grads()), and those of a layer here that a layer of
+  // another stage reads, whose part comes in (setTiedGrad) before each backward.
+  std::vector<std::pair<std::int64_t, std::int64_t>> tied_in_;
+  struct TiedOut {
+    std::pair<std::int64_t, std::int64_t> range;
+    bool set = false;  // this batch's part came
+  };
+  std::vector<TiedOut> tied_out_;
   std::vector<bool> written_;
   std::vector<std::pair<int, int>> pending_;
   Layer* current_ = nullptr;

@@ -198,6 +198,16 @@ struct StepProfile {
 // whole work is queued before its ranges are called); null: at the backend's next record().
 using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end, const Event* final)>;
 
+// A place where a net may be cut into pipeline stages: before layer `layer`, whose input is the
+// one blob that crosses the cut (its activations go forward, their gradient back). Nothing else
+// crosses: no other blob is read on both sides, and no layer on one side is computed by one on
+// the other (a fused ReLU).
+struct PipelineCut {
+  std::size_t layer = 0;
+  Shape shape;              // of the crossing activations, per sample
+  double flops_before = 0;  // forward FLOPs a sample of the layers before the cut
+};
+
 class Net {
  public:
   virtual ~Net() = default;
@@ -256,6 +266,32 @@ class Net {
   virtual StepProfile profile() = 0;
   // Seeds the randomness of the next forward (dropout), so runs repeat exactly.
   virtual void reseed(std::uint64_t seed) = 0;
+
+  // Pipeline parallelism (MXNet's model parallelism, GPipe's stages): where the net may be cut,
+  // in order.
+  virtual std::vector<PipelineCut> pipelineCuts() const = 0;
+  // From now on forward(), backward() and trainStep() run layers [begin, end) only (at first all
+  // of them): begin is 0 or a cut's layer, end a later cut's layer or the number of layers.
+  // - begin > 0: forward()'s `images` are the activations that cross the cut at begin ([N, shape]
+  //   in the net's precision), read where they lie until backward() is done; backward() leaves
+  //   their gradient in inputGrad().
+  // - end below the number of layers: forward() leaves the activations that cross the cut at end
+  //   in output() and computes no loss (it takes no labels, and metrics() keep their values);
+  //   backward() reads their gradient, which setOutputGrad() copies in first.
+  // backward() writes the gradients of gradRanges() only. The net records no CUDA graphs.
+  virtual void runLayers(std::size_t begin, std::size_t end) = 0;
+  virtual Tensor output() = 0;
+  virtual void setOutputGrad(const Tensor& grad) = 0;
+  virtual Tensor inputGrad() = 0;
+  // The ranges of the flat parameters whose gradients backward() leaves final, in order: the
+  // stage's layers' own.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const = 0;
+  // Tied weights across stages (GPT-2's output layer reads the embedding's wte): the ranges of
+  // another stage's weights that a layer of this one reads. backward() leaves this stage's part
+  // of their gradient in grads() over them; the owner's stage takes it by setTiedGrad() before
+  // its own backward() of the same batch, which adds its part to it, as the whole net's does.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const = 0;
+  virtual void setTiedGrad(std::int64_t begin, const Tensor& part) = 0;
 };
 
 // InputError unless the input fits the model (images, or token sequences for gpt2) and a GPT's
