@@ -82,9 +82,17 @@ Plan plan(const actors::TrainOptions& o) {
   p.lr = actors::lrPolicy(o, p.steps.steps_per_epoch);
 
   // The net as trainProcess builds its initial weights: on the CPU, for a batch of 1.
-  const kernels::NetOptions net = actors::netOptions(o, 1);
+  kernels::NetOptions net = actors::netOptions(o, 1);
+  net.pipeline_stages = 1;  // the same weights; a pipeline is checked, as by the run
   auto backend = kernels::makeCpuBackend(1);
   const auto model = kernels::makeNet(*backend, net);
+  if (o.pipeline_stages > 1) {
+    kernels::NetOptions smallest =
+        actors::netOptions(o, *std::min_element(p.shares.begin(), p.shares.end()));
+    kernels::checkPipeline(
+        *model, smallest,
+        {o.gpus.empty() ? kernels::DeviceKind::kCpu : kernels::DeviceKind::kCuda, 0});
+  }
   p.layers = model->layers();
   p.num_params = model->numParams();
   p.num_buffers = model->buffers().numel();
@@ -369,6 +377,11 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   for (const auto s : p.shares)
     shares += (shares.empty() ? "" : ", ") + std::to_string(s);
   row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
+  if (o.pipeline_stages > 1) {
+    row("pipeline",
+        fmt::format("{} stages a replica, each batch in {} micro-batches (1F1B)", o.pipeline_stages,
+                    o.micro_batches > 0 ? o.micro_batches : o.pipeline_stages));
+  }
   if (!o.gpus.empty()) {
     const bool ps = o.schedule.servers() != nullptr;
     const auto devices = actors::devicesOf(o, ps, processes);

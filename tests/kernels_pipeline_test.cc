@@ -5,6 +5,7 @@
 // back to the embedding's stage, which adds its own to it, as the whole net's embedding does.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -183,6 +184,134 @@ TEST(PipelineStages, WrongBoundsInputsAndAMissingTiedPartAreRefused) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A net of `stages` pipeline stages (NetOptions::pipeline_stages) against the whole net run on
+// each micro-batch in turn, its gradients and metrics summed in the same order (the first
+// copied, each next added): the same sums, to the bit. The ranges come to on_ready each once,
+// in reverse order, together every parameter.
+void expectPipelineAsMicroBatches(NetOptions o, const Batch& batch, int stages, int micro) {
+  SCOPED_TRACE(o.model.name + ", " + std::to_string(stages) + " stages, " + std::to_string(micro) +
+               " micro-batches");
+  // The stages' threads split the pipeline's backend's: 1 each, as the whole net's here, so that
+  // each op splits its sums as the whole net's does.
+  auto backend = makeCpuBackend(2), one = makeCpuBackend(1);
+  auto whole = makeNet(*one, o);
+  o.pipeline_stages = stages;
+  o.micro_batches = micro;
+  auto pipeline = makeNet(*backend, o);
+  const std::int64_t n = batch.inputs.dim(0), count = std::min<std::int64_t>(micro, n);
+  const std::int64_t per_label = batch.labels.numel() / n;
+  for (int step = 1; step <= 2; ++step) {  // the second from the first's new weights
+    std::vector<std::pair<std::int64_t, std::int64_t>> ready;
+    pipeline->reseed(9);
+    pipeline->trainStep(batch.inputs, batch.labels, 0.5f,
+                        [&](std::int64_t begin, std::int64_t end, const Event*) {
+                          ready.emplace_back(begin, end);
+                        });
+    std::int64_t at = whole->numParams();
+    for (const auto& [begin, end] : ready) {
+      EXPECT_EQ(end, at) << "a range out of order";
+      at = begin;
+    }
+    EXPECT_EQ(at, 0) << "ranges left out";
+    Tensor grads = Tensor::host({whole->numParams()}), metrics = Tensor::host({2});
+    for (std::int64_t m = 0; m < count; ++m) {
+      const std::int64_t begin = m * (n / count) + std::min(m, n % count);
+      const std::int64_t end = (m + 1) * (n / count) + std::min(m + 1, n % count);
+      const std::int64_t per = batch.inputs.numel() / n;
+      Shape shape = batch.inputs.shape();
+      shape[0] = end - begin;
+      whole->reseed(randomBits(9, 1, static_cast<std::uint64_t>(m)));
+      whole->forward(
+          batch.inputs.slice(begin * per, end * per).view(shape),
+          batch.labels.view({batch.labels.numel()}).slice(begin * per_label, end * per_label),
+          true);
+      whole->backward(0.5f, nullptr);
+      if (m == 0) {
+        backend->copy(whole->grads(), grads);
+        backend->copy(whole->metrics(), metrics);
+      } else {
+        backend->axpy(1.0f, whole->grads(), grads);
+        backend->axpy(1.0f, whole->metrics(), metrics);
+      }
+    }
+    EXPECT_EQ(hostCopy(*backend, pipeline->metrics()), hostCopy(*backend, metrics));
+    const auto got = hostCopy(*backend, pipeline->grads()), want = hostCopy(*backend, grads);
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+          << "step " << step << ", gradient " << i << ": " << got[i] << ", " << want[i];
+    }
+    // The next step from weights moved by these gradients, in both (the pipeline's copies read
+    // the whole net's weights, which it was made with: useWeights).
+    backend->axpy(-0.1f, grads, whole->weights());
+    pipeline->useWeights(whole->weights());
+  }
+}
+
+TEST(PipelineNet, StagesOverMicroBatchesSumTheMicroBatchesGradients) {
+  const Batch mnist = images(5, 1, 28);
+  expectPipelineAsMicroBatches(imageModel("lenet", 5, 1, 28), mnist, 2, 1);
+  expectPipelineAsMicroBatches(imageModel("lenet", 5, 1, 28), mnist, 2, 3);
+  expectPipelineAsMicroBatches(imageModel("mlp", 5, 1, 28), mnist, 3, 5);
+  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
+  gpt.gpt = {4, 2, 16};
+  const auto tokens = testing::randomSequences(4, 8, 40, 11);
+  expectPipelineAsMicroBatches(gpt, {tokens.tokens, tokens.labels}, 4, 4);
+  const auto three = testing::randomSequences(3, 8, 40, 13);  // fewer rows than micro-batches
+  expectPipelineAsMicroBatches(gpt, {three.tokens, three.labels}, 2, 4);
+  NetOptions lstm = testing::languageModel("lstm", 6, 30, 4);
+  lstm.lstm = {2, 12, 12, 0.5f, false};
+  const auto words = testing::randomSequences(4, 6, 30, 12);
+  expectPipelineAsMicroBatches(lstm, {words.tokens, words.labels}, 3, 2);
+}
+
+// A stage that fails (the last one, on a bad label) ends the step with its error in the caller,
+// the other stages given up waiting, and the next step runs as if nothing had been.
+TEST(PipelineNet, AStageThatFailsEndsTheStepWithItsErrorAndTheNextStepRuns) {
+  auto backend = makeCpuBackend(2);
+  NetOptions o = imageModel("lenet", 4, 1, 28);
+  o.pipeline_stages = 3;
+  o.micro_batches = 4;
+  auto net = makeNet(*backend, o);
+  Batch batch = images(4, 1, 28);
+  batch.labels.i32()[2] = 10;  // of 10 classes: micro-batch 2 fails in the last stage
+  try {
+    net->trainStep(batch.inputs, batch.labels, 1.0f, nullptr);
+    ADD_FAILURE() << "a bad label went through";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("label 10 of sample 0"), std::string::npos) << e.what();
+  }
+  batch.labels.i32()[2] = 2;
+  net->trainStep(batch.inputs, batch.labels, 1.0f, nullptr);
+  EXPECT_TRUE(std::isfinite(hostCopy(*backend, net->metrics())[0]));
+}
+
+TEST(PipelineNet, ModelsItCannotRunAreRefusedByName) {
+  auto backend = makeCpuBackend(1);
+  auto errorOf = [&](NetOptions o) -> std::string {
+    try {
+      makeNet(*backend, o);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "(no InputError)";
+  };
+  NetOptions resnet = imageModel("resnet20", 4, 3, 32);
+  resnet.pipeline_stages = 2;
+  EXPECT_EQ(errorOf(resnet),
+            "pipeline_stages: the model has batch norm, whose statistics would be each "
+            "micro-batch's; stages take models without it (mlp, lenet, gpt2, lstm, [[layers]])");
+  NetOptions mlp = imageModel("mlp", 4, 1, 28);
+  mlp.pipeline_stages = 9;
+  EXPECT_NE(errorOf(mlp).find("pipeline_stages 9: the model can be cut into at most"),
+            std::string::npos)
+      << errorOf(mlp);
+  mlp.pipeline_stages = 2;
+  mlp.micro_batches = 5;
+  EXPECT_EQ(errorOf(mlp), "micro_batches 5 is more than a replica's batch of 4");
+  mlp.pipeline_stages = 0;
+  EXPECT_EQ(errorOf(mlp), "pipeline_stages = 0 (at least 1)");
 }
 
 }  // namespace

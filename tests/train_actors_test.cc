@@ -77,6 +77,39 @@ TEST(Training, TwoReplicasOfBatch32GiveTheParametersOfOneReplicaOfBatch64) {
   EXPECT_GT(relativeDifference(one.weights, early.weights).second, 10 * kReplicasBound);
 }
 
+// Pipeline stages (pipeline_stages): each batch of 64 in micro-batches whose gradients are summed,
+// as replicas' are: the same sums in other orders, within kReplicasBound of one replica's run.
+// Their checkpoint holds the whole model, and another number of stages resumes it.
+TEST(Training, PipelineStagesTrainAsOneReplicaAndTheirCheckpointResumesWithOtherStages) {
+  TempDir dir("pipeline");
+  auto o = lenetOptions(dir.str());
+  o.base_learning_rate = 0.01f;
+  o.batch_size = 64;
+  o.epoch_size = 64 * 10;
+  o.num_epochs = 2;  // 20 steps
+  o.checkpoint_every = 1;
+  o.run_name = "one";
+  const auto one = runTraining(o);
+  o.pipeline_stages = 2;
+  o.micro_batches = 4;
+  o.run_name = "staged";
+  const auto staged = runTraining(o);
+  ASSERT_EQ(staged.steps, 20);
+  const auto [max_rel, norm_rel] = relativeDifference(one.weights, staged.weights);
+  std::cout << "[ measured ] 2 stages of 4 micro-batches vs 1 replica: relative difference max "
+            << max_rel << ", norm " << norm_rel << " (bound " << kReplicasBound << ")\n";
+  EXPECT_LE(max_rel, kReplicasBound);
+  EXPECT_LE(norm_rel, kReplicasBound);
+  ASSERT_EQ(staged.checkpoints.size(), 2u);
+  o.resume = staged.checkpoints[0];
+  o.pipeline_stages = 3;
+  o.micro_batches = 2;
+  o.run_name = "resumed";
+  const auto resumed = runTraining(o);
+  EXPECT_EQ(resumed.steps, 20);
+  EXPECT_LE(relativeDifference(one.weights, resumed.weights).second, kReplicasBound);
+}
+
 TEST(Training, UnequalWorkLoadsStillMatchOneReplica) {
   TempDir dir("workload");
   auto o = lenetOptions(dir.str());

@@ -538,6 +538,15 @@ std::vector<Key> buildTable() {
       // A replica is a thread with a team of its own: no more of them than threads.
       agreed(TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                             "model replicas in this process (the batch is split)")),
+      agreed(TROUPE_INT_KEY(
+          "pipeline_stages", pipeline_stages, closed(1, 64),
+          "pipeline parallelism (MXNet's model parallelism, GPipe): each replica's layers cut "
+          "into this many stages, each a thread with its share of the replica's threads, the "
+          "batch going through them in micro_batches parts under the 1F1B schedule (CPU; "
+          "models without batch norm)")),
+      agreed(TROUPE_INT_KEY("micro_batches", micro_batches, closed(0, 1 << 20),
+                            "pipeline_stages: the parts a replica's batch is cut into (0: as many "
+                            "as stages)")),
       Key{"gpus", Kind::kString, kNotNumeric,
           "GPU ids, one replica on each (Caffe2's and MXNet's --gpus 0,1); empty: the CPU",
           [](Settings& s, const Value& v) {

@@ -583,6 +583,11 @@ void checkProcessOptions(const TrainOptions& o) {
   }
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
+  if (o.micro_batches > 0 && o.pipeline_stages < 2) {
+    throw InputError(fmt::format(
+        "micro_batches {} cuts a batch for pipeline stages: set pipeline_stages 2 or more",
+        o.micro_batches));
+  }
   kernels::checkNetInput(netOptions(o, 1));  // before the data is opened: tokens or images
   checkTrainingData(o);
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");
@@ -666,6 +671,8 @@ kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
   net.sequence_length = o.block_size;
   net.gpt = o.gpt;
   net.lstm = o.lstm;
+  net.pipeline_stages = o.pipeline_stages;
+  net.micro_batches = o.micro_batches;
   return net;
 }
 

@@ -1,0 +1,497 @@
+// A net whose layers run as pipeline stages (NetOptions::pipeline_stages): GPipe's micro-batches
+// under PipeDream-Flush's one-forward-one-backward schedule (1F1B), each stage a thread of its own
+// with its share of the backend's threads, the stages passing activations forward and their
+// gradients back. To its caller it is one Net over the flat weights and gradients of the whole
+// model, so every schedule, checkpoint and launcher trains it as it trains any other.
+//
+// Stage s keeps min(K - s, M) copies of its layers (Net::runLayers), one for each micro-batch it
+// may hold between its forward and its backward under 1F1B, all reading the one weights tensor.
+// Each backward's gradients are added, micro-batch by micro-batch in order, into the flat
+// gradients; a stage's ranges are handed on (GradReadyFn) once its last backward is done, the
+// last stage's first, so their reduction overlaps the earlier stages' backward.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/net.h"
+#include "kernels/random.h"
+#include "troupe/error.h"
+
+namespace troupe::kernels {
+namespace {
+
+// A tensor's rows [begin, end) (its first dimension), sharing its storage.
+Tensor rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  const std::int64_t per = t.numel() / t.dim(0);
+  Shape shape = t.shape();
+  shape[0] = end - begin;
+  return t.slice(begin * per, end * per).view(std::move(shape));
+}
+
+// Thrown in a stage that waits when another stage failed: the step ends with that one's error.
+struct Aborted {};
+
+// What one stage receives, by micro-batch: activations from the stage before, their gradient from
+// the stage after, and parts of its tied weights' gradient from the stages that read them.
+struct Inbox {
+  std::map<std::int64_t, Tensor> activations, gradients;
+  std::map<std::int64_t, std::vector<std::pair<std::int64_t, Tensor>>> tied;
+};
+
+class PipelineNet final : public Net {
+ public:
+  PipelineNet(Backend& backend, const NetOptions& options) : backend_(backend), options_(options) {
+    NetOptions one = options;
+    one.pipeline_stages = 1;
+    one.micro_batches = 0;
+    NetOptions shape = one;
+    shape.max_batch = 1;  // its weights, and its shape (params, layers, cuts); it runs nothing
+    whole_ = makeNet(backend, shape);
+    stages_ = options.pipeline_stages;
+    micro_batches_ = options.micro_batches > 0 ? options.micro_batches : stages_;
+    checkPipeline(*whole_, options, backend.device());
+    bounds_ = balancedBounds();
+    micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
+    grads_ = backend.empty({whole_->numParams()});
+    metrics_ = backend.empty({2});
+    one.max_batch = micro_rows_;
+    one.given_weights = true;
+    const int threads = std::max(1, backend.threads() / stages_);
+    for (int s = 0; s < stages_; ++s) {
+      Stage& stage = stage_list_.emplace_back();
+      stage.backend = makeCpuBackend(threads);
+      for (int copy = 0; copy < std::min(stages_ - s, micro_batches_); ++copy) {
+        stage.nets.push_back(makeNet(*stage.backend, one));
+        stage.nets.back()->runLayers(bounds_[static_cast<std::size_t>(s)],
+                                     bounds_[static_cast<std::size_t>(s) + 1]);
+      }
+    }
+    routeTiedWeights();
+    inboxes_.resize(static_cast<std::size_t>(stages_));
+    if (!options.given_weights) useWeights(whole_->weights());
+    for (int s = 0; s < stages_; ++s)
+      stage_list_[static_cast<std::size_t>(s)].thread = std::thread([this, s] { serve(s); });
+  }
+
+  ~PipelineNet() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (Stage& stage : stage_list_)
+      stage.thread.join();
+  }
+
+  const std::vector<ParamInfo>& params() const override { return whole_->params(); }
+  const std::string& channelsLastMisfit() const override { return whole_->channelsLastMisfit(); }
+  NetMemory memory() const override {
+    NetMemory sum;
+    for (const Stage& stage : stage_list_) {
+      for (const auto& net : stage.nets) {
+        const NetMemory m = net->memory();
+        sum.activations += m.activations;
+        sum.gradients += m.gradients;
+        sum.held += m.held;
+        sum.scratch += m.scratch;
+      }
+    }
+    return sum;
+  }
+  std::int64_t numParams() const override { return whole_->numParams(); }
+  std::vector<LayerInfo> layers() const override { return whole_->layers(); }
+  double trainingFlopsPerSample() const override { return whole_->trainingFlopsPerSample(); }
+  const Tensor& weights() const override { return whole_->weights(); }
+  void useWeights(const Tensor& weights) override {
+    whole_->useWeights(weights);
+    for (Stage& stage : stage_list_)
+      for (auto& net : stage.nets)
+        net->useWeights(weights);
+  }
+  const Tensor& grads() const override { return grads_; }
+  const Tensor& buffers() const override { return whole_->buffers(); }
+  Tensor ownInput(const Tensor& images) override { return images; }
+  bool convertsImages() const override { return false; }
+  const Tensor& metrics() const override { return metrics_; }
+
+  // Training: the batch is kept for backward(), which runs the pipelined step. Evaluation: the
+  // batch goes through the stages' first copies in micro-batches, on this thread.
+  void forward(const Tensor& images, const Tensor& labels, bool train) override {
+    TROUPE_ENFORCE(images.dim(0) >= 1 && images.dim(0) <= options_.max_batch, "batch of ",
+                   images.dim(0), " with max_batch ", options_.max_batch);
+    images_ = images;
+    labels_ = labels.view({labels.numel()});
+    trained_ = train;
+    if (train) return;
+    const std::int64_t n = images.dim(0), per_label = labels.numel() / n;
+    for (std::int64_t begin = 0; begin < n; begin += micro_rows_) {
+      const std::int64_t end = std::min(n, begin + micro_rows_);
+      Tensor x = rows(images, begin, end);
+      for (Stage& stage : stage_list_) {
+        Net& net = *stage.nets[0];
+        net.forward(x, labels_.slice(begin * per_label, end * per_label), false);
+        if (&stage != &stage_list_.back()) x = net.output();
+      }
+      addMetrics(stage_list_.back().nets[0]->metrics(), begin == 0);
+    }
+  }
+
+  void backward(float grad_scale, const GradReadyFn& on_ready) override {
+    TROUPE_ENFORCE(trained_, "backward() after a forward() that was not training");
+    trained_ = false;
+    const std::int64_t n = images_.dim(0);
+    const std::int64_t count = std::min<std::int64_t>(micro_batches_, n);
+    {
+      std::lock_guard lock(mutex_);
+      step_ = Step{};
+      step_.id = ++steps_;
+      step_.grad_scale = grad_scale;
+      for (std::int64_t m = 0; m <= count; ++m)  // rows [offsets[m], offsets[m + 1])
+        step_.offsets.push_back(m * (n / count) + std::min(m, n % count));
+      step_.done.assign(static_cast<std::size_t>(stages_), false);
+      for (auto& inbox : inboxes_)
+        inbox = Inbox{};
+    }
+    changed_.notify_all();
+    // Each stage's ranges once its last backward is done, the last stage's first (reverse layer
+    // order over the layout, as GradReadyFn wants).
+    for (int s = stages_; s-- > 0;) {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return step_.done[static_cast<std::size_t>(s)] || step_.error; });
+      if (step_.error) {
+        changed_.wait(lock, [&] { return step_.finished == stages_; });
+        std::rethrow_exception(step_.error);
+      }
+      lock.unlock();
+      if (!on_ready) continue;
+      const auto ranges = stage_list_[static_cast<std::size_t>(s)].nets[0]->gradRanges();
+      for (auto it = ranges.rbegin(); it != ranges.rend(); ++it)
+        on_ready(it->first, it->second, nullptr);
+    }
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return step_.finished == stages_; });
+  }
+
+  void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
+                 const GradReadyFn& on_ready) override {
+    forward(images, labels, true);
+    backward(grad_scale, on_ready);
+  }
+  StepGraphStats graphStats() const override {
+    StepGraphStats s;
+    s.off = "the net runs as pipeline stages (pipeline_stages)";
+    return s;
+  }
+  void setProfiling(bool on) override {
+    for (Stage& stage : stage_list_)
+      for (auto& net : stage.nets)
+        net->setProfiling(on);
+  }
+  // The stages' rows added up by kind (their times overlap: they ran at once).
+  StepProfile profile() override {
+    StepProfile sum;
+    for (Stage& stage : stage_list_) {
+      for (auto& net : stage.nets) {
+        const StepProfile p = net->profile();
+        for (const auto& row : p.rows) {
+          auto it = std::find_if(sum.rows.begin(), sum.rows.end(),
+                                 [&](const StepProfile::Row& r) { return r.kind == row.kind; });
+          if (it == sum.rows.end()) it = sum.rows.insert(it, StepProfile::Row{row.kind});
+          it->forward += row.forward;
+          it->backward += row.backward;
+          it->calls += row.calls;
+        }
+      }
+    }
+    sum.steps = steps_;
+    return sum;
+  }
+  void reseed(std::uint64_t seed) override {
+    seed_ = seed;
+    seeded_at_ = steps_;
+  }
+
+  std::vector<PipelineCut> pipelineCuts() const override { return {}; }
+  void runLayers(std::size_t, std::size_t) override {
+    throw InvariantError("a net of pipeline stages is not cut again");
+  }
+  Tensor output() override { throw InvariantError("output() of a whole pipeline"); }
+  void setOutputGrad(const Tensor&) override {
+    throw InvariantError("setOutputGrad() of a whole pipeline");
+  }
+  Tensor inputGrad() override { throw InvariantError("inputGrad() of a whole pipeline"); }
+  std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const override {
+    return {{0, whole_->numParams()}};
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override { return {}; }
+  void setTiedGrad(std::int64_t, const Tensor&) override {
+    throw InvariantError("setTiedGrad() of a whole pipeline");
+  }
+
+ private:
+  struct Stage {
+    std::unique_ptr<Backend> backend;
+    std::vector<std::unique_ptr<Net>> nets;  // its copies, micro-batch m on m % size
+    std::thread thread;
+    // Tied weights: where this stage's part of a tied range goes (the owner's stage), and how
+    // many parts come to it each micro-batch.
+    std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, int>> tied_to;
+    int tied_parts = 0;
+  };
+  struct Step {
+    std::int64_t id = 0;
+    float grad_scale = 1.0f;
+    std::vector<std::int64_t> offsets;  // micro-batch m: rows [offsets[m], offsets[m + 1])
+    std::vector<bool> done;             // a stage's last backward is done
+    int finished = 0;                   // stages that ended the step, done or failing
+    std::exception_ptr error;           // the first stage's that failed
+  };
+
+  // The cuts that split the forward FLOPs most evenly: each the nearest to its share of them.
+  std::vector<std::size_t> balancedBounds() const {
+    const auto cuts = whole_->pipelineCuts();
+    const double total = whole_->trainingFlopsPerSample() / 3;
+    std::vector<std::size_t> bounds{0};
+    std::size_t next = 0;  // the first cut still free
+    for (int s = 1; s < stages_; ++s) {
+      const double target = total * s / stages_;
+      const std::size_t last = cuts.size() - static_cast<std::size_t>(stages_ - s);
+      std::size_t best = next;
+      for (std::size_t i = next; i <= last; ++i) {
+        if (std::abs(cuts[i].flops_before - target) < std::abs(cuts[best].flops_before - target))
+          best = i;
+      }
+      bounds.push_back(cuts[best].layer);
+      next = best + 1;
+    }
+    bounds.push_back(whole_->layers().size());
+    return bounds;
+  }
+
+  // Each range a stage's layer reads from another stage's weights: the part goes to the stage
+  // whose layers own it.
+  void routeTiedWeights() {
+    for (Stage& reader : stage_list_) {
+      for (const auto& range : reader.nets[0]->tiedRanges()) {
+        for (std::size_t o = 0; o < stage_list_.size(); ++o) {
+          for (const auto& [begin, end] : stage_list_[o].nets[0]->gradRanges()) {
+            if (begin <= range.first && range.second <= end) {
+              reader.tied_to.push_back({range, static_cast<int>(o)});
+              ++stage_list_[o].tied_parts;
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // Stage s's thread: each step's 1F1B schedule, its warm-up forwards first.
+  void serve(int s) {
+    std::int64_t served = 0;
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || step_.id > served; });
+        if (stopping_) return;
+        served = step_.id;
+      }
+      std::exception_ptr error;
+      try {
+        const auto count = static_cast<std::int64_t>(step_.offsets.size()) - 1;
+        const std::int64_t warm_up = std::min<std::int64_t>(stages_ - s - 1, count);
+        std::int64_t forwards = 0, backwards = 0;
+        while (forwards < warm_up)
+          forwardOf(s, forwards++);
+        while (forwards < count) {
+          forwardOf(s, forwards++);
+          backwardOf(s, backwards++, count);
+        }
+        while (backwards < count)
+          backwardOf(s, backwards++, count);
+      } catch (const Aborted&) {
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        if (error && !step_.error) step_.error = error;
+        ++step_.finished;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  // Waits for what `ready` finds in stage s's inbox (another stage's failure: Aborted).
+  template <typename Ready>
+  void await(Ready ready) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return ready() || step_.error; });
+    if (step_.error) throw Aborted{};
+  }
+
+  void forwardOf(int s, std::int64_t m) {
+    Stage& stage = stage_list_[static_cast<std::size_t>(s)];
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(s)];
+    Net& net = *stage.nets[static_cast<std::size_t>(m) % stage.nets.size()];
+    const std::int64_t begin = step_.offsets[static_cast<std::size_t>(m)];
+    const std::int64_t end = step_.offsets[static_cast<std::size_t>(m) + 1];
+    Tensor x;
+    if (s == 0) {
+      x = rows(images_, begin, end);
+    } else {
+      await([&] { return inbox.activations.count(m) > 0; });
+      post([&] {
+        x = std::move(inbox.activations[m]);
+        inbox.activations.erase(m);
+      });
+    }
+    const std::int64_t per_label = labels_.numel() / images_.dim(0);
+    net.reseed(randomBits(seed_, static_cast<std::uint64_t>(step_.id - seeded_at_),
+                          static_cast<std::uint64_t>(m)));
+    net.forward(x, labels_.slice(begin * per_label, end * per_label), true);
+    if (s + 1 < stages_) {
+      // Read where it lies: this copy runs micro-batch m + copies only after m's backward, for
+      // which the next stage has done with it.
+      post([&] { inboxes_[static_cast<std::size_t>(s) + 1].activations[m] = net.output(); });
+    } else {
+      addMetrics(net.metrics(), m == 0, stage.backend.get());
+    }
+  }
+
+  void backwardOf(int s, std::int64_t m, std::int64_t count) {
+    Stage& stage = stage_list_[static_cast<std::size_t>(s)];
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(s)];
+    Net& net = *stage.nets[static_cast<std::size_t>(m) % stage.nets.size()];
+    Backend& backend = *stage.backend;
+    if (s + 1 < stages_) {
+      await([&] { return inbox.gradients.count(m) > 0; });
+      Tensor dy;
+      post([&] {
+        dy = std::move(inbox.gradients[m]);
+        inbox.gradients.erase(m);
+      });
+      net.setOutputGrad(dy);
+    }
+    if (stage.tied_parts > 0) {
+      await([&] { return static_cast<int>(inbox.tied[m].size()) == stage.tied_parts; });
+      std::vector<std::pair<std::int64_t, Tensor>> parts;
+      post([&] {
+        parts = std::move(inbox.tied[m]);
+        inbox.tied.erase(m);
+      });
+      for (const auto& [begin, part] : parts)
+        net.setTiedGrad(begin, part);
+    }
+    net.backward(step_.grad_scale, nullptr);
+    // What leaves is copied: this copy of the stage may run its next micro-batch before the
+    // other stage has read it.
+    if (s > 0) {
+      Tensor dx = backend.empty(net.inputGrad().shape(), net.inputGrad().dtype());
+      backend.copy(net.inputGrad(), dx);
+      post([&] { inboxes_[static_cast<std::size_t>(s) - 1].gradients[m] = dx; });
+    }
+    for (const auto& route : stage.tied_to) {
+      const auto [from, to] = route.first;
+      Tensor part = backend.empty({to - from});
+      backend.copy(net.grads().slice(from, to), part);
+      post([&] {
+        inboxes_[static_cast<std::size_t>(route.second)].tied[m].emplace_back(from, part);
+      });
+    }
+    for (const auto& [begin, end] : net.gradRanges()) {
+      if (m == 0) {
+        backend.copy(net.grads().slice(begin, end), grads_.slice(begin, end));
+      } else {
+        backend.axpy(1.0f, net.grads().slice(begin, end), grads_.slice(begin, end));
+      }
+    }
+    if (m + 1 == count) {
+      backend.synchronize();
+      post([&] { step_.done[static_cast<std::size_t>(s)] = true; });
+    }
+  }
+
+  // Changes what the stages wait on, under the lock, and wakes them.
+  template <typename Change>
+  void post(Change change) {
+    {
+      std::lock_guard lock(mutex_);
+      change();
+    }
+    changed_.notify_all();
+  }
+
+  // The last stage's metrics of a micro-batch into the step's sums (the first: copied).
+  void addMetrics(const Tensor& m, bool first, Backend* backend = nullptr) {
+    Backend& b = backend ? *backend : backend_;
+    if (first) {
+      b.copy(m, metrics_);
+    } else {
+      b.axpy(1.0f, m, metrics_);
+    }
+  }
+
+  Backend& backend_;
+  NetOptions options_;
+  std::unique_ptr<Net> whole_;
+  int stages_ = 1, micro_batches_ = 1;
+  std::vector<std::size_t> bounds_;  // stage s: layers [bounds_[s], bounds_[s + 1])
+  std::int64_t micro_rows_ = 1;
+  Tensor grads_, metrics_;
+  Tensor images_, labels_;  // the training batch, labels flat
+  bool trained_ = false;
+  std::uint64_t seed_ = 0;
+  std::int64_t seeded_at_ = 0;  // steps_ at reseed()
+  std::vector<Stage> stage_list_;
+  // The stages' shared state: the step, their inboxes; changed_ wakes whoever waits on it.
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  std::int64_t steps_ = 0;
+  Step step_;
+  std::vector<Inbox> inboxes_;
+};
+
+}  // namespace
+
+void checkPipeline(const Net& whole, const NetOptions& options, const Device& device) {
+  if (device.kind != DeviceKind::kCpu) {
+    throw InputError(
+        "pipeline_stages: stages run on the CPU for now (this run's replicas are on a GPU)");
+  }
+  if (whole.buffers().numel() > 0) {
+    throw InputError(
+        "pipeline_stages: the model has batch norm, whose statistics would be each "
+        "micro-batch's; stages take models without it (mlp, lenet, gpt2, lstm, [[layers]])");
+  }
+  const auto cuts = whole.pipelineCuts();
+  if (static_cast<int>(cuts.size()) + 1 < options.pipeline_stages) {
+    throw InputError(fmt::format(
+        "pipeline_stages {}: the model can be cut into at most {} stages (between layers that "
+        "only one tensor crosses)",
+        options.pipeline_stages, cuts.size() + 1));
+  }
+  const int micro = options.micro_batches > 0 ? options.micro_batches : options.pipeline_stages;
+  if (micro > options.max_batch) {
+    throw InputError(fmt::format("micro_batches {} is more than a replica's batch of {}{}", micro,
+                                 options.max_batch,
+                                 options.micro_batches > 0 ? "" : " (as many as stages)"));
+  }
+}
+
+std::unique_ptr<Net> makePipelineNet(Backend& backend, const NetOptions& options) {
+  return std::make_unique<PipelineNet>(backend, options);
+}
+
+}  // namespace troupe::kernels
