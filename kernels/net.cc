@@ -110,12 +110,8 @@ class NetImpl final : public Net, private LayerContext {
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
     if (options.fuse) fuseRelus();
-    std::vector<int> readers(g_.blobs.size(), 0);  // layers that read each blob
-    for (const auto& layer : g_.layers)
-      if (layer->computed_by < 0)
-        for (int b : layer->bottoms)
-          ++readers[static_cast<std::size_t>(b)];
-    planMemory(options.max_batch, readers);
+    end_ = g_.layers.size();
+    planMemory(options.max_batch);
     if (!options.given_weights) weights_ = backend_.empty({g_.num_params});
     grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
@@ -128,7 +124,6 @@ class NetImpl final : public Net, private LayerContext {
     initialise();
     if (!options.given_weights) bindLayers();  // else at useWeights()
     written_.assign(g_.blobs.size(), false);
-    end_ = g_.layers.size();
   }
 
   const std::vector<ParamInfo>& params() const override { return g_.params; }
@@ -163,6 +158,13 @@ class NetImpl final : public Net, private LayerContext {
     bindLayers();
   }
   const Tensor& grads() const override { return grads_; }
+  void useGrads(const Tensor& grads) override {
+    TROUPE_ENFORCE(grads.numel() == g_.num_params && grads.dtype() == DType::kFloat32 &&
+                       grads.device() == backend_.device(),
+                   "gradients for a net must be ", g_.num_params, " float32 on its device");
+    grads_ = grads;
+    if (weights_.defined()) bindLayers();  // else at useWeights()
+  }
   const Tensor& buffers() const override { return buffers_; }
   const Tensor& metrics() const override { return metrics_; }
 
@@ -385,6 +387,7 @@ class NetImpl final : public Net, private LayerContext {
     in_blob_ = begin > 0 ? g_.layers[begin - 1]->top : -1;
     out_blob_ = end < count ? g_.layers[end - 1]->top : -1;
     stage_input_ = Tensor();
+    planMemory(options_.max_batch);  // the stage's layers' activations and gradients alone
     tied_in_.clear();
     tied_out_.clear();
     for (std::size_t l = 0; l < count; ++l) {
@@ -600,7 +603,16 @@ class NetImpl final : public Net, private LayerContext {
   // layer that may write its output over its input (Layer::inPlace: a ReLU) whose input no other
   // layer reads shares that input's memory. A blob no layer reads (a dead end) gets a zero
   // gradient of its own, outside the arena.
-  void planMemory(std::int64_t max_batch, const std::vector<int>& readers) {
+  //
+  // A stage (runLayers) plans its own layers' blobs alone, on the same timeline.
+  void planMemory(std::int64_t max_batch) {
+    std::vector<int> readers(g_.blobs.size(), 0);  // layers that read each blob
+    for (std::size_t l = begin_; l < end_; ++l)
+      if (g_.layers[l]->computed_by < 0)
+        for (int b : g_.layers[l]->bottoms)
+          ++readers[static_cast<std::size_t>(b)];
+    memory_ = NetMemory{};
+    max_per_ = 0;
     MemoryPlan plan;
     plan.data_item.assign(g_.blobs.size(), -1);
     plan.diff_item.assign(g_.blobs.size(), -1);
@@ -653,7 +665,7 @@ class NetImpl final : public Net, private LayerContext {
   void planActivations(std::int64_t max_batch, const std::vector<int>& readers, MemoryPlan& plan) {
     auto& items = plan.items;
     auto& data_item = plan.data_item;
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    for (std::size_t l = begin_; l < end_; ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.top < 0 || layer.computed_by >= 0) continue;
       const auto t = static_cast<std::size_t>(layer.top);
@@ -671,7 +683,7 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.backwardReadsTop())
         items[static_cast<std::size_t>(data_item[t])].liveAt(backwardStep(l));
     }
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    for (std::size_t l = begin_; l < end_; ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;
       for (std::size_t k = 0; k < layer.bottoms.size(); ++k) {
@@ -689,7 +701,7 @@ class NetImpl final : public Net, private LayerContext {
   void planGradients(std::int64_t max_batch, MemoryPlan& plan) {
     auto& items = plan.items;
     auto& diff_item = plan.diff_item;
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    for (std::size_t l = begin_; l < end_; ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0) continue;
       for (int b : layer.bottoms) {
@@ -702,7 +714,15 @@ class NetImpl final : public Net, private LayerContext {
         items[static_cast<std::size_t>(diff_item[bi])].liveAt(backwardStep(l));
       }
     }
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    // A stage's outgoing gradient, which setOutputGrad() writes when the next stage's backward
+    // is done.
+    if (out_blob_ >= 0 && g_.blobs[static_cast<std::size_t>(out_blob_)].needs_diff) {
+      const auto out = static_cast<std::size_t>(out_blob_);
+      diff_item[out] = static_cast<int>(items.size());
+      items.push_back({max_batch * g_.blobs[out].per, true});
+      items.back().liveAt(backwardStep(end_));
+    }
+    for (std::size_t l = begin_; l < end_; ++l) {
       const Layer& layer = *g_.layers[l];
       if (layer.computed_by >= 0 || layer.top < 0) continue;
       const int item = diff_item[static_cast<std::size_t>(layer.top)];
@@ -774,7 +794,7 @@ class NetImpl final : public Net, private LayerContext {
     };
     lent_forward_.assign(g_.layers.size(), Tensor());
     lent_backward_.assign(g_.layers.size(), Tensor());
-    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+    for (std::size_t l = begin_; l < end_; ++l) {
       if (g_.layers[l]->computed_by >= 0) continue;
       lent_forward_[l] = freeAt(forwardStep(l));
       lent_backward_[l] = freeAt(backwardStep(l));
@@ -796,9 +816,19 @@ class NetImpl final : public Net, private LayerContext {
 
   // Each blob's activations and gradient, sliced from the arena as planned; a blob no layer reads
   // (a dead end) gets a zero gradient of its own.
+  // A stage's: the blobs its layers read or write, the others none.
   void bindBlobMemory(std::int64_t max_batch, const MemoryPlan& plan) {
+    std::vector<bool> used(g_.blobs.size(), false);
+    for (std::size_t l = begin_; l < end_; ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.top >= 0) used[static_cast<std::size_t>(layer.top)] = true;
+      for (int b : layer.bottoms)
+        used[static_cast<std::size_t>(b)] = true;
+    }
     for (std::size_t b = 0; b < g_.blobs.size(); ++b) {
       Blob& blob = g_.blobs[b];
+      blob.data = blob.diff = Tensor();
+      if (!used[b]) continue;
       if (plan.data_item[b] >= 0) {
         const MemoryItem& it = plan.items[static_cast<std::size_t>(plan.data_item[b])];
         blob.data = arena_.slice(it.offset, it.offset + it.size);

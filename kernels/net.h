@@ -240,6 +240,9 @@ class Net {
   // weights(), without a copy; the caller keeps them alive and unchanged while the net reads them.
   virtual void useWeights(const Tensor& weights) = 0;
   virtual const Tensor& grads() const = 0;
+  // Writes gradients into `grads` (numParams() elements on the net's backend) from now on, in
+  // place of its own: nets that never run at once may share one (a pipeline stage's copies).
+  virtual void useGrads(const Tensor& grads) = 0;
   // Non-trainable state (batch-norm running statistics), flat; may be empty.
   virtual const Tensor& buffers() const = 0;
 

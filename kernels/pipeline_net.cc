@@ -71,10 +71,12 @@ class PipelineNet final : public Net {
     for (int s = 0; s < stages_; ++s) {
       Stage& stage = stage_list_.emplace_back();
       stage.backend = makeCpuBackend(threads);
+      const Tensor grads = stage.backend->empty({whole_->numParams()});
       for (int copy = 0; copy < std::min(stages_ - s, micro_batches_); ++copy) {
         stage.nets.push_back(makeNet(*stage.backend, one));
         stage.nets.back()->runLayers(bounds_[static_cast<std::size_t>(s)],
                                      bounds_[static_cast<std::size_t>(s) + 1]);
+        stage.nets.back()->useGrads(grads);  // one backward at a time, each added on at once
       }
     }
     routeTiedWeights();
@@ -120,6 +122,9 @@ class PipelineNet final : public Net {
         net->useWeights(weights);
   }
   const Tensor& grads() const override { return grads_; }
+  void useGrads(const Tensor&) override {
+    throw InvariantError("useGrads() of a whole pipeline (its gradients are summed in its own)");
+  }
   const Tensor& buffers() const override { return whole_->buffers(); }
   Tensor ownInput(const Tensor& images) override { return images; }
   bool convertsImages() const override { return false; }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,6 +93,14 @@ void expectStagesAsWhole(const NetOptions& o, const Batch& batch, int stages) {
     }
     net.backward(1.0f, nullptr);
   }
+  // Each stage holds its own layers' activations and gradients only: at each moment of the
+  // step a part of what the whole net holds then.
+  std::cout << "[ measured ] " << o.model.name << ", bytes each stage holds:";
+  for (const auto& net : nets) {
+    EXPECT_LE(net->memory().held, whole->memory().held);
+    std::cout << " " << net->memory().held;
+  }
+  std::cout << " (the whole net " << whole->memory().held << ")\n";
   EXPECT_EQ(hostCopy(*backend, nets.back()->metrics()), hostCopy(*backend, whole->metrics()));
   const auto want = hostCopy(*backend, whole->grads());
   std::vector<int> writers(want.size(), 0);
