@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -199,11 +200,18 @@ class PipelineNet final : public Net {
     return s;
   }
   void setProfiling(bool on) override {
-    for (Stage& stage : stage_list_)
+    profiling_ = on;
+    for (Stage& stage : stage_list_) {
+      stage.busy_forward = stage.busy_backward = 0;
+      stage.micro_batches = 0;
       for (auto& net : stage.nets)
         net->setProfiling(on);
+    }
+    profiled_from_ = steps_;
   }
-  // The stages' rows added up by kind (their times overlap: they ran at once).
+  // The stages' rows added up by kind (their times overlap: they ran at once), then a row for
+  // each stage, "pipeline stage S": the seconds it computed, its waits left out (its bubble is
+  // the rest of the steps' time).
   StepProfile profile() override {
     StepProfile sum;
     for (Stage& stage : stage_list_) {
@@ -219,7 +227,15 @@ class PipelineNet final : public Net {
         }
       }
     }
-    sum.steps = steps_;
+    for (std::size_t s = 0; s < stage_list_.size(); ++s) {
+      Stage& stage = stage_list_[s];
+      sum.rows.push_back({fmt::format("pipeline stage {}", s), stage.busy_forward,
+                          stage.busy_backward, stage.micro_batches});
+      stage.busy_forward = stage.busy_backward = 0;
+      stage.micro_batches = 0;
+    }
+    sum.steps = steps_ - profiled_from_;
+    profiled_from_ = steps_;
     return sum;
   }
   void reseed(std::uint64_t seed) override {
@@ -253,6 +269,9 @@ class PipelineNet final : public Net {
     // many parts come to it each micro-batch.
     std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, int>> tied_to;
     int tied_parts = 0;
+    // While profiling: seconds computing, and micro-batches gone through.
+    double busy_forward = 0, busy_backward = 0;
+    std::int64_t micro_batches = 0;
   };
   struct Step {
     std::int64_t id = 0;
@@ -361,6 +380,7 @@ class PipelineNet final : public Net {
         inbox.activations.erase(m);
       });
     }
+    const auto start = std::chrono::steady_clock::now();
     const std::int64_t per_label = labels_.numel() / images_.dim(0);
     net.reseed(randomBits(seed_, static_cast<std::uint64_t>(step_.id - seeded_at_),
                           static_cast<std::uint64_t>(m)));
@@ -372,6 +392,11 @@ class PipelineNet final : public Net {
     } else {
       addMetrics(net.metrics(), m == 0, stage.backend.get());
     }
+    if (profiling_) {
+      stage.busy_forward +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ++stage.micro_batches;
+    }
   }
 
   void backwardOf(int s, std::int64_t m, std::int64_t count) {
@@ -379,8 +404,11 @@ class PipelineNet final : public Net {
     Inbox& inbox = inboxes_[static_cast<std::size_t>(s)];
     Net& net = *stage.nets[static_cast<std::size_t>(m) % stage.nets.size()];
     Backend& backend = *stage.backend;
+    auto waited = std::chrono::steady_clock::duration::zero();
+    const auto start = std::chrono::steady_clock::now();
     if (s + 1 < stages_) {
       await([&] { return inbox.gradients.count(m) > 0; });
+      waited += std::chrono::steady_clock::now() - start;
       Tensor dy;
       post([&] {
         dy = std::move(inbox.gradients[m]);
@@ -389,7 +417,9 @@ class PipelineNet final : public Net {
       net.setOutputGrad(dy);
     }
     if (stage.tied_parts > 0) {
+      const auto before = std::chrono::steady_clock::now();
       await([&] { return static_cast<int>(inbox.tied[m].size()) == stage.tied_parts; });
+      waited += std::chrono::steady_clock::now() - before;
       std::vector<std::pair<std::int64_t, Tensor>> parts;
       post([&] {
         parts = std::move(inbox.tied[m]);
@@ -420,6 +450,10 @@ class PipelineNet final : public Net {
       } else {
         backend.axpy(1.0f, net.grads().slice(begin, end), grads_.slice(begin, end));
       }
+    }
+    if (profiling_) {
+      stage.busy_backward +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start - waited).count();
     }
     if (m + 1 == count) {
       backend.synchronize();
@@ -456,6 +490,8 @@ class PipelineNet final : public Net {
   Tensor grads_, metrics_;
   Tensor images_, labels_;  // the training batch, labels flat
   bool trained_ = false;
+  bool profiling_ = false;
+  std::int64_t profiled_from_ = 0;  // steps_ when profiling began, or profile() last read
   std::uint64_t seed_ = 0;
   std::int64_t seeded_at_ = 0;  // steps_ at reseed()
   std::vector<Stage> stage_list_;
