@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -124,41 +126,29 @@ Measured measure(const Args& a, int stages, int micro, int threads) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--model") {
-      a.model = next();
-    } else if (arg == "--stages") {
-      a.stages = listOf(next());
-    } else if (arg == "--micro") {
-      a.micro = listOf(next());
-    } else if (arg == "--batch") {
-      a.batch = std::atoll(next().c_str());
-    } else if (arg == "--threads") {
-      a.threads = std::atoi(next().c_str());
-    } else if (arg == "--seconds") {
-      a.seconds = std::atof(next().c_str());
-    } else if (arg == "--seq") {
-      a.seq = std::atoll(next().c_str());
-    } else if (arg == "--n-layer") {
-      a.n_layer = std::atoll(next().c_str());
-    } else if (arg == "--n-head") {
-      a.n_head = std::atoll(next().c_str());
-    } else if (arg == "--n-embd") {
-      a.n_embd = std::atoll(next().c_str());
-    } else if (arg == "--vocab") {
-      a.vocab = std::atoi(next().c_str());
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+  auto integer = [](std::int64_t& to) {
+    return [&to](const std::string& v) { to = std::atoll(v.c_str()); };
+  };
+  const std::map<std::string, std::function<void(const std::string&)>> flags{
+      {"--model", [&](const std::string& v) { a.model = v; }},
+      {"--stages", [&](const std::string& v) { a.stages = listOf(v); }},
+      {"--micro", [&](const std::string& v) { a.micro = listOf(v); }},
+      {"--threads", [&](const std::string& v) { a.threads = std::atoi(v.c_str()); }},
+      {"--vocab", [&](const std::string& v) { a.vocab = std::atoi(v.c_str()); }},
+      {"--seconds", [&](const std::string& v) { a.seconds = std::atof(v.c_str()); }},
+      {"--batch", integer(a.batch)},
+      {"--seq", integer(a.seq)},
+      {"--n-layer", integer(a.n_layer)},
+      {"--n-head", integer(a.n_head)},
+      {"--n-embd", integer(a.n_embd)}};
+  for (int i = 1; i < argc; i += 2) {
+    const auto flag = flags.find(argv[i]);
+    if (flag == flags.end() || i + 1 >= argc) {
+      std::fprintf(stderr, "%s: %s\n", argv[i],
+                   flag == flags.end() ? "unknown argument" : "needs a value");
       return 2;
     }
+    flag->second(argv[i + 1]);
   }
   const double per_step =
       a.model == "gpt2" ? static_cast<double>(a.batch * a.seq) : static_cast<double>(a.batch);
