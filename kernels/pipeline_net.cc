@@ -64,7 +64,7 @@ class PipelineNet final : public Net {
     checkPipeline(*whole_, options, backend.device());
     bounds_ = balancedBounds();
     micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
-    grads_ = backend.empty({whole_->numParams()});
+    grads_ = whole_->grads();  // which it never writes: the micro-batches' sums
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
     one.given_weights = true;
