@@ -83,10 +83,10 @@ Plan plan(const actors::TrainOptions& o) {
 
   // The net as trainProcess builds its initial weights: on the CPU, for a batch of 1.
   kernels::NetOptions net = actors::netOptions(o, 1);
-  net.pipeline_stages = 1;  // the same weights; a pipeline is checked, as by the run
+  net.pipeline = {};  // the same weights; a pipeline is checked, as by the run
   auto backend = kernels::makeCpuBackend(1);
   const auto model = kernels::makeNet(*backend, net);
-  if (o.pipeline_stages > 1) {
+  if (o.pipeline.stages > 1) {
     kernels::NetOptions smallest =
         actors::netOptions(o, *std::min_element(p.shares.begin(), p.shares.end()));
     kernels::checkPipeline(
@@ -377,10 +377,9 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   for (const auto s : p.shares)
     shares += (shares.empty() ? "" : ", ") + std::to_string(s);
   row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
-  if (o.pipeline_stages > 1) {
-    row("pipeline",
-        fmt::format("{} stages a replica, each batch in {} micro-batches (1F1B)", o.pipeline_stages,
-                    o.micro_batches > 0 ? o.micro_batches : o.pipeline_stages));
+  if (o.pipeline.stages > 1) {
+    row("pipeline", fmt::format("{} stages a replica, each batch in {} micro-batches (1F1B)",
+                                o.pipeline.stages, o.pipeline.microBatches()));
   }
   if (!o.gpus.empty()) {
     const bool ps = o.schedule.servers() != nullptr;

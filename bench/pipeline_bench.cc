@@ -1,4 +1,4 @@
-// Pipeline stages (NetOptions::pipeline_stages) on the CPU: a training step's time for each
+// Pipeline stages (NetOptions::pipeline) on the CPU: a training step's time for each
 // number of stages K and micro-batches M, against the whole net on the same threads, and the
 // bubble: the share of the stages' time spent waiting, 1 - (sum of the stages' compute) /
 // (K * step), beside GPipe's (K - 1) / (M + K - 1) for balanced stages with free transfers.
@@ -89,8 +89,8 @@ struct Measured {
 Measured measure(const Args& a, int stages, int micro, int threads) {
   auto backend = makeCpuBackend(threads);
   NetOptions o = optionsOf(a);
-  o.pipeline_stages = stages;
-  o.micro_batches = stages > 1 ? micro : 0;
+  o.pipeline.stages = stages;
+  o.pipeline.micro_batches = stages > 1 ? micro : 0;
   auto net = makeNet(*backend, o);
   const Batch b = batchOf(a);
   auto step = [&] { net->trainStep(b.inputs, b.labels, 1.0f, nullptr); };

@@ -1074,10 +1074,12 @@ std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options) {
     throw InputError("num_labels = " + std::to_string(options.num_labels) + " (at least 2)");
   if (options.max_batch < 1)
     throw InputError("max_batch = " + std::to_string(options.max_batch) + " (at least 1)");
-  needPositive("pipeline_stages", options.pipeline_stages);
-  if (options.micro_batches < 0)
-    throw InputError("micro_batches = " + std::to_string(options.micro_batches) + " (0: stages)");
-  if (options.pipeline_stages > 1) return makePipelineNet(backend, options);
+  needPositive("pipeline_stages", options.pipeline.stages);
+  if (options.pipeline.micro_batches < 0) {
+    throw InputError("micro_batches = " + std::to_string(options.pipeline.micro_batches) +
+                     " (0: stages)");
+  }
+  if (options.pipeline.stages > 1) return makePipelineNet(backend, options);
   const ModelSpec& model = options.model;
   if (model.name.empty() == model.layers.empty())
     throw InputError(model.name.empty()

@@ -80,6 +80,19 @@ struct LstmShape {
   bool tied = false;
 };
 
+// Pipeline parallelism (GPipe's micro-batches under PipeDream-Flush's 1F1B schedule): the layers
+// cut into `stages` stages (Net::pipelineCuts, the cuts that share the forward FLOPs most evenly),
+// each run by a thread of its own with its share of the backend's threads; a batch goes through
+// them in micro_batches parts (0: as many as stages), each stage alternating one part's forward
+// with an earlier one's backward. The gradients are the parts' summed in order, and the net is
+// still one Net over the whole model's flat weights. CPU only; not for a model with batch norm
+// (its statistics would be each part's).
+struct PipelineOptions {
+  int stages = 1;
+  int micro_batches = 0;
+  int microBatches() const { return micro_batches > 0 ? micro_batches : stages; }
+};
+
 struct NetOptions {
   ModelSpec model;
   int channels = 1;
@@ -123,15 +136,7 @@ struct NetOptions {
   // launch for the host instead of a call an op. Not for a net with dropout (its seeds change
   // every step).
   bool graphs = false;
-  // Pipeline parallelism (GPipe's micro-batches under PipeDream-Flush's 1F1B schedule): the
-  // layers cut into this many stages (Net::pipelineCuts, the cuts that share the forward FLOPs
-  // most evenly), each run by a thread of its own with its share of the backend's threads; a
-  // batch goes through them in micro_batches parts (0: as many as stages), each stage
-  // alternating one part's forward with an earlier one's backward. The gradients are the parts'
-  // summed in order, and the net is still one Net over the whole model's flat weights. CPU
-  // only; not for a model with batch norm (its statistics would be each part's).
-  int pipeline_stages = 1;
-  int micro_batches = 0;
+  PipelineOptions pipeline;
   // The weights come by useWeights() before any forward (a replica's: the updater's, or its copy
   // of them): the net neither allocates nor initialises any of its own (only its buffers).
   bool given_weights = false;
@@ -314,9 +319,9 @@ void checkNetInput(const NetOptions& options);
 // it (and listing the known ones). Parameters are initialised from options.seed.
 std::unique_ptr<Net> makeNet(Backend& backend, const NetOptions& options);
 
-// makeNet's net of options.pipeline_stages stages (kernels/pipeline_net.cc).
+// makeNet's net of options.pipeline.stages stages (kernels/pipeline_net.cc).
 std::unique_ptr<Net> makePipelineNet(Backend& backend, const NetOptions& options);
-// InputError naming what a net of options.pipeline_stages stages of `whole` (the same model, one
+// InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
 // stage) on `device` cannot do: a GPU, batch norm, more stages than cuts, more micro-batches
 // than options.max_batch.
 void checkPipeline(const Net& whole, const NetOptions& options, const Device& device);

@@ -1,4 +1,4 @@
-// A net whose layers run as pipeline stages (NetOptions::pipeline_stages): GPipe's micro-batches
+// A net whose layers run as pipeline stages (NetOptions::pipeline): GPipe's micro-batches
 // under PipeDream-Flush's one-forward-one-backward schedule (1F1B), each stage a thread of its own
 // with its share of the backend's threads, the stages passing activations forward and their
 // gradients back. To its caller it is one Net over the flat weights and gradients of the whole
@@ -54,13 +54,12 @@ class PipelineNet final : public Net {
  public:
   PipelineNet(Backend& backend, const NetOptions& options) : backend_(backend), options_(options) {
     NetOptions one = options;
-    one.pipeline_stages = 1;
-    one.micro_batches = 0;
+    one.pipeline = {};
     NetOptions shape = one;
     shape.max_batch = 1;  // its weights, and its shape (params, layers, cuts); it runs nothing
     whole_ = makeNet(backend, shape);
-    stages_ = options.pipeline_stages;
-    micro_batches_ = options.micro_batches > 0 ? options.micro_batches : stages_;
+    stages_ = options.pipeline.stages;
+    micro_batches_ = options.pipeline.microBatches();
     checkPipeline(*whole_, options, backend.device());
     bounds_ = balancedBounds();
     micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
@@ -517,17 +516,17 @@ void checkPipeline(const Net& whole, const NetOptions& options, const Device& de
         "micro-batch's; stages take models without it (mlp, lenet, gpt2, lstm, [[layers]])");
   }
   const auto cuts = whole.pipelineCuts();
-  if (static_cast<int>(cuts.size()) + 1 < options.pipeline_stages) {
+  if (static_cast<int>(cuts.size()) + 1 < options.pipeline.stages) {
     throw InputError(fmt::format(
         "pipeline_stages {}: the model can be cut into at most {} stages (between layers that "
         "only one tensor crosses)",
-        options.pipeline_stages, cuts.size() + 1));
+        options.pipeline.stages, cuts.size() + 1));
   }
-  const int micro = options.micro_batches > 0 ? options.micro_batches : options.pipeline_stages;
+  const int micro = options.pipeline.microBatches();
   if (micro > options.max_batch) {
     throw InputError(fmt::format("micro_batches {} is more than a replica's batch of {}{}", micro,
                                  options.max_batch,
-                                 options.micro_batches > 0 ? "" : " (as many as stages)"));
+                                 options.pipeline.micro_batches > 0 ? "" : " (as many as stages)"));
   }
 }
 

@@ -195,7 +195,7 @@ TEST(PipelineStages, WrongBoundsInputsAndAMissingTiedPartAreRefused) {
   }
 }
 
-// A net of `stages` pipeline stages (NetOptions::pipeline_stages) against the whole net run on
+// A net of `stages` pipeline stages (NetOptions::pipeline) against the whole net run on
 // each micro-batch in turn, its gradients and metrics summed in the same order (the first
 // copied, each next added): the same sums, to the bit. The ranges come to on_ready each once,
 // in reverse order, together every parameter.
@@ -206,8 +206,8 @@ void expectPipelineAsMicroBatches(NetOptions o, const Batch& batch, int stages, 
   // each op splits its sums as the whole net's does.
   auto backend = makeCpuBackend(2), one = makeCpuBackend(1);
   auto whole = makeNet(*one, o);
-  o.pipeline_stages = stages;
-  o.micro_batches = micro;
+  o.pipeline.stages = stages;
+  o.pipeline.micro_batches = micro;
   auto pipeline = makeNet(*backend, o);
   const std::int64_t n = batch.inputs.dim(0), count = std::min<std::int64_t>(micro, n);
   const std::int64_t per_label = batch.labels.numel() / n;
@@ -280,8 +280,8 @@ TEST(PipelineNet, StagesOverMicroBatchesSumTheMicroBatchesGradients) {
 TEST(PipelineNet, AStageThatFailsEndsTheStepWithItsErrorAndTheNextStepRuns) {
   auto backend = makeCpuBackend(2);
   NetOptions o = imageModel("lenet", 4, 1, 28);
-  o.pipeline_stages = 3;
-  o.micro_batches = 4;
+  o.pipeline.stages = 3;
+  o.pipeline.micro_batches = 4;
   auto net = makeNet(*backend, o);
   Batch batch = images(4, 1, 28);
   batch.labels.i32()[2] = 10;  // of 10 classes: micro-batch 2 fails in the last stage
@@ -307,19 +307,19 @@ TEST(PipelineNet, ModelsItCannotRunAreRefusedByName) {
     return "(no InputError)";
   };
   NetOptions resnet = imageModel("resnet20", 4, 3, 32);
-  resnet.pipeline_stages = 2;
+  resnet.pipeline.stages = 2;
   EXPECT_EQ(errorOf(resnet),
             "pipeline_stages: the model has batch norm, whose statistics would be each "
             "micro-batch's; stages take models without it (mlp, lenet, gpt2, lstm, [[layers]])");
   NetOptions mlp = imageModel("mlp", 4, 1, 28);
-  mlp.pipeline_stages = 9;
+  mlp.pipeline.stages = 9;
   EXPECT_NE(errorOf(mlp).find("pipeline_stages 9: the model can be cut into at most"),
             std::string::npos)
       << errorOf(mlp);
-  mlp.pipeline_stages = 2;
-  mlp.micro_batches = 5;
+  mlp.pipeline.stages = 2;
+  mlp.pipeline.micro_batches = 5;
   EXPECT_EQ(errorOf(mlp), "micro_batches 5 is more than a replica's batch of 4");
-  mlp.pipeline_stages = 0;
+  mlp.pipeline.stages = 0;
   EXPECT_EQ(errorOf(mlp), "pipeline_stages = 0 (at least 1)");
 }
 

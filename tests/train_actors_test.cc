@@ -90,8 +90,8 @@ TEST(Training, PipelineStagesTrainAsOneReplicaAndTheirCheckpointResumesWithOther
   o.checkpoint_every = 1;
   o.run_name = "one";
   const auto one = runTraining(o);
-  o.pipeline_stages = 2;
-  o.micro_batches = 4;
+  o.pipeline.stages = 2;
+  o.pipeline.micro_batches = 4;
   o.run_name = "staged";
   const auto staged = runTraining(o);
   ASSERT_EQ(staged.steps, 20);
@@ -102,8 +102,8 @@ TEST(Training, PipelineStagesTrainAsOneReplicaAndTheirCheckpointResumesWithOther
   EXPECT_LE(norm_rel, kReplicasBound);
   ASSERT_EQ(staged.checkpoints.size(), 2u);
   o.resume = staged.checkpoints[0];
-  o.pipeline_stages = 3;
-  o.micro_batches = 2;
+  o.pipeline.stages = 3;
+  o.pipeline.micro_batches = 2;
   o.run_name = "resumed";
   const auto resumed = runTraining(o);
   EXPECT_EQ(resumed.steps, 20);

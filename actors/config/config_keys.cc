@@ -539,12 +539,12 @@ std::vector<Key> buildTable() {
       agreed(TROUPE_INT_KEY("replicas", replicas, closed(1, 1024),
                             "model replicas in this process (the batch is split)")),
       agreed(TROUPE_INT_KEY(
-          "pipeline_stages", pipeline_stages, closed(1, 64),
+          "pipeline_stages", pipeline.stages, closed(1, 64),
           "pipeline parallelism (MXNet's model parallelism, GPipe): each replica's layers cut "
           "into this many stages, each a thread with its share of the replica's threads, the "
           "batch going through them in micro_batches parts under the 1F1B schedule (CPU; "
           "models without batch norm)")),
-      agreed(TROUPE_INT_KEY("micro_batches", micro_batches, closed(0, 1 << 20),
+      agreed(TROUPE_INT_KEY("micro_batches", pipeline.micro_batches, closed(0, 1 << 20),
                             "pipeline_stages: the parts a replica's batch is cut into (0: as many "
                             "as stages)")),
       Key{"gpus", Kind::kString, kNotNumeric,

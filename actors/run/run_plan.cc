@@ -583,10 +583,10 @@ void checkProcessOptions(const TrainOptions& o) {
   }
   if (o.batch_size < 1) throw InputError("batch_size must be at least 1");
   if (o.num_epochs < 1) throw InputError("num_epochs must be at least 1");
-  if (o.micro_batches > 0 && o.pipeline_stages < 2) {
+  if (o.pipeline.micro_batches > 0 && o.pipeline.stages < 2) {
     throw InputError(fmt::format(
         "micro_batches {} cuts a batch for pipeline stages: set pipeline_stages 2 or more",
-        o.micro_batches));
+        o.pipeline.micro_batches));
   }
   kernels::checkNetInput(netOptions(o, 1));  // before the data is opened: tokens or images
   checkTrainingData(o);
@@ -659,21 +659,19 @@ StepPlan stepPlan(const TrainOptions& o, int workers, std::int64_t train_size) {
 }
 
 kernels::NetOptions netOptions(const TrainOptions& o, std::int64_t max_batch) {
-  kernels::NetOptions net;
-  net.model = o.model;
-  net.zero_init_residual = o.zero_init_residual;
-  net.channels = o.num_channels;
-  net.height = net.width = o.image_size;
-  net.num_labels = labelsOf(o);
-  net.label_smoothing = o.label_smoothing;
-  net.max_batch = max_batch;
-  net.seed = o.seed;
-  net.sequence_length = o.block_size;
-  net.gpt = o.gpt;
-  net.lstm = o.lstm;
-  net.pipeline_stages = o.pipeline_stages;
-  net.micro_batches = o.micro_batches;
-  return net;
+  return {.model = o.model,
+          .channels = o.num_channels,
+          .height = o.image_size,
+          .width = o.image_size,
+          .num_labels = labelsOf(o),
+          .sequence_length = o.block_size,
+          .gpt = o.gpt,
+          .lstm = o.lstm,
+          .label_smoothing = o.label_smoothing,
+          .max_batch = max_batch,
+          .seed = o.seed,
+          .zero_init_residual = o.zero_init_residual,
+          .pipeline = o.pipeline};
 }
 
 bool ncclSpansProcesses(const TrainOptions& o, int nodes) {

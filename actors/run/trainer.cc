@@ -225,9 +225,9 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   auto init_backend = kernels::makeCpuBackend(1);
   kernels::NetOptions probe = net;
   probe.max_batch = 1;
-  probe.pipeline_stages = 1;  // the same weights; a pipeline is checked, not built
+  probe.pipeline = {};  // the same weights; a pipeline is checked, not built
   auto init_net = kernels::makeNet(*init_backend, probe);
-  if (net.pipeline_stages > 1) {
+  if (net.pipeline.stages > 1) {
     kernels::NetOptions smallest = net;  // the replica with the smallest share of the batch
     smallest.max_batch = *std::min_element(p.shares.begin(), p.shares.end());
     kernels::checkPipeline(

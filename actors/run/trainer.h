@@ -123,9 +123,8 @@ struct TrainOptions {
   double peer_timeout_s = 60;
   double stall_warning_s = 30;
   int replicas = 1;
-  // Pipeline parallelism in each replica (kernels::NetOptions::pipeline_stages, micro_batches).
-  int pipeline_stages = 1;
-  int micro_batches = 0;
+  // Pipeline parallelism in each replica (kernels::PipelineOptions).
+  kernels::PipelineOptions pipeline;
   // The GPUs of this process (Caffe2's --gpus / --num_gpus): replica r on cuda:gpus[r], so
   // replicas = gpus.size(); empty: every replica on the CPU.
   std::vector<int> gpus;
