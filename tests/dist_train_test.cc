@@ -269,6 +269,19 @@ TEST(DistributedTraining, FourWorkersWithShardedStateMatchOneProcess) {
   EXPECT_LE(momentum, kOneVersusTwoBound);
 }
 
+// Data and pipeline parallelism (dp x pp): two workers, each replica's net in 2 stages over 4
+// micro-batches, sum the same gradients as one process of batch 64, in another order.
+TEST(DistributedTraining, TwoWorkersOfTwoPipelineStagesEachMatchOneProcess) {
+  TempDir cwd("dist_pipeline");
+  const auto r =
+      trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce --pipeline_stages 2 --micro_batches 4");
+  const double weights = relativeDifference(r.one.weights, r.two.weights);
+  const double momentum = relativeDifference(r.one.state, r.two.state);
+  printMeasured("bsp-allreduce, 2 pipeline stages, 4 micro-batches, 2 workers", weights, momentum);
+  EXPECT_LE(weights, kOneVersusTwoBound);
+  EXPECT_LE(momentum, kOneVersusTwoBound);
+}
+
 // Clipping with sharded state: the gradients' global norm sums each worker's sum of squares over
 // its shard, so it differs from the unsharded run's only by the order of that sum (of
 // num_params positive terms, within probableGammaN(num_params) relative; the clip factor, by its
