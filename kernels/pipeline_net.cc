@@ -61,7 +61,7 @@ class PipelineNet final : public Net {
     stages_ = options.pipeline.stages;
     micro_batches_ = options.pipeline.microBatches();
     checkPipeline(*whole_, options, backend.device());
-    bounds_ = balancedBounds();
+    bounds_ = pipelineBounds(*whole_, stages_);
     micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
     grads_ = whole_->grads();  // which it never writes: the micro-batches' sums
     metrics_ = backend.empty({2});
@@ -281,27 +281,6 @@ class PipelineNet final : public Net {
     std::exception_ptr error;           // the first stage's that failed
   };
 
-  // The cuts that split the forward FLOPs most evenly: each the nearest to its share of them.
-  std::vector<std::size_t> balancedBounds() const {
-    const auto cuts = whole_->pipelineCuts();
-    const double total = whole_->trainingFlopsPerSample() / 3;
-    std::vector<std::size_t> bounds{0};
-    std::size_t next = 0;  // the first cut still free
-    for (int s = 1; s < stages_; ++s) {
-      const double target = total * s / stages_;
-      const std::size_t last = cuts.size() - static_cast<std::size_t>(stages_ - s);
-      std::size_t best = next;
-      for (std::size_t i = next; i <= last; ++i) {
-        if (std::abs(cuts[i].flops_before - target) < std::abs(cuts[best].flops_before - target))
-          best = i;
-      }
-      bounds.push_back(cuts[best].layer);
-      next = best + 1;
-    }
-    bounds.push_back(whole_->layers().size());
-    return bounds;
-  }
-
   // Each range a stage's layer reads from another stage's weights: the part goes to the stage
   // whose layers own it.
   void routeTiedWeights() {
@@ -504,6 +483,42 @@ class PipelineNet final : public Net {
 };
 
 }  // namespace
+
+std::vector<std::size_t> pipelineBounds(const Net& whole, int stages) {
+  const auto cuts = whole.pipelineCuts();
+  TROUPE_ENFORCE(static_cast<int>(cuts.size()) + 1 >= stages, stages, " stages of a net with ",
+                 cuts.size(), " cuts");
+  const double total = whole.trainingFlopsPerSample() / 3;
+  std::vector<std::size_t> bounds{0};
+  std::size_t next = 0;  // the first cut still free
+  for (int s = 1; s < stages; ++s) {
+    const double target = total * s / stages;
+    const std::size_t last = cuts.size() - static_cast<std::size_t>(stages - s);
+    std::size_t best = next;
+    for (std::size_t i = next; i <= last; ++i) {
+      if (std::abs(cuts[i].flops_before - target) < std::abs(cuts[best].flops_before - target))
+        best = i;
+    }
+    bounds.push_back(cuts[best].layer);
+    next = best + 1;
+  }
+  bounds.push_back(whole.layers().size());
+  return bounds;
+}
+
+std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch) {
+  const auto bounds = pipelineBounds(whole, pipeline.stages);
+  const int micro = pipeline.microBatches();
+  const std::int64_t rows = (batch + micro - 1) / micro;
+  std::int64_t held = 0;
+  for (int s = 0; s < pipeline.stages; ++s) {
+    whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
+    const NetMemory m = whole.memory();
+    held += std::min(pipeline.stages - s, micro) * (m.held + m.scratch) * rows;
+  }
+  whole.runLayers(0, whole.layers().size());
+  return held;
+}
 
 void checkPipeline(const Net& whole, const NetOptions& options, const Device& device) {
   if (device.kind != DeviceKind::kCpu) {

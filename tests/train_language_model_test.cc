@@ -210,6 +210,35 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
   expectItLearns(launch("-n 1 -s 2", "--schedule dist_sync"));
 }
 
+// A GPT whose activations do not fit: 220,544 parameters (0.8 MiB of weights), but at 32
+// sequences of 64 tokens its activations and their gradients are 39.5 MiB. Under max_memory 24M
+// the run is refused, and the refusal offers pipeline stages; with 2 stages over 8 micro-batches
+// the stages hold 8.6 MiB of activations (and 3 gradient tensors, each stage's and their sum),
+// and the run trains with this process's tensors peaking within the limit (counted at every
+// allocation, kernels/host_memory.h).
+TEST(LanguageModel, AModelWhoseActivationsDoNotFitTrainsInPipelineStagesOverMicroBatches) {
+  TempDir dir("lm_pipeline_memory");
+  convert(dir);
+  const std::string model =
+      "--model gpt2 --block_size 64 --vocab_size 256 --n_layer 4 --n_head 4 --n_embd 64 "
+      "--batch_size 32 --train_data data --base_learning_rate 0.1 --momentum 0.9 "
+      "--max_memory 24M --epoch_size 640 --num_epochs 2 --threads 2 --log_every 0 ";
+  auto run = train(dir, model);
+  EXPECT_TRUE(failedWith(
+      run, {"more than max_memory 25165824 (24.0 MiB): 220544 parameters' weights 0.8 MiB",
+            "activations 39.5 MiB (32 inputs); pipeline stages over micro-batches "
+            "(--pipeline_stages 2 --micro_batches 8) hold fewer activations at once"}));
+  run = train(dir, model + "--pipeline_stages 2 --micro_batches 8");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch m;
+  const std::regex epochs(R"(epoch 1 done: loss (\S+)[^]*epoch 2 done: loss (\S+))");
+  ASSERT_TRUE(std::regex_search(run.output, m, epochs)) << run.output;
+  EXPECT_LT(std::stod(m[2]), std::stod(m[1])) << "the loss did not fall";
+  const std::regex peak(R"(this process's tensors peaked at (\d+) bytes)");
+  ASSERT_TRUE(std::regex_search(run.output, m, peak)) << run.output;
+  EXPECT_LE(std::stoll(m[1]), 25165824);
+}
+
 TEST(LanguageModel, AShardWithATokenOutsideTheVocabularyIsRefusedNamingIt) {
   TempDir dir("gpt_vocab");
   convert(dir);

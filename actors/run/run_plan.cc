@@ -257,9 +257,11 @@ std::string memorySize(double bytes) {
                            : fmt::format("{:.2f} GiB", bytes / (1 << 30));
 }
 
-void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
+void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                       const std::vector<std::int64_t>& shares) {
   if (o.max_memory <= 0) return;
+  const std::int64_t num_params = whole.numParams();
+  const bool staged = o.pipeline.stages > 1;
   const auto& optimizer = o.optimizer.info();
   // With parameter servers the optimizer's state is theirs, sharded over them; with zero_stage 1
   // each worker holds its shard (an even share: serverShards' cut moves only to a layer bound).
@@ -268,29 +270,45 @@ void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64
   const double params = 4.0 * static_cast<double>(num_params);
   const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size()) / sharing;
   const auto replicas = static_cast<double>(shares.size());
+  const double grads = replicas * params * (staged ? o.pipeline.stages + 1 : 1);
+  const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;
-  for (const auto share : shares)
+  double activations = 0;
+  for (const auto share : shares) {
     inputs += share;
-  const double activations = static_cast<double>(held_per_input) * static_cast<double>(inputs);
-  const double need = params + state + replicas * params + activations;
+    activations += staged ? static_cast<double>(kernels::pipelineHeld(whole, o.pipeline, share))
+                          : static_cast<double>((memory.held + memory.scratch) * share);
+  }
+  const double need = params + state + grads + activations;
   if (need <= static_cast<double>(o.max_memory)) return;
   const std::string state_text =
       ps ? fmt::format("{}'s state on the servers", optimizer.name)
          : fmt::format("{}'s {} state row(s) {}{}", optimizer.name, optimizer.states.size(),
                        memorySize(state),
                        sharing > 1 ? fmt::format(" (its shard of {})", sharing) : "");
-  throw InputError(fmt::format(
-      "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
-      "parameters' weights {}, {}, gradients {} ({} replica(s)), activations {} ({} inputs); {}",
-      need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
-      num_params, memorySize(params), state_text, memorySize(replicas * params), shares.size(),
-      memorySize(activations), inputs,
+  std::string advice =
       ps ? "a smaller model or batch fits (troupe cannot split the weights over processes yet)"
       : sharing > 1
           ? "more workers shard the state finer, or a smaller model or batch fits"
           : "the optimizer's state sharded over the workers (--zero_stage 1 with bsp-allreduce, "
             "troupe launch -n N) or held by parameter servers (--schedule dist_sync, troupe "
-            "launch -s N), or a smaller model or batch fits"));
+            "launch -s N), or a smaller model or batch fits";
+  if (activations > params + state + grads) {  // most of it: a batch's activations
+    advice = fmt::format("{} hold fewer activations at once, {}",
+                         staged ? "more micro-batches (--micro_batches)"
+                                : "pipeline stages over micro-batches (--pipeline_stages 2 "
+                                  "--micro_batches 8)",
+                         advice);
+  }
+  throw InputError(fmt::format(
+      "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
+      "parameters' weights {}, {}, gradients {} ({} replica(s){}), activations {} ({} inputs{}); "
+      "{}",
+      need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
+      num_params, memorySize(params), state_text, memorySize(grads), shares.size(),
+      staged ? fmt::format(", each with {} stages' and their sum", o.pipeline.stages) : "",
+      memorySize(activations), inputs,
+      staged ? fmt::format(" in {} micro-batches", o.pipeline.microBatches()) : "", advice));
 }
 
 void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {

@@ -150,11 +150,12 @@ void checkBatchMemory(const TrainOptions& o);
 // InputError, naming the bytes and the limit, when a worker process would hold more than
 // max_memory for its model while it trains: the float32 weights and the optimizer's state rows
 // (the updater's, its shard of them with zero_stage 1; none with parameter servers, which hold
-// them), each replica's gradients, and its activations and their gradients at its share of the
-// batch (`held_per_input`: a net's arena and gradient scratch at batch 1, NetMemory::held and
-// scratch). (At an epoch's end where a checkpoint is written the chief also holds the whole
-// state, and a copy of the weights: not counted.)
-void checkModelMemory(const TrainOptions& o, std::int64_t num_params, std::int64_t held_per_input,
+// them), each replica's gradients (with pipeline stages, each stage's and their sum), and its
+// activations and their gradients at its share of the batch, from `whole`, the net at batch 1
+// (NetMemory::held and scratch; with pipeline stages, kernels::pipelineHeld). (At an epoch's end
+// where a checkpoint is written the chief also holds the whole state, and a copy of the weights:
+// not counted.)
+void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                       const std::vector<std::int64_t>& shares);
 // The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, and
 // the pushes it holds at once (dist_sync: one from each of `workers` workers; else one).

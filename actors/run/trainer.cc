@@ -244,8 +244,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (!server) {
-    const kernels::NetMemory memory = init_net->memory();
-    checkModelMemory(o, num_params, memory.held + memory.scratch, p.shares);
+    checkModelMemory(o, *init_net, p.shares);
   } else {
     const auto keys =
         serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
