@@ -166,6 +166,13 @@ class NetImpl final : public Net, private LayerContext {
     if (weights_.defined()) bindLayers();  // else at useWeights()
   }
   const Tensor& buffers() const override { return buffers_; }
+  void useBuffers(const Tensor& buffers) override {
+    TROUPE_ENFORCE(buffers.numel() == g_.num_buffers && buffers.dtype() == DType::kFloat32 &&
+                       buffers.device() == backend_.device(),
+                   "buffers for a net must be ", g_.num_buffers, " float32 on its device");
+    buffers_ = buffers;
+    if (weights_.defined()) bindLayers();  // else at useWeights()
+  }
   const Tensor& metrics() const override { return metrics_; }
 
   Tensor ownInput(const Tensor& images) override {

@@ -85,8 +85,8 @@ struct LstmShape {
 // each run by a thread of its own with its share of the backend's threads; a batch goes through
 // them in micro_batches parts (0: as many as stages), each stage alternating one part's forward
 // with an earlier one's backward. The gradients are the parts' summed in order, and the net is
-// still one Net over the whole model's flat weights. CPU only; not for a model with batch norm
-// (its statistics would be each part's).
+// still one Net over the whole model's flat weights. A batch norm normalises each part by its own
+// statistics and updates its running ones part by part, as GPipe's. CPU only.
 struct PipelineOptions {
   int stages = 1;
   int micro_batches = 0;
@@ -250,6 +250,10 @@ class Net {
   virtual void useGrads(const Tensor& grads) = 0;
   // Non-trainable state (batch-norm running statistics), flat; may be empty.
   virtual const Tensor& buffers() const = 0;
+  // Keeps its buffers in `buffers` (buffers().numel() float32 elements on the net's backend) from
+  // now on, as they are: nets whose layers' ranges of them never run at once may share them (a
+  // pipeline's stages).
+  virtual void useBuffers(const Tensor& buffers) = 0;
 
   // images: [N, C, H, W] float, labels: [N] int32, both on the net's backend, N <= max_batch; for
   // a language model (NetOptions::sequence_length T) tokens [N, T] int32 and labels [N, T] (or
@@ -330,7 +334,7 @@ std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // each stage in turn, scaled by the micro-batch's rows); `whole` runs all its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);
 // InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
-// stage) on `device` cannot do: a GPU, batch norm, more stages than cuts, more micro-batches
+// stage) on `device` cannot do: a GPU, more stages than cuts, more micro-batches
 // than options.max_batch.
 void checkPipeline(const Net& whole, const NetOptions& options, const Device& device);
 

@@ -77,6 +77,8 @@ class PipelineNet final : public Net {
         stage.nets.back()->runLayers(bounds_[static_cast<std::size_t>(s)],
                                      bounds_[static_cast<std::size_t>(s) + 1]);
         stage.nets.back()->useGrads(grads);  // one backward at a time, each added on at once
+        // Every stage's batch norms update their own ranges of the shape net's buffers.
+        stage.nets.back()->useBuffers(whole_->buffers());
       }
     }
     routeTiedWeights();
@@ -124,6 +126,9 @@ class PipelineNet final : public Net {
   const Tensor& grads() const override { return grads_; }
   void useGrads(const Tensor&) override {
     throw InvariantError("useGrads() of a whole pipeline (its gradients are summed in its own)");
+  }
+  void useBuffers(const Tensor&) override {
+    throw InvariantError("useBuffers() of a whole pipeline (its stages share its own)");
   }
   const Tensor& buffers() const override { return whole_->buffers(); }
   Tensor ownInput(const Tensor& images) override { return images; }
@@ -524,11 +529,6 @@ void checkPipeline(const Net& whole, const NetOptions& options, const Device& de
   if (device.kind != DeviceKind::kCpu) {
     throw InputError(
         "pipeline_stages: stages run on the CPU for now (this run's replicas are on a GPU)");
-  }
-  if (whole.buffers().numel() > 0) {
-    throw InputError(
-        "pipeline_stages: the model has batch norm, whose statistics would be each "
-        "micro-batch's; stages take models without it (mlp, lenet, gpt2, lstm, [[layers]])");
   }
   const auto cuts = whole.pipelineCuts();
   if (static_cast<int>(cuts.size()) + 1 < options.pipeline.stages) {

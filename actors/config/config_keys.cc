@@ -542,8 +542,8 @@ std::vector<Key> buildTable() {
           "pipeline_stages", pipeline.stages, closed(1, 64),
           "pipeline parallelism (MXNet's model parallelism, GPipe): each replica's layers cut "
           "into this many stages, each a thread with its share of the replica's threads, the "
-          "batch going through them in micro_batches parts under the 1F1B schedule (CPU; "
-          "models without batch norm)")),
+          "batch going through them in micro_batches parts under the 1F1B schedule (CPU; a "
+          "batch norm normalises each part by its own statistics, as GPipe's)")),
       agreed(TROUPE_INT_KEY("micro_batches", pipeline.micro_batches, closed(0, 1 << 20),
                             "pipeline_stages: the parts a replica's batch is cut into (0: as many "
                             "as stages)")),
