@@ -150,28 +150,13 @@ class NetImpl final : public Net, private LayerContext {
   const Tensor& weights() const override { return weights_; }
 
   void useWeights(const Tensor& weights) override {
-    TROUPE_ENFORCE_EQ(weights.numel(), g_.num_params);
-    TROUPE_ENFORCE(weights.dtype() == DType::kFloat32 && weights.device() == backend_.device(),
-                   "weights for a net must be float32 on its device");
-    if (weights.raw() == weights_.raw()) return;
-    weights_ = weights;
-    bindLayers();
+    use(weights_, weights, g_.num_params, "weights");
   }
   const Tensor& grads() const override { return grads_; }
-  void useGrads(const Tensor& grads) override {
-    TROUPE_ENFORCE(grads.numel() == g_.num_params && grads.dtype() == DType::kFloat32 &&
-                       grads.device() == backend_.device(),
-                   "gradients for a net must be ", g_.num_params, " float32 on its device");
-    grads_ = grads;
-    if (weights_.defined()) bindLayers();  // else at useWeights()
-  }
+  void useGrads(const Tensor& grads) override { use(grads_, grads, g_.num_params, "gradients"); }
   const Tensor& buffers() const override { return buffers_; }
   void useBuffers(const Tensor& buffers) override {
-    TROUPE_ENFORCE(buffers.numel() == g_.num_buffers && buffers.dtype() == DType::kFloat32 &&
-                       buffers.device() == backend_.device(),
-                   "buffers for a net must be ", g_.num_buffers, " float32 on its device");
-    buffers_ = buffers;
-    if (weights_.defined()) bindLayers();  // else at useWeights()
+    use(buffers_, buffers, g_.num_buffers, "buffers");
   }
   const Tensor& metrics() const override { return metrics_; }
 
@@ -459,6 +444,18 @@ class NetImpl final : public Net, private LayerContext {
     t.host = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     t.to = backend_.recordTimed();
     timed_.push_back(std::move(t));
+  }
+
+  // `t` (`count` float32 on the net's device) in place of the net's own weights, gradients or
+  // buffers (`slot`), its layers bound to it; without weights yet, they are bound at useWeights().
+  void use(Tensor& slot, const Tensor& t, std::int64_t count, const char* what) {
+    TROUPE_ENFORCE(
+        t.numel() == count && t.dtype() == DType::kFloat32 && t.device() == backend_.device(), what,
+        " for a net must be ", count, " float32 on its device, not ", t.numel(), " ",
+        toString(t.dtype()));
+    if (t.raw() == slot.raw()) return;
+    slot = t;
+    if (weights_.defined()) bindLayers();
   }
 
   bool staged() const { return begin_ > 0 || end_ < g_.layers.size(); }
