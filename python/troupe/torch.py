@@ -164,6 +164,22 @@ def _in_place(t):
     return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
 
+def _write_into(output, write, divisor=1):
+    """write(values) fills a flat float32 numpy array with output's new values: output's own
+    memory where the store can write it (_in_place), else an array copied into output after;
+    the values are then divided by `divisor` (a reduction's AVG)."""
+    if _in_place(output):
+        write(output.detach().view(-1).numpy())
+        if divisor != 1:
+            output.div_(divisor)
+        return
+    values = np.empty(output.numel(), dtype=np.float32)
+    write(values)
+    if divisor != 1:
+        values /= divisor
+    output.copy_(torch.from_numpy(values).view(output.shape))
+
+
 def _from_the_python_api():
     """Whether the collective was called by torch.distributed's Python functions (dist.all_reduce
     and the like), not by DDP's reducer: their Work is waited for through wait(), which swallows
@@ -383,8 +399,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             self._float("allreduce", t)
         divisor = self._divisor("allreduce", opts)
         t = tensors[0]
-        if (len(tensors) == 1 and t.device.type == "cpu" and t.dtype == torch.float32
-                and t.is_contiguous() and not _from_the_python_api()):
+        if len(tensors) == 1 and _in_place(t) and not _from_the_python_api():
             # DDP's buckets: summed where they lie, meanwhile (DDP waits on the Work's future,
             # whose error it sees; a call of dist.all_reduce sums below, raising its errors there)
             flat = t.detach().view(-1).numpy()
@@ -406,7 +421,10 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._drain()
         for t in tensors:
             self._float("allreduce_coalesced", t)
-        flat = self._concatenated_sum(tensors) / self._divisor("allreduce_coalesced", opts)
+        divisor = self._divisor("allreduce_coalesced", opts)
+        flat = self._concatenated_sum(tensors)
+        if divisor != 1:
+            flat /= divisor
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view(t.shape))
@@ -484,9 +502,9 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                 if t.numel() != n:
                     raise ValueError(f"troupe backend: reduce_scatter: input {r} holds "
                                      f"{t.numel()} values, the output {n}")
-            mine = np.empty(n, dtype=np.float32)
-            self._kv._store.reduce_scatter(torch.cat([_host(t) for t in ins]).numpy(), mine)
-            out.copy_(torch.from_numpy(mine / divisor).view(out.shape))
+            everyone = torch.cat([_host(t) for t in ins]).numpy()
+            _write_into(out, lambda values: self._kv._store.reduce_scatter(everyone, values),
+                        divisor)
         return _done(output_tensors)
 
     def all_gather_single(self, output, input, opts=None):
@@ -503,12 +521,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._float("all_gather_into_tensor", input)
         self._float("all_gather_into_tensor", output)
         mine = np.ascontiguousarray(_host(input).numpy())
-        if _in_place(output):
-            self._kv._store.allgather(mine, output.detach().view(-1).numpy())
-        else:
-            everyone = np.empty(n * self.size(), dtype=np.float32)
-            self._kv._store.allgather(mine, everyone)
-            output.copy_(torch.from_numpy(everyone).view(output.shape))
+        _write_into(output, lambda values: self._kv._store.allgather(mine, values))
         return _done([output])
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -524,14 +537,8 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             raise ValueError(f"troupe backend: reduce_scatter_tensor: the input holds "
                              f"{input.numel()} values, {self.size()} ranks' parts of {n}")
         everyone = np.ascontiguousarray(_host(input).numpy())
-        if _in_place(output):
-            self._kv._store.reduce_scatter(everyone, output.detach().view(-1).numpy())
-            if divisor != 1:
-                output.div_(divisor)
-        else:
-            mine = np.empty(n, dtype=np.float32)
-            self._kv._store.reduce_scatter(everyone, mine)
-            output.copy_(torch.from_numpy(mine / divisor).view(output.shape))
+        _write_into(output, lambda values: self._kv._store.reduce_scatter(everyone, values),
+                    divisor)
         return _done([output])
 
     # torch 1.13's names of the two (torch 2 calls them all_gather_single and
