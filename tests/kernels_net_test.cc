@@ -14,33 +14,18 @@
 #include "kernels/optimizer.h"
 #include "kernels/random.h"
 #include "language_model_util.h"
+#include "net_test_util.h"
 #include "one_sided_differences.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 namespace {
 
-struct Batch {
-  Tensor images, labels;
-};
+using Batch = testing::NetBatch;
+using testing::imageModel;
 
 Batch fixedBatch(std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w) {
-  Batch b{Tensor::host({n, c, h, w}), Tensor::host({n}, DType::kInt32)};
-  for (std::int64_t i = 0; i < b.images.numel(); ++i)
-    b.images.f32()[i] = 2.0f * uniform01(randomBits(5, 0, i)) - 1.0f;
-  for (std::int64_t i = 0; i < n; ++i)
-    b.labels.i32()[i] = static_cast<int>(i % 10);
-  return b;
-}
-
-NetOptions options(const std::string& model, std::int64_t batch, std::int64_t c = 1,
-                   std::int64_t hw = 28) {
-  NetOptions o;
-  o.model.name = model;
-  o.max_batch = batch;
-  o.channels = c;
-  o.height = o.width = hw;
-  return o;
+  return testing::randomImages(n, c, h, w, /*seed=*/5);
 }
 
 std::string errorOf(Backend& backend, const NetOptions& o) {
@@ -74,8 +59,8 @@ void expectSameNet(Backend& backend, const NetOptions& x, const NetOptions& y, b
     EXPECT_EQ(a->params()[i].shape, b->params()[i].shape) << b->params()[i].name;
   }
   EXPECT_EQ(0, std::memcmp(a->weights().f32(), b->weights().f32(), a->numParams() * 4));
-  a->forward(batch.images, batch.labels, true);
-  b->forward(batch.images, batch.labels, true);
+  a->forward(batch.inputs, batch.labels, true);
+  b->forward(batch.inputs, batch.labels, true);
   EXPECT_EQ(a->metrics().f32()[0], b->metrics().f32()[0]);
   a->backward(1.0f, nullptr);
   b->backward(1.0f, nullptr);
@@ -88,7 +73,7 @@ class NetTest : public ::testing::Test {
 };
 
 TEST_F(NetTest, UnknownModelNameListsTheBuiltinModels) {
-  const std::string what = errorOf(*backend_, options("vgg", 4));
+  const std::string what = errorOf(*backend_, imageModel("vgg", 4));
   EXPECT_NE(what.find("vgg"), std::string::npos) << what;
   for (const auto& name : builtinModels())
     EXPECT_NE(what.find(name), std::string::npos) << what;
@@ -123,11 +108,11 @@ TEST_F(NetTest, LastLayerMustGiveOneOutputPerLabel) {
 }
 
 TEST_F(NetTest, BuiltinModelsHaveTheirKnownParameterCounts) {
-  EXPECT_EQ(makeNet(*backend_, options("mlp", 2))->numParams(),
+  EXPECT_EQ(makeNet(*backend_, imageModel("mlp", 2))->numParams(),
             784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
-  EXPECT_EQ(makeNet(*backend_, options("lenet", 2))->numParams(), 431080);  // Caffe's LeNet
+  EXPECT_EQ(makeNet(*backend_, imageModel("lenet", 2))->numParams(), 431080);  // Caffe's LeNet
   // He et al.'s ResNet-20 (0.27M) with 1x1-conv shortcuts at the two stage changes.
-  auto resnet = makeNet(*backend_, options("resnet20", 2, 3, 32));
+  auto resnet = makeNet(*backend_, imageModel("resnet20", 2, 3, 32));
   EXPECT_GT(resnet->numParams(), 270000);
   EXPECT_LT(resnet->numParams(), 280000);
 }
@@ -137,7 +122,7 @@ TEST_F(NetTest, BuiltinModelsHaveTheirKnownParameterCounts) {
 // conv2 (20 x 5 x 5 x 50 at 8 x 8), ip1 (800 x 500) and ip2 (500 x 10), twice for the forward and
 // three times that for a training step; pooling and the ReLU are not counted.
 TEST_F(NetTest, TrainingFlopsCountTheProductsOfTheForwardThreeTimes) {
-  auto net = makeNet(*backend_, options("lenet", 1));
+  auto net = makeNet(*backend_, imageModel("lenet", 1));
   const double macs = 25.0 * 20 * 24 * 24 + 20.0 * 25 * 50 * 8 * 8 + 800.0 * 500 + 500.0 * 10;
   EXPECT_DOUBLE_EQ(net->trainingFlopsPerSample(), 3 * 2 * macs);
 }
@@ -146,7 +131,7 @@ TEST_F(NetTest, ImageNetResnetsHaveTorchvisionsParameterCountsAndNames) {
   const std::map<std::string, std::int64_t> torchvision = {
       {"resnet18", 11689512}, {"resnet34", 21797672}, {"resnet50", 25557032}};
   for (const auto& [model, count] : torchvision) {
-    NetOptions o = options(model, 1, 3, 224);
+    NetOptions o = imageModel(model, 1, 3, 224);
     o.num_labels = 1000;
     auto net = makeNet(*backend_, o);
     EXPECT_EQ(net->numParams(), count) << model;
@@ -166,13 +151,13 @@ TEST_F(NetTest, ImageNetResnetsHaveTorchvisionsParameterCountsAndNames) {
     const std::string last = model == "resnet18" ? "layer4.1.relu" : "layer4.2.relu";
     EXPECT_EQ(outputs[last], (Shape{model == "resnet50" ? 2048 : 512, 7, 7})) << model;
   }
-  EXPECT_EQ(makeNet(*backend_, options("resnet50", 1, 3, 224))->params()[3].name,
+  EXPECT_EQ(makeNet(*backend_, imageModel("resnet50", 1, 3, 224))->params()[3].name,
             "layer1.0.conv1.weight");
 }
 
 // no_wd's ranges: every bias and batch-norm scale and shift, nothing else, merged where adjacent.
 TEST_F(NetTest, NoDecayRangesAreTheBiasesAndBatchNormParameters) {
-  auto net = makeNet(*backend_, options("resnet20", 1, 3, 32));
+  auto net = makeNet(*backend_, imageModel("resnet20", 1, 3, 32));
   std::vector<bool> kept(static_cast<std::size_t>(net->numParams()), false);
   for (const auto& [lo, hi] : noDecayRanges(net->params()))
     std::fill(kept.begin() + lo, kept.begin() + hi, true);
@@ -195,14 +180,14 @@ TEST_F(NetTest, Resnet56HasNineBlocksAStage) {
   // 432 + 32; stage 1, 9 x (2 x 16*16*9 + 2 x 32); stage 2, (16*32*9 + 32*32*9 + 128 + 32*16 +
   // 64) + 8 x (2 x 32*32*9 + 128); stage 3, (32*64*9 + 64*64*9 + 256 + 64*32 + 128) + 8 x
   // (2 x 64*64*9 + 256); fc 64*10 + 10.
-  EXPECT_EQ(makeNet(*backend_, options("resnet56", 1, 3, 32))->numParams(),
+  EXPECT_EQ(makeNet(*backend_, imageModel("resnet56", 1, 3, 32))->numParams(),
             432 + 32 + 9 * (2 * 2304 + 64) + (4608 + 9216 + 128 + 512 + 64) + 8 * (2 * 9216 + 128) +
                 (18432 + 36864 + 256 + 2048 + 128) + 8 * (2 * 36864 + 256) + 650);
 }
 
 TEST_F(NetTest, ZeroInitResidualZeroesEachBlocksLastBatchNormScaleOnly) {
   for (const std::string model : {"resnet18", "resnet50"}) {
-    NetOptions o = options(model, 1, 3, 64);
+    NetOptions o = imageModel(model, 1, 3, 64);
     o.zero_init_residual = true;
     auto net = makeNet(*backend_, o);
     const std::string last = model == "resnet18" ? "bn2" : "bn3";
@@ -228,7 +213,7 @@ TEST_F(NetTest, ZeroInitResidualZeroesEachBlocksLastBatchNormScaleOnly) {
 TEST_F(NetTest, Resnet20WrittenAsLayersIsTheBuiltinNet) {
   const auto file = actors::loadTrainOptions(
       std::string(TROUPE_SOURCE_DIR) + "/configs/resnet20_layers.toml", {});
-  NetOptions layers = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
+  NetOptions layers = imageModel("", 2, 1, 28), builtin = imageModel("resnet20", 2, 1, 28);
   layers.model = file.model;
   ASSERT_FALSE(layers.model.layers.empty());
   expectSameNet(*backend_, layers, builtin, /*same_names=*/false);
@@ -306,7 +291,7 @@ TEST_F(NetTest, Resnet20WrittenWithResidualLayersIsTheBuiltinNet) {
   specs.push_back({"pool", {{"name", "avgpool"}, {"global", "true"}}});
   specs.push_back({"flatten", {}});
   specs.push_back({"fc", {{"name", "fc"}, {"num_output", "10"}}});
-  NetOptions blocks = options("", 2, 1, 28), builtin = options("resnet20", 2, 1, 28);
+  NetOptions blocks = imageModel("", 2, 1, 28), builtin = imageModel("resnet20", 2, 1, 28);
   blocks.model.layers = specs;
   expectSameNet(*backend_, blocks, builtin, /*same_names=*/true);
   // A bottleneck block widens to four times its width; a block needs an image.
@@ -362,7 +347,7 @@ TEST_F(NetTest, NamedOutputsAndAddLayersRefuseWhatDoesNotFit) {
 void expectReadyRangesCoverParamsInReverse(Backend& backend, const NetOptions& o) {
   auto net = makeNet(backend, o);
   Batch b = fixedBatch(2, o.channels, o.height, o.width);
-  net->forward(b.images, b.labels, true);
+  net->forward(b.inputs, b.labels, true);
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   net->backward(1.0f, [&](std::int64_t begin, std::int64_t end, const Event* final) {
     EXPECT_EQ(final, nullptr);  // op by op: the caller's next record()
@@ -380,21 +365,21 @@ void expectReadyRangesCoverParamsInReverse(Backend& backend, const NetOptions& o
 }
 
 TEST_F(NetTest, ReadyRangesCoverAllParametersOnceInReverseLayerOrder) {
-  expectReadyRangesCoverParamsInReverse(*backend_, options("lenet", 2));
-  expectReadyRangesCoverParamsInReverse(*backend_, options("resnet20", 2, 2, 12));
+  expectReadyRangesCoverParamsInReverse(*backend_, imageModel("lenet", 2));
+  expectReadyRangesCoverParamsInReverse(*backend_, imageModel("resnet20", 2, 2, 12));
 }
 
 // A profile counts each kind of layer's calls, forward and backward, in the steps since it began,
 // with their time (on the CPU by the host's clock: each call's own), and changes no result.
 TEST_F(NetTest, AProfileTimesEachKindOfLayerInTheStepsSinceItBegan) {
-  const NetOptions o = options("lenet", 4);
+  const NetOptions o = imageModel("lenet", 4);
   auto net = makeNet(*backend_, o), plain = makeNet(*backend_, o);
   const Batch b = fixedBatch(4, 1, 28, 28);
-  net->trainStep(b.images, b.labels, 0.25f, nullptr);  // before: not counted
+  net->trainStep(b.inputs, b.labels, 0.25f, nullptr);  // before: not counted
   net->setProfiling(true);
   for (int i = 0; i < 2; ++i) {
-    net->trainStep(b.images, b.labels, 0.25f, nullptr);
-    plain->trainStep(b.images, b.labels, 0.25f, nullptr);
+    net->trainStep(b.inputs, b.labels, 0.25f, nullptr);
+    plain->trainStep(b.inputs, b.labels, 0.25f, nullptr);
   }
   const StepProfile p = net->profile();
   EXPECT_EQ(p.steps, 2);
@@ -415,30 +400,30 @@ void expectLossDecreases(Backend& backend, const NetOptions& o, int steps, float
   auto net = makeNet(backend, o);
   auto sgd = makeOptimizer(backend, net->numParams(), sgdSettings(0.9f, 0.0f, false, {}));
   Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
-  net->forward(b.images, b.labels, true);
+  net->forward(b.inputs, b.labels, true);
   const float first = net->metrics().f32()[0];
   float last = first;
   for (int i = 0; i < steps; ++i) {
     net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
     sgd->step(net->weights(), net->grads(), lr, 1);
-    net->forward(b.images, b.labels, true);
+    net->forward(b.inputs, b.labels, true);
     last = net->metrics().f32()[0];
   }
   EXPECT_LT(last, 0.5f * first) << o.model.name << ": loss went from " << first << " to " << last;
 }
 
 TEST_F(NetTest, LenetLossFallsOnAFixedBatch) {
-  expectLossDecreases(*backend_, options("lenet", 8), 15, 0.05f);
+  expectLossDecreases(*backend_, imageModel("lenet", 8), 15, 0.05f);
 }
 TEST_F(NetTest, MlpLossFallsOnAFixedBatch) {
-  expectLossDecreases(*backend_, options("mlp", 8), 15, 0.05f);
+  expectLossDecreases(*backend_, imageModel("mlp", 8), 15, 0.05f);
 }
 TEST_F(NetTest, Resnet20LossFallsOnAFixedBatch) {
-  expectLossDecreases(*backend_, options("resnet20", 8, 3, 16), 15, 0.05f);
+  expectLossDecreases(*backend_, imageModel("resnet20", 8, 3, 16), 15, 0.05f);
 }
 
 TEST_F(NetTest, Resnet18LossFallsOnAFixedBatch) {
-  expectLossDecreases(*backend_, options("resnet18", 4, 3, 32), 10, 0.05f);
+  expectLossDecreases(*backend_, imageModel("resnet18", 4, 3, 32), 10, 0.05f);
 }
 
 TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
@@ -457,7 +442,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
     auto sgd = makeOptimizer(*backend, net->numParams(), sgdSettings(0.9f, 1e-4f, true, {}));
     Batch b = fixedBatch(4, 1, 10, 10);
     for (int i = 0; i < 5; ++i) {
-      net->forward(b.images, b.labels, true);
+      net->forward(b.inputs, b.labels, true);
       net->backward(0.25f, nullptr);
       sgd->step(net->weights(), net->grads(), 0.1f, 1);
     }
@@ -471,7 +456,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsAfterTraining) {
 // split the same way on every run with a given thread count.
 TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) {
   for (const std::string model : {"lenet", "resnet20"}) {
-    NetOptions o = options(model, 8, 1, model == "lenet" ? 28 : 12);
+    NetOptions o = imageModel(model, 8, 1, model == "lenet" ? 28 : 12);
     std::vector<std::vector<float>> finals;
     for (int run = 0; run < 2; ++run) {
       auto backend = makeCpuBackend(2);
@@ -479,7 +464,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) 
       auto sgd = makeOptimizer(*backend, net->numParams(), sgdSettings(0.9f, 1e-4f, false, {}));
       Batch b = fixedBatch(8, 1, o.height, o.width);
       for (int i = 0; i < 3; ++i) {
-        net->forward(b.images, b.labels, true);
+        net->forward(b.inputs, b.labels, true);
         net->backward(0.125f, nullptr);
         sgd->step(net->weights(), net->grads(), 0.1f, 1);
       }
@@ -493,7 +478,7 @@ TEST_F(NetTest, SameSeedGivesBitwiseSameWeightsForTheBuiltinModelsOnTwoThreads) 
 
 // A replica computes with the updater's weights where they lie (Net::useWeights), no copy.
 TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
-  NetOptions a = options("mlp", 4), b = options("mlp", 4);
+  NetOptions a = imageModel("mlp", 4), b = imageModel("mlp", 4);
   b.seed = 2;
   auto owner = makeNet(*backend_, a), user = makeNet(*backend_, b);
   Batch batch = fixedBatch(4, 1, 28, 28);
@@ -501,9 +486,9 @@ TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
   EXPECT_EQ(user->weights().raw(), owner->weights().raw());
   auto sgd = makeOptimizer(*backend_, owner->numParams(), sgdSettings(0.9f, 0.0f, false, {}));
   for (int step = 0; step < 2; ++step) {  // the second step sees the first one's update
-    owner->forward(batch.images, batch.labels, true);
+    owner->forward(batch.inputs, batch.labels, true);
     owner->backward(0.25f, nullptr);
-    user->forward(batch.images, batch.labels, true);
+    user->forward(batch.inputs, batch.labels, true);
     user->backward(0.25f, nullptr);
     EXPECT_EQ(owner->metrics().f32()[0], user->metrics().f32()[0]) << "step " << step;
     EXPECT_EQ(0, std::memcmp(owner->grads().f32(), user->grads().f32(),
@@ -515,7 +500,7 @@ TEST_F(NetTest, UseWeightsComputesWithTheGivenWeightsInPlace) {
 }
 
 TEST_F(NetTest, DifferentSeedsGiveDifferentInitialWeights) {
-  NetOptions a = options("lenet", 2), b = options("lenet", 2);
+  NetOptions a = imageModel("lenet", 2), b = imageModel("lenet", 2);
   b.seed = 2;
   auto na = makeNet(*backend_, a), nb = makeNet(*backend_, b);
   EXPECT_NE(na->weights().f32()[0], nb->weights().f32()[0]);
@@ -527,15 +512,15 @@ TEST_F(NetTest, DifferentSeedsGiveDifferentInitialWeights) {
 // PyTorch in double precision: max relative error 4e-6.)
 TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
   auto backend = makeCpuBackend(1);
-  NetOptions o = options("resnet20", 3, 2, 8);
+  NetOptions o = imageModel("resnet20", 3, 2, 8);
   auto net = makeNet(*backend, o);
   Batch b = fixedBatch(3, 2, 8, 8);
-  net->forward(b.images, b.labels, true);
+  net->forward(b.inputs, b.labels, true);
   net->backward(1.0f, nullptr);
   std::vector<float> grads(net->grads().f32(), net->grads().f32() + net->numParams());
   float* w = net->weights().f32();
   auto loss = [&] {
-    net->forward(b.images, b.labels, true);
+    net->forward(b.inputs, b.labels, true);
     return static_cast<double>(net->metrics().f32()[0]);
   };
   int agree = 0, checked = 0;
@@ -552,29 +537,29 @@ TEST_F(NetTest, Resnet20GradientsMatchFiniteDifferences) {
 }
 
 TEST_F(NetTest, ForwardAcceptsBatchesSmallerThanMaxBatch) {
-  auto net = makeNet(*backend_, options("lenet", 8));
+  auto net = makeNet(*backend_, imageModel("lenet", 8));
   Batch small = fixedBatch(3, 1, 28, 28), full = fixedBatch(8, 1, 28, 28);
-  net->forward(full.images, full.labels, false);
-  net->forward(small.images, small.labels, false);
+  net->forward(full.inputs, full.labels, false);
+  net->forward(small.inputs, small.labels, false);
   EXPECT_GT(net->metrics().f32()[0], 0.0f);
   EXPECT_LE(net->metrics().f32()[1], 3.0f);
 }
 
 TEST_F(NetTest, EvaluationUsesRunningStatisticsAndChangesNoWeights) {
-  auto net = makeNet(*backend_, options("resnet20", 4, 1, 12));
+  auto net = makeNet(*backend_, imageModel("resnet20", 4, 1, 12));
   Batch b = fixedBatch(4, 1, 12, 12);
   std::vector<float> before(net->weights().f32(), net->weights().f32() + net->numParams());
-  net->forward(b.images, b.labels, false);
+  net->forward(b.inputs, b.labels, false);
   const float loss1 = net->metrics().f32()[0];
-  net->forward(b.images, b.labels, false);
+  net->forward(b.inputs, b.labels, false);
   EXPECT_EQ(loss1, net->metrics().f32()[0]);
   EXPECT_EQ(0, std::memcmp(before.data(), net->weights().f32(), before.size() * sizeof(float)));
 }
 
 TEST_F(NetTest, BackwardAfterAnEvaluationForwardThrows) {
-  auto net = makeNet(*backend_, options("mlp", 2));
+  auto net = makeNet(*backend_, imageModel("mlp", 2));
   Batch b = fixedBatch(2, 1, 28, 28);
-  net->forward(b.images, b.labels, false);
+  net->forward(b.inputs, b.labels, false);
   EXPECT_THROW(net->backward(1.0f, nullptr), InvariantError);
 }
 
@@ -582,7 +567,7 @@ TEST_F(NetTest, BackwardAfterAnEvaluationForwardThrows) {
 // and parameters, which add up to numParams(); LeNet's from its known shapes.
 TEST_F(NetTest, LayersListOutputShapesAndParametersThatAddUpToTheNet) {
   for (const char* model : {"mlp", "lenet", "resnet20"}) {
-    auto net = makeNet(*backend_, options(model, 2));
+    auto net = makeNet(*backend_, imageModel(model, 2));
     const auto layers = net->layers();
     ASSERT_FALSE(layers.empty()) << model;
     EXPECT_EQ(layers.back().name, "loss") << model;
@@ -591,7 +576,7 @@ TEST_F(NetTest, LayersListOutputShapesAndParametersThatAddUpToTheNet) {
       total += l.num_params;
     EXPECT_EQ(total, net->numParams()) << model;
   }
-  const auto lenet = makeNet(*backend_, options("lenet", 1))->layers();
+  const auto lenet = makeNet(*backend_, imageModel("lenet", 1))->layers();
   ASSERT_GE(lenet.size(), 5u);
   EXPECT_EQ(lenet[0].name, "conv1");
   EXPECT_EQ(lenet[0].output, (Shape{20, 24, 24}));
@@ -633,12 +618,12 @@ std::pair<int, int> expectFusionChangesNoBit(Backend& backend, NetOptions o) {
     Batch b = fixedBatch(o.max_batch, o.channels, o.height, o.width);
     losses.emplace_back();
     for (int i = 0; i < 3; ++i) {
-      net->forward(b.images, b.labels, true);
+      net->forward(b.inputs, b.labels, true);
       losses.back().push_back(net->metrics().f32()[0]);
       net->backward(1.0f / static_cast<float>(o.max_batch), nullptr);
       sgd->step(net->weights(), net->grads(), 0.05f, 1);
     }
-    net->forward(b.images, b.labels, false);
+    net->forward(b.inputs, b.labels, false);
     losses.back().push_back(net->metrics().f32()[0]);
     const float* w = net->weights().f32();
     const float* g = net->grads().f32();
@@ -656,7 +641,7 @@ std::pair<int, int> expectFusionChangesNoBit(Backend& backend, NetOptions o) {
 // it, gives bit for bit what the layers give on their own. Every ReLU of ResNet-20 is fused: 10
 // after a batch norm, 9 after an add of a batch norm and the block's input.
 TEST_F(NetTest, ABatchNormWithItsReluFusedComputesBitwiseWhatTheTwoLayersDo) {
-  const auto [relus, adds] = expectFusionChangesNoBit(*backend_, options("resnet20", 8, 3, 16));
+  const auto [relus, adds] = expectFusionChangesNoBit(*backend_, imageModel("resnet20", 8, 3, 16));
   EXPECT_EQ(relus, 19);
   EXPECT_EQ(adds, 9);
 }
@@ -695,7 +680,7 @@ TEST_F(NetTest, ActivationsAndGradientsShareMemoryWhoseLivesDoNotOverlap) {
     std::int64_t activations[2] = {0, 0};
     for (const bool fuse : {false, true}) {
       SCOPED_TRACE(::testing::Message() << model << (fuse ? " fused" : ""));
-      NetOptions o = options(model, batch);
+      NetOptions o = imageModel(model, batch);
       o.fuse = fuse;
       if (std::string(model) == "resnet18")
         o.channels = 3, o.height = o.width = 64, o.num_labels = 10;
@@ -744,7 +729,7 @@ TEST_F(NetTest, ResNet50HoldsAtItsPeakWhatItsBackwardReads) {
       if (block == 0) reads += out * side * side;
     }
   }
-  NetOptions o = options("resnet50", 1, 3, 224);
+  NetOptions o = imageModel("resnet50", 1, 3, 224);
   o.num_labels = 1000;
   o.fuse = true;
   const NetMemory m = makeNet(*backend_, o)->memory();

@@ -16,31 +16,17 @@
 #include "kernels/net.h"
 #include "kernels/random.h"
 #include "language_model_util.h"
+#include "net_test_util.h"
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 namespace {
 
-struct Batch {
-  Tensor inputs, labels;
-};
+using Batch = testing::NetBatch;
+using testing::imageModel;
 
 Batch images(std::int64_t n, std::int64_t c, std::int64_t hw) {
-  Batch b{Tensor::host({n, c, hw, hw}), Tensor::host({n}, DType::kInt32)};
-  for (std::int64_t i = 0; i < b.inputs.numel(); ++i)
-    b.inputs.f32()[i] = 2.0f * uniform01(randomBits(7, 0, i)) - 1.0f;
-  for (std::int64_t i = 0; i < n; ++i)
-    b.labels.i32()[i] = static_cast<int>(i % 10);
-  return b;
-}
-
-NetOptions imageModel(const std::string& name, std::int64_t batch, int c, int hw) {
-  NetOptions o;
-  o.model.name = name;
-  o.max_batch = batch;
-  o.channels = c;
-  o.height = o.width = hw;
-  return o;
+  return testing::randomImages(n, c, hw, hw, /*seed=*/7);
 }
 
 std::vector<float> hostCopy(Backend& backend, const Tensor& t) {
