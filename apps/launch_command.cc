@@ -149,9 +149,13 @@ void addLaunchCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--elastic", o.elastic,
                   "MIN:MAX: an elastic run (troupe train --num_workers MIN:MAX): a worker that "
-                  "fails is left out and the others go on; more may join later (local, ssh)");
+                  "fails is left out and the others go on; more may join later (local, ssh). "
+                  "Any other command (a torchrun script) gets torchrun's elastic model: every "
+                  "change restarts every worker with new ranks, and a launcher started with the "
+                  "same --run_id and --rendezvous joins with its -n workers");
   cmd->add_option("--max-restarts", o.max_restarts,
-                  "--on-failure restart: restarts before giving up")
+                  "--on-failure restart, and --elastic of a torchrun script: restarts after a "
+                  "failure before giving up")
       ->capture_default_str();
   cmd->add_option("command", o.command, "what every process runs, after --")->required();
   cmd->callback([state] {

@@ -36,6 +36,13 @@ std::string makeRunId() {
   return fmt::format("run-{:08x}{:04x}", rd(), rd() & 0xffff);
 }
 
+// Whether `command` is troupe's own, whose elastic worlds re-form inside its processes
+// (actors/run/elastic.h); any other command gets torchrun's elastic model (launcher_elastic.cc).
+bool isTroupe(const std::vector<std::string>& command) {
+  return command[0] == "troupe" || std::filesystem::path(command[0]).filename() == "troupe" ||
+         command[0] == selfExecutable();
+}
+
 void checkOptions(const LaunchOptions& o) {
   if (o.launcher == "local" && !o.hostfile.empty()) {
     throw InputError(
@@ -92,7 +99,9 @@ void checkOptions(const LaunchOptions& o) {
     if (!bounds.elastic()) {
       throw InputError(fmt::format("--elastic {}: expected MIN:MAX", o.elastic));
     }
-    if (o.num_workers < bounds.min || o.num_workers > bounds.max) {
+    // torchrun's model: -n is this launcher's share; the run starts once MIN have come.
+    const int fewest = isTroupe(o.command) ? bounds.min : 1;
+    if (o.num_workers < fewest || o.num_workers > bounds.max) {
       throw InputError(fmt::format("-n {}: an elastic run of --elastic {} starts {} to {} workers",
                                    o.num_workers, o.elastic, bounds.min, bounds.max));
     }
@@ -153,6 +162,9 @@ int runGenerations(const LaunchOptions& o, OutputRelay& relay) {
   } else {  // the processes read the file themselves: the secret stays off command lines
     options.env.emplace_back("TROUPE_SECRET_FILE",
                              std::filesystem::absolute(o.secret_file).string());
+  }
+  if (!o.elastic.empty() && !isTroupe(o.command)) {
+    return runElasticAgents(options, command, run_id, secret, hosts, relay);
   }
   for (int generation = 0;; ++generation) {
     // The embedded store, served here for as long as this generation's processes run; a fresh
@@ -300,7 +312,14 @@ int dryRun(const LaunchOptions& o) {
   row("on failure", o.on_failure == "restart"
                         ? fmt::format("restart (at most {} times)", o.max_restarts)
                         : std::string("abort"));
-  if (!o.elastic.empty()) row("elastic", o.elastic + " workers");
+  if (!o.elastic.empty()) {
+    row("elastic", o.elastic + (isTroupe(o.command)
+                                    ? " workers: a failed one is left out, a joiner is let in, "
+                                      "and the others go on"
+                                    : " workers, torchrun's model: a failed one is left out, a "
+                                      "launcher joining with --rendezvous adds its own, and "
+                                      "every change restarts every worker with new ranks"));
+  }
   std::string command;
   for (const auto& word : o.command)
     command += (command.empty() ? "" : " ") + shellQuote(redacted(word));

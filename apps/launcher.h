@@ -126,6 +126,12 @@ struct LaunchOptions {
   // worker finished the run, a local worker that is stopped (SIGSTOP), and any worker still
   // running max(grace, 60 s) later, is ended (SIGTERM and SIGCONT, SIGKILL after the grace
   // period) and named, without changing the exit code: the others went on without it.
+  // That is for troupe's own command, whose processes re-form; any other command (a script
+  // written for torchrun) gets torchrun's elastic model instead (launcher_elastic.cc): this
+  // launcher is an agent with its num_workers workers (1 to MAX: the run starts once MIN have
+  // come), another started with the same run_id and `rendezvous` joins with its own, and every
+  // change of members (a worker failed and is left out, a launcher joins or is gone) stops every
+  // worker and starts them again with new ranks; a failure counts against max_restarts.
   std::string elastic;
   // Prints what would start (each process: host, role, rank, variables, command) and starts
   // nothing.

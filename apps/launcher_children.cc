@@ -122,6 +122,9 @@ class Supervisor {
   std::optional<Clock::time_point> run_over_at_;    // elastic runs: when the first exited 0
   std::optional<Clock::time_point> kill_ended_at_;  // SIGKILL for those endAfterRun ended
   std::optional<std::size_t> failed_;
+  const Child* named_ = nullptr;  // the process the failure names (failed_'s, or its cause)
+  bool named_by_signal_ = false;
+  std::string changed_;  // torchrun's elastic model: why every process was stopped (AgentPlace)
   int code_ = 0;         // the exit code of the process named
   std::string failure_;  // the summary of the failure named
   bool killing_ = false;
@@ -269,9 +272,13 @@ void Supervisor::fail(std::size_t index) {
   const auto& c = children_[index];
   const Outcome& outcome = picker_.outcome();
   code_ = outcome.code;
+  named_ = &c;
+  named_by_signal_ = outcome.by_signal;
   if (const Child* cause = failedOnItsOwn(c)) {
     const Outcome own = outcomeOf(*cause);
     code_ = own.code;
+    named_ = cause;
+    named_by_signal_ = own.by_signal;
     const Named reporter{label(c), c.host, pidOf(c)};
     failure_ = ownFailure({label(*cause), cause->host, pidOf(*cause)}, own.what, cause->first_error,
                           &*c.culprit, &reporter, outcome.what);
@@ -422,7 +429,7 @@ Attempt Supervisor::run() {
     reap();
     const bool all_done =
         std::none_of(children_.begin(), children_.end(), [](const Child& c) { return c.running; });
-    if (!interrupted_) {
+    if (!interrupted_ && changed_.empty()) {
       if (const auto failed = picker_.pick(all_done)) fail(*failed);
     }
     if (stopSignal() && !interrupted_) {
@@ -430,6 +437,14 @@ Attempt Supervisor::run() {
       run_.relay.err("[launcher] got signal {} ({}); stopping every process", interrupted_,
                      strsignal(interrupted_));
       if (!killing_) stopOthers();
+    }
+    if (run_.agent && run_.agent->watch && !interrupted_ && !failed_ && changed_.empty() &&
+        !all_done) {
+      changed_ = run_.agent->watch();
+      if (!changed_.empty()) {
+        run_.relay.err("[launcher] {}: stopping this launcher's workers", changed_);
+        stopOthers();
+      }
     }
     if (!interrupted_ && !failed_) endAfterRun();
     if (killing_ && kind_ == Kind::kSsh) terminateRemote();
@@ -443,7 +458,11 @@ Attempt Supervisor::run() {
     run_.relay.err("[launcher] run stopped by signal {}", interrupted_);
     return {128 + interrupted_, "", true};
   }
-  if (failed_) return {code_ ? code_ : 1, failure_};
+  if (!changed_.empty()) return {0, changed_, false, /*changed=*/true};
+  if (failed_) {
+    const int rank = named_ && named_->role == "worker" ? named_->rank : -1;
+    return {code_ ? code_ : 1, failure_, false, false, rank, named_by_signal_};
+  }
   if (!left_out_.empty()) {
     if (finished_ == 0) {  // the last to fail is the one that gave up on the run, naming why
       const int code = last_left_out_->code;
@@ -471,17 +490,21 @@ void addTorchrunVariables(Kind kind, const RunContext& run, std::vector<PlannedP
   const auto first = std::find_if(planned.begin(), planned.end(),
                                   [](const PlannedProcess& p) { return p.role == "worker"; });
   if (first == planned.end()) return;
-  const std::string addr = kind == Kind::kLocal ? "127.0.0.1" : first->remote->name;
-  const int port = masterPort(run, kind == Kind::kLocal);
+  const AgentPlace* agent = run.agent;
+  const std::string addr = agent                  ? agent->master_addr
+                           : kind == Kind::kLocal ? "127.0.0.1"
+                                                  : first->remote->name;
+  const int port = agent ? agent->master_port : masterPort(run, kind == Kind::kLocal);
   std::map<std::string, int> local_rank;
   for (auto& p : planned) {
     if (p.role != "worker") continue;
-    TorchrunPlace place{std::to_string(p.rank),
-                        std::to_string(local_rank[p.host]++),
-                        std::to_string(workers_on[p.host]),
-                        std::to_string(host_index[p.host]),
-                        std::to_string(host_index.size()),
-                        addr};
+    TorchrunPlace place{
+        std::to_string(p.rank),
+        std::to_string(local_rank[p.host]++),
+        std::to_string(workers_on[p.host]),
+        std::to_string(agent ? agent->group_rank : host_index[p.host]),
+        std::to_string(agent ? agent->group_size : static_cast<int>(host_index.size())),
+        addr};
     for (auto& kv : torchrunVariables(run, place, port))
       p.env.push_back(std::move(kv));
   }
@@ -517,7 +540,7 @@ std::vector<std::pair<std::string, std::string>> torchrunVariables(const RunCont
                                                                    const TorchrunPlace& place,
                                                                    int port) {
   const LaunchOptions& o = run.options;
-  const std::string world = std::to_string(o.num_workers);
+  const std::string world = std::to_string(run.agent ? run.agent->world_size : o.num_workers);
   const std::vector<std::pair<std::string, std::string>> all = {
       {"RANK", place.rank},
       {"WORLD_SIZE", world},
@@ -531,9 +554,10 @@ std::vector<std::pair<std::string, std::string>> torchrunVariables(const RunCont
       {"MASTER_ADDR", o.master_addr.empty() ? place.master_addr : o.master_addr},
       {"MASTER_PORT", std::to_string(port)},
       {"TORCHELASTIC_RUN_ID", run.run_id},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(run.generation)},
+      {"TORCHELASTIC_RESTART_COUNT",
+       std::to_string(run.agent ? run.agent->restarts : run.generation)},
       {"TORCHELASTIC_MAX_RESTARTS",
-       std::to_string(o.on_failure == "restart" ? o.max_restarts : 0)}};
+       std::to_string(o.on_failure == "restart" || run.agent ? o.max_restarts : 0)}};
   std::vector<std::pair<std::string, std::string>> vars;
   for (const auto& [name, value] : all) {
     // What --env gave stays: every process gets the launch's own variables before these.
@@ -551,7 +575,7 @@ std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
     for (int r = 0; r < count; ++r) {
       PlannedProcess p;
       p.role = role;
-      p.rank = r;
+      p.rank = r + (run.agent ? run.agent->rank_base : 0);
       if (kind == Kind::kSsh) {
         p.remote = &run.hosts[static_cast<std::size_t>(r) % run.hosts.size()];
         p.host = p.remote->display();
@@ -569,7 +593,9 @@ std::vector<PlannedProcess> planProcesses(Kind kind, const RunContext& run) {
     p.env = {{"TROUPE_LOCAL_SIZE", std::to_string(per_host[p.host])},
              {"TROUPE_ROLE", p.role},
              {"TROUPE_RANK", std::to_string(p.rank)},
-             {"TROUPE_NUM_WORKERS", o.elastic.empty() ? std::to_string(o.num_workers) : o.elastic},
+             {"TROUPE_NUM_WORKERS", run.agent           ? std::to_string(run.agent->world_size)
+                                    : o.elastic.empty() ? std::to_string(o.num_workers)
+                                                        : o.elastic},
              {"TROUPE_NUM_SERVERS", std::to_string(o.num_servers)},
              {"TROUPE_RUN_ID", run.run_id},
              {"TROUPE_GENERATION", std::to_string(run.generation)},

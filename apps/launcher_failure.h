@@ -32,6 +32,11 @@ struct Attempt {
   int code = 0;              // 0: every process exited 0
   std::string failure;       // who failed and how: "worker 1 on localhost exited with code 3"
   bool interrupted = false;  // the launcher got SIGINT, SIGTERM or SIGHUP: never restarted
+  // torchrun's elastic model (AgentPlace): every process was stopped for `failure`, a change of
+  // the run's members, not a failure of one of them.
+  bool changed = false;
+  int failed_rank = -1;    // the worker named by `failure`; -1: none (a server, or no failure)
+  bool by_signal = false;  // that worker was killed by a signal
 };
 
 // A peer named on a culprit line.

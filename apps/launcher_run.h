@@ -13,6 +13,7 @@
 // Precedence, key by key: flag > TROUPE_* > cluster variables > config file.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,24 @@ class OutputRelay;
 
 namespace troupe::apps::launch_detail {
 
+// torchrun's elastic model (launcher_elastic.cc): this launcher's workers are ranks
+// [rank_base, rank_base + num_workers) of a world of world_size, its launcher group
+// `group_rank` of `group_size` (GROUP_RANK: each launcher is a torchrun agent), rank 0 serving
+// torch.distributed's store at master_addr:master_port.
+struct AgentPlace {
+  int rank_base = 0;
+  int world_size = 0;
+  int group_rank = 0;
+  int group_size = 1;
+  std::string master_addr;
+  int master_port = 0;
+  int restarts = 0;  // TORCHELASTIC_RESTART_COUNT: the restarts after a failure so far
+  // Polled by the local and ssh launchers' loop while the processes run: a reason to stop every
+  // one of them now (a launcher asks to join, a worker of another launcher failed), which ends
+  // the attempt as `changed`, not failed; empty: go on.
+  std::function<std::string()> watch;
+};
+
 struct RunContext {
   const LaunchOptions& options;  // with the run's secret (or its file) in env
   const std::vector<std::string>& command;
@@ -33,6 +52,7 @@ struct RunContext {
   const std::vector<LaunchHost>& hosts;  // ssh: required; mpi: may be empty; slurm: empty
   int generation = 0;
   OutputRelay& relay;
+  const AgentPlace* agent = nullptr;  // local and ssh, under torchrun's elastic model
 };
 
 enum class Kind { kLocal, kSsh };
@@ -69,6 +89,13 @@ int freeLoopbackPort();
 
 // local and ssh: one child process per role and rank.
 Attempt runChildren(Kind kind, const RunContext& run);
+
+// `troupe launch --elastic MIN:MAX` of a command that is not troupe's own (a script written for
+// torchrun): torchrun's elastic model, this launcher an agent of the run (launcher_elastic.cc).
+// `secret` is the run's; `options` has it (or its file) in env.
+int runElasticAgents(const LaunchOptions& options, const std::vector<std::string>& command,
+                     const std::string& run_id, const std::string& secret,
+                     const std::vector<LaunchHost>& hosts, OutputRelay& relay);
 
 // mpi: one mpirun for the whole world (slurm: runSlurm, launcher_slurm.h).
 Attempt runMpi(const RunContext& run);

@@ -183,6 +183,75 @@ TEST(LaunchLocal, RestartGivesUpAfterMaxRestartsNamingTheLastFailure) {
                           "giving up after 2 restart(s) (--max-restarts 2)"}));
 }
 
+// torchrun's elastic model for a script written for it (tests/torchrun_elastic.py, which resumes
+// from its checkpoint): 3 workers; one killed -9, the other 2 restart as a world of 2 from the
+// checkpoint; a second launcher joins with one worker, and all 3 restart as a world of 3. The
+// script checks each step that the world's allreduce makes its size, and counts the steps of
+// each world: every step is done once.
+TEST(LaunchLocal, AnElasticTorchrunScriptLosesAKilledRankAndTakesOneThatJoins) {
+  TempDir cwd("launch_local_elastic_torchrun");
+  const std::string id = "et" + std::to_string(::getpid());
+  const std::string script =
+      "/usr/bin/python3 " + sourceDir() + "/tests/torchrun_elastic.py --steps 80 --ckpt ck.json";
+  const auto r = runCommand(
+      "cd " + cwd.str() + " && T=" + troupeBinary() + " && " +
+      R"sh(wait_for() { for i in $(seq 3000); do grep -q "$2" "$1" && return 0; sleep 0.02; done; echo "never saw '$2' in $1"; cat "$1"; exit 1; }
+echo elastic-test-secret-0123456789abcdef > secret
+$T launch -n 3 --elastic 2:3 --secret-file secret --run_id )sh" +
+      id + " -- " + script + R"sh( > launch.out 2>&1 &
+L=$!
+wait_for launch.out '\] step 10$'
+kill -9 $(grep -o 'rank 2 of 3 pid [0-9]*' launch.out | cut -d' ' -f6) && echo killed rank 2
+wait_for launch.out 'start: restart 1, 2 ranks'
+wait_for launch.out '\] step 30$'
+R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)
+$T launch -n 1 --elastic 2:3 --secret-file secret --rendezvous $R --run_id )sh" +
+      id + " -- " + script + R"sh( > joiner.out 2>&1
+echo joiner exit $?
+wait $L
+echo launcher exit $?
+cat launch.out; echo ---; cat joiner.out)sh");
+  EXPECT_TRUE(exitedWith(
+      r, 0,
+      {"killed rank 2", "joiner exit 0", "launcher exit 0",
+       "[launcher] worker 2 on localhost was killed by signal 9 (Killed); restarting every "
+       "worker without it (restart 1 of 3)",
+       "[launcher] generation 1: 2 worker(s) in all, this launcher's ranks 0 to 1",
+       "[launcher] launcher 1 on ", "[launcher] generation 2: 3 worker(s) in all",
+       "[worker 0] start: restart 1, 3 ranks", "[worker 2] rank 2 of 3 pid",
+       "this launcher's rank 2; MASTER_ADDR 127.0.0.1",
+       "[launcher] the elastic run is over: every worker of generation 2 exited 0"}));
+  std::smatch m;
+  const std::regex done(
+      R"(done: (\d+) step\(s\) of 3, (\d+) step\(s\) of 2, (\d+) step\(s\) of 3)");
+  ASSERT_TRUE(std::regex_search(r.output, m, done)) << r.output;
+  EXPECT_EQ(std::stoi(m[1]) + std::stoi(m[2]) + std::stoi(m[3]), 80) << m[0];
+  EXPECT_GE(std::stoi(m[2]), 20) << m[0];  // the pair took 20 steps before the joiner came
+}
+
+// A launcher that asks to join a run that has its --elastic MAX already is told so and exits 1; the
+// run goes on.
+TEST(LaunchLocal, ALauncherJoiningAFullElasticRunIsRefusedNamingTheLimit) {
+  TempDir cwd("launch_local_elastic_full");
+  const std::string id = "ef" + std::to_string(::getpid());
+  const auto r = runCommand("cd " + cwd.str() + " && T=" + troupeBinary() + " && " +
+                            R"sh(echo elastic-test-secret-0123456789abcdef > secret
+$T launch -n 2 --elastic 1:2 --secret-file secret --run_id )sh" +
+                            id + R"sh( -- sleep 30 > launch.out 2>&1 &
+L=$!
+for i in $(seq 500); do grep -q 'generation 0' launch.out && break; sleep 0.02; done
+R=$(grep -o 'rendezvous tcp://[0-9.:]*' launch.out | head -1 | cut -d' ' -f2)
+$T launch -n 1 --elastic 1:2 --secret-file secret --rendezvous $R --run_id )sh" +
+                            id + R"sh( -- sleep 30 2>&1
+echo joiner exit $?
+kill -0 $L && echo the run goes on
+kill $L)sh");
+  EXPECT_TRUE(exitedWith(r, 0,
+                         {"[launcher] launcher 1 is refused: the run has 2 worker(s) and takes at "
+                          "most 2 (--elastic 1:2)",
+                          "joiner exit 1", "the run goes on"}));
+}
+
 // Links use abstract Unix sockets (transport/link.h): no run makes a folder in /tmp, and the
 // launcher removes none, least of all one that another user planted under the run's name.
 TEST(LaunchLocal, AFolderPlantedUnderTheRunsNameIsNeitherUsedNorRemoved) {
