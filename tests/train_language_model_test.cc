@@ -164,11 +164,13 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
 // A GPT of 1,661,952 parameters (n_embd 256) under max_memory 25M: in one process its weights,
 // AdamW's two state rows and its gradients (6.3 + 12.7 + 6.3 MiB) and activations with their
 // gradients' scratch (5.8 MiB) do not fit, and the refusal says so; with the state on parameter
-// servers the worker needs 18.4 MiB, and each of 2 servers holds half the keys' weights, state and
-// pushes (12.7 MiB): it trains. One server would hold all of them (25.4 MiB), which it refuses,
-// naming itself. Sharded over two workers (zero_stage 1) each holds half the state (6.3 MiB),
-// 24.8 MiB in all: it trains too, and the worker that writes no checkpoint says its tensors
-// peaked within the limit (counted at every allocation, kernels/host_memory.h).
+// servers the worker needs 18.4 MiB, and each of 2 servers holds half the keys' weights, state,
+// pushes, pull answers and the state's copy for a checkpoint (22.2 MiB): it trains, and each
+// server's tensors peak within the limit. One server would hold all of them (44.4 MiB), which it
+// refuses, naming itself. Sharded over two workers (zero_stage 1) each holds half the state (6.3
+// MiB), 24.8 MiB in all: it trains too, and the worker that writes no checkpoint says its tensors
+// peaked within the limit (counted at every allocation, kernels/host_memory.h). (The chief, which
+// puts the whole state together for the checkpoint, does not: run_plan.h, checkModelMemory.)
 TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnParameterServers) {
   TempDir dir("lm_sharded_state");
   convert(dir);
@@ -204,10 +206,20 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
   EXPECT_GT(std::stoll(m[1]), 4 * 1661952 * 3) << "weights, half the state and gradients at least";
   run = launch("-n 1 -s 1", "--schedule dist_sync");
   EXPECT_TRUE(
-      failedWith(run, {"server 0 needs 26591232 bytes (25.4 MiB) for its 1661952 keys, more "
+      failedWith(run, {"server 0 needs 46534656 bytes (44.4 MiB) for its 1661952 keys, more "
                        "than max_memory 26214400 (25.0 MiB): weights 6.3 MiB, adamw's 2 state "
-                       "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB; more servers"}));
-  expectItLearns(launch("-n 1 -s 2", "--schedule dist_sync"));
+                       "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB, 1 pull answer(s) 6.3 MiB, the "
+                       "state's copy for a checkpoint 12.7 MiB; more servers"}));
+  run = launch("-n 1 -s 2", "--schedule dist_sync");
+  expectItLearns(run);
+  // Each server holds its half of the keys only (the whole model's weights, which every process
+  // plans from, are let go once its shard is copied): within the limit, as its estimate said.
+  for (const char* server : {"server 0", "server 1"}) {
+    const std::regex served(std::string(R"(\[)") + server +
+                            R"(\] [^\n]*this process's tensors peaked at (\d+) bytes)");
+    ASSERT_TRUE(std::regex_search(run.output, m, served)) << run.output;
+    EXPECT_LE(std::stoll(m[1]), 26214400) << server;
+  }
 }
 
 // A GPT whose activations do not fit: 220,544 parameters (0.8 MiB of weights), but at 32

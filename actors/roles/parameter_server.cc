@@ -75,6 +75,9 @@ class Server final : public Actor {
         backend_->copy(config_.initial_state, s.optimizer->state());
       }
     }
+    // Copied: what they are views of (the whole model's weights, which every process plans from)
+    // need not live on in a server that owns a shard of it.
+    config_.initial_weights = config_.initial_state = kernels::Tensor();
     armStallCheck();
   }
 

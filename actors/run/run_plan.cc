@@ -316,17 +316,23 @@ void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
   const auto& optimizer = o.optimizer.info();
   const bool sync = o.schedule.servers()->mode == ParameterServers::Mode::kSync;
   const std::int64_t pushes = sync ? workers : 1;
+  // A pull's answer is a copy of the weights (they go on changing while it is sent), one a
+  // worker at once; at a checkpoint the state goes out as a copy too.
+  const std::int64_t pulls = workers;
+  const auto states = static_cast<std::int64_t>(optimizer.states.size());
   const double shard = 4.0 * static_cast<double>(keys);
-  const double need = shard * static_cast<double>(1 + optimizer.states.size() + pushes);
+  const double need = shard * static_cast<double>(1 + states + pushes + pulls + states);
   if (need <= static_cast<double>(o.max_memory)) return;
   throw InputError(fmt::format(
       "server {} needs {:.0f} bytes ({}) for its {} keys, more than max_memory {} ({}): weights "
-      "{}, {}'s {} state row(s) {}, {} push buffer(s) {}; more servers (troupe launch -s N) "
-      "shard the keys finer",
+      "{}, {}'s {} state row(s) {}, {} push buffer(s) {}, {} pull answer(s) {}, the state's copy "
+      "for a checkpoint {}; more servers (troupe launch -s N) shard the keys finer",
       o.shard_id, need, memorySize(need), keys, o.max_memory,
-      memorySize(static_cast<double>(o.max_memory)), memorySize(shard), optimizer.name,
-      optimizer.states.size(), memorySize(shard * static_cast<double>(optimizer.states.size())),
-      pushes, memorySize(shard * static_cast<double>(pushes))));
+      memorySize(static_cast<double>(o.max_memory)), memorySize(shard), optimizer.name, states,
+      memorySize(shard * static_cast<double>(states)), pushes,
+      memorySize(shard * static_cast<double>(pushes)), pulls,
+      memorySize(shard * static_cast<double>(pulls)),
+      memorySize(shard * static_cast<double>(states))));
 }
 
 void ensureWritableDir(const std::string& dir, const char* what) {

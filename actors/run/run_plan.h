@@ -157,8 +157,10 @@ void checkBatchMemory(const TrainOptions& o);
 // not counted.)
 void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                       const std::vector<std::int64_t>& shares);
-// The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, and
-// the pushes it holds at once (dist_sync: one from each of `workers` workers; else one).
+// The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, the
+// pushes it holds at once (dist_sync: one from each of `workers` workers; else one), a copy of
+// the weights for each worker's pull answer, and a copy of the state rows for a checkpoint.
+// (The server holds nothing of the other keys: runServer hands it a copy of its shard.)
 void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers);
 // "12.3 MiB", "1.50 GiB".
 std::string memorySize(double bytes);

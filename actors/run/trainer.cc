@@ -137,9 +137,8 @@ std::unique_ptr<kernels::Communicator> formNcclGroup(const TrainOptions& o,
 // A parameter-server process: one Server actor owning a shard of the keys.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
                       const kernels::LrPolicy& lr, const kernels::OptimizerSettings& optimizer,
-                      std::int64_t num_params, const kernels::Tensor& weights,
-                      const kernels::Tensor& state, const std::string& resumed_from,
-                      const std::shared_ptr<RunMembers>& members) {
+                      std::int64_t num_params, kernels::Tensor weights, kernels::Tensor state,
+                      const std::string& resumed_from, const std::shared_ptr<RunMembers>& members) {
   const int workers = o.num_shards;
   const auto shard =
       serverShards(num_params, o.num_servers, optimizer)[static_cast<std::size_t>(o.shard_id)];
@@ -152,10 +151,15 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.staleness = servers.staleness;
   config.key_begin = shard.first;
   config.key_end = shard.second;
-  config.initial_weights = weights.slice(shard.first, shard.second);
+  config.initial_weights = kernels::Tensor::hostUninitialized({shard.second - shard.first});
+  std::copy_n(weights.f32() + shard.first, shard.second - shard.first,
+              config.initial_weights.f32());
   if (state.defined() && state.numel() > 0) {
     config.initial_state = kernels::stateColumns(state, num_params, shard.first, shard.second);
   }
+  // Its shard copied: this process holds the whole model's weights and state no longer (the
+  // caller moved them here), and the server lets go of its copies once it has its own.
+  weights = state = kernels::Tensor();
   config.optimizer = optimizer.within(shard.first, shard.second);
   config.lr = lr;
   config.first_step = plan.first_step;
@@ -171,7 +175,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
 
   auto node = makeNodeSystem(rank, 1, true);
   auto& system = node.system;
-  system->spawn(makeServer(fmt::format("server/{}", o.shard_id), config),
+  system->spawn(makeServer(fmt::format("server/{}", o.shard_id), std::move(config)),
                 SpawnOptions{.thread = "server"});
   auto cluster = joinRun(o, generationRunId(o.run_id, o.generation), rank, nodes, trace.get(), node,
                          plan, num_params, resumed_from, *members, nullptr, *budget);
@@ -401,7 +405,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
     TrainResult served = runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params,
-                                   p.weights, p.state, resumed_from, members);
+                                   std::move(p.weights), std::move(p.state), resumed_from, members);
     logMemoryPeak(o);
     return served;
   }
