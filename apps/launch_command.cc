@@ -150,7 +150,8 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("--elastic", o.elastic,
                   "MIN:MAX: an elastic run (troupe train --num_workers MIN:MAX): a worker that "
                   "fails is left out and the others go on; more may join later (local, ssh). "
-                  "Any other command (a torchrun script) gets torchrun's elastic model: every "
+                  "A command that does not run troupe train (a torchrun script) gets torchrun's "
+                  "elastic model: every "
                   "change restarts every worker with new ranks, and a launcher started with the "
                   "same --run_id and --rendezvous joins with its -n workers");
   cmd->add_option("--max-restarts", o.max_restarts,

@@ -36,11 +36,31 @@ std::string makeRunId() {
   return fmt::format("run-{:08x}{:04x}", rd(), rd() & 0xffff);
 }
 
-// Whether `command` is troupe's own, whose elastic worlds re-form inside its processes
-// (actors/run/elastic.h); any other command gets torchrun's elastic model (launcher_elastic.cc).
+// Whether `command` runs troupe's own training, whose elastic worlds re-form inside its processes
+// (actors/run/elastic.h): troupe itself, or a wrapper whose words say `troupe train` (`bash -c
+// 'echo on $(hostname); exec troupe train ...'`). Any other command gets torchrun's elastic
+// model (launcher_elastic.cc).
 bool isTroupe(const std::vector<std::string>& command) {
-  return command[0] == "troupe" || std::filesystem::path(command[0]).filename() == "troupe" ||
-         command[0] == selfExecutable();
+  const auto troupe = [](const std::string& word) {
+    return word == selfExecutable() || std::filesystem::path(word).filename() == "troupe";
+  };
+  if (troupe(command[0])) return true;
+  std::vector<std::string> words;
+  for (const auto& arg : command) {
+    std::string word;
+    for (const char c : arg + " ") {
+      if (std::string_view(" \t\n;&|()'\"`").find(c) == std::string_view::npos) {
+        word += c;
+      } else if (!word.empty()) {
+        words.push_back(std::move(word));
+        word.clear();
+      }
+    }
+  }
+  for (std::size_t i = 0; i + 1 < words.size(); ++i) {
+    if (troupe(words[i]) && words[i + 1] == "train") return true;
+  }
+  return false;
 }
 
 void checkOptions(const LaunchOptions& o) {

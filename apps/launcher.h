@@ -126,8 +126,9 @@ struct LaunchOptions {
   // worker finished the run, a local worker that is stopped (SIGSTOP), and any worker still
   // running max(grace, 60 s) later, is ended (SIGTERM and SIGCONT, SIGKILL after the grace
   // period) and named, without changing the exit code: the others went on without it.
-  // That is for troupe's own command, whose processes re-form; any other command (a script
-  // written for torchrun) gets torchrun's elastic model instead (launcher_elastic.cc): this
+  // That is for troupe's own training (troupe train, also inside a wrapper such as sh -c), whose
+  // processes re-form; any other command (a script written for torchrun) gets torchrun's elastic
+  // model instead (launcher_elastic.cc): this
   // launcher is an agent with its num_workers workers (1 to MAX: the run starts once MIN have
   // come), another started with the same run_id and `rendezvous` joins with its own, and every
   // change of members (a worker failed and is left out, a launcher joins or is gone) stops every

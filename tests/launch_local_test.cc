@@ -229,6 +229,23 @@ cat launch.out; echo ---; cat joiner.out)sh");
   EXPECT_GE(std::stoi(m[2]), 20) << m[0];  // the pair took 20 steps before the joiner came
 }
 
+// Which elastic model a command gets: troupe train's own, also through a wrapper that says
+// `troupe train`, re-forms in its processes; anything else (a torchrun script) torchrun's.
+TEST(LaunchLocal, AnElasticRunOfTroupeTrainReformsAndOfAnythingElseRestarts) {
+  TempDir cwd("launch_local_elastic_model");
+  const std::string in_process = "workers: a failed one is left out, a joiner is let in";
+  const std::string torchrun = "workers, torchrun's model";
+  for (const auto& [command, model] : std::vector<std::pair<std::string, std::string>>{
+           {"troupe train --model mlp", in_process},
+           {troupeBinary() + " train --model mlp", in_process},
+           {"bash -c 'echo on $(hostname); exec troupe train --model mlp'", in_process},
+           {"python3 train.py", torchrun},
+           {"bash -c 'exec python3 train.py --troupe'", torchrun}}) {
+    const auto r = runCommand(launchIn(cwd, "--dry-run -n 2 --elastic 2:3 -- " + command));
+    EXPECT_TRUE(exitedWith(r, 0, {"elastic      2:3 " + model})) << command;
+  }
+}
+
 // A launcher that asks to join a run that has its --elastic MAX already is told so and exits 1; the
 // run goes on.
 TEST(LaunchLocal, ALauncherJoiningAFullElasticRunIsRefusedNamingTheLimit) {
