@@ -137,6 +137,54 @@ TEST_P(CompressedRingTest, HalfPrecisionSumsAreWithinTheirRoundingAndEqualOnEver
   }
 }
 
+// ZeRO's reduce-scatter compressed (shards uneven, and a bucket within one shard, whose other
+// chunks are empty): each owner ends with its shard's sum within the same rounding as an
+// allreduce's owner (world - 1 hops and its own encoding, each within u of sum |x_r|), kept as
+// that owner passes it on: a value the format holds exactly.
+TEST_P(CompressedRingTest, ShardedReduceScatterKeepsTheSumsAsAnAllreducesOwnerPassesThem) {
+  const auto type = GetParam();
+  const double u = type == kernels::GradientCompression::kFp16 ? 0x1p-11 : 0x1p-8;
+  const int world = 3;
+  const RingAllreduce::Shards shards = {{0, 100}, {100, 460}, {460, 601}};
+  const std::vector<std::pair<std::int64_t, std::int64_t>> bucket_ranges = {
+      {0, 301}, {301, 601}, {120, 130}};
+  Ring scatter(world, 128, 9, {type, 0.5f}, RingAllreduce::Mode::kReduceScatter, shards);
+  std::vector<std::vector<kernels::Tensor>> buckets(world);
+  auto input = [](int r, std::int64_t i) { return gradient(r, i) * static_cast<float>(1 + i % 5); };
+  for (int r = 0; r < world; ++r) {
+    for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+      const auto [begin, end] = bucket_ranges[b];
+      buckets[r].push_back(kernels::Tensor::host({end - begin}));
+      for (std::int64_t i = begin; i < end; ++i)
+        buckets[r][b].f32()[i - begin] = input(r, i);
+      scatter.ranks[r].start(b == 2 ? 1 : 0, begin, buckets[r][b]);
+    }
+  }
+  scatter.deliverAll();
+  ASSERT_EQ(scatter.done.size(), bucket_ranges.size() * world);
+  for (int r = 0; r < world; ++r) {
+    const auto [lo, hi] = shards[r];
+    for (std::size_t b = 0; b < bucket_ranges.size(); ++b) {
+      const auto [begin, end] = bucket_ranges[b];
+      for (std::int64_t i = std::max(lo, begin); i < std::min(hi, end); ++i) {
+        double exact = 0, magnitude = 0;
+        for (int q = 0; q < world; ++q) {
+          exact += input(q, i);
+          magnitude += std::abs(input(q, i));
+        }
+        const double bound = world * u * magnitude + testing::gammaN(world) * magnitude;
+        const float kept = buckets[r][b].f32()[i - begin];
+        ASSERT_NEAR(kept, exact, bound) << "rank " << r << " bucket " << b << " element " << i;
+        // What it kept is a value the format holds exactly: encoded and decoded, as passed on.
+        const auto once = kernels::encode({type, 0.5f}, &kept, nullptr, 1);
+        float again = 0;
+        kernels::decode({type, 0.5f}, once, &again, 1, /*accumulate=*/false);
+        ASSERT_EQ(again, kept) << "rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CompressedRingTest,
                          ::testing::Values(kernels::GradientCompression::kFp16,
                                            kernels::GradientCompression::kBf16));
@@ -246,6 +294,42 @@ TEST(ShardedRing, ReduceScatterFinishesEachShardAndAllGatherSpreadsIt) {
       }
       EXPECT_EQ(gather.ranks[r].pending(), 0u);
     }
+  }
+}
+
+// 2bit in ZeRO's reduce-scatter: each owner keeps its shard as 0 or +-threshold, and with the
+// residuals the mean over steps tracks the true sums within the allreduce's bound (above).
+TEST(CompressedRing, ShardedTwoBitReduceScatterTracksTheTrueSumsOverSteps) {
+  const int world = 3, steps = 400;
+  const std::int64_t n = 257;
+  const float threshold = 0.5f;
+  const RingAllreduce::Shards shards = {{0, 40}, {40, 200}, {200, 257}};
+  Ring ring(world, 64, 5, {kernels::GradientCompression::k2Bit, threshold},
+            RingAllreduce::Mode::kReduceScatter, shards);
+  std::vector<double> mean(n, 0.0);
+  for (int t = 0; t < steps; ++t) {
+    std::vector<kernels::Tensor> buckets;
+    for (int r = 0; r < world; ++r) {
+      buckets.push_back(kernels::Tensor::host({n}));
+      for (std::int64_t i = 0; i < n; ++i)
+        buckets[r].f32()[i] = gradient(r, i);
+      ring.ranks[r].start(t, 0, buckets[r]);
+    }
+    ring.deliverAll();
+    for (int r = 0; r < world; ++r) {
+      for (std::int64_t i = shards[r].first; i < shards[r].second; ++i) {
+        const float v = buckets[r].f32()[i];
+        ASSERT_TRUE(v == 0 || std::abs(v) == threshold) << "rank " << r << " kept " << v;
+        mean[i] += v / steps;
+      }
+    }
+  }
+  const double bound = world * (threshold + world * 0.09) / steps;
+  for (std::int64_t i = 0; i < n; ++i) {
+    double exact = 0;
+    for (int r = 0; r < world; ++r)
+      exact += gradient(r, i);
+    ASSERT_NEAR(mean[i], exact, bound) << "element " << i;
   }
 }
 

@@ -176,7 +176,8 @@ class Reducer final : public Actor {
       TROUPE_ENFORCE(plan.host_ranks.empty(), "sharded state over a hierarchical allreduce");
       flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression,
                     RingAllreduce::Mode::kReduceScatter, 0, config_.shards);
-      gather_.emplace(config_.rank, config_.world, segment, send, done, config_.compression,
+      // The gradients' sums compressed as a whole allreduce's; the updated weights exact.
+      gather_.emplace(config_.rank, config_.world, segment, send, done, kernels::CompressionSpec{},
                       RingAllreduce::Mode::kAllGather, 1, config_.shards);
       figures_.emplace(config_.rank, config_.world, segment, send, done, kernels::CompressionSpec{},
                        RingAllreduce::Mode::kAllreduce, 2);

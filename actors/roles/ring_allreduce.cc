@@ -24,11 +24,9 @@ RingAllreduce::RingAllreduce(int rank, int world, std::int64_t segment_elements,
   TROUPE_ENFORCE(0 <= rank && rank < world, "rank ", rank, " of ", world);
   TROUPE_ENFORCE(shards_.empty() || static_cast<int>(shards_.size()) == world, shards_.size(),
                  " shards for a world of ", world);
-  TROUPE_ENFORCE(shards_.empty() || compression.type == kernels::GradientCompression::kNone,
-                 "compression is for chunks cut evenly only");
   TROUPE_ENFORCE(
-      mode == Mode::kAllreduce || compression.type == kernels::GradientCompression::kNone,
-      "compression is for whole allreduces only");
+      mode != Mode::kAllGather || compression.type == kernels::GradientCompression::kNone,
+      "compression is for sums: an all-gather passes finished values around as they are");
 }
 
 std::pair<std::int64_t, std::int64_t> RingAllreduce::chunkRange(const Bucket& b,
@@ -163,7 +161,13 @@ void RingAllreduce::handle(Bucket& b, RingChunk& c) {
     if (c.round < last_round) {
       sendChunk(b, step, begin, c.segment, c.chunk, c.round + 1, RingChunk::kReduceScatter);
     } else if (mode_ == Mode::kReduceScatter) {
-      segmentGathered(b, step, begin, c.segment);  // this rank's own chunk is finished
+      // This rank's own chunk is finished. Compressed, it keeps what an allreduce's owner would
+      // pass around (encoded once, 2bit's residual updated), as that owner does.
+      if (compressed) {
+        const kernels::Tensor out = encoded(b, begin, lo, hi);
+        kernels::decode(compression_, out, dst, n, /*accumulate=*/false);
+      }
+      segmentGathered(b, step, begin, c.segment);
     } else {
       // This rank holds the finished sum of this chunk: pass it around (encoded once; this rank
       // keeps what the others will decode).

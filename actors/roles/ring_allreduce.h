@@ -14,7 +14,9 @@
 // Modes, for hierarchical reduction (actors/roles/hierarchical_allreduce.h): kReduceScatter stops
 // when this rank holds the finished sum of its own chunk of each segment (chunk (rank + 1) % N) and
 // leaves the rest of the bucket partial; kAllGather starts from those finished chunks and only
-// passes them around.
+// passes them around. Compressed, kReduceScatter sends its partial sums encoded and keeps its
+// finished chunk as it would have passed it around (encoded once and decoded); kAllGather takes no
+// compression.
 // Shards (ZeRO: each rank owns the optimizer's state of one contiguous range of the flat
 // parameters, actors/roles/roles.h ReducerConfig::shards): a segment's chunks are cut at the
 // shards' bounds instead of evenly, chunk c being the segment's part of rank (c - 1) mod N's shard,

@@ -33,12 +33,6 @@ void validate(const TrainOptions& o) {
   }
   if (o.schedule.allreduce()->algorithm == Allreduce::kHierarchical)
     refuse("allreduce hierarchical", "allreduce ring (or auto), or zero_stage 0");
-  if (o.gradient_compression != kernels::GradientCompression::kNone) {
-    // (The table's name, not toString: the config fuzzer links this file without compression.cc.)
-    refuse(fmt::format("gradient_compression {}",
-                       kernels::nameIn(kernels::kCompressions, o.gradient_compression)),
-           "gradient_compression none, or zero_stage 0");
-  }
 }
 
 }  // namespace
