@@ -27,7 +27,11 @@ std::vector<std::string> exchange(Store& store, int rank, int world_size, std::s
 
 // Returns once all `world_size` ranks have called barrier with the same `name`; TimeoutError
 // naming the ranks that did not arrive otherwise. InputError unless 0 <= rank < world_size.
+// With `gone`, asked every 100 ms about each rank not there yet: a reason (non-empty) says that
+// rank never comes (it is known to have failed), and the wait ends at once with an Error naming
+// it and why, not after `timeout`.
 void barrier(Store& store, std::string_view name, int rank, int world_size,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout,
+             const std::function<std::string(int rank)>& gone = {});
 
 }  // namespace troupe::rendezvous

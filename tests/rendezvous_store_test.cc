@@ -402,6 +402,37 @@ TEST_P(StoreWorldTest, BarrierReleasesEveryRankOnceAllArrive) {
   }
 }
 
+// A barrier told that the rank it waits for is gone (its link dropped: it failed) ends at once,
+// naming it and why, not after the timeout.
+TEST_P(StoreWorldTest, ABarrierEndsAtOnceNamingARankKnownToBeGone) {
+  const auto never = [](int) -> std::string { return "gone"; };
+  if (world() == 1) {  // the one rank is there: asked about nobody
+    auto store = live_->connect();
+    EXPECT_NO_THROW(barrier(*store, "alone", 0, 1, kShort, never));
+    return;
+  }
+  const int gone = world() - 1;
+  std::vector<std::string> messages(static_cast<size_t>(gone));
+  const auto started = std::chrono::steady_clock::now();
+  runRanks(gone, [&](int rank) {
+    auto store = live_->connect();
+    try {
+      barrier(*store, "end", rank, world(), kLong, [gone](int r) -> std::string {
+        return r == gone ? "lost the link: peer closed the connection" : "";
+      });
+      throw std::runtime_error("barrier did not end");
+    } catch (const Error& e) {
+      messages[static_cast<size_t>(rank)] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - started, kLong / 2);
+  for (const auto& m : messages) {
+    EXPECT_THAT(m, HasSubstr(fmt::format("barrier 'end': rank {} of {} never comes: lost the link: "
+                                         "peer closed the connection",
+                                         gone, world())));
+  }
+}
+
 TEST_P(StoreWorldTest, ExchangeRejectsARankOutsideTheWorld) {
   auto store = live_->connect();
   EXPECT_THROW(exchange(*store, world(), world(), "v", kShort), InputError);

@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -87,6 +89,10 @@ class ClusterImpl final : public Cluster {
                       std::move(d.message));
     };
     handlers.onPeerLost = [this](transport::NodeId node, const std::string& why) {
+      {
+        std::lock_guard lock(lost_mu_);
+        lost_.emplace(static_cast<int>(node), why);
+      }
       if (closing_) return;
       if (isObserverNode(node)) {  // one that watched the run left: the run goes on
         spdlog::info("observer node {} left the run ({})", node, why);
@@ -156,7 +162,18 @@ class ClusterImpl final : public Cluster {
   }
 
   void finish() override {
-    barrier("end");
+    // A process whose link dropped before it reached the end (it failed, or was killed) never
+    // comes: the wait ends at once, naming it, rather than after the timeout.
+    rendezvous::barrier(*store_, "end", options_.rank, options_.world, options_.timeout,
+                        [this](int node) -> std::string {
+                          std::lock_guard lock(lost_mu_);
+                          const auto it = lost_.find(node);
+                          if (it == lost_.end()) return "";
+                          return fmt::format("{} left the run (lost the link: {})",
+                                             options_.name_of ? options_.name_of(node)
+                                                              : fmt::format("node {}", node),
+                                             it->second);
+                        });
     if (options_.rank != 0) {
       store_->add("left", 1);
       return;
@@ -181,6 +198,8 @@ class ClusterImpl final : public Cluster {
   std::unique_ptr<transport::Transport> transport_;
   std::atomic<bool> closing_{false};
   std::atomic<std::uint64_t> sends_{0};
+  std::mutex lost_mu_;
+  std::map<int, std::string> lost_;  // the nodes whose links dropped, and why
 };
 
 }  // namespace
