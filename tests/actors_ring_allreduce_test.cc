@@ -189,6 +189,27 @@ INSTANTIATE_TEST_SUITE_P(Types, CompressedRingTest,
                          ::testing::Values(kernels::GradientCompression::kFp16,
                                            kernels::GradientCompression::kBf16));
 
+// One step of 2bit tests: every rank starts the bucket [0, n) of gradient(r, i) as `step`;
+// each rank's bucket once the ring is done.
+std::vector<kernels::Tensor> startedAndDone(Ring& ring, int world, std::int64_t n, int step) {
+  std::vector<kernels::Tensor> buckets;
+  for (int r = 0; r < world; ++r) {
+    buckets.push_back(kernels::Tensor::host({n}));
+    for (std::int64_t i = 0; i < n; ++i)
+      buckets[r].f32()[i] = gradient(r, i);
+    ring.ranks[r].start(step, 0, buckets[r]);
+  }
+  ring.deliverAll();
+  return buckets;
+}
+
+double exactSum(int world, std::int64_t i) {
+  double exact = 0;
+  for (int r = 0; r < world; ++r)
+    exact += gradient(r, i);
+  return exact;
+}
+
 // 2bit keeps what it did not send in residuals: summed over many steps, the allreduced values
 // track the true sums. Every hop's residual stays below threshold + |its partial sum| (values of
 // that size are sent), so after T steps of the same gradients the mean result is within
@@ -200,14 +221,7 @@ TEST(CompressedRing, TwoBitResidualsMakeTheMeanOverStepsTheTrueSum) {
   Ring ring(world, 64, 5, {kernels::GradientCompression::k2Bit, threshold});
   std::vector<std::vector<double>> mean(world, std::vector<double>(n, 0.0));
   for (int t = 0; t < steps; ++t) {
-    std::vector<kernels::Tensor> buckets;
-    for (int r = 0; r < world; ++r) {
-      buckets.push_back(kernels::Tensor::host({n}));
-      for (std::int64_t i = 0; i < n; ++i)
-        buckets[r].f32()[i] = gradient(r, i);
-      ring.ranks[r].start(t, 0, buckets[r]);
-    }
-    ring.deliverAll();
+    const auto buckets = startedAndDone(ring, world, n, t);
     for (int r = 0; r < world; ++r) {
       for (std::int64_t i = 0; i < n; ++i) {
         const float v = buckets[r].f32()[i];
@@ -221,10 +235,7 @@ TEST(CompressedRing, TwoBitResidualsMakeTheMeanOverStepsTheTrueSum) {
   const double max_partial = world * 0.09;
   const double bound = world * (threshold + max_partial) / steps;
   for (std::int64_t i = 0; i < n; ++i) {
-    double exact = 0;
-    for (int r = 0; r < world; ++r)
-      exact += gradient(r, i);
-    ASSERT_NEAR(mean[0][i], exact, bound) << "element " << i;
+    ASSERT_NEAR(mean[0][i], exactSum(world, i), bound) << "element " << i;
   }
 }
 
@@ -308,14 +319,7 @@ TEST(CompressedRing, ShardedTwoBitReduceScatterTracksTheTrueSumsOverSteps) {
             RingAllreduce::Mode::kReduceScatter, shards);
   std::vector<double> mean(n, 0.0);
   for (int t = 0; t < steps; ++t) {
-    std::vector<kernels::Tensor> buckets;
-    for (int r = 0; r < world; ++r) {
-      buckets.push_back(kernels::Tensor::host({n}));
-      for (std::int64_t i = 0; i < n; ++i)
-        buckets[r].f32()[i] = gradient(r, i);
-      ring.ranks[r].start(t, 0, buckets[r]);
-    }
-    ring.deliverAll();
+    const auto buckets = startedAndDone(ring, world, n, t);
     for (int r = 0; r < world; ++r) {
       for (std::int64_t i = shards[r].first; i < shards[r].second; ++i) {
         const float v = buckets[r].f32()[i];
@@ -326,10 +330,7 @@ TEST(CompressedRing, ShardedTwoBitReduceScatterTracksTheTrueSumsOverSteps) {
   }
   const double bound = world * (threshold + world * 0.09) / steps;
   for (std::int64_t i = 0; i < n; ++i) {
-    double exact = 0;
-    for (int r = 0; r < world; ++r)
-      exact += gradient(r, i);
-    ASSERT_NEAR(mean[i], exact, bound) << "element " << i;
+    ASSERT_NEAR(mean[i], exactSum(world, i), bound) << "element " << i;
   }
 }
 

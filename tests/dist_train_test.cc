@@ -401,34 +401,29 @@ double finalTestAccuracy(const std::string& output);  // below
 // step's gradient is within 2 workers * 2^-11 relative of the uncompressed one, and the momentum
 // carries 1 / (1 - 0.9) steps of that (float_bounds.h's trajectory model, with half's unit
 // roundoff in place of the reorder bound), plus the reorder bound itself.
-TEST(DistributedTraining, Fp16CompressionStaysWithinHalfPrecisionOfOneProcess) {
+void expectFp16WithinHalfPrecisionOfOneProcess(const std::string& what, const std::string& flags) {
   TempDir cwd("dist_fp16");
-  const auto r = trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce --gradient_compression fp16");
+  const auto r =
+      trainOneAndTwo(cwd, "launch -n 2 --", "bsp-allreduce --gradient_compression fp16" + flags);
   const double bound = 2 * 0x1p-11 / (1 - 0.9) + kOneVersusTwoBound;
   const double weights = relativeDifference(r.one.weights, r.two.weights);
   const double momentum = relativeDifference(r.one.state, r.two.state);
-  std::cout << "[ measured ] fp16 ring: relative difference of weights " << weights
+  std::cout << "[ measured ] " << what << ": relative difference of weights " << weights
             << ", of momentum " << momentum << " (bound " << bound << ")\n";
   EXPECT_LE(weights, bound);
   EXPECT_LE(momentum, bound);
   EXPECT_GT(momentum, 0.0) << "the compression did not take effect";
 }
 
+TEST(DistributedTraining, Fp16CompressionStaysWithinHalfPrecisionOfOneProcess) {
+  expectFp16WithinHalfPrecisionOfOneProcess("fp16 ring", "");
+}
+
 // The same with the state sharded (ZeRO stage 1): the reduce-scatter rounds as the allreduce's
 // first half does, and each shard's owner keeps its sum rounded as an allreduce's owner passes it
 // on; the weights go round exact. The same bound holds.
 TEST(DistributedTraining, Fp16CompressionWithShardedStateStaysWithinHalfPrecisionOfOneProcess) {
-  TempDir cwd("dist_fp16_zero");
-  const auto r = trainOneAndTwo(cwd, "launch -n 2 --",
-                                "bsp-allreduce --gradient_compression fp16 --zero_stage 1");
-  const double bound = 2 * 0x1p-11 / (1 - 0.9) + kOneVersusTwoBound;
-  const double weights = relativeDifference(r.one.weights, r.two.weights);
-  const double momentum = relativeDifference(r.one.state, r.two.state);
-  std::cout << "[ measured ] fp16 ring, zero_stage 1: relative difference of weights " << weights
-            << ", of momentum " << momentum << " (bound " << bound << ")\n";
-  EXPECT_LE(weights, bound);
-  EXPECT_LE(momentum, bound);
-  EXPECT_GT(momentum, 0.0) << "the compression did not take effect";
+  expectFp16WithinHalfPrecisionOfOneProcess("fp16 ring, zero_stage 1", " --zero_stage 1");
 }
 
 // 2bit on dist_sync (MXNet's own setting): the workers push +-threshold or 0 with residuals, and

@@ -192,7 +192,8 @@ TEST(LaunchLocal, AnElasticTorchrunScriptLosesAKilledRankAndTakesOneThatJoins) {
   TempDir cwd("launch_local_elastic_torchrun");
   const std::string id = "et" + std::to_string(::getpid());
   const std::string script =
-      "/usr/bin/python3 " + sourceDir() + "/tests/torchrun_elastic.py --steps 80 --ckpt ck.json";
+      "/usr/bin/python3 " + sourceDir() +
+      "/tests/torchrun_elastic.py --steps 80 --step-seconds 0.05 --ckpt ck.json";
   const auto r = runCommand(
       "cd " + cwd.str() + " && T=" + troupeBinary() + " && " +
       R"sh(wait_for() { for i in $(seq 3000); do grep -q "$2" "$1" && return 0; sleep 0.02; done; echo "never saw '$2' in $1"; cat "$1"; exit 1; }
@@ -226,7 +227,9 @@ cat launch.out; echo ---; cat joiner.out)sh");
       R"(done: (\d+) step\(s\) of 3, (\d+) step\(s\) of 2, (\d+) step\(s\) of 3)");
   ASSERT_TRUE(std::regex_search(r.output, m, done)) << r.output;
   EXPECT_EQ(std::stoi(m[1]) + std::stoi(m[2]) + std::stoi(m[3]), 80) << m[0];
-  EXPECT_GE(std::stoi(m[2]), 20) << m[0];  // the pair took 20 steps before the joiner came
+  // The pair came back at step 10 or a step or two later (the kill follows rank 0's "step 10" at
+  // once) and reached step 30 before the joiner was started.
+  EXPECT_GE(std::stoi(m[2]), 15) << m[0];
 }
 
 // Which elastic model a command gets: troupe train's own, also through a wrapper that says
