@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "actors/config/worker_bounds.h"
@@ -88,7 +89,17 @@ struct Generation {
     return fmt::format("world={} addr={} port={} restarts={} members={}", world, addr, port,
                        restarts, m);
   }
+  // Error naming the record when it is not one.
   static Generation decode(const std::string& text) {
+    try {
+      return parse(text);
+    } catch (const std::logic_error&) {  // std::stoi's
+      throw Error(fmt::format("troupe launch: a malformed generation record '{}'", text));
+    }
+  }
+
+ private:
+  static Generation parse(const std::string& text) {
     Generation g;
     std::istringstream in(text);
     std::string word;
@@ -110,11 +121,11 @@ struct Generation {
         }
       }
     }
-    if (g.world <= 0 || g.members.empty()) {
-      throw Error(fmt::format("troupe launch: a malformed generation record '{}'", text));
-    }
+    if (g.world <= 0 || g.members.empty()) throw std::invalid_argument(text);
     return g;
   }
+
+ public:
   // Agent `id`'s place; nullopt when it is no member.
   std::optional<std::pair<int, int>> placeOf(int id) const {  // (rank base, workers)
     int base = 0;
@@ -322,6 +333,12 @@ class Agent {
       int workers = 0;
       std::string host, address;
       record >> workers >> host >> address;
+      if (workers < 1 || address.empty()) {
+        store_->set(fmt::format("launch/refused/{}", id),
+                    "its record on the store is no launcher's (workers, host, address)");
+        relay_.err("[launcher] launcher {} is refused: a malformed record on the store", id);
+        continue;
+      }
       if (worldSize() + workers > bounds_.max) {
         store_->set(fmt::format("launch/refused/{}", id),
                     fmt::format("the run has {} worker(s) and takes at most {} (--elastic {})",
