@@ -220,6 +220,70 @@ TEST_F(AcrossHosts, LaunchSshRunsATorchrunScriptAsItIs) {
   EXPECT_TRUE(ranTheTorchrunScript(r, {"local 0 of 1, group 0", "local 0 of 1, group 1"}));
 }
 
+// torchrun's elastic model across hosts (tests/torchrun_elastic.py, its checkpoint in the hosts'
+// shared folder): the ssh launcher on host 0 starts rank 0 there and rank 1 on host 1; every
+// process of host 1 is killed, and rank 0 goes on alone; a launcher started on host 1 joins with
+// one worker, and both restart as a world of 2, rank 0 (MASTER_ADDR) on host 0. Every step is
+// done once.
+TEST_F(AcrossHosts, AnElasticTorchrunScriptLosesAHostAndTakesALauncherThatJoinsFromIt) {
+  const std::string shared = hosts_->sharedDir();
+  std::ofstream(shared + "/secret") << "elastic-test-secret-0123456789abcdef\n";
+  const std::string out = shared + "/launch.out";
+  const std::string common = " --elastic 1:3 --secret-file " + shared +
+                             "/secret --run_id hosts-elastic --env GLOO_SOCKET_IFNAME=eth0 -- "
+                             "/usr/bin/python3 " +
+                             sourceDir() + "/tests/torchrun_elastic.py --steps 80 " +
+                             "--step-seconds 0.05 --ckpt " + shared + "/ck.json";
+  CommandResult leader;
+  std::thread launcher([&] {
+    leader = hosts_->run(0,
+                         troupeBinary() + " launch --launcher ssh -H hosts" +
+                             hosts_->launchFlags() + " -n 2" + common + " > " + out + " 2>&1",
+                         120s, "/tmp/run");
+  });
+  const auto seen = [&](const std::string& what) {
+    return waitFor(
+        [&] {
+          std::ifstream in(out);
+          return std::string(std::istreambuf_iterator<char>(in), {}).find(what) !=
+                 std::string::npos;
+        },
+        60s);
+  };
+  std::string killed, joined_output;
+  int joiner = -1;
+  if (seen("[worker 0] step 10\n")) {
+    killed = hosts_->killAll(1);
+    if (seen("start: restart 1, 1 ranks") && seen("[worker 0] step 30\n")) {
+      std::ifstream in(out);
+      const std::string text(std::istreambuf_iterator<char>(in), {});
+      std::smatch m;
+      std::regex_search(text, m, std::regex(R"(rendezvous (tcp://[0-9.:]+))"));
+      const auto r = hosts_->run(
+          1, troupeBinary() + " launch -n 1 --interface eth0 --rendezvous " + m[1].str() + common,
+          120s, "/tmp/run");
+      joiner = r.exit_code;
+      joined_output = r.output;
+    }
+  }
+  launcher.join();
+  std::ifstream in(out);
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  ASSERT_EQ(leader.exit_code, 0) << killed << "\n" << text << "\n--- joiner:\n" << joined_output;
+  EXPECT_EQ(joiner, 0) << joined_output;
+  EXPECT_TRUE(contains(text, "[launcher] generation 1: 1 worker(s) in all")) << text;
+  EXPECT_TRUE(contains(text, "[launcher] launcher 1 on host1 joins with 1 worker(s)")) << text;
+  EXPECT_TRUE(contains(joined_output, "this launcher's rank 1; MASTER_ADDR " + hosts_->address(0) +
+                                          " MASTER_PORT 29500"))
+      << joined_output;
+  std::smatch m;
+  const std::regex done(
+      R"(done: (\d+) step\(s\) of 2, (\d+) step\(s\) of 1, (\d+) step\(s\) of 2)");
+  ASSERT_TRUE(std::regex_search(text, m, done)) << text;
+  EXPECT_EQ(std::stoi(m[1]) + std::stoi(m[2]) + std::stoi(m[3]), 80) << m[0];
+  EXPECT_GE(std::stoi(m[2]), 15) << m[0];  // alone from step 10 (or a step or two later) to 30
+}
+
 // mpirun on host 0 starts rank 0 there and rank 1 through Open MPI's ssh agent on host 1.
 TEST_F(AcrossHosts, LaunchMpiTrainsLeNetWithOneRankOnEachHost) {
   expectLaunchTrainsAnEpochWithOneWorkerOnEachHost("mpi", "--ssh-opt=-oStrictHostKeyChecking=no");
