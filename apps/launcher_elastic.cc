@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "actors/config/worker_bounds.h"
+#include "actors/core/hosts.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_ssh.h"
 #include "apps/output_relay.h"
@@ -191,7 +192,7 @@ class Agent {
     store_ = open();
     id_ = static_cast<int>(store_->add(kAgents, 1)) - 1;
     // Its workers, its host's name, and the address its rank 0 would serve MASTER_PORT on.
-    store_->set(agentKey(id_), fmt::format("{} {} {}", o_.num_workers, hostName(),
+    store_->set(agentKey(id_), fmt::format("{} {} {}", o_.num_workers, actors::hostName(),
                                            kind_ == Kind::kSsh ? hosts_[0].name : bind));
     relay_.out(
         "[launcher] run {}: {} worker(s) {} an elastic run of {} (torchrun's model: every "
@@ -206,12 +207,6 @@ class Agent {
     return rendezvous::prefixStore(std::shared_ptr<rendezvous::Store>(
                                        rendezvous::openStore(rendezvous_, seconds(30), secret_)),
                                    run_id_);
-  }
-
-  std::string hostName() const {
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    return name;
   }
 
   // This launcher's workers of generation `g` (number `number`), `watch` polled meanwhile.

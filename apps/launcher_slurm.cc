@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "actors/config/cluster_env.h"
+#include "actors/core/hosts.h"
 #include "apps/launcher_run.h"
 #include "apps/launcher_wrapped.h"
 #include "transport/link.h"
@@ -46,9 +47,7 @@ bool onPath(const std::string& program) {
 // host name up to its first dot.
 std::string thisNode() {
   if (auto name = envValue("SLURMD_NODENAME")) return *name;
-  char buf[256] = {};
-  ::gethostname(buf, sizeof buf - 1);
-  const std::string name(buf);
+  const std::string name = actors::hostName();
   return name.substr(0, name.find('.'));
 }
 

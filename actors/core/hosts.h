@@ -18,6 +18,8 @@ namespace troupe::actors {
 
 // This process's host key ("BOOT_ID net:[N] pid:[N]").
 std::string hostKey();
+// This host's name (gethostname), as logs and the launcher name it.
+std::string hostName();
 
 // Hosts in order of their lowest rank; each host's workers in rank order.
 std::vector<std::vector<int>> groupHosts(const std::vector<std::string>& keys);

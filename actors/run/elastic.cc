@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "actors/core/hosts.h"
 #include "actors/core/peer.h"
 #include "actors/core/run_id.h"
 #include "actors/run/run_plan.h"
@@ -129,12 +130,6 @@ bool isPlanRefused(const std::exception& e) {
   return visitNested(e, [](const std::exception& x) {
     return dynamic_cast<const PlanRefusedError*>(&x) != nullptr;
   });
-}
-
-std::string hostName() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return host;
 }
 
 // FNV-1a of the parameters' bytes: every worker's final parameters are bitwise the same.
