@@ -355,6 +355,45 @@ std::string dataSection(const actors::TrainOptions& o, const Plan& p) {
   return out;
 }
 
+// The threads of each process, and who decided them.
+std::string describeThreads(const actors::TrainOptions& o, const Plan& p, int processes) {
+  if (o.threads > 0) return fmt::format("{} per process (--threads)", p.threads);
+  if (actors::launcherSharesCores()) {
+    return fmt::format("{} per process: this host's {} cores shared by the run's processes on it",
+                       p.threads, actors::hostCores());
+  }
+  if (processes > 1) {
+    return fmt::format(
+        "{} per process, unless other processes of the run share this machine's {} cores: they "
+        "share them out when they meet (--threads N sets it)",
+        p.threads, actors::hostCores());
+  }
+  return fmt::format("{} per process: this machine's cores", p.threads);
+}
+
+// The learning-rate policy: its kind, base, steps and warmup.
+std::string describeLr(const actors::TrainOptions& o, const Plan& p) {
+  std::string lr =
+      fmt::format("{} from {:g}", kernels::nameIn(kernels::kLrPolicies, p.lr.policy), p.lr.base);
+  for (const auto& [name, value] : o.parameters) {
+    if (name == "lr_scaling" && !value.empty() && value != "none")
+      lr += fmt::format(" (base_learning_rate scaled by lr_scaling {})", value);
+  }
+  if (p.lr.policy == kernels::LrSchedule::kStep)
+    lr += fmt::format(", x {:g} every {} steps", p.lr.gamma, p.lr.stepsize);
+  if (p.lr.policy == kernels::LrSchedule::kMultistep) {
+    std::string at;
+    for (const auto s : p.lr.stepvalues)
+      at += (at.empty() ? "" : ", ") + std::to_string(s);
+    lr += fmt::format(", x {:g} at steps {}", p.lr.gamma, at);
+  }
+  if (p.lr.policy == kernels::LrSchedule::kPoly) {
+    lr += fmt::format(", to {:g} as (1 - step / {})^{:g}", p.lr.end, p.lr.max_steps, p.lr.power);
+  }
+  if (p.lr.warmup_steps > 0) lr += fmt::format(", warmup {} steps", p.lr.warmup_steps);
+  return lr;
+}
+
 std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   const int workers = o.num_shards;
   const int processes = workers + o.num_servers;
@@ -403,20 +442,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
                     static_cast<double>(p.memory.gradients) * scale, batch,
                     static_cast<double>(p.memory.held) * scale));
   }
-  if (o.threads > 0) {
-    row("threads", fmt::format("{} per process (--threads)", p.threads));
-  } else if (actors::launcherSharesCores()) {
-    row("threads", fmt::format("{} per process: this host's {} cores shared by the run's "
-                               "processes on it",
-                               p.threads, actors::hostCores()));
-  } else if (processes > 1) {
-    row("threads",
-        fmt::format("{} per process, unless other processes of the run share this machine's {} "
-                    "cores: they share them out when they meet (--threads N sets it)",
-                    p.threads, actors::hostCores()));
-  } else {
-    row("threads", fmt::format("{} per process: this machine's cores", p.threads));
-  }
+  row("threads", describeThreads(o, p, processes));
   const std::int64_t steps = p.steps.last_step - p.steps.first_step;
   row("steps", fmt::format("{} per epoch x {} epochs = {}", p.steps.steps_per_epoch, o.num_epochs,
                            p.steps.steps_per_epoch * o.num_epochs));
@@ -428,25 +454,7 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   } else if (o.resume == "auto") {
     row("resume", "auto: no checkpoint of this run yet, from scratch");
   }
-  std::string lr =
-      fmt::format("{} from {:g}", kernels::nameIn(kernels::kLrPolicies, p.lr.policy), p.lr.base);
-  for (const auto& [name, value] : o.parameters) {
-    if (name == "lr_scaling" && !value.empty() && value != "none")
-      lr += fmt::format(" (base_learning_rate scaled by lr_scaling {})", value);
-  }
-  if (p.lr.policy == kernels::LrSchedule::kStep)
-    lr += fmt::format(", x {:g} every {} steps", p.lr.gamma, p.lr.stepsize);
-  if (p.lr.policy == kernels::LrSchedule::kMultistep) {
-    std::string at;
-    for (const auto s : p.lr.stepvalues)
-      at += (at.empty() ? "" : ", ") + std::to_string(s);
-    lr += fmt::format(", x {:g} at steps {}", p.lr.gamma, at);
-  }
-  if (p.lr.policy == kernels::LrSchedule::kPoly) {
-    lr += fmt::format(", to {:g} as (1 - step / {})^{:g}", p.lr.end, p.lr.max_steps, p.lr.power);
-  }
-  if (p.lr.warmup_steps > 0) lr += fmt::format(", warmup {} steps", p.lr.warmup_steps);
-  row("learning rate", lr);
+  row("learning rate", describeLr(o, p));
   if (steps > 0) {
     const auto first = p.steps.first_step, last = p.steps.last_step - 1;
     row("", fmt::format("{:g} at step {}, {:g} at step {}", kernels::learningRate(p.lr, first),

@@ -50,6 +50,46 @@ void appendPassedVariables(const std::string& names,
   }
 }
 
+// MXNet's launch.py options that troupe does not have: each refused naming what it has instead.
+// -S catches MXNet's -SH (CLI11 reads it as -S with the value H).
+void addRefusedOptions(CLI::App* cmd) {
+  auto refuse = [cmd](const std::string& names, const std::string& shown, const std::string& why) {
+    cmd->add_option_function<std::string>(
+           names,
+           [shown, why](const std::string&) {
+             throw InputError(fmt::format("{}: {}", shown, why));
+           },
+           "MXNet's; refused: " + why)
+        ->allow_extra_args(false);
+  };
+  refuse("-S,--server-hostfile", "-SH/--server-hostfile",
+         "MXNet's hostfile for the servers of its BytePS launcher: troupe places the servers first "
+         "on the hosts of -H, then the workers (as MXNet's ssh launcher does)");
+  refuse("--scheduler-ip", "--scheduler-ip",
+         "the address of BytePS's scheduler: troupe launch serves its own rendezvous store "
+         "(--interface picks its address; --rendezvous names another one)");
+  refuse("--scheduler-port", "--scheduler-port",
+         "the port of BytePS's scheduler: troupe launch serves its own rendezvous store "
+         "(--interface picks its address; --rendezvous names another one)");
+  cmd->add_flag_callback(
+      "--byteps-launch",
+      [] {
+        throw InputError(
+            "--byteps-launch: troupe has no BytePS launcher: its parameter servers are -s N, with "
+            "troupe train --schedule dist_sync (or dist_async, ssp)");
+      },
+      "MXNet's; refused: troupe has no BytePS launcher");
+  cmd->add_flag_callback(
+      "--p3",
+      [] {
+        throw InputError(
+            "--p3: troupe has no P3 (MXNet's priority-based parameter propagation): its nearest is "
+            "sending gradients in buckets as the backward pass makes them (troupe train "
+            "--bucket_size_mb, --first_bucket_mb)");
+      },
+      "MXNet's; refused: troupe has no P3");
+}
+
 }  // namespace
 
 void addLaunchCommand(CLI::App& app) {
@@ -92,43 +132,7 @@ void addLaunchCommand(CLI::App& app) {
   cmd->add_option("--env-server", state->server_env,
                   "K:V (or K=V) set in the servers only (MXNet's; repeatable)")
       ->allow_extra_args(false);
-  // MXNet's launch.py options that troupe does not have: each refused naming what it has instead.
-  // -S catches MXNet's -SH (CLI11 reads it as -S with the value H).
-  auto refuse = [cmd](const std::string& names, const std::string& shown, const std::string& why) {
-    cmd->add_option_function<std::string>(
-           names,
-           [shown, why](const std::string&) {
-             throw InputError(fmt::format("{}: {}", shown, why));
-           },
-           "MXNet's; refused: " + why)
-        ->allow_extra_args(false);
-  };
-  refuse("-S,--server-hostfile", "-SH/--server-hostfile",
-         "MXNet's hostfile for the servers of its BytePS launcher: troupe places the servers first "
-         "on the hosts of -H, then the workers (as MXNet's ssh launcher does)");
-  refuse("--scheduler-ip", "--scheduler-ip",
-         "the address of BytePS's scheduler: troupe launch serves its own rendezvous store "
-         "(--interface picks its address; --rendezvous names another one)");
-  refuse("--scheduler-port", "--scheduler-port",
-         "the port of BytePS's scheduler: troupe launch serves its own rendezvous store "
-         "(--interface picks its address; --rendezvous names another one)");
-  cmd->add_flag_callback(
-      "--byteps-launch",
-      [] {
-        throw InputError(
-            "--byteps-launch: troupe has no BytePS launcher: its parameter servers are -s N, with "
-            "troupe train --schedule dist_sync (or dist_async, ssp)");
-      },
-      "MXNet's; refused: troupe has no BytePS launcher");
-  cmd->add_flag_callback(
-      "--p3",
-      [] {
-        throw InputError(
-            "--p3: troupe has no P3 (MXNet's priority-based parameter propagation): its nearest is "
-            "sending gradients in buckets as the backward pass makes them (troupe train "
-            "--bucket_size_mb, --first_bucket_mb)");
-      },
-      "MXNet's; refused: troupe has no P3");
+  addRefusedOptions(cmd);
   cmd->add_option(
       "--rendezvous", o.rendezvous,
       rendezvous::storeUrlForms() + " (default: an embedded store served by the launcher)");

@@ -46,6 +46,15 @@ class OpLayer : public Layer {
   std::map<std::int64_t, std::unique_ptr<Op>> ops_;
 };
 
+// The maker of an element-wise op (ReLU, GELU, add) over n samples of per_sample elements each.
+template <typename Op>
+typename OpLayer<Op>::Maker perSample(std::unique_ptr<Op> (Backend::*factory)(std::int64_t),
+                                      std::int64_t per_sample) {
+  return [factory, per_sample](LayerContext& ctx, std::int64_t n) {
+    return (ctx.backend().*factory)(n * per_sample);
+  };
+}
+
 // A layer whose op is made by a backend factory from the layer's geometry with the batch size n
 // set (Geometry::n): the sequence ops'. g_ is the geometry of a batch of one.
 template <typename Op, typename Geometry>
@@ -84,20 +93,29 @@ class MapLayer final : public OpLayer<Op> {
   }
 };
 
+// The geometry (a convolution's, a pooling's) of a k x k window moved by s over an input of
+// shape in, [channels, height, width], padded by p.
+template <typename Geometry>
+Geometry windowOver(const Shape& in, std::int64_t k, std::int64_t s, std::int64_t p) {
+  Geometry g;
+  g.channels = in[0];
+  g.height = in[1];
+  g.width = in[2];
+  g.kernel = k;
+  g.stride = s;
+  g.pad = p;
+  return g;
+}
+
 // The backward reads x, not y.
 class ConvLayer final : public OpLayer<ConvOp> {
  public:
   ConvLayer(const Shape& in, std::int64_t oc, std::int64_t k, std::int64_t s, std::int64_t p,
             bool bias)
-      : OpLayer("conv", true, false),
-        g_{.channels = in[0],
-           .height = in[1],
-           .width = in[2],
-           .out_channels = oc,
-           .kernel = k,
-           .stride = s,
-           .pad = p,
-           .bias = bias} {}
+      : OpLayer("conv", true, false), g_(windowOver<ConvGeometry>(in, k, s, p)) {
+    g_.out_channels = oc;
+    g_.bias = bias;
+  }
   double forwardFlops() const override {
     return 2.0 * static_cast<double>(g_.channels * g_.kernel * g_.kernel * g_.out_channels *
                                      g_.outHeight() * g_.outWidth());
@@ -208,9 +226,7 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
 class ReluLayer final : public OpLayer<ReluOp> {
  public:
   explicit ReluLayer(std::int64_t per_sample)
-      : OpLayer("relu", false, true, [per_sample](LayerContext& ctx, std::int64_t n) {
-          return ctx.backend().makeRelu(n * per_sample);
-        }) {}
+      : OpLayer("relu", false, true, perSample(&Backend::makeRelu, per_sample)) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(top));
   }
@@ -302,9 +318,7 @@ class DropoutLayer final : public OpLayer<DropoutOp> {
 class AddLayer final : public OpLayer<AddOp> {
  public:
   explicit AddLayer(std::int64_t per_sample)
-      : OpLayer("add", false, false, [per_sample](LayerContext& ctx, std::int64_t n) {
-          return ctx.backend().makeAdd(n * per_sample);
-        }) {}
+      : OpLayer("add", false, false, perSample(&Backend::makeAdd, per_sample)) {}
   void forward(LayerContext& ctx, std::int64_t n, bool) override {
     op(ctx, n).forward(ctx.data(bottoms[0]), ctx.data(bottoms[1]), ctx.data(top));
   }
@@ -463,14 +477,9 @@ std::unique_ptr<Layer> makeConvLayer(const Shape& in, std::int64_t out_channels,
 }
 std::unique_ptr<Layer> makePoolLayer(const Shape& in, std::int64_t kernel, std::int64_t stride,
                                      std::int64_t pad, PoolMethod method, bool ceil_mode) {
-  const PoolGeometry geometry{.channels = in[0],
-                              .height = in[1],
-                              .width = in[2],
-                              .kernel = kernel,
-                              .stride = stride,
-                              .pad = pad,
-                              .method = method,
-                              .ceil_mode = ceil_mode};
+  PoolGeometry geometry = windowOver<PoolGeometry>(in, kernel, stride, pad);
+  geometry.method = method;
+  geometry.ceil_mode = ceil_mode;
   return std::make_unique<MapLayer<PoolOp>>("pool", [geometry](LayerContext& ctx, std::int64_t n) {
     PoolGeometry g = geometry;
     g.n = n;
@@ -517,9 +526,7 @@ std::unique_ptr<Layer> makeLayerNormLayer(std::int64_t rows, std::int64_t channe
 }
 std::unique_ptr<Layer> makeGeluLayer(std::int64_t per_sample) {
   return std::make_unique<ReadsInputLayer<OpLayer<GeluOp>>>(
-      "gelu", true, false, [per_sample](LayerContext& ctx, std::int64_t n) {
-        return ctx.backend().makeGelu(n * per_sample);
-      });
+      "gelu", true, false, perSample(&Backend::makeGelu, per_sample));
 }
 std::unique_ptr<Layer> makeAttentionLayer(std::int64_t t, std::int64_t channels,
                                           std::int64_t heads) {

@@ -187,6 +187,114 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   return TrainResult{};
 }
 
+// The model's part of the plan, from one net built here on the CPU: the initial weights and
+// the size of everything, the optimizer's ranges, the memory checks, MFU's peak, and how GPU
+// replicas compute.
+void planModel(const TrainOptions& o, ProcessPlan& p) {
+  const kernels::NetOptions& net = p.net;
+  const bool server = p.server;
+  auto init_backend = kernels::makeCpuBackend(1);
+  kernels::NetOptions probe = net;
+  probe.max_batch = 1;
+  probe.pipeline = {};  // the same weights; a pipeline is checked, not built
+  auto init_net = kernels::makeNet(*init_backend, probe);
+  if (net.pipeline.stages > 1) {
+    kernels::NetOptions smallest = net;  // the replica with the smallest share of the batch
+    smallest.max_batch = *std::min_element(p.shares.begin(), p.shares.end());
+    kernels::checkPipeline(
+        *init_net, smallest,
+        kernels::Device{o.gpus.empty() ? kernels::DeviceKind::kCpu : kernels::DeviceKind::kCuda,
+                        0});
+  }
+  p.weights = kernels::Tensor::host({init_net->numParams()});
+  init_backend->copy(init_net->weights(), p.weights);
+  p.has_buffers = init_net->buffers().numel() > 0;
+  const std::int64_t num_params = p.num_params = init_net->numParams();
+  p.optimizer = o.optimizer;
+  if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
+  p.optimizer.layers = kernels::paramRanges(init_net->params());
+  kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
+  if (!server) {
+    checkModelMemory(o, *init_net, p.shares);
+  } else {
+    const auto keys =
+        serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
+    checkServerMemory(o, keys.second - keys.first, p.workers);
+  }
+  // MFU where the peak is this process's cores': a run of one CPU process.
+  p.model_flops_per_sample = init_net->trainingFlopsPerSample();
+  if (!server && p.workers == 1 && o.gpus.empty() && p.model_flops_per_sample > 0) {
+    p.peak_flops = kernels::cpuSgemmPeak(p.threads);
+    const bool tokens = o.block_size > 0;
+    spdlog::info(
+        "MFU: {:.4g} MFLOP {} in training, of this machine's sgemm: {:.1f} GFLOP/s on "
+        "{} thread(s)",
+        p.model_flops_per_sample / static_cast<double>(tokens ? o.block_size : 1) / 1e6,
+        tokens ? "a token" : "an input", p.peak_flops / 1e9, p.threads);
+  }
+  // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
+  p.net.precision = precisionOf(o);
+  p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
+  if (!o.gpus.empty() && !server &&
+      (o.precision != kernels::DType::kFloat32 || p.net.channels_last))
+    spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
+  p.net.graphs = cudaGraphsOf(o);
+  if (o.cuda_graphs == true && !server && !p.net.graphs)
+    spdlog::warn("cuda_graphs: {}", describeCudaGraphs(o));
+  init_net.reset();
+}
+
+// Where the plan starts: a resumed checkpoint's step and state, or, in an elastic run's
+// generation, this process's own state. False when the checkpoint holds the run's last step:
+// nothing is left to train.
+bool startFrom(const TrainOptions& o, GenerationRole* role, ProcessPlan& p) {
+  StepPlan& plan = p.plan;
+  p.checkpoint_dir = checkpointDir(o);
+  const auto resumed = role ? std::nullopt : findResume(o, p.checkpoint_dir, p.num_params, plan);
+  p.resumed_from = resumed ? resumed->path : std::string();
+  if (resumed) {
+    const auto& ck = resumed->checkpoint;
+    const std::string& path = resumed->path;
+    checkResumable(*resumed, p.num_params, plan, p.optimizer);
+    plan.start(ck.metaInt("step"), o.num_epochs);
+    if (plan.first_step >= plan.last_step && resumed->latest) {
+      // The run already ended (a restart after its last checkpoint): every process sees the
+      // same checkpoint and stops here.
+      spdlog::info("checkpoint {} holds the run's last step {}: nothing left to train", path,
+                   plan.first_step);
+      return false;
+    }
+    if (plan.first_step >= plan.last_step) {
+      throw InputError(
+          fmt::format("checkpoint '{}' is at step {}, and this run ends at step {}: "
+                      "raise num_epochs to train further",
+                      path, plan.first_step, plan.last_step));
+    }
+    p.weights = ck.weights;
+    p.state = ck.state;
+    if (ck.buffers.numel() > 0) p.buffers = ck.buffers;
+    p.cumulative_time = ck.metaDouble("cumulative_time_spent");
+    p.cumulative_inputs = ck.metaInt("cumulative_input_count");
+    if (ck.meta.count("loss_scale")) p.loss_scale = static_cast<float>(ck.metaDouble("loss_scale"));
+    if (ck.meta.count("overflow_steps")) p.overflow_steps = ck.metaInt("overflow_steps");
+    spdlog::info("resuming from {} at step {}", path, plan.first_step);
+  }
+  // A generation of an elastic run goes on from this process's own state when it is the newest;
+  // else its updater waits for the newest from the process that has it (Handover).
+  if (role && role->state->step == plan.first_step && !role->await_handover) {
+    p.weights = role->state->weights;
+    p.state = role->state->state;
+    if (role->state->buffers.defined()) p.buffers = role->state->buffers;
+    if (role->state->loss_scale > 0 && lossScaleOf(o).dynamic) {
+      p.loss_scale = role->state->loss_scale;
+      p.overflow_steps = role->state->overflow_steps;
+      spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
+                   p.rank, p.loss_scale);
+    }
+  }
+  return true;
+}
+
 // The plan stage; with `role`, for one generation of an elastic run (actors/run/elastic.h).
 ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   checkProcessOptions(o);
@@ -223,103 +331,8 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.lr = lrPolicy(o, plan.steps_per_epoch);
 
   p.net = netOptions(o, *std::max_element(p.shares.begin(), p.shares.end()));
-  const kernels::NetOptions& net = p.net;
-
-  // The initial weights (and the size of everything): one net built here, on the CPU.
-  auto init_backend = kernels::makeCpuBackend(1);
-  kernels::NetOptions probe = net;
-  probe.max_batch = 1;
-  probe.pipeline = {};  // the same weights; a pipeline is checked, not built
-  auto init_net = kernels::makeNet(*init_backend, probe);
-  if (net.pipeline.stages > 1) {
-    kernels::NetOptions smallest = net;  // the replica with the smallest share of the batch
-    smallest.max_batch = *std::min_element(p.shares.begin(), p.shares.end());
-    kernels::checkPipeline(
-        *init_net, smallest,
-        kernels::Device{o.gpus.empty() ? kernels::DeviceKind::kCpu : kernels::DeviceKind::kCuda,
-                        0});
-  }
-  p.weights = kernels::Tensor::host({init_net->numParams()});
-  init_backend->copy(init_net->weights(), p.weights);
-  p.has_buffers = init_net->buffers().numel() > 0;
-  const std::int64_t num_params = p.num_params = init_net->numParams();
-  p.optimizer = o.optimizer;
-  if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
-  p.optimizer.layers = kernels::paramRanges(init_net->params());
-  kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
-  if (!server) {
-    checkModelMemory(o, *init_net, p.shares);
-  } else {
-    const auto keys =
-        serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
-    checkServerMemory(o, keys.second - keys.first, workers);
-  }
-  // MFU where the peak is this process's cores': a run of one CPU process.
-  p.model_flops_per_sample = init_net->trainingFlopsPerSample();
-  if (!server && p.workers == 1 && o.gpus.empty() && p.model_flops_per_sample > 0) {
-    p.peak_flops = kernels::cpuSgemmPeak(p.threads);
-    const bool tokens = o.block_size > 0;
-    spdlog::info(
-        "MFU: {:.4g} MFLOP {} in training, of this machine's sgemm: {:.1f} GFLOP/s on "
-        "{} thread(s)",
-        p.model_flops_per_sample / static_cast<double>(tokens ? o.block_size : 1) / 1e6,
-        tokens ? "a token" : "an input", p.peak_flops / 1e9, p.threads);
-  }
-  // How GPU replicas compute: the precision, and the images' layout, which the model decides too.
-  p.net.precision = precisionOf(o);
-  p.net.channels_last = channelsLastOf(o, init_net->channelsLastMisfit());
-  if (!o.gpus.empty() && !server &&
-      (o.precision != kernels::DType::kFloat32 || p.net.channels_last))
-    spdlog::info("precision: {}", describePrecision(o, p.net.channels_last));
-  p.net.graphs = cudaGraphsOf(o);
-  if (o.cuda_graphs == true && !server && !p.net.graphs)
-    spdlog::warn("cuda_graphs: {}", describeCudaGraphs(o));
-  init_net.reset();
-
-  p.checkpoint_dir = checkpointDir(o);
-  const auto resumed = role ? std::nullopt : findResume(o, p.checkpoint_dir, num_params, plan);
-  p.resumed_from = resumed ? resumed->path : std::string();
-  if (resumed) {
-    const auto& ck = resumed->checkpoint;
-    const std::string& path = resumed->path;
-    checkResumable(*resumed, num_params, plan, p.optimizer);
-    plan.start(ck.metaInt("step"), o.num_epochs);
-    if (plan.first_step >= plan.last_step && resumed->latest) {
-      // The run already ended (a restart after its last checkpoint): every process sees the
-      // same checkpoint and stops here.
-      spdlog::info("checkpoint {} holds the run's last step {}: nothing left to train", path,
-                   plan.first_step);
-      p.nothing_left = true;
-      return p;
-    }
-    if (plan.first_step >= plan.last_step) {
-      throw InputError(
-          fmt::format("checkpoint '{}' is at step {}, and this run ends at step {}: "
-                      "raise num_epochs to train further",
-                      path, plan.first_step, plan.last_step));
-    }
-    p.weights = ck.weights;
-    p.state = ck.state;
-    if (ck.buffers.numel() > 0) p.buffers = ck.buffers;
-    p.cumulative_time = ck.metaDouble("cumulative_time_spent");
-    p.cumulative_inputs = ck.metaInt("cumulative_input_count");
-    if (ck.meta.count("loss_scale")) p.loss_scale = static_cast<float>(ck.metaDouble("loss_scale"));
-    if (ck.meta.count("overflow_steps")) p.overflow_steps = ck.metaInt("overflow_steps");
-    spdlog::info("resuming from {} at step {}", path, plan.first_step);
-  }
-  // A generation of an elastic run goes on from this process's own state when it is the newest;
-  // else its updater waits for the newest from the process that has it (Handover).
-  if (role && role->state->step == plan.first_step && !role->await_handover) {
-    p.weights = role->state->weights;
-    p.state = role->state->state;
-    if (role->state->buffers.defined()) p.buffers = role->state->buffers;
-    if (role->state->loss_scale > 0 && lossScaleOf(o).dynamic) {
-      p.loss_scale = role->state->loss_scale;
-      p.overflow_steps = role->state->overflow_steps;
-      spdlog::info("worker {}: the dynamic loss scale goes on from {:g}, the generation before's",
-                   p.rank, p.loss_scale);
-    }
-  }
+  planModel(o, p);
+  p.nothing_left = !startFrom(o, role, p);
   return p;
 }
 

@@ -111,12 +111,8 @@ class CpuBatchNorm final : public BatchNormOp {
   void backwardOf(const Tensor& x, const float* yp, const Tensor& gamma, const Tensor& dy,
                   const Tensor& dx, float* dzp, const Tensor& dgamma, const Tensor& dbeta) {
     const std::int64_t n = g_.n, c = g_.channels, s = g_.spatial;
-    const float* xp = x.f32();
-    const float* gp = gamma.f32();
-    const float* dyp = dy.f32();
-    float* dxp = optionalF32(dx);
-    float* dgp = optionalF32(dgamma);
-    float* dbp = optionalF32(dbeta);
+    const auto [xp, gp, dyp] = f32s(x, gamma, dy);
+    const auto [dxp, dgp, dbp] = optionalF32s(dx, dgamma, dbeta);
     const float count = static_cast<float>(n * s);
 #pragma omp parallel num_threads(threads_)
     {

@@ -5,6 +5,7 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 #include "kernels/tensor.h"
@@ -109,6 +110,18 @@ void forRangesIndexed(std::int64_t total, int threads, std::int64_t grain, const
 // Float pointer of an optional tensor: nullptr when not defined or empty.
 inline float* optionalF32(const Tensor& t) {
   return t.raw() ? t.f32() : nullptr;
+}
+
+// The float pointers of several tensors for one structured binding, `const auto [xp, wp] =
+// f32s(x, w);`, and of optional ones (each as optionalF32), `const auto [dxp, dwp] =
+// optionalF32s(dx, dw);`.
+template <class... T>
+std::array<const float*, sizeof...(T)> f32s(const T&... t) {
+  return {t.f32()...};
+}
+template <class... T>
+std::array<float*, sizeof...(T)> optionalF32s(const T&... t) {
+  return {optionalF32(t)...};
 }
 
 // An element-wise op `Op` (ReLU, GELU) of `numel` floats: y = kForward(x); dx = kBackward(saved,

@@ -44,12 +44,8 @@ class CpuInnerProduct final : public InnerProductOp {
   void backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx,
                 const Tensor& dw, const Tensor& db) override {
     TROUPE_ENFORCE_EQ(dy.numel(), g_.n * g_.out);
-    const float* xp = x.f32();
-    const float* wp = w.f32();
-    const float* dyp = dy.f32();
-    float* dwp = optionalF32(dw);
-    float* dbp = optionalF32(db);
-    float* dxp = optionalF32(dx);
+    const auto [xp, wp, dyp] = f32s(x, w, dy);
+    const auto [dwp, dbp, dxp] = optionalF32s(dw, db, dx);
     // dw[o0:o1, :] = dy[:, o0:o1]^T * x, db[o0:o1] = column sums of dy[:, o0:o1], and
     // dx[:, i0:i1] = dy * w[:, i0:i1]: the three read dy and write disjoint shares.
     onTeam(threads_, [&](int rank, int count) {

@@ -1,6 +1,7 @@
 // Max and average pooling as direct loops over (image, channel) planes; max pooling remembers the
 // arg max of each window for its backward.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -23,12 +24,10 @@ class CpuPool final : public PoolOp {
   }
 
   void forward(const Tensor& x, const Tensor& y) override {
-    check(x, y);
-    useThreads(threads_);
+    prepare(x, y);
     const float* xp = x.f32();
     float* yp = y.f32();
-    const std::int64_t planes = g_.n * g_.channels, h = g_.height, w = g_.width;
-    const std::int64_t k = g_.kernel, s = g_.stride, pad = g_.pad;
+    const auto [planes, h, w, k, s, pad] = dims();
     const bool fast =
         g_.method == PoolMethod::kMax && k == 2 && s == 2 && pad == 0 && h % 2 == 0 && w % 2 == 0;
 #pragma omp parallel for num_threads(threads_) schedule(static)
@@ -66,12 +65,10 @@ class CpuPool final : public PoolOp {
   }
 
   void backward(const Tensor& dy, const Tensor& dx) override {
-    check(dx, dy);
-    useThreads(threads_);
+    prepare(dx, dy);
     const float* dyp = dy.f32();
     float* dxp = dx.f32();
-    const std::int64_t planes = g_.n * g_.channels, h = g_.height, w = g_.width;
-    const std::int64_t k = g_.kernel, s = g_.stride, pad = g_.pad;
+    const auto [planes, h, w, k, s, pad] = dims();
 #pragma omp parallel for num_threads(threads_) schedule(static)
     for (std::int64_t pl = 0; pl < planes; ++pl) {
       float* out = dxp + pl * h * w;
@@ -97,9 +94,15 @@ class CpuPool final : public PoolOp {
   }
 
  private:
-  void check(const Tensor& x, const Tensor& y) const {
+  // Checks the sizes of a call's input (or its gradient) x and output y, and sets the threads.
+  void prepare(const Tensor& x, const Tensor& y) const {
     TROUPE_ENFORCE_EQ(x.numel(), g_.n * g_.channels * g_.height * g_.width);
     TROUPE_ENFORCE_EQ(y.numel(), g_.n * g_.channels * oh_ * ow_);
+    useThreads(threads_);
+  }
+  // The planes (images x channels), a plane's height and width, the window, stride and padding.
+  std::array<std::int64_t, 6> dims() const {
+    return {g_.n * g_.channels, g_.height, g_.width, g_.kernel, g_.stride, g_.pad};
   }
 
   PoolGeometry g_;

@@ -339,16 +339,8 @@ class CpuLstm final : public LstmOp {
                 const Tensor& db_ih, const Tensor& db_hh) override {
     const std::int64_t n = g_.n, t = g_.t, in = g_.input, hid = g_.hidden, g4 = 4 * hid;
     TROUPE_ENFORCE_EQ(dy.numel(), n * t * hid);
-    const float* xp = x.f32();
-    const float* yp = y.f32();
-    const float* wi = w_ih.f32();
-    const float* wh = w_hh.f32();
-    const float* d = dy.f32();
-    float* dxp = optionalF32(dx);
-    float* dwi = optionalF32(dw_ih);
-    float* dwh = optionalF32(dw_hh);
-    float* dbi = optionalF32(db_ih);
-    float* dbh = optionalF32(db_hh);
+    const auto [xp, yp, wi, wh, d] = f32s(x, y, w_ih, w_hh, dy);
+    const auto [dxp, dwi, dwh, dbi, dbh] = optionalF32s(dx, dw_ih, dw_hh, db_ih, db_hh);
     dgates_.resize(gates_.size());
     hprev_.resize(size(n * t * hid));
     dh_.resize(size(n * hid));

@@ -179,7 +179,8 @@ Desc convolution(const ConvPlanSpec& s) {
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float16 and bfloat16 accumulate in float
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const std::int64_t dims = 2;
-  const std::array<std::int64_t, 2> one{1, 1}, stride{s.stride, s.stride}, pad{s.pad, s.pad};
+  const std::array<std::int64_t, 2> one{1, 1}, stride{s.geometry.stride, s.geometry.stride},
+      pad{s.geometry.pad, s.geometry.pad};
   set(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute, "compute");
   set(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode, "mode");
   set(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims, "dims");
@@ -392,9 +393,11 @@ std::unique_ptr<ConvPlan> ConvPlan::build(cudnnHandle_t handle, cudaStream_t str
   out->d_ = std::make_unique<Descriptors>();
   Descriptors& d = *out->d_;
   try {
-    d.x = tensor(kX, {s.n, s.c, s.h, s.w}, s.nhwc, s.data, s.alignment);
-    d.w = tensor(kW, {s.k, s.c, s.r, s.r}, s.nhwc, s.data, s.alignment);
-    d.y = tensor(kY, {s.n, s.k, s.oh, s.ow}, s.nhwc, s.data, s.alignment);
+    const ConvGeometry& g = s.geometry;
+    const bool nhwc = g.channels_last;
+    d.x = tensor(kX, {g.n, g.channels, g.height, g.width}, nhwc, s.data, s.alignment);
+    d.w = tensor(kW, {g.out_channels, g.channels, g.kernel, g.kernel}, nhwc, s.data, s.alignment);
+    d.y = tensor(kY, {g.n, g.out_channels, g.outHeight(), g.outWidth()}, nhwc, s.data, s.alignment);
     d.conv = convolution(s);
     d.op = operation(s, d.x, d.w, d.y, d.conv);
     d.graph = operationGraph(d.op, handle);

@@ -15,15 +15,18 @@
 #include <memory>
 #include <string>
 
+#include "kernels/ops.h"
+
 namespace troupe::kernels::cuda {
 
 struct ConvPlanSpec {
   enum class Kind { kForward, kBackwardData, kBackwardFilter };
   Kind kind = Kind::kForward;
-  // x [n, c, h, w], w [k, c, r, r], y [n, k, oh, ow]; NHWC (and KRSC) in memory with nhwc.
-  std::int64_t n = 1, c = 1, h = 1, w = 1, k = 1, r = 1, stride = 1, pad = 0, oh = 1, ow = 1;
+  // x [n, channels, height, width], w [out_channels, channels, kernel, kernel], y [n,
+  // out_channels, outHeight(), outWidth()]; NHWC (and KRSC) in memory with channels_last. The
+  // bias is not the plan's.
+  ConvGeometry geometry;
   cudnnDataType_t data = CUDNN_DATA_FLOAT;
-  bool nhwc = false;
   bool tf32 = false;            // float32 data may run on tensor cores as TF32
   bool deterministic = false;   // no engine that cuDNN notes as nondeterministic
   float beta = 0.0f;            // out = conv + beta * out

@@ -410,18 +410,8 @@ class CudaConv final : public ConvOp {
     spec.kind = kind == kForward  ? ConvPlanSpec::Kind::kForward
                 : kind == kFilter ? ConvPlanSpec::Kind::kBackwardFilter
                                   : ConvPlanSpec::Kind::kBackwardData;
-    spec.n = g.n;
-    spec.c = g.channels;
-    spec.h = g.height;
-    spec.w = g.width;
-    spec.k = g.out_channels;
-    spec.r = g.kernel;
-    spec.stride = g.stride;
-    spec.pad = g.pad;
-    spec.oh = g.outHeight();
-    spec.ow = g.outWidth();
+    spec.geometry = g;
     spec.data = cudnnType(dtype_);
-    spec.nhwc = g.channels_last;
     spec.tf32 = ctx_.options.tf32;
     spec.deterministic = ctx_.options.deterministic;
     spec.beta = kind == kDataAdding ? 1.0f : 0.0f;
