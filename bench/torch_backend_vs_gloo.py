@@ -65,8 +65,8 @@ def run_rank(a):
         rows.append((f"all_gather {mb} MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
                      lambda s, mb=mb: f"{mb / s:.0f} MB/s"))
 
-    whole = torch.empty(25 * (1 << 20) // 4)
-    part = torch.ones(whole.numel() // world)
+    part = torch.ones(25 * (1 << 20) // 4 // world)  # the output: world parts, about 25 MB
+    whole = torch.empty(part.numel() * world)
     times = {}
     for name, group in groups.items():
         dist.all_gather_into_tensor(whole, part, group=group)

@@ -142,15 +142,20 @@ class RingMember final : public Actor {
     ring_.emplace(rank_, world_, kSegment, forwarder(true), doneOn(kSumRing), spec);
   }
 
-  // Sends a ring's chunks on; `copied`: a copy of each, where the ring writes into what it sent
-  // again while the transport may still read it (an allreduce: its reduce-scatter's partial sums
-  // are overwritten by its all-gather). Else the buffer lives while a chunk of it does.
+  // Sends a ring's chunks on. A float chunk goes in memory shared with the next worker's process
+  // where it runs on this host (read there in place, as the trainer's ring sends: no socket
+  // copies); else, `copied`, as a copy, where the ring writes into what it sent again while the
+  // transport may still read it (an allreduce: its reduce-scatter's partial sums are overwritten
+  // by its all-gather), or as itself, its buffer living while a chunk of it does.
   RingAllreduce::SendFn forwarder(bool copied) {
     return [this, copied](RingChunk chunk) {
-      if (copied && chunk.data.dtype() == kernels::DType::kFloat32) {
-        auto copy = kernels::Tensor::hostUninitialized({chunk.data.numel()});
-        std::copy_n(chunk.data.f32(), chunk.data.numel(), copy.f32());
-        chunk.data = std::move(copy);
+      if (chunk.data.dtype() == kernels::DType::kFloat32) {
+        auto out = copied ? system().sendBuffer(next_, chunk.data.shape())
+                          : system().sharedBuffer(next_, chunk.data.shape());
+        if (out.raw() != nullptr) {
+          std::copy_n(chunk.data.f32(), chunk.data.numel(), out.f32());
+          chunk.data = std::move(out);
+        }
       }
       send(next_, std::move(chunk));
     };

@@ -399,16 +399,21 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             self._float("allreduce", t)
         divisor = self._divisor("allreduce", opts)
         t = tensors[0]
-        if len(tensors) == 1 and _in_place(t) and not _from_the_python_api():
-            # DDP's buckets: summed where they lie, meanwhile (DDP waits on the Work's future,
-            # whose error it sees; a call of dist.all_reduce sums below, raising its errors there)
+        if len(tensors) == 1 and _in_place(t):
+            # One float32 host tensor: summed where it lies. DDP's buckets meanwhile (DDP waits on
+            # the Work's future, whose error it sees); a call of dist.all_reduce at once, raising
+            # its errors here.
             flat = t.detach().view(-1).numpy()
 
             def average():
                 self._sum(flat)
                 if divisor != 1:
                     np.divide(flat, divisor, out=flat)
-            return self._in_background(average, tensors)
+            if not _from_the_python_api():
+                return self._in_background(average, tensors)
+            self._drain()
+            average()
+            return _done(tensors)
         self._drain()
         total = self._summed(tensors)
         if divisor != 1:
