@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -264,6 +266,56 @@ TEST_F(CheckpointTest, ANonFiniteValueIsNeverSaved) {
     EXPECT_FALSE(fs::exists(path("diverged.ckpt")));
     EXPECT_TRUE(fs::is_empty(dir_)) << "no temporary left behind";
   }
+}
+
+// A sharded state (ZeRO's) put together on disk: AdamW's 2 rows of 1000 columns in the shards [0,
+// 300) and [300, 1000), each written in pieces of 7 elements that cross its rows' ends, out of
+// order. The checkpoint written from the file holds the state as one tensor would; the file goes
+// with its StateFile; a non-finite value in it is refused as a tensor's is, naming its index.
+TEST_F(CheckpointTest, AStatePutTogetherOnDiskFromShardsIsSavedAsTheWholeState) {
+  constexpr std::int64_t kRows = 2, kColumns = 1000;
+  const std::pair<std::int64_t, std::int64_t> shards[] = {{300, 1000}, {0, 300}};
+  auto whole = kernels::Tensor::host({kRows * kColumns});
+  for (std::int64_t i = 0; i < whole.numel(); ++i)
+    whole.f32()[i] = static_cast<float>(i) * 0.25f - 100.0f;
+  Checkpoint ck = sample();
+  ck.meta["optimizer"] = "adamw";
+  ck.meta["optimizer_state"] = "exp_avg,exp_avg_sq";
+  ck.weights = kernels::Tensor::host({kColumns});
+  ck.state = kernels::Tensor();
+  {
+    StateFile file(path("state.ckpt.tmp.1"), kRows, kColumns);
+    for (const auto& [begin, end] : shards) {
+      // The shard as its worker holds it: each row's columns [begin, end), one row after another.
+      const std::int64_t width = end - begin;
+      std::vector<float> shard;
+      for (std::int64_t r = 0; r < kRows; ++r)
+        for (std::int64_t c = begin; c < end; ++c)
+          shard.push_back(whole.f32()[r * kColumns + c]);
+      for (std::int64_t at = 0; at < kRows * width; at += 7) {
+        const std::int64_t n = std::min<std::int64_t>(7, kRows * width - at);
+        file.write(begin, end, at, shard.data() + at, n);
+      }
+    }
+    ck.state_file = file.path();
+    saveCheckpoint(path("sharded.ckpt"), ck);
+    ck.meta["step"] = "41";
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    file.write(300, 1000, 700 + 5, &nan, 1);  // row 1, column 305: element 1305 of the state
+    try {
+      saveCheckpoint(path("diverged.ckpt"), ck);
+      FAIL() << "a state file holding NaN was written";
+    } catch (const NumericError& e) {
+      EXPECT_NE(std::string(e.what()).find("index 1305 of 2000"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(path("diverged.ckpt")));
+  }
+  EXPECT_FALSE(fs::exists(path("state.ckpt.tmp.1"))) << "the state's file goes with its StateFile";
+  const auto loaded = loadCheckpoint(path("sharded.ckpt"));
+  ASSERT_EQ(loaded.state.numel(), whole.numel());
+  EXPECT_EQ(std::memcmp(loaded.state.f32(), whole.f32(), 4 * kRows * kColumns), 0);
+  EXPECT_EQ(loaded.stateNames(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
+  EXPECT_EQ(loaded.metaInt("step"), 40);
 }
 
 }  // namespace

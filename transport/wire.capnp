@@ -91,6 +91,22 @@ struct EpochEnd {
   stateEnd @7 :Int64;
 }
 
+# Chief coordinator -> another worker's paused updater (ZeRO): elements [offset, offset + count) of
+# its shard of the optimizer's state, for a checkpoint ...
+struct StateRequest {
+  step @0 :Int64;
+  offset @1 :Int64;
+  count @2 :Int64;
+}
+
+# ... and the updater's answer.
+struct StateChunk {
+  step @0 :Int64;
+  worker @1 :Int32;
+  offset @2 :Int64;
+  values @3 :TensorData;
+}
+
 # Updater -> Updater (elastic runs): the state a new generation goes on from.
 struct Handover {
   step @0 :Int64;
@@ -255,5 +271,7 @@ struct Frame {
     kvDone @30 :UInt32;          # the worker that is done with the store
     subscribe @31 :Subscribe;    # an observer of the run -> the chief's updater
     pullHeld @32 :PullHeld;      # server -> the worker whose pull it holds: whom it waits for
+    stateRequest @33 :StateRequest;  # chief coordinator -> a sharded updater, for a checkpoint
+    stateChunk @34 :StateChunk;
   }
 }

@@ -145,8 +145,10 @@ struct EpochEnd {
   float loss_scale = 0;
   std::int64_t overflow_steps = 0;
   bool paused = true;
-  // Sharded optimizer state (ZeRO stage 1): `state` holds the rows' elements [state_begin,
-  // state_end) only, this updater's shard; the coordinator puts the shards together. 0, 0: all.
+  // Sharded optimizer state (ZeRO stage 1): the updater's shard is the rows' elements
+  // [state_begin, state_end). The chief's `state` holds its shard; the others' none: the
+  // coordinator asks each for its shard piece by piece (StateRequest) when it writes a
+  // checkpoint. 0, 0: all.
   std::int64_t state_begin = 0;
   std::int64_t state_end = 0;
 };
@@ -157,6 +159,34 @@ inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
     wire::field("overflowSteps", &EpochEnd::overflow_steps),
     wire::field("paused", &EpochEnd::paused), wire::field("stateBegin", &EpochEnd::state_begin),
     wire::field("stateEnd", &EpochEnd::state_end));
+
+// Chief coordinator -> the updater of another worker, paused with its shard of a sharded
+// optimizer state (ZeRO: EpochEnd::state_begin, state_end), for a checkpoint: elements
+// [offset, offset + count) of the shard's state, its rows one after another. The coordinator
+// asks for one such piece at a time and writes each to disk, so that no process ever holds the
+// whole state.
+struct StateRequest {
+  std::int64_t step = 0;
+  std::int64_t offset = 0;
+  std::int64_t count = 0;
+};
+template <>
+inline constexpr auto wire::kForm<StateRequest> = wire::form<StateRequest>(
+    "stateRequest", wire::field("step", &StateRequest::step),
+    wire::field("offset", &StateRequest::offset), wire::field("count", &StateRequest::count));
+
+// Updater -> chief coordinator: the piece of its shard's state a StateRequest asked for.
+struct StateChunk {
+  std::int64_t step = 0;
+  std::int32_t worker = 0;
+  std::int64_t offset = 0;
+  Tensor values;  // host float
+};
+template <>
+inline constexpr auto wire::kForm<StateChunk> = wire::form<StateChunk>(
+    "stateChunk", wire::field("step", &StateChunk::step),
+    wire::field("worker", &StateChunk::worker), wire::field("offset", &StateChunk::offset),
+    wire::field("values", &StateChunk::values));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
@@ -485,9 +515,9 @@ inline int wireLane(const RingChunk& c) {
 
 // Every message that crosses processes: each has its wire::kForm above and its schema in
 // transport/wire.capnp.
-using WireMessages =
-    std::tuple<GradBucket, Reduced, Weights, StepDone, EpochEnd, Resume, PauseAt, Handover,
-               Evaluate, Evaluated, BuffersRequest, Buffers, RingChunk, Push, Pull, PullReply,
-               PullHeld, KvInit, KvConfigure, KvAck, KvDone, Subscribe, Shutdown>;
+using WireMessages = std::tuple<GradBucket, Reduced, Weights, StepDone, EpochEnd, Resume, PauseAt,
+                                Handover, Evaluate, Evaluated, BuffersRequest, Buffers, RingChunk,
+                                Push, Pull, PullReply, PullHeld, KvInit, KvConfigure, KvAck, KvDone,
+                                Subscribe, Shutdown, StateRequest, StateChunk>;
 
 }  // namespace troupe::actors

@@ -1,7 +1,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -26,6 +28,8 @@ using Clock = std::chrono::steady_clock;
 // comes this many steps after the last one the coordinator saw done: every updater is at most a
 // step or two past it, so the PauseAt reaches each in time.
 constexpr std::int64_t kPauseMargin = 8;
+// The elements of a piece of a worker's shard of the optimizer state (StateRequest): 256 KiB.
+constexpr std::int64_t kStatePiece = std::int64_t{1} << 16;
 
 enum class PauseFor { kNothing, kJoin, kCheckpoint, kStop };
 
@@ -40,8 +44,9 @@ class Coordinator final : public Actor {
     on<EpochEnd>([this](EpochEnd& e) {
       ++progress_;
       // Every process's updater sends one. Where it pauses, the chief's carries the weights (every
-      // updater holds the same bits) and the optimizer's state; the others', nothing, or each its
-      // shard of the state (ZeRO), put together here.
+      // updater holds the same bits) and the optimizer's state, or its shard of it (ZeRO: the
+      // others' shards are asked for when a checkpoint is written, gatherState); the others',
+      // nothing.
       auto& [end, count] = ends_[e.step];
       if (count++ == 0) {
         end = EpochEnd{e.step, {}, {}, e.loss_scale, e.overflow_steps, e.paused};
@@ -50,17 +55,12 @@ class Coordinator final : public Actor {
                        e.step);
       }
       if (e.weights.defined()) end.weights = e.weights;
-      if (e.state_end > e.state_begin) {
-        if (!end.state.defined()) {
-          end.state = kernels::Tensor::host(
-              {e.state.numel() / (e.state_end - e.state_begin) * config_.num_params});
-        }
-        kernels::setStateColumns(e.state, end.state, config_.num_params, e.state_begin,
-                                 e.state_end);
-      } else if (e.state.defined()) {
-        end.state = e.state;
-      }
+      if (e.state.defined()) end.state = e.state;
       maybeEndEpoch();
+    });
+    on<StateChunk>([this](StateChunk& c) {
+      ++progress_;
+      stateChunk(c);
     });
     on<Buffers>([this](Buffers& b) {
       ++progress_;
@@ -333,8 +333,7 @@ class Coordinator final : public Actor {
     auto& result = *config_.result;
     result.stopped = true;
     result.steps = step;
-    result.weights = kernels::Tensor::host({epoch_end_->weights.numel()});
-    std::copy_n(epoch_end_->weights.f32(), result.weights.numel(), result.weights.f32());
+    result.weights = epoch_end_->weights;  // host memory no one writes any more
     for (const auto& f : config_.followers)
       send(f, Shutdown{});
     system().shutdown();
@@ -360,6 +359,86 @@ class Coordinator final : public Actor {
     TROUPE_ENFORCE(!epoch_end_->paused || epoch_end_->weights.defined(),
                    "the chief's updater paused after step ", epoch_end_->step,
                    " without its weights");
+    if (epoch_end_->paused && !config_.shards.empty() && checkpointsAfter(epoch_end_->step)) {
+      gatherState();
+      return;
+    }
+    epochEnds();
+  }
+
+  // Whether the pause after `step` writes a checkpoint: part way through an epoch, where one (or
+  // a stop with one) was asked for; at an epoch's end, also at the run's last step and every
+  // checkpoint_every epochs.
+  bool checkpointsAfter(std::int64_t step) const {
+    const PauseFor pause = step == pause_at_ ? pause_for_ : PauseFor::kNothing;
+    const bool asked = pause == PauseFor::kCheckpoint ||
+                       (pause == PauseFor::kStop && config_.control->checkpoint_at_stop.load());
+    if (step == pause_at_ && !config_.plan.epochEndsAt(step)) return asked;
+    const std::int64_t epoch = config_.plan.epochOf(step - 1) + 1;  // epochs completed
+    const auto every = options_.checkpoint_every;
+    return step >= config_.plan.last_step || asked || (every > 0 && epoch % every == 0);
+  }
+
+  // The checkpoint's optimizer state put together on disk from the workers' shards (ZeRO): the
+  // chief's from its EpochEnd, each other worker's a piece at a time (StateRequest, one in flight),
+  // every piece written where it goes and let go, so that no process holds the whole state. Then
+  // the epoch's end goes on (epochEnds).
+  void gatherState() {
+    const std::int64_t step = epoch_end_->step;
+    const auto rows = static_cast<std::int64_t>(options_.optimizer.info().states.size());
+    state_file_.emplace(fmt::format("{}/{}_step{}_state.ckpt.tmp.{}", config_.checkpoint_dir,
+                                    config_.experiment_id, step, ::getpid()),
+                        rows, config_.num_params);
+    const auto [begin, end] = config_.shards[0];
+    TROUPE_ENFORCE(epoch_end_->state.numel() == rows * (end - begin),
+                   "the chief's EpochEnd after step ", step, " carries ", epoch_end_->state.numel(),
+                   " state elements, not its shard's ", rows * (end - begin));
+    if (end > begin)
+      state_file_->write(begin, end, 0, epoch_end_->state.f32(), rows * (end - begin));
+    epoch_end_->state = kernels::Tensor();
+    gather_worker_ = 0;
+    gather_offset_ = rows * (end - begin);  // the chief's shard is written
+    requestState();
+  }
+
+  // Asks the next worker with a shard for the next piece of it; once none is left, goes on.
+  void requestState() {
+    const auto rows = static_cast<std::int64_t>(options_.optimizer.info().states.size());
+    for (;;) {
+      const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_worker_)];
+      if (gather_offset_ < rows * (end - begin)) break;
+      gather_offset_ = 0;
+      if (++gather_worker_ == static_cast<int>(config_.shards.size())) {
+        gather_worker_ = -1;
+        epochEnds();
+        return;
+      }
+    }
+    const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_worker_)];
+    gather_count_ = std::min(kStatePiece, rows * (end - begin) - gather_offset_);
+    send(config_.updaters[static_cast<std::size_t>(gather_worker_)],
+         StateRequest{epoch_end_->step, gather_offset_, gather_count_});
+  }
+
+  void stateChunk(const StateChunk& c) {
+    if (gather_worker_ < 0 || !epoch_end_ || c.step != epoch_end_->step ||
+        c.worker != gather_worker_ || c.offset != gather_offset_ ||
+        c.values.numel() != gather_count_) {
+      throw InvariantError(fmt::format(
+          "a piece of worker {}'s optimizer state ({} elements at {} after step {}) came unasked "
+          "(asked: worker {}, {} at {})",
+          c.worker, c.values.numel(), c.offset, c.step, gather_worker_, gather_count_,
+          gather_offset_));
+    }
+    const auto [begin, end] = config_.shards[static_cast<std::size_t>(c.worker)];
+    state_file_->write(begin, end, c.offset, c.values.f32(), c.values.numel());
+    gather_offset_ += c.values.numel();
+    requestState();
+  }
+
+  // Once every updater's EpochEnd for the step is in (and a sharded state gathered): a pause
+  // part way through an epoch, or the epoch's end.
+  void epochEnds() {
     if (epoch_end_->step == pause_at_ && !config_.plan.epochEndsAt(pause_at_)) {
       paused();
       return;
@@ -491,9 +570,9 @@ class Coordinator final : public Actor {
       return;
     }
     if (last) {
-      auto weights = kernels::Tensor::host({epoch_end_->weights.numel()});
-      std::copy_n(epoch_end_->weights.f32(), weights.numel(), weights.f32());
-      result.weights = weights;
+      // The chief's updater's weights (or their copy on the host), which no one writes any more:
+      // the run is over.
+      result.weights = epoch_end_->weights;
       for (const auto& f : config_.followers)
         send(f, Shutdown{});
       system().shutdown();
@@ -544,6 +623,11 @@ class Coordinator final : public Actor {
     }
     ck.weights = epoch_end_->weights;
     ck.state = epoch_end_->state;
+    if (!config_.shards.empty()) {
+      TROUPE_ENFORCE(state_file_.has_value(), "checkpoint ", name,
+                     ": the workers' shards of the state were not gathered");
+      ck.state_file = state_file_->path();
+    }
     ck.meta["optimizer"] = options_.optimizer.name();
     ck.meta["optimizer_state"] =
         fmt::format("{}", fmt::join(options_.optimizer.info().states, ","));
@@ -551,6 +635,7 @@ class Coordinator final : public Actor {
     progress_line_.clear();
     const std::string path = config_.checkpoint_dir + "/" + name;
     saveCheckpoint(path, ck);
+    state_file_.reset();
     config_.result->checkpoints.push_back(path);
     spdlog::info("checkpoint {}", path);
     if (config_.control && config_.control->callbacks.on_checkpoint) {
@@ -604,6 +689,11 @@ class Coordinator final : public Actor {
   // once every updater's came and its step is done.
   std::map<std::int64_t, std::pair<EpochEnd, int>> ends_;
   std::optional<EpochEnd> epoch_end_;
+  // A sharded state being put together for a checkpoint (gatherState): the file, and the worker
+  // (-1: none) and the elements of its shard asked for last.
+  std::optional<StateFile> state_file_;
+  int gather_worker_ = -1;
+  std::int64_t gather_offset_ = 0, gather_count_ = 0;
   std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
   kernels::Tensor buffers_;
   bool started_ = false;

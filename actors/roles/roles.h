@@ -455,6 +455,10 @@ struct CoordinatorConfig {
   std::int64_t cumulative_inputs = 0;
   std::int64_t overflow_steps = 0;  // skipped for inf or NaN gradients
   std::int64_t num_params = 0;
+  // Sharded optimizer state (ZeRO stage 1), as UpdaterConfig::shards: a checkpoint's state is put
+  // together on disk, the chief's shard from its EpochEnd and the others' asked for piece by piece
+  // (StateRequest). Empty: the chief's updater holds it all.
+  std::vector<std::pair<std::int64_t, std::int64_t>> shards;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

@@ -47,6 +47,7 @@ class Updater final : public Actor {
     on<Handover>([this](Handover& h) { adopt(h); });
     on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
     on<WeightsGathered>([this](WeightsGathered& g) { gathered(g); });
+    on<StateRequest>([this](StateRequest& r) { sendState(r); });
     on<SummedAcrossWorkers>([this](SummedAcrossWorkers& s) {
       TROUPE_ENFORCE(sharded_ && s.step == step_ && reduced_ == weights_.numel(),
                      "figures of step ", s.step, " summed at step ", step_);
@@ -405,16 +406,33 @@ class Updater final : public Actor {
     broadcast();
   }
 
-  // The epoch's end where the updater pauses: the chief's carries its weights and state, the
-  // others' their shard of the state where it is sharded, else nothing (every updater holds the
-  // same bits: one copy is all the coordinator needs).
+  // The epoch's end where the updater pauses: the chief's carries its weights and state (its
+  // shard of it where it is sharded), the others' nothing (every updater holds the same bits:
+  // one copy is all the coordinator needs; a shard of the state it asks for: sendState).
   EpochEnd pausedEnd() {
     const bool chief = config_.worker == 0;
     EpochEnd e{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/true};
     if (chief) e.weights = onHost(weights_);
-    if (chief || sharded_) e.state = onHost(optimizer_->state());
+    if (chief) e.state = onHost(optimizer_->state());
     if (sharded_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
+  }
+
+  // A piece of this worker's shard of the state, for the chief's checkpoint, while paused.
+  void sendState(const StateRequest& r) {
+    const kernels::Tensor& state = optimizer_->state();
+    if (!sharded_ || r.step != step_ || r.offset < 0 || r.count <= 0 ||
+        r.count > state.numel() - r.offset) {
+      throw InvariantError(fmt::format(
+          "worker {}: asked for {} elements of its optimizer state at {} after step {}, at step "
+          "{} with {} elements{}",
+          config_.worker, r.count, r.offset, r.step, step_, state.numel(),
+          sharded_ ? "" : " (the state is not sharded)"));
+    }
+    auto piece = kernels::Tensor::host({r.count});
+    backend_->copy(state.slice(r.offset, r.offset + r.count), piece);
+    backend_->synchronize();
+    send(config_.coordinator, StateChunk{step_, config_.worker, r.offset, piece});
   }
 
   // Elastic runs: the state before a step's first bucket is applied, for a generation that ends

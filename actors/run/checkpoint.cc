@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -30,20 +31,48 @@ namespace {
 constexpr char kMagic[8] = {'T', 'R', 'O', 'U', 'P', 'E', 'C', 'K'};
 constexpr std::uint32_t kVersion = 1;
 
-void append(std::string& out, const void* p, std::size_t n) {
-  out.append(static_cast<const char*>(p), n);
+void writeAll(int fd, const void* data, std::size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, p + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError("cannot write checkpoint '" + path + "': " + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
 }
 
-template <typename T>
-void appendValue(std::string& out, T v) {
-  append(out, &v, sizeof v);
-}
+// A checkpoint's bytes written to its file as they come, with the CRC-32 of all of them.
+class Sink {
+ public:
+  Sink(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  void write(const void* data, std::size_t size) {
+    const auto* p = static_cast<const Bytef*>(data);
+    for (std::size_t done = 0; done < size;) {  // zlib takes a uInt at a time
+      const auto n = static_cast<uInt>(std::min<std::size_t>(size - done, std::size_t{1} << 30));
+      crc_ = crc32(crc_, p + done, n);
+      done += n;
+    }
+    writeAll(fd_, data, size, path_);
+  }
+  template <typename T>
+  void value(T v) {
+    write(&v, sizeof v);
+  }
+  void tensor(const kernels::Tensor& t) {
+    const std::uint64_t n = t.defined() ? static_cast<std::uint64_t>(t.numel()) : 0;
+    value(n);
+    if (n) write(t.f32(), n * sizeof(float));
+  }
+  std::uint32_t crc() const { return static_cast<std::uint32_t>(crc_); }
 
-void appendTensor(std::string& out, const kernels::Tensor& t) {
-  const std::uint64_t n = t.defined() ? static_cast<std::uint64_t>(t.numel()) : 0;
-  appendValue(out, n);
-  if (n) append(out, t.f32(), n * sizeof(float));
-}
+ private:
+  int fd_;
+  const std::string& path_;
+  uLong crc_ = crc32(0L, Z_NULL, 0);
+};
 
 class Parser {
  public:
@@ -91,18 +120,6 @@ class Parser {
   std::size_t pos_ = 0;
 };
 
-void writeAll(int fd, const std::string& bytes, const std::string& path) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw IoError("cannot write checkpoint '" + path + "': " + std::strerror(errno));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-}
-
 std::map<std::string, std::string> parseMeta(const std::string& path, const std::string& text) {
   std::map<std::string, std::string> meta;
   std::istringstream lines(text);
@@ -143,10 +160,9 @@ T metaValue(const std::map<std::string, std::string>& meta, const std::string& k
 
 // Throws unless every value of `t` is finite: a diverged run must not leave a checkpoint that a
 // resume would load.
-void checkFinite(const std::string& path, const char* what, const kernels::Tensor& t) {
-  if (!t.defined()) return;
-  const float* v = t.f32();
-  const std::int64_t n = t.numel();
+// `v` holds elements [from, from + n) of `total`.
+void checkFinite(const std::string& path, const char* what, const float* v, std::int64_t n,
+                 std::int64_t from, std::int64_t total) {
   float sum = 0;  // inf or NaN anywhere makes the sum non-finite: one pass, vectorisable
   for (std::int64_t i = 0; i < n; ++i)
     sum += v[i] * 0.0f;
@@ -155,7 +171,51 @@ void checkFinite(const std::string& path, const char* what, const kernels::Tenso
   throw NumericError(fmt::format(
       "not writing checkpoint '{}': its {} hold a non-finite value ({} at index {} of {}); the "
       "run diverged",
-      path, what, v[bad], bad, n));
+      path, what, v[bad], from + bad, total));
+}
+void checkFinite(const std::string& path, const char* what, const kernels::Tensor& t) {
+  if (t.defined()) checkFinite(path, what, t.f32(), t.numel(), 0, t.numel());
+}
+
+// The state's floats from `checkpoint.state_file` into `sink`, a piece at a time, each checked as
+// checkFinite checks a tensor.
+void copyStateFile(const std::string& path, const std::string& file, Sink& sink) {
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw IoError(fmt::format("checkpoint '{}': cannot open its state's file '{}': {}", path, file,
+                              std::strerror(errno)));
+  }
+  std::vector<float> piece(std::size_t{1} << 18);
+  try {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size % static_cast<off_t>(sizeof(float)) != 0) {
+      throw IoError(
+          fmt::format("checkpoint '{}': its state's file '{}' is not whole floats", path, file));
+    }
+    const std::int64_t total = st.st_size / static_cast<off_t>(sizeof(float));
+    sink.value(static_cast<std::uint64_t>(total));
+    for (std::int64_t from = 0; from < total;) {
+      const auto n = std::min<std::int64_t>(total - from, static_cast<std::int64_t>(piece.size()));
+      const auto bytes = static_cast<std::size_t>(n) * sizeof(float);
+      for (std::size_t got = 0; got < bytes;) {
+        const ssize_t r = ::pread(fd, reinterpret_cast<char*>(piece.data()) + got, bytes - got,
+                                  static_cast<off_t>(from * 4 + static_cast<std::int64_t>(got)));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          throw IoError(fmt::format("checkpoint '{}': cannot read its state's file '{}': {}", path,
+                                    file, r < 0 ? std::strerror(errno) : "cut short"));
+        }
+        got += static_cast<std::size_t>(r);
+      }
+      checkFinite(path, "optimizer state values", piece.data(), n, from, total);
+      sink.write(piece.data(), bytes);
+      from += n;
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
 }
 
 // Moves `tmp` to `path` unless `path` exists, atomically: of two writers of one name, exactly one
@@ -215,20 +275,9 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   checkFinite(path, "buffers", checkpoint.buffers);
   // Cheap early refusal; publishNoReplace is what makes two writers of one name safe.
   if (fs::exists(path)) throw IoError("checkpoint '" + path + "' exists; not replacing it");
-  std::string bytes;
-  append(bytes, kMagic, sizeof kMagic);
-  appendValue(bytes, kVersion);
   std::string meta;
   for (const auto& [k, v] : checkpoint.meta)
     meta += k + "=" + v + "\n";
-  appendValue(bytes, static_cast<std::uint64_t>(meta.size()));
-  bytes += meta;
-  appendTensor(bytes, checkpoint.weights);
-  appendTensor(bytes, checkpoint.state);
-  appendTensor(bytes, checkpoint.buffers);
-  const auto crc = static_cast<std::uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
-  appendValue(bytes, crc);
 
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -239,7 +288,20 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
     throw IoError("cannot create checkpoint '" + tmp + "': " + std::strerror(errno));
   }
   try {
-    writeAll(fd, bytes, tmp);
+    Sink sink(fd, tmp);
+    sink.write(kMagic, sizeof kMagic);
+    sink.value(kVersion);
+    sink.value(static_cast<std::uint64_t>(meta.size()));
+    sink.write(meta.data(), meta.size());
+    sink.tensor(checkpoint.weights);
+    if (checkpoint.state.defined() || checkpoint.state_file.empty()) {
+      sink.tensor(checkpoint.state);
+    } else {
+      copyStateFile(path, checkpoint.state_file, sink);
+    }
+    sink.tensor(checkpoint.buffers);
+    const std::uint32_t crc = sink.crc();
+    writeAll(fd, &crc, sizeof crc, tmp);
     if (::fsync(fd) != 0) throw IoError("cannot fsync '" + tmp + "': " + std::strerror(errno));
   } catch (...) {
     ::close(fd);
@@ -252,6 +314,55 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
+  }
+}
+
+StateFile::StateFile(std::string path, std::int64_t rows, std::int64_t columns)
+    : path_(std::move(path)), rows_(rows), columns_(columns) {
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw IoError(fmt::format("cannot create the optimizer state's file '{}': {}", path_,
+                              std::strerror(errno)));
+  }
+  if (::ftruncate(fd_, static_cast<off_t>(rows * columns * 4)) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    ::unlink(path_.c_str());
+    throw IoError(fmt::format("cannot size the optimizer state's file '{}': {}", path_,
+                              std::strerror(error)));
+  }
+}
+
+StateFile::~StateFile() {
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void StateFile::write(std::int64_t begin, std::int64_t end, std::int64_t offset,
+                      const float* values, std::int64_t n) {
+  const std::int64_t width = end - begin;
+  TROUPE_ENFORCE(
+      begin >= 0 && width > 0 && end <= columns_ && offset >= 0 && offset + n <= rows_ * width,
+      "state file: elements ", offset, " + ", n, " of the shard [", begin, ", ", end, ") of ",
+      rows_, " rows of ", columns_);
+  while (n > 0) {
+    const std::int64_t row = offset / width, column = offset % width;
+    const std::int64_t m = std::min(n, width - column);
+    const auto bytes = static_cast<std::size_t>(m) * sizeof(float);
+    const auto at = static_cast<off_t>((row * columns_ + begin + column) * 4);
+    for (std::size_t done = 0; done < bytes;) {
+      const ssize_t w = ::pwrite(fd_, reinterpret_cast<const char*>(values) + done, bytes - done,
+                                 at + static_cast<off_t>(done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        throw IoError(fmt::format("cannot write the optimizer state's file '{}': {}", path_,
+                                  std::strerror(errno)));
+      }
+      done += static_cast<std::size_t>(w);
+    }
+    values += m;
+    offset += m;
+    n -= m;
   }
 }
 

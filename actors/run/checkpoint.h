@@ -24,6 +24,10 @@ struct Checkpoint {
   // host float: the optimizer's state rows (meta optimizer_state names them; none: SGD's
   // momentum_buffer, as checkpoints before troupe had other optimizers), each of weights' size
   kernels::Tensor state;
+  // To save: with `state` undefined, the state's floats are read from this file instead (raw,
+  // rows one after another: a sharded run's, put together on disk by the coordinator), so that
+  // no process holds them all.
+  std::string state_file;
   kernels::Tensor buffers;  // host float, may be empty
 
   std::int64_t metaInt(const std::string& key) const;
@@ -35,15 +39,40 @@ struct Checkpoint {
   double metaDouble(const std::string& key) const;
 };
 
-// Writes path atomically. Refuses (IoError) to replace a file that exists, also when another
-// process publishes the same name meanwhile (renameat2 RENAME_NOREPLACE, else link()), and
-// refuses (NumericError) tensors holding inf or NaN: no diverged state is ever saved. The temporary
-// file is `path.tmp.PID` (PID of the writer), left behind only when the writer dies mid-save.
+// Writes path atomically, streaming the tensors (nothing of the file is put together in memory).
+// Refuses (IoError) to replace a file that exists, also when another process publishes the same
+// name meanwhile (renameat2 RENAME_NOREPLACE, else link()), and refuses (NumericError) tensors
+// holding inf or NaN: no diverged state is ever saved. The temporary file is `path.tmp.PID` (PID of
+// the writer), left behind only when the writer dies mid-save.
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 Checkpoint loadCheckpoint(const std::string& path);
 // Only the meta of `path`, read from its head: no checksum is verified (loadCheckpoint does that).
 // InputError naming the file when it is no troupe checkpoint or its head is cut short.
 std::map<std::string, std::string> loadCheckpointMeta(const std::string& path);
+
+// A checkpoint's optimizer state put together on disk from column shards (a ZeRO run's: each
+// worker holds the state of columns [begin, end) of every row): `rows` rows of `columns` floats,
+// raw, in `path`, which the checkpoint is then written from (Checkpoint::state_file). The file is
+// made empty (the holes read as zeros) and removed when this goes; name it as a temporary of the
+// checkpoint folder (`*.ckpt.tmp.PID`) so that a crash's leftover is cleaned up.
+class StateFile {
+ public:
+  StateFile(std::string path, std::int64_t rows, std::int64_t columns);
+  ~StateFile();
+  StateFile(const StateFile&) = delete;
+  StateFile& operator=(const StateFile&) = delete;
+
+  // Elements [offset, offset + n) of the shard of columns [begin, end), its rows one after
+  // another, written where they go.
+  void write(std::int64_t begin, std::int64_t end, std::int64_t offset, const float* values,
+             std::int64_t n);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::int64_t rows_, columns_;
+  int fd_;
+};
 
 // Removes the temporaries (`*.ckpt.tmp.PID`) of saves in `dir` whose writer, a process of this
 // host, no longer runs, and returns their paths. Checkpoints and the temporaries of live writers

@@ -152,9 +152,10 @@ void checkBatchMemory(const TrainOptions& o);
 // (the updater's, its shard of them with zero_stage 1; none with parameter servers, which hold
 // them), each replica's gradients (with pipeline stages, each stage's and their sum), and its
 // activations and their gradients at its share of the batch, from `whole`, the net at batch 1
-// (NetMemory::held and scratch; with pipeline stages, kernels::pipelineHeld). (At an epoch's end
-// where a checkpoint is written the chief also holds the whole state, and a copy of the weights:
-// not counted.)
+// (NetMemory::held and scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a
+// piece of 256 KiB at most: a sharded state is put together on disk, piece by piece. (With
+// parameter servers, the chief also holds the weights and the whole state it pulls from them
+// where a checkpoint is written: not counted.)
 void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                       const std::vector<std::int64_t>& shares);
 // The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, the

@@ -66,6 +66,7 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
   c.log = log;
   c.checkpoint_dir = p.checkpoint_dir;
   c.num_params = p.num_params;
+  c.shards = zeroShards();
   c.model_flops_per_sample = p.model_flops_per_sample;
   c.peak_flops = p.peak_flops;
   c.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
