@@ -378,10 +378,15 @@ TEST(KVStoreRing, CollectivesAllgatherReduceScatterAndAllreduceOverThreeWorkers)
           for (std::size_t i = 0; i < n; ++i)
             mine[i] = static_cast<float>(me * 1000000 + static_cast<int>(i));
           ASSERT_TRUE(kv.allgather(mine, all));
+          // Into one array a worker, each of its own (torch's all_gather into a list).
+          std::vector<std::vector<float>> parts(3, std::vector<float>(n, -1.0f));
+          ASSERT_TRUE(kv.allgather(mine, {parts[0], parts[1], parts[2]}));
           for (std::size_t w = 0; w < 3; ++w) {
             for (std::size_t i = 0; i < n; ++i) {
               ASSERT_EQ(all[w * n + i], static_cast<float>(w * 1000000 + i))
                   << "allgather of " << n << ": worker " << w << "'s value " << i;
+              ASSERT_EQ(parts[w][i], all[w * n + i])
+                  << "allgather of " << n << " into parts: worker " << w << "'s value " << i;
             }
           }
           // Worker w's part r holds (w + 1) (r 1000 + i mod 1000): part r sums to 6 (r 1000 + ...).
@@ -406,6 +411,10 @@ TEST(KVStoreRing, CollectivesAllgatherReduceScatterAndAllreduceOverThreeWorkers)
         const Status refused = kv.allgather(mine, too_few);
         EXPECT_EQ(refused.kind(), ErrorKind::kInput);
         EXPECT_EQ(refused.message(), "allgather: 11 values for 3 workers of 4 each");
+        std::vector<float> a(4), b(4), c(3);
+        EXPECT_EQ(kv.allgather(mine, {a, b}).message(), "allgather: 2 arrays for 3 workers");
+        EXPECT_EQ(kv.allgather(mine, {a, b, c}).message(),
+                  "allgather: array 2 holds 3 values, each worker's 4");
         ASSERT_TRUE(kv.barrier());
       },
       "", 0, {}, 3);
@@ -423,6 +432,9 @@ TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
   std::vector<float> all(2);
   ASSERT_TRUE(kv.value()->allgather(std::vector<float>{3, 5}, all));
   EXPECT_EQ(all, (std::vector<float>{3, 5}));
+  std::vector<float> part(2);
+  ASSERT_TRUE(kv.value()->allgather(std::vector<float>{7, 9}, std::vector<std::span<float>>{part}));
+  EXPECT_EQ(part, (std::vector<float>{7, 9}));
   auto with_servers = KVStore::create(
       "ring", {{"num_servers", "1"}, {"rendezvous", "tcp://127.0.0.1:1"}, {"run_id", "r"}});
   ASSERT_FALSE(with_servers);

@@ -361,6 +361,20 @@ Status collectiveSizes(const char* what, std::size_t all, std::size_t mine, int 
       fmt::format("{}: {} values for {} workers of {} each", what, all, workers, mine));
 }
 
+Status partSizes(const char* what, const std::vector<std::span<float>>& parts, std::size_t mine,
+                 int workers) {
+  if (parts.size() != static_cast<std::size_t>(workers)) {
+    return inputError(fmt::format("{}: {} arrays for {} workers", what, parts.size(), workers));
+  }
+  for (std::size_t w = 0; w < parts.size(); ++w) {
+    if (parts[w].size() != mine) {
+      return inputError(fmt::format("{}: array {} holds {} values, each worker's {}", what, w,
+                                    parts[w].size(), mine));
+    }
+  }
+  return {};
+}
+
 }  // namespace actors
 
 Status KVStore::push(const std::vector<int>& keys,
@@ -411,8 +425,16 @@ Status KVStore::allreduce(std::span<float>) {
 Status KVStore::allgather(std::span<const float> mine, std::span<float> all) {
   if (Status s = actors::collectiveSizes("allgather", all.size(), mine.size(), numWorkers()); !s)
     return s;
+  std::vector<std::span<float>> parts;
+  for (int w = 0; w < numWorkers(); ++w)
+    parts.push_back(all.subspan(static_cast<std::size_t>(w) * mine.size(), mine.size()));
+  return allgather(mine, parts);
+}
+
+Status KVStore::allgather(std::span<const float> mine, const std::vector<std::span<float>>& parts) {
+  if (Status s = actors::partSizes("allgather", parts, mine.size(), numWorkers()); !s) return s;
   if (numWorkers() != 1) return noCollectives("allgather", type());
-  std::copy(mine.begin(), mine.end(), all.begin());
+  std::copy(mine.begin(), mine.end(), parts[0].begin());
   return {};
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,5 +77,8 @@ Result<kernels::CompressionSpec> compressionSpecOf(const std::string& type, floa
 // A collective's sizes (KVStore::allgather, reduceScatter): `all` is `workers` times `mine`, else
 // kInput naming both.
 Status collectiveSizes(const char* what, std::size_t all, std::size_t mine, int workers);
+// The same for a collective's `parts`, one array a worker.
+Status partSizes(const char* what, const std::vector<std::span<float>>& parts, std::size_t mine,
+                 int workers);
 
 }  // namespace troupe::actors

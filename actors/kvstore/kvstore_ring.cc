@@ -353,15 +353,17 @@ class RingKVStore final : public KVStore {
     return runCollective(kAllreduceRing, in_place, "allreduce");
   }
 
-  Status allgather(std::span<const float> mine, std::span<float> all) override {
-    const auto n = static_cast<std::int64_t>(mine.size());
+  using KVStore::allgather;
+  Status allgather(std::span<const float> mine,
+                   const std::vector<std::span<float>>& parts) override {
+    if (Status s = partSizes("allgather", parts, mine.size(), world_); !s) return s;
     return collective(
-        kGatherRing, "allgather", all.size(), mine.size(),
+        kGatherRing, "allgather", mine.size() * parts.size(), mine.size(),
         [&](int w, float* part, std::int64_t from, std::int64_t count) {
           if (w == rank_) std::copy_n(mine.data() + from, count, part);
         },
         [&](int w, const float* part, std::int64_t from, std::int64_t count) {
-          std::copy_n(part, count, all.data() + w * n + from);
+          std::copy_n(part, count, parts[static_cast<std::size_t>(w)].data() + from);
         });
   }
 

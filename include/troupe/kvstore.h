@@ -137,9 +137,12 @@ class KVStore {
   // `mine`) gets every worker's `mine`, in rank order. reduceScatter: `mine` gets the sum over the
   // workers of their `all`'s rank-th part. The ring store runs each on a ring of its own (an
   // allgather or a reduce-scatter moves each part once around, an allreduce twice); a store of
-  // one worker copies; the distributed stores refuse (kInput).
+  // one worker copies; the distributed stores refuse (kInput). allgather into `parts`: worker w's
+  // `mine` into parts[w] (one array a worker, each of mine's size: torch.distributed's all_gather
+  // into a list), written where they lie.
   virtual Status allreduce(std::span<float> values);
-  virtual Status allgather(std::span<const float> mine, std::span<float> all);
+  Status allgather(std::span<const float> mine, std::span<float> all);
+  virtual Status allgather(std::span<const float> mine, const std::vector<std::span<float>>& parts);
   virtual Status reduceScatter(std::span<const float> all, std::span<float> mine);
   // MXNet's save_optimizer_states / load_optimizer_states: the optimizer's name and every key's
   // update count and state (Adam's exp_avg and exp_avg_sq, say) to a file, written whole or not

@@ -116,6 +116,16 @@ class PyKVStore {
     released([&] { return kv.allgather(from, into); });
   }
 
+  // Every worker's `mine` into its array of `parts`, written where they lie (KVStore::allgather).
+  void allgatherParts(const FloatArray& mine, std::vector<FloatArray>& parts) {
+    const auto from = values(mine);
+    std::vector<std::span<float>> into;
+    for (auto& p : parts)
+      into.emplace_back(p.mutable_data(), static_cast<std::size_t>(p.size()));
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.allgather(from, into); });
+  }
+
   // The sum over the workers of their `all`'s rank-th part into `mine` (KVStore::reduceScatter).
   void reduceScatter(const FloatArray& all, FloatArray& mine) {
     const auto from = values(all);
@@ -203,6 +213,8 @@ PYBIND11_MODULE(_troupe, m) {
            py::arg("priority") = 0)
       .def("allreduce", &PyKVStore::allreduce, py::arg("values").noconvert())
       .def("allgather", &PyKVStore::allgather, py::arg("mine"), py::arg("all").noconvert())
+      .def("allgather_parts", &PyKVStore::allgatherParts, py::arg("mine"),
+           py::arg("parts").noconvert())
       .def("reduce_scatter", &PyKVStore::reduceScatter, py::arg("all"), py::arg("mine").noconvert())
       .def("set_optimizer", &PyKVStore::setOptimizer, py::arg("spec"))
       .def("set_gradient_compression", &PyKVStore::setGradientCompression, py::arg("type"),

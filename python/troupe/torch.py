@@ -488,7 +488,11 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                     o.copy_(got.view(o.shape))
                 continue
             self._float("allgather", t)
-            for o, got in zip(outs, self._slots(_host(t).numpy(), range(self.size()))):
+            mine = np.ascontiguousarray(_host(t).numpy())
+            if all(_in_place(o) for o in outs):  # each rank's part written where it lies
+                self._kv._store.allgather_parts(mine, [o.detach().view(-1).numpy() for o in outs])
+                continue
+            for o, got in zip(outs, self._slots(mine, range(self.size()))):
                 o.copy_(torch.from_numpy(got).view(o.shape))
         return _done(output_tensors)
 
