@@ -91,8 +91,10 @@ endmacro()
 
 function(troupe_registry out)
   cmake_parse_arguments(arg "" "FOLDER;HEADER;NAMESPACE;ROW;TABLE;MACRO;SUFFIX;FIRST;OTHER" "" ${ARGN})
-  # A file added or removed reconfigures; an edited one reruns the command.
+  # A file added or removed reconfigures; an edited one reruns the command. The files' listing is
+  # in the command line, so that a file removed (the others older than the table) reruns it too.
   file(GLOB files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/${arg_FOLDER}/*.cc)
+  string(MD5 listing "${files}")
   string(MAKE_C_IDENTIFIER ${arg_FOLDER} id)
   set(generated ${PROJECT_BINARY_DIR}/registries/${id}.cc)
   set(defines "")
@@ -104,7 +106,7 @@ function(troupe_registry out)
   add_custom_command(
     OUTPUT ${generated}
     COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR} -DFOLDER=${arg_FOLDER} -DOUT=${generated}
-            ${defines} -P ${TROUPE_REGISTRY_SCRIPT}
+            -DLISTING=${listing} ${defines} -P ${TROUPE_REGISTRY_SCRIPT}
     DEPENDS ${files} ${TROUPE_REGISTRY_SCRIPT}
     COMMENT "The table of ${arg_FOLDER}/"
     VERBATIM)
