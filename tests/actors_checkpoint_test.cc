@@ -316,6 +316,29 @@ TEST_F(CheckpointTest, AStatePutTogetherOnDiskFromShardsIsSavedAsTheWholeState) 
   EXPECT_EQ(std::memcmp(loaded.state.f32(), whole.f32(), 4 * kRows * kColumns), 0);
   EXPECT_EQ(loaded.stateNames(), (std::vector<std::string>{"exp_avg", "exp_avg_sq"}));
   EXPECT_EQ(loaded.metaInt("step"), 40);
+
+  // A worker's shard read back alone: columns [300, 1000) of each row, one row after another.
+  const auto shard =
+      loadCheckpoint(path("sharded.ckpt"), std::pair<std::int64_t, std::int64_t>{300, 1000});
+  ASSERT_EQ(shard.state.numel(), kRows * 700);
+  for (std::int64_t r = 0; r < kRows; ++r) {
+    for (std::int64_t c = 300; c < 1000; ++c) {
+      ASSERT_EQ(shard.state.f32()[r * 700 + c - 300], whole.f32()[r * kColumns + c])
+          << "row " << r << ", column " << c;
+    }
+  }
+  EXPECT_EQ(shard.weights.numel(), kColumns);
+  // The whole file's checksum is checked all the same: a byte flipped in a column not read. The
+  // file ends with the state's 2000 floats, the buffers' count (8 bytes, none) and the CRC (4):
+  // row 0's column 5 is 4 + 8 + 8000 - 20 bytes before the end.
+  {
+    std::fstream f(path("sharded.ckpt"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-(4 + 8 + 8000 - 20), std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_THROW(
+      loadCheckpoint(path("sharded.ckpt"), std::pair<std::int64_t, std::int64_t>{300, 1000}),
+      InputError);
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 namespace troupe {
 namespace {
 
+namespace fs = std::filesystem;
+
 using namespace testing;
 
 // English that every Debian system has (base-files): about 50 kB.
@@ -180,7 +182,8 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
 // MiB), 24.8 MiB in all: it trains too, and each worker says its tensors peaked within the limit
 // (counted at every allocation, kernels/host_memory.h), the chief too, which writes a checkpoint
 // at each epoch's end: it puts the workers' shards of the state together on disk, a piece at a
-// time, and never holds them all.
+// time, and never holds them all. Resumed from a checkpoint, each worker reads its own shard of
+// the state alone, and stays within the limit too.
 TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnParameterServers) {
   TempDir dir("lm_sharded_state");
   convert(dir);
@@ -200,17 +203,35 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
     return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch " + processes +
                       " -- " + troupeBinary() + " train " + model + schedule);
   };
-  run = launch("-n 2", "--schedule bsp-allreduce --zero_stage 1 --checkpoint_every 1");
+  run = launch("-n 2",
+               "--schedule bsp-allreduce --zero_stage 1 --checkpoint_every 1 "
+               "--checkpoint_dir zero");
   expectTheTrainingLossFalls(run);
   std::smatch m;
-  for (const char* worker : {"worker 0", "worker 1"}) {
-    const std::regex peak(std::string(R"(\[)") + worker +
-                          R"(\] [^\n]*this process's tensors peaked at (\d+) bytes)");
-    ASSERT_TRUE(std::regex_search(run.output, m, peak)) << run.output;
-    EXPECT_LE(std::stoll(m[1]), 26214400) << worker;
-    EXPECT_GT(std::stoll(m[1]), 4 * 1661952 * 3)
-        << worker << ": weights, half the state and gradients at least";
+  const auto expectBothWithinTheLimit = [&](const testing::CommandResult& run) {
+    for (const char* worker : {"worker 0", "worker 1"}) {
+      const std::regex peak(std::string(R"(\[)") + worker +
+                            R"(\] [^\n]*this process's tensors peaked at (\d+) bytes)");
+      ASSERT_TRUE(std::regex_search(run.output, m, peak)) << run.output;
+      EXPECT_LE(std::stoll(m[1]), 26214400) << worker;
+      EXPECT_GT(std::stoll(m[1]), 4 * 1661952 * 3)
+          << worker << ": weights, half the state and gradients at least";
+    }
+  };
+  expectBothWithinTheLimit(run);
+  // Resumed from epoch 1's checkpoint, each worker reads its shard of the state alone.
+  std::string epoch1;
+  for (const auto& f : fs::directory_iterator(dir.path() / "zero")) {
+    if (f.path().string().ends_with("_epoch1.ckpt")) epoch1 = f.path().string();
   }
+  ASSERT_FALSE(epoch1.empty());
+  run =
+      launch("-n 2",
+             "--schedule bsp-allreduce --zero_stage 1 --checkpoint_dir resumed --resume " + epoch1);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("resuming from " + epoch1 + " at step 50"), std::string::npos)
+      << run.output;
+  expectBothWithinTheLimit(run);
   run = launch("-n 1 -s 1", "--schedule dist_sync");
   EXPECT_TRUE(
       failedWith(run, {"server 0 needs 46534656 bytes (44.4 MiB) for its 1661952 keys, more "

@@ -276,7 +276,9 @@ struct LossScale {
 struct UpdaterConfig {
   int worker = 0;                   // this process's rank, for errors
   kernels::Tensor initial_weights;  // host
-  kernels::Tensor initial_state;    // host, the optimizer's; undefined: zeros
+  // host, the optimizer's (with `shards`, this worker's shard of it: its rows' columns, one row
+  // after another); undefined: zeros
+  kernels::Tensor initial_state;
   kernels::Tensor initial_buffers;  // host; undefined: replicas keep their own
   kernels::OptimizerSettings optimizer;
   // Gradients scaled down to this global L2 norm where it is above (torch's clip_grad_norm_);

@@ -82,6 +82,10 @@ class Updater final : public Actor {
     const auto n = config_.initial_weights.numel();
     weights_ = backend_->empty({n});
     backend_->copy(config_.initial_weights, weights_);
+    // Copied: this process's plan lets go of them too (trainProcess), so they are not held twice;
+    // let go before the optimizer's state is made, so that the two are never held together.
+    backend_->synchronize();
+    config_.initial_weights = kernels::Tensor();
     sharded_ = !config_.shards.empty();
     shard_ = sharded_ ? config_.shards.at(static_cast<std::size_t>(config_.worker))
                       : std::pair<std::int64_t, std::int64_t>{0, n};
@@ -91,15 +95,12 @@ class Updater final : public Actor {
     hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
     if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
       const std::int64_t rows = static_cast<std::int64_t>(optimizer_->states().size());
-      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), rows * n);
-      backend_->copy(sharded_ ? kernels::stateColumns(config_.initial_state, n, lo, hi)
-                              : config_.initial_state,
-                     optimizer_->state());
+      TROUPE_ENFORCE_EQ(config_.initial_state.numel(), rows * (hi - lo));
+      backend_->copy(config_.initial_state, optimizer_->state());
     }
     buffers_ = config_.initial_buffers;
     backend_->synchronize();
-    // Copied: this process's plan lets go of them too (trainProcess), so they are not held twice.
-    config_.initial_weights = config_.initial_state = kernels::Tensor();
+    config_.initial_state = kernels::Tensor();
     if (!config_.handover_to.empty()) {
       const Handover h{step_,    hostCopy(weights_), hostCopy(optimizer_->state()),
                        buffers_, loss_scale_,        overflow_steps_};

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -74,39 +73,101 @@ class Sink {
   uLong crc_ = crc32(0L, Z_NULL, 0);
 };
 
-class Parser {
+// A checkpoint file read where it lies: its whole CRC-32 checked first (a pass through a buffer),
+// then its parts read at their offsets straight into their tensors, so that loading holds nothing
+// but what it returns. Every read is refused past the body (the CRC's 4 bytes end the file).
+class Reader {
  public:
-  Parser(const std::string& path, const std::string& bytes) : path_(path), bytes_(bytes) {}
+  explicit Reader(const std::string& path) : path_(path) {
+    data::checkRegularFile(path, "checkpoint");  // a FIFO would block the open
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0) {
+      const int error = errno;
+      if (fd_ >= 0) ::close(fd_);
+      throw InputError("cannot open checkpoint '" + path + "': " + std::strerror(error));
+    }
+    size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  ~Reader() { ::close(fd_); }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  // The magic; reads may go up to the end of the file (no checksum checked: the meta's reader).
+  void magic() {
+    char magic[sizeof kMagic] = {};
+    if (size_ >= sizeof kMagic) readAt(0, magic, sizeof magic);
+    if (size_ < sizeof kMagic || std::memcmp(magic, kMagic, sizeof kMagic) != 0) {
+      throw InputError("'" + path_ + "' is not a troupe checkpoint");
+    }
+    body_ = size_;
+  }
+  // The magic, then the CRC of everything before the last 4 bytes against them; reads end there.
+  void verify() {
+    magic();
+    if (size_ < sizeof kMagic + 4 + 4) throw InputError("checkpoint '" + path_ + "' is truncated");
+    body_ = size_ - 4;
+    std::vector<char> piece(std::size_t{1} << 20);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (std::uint64_t at = 0; at < body_;) {
+      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), body_ - at));
+      readAt(at, piece.data(), n);
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(piece.data()), static_cast<uInt>(n));
+      at += n;
+    }
+    std::uint32_t stored = 0;
+    readAt(body_, &stored, sizeof stored);
+    if (static_cast<std::uint32_t>(crc) != stored) {
+      throw InputError("checkpoint '" + path_ + "' is corrupt or truncated (checksum mismatch)");
+    }
+  }
 
   template <typename T>
   T value() {
     T v;
-    std::memcpy(&v, take(sizeof v), sizeof v);
+    take(&v, sizeof v);
     return v;
   }
-  const char* take(std::size_t n) {
-    if (n > bytes_.size() - pos_) {
-      throw InputError("checkpoint '" + path_ + "' is truncated (needed " + std::to_string(n) +
-                       " more bytes at offset " + std::to_string(pos_) + ")");
-    }
-    const char* p = bytes_.data() + pos_;
+  void take(void* out, std::uint64_t n) {
+    need(n);
+    readAt(pos_, out, n);
     pos_ += n;
-    return p;
   }
-  kernels::Tensor tensor() {
+  // The count of a tensor's floats that follows, checked to fit.
+  std::uint64_t floats() {
     const auto n = value<std::uint64_t>();
-    if (n > (bytes_.size() - pos_) / sizeof(float)) {
+    if (n > (body_ - pos_) / sizeof(float)) {
       throw InputError("checkpoint '" + path_ + "' is truncated or corrupt (a tensor of " +
                        std::to_string(n) + " floats does not fit)");
     }
-    auto t = kernels::Tensor::host({static_cast<std::int64_t>(n)});
-    if (n) std::memcpy(t.f32(), take(n * sizeof(float)), n * sizeof(float));
+    return n;
+  }
+  // The `n` floats that follow (their count read already: floats()).
+  kernels::Tensor floatsOf(std::int64_t n) {
+    auto t = kernels::Tensor::host({n});
+    take(t.f32(), static_cast<std::uint64_t>(n) * sizeof(float));
     return t;
   }
-  std::size_t pos() const { return pos_; }
-  // Past the magic (already checked by the caller) and the format version, which must be ours.
+  kernels::Tensor tensor() { return floatsOf(static_cast<std::int64_t>(floats())); }
+  // Of the `rows` rows of `columns` floats that follow (their count read already), columns
+  // [begin, end) of each row, one row after another; the rest is passed over.
+  kernels::Tensor columns(std::int64_t rows, std::int64_t columns, std::int64_t begin,
+                          std::int64_t end) {
+    const std::uint64_t at = pos_;
+    const std::int64_t width = end - begin;
+    auto t = kernels::Tensor::host({rows * width});
+    for (std::int64_t r = 0; r < rows; ++r) {
+      readAt(at + static_cast<std::uint64_t>(r * columns + begin) * sizeof(float),
+             t.f32() + r * width, static_cast<std::uint64_t>(width) * sizeof(float));
+    }
+    pos_ = at + static_cast<std::uint64_t>(rows * columns) * sizeof(float);
+    return t;
+  }
+  std::uint64_t pos() const { return pos_; }
+  std::uint64_t body() const { return body_; }
+  // Past the magic (already checked by verify) and the format version, which must be ours.
   void header() {
-    take(sizeof kMagic);
+    pos_ = sizeof kMagic;
     const auto version = value<std::uint32_t>();
     if (version != kVersion) {
       throw InputError("checkpoint '" + path_ + "' has version " + std::to_string(version) +
@@ -115,9 +176,26 @@ class Parser {
   }
 
  private:
+  void need(std::uint64_t n) const {
+    if (n > body_ - pos_) {
+      throw InputError("checkpoint '" + path_ + "' is truncated (needed " + std::to_string(n) +
+                       " more bytes at offset " + std::to_string(pos_) + ")");
+    }
+  }
+  void readAt(std::uint64_t at, void* out, std::uint64_t n) const {
+    auto* p = static_cast<char*>(out);
+    for (std::uint64_t done = 0; done < n;) {
+      const ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw IoError("cannot read checkpoint '" + path_ + "': " + std::strerror(errno));
+      if (r == 0) throw InputError("checkpoint '" + path_ + "' is truncated");
+      done += static_cast<std::uint64_t>(r);
+    }
+  }
+
   const std::string& path_;
-  const std::string& bytes_;
-  std::size_t pos_ = 0;
+  int fd_ = -1;
+  std::uint64_t size_ = 0, body_ = 0, pos_ = 0;
 };
 
 std::map<std::string, std::string> parseMeta(const std::string& path, const std::string& text) {
@@ -366,68 +444,50 @@ void StateFile::write(std::int64_t begin, std::int64_t end, std::int64_t offset,
   }
 }
 
-Checkpoint loadCheckpoint(const std::string& path) {
-  const std::string bytes = data::readRegularFile(path, "checkpoint");
-  if (bytes.size() < sizeof kMagic + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
-    throw InputError("'" + path + "' is not a troupe checkpoint");
-  }
-  if (bytes.size() < sizeof kMagic + 4 + 4) {
-    throw InputError("checkpoint '" + path + "' is truncated");
-  }
-  std::uint32_t stored_crc;
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  const auto crc = static_cast<std::uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size() - 4)));
-  if (crc != stored_crc) {
-    throw InputError("checkpoint '" + path + "' is corrupt or truncated (checksum mismatch)");
-  }
-  const std::string body = bytes.substr(0, bytes.size() - 4);
-  Parser p(path, body);
-  p.header();
+Checkpoint loadCheckpoint(const std::string& path,
+                          std::optional<std::pair<std::int64_t, std::int64_t>> state_columns) {
+  Reader file(path);
+  file.verify();
+  file.header();
   Checkpoint ck;
-  const auto meta_size = p.value<std::uint64_t>();
-  if (meta_size > body.size()) throw InputError("checkpoint '" + path + "' is corrupt");
-  ck.meta = parseMeta(path, std::string(p.take(meta_size), meta_size));
-  ck.weights = p.tensor();
-  ck.state = p.tensor();
-  ck.buffers = p.tensor();
-  if (p.pos() != body.size()) {
-    throw InputError("checkpoint '" + path + "' has trailing bytes");
-  }
+  const auto meta_size = file.value<std::uint64_t>();
+  if (meta_size > file.body()) throw InputError("checkpoint '" + path + "' is corrupt");
+  std::string meta(meta_size, '\0');
+  file.take(meta.data(), meta_size);
+  ck.meta = parseMeta(path, meta);
+  ck.weights = file.tensor();
   // Whole rows of the weights' size, as many as the meta names (one, SGD's, when it names none).
   const std::int64_t n = ck.weights.numel(), rows = ck.stateNames().size();
-  if (ck.state.numel() != rows * n) {
+  const auto count = static_cast<std::int64_t>(file.floats());
+  if (count != rows * n) {
     throw InputError(fmt::format(
         "checkpoint '{}' is inconsistent: {} weights but {} optimizer state values ({} rows "
         "named: {})",
-        path, n, ck.state.numel(), rows, fmt::join(ck.stateNames(), ", ")));
+        path, n, count, rows, fmt::join(ck.stateNames(), ", ")));
+  }
+  if (state_columns) {
+    const auto [begin, end] = *state_columns;
+    TROUPE_ENFORCE(0 <= begin && begin <= end && end <= n, "columns [", begin, ", ", end,
+                   ") of checkpoint '", path, "''s state, whose rows hold ", n);
+    ck.state = file.columns(rows, n, begin, end);
+  } else {
+    ck.state = file.floatsOf(count);
+  }
+  ck.buffers = file.tensor();
+  if (file.pos() != file.body()) {
+    throw InputError("checkpoint '" + path + "' has trailing bytes");
   }
   return ck;
 }
 
 std::map<std::string, std::string> loadCheckpointMeta(const std::string& path) {
-  data::checkRegularFile(path, "checkpoint");  // a FIFO would block the open
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open checkpoint '" + path + "'");
-  constexpr std::size_t kHead = sizeof kMagic + sizeof(std::uint32_t) + sizeof(std::uint64_t);
-  std::string head(kHead, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(kHead));
-  if (static_cast<std::size_t>(in.gcount()) < sizeof kMagic ||
-      std::memcmp(head.data(), kMagic, sizeof kMagic) != 0) {
-    throw InputError("'" + path + "' is not a troupe checkpoint");
-  }
-  if (static_cast<std::size_t>(in.gcount()) < kHead) {
-    throw InputError("checkpoint '" + path + "' is truncated");
-  }
-  Parser p(path, head);
-  p.header();
-  const auto meta_size = p.value<std::uint64_t>();
+  Reader file(path);
+  file.magic();
+  file.header();
+  const auto meta_size = file.value<std::uint64_t>();
   if (meta_size > (1u << 20)) throw InputError("checkpoint '" + path + "' is corrupt");
   std::string meta(meta_size, '\0');
-  in.read(meta.data(), static_cast<std::streamsize>(meta_size));
-  if (static_cast<std::uint64_t>(in.gcount()) != meta_size) {
-    throw InputError("checkpoint '" + path + "' is truncated");
-  }
+  file.take(meta.data(), meta_size);
   return parseMeta(path, meta);
 }
 
@@ -447,7 +507,8 @@ std::vector<std::string> removeStaleTemporaries(const std::string& dir) {
 
 std::optional<FoundCheckpoint> findLatestCheckpoint(
     const std::string& dir,
-    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept) {
+    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept,
+    std::optional<std::pair<std::int64_t, std::int64_t>> state_columns) {
   namespace fs = std::filesystem;
   struct Candidate {
     std::int64_t step;
@@ -478,7 +539,7 @@ std::optional<FoundCheckpoint> findLatestCheckpoint(
   });
   for (const auto& c : candidates) {
     try {
-      return FoundCheckpoint{c.path, loadCheckpoint(c.path)};
+      return FoundCheckpoint{c.path, loadCheckpoint(c.path, state_columns)};
     } catch (const Error& e) {
       spdlog::warn("passing over checkpoint {}: {}", c.path, e.what());
     }

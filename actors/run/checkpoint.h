@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/tensor.h"
@@ -45,7 +46,13 @@ struct Checkpoint {
 // holding inf or NaN: no diverged state is ever saved. The temporary file is `path.tmp.PID` (PID of
 // the writer), left behind only when the writer dies mid-save.
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
-Checkpoint loadCheckpoint(const std::string& path);
+// Loads path: its checksum checked over the whole file first, then each part read straight into
+// its tensor. With `state_columns` [begin, end), `state` holds only those columns of each of its
+// rows, one row after another (a ZeRO worker's shard, as kernels::stateColumns lays it out), and
+// the rest of the state is never held.
+Checkpoint loadCheckpoint(
+    const std::string& path,
+    std::optional<std::pair<std::int64_t, std::int64_t>> state_columns = std::nullopt);
 // Only the meta of `path`, read from its head: no checksum is verified (loadCheckpoint does that).
 // InputError naming the file when it is no troupe checkpoint or its head is cut short.
 std::map<std::string, std::string> loadCheckpointMeta(const std::string& path);
@@ -83,13 +90,15 @@ std::vector<std::string> removeStaleTemporaries(const std::string& dir);
 // an empty string to take a checkpoint's meta, else why not): the highest `step`, then the latest
 // modification time, then the greatest name. Complete means loadCheckpoint succeeds; a file that
 // fails is passed over with a warning naming it, as is one `accept` refuses with a reason.
-// nullopt when there is none (or no folder). The checkpoint comes loaded.
+// nullopt when there is none (or no folder). The checkpoint comes loaded (with `state_columns`, as
+// loadCheckpoint loads them).
 struct FoundCheckpoint {
   std::string path;
   Checkpoint checkpoint;
 };
 std::optional<FoundCheckpoint> findLatestCheckpoint(
     const std::string& dir,
-    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept);
+    const std::function<std::string(const std::map<std::string, std::string>& meta)>& accept,
+    std::optional<std::pair<std::int64_t, std::int64_t>> state_columns = std::nullopt);
 
 }  // namespace troupe::actors

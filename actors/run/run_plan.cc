@@ -502,35 +502,41 @@ void agreeOnPlan(rendezvous::Store& store, int rank, int nodes, const PlanValues
 // checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
 // restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
 // starts from scratch (nullopt).
-std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
-                                  std::int64_t num_params, const StepPlan& plan) {
+std::optional<Resumed> findResume(
+    const TrainOptions& o, const std::string& dir, std::int64_t num_params, const StepPlan& plan,
+    std::optional<std::pair<std::int64_t, std::int64_t>> state_columns) {
   if (o.resume == "auto" || o.generation > 0) {
-    auto found = findLatestCheckpoint(dir, [&](const auto& meta) -> std::string {
-      auto get = [&](const char* key) {
-        const auto it = meta.find(key);
-        return it == meta.end() ? std::string() : it->second;
-      };
-      auto name = [](const std::string& id) { return id.empty() ? "(none)" : id; };
-      if (get("run_id") != o.run_id) {
-        return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
-                           name(o.run_id));
-      }
-      // Checkpoints written before run_name was recorded carry none: they match as before.
-      if (const auto run_name = get("run_name"); !run_name.empty() && run_name != runName(o)) {
-        return fmt::format("it belongs to run_name {}, this run's is {}", run_name, runName(o));
-      }
-      if (get("num_params") != std::to_string(num_params)) {
-        return fmt::format("it holds {} parameters, this model has {}", get("num_params"),
-                           num_params);
-      }
-      if (get("global_batch") != std::to_string(plan.global_batch) ||
-          get("steps_per_epoch") != std::to_string(plan.steps_per_epoch)) {
-        return fmt::format(
-            "it was written with global batch {} and {} steps per epoch, this run has {} and {}",
-            get("global_batch"), get("steps_per_epoch"), plan.global_batch, plan.steps_per_epoch);
-      }
-      return {};
-    });
+    auto found = findLatestCheckpoint(
+        dir,
+        [&](const auto& meta) -> std::string {
+          auto get = [&](const char* key) {
+            const auto it = meta.find(key);
+            return it == meta.end() ? std::string() : it->second;
+          };
+          auto name = [](const std::string& id) { return id.empty() ? "(none)" : id; };
+          if (get("run_id") != o.run_id) {
+            return fmt::format("it belongs to run_id {}, this run's is {}", name(get("run_id")),
+                               name(o.run_id));
+          }
+          // Checkpoints written before run_name was recorded carry none: they match as before.
+          if (const auto run_name = get("run_name"); !run_name.empty() && run_name != runName(o)) {
+            return fmt::format("it belongs to run_name {}, this run's is {}", run_name, runName(o));
+          }
+          if (get("num_params") != std::to_string(num_params)) {
+            return fmt::format("it holds {} parameters, this model has {}", get("num_params"),
+                               num_params);
+          }
+          if (get("global_batch") != std::to_string(plan.global_batch) ||
+              get("steps_per_epoch") != std::to_string(plan.steps_per_epoch)) {
+            return fmt::format(
+                "it was written with global batch {} and {} steps per epoch, this run has {} and "
+                "{}",
+                get("global_batch"), get("steps_per_epoch"), plan.global_batch,
+                plan.steps_per_epoch);
+          }
+          return {};
+        },
+        state_columns);
     if (found) return Resumed{found->path, std::move(found->checkpoint), true};
     if (o.resume.empty() || o.resume == "auto") {
       spdlog::info("no complete checkpoint of this run in '{}' yet: starting from scratch", dir);
@@ -538,7 +544,7 @@ std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
     }
   }
   if (o.resume.empty()) return std::nullopt;
-  return Resumed{o.resume, loadCheckpoint(o.resume), false};
+  return Resumed{o.resume, loadCheckpoint(o.resume, state_columns), false};
 }
 
 // An elastic run's options, checked before any rendezvous.

@@ -233,9 +233,11 @@ struct Resumed {
 // `resume` as given, or (with "auto", and in every restarted generation) the newest complete
 // checkpoint of this run in the checkpoint folder that fits this run's model and steps. A
 // restarted generation whose run has no checkpoint yet falls back on an explicit `resume`, else
-// starts from scratch (nullopt).
-std::optional<Resumed> findResume(const TrainOptions& o, const std::string& dir,
-                                  std::int64_t num_params, const StepPlan& plan);
+// starts from scratch (nullopt). With `state_columns`, the checkpoint's state holds those columns
+// of its rows only (loadCheckpoint): a ZeRO worker's shard.
+std::optional<Resumed> findResume(
+    const TrainOptions& o, const std::string& dir, std::int64_t num_params, const StepPlan& plan,
+    std::optional<std::pair<std::int64_t, std::int64_t>> state_columns = std::nullopt);
 
 // InputError when `resumed` does not fit this run: other parameters, another global batch or
 // epoch size, the state of another optimizer.

@@ -250,7 +250,12 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
 bool startFrom(const TrainOptions& o, GenerationRole* role, ProcessPlan& p) {
   StepPlan& plan = p.plan;
   p.checkpoint_dir = checkpointDir(o);
-  const auto resumed = role ? std::nullopt : findResume(o, p.checkpoint_dir, p.num_params, plan);
+  // A ZeRO worker reads its shard of the saved state only.
+  const auto shards = shardsOf(o, p);
+  std::optional<std::pair<std::int64_t, std::int64_t>> columns;
+  if (!shards.empty()) columns = shards[static_cast<std::size_t>(p.rank)];
+  const auto resumed =
+      role ? std::nullopt : findResume(o, p.checkpoint_dir, p.num_params, plan, columns);
   p.resumed_from = resumed ? resumed->path : std::string();
   if (resumed) {
     const auto& ck = resumed->checkpoint;

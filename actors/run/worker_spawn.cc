@@ -165,9 +165,9 @@ ReducerConfig WorkerSpawn::reducer() const {
   return r;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> WorkerSpawn::zeroShards() const {
-  if (o.schedule.zeroStage() == 0 || p.workers < 2) return {};
-  // Cut as parameter servers' (at layer bounds for a layerwise optimizer).
+std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
+                                                            const ProcessPlan& p) {
+  if (o.schedule.zeroStage() == 0 || p.workers < 2 || p.server) return {};
   return serverShards(p.num_params, p.workers, p.optimizer);
 }
 

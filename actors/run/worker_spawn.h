@@ -66,6 +66,11 @@ WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int 
                             int replicas);
 
 // What one worker process spawns, with what it shares between its actors' configs.
+// ZeRO (zero_stage 1, several workers): each worker's shard of the optimizer's state, cut as
+// parameter servers' (at layer bounds for a layerwise optimizer); else empty.
+std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
+                                                            const ProcessPlan& p);
+
 struct WorkerSpawn {
   const TrainOptions& o;
   const ProcessPlan& p;
@@ -86,7 +91,7 @@ struct WorkerSpawn {
   ReducerConfig reducer() const;
   // ZeRO (zero_stage 1, several workers): each worker's shard of the optimizer's state; else
   // empty.
-  std::vector<std::pair<std::int64_t, std::int64_t>> zeroShards() const;
+  std::vector<std::pair<std::int64_t, std::int64_t>> zeroShards() const { return shardsOf(o, p); }
   ReplicaConfig replica(int r) const;
   // Reader r of this process: one on the training database feeding `targets` (one replica's
   // share of the batch, or every replica's: shared_reader), else the caller's (troupe/reader.h).
