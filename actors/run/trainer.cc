@@ -134,7 +134,9 @@ std::unique_ptr<kernels::Communicator> formNcclGroup(const TrainOptions& o,
   return comm;
 }
 
-// A parameter-server process: one Server actor owning a shard of the keys.
+// A parameter-server process: one Server actor owning a shard of the keys. `weights`: the whole
+// model's; `state`: the optimizer's of the shard's keys alone (a resumed checkpoint's columns,
+// stateColumnsOf), or undefined.
 TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan& plan,
                       const kernels::LrPolicy& lr, const kernels::OptimizerSettings& optimizer,
                       std::int64_t num_params, kernels::Tensor weights, kernels::Tensor state,
@@ -154,9 +156,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.initial_weights = kernels::Tensor::hostUninitialized({shard.second - shard.first});
   std::copy_n(weights.f32() + shard.first, shard.second - shard.first,
               config.initial_weights.f32());
-  if (state.defined() && state.numel() > 0) {
-    config.initial_state = kernels::stateColumns(state, num_params, shard.first, shard.second);
-  }
+  config.initial_state = state;  // a resumed checkpoint's columns of the keys (stateColumnsOf)
   // Its shard copied: this process holds the whole model's weights and state no longer (the
   // caller moved them here), and the server lets go of its copies once it has its own.
   weights = state = kernels::Tensor();
@@ -250,12 +250,10 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
 bool startFrom(const TrainOptions& o, GenerationRole* role, ProcessPlan& p) {
   StepPlan& plan = p.plan;
   p.checkpoint_dir = checkpointDir(o);
-  // A ZeRO worker reads its shard of the saved state only.
-  const auto shards = shardsOf(o, p);
-  std::optional<std::pair<std::int64_t, std::int64_t>> columns;
-  if (!shards.empty()) columns = shards[static_cast<std::size_t>(p.rank)];
+  // A parameter server or a ZeRO worker reads its own columns of the saved state alone.
   const auto resumed =
-      role ? std::nullopt : findResume(o, p.checkpoint_dir, p.num_params, plan, columns);
+      role ? std::nullopt
+           : findResume(o, p.checkpoint_dir, p.num_params, plan, stateColumnsOf(o, p));
   p.resumed_from = resumed ? resumed->path : std::string();
   if (resumed) {
     const auto& ck = resumed->checkpoint;

@@ -171,6 +171,18 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& 
   return serverShards(p.num_params, p.workers, p.optimizer);
 }
 
+std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainOptions& o,
+                                                                    const ProcessPlan& p) {
+  if (p.server) {
+    return serverShards(p.num_params, o.num_servers,
+                        p.optimizer)[static_cast<std::size_t>(o.shard_id)];
+  }
+  if (p.ps) return std::pair<std::int64_t, std::int64_t>{0, 0};  // the servers hold it
+  const auto shards = shardsOf(o, p);
+  if (shards.empty()) return std::nullopt;
+  return shards[static_cast<std::size_t>(p.rank)];
+}
+
 ReplicaConfig WorkerSpawn::replica(int r) const {
   ReplicaConfig c;
   c.index = p.rank * o.replicas + r;

@@ -70,6 +70,10 @@ WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int 
 // parameter servers' (at layer bounds for a layerwise optimizer); else empty.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
                                                             const ProcessPlan& p);
+// The columns of the optimizer's state rows that this process holds: a parameter server's keys,
+// a ZeRO worker's shard, none (0, 0) for a worker of parameter servers; nullopt: all of them.
+std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainOptions& o,
+                                                                    const ProcessPlan& p);
 
 struct WorkerSpawn {
   const TrainOptions& o;
