@@ -553,7 +553,9 @@ class Server final : public Actor {
         if (config_.mode != ServerConfig::Mode::kSync && !config_.kvstore)
           s->read_at[{it->worker, it->step}] = s->updates;
       }
-      if (it->epoch_end) reply.state = snapshot(segments.front()->optimizer->state());
+      // The optimizer's state for the chief's checkpoint: its pull alone carries it.
+      if (it->epoch_end && it->worker == 0)
+        reply.state = snapshot(segments.front()->optimizer->state());
       backend_->synchronize();
       send(Address{it->worker, it->reply_actor}, std::move(reply));
       waiting_.erase({it->worker, it->key_begin, it->step});
@@ -754,7 +756,13 @@ class PsClient final : public Actor {
                                    Trace::Clock::now());
     }
     if (pulling_epoch_end_) {
-      send(config_.coordinator, EpochEnd{step_, weights_, state_});
+      // The chief's carries the weights and the state (every worker holds the same weights); the
+      // others', nothing.
+      if (config_.worker == 0) {
+        send(config_.coordinator, EpochEnd{step_, weights_, state_});
+      } else {
+        send(config_.coordinator, EpochEnd{step_, {}, {}});
+      }
     } else {
       broadcast();
     }
