@@ -175,15 +175,16 @@ TEST(LanguageModel, AModelOverMaxMemoryIsRefusedBeforeItStartsNamingTheBytesAndT
 // A GPT of 1,661,952 parameters (n_embd 256) under max_memory 25M: in one process its weights,
 // AdamW's two state rows and its gradients (6.3 + 12.7 + 6.3 MiB) and activations with their
 // gradients' scratch (5.8 MiB) do not fit, and the refusal says so; with the state on parameter
-// servers the worker needs 18.4 MiB, and each of 2 servers holds half the keys' weights, state,
-// pushes, pull answers and the state's copy for a checkpoint (22.2 MiB): it trains, and each
-// server's tensors peak within the limit. One server would hold all of them (44.4 MiB), which it
-// refuses, naming itself. Sharded over two workers (zero_stage 1) each holds half the state (6.3
-// MiB), 24.8 MiB in all: it trains too, and each worker says its tensors peaked within the limit
-// (counted at every allocation, kernels/host_memory.h), the chief too, which writes a checkpoint
-// at each epoch's end: it puts the workers' shards of the state together on disk, a piece at a
-// time, and never holds them all. Resumed from a checkpoint, each worker (and each server) reads
-// its own columns of the state alone, and stays within the limit too.
+// servers the worker needs 24.8 MiB (the servers' pull answers beside its weights), and each of 2
+// servers holds half the keys' weights, state, pushes and pull answers (15.8 MiB): it trains, and
+// each server's tensors peak within the limit, the chief's too, whose coordinator takes the
+// servers' state for a checkpoint piece by piece. One server would hold all of them (31.7 MiB),
+// which it refuses, naming itself. Sharded over two workers (zero_stage 1) each holds half the
+// state (6.3 MiB), 24.8 MiB in all: it trains too, and each worker says its tensors peaked within
+// the limit (counted at every allocation, kernels/host_memory.h), the chief too, which writes a
+// checkpoint at each epoch's end: it puts the workers' shards of the state together on disk, a
+// piece at a time, and never holds them all. Resumed from a checkpoint, each worker (and each
+// server) reads its own columns of the state alone, and stays within the limit too.
 TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnParameterServers) {
   TempDir dir("lm_sharded_state");
   convert(dir);
@@ -241,10 +242,10 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
   expectWithinTheLimit(run, workers, worker_least);
   run = launch("-n 1 -s 1", "--schedule dist_sync");
   EXPECT_TRUE(
-      failedWith(run, {"server 0 needs 46534656 bytes (44.4 MiB) for its 1661952 keys, more "
+      failedWith(run, {"server 0 needs 33239040 bytes (31.7 MiB) for its 1661952 keys, more "
                        "than max_memory 26214400 (25.0 MiB): weights 6.3 MiB, adamw's 2 state "
-                       "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB, 1 pull answer(s) 6.3 MiB, the "
-                       "state's copy for a checkpoint 12.7 MiB; more servers"}));
+                       "row(s) 12.7 MiB, 1 push buffer(s) 6.3 MiB, 1 pull answer(s) 6.3 MiB; more "
+                       "servers"}));
   run = launch("-n 1 -s 2", "--schedule dist_sync --checkpoint_every 1 --checkpoint_dir ps");
   expectTheTrainingLossFalls(run);
   // Each server holds its half of the keys only (the whole model's weights, which every process
@@ -253,12 +254,14 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
   const std::vector<std::string> servers = {"server 0", "server 1"};
   const std::int64_t server_least = 4 * 1661952 / 2 * 3;  // its weights and state at least
   expectWithinTheLimit(run, servers, server_least);
+  expectWithinTheLimit(run, {"worker 0"}, 4 * 1661952 * 2);  // weights and gradients at least
   run = launch("-n 1 -s 2",
                "--schedule dist_sync --checkpoint_dir ps_resumed --resume " + epoch1("ps"));
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("resuming from " + epoch1("ps") + " at step 100"), std::string::npos)
       << run.output;
   expectWithinTheLimit(run, servers, server_least);
+  expectWithinTheLimit(run, {"worker 0"}, 4 * 1661952 * 2);
 }
 
 // A GPT whose activations do not fit: 220,544 parameters (0.8 MiB of weights), but at 32

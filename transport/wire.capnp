@@ -91,18 +91,19 @@ struct EpochEnd {
   stateEnd @7 :Int64;
 }
 
-# Chief coordinator -> another worker's paused updater (ZeRO): elements [offset, offset + count) of
-# its shard of the optimizer's state, for a checkpoint ...
+# Chief coordinator -> a holder of a shard of the optimizer's state (another worker's paused
+# updater under ZeRO, a parameter server): elements [offset, offset + count) of it, for a
+# checkpoint ...
 struct StateRequest {
   step @0 :Int64;
   offset @1 :Int64;
   count @2 :Int64;
 }
 
-# ... and the updater's answer.
+# ... and the holder's answer.
 struct StateChunk {
   step @0 :Int64;
-  worker @1 :Int32;
+  shard @1 :Int32;  # the worker's or the server's index
   offset @2 :Int64;
   values @3 :TensorData;
 }
@@ -182,7 +183,7 @@ struct PullReply {
   keyBegin @1 :Int64;
   keyEnd @2 :Int64;
   data @3 :TensorData;
-  state @4 :TensorData;  # the optimizer's state of the keys, when the pull asked for it
+  obsoleteState @4 :TensorData;  # no longer written (the state goes by StateChunk)
 }
 
 struct KvInit {

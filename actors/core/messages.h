@@ -160,11 +160,11 @@ inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
     wire::field("paused", &EpochEnd::paused), wire::field("stateBegin", &EpochEnd::state_begin),
     wire::field("stateEnd", &EpochEnd::state_end));
 
-// Chief coordinator -> the updater of another worker, paused with its shard of a sharded
-// optimizer state (ZeRO: EpochEnd::state_begin, state_end), for a checkpoint: elements
-// [offset, offset + count) of the shard's state, its rows one after another. The coordinator
-// asks for one such piece at a time and writes each to disk, so that no process ever holds the
-// whole state.
+// Chief coordinator -> a holder of a shard of the optimizer's state, for a checkpoint: the
+// updater of another worker, paused (ZeRO: EpochEnd::state_begin, state_end), or a parameter
+// server, its workers paused at the epoch's end. Elements [offset, offset + count) of the shard's
+// state, its rows one after another. The coordinator asks for one such piece at a time and writes
+// each to disk, so that no process ever holds the whole state.
 struct StateRequest {
   std::int64_t step = 0;
   std::int64_t offset = 0;
@@ -175,18 +175,18 @@ inline constexpr auto wire::kForm<StateRequest> = wire::form<StateRequest>(
     "stateRequest", wire::field("step", &StateRequest::step),
     wire::field("offset", &StateRequest::offset), wire::field("count", &StateRequest::count));
 
-// Updater -> chief coordinator: the piece of its shard's state a StateRequest asked for.
+// Updater or server -> chief coordinator: the piece of its shard's state a StateRequest asked
+// for.
 struct StateChunk {
   std::int64_t step = 0;
-  std::int32_t worker = 0;
+  std::int32_t shard = 0;  // the worker's (ZeRO) or the server's index
   std::int64_t offset = 0;
   Tensor values;  // host float
 };
 template <>
 inline constexpr auto wire::kForm<StateChunk> = wire::form<StateChunk>(
-    "stateChunk", wire::field("step", &StateChunk::step),
-    wire::field("worker", &StateChunk::worker), wire::field("offset", &StateChunk::offset),
-    wire::field("values", &StateChunk::values));
+    "stateChunk", wire::field("step", &StateChunk::step), wire::field("shard", &StateChunk::shard),
+    wire::field("offset", &StateChunk::offset), wire::field("values", &StateChunk::values));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
@@ -294,13 +294,12 @@ struct PullReply {
   std::int64_t key_begin = 0;
   std::int64_t key_end = 0;
   Tensor data;
-  Tensor state;  // the optimizer's state of the keys (its rows), with epoch_end pulls
 };
 template <>
 inline constexpr auto wire::kForm<PullReply> = wire::form<PullReply>(
     "pullReply", wire::field("step", &PullReply::step),
     wire::field("keyBegin", &PullReply::key_begin), wire::field("keyEnd", &PullReply::key_end),
-    wire::field("data", &PullReply::data), wire::field("state", &PullReply::state));
+    wire::field("data", &PullReply::data));
 
 // Server -> a worker whose pull it holds: whom it waits for, so that a worker that gives up
 // names that worker, not the server that waits, healthy, for it. Sent once a pull has been held

@@ -379,58 +379,63 @@ class Coordinator final : public Actor {
     return step >= config_.plan.last_step || asked || (every > 0 && epoch % every == 0);
   }
 
-  // The checkpoint's optimizer state put together on disk from the workers' shards (ZeRO): the
-  // chief's from its EpochEnd, each other worker's a piece at a time (StateRequest, one in flight),
-  // every piece written where it goes and let go, so that no process holds the whole state. Then
-  // the epoch's end goes on (epochEnds).
+  // The checkpoint's optimizer state put together on disk from its shards (ZeRO's, the
+  // parameter servers'): the chief's own from its EpochEnd where it carries it, each other one a
+  // piece at a time from its holder (StateRequest, one in flight), every piece written where it
+  // goes and let go, so that no process holds the whole state. Then the epoch's end goes on
+  // (epochEnds).
   void gatherState() {
     const std::int64_t step = epoch_end_->step;
     const auto rows = static_cast<std::int64_t>(options_.optimizer.info().states.size());
     state_file_.emplace(fmt::format("{}/{}_step{}_state.ckpt.tmp.{}", config_.checkpoint_dir,
                                     config_.experiment_id, step, ::getpid()),
                         rows, config_.num_params);
-    const auto [begin, end] = config_.shards[0];
-    TROUPE_ENFORCE(epoch_end_->state.numel() == rows * (end - begin),
-                   "the chief's EpochEnd after step ", step, " carries ", epoch_end_->state.numel(),
-                   " state elements, not its shard's ", rows * (end - begin));
-    if (end > begin)
-      state_file_->write(begin, end, 0, epoch_end_->state.f32(), rows * (end - begin));
-    epoch_end_->state = kernels::Tensor();
-    gather_worker_ = 0;
-    gather_offset_ = rows * (end - begin);  // the chief's shard is written
+    gather_shard_ = 0;
+    gather_offset_ = 0;
+    if (epoch_end_->state.defined()) {  // the chief's shard (ZeRO): written, not asked for
+      const auto [begin, end] = config_.shards[0];
+      TROUPE_ENFORCE(epoch_end_->state.numel() == rows * (end - begin),
+                     "the chief's EpochEnd after step ", step, " carries ",
+                     epoch_end_->state.numel(), " state elements, not its shard's ",
+                     rows * (end - begin));
+      if (end > begin)
+        state_file_->write(begin, end, 0, epoch_end_->state.f32(), rows * (end - begin));
+      epoch_end_->state = kernels::Tensor();
+      gather_offset_ = rows * (end - begin);
+    }
     requestState();
   }
 
-  // Asks the next worker with a shard for the next piece of it; once none is left, goes on.
+  // Asks the holder of the next shard for the next piece of it; once none is left, goes on.
   void requestState() {
     const auto rows = static_cast<std::int64_t>(options_.optimizer.info().states.size());
     for (;;) {
-      const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_worker_)];
+      const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_shard_)];
       if (gather_offset_ < rows * (end - begin)) break;
       gather_offset_ = 0;
-      if (++gather_worker_ == static_cast<int>(config_.shards.size())) {
-        gather_worker_ = -1;
+      if (++gather_shard_ == static_cast<int>(config_.shards.size())) {
+        gather_shard_ = -1;
         epochEnds();
         return;
       }
     }
-    const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_worker_)];
+    const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_shard_)];
     gather_count_ = std::min(kStatePiece, rows * (end - begin) - gather_offset_);
-    send(config_.updaters[static_cast<std::size_t>(gather_worker_)],
+    send(config_.state_holders[static_cast<std::size_t>(gather_shard_)],
          StateRequest{epoch_end_->step, gather_offset_, gather_count_});
   }
 
   void stateChunk(const StateChunk& c) {
-    if (gather_worker_ < 0 || !epoch_end_ || c.step != epoch_end_->step ||
-        c.worker != gather_worker_ || c.offset != gather_offset_ ||
+    if (gather_shard_ < 0 || !epoch_end_ || c.step != epoch_end_->step ||
+        c.shard != gather_shard_ || c.offset != gather_offset_ ||
         c.values.numel() != gather_count_) {
       throw InvariantError(fmt::format(
-          "a piece of worker {}'s optimizer state ({} elements at {} after step {}) came unasked "
-          "(asked: worker {}, {} at {})",
-          c.worker, c.values.numel(), c.offset, c.step, gather_worker_, gather_count_,
+          "a piece of shard {} of the optimizer state ({} elements at {} after step {}) came "
+          "unasked (asked: shard {}, {} at {})",
+          c.shard, c.values.numel(), c.offset, c.step, gather_shard_, gather_count_,
           gather_offset_));
     }
-    const auto [begin, end] = config_.shards[static_cast<std::size_t>(c.worker)];
+    const auto [begin, end] = config_.shards[static_cast<std::size_t>(c.shard)];
     state_file_->write(begin, end, c.offset, c.values.f32(), c.values.numel());
     gather_offset_ += c.values.numel();
     requestState();
@@ -689,10 +694,10 @@ class Coordinator final : public Actor {
   // once every updater's came and its step is done.
   std::map<std::int64_t, std::pair<EpochEnd, int>> ends_;
   std::optional<EpochEnd> epoch_end_;
-  // A sharded state being put together for a checkpoint (gatherState): the file, and the worker
-  // (-1: none) and the elements of its shard asked for last.
+  // A sharded state being put together for a checkpoint (gatherState): the file, and the shard
+  // (-1: none) and the elements of it asked for last.
   std::optional<StateFile> state_file_;
-  int gather_worker_ = -1;
+  int gather_shard_ = -1;
   std::int64_t gather_offset_ = 0, gather_count_ = 0;
   std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
   kernels::Tensor buffers_;

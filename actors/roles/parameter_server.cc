@@ -50,6 +50,7 @@ class Server final : public Actor {
       answer();
     });
     on<StallCheck>([this](StallCheck&) { checkStalls(); });
+    on<StateRequest>([this](StateRequest& r) { sendState(r); });
     on<Shutdown>([this](Shutdown&) { system().shutdown(); });
     on<LinkLost>([this](LinkLost& l) {
       // The loss comes after the link's last message: a KvDone came before it.
@@ -553,14 +554,32 @@ class Server final : public Actor {
         if (config_.mode != ServerConfig::Mode::kSync && !config_.kvstore)
           s->read_at[{it->worker, it->step}] = s->updates;
       }
-      // The optimizer's state for the chief's checkpoint: its pull alone carries it.
-      if (it->epoch_end && it->worker == 0)
-        reply.state = snapshot(segments.front()->optimizer->state());
       backend_->synchronize();
       send(Address{it->worker, it->reply_actor}, std::move(reply));
       waiting_.erase({it->worker, it->key_begin, it->step});
       it = pending_.erase(it);
     }
+  }
+
+  // A piece of the trainer's server's keys' optimizer state, for the chief's checkpoint: asked
+  // while every worker is paused at an epoch's end, so that nothing changes it meanwhile.
+  void sendState(const StateRequest& r) {
+    if (config_.kvstore || segments_.size() != 1) {
+      throw InvariantError(fmt::format(
+          "server {}: asked for a piece of its optimizer state, which only a trainer's server of "
+          "one segment gives",
+          config_.index));
+    }
+    const kernels::Tensor& state = segments_.begin()->second.optimizer->state();
+    if (r.offset < 0 || r.count <= 0 || r.count > state.numel() - r.offset) {
+      throw InvariantError(fmt::format(
+          "server {}: asked for {} elements of its optimizer state at {}, which holds {}",
+          config_.index, r.count, r.offset, state.numel()));
+    }
+    auto piece = kernels::Tensor::host({r.count});
+    backend_->copy(state.slice(r.offset, r.offset + r.count), piece);
+    backend_->synchronize();
+    send(config_.chief, StateChunk{r.step, config_.index, r.offset, piece});
   }
 
   // A copy: the weights go on changing while the transport writes (async schedules).
@@ -730,15 +749,6 @@ class PsClient final : public Actor {
   void pulled(const PullReply& r) {
     TROUPE_ENFORCE_EQ(r.step, step_);
     std::copy_n(r.data.f32(), r.data.numel(), weights_.f32() + r.key_begin);
-    if (r.state.defined() && r.state.numel() > 0) {
-      // The servers' optimizer state: its rows of the shard (the client learns how many here).
-      const std::int64_t n = weights_.numel(), width = r.key_end - r.key_begin;
-      TROUPE_ENFORCE(width > 0 && r.state.numel() % width == 0, "optimizer state of ",
-                     r.state.numel(), " values for keys [", r.key_begin, ", ", r.key_end, ")");
-      const std::int64_t rows = r.state.numel() / width;
-      if (state_.numel() != rows * n) state_ = kernels::Tensor::host({rows * n});
-      kernels::setStateColumns(r.state, state_, n, r.key_begin, r.key_end);
-    }
     for (std::size_t s = 0; s < config_.shards.size(); ++s) {
       if (!answered_[s] && config_.shards[s] == std::make_pair(r.key_begin, r.key_end)) {
         answered_[s] = true;
@@ -756,10 +766,10 @@ class PsClient final : public Actor {
                                    Trace::Clock::now());
     }
     if (pulling_epoch_end_) {
-      // The chief's carries the weights and the state (every worker holds the same weights); the
-      // others', nothing.
+      // The chief's carries the weights (every worker holds the same); the others', nothing. The
+      // servers' state goes to the chief's coordinator piece by piece (StateRequest).
       if (config_.worker == 0) {
-        send(config_.coordinator, EpochEnd{step_, weights_, state_});
+        send(config_.coordinator, EpochEnd{step_, weights_, {}});
       } else {
         send(config_.coordinator, EpochEnd{step_, {}, {}});
       }
@@ -776,8 +786,8 @@ class PsClient final : public Actor {
   }
 
   PsClientConfig config_;
-  Observers observers_;              // the chief's: processes that watch the run
-  kernels::Tensor weights_, state_;  // state_: the servers' optimizer's, from epoch-end pulls
+  Observers observers_;  // the chief's: processes that watch the run
+  kernels::Tensor weights_;
   std::int64_t step_;
   std::int64_t pushed_ = 0;
   std::vector<float> residual_;  // 2bit compression: per key of the model

@@ -326,8 +326,9 @@ std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 //   ssp:        as dist_async (same learning-rate scaling), but answers a pull for step t only
 //               once every worker has pushed
 //               step t - staleness - 1 (no worker runs more than `staleness` steps ahead).
-// Epoch-end pulls wait for every worker and carry the optimizer state too. An update that leaves an
-// inf or NaN in the shard fails the run (NumericError naming the step).
+// Epoch-end pulls wait for every worker; the optimizer state goes to the chief's coordinator for
+// a checkpoint piece by piece, while the workers are paused (StateRequest). An update that leaves
+// an inf or NaN in the shard fails the run (NumericError naming the step).
 struct ServerConfig {
   int index = 0;
   // A KVStore's server (troupe/kvstore.h): it starts with no keys; KvInit messages bring them,
@@ -349,6 +350,9 @@ struct ServerConfig {
   kernels::OptimizerSettings optimizer;
   kernels::LrPolicy lr;
   std::int64_t first_step = 0;  // > 0 when resuming
+  // The trainer's: the chief's coordinator, which asks for the keys' optimizer state piece by
+  // piece for a checkpoint (StateRequest, answered with StateChunk).
+  Address chief;
   int threads = 1;
   std::shared_ptr<const ThreadBudget> budget;  // as ReplicaConfig's (the whole of it)
   // A pull that has waited run.stall_warning logs a stall report (which step, which workers have
@@ -457,10 +461,13 @@ struct CoordinatorConfig {
   std::int64_t cumulative_inputs = 0;
   std::int64_t overflow_steps = 0;  // skipped for inf or NaN gradients
   std::int64_t num_params = 0;
-  // Sharded optimizer state (ZeRO stage 1), as UpdaterConfig::shards: a checkpoint's state is put
-  // together on disk, the chief's shard from its EpochEnd and the others' asked for piece by piece
-  // (StateRequest). Empty: the chief's updater holds it all.
+  // A sharded optimizer state: its shards (ZeRO stage 1's, as UpdaterConfig::shards; the
+  // parameter servers' keys) and who holds each (the workers' updaters; the servers). A
+  // checkpoint's state is put together on disk, from the chief's EpochEnd where it carries its
+  // shard (ZeRO), and asked for piece by piece (StateRequest) from the holders of the others.
+  // Empty: the chief's updater holds it all.
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  std::vector<Address> state_holders;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

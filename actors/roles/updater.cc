@@ -433,7 +433,7 @@ class Updater final : public Actor {
     auto piece = kernels::Tensor::host({r.count});
     backend_->copy(state.slice(r.offset, r.offset + r.count), piece);
     backend_->synchronize();
-    send(config_.coordinator, StateChunk{step_, config_.worker, r.offset, piece});
+    send(config_.coordinator, StateChunk{step_, config_.worker, r.offset, piece});  // its shard
   }
 
   // Elastic runs: the state before a step's first bucket is applied, for a generation that ends

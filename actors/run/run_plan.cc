@@ -263,12 +263,15 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   const std::int64_t num_params = whole.numParams();
   const bool staged = o.pipeline.stages > 1;
   const auto& optimizer = o.optimizer.info();
-  // With parameter servers the optimizer's state is theirs, sharded over them; with zero_stage 1
-  // each worker holds its shard (an even share: serverShards' cut moves only to a layer bound).
+  // With parameter servers the optimizer's state is theirs, sharded over them, and the servers'
+  // answers to a pull (the new weights, decoded) arrive beside the weights they are copied into;
+  // with zero_stage 1 each worker holds its shard (an even share: serverShards' cut moves only
+  // to a layer bound).
   const bool ps = o.schedule.servers() != nullptr;
   const int sharing = o.schedule.zeroStage() > 0 ? std::max(1, o.num_shards) : 1;
   const double params = 4.0 * static_cast<double>(num_params);
-  const double state = ps ? 0.0 : params * static_cast<double>(optimizer.states.size()) / sharing;
+  const double state =
+      ps ? params : params * static_cast<double>(optimizer.states.size()) / sharing;
   const auto replicas = static_cast<double>(shares.size());
   const double grads = replicas * params * (staged ? o.pipeline.stages + 1 : 1);
   const kernels::NetMemory memory = whole.memory();
@@ -282,7 +285,8 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   const double need = params + state + grads + activations;
   if (need <= static_cast<double>(o.max_memory)) return;
   const std::string state_text =
-      ps ? fmt::format("{}'s state on the servers", optimizer.name)
+      ps ? fmt::format("{}'s state on the servers, their pull answers {}", optimizer.name,
+                       memorySize(state))
          : fmt::format("{}'s {} state row(s) {}{}", optimizer.name, optimizer.states.size(),
                        memorySize(state),
                        sharing > 1 ? fmt::format(" (its shard of {})", sharing) : "");
@@ -317,22 +321,21 @@ void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
   const bool sync = o.schedule.servers()->mode == ParameterServers::Mode::kSync;
   const std::int64_t pushes = sync ? workers : 1;
   // A pull's answer is a copy of the weights (they go on changing while it is sent), one a
-  // worker at once; at a checkpoint the state goes out as a copy too.
+  // worker at once. (A checkpoint takes the state a piece of 256 KiB at a time: not counted.)
   const std::int64_t pulls = workers;
   const auto states = static_cast<std::int64_t>(optimizer.states.size());
   const double shard = 4.0 * static_cast<double>(keys);
-  const double need = shard * static_cast<double>(1 + states + pushes + pulls + states);
+  const double need = shard * static_cast<double>(1 + states + pushes + pulls);
   if (need <= static_cast<double>(o.max_memory)) return;
   throw InputError(fmt::format(
       "server {} needs {:.0f} bytes ({}) for its {} keys, more than max_memory {} ({}): weights "
-      "{}, {}'s {} state row(s) {}, {} push buffer(s) {}, {} pull answer(s) {}, the state's copy "
-      "for a checkpoint {}; more servers (troupe launch -s N) shard the keys finer",
+      "{}, {}'s {} state row(s) {}, {} push buffer(s) {}, {} pull answer(s) {}; more servers "
+      "(troupe launch -s N) shard the keys finer",
       o.shard_id, need, memorySize(need), keys, o.max_memory,
       memorySize(static_cast<double>(o.max_memory)), memorySize(shard), optimizer.name, states,
       memorySize(shard * static_cast<double>(states)), pushes,
       memorySize(shard * static_cast<double>(pushes)), pulls,
-      memorySize(shard * static_cast<double>(pulls)),
-      memorySize(shard * static_cast<double>(states))));
+      memorySize(shard * static_cast<double>(pulls))));
 }
 
 void ensureWritableDir(const std::string& dir, const char* what) {

@@ -163,6 +163,7 @@ TrainResult runServer(const TrainOptions& o, int rank, int nodes, const StepPlan
   config.optimizer = optimizer.within(shard.first, shard.second);
   config.lr = lr;
   config.first_step = plan.first_step;
+  config.chief = RunLayout::coordinator(0);
   config.threads = o.threads > 0 ? o.threads : defaultThreads();
   auto budget = std::make_shared<ThreadBudget>();
   config.budget = budget;

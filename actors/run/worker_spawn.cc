@@ -66,7 +66,13 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
   c.log = log;
   c.checkpoint_dir = p.checkpoint_dir;
   c.num_params = p.num_params;
-  c.shards = zeroShards();
+  if (p.ps) {
+    c.shards = serverShards(p.num_params, o.num_servers, p.optimizer);
+    c.state_holders = a.servers;
+  } else {
+    c.shards = zeroShards();
+    c.state_holders = a.all_updaters;
+  }
   c.model_flops_per_sample = p.model_flops_per_sample;
   c.peak_flops = p.peak_flops;
   c.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.step_timeout_s * 1000));
