@@ -413,8 +413,10 @@ class Updater final : public Actor {
   EpochEnd pausedEnd() {
     const bool chief = config_.worker == 0;
     EpochEnd e{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/true};
-    if (chief) e.weights = onHost(weights_);
-    if (chief) e.state = onHost(optimizer_->state());
+    if (chief) {
+      e.weights = onHost(weights_);
+      e.state = onHost(optimizer_->state());
+    }
     if (sharded_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }

@@ -107,7 +107,7 @@ class Reader {
     magic();
     if (size_ < sizeof kMagic + 4 + 4) throw InputError("checkpoint '" + path_ + "' is truncated");
     body_ = size_ - 4;
-    std::vector<char> piece(std::size_t{1} << 20);
+    std::vector<char> piece(static_cast<std::size_t>(std::min<std::uint64_t>(body_, 1 << 20)));
     uLong crc = crc32(0L, Z_NULL, 0);
     for (std::uint64_t at = 0; at < body_;) {
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), body_ - at));
