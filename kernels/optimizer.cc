@@ -176,27 +176,6 @@ std::string describe(const OptimizerSettings& s) {
   return out + fmt::format(", weight decay {:g}", s.weight_decay);
 }
 
-Tensor stateColumns(const Tensor& state, std::int64_t size, std::int64_t begin, std::int64_t end) {
-  TROUPE_ENFORCE(size > 0 && state.numel() % size == 0 && 0 <= begin && begin <= end && end <= size,
-                 "columns [", begin, ", ", end, ") of a state of ", state.numel(),
-                 " values in rows of ", size);
-  const std::int64_t rows = state.numel() / size, width = end - begin;
-  Tensor part = Tensor::host({rows * width});
-  for (std::int64_t k = 0; k < rows; ++k)
-    std::copy_n(state.f32() + k * size + begin, width, part.f32() + k * width);
-  return part;
-}
-
-void setStateColumns(const Tensor& part, const Tensor& state, std::int64_t size, std::int64_t begin,
-                     std::int64_t end) {
-  const std::int64_t width = end - begin;
-  TROUPE_ENFORCE(size > 0 && width > 0 && state.numel() % size == 0 &&
-                     part.numel() == state.numel() / size * width && 0 <= begin && end <= size,
-                 "columns [", begin, ", ", end, ") of ", part.numel(), " values into a state of ",
-                 state.numel(), " in rows of ", size);
-  for (std::int64_t k = 0; k < state.numel() / size; ++k)
-    std::copy_n(part.f32() + k * width, width, state.f32() + k * size + begin);
-}
 
 void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,

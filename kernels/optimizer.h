@@ -136,12 +136,6 @@ std::unique_ptr<Optimizer> makeOptimizer(Backend& backend, std::int64_t size,
 // What a dry run and the log show: "adam (beta1 0.9, beta2 0.999, epsilon 1e-08), weight decay 0".
 std::string describe(const OptimizerSettings& settings);
 
-// An optimizer's state holds rows of `size` values: elements [begin, end) of each row, the rows
-// one after another (a parameter server's shard of the state), and back. Host tensors.
-Tensor stateColumns(const Tensor& state, std::int64_t size, std::int64_t begin, std::int64_t end);
-void setStateColumns(const Tensor& part, const Tensor& state, std::int64_t size, std::int64_t begin,
-                     std::int64_t end);
-
 // The SGD update of elements [begin, end) of the flat parameters (weights, grads and momentum are
 // those elements), with no weight decay on settings.no_decay (relative to the whole, as begin
 // and end are): Backend::sgdUpdate over each piece, PyTorch's SGD.

@@ -239,18 +239,6 @@ TEST(Optimizers, LarsTrustRatioIsPerLayer) {
   EXPECT_FLOAT_EQ(w.f32()[0], 3.0f);
 }
 
-TEST(Optimizers, StateColumnsAreEachRowsSliceAndGoBack) {
-  Tensor state = Tensor::host({2 * 5});
-  for (int i = 0; i < 10; ++i)
-    state.f32()[i] = static_cast<float>(i);
-  const Tensor part = stateColumns(state, 5, 1, 3);
-  EXPECT_EQ(std::vector<float>(part.f32(), part.f32() + 4), (std::vector<float>{1, 2, 6, 7}));
-  Tensor other = Tensor::host({10});
-  setStateColumns(part, other, 5, 1, 3);
-  EXPECT_EQ(std::vector<float>(other.f32(), other.f32() + 10),
-            (std::vector<float>{0, 1, 2, 0, 0, 0, 6, 7, 0, 0}));
-}
-
 TEST(LearningRate, FixedPolicyIsTheBaseRate) {
   LrPolicy p;
   p.base = 0.1f;

@@ -48,7 +48,7 @@ struct Checkpoint {
 void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
 // Loads path: its checksum checked over the whole file first, then each part read straight into
 // its tensor. With `state_columns` [begin, end), `state` holds only those columns of each of its
-// rows, one row after another (a ZeRO worker's shard, as kernels::stateColumns lays it out), and
+// rows, one row after another (a ZeRO worker's shard, a parameter server's keys), and
 // the rest of the state is never held.
 Checkpoint loadCheckpoint(
     const std::string& path,
