@@ -416,7 +416,13 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   for (const auto s : p.shares)
     shares += (shares.empty() ? "" : ", ") + std::to_string(s);
   row("replicas", fmt::format("{} per worker, batch shares {}", o.replicas, shares));
-  if (o.pipeline.stages > 1) {
+  if (o.pipeline.stages > 1 && o.pipeline.placement == kernels::StagePlacement::kProcesses) {
+    row("pipeline",
+        fmt::format("{} stages a replica, each a worker's process (this one's: stage {}), each "
+                    "batch in {} micro-batches (1F1B); {} data-parallel replica(s) of {} workers",
+                    o.pipeline.stages, o.shard_id % o.pipeline.stages, o.pipeline.microBatches(),
+                    workers / o.pipeline.stages, o.pipeline.stages));
+  } else if (o.pipeline.stages > 1) {
     row("pipeline", fmt::format("{} stages a replica, each batch in {} micro-batches (1F1B)",
                                 o.pipeline.stages, o.pipeline.microBatches()));
   }

@@ -246,8 +246,8 @@ class Measuring:
 
 
 class Hosts:
-    def __init__(self, prefix, subnet):
-        self.prefix, self.subnet = prefix, subnet
+    def __init__(self, prefix, subnet, count=WORLD):
+        self.prefix, self.subnet, self.count = prefix, subnet, count
         self.made = False
         self.children = []  # Popen objects still to reap
 
@@ -264,8 +264,8 @@ class Hosts:
             raise ToolError(f"hosts of prefix {self.prefix} exist already (another run?): "
                             f"{HOSTS_SH} down --prefix {self.prefix}, or pick another --prefix")
         self.made = True  # from here on, `down` must run whatever happens
-        out = self.sh("up", str(WORLD), "--subnet", self.subnet, "--owner", str(os.getpid()))
-        self.addr = [self.sh("addr", str(i)) for i in range(WORLD)]
+        out = self.sh("up", str(self.count), "--subnet", self.subnet, "--owner", str(os.getpid()))
+        self.addr = [self.sh("addr", str(i)) for i in range(self.count)]
         self.shared = self.sh("shared")
         self.ssh_opts = self.sh("ssh-opts")
         return out

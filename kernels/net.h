@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/event.h"
+#include "kernels/named.h"
+#include "kernels/stage_link.h"
 #include "kernels/tensor.h"
 
 namespace troupe::kernels {
@@ -87,9 +89,25 @@ struct LstmShape {
 // with an earlier one's backward. The gradients are the parts' summed in order, and the net is
 // still one Net over the whole model's flat weights. A batch norm normalises each part by its own
 // statistics and updates its running ones part by part, as GPipe's. CPU only.
+//
+// With `link`, the stages are processes of their own (pipeline_across processes): this net runs
+// stage `stage` alone and exchanges activations and their gradients with the others through the
+// link. Every process still holds the whole model's weights, and evaluates with all of its layers.
+// Its gradients are its own stage's; every other stage's range holds zeros (or, for a range whose
+// weights a layer of this stage reads, this stage's part of their gradient), so that a sum over
+// the processes of the data-parallel world is the gradient of the whole model.
+enum class StagePlacement { kThreads, kProcesses };
+inline constexpr Named<StagePlacement> kStagePlacements[] = {
+    {"threads", StagePlacement::kThreads}, {"processes", StagePlacement::kProcesses}};
+
 struct PipelineOptions {
   int stages = 1;
   int micro_batches = 0;
+  StagePlacement placement = StagePlacement::kThreads;
+  // StagePlacement::kProcesses: the stage this process runs, and its link to the others (set by
+  // the run's plan; -1 and null: every stage is a thread here).
+  int stage = -1;
+  std::shared_ptr<StageLink> link;
   int microBatches() const { return micro_batches > 0 ? micro_batches : stages; }
 };
 
@@ -270,6 +288,13 @@ class Net {
   // {sum of the loss over the batch, number of correct top-1 predictions} of the last forward,
   // as a 2-element float tensor on the backend (read it after synchronize()).
   virtual const Tensor& metrics() const = 0;
+  // Whether the last training forward's metrics are of the batch: not in a pipeline stage's
+  // process that has no loss (PipelineOptions::link; its metrics are zeros).
+  virtual bool scoresBatch() const { return true; }
+  // A pipeline stage in a process of its own (PipelineOptions::link): its steps' pipelined time
+  // (from the step's start to its last backward) and the part of it the stage computed, since
+  // the last call; zeros otherwise. 1 - busy / pipelined is the stage's bubble.
+  virtual StageTimes stageTimes() { return {}; }
   // Back-propagates the last forward (which must have had train = true). Overwrites grads() with
   // grad_scale * d(sum of loss)/d(weights), calling on_ready as ranges become final.
   virtual void backward(float grad_scale, const GradReadyFn& on_ready) = 0;

@@ -9,6 +9,11 @@
 // Each backward's gradients are added, micro-batch by micro-batch in order, into the flat
 // gradients; a stage's ranges are handed on (GradReadyFn) once its last backward is done, the
 // last stage's first, so their reduction overlaps the earlier stages' backward.
+//
+// Stages in processes of their own (PipelineOptions::link): each process's net runs its stage's
+// thread alone, the activations and gradients that cross to another stage travel through the
+// link, and every wait on another process ends after the link's timeout, naming it. The other
+// stages' layers are kept once, for evaluation, which runs the whole model here.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,6 +55,10 @@ struct Inbox {
   std::map<std::int64_t, std::vector<std::pair<std::int64_t, Tensor>>> tied;
 };
 
+const char* kindName(StageTensor::Kind kind) {
+  return kind == StageTensor::kActivations ? "activations" : "gradients";
+}
+
 class PipelineNet final : public Net {
  public:
   PipelineNet(Backend& backend, const NetOptions& options) : backend_(backend), options_(options) {
@@ -67,12 +76,20 @@ class PipelineNet final : public Net {
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
     one.given_weights = true;
-    const int threads = std::max(1, backend.threads() / stages_);
+    link_ = options.pipeline.link;
+    local_ = link_ ? options.pipeline.stage : -1;
+    TROUPE_ENFORCE(!link_ || (local_ >= 0 && local_ < stages_), "stage ", local_, " of ", stages_);
+    // In a process of its own a stage has all of the process's threads.
+    const int threads = link_ ? backend.threads() : std::max(1, backend.threads() / stages_);
+    for (const PipelineCut& cut : whole_->pipelineCuts())
+      cut_shapes_[cut.layer] = cut.shape;
     for (int s = 0; s < stages_; ++s) {
       Stage& stage = stage_list_.emplace_back();
       stage.backend = makeCpuBackend(threads);
       const Tensor grads = stage.backend->empty({whole_->numParams()});
-      for (int copy = 0; copy < std::min(stages_ - s, micro_batches_); ++copy) {
+      const int copies = runsHere(s) ? std::min(stages_ - s, micro_batches_) : 1;
+      stage.held.resize(static_cast<std::size_t>(copies));
+      for (int copy = 0; copy < copies; ++copy) {
         stage.nets.push_back(makeNet(*stage.backend, one));
         stage.nets.back()->runLayers(bounds_[static_cast<std::size_t>(s)],
                                      bounds_[static_cast<std::size_t>(s) + 1]);
@@ -84,18 +101,31 @@ class PipelineNet final : public Net {
     routeTiedWeights();
     inboxes_.resize(static_cast<std::size_t>(stages_));
     if (!options.given_weights) useWeights(whole_->weights());
-    for (int s = 0; s < stages_; ++s)
+    if (link_) {
+      backend.fill(metrics_, 0);  // a stage without the loss scores nothing
+      link_->onAbort([this] { abort(); });
+      link_->receiveBy([this](StageTensor t) { receive(std::move(t)); });
+    }
+    for (int s = 0; s < stages_; ++s) {
+      if (!runsHere(s)) continue;
       stage_list_[static_cast<std::size_t>(s)].thread = std::thread([this, s] { serve(s); });
+      ++running_;
+    }
   }
 
   ~PipelineNet() override {
+    if (link_) {
+      link_->receiveBy(nullptr);
+      link_->onAbort(nullptr);
+    }
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
     }
     changed_.notify_all();
-    for (Stage& stage : stage_list_)
-      stage.thread.join();
+    for (Stage& stage : stage_list_) {
+      if (stage.thread.joinable()) stage.thread.join();
+    }
   }
 
   const std::vector<ParamInfo>& params() const override { return whole_->params(); }
@@ -134,6 +164,7 @@ class PipelineNet final : public Net {
   Tensor ownInput(const Tensor& images) override { return images; }
   bool convertsImages() const override { return false; }
   const Tensor& metrics() const override { return metrics_; }
+  bool scoresBatch() const override { return !link_ || local_ + 1 == stages_; }
 
   // Training: the batch is kept for backward(), which runs the pipelined step. Evaluation: the
   // batch goes through the stages' first copies in micro-batches, on this thread.
@@ -162,8 +193,17 @@ class PipelineNet final : public Net {
     trained_ = false;
     const std::int64_t n = images_.dim(0);
     const std::int64_t count = std::min<std::int64_t>(micro_batches_, n);
+    // The other processes' stages' ranges start from zeros; this stage adds its parts of their
+    // tied weights' gradients there.
+    for (int s = 0; s < stages_; ++s) {
+      if (runsHere(s)) continue;
+      for (const auto& [begin, end] :
+           stage_list_[static_cast<std::size_t>(s)].nets[0]->gradRanges())
+        backend_.fill(grads_.slice(begin, end), 0);
+    }
     {
       std::lock_guard lock(mutex_);
+      if (aborted_) throw stoppedError();
       step_ = Step{};
       step_.id = ++steps_;
       step_.grad_scale = grad_scale;
@@ -172,15 +212,26 @@ class PipelineNet final : public Net {
       step_.done.assign(static_cast<std::size_t>(stages_), false);
       for (auto& inbox : inboxes_)
         inbox = Inbox{};
+      // What the other processes' stages sent for this step before it began here.
+      const auto early = early_.find(step_.id);
+      if (early != early_.end()) {
+        for (StageTensor& t : early->second)
+          place(std::move(t));
+        early_.erase(early);
+      }
     }
     changed_.notify_all();
     // Each stage's ranges once its last backward is done, the last stage's first (reverse layer
-    // order over the layout, as GradReadyFn wants).
+    // order over the layout, as GradReadyFn wants). Another process's stage's ranges are final
+    // at once, or where this process's stage adds its tied parts to them, once it is done.
     for (int s = stages_; s-- > 0;) {
+      const int awaited = runsHere(s) ? s : tiedInto(s) ? local_ : -1;
       std::unique_lock lock(mutex_);
-      changed_.wait(lock, [&] { return step_.done[static_cast<std::size_t>(s)] || step_.error; });
+      changed_.wait(lock, [&] {
+        return awaited < 0 || step_.done[static_cast<std::size_t>(awaited)] || step_.error;
+      });
       if (step_.error) {
-        changed_.wait(lock, [&] { return step_.finished == stages_; });
+        changed_.wait(lock, [&] { return step_.finished == running_; });
         std::rethrow_exception(step_.error);
       }
       lock.unlock();
@@ -190,7 +241,7 @@ class PipelineNet final : public Net {
         on_ready(it->first, it->second, nullptr);
     }
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return step_.finished == stages_; });
+    changed_.wait(lock, [&] { return step_.finished == running_; });
   }
 
   void trainStep(const Tensor& images, const Tensor& labels, float grad_scale,
@@ -247,6 +298,11 @@ class PipelineNet final : public Net {
     seeded_at_ = steps_;
   }
 
+  StageTimes stageTimes() override {
+    if (!link_) return {};
+    return std::exchange(stage_list_[static_cast<std::size_t>(local_)].times, StageTimes{});
+  }
+
   std::vector<PipelineCut> pipelineCuts() const override { return {}; }
   void runLayers(std::size_t, std::size_t) override {
     throw InvariantError("a net of pipeline stages is not cut again");
@@ -268,11 +324,18 @@ class PipelineNet final : public Net {
   struct Stage {
     std::unique_ptr<Backend> backend;
     std::vector<std::unique_ptr<Net>> nets;  // its copies, micro-batch m on m % size
+    // Each copy's input, kept until the copy's next forward (its backward reads it, and one that
+    // came from another process lives in the link's receive buffer).
+    std::vector<Tensor> held;
     std::thread thread;
-    // Tied weights: where this stage's part of a tied range goes (the owner's stage), and how
-    // many parts come to it each micro-batch.
+    // Tied weights: where this stage's part of a tied range goes (the owner's stage), how many
+    // parts come to it each micro-batch, and the zeros it takes for a part that another process
+    // adds (by the range's first element).
     std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, int>> tied_to;
     int tied_parts = 0;
+    std::vector<std::pair<std::int64_t, Tensor>> tied_zeros;
+    // Since stageTimes() last read them: the steps' pipelined seconds and those computing.
+    StageTimes times;
     // While profiling: seconds computing, and micro-batches gone through.
     double busy_forward = 0, busy_backward = 0;
     std::int64_t micro_batches = 0;
@@ -288,19 +351,108 @@ class PipelineNet final : public Net {
 
   // Each range a stage's layer reads from another stage's weights: the part goes to the stage
   // whose layers own it.
+  // A part for a stage in another process is added to this one's gradients over its range
+  // instead: the sum over the processes adds them.
+  // A part from a stage in another process is zeros here (that process adds its part there), and
+  // one for a stage in another process is added to this one's gradients over its range instead:
+  // the sum over the processes adds them.
   void routeTiedWeights() {
-    for (Stage& reader : stage_list_) {
+    for (int r = 0; r < stages_; ++r) {
+      Stage& reader = stage_list_[static_cast<std::size_t>(r)];
       for (const auto& range : reader.nets[0]->tiedRanges()) {
-        for (std::size_t o = 0; o < stage_list_.size(); ++o) {
-          for (const auto& [begin, end] : stage_list_[o].nets[0]->gradRanges()) {
-            if (begin <= range.first && range.second <= end) {
-              reader.tied_to.push_back({range, static_cast<int>(o)});
-              ++stage_list_[o].tied_parts;
+        for (int o = 0; o < stages_; ++o) {
+          Stage& owner = stage_list_[static_cast<std::size_t>(o)];
+          for (const auto& [begin, end] : owner.nets[0]->gradRanges()) {
+            if (begin > range.first || range.second > end) continue;
+            if (runsHere(r)) reader.tied_to.push_back({range, o});
+            if (runsHere(r) && runsHere(o)) ++owner.tied_parts;
+            if (!runsHere(r) && runsHere(o)) {
+              const Tensor zeros = owner.backend->empty({range.second - range.first});
+              owner.backend->fill(zeros, 0);
+              owner.tied_zeros.emplace_back(range.first, zeros);
             }
           }
         }
       }
     }
+  }
+
+  bool runsHere(int s) const { return local_ < 0 || s == local_; }
+
+  // Whether this process's stage adds its tied parts to stage s's range (in another process).
+  bool tiedInto(int s) const {
+    if (runsHere(s)) return false;
+    const auto& routes = stage_list_[static_cast<std::size_t>(local_)].tied_to;
+    return std::any_of(routes.begin(), routes.end(), [s](const auto& r) { return r.second == s; });
+  }
+
+  // From the link's thread: a message of another process's stage, into this stage's inbox, or
+  // kept for its step if that has not begun here.
+  void receive(StageTensor t) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_ || aborted_) return;
+      if (t.step > step_.id) {
+        early_[t.step].push_back(std::move(t));
+      } else {
+        place(std::move(t));
+      }
+    }
+    changed_.notify_all();
+  }
+
+  // Under the lock: a message of this step into this stage's inbox, checked against what the
+  // step can receive (InputError naming the sender).
+  void place(StageTensor t) {
+    const bool forward = t.kind == StageTensor::kActivations;
+    const int expected = forward ? local_ - 1 : local_ + 1;
+    const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
+    if (t.from != expected || expected < 0 || expected >= stages_) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} from {}: it takes activations from stage {} and their "
+          "gradients from stage {} only",
+          local_, kindName(t.kind), from, local_ - 1, local_ + 1));
+    }
+    if (t.step != step_.id) {
+      throw InputError(fmt::format("pipeline stage {} got {} of step {} from {} during step {}",
+                                   local_, kindName(t.kind), t.step, from, step_.id));
+    }
+    const auto count = static_cast<std::int64_t>(step_.offsets.size()) - 1;
+    const std::int64_t m = t.micro_batch;
+    if (m < 0 || m >= count) {
+      throw InputError(
+          fmt::format("pipeline stage {} got {} of micro-batch {} from {}, of a step "
+                      "of {} micro-batches",
+                      local_, kindName(t.kind), m, from, count));
+    }
+    Shape shape = cut_shapes_.at(bounds_[static_cast<std::size_t>(forward ? local_ : local_ + 1)]);
+    shape.insert(shape.begin(), step_.offsets[static_cast<std::size_t>(m) + 1] -
+                                    step_.offsets[static_cast<std::size_t>(m)]);
+    if (!t.values.defined() || t.values.numel() != numelOf(shape) ||
+        t.values.dtype() != DType::kFloat32) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} of micro-batch {} from {} holding {} values, not the {} of "
+          "{} float32 values",
+          local_, kindName(t.kind), m, from, t.values.defined() ? t.values.numel() : 0,
+          toString(shape), numelOf(shape)));
+    }
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(local_)];
+    auto& box = forward ? inbox.activations : inbox.gradients;
+    if (!box.emplace(m, t.values.view(std::move(shape))).second) {
+      throw InputError(fmt::format("pipeline stage {} got {} of micro-batch {} twice from {}",
+                                   local_, kindName(t.kind), m, from));
+    }
+  }
+
+  // The run is failing: every wait here ends.
+  void abort() {
+    post([&] {
+      aborted_ = true;
+      if (!step_.error) step_.error = std::make_exception_ptr(stoppedError());
+    });
+  }
+  Error stoppedError() const {
+    return Error(fmt::format("pipeline stage {}: stopped, the run is failing", local_));
   }
 
   // Stage s's thread: each step's 1F1B schedule, its warm-up forwards first.
@@ -314,6 +466,7 @@ class PipelineNet final : public Net {
         served = step_.id;
       }
       std::exception_ptr error;
+      const auto began = std::chrono::steady_clock::now();
       try {
         const auto count = static_cast<std::int64_t>(step_.offsets.size()) - 1;
         const std::int64_t warm_up = std::min<std::int64_t>(stages_ - s - 1, count);
@@ -326,6 +479,10 @@ class PipelineNet final : public Net {
         }
         while (backwards < count)
           backwardOf(s, backwards++, count);
+        StageTimes& times = stage_list_[static_cast<std::size_t>(s)].times;
+        times.pipelined +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+        ++times.steps;
       } catch (const Aborted&) {
       } catch (...) {
         error = std::current_exception();
@@ -339,11 +496,22 @@ class PipelineNet final : public Net {
     }
   }
 
-  // Waits for what `ready` finds in stage s's inbox (another stage's failure: Aborted).
+  // Waits for what `ready` finds in a stage's inbox (another stage's failure: Aborted), sent by
+  // stage `from`: in another process, for the link's timeout at most (TimeoutError naming it).
   template <typename Ready>
-  void await(Ready ready) {
+  void await(Ready ready, int from = -1, StageTensor::Kind kind = StageTensor::kActivations,
+             std::int64_t m = 0) {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return ready() || step_.error; });
+    const auto settled = [&] { return ready() || step_.error; };
+    if (from < 0 || runsHere(from)) {
+      changed_.wait(lock, settled);
+    } else if (!changed_.wait_for(lock, link_->timeout(), settled)) {
+      throw TimeoutError(fmt::format(
+          "pipeline stage {} waited {:g} s for the {} of micro-batch {} of step {} from stage {} "
+          "({}) (peer_timeout)",
+          local_, std::chrono::duration<double>(link_->timeout()).count(), kindName(kind), m,
+          step_.id, from, link_->nameOf(from)));
+    }
     if (step_.error) throw Aborted{};
   }
 
@@ -357,27 +525,34 @@ class PipelineNet final : public Net {
     if (s == 0) {
       x = rows(images_, begin, end);
     } else {
-      await([&] { return inbox.activations.count(m) > 0; });
+      await([&] { return inbox.activations.count(m) > 0; }, s - 1, StageTensor::kActivations, m);
       post([&] {
         x = std::move(inbox.activations[m]);
         inbox.activations.erase(m);
       });
     }
+    stage.held[static_cast<std::size_t>(m) % stage.held.size()] = x;
     const auto start = std::chrono::steady_clock::now();
     const std::int64_t per_label = labels_.numel() / images_.dim(0);
     net.reseed(randomBits(seed_, static_cast<std::uint64_t>(step_.id - seeded_at_),
                           static_cast<std::uint64_t>(m)));
     net.forward(x, labels_.slice(begin * per_label, end * per_label), true);
     if (s + 1 < stages_) {
-      // Read where it lies: this copy runs micro-batch m + copies only after m's backward, for
-      // which the next stage has done with it.
-      post([&] { inboxes_[static_cast<std::size_t>(s) + 1].activations[m] = net.output(); });
+      // Read where it lies (or sent from where it lies): this copy runs micro-batch m + copies
+      // only after m's backward, for which the next stage has done with it.
+      if (runsHere(s + 1)) {
+        post([&] { inboxes_[static_cast<std::size_t>(s) + 1].activations[m] = net.output(); });
+      } else {
+        sendTo(s + 1, StageTensor::kActivations, m, net.output());
+      }
     } else {
       addMetrics(net.metrics(), m == 0, stage.backend.get());
     }
+    const double busy =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stage.times.busy += busy;
     if (profiling_) {
-      stage.busy_forward +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      stage.busy_forward += busy;
       ++stage.micro_batches;
     }
   }
@@ -390,7 +565,7 @@ class PipelineNet final : public Net {
     auto waited = std::chrono::steady_clock::duration::zero();
     const auto start = std::chrono::steady_clock::now();
     if (s + 1 < stages_) {
-      await([&] { return inbox.gradients.count(m) > 0; });
+      await([&] { return inbox.gradients.count(m) > 0; }, s + 1, StageTensor::kGradients, m);
       waited += std::chrono::steady_clock::now() - start;
       Tensor dy;
       post([&] {
@@ -411,16 +586,26 @@ class PipelineNet final : public Net {
       for (const auto& [begin, part] : parts)
         net.setTiedGrad(begin, part);
     }
+    for (const auto& [begin, zeros] : stage.tied_zeros)
+      net.setTiedGrad(begin, zeros);
     net.backward(step_.grad_scale, nullptr);
     // What leaves is copied: this copy of the stage may run its next micro-batch before the
     // other stage has read it.
     if (s > 0) {
       Tensor dx = backend.empty(net.inputGrad().shape(), net.inputGrad().dtype());
       backend.copy(net.inputGrad(), dx);
-      post([&] { inboxes_[static_cast<std::size_t>(s) - 1].gradients[m] = dx; });
+      if (runsHere(s - 1)) {
+        post([&] { inboxes_[static_cast<std::size_t>(s) - 1].gradients[m] = dx; });
+      } else {
+        sendTo(s - 1, StageTensor::kGradients, m, dx);
+      }
     }
     for (const auto& route : stage.tied_to) {
       const auto [from, to] = route.first;
+      if (!runsHere(route.second)) {  // zeros there at the step's start (backward())
+        backend.axpy(1.0f, net.grads().slice(from, to), grads_.slice(from, to));
+        continue;
+      }
       Tensor part = backend.empty({to - from});
       backend.copy(net.grads().slice(from, to), part);
       post([&] {
@@ -434,14 +619,21 @@ class PipelineNet final : public Net {
         backend.axpy(1.0f, net.grads().slice(begin, end), grads_.slice(begin, end));
       }
     }
-    if (profiling_) {
-      stage.busy_backward +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start - waited).count();
-    }
+    const double busy =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start - waited).count();
+    stage.times.busy += busy;
+    if (profiling_) stage.busy_backward += busy;
     if (m + 1 == count) {
       backend.synchronize();
       post([&] { step_.done[static_cast<std::size_t>(s)] = true; });
     }
+  }
+
+  // To stage `to` in another process, through the link.
+  void sendTo(int to, StageTensor::Kind kind, std::int64_t m, const Tensor& values) {
+    link_->send(
+        to, StageTensor{step_.id, static_cast<std::int32_t>(m), static_cast<std::int32_t>(local_),
+                        kind, values.view({values.numel()})});
   }
 
   // Changes what the stages wait on, under the lock, and wakes them.
@@ -478,13 +670,21 @@ class PipelineNet final : public Net {
   std::uint64_t seed_ = 0;
   std::int64_t seeded_at_ = 0;  // steps_ at reseed()
   std::vector<Stage> stage_list_;
+  // Stages in processes of their own: the link to the others, and the stage run here (else -1);
+  // the stage threads this process runs.
+  std::shared_ptr<StageLink> link_;
+  int local_ = -1;
+  int running_ = 0;
+  std::map<std::size_t, Shape> cut_shapes_;  // per sample, by the layer a cut is before
   // The stages' shared state: the step, their inboxes; changed_ wakes whoever waits on it.
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;
+  bool aborted_ = false;  // the run is failing (StageLink::abort)
   std::int64_t steps_ = 0;
   Step step_;
   std::vector<Inbox> inboxes_;
+  std::map<std::int64_t, std::vector<StageTensor>> early_;  // for steps not begun here, by step
 };
 
 }  // namespace

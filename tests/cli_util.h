@@ -118,6 +118,16 @@ inline ::testing::AssertionResult failedWith(const CommandResult& r,
   return ::testing::AssertionFailure() << "exit code 0\n" << (held ? r.output : held.message());
 }
 
+// Byte-level token shards of English that every Debian system has (base-files' GPL-3 and Apache
+// licence texts, about 50 kB), converted by `troupe convert text` into dir/data:
+// lic_val_000000.bin and lic_train_000001.bin.
+inline CommandResult convertLicenceTexts(const std::string& dir) {
+  return runCommand(troupeBinary() +
+                    " convert text /usr/share/common-licenses/GPL-3 "
+                    "/usr/share/common-licenses/Apache-2.0 --out " +
+                    dir + "/data --name lic");
+}
+
 // The whole of the file at `path`; "" when it cannot be read.
 inline std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path);

@@ -1,4 +1,5 @@
 // Training with several real processes on loopback: `troupe launch` and processes started by hand.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -280,6 +281,117 @@ TEST(DistributedTraining, TwoWorkersOfTwoPipelineStagesEachMatchOneProcess) {
   printMeasured("bsp-allreduce, 2 pipeline stages, 4 micro-batches, 2 workers", weights, momentum);
   EXPECT_LE(weights, kOneVersusTwoBound);
   EXPECT_LE(momentum, kOneVersusTwoBound);
+}
+
+// Pipeline stages in workers of their own (pipeline_across processes): each worker runs its
+// stage's layers on the values that stage's thread computes on in one process (one thread each),
+// and the ring adds to each of its gradients only the other stage's zeros, which is exact: the
+// checkpoint is the one-process pipeline's to the bit. Two such pipelines (4 workers) are two
+// data-parallel replicas of it, each with half of the batch of 64 in micro-batches of the same
+// 16 rows: the same sums in another order, within kOneVersusTwoBound.
+TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThreadsOfOneProcess) {
+  TempDir cwd("dist_stage_processes");
+  const std::string common = " train " + sourceDir() + "/configs/lenet.toml" + dataFlags() +
+                             " --num_epochs 1 --epoch_size 1280 --base_learning_rate 0.01"
+                             " --log_every 0 --threads 1 --pipeline_stages 2 --checkpoint_dir ";
+  const std::string across = " --schedule bsp-allreduce --pipeline_across processes";
+  const auto threads =
+      runCommand(in(cwd, troupeBinary() + common + "threads --batch_size 64 --micro_batches 4"));
+  ASSERT_EQ(threads.exit_code, 0) << threads.output;
+  const auto processes =
+      runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe" + common +
+                             "processes --batch_size 64 --micro_batches 4" + across));
+  ASSERT_EQ(processes.exit_code, 0) << processes.output;
+  // The pipeline's inputs are counted once, by its last stage; each stage says what part of its
+  // steps it computed.
+  EXPECT_NE(processes.output.find("(1280 inputs in"), std::string::npos) << processes.output;
+  for (const char* stage : {"[worker 0] ", "[worker 1] "}) {
+    EXPECT_THAT(
+        processes.output,
+        ::testing::ContainsRegex(std::string("\\") + stage +
+                                 ".*pipeline stage . of 2, 20 steps to step 19 \\(epoch 1\\): "
+                                 "[0-9.]+ ms a step from its start to this stage's last backward, "
+                                 "[0-9.]+ ms of it computing \\(4 micro-batches\\)"));
+  }
+  const auto one = actors::loadCheckpoint(filesIn(cwd.path() / "threads", ".ckpt").at(0));
+  expectTheSameBits(one, actors::loadCheckpoint(filesIn(cwd.path() / "processes", ".ckpt").at(0)));
+
+  const auto two = runCommand(in(cwd, troupeBinary() + " launch -n 4 -- troupe" + common +
+                                          "two --batch_size 32 --micro_batches 2" + across));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  EXPECT_NE(two.output.find("global batch 64, 4 replica(s)"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("(1280 inputs in"), std::string::npos) << two.output;
+  const auto pipelines = actors::loadCheckpoint(filesIn(cwd.path() / "two", ".ckpt").at(0));
+  const double weights = relativeDifference(one.weights, pipelines.weights);
+  const double momentum = relativeDifference(one.state, pipelines.state);
+  printMeasured("2 pipelines of 2 stage workers each against 2 stage threads", weights, momentum);
+  EXPECT_LE(weights, kOneVersusTwoBound);
+  EXPECT_LE(momentum, kOneVersusTwoBound);
+
+  // What does not make whole pipelines of workers is refused before anything runs, named.
+  for (const auto& [launch, flags, refusal] :
+       {std::tuple{" launch -n 3 -- troupe", across,
+                   "pipeline_across processes: 3 worker(s) do not make whole pipelines of 2 "
+                   "stages (troupe launch -n 2 or another multiple of 2)"},
+        std::tuple{"", std::string(" --pipeline_across processes"),
+                   "the stages' workers sum their gradients by bsp-allreduce, not by schedule "
+                   "local"}}) {
+    const auto r = runCommand(in(cwd, troupeBinary() + launch + common + "refused" + flags));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(refusal), std::string::npos) << r.output;
+  }
+}
+
+// GPT-2 in 4 stage workers: its tied output layer adds its part of wte's gradient to its own
+// worker's gradients over wte, and the ring's sum over the workers adds the embedding worker's
+// part to it; the stage threads add the output layer's part to the embedding's micro-batch by
+// micro-batch. Both are sums of the same 2 B T terms a wte element (B T tokens through each
+// layer) in another order, within sgdTrajectoryBound of that many; the other gradients are the
+// threads' to the bit. The workers' checkpoint resumes in 3 stage threads (another K).
+TEST(DistributedTraining, GptStagesInWorkersOfTheirOwnTrainAsStageThreadsAndResumeAsOthers) {
+  TempDir cwd("dist_gpt_stage_processes");
+  const auto converted = convertLicenceTexts(cwd.str());
+  ASSERT_EQ(converted.exit_code, 0) << converted.output;
+  constexpr int kBatch = 8, kBlock = 64;
+  const std::string common = fmt::format(
+      " train --model gpt2 --block_size {} --vocab_size 256 --n_layer 2 --n_head 4 "
+      "--n_embd 64 --batch_size {} --train_data data --epoch_size 160 --num_epochs 2 "
+      "--checkpoint_every 1 --optimizer sgd --momentum 0.9 --base_learning_rate 0.05 "
+      "--threads 1 --log_every 0 --checkpoint_dir ",
+      kBlock, kBatch);
+  const auto threads = runCommand(in(cwd, troupeBinary() + common + "threads --pipeline_stages 4"));
+  ASSERT_EQ(threads.exit_code, 0) << threads.output;
+  const auto workers = runCommand(in(
+      cwd, troupeBinary() + " launch -n 4 -- troupe" + common +
+               "workers --pipeline_stages 4 --schedule bsp-allreduce --pipeline_across processes"));
+  ASSERT_EQ(workers.exit_code, 0) << workers.output;
+  const auto checkpoint = [&](const char* folder, int epoch) {
+    for (const auto& f : filesIn(cwd.path() / folder, ".ckpt")) {
+      if (f.string().ends_with(fmt::format("_epoch{}.ckpt", epoch))) return f;
+    }
+    return fs::path(fmt::format("(no epoch {} in {})", epoch, folder));
+  };
+  const auto one = actors::loadCheckpoint(checkpoint("threads", 2));
+  const double bound = testing::sgdTrajectoryBound(2.0 * kBatch * kBlock, 0.9);
+  const auto expectWithinBound = [&](const char* folder, const std::string& what) {
+    const auto other = actors::loadCheckpoint(checkpoint(folder, 2));
+    const double weights = relativeDifference(one.weights, other.weights);
+    const double momentum = relativeDifference(one.state, other.state);
+    std::cout << "[ measured ] " << what << ": relative difference of weights " << weights
+              << ", of momentum " << momentum << " (bound " << bound << ")\n";
+    EXPECT_LE(weights, bound) << what;
+    EXPECT_LE(momentum, bound) << what;
+  };
+  expectWithinBound("workers", "GPT-2 in 4 stage workers against 4 stage threads");
+  const auto resumed =
+      runCommand(in(cwd, troupeBinary() + common + "resumed --pipeline_stages 3 --resume " +
+                             checkpoint("workers", 1).string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(
+      resumed.output.find("resuming from " + checkpoint("workers", 1).string() + " at step 20"),
+      std::string::npos)
+      << resumed.output;
+  expectWithinBound("resumed", "4 stage workers' epoch 1 resumed in 3 stage threads");
 }
 
 // Clipping with sharded state: the gradients' global norm sums each worker's sum of squares over

@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 
 using namespace testing;
 
-// English that every Debian system has (base-files): about 50 kB.
-const std::string kText = "/usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0";
 const std::string kSmallGpt =
     "--model gpt2 --block_size 64 --vocab_size 256 --n_layer 2 --n_head 4 --n_embd 64 "
     "--batch_size 8 ";
@@ -31,10 +29,9 @@ const std::string kSmallLstm =
     "--model lstm --block_size 35 --vocab_size 256 --nhid 128 --emsize 128 --tied true "
     "--dropout 0.2 --batch_size 16 --clip_grad_norm 0.25 ";
 
-// Byte-level shards of kText in dir/data: lic_val_000000.bin and lic_train_000001.bin.
+// Byte-level shards of English in dir/data: lic_val_000000.bin and lic_train_000001.bin.
 void convert(const TempDir& dir) {
-  const auto run = runCommand(troupeBinary() + " convert text " + kText + " --out " + dir.str() +
-                              "/data --name lic");
+  const auto run = convertLicenceTexts(dir.str());
   ASSERT_EQ(run.exit_code, 0) << run.output;
 }
 

@@ -108,6 +108,20 @@ struct StateChunk {
   values @3 :TensorData;
 }
 
+# Pipeline stage -> the next stage's process (activations) or the one before's (their gradients):
+# one micro-batch's, with pipeline_across processes.
+struct StageTensor {
+  enum Kind {
+    activations @0;
+    gradients @1;
+  }
+  step @0 :Int64;        # the sender's training steps so far, this one counted
+  microBatch @1 :Int32;
+  from @2 :Int32;        # the sending stage
+  kind @3 :Kind;
+  values @4 :TensorData; # float32, flat
+}
+
 # Updater -> Updater (elastic runs): the state a new generation goes on from.
 struct Handover {
   step @0 :Int64;
@@ -274,5 +288,6 @@ struct Frame {
     pullHeld @32 :PullHeld;      # server -> the worker whose pull it holds: whom it waits for
     stateRequest @33 :StateRequest;  # chief coordinator -> a sharded updater, for a checkpoint
     stateChunk @34 :StateChunk;
+    stageTensor @35 :StageTensor;  # pipeline stage -> stage, across processes
   }
 }

@@ -547,6 +547,11 @@ std::vector<Key> buildTable() {
       agreed(TROUPE_INT_KEY("micro_batches", pipeline.micro_batches, closed(0, 1 << 20),
                             "pipeline_stages: the parts a replica's batch is cut into (0: as many "
                             "as stages)")),
+      agreed(TROUPE_NAMED_KEY(
+          "pipeline_across", pipeline.placement, kernels::kStagePlacements,
+          "pipeline_stages: what runs the stages: threads of each worker's process, or "
+          "processes of their own (bsp-allreduce: worker W runs stage W % pipeline_stages, and "
+          "each pipeline_stages workers in a row train one data-parallel replica of the model)")),
       Key{"gpus", Kind::kString, kNotNumeric,
           "GPU ids, one replica on each (Caffe2's and MXNet's --gpus 0,1); empty: the CPU",
           [](Settings& s, const Value& v) {
@@ -654,8 +659,8 @@ std::vector<Key> buildTable() {
       TROUPE_FLOAT_KEY("rendezvous_timeout", rendezvous_timeout_s, kSeconds,
                        "seconds to wait for the other processes"),
       TROUPE_FLOAT_KEY("peer_timeout", peer_timeout_s, kSeconds,
-                       "seconds a link may be silent, or an allreduce or server wait on a peer, "
-                       "before the run fails naming it"),
+                       "seconds a link may be silent, or an allreduce, server or pipeline "
+                       "stage wait on a peer, before the run fails naming it"),
       TROUPE_FLOAT_KEY("stall_warning", stall_warning_s, kSeconds,
                        "seconds of waiting on a peer before a stall report names who is late"),
       Key{"work_load_list", Kind::kFloatList, openBelow(0, kMillion),

@@ -15,6 +15,7 @@
 #include "actors/core/wire_form.h"
 #include "kernels/event.h"
 #include "kernels/optimizer.h"
+#include "kernels/stage_link.h"
 #include "kernels/tensor.h"
 
 namespace troupe::actors {
@@ -187,6 +188,18 @@ template <>
 inline constexpr auto wire::kForm<StateChunk> = wire::form<StateChunk>(
     "stateChunk", wire::field("step", &StateChunk::step), wire::field("shard", &StateChunk::shard),
     wire::field("offset", &StateChunk::offset), wire::field("values", &StateChunk::values));
+
+// A pipeline stage's activations or their gradients, to a stage in another process
+// (kernels::StageTensor): the stage actor there hands them to its replica's net
+// (kernels::StageLink). The values are the sender's memory, which it leaves unchanged until the
+// receiver is done with them (its next use of that memory waits for the receiver's answer).
+template <>
+inline constexpr auto wire::kForm<kernels::StageTensor> = wire::form<kernels::StageTensor>(
+    "stageTensor", wire::field("step", &kernels::StageTensor::step),
+    wire::field("microBatch", &kernels::StageTensor::micro_batch),
+    wire::field("from", &kernels::StageTensor::from),
+    wire::field("kind", &kernels::StageTensor::kind),
+    wire::field("values", &kernels::StageTensor::values));
 
 // Coordinator -> Updater: go on with the next epoch.
 struct Resume {};
@@ -514,9 +527,10 @@ inline int wireLane(const RingChunk& c) {
 
 // Every message that crosses processes: each has its wire::kForm above and its schema in
 // transport/wire.capnp.
-using WireMessages = std::tuple<GradBucket, Reduced, Weights, StepDone, EpochEnd, Resume, PauseAt,
-                                Handover, Evaluate, Evaluated, BuffersRequest, Buffers, RingChunk,
-                                Push, Pull, PullReply, PullHeld, KvInit, KvConfigure, KvAck, KvDone,
-                                Subscribe, Shutdown, StateRequest, StateChunk>;
+using WireMessages =
+    std::tuple<GradBucket, Reduced, Weights, StepDone, EpochEnd, Resume, PauseAt, Handover,
+               Evaluate, Evaluated, BuffersRequest, Buffers, RingChunk, Push, Pull, PullReply,
+               PullHeld, KvInit, KvConfigure, KvAck, KvDone, Subscribe, Shutdown, StateRequest,
+               StateChunk, kernels::StageTensor>;
 
 }  // namespace troupe::actors

@@ -225,10 +225,31 @@ class Replica final : public Actor {
                       describeStep(step, config_.run.steps_per_epoch), loss_sum, config_.index,
                       config_.worker, whyNotFinite(weights.weights, images)));
     }
-    send(config_.coordinator, StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
-                                       batch.labels.numel(), batch.skipped, input_wait, ready,
-                                       batch.read_seconds, backend_->memory().device_peak});
+    // A pipeline stage without the loss scores no inputs: its pipeline's last stage does.
+    const bool scored = net_->scoresBatch();
+    send(config_.coordinator,
+         StepDone{step, config_.index, loss_sum, metrics_host_.f32()[1],
+                  scored ? batch.labels.numel() : 0, scored ? batch.skipped : 0, input_wait, ready,
+                  batch.read_seconds, backend_->memory().device_peak});
     backend_->resetPeakMemory();  // each StepDone the peak of its own step
+    const std::int64_t per_epoch = config_.run.steps_per_epoch;
+    if (per_epoch > 0 && (step + 1) % per_epoch == 0) noteStageTimes(step);
+  }
+
+  // A pipeline stage in a process of its own, at an epoch's end: its steps' time from their start
+  // here to its last backward, and the part of it that it computed. The pipeline's bubble is
+  // 1 - (the stages' computing) / (K x the first stage's time, which ends last), against GPipe's
+  // (K-1)/(M+K-1) (bench/pipeline_processes.py reads these lines).
+  void noteStageTimes(std::int64_t step) {
+    const kernels::StageTimes t = net_->stageTimes();
+    if (t.steps == 0 || t.pipelined <= 0) return;
+    const auto& p = config_.net.pipeline;
+    const auto steps = static_cast<double>(t.steps);
+    spdlog::info(
+        "{}: pipeline stage {} of {}, {} steps to {}: {:.3f} ms a step from its start to this "
+        "stage's last backward, {:.3f} ms of it computing ({} micro-batches)",
+        name(), p.stage, p.stages, t.steps, describeStep(step, config_.run.steps_per_epoch),
+        1000 * t.pipelined / steps, 1000 * t.busy / steps, p.microBatches());
   }
 
   // What a non-finite loss came from, for its error: the weights the step was given, the batch,

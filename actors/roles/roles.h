@@ -483,6 +483,17 @@ struct CoordinatorConfig {
   std::shared_ptr<EpochCarry> carry;
   RunControl* control = nullptr;  // callbacks and requests of an embedding caller (trainer.h)
 };
+// Pipeline stages in processes of their own (pipeline_across processes): the link of this
+// process's stage to the others' stage actors, by stage (`stages[s]` is stage s's, on worker
+// `workers[s]`), sending from any thread through `runtime`; a wait on one ends after
+// `peer_timeout`.
+std::shared_ptr<kernels::StageLink> makeStageLink(Runtime& runtime, std::vector<Address> stages,
+                                                  std::vector<int> workers,
+                                                  std::chrono::milliseconds peer_timeout);
+// A worker's stage actor: hands what other processes' stages send to `link` (null: this run's
+// stages are no processes of their own, and such a message is an error naming its sender).
+std::unique_ptr<Actor> makeStage(std::string name, std::shared_ptr<kernels::StageLink> link);
+
 // The chief coordinator, on rank 0, drives the whole run.
 std::unique_ptr<Actor> makeCoordinator(std::string name, CoordinatorConfig config);
 // The coordinator of every other process: waits for the chief's Shutdown.

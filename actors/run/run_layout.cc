@@ -16,12 +16,10 @@ struct WorkerRole {
   std::string_view name;
   bool per_replica;
 };
-enum Role { kCoordinator, kUpdater, kReducer, kReplica, kReader, kRoles };
-constexpr WorkerRole kWorkerRoles[kRoles] = {{"coordinator", false},
-                                             {"updater", false},
-                                             {"reducer", false},
-                                             {"replica", true},
-                                             {"reader", true}};
+enum Role { kCoordinator, kUpdater, kReducer, kReplica, kReader, kStage, kRoles };
+constexpr WorkerRole kWorkerRoles[kRoles] = {{"coordinator", false}, {"updater", false},
+                                             {"reducer", false},     {"replica", true},
+                                             {"reader", true},       {"stage", false}};
 
 int countOf(int role, int replicas) {
   return kWorkerRoles[role].per_replica ? replicas : 1;
@@ -74,6 +72,9 @@ Topology::Address Topology::replica(int worker, int r) {
 Topology::Address Topology::reader(int worker, int r) const {
   return slot(worker, kReader, r, replicas_);
 }
+Topology::Address Topology::stage(int worker) const {
+  return slot(worker, kStage, 0, replicas_);
+}
 Topology::Address Topology::server(int s) const {
   return Address{static_cast<std::uint32_t>(workers_ + s), 0};
 }
@@ -108,7 +109,7 @@ Result<Topology::Address> Topology::find(const std::string& name) const {
   return Status(ErrorKind::kInput,
                 fmt::format("no actor '{}' in a run of {} worker(s), {} server(s) and {} "
                             "replica(s) a worker (names: coordinator/N, updater/N, reducer/N, "
-                            "replica/N/I, reader/N/I, server/S)",
+                            "replica/N/I, reader/N/I, stage/N, server/S)",
                             name, workers_, servers_, replicas_));
 }
 

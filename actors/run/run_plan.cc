@@ -599,6 +599,44 @@ void checkGpus(const TrainOptions& o) {
   }
 }
 
+namespace {
+
+// pipeline_across processes: InputError naming what does not fit a run whose workers each run
+// one stage of a pipeline.
+void checkStageProcesses(const TrainOptions& o) {
+  const int stages = o.pipeline.stages;
+  if (stages < 2) {
+    throw InputError(
+        "pipeline_across processes runs each pipeline stage in a worker of its own: set "
+        "pipeline_stages 2 or more");
+  }
+  if (!o.schedule.allreduce()) {
+    throw InputError(fmt::format(
+        "pipeline_across processes: the stages' workers sum their gradients by bsp-allreduce, "
+        "not by schedule {} (--schedule bsp-allreduce)",
+        o.schedule.name()));
+  }
+  if (o.min_workers > 0) {
+    throw InputError(
+        "pipeline_across processes: an elastic run (num_workers MIN:MAX) cannot re-form its "
+        "pipelines; give a fixed number of workers");
+  }
+  if (o.num_shards % stages != 0) {
+    throw InputError(fmt::format(
+        "pipeline_across processes: {} worker(s) do not make whole pipelines of {} stages (troupe "
+        "launch -n {} or another multiple of {})",
+        o.num_shards, stages, stages, stages));
+  }
+  if (o.replicas != 1) {
+    throw InputError(fmt::format(
+        "pipeline_across processes: each worker runs one stage of one replica, not of {} "
+        "replicas",
+        o.replicas));
+  }
+}
+
+}  // namespace
+
 void checkProcessOptions(const TrainOptions& o) {
   validateSchedule(o);
   compressionOf(o);  // an unknown name fails here, before any rendezvous
@@ -621,6 +659,7 @@ void checkProcessOptions(const TrainOptions& o) {
         "micro_batches {} cuts a batch for pipeline stages: set pipeline_stages 2 or more",
         o.pipeline.micro_batches));
   }
+  if (o.pipeline.placement == kernels::StagePlacement::kProcesses) checkStageProcesses(o);
   kernels::checkNetInput(netOptions(o, 1));  // before the data is opened: tokens or images
   checkTrainingData(o);
   if (o.prefetch < 1) throw InputError("prefetch must be at least 1");

@@ -324,7 +324,12 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   if (!o.test_data.empty()) data::openDataset(p.test);
   // Every process computes the same plan from the same flags and data; rank 0's is checked
   // against the others' through the store before any step (joinRun).
-  p.plan = stepPlan(o, workers, train_size);
+  const int stages = o.pipeline.stages;
+  const bool stage_processes =
+      !server && stages > 1 && o.pipeline.placement == kernels::StagePlacement::kProcesses;
+  p.data_workers = stage_processes ? workers / stages : workers;
+  p.data_rank = stage_processes ? p.rank / stages : p.rank;
+  p.plan = stepPlan(o, p.data_workers, train_size);
   StepPlan& plan = p.plan;
   if (role) {
     plan.startAt(role->start.step, role->start.epoch, role->start.epoch_records, o.num_epochs);
@@ -335,6 +340,7 @@ ProcessPlan planProcess(const TrainOptions& o, GenerationRole* role) {
   p.lr = lrPolicy(o, plan.steps_per_epoch);
 
   p.net = netOptions(o, *std::max_element(p.shares.begin(), p.shares.end()));
+  if (stage_processes) p.net.pipeline.stage = p.rank % stages;
   planModel(o, p);
   p.nothing_left = !startFrom(o, role, p);
   return p;
@@ -363,6 +369,7 @@ struct WorkerActors {
   NodeSystem node;
   std::shared_ptr<ReductionPlan> reduction;
   std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed by formNcclGroup, before run()
+  std::shared_ptr<kernels::StageLink> stage_link;  // pipeline_across processes
 };
 
 WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
@@ -374,23 +381,37 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
     control->workers.store(layout.workers());
   }
   const WorkerAddresses a = addressesOf(layout, p.rank, p.workers, p.nodes, o.replicas);
+  // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
+  auto node = makeNodeSystem(p.rank, 2, p.nodes > 1 || !o.rendezvous.empty());
+  const RoleContext context = roleContext(o, trace_ptr, p.plan.steps_per_epoch, members);
+  std::shared_ptr<kernels::StageLink> stage_link;
+  if (p.net.pipeline.stage >= 0) {  // this pipeline's stages: workers first .. first + K - 1
+    const int stages = o.pipeline.stages, first = p.rank - p.net.pipeline.stage;
+    std::vector<Address> at;
+    std::vector<int> workers;
+    for (int s = 0; s < stages; ++s) {
+      at.push_back(layout.stage(first + s));
+      workers.push_back(first + s);
+    }
+    stage_link =
+        makeStageLink(*node.system, std::move(at), std::move(workers), context.peer_timeout);
+  }
   const WorkerSpawn spawn{o,
                           p,
                           layout,
                           a,
                           role,
-                          roleContext(o, trace_ptr, p.plan.steps_per_epoch, members),
+                          context,
                           o.schedule.nccl() ? std::make_shared<NcclGroup>() : nullptr,
                           std::make_shared<ReductionPlan>(),
+                          stage_link,
                           control,
                           chief_log,
                           &result};
-  // A run at a rendezvous joins it even alone (troupe launch -n 1): observers find it there.
-  auto node = makeNodeSystem(p.rank, 2, p.nodes > 1 || !o.rendezvous.empty());
   // The schedule's roles, each where the layout (that every process computes alike) places it.
   for (const RoleSpawn& r : workerRolesOf(o.schedule, spawn))
     TROUPE_ENFORCE_EQ(node.system->spawn(r.make(), r.thread), r.at);
-  return WorkerActors{std::move(node), spawn.reduction, spawn.nccl};
+  return WorkerActors{std::move(node), spawn.reduction, spawn.nccl, stage_link};
 }
 
 // With max_memory: what this process's tensors peaked at since the run's actors were made.
@@ -452,7 +473,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     trace =
         std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
   }
-  auto [node, reduction, nccl] =
+  auto [node, reduction, nccl, stage_link] =
       spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
   // The actors' configs hold the weights and state to start from: the plan need not (the updater
   // copies them and lets go, so they are not held twice through the run).
@@ -470,6 +491,9 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     // gone, and so would the updater's wait for them, and the actors' ends with it.
     system->onFailure([group = nccl] { group->comm->abort(); });
   }
+  // A run that fails ends the pipeline stage's waits on the others (its replica's thread waits
+  // in them). Stages run on the CPU: no NCCL group shares the hook.
+  if (stage_link) system->onFailure([link = stage_link] { link->abort(); });
 
   system->run();
   logMemoryPeak(o);

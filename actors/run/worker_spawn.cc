@@ -197,6 +197,7 @@ ReplicaConfig WorkerSpawn::replica(int r) const {
   c.worker = p.rank;
   c.net = p.net;
   c.net.given_weights = true;  // the updater's, or its copy of them (Replica::adopt)
+  c.net.pipeline.link = stage_link;
   c.device = p.devices.replicas[static_cast<std::size_t>(r)];
   c.tf32 = o.tf32;
   c.cudnn_deterministic = o.cudnn_deterministic;
@@ -330,9 +331,10 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
                        return makeReplica(spawn.layout.nameOf(at), spawn.replica(r));
                      }});
   }
-  // Each replica's share of the global batch, in replica order.
+  // Each replica's share of the global batch, in replica order (a pipeline's stages read the
+  // same).
   std::vector<ReaderTarget> targets;
-  std::int64_t offset = o.batch_size * rank;
+  std::int64_t offset = o.batch_size * spawn.p.data_rank;
   for (int r = 0; r < o.replicas; ++r) {
     const auto share = spawn.p.shares[static_cast<std::size_t>(r)];
     targets.push_back({RunLayout::replica(rank, r), r, offset, share});
@@ -347,6 +349,12 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
     roles.push_back({"reader", spawn.layout.reader(rank, r), spawn.readerThread(r),
                      [&spawn, r, fed = std::move(fed)] { return spawn.reader(r, fed); }});
   }
+  // What the other processes' pipeline stages send, handed to the replica's net on the
+  // transport's thread: the replica's own waits in the net's step for it.
+  const Address stage = spawn.layout.stage(rank);
+  roles.push_back(
+      {"stage", stage, SpawnOptions{.thread = {}, .inline_handlers = true},
+       [&spawn, stage] { return makeStage(spawn.layout.nameOf(stage), spawn.stage_link); }});
   return roles;
 }
 

@@ -29,6 +29,9 @@ struct GenerationRole;
 struct ProcessPlan {
   bool server = false, ps = false, chief = false;
   int workers = 0, nodes = 0, rank = 0, threads = 1;
+  // The data-parallel world the batch is split over: the workers, or with pipeline stages in
+  // processes of their own (pipeline_across processes), the pipelines (stage workers in a row).
+  int data_workers = 1, data_rank = 0;
   ProcessDevices devices;
   std::vector<std::int64_t> shares;  // of the batch, per replica
   data::DatasetOptions train, test;
@@ -84,8 +87,10 @@ struct WorkerSpawn {
   RoleContext run;                  // every role's
   std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed once the processes met, before run()
   std::shared_ptr<ReductionPlan> reduction;  // filled in by joinRun, before run()
-  RunControl* control = nullptr;             // the chief's, from the caller
-  TrainLog* log = nullptr;                   // the chief's
+  // pipeline_across processes: this worker's stage's link to its pipeline's other stages.
+  std::shared_ptr<kernels::StageLink> stage_link;
+  RunControl* control = nullptr;  // the chief's, from the caller
+  TrainLog* log = nullptr;        // the chief's
   TrainResult* result = nullptr;
 
   CoordinatorConfig coordinator() const;

@@ -2,7 +2,9 @@
 // replicas a worker) gives it, and every process of the run derives the same one, so an actor
 // anywhere in the run is found by its name, never by the order it was spawned in:
 //   worker W (node W):    coordinator/W, updater/W (the PS client under a parameter-server
-//                         schedule), reducer/W, replica/W/I and reader/W/I for I < replicas
+//                         schedule), reducer/W, replica/W/I and reader/W/I for I < replicas,
+//                         stage/W (what other processes' pipeline stages send to its own:
+//                         pipeline_across processes; idle otherwise)
 //   server S (node W+S):  server/S
 // Worker 0 is the chief: its coordinator drives the run.
 //
@@ -36,6 +38,7 @@ class Topology {
   static Address reducer(int worker);
   static Address replica(int worker, int r);
   Address reader(int worker, int r) const;
+  Address stage(int worker) const;
   Address server(int s) const;
   // How many actors a worker spawns (a server spawns one).
   std::uint32_t actorsPerWorker() const;
