@@ -355,8 +355,9 @@ std::unique_ptr<Net> makePipelineNet(Backend& backend, const NetOptions& options
 // the nearest to its share.
 std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // The bytes of activations and their gradients that a net of `pipeline` stages holds at `batch`
-// (each stage's copies at their micro-batch), from `whole` at a batch of 1 (its memory plan for
-// each stage in turn, scaled by the micro-batch's rows); `whole` runs all its layers after.
+// (each stage's copies at their micro-batch; with pipeline.stage, one copy of each other stage's),
+// from `whole` at a batch of 1 (its memory plan for each stage in turn, scaled by the
+// micro-batch's rows); `whole` runs all its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);
 // InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
 // stage) on `device` cannot do: a GPU, more stages than cuts, more micro-batches

@@ -83,10 +83,14 @@ class PipelineNet final : public Net {
     const int threads = link_ ? backend.threads() : std::max(1, backend.threads() / stages_);
     for (const PipelineCut& cut : whole_->pipelineCuts())
       cut_shapes_[cut.layer] = cut.shape;
+    // Stages in processes of their own share one: only this process's stage runs a backward.
+    Tensor shared_grads;
     for (int s = 0; s < stages_; ++s) {
       Stage& stage = stage_list_.emplace_back();
       stage.backend = makeCpuBackend(threads);
-      const Tensor grads = stage.backend->empty({whole_->numParams()});
+      if (!link_ || !shared_grads.defined())
+        shared_grads = stage.backend->empty({whole_->numParams()});
+      const Tensor grads = shared_grads;
       const int copies = runsHere(s) ? std::min(stages_ - s, micro_batches_) : 1;
       stage.held.resize(static_cast<std::size_t>(copies));
       for (int copy = 0; copy < copies; ++copy) {
@@ -350,12 +354,9 @@ class PipelineNet final : public Net {
   };
 
   // Each range a stage's layer reads from another stage's weights: the part goes to the stage
-  // whose layers own it.
-  // A part for a stage in another process is added to this one's gradients over its range
-  // instead: the sum over the processes adds them.
-  // A part from a stage in another process is zeros here (that process adds its part there), and
-  // one for a stage in another process is added to this one's gradients over its range instead:
-  // the sum over the processes adds them.
+  // whose layers own it. Between processes, a part for a stage in another one is added to this
+  // process's gradients over its range instead, and the owner takes zeros for it: the sum over
+  // the processes adds them.
   void routeTiedWeights() {
     for (int r = 0; r < stages_; ++r) {
       Stage& reader = stage_list_[static_cast<std::size_t>(r)];
@@ -719,7 +720,10 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
   for (int s = 0; s < pipeline.stages; ++s) {
     whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
     const NetMemory m = whole.memory();
-    held += std::min(pipeline.stages - s, micro) * (m.held + m.scratch) * rows;
+    // A stage of another process's: one copy, for evaluation.
+    const int copies =
+        pipeline.stage < 0 || pipeline.stage == s ? std::min(pipeline.stages - s, micro) : 1;
+    held += copies * (m.held + m.scratch) * rows;
   }
   whole.runLayers(0, whole.layers().size());
   return held;

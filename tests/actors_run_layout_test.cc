@@ -23,8 +23,8 @@ TEST(RunLayout, NamesAndAddressesGoBothWays) {
     EXPECT_EQ(layout.nameOf(a), name);
   }
   EXPECT_EQ(layout.find("updater/2"), (Address{2, 1}));
-  EXPECT_EQ(layout.find("reader/0/1"), (Address{0, 6}));  // after 3 roles and 2 replicas
-  EXPECT_EQ(layout.find("stage/2"), (Address{2, 7}));     // after the readers
+  EXPECT_EQ(layout.find("stage/2"), (Address{2, 5}));     // after 3 roles and 2 replicas
+  EXPECT_EQ(layout.find("reader/0/1"), (Address{0, 7}));  // and the stage: the readers last
   EXPECT_EQ(layout.find("server/1"), (Address{4, 0}));    // servers follow the workers
   EXPECT_EQ(layout.nameOf(Address{1, 9}), "node 1 actor 9");
 }
@@ -66,9 +66,9 @@ TEST(Topology, NamesListsEveryActorOnceWorkerByWorkerThenTheServers) {
   const auto names = t.value().names();
   EXPECT_EQ(names,
             (std::vector<std::string>{
-                "coordinator/0", "updater/0", "reducer/0", "replica/0/0", "replica/0/1",
-                "reader/0/0", "reader/0/1", "stage/0", "coordinator/1", "updater/1", "reducer/1",
-                "replica/1/0", "replica/1/1", "reader/1/0", "reader/1/1", "stage/1", "server/0"}));
+                "coordinator/0", "updater/0", "reducer/0", "replica/0/0", "replica/0/1", "stage/0",
+                "reader/0/0", "reader/0/1", "coordinator/1", "updater/1", "reducer/1",
+                "replica/1/0", "replica/1/1", "stage/1", "reader/1/0", "reader/1/1", "server/0"}));
   for (const auto& name : names) {
     const auto a = t.value().find(name);
     ASSERT_TRUE(a) << a.status().message();

@@ -87,10 +87,10 @@ TEST(TrainerApi, CallbacksSeeEveryStepAndEpochAndWaitReturnsOk) {
   ASSERT_TRUE(topology) << topology.status().message();
   EXPECT_EQ(topology.value().names(),
             (std::vector<std::string>{"coordinator/0", "updater/0", "reducer/0", "replica/0/0",
-                                      "reader/0/0", "stage/0"}));
+                                      "stage/0", "reader/0/0"}));
   const auto reader = topology.value().find("reader/0/0");
   ASSERT_TRUE(reader) << reader.status().message();
-  EXPECT_EQ(reader.value(), (actors::Address{0, 4}));
+  EXPECT_EQ(reader.value(), (actors::Address{0, 5}));
   const auto server = topology.value().find("server/0");
   ASSERT_FALSE(server);
   EXPECT_EQ(server.status().kind(), ErrorKind::kInput);

@@ -16,10 +16,11 @@ struct WorkerRole {
   std::string_view name;
   bool per_replica;
 };
-enum Role { kCoordinator, kUpdater, kReducer, kReplica, kReader, kStage, kRoles };
+// The readers come last: a process of replicas fed by one reader (shared_reader) spawns fewer.
+enum Role { kCoordinator, kUpdater, kReducer, kReplica, kStage, kReader, kRoles };
 constexpr WorkerRole kWorkerRoles[kRoles] = {{"coordinator", false}, {"updater", false},
                                              {"reducer", false},     {"replica", true},
-                                             {"reader", true},       {"stage", false}};
+                                             {"stage", false},       {"reader", true}};
 
 int countOf(int role, int replicas) {
   return kWorkerRoles[role].per_replica ? replicas : 1;

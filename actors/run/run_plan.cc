@@ -258,10 +258,14 @@ std::string memorySize(double bytes) {
 }
 
 void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
-                      const std::vector<std::int64_t>& shares) {
+                      const std::vector<std::int64_t>& shares,
+                      const kernels::PipelineOptions& pipeline) {
   if (o.max_memory <= 0) return;
   const std::int64_t num_params = whole.numParams();
-  const bool staged = o.pipeline.stages > 1;
+  const bool staged = pipeline.stages > 1;
+  // A stage in a process of its own: its gradients and their sum (the other stages' layers,
+  // kept for evaluation, share its gradients: they never run a backward).
+  const int stage_grads = pipeline.stage >= 0 ? 1 : pipeline.stages;
   const auto& optimizer = o.optimizer.info();
   // With parameter servers the optimizer's state is theirs, sharded over them, and the servers'
   // answers to a pull (the new weights, decoded) arrive beside the weights they are copied into;
@@ -273,13 +277,13 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   const double state =
       ps ? params : params * static_cast<double>(optimizer.states.size()) / sharing;
   const auto replicas = static_cast<double>(shares.size());
-  const double grads = replicas * params * (staged ? o.pipeline.stages + 1 : 1);
+  const double grads = replicas * params * (staged ? stage_grads + 1 : 1);
   const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;
   double activations = 0;
   for (const auto share : shares) {
     inputs += share;
-    activations += staged ? static_cast<double>(kernels::pipelineHeld(whole, o.pipeline, share))
+    activations += staged ? static_cast<double>(kernels::pipelineHeld(whole, pipeline, share))
                           : static_cast<double>((memory.held + memory.scratch) * share);
   }
   const double need = params + state + grads + activations;
@@ -310,9 +314,9 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       "{}",
       need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
       num_params, memorySize(params), state_text, memorySize(grads), shares.size(),
-      staged ? fmt::format(", each with {} stages' and their sum", o.pipeline.stages) : "",
+      staged ? fmt::format(", each with {} stages' and their sum", stage_grads) : "",
       memorySize(activations), inputs,
-      staged ? fmt::format(" in {} micro-batches", o.pipeline.microBatches()) : "", advice));
+      staged ? fmt::format(" in {} micro-batches", pipeline.microBatches()) : "", advice));
 }
 
 void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {

@@ -150,13 +150,14 @@ void checkBatchMemory(const TrainOptions& o);
 // InputError, naming the bytes and the limit, when a worker process would hold more than
 // max_memory for its model while it trains: the float32 weights and the optimizer's state rows
 // (the updater's, its shard of them with zero_stage 1; none with parameter servers, which hold
-// them), each replica's gradients (with pipeline stages, each stage's and their sum), and its
-// activations and their gradients at its share of the batch, from `whole`, the net at batch 1
-// (NetMemory::held and scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a
-// piece of 256 KiB at most: a sharded state (ZeRO's, the parameter servers') is put together on
-// disk, piece by piece.
+// them), each replica's gradients (with pipeline stages, each stage's and their sum; a stage in
+// a worker of its own, `pipeline.stage`, its own and their sum), and its activations and their
+// gradients at its share of the batch, from `whole`, the net at batch 1 (NetMemory::held and
+// scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a piece of 256 KiB at
+// most: a sharded state (ZeRO's, the parameter servers') is put together on disk, piece by piece.
 void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
-                      const std::vector<std::int64_t>& shares);
+                      const std::vector<std::int64_t>& shares,
+                      const kernels::PipelineOptions& pipeline);
 // The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, the
 // pushes it holds at once (dist_sync: one from each of `workers` workers; else one), and a copy
 // of the weights for each worker's pull answer. (A checkpoint takes the state piece by piece.)

@@ -216,7 +216,7 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (!server) {
-    checkModelMemory(o, *init_net, p.shares);
+    checkModelMemory(o, *init_net, p.shares, p.net.pipeline);
   } else {
     const auto keys =
         serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];

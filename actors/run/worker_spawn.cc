@@ -331,6 +331,12 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
                        return makeReplica(spawn.layout.nameOf(at), spawn.replica(r));
                      }});
   }
+  // What the other processes' pipeline stages send, handed to the replica's net on the
+  // transport's thread: the replica's own waits in the net's step for it.
+  const Address stage = spawn.layout.stage(rank);
+  roles.push_back(
+      {"stage", stage, SpawnOptions{.thread = {}, .inline_handlers = true},
+       [&spawn, stage] { return makeStage(spawn.layout.nameOf(stage), spawn.stage_link); }});
   // Each replica's share of the global batch, in replica order (a pipeline's stages read the
   // same).
   std::vector<ReaderTarget> targets;
@@ -349,12 +355,6 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
     roles.push_back({"reader", spawn.layout.reader(rank, r), spawn.readerThread(r),
                      [&spawn, r, fed = std::move(fed)] { return spawn.reader(r, fed); }});
   }
-  // What the other processes' pipeline stages send, handed to the replica's net on the
-  // transport's thread: the replica's own waits in the net's step for it.
-  const Address stage = spawn.layout.stage(rank);
-  roles.push_back(
-      {"stage", stage, SpawnOptions{.thread = {}, .inline_handlers = true},
-       [&spawn, stage] { return makeStage(spawn.layout.nameOf(stage), spawn.stage_link); }});
   return roles;
 }
 

@@ -2,9 +2,9 @@
 // replicas a worker) gives it, and every process of the run derives the same one, so an actor
 // anywhere in the run is found by its name, never by the order it was spawned in:
 //   worker W (node W):    coordinator/W, updater/W (the PS client under a parameter-server
-//                         schedule), reducer/W, replica/W/I and reader/W/I for I < replicas,
-//                         stage/W (what other processes' pipeline stages send to its own:
-//                         pipeline_across processes; idle otherwise)
+//                         schedule), reducer/W, replica/W/I for I < replicas, stage/W (what
+//                         other processes' pipeline stages send to its own: pipeline_across
+//                         processes; idle otherwise), reader/W/I for I < replicas
 //   server S (node W+S):  server/S
 // Worker 0 is the chief: its coordinator drives the run.
 //
