@@ -246,8 +246,9 @@ class Measuring:
 
 
 class Hosts:
-    def __init__(self, prefix, subnet, count=WORLD):
-        self.prefix, self.subnet, self.count = prefix, subnet, count
+    def __init__(self, prefix, subnet, count=None):
+        # WORLD is read here, not where the default is written: a caller may set it first.
+        self.prefix, self.subnet, self.count = prefix, subnet, count or WORLD
         self.made = False
         self.children = []  # Popen objects still to reap
 

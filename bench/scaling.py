@@ -467,20 +467,11 @@ def predict(fit, hosts_list, rates_gbit, per_host, intra_gbps=None, cap_beta=Fal
 # =================================================================================================
 
 class ManyHosts(Hosts):
-    """allreduce_hosts.Hosts (start, kill_children, down) with any number of hosts."""
+    """allreduce_hosts.Hosts (start, kill_children, down) with as many hosts as up_n is given."""
 
     def up_n(self, n):
-        self.sh("gc", check=False)
-        if os.path.exists(self.sh("dir")):
-            raise ToolError(f"hosts of prefix {self.prefix} exist already (another run?): "
-                            f"tests/hosts/hosts.sh down --prefix {self.prefix}")
-        self.made = True
-        out = self.sh("up", str(n), "--subnet", self.subnet, "--owner", str(os.getpid()))
-        self.n = n
-        self.addr = [self.sh("addr", str(i)) for i in range(n)]
-        self.shared = self.sh("shared")
-        self.ssh_opts = self.sh("ssh-opts")
-        return out
+        self.count = self.n = n
+        return self.up()
 
 
 def log(msg):
