@@ -286,9 +286,10 @@ TEST(DistributedTraining, TwoWorkersOfTwoPipelineStagesEachMatchOneProcess) {
 // Pipeline stages in workers of their own (pipeline_across processes): each worker runs its
 // stage's layers on the values that stage's thread computes on in one process (one thread each),
 // and the ring adds to each of its gradients only the other stage's zeros, which is exact: the
-// checkpoint is the one-process pipeline's to the bit. Two such pipelines (4 workers) are two
-// data-parallel replicas of it, each with half of the batch of 64 in micro-batches of the same
-// 16 rows: the same sums in another order, within kOneVersusTwoBound.
+// checkpoint is the one-process pipeline's to the bit, with the optimizer's state sharded over the
+// workers (ZeRO) or not. Two such pipelines (4 workers) are two data-parallel replicas of it,
+// each with half of the batch of 64 in micro-batches of the same 16 rows: the same sums in another
+// order, within kOneVersusTwoBound.
 TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThreadsOfOneProcess) {
   TempDir cwd("dist_stage_processes");
   const std::string common = " train " + sourceDir() + "/configs/lenet.toml" + dataFlags() +
@@ -315,6 +316,13 @@ TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThread
   }
   const auto one = actors::loadCheckpoint(filesIn(cwd.path() / "threads", ".ckpt").at(0));
   expectTheSameBits(one, actors::loadCheckpoint(filesIn(cwd.path() / "processes", ".ckpt").at(0)));
+  // ZeRO's shards over stage workers: each shard's reduce-scatter adds the other stage's zeros,
+  // and each worker updates its shard as one process updates it all: to the bit too.
+  const auto sharded =
+      runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe" + common +
+                             "sharded --batch_size 64 --micro_batches 4 --zero_stage 1" + across));
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  expectTheSameBits(one, actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0)));
 
   const auto two = runCommand(in(cwd, troupeBinary() + " launch -n 4 -- troupe" + common +
                                           "two --batch_size 32 --micro_batches 2" + across));
