@@ -110,10 +110,16 @@ class NetImpl final : public Net, private LayerContext {
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
     if (options.fuse) fuseRelus();
+    TROUPE_ENFORCE(!options.given_grads || options.given_weights,
+                   "a net with given_grads has given_weights too");
     end_ = g_.layers.size();
-    planMemory(options.max_batch);
+    if (options.layers.second > 0) {
+      runLayers(options.layers.first, options.layers.second);  // plans their memory alone
+    } else {
+      planMemory(options.max_batch);
+    }
     if (!options.given_weights) weights_ = backend_.empty({g_.num_params});
-    grads_ = backend_.empty({g_.num_params});
+    if (!options.given_grads) grads_ = backend_.empty({g_.num_params});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
     if (copies_) {
@@ -206,6 +212,7 @@ class NetImpl final : public Net, private LayerContext {
 
   void backward(float grad_scale, const GradReadyFn& on_ready) override {
     TROUPE_ENFORCE(trained_, "backward() after a forward() that was not training");
+    TROUPE_ENFORCE(grads_.defined(), "a net with given_grads computes only after useGrads()");
     for (TiedOut& t : tied_out_) {
       TROUPE_ENFORCE(t.set, "a stage's backward() before setTiedGrad() of its weights at ",
                      t.range.first, " (which another stage reads)");
@@ -455,7 +462,7 @@ class NetImpl final : public Net, private LayerContext {
         toString(t.dtype()));
     if (t.raw() == slot.raw()) return;
     slot = t;
-    if (weights_.defined()) bindLayers();
+    if (weights_.defined() && grads_.defined()) bindLayers();
   }
 
   bool staged() const { return begin_ > 0 || end_ < g_.layers.size(); }

@@ -158,6 +158,12 @@ struct NetOptions {
   // The weights come by useWeights() before any forward (a replica's: the updater's, or its copy
   // of them): the net neither allocates nor initialises any of its own (only its buffers).
   bool given_weights = false;
+  // The gradients come by useGrads() before any backward, likewise (a pipeline stage's copies
+  // share one); only with given_weights.
+  bool given_grads = false;
+  // The layers the net runs from the start, [first, end) as runLayers() takes them ({0, 0}: all):
+  // a pipeline stage's, whose activations are then planned for those layers alone.
+  std::pair<std::size_t, std::size_t> layers{0, 0};
 };
 
 // How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
@@ -355,9 +361,10 @@ std::unique_ptr<Net> makePipelineNet(Backend& backend, const NetOptions& options
 // the nearest to its share.
 std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // The bytes of activations and their gradients that a net of `pipeline` stages holds at `batch`
-// (each stage's copies at their micro-batch; with pipeline.stage, one copy of each other stage's),
-// from `whole` at a batch of 1 (its memory plan for each stage in turn, scaled by the
-// micro-batch's rows); `whole` runs all its layers after.
+// (each stage's copies at their micro-batch; with pipeline.stage, one copy of each other stage's;
+// and the whole model's net at a batch of 1, which the pipeline keeps), from `whole` at a batch of
+// 1 (its memory plan for each stage in turn, scaled by the micro-batch's rows); `whole` runs all
+// its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);
 // InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
 // stage) on `device` cannot do: a GPU, more stages than cuts, more micro-batches

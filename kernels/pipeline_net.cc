@@ -75,7 +75,7 @@ class PipelineNet final : public Net {
     grads_ = whole_->grads();  // which it never writes: the micro-batches' sums
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
-    one.given_weights = true;
+    one.given_weights = one.given_grads = true;
     link_ = options.pipeline.link;
     local_ = link_ ? options.pipeline.stage : -1;
     TROUPE_ENFORCE(!link_ || (local_ >= 0 && local_ < stages_), "stage ", local_, " of ", stages_);
@@ -93,10 +93,11 @@ class PipelineNet final : public Net {
       const Tensor grads = shared_grads;
       const int copies = runsHere(s) ? std::min(stages_ - s, micro_batches_) : 1;
       stage.held.resize(static_cast<std::size_t>(copies));
+      // Each copy's memory planned for the stage's layers from the start (not for every layer
+      // first, which a process of a model too large for it would not hold even for a moment).
+      one.layers = {bounds_[static_cast<std::size_t>(s)], bounds_[static_cast<std::size_t>(s) + 1]};
       for (int copy = 0; copy < copies; ++copy) {
         stage.nets.push_back(makeNet(*stage.backend, one));
-        stage.nets.back()->runLayers(bounds_[static_cast<std::size_t>(s)],
-                                     bounds_[static_cast<std::size_t>(s) + 1]);
         stage.nets.back()->useGrads(grads);  // one backward at a time, each added on at once
         // Every stage's batch norms update their own ranges of the shape net's buffers.
         stage.nets.back()->useBuffers(whole_->buffers());
@@ -716,7 +717,9 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
   const auto bounds = pipelineBounds(whole, pipeline.stages);
   const int micro = pipeline.microBatches();
   const std::int64_t rows = (batch + micro - 1) / micro;
-  std::int64_t held = 0;
+  // The whole model's net at a batch of 1, which the pipeline keeps for its shape and sums.
+  const NetMemory one = whole.memory();
+  std::int64_t held = one.held + one.scratch;
   for (int s = 0; s < pipeline.stages; ++s) {
     whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
     const NetMemory m = whole.memory();

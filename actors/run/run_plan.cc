@@ -257,10 +257,10 @@ std::string memorySize(double bytes) {
                            : fmt::format("{:.2f} GiB", bytes / (1 << 30));
 }
 
-void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
-                      const std::vector<std::int64_t>& shares,
-                      const kernels::PipelineOptions& pipeline) {
-  if (o.max_memory <= 0) return;
+std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
+                              const std::vector<std::int64_t>& shares,
+                              const kernels::PipelineOptions& pipeline) {
+  if (o.max_memory <= 0) return 0;
   const std::int64_t num_params = whole.numParams();
   const bool staged = pipeline.stages > 1;
   // A stage in a process of its own: its gradients and their sum (the other stages' layers,
@@ -287,7 +287,7 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                           : static_cast<double>((memory.held + memory.scratch) * share);
   }
   const double need = params + state + grads + activations;
-  if (need <= static_cast<double>(o.max_memory)) return;
+  if (need <= static_cast<double>(o.max_memory)) return static_cast<std::int64_t>(need);
   const std::string state_text =
       ps ? fmt::format("{}'s state on the servers, their pull answers {}", optimizer.name,
                        memorySize(state))
@@ -319,8 +319,8 @@ void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       staged ? fmt::format(" in {} micro-batches", pipeline.microBatches()) : "", advice));
 }
 
-void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
-  if (o.max_memory <= 0) return;
+std::int64_t checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
+  if (o.max_memory <= 0) return 0;
   const auto& optimizer = o.optimizer.info();
   const bool sync = o.schedule.servers()->mode == ParameterServers::Mode::kSync;
   const std::int64_t pushes = sync ? workers : 1;
@@ -330,7 +330,7 @@ void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers) {
   const auto states = static_cast<std::int64_t>(optimizer.states.size());
   const double shard = 4.0 * static_cast<double>(keys);
   const double need = shard * static_cast<double>(1 + states + pushes + pulls);
-  if (need <= static_cast<double>(o.max_memory)) return;
+  if (need <= static_cast<double>(o.max_memory)) return static_cast<std::int64_t>(need);
   throw InputError(fmt::format(
       "server {} needs {:.0f} bytes ({}) for its {} keys, more than max_memory {} ({}): weights "
       "{}, {}'s {} state row(s) {}, {} push buffer(s) {}, {} pull answer(s) {}; more servers "

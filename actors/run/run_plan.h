@@ -155,14 +155,15 @@ void checkBatchMemory(const TrainOptions& o);
 // gradients at its share of the batch, from `whole`, the net at batch 1 (NetMemory::held and
 // scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a piece of 256 KiB at
 // most: a sharded state (ZeRO's, the parameter servers') is put together on disk, piece by piece.
-void checkModelMemory(const TrainOptions& o, kernels::Net& whole,
-                      const std::vector<std::int64_t>& shares,
-                      const kernels::PipelineOptions& pipeline);
+// Returns those bytes (0 without max_memory).
+std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
+                              const std::vector<std::int64_t>& shares,
+                              const kernels::PipelineOptions& pipeline);
 // The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, the
 // pushes it holds at once (dist_sync: one from each of `workers` workers; else one), and a copy
 // of the weights for each worker's pull answer. (A checkpoint takes the state piece by piece.)
 // (The server holds nothing of the other keys: runServer hands it a copy of its shard.)
-void checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers);
+std::int64_t checkServerMemory(const TrainOptions& o, std::int64_t keys, int workers);
 // "12.3 MiB", "1.50 GiB".
 std::string memorySize(double bytes);
 

@@ -216,11 +216,11 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (!server) {
-    checkModelMemory(o, *init_net, p.shares, p.net.pipeline);
+    p.memory_estimate = checkModelMemory(o, *init_net, p.shares, p.net.pipeline);
   } else {
     const auto keys =
         serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];
-    checkServerMemory(o, keys.second - keys.first, p.workers);
+    p.memory_estimate = checkServerMemory(o, keys.second - keys.first, p.workers);
   }
   // MFU where the peak is this process's cores': a run of one CPU process.
   p.model_flops_per_sample = init_net->trainingFlopsPerSample();
@@ -414,13 +414,17 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
   return WorkerActors{std::move(node), spawn.reduction, spawn.nccl, stage_link};
 }
 
-// With max_memory: what this process's tensors peaked at since the run's actors were made.
-void logMemoryPeak(const TrainOptions& o) {
+// With max_memory: what this process's tensors peaked at since the run's actors were made,
+// beside what its plan estimated (checkModelMemory, checkServerMemory).
+void logMemoryPeak(const TrainOptions& o, std::int64_t estimate) {
   if (o.max_memory <= 0) return;
   const auto peak = kernels::HostTensorMemory::peak();
-  spdlog::info("memory: this process's tensors peaked at {} bytes ({}); max_memory {} ({})", peak,
-               memorySize(static_cast<double>(peak)), o.max_memory,
-               memorySize(static_cast<double>(o.max_memory)));
+  spdlog::info(
+      "memory: this process's tensors peaked at {} bytes ({}), estimated {} bytes ({}); "
+      "max_memory {} ({})",
+      peak, memorySize(static_cast<double>(peak)), estimate,
+      memorySize(static_cast<double>(estimate)), o.max_memory,
+      memorySize(static_cast<double>(o.max_memory)));
 }
 
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's
@@ -444,7 +448,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   if (p.server) {
     TrainResult served = runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params,
                                    std::move(p.weights), std::move(p.state), resumed_from, members);
-    logMemoryPeak(o);
+    logMemoryPeak(o, p.memory_estimate);
     return served;
   }
 
@@ -496,7 +500,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   if (stage_link) system->onFailure([link = stage_link] { link->abort(); });
 
   system->run();
-  logMemoryPeak(o);
+  logMemoryPeak(o, p.memory_estimate);
   if (trace && !cluster) trace->write(o.trace);
   if (trace && cluster) trace->write(Trace::partPath(o.trace, static_cast<std::uint32_t>(rank)));
   if (cluster) cluster->finish();  // the chief's Shutdown reached everyone before links close

@@ -40,6 +40,7 @@ struct ProcessPlan {
   kernels::OptimizerSettings optimizer;  // TrainOptions::optimizer, with the net's ranges
   kernels::NetOptions net;
   std::int64_t num_params = 0;
+  std::int64_t memory_estimate = 0;  // with max_memory: the bytes this process's plan needs
   bool has_buffers = false;
   // Model FLOPs utilisation (the coordinator's lines): the net's training FLOPs a sample
   // (Net::trainingFlopsPerSample) and, in a run of one CPU process, its sgemm's peak
