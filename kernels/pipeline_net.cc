@@ -55,10 +55,6 @@ struct Inbox {
   std::map<std::int64_t, std::vector<std::pair<std::int64_t, Tensor>>> tied;
 };
 
-const char* kindName(StageTensor::Kind kind) {
-  return kind == StageTensor::kActivations ? "activations" : "gradients";
-}
-
 class PipelineNet final : public Net {
  public:
   PipelineNet(Backend& backend, const NetOptions& options) : backend_(backend), options_(options) {
@@ -410,10 +406,13 @@ class PipelineNet final : public Net {
     const int expected = forward ? local_ - 1 : local_ + 1;
     const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
     if (t.from != expected || expected < 0 || expected >= stages_) {
-      throw InputError(fmt::format(
-          "pipeline stage {} got {} from {}: it takes activations from stage {} and their "
-          "gradients from stage {} only",
-          local_, kindName(t.kind), from, local_ - 1, local_ + 1));
+      std::string takes;
+      if (local_ > 0) takes = fmt::format("activations from stage {}", local_ - 1);
+      if (local_ + 1 < stages_) {
+        takes += fmt::format("{}gradients from stage {}", takes.empty() ? "" : " and ", local_ + 1);
+      }
+      throw InputError(fmt::format("pipeline stage {} got {} from {}: it takes {} only", local_,
+                                   kindName(t.kind), from, takes));
     }
     if (t.step != step_.id) {
       throw InputError(fmt::format("pipeline stage {} got {} of step {} from {} during step {}",
@@ -498,13 +497,14 @@ class PipelineNet final : public Net {
     }
   }
 
-  // Waits for what `ready` finds in a stage's inbox (another stage's failure: Aborted), sent by
-  // stage `from`: in another process, for the link's timeout at most (TimeoutError naming it).
+  // Waits for what `ready` finds in a stage's inbox (another stage's failure, the net's end:
+  // Aborted), sent by stage `from`: in another process, for the link's timeout at most
+  // (TimeoutError naming it).
   template <typename Ready>
   void await(Ready ready, int from = -1, StageTensor::Kind kind = StageTensor::kActivations,
              std::int64_t m = 0) {
     std::unique_lock lock(mutex_);
-    const auto settled = [&] { return ready() || step_.error; };
+    const auto settled = [&] { return ready() || step_.error || stopping_; };
     if (from < 0 || runsHere(from)) {
       changed_.wait(lock, settled);
     } else if (!changed_.wait_for(lock, link_->timeout(), settled)) {
@@ -514,7 +514,7 @@ class PipelineNet final : public Net {
           local_, std::chrono::duration<double>(link_->timeout()).count(), kindName(kind), m,
           step_.id, from, link_->nameOf(from)));
     }
-    if (step_.error) throw Aborted{};
+    if (step_.error || stopping_) throw Aborted{};
   }
 
   void forwardOf(int s, std::int64_t m) {

@@ -24,6 +24,10 @@ struct StageTensor {
   Tensor values;  // host float32, flat: the micro-batch's rows of the cut's shape
 };
 
+inline const char* kindName(StageTensor::Kind kind) {
+  return kind == StageTensor::kActivations ? "activations" : "gradients";
+}
+
 // A stage's time over some training steps (Net::stageTimes).
 struct StageTimes {
   double pipelined = 0;  // seconds from each step's start here to its last backward here

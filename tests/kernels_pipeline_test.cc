@@ -5,11 +5,16 @@
 // back to the embedding's stage, which adds its own to it, as the whole net's embedding does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -308,6 +313,70 @@ TEST(PipelineNet, ModelsItCannotRunAreRefusedByName) {
   EXPECT_EQ(errorOf(mlp), "micro_batches 5 is more than a replica's batch of 4");
   mlp.pipeline.stages = 0;
   EXPECT_EQ(errorOf(mlp), "pipeline_stages = 0 (at least 1)");
+}
+
+// A link to no other process: what the net sends is kept, and the test delivers what comes.
+class KeptLink final : public StageLink {
+ public:
+  void send(int to, StageTensor message) override {
+    std::lock_guard lock(mutex_);
+    sent_.emplace_back(to, std::move(message));
+  }
+  std::string nameOf(int stage) const override { return "worker " + std::to_string(stage + 10); }
+  std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(300); }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<int, StageTensor>> sent_;
+};
+
+// Stage 1 of a GPT-2 in 2 processes: a message that does not fit what the step can receive is
+// refused naming its sender, and a wait on a stage that sends nothing ends after the link's
+// timeout, naming that stage and its worker.
+TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOutNamingTheSender) {
+  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
+  gpt.gpt = {2, 2, 16};
+  gpt.pipeline.stages = 2;
+  gpt.pipeline.micro_batches = 2;
+  gpt.pipeline.stage = 1;
+  const auto tokens = testing::randomSequences(4, 8, 40, 11);
+  // A fresh stage 1 given `message` before its first step; the step's error.
+  const auto stepWith = [&](std::optional<StageTensor> message) -> std::string {
+    auto link = std::make_shared<KeptLink>();
+    NetOptions o = gpt;
+    o.pipeline.link = link;
+    auto backend = makeCpuBackend(1);
+    auto net = makeNet(*backend, o);
+    if (message) link->deliver(*message);
+    try {
+      net->trainStep(tokens.tokens, tokens.labels, 1.0f, nullptr);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const auto activations = [](std::int64_t count, int from, std::int32_t micro_batch = 0) {
+    Tensor values = Tensor::host({count});
+    std::fill(values.f32(), values.f32() + count, 0.5f);
+    return StageTensor{1, micro_batch, from, StageTensor::kActivations, values};
+  };
+  // A micro-batch of 2 sequences of 8 tokens, 16 wide, crosses the cut.
+  for (const auto& [message, error] :
+       {std::pair{std::optional{activations(2 * 8 * 16 + 1, 0)},
+                  "pipeline stage 1 got activations of micro-batch 0 from stage 0 (worker 10) "
+                  "holding 257 values, not the [2,8,16] of 256 float32 values"},
+        std::pair{std::optional{activations(256, 0, 2)},
+                  "pipeline stage 1 got activations of micro-batch 2 from stage 0 (worker 10), of "
+                  "a step of 2 micro-batches"},
+        std::pair{std::optional{activations(256, 1)},
+                  "pipeline stage 1 got activations from stage 1 (worker 11): it takes "
+                  "activations from stage 0 only"},
+        std::pair{std::optional<StageTensor>{},
+                  "pipeline stage 1 waited 0.3 s for the activations of micro-batch 0 of step 1 "
+                  "from stage 0 (worker 10) (peer_timeout)"}}) {
+    const std::string got = stepWith(message);
+    EXPECT_NE(got.find(error), std::string::npos) << got;
+  }
 }
 
 }  // namespace

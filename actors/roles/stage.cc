@@ -49,8 +49,7 @@ class Stage final : public Actor {
         throw InputError(fmt::format(
             "{}: {} of pipeline stage {} came, but this run's stages are not processes of their "
             "own (pipeline_across)",
-            this->name(),
-            t.kind == kernels::StageTensor::kActivations ? "activations" : "gradients", t.from));
+            this->name(), kernels::kindName(t.kind), t.from));
       }
       link_->deliver(std::move(t));
     });
