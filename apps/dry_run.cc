@@ -419,9 +419,14 @@ std::string planSection(const actors::TrainOptions& o, const Plan& p) {
   if (o.pipeline.stages > 1 && o.pipeline.placement == kernels::StagePlacement::kProcesses) {
     row("pipeline",
         fmt::format("{} stages a replica, each a worker's process (this one's: stage {}), each "
-                    "batch in {} micro-batches (1F1B); {} data-parallel replica(s) of {} workers",
+                    "batch in {} micro-batches (1F1B); {} data-parallel replica(s) of {} workers; "
+                    "each worker updates its stage's weights alone, their gradients summed over "
+                    "the stage's {} worker(s){}",
                     o.pipeline.stages, o.shard_id % o.pipeline.stages, o.pipeline.microBatches(),
-                    workers / o.pipeline.stages, o.pipeline.stages));
+                    workers / o.pipeline.stages, o.pipeline.stages, workers / o.pipeline.stages,
+                    o.schedule.zeroStage() > 0 && workers > o.pipeline.stages
+                        ? ", its optimizer's state sharded over them"
+                        : ""));
   } else if (o.pipeline.stages > 1) {
     row("pipeline", fmt::format("{} stages a replica, each batch in {} micro-batches (1F1B)",
                                 o.pipeline.stages, o.pipeline.microBatches()));

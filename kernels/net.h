@@ -105,7 +105,10 @@ struct PipelineOptions {
   int micro_batches = 0;
   StagePlacement placement = StagePlacement::kThreads;
   // StagePlacement::kProcesses: the stage this process runs, and its link to the others (set by
-  // the run's plan; -1 and null: every stage is a thread here).
+  // the run's plan; -1 and null: every stage is a thread here). The net then hands on its own
+  // stage's gradients alone, and at each step's start writes the tied weights its stage reads
+  // from another's (their owner sends them) into the weights it was given, whose other stages'
+  // ranges it reads only to evaluate.
   int stage = -1;
   std::shared_ptr<StageLink> link;
   int microBatches() const { return micro_batches > 0 ? micro_batches : stages; }
@@ -366,6 +369,11 @@ std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // 1 (its memory plan for each stage in turn, scaled by the micro-batch's rows); `whole` runs all
 // its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);
+// The flat parameters of each stage of a net of `stages` stages of `whole` (the same model, one
+// stage): stage s's layers' own are [ranges[s].first, ranges[s].second), one range after another
+// from 0 to every parameter (a stage without any: an empty range where the next one begins).
+// `whole` runs all its layers after.
+std::vector<std::pair<std::int64_t, std::int64_t>> pipelineParamRanges(Net& whole, int stages);
 // InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
 // stage) on `device` cannot do: a GPU, more stages than cuts, more micro-batches
 // than options.max_batch.

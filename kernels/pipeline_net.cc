@@ -12,9 +12,15 @@
 //
 // Stages in processes of their own (PipelineOptions::link): each process's net runs its stage's
 // thread alone, the activations and gradients that cross to another stage travel through the
-// link, and every wait on another process ends after the link's timeout, naming it. The other
-// stages' layers are kept once, for evaluation, which runs the whole model here.
+// link, and every wait on another process ends after the link's timeout, naming it. The net hands
+// on its own stage's gradients only; its weights' other ranges are the other stages', which its
+// updater does not keep current. Tied weights that its stage reads from another's come from
+// their owner at each step's start, written over its copy of them, and its part of their
+// gradient goes to the owner at the step's end, which adds it to its own before handing them on.
+// The other stages' layers are kept once, for evaluation, which runs the whole model here on the
+// whole weights it is given then.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -49,11 +55,16 @@ Tensor rows(const Tensor& t, std::int64_t begin, std::int64_t end) {
 struct Aborted {};
 
 // What one stage receives, by micro-batch: activations from the stage before, their gradient from
-// the stage after, and parts of its tied weights' gradient from the stages that read them.
+// the stage after, and parts of its tied weights' gradient from the stages that read them. From
+// stages in other processes, by sending stage, once a step: the parts of its tied weights'
+// gradient, or the values of the tied weights it reads.
 struct Inbox {
   std::map<std::int64_t, Tensor> activations, gradients;
   std::map<std::int64_t, std::vector<std::pair<std::int64_t, Tensor>>> tied;
+  std::map<int, Tensor> tied_gradients, tied_weights;
 };
+
+using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
 class PipelineNet final : public Net {
  public:
@@ -194,14 +205,11 @@ class PipelineNet final : public Net {
     trained_ = false;
     const std::int64_t n = images_.dim(0);
     const std::int64_t count = std::min<std::int64_t>(micro_batches_, n);
-    // The other processes' stages' ranges start from zeros; this stage adds its parts of their
-    // tied weights' gradients there.
-    for (int s = 0; s < stages_; ++s) {
-      if (runsHere(s)) continue;
-      for (const auto& [begin, end] :
-           stage_list_[static_cast<std::size_t>(s)].nets[0]->gradRanges())
+    // This stage's parts of another process's stage's tied weights' gradients are summed there
+    // over the micro-batches, from zeros.
+    for (const TiedLink& link : tied_owners_)
+      for (const auto& [begin, end] : link.ranges)
         backend_.fill(grads_.slice(begin, end), 0);
-    }
     {
       std::lock_guard lock(mutex_);
       if (aborted_) throw stoppedError();
@@ -222,20 +230,25 @@ class PipelineNet final : public Net {
       }
     }
     changed_.notify_all();
+    // The tied weights that stages in other processes read, as they are this step.
+    for (const TiedLink& link : tied_readers_) {
+      const Tensor values = joined(whole_->weights(), link, backend_);
+      backend_.synchronize();
+      sendTo(link.stage, StageTensor::kTiedWeights, 0, values);
+    }
     // Each stage's ranges once its last backward is done, the last stage's first (reverse layer
-    // order over the layout, as GradReadyFn wants). Another process's stage's ranges are final
-    // at once, or where this process's stage adds its tied parts to them, once it is done.
+    // order over the layout, as GradReadyFn wants); in a process of its own, its own stage's
+    // alone, with the other processes' parts of its tied weights' gradients added.
     for (int s = stages_; s-- > 0;) {
-      const int awaited = runsHere(s) ? s : tiedInto(s) ? local_ : -1;
+      if (!runsHere(s)) continue;
       std::unique_lock lock(mutex_);
-      changed_.wait(lock, [&] {
-        return awaited < 0 || step_.done[static_cast<std::size_t>(awaited)] || step_.error;
-      });
+      changed_.wait(lock, [&] { return step_.done[static_cast<std::size_t>(s)] || step_.error; });
       if (step_.error) {
         changed_.wait(lock, [&] { return step_.finished == running_; });
         std::rethrow_exception(step_.error);
       }
       lock.unlock();
+      if (link_) addTiedGradients();
       if (!on_ready) continue;
       const auto ranges = stage_list_[static_cast<std::size_t>(s)].nets[0]->gradRanges();
       for (auto it = ranges.rbegin(); it != ranges.rend(); ++it)
@@ -350,11 +363,28 @@ class PipelineNet final : public Net {
     std::exception_ptr error;           // the first stage's that failed
   };
 
+  // Between this process's stage and another process's that reads the other's weights (tied):
+  // that stage, and the ranges, which travel one after another in one message.
+  struct TiedLink {
+    int stage = 0;
+    Ranges ranges;
+    std::int64_t size = 0;
+  };
+
   // Each range a stage's layer reads from another stage's weights: the part goes to the stage
-  // whose layers own it. Between processes, a part for a stage in another one is added to this
-  // process's gradients over its range instead, and the owner takes zeros for it: the sum over
-  // the processes adds them.
+  // whose layers own it. Between processes, a part for a stage in another one is summed over the
+  // step's micro-batches in this process's gradients over its range, and sent to the owner at the
+  // step's end; the owner's copies take zeros for it, and it adds the part once its own backward
+  // is done.
   void routeTiedWeights() {
+    const auto link = [](std::vector<TiedLink>& links, int stage,
+                         std::pair<std::int64_t, std::int64_t> range) {
+      auto it = std::find_if(links.begin(), links.end(),
+                             [stage](const TiedLink& l) { return l.stage == stage; });
+      if (it == links.end()) it = links.insert(links.end(), TiedLink{stage, {}, 0});
+      it->ranges.push_back(range);
+      it->size += range.second - range.first;
+    };
     for (int r = 0; r < stages_; ++r) {
       Stage& reader = stage_list_[static_cast<std::size_t>(r)];
       for (const auto& range : reader.nets[0]->tiedRanges()) {
@@ -364,10 +394,12 @@ class PipelineNet final : public Net {
             if (begin > range.first || range.second > end) continue;
             if (runsHere(r)) reader.tied_to.push_back({range, o});
             if (runsHere(r) && runsHere(o)) ++owner.tied_parts;
+            if (runsHere(r) && !runsHere(o)) link(tied_owners_, o, range);
             if (!runsHere(r) && runsHere(o)) {
               const Tensor zeros = owner.backend->empty({range.second - range.first});
               owner.backend->fill(zeros, 0);
               owner.tied_zeros.emplace_back(range.first, zeros);
+              link(tied_readers_, r, range);
             }
           }
         }
@@ -377,11 +409,59 @@ class PipelineNet final : public Net {
 
   bool runsHere(int s) const { return local_ < 0 || s == local_; }
 
-  // Whether this process's stage adds its tied parts to stage s's range (in another process).
-  bool tiedInto(int s) const {
-    if (runsHere(s)) return false;
-    const auto& routes = stage_list_[static_cast<std::size_t>(local_)].tied_to;
-    return std::any_of(routes.begin(), routes.end(), [s](const auto& r) { return r.second == s; });
+  // The ranges of `from` that `link` names, one after another, in a tensor of their own.
+  static Tensor joined(const Tensor& from, const TiedLink& link, Backend& backend) {
+    Tensor out = backend.empty({link.size});
+    std::int64_t at = 0;
+    for (const auto& [begin, end] : link.ranges) {
+      backend.copy(from.slice(begin, end), out.slice(at, at + end - begin));
+      at += end - begin;
+    }
+    return out;
+  }
+
+  // The stage that owns tied weights, in a process of its own, once its last backward is done:
+  // each other process's reader stage's part of their gradient, added to its own. On this
+  // (the caller's) thread, whose wait ends as a stage thread's would.
+  void addTiedGradients() {
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(local_)];
+    try {
+      for (const TiedLink& link : tied_readers_) {
+        await([&] { return inbox.tied_gradients.count(link.stage) > 0; }, link.stage,
+              StageTensor::kTiedGradients);
+        Tensor part;
+        post([&] { part = std::move(inbox.tied_gradients.extract(link.stage).mapped()); });
+        std::int64_t at = 0;
+        for (const auto& [begin, end] : link.ranges) {
+          backend_.axpy(1.0f, part.slice(at, at + end - begin), grads_.slice(begin, end));
+          at += end - begin;
+        }
+      }
+    } catch (const Aborted&) {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return step_.finished == running_; });
+      std::rethrow_exception(step_.error ? step_.error : std::make_exception_ptr(stoppedError()));
+    }
+  }
+
+  // A stage that reads another process's stage's weights (tied), before its step's first forward:
+  // their values this step, from their owner, written over this process's copy of them in the
+  // weights the net was given (whose updater keeps only its own stage's ranges current, and
+  // writes no other).
+  void takeTiedWeights(int s) {
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(s)];
+    Backend& backend = *stage_list_[static_cast<std::size_t>(s)].backend;
+    for (const TiedLink& link : tied_owners_) {
+      await([&] { return inbox.tied_weights.count(link.stage) > 0; }, link.stage,
+            StageTensor::kTiedWeights);
+      Tensor values;
+      post([&] { values = std::move(inbox.tied_weights.extract(link.stage).mapped()); });
+      std::int64_t at = 0;
+      for (const auto& [begin, end] : link.ranges) {
+        backend.copy(values.slice(at, at + end - begin), whole_->weights().slice(begin, end));
+        at += end - begin;
+      }
+    }
   }
 
   // From the link's thread: a message of another process's stage, into this stage's inbox, or
@@ -402,9 +482,13 @@ class PipelineNet final : public Net {
   // Under the lock: a message of this step into this stage's inbox, checked against what the
   // step can receive (InputError naming the sender).
   void place(StageTensor t) {
+    const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
+    if (t.kind == StageTensor::kTiedGradients || t.kind == StageTensor::kTiedWeights) {
+      placeTied(std::move(t), from);
+      return;
+    }
     const bool forward = t.kind == StageTensor::kActivations;
     const int expected = forward ? local_ - 1 : local_ + 1;
-    const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
     if (t.from != expected || expected < 0 || expected >= stages_) {
       std::string takes;
       if (local_ > 0) takes = fmt::format("activations from stage {}", local_ - 1);
@@ -445,6 +529,41 @@ class PipelineNet final : public Net {
     }
   }
 
+  // Under the lock: a step's tied weights' gradients or values from another process's stage,
+  // checked as place() checks the others.
+  void placeTied(StageTensor t, const std::string& from) {
+    const bool gradients = t.kind == StageTensor::kTiedGradients;
+    const auto& links = gradients ? tied_readers_ : tied_owners_;
+    const auto link = std::find_if(links.begin(), links.end(),
+                                   [&](const TiedLink& l) { return l.stage == t.from; });
+    if (link == links.end()) {
+      std::vector<int> stages;
+      for (const TiedLink& l : links)
+        stages.push_back(l.stage);
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} from {}: it takes them {}", local_, kindName(t.kind), from,
+          stages.empty() ? std::string("from no stage")
+                         : fmt::format("from stage {} only", fmt::join(stages, ", "))));
+    }
+    if (t.step != step_.id || t.micro_batch != 0) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} of step {}, micro-batch {}, from {} during step {} (they come "
+          "once a step, as micro-batch 0)",
+          local_, kindName(t.kind), t.step, t.micro_batch, from, step_.id));
+    }
+    if (!t.values.defined() || t.values.numel() != link->size ||
+        t.values.dtype() != DType::kFloat32) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} from {} holding {} values, not the {} float32 values of their "
+          "ranges",
+          local_, kindName(t.kind), from, t.values.defined() ? t.values.numel() : 0, link->size));
+    }
+    Inbox& inbox = inboxes_[static_cast<std::size_t>(local_)];
+    if (!(gradients ? inbox.tied_gradients : inbox.tied_weights).emplace(t.from, t.values).second)
+      throw InputError(fmt::format("pipeline stage {} got {} of step {} twice from {}", local_,
+                                   kindName(t.kind), t.step, from));
+  }
+
   // The run is failing: every wait here ends.
   void abort() {
     post([&] {
@@ -472,6 +591,7 @@ class PipelineNet final : public Net {
         const auto count = static_cast<std::int64_t>(step_.offsets.size()) - 1;
         const std::int64_t warm_up = std::min<std::int64_t>(stages_ - s - 1, count);
         std::int64_t forwards = 0, backwards = 0;
+        takeTiedWeights(s);
         while (forwards < warm_up)
           forwardOf(s, forwards++);
         while (forwards < count) {
@@ -508,11 +628,12 @@ class PipelineNet final : public Net {
     if (from < 0 || runsHere(from)) {
       changed_.wait(lock, settled);
     } else if (!changed_.wait_for(lock, link_->timeout(), settled)) {
+      const bool once = kind == StageTensor::kTiedGradients || kind == StageTensor::kTiedWeights;
       throw TimeoutError(fmt::format(
-          "pipeline stage {} waited {:g} s for the {} of micro-batch {} of step {} from stage {} "
-          "({}) (peer_timeout)",
-          local_, std::chrono::duration<double>(link_->timeout()).count(), kindName(kind), m,
-          step_.id, from, link_->nameOf(from)));
+          "pipeline stage {} waited {:g} s for the {} of {}step {} from stage {} ({}) "
+          "(peer_timeout)",
+          local_, std::chrono::duration<double>(link_->timeout()).count(), kindName(kind),
+          once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from, link_->nameOf(from)));
     }
     if (step_.error || stopping_) throw Aborted{};
   }
@@ -626,7 +747,14 @@ class PipelineNet final : public Net {
     stage.times.busy += busy;
     if (profiling_) stage.busy_backward += busy;
     if (m + 1 == count) {
+      // This stage's parts of another process's stage's tied weights' gradients, summed over
+      // the step's micro-batches, go there (copied: the next step starts from zeros here).
+      std::vector<std::pair<int, Tensor>> parts;
+      for (const TiedLink& link : tied_owners_)
+        parts.emplace_back(link.stage, joined(grads_, link, backend));
       backend.synchronize();
+      for (const auto& [to, part] : parts)
+        sendTo(to, StageTensor::kTiedGradients, 0, part);
       post([&] { step_.done[static_cast<std::size_t>(s)] = true; });
     }
   }
@@ -687,6 +815,9 @@ class PipelineNet final : public Net {
   Step step_;
   std::vector<Inbox> inboxes_;
   std::map<std::int64_t, std::vector<StageTensor>> early_;  // for steps not begun here, by step
+  // Tied weights between this process's stage and other processes' stages: those it reads from
+  // them (by owner) and those they read from it (by reader).
+  std::vector<TiedLink> tied_owners_, tied_readers_;
 };
 
 }  // namespace
@@ -730,6 +861,24 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
   }
   whole.runLayers(0, whole.layers().size());
   return held;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> pipelineParamRanges(Net& whole, int stages) {
+  const auto bounds = pipelineBounds(whole, stages);
+  Ranges ranges;
+  std::int64_t at = 0;
+  for (int s = 0; s < stages; ++s) {
+    whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
+    const std::int64_t begin = at;
+    for (const auto& [first, end] : whole.gradRanges()) {
+      TROUPE_ENFORCE_EQ(first, at);  // a stage's layers' parameters follow the stage before's
+      at = end;
+    }
+    ranges.emplace_back(begin, at);
+  }
+  whole.runLayers(0, whole.layers().size());
+  TROUPE_ENFORCE_EQ(at, whole.numParams());
+  return ranges;
 }
 
 void checkPipeline(const Net& whole, const NetOptions& options, const Device& device) {

@@ -14,9 +14,12 @@
 namespace troupe::kernels {
 
 // What pipeline stages in different processes send each other: one micro-batch's activations,
-// forward to the next stage, or their gradient, back to the stage before.
+// forward to the next stage, or their gradient, back to the stage before; and once a step, for
+// the weights of one stage that a layer of another reads (tied weights: GPT-2's output layer reads
+// the embedding's wte), the reader's part of their gradient to the owner, and their values to the
+// reader (micro-batch 0, the ranges one after another).
 struct StageTensor {
-  enum Kind : std::uint8_t { kActivations, kGradients };
+  enum Kind : std::uint8_t { kActivations, kGradients, kTiedGradients, kTiedWeights };
   std::int64_t step = 0;  // the sender's training steps so far, this one counted
   std::int32_t micro_batch = 0;
   std::int32_t from = 0;  // the sending stage
@@ -25,7 +28,17 @@ struct StageTensor {
 };
 
 inline const char* kindName(StageTensor::Kind kind) {
-  return kind == StageTensor::kActivations ? "activations" : "gradients";
+  switch (kind) {
+    case StageTensor::kActivations:
+      return "activations";
+    case StageTensor::kGradients:
+      return "gradients";
+    case StageTensor::kTiedGradients:
+      return "tied weights' gradients";
+    case StageTensor::kTiedWeights:
+      return "tied weights";
+  }
+  return "stage tensor of no kind";
 }
 
 // A stage's time over some training steps (Net::stageTimes).

@@ -316,13 +316,20 @@ TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThread
   }
   const auto one = actors::loadCheckpoint(filesIn(cwd.path() / "threads", ".ckpt").at(0));
   expectTheSameBits(one, actors::loadCheckpoint(filesIn(cwd.path() / "processes", ".ckpt").at(0)));
-  // ZeRO's shards over stage workers: each shard's reduce-scatter adds the other stage's zeros,
-  // and each worker updates its shard as one process updates it all: to the bit too.
+  // Each stage's worker updates and keeps its stage's weights and state alone; the chief puts the
+  // whole weights together for the evaluation and the checkpoint, and the state from each: the
+  // same bits. ZeRO's shards with one pipeline: each stage's state has one worker, unsharded.
   const auto sharded =
       runCommand(in(cwd, troupeBinary() + " launch -n 2 -- troupe" + common +
                              "sharded --batch_size 64 --micro_batches 4 --zero_stage 1" + across));
   ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
   expectTheSameBits(one, actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0)));
+  // The evaluation, on the gathered weights, says what the threads' says.
+  const auto evaluation = [](const std::string& output) {
+    std::smatch m;
+    return std::regex_search(output, m, std::regex("test loss [0-9.]+")) ? m.str() : "none";
+  };
+  EXPECT_EQ(evaluation(threads.output), evaluation(processes.output)) << processes.output;
 
   const auto two = runCommand(in(cwd, troupeBinary() + " launch -n 4 -- troupe" + common +
                                           "two --batch_size 32 --micro_batches 2" + across));
@@ -335,6 +342,38 @@ TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThread
   printMeasured("2 pipelines of 2 stage workers each against 2 stage threads", weights, momentum);
   EXPECT_LE(weights, kOneVersusTwoBound);
   EXPECT_LE(momentum, kOneVersusTwoBound);
+  // ZeRO over 2 pipelines: each stage's state in 2 parts, one a pipeline, its gradients
+  // reduce-scattered between them and its weights all-gathered: a sum of 2 terms is the same in
+  // either order, so the same bits as the allreduce.
+  const auto two_sharded = runCommand(
+      in(cwd, troupeBinary() + " launch -n 4 -- troupe" + common +
+                  "two_sharded --batch_size 32 --micro_batches 2 --zero_stage 1" + across));
+  ASSERT_EQ(two_sharded.exit_code, 0) << two_sharded.output;
+  expectTheSameBits(pipelines,
+                    actors::loadCheckpoint(filesIn(cwd.path() / "two_sharded", ".ckpt").at(0)));
+
+  // Clipping: the norm sums each worker's sum of squares over its part of its stage's gradients,
+  // which the threads sum at once: within the bound of that order (the clipping test's, below).
+  const std::string clip = " --clip_grad_norm 0.05 --batch_size 64 --micro_batches 4";
+  const auto clipped_threads =
+      runCommand(in(cwd, troupeBinary() + common + "clipped_threads" + clip));
+  ASSERT_EQ(clipped_threads.exit_code, 0) << clipped_threads.output;
+  const auto clipped = runCommand(
+      in(cwd, troupeBinary() + " launch -n 2 -- troupe" + common + "clipped" + clip + across));
+  ASSERT_EQ(clipped.exit_code, 0) << clipped.output;
+  const auto clipped_one =
+      actors::loadCheckpoint(filesIn(cwd.path() / "clipped_threads", ".ckpt").at(0));
+  const auto clipped_workers =
+      actors::loadCheckpoint(filesIn(cwd.path() / "clipped", ".ckpt").at(0));
+  const double clip_bound =
+      testing::sgdTrajectoryBound(static_cast<double>(one.weights.numel()), 0.9);
+  printMeasured("clipped, 2 stage workers against 2 stage threads",
+                relativeDifference(clipped_one.weights, clipped_workers.weights),
+                relativeDifference(clipped_one.state, clipped_workers.state));
+  EXPECT_LE(relativeDifference(clipped_one.weights, clipped_workers.weights), clip_bound);
+  EXPECT_LE(relativeDifference(clipped_one.state, clipped_workers.state), clip_bound);
+  EXPECT_GT(relativeDifference(one.state, clipped_one.state), 10 * clip_bound)
+      << "the clip never bit";
 
   // What does not make whole pipelines of workers is refused before anything runs, named.
   for (const auto& [launch, flags, refusal] :
@@ -350,12 +389,13 @@ TEST(DistributedTraining, PipelineStagesInWorkersOfTheirOwnTrainAsTheStageThread
   }
 }
 
-// GPT-2 in 4 stage workers: its tied output layer adds its part of wte's gradient to its own
-// worker's gradients over wte, and the ring's sum over the workers adds the embedding worker's
-// part to it; the stage threads add the output layer's part to the embedding's micro-batch by
-// micro-batch. Both are sums of the same 2 B T terms a wte element (B T tokens through each
-// layer) in another order, within sgdTrajectoryBound of that many; the other gradients are the
-// threads' to the bit. The workers' checkpoint resumes in 3 stage threads (another K).
+// GPT-2 in 4 stage workers: its tied output layer's worker sums its part of wte's gradient over
+// the step's micro-batches and sends it to the embedding's worker, which adds it to its own (and
+// sends wte's new values back at the next step); the stage threads add the output layer's part
+// to the embedding's micro-batch by micro-batch. Both are sums of the same 2 B T terms a wte
+// element (B T tokens through each layer) in another order, within sgdTrajectoryBound of that
+// many; the other gradients are the threads' to the bit. The workers' checkpoint resumes in 3
+// stage threads (another K).
 TEST(DistributedTraining, GptStagesInWorkersOfTheirOwnTrainAsStageThreadsAndResumeAsOthers) {
   TempDir cwd("dist_gpt_stage_processes");
   const auto converted = convertLicenceTexts(cwd.str());
@@ -400,6 +440,16 @@ TEST(DistributedTraining, GptStagesInWorkersOfTheirOwnTrainAsStageThreadsAndResu
       std::string::npos)
       << resumed.output;
   expectWithinBound("resumed", "4 stage workers' epoch 1 resumed in 3 stage threads");
+  // And the threads' epoch 1 resumed in 2 stage workers, each reading its stage's columns of the
+  // saved state alone.
+  const auto into_workers = runCommand(
+      in(cwd, troupeBinary() + " launch -n 2 -- troupe" + common +
+                  "into_workers --pipeline_stages 2 --schedule bsp-allreduce --pipeline_across "
+                  "processes --resume " +
+                  checkpoint("threads", 1).string()));
+  ASSERT_EQ(into_workers.exit_code, 0) << into_workers.output;
+  EXPECT_NE(into_workers.output.find("at step 20"), std::string::npos) << into_workers.output;
+  expectWithinBound("into_workers", "4 stage threads' epoch 1 resumed in 2 stage workers");
 }
 
 // Clipping with sharded state: the gradients' global norm sums each worker's sum of squares over

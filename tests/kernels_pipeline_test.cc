@@ -324,59 +324,112 @@ class KeptLink final : public StageLink {
   }
   std::string nameOf(int stage) const override { return "worker " + std::to_string(stage + 10); }
   std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(300); }
+  std::vector<std::pair<int, StageTensor>> sent() {
+    std::lock_guard lock(mutex_);
+    return sent_;
+  }
 
  private:
   std::mutex mutex_;
   std::vector<std::pair<int, StageTensor>> sent_;
 };
 
-// Stage 1 of a GPT-2 in 2 processes: a message that does not fit what the step can receive is
-// refused naming its sender, and a wait on a stage that sends nothing ends after the link's
-// timeout, naming that stage and its worker.
+// Stage 1 of a GPT-2 in 2 processes, whose output layer reads stage 0's wte (tied): a message
+// that does not fit what the step can receive is refused naming its sender, and a wait on a stage
+// that sends nothing ends after the link's timeout, naming that stage and its worker. Stage 0
+// sends wte's values at the step's start, and waits for stage 1's part of its gradient once its
+// own backward is done.
 TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOutNamingTheSender) {
   NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
   gpt.gpt = {2, 2, 16};
   gpt.pipeline.stages = 2;
   gpt.pipeline.micro_batches = 2;
-  gpt.pipeline.stage = 1;
   const auto tokens = testing::randomSequences(4, 8, 40, 11);
-  // A fresh stage 1 given `message` before its first step; the step's error.
-  const auto stepWith = [&](std::optional<StageTensor> message) -> std::string {
+  // A fresh stage `stage` given `messages` before its first step; the step's error, and what it
+  // sent.
+  const auto stepWith = [&](int stage, const std::vector<StageTensor>& messages,
+                            std::vector<std::pair<int, StageTensor>>* sent = nullptr) {
     auto link = std::make_shared<KeptLink>();
     NetOptions o = gpt;
+    o.pipeline.stage = stage;
     o.pipeline.link = link;
     auto backend = makeCpuBackend(1);
     auto net = makeNet(*backend, o);
-    if (message) link->deliver(*message);
+    for (const StageTensor& message : messages)
+      link->deliver(message);
+    std::string error = "(no error)";
     try {
       net->trainStep(tokens.tokens, tokens.labels, 1.0f, nullptr);
     } catch (const Error& e) {
-      return e.what();
+      error = e.what();
     }
-    return "(no error)";
+    if (sent) *sent = link->sent();
+    return error;
   };
-  const auto activations = [](std::int64_t count, int from, std::int32_t micro_batch = 0) {
+  const auto tensor = [](StageTensor::Kind kind, std::int64_t count, int from,
+                         std::int32_t micro_batch = 0) {
     Tensor values = Tensor::host({count});
     std::fill(values.f32(), values.f32() + count, 0.5f);
-    return StageTensor{1, micro_batch, from, StageTensor::kActivations, values};
+    return StageTensor{1, micro_batch, from, kind, values};
   };
-  // A micro-batch of 2 sequences of 8 tokens, 16 wide, crosses the cut.
-  for (const auto& [message, error] :
-       {std::pair{std::optional{activations(2 * 8 * 16 + 1, 0)},
+  const auto activations = [&](std::int64_t count, int from, std::int32_t micro_batch = 0) {
+    return tensor(StageTensor::kActivations, count, from, micro_batch);
+  };
+  // wte: 40 tokens, 16 wide. A micro-batch of 2 sequences of 8 tokens, 16 wide, crosses the cut.
+  const StageTensor wte = tensor(StageTensor::kTiedWeights, 40 * 16, 0);
+  using Messages = std::vector<StageTensor>;
+  for (const auto& [messages, error] :
+       {std::pair{Messages{wte, activations(2 * 8 * 16 + 1, 0)},
                   "pipeline stage 1 got activations of micro-batch 0 from stage 0 (worker 10) "
                   "holding 257 values, not the [2,8,16] of 256 float32 values"},
-        std::pair{std::optional{activations(256, 0, 2)},
+        std::pair{Messages{wte, activations(256, 0, 2)},
                   "pipeline stage 1 got activations of micro-batch 2 from stage 0 (worker 10), of "
                   "a step of 2 micro-batches"},
-        std::pair{std::optional{activations(256, 1)},
+        std::pair{Messages{wte, activations(256, 1)},
                   "pipeline stage 1 got activations from stage 1 (worker 11): it takes "
                   "activations from stage 0 only"},
-        std::pair{std::optional<StageTensor>{},
+        std::pair{Messages{wte},
                   "pipeline stage 1 waited 0.3 s for the activations of micro-batch 0 of step 1 "
-                  "from stage 0 (worker 10) (peer_timeout)"}}) {
-    const std::string got = stepWith(message);
+                  "from stage 0 (worker 10) (peer_timeout)"},
+        std::pair{Messages{},
+                  "pipeline stage 1 waited 0.3 s for the tied weights of step 1 from stage 0 "
+                  "(worker 10) (peer_timeout)"},
+        std::pair{Messages{tensor(StageTensor::kTiedWeights, 641, 0)},
+                  "pipeline stage 1 got tied weights from stage 0 (worker 10) holding 641 values, "
+                  "not the 640 float32 values of their ranges"},
+        std::pair{Messages{tensor(StageTensor::kTiedWeights, 640, 0, 1)},
+                  "pipeline stage 1 got tied weights of step 1, micro-batch 1, from stage 0 "
+                  "(worker 10) during step 1 (they come once a step, as micro-batch 0)"},
+        std::pair{Messages{wte, wte},
+                  "pipeline stage 1 got tied weights of step 1 twice from stage 0 (worker 10)"},
+        std::pair{Messages{tensor(StageTensor::kTiedGradients, 640, 0)},
+                  "pipeline stage 1 got tied weights' gradients from stage 0 (worker 10): it "
+                  "takes them from no stage"}}) {
+    const std::string got = stepWith(1, messages);
     EXPECT_NE(got.find(error), std::string::npos) << got;
   }
+  // Stage 0, given both micro-batches' gradients, waits for stage 1's part of wte's gradient.
+  std::vector<std::pair<int, StageTensor>> sent;
+  const std::string waited = stepWith(
+      0, {tensor(StageTensor::kGradients, 256, 1, 0), tensor(StageTensor::kGradients, 256, 1, 1)},
+      &sent);
+  EXPECT_EQ(waited,
+            "pipeline stage 0 waited 0.3 s for the tied weights' gradients of step 1 from stage 1 "
+            "(worker 11) (peer_timeout)");
+  // What it sent stage 1: wte's values as the step began, and each micro-batch's activations (the
+  // stage's thread and the step's caller send them: in any order).
+  ASSERT_EQ(sent.size(), 3u);
+  std::vector<std::int32_t> activations_of;
+  for (const auto& [to, message] : sent) {
+    EXPECT_EQ(to, 1);
+    if (message.kind == StageTensor::kTiedWeights) {
+      EXPECT_EQ(message.values.numel(), 40 * 16);
+    } else {
+      EXPECT_EQ(message.kind, StageTensor::kActivations);
+      activations_of.push_back(message.micro_batch);
+    }
+  }
+  EXPECT_EQ(activations_of, (std::vector<std::int32_t>{0, 1}));
 }
 
 }  // namespace

@@ -98,22 +98,27 @@ struct StateRequest {
   step @0 :Int64;
   offset @1 :Int64;
   count @2 :Int64;
+  weights @3 :Bool;  # the holder's stage's weights, not the optimizer's state
+  shard @4 :Int32;   # the coordinator's index of what it asks of, which the answer carries
 }
 
 # ... and the holder's answer.
 struct StateChunk {
   step @0 :Int64;
-  shard @1 :Int32;  # the worker's or the server's index
+  shard @1 :Int32;  # StateRequest.shard
   offset @2 :Int64;
   values @3 :TensorData;
 }
 
 # Pipeline stage -> the next stage's process (activations) or the one before's (their gradients):
-# one micro-batch's, with pipeline_across processes.
+# one micro-batch's, with pipeline_across processes; and tied weights' gradients and values, once
+# a step, between the stage that reads them and the one that owns them.
 struct StageTensor {
   enum Kind {
     activations @0;
     gradients @1;
+    tiedGradients @2;  # once a step: a reader's part of the gradient of another stage's weights
+    tiedWeights @3;    # once a step: their values, from the owner to the reader
   }
   step @0 :Int64;        # the sender's training steps so far, this one counted
   microBatch @1 :Int32;

@@ -551,7 +551,9 @@ std::vector<Key> buildTable() {
           "pipeline_across", pipeline.placement, kernels::kStagePlacements,
           "pipeline_stages: what runs the stages: threads of each worker's process, or "
           "processes of their own (bsp-allreduce: worker W runs stage W % pipeline_stages, and "
-          "each pipeline_stages workers in a row train one data-parallel replica of the model)")),
+          "each pipeline_stages workers in a row train one data-parallel replica of the model; "
+          "a worker updates its stage's weights alone, their gradients summed over the stage's "
+          "workers)")),
       Key{"gpus", Kind::kString, kNotNumeric,
           "GPU ids, one replica on each (Caffe2's and MXNet's --gpus 0,1); empty: the CPU",
           [](Settings& s, const Value& v) {

@@ -166,21 +166,27 @@ inline constexpr auto wire::kForm<EpochEnd> = wire::form<EpochEnd>(
 // server, its workers paused at the epoch's end. Elements [offset, offset + count) of the shard's
 // state, its rows one after another. The coordinator asks for one such piece at a time and writes
 // each to disk, so that no process ever holds the whole state.
+// With `weights`, of the holder's pipeline stage's weights instead (pipeline stages in workers of
+// their own: a stage's worker keeps only its own stage's weights current): elements [offset,
+// offset + count) of the stage's range, for the chief's evaluation and checkpoint.
 struct StateRequest {
   std::int64_t step = 0;
   std::int64_t offset = 0;
   std::int64_t count = 0;
+  bool weights = false;
+  std::int32_t shard = 0;  // the coordinator's index of what it asks of, which the answer carries
 };
 template <>
 inline constexpr auto wire::kForm<StateRequest> = wire::form<StateRequest>(
     "stateRequest", wire::field("step", &StateRequest::step),
-    wire::field("offset", &StateRequest::offset), wire::field("count", &StateRequest::count));
+    wire::field("offset", &StateRequest::offset), wire::field("count", &StateRequest::count),
+    wire::field("weights", &StateRequest::weights), wire::field("shard", &StateRequest::shard));
 
 // Updater or server -> chief coordinator: the piece of its shard's state a StateRequest asked
 // for.
 struct StateChunk {
   std::int64_t step = 0;
-  std::int32_t shard = 0;  // the worker's (ZeRO) or the server's index
+  std::int32_t shard = 0;  // StateRequest::shard
   std::int64_t offset = 0;
   Tensor values;  // host float
 };
@@ -189,10 +195,11 @@ inline constexpr auto wire::kForm<StateChunk> = wire::form<StateChunk>(
     "stateChunk", wire::field("step", &StateChunk::step), wire::field("shard", &StateChunk::shard),
     wire::field("offset", &StateChunk::offset), wire::field("values", &StateChunk::values));
 
-// A pipeline stage's activations or their gradients, to a stage in another process
-// (kernels::StageTensor): the stage actor there hands them to its replica's net
-// (kernels::StageLink). The values are the sender's memory, which it leaves unchanged until the
-// receiver is done with them (its next use of that memory waits for the receiver's answer).
+// A pipeline stage's activations or their gradients, or its tied weights' gradients or values, to a
+// stage in another process (kernels::StageTensor): the stage actor there hands them to its
+// replica's net (kernels::StageLink). The values are the sender's memory, which it leaves unchanged
+// until the receiver is done with them (its next use of that memory waits for the receiver's
+// answer).
 template <>
 inline constexpr auto wire::kForm<kernels::StageTensor> = wire::form<kernels::StageTensor>(
     "stageTensor", wire::field("step", &kernels::StageTensor::step),

@@ -359,11 +359,31 @@ class Coordinator final : public Actor {
     TROUPE_ENFORCE(!epoch_end_->paused || epoch_end_->weights.defined(),
                    "the chief's updater paused after step ", epoch_end_->step,
                    " without its weights");
+    if (epoch_end_->paused && !config_.weight_ranges.empty()) {
+      gatherWeights();
+      return;
+    }
+    weightsWhole();
+  }
+
+  // Once the chief's weights are whole at a pause: the state's shards, where a checkpoint is
+  // written, then the epoch's end.
+  void weightsWhole() {
     if (epoch_end_->paused && !config_.shards.empty() && checkpointsAfter(epoch_end_->step)) {
       gatherState();
       return;
     }
     epochEnds();
+  }
+
+  // Pipeline stages in workers of their own: the chief's weights put together from each other
+  // stage's worker (CoordinatorConfig::weight_ranges), a piece at a time, written over its own
+  // copy (the chief's updater's, paused), before anything reads them.
+  void gatherWeights() {
+    gathering_weights_ = true;
+    gather_shard_ = 1;  // the chief's own stage's are current
+    gather_offset_ = 0;
+    requestState();
   }
 
   // Whether the pause after `step` writes a checkpoint: part way through an epoch, where one (or
@@ -406,37 +426,57 @@ class Coordinator final : public Actor {
     requestState();
   }
 
-  // Asks the holder of the next shard for the next piece of it; once none is left, goes on.
+  // What is being gathered: a stage's weights (gathering_weights_), or a shard of the state.
+  const std::vector<std::pair<std::int64_t, std::int64_t>>& gatheredRanges() const {
+    return gathering_weights_ ? config_.weight_ranges : config_.shards;
+  }
+
+  // Asks the holder of the next shard (or stage) for the next piece of it; once none is left,
+  // goes on.
   void requestState() {
-    const auto rows = static_cast<std::int64_t>(options_.optimizer.info().states.size());
+    const auto& ranges = gatheredRanges();
+    const auto rows = gathering_weights_
+                          ? std::int64_t{1}
+                          : static_cast<std::int64_t>(options_.optimizer.info().states.size());
     for (;;) {
-      const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_shard_)];
+      const auto [begin, end] = ranges[static_cast<std::size_t>(gather_shard_)];
       if (gather_offset_ < rows * (end - begin)) break;
       gather_offset_ = 0;
-      if (++gather_shard_ == static_cast<int>(config_.shards.size())) {
+      if (++gather_shard_ == static_cast<int>(ranges.size())) {
         gather_shard_ = -1;
-        epochEnds();
+        if (!gathering_weights_) {
+          epochEnds();
+          return;
+        }
+        gathering_weights_ = false;
+        weightsWhole();
         return;
       }
     }
-    const auto [begin, end] = config_.shards[static_cast<std::size_t>(gather_shard_)];
+    const auto [begin, end] = ranges[static_cast<std::size_t>(gather_shard_)];
     gather_count_ = std::min(kStatePiece, rows * (end - begin) - gather_offset_);
-    send(config_.state_holders[static_cast<std::size_t>(gather_shard_)],
-         StateRequest{epoch_end_->step, gather_offset_, gather_count_});
+    const auto& holders = gathering_weights_ ? config_.weight_holders : config_.state_holders;
+    send(holders[static_cast<std::size_t>(gather_shard_)],
+         StateRequest{epoch_end_->step, gather_offset_, gather_count_, gathering_weights_,
+                      gather_shard_});
   }
 
   void stateChunk(const StateChunk& c) {
+    const char* what = gathering_weights_ ? "the weights of stage" : "the optimizer state's shard";
     if (gather_shard_ < 0 || !epoch_end_ || c.step != epoch_end_->step ||
         c.shard != gather_shard_ || c.offset != gather_offset_ ||
         c.values.numel() != gather_count_) {
       throw InvariantError(fmt::format(
-          "a piece of shard {} of the optimizer state ({} elements at {} after step {}) came "
-          "unasked (asked: shard {}, {} at {})",
-          c.shard, c.values.numel(), c.offset, c.step, gather_shard_, gather_count_,
+          "a piece of {} {} ({} elements at {} after step {}) came unasked (asked: {}, {} at {})",
+          what, c.shard, c.values.numel(), c.offset, c.step, gather_shard_, gather_count_,
           gather_offset_));
     }
-    const auto [begin, end] = config_.shards[static_cast<std::size_t>(c.shard)];
-    state_file_->write(begin, end, c.offset, c.values.f32(), c.values.numel());
+    const auto [begin, end] = gatheredRanges()[static_cast<std::size_t>(c.shard)];
+    if (gathering_weights_) {
+      std::copy_n(c.values.f32(), c.values.numel(), epoch_end_->weights.f32() + begin + c.offset);
+    } else {
+      state_file_->write(begin, end, c.offset, c.values.f32(), c.values.numel());
+    }
     gather_offset_ += c.values.numel();
     requestState();
   }
@@ -699,6 +739,7 @@ class Coordinator final : public Actor {
   std::optional<StateFile> state_file_;
   int gather_shard_ = -1;
   std::int64_t gather_offset_ = 0, gather_count_ = 0;
+  bool gathering_weights_ = false;    // the stages' weights (gatherWeights), not the state's shards
   std::int64_t overflow_logged_ = 0;  // EpochEnd::overflow_steps at the last epoch's log
   kernels::Tensor buffers_;
   bool started_ = false;

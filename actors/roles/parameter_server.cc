@@ -579,7 +579,7 @@ class Server final : public Actor {
     auto piece = kernels::Tensor::host({r.count});
     backend_->copy(state.slice(r.offset, r.offset + r.count), piece);
     backend_->synchronize();
-    send(config_.chief, StateChunk{r.step, config_.index, r.offset, piece});
+    send(config_.chief, StateChunk{r.step, r.shard, r.offset, piece});
   }
 
   // A copy: the weights go on changing while the transport writes (async schedules).

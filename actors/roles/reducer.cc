@@ -172,16 +172,23 @@ class Reducer final : public Actor {
     auto done = [this](std::int64_t step, std::int64_t begin, std::int64_t) {
       finished(step, begin);
     };
-    if (!config_.shards.empty()) {
+    const bool figures_apart = config_.figures_world > 0;  // pipeline stages' workers
+    if (!config_.shards.empty() || figures_apart) {
       TROUPE_ENFORCE(plan.host_ranks.empty(), "sharded state over a hierarchical allreduce");
+      const bool sharded = !config_.shards.empty();
       flat_.emplace(config_.rank, config_.world, segment, send, done, config_.compression,
-                    RingAllreduce::Mode::kReduceScatter, 0, config_.shards);
+                    sharded ? RingAllreduce::Mode::kReduceScatter : RingAllreduce::Mode::kAllreduce,
+                    0, config_.shards);
       // The gradients' sums compressed as a whole allreduce's; the updated weights exact.
-      gather_.emplace(config_.rank, config_.world, segment, send, done, kernels::CompressionSpec{},
-                      RingAllreduce::Mode::kAllGather, 1, config_.shards);
-      figures_.emplace(config_.rank, config_.world, segment, send, done, kernels::CompressionSpec{},
-                       RingAllreduce::Mode::kAllreduce, 2);
-      nexts_ = {config_.next, config_.next, config_.next};
+      if (sharded) {
+        gather_.emplace(config_.rank, config_.world, segment, send, done,
+                        kernels::CompressionSpec{}, RingAllreduce::Mode::kAllGather, 1,
+                        config_.shards);
+      }
+      figures_.emplace(figures_apart ? config_.figures_rank : config_.rank,
+                       figures_apart ? config_.figures_world : config_.world, segment, send, done,
+                       kernels::CompressionSpec{}, RingAllreduce::Mode::kAllreduce, 2);
+      nexts_ = {config_.next, config_.next, figures_apart ? config_.figures_next : config_.next};
       return;
     }
     if (plan.host_ranks.empty()) {
@@ -203,7 +210,7 @@ class Reducer final : public Actor {
   }
 
   void armStallCheck() {
-    if (config_.world > 1 || config_.nccl) {
+    if (config_.world > 1 || config_.nccl || config_.figures_world > 1) {
       system().after(stallCheckPeriod(config_.run.stall_warning, config_.run.peer_timeout), self(),
                      StallCheck{});
     }
@@ -214,15 +221,22 @@ class Reducer final : public Actor {
   void checkStalls() {
     if (config_.nccl) checkNcclStalls();
     const auto now = Trace::Clock::now();
-    const int previous = (config_.rank + config_.world - 1) % config_.world;
+    const int previous = previousWorker(config_.rank, config_.world, config_.ring_workers);
+    const int me = config_.ring_workers.empty()
+                       ? config_.rank
+                       : config_.ring_workers.at(static_cast<std::size_t>(config_.rank));
+    const int previous_in_figures =
+        config_.figures_world > 0 ? previousWorker(config_.figures_rank, config_.figures_world, {})
+                                  : previous;
     const double limit = std::chrono::duration<double>(config_.run.peer_timeout).count();
     for (auto& [key, r] : in_ring_) {
       const auto& [step, begin] = key;
       // Hierarchical: the previous worker of the ring the bucket waits in.
       const int ring = hierarchical_ ? std::max(0, hierarchical_->ringOf(step, begin)) : 0;
-      const Peer late =
-          peerOf(config_.run.members, "worker",
-                 hierarchical_ ? previous_[static_cast<std::size_t>(ring)] : previous);
+      const Peer late = peerOf(config_.run.members, "worker",
+                               hierarchical_          ? previous_[static_cast<std::size_t>(ring)]
+                               : begin == kFiguresKey ? previous_in_figures
+                                                      : previous);
       const double waited = std::chrono::duration<double>(now - r.started).count();
       const std::string when = describeStep(step, config_.run.steps_per_epoch);
       if (now - r.started >= config_.run.peer_timeout) {
@@ -234,15 +248,14 @@ class Reducer final : public Actor {
             fmt::format("worker {}: the allreduce of bucket [{},{}) of {} waited {:.1f} s for "
                         "ring chunks from {} (peer_timeout): that worker, or one before it in the "
                         "ring, is hung or gone",
-                        config_.rank, begin, begin + r.sum.numel(), when, waited, late.str()));
+                        me, begin, begin + r.sum.numel(), when, waited, late.str()));
       }
       if (now - r.started >= config_.run.stall_warning && !r.warned) {
         r.warned = true;
         spdlog::warn(
             "stall: worker {} has waited {:.1f} s in {} for {} to send ring chunks of bucket "
             "[{},{}); {} bucket(s) of this worker are unfinished; the run fails after {:g} s",
-            config_.rank, waited, when, late.str(), begin, begin + r.sum.numel(), in_ring_.size(),
-            limit);
+            me, waited, when, late.str(), begin, begin + r.sum.numel(), in_ring_.size(), limit);
       }
     }
     armStallCheck();
@@ -268,6 +281,13 @@ class Reducer final : public Actor {
       chunk.data = std::move(out.data);
     }
     send(next, std::move(chunk));
+  }
+
+  // The worker before rank `rank` in a ring of `world` whose ranks are `workers`' (empty: rank =
+  // worker).
+  static int previousWorker(int rank, int world, const std::vector<int>& workers) {
+    const int previous = (rank + world - 1) % world;
+    return workers.empty() ? previous : workers.at(static_cast<std::size_t>(previous));
   }
 
   static int indexOf(const std::vector<int>& ranks, int rank) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -252,6 +253,14 @@ struct ReducerConfig {
   // updater's GatherWeights all-gathered (a second ring, RingChunk::ring 1) before its
   // WeightsGathered. Empty: allreduce.
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  // Pipeline stages in workers of their own (pipeline_across processes): rank, world and next are
+  // of the ring of this stage's workers, one in each pipeline, which sums the stage's gradients
+  // alone (shards, with ZeRO: the stage's, one a pipeline); ring_workers is the worker of each of
+  // its ranks (empty: rank = worker). An updater's figures (SumAcrossWorkers) go round every
+  // worker instead: this one's rank among them (its worker), their count, and the next.
+  std::vector<int> ring_workers;
+  int figures_rank = 0, figures_world = 0;  // 0: the ring above
+  Address figures_next;
   // A bucket whose allreduce has waited run.stall_warning logs a stall report (which step, which
   // bucket, which worker it waits for), and fails the run after run.peer_timeout (PeerError
   // naming the previous worker of the ring).
@@ -308,9 +317,18 @@ struct UpdaterConfig {
   // state of shards[worker] only, updates only those weights (the Reduced sums are final there
   // only), and sends each bucket to `reducer` to all-gather (GatherWeights); a step ends once every
   // bucket came back (WeightsGathered). Its EpochEnd carries its shard of the state. Empty: the
-  // whole model.
+  // whole model. (Indexed by worker: with pipeline stages in workers of their own, each a part of
+  // its stage's.)
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
   Address reducer;
+  // Pipeline stages in workers of their own (pipeline_across processes): the flat parameters of
+  // this worker's stage, whose buckets alone come each step, whose state it holds (its shard of
+  // it with `shards`) and whose weights alone it keeps current (the others' are other workers':
+  // the chief asks for them at a pause, StateRequest::weights). `figures_range` is its part of
+  // the sums over every worker (SumAcrossWorkers: clipping's norm, a loss scale's test), which no
+  // other worker's overlaps.
+  std::optional<std::pair<std::int64_t, std::int64_t>> stage_range;
+  std::pair<std::int64_t, std::int64_t> figures_range;
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 
@@ -468,6 +486,12 @@ struct CoordinatorConfig {
   // Empty: the chief's updater holds it all.
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
   std::vector<Address> state_holders;
+  // Pipeline stages in workers of their own: each stage's range of the flat weights, and the
+  // updater that keeps it current (the chief's, stage 0's, first). At a pause the chief's weights
+  // are put together from them, piece by piece (StateRequest::weights), before the evaluation,
+  // the checkpoint or the run's result read them. Empty: the chief's are whole.
+  std::vector<std::pair<std::int64_t, std::int64_t>> weight_ranges;
+  std::vector<Address> weight_holders;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

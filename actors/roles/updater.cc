@@ -22,7 +22,8 @@ namespace {
 // Owns the master weights and the optimizer. Applies a step once every bucket of it is reduced,
 // then hands the new weights to the replicas; at an epoch's end it pauses for the coordinator.
 // With the state sharded (ZeRO), it updates its shard of each bucket, and the step ends once the
-// reducer all-gathered every bucket's shards into its weights.
+// reducer all-gathered every bucket's shards into its weights. A pipeline stage's worker
+// (UpdaterConfig::stage_range) takes, updates and keeps current its stage's weights alone.
 class Updater final : public Actor {
  public:
   Updater(std::string name, UpdaterConfig config)
@@ -45,16 +46,25 @@ class Updater final : public Actor {
       pause_at_ = p.step;
     });
     on<Handover>([this](Handover& h) { adopt(h); });
-    on<Subscribe>([this](Subscribe& s) { observers_.add(Address{s.node, s.actor}, s.every); });
+    on<Subscribe>([this](Subscribe& s) {
+      if (config_.stage_range) {  // its weights are its stage's (the chief's: at pauses, whole)
+        spdlog::warn(
+            "an observer (node {}) asked for the weights every {} step(s), but a pipeline stage's "
+            "worker keeps only its own stage's current (pipeline_across processes): it gets none",
+            s.node, s.every);
+        return;
+      }
+      observers_.add(Address{s.node, s.actor}, s.every);
+    });
     on<WeightsGathered>([this](WeightsGathered& g) { gathered(g); });
     on<StateRequest>([this](StateRequest& r) { sendState(r); });
     on<SummedAcrossWorkers>([this](SummedAcrossWorkers& s) {
-      TROUPE_ENFORCE(sharded_ && s.step == step_ && reduced_ == weights_.numel(),
-                     "figures of step ", s.step, " summed at step ", step_);
+      TROUPE_ENFORCE(figures_apart_ && s.step == step_ && reduced_ == expected_, "figures of step ",
+                     s.step, " summed at step ", step_);
       applyHeldAndGather(Figures{
           config_.clip_grad_norm > 0 ? std::optional<double>(s.values.f32()[0]) : std::nullopt,
           loss_scale_ > 0 ? std::optional<bool>(s.values.f32()[1] == 0.0f) : std::nullopt});
-      // (its gathers come back next: endStep)
+      if (!sharded_) endStep();  // else its gathers come back next (gathered: endStep)
     });
   }
 
@@ -87,11 +97,15 @@ class Updater final : public Actor {
     backend_->synchronize();
     config_.initial_weights = kernels::Tensor();
     sharded_ = !config_.shards.empty();
-    shard_ = sharded_ ? config_.shards.at(static_cast<std::size_t>(config_.worker))
-                      : std::pair<std::int64_t, std::int64_t>{0, n};
+    const std::pair<std::int64_t, std::int64_t> whole{0, n};
+    const auto stage = config_.stage_range.value_or(whole);
+    shard_ = sharded_ ? config_.shards.at(static_cast<std::size_t>(config_.worker)) : stage;
+    expected_ = stage.second - stage.first;
+    figures_apart_ = sharded_ || config_.stage_range.has_value();
+    figures_range_ = config_.stage_range ? config_.figures_range : shard_;
     const auto [lo, hi] = shard_;
     optimizer_ = kernels::makeOptimizer(
-        *backend_, hi - lo, sharded_ ? config_.optimizer.within(lo, hi) : config_.optimizer);
+        *backend_, hi - lo, shard_ != whole ? config_.optimizer.within(lo, hi) : config_.optimizer);
     hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
     if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
       const std::int64_t rows = static_cast<std::int64_t>(optimizer_->states().size());
@@ -138,15 +152,15 @@ class Updater final : public Actor {
       }
     }
     reduced_ += r.end - r.begin;
-    TROUPE_ENFORCE_LE(reduced_, weights_.numel());
-    if (reduced_ < weights_.numel()) return;
+    TROUPE_ENFORCE_LE(reduced_, expected_);
+    if (reduced_ < expected_) return;
     if (cutShort(r)) return;
     if (hold_) {
-      if (sharded_ && (config_.clip_grad_norm > 0 || loss_scale_ > 0)) {
+      if (figures_apart_ && (config_.clip_grad_norm > 0 || loss_scale_ > 0)) {
         // The norm, and a loss scale's test, are of every shard's gradients: this shard's sum of
         // squares and whether it holds inf or NaN go round the workers first
         // (SummedAcrossWorkers).
-        const std::vector<kernels::Tensor> shard = heldShard();
+        const std::vector<kernels::Tensor> shard = heldIn(figures_range_);
         auto figures = kernels::Tensor::host({2});
         figures.f32()[0] =
             config_.clip_grad_norm > 0 ? static_cast<float>(backend_->sumOfSquares(shard)) : 0.0f;
@@ -156,7 +170,7 @@ class Updater final : public Actor {
       }
       applyHeldAndGather({});
     }
-    if (sharded_ && gathered_ < weights_.numel()) return;  // endStep once all came back
+    if (sharded_ && gathered_ < expected_) return;  // endStep once all came back
     endStep();
   }
 
@@ -178,10 +192,11 @@ class Updater final : public Actor {
       gather(begin, end);
   }
 
-  // The held gradients' parts in this updater's shard (all of them unsharded).
-  std::vector<kernels::Tensor> heldShard() const {
+  // The held gradients' parts in [lo, hi): this updater's shard (all of them unsharded), or its
+  // part of the sums over every worker.
+  std::vector<kernels::Tensor> heldIn(std::pair<std::int64_t, std::int64_t> range) const {
     std::vector<kernels::Tensor> parts;
-    const auto [lo, hi] = shard_;
+    const auto [lo, hi] = range;
     for (const auto& h : held_) {
       const std::int64_t from = std::max(h.begin, lo), to = std::min(h.end, hi);
       if (from < to) parts.push_back(h.grads.slice(from - h.begin, to - h.begin));
@@ -203,7 +218,7 @@ class Updater final : public Actor {
     backend_->waitFor(g.ready);
     gathered_ += g.end - g.begin;
     TROUPE_ENFORCE_LE(gathered_, reduced_);
-    if (gathered_ == weights_.numel()) endStep();
+    if (gathered_ == expected_) endStep();
   }
 
   // Every bucket of the step is applied (and, sharded, every shard of it gathered here).
@@ -292,7 +307,7 @@ class Updater final : public Actor {
   // halves (PyTorch's GradScaler). Clipping's sum of squares and the test are theirs unless given
   // (sharded: over every shard).
   void applyHeld(const Figures& figures) {
-    const std::vector<kernels::Tensor> all = heldShard();
+    const std::vector<kernels::Tensor> all = heldIn(shard_);
     const float scale = loss_scale_;
     // The step's one host wait for it.
     const bool finite =
@@ -417,25 +432,35 @@ class Updater final : public Actor {
       e.weights = onHost(weights_);
       e.state = onHost(optimizer_->state());
     }
-    if (sharded_) std::tie(e.state_begin, e.state_end) = shard_;
+    if (shard_ != std::pair<std::int64_t, std::int64_t>{0, weights_.numel()})
+      std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }
 
-  // A piece of this worker's shard of the state, for the chief's checkpoint, while paused.
+  // A piece of this worker's shard of the state, or of its pipeline stage's weights, for the
+  // chief's evaluation or checkpoint, while paused.
   void sendState(const StateRequest& r) {
-    const kernels::Tensor& state = optimizer_->state();
-    if (!sharded_ || r.step != step_ || r.offset < 0 || r.count <= 0 ||
-        r.count > state.numel() - r.offset) {
+    const bool partial = shard_ != std::pair<std::int64_t, std::int64_t>{0, weights_.numel()};
+    const kernels::Tensor held = !r.weights            ? optimizer_->state()
+                                 : config_.stage_range ? weights_.slice(config_.stage_range->first,
+                                                                        config_.stage_range->second)
+                                                       : kernels::Tensor();
+    const bool asked = r.weights ? held.defined() : partial;
+    if (!asked || r.step != step_ || r.offset < 0 || r.count <= 0 ||
+        r.count > held.numel() - r.offset) {
       throw InvariantError(fmt::format(
-          "worker {}: asked for {} elements of its optimizer state at {} after step {}, at step "
-          "{} with {} elements{}",
-          config_.worker, r.count, r.offset, r.step, step_, state.numel(),
-          sharded_ ? "" : " (the state is not sharded)"));
+          "worker {}: asked for {} elements of its {} at {} after step {}, at step {} with {} "
+          "elements{}",
+          config_.worker, r.count, r.weights ? "stage's weights" : "optimizer state", r.offset,
+          r.step, step_, held.defined() ? held.numel() : 0,
+          asked       ? ""
+          : r.weights ? " (it is no pipeline stage's worker)"
+                      : " (the state is not sharded)"));
     }
     auto piece = kernels::Tensor::host({r.count});
-    backend_->copy(state.slice(r.offset, r.offset + r.count), piece);
+    backend_->copy(held.slice(r.offset, r.offset + r.count), piece);
     backend_->synchronize();
-    send(config_.coordinator, StateChunk{step_, config_.worker, r.offset, piece});  // its shard
+    send(config_.coordinator, StateChunk{step_, r.shard, r.offset, piece});
   }
 
   // Elastic runs: the state before a step's first bucket is applied, for a generation that ends
@@ -472,10 +497,15 @@ class Updater final : public Actor {
   std::int64_t reduced_ = 0;
   std::int64_t pause_at_ = -1;
   // ZeRO (UpdaterConfig::shards): this updater's shard of the weights, whose state it holds
-  // ([0, n) otherwise), and the elements of this step all-gathered so far.
+  // (its pipeline stage's, or [0, n) otherwise), and the elements of this step all-gathered so
+  // far. The elements a step's buckets bring (its stage's, or all), and its part of the figures
+  // summed over every worker where they are summed so (SumAcrossWorkers).
   bool sharded_ = false;
   std::pair<std::int64_t, std::int64_t> shard_;
   std::int64_t gathered_ = 0;
+  std::int64_t expected_ = 0;
+  bool figures_apart_ = false;
+  std::pair<std::int64_t, std::int64_t> figures_range_;
   bool awaiting_ = false;
   kernels::Tensor snapshot_weights_, snapshot_state_;
   std::int64_t snapshot_step_ = 0;

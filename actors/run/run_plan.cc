@@ -259,7 +259,7 @@ std::string memorySize(double bytes) {
 
 std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                               const std::vector<std::int64_t>& shares,
-                              const kernels::PipelineOptions& pipeline) {
+                              const kernels::PipelineOptions& pipeline, std::int64_t stage_state) {
   if (o.max_memory <= 0) return 0;
   const std::int64_t num_params = whole.numParams();
   const bool staged = pipeline.stages > 1;
@@ -274,8 +274,10 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   const bool ps = o.schedule.servers() != nullptr;
   const int sharing = o.schedule.zeroStage() > 0 ? std::max(1, o.num_shards) : 1;
   const double params = 4.0 * static_cast<double>(num_params);
-  const double state =
-      ps ? params : params * static_cast<double>(optimizer.states.size()) / sharing;
+  const double rows = static_cast<double>(optimizer.states.size());
+  const double state = ps                 ? params
+                       : stage_state >= 0 ? 4.0 * static_cast<double>(stage_state) * rows
+                                          : params * rows / sharing;
   const auto replicas = static_cast<double>(shares.size());
   const double grads = replicas * params * (staged ? stage_grads + 1 : 1);
   const kernels::NetMemory memory = whole.memory();
@@ -293,7 +295,10 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                        memorySize(state))
          : fmt::format("{}'s {} state row(s) {}{}", optimizer.name, optimizer.states.size(),
                        memorySize(state),
-                       sharing > 1 ? fmt::format(" (its shard of {})", sharing) : "");
+                       stage_state >= 0
+                           ? fmt::format(" (of its stage's {} parameters)", stage_state)
+                       : sharing > 1 ? fmt::format(" (its shard of {})", sharing)
+                                     : "");
   std::string advice =
       ps ? "a smaller model or batch fits (troupe cannot split the weights over processes yet)"
       : sharing > 1

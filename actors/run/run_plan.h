@@ -155,10 +155,13 @@ void checkBatchMemory(const TrainOptions& o);
 // gradients at its share of the batch, from `whole`, the net at batch 1 (NetMemory::held and
 // scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a piece of 256 KiB at
 // most: a sharded state (ZeRO's, the parameter servers') is put together on disk, piece by piece.
+// A pipeline stage's worker holds the state of `stage_state` parameters, its stage's (or its
+// part of them, with ZeRO); -1: not one.
 // Returns those bytes (0 without max_memory).
 std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                               const std::vector<std::int64_t>& shares,
-                              const kernels::PipelineOptions& pipeline);
+                              const kernels::PipelineOptions& pipeline,
+                              std::int64_t stage_state = -1);
 // The same for a parameter server of `keys` keys: their weights, the optimizer's state rows, the
 // pushes it holds at once (dist_sync: one from each of `workers` workers; else one), and a copy
 // of the weights for each worker's pull answer. (A checkpoint takes the state piece by piece.)

@@ -215,8 +215,13 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
+  if (net.pipeline.stage >= 0)
+    p.stage_ranges = kernels::pipelineParamRanges(*init_net, net.pipeline.stages);
   if (!server) {
-    p.memory_estimate = checkModelMemory(o, *init_net, p.shares, p.net.pipeline);
+    const auto columns = stateColumnsOf(o, p);
+    p.memory_estimate = checkModelMemory(
+        o, *init_net, p.shares, p.net.pipeline,
+        columns && !p.stage_ranges.empty() ? columns->second - columns->first : -1);
   } else {
     const auto keys =
         serverShards(num_params, o.num_servers, p.optimizer)[static_cast<std::size_t>(o.shard_id)];

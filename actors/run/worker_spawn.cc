@@ -69,6 +69,19 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
   if (p.ps) {
     c.shards = serverShards(p.num_params, o.num_servers, p.optimizer);
     c.state_holders = a.servers;
+  } else if (!p.stage_ranges.empty()) {
+    // Each stage's weights and state as its worker in the first pipeline keeps them, or with
+    // ZeRO each worker's part of its stage's state.
+    c.weight_ranges = p.stage_ranges;
+    c.weight_holders.assign(
+        a.all_updaters.begin(),
+        a.all_updaters.begin() + static_cast<std::ptrdiff_t>(c.weight_ranges.size()));
+    c.shards = zeroShards();
+    c.state_holders = a.all_updaters;
+    if (c.shards.empty()) {
+      c.shards = c.weight_ranges;
+      c.state_holders = c.weight_holders;
+    }
   } else {
     c.shards = zeroShards();
     c.state_holders = a.all_updaters;
@@ -115,6 +128,10 @@ UpdaterConfig WorkerSpawn::updater() const {
   u.nccl = nccl;
   u.shards = zeroShards();
   u.reducer = a.reducer;
+  if (!p.stage_ranges.empty()) {
+    u.stage_range = p.stage_ranges[static_cast<std::size_t>(p.net.pipeline.stage)];
+    u.figures_range = stagePartsOf(p)[static_cast<std::size_t>(p.rank)];
+  }
   if (role) {
     u.state = role->state;
     u.await_handover = role->await_handover;
@@ -168,12 +185,55 @@ ReducerConfig WorkerSpawn::reducer() const {
     r.reduction = reduction;
     r.shards = zeroShards();
   }
+  if (!p.stage_ranges.empty()) stageRings(r);
   return r;
+}
+
+// Pipeline stages in workers of their own: the gradients of a stage go round its workers alone,
+// one a pipeline (stage s of pipeline q is worker q K + s), each its part of them with ZeRO; the
+// figures round every worker.
+void WorkerSpawn::stageRings(ReducerConfig& r) const {
+  const int stages = o.pipeline.stages, stage = p.net.pipeline.stage;
+  const int pipelines = p.workers / stages;
+  const auto shards = zeroShards();
+  r.shards.clear();
+  r.ring_workers.clear();
+  for (int q = 0; q < pipelines; ++q) {
+    const int worker = q * stages + stage;
+    r.ring_workers.push_back(worker);
+    if (!shards.empty()) r.shards.push_back(shards[static_cast<std::size_t>(worker)]);
+  }
+  r.rank = p.rank / stages;
+  r.world = pipelines;
+  r.next = RunLayout::reducer((r.rank + 1) % pipelines * stages + stage);
+  r.reduction = nullptr;  // no hierarchical ring: the stage's workers are any of the run's
+  r.figures_rank = p.rank;
+  r.figures_world = p.workers;
+  r.figures_next = RunLayout::reducer((p.rank + 1) % p.workers);
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> stagePartsOf(const ProcessPlan& p) {
+  const int stages = static_cast<int>(p.stage_ranges.size());
+  const int pipelines = p.workers / stages;
+  std::vector<std::pair<std::int64_t, std::int64_t>> parts(static_cast<std::size_t>(p.workers));
+  for (int s = 0; s < stages; ++s) {
+    const auto [lo, hi] = p.stage_ranges[static_cast<std::size_t>(s)];
+    const auto cut = serverShards(hi - lo, pipelines, p.optimizer.within(lo, hi));
+    for (int q = 0; q < pipelines; ++q) {
+      const auto& [begin, end] = cut[static_cast<std::size_t>(q)];
+      parts[static_cast<std::size_t>(q * stages + s)] = {lo + begin, lo + end};
+    }
+  }
+  return parts;
 }
 
 std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
                                                             const ProcessPlan& p) {
   if (o.schedule.zeroStage() == 0 || p.workers < 2 || p.server) return {};
+  if (!p.stage_ranges.empty()) {  // within each stage, over its workers: with several pipelines
+    if (p.workers == static_cast<int>(p.stage_ranges.size())) return {};
+    return stagePartsOf(p);
+  }
   return serverShards(p.num_params, p.workers, p.optimizer);
 }
 
@@ -185,8 +245,10 @@ std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainO
   }
   if (p.ps) return std::pair<std::int64_t, std::int64_t>{0, 0};  // the servers hold it
   const auto shards = shardsOf(o, p);
-  if (shards.empty()) return std::nullopt;
-  return shards[static_cast<std::size_t>(p.rank)];
+  if (!shards.empty()) return shards[static_cast<std::size_t>(p.rank)];
+  if (!p.stage_ranges.empty())
+    return p.stage_ranges[static_cast<std::size_t>(p.net.pipeline.stage)];
+  return std::nullopt;
 }
 
 ReplicaConfig WorkerSpawn::replica(int r) const {

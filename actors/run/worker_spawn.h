@@ -40,6 +40,9 @@ struct ProcessPlan {
   kernels::OptimizerSettings optimizer;  // TrainOptions::optimizer, with the net's ranges
   kernels::NetOptions net;
   std::int64_t num_params = 0;
+  // Pipeline stages in processes of their own: each stage's range of the flat parameters
+  // (kernels::pipelineParamRanges); else empty.
+  std::vector<std::pair<std::int64_t, std::int64_t>> stage_ranges;
   std::int64_t memory_estimate = 0;  // with max_memory: the bytes this process's plan needs
   bool has_buffers = false;
   // Model FLOPs utilisation (the coordinator's lines): the net's training FLOPs a sample
@@ -69,13 +72,19 @@ struct WorkerAddresses {
 WorkerAddresses addressesOf(const RunLayout& layout, int rank, int workers, int nodes,
                             int replicas);
 
+// Pipeline stages in processes of their own (ProcessPlan::stage_ranges): stage s of pipeline q
+// is worker q K + s, and each worker's part of its stage's parameters is part q of them, cut as
+// parameter servers' keys are (at layer bounds for a layerwise optimizer); by worker.
+std::vector<std::pair<std::int64_t, std::int64_t>> stagePartsOf(const ProcessPlan& p);
 // What one worker process spawns, with what it shares between its actors' configs.
 // ZeRO (zero_stage 1, several workers): each worker's shard of the optimizer's state, cut as
-// parameter servers' (at layer bounds for a layerwise optimizer); else empty.
+// parameter servers' (at layer bounds for a layerwise optimizer), or with pipeline stages in
+// processes of their own, its part of its stage's (with several pipelines); else empty.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
                                                             const ProcessPlan& p);
 // The columns of the optimizer's state rows that this process holds: a parameter server's keys,
-// a ZeRO worker's shard, none (0, 0) for a worker of parameter servers; nullopt: all of them.
+// a ZeRO worker's shard, a pipeline stage's worker's stage's (or its part of them, with ZeRO),
+// none (0, 0) for a worker of parameter servers; nullopt: all of them.
 std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainOptions& o,
                                                                     const ProcessPlan& p);
 
@@ -99,6 +108,7 @@ struct WorkerSpawn {
   // The parameter servers update; this worker's PS client stands where the updater would.
   PsClientConfig psClient() const;
   ReducerConfig reducer() const;
+  void stageRings(ReducerConfig& r) const;
   // ZeRO (zero_stage 1, several workers): each worker's shard of the optimizer's state; else
   // empty.
   std::vector<std::pair<std::int64_t, std::int64_t>> zeroShards() const { return shardsOf(o, p); }
