@@ -619,7 +619,7 @@ class PipelineNet final : public Net {
 
   // Waits for what `ready` finds in a stage's inbox (another stage's failure, the net's end:
   // Aborted), sent by stage `from`: in another process, for the link's timeout at most
-  // (TimeoutError naming it).
+  // (TimeoutError naming it), reporting the stall to the link at its stallWarning().
   template <typename Ready>
   void await(Ready ready, int from = -1, StageTensor::Kind kind = StageTensor::kActivations,
              std::int64_t m = 0) {
@@ -627,13 +627,28 @@ class PipelineNet final : public Net {
     const auto settled = [&] { return ready() || step_.error || stopping_; };
     if (from < 0 || runsHere(from)) {
       changed_.wait(lock, settled);
-    } else if (!changed_.wait_for(lock, link_->timeout(), settled)) {
+    } else {
+      const auto seconds = [](std::chrono::milliseconds t) {
+        return std::chrono::duration<double>(t).count();
+      };
       const bool once = kind == StageTensor::kTiedGradients || kind == StageTensor::kTiedWeights;
-      throw TimeoutError(fmt::format(
-          "pipeline stage {} waited {:g} s for the {} of {}step {} from stage {} ({}) "
-          "(peer_timeout)",
-          local_, std::chrono::duration<double>(link_->timeout()).count(), kindName(kind),
-          once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from, link_->nameOf(from)));
+      const std::string awaited = fmt::format(
+          "the {} of {}step {} from stage {} ({})", kindName(kind),
+          once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from, link_->nameOf(from));
+      const auto timeout = link_->timeout();
+      const auto warn_after = std::min(link_->stallWarning(), timeout);
+      bool came = changed_.wait_for(lock, warn_after, settled);
+      if (!came && warn_after < timeout) {
+        link_->warn(fmt::format(
+            "stall: pipeline stage {} has waited {:g} s for {}; the run fails after {:g} s "
+            "(peer_timeout)",
+            local_, seconds(warn_after), awaited, seconds(timeout)));
+        came = changed_.wait_for(lock, timeout - warn_after, settled);
+      }
+      if (!came) {
+        throw TimeoutError(fmt::format("pipeline stage {} waited {:g} s for {} (peer_timeout)",
+                                       local_, seconds(timeout), awaited));
+      }
     }
     if (step_.error || stopping_) throw Aborted{};
   }

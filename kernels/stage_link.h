@@ -60,6 +60,10 @@ class StageLink {
   virtual std::string nameOf(int stage) const = 0;
   // How long a stage waits for another's message before the run fails naming that one.
   virtual std::chrono::milliseconds timeout() const = 0;
+  // How long it waits before it reports the stall (once a wait, where that is before timeout()),
+  // and where the report goes (the run's log); by default no report.
+  virtual std::chrono::milliseconds stallWarning() const { return timeout(); }
+  virtual void warn(const std::string& /*report*/) {}
 
   // Any thread. The receiver may throw (a malformed message): the caller's handler then fails.
   void deliver(StageTensor message);

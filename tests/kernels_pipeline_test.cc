@@ -324,19 +324,30 @@ class KeptLink final : public StageLink {
   }
   std::string nameOf(int stage) const override { return "worker " + std::to_string(stage + 10); }
   std::chrono::milliseconds timeout() const override { return std::chrono::milliseconds(300); }
+  std::chrono::milliseconds stallWarning() const override { return std::chrono::milliseconds(100); }
+  void warn(const std::string& report) override {
+    std::lock_guard lock(mutex_);
+    warnings_.push_back(report);
+  }
   std::vector<std::pair<int, StageTensor>> sent() {
     std::lock_guard lock(mutex_);
     return sent_;
+  }
+  std::vector<std::string> warnings() {
+    std::lock_guard lock(mutex_);
+    return warnings_;
   }
 
  private:
   std::mutex mutex_;
   std::vector<std::pair<int, StageTensor>> sent_;
+  std::vector<std::string> warnings_;
 };
 
 // Stage 1 of a GPT-2 in 2 processes, whose output layer reads stage 0's wte (tied): a message
 // that does not fit what the step can receive is refused naming its sender, and a wait on a stage
-// that sends nothing ends after the link's timeout, naming that stage and its worker. Stage 0
+// that sends nothing is reported at the link's stall warning and ends after its timeout, naming
+// that stage and its worker. Stage 0
 // sends wte's values at the step's start, and waits for stage 1's part of its gradient once its
 // own backward is done.
 TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOutNamingTheSender) {
@@ -348,7 +359,8 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
   // A fresh stage `stage` given `messages` before its first step; the step's error, and what it
   // sent.
   const auto stepWith = [&](int stage, const std::vector<StageTensor>& messages,
-                            std::vector<std::pair<int, StageTensor>>* sent = nullptr) {
+                            std::vector<std::pair<int, StageTensor>>* sent = nullptr,
+                            std::vector<std::string>* warnings = nullptr) {
     auto link = std::make_shared<KeptLink>();
     NetOptions o = gpt;
     o.pipeline.stage = stage;
@@ -364,6 +376,7 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
       error = e.what();
     }
     if (sent) *sent = link->sent();
+    if (warnings) *warnings = link->warnings();
     return error;
   };
   const auto tensor = [](StageTensor::Kind kind, std::int64_t count, int from,
@@ -408,14 +421,21 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
     const std::string got = stepWith(1, messages);
     EXPECT_NE(got.find(error), std::string::npos) << got;
   }
-  // Stage 0, given both micro-batches' gradients, waits for stage 1's part of wte's gradient.
+  // Stage 0, given both micro-batches' gradients, waits for stage 1's part of wte's gradient: the
+  // stall is reported once, at 0.1 s.
   std::vector<std::pair<int, StageTensor>> sent;
+  std::vector<std::string> warnings;
   const std::string waited = stepWith(
       0, {tensor(StageTensor::kGradients, 256, 1, 0), tensor(StageTensor::kGradients, 256, 1, 1)},
-      &sent);
+      &sent, &warnings);
   EXPECT_EQ(waited,
             "pipeline stage 0 waited 0.3 s for the tied weights' gradients of step 1 from stage 1 "
             "(worker 11) (peer_timeout)");
+  EXPECT_EQ(warnings,
+            std::vector<std::string>{
+                "stall: pipeline stage 0 has waited 0.1 s for the tied weights' gradients "
+                "of step 1 from stage 1 (worker 11); the run fails after 0.3 s "
+                "(peer_timeout)"});
   // What it sent stage 1: wte's values as the step began, and each micro-batch's activations (the
   // stage's thread and the step's caller send them: in any order).
   ASSERT_EQ(sent.size(), 3u);

@@ -509,11 +509,12 @@ struct CoordinatorConfig {
 };
 // Pipeline stages in processes of their own (pipeline_across processes): the link of this
 // process's stage to the others' stage actors, by stage (`stages[s]` is stage s's, on worker
-// `workers[s]`), sending from any thread through `runtime`; a wait on one ends after
-// `peer_timeout`.
+// `workers[s]`), sending from any thread through `runtime`; a wait on one logs a stall report
+// after `stall_warning` and ends after `peer_timeout`.
 std::shared_ptr<kernels::StageLink> makeStageLink(Runtime& runtime, std::vector<Address> stages,
                                                   std::vector<int> workers,
-                                                  std::chrono::milliseconds peer_timeout);
+                                                  std::chrono::milliseconds peer_timeout,
+                                                  std::chrono::milliseconds stall_warning);
 // A worker's stage actor: hands what other processes' stages send to `link` (null: this run's
 // stages are no processes of their own, and such a message is an error naming its sender).
 std::unique_ptr<Actor> makeStage(std::string name, std::shared_ptr<kernels::StageLink> link);

@@ -4,6 +4,7 @@
 // to the net on the transport's thread (the actor's handlers are inline), since the replica's own
 // thread waits inside the net's step for exactly these messages.
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <utility>
 
@@ -17,11 +18,12 @@ namespace {
 class RuntimeStageLink final : public kernels::StageLink {
  public:
   RuntimeStageLink(Runtime& runtime, std::vector<Address> stages, std::vector<int> workers,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, std::chrono::milliseconds stall_warning)
       : runtime_(runtime),
         stages_(std::move(stages)),
         workers_(std::move(workers)),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        stall_warning_(stall_warning) {}
 
   void send(int to, kernels::StageTensor message) override {
     runtime_.tell(stages_.at(static_cast<std::size_t>(to)), std::move(message));
@@ -32,12 +34,14 @@ class RuntimeStageLink final : public kernels::StageLink {
     return fmt::format("worker {}", workers_[static_cast<std::size_t>(stage)]);
   }
   std::chrono::milliseconds timeout() const override { return timeout_; }
+  std::chrono::milliseconds stallWarning() const override { return stall_warning_; }
+  void warn(const std::string& report) override { spdlog::warn("{}", report); }
 
  private:
   Runtime& runtime_;
   std::vector<Address> stages_;
   std::vector<int> workers_;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, stall_warning_;
 };
 
 class Stage final : public Actor {
@@ -63,9 +67,10 @@ class Stage final : public Actor {
 
 std::shared_ptr<kernels::StageLink> makeStageLink(Runtime& runtime, std::vector<Address> stages,
                                                   std::vector<int> workers,
-                                                  std::chrono::milliseconds peer_timeout) {
+                                                  std::chrono::milliseconds peer_timeout,
+                                                  std::chrono::milliseconds stall_warning) {
   return std::make_shared<RuntimeStageLink>(runtime, std::move(stages), std::move(workers),
-                                            peer_timeout);
+                                            peer_timeout, stall_warning);
 }
 
 std::unique_ptr<Actor> makeStage(std::string name, std::shared_ptr<kernels::StageLink> link) {

@@ -398,8 +398,8 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
       at.push_back(layout.stage(first + s));
       workers.push_back(first + s);
     }
-    stage_link =
-        makeStageLink(*node.system, std::move(at), std::move(workers), context.peer_timeout);
+    stage_link = makeStageLink(*node.system, std::move(at), std::move(workers),
+                               context.peer_timeout, context.stall_warning);
   }
   const WorkerSpawn spawn{o,
                           p,
