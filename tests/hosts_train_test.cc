@@ -220,6 +220,25 @@ TEST_F(AcrossHosts, LaunchSshRunsATorchrunScriptAsItIs) {
   EXPECT_TRUE(ranTheTorchrunScript(r, {"local 0 of 1, group 0", "local 0 of 1, group 1"}));
 }
 
+// troupe's torch.distributed backend between the hosts (tests/torch_backend_hosts.py): a chunk to
+// the other host goes from the caller's tensor itself (no copy), and a collective ends only once
+// the transport has sent it; each rank checks every element of its sums, gathers and broadcasts,
+// and overwrites its tensors at once, which a chunk still in flight would carry to the other.
+TEST_F(AcrossHosts, TheTroupeBackendsCollectivesBetweenHostsSendFromTheCallersTensors) {
+  const std::string python = fs::path(troupeBinary()).parent_path().parent_path() / "python";
+  const auto r = hosts_->run(0,
+                             troupeBinary() + " launch --launcher ssh -H hosts" +
+                                 hosts_->launchFlags() + " -n 2 --env PYTHONPATH=" + python +
+                                 " -- /usr/bin/python3 " + sourceDir() +
+                                 "/tests/torch_backend_hosts.py",
+                             120s, "/tmp/run");
+  EXPECT_TRUE(exitedWith(r, 0,
+                         {"[worker 0] rank 0 of 2: 24 collectives between hosts, every element "
+                          "as predicted",
+                          "[worker 1] rank 1 of 2: 24 collectives between hosts, every element "
+                          "as predicted"}));
+}
+
 // torchrun's elastic model across hosts (tests/torchrun_elastic.py, its checkpoint in the hosts'
 // shared folder): the ssh launcher on host 0 starts rank 0 there and rank 1 on host 1; every
 // process of host 1 is killed, and rank 0 goes on alone; a launcher started on host 1 joins with

@@ -21,6 +21,7 @@
 #include <thread>
 #include <tuple>
 
+#include "actors/core/lease.h"
 #include "actors/core/messages.h"
 #include "actors/core/status_of.h"
 #include "actors/kvstore/kvstore_dist.h"
@@ -85,6 +86,11 @@ struct RingDone {
   std::condition_variable changed;
   std::set<Work> done;
 };
+// The transport -> a RingMember (in-process, as a chunk sent from the caller's memory is
+// released): that chunk of `work` is written.
+struct RingChunkWritten {
+  RingDone::Work work;
+};
 
 class RingMember final : public Actor {
  public:
@@ -112,6 +118,7 @@ class RingMember final : public Actor {
       collectives_[c.ring - 1]->receive(std::move(c));
     });
     on<RingCompression>([this](RingCompression& c) { build(c.spec); });
+    on<RingChunkWritten>([this](RingChunkWritten& w) { written(w.work); });
   }
 
   void started() override {
@@ -124,9 +131,8 @@ class RingMember final : public Actor {
                                                                {kScatterRing, Mode::kReduceScatter},
                                                                {kAllreduceRing, Mode::kAllreduce}};
     for (const auto& [ring, mode] : rings) {
-      collectives_[ring - 1].emplace(rank_, world_, collectiveSegment(world_),
-                                     forwarder(mode == Mode::kAllreduce), doneOn(ring),
-                                     kernels::CompressionSpec{}, mode, ring);
+      collectives_[ring - 1].emplace(rank_, world_, collectiveSegment(world_), forwarder(),
+                                     doneOn(ring), kernels::CompressionSpec{}, mode, ring);
     }
   }
 
@@ -139,26 +145,38 @@ class RingMember final : public Actor {
   void build(kernels::CompressionSpec spec) {
     if (world_ == 1) return;
     TROUPE_ENFORCE(!ring_ || ring_->pending() == 0, "a ring rebuilt with sums in flight");
-    ring_.emplace(rank_, world_, kSegment, forwarder(true), doneOn(kSumRing), spec);
+    ring_.emplace(rank_, world_, kSegment, forwarder(), doneOn(kSumRing), spec);
   }
 
-  // Sends a ring's chunks on. A float chunk goes in memory shared with the next worker's process
-  // where it runs on this host (read there in place, as the trainer's ring sends: no socket
-  // copies); else, `copied`, as a copy, where the ring writes into what it sent again while the
-  // transport may still read it (an allreduce: its reduce-scatter's partial sums are overwritten
-  // by its all-gather), or as itself, its buffer living while a chunk of it does.
-  RingAllreduce::SendFn forwarder(bool copied) {
-    return [this, copied](RingChunk chunk) {
+  // Sends a ring's chunks on as the trainer's ring does (sendable): a float chunk in memory
+  // shared with the next worker's process where it runs on this host (read there in place: no
+  // socket copies); else from the caller's memory itself, leased, and the work it is part of ends
+  // (finished) only once the transport has written it, since the caller may change that memory
+  // then. Within the work the ring writes a chunk's place again (an allreduce's all-gather over
+  // its reduce-scatter's partial sums) only once the chunk went round, so after it was written.
+  RingAllreduce::SendFn forwarder() {
+    return [this](RingChunk chunk) {
       if (chunk.data.dtype() == kernels::DType::kFloat32) {
-        auto out = copied ? system().sendBuffer(next_, chunk.data.shape())
-                          : system().sharedBuffer(next_, chunk.data.shape());
-        if (out.raw() != nullptr) {
-          std::copy_n(chunk.data.f32(), chunk.data.numel(), out.f32());
-          chunk.data = std::move(out);
-        }
+        const RingDone::Work work{chunk.ring, chunk.step, chunk.bucket};
+        auto out = sendable(system(), next_, chunk.data,
+                            [&system = system(), me = self(), work] {
+                              system.tell(me, RingChunkWritten{work});
+                            });
+        if (out.leased) ++unwritten_[work];
+        chunk.data = std::move(out.data);
       }
       send(next_, std::move(chunk));
     };
+  }
+
+  // A chunk of `work` sent from the caller's memory is written: the work ends once its last is
+  // and its ring is done.
+  void written(const RingDone::Work& work) {
+    auto it = unwritten_.find(work);
+    TROUPE_ENFORCE(it != unwritten_.end(), "a written chunk of work no chunk was leased for");
+    if (--it->second > 0) return;
+    unwritten_.erase(it);
+    if (ring_done_.erase(work) > 0) signal(work);
   }
 
   RingAllreduce::DoneFn doneOn(std::uint8_t ring) {
@@ -168,8 +186,17 @@ class RingMember final : public Actor {
   }
 
   void finished(std::uint8_t ring, std::int64_t step, std::int64_t base) {
+    const RingDone::Work work{ring, step, base};
+    if (unwritten_.count(work) > 0) {  // its chunks' memory is still the transport's
+      ring_done_.insert(work);
+      return;
+    }
+    signal(work);
+  }
+
+  void signal(const RingDone::Work& work) {
     std::lock_guard lock(done_->mu);
-    done_->done.insert({ring, step, base});
+    done_->done.insert(work);
     done_->changed.notify_all();
   }
 
@@ -178,6 +205,10 @@ class RingMember final : public Actor {
   std::shared_ptr<RingDone> done_;
   std::optional<RingAllreduce> ring_;
   std::optional<RingAllreduce> collectives_[kCollectives];  // by ring - 1
+  // Chunks sent from the caller's memory that the transport has not written yet, by work, and
+  // the works whose ring is done that wait for them.
+  std::map<RingDone::Work, int> unwritten_;
+  std::set<RingDone::Work> ring_done_;
 };
 
 class RingKVStore final : public KVStore {
