@@ -158,10 +158,9 @@ class RingMember final : public Actor {
     return [this](RingChunk chunk) {
       if (chunk.data.dtype() == kernels::DType::kFloat32) {
         const RingDone::Work work{chunk.ring, chunk.step, chunk.bucket};
-        auto out = sendable(system(), next_, chunk.data,
-                            [&system = system(), me = self(), work] {
-                              system.tell(me, RingChunkWritten{work});
-                            });
+        auto out = sendable(system(), next_, chunk.data, [&system = system(), me = self(), work] {
+          system.tell(me, RingChunkWritten{work});
+        });
         if (out.leased) ++unwritten_[work];
         chunk.data = std::move(out.data);
       }
