@@ -510,6 +510,28 @@ def build_mpi(shared):
     return binary
 
 
+def run_ranks(hosts, world, cmd, logs, port, timeout=1800, what="ranks"):
+    """CMD as ranks 0 .. WORLD-1 of a world as torchrun starts one, rank r on host r (its log
+    LOGS[r]): RANK, WORLD_SIZE, LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, MASTER_ADDR host 0's,
+    MASTER_PORT PORT, GLOO_SOCKET_IFNAME eth0, build/python on PYTHONPATH; rank 0, whose store the
+    others wait for, last. Waits for them all (wait_all); a ToolError starts with the first
+    "what():" line of their logs."""
+    procs = []
+    for r in reversed(range(world)):
+        env = {"RANK": r, "WORLD_SIZE": world, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1,
+               "MASTER_ADDR": hosts.addr[0], "MASTER_PORT": port, "GLOO_SOCKET_IFNAME": "eth0",
+               "PYTHONPATH": os.path.join(ROOT, "build/python")}
+        procs.append(hosts.start(r, env, cmd, logs[r]))
+    try:
+        wait_all(procs, timeout, what)
+    except ToolError as e:
+        first = ""
+        for log in logs:
+            with open(log, errors="replace") as f:
+                first = first or next((line for line in f if "what():" in line), "")
+        raise ToolError(f"{what}: {first.strip() or 'a rank failed'}\n{e}") from e
+
+
 def cell(values, digits=3):
     if not values:
         return "-"

@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allreduce_hosts import (Hosts, ToolError, ensure_torch, interrupt_on_termination,  # noqa: E402
-                             tail, Measuring, wait_all)
+                             run_ranks, tail, Measuring)
 import allreduce_hosts  # noqa: E402
 from train_bench import add_int_flags  # noqa: E402
 
@@ -64,20 +64,8 @@ def run_local(a, backend, hook):
 def run_hosts(a, hosts, backend, hook, k):
     logs = [os.path.join(hosts.shared, f"gpt-{backend}-{hook}-{k}-{r}.log")
             for r in range(a.hosts)]
-    procs = []
-    for r in reversed(range(a.hosts)):  # rank 0 (the store) last: the others wait for it
-        env = {"RANK": r, "WORLD_SIZE": a.hosts, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1,
-               "MASTER_ADDR": hosts.addr[0], "MASTER_PORT": 29400 + k % 500,
-               "GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": os.path.join(ROOT, "build/python")}
-        procs.append(hosts.start(r, env, [VENV_PY, *example_flags(a, backend, hook)], logs[r]))
-    try:
-        wait_all(procs, 1800, f"{backend}/{hook}")
-    except ToolError as e:
-        first = ""
-        for log in logs:
-            with open(log, errors="replace") as f:
-                first = first or next((line for line in f if "what():" in line), "")
-        raise ToolError(f"{backend}/{hook}: {first.strip() or 'a rank failed'}\n{e}") from e
+    run_ranks(hosts, a.hosts, [VENV_PY, *example_flags(a, backend, hook)], logs, 29400 + k % 500,
+              what=f"{backend}/{hook}")
     with open(logs[0]) as f:
         return parse_done(f.read(), f"{backend}/{hook} (log {logs[0]}: {tail(logs[0])})")
 
