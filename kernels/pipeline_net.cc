@@ -409,14 +409,23 @@ class PipelineNet final : public Net {
 
   bool runsHere(int s) const { return local_ < 0 || s == local_; }
 
+  // fn(range, part): each range `link` names with its part of their message (the ranges one
+  // after another).
+  template <typename Fn>
+  static void eachRange(const TiedLink& link, const Tensor& message, Fn fn) {
+    std::int64_t at = 0;
+    for (const auto& [begin, end] : link.ranges) {
+      fn(std::pair{begin, end}, message.slice(at, at + end - begin));
+      at += end - begin;
+    }
+  }
+
   // The ranges of `from` that `link` names, one after another, in a tensor of their own.
   static Tensor joined(const Tensor& from, const TiedLink& link, Backend& backend) {
     Tensor out = backend.empty({link.size});
-    std::int64_t at = 0;
-    for (const auto& [begin, end] : link.ranges) {
-      backend.copy(from.slice(begin, end), out.slice(at, at + end - begin));
-      at += end - begin;
-    }
+    eachRange(link, out, [&](auto range, const Tensor& part) {
+      backend.copy(from.slice(range.first, range.second), part);
+    });
     return out;
   }
 
@@ -429,13 +438,11 @@ class PipelineNet final : public Net {
       for (const TiedLink& link : tied_readers_) {
         await([&] { return inbox.tied_gradients.count(link.stage) > 0; }, link.stage,
               StageTensor::kTiedGradients);
-        Tensor part;
-        post([&] { part = std::move(inbox.tied_gradients.extract(link.stage).mapped()); });
-        std::int64_t at = 0;
-        for (const auto& [begin, end] : link.ranges) {
-          backend_.axpy(1.0f, part.slice(at, at + end - begin), grads_.slice(begin, end));
-          at += end - begin;
-        }
+        Tensor parts;
+        post([&] { parts = std::move(inbox.tied_gradients.extract(link.stage).mapped()); });
+        eachRange(link, parts, [&](auto range, const Tensor& part) {
+          backend_.axpy(1.0f, part, grads_.slice(range.first, range.second));
+        });
       }
     } catch (const Aborted&) {
       std::unique_lock lock(mutex_);
@@ -456,11 +463,9 @@ class PipelineNet final : public Net {
             StageTensor::kTiedWeights);
       Tensor values;
       post([&] { values = std::move(inbox.tied_weights.extract(link.stage).mapped()); });
-      std::int64_t at = 0;
-      for (const auto& [begin, end] : link.ranges) {
-        backend.copy(values.slice(at, at + end - begin), whole_->weights().slice(begin, end));
-        at += end - begin;
-      }
+      eachRange(link, values, [&](auto range, const Tensor& part) {
+        backend.copy(part, whole_->weights().slice(range.first, range.second));
+      });
     }
   }
 

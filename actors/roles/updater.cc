@@ -103,9 +103,10 @@ class Updater final : public Actor {
     expected_ = stage.second - stage.first;
     figures_apart_ = sharded_ || config_.stage_range.has_value();
     figures_range_ = config_.stage_range ? config_.figures_range : shard_;
+    partial_ = shard_ != whole;
     const auto [lo, hi] = shard_;
     optimizer_ = kernels::makeOptimizer(
-        *backend_, hi - lo, shard_ != whole ? config_.optimizer.within(lo, hi) : config_.optimizer);
+        *backend_, hi - lo, partial_ ? config_.optimizer.within(lo, hi) : config_.optimizer);
     hold_ = loss_scale_ > 0 || config_.clip_grad_norm > 0 || optimizer_->layerwise();
     if (config_.initial_state.defined() && config_.initial_state.numel() > 0) {
       const std::int64_t rows = static_cast<std::int64_t>(optimizer_->states().size());
@@ -432,20 +433,18 @@ class Updater final : public Actor {
       e.weights = onHost(weights_);
       e.state = onHost(optimizer_->state());
     }
-    if (shard_ != std::pair<std::int64_t, std::int64_t>{0, weights_.numel()})
-      std::tie(e.state_begin, e.state_end) = shard_;
+    if (partial_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }
 
   // A piece of this worker's shard of the state, or of its pipeline stage's weights, for the
   // chief's evaluation or checkpoint, while paused.
   void sendState(const StateRequest& r) {
-    const bool partial = shard_ != std::pair<std::int64_t, std::int64_t>{0, weights_.numel()};
     const kernels::Tensor held = !r.weights            ? optimizer_->state()
                                  : config_.stage_range ? weights_.slice(config_.stage_range->first,
                                                                         config_.stage_range->second)
                                                        : kernels::Tensor();
-    const bool asked = r.weights ? held.defined() : partial;
+    const bool asked = r.weights ? held.defined() : partial_;
     if (!asked || r.step != step_ || r.offset < 0 || r.count <= 0 ||
         r.count > held.numel() - r.offset) {
       throw InvariantError(fmt::format(
@@ -502,6 +501,7 @@ class Updater final : public Actor {
   // summed over every worker where they are summed so (SumAcrossWorkers).
   bool sharded_ = false;
   std::pair<std::int64_t, std::int64_t> shard_;
+  bool partial_ = false;  // shard_ is not every weight: the state is of it alone
   std::int64_t gathered_ = 0;
   std::int64_t expected_ = 0;
   bool figures_apart_ = false;
