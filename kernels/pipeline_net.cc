@@ -429,6 +429,14 @@ class PipelineNet final : public Net {
     return out;
   }
 
+  // The message of `kind` this step from link.stage, once it is in `box` (of an inbox), taken.
+  Tensor takeTied(std::map<int, Tensor>& box, const TiedLink& link, StageTensor::Kind kind) {
+    await([&] { return box.count(link.stage) > 0; }, link.stage, kind);
+    Tensor message;
+    post([&] { message = std::move(box.extract(link.stage).mapped()); });
+    return message;
+  }
+
   // The stage that owns tied weights, in a process of its own, once its last backward is done:
   // each other process's reader stage's part of their gradient, added to its own. On this
   // (the caller's) thread, whose wait ends as a stage thread's would.
@@ -436,10 +444,7 @@ class PipelineNet final : public Net {
     Inbox& inbox = inboxes_[static_cast<std::size_t>(local_)];
     try {
       for (const TiedLink& link : tied_readers_) {
-        await([&] { return inbox.tied_gradients.count(link.stage) > 0; }, link.stage,
-              StageTensor::kTiedGradients);
-        Tensor parts;
-        post([&] { parts = std::move(inbox.tied_gradients.extract(link.stage).mapped()); });
+        const Tensor parts = takeTied(inbox.tied_gradients, link, StageTensor::kTiedGradients);
         eachRange(link, parts, [&](auto range, const Tensor& part) {
           backend_.axpy(1.0f, part, grads_.slice(range.first, range.second));
         });
@@ -459,10 +464,7 @@ class PipelineNet final : public Net {
     Inbox& inbox = inboxes_[static_cast<std::size_t>(s)];
     Backend& backend = *stage_list_[static_cast<std::size_t>(s)].backend;
     for (const TiedLink& link : tied_owners_) {
-      await([&] { return inbox.tied_weights.count(link.stage) > 0; }, link.stage,
-            StageTensor::kTiedWeights);
-      Tensor values;
-      post([&] { values = std::move(inbox.tied_weights.extract(link.stage).mapped()); });
+      const Tensor values = takeTied(inbox.tied_weights, link, StageTensor::kTiedWeights);
       eachRange(link, values, [&](auto range, const Tensor& part) {
         backend.copy(part, whole_->weights().slice(range.first, range.second));
       });
