@@ -189,7 +189,8 @@ cmd_gc() {
   local dir owner
   for dir in "$STATE_ROOT"/*/; do
     [[ -f "$dir/instance" ]] || continue
-    owner="$(sed -n 's/^owner=//p' "$dir/instance")"
+    # (Its owner may take it down meanwhile: a test beside this one, ending.)
+    owner="$(sed -n 's/^owner=//p' "$dir/instance" 2>/dev/null)" || continue
     [[ -n "$owner" ]] || continue
     if ! owner_alive "$owner"; then
       prefix="$(basename "$dir")"
