@@ -461,12 +461,6 @@ class SystemImpl final : public Runtime {
   std::function<void()> on_failure_;
 };
 
-kernels::Tensor Runtime::sendBuffer(Address to, kernels::Shape shape) const {
-  auto shared = sharedBuffer(to, shape);
-  if (shared.raw() != nullptr) return shared;
-  return kernels::Tensor::hostUninitialized(std::move(shape));
-}
-
 kernels::Tensor Runtime::sharedBuffer(Address to, kernels::Shape shape) const {
   const auto& o = options();
   if (to.node != o.node && o.remote_buffer) return o.remote_buffer(to, std::move(shape));

@@ -43,7 +43,7 @@ struct SystemOptions {
   // threads then only fire timers).
   Executor executor;
   RemoteSend remote;           // empty: sends to other nodes are errors
-  RemoteBuffer remote_buffer;  // empty: sendBuffer gives ordinary host memory
+  RemoteBuffer remote_buffer;  // empty: sharedBuffer gives none
   int pool_threads = 2;
   std::size_t mailbox_capacity = 64;
   std::chrono::milliseconds external_send_timeout{30000};
@@ -82,11 +82,9 @@ class Runtime {
     deliver(Address{options().node, kNoActor}, to, std::make_unique<Typed<M>>(std::move(message)));
   }
 
-  // Memory for a float tensor that will be sent, unchanged after the send, to `to`: the cheapest
-  // to carry there (shared with `to`'s process when it runs on this host), uninitialised.
-  kernels::Tensor sendBuffer(Address to, kernels::Shape shape) const;
-  // Only the shared memory: undefined (raw() null) when `to` is in this process or shares no
-  // memory with it. See leasedView (actors/core/lease.h) for what to send then.
+  // Memory for a float tensor that will be sent, unchanged after the send, to `to`, shared with
+  // `to`'s process: undefined (raw() null) when `to` is in this process or shares no memory with
+  // it. See leasedView and sendable (actors/core/lease.h) for what to send then.
   kernels::Tensor sharedBuffer(Address to, kernels::Shape shape) const;
 
   // Delivers message to `to` after `delay` (a timer; the sender is the system).
