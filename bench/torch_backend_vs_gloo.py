@@ -13,14 +13,18 @@ default group and a gloo group, and times the same work on each, alternating.
   FSDP2:      the wide MLP under torch's fully_shard (torch 2: each Linear sharded, all-gathered
               for its forward and backward, its gradients reduce-scattered), likewise; and the
               largest relative difference of the two backends' weights after the steps.
-Rank 0 prints a table with troupe / gloo (above 1: troupe faster).
+Rank 0 prints a table with troupe / gloo (above 1: troupe faster). Each of troupe's
+implementations (--impls: the C++ backend, the Python process group) runs in a launch of its own,
+and a last table puts their ratios side by side.
 
-    /usr/bin/python3 bench/torch_backend_vs_gloo.py [--procs 2] [--steps 20]
+    .venv-torch/bin/python bench/torch_backend_vs_gloo.py [--procs 2] [--steps 20]
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
@@ -30,7 +34,7 @@ def run_rank(a):
     import torch
     import torch.distributed as dist
 
-    import troupe.torch  # noqa: F401
+    import troupe.torch
 
     torch.set_num_threads(1)
     dist.init_process_group("troupe")
@@ -106,6 +110,16 @@ def run_rank(a):
         rows.append((label, "steps/s", times, lambda s: f"{1 / s:.1f} steps/s", None))
 
     fsdp_difference = None
+    gathered = []  # how the FSDP weights were compared: "full_tensor" or "shards"
+
+    def whole(p):
+        try:
+            got = p.full_tensor()
+            gathered.append("full_tensor")
+            return got
+        except (RuntimeError, NotImplementedError):  # the Python process group
+            gathered.append("shards")
+            return p.to_local()
     try:
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
@@ -122,10 +136,10 @@ def run_rank(a):
                     fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
             times[name] = trained(model, sizes)
-            # This rank's shards: both backends shard alike. (DTensor's full_tensor() calls
-            # torch's functional collectives, which reach a group's C++ backend: the troupe
-            # group, written in Python, has none.)
-            weights[name] = [p.to_local().detach().clone() for p in model.parameters()]
+            # The whole weights, by DTensor's full_tensor() (torch's functional collectives, on
+            # the group's own backend); the Python process group has no C++ backend for them,
+            # so there each rank's shards, which both backends shard alike.
+            weights[name] = [whole(p).detach().clone() for p in model.parameters()]
         rows.append(("FSDP2 wide MLP 21M", "steps/s", times, lambda s: f"{1 / s:.1f} steps/s",
                      None))
         worst = torch.tensor(max(((a - b).abs().max() / a.abs().max()).item()
@@ -134,8 +148,12 @@ def run_rank(a):
         dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=groups["gloo"])
         fsdp_difference = worst.item()
 
+    if rank == 0 and a.json:
+        with open(a.json, "w") as f:
+            json.dump({label: times for label, _, times, _, _ in rows}, f)
     if rank == 0:
-        print(f"\n{dist.get_world_size()} ranks on this host, 1 thread each\n")
+        impl = "C++ backend" if troupe.torch._backend() is not None else "Python process group"
+        print(f"\n{dist.get_world_size()} ranks on this host, 1 thread each; troupe's {impl}\n")
         print("| what | troupe | gloo | troupe / gloo | troupe rate | gloo rate |")
         print("|---|---|---|---|---|---|")
         for label, _, times, show, rate in rows:
@@ -144,8 +162,10 @@ def run_rank(a):
                   f"{rate(times['troupe']) if rate else '-'} | "
                   f"{rate(times['gloo']) if rate else '-'} |", flush=True)
         if fsdp_difference is not None:
+            how = ("whole, by full_tensor()" if set(gathered) == {"full_tensor"}
+                   else "shard by shard")
             print(f"\nFSDP2: the largest relative difference of the backends' weights after "
-                  f"{a.steps + 3} steps: {fsdp_difference:.3g}", flush=True)
+                  f"{a.steps + 3} steps: {fsdp_difference:.3g} (compared {how})", flush=True)
     dist.destroy_process_group()
 
 
@@ -155,6 +175,10 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=10, help="allreduce calls timed a size")
     ap.add_argument("--troupe", default=os.environ.get("TROUPE", "build/bin/troupe"))
+    ap.add_argument("--impls", default="c++,python",
+                    help="troupe's implementations to run, one launch each (TROUPE_TORCH_BACKEND): "
+                    "c++ (the default backend), python (the Python process group)")
+    ap.add_argument("--json", help=argparse.SUPPRESS)
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank:
@@ -164,9 +188,27 @@ def main():
     if os.path.isdir(build_python):  # a build tree's package, where troupe is not installed
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [build_python,
                                                           env.get("PYTHONPATH")]))
-    cmd = [a.troupe, "launch", "-n", str(a.procs), "--", sys.executable, HERE, "--rank",
-           "--steps", str(a.steps), "--rounds", str(a.rounds)]
-    return subprocess.call(cmd, env=env)
+    found = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for impl in a.impls.split(","):
+            out = os.path.join(tmp, f"{impl}.json")
+            cmd = [a.troupe, "launch", "-n", str(a.procs), "--", sys.executable, HERE, "--rank",
+                   "--steps", str(a.steps), "--rounds", str(a.rounds), "--json", out]
+            code = subprocess.call(cmd, env=dict(env, TROUPE_TORCH_BACKEND=impl))
+            if code:
+                return code
+            with open(out) as f:
+                found[impl] = json.load(f)
+    if len(found) > 1:  # each implementation's time over gloo's in its own run
+        impls = list(found)
+        print("\nthe implementations side by side (gloo / troupe, above 1: troupe faster)\n")
+        print("| what | " + " | ".join(impls) + f" | {impls[0]} / {impls[1]} |")
+        print("|---|" + "---|" * (len(impls) + 1))
+        for label in found[impls[0]]:
+            ratios = [found[i][label]["gloo"] / found[i][label]["troupe"] for i in impls]
+            print(f"| {label} | " + " | ".join(f"{r:.2f}" for r in ratios) +
+                  f" | {ratios[0] / ratios[1]:.2f} |")
+    return 0
 
 
 if __name__ == "__main__":

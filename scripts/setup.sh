@@ -17,7 +17,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-format clang-14 libclang-rt-14-dev
   dataset-fashion-mnist dict-gcide
-  python3-torch python3-torchvision python3-numpy python3-dev pybind11-dev python3-pytest
+  python3-torch libtorch-dev python3-torchvision python3-numpy python3-dev pybind11-dev python3-pytest
 )
 # time: GNU time, each worker's peak memory in bench/zero_cpu.py.
 # dict-gcide: the English corpus of the text tests and benchmarks (the Collaborative
@@ -26,6 +26,8 @@ packages=(
 # python3-torch (Debian's 1.13, for /usr/bin/python3) is the suite's reference for the optimizers
 # (tests/optimizer_reference.py: torch.optim in float64); benchmarks use PyPI's torch in a venv.
 # python3-torchvision: examples/python/ddp_resnet18.py's model.
+# libtorch-dev (torch's C++ headers): troupe.torch's C++ backend (python/troupe/csrc/c10d.cc),
+# built against Debian's torch for the tests.
 
 missing=()
 for p in "${packages[@]}"; do

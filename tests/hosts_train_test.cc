@@ -227,12 +227,14 @@ TEST_F(AcrossHosts, LaunchSshRunsATorchrunScriptAsItIs) {
 // the transport has sent it; each rank checks every element of its sums, gathers and broadcasts,
 // and overwrites its tensors at once, which a chunk still in flight would carry to the other.
 TEST_F(AcrossHosts, TheTroupeBackendsCollectivesBetweenHostsSendFromTheCallersTensors) {
-  const std::string python = fs::path(troupeBinary()).parent_path().parent_path() / "python";
+  // The backend as the build made it (build/torch_extensions: CMake's troupe_torch_backend).
+  const fs::path build = fs::path(troupeBinary()).parent_path().parent_path();
   const auto r =
       hosts_->run(0,
                   troupeBinary() + " launch --launcher ssh -H hosts" + hosts_->launchFlags() +
-                      " -n 2 --env PYTHONPATH=" + python + " -- /usr/bin/python3 " + sourceDir() +
-                      "/tests/torch_backend_hosts.py",
+                      " -n 2 --env PYTHONPATH=" + (build / "python").string() +
+                      " --env TORCH_EXTENSIONS_DIR=" + (build / "torch_extensions").string() +
+                      " -- /usr/bin/python3 " + sourceDir() + "/tests/torch_backend_hosts.py",
                   120s, "/tmp/run");
   EXPECT_TRUE(exitedWith(r, 0,
                          {"[worker 0] rank 0 of 2: 24 collectives between hosts, every element "

@@ -15,6 +15,7 @@
 #include "troupe/compression.h"
 #include "troupe/kvstore.h"
 #include "troupe/version.h"
+#include "troupe_c_api.h"
 
 namespace py = pybind11;
 
@@ -163,6 +164,9 @@ class PyKVStore {
 
   bool closed() const { return !store_; }
 
+  // The store for the C API (troupe_c_api.h), or nullptr once closed.
+  troupe::KVStore* open() { return store_.get(); }
+
  private:
   troupe::KVStore& store() {
     if (!store_) check(troupe::Status(troupe::ErrorKind::kInput, "this KVStore was closed"));
@@ -170,6 +174,70 @@ class PyKVStore {
   }
 
   std::unique_ptr<troupe::KVStore> store_;
+};
+
+// ---- the C API (troupe_c_api.h): the ring's collectives for the torch backend (c10d.cc) ----
+
+// The message of a failed call, valid until the calling thread's next call.
+const char* failed(const std::string& message) {
+  thread_local std::string last;
+  last = message;
+  return last.c_str();
+}
+
+const char* outcome(const troupe::Status& s) {
+  return s ? nullptr : failed(s.message());
+}
+
+// Runs `call` on the store, or fails naming a closed one.
+template <typename Call>
+const char* onStore(void* store, Call&& call) {
+  troupe::KVStore* kv = static_cast<PyKVStore*>(store)->open();
+  if (!kv) return failed("troupe backend: its KVStore was closed");
+  return outcome(call(*kv));
+}
+
+const TroupeCApi kCApi = {
+    TROUPE_C_API_VERSION,
+    [](PyObject* kvstore) -> void* {
+      try {
+        return py::handle(kvstore).cast<PyKVStore*>();
+      } catch (const py::cast_error&) {
+        PyErr_Format(PyExc_TypeError, "a troupe._troupe.KVStore, not %s",
+                     Py_TYPE(kvstore)->tp_name);
+        return nullptr;
+      }
+    },
+    [](void* store) {
+      troupe::KVStore* kv = static_cast<PyKVStore*>(store)->open();
+      return kv ? kv->rank() : -1;
+    },
+    [](void* store) {
+      troupe::KVStore* kv = static_cast<PyKVStore*>(store)->open();
+      return kv ? kv->numWorkers() : -1;
+    },
+    [](void* store, float* values, std::size_t n) {
+      return onStore(store, [&](troupe::KVStore& kv) { return kv.allreduce({values, n}); });
+    },
+    [](void* store, const float* mine, std::size_t n, float* all) {
+      return onStore(store, [&](troupe::KVStore& kv) {
+        return kv.allgather({mine, n}, {all, n * static_cast<std::size_t>(kv.numWorkers())});
+      });
+    },
+    [](void* store, const float* mine, std::size_t n, float* const* parts) {
+      return onStore(store, [&](troupe::KVStore& kv) {
+        std::vector<std::span<float>> into;
+        for (int r = 0; r < kv.numWorkers(); ++r)
+          into.emplace_back(parts[r], n);
+        return kv.allgather({mine, n}, into);
+      });
+    },
+    [](void* store, const float* all, std::size_t n, float* mine) {
+      return onStore(store, [&](troupe::KVStore& kv) {
+        return kv.reduceScatter({all, n * static_cast<std::size_t>(kv.numWorkers())}, {mine, n});
+      });
+    },
+    [](void* store) { return onStore(store, [](troupe::KVStore& kv) { return kv.barrier(); }); },
 };
 
 }  // namespace
@@ -183,6 +251,7 @@ PYBIND11_MODULE(_troupe, m) {
                                 "peer, numeric, ...), the message names the culprit.",
                                 PyExc_RuntimeError, nullptr));
   m.attr("Error") = errorType();
+  m.attr("_C_API") = py::capsule(&kCApi, TROUPE_C_API_CAPSULE);
 
   py::class_<troupe::OptimizerSpec>(m, "OptimizerSpec")
       .def(py::init<>())

@@ -11,14 +11,18 @@ collectives on troupe's ring, so DDP (and code calling dist.all_reduce & co.) ru
 Each rank's tensor is summed by troupe's ring allreduce over its transport (a "ring" KVStore: the
 same sum, bit for bit, on every rank). The ranks are placed by `troupe launch` (its TROUPE_*
 variables), or, under torchrun, by rank 0, which serves troupe's rendezvous on a free port at
-MASTER_ADDR and tells the others through torch's store. A first step: the process group is
-written in Python (torch calls it through its trampoline); DDP's bucket sums run on a thread of
-their own while the backward pass goes on, and the other collectives are synchronous;
-float tensors (float32; float16 and bfloat16 summed in float32) on the CPU, and on a GPU through
-host memory; ReduceOp.SUM and AVG. allreduce, broadcast and allgather (of integer and bool tensors
-too, bit for bit), reduce_scatter, all_gather_into_tensor and reduce_scatter_tensor (FSDP's),
-barrier; alltoall, send/recv; gather, scatter, reduce and the other reductions are refused by
-name.
+MASTER_ADDR and tells the others through torch's store.
+
+The backend is C++ (csrc/c10d.cc: a c10d::Backend, torch 2's functional collectives and DTensor
+included), built against the installed torch at the first init_process_group("troupe") and
+cached by torch (build() builds it ahead); see its header for what runs where. Where it cannot be
+built, or with TROUPE_TORCH_BACKEND=python, the group is ProcessGroupTroupe below, written in
+Python (torch calls it through its trampoline): DDP's bucket sums on a thread of their own, the
+other collectives synchronous; float tensors (float32; float16 and bfloat16 summed in float32) on
+the CPU, and on a GPU through host memory; ReduceOp.SUM and AVG. allreduce, broadcast and
+allgather (of integer and bool tensors too, bit for bit), reduce_scatter, all_gather_into_tensor
+and reduce_scatter_tensor (FSDP's), barrier; alltoall, send/recv; gather, scatter, reduce and the
+other reductions are refused by name.
 
 The parameter-server optimizer:
 
@@ -40,12 +44,16 @@ dist_async each push as it comes (1/W of a step each: staleness-aware asynchrono
 as dist_async with workers at most `staleness` steps apart.
 """
 import concurrent.futures
+import contextlib
 import inspect
+import io
+import logging
 import os
 import socket
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -693,8 +701,70 @@ for _method, _what in (("recv_anysource", "recv from any source"), ("gather", "g
     setattr(ProcessGroupTroupe, _method, _refused(_what))
 
 
+# ---- the C++ backend (csrc/c10d.cc), built against the installed torch ----
+
+_extension = None  # the built module, once loaded
+_extension_error = None  # why it could not be built, once tried
+_rings = []  # the C++ groups' ring stores
+
+
+def build():
+    """Builds troupe's C++ backend (csrc/c10d.cc) against the installed torch with torch's
+    cpp_extension (a C++ compiler and ninja; about a minute on 2 cores), or loads it from torch's
+    extension cache (TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions) where it was built
+    before; returns the module. The first init_process_group("troupe") calls it; call it ahead to
+    build before the ranks start (`python -c "import troupe.torch; troupe.torch.build()"`).
+    Concurrent builds (every rank at once) take turns on the cache's lock."""
+    global _extension
+    if _extension is None:
+        # Quietly: importing cpp_extension says where CUDA is when torch has no GPU to use
+        # (printed by torch 1, logged by torch 2), which is no news to a CPU run.
+        log = logging.getLogger("torch.utils.cpp_extension")
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                from torch.utils import cpp_extension
+        finally:
+            log.setLevel(level)
+        csrc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+        version = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+        _extension = cpp_extension.load(
+            name=f"troupe_c10d_{version}", sources=[os.path.join(csrc, "c10d.cc")],
+            extra_include_paths=[csrc], extra_cflags=["-O2"], verbose=False)
+    return _extension
+
+
+def _backend():
+    """The C++ backend's module, or None where it is not used: TROUPE_TORCH_BACKEND=python asks
+    for the Python process group (ProcessGroupTroupe); a failed build falls back to it, saying
+    why once (that group lacks torch 2's functional collectives and DTensor)."""
+    global _extension_error
+    choice = os.environ.get("TROUPE_TORCH_BACKEND", "c++")
+    if choice not in ("c++", "python"):
+        raise ValueError(f"TROUPE_TORCH_BACKEND={choice!r}: c++ (the default) or python")
+    if choice == "python":
+        return None
+    if _extension is None and _extension_error is None:
+        try:
+            build()
+        except Exception as e:  # noqa: BLE001  (no compiler, no ninja, headers missing: said)
+            _extension_error = e
+            warnings.warn(f"troupe backend: its C++ backend could not be built against torch "
+                          f"{torch.__version__} ({str(e).splitlines()[0] if str(e) else e!r}); "
+                          "using the Python process group, which lacks torch 2's functional "
+                          "collectives (DTensor). TROUPE_TORCH_BACKEND=python says so silently.",
+                          RuntimeWarning, stacklevel=3)
+    return _extension
+
+
 def _create_process_group(store, rank, size, timeout):
-    return ProcessGroupTroupe(store, rank, size, timeout)
+    backend = _backend()
+    if backend is None:
+        return ProcessGroupTroupe(store, rank, size, timeout)
+    ring = _kv.create("ring", _ring_settings(store, rank, size, timeout))
+    _rings.append(ring)  # closed at exit (kv's atexit) if the group is not destroyed before
+    return backend.create(store, rank, size, timeout, ring._store)
 
 
 if "troupe" not in dist.Backend.__dict__ and not hasattr(dist.Backend, "TROUPE"):

@@ -8,12 +8,22 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_backend_worker.py")
-CHECKS = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
+COMMON = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
           "ok all_gather_into_tensor reduce_scatter_tensor avg", "ok alltoall", "ok send recv",
-          "refused: troupe backend: allreduce of a torch.float64 tensor",
-          "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM and AVG for now",
           "refused: troupe backend: recv from any source is not supported yet",
           "ok ddp relative difference"]
+# The C++ backend (csrc/c10d.cc, the default) and the Python process group
+# (TROUPE_TORCH_BACKEND=python).
+CHECKS = COMMON + [
+    "backend c++", "ok other reductions reduce gather scatter",
+    "refused: troupe backend: allreduce with ReduceOp.AVG of a Long tensor: AVG takes "
+    "floating-point tensors",
+    "refused: troupe backend: allreduce with ReduceOp.BAND of a Float tensor: the bitwise "
+    "reductions take integers and bools"]
+PYTHON_CHECKS = COMMON + [
+    "backend python",
+    "refused: troupe backend: allreduce of a torch.float64 tensor",
+    "refused: troupe backend: allreduce with ReduceOp.MAX: only ReduceOp.SUM and AVG for now"]
 
 
 def free_port():
@@ -54,6 +64,17 @@ def test_three_ranks_started_by_troupe_launch():
     assert r.returncode == 0, r.stdout
     for rank in range(3):
         for check in CHECKS:
+            assert f"[worker {rank}] {check}" in r.stdout, (check, r.stdout)
+
+
+def test_the_python_process_group_where_asked():
+    r = subprocess.run([os.environ.get("TROUPE", "troupe"), "launch", "-n", "2", "--",
+                        sys.executable, WORKER],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+                       env=dict(os.environ, TROUPE_TORCH_BACKEND="python"))
+    assert r.returncode == 0, r.stdout
+    for rank in range(2):
+        for check in PYTHON_CHECKS:
             assert f"[worker {rank}] {check}" in r.stdout, (check, r.stdout)
 
 

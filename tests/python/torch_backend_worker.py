@@ -129,9 +129,19 @@ def main():
     assert torch.equal(ours, want.to(torch.int32)), "recv of what the previous rank sent"
     print("ok send recv", flush=True)
 
-    for bad, call in ((torch.zeros(3, dtype=torch.float64), lambda t: dist.all_reduce(t)),
-                      (torch.zeros(3), lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX)),
-                      (torch.zeros(3), lambda t: dist.recv(t))):
+    if troupe.torch._backend() is not None:  # the C++ backend: every reduction, every dtype
+        print("backend c++", flush=True)
+        other_reductions(rank, world, gloo, g)
+        bad_calls = ((torch.zeros(3, dtype=torch.int64),
+                      lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG)),
+                     (torch.zeros(3), lambda t: dist.all_reduce(t, op=dist.ReduceOp.BAND)),
+                     (torch.zeros(3), lambda t: dist.recv(t)))
+    else:  # the Python process group (TROUPE_TORCH_BACKEND=python)
+        print("backend python", flush=True)
+        bad_calls = ((torch.zeros(3, dtype=torch.float64), lambda t: dist.all_reduce(t)),
+                     (torch.zeros(3), lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX)),
+                     (torch.zeros(3), lambda t: dist.recv(t)))
+    for bad, call in bad_calls:
         try:
             call(bad)
         except (TypeError, ValueError, RuntimeError, NotImplementedError) as e:
@@ -167,6 +177,53 @@ def main():
     assert worst <= bound, f"DDP: relative difference {worst} past {bound}"
     print(f"ok ddp relative difference {worst:.3g} (bound {bound:.3g})", flush=True)
     dist.destroy_process_group()
+
+
+def other_reductions(rank, world, gloo, g):
+    """The C++ backend's reductions past SUM and AVG, and of dtypes past float, its reduce,
+    gather and scatter, against gloo's."""
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8):
+        for op in ("SUM", "PRODUCT", "MIN", "MAX"):
+            x = (torch.randn(9, generator=g) * (3 if op == "PRODUCT" else 100)).to(dtype)
+            ours, theirs = x.clone(), x.clone()
+            dist.all_reduce(ours, op=getattr(dist.ReduceOp, op))
+            dist.all_reduce(theirs, op=getattr(dist.ReduceOp, op), group=gloo)
+            if dtype.is_floating_point and op in ("SUM", "PRODUCT"):
+                # Both take `world` terms in some order: a sum within 2 gamma(world - 1) sum|x|
+                # of the exact one, a product within 2 gamma(world - 1) |product| (Higham,
+                # Lemma 3.1 and 3.4), u of the dtype.
+                u = torch.finfo(dtype).eps / 2
+                gamma = (world - 1) * u / (1 - (world - 1) * u)
+                scale = x.abs().clone()
+                dist.all_reduce(scale, op=getattr(dist.ReduceOp, op), group=gloo)
+                assert ((ours - theirs).abs() <= 2 * gamma * scale.abs()).all(), (op, dtype)
+            else:  # integers wrap alike; MIN and MAX pick one of the values
+                assert torch.equal(ours, theirs), (op, dtype, ours, theirs)
+    for op in ("BAND", "BOR", "BXOR"):
+        x = torch.randint(0, 1 << 30, (6,), generator=g)
+        ours, theirs = x.clone(), x.clone()
+        dist.all_reduce(ours, op=getattr(dist.ReduceOp, op))
+        dist.all_reduce(theirs, op=getattr(dist.ReduceOp, op), group=gloo)
+        assert torch.equal(ours, theirs), op
+    for root in range(world):
+        x = torch.randint(-1000, 1000, (5,), generator=g)
+        ours, theirs = x.clone(), x.clone()
+        dist.reduce(ours, dst=root, op=dist.ReduceOp.MAX)
+        dist.reduce(theirs, dst=root, op=dist.ReduceOp.MAX, group=gloo)
+        if rank == root:
+            assert torch.equal(ours, theirs), "reduce"
+        ours = [torch.empty_like(x) for _ in range(world)] if rank == root else None
+        theirs = [torch.empty_like(x) for _ in range(world)] if rank == root else None
+        dist.gather(x, ours, dst=root)
+        dist.gather(x, theirs, dst=root, group=gloo)
+        if rank == root:
+            assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), "gather"
+        parts = [torch.randn(4, generator=g) for _ in range(world)]
+        ours, theirs = torch.empty(4), torch.empty(4)
+        dist.scatter(ours, parts if rank == root else None, src=root)
+        dist.scatter(theirs, parts if rank == root else None, src=root, group=gloo)
+        assert torch.equal(ours, theirs), "scatter"
+    print("ok other reductions reduce gather scatter", flush=True)
 
 
 if __name__ == "__main__":
