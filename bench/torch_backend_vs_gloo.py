@@ -109,6 +109,37 @@ def run_rank(a):
             times[name] = trained(model, sizes)
         rows.append((label, "steps/s", times, lambda s: f"{1 / s:.1f} steps/s", None))
 
+    functional = None  # torch 2's functional collectives on each backend: equal or not
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:  # torch 1
+        funcol = None
+    if funcol is not None:
+        def each(group):
+            g = torch.Generator().manual_seed(rank)
+            x = torch.randn(world * 1000 + 8 * world, generator=g)
+            try:
+                return [funcol.all_reduce(x, "sum", group).wait(),
+                        funcol.all_gather_tensor(x, 0, group).wait(),
+                        funcol.reduce_scatter_tensor(x, "sum", 0, group).wait(),
+                        funcol.all_to_all_single(x, None, None, group).wait(),
+                        funcol.broadcast(x, 1, group).wait()]
+            except (RuntimeError, NotImplementedError) as e:
+                return str(e).splitlines()[0]
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the older names, kept by torch 2.15
+            ours, theirs = each(groups["troupe"]), each(groups["gloo"])
+        if isinstance(ours, str):
+            functional = f"refused ({ours})"
+        else:  # sums of 2 terms are exact in either order; the rest move values as they are
+            same = all(torch.equal(a, b) for a, b in zip(ours, theirs))
+            functional = ("all_reduce, all_gather_tensor, reduce_scatter_tensor, "
+                          f"all_to_all_single, broadcast: {'equal' if same else 'NOT equal'} "
+                          "to gloo's")
+            if world > 2:
+                functional += " (sums of more than 2 terms may differ in their last bits)"
+
     fsdp_difference = None
     gathered = []  # how the FSDP weights were compared: "full_tensor" or "shards"
 
@@ -161,6 +192,8 @@ def run_rank(a):
             print(f"| {label} | {show(times['troupe'])} | {show(times['gloo'])} | {ratio:.2f} | "
                   f"{rate(times['troupe']) if rate else '-'} | "
                   f"{rate(times['gloo']) if rate else '-'} |", flush=True)
+        if functional is not None:
+            print(f"\nfunctional collectives: {functional}", flush=True)
         if fsdp_difference is not None:
             how = ("whole, by full_tensor()" if set(gathered) == {"full_tensor"}
                    else "shard by shard")
