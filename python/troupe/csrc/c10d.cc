@@ -213,6 +213,9 @@ class TroupeBackend : public Base {
       : Base(rank, size), store_(std::move(store)), timeout_(timeout) {
     ring_ = api()->store_of(kvstore.ptr());
     if (!ring_) throw py::error_already_set();
+    TORCH_CHECK_VALUE(api()->rank(ring_) == rank && api()->num_workers(ring_) == size,
+                      "troupe backend: a group's rank ", rank, " of ", size, " on a ring whose ",
+                      "rank is ", api()->rank(ring_), " of ", api()->num_workers(ring_));
     kvstore_ = kvstore.release().ptr();  // dropped, with the GIL, when the backend goes
     thread_ = std::thread([this] { serve(); });
   }
