@@ -231,6 +231,28 @@ TEST(MpiEnvironment, OpenMpisRankWinsOverTheSlurmStepItRunsIn) {
   EXPECT_EQ(o.rendezvous, "");  // mpirun names no node to meet on
 }
 
+// Under troupe launch, the launcher serves the rendezvous it names; a rendezvous given beside it
+// (a torch.distributed subgroup's ring: troupe.torch's settings) is served by its rank 0.
+TEST(ClusterEnvironmentPrecedence, ARendezvousOfItsOwnUnderTheLauncherIsServedByRankZero) {
+  ScopedEnv launchers("TROUPE_RENDEZVOUS", "tcp://127.0.0.1:4000");
+  ScopedEnv rank("TROUPE_RANK", "2");
+  ScopedEnv workers("TROUPE_NUM_WORKERS", "3");
+  ScopedEnv run_id("TROUPE_RUN_ID", "run-1");
+  const auto launched = loadTrainOptions("", {});
+  EXPECT_EQ(launched.rendezvous, "tcp://127.0.0.1:4000");
+  EXPECT_FALSE(launched.serve_store);  // the launcher's
+  const auto same = loadTrainOptions("", {{"rendezvous", "tcp://127.0.0.1:4000"}});
+  EXPECT_FALSE(same.serve_store);  // the launcher's, named again
+  const auto own = loadTrainOptions("", {{"rendezvous", "tcp://127.0.0.1:4100"},
+                                         {"shard_id", "0"},
+                                         {"num_shards", "2"},
+                                         {"run_id", "torch-sub"}});
+  EXPECT_EQ(own.rendezvous, "tcp://127.0.0.1:4100");
+  EXPECT_EQ(own.shard_id, 0);
+  EXPECT_EQ(own.num_shards, 2);
+  EXPECT_TRUE(own.serve_store);
+}
+
 // Through loadTrainOptions and the real environment: flag > TROUPE_* > SLURM_*.
 TEST(ClusterEnvironmentPrecedence, FlagsBeatTroupeVariablesWhichBeatSlurms) {
   std::vector<std::unique_ptr<ScopedEnv>> vars;

@@ -400,8 +400,10 @@ TrainOptions loadTrainOptions(const std::string& file, const ConfigOverrides& ov
   s.schedule_keys.schedule = o.schedule.name();
   if (o.schedule.nccl()) s.schedule_keys.reducer = "nccl";
   loadSecretFile(o, env);
-  // Started by hand (no launcher serving the store): rank 0 serves a tcp:// store itself.
-  o.serve_store = !env("TROUPE_RENDEZVOUS").has_value();
+  // Started by hand (no launcher serving the store), or given a rendezvous of its own beside the
+  // launcher's (a torch.distributed subgroup's ring): rank 0 serves a tcp:// store itself.
+  const auto launchers = env("TROUPE_RENDEZVOUS");
+  o.serve_store = !launchers || (flag_gives("rendezvous") && o.rendezvous != *launchers);
   checkRendezvous(o);
   // As given: lr_scaling's factor is applied after (docs/config.md).
   for (const auto& k : config::keys())

@@ -207,11 +207,26 @@ def _done(result=None):
     return _c10d._create_work_from_future(future)
 
 
+def _own_address():
+    """This host's address as the others see it: the one its packets to MASTER_ADDR leave from
+    (a UDP socket's connect sends nothing); 127.0.0.1 where the master is this host's loopback."""
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+            return s.getsockname()[0]
+        except OSError:  # no route to it: the name, as before
+            return master
+
+
 def _ring_settings(store, rank, size, timeout):
-    """troupe's placement of this rank: the launcher's, or one rank 0 serves (under torchrun);
-    waiting for the other ranks as long as init_process_group's timeout says."""
+    """troupe's placement of this rank: the launcher's for the world's group, else one the
+    group's rank 0 serves (the world's under torchrun; any subgroup, dist.new_group(ranks)):
+    on a free port at this host's address, told to the others through the group's own store.
+    Waiting for the other ranks as long as init_process_group's timeout says."""
     wait = {"rendezvous_timeout": str(timeout.total_seconds())}
-    if os.environ.get("TROUPE_RENDEZVOUS") or os.environ.get("TROUPE_RUN_ID"):
+    launched = os.environ.get("TROUPE_RENDEZVOUS") or os.environ.get("TROUPE_RUN_ID")
+    if launched and size == int(os.environ.get("WORLD_SIZE", size)):
         if int(os.environ.get("TROUPE_RANK", rank)) != rank:
             raise ValueError(f"troupe backend: rank {rank} given, but troupe launch placed this "
                              f"process as rank {os.environ['TROUPE_RANK']}")
@@ -220,8 +235,7 @@ def _ring_settings(store, rank, size, timeout):
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        store.set("troupe/rendezvous", f"tcp://{host}:{port}")
+        store.set("troupe/rendezvous", f"tcp://{_own_address()}:{port}")
     url = store.get("troupe/rendezvous").decode()
     run = "torch-" + "".join(c if c.isalnum() else "-" for c in url[len("tcp://"):])
     return {"rendezvous": url, "shard_id": rank, "num_shards": size, "run_id": run, **wait}

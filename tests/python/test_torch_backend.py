@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_backend_worker.py")
 COMMON = ["ok allreduce", "ok broadcast", "ok allgather", "ok reduce_scatter barrier",
           "ok all_gather_into_tensor reduce_scatter_tensor avg", "ok alltoall", "ok send recv",
-          "refused: troupe backend: recv from any source is not supported yet",
+          "ok subgroups", "refused: troupe backend: recv from any source is not supported yet",
           "ok ddp relative difference"]
 # The C++ backend (csrc/c10d.cc, the default) and the Python process group
 # (TROUPE_TORCH_BACKEND=python).

@@ -129,6 +129,19 @@ def main():
     assert torch.equal(ours, want.to(torch.int32)), "recv of what the previous rank sent"
     print("ok send recv", flush=True)
 
+    # Subgroups (dist.new_group(ranks), as DeviceMesh makes them): each its own ring, whose rank
+    # 0 serves its rendezvous; the even ranks' and the odd ranks' sums of small integers, exact.
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0], backend="troupe")
+    odds = dist.new_group([r for r in range(world) if r % 2 == 1], backend="troupe")
+    mine = torch.full((7,), float(rank + 1))
+    dist.all_reduce(mine, group=evens if rank % 2 == 0 else odds)
+    want = sum(r + 1 for r in range(world) if r % 2 == rank % 2)
+    assert torch.equal(mine, torch.full((7,), float(want))), f"subgroup sum {mine} for {want}"
+    everyone = torch.ones(3)
+    dist.all_reduce(everyone)  # the world's group goes on beside them
+    assert torch.equal(everyone, torch.full((3,), float(world))), "the world's sum after"
+    print("ok subgroups", flush=True)
+
     if troupe.torch._backend() is not None:  # the C++ backend: every reduction, every dtype
         print("backend c++", flush=True)
         other_reductions(rank, world, gloo, g)
