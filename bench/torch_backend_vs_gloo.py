@@ -132,13 +132,38 @@ def run_rank(a):
             ours, theirs = each(groups["troupe"]), each(groups["gloo"])
         if isinstance(ours, str):
             functional = f"refused ({ours})"
-        else:  # sums of 2 terms are exact in either order; the rest move values as they are
-            same = all(torch.equal(a, b) for a, b in zip(ours, theirs))
-            functional = ("all_reduce, all_gather_tensor, reduce_scatter_tensor, "
-                          f"all_to_all_single, broadcast: {'equal' if same else 'NOT equal'} "
-                          "to gloo's")
-            if world > 2:
-                functional += " (sums of more than 2 terms may differ in their last bits)"
+        else:
+            # The sums (all_reduce, reduce_scatter_tensor): two float32 sums of the same
+            # `world` terms in other orders, each within gamma(world - 1) sum|x| of the exact
+            # one (Higham, Lemma 3.1); equal where world is 2. The rest move values as they are.
+            u = 2.0 ** -24
+            gamma = (world - 1) * u / (1 - (world - 1) * u)
+            g = torch.Generator().manual_seed(rank)
+            magnitude = torch.randn(world * 1000 + 8 * world, generator=g).abs()
+            dist.all_reduce(magnitude, group=groups["gloo"])
+            bounds = [magnitude, None, magnitude.chunk(world)[rank], None, None]
+            good = [torch.equal(a, b) if m is None else
+                    bool(((a - b).abs() <= 2 * gamma * m).all())
+                    for a, b, m in zip(ours, theirs, bounds)]
+            functional = ("all_reduce and reduce_scatter_tensor within 2 gamma(world - 1) "
+                          "sum|x| of gloo's, all_gather_tensor, all_to_all_single and broadcast "
+                          f"equal to it: {'yes' if all(good) else 'NO'}")
+
+    mesh_check = None  # a 2-D DeviceMesh's DTensors (subgroups: one ring a row, one a column)
+    if funcol is not None and world >= 4 and world % 2 == 0:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+        t = torch.arange(8.0 * world).reshape(4 * world, 2)
+        try:
+            d = distribute_tensor(t, mesh, [Shard(0), Shard(1)])
+            moved = (d * 2).redistribute(mesh, [Replicate(), Shard(0)])
+            same = torch.equal(d.full_tensor(), t) and torch.equal(moved.full_tensor(), 2 * t)
+            back = "give the tensor back" if same else "DO NOT give it back"
+            mesh_check = (f"a (2, {world // 2}) mesh: distribute_tensor, redistribute and "
+                          f"full_tensor {back}")
+        except (RuntimeError, NotImplementedError) as e:  # the Python process group
+            mesh_check = f"refused ({str(e).splitlines()[0]})"
 
     fsdp_difference = None
     gathered = []  # how the FSDP weights were compared: "full_tensor" or "shards"
@@ -194,6 +219,8 @@ def run_rank(a):
                   f"{rate(times['gloo']) if rate else '-'} |", flush=True)
         if functional is not None:
             print(f"\nfunctional collectives: {functional}", flush=True)
+        if mesh_check is not None:
+            print(f"DeviceMesh: {mesh_check}", flush=True)
         if fsdp_difference is not None:
             how = ("whole, by full_tensor()" if set(gathered) == {"full_tensor"}
                    else "shard by shard")

@@ -14,6 +14,7 @@ servers started by `troupe launch -n W -s S -- python script.py`, or MXNet's DML
 store until every worker is done, then ends the process (MXNet's servers never return either).
 """
 import atexit
+import itertools
 import sys
 import weakref
 
@@ -222,13 +223,17 @@ class KVStore:
         self.close()
 
 
-# Stores still open at exit, closed then (before the interpreter tears the module down).
-_open = weakref.WeakSet()
+# Stores still open at exit, closed then (before the interpreter tears the module down), in the
+# order they were made: closing a store waits for its peers (a ring's members meet), and every
+# process made its stores in one order (torch.distributed's groups, say), so no two processes
+# wait for each other on two stores.
+_open = weakref.WeakValueDictionary()  # creation number -> store
+_made = itertools.count()
 
 
 @atexit.register
 def _close_open_stores():
-    for store in list(_open):
+    for _, store in sorted(_open.items(), key=lambda item: item[0]):
         store.close()
 
 
@@ -242,5 +247,5 @@ def create(name="local", settings=None):
         _troupe.run_server(name, settings)
         sys.exit(0)
     store = KVStore(_troupe.create(name, settings))
-    _open.add(store)
+    _open[next(_made)] = store
     return store

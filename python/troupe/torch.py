@@ -719,7 +719,7 @@ for _method, _what in (("recv_anysource", "recv from any source"), ("gather", "g
 
 _extension = None  # the built module, once loaded
 _extension_error = None  # why it could not be built, once tried
-_rings = []  # the C++ groups' ring stores
+_rings = []  # the C++ backends' ring stores (a backend holds its store, not the wrapper)
 
 
 def build():
@@ -777,7 +777,7 @@ def _create_process_group(store, rank, size, timeout):
     if backend is None:
         return ProcessGroupTroupe(store, rank, size, timeout)
     ring = _kv.create("ring", _ring_settings(store, rank, size, timeout))
-    _rings.append(ring)  # closed at exit (kv's atexit) if the group is not destroyed before
+    _rings.append(ring)  # open until exit, where kv closes every store in the order made
     return backend.create(store, rank, size, timeout, ring._store)
 
 

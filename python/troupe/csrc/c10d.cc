@@ -234,13 +234,12 @@ class TroupeBackend : public Base {
         thread_.join();
       }
     }
-    if (Py_IsInitialized()) {  // the ring's store is closed with the group
+    // The ring's store is closed at exit with troupe's other stores, in the order they were made
+    // (troupe/kv.py): a ring's close waits for its members, and groups go in an order of torch's
+    // and Python's own, which another rank need not share (two subgroups, each waiting on the
+    // other's close, would wait for each other).
+    if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
-      try {
-        py::handle(kvstore_).attr("close")();
-      } catch (py::error_already_set& e) {
-        e.discard_as_unraisable("troupe backend: closing its ring");
-      }
       Py_XDECREF(kvstore_);
     }
   }
