@@ -78,6 +78,29 @@ def test_the_python_process_group_where_asked():
             assert f"[worker {rank}] {check}" in r.stdout, (check, r.stdout)
 
 
+def test_four_ranks_sum_hundreds_of_megabytes_of_changing_sizes():
+    # 336 MB, 84 MB, 336 MB a rank, three times over: each collective's start sends a chunk for
+    # each of its segments (84) while the previous rank's arrive. With the ring member's mailbox
+    # of 64 chunks, a full one held up the transport thread that also writes the member's chunks,
+    # and the run failed now and then, 30 s later ("its mailbox stayed full"). Values: small
+    # integers, summed exactly.
+    program = troupe_program(
+        60, "torch.set_num_threads(1)",
+        "r, w = dist.get_rank(), dist.get_world_size()",
+        "for n in (84_000_000, 21_000_000) * 3:",
+        "    t = torch.full((n,), float(r + 1))",
+        "    dist.all_reduce(t)",
+        "    assert bool((t == w * (w + 1) / 2).all()), (n, t[:4])",
+        "    del t",
+        "print('summed every size', flush=True)")
+    r = subprocess.run([os.environ.get("TROUPE", "troupe"), "launch", "-n", "4", "--",
+                        sys.executable, "-c", program],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout
+    for rank in range(4):
+        assert f"[worker {rank}] summed every size" in r.stdout, r.stdout
+
+
 def test_two_ranks_placed_by_torchruns_variables():
     # What torchrun gives each rank (its launcher itself fails under Debian's Python 3.11).
     codes, outs = torchrun_ranks([WORKER])
