@@ -14,6 +14,10 @@ torchvision, installed if missing) with build/python on its path.
 
     flock /tmp/troupe-build.lock ninja -C build -j2   # build/bin/troupe and build/python
     sudo python3 bench/ddp_resnet18_hosts.py [--hosts 2,4] [--rates 1gbit,10gbit] [--steps 30]
+    sudo python3 bench/ddp_resnet18_hosts.py --hosts 2 --rates 1gbit \
+        --backends gloo,troupe,gloo:powersgd,troupe:2bit     # the hooks, side by side
+
+"/ gloo" is a row's images/s over gloo's (DDP's own allreduce) on the same hosts and egress.
 """
 import argparse
 import os
@@ -44,18 +48,20 @@ def ensure_torchvision():
     return r.stdout.strip()
 
 
-def run(a, hosts, world, backend, k):
-    """(images/s, train loss, test accuracy) of one run on hosts 0 .. world-1."""
-    logs = [os.path.join(hosts.shared, f"resnet18-{backend}-{world}-{k}-{r}.log")
+def run(a, hosts, world, config, k):
+    """(images/s, train loss, test accuracy) of one run on hosts 0 .. world-1; config: BACKEND,
+    or BACKEND:HOOK (the example's --hook: 2bit, fp16, bf16, powersgd)."""
+    backend, _, hook = config.partition(":")
+    logs = [os.path.join(hosts.shared, f"resnet18-{backend}-{hook or 'none'}-{world}-{k}-{r}.log")
             for r in range(world)]
-    cmd = [VENV_PY, EXAMPLE, "--backend", backend, "--steps", str(a.steps),
-           "--batch-size", str(a.batch_size), "--test-images", str(a.test_images)]
-    run_ranks(hosts, world, cmd, logs, 29500 + k % 400, what=f"{backend} on {world} hosts")
+    cmd = [VENV_PY, EXAMPLE, "--backend", backend, "--hook", hook or "none", "--steps",
+           str(a.steps), "--batch-size", str(a.batch_size), "--test-images", str(a.test_images)]
+    run_ranks(hosts, world, cmd, logs, 29500 + k % 400, what=f"{config} on {world} hosts")
     with open(logs[0]) as f:
         text = f.read()
     m = EPOCH.search(text)
     if not m:
-        raise ToolError(f"{backend} on {world} hosts: no 'epoch 1:' line:\n{text[-3000:]}")
+        raise ToolError(f"{config} on {world} hosts: no 'epoch 1:' line:\n{text[-3000:]}")
     return float(m.group(3)), float(m.group(1)), float(m.group(2))
 
 
@@ -63,7 +69,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", default="2,4", help="host counts, a rank each")
     ap.add_argument("--rates", default="1gbit,10gbit", help="each host's egress (tc tbf)")
-    ap.add_argument("--backends", default="gloo,troupe")
+    ap.add_argument("--backends", default="gloo,troupe",
+                    help="BACKEND or BACKEND:HOOK, comma-separated: gloo:powersgd,troupe:2bit "
+                    "compares troupe's 2-bit hook with PyTorch's PowerSGD")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32, help="a rank's")
     ap.add_argument("--test-images", type=int, default=2000)
@@ -110,7 +118,7 @@ def main():
           f"rank, SGD; one rank a namespace host, 1 thread a rank; torch {torch_version}, "
           f"torchvision {vision_version}; {os.cpu_count()} CPUs; median over {a.rounds} "
           f"round(s)\n")
-    print("| egress | hosts | backend | images/s | steps/s | troupe / gloo | train loss | "
+    print("| egress | hosts | backend | images/s | steps/s | / gloo | train loss | "
           "test accuracy |")
     print("|---|---|---|---|---|---|---|---|")
     for rate in rates:

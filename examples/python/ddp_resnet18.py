@@ -4,6 +4,7 @@ backend, on Fashion-MNIST, written as for any backend; `import troupe.torch` mak
 
     troupe launch -n 2 -- python3 examples/python/ddp_resnet18.py              # backend troupe
     troupe launch -n 2 -- python3 examples/python/ddp_resnet18.py --backend gloo
+    troupe launch -n 2 -- python3 examples/python/ddp_resnet18.py --hook 2bit  # troupe.hooks
 
 The model is torchvision.models.resnet18(num_classes=10) as it is: each 28x28 grey image goes in
 as three equal channels, and its adaptive pooling takes the small maps. DDP sums the gradient
@@ -25,6 +26,7 @@ import torch.distributed as dist
 import torchvision
 
 import troupe.torch  # noqa: F401  (registers the "troupe" backend)
+from ddp_gpt import register_hook  # the GPT example's --hook, beside this file
 from kv_mlp import add_training_flags, load, print_epoch  # the numpy MLP beside this file
 
 
@@ -44,6 +46,11 @@ def digest(model):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="troupe", help="troupe, or gloo to compare")
+    ap.add_argument("--hook", default="none", choices=["2bit", "fp16", "bf16", "powersgd", "none"],
+                    help="DDP's communication hook, as examples/python/ddp_gpt.py's (none: DDP's "
+                    "own allreduce of float32)")
+    ap.add_argument("--threshold", type=float, default=0.05, help="2bit's threshold")
+    ap.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's matrix rank")
     add_training_flags(ap)
     ap.add_argument("--steps", type=int, default=0,
                     help="steps an epoch (0: the whole training set's)")
@@ -56,6 +63,7 @@ def main():
     torch.set_num_threads(1)  # the ranks share the machine's cores
     torch.manual_seed(1)
     model = torch.nn.parallel.DistributedDataParallel(torchvision.models.resnet18(num_classes=10))
+    register_hook(model, a)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.wd)
     train_x, train_y = (torch.from_numpy(t) for t in load(a.data_dir, "train"))
     test_x, test_y = (torch.from_numpy(t)[:a.test_images] for t in load(a.data_dir, "t10k"))
@@ -82,7 +90,8 @@ def main():
                                        for x in test_x.split(500)])
             accuracy = (predicted == test_y).float().mean().item()
             print_epoch(epoch, loss_sum / steps, accuracy, steps * a.batch_size * world, seconds,
-                        f"{world} rank(s), {a.backend}")
+                        f"{world} rank(s), {a.backend}" +
+                        (f", hook {a.hook}" if a.hook != "none" else ""))
     if rank == 0:
         print(f"digest {digest(model.module)} ({a.backend})", flush=True)
     dist.destroy_process_group()
