@@ -222,7 +222,7 @@ def _own_address():
 def _ring_settings(store, rank, size, timeout):
     """troupe's placement of this rank: the launcher's for the world's group, else one the
     group's rank 0 serves (the world's under torchrun; any subgroup, dist.new_group(ranks)):
-    on a free port at this host's address, told to the others through the group's own store.
+    on a free port of its host, told to the others through the group's own store.
     Waiting for the other ranks as long as init_process_group's timeout says."""
     wait = {"rendezvous_timeout": str(timeout.total_seconds())}
     launched = os.environ.get("TROUPE_RENDEZVOUS") or os.environ.get("TROUPE_RUN_ID")
@@ -235,7 +235,12 @@ def _ring_settings(store, rank, size, timeout):
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        store.set("troupe/rendezvous", f"tcp://{_own_address()}:{port}")
+        # The world's rank 0 runs on MASTER_ADDR's host (torchrun's rule), named as the others
+        # reach it; a subgroup's rank 0 may run elsewhere.
+        master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        world = size == int(os.environ.get("WORLD_SIZE", size))
+        host = master if world or os.environ.get("RANK", "0") == "0" else _own_address()
+        store.set("troupe/rendezvous", f"tcp://{host}:{port}")
     url = store.get("troupe/rendezvous").decode()
     run = "torch-" + "".join(c if c.isalnum() else "-" for c in url[len("tcp://"):])
     return {"rendezvous": url, "shard_id": rank, "num_shards": size, "run_id": run, **wait}
