@@ -226,7 +226,8 @@ def _ring_settings(store, rank, size, timeout):
     Waiting for the other ranks as long as init_process_group's timeout says."""
     wait = {"rendezvous_timeout": str(timeout.total_seconds())}
     launched = os.environ.get("TROUPE_RENDEZVOUS") or os.environ.get("TROUPE_RUN_ID")
-    if launched and size == int(os.environ.get("WORLD_SIZE", size)):
+    world = size == int(os.environ.get("WORLD_SIZE", size))  # the world's group, not a subgroup
+    if launched and world:
         if int(os.environ.get("TROUPE_RANK", rank)) != rank:
             raise ValueError(f"troupe backend: rank {rank} given, but troupe launch placed this "
                              f"process as rank {os.environ['TROUPE_RANK']}")
@@ -238,7 +239,6 @@ def _ring_settings(store, rank, size, timeout):
         # The world's rank 0 runs on MASTER_ADDR's host (torchrun's rule), named as the others
         # reach it; a subgroup's rank 0 may run elsewhere.
         master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        world = size == int(os.environ.get("WORLD_SIZE", size))
         host = master if world or os.environ.get("RANK", "0") == "0" else _own_address()
         store.set("troupe/rendezvous", f"tcp://{host}:{port}")
     url = store.get("troupe/rendezvous").decode()
