@@ -1,11 +1,14 @@
 #include "kernels/tensor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "kernels/host_memory.h"
@@ -107,10 +110,27 @@ Tensor::Tensor(std::shared_ptr<void> storage, void* data, Shape shape, DType dty
 
 namespace {
 
-std::atomic<std::int64_t> host_in_use{0}, host_peak{0};
+std::atomic<std::int64_t> host_in_use{0}, host_peak{0}, host_limit{0};
+// HostTensorMemory::setLimit's `named`; read only when an allocation fails, so rarely written.
+std::mutex limit_mu;
+std::string limit_named;
 
-void countHostBytes(std::int64_t bytes) {
+// Counts `bytes` more of the host's tensors (a tensor of `shape`), or throws ResourceError when
+// they would pass the limit, counting nothing.
+void countHostBytes(std::int64_t bytes, const Shape& shape) {
   const std::int64_t now = host_in_use.fetch_add(bytes) + bytes;
+  if (const std::int64_t limit = host_limit.load(); limit > 0 && now > limit) {
+    host_in_use.fetch_sub(bytes);
+    std::string named;
+    {
+      std::lock_guard lock(limit_mu);
+      named = limit_named;
+    }
+    throw ResourceError(fmt::format(
+        "this process's tensors would hold {} bytes ({:.1f} MiB) with a tensor of shape {} ({} "
+        "bytes), more than {}",
+        now, static_cast<double>(now) / (1 << 20), toString(shape), bytes, named));
+  }
   std::int64_t peak = host_peak.load();
   while (now > peak && !host_peak.compare_exchange_weak(peak, now)) {
   }
@@ -127,12 +147,19 @@ std::int64_t HostTensorMemory::peak() {
 void HostTensorMemory::resetPeak() {
   host_peak.store(host_in_use.load());
 }
+void HostTensorMemory::setLimit(std::int64_t bytes, std::string named) {
+  {
+    std::lock_guard lock(limit_mu);
+    limit_named = std::move(named);
+  }
+  host_limit.store(std::max<std::int64_t>(bytes, 0));
+}
 
 Tensor Tensor::hostUninitialized(Shape shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(numelOf(shape)) * sizeOf(dtype);
   const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
   const auto counted = static_cast<std::int64_t>(rounded);
-  countHostBytes(counted);
+  countHostBytes(counted, shape);
   void* p = std::aligned_alloc(64, rounded);
   if (!p) {
     host_in_use.fetch_sub(counted);

@@ -57,6 +57,32 @@ TEST(Tensor, HostTensorMemoryCountsEachStorageWhileItLives) {
   EXPECT_EQ(HostTensorMemory::peak(), before);
 }
 
+// setLimit: an allocation past the limit fails, naming the tensor, the bytes in use with it and
+// the setting, and counts nothing; others go on; limit 0 lifts it.
+TEST(Tensor, AnAllocationPastTheHostTensorLimitIsAResourceErrorAndCountsNothing) {
+  const std::int64_t before = HostTensorMemory::inUse();
+  HostTensorMemory::setLimit(before + 8192, "max_memory X (test)");
+  const Tensor a = Tensor::host({1000});  // 4032 counted: within
+  try {
+    Tensor::host({2, 1000});  // 8000 more: 12032 past `before`
+    FAIL() << "an allocation past the limit was made";
+  } catch (const ResourceError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("would hold " + std::to_string(before + 4032 + 8000) + " bytes"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("a tensor of shape [2,1000] (8000 bytes)"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("more than max_memory X (test)"), std::string::npos) << message;
+  }
+  EXPECT_EQ(HostTensorMemory::inUse(), before + 4032);
+  const Tensor b = Tensor::host({1000});  // within it: 8064 of 8192
+  EXPECT_EQ(HostTensorMemory::inUse(), before + 8064);
+  HostTensorMemory::setLimit(0, "");
+  const Tensor c = Tensor::host({2, 1000});
+  EXPECT_EQ(HostTensorMemory::inUse(), before + 8064 + 8000);
+}
+
 TEST(Tensor, ViewKeepsElementCount) {
   auto t = Tensor::host({2, 3});
   EXPECT_EQ(t.view({6}).numel(), 6);

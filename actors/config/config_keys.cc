@@ -327,7 +327,8 @@ std::vector<Key> buildTable() {
       Key{"max_memory", Kind::kString, kNotNumeric,
           "bytes a process may hold for its model (a worker: weights, gradients, optimizer state "
           "unless parameter servers hold it, activations; a server: its keys' weights, state "
-          "and pushes), as 512M, 16G or 1.5GiB; a run that needs more is refused (0: no limit)",
+          "and pushes), as 512M, 16G or 1.5GiB; a run that needs more is refused before it "
+          "starts, and an allocation of its tensors past it fails (0: no limit)",
           [](Settings& s, const Value& v) {
             try {
               s.options.max_memory = parseBytes(asString(v));

@@ -432,6 +432,26 @@ void logMemoryPeak(const TrainOptions& o, std::int64_t estimate) {
       memorySize(static_cast<double>(o.max_memory)));
 }
 
+// With max_memory: this process's tensors held to it while the run's process lasts
+// (HostTensorMemory::setLimit), so that an estimate that admitted a run short of what it holds
+// stops it by an error naming the tensor, not by the host's out-of-memory killer.
+class MemoryLimit {
+ public:
+  MemoryLimit(const TrainOptions& o, std::int64_t estimate) {
+    if (o.max_memory <= 0) return;
+    kernels::HostTensorMemory::setLimit(
+        o.max_memory,
+        fmt::format("max_memory {} ({}), which this process's estimate of {} bytes ({}) admitted: "
+                    "troupe's estimate counted short (please report it with this command; a "
+                    "larger max_memory lets the run go on)",
+                    o.max_memory, memorySize(static_cast<double>(o.max_memory)), estimate,
+                    memorySize(static_cast<double>(estimate))));
+  }
+  ~MemoryLimit() { kernels::HostTensorMemory::setLimit(0, ""); }
+  MemoryLimit(const MemoryLimit&) = delete;
+  MemoryLimit& operator=(const MemoryLimit&) = delete;
+};
+
 // One process of the run, in stages: plan (planProcess), the server's run or the worker's
 // log and spawn (spawnWorker), rendezvous (joinRun), run, finish. With `role`, one generation of
 // an elastic run.
@@ -449,6 +469,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   const std::string& resumed_from = p.resumed_from;
 
   kernels::HostTensorMemory::resetPeak();  // the peak of the run's tensors, from here
+  const MemoryLimit limit(o, p.memory_estimate);
   const auto members = std::make_shared<RunMembers>(p.workers, o.num_servers);
   if (p.server) {
     TrainResult served = runServer(o, rank, nodes, p.plan, p.lr, p.optimizer, p.num_params,
