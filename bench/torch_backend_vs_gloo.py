@@ -7,6 +7,7 @@ default group and a gloo group, and times the same work on each, alternating.
               and the ring's algorithm bandwidth (bytes / time).
   all_gather: dist.all_gather of 1 MB and 25 MB in all (each rank's part 1/P of it), likewise;
               and dist.all_gather_into_tensor (FSDP's: into one tensor) of 25 MB.
+  broadcast:  dist.broadcast of 25 MB from rank 0 (DDP's model at its start), likewise.
   DDP:        an MLP (784-512-512-10, 0.7M parameters: compute-bound) and a wide one (1024-4096-
               4096-10, 21M parameters, 84 MB of gradients: communication-bound), batch 32 a rank,
               1 thread a rank, SGD; steps/s after 3 warm-up steps.
@@ -57,6 +58,14 @@ def run_rank(a):
             times[name] = timed(lambda g=group: dist.all_reduce(t, group=g), a.rounds)
         rows.append((f"allreduce {mb} MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
                      lambda s, mb=mb: f"{mb / s:.0f} MB/s"))
+
+    t = torch.ones(25 * (1 << 20) // 4)  # DDP's first step broadcasts the model from rank 0
+    times = {}
+    for name, group in groups.items():
+        dist.broadcast(t, src=0, group=group)
+        times[name] = timed(lambda g=group: dist.broadcast(t, src=0, group=g), a.rounds)
+    rows.append(("broadcast 25 MB", "s", times, lambda s: f"{s * 1e3:.2f} ms",
+                 lambda s: f"{25 / s:.0f} MB/s"))
 
     world = dist.get_world_size()
     for mb in (1, 25):  # what every rank ends with: its part is 1/world of it

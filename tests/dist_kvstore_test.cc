@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -108,6 +109,9 @@ TEST(KVStoreDistSync, Worker0sInitWinsAndAPullAfterThePushesReadsTheirSumThenThe
     EXPECT_NE(no_collectives.message().find("a dist_sync store has no collectives"),
               std::string::npos)
         << no_collectives.message();
+    EXPECT_EQ(kv.broadcast(all, 0).message(),
+              "broadcast: a dist_sync store has no collectives: the ring store's (type 'ring') "
+              "run them without servers");
     // Several arrays pushed together are summed first, as from several devices.
     const std::vector<float> a{1, 1, 1}, b{1, 1, 1};
     ASSERT_TRUE(kv.push(7, {a, b}));
@@ -421,6 +425,78 @@ TEST(KVStoreRing, CollectivesAllgatherReduceScatterAndAllreduceOverThreeWorkers)
   EXPECT_TRUE(served) << served.message();
 }
 
+// The ring store's broadcast from each root of 3 workers, bit for bit: its values carry -0.0, NaNs
+// with payloads and subnormals (which a sum with zeros would change), in sizes from none to
+// several segments of the ring (1048575 values for 3 workers); the others' buffers are
+// overwritten where they lie. A root that is no worker is refused by name.
+TEST(KVStoreRing, BroadcastFromEachRootIsItsValuesBitForBit) {
+  const Status served = runWorld(
+      "ring", "kv-ring-broadcast",
+      [](KVStore& kv) {
+        const int me = kv.rank();
+        // Root r's value i: bits that no float sum keeps, unlike every other worker's.
+        const auto bits = [](int r, std::size_t i) {
+          const std::uint32_t patterns[] = {0x80000000u, 0x7fc01234u, 0xffa00001u, 0x00000003u};
+          return i % 5 == 4 ? static_cast<std::uint32_t>(r * 7919 + i) : patterns[i % 5];
+        };
+        for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{2500003}}) {
+          for (int root = 0; root < 3; ++root) {
+            std::vector<float> values(n);
+            for (std::size_t i = 0; i < n; ++i)
+              values[i] = std::bit_cast<float>(me == root ? bits(root, i) : bits(me + 10, i + 1));
+            ASSERT_TRUE(kv.broadcast(values, root));
+            for (std::size_t i = 0; i < n; ++i) {
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(values[i]), bits(root, i))
+                  << "broadcast of " << n << " from " << root << ": value " << i;
+            }
+          }
+        }
+        std::vector<float> values(4);
+        const Status refused = kv.broadcast(values, 3);
+        EXPECT_EQ(refused.kind(), ErrorKind::kInput);
+        EXPECT_EQ(refused.message(), "broadcast: root 3 is no worker (there are 3: 0 to 2)");
+        ASSERT_TRUE(kv.barrier());
+      },
+      "", 0, {}, 3);
+  EXPECT_TRUE(served) << served.message();
+}
+
+// Two workers whose broadcasts name different roots fail at once (else each would wait for the
+// chunks of a root that sends none): a worker that gets the other's chunk names both roots; the
+// other may instead see that worker's link close first, and says so.
+TEST(KVStoreRing, BroadcastsThatNameDifferentRootsFailNamingBoth) {
+  std::vector<Status> failed(2);
+  std::vector<std::chrono::steady_clock::duration> took(2);
+  const Status served = runWorld(
+      "ring", "kv-ring-broadcast-roots",
+      [&](KVStore& kv) {
+        const auto started = std::chrono::steady_clock::now();
+        std::vector<float> values(10, 1.0f);
+        const auto me = static_cast<std::size_t>(kv.rank());
+        failed[me] = kv.broadcast(values, kv.rank());
+        took[me] = std::chrono::steady_clock::now() - started;
+      },
+      "", 0);
+  EXPECT_TRUE(served) << served.message();
+  const std::string named =
+      "kvstore: broadcast 0: worker 0 broadcasts from root 0, worker 1 from root 1: every worker "
+      "must name the same root";
+  int naming = 0;
+  for (std::size_t w = 0; w < 2; ++w) {
+    ASSERT_FALSE(failed[w]) << "worker " << w;
+    EXPECT_LT(took[w], 10s) << "worker " << w;  // peer_timeout is 20 s
+    if (failed[w].message().find(named) != std::string::npos) {
+      EXPECT_EQ(failed[w].kind(), ErrorKind::kInput);
+      ++naming;
+    } else {
+      EXPECT_NE(failed[w].message().find("lost the link to worker " + std::to_string(1 - w)),
+                std::string::npos)
+          << failed[w].message();
+    }
+  }
+  EXPECT_GE(naming, 1);
+}
+
 TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
   auto kv = KVStore::create("ring", {{"num_shards", "1"}});
   ASSERT_TRUE(kv) << kv.status().message();
@@ -435,6 +511,11 @@ TEST(KVStoreRing, OneProcessAloneIsARingOfOne) {
   std::vector<float> part(2);
   ASSERT_TRUE(kv.value()->allgather(std::vector<float>{7, 9}, std::vector<std::span<float>>{part}));
   EXPECT_EQ(part, (std::vector<float>{7, 9}));
+  std::vector<float> values{4, 6};
+  ASSERT_TRUE(kv.value()->broadcast(values, 0));
+  EXPECT_EQ(values, (std::vector<float>{4, 6}));
+  EXPECT_EQ(kv.value()->broadcast(values, 1).message(),
+            "broadcast: root 1 is no worker (there are 1: 0 to 0)");
   auto with_servers = KVStore::create(
       "ring", {{"num_servers", "1"}, {"rendezvous", "tcp://127.0.0.1:1"}, {"run_id", "r"}});
   ASSERT_FALSE(with_servers);

@@ -375,6 +375,12 @@ Status partSizes(const char* what, const std::vector<std::span<float>>& parts, s
   return {};
 }
 
+Status rootOf(const char* what, int root, int workers) {
+  if (0 <= root && root < workers) return {};
+  return inputError(fmt::format("{}: root {} is no worker (there are {}: 0 to {})", what, root,
+                                workers, workers - 1));
+}
+
 }  // namespace actors
 
 Status KVStore::push(const std::vector<int>& keys,
@@ -419,6 +425,12 @@ Status noCollectives(const char* what, const std::string& type) {
 // The collectives of a store of one worker (copies); the stores of several override them.
 Status KVStore::allreduce(std::span<float>) {
   if (numWorkers() != 1) return noCollectives("allreduce", type());
+  return {};
+}
+
+Status KVStore::broadcast(std::span<float>, int root) {
+  if (Status s = actors::rootOf("broadcast", root, numWorkers()); !s) return s;
+  if (numWorkers() != 1) return noCollectives("broadcast", type());
   return {};
 }
 

@@ -80,5 +80,7 @@ Status collectiveSizes(const char* what, std::size_t all, std::size_t mine, int 
 // The same for a collective's `parts`, one array a worker.
 Status partSizes(const char* what, const std::vector<std::span<float>>& parts, std::size_t mine,
                  int workers);
+// A collective's root (KVStore::broadcast): one of the workers, else kInput naming it.
+Status rootOf(const char* what, int root, int workers);
 
 }  // namespace troupe::actors

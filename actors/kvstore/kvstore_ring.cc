@@ -3,9 +3,10 @@
 // bsp-allreduce` uses (actors/roles/ring_allreduce.h: every worker ends with bitwise the same sum),
 // and each worker applies it to its own copy with the same optimizer, so the copies stay equal. A
 // worker's actor (RingMember) holds its place in the ring; the caller's thread hands it the sums
-// and waits for them when it pulls. Two more rings run the store's allgather and reduceScatter:
-// each part goes once around (the second half of an allreduce, or its first), in segments as the
-// sums' so that the links stay busy.
+// and waits for them when it pulls. More rings run the store's collectives: allgather and
+// reduceScatter move each part once around (the second half of an allreduce, or its first), and
+// broadcast passes the root's values along the ring from it, each in segments as the sums' so
+// that the links stay busy.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -50,9 +51,17 @@ constexpr std::int64_t kSegment = std::int64_t{1} << 20;
 constexpr std::size_t kMemberMailbox = 4096;
 
 // A RingMember's rings (RingChunk::ring): the keys' sums, then the collectives: allgathers,
-// reduce-scatters, allreduces (each numbered apart).
-constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2, kAllreduceRing = 3;
-constexpr int kCollectives = 3;
+// reduce-scatters, allreduces, broadcasts (each numbered apart).
+constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2, kAllreduceRing = 3,
+                       kBroadcastRing = 4;
+constexpr int kCollectives = 4;
+
+// The broadcast ring is an all-gather whose worker w owns the shard [w K, (w + 1) K) of a space
+// of world K elements (RingAllreduce's shards): a broadcast from root r is its work at base r K,
+// of which r's shard holds every value and each other worker's shard none, so that only the
+// root's chunks carry values, each passed on by every worker but the one before the root. K
+// bounds a broadcast's size (4 TiB of floats).
+constexpr std::int64_t kBroadcastShard = std::int64_t{1} << 40;
 
 // Where each worker's part of a collective of `n` values a worker lies in the ring's buffer of
 // world * n: segments of `segment` (a multiple of world) each give every worker one chunk,
@@ -76,10 +85,12 @@ struct RingStart {
   kernels::Tensor values;
 };
 // Caller -> its RingMember (in-process): the collective of ring `ring` numbered `step` (the
-// store's allgathers, reduce-scatters and allreduces, each counted apart), on `values` in place.
+// store's allgathers, reduce-scatters, allreduces and broadcasts, each counted apart), on
+// `values` in place, at `base` of the ring's space (a broadcast's root's shard; else 0).
 struct RingCollective {
   std::uint8_t ring = kGatherRing;
   std::int64_t step = 0;
+  std::int64_t base = 0;
   kernels::Tensor values;
 };
 // Caller -> its RingMember (in-process): rings from now on encode their chunks so.
@@ -113,8 +124,9 @@ class RingMember final : public Actor {
       ring_->start(s.step, s.base, s.values);
     });
     on<RingCollective>([this](RingCollective& c) {
-      if (world_ == 1) return finished(c.ring, c.step, 0);
-      collectives_[c.ring - 1]->start(c.step, 0, c.values);
+      if (world_ == 1) return finished(c.ring, c.step, c.base);
+      if (c.ring == kBroadcastRing) sameRoot(c.step, c.base, rank_);
+      collectives_[c.ring - 1]->start(c.step, c.base, c.values);
     });
     on<RingChunk>([this](RingChunk& c) {
       if (c.ring == kSumRing) return ring_->receive(std::move(c));
@@ -123,6 +135,7 @@ class RingMember final : public Actor {
             "kvstore: worker {} got a chunk of ring {}, which the ring store does not run", rank_,
             c.ring));
       }
+      if (c.ring == kBroadcastRing) sameRoot(c.step, c.bucket, (rank_ + world_ - 1) % world_);
       collectives_[c.ring - 1]->receive(std::move(c));
     });
     on<RingCompression>([this](RingCompression& c) { build(c.spec); });
@@ -137,10 +150,16 @@ class RingMember final : public Actor {
     // needed: forwarder); an allreduce overwrites its partial sums.
     const std::pair<std::uint8_t, Mode> rings[kCollectives] = {{kGatherRing, Mode::kAllGather},
                                                                {kScatterRing, Mode::kReduceScatter},
-                                                               {kAllreduceRing, Mode::kAllreduce}};
+                                                               {kAllreduceRing, Mode::kAllreduce},
+                                                               {kBroadcastRing, Mode::kAllGather}};
+    RingAllreduce::Shards broadcast_shards;
+    for (std::int64_t w = 0; w < world_; ++w)
+      broadcast_shards.emplace_back(w * kBroadcastShard, (w + 1) * kBroadcastShard);
     for (const auto& [ring, mode] : rings) {
-      collectives_[ring - 1].emplace(rank_, world_, collectiveSegment(world_), forwarder(),
-                                     doneOn(ring), kernels::CompressionSpec{}, mode, ring);
+      collectives_[ring - 1].emplace(
+          rank_, world_, collectiveSegment(world_), forwarder(), doneOn(ring),
+          kernels::CompressionSpec{}, mode, ring,
+          ring == kBroadcastRing ? broadcast_shards : RingAllreduce::Shards{});
     }
   }
 
@@ -192,7 +211,25 @@ class RingMember final : public Actor {
     };
   }
 
+  // A broadcast's root, as the work's base says it (kBroadcastShard), where `worker` (this one's,
+  // or the previous one's whose chunk came) puts it: InputError naming both roots when another
+  // worker's broadcast of the same number said another one (which would wait for chunks that
+  // never come).
+  void sameRoot(std::int64_t step, std::int64_t base, int worker) {
+    const auto [it, first] = roots_.try_emplace(step, base, worker);
+    if (first || it->second.first == base) return;
+    // By worker, so that both workers name them alike.
+    std::pair<int, std::int64_t> one{it->second.second, it->second.first / kBroadcastShard},
+        other{worker, base / kBroadcastShard};
+    if (other < one) std::swap(one, other);
+    throw InputError(fmt::format(
+        "kvstore: broadcast {}: worker {} broadcasts from root {}, worker {} from root {}: every "
+        "worker must name the same root",
+        step, one.first, one.second, other.first, other.second));
+  }
+
   void finished(std::uint8_t ring, std::int64_t step, std::int64_t base) {
+    if (ring == kBroadcastRing) roots_.erase(step);
     const RingDone::Work work{ring, step, base};
     if (unwritten_.count(work) > 0) {  // its chunks' memory is still the transport's
       ring_done_.insert(work);
@@ -216,6 +253,9 @@ class RingMember final : public Actor {
   // the works whose ring is done that wait for them.
   std::map<RingDone::Work, int> unwritten_;
   std::set<RingDone::Work> ring_done_;
+  // The broadcasts in flight: by number, their base (the root's shard) and the worker that first
+  // said it (sameRoot).
+  std::map<std::int64_t, std::pair<std::int64_t, int>> roots_;
 };
 
 class RingKVStore final : public KVStore {
@@ -393,6 +433,21 @@ class RingKVStore final : public KVStore {
     return runCollective(kAllreduceRing, in_place, "allreduce");
   }
 
+  // In place: the root's chunks go out from its memory, the others' are written where they lie.
+  Status broadcast(std::span<float> values, int root) override {
+    if (Status s = rootOf("broadcast", root, world_); !s) return s;
+    const auto n = static_cast<std::int64_t>(values.size());
+    if (n >= kBroadcastShard) {
+      return inputError(fmt::format("broadcast: {} values, more than the ring's {} at once", n,
+                                    kBroadcastShard - 1));
+    }
+    std::lock_guard lock(mu_);
+    if (Status s = failure(); !s) return s;
+    const kernels::Tensor in_place(std::shared_ptr<void>(values.data(), [](void*) {}),
+                                   values.data(), {n}, kernels::DType::kFloat32, kernels::Device{});
+    return runCollective(kBroadcastRing, in_place, "broadcast", root * kBroadcastShard);
+  }
+
   using KVStore::allgather;
   Status allgather(std::span<const float> mine,
                    const std::vector<std::span<float>>& parts) override {
@@ -512,11 +567,12 @@ class RingKVStore final : public KVStore {
     return {};
   }
 
-  // Runs collective `ring` on `values`, the next of its number.
-  Status runCollective(std::uint8_t ring, const kernels::Tensor& values, const char* what) {
+  // Runs collective `ring` on `values` at `base` of its space, the next of its number.
+  Status runCollective(std::uint8_t ring, const kernels::Tensor& values, const char* what,
+                       std::int64_t base = 0) {
     const std::int64_t step = collectives_[ring - 1]++;
-    if (Status s = tell(RingCollective{ring, step, values}); !s) return s;
-    return awaitRing(ring, step, 0, fmt::format("{} {}", what, step));
+    if (Status s = tell(RingCollective{ring, step, base, values}); !s) return s;
+    return awaitRing(ring, step, base, fmt::format("{} {}", what, step));
   }
 
   // Sums `values` over the workers in place (step -1: an init's broadcast).

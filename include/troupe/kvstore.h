@@ -139,8 +139,11 @@ class KVStore {
   // allgather or a reduce-scatter moves each part once around, an allreduce twice); a store of
   // one worker copies; the distributed stores refuse (kInput). allgather into `parts`: worker w's
   // `mine` into parts[w] (one array a worker, each of mine's size: torch.distributed's all_gather
-  // into a list), written where they lie.
+  // into a list), written where they lie. broadcast: every worker's `values` become worker
+  // `root`'s, bit for bit (its bytes pass along the ring from the root, once over each link but
+  // the one into the root; kInput naming a root that is no worker).
   virtual Status allreduce(std::span<float> values);
+  virtual Status broadcast(std::span<float> values, int root);
   Status allgather(std::span<const float> mine, std::span<float> all);
   virtual Status allgather(std::span<const float> mine, const std::vector<std::span<float>>& parts);
   virtual Status reduceScatter(std::span<const float> all, std::span<float> mine);

@@ -109,6 +109,13 @@ class PyKVStore {
     released([&] { return kv.allreduce(in_place); });
   }
 
+  // `values` become worker `root`'s, in place (KVStore::broadcast).
+  void broadcast(FloatArray& values, int root) {
+    std::span<float> in_place(values.mutable_data(), static_cast<std::size_t>(values.size()));
+    troupe::KVStore& kv = store();  // with the GIL: a closed store raises
+    released([&] { return kv.broadcast(in_place, root); });
+  }
+
   // Every worker's `mine` into `all`, in rank order (KVStore::allgather).
   void allgather(const FloatArray& mine, FloatArray& all) {
     const auto from = values(mine);
@@ -238,6 +245,9 @@ const TroupeCApi kCApi = {
       });
     },
     [](void* store) { return onStore(store, [](troupe::KVStore& kv) { return kv.barrier(); }); },
+    [](void* store, float* values, std::size_t n, int root) {
+      return onStore(store, [&](troupe::KVStore& kv) { return kv.broadcast({values, n}, root); });
+    },
 };
 
 }  // namespace
@@ -281,6 +291,7 @@ PYBIND11_MODULE(_troupe, m) {
       .def("pull_many", &PyKVStore::pullMany, py::arg("keys"), py::arg("outs").noconvert(),
            py::arg("priority") = 0)
       .def("allreduce", &PyKVStore::allreduce, py::arg("values").noconvert())
+      .def("broadcast", &PyKVStore::broadcast, py::arg("values").noconvert(), py::arg("root"))
       .def("allgather", &PyKVStore::allgather, py::arg("mine"), py::arg("all").noconvert())
       .def("allgather_parts", &PyKVStore::allgatherParts, py::arg("mine"),
            py::arg("parts").noconvert())

@@ -400,25 +400,13 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._sum(flat.numpy())
         return flat
 
-    def _everyone(self, ranks):
-        return list(ranks) == list(range(self.size()))
-
-    def _slots(self, values, ranks):
-        """Each of `ranks`' float32 `values` (a flat numpy array of one size on every rank), on
-        every rank: every rank's by the store's allgather (each part once around the ring), a
-        few ranks' each in its slot of a ring sum whose other slots hold zeros."""
-        ranks = list(ranks)
+    def _slots(self, values):
+        """Every rank's float32 `values` (a flat numpy array of one size on every rank), in rank
+        order, by the store's allgather (each part once around the ring)."""
         n = values.size
-        if self._everyone(ranks):
-            everyone = np.empty(len(ranks) * n, dtype=np.float32)
-            self._kv._store.allgather(np.ascontiguousarray(values, dtype=np.float32), everyone)
-            return [everyone[i * n:(i + 1) * n] for i in range(len(ranks))]
-        host = np.zeros(len(ranks) * n, dtype=np.float32)
-        if self.rank() in ranks:
-            slot = ranks.index(self.rank())
-            host[slot * n:(slot + 1) * n] = values
-        self._sum(host)
-        return [host[i * n:(i + 1) * n] for i in range(len(ranks))]
+        everyone = np.empty(self.size() * n, dtype=np.float32)
+        self._kv._store.allgather(np.ascontiguousarray(values, dtype=np.float32), everyone)
+        return [everyone[i * n:(i + 1) * n] for i in range(self.size())]
 
     # ---- collectives ----
     def allreduce(self, tensors, opts=None):
@@ -467,37 +455,33 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._drain()
         root = 0 if opts is None else opts.rootRank
         for t in tensors:
-            if t.dtype in _FLOATS:  # the root's values in the one slot
-                t.copy_(torch.from_numpy(self._slots(_host(t).numpy(), [root])[0]).view(t.shape))
-            else:  # integers and bools, bit for bit
-                t.copy_(self._exchanged(t, [root])[0].view(t.shape))
+            t.copy_(self._from_root(t, root).view(t.shape))
         return _done(tensors)
 
-    def _exchanged(self, t, ranks):
-        """The tensor shaped and typed as t that each of `ranks` holds, bit for bit (integers,
-        bools, and the bytes of compressed gradients): every rank's by the store's allgather,
-        which copies its floats' bits, four bytes to a float32; a few ranks' three bytes to a
-        float32 (an integer below 2^24, which a sum with zeros keeps exactly), in the rank's slot
-        of a ring sum whose other slots hold zeros."""
+    def _from_root(self, t, root):
+        """t's values, flat, as rank `root` holds them, bit for bit: its bytes, four to a float32
+        word, by the store's broadcast along the ring from the root."""
+        host = t.detach().cpu().contiguous().view(-1)
+        if host.dtype in (torch.float16, torch.bfloat16):
+            host = host.view(torch.int16)  # numpy has no bfloat16
+        raw = host.numpy().view(np.uint8)
+        words = np.zeros(-(-raw.size // 4) * 4, dtype=np.uint8)
+        words[:raw.size] = raw
+        self._kv._store.broadcast(words.view(np.float32), root)
+        got = np.frombuffer(words[:raw.size].tobytes(), dtype=raw.dtype).view(host.numpy().dtype)
+        return torch.from_numpy(got.copy()).view(t.dtype)
+
+    def _exchanged(self, t):
+        """The tensor shaped and typed as t that each rank holds, bit for bit (integers, bools,
+        and the bytes of compressed gradients), in rank order: by the store's allgather, which
+        copies its floats' bits, four bytes to a float32."""
         raw = np.frombuffer(t.detach().cpu().contiguous().numpy().tobytes(), dtype=np.uint8)
         dtype = t.detach().cpu().numpy().dtype
-        if self._everyone(ranks):
-            words = np.zeros(-(-raw.size // 4) * 4, dtype=np.uint8)
-            words[:raw.size] = raw
-            got = self._slots(words.view(np.float32), ranks)
-            return [torch.from_numpy(np.frombuffer(g.view(np.uint8)[:raw.size].tobytes(),
-                                                   dtype=dtype).copy()) for g in got]
-        triples = np.zeros(-(-raw.size // 3) * 3, dtype=np.uint32)
-        triples[:raw.size] = raw
-        triples = triples.reshape(-1, 3)
-        packed = (triples[:, 0] | triples[:, 1] << 8 | triples[:, 2] << 16).astype(np.float32)
-        out = []
-        for got in self._slots(packed, ranks):
-            word = got.astype(np.uint32)
-            unpacked = np.stack([word & 0xFF, word >> 8 & 0xFF, word >> 16], axis=1)
-            data = unpacked.astype(np.uint8).reshape(-1)[:raw.size]
-            out.append(torch.from_numpy(np.frombuffer(data.tobytes(), dtype=dtype).copy()))
-        return out
+        words = np.zeros(-(-raw.size // 4) * 4, dtype=np.uint8)
+        words[:raw.size] = raw
+        return [torch.from_numpy(np.frombuffer(g.view(np.uint8)[:raw.size].tobytes(),
+                                               dtype=dtype).copy())
+                for g in self._slots(words.view(np.float32))]
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         self._drain()
@@ -511,7 +495,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
                     raise ValueError(f"troupe backend: allgather: output {r} holds {o.numel()} "
                                      f"values, the input {n}")
             if t.dtype not in _FLOATS:  # integers and bools, bit for bit
-                for o, got in zip(outs, self._exchanged(t, range(self.size()))):
+                for o, got in zip(outs, self._exchanged(t)):
                     o.copy_(got.view(o.shape))
                 continue
             self._float("allgather", t)
@@ -519,7 +503,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             if all(_in_place(o) for o in outs):  # each rank's part written where it lies
                 self._kv._store.allgather_parts(mine, [o.detach().view(-1).numpy() for o in outs])
                 continue
-            for o, got in zip(outs, self._slots(mine, range(self.size()))):
+            for o, got in zip(outs, self._slots(mine)):
                 o.copy_(torch.from_numpy(got).view(o.shape))
         return _done(output_tensors)
 
@@ -552,7 +536,7 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
             raise ValueError(f"troupe backend: all_gather_into_tensor: the output holds "
                              f"{output.numel()} values, {self.size()} ranks' inputs {n} each")
         if input.dtype not in _FLOATS:  # integers and bools, bit for bit
-            output.copy_(torch.cat(self._exchanged(input, range(self.size()))).view(output.shape))
+            output.copy_(torch.cat(self._exchanged(input)).view(output.shape))
             return _done([output])
         self._float("all_gather_into_tensor", input)
         self._float("all_gather_into_tensor", output)
@@ -590,15 +574,15 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
     def _everyones(self, t):
         """Every rank's t, bit for bit, in rank order: the ranks' tensors may differ in size
         (not in dtype); by the store's allgather, floats as floats, other types as their bytes."""
-        sizes = [int(n) for n in self._exchanged(torch.tensor([t.numel()]), range(self.size()))]
+        sizes = [int(n) for n in self._exchanged(torch.tensor([t.numel()]))]
         most = max(sizes)
         padded = torch.zeros(most, dtype=t.dtype)
         padded[:t.numel()] = t.detach().cpu().reshape(-1)
         if t.dtype in _FLOATS:
             got = [torch.from_numpy(v).to(t.dtype)
-                   for v in self._slots(padded.to(torch.float32).numpy(), range(self.size()))]
+                   for v in self._slots(padded.to(torch.float32).numpy())]
         else:
-            got = self._exchanged(padded, range(self.size()))
+            got = self._exchanged(padded)
         return [g[:n] for g, n in zip(got, sizes)]
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):

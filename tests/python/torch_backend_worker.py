@@ -39,6 +39,22 @@ def main():
             dist.broadcast(ours, src=root)
             dist.broadcast(theirs, src=root, group=gloo)
             assert torch.equal(ours, theirs), f"broadcast of {dtype} from {root}"
+    # The root's tensor as it is, bit for bit, whatever its type, size or layout (a transposed
+    # view; over a million values: several of the ring's segments): each rank draws the root's.
+    for dtype, n in ((torch.float64, 7), (torch.bfloat16, 9), (torch.int32, 5), (torch.bool, 11),
+                     (torch.float32, 1_100_003)):
+        for root in range(world):
+            rooted = torch.Generator().manual_seed(1000 + root)
+            drawn = torch.randn(n, generator=rooted)
+            want = drawn > 0 if dtype == torch.bool else (drawn * 100).to(dtype)
+            ours = want.clone() if rank == root else torch.zeros(n).to(dtype)
+            dist.broadcast(ours, src=root)
+            assert torch.equal(ours, want), f"broadcast of {n} {dtype} from {root}"
+    for root in range(world):
+        want = torch.arange(54.0).view(6, 9).t() * (root + 1)
+        ours = want.clone() if rank == root else torch.zeros(6, 9).t()
+        dist.broadcast(ours, src=root)
+        assert torch.equal(ours, want) and not ours.is_contiguous(), f"transposed from {root}"
     print("ok broadcast", flush=True)
 
     for dtype in (torch.float32, torch.int64):

@@ -12,10 +12,11 @@
 // What runs where:
 // - SUM and AVG of float tensors (float32; float16 and bfloat16 summed in float32): the ring's
 //   allreduce and reduce-scatter, float32 host tensors summed where they lie.
-// - Everything else (other dtypes, MIN/MAX/PRODUCT and the bitwise reductions, broadcast, gather,
-//   scatter, alltoall): every rank's bytes by the ring's allgather, bit for bit, then reduced or
-//   picked on each rank, the same on every rank. A first version: their traffic is the world's
-//   tensors, not one's own.
+// - broadcast and scatter: the root's bytes by the ring's broadcast, along the ring from the root
+//   (a scatter's every part, each rank keeping its own).
+// - Everything else (other dtypes, MIN/MAX/PRODUCT and the bitwise reductions, gather, alltoall):
+//   every rank's bytes by the ring's allgather, bit for bit, then reduced or picked on each rank,
+//   the same on every rank. A first version: their traffic is the world's tensors, not one's own.
 // - send and recv: through torch's store (which rank 0 serves), each message under its own key;
 //   a recv polls for it on a thread of its own, at most the group's timeout.
 // - CUDA tensors go through host memory.
@@ -327,7 +328,7 @@ class TroupeBackend : public Base {
     checkRank("broadcast", root);
     return post(tensors, c10d::OpType::BROADCAST, [this, tensors, root] {
       for (const auto& t : tensors)
-        t.copy_(everyones(host(t))[root].view(t.sizes()));
+        fromRoot(t, root);
     });
   }
 
@@ -439,11 +440,11 @@ class TroupeBackend : public Base {
     return post(outputs, c10d::OpType::SCATTER, [this, outputs, theirs, root] {
       // Every rank's part of the root's tensors, laid end to end: the root's bytes go to all.
       const at::Tensor& out = outputs[0];
-      at::Tensor all = at::zeros({size_ * out.numel()}, out.options().device(at::kCPU));
+      at::Tensor all = at::empty({size_ * out.numel()}, out.options().device(at::kCPU));
       for (std::size_t r = 0; r < theirs.size(); ++r)
         all.narrow(0, r * out.numel(), out.numel()).copy_(theirs[r].reshape({-1}));
-      const at::Tensor root_all = everyones(all)[root];
-      out.copy_(root_all.narrow(0, rank_ * out.numel(), out.numel()).view(out.sizes()));
+      fromRoot(all, root);
+      out.copy_(all.narrow(0, rank_ * out.numel(), out.numel()).view(out.sizes()));
     });
   }
 
@@ -683,6 +684,25 @@ class TroupeBackend : public Base {
       got.push_back(t);
     }
     return got;
+  }
+
+  // t becomes the root's, bit for bit, by the ring's broadcast from the root: a float32 host
+  // tensor where it lies, anything else as its bytes in float32 words.
+  void fromRoot(const at::Tensor& t, int64_t root) {
+    const at::Tensor mine = host(t);
+    const auto from = static_cast<int>(root);
+    if (inPlace(mine)) {
+      ring(api()->broadcast(ring_, floats(mine), mine.numel(), from));
+    } else {
+      const auto bytes = static_cast<std::size_t>(mine.nbytes());
+      const auto words = static_cast<int64_t>((bytes + 3) / 4);
+      at::Tensor sent =
+          rank_ == root ? at::zeros({words}, at::kFloat) : at::empty({words}, at::kFloat);
+      if (rank_ == root && bytes) std::memcpy(sent.data_ptr(), mine.data_ptr(), bytes);
+      ring(api()->broadcast(ring_, floats(sent), words, from));
+      if (rank_ != root && bytes) std::memcpy(mine.data_ptr(), sent.data_ptr(), bytes);
+    }
+    if (rank_ != root && mine.data_ptr() != t.data_ptr()) t.copy_(mine.view(t.sizes()));
   }
 
   // output: every rank's input laid end to end, rank by rank.

@@ -17,7 +17,7 @@
 #include <cstddef>
 
 #define TROUPE_C_API_CAPSULE "troupe._troupe._C_API"
-#define TROUPE_C_API_VERSION 1
+#define TROUPE_C_API_VERSION 2
 
 extern "C" {
 
@@ -38,6 +38,8 @@ struct TroupeCApi {
   // The sum over the workers of their `all`'s rank-th part (n floats of n * workers) into `mine`.
   const char* (*reduce_scatter)(void* store, const float* all, std::size_t n, float* mine);
   const char* (*barrier)(void* store);
+  // Version 2: every worker's `values` (n floats) become worker `root`'s, bit for bit, in place.
+  const char* (*broadcast)(void* store, float* values, std::size_t n, int root);
 };
 }
 
