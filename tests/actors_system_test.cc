@@ -274,5 +274,35 @@ TEST(Runtime, AnExternalSendToAFullMailboxTimesOutNamingTheActor) {
   EXPECT_THROW(system->run(), Error);
 }
 
+// A callback that an actor's own work runs on its thread (a leased chunk's release, when the
+// transport copies it at once) tells that actor from outside any actor: a note to itself, which
+// does not wait for room in its own full mailbox (it waited there for ever, then timed out).
+TEST(Runtime, AnExternalSendToTheActorWhoseHandlerMakesItIsNotBounded) {
+  struct Notes : Actor {
+    explicit Notes(int* seen) : Actor("notes"), seen_(seen) {
+      on<Ping>([this](Ping& p) {
+        if (p.n == 0) {
+          for (int i = 1; i <= 10; ++i)
+            system().tell(self(), Ping{i});  // as a callback would, from outside any actor
+        } else if (++*seen_ == 10) {
+          system().shutdown();
+        }
+      });
+    }
+    int* seen_;
+  };
+  SystemOptions options;
+  options.mailbox_capacity = 2;
+  options.external_send_timeout = 2000ms;
+  auto system = makeRuntime(options);
+  int seen = 0;
+  auto a = system->spawn<Notes>({}, &seen);
+  system->tell(a, Ping{0});
+  const auto started = std::chrono::steady_clock::now();
+  system->run();
+  EXPECT_EQ(seen, 10);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1000ms);
+}
+
 }  // namespace
 }  // namespace troupe::actors

@@ -60,6 +60,11 @@ struct Cell {
   std::deque<Pending> outbox;
 };
 
+// The actor whose drain() runs on this thread now (null: none). A send from outside any actor
+// made there (a callback the actor's own work runs: a leased chunk released as the transport
+// copies it) is that actor's own when it goes to that actor, and is not bounded either.
+thread_local const Cell* draining_cell = nullptr;
+
 }  // namespace
 
 class SystemImpl final : public Runtime {
@@ -176,6 +181,10 @@ class SystemImpl final : public Runtime {
     }
     Cell* target = cellOf(to);
     TROUPE_ENFORCE(target != nullptr, "send to unknown actor ", to.actor, " on node ", to.node);
+    if (from.actor == kNoActor && target == draining_cell) {  // a note to itself, as below
+      enqueueUnbounded(target, std::move(message));
+      return;
+    }
     if (from.actor == kNoActor || from.node != options_.node) {
       deliverExternal(target, std::move(message));
       return;
@@ -351,6 +360,11 @@ class SystemImpl final : public Runtime {
 
   void drain(Cell* c) {
     constexpr int kBurst = 32;  // messages per turn, so a busy actor leaves the pool to others
+    struct Draining {  // draining_cell for this drain (an inline one runs within another's)
+      explicit Draining(const Cell* c) : outer(draining_cell) { draining_cell = c; }
+      ~Draining() { draining_cell = outer; }
+      const Cell* outer;
+    } draining(c);
     for (int n = 0; n < kBurst; ++n) {
       if (isDone()) return;
       if (!flushOutbox(c)) {

@@ -3,8 +3,10 @@
 // Mailboxes are bounded. A send to a full mailbox never blocks a thread: the message waits in the
 // sender's outbox and the sender takes no new message until the receiver has room again, so a slow
 // actor slows its producers down instead of growing a queue (backpressure). An actor's sends to
-// itself are not bounded (it would wait for itself). Senders outside any
-// actor (main) block until there is room, up to SystemOptions::external_send_timeout.
+// itself are not bounded (it would wait for itself), nor is a send from outside any actor to the
+// actor whose work runs it, on that actor's thread (a callback of its own, as a leased chunk's
+// release when the transport copied it). Other senders outside any actor (main, the transport's
+// threads) block until there is room, up to SystemOptions::external_send_timeout.
 // Actors on the shared pool run on strands of one io_context; an actor spawned with
 // a thread name runs on that thread, shared with the other actors given the same name (compute
 // actors, whose OpenMP teams should stay put and not compete with each other for cores).

@@ -42,14 +42,6 @@ using std::chrono::milliseconds;
 // Elements a ring segment holds (as the trainer's reducer's default, 4 MiB of floats).
 constexpr std::int64_t kSegment = std::int64_t{1} << 20;
 
-// A RingMember's mailbox: room for the chunks of a collective of 16 GiB a worker (4096 segments).
-// A collective's start sends one chunk a segment at once, and the previous member's come as fast;
-// a message from another process that finds the mailbox full holds up the transport's thread
-// that delivers it, the one that also writes this member's chunks out, until the mailbox has
-// room or the delivery times out. With the default 64, four workers' 336 MB allreduce (84
-// segments) stalled so, now and then, until that timeout.
-constexpr std::size_t kMemberMailbox = 4096;
-
 // A RingMember's rings (RingChunk::ring): the keys' sums, then the collectives: allgathers,
 // reduce-scatters, allreduces, broadcasts (each numbered apart).
 constexpr std::uint8_t kSumRing = 0, kGatherRing = 1, kScatterRing = 2, kAllreduceRing = 3,
@@ -281,13 +273,11 @@ class RingKVStore final : public KVStore {
     auto member = std::make_unique<RingMember>(rank_, world_, next, done_);
     member_ = Address{static_cast<std::uint32_t>(rank_), 0};
     if (world_ > 1) {
-      node_ = joinStore("ring", o, rank_, std::move(member),
-                        SpawnOptions{.thread = "kvstore", .mailbox_capacity = kMemberMailbox},
+      node_ = joinStore("ring", o, rank_, std::move(member), SpawnOptions{.thread = "kvstore"},
                         std::make_shared<RunMembers>(world_, 0));
     } else {
       node_.node = makeNodeSystem(0, 1, false);
-      node_.node.system->spawn(
-          std::move(member), SpawnOptions{.thread = "kvstore", .mailbox_capacity = kMemberMailbox});
+      node_.node.system->spawn(std::move(member), SpawnOptions{.thread = "kvstore"});
       node_.members = std::make_shared<RunMembers>(1, 0);
     }
     thread_ = std::thread([this] {
