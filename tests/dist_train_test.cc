@@ -207,6 +207,32 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"));
 
+// A bucket in many more ring segments than the reducer's mailbox holds messages (64): LeNet's
+// 1.7 MB bucket in pieces of 0.01 MiB is 165 segments, each a ring of its own, all started at
+// once. The chunks the transport copies out are released on the reducer's own thread, whose note
+// to itself used to wait for room in its own full mailbox: the run stalled until the 30 s send
+// timeout. It now ends as the run of one segment, to the bit (a sum of two workers' values is the
+// same in either order), with its state sharded too.
+TEST(DistributedTraining, BucketsInMoreRingSegmentsThanAMailboxHoldsEndAsInOne) {
+  TempDir cwd("dist_segments");
+  const std::string common =
+      troupeBinary() + " launch -n 2 -- troupe train --model lenet" + dataFlags() +
+      " --base_learning_rate 0.01 --momentum 0.9 --epoch_size 640 --batch_size 32 --num_epochs 1"
+      " --log_every 0 --threads 1 --schedule bsp-allreduce --checkpoint_dir ";
+  const auto whole = runCommand(in(cwd, common + "whole"));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto a = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
+  for (const char* zero : {"0", "1"}) {
+    const std::string folder = std::string("pieces") + zero;
+    const auto pieces = runCommand(in(
+        cwd, common + folder + " --ring_segment_mb 0.01 --peer_timeout 20 --zero_stage " + zero));
+    ASSERT_EQ(pieces.exit_code, 0) << pieces.output;
+    const auto b = actors::loadCheckpoint(filesIn(cwd.path() / folder, ".ckpt").at(0));
+    EXPECT_EQ(b.metaInt("step"), 10);
+    expectTheSameBits(a, b);
+  }
+}
+
 // The same with each worker's replica and updater on a GPU (emulated, one a process, its work and
 // its copies from pinned memory late): the sums and the updated weights go round the host's rings
 // through pinned memory (the weights copied there once their shard is updated, and back once

@@ -347,8 +347,21 @@ SpawnOptions WorkerSpawn::readerThread(int r) const {
   return p.threads < defaultThreads() ? SpawnOptions{} : computeThread(r);
 }
 
+std::size_t WorkerSpawn::stepMailbox() const {
+  const std::int64_t segment =
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20)) /
+                                    static_cast<std::int64_t>(sizeof(float)));
+  // A bucket ends at the end of one of the net's gradient ranges (a parameter tensor's at most),
+  // and its last segment may be short: one piece more a bucket.
+  const auto pieces = static_cast<std::size_t>((p.num_params + segment - 1) / segment) +
+                      p.optimizer.layers.size() + 1;
+  return SystemOptions{}.mailbox_capacity + 2 * pieces;
+}
+
 std::vector<RoleSpawn> updatingWorkerRoles(const WorkerSpawn& spawn) {
-  return trainingRoles(spawn, {"updater", spawn.a.updater, WorkerSpawn::computeThread(0),
+  SpawnOptions thread = WorkerSpawn::computeThread(0);
+  thread.mailbox_capacity = spawn.stepMailbox();
+  return trainingRoles(spawn, {"updater", spawn.a.updater, thread,
                                [&spawn] { return makeUpdater("updater", spawn.updater()); }});
 }
 
@@ -385,7 +398,8 @@ std::vector<RoleSpawn> trainingRoles(const WorkerSpawn& spawn, RoleSpawn weights
   roles.push_back(std::move(weights));
   // The reducer has a thread of its own: it must take buckets while replica 0 is still in its
   // backward pass, or nothing would overlap. Its work (sums, copies) is light: one thread.
-  roles.push_back({"reducer", spawn.a.reducer, SpawnOptions{.thread = "reducer"},
+  roles.push_back({"reducer", spawn.a.reducer,
+                   SpawnOptions{.thread = "reducer", .mailbox_capacity = spawn.stepMailbox()},
                    [&spawn] { return makeReducer("reducer", spawn.reducer()); }});
   for (int r = 0; r < o.replicas; ++r) {
     const Address at = RunLayout::replica(rank, r);

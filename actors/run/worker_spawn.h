@@ -121,6 +121,12 @@ struct WorkerSpawn {
   // replica 0's (they never compute at once), so a process has one team per replica.
   static SpawnOptions computeThread(int replica);
   SpawnOptions readerThread(int r) const;
+  // The mailbox of the reducer and of the updater: room for every message a step sends between
+  // them, beside the system's usual room. The reducer sends the updater each piece of the step's
+  // sums (a ring segment of a bucket) and, with ZeRO, each piece of its weights gathered; the
+  // updater sends the reducer each piece to gather. With both mailboxes full each would wait for
+  // the other for ever (a bucket of 165 segments did, the usual room being 64).
+  std::size_t stepMailbox() const;
 };
 
 // One actor of a worker process: its role (for messages), where the layout places it, the thread
