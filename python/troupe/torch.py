@@ -455,21 +455,26 @@ class ProcessGroupTroupe(_c10d.ProcessGroup):
         self._drain()
         root = 0 if opts is None else opts.rootRank
         for t in tensors:
-            t.copy_(self._from_root(t, root).view(t.shape))
+            got = self._from_root(t, root)
+            if got.data_ptr() != t.data_ptr():
+                t.copy_(got.view(t.shape))
         return _done(tensors)
 
     def _from_root(self, t, root):
-        """t's values, flat, as rank `root` holds them, bit for bit: its bytes, four to a float32
-        word, by the store's broadcast along the ring from the root."""
+        """t's values, flat, as rank `root` holds them, bit for bit, by the store's broadcast
+        along the ring from the root: a float32 host tensor's where they lie (t itself, where it
+        is contiguous), any other's bytes four to a float32 word."""
         host = t.detach().cpu().contiguous().view(-1)
+        if host.dtype == torch.float32:
+            self._kv._store.broadcast(host.numpy(), root)
+            return host
         if host.dtype in (torch.float16, torch.bfloat16):
             host = host.view(torch.int16)  # numpy has no bfloat16
-        raw = host.numpy().view(np.uint8)
-        words = np.zeros(-(-raw.size // 4) * 4, dtype=np.uint8)
-        words[:raw.size] = raw
-        self._kv._store.broadcast(words.view(np.float32), root)
-        got = np.frombuffer(words[:raw.size].tobytes(), dtype=raw.dtype).view(host.numpy().dtype)
-        return torch.from_numpy(got.copy()).view(t.dtype)
+        raw = host.numpy()
+        words = np.zeros(-(-raw.nbytes // 4), dtype=np.float32)
+        words.view(np.uint8)[:raw.nbytes] = raw.view(np.uint8)
+        self._kv._store.broadcast(words, root)
+        return torch.from_numpy(words.view(np.uint8)[:raw.nbytes].view(raw.dtype)).view(t.dtype)
 
     def _exchanged(self, t):
         """The tensor shaped and typed as t that each rank holds, bit for bit (integers, bools,
