@@ -417,10 +417,7 @@ class RingKVStore final : public KVStore {
   Status allreduce(std::span<float> values) override {
     std::lock_guard lock(mu_);
     if (Status s = failure(); !s) return s;
-    const auto n = static_cast<std::int64_t>(values.size());
-    const kernels::Tensor in_place(std::shared_ptr<void>(values.data(), [](void*) {}),
-                                   values.data(), {n}, kernels::DType::kFloat32, kernels::Device{});
-    return runCollective(kAllreduceRing, in_place, "allreduce");
+    return runCollective(kAllreduceRing, inPlace(values), "allreduce");
   }
 
   // In place: the root's chunks go out from its memory, the others' are written where they lie.
@@ -433,9 +430,7 @@ class RingKVStore final : public KVStore {
     }
     std::lock_guard lock(mu_);
     if (Status s = failure(); !s) return s;
-    const kernels::Tensor in_place(std::shared_ptr<void>(values.data(), [](void*) {}),
-                                   values.data(), {n}, kernels::DType::kFloat32, kernels::Device{});
-    return runCollective(kBroadcastRing, in_place, "broadcast", root * kBroadcastShard);
+    return runCollective(kBroadcastRing, inPlace(values), "broadcast", root * kBroadcastShard);
   }
 
   using KVStore::allgather;
@@ -487,6 +482,12 @@ class RingKVStore final : public KVStore {
   };
 
   static Status inputError(std::string message) { return {ErrorKind::kInput, std::move(message)}; }
+  // The caller's `values` as a tensor that the ring reads and writes where they lie (not owned).
+  static kernels::Tensor inPlace(std::span<float> values) {
+    return kernels::Tensor(std::shared_ptr<void>(values.data(), [](void*) {}), values.data(),
+                           {static_cast<std::int64_t>(values.size())}, kernels::DType::kFloat32,
+                           kernels::Device{});
+  }
   static Status neverInitialised(const char* what, int key) {
     return inputError(
         fmt::format("{} of key {}: the key was never initialised (init it first)", what, key));
