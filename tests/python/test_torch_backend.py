@@ -80,10 +80,11 @@ def test_the_python_process_group_where_asked():
 
 def test_four_ranks_sum_hundreds_of_megabytes_of_changing_sizes():
     # 336 MB, 84 MB, 336 MB a rank, three times over: each collective's start sends a chunk for
-    # each of its segments (84) while the previous rank's arrive. With the ring member's mailbox
-    # of 64 chunks, a full one held up the transport thread that also writes the member's chunks,
-    # and the run failed now and then, 30 s later ("its mailbox stayed full"). Values: small
-    # integers, summed exactly.
+    # each of its segments (84) while the previous rank's arrive, filling the ring member's
+    # mailbox (64). A chunk the transport copied at once was released on the member's own thread,
+    # whose note to itself then waited for room in that full mailbox: the run failed, 30 s later
+    # ("its mailbox stayed full"), until such notes went unbounded (actors/core/system.cc).
+    # Values: small integers, summed exactly.
     program = troupe_program(
         60, "torch.set_num_threads(1)",
         "r, w = dist.get_rank(), dist.get_world_size()",
