@@ -1,17 +1,47 @@
 #include "kernels/layers.h"
 
+#include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
 
 #include "troupe/error.h"
 
 namespace troupe::kernels {
 
-void Layer::copyParams(Backend& backend, const Tensor& weights, const Tensor& copy, bool) {
+FlatParams::FlatParams(Tensor values, Ranges held)
+    : values_(std::move(values)), held_(std::move(held)) {
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < held_.size(); ++i) {
+    TROUPE_ENFORCE(
+        held_[i].first <= held_[i].second && (i == 0 || held_[i - 1].second <= held_[i].first),
+        "flat parameter ranges out of order at [", held_[i].first, ", ", held_[i].second, ")");
+    at_.push_back(at);
+    at += held_[i].second - held_[i].first;
+  }
+  TROUPE_ENFORCE(!values_.defined() || values_.numel() == at, "a flat tensor of ", values_.numel(),
+                 " values holding ranges of ", at);
+}
+
+Tensor FlatParams::slice(std::int64_t begin, std::int64_t end) const {
+  if (!values_.defined()) return Tensor();
+  if (held_.empty()) return values_.slice(begin, end);
+  const auto it =
+      std::upper_bound(held_.begin(), held_.end(), begin,
+                       [](std::int64_t b, const auto& range) { return b < range.first; });
+  TROUPE_ENFORCE(it != held_.begin() && end <= std::prev(it)->second, "parameters [", begin, ", ",
+                 end, ") lie outside the ranges this flat tensor holds");
+  const auto i = static_cast<std::size_t>(std::prev(it) - held_.begin());
+  const std::int64_t local = at_[i] + begin - held_[i].first;
+  return values_.slice(local, local + end - begin);
+}
+
+void Layer::copyParams(Backend& backend, const FlatParams& weights, const FlatParams& copy, bool) {
   backend.cast(weights.slice(param_begin, param_end), copy.slice(param_begin, param_end));
 }
 
-void Layer::widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads, bool) {
+void Layer::widenGrads(Backend& backend, const FlatParams& copy_grads, const FlatParams& grads,
+                       bool) {
   backend.cast(copy_grads.slice(param_begin, param_end), grads.slice(param_begin, param_end));
 }
 
@@ -29,7 +59,7 @@ class OpLayer : public Layer {
   const char* kind() const override { return kind_; }
   bool backwardReadsBottom() const override { return reads_bottom_; }
   bool backwardReadsTop() const override { return reads_top_; }
-  void bind(const Tensor&, const Tensor&, const Tensor&) override {}
+  void bind(const FlatParams&, const FlatParams&, const Tensor&) override {}
 
  protected:
   virtual std::unique_ptr<Op> make(LayerContext& ctx, std::int64_t n) { return maker_(ctx, n); }
@@ -120,7 +150,7 @@ class ConvLayer final : public OpLayer<ConvOp> {
     return 2.0 * static_cast<double>(g_.channels * g_.kernel * g_.kernel * g_.out_channels *
                                      g_.outHeight() * g_.outWidth());
   }
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor&) override {
     const std::int64_t wn = g_.out_channels * g_.channels * g_.kernel * g_.kernel;
     w_ = weights.slice(param_begin, param_begin + wn);
     dw_ = grads.slice(param_begin, param_begin + wn);
@@ -144,7 +174,7 @@ class ConvLayer final : public OpLayer<ConvOp> {
   }
   bool reducedParams() const override { return true; }
   // Channels last: the filter [out][in][k k] becomes [out][k k][in] (KRSC) in the copy.
-  void copyParams(Backend& backend, const Tensor& weights, const Tensor& copy,
+  void copyParams(Backend& backend, const FlatParams& weights, const FlatParams& copy,
                   bool channels_last) override {
     if (!channels_last) return Layer::copyParams(backend, weights, copy, false);
     const std::int64_t wn = filterSize();
@@ -156,7 +186,7 @@ class ConvLayer final : public OpLayer<ConvOp> {
                    copy.slice(param_begin + wn, param_end));
     }
   }
-  void widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads,
+  void widenGrads(Backend& backend, const FlatParams& copy_grads, const FlatParams& grads,
                   bool channels_last) override {
     if (!channels_last) return Layer::widenGrads(backend, copy_grads, grads, false);
     const std::int64_t wn = filterSize();
@@ -192,7 +222,7 @@ class InnerProductLayer final : public OpLayer<InnerProductOp> {
   InnerProductLayer(std::int64_t in, std::int64_t out, std::int64_t rows, std::int64_t tied)
       : OpLayer("fc", true, false), in_(in), out_(out), rows_(rows), tied_(tied) {}
   double forwardFlops() const override { return 2.0 * static_cast<double>(in_ * out_ * rows_); }
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor&) override {
     const std::int64_t at = tied_ >= 0 ? tied_ : param_begin;
     w_ = weights.slice(at, at + in_ * out_);
     dw_ = grads.slice(at, at + in_ * out_);
@@ -246,7 +276,7 @@ class BatchNormLayer final : public OpLayer<BatchNormOp> {
       : OpLayer("bn", true, false), channels_(in[0]), spatial_(numelOf(in) / in[0]) {}
   const char* kind() const override { return add_ ? "bn+add+relu" : relu_ ? "bn+relu" : "bn"; }
   bool backwardReadsTop() const override { return relu_; }
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor& buffers) override {
     gamma_ = weights.slice(param_begin, param_begin + channels_);
     beta_ = weights.slice(param_begin + channels_, param_end);
     dgamma_ = grads.slice(param_begin, param_begin + channels_);
@@ -362,7 +392,7 @@ class EmbeddingLayer final : public GeometryLayer<EmbeddingOp, EmbeddingGeometry
     if (tied_) return false;
     return tied_ = true;
   }
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor&) override {
     const std::int64_t wn = g_.vocab * g_.channels;
     wte_ = weights.slice(param_begin, param_begin + wn);
     dwte_ = grads.slice(param_begin, param_begin + wn);
@@ -386,7 +416,7 @@ class LayerNormLayer final : public OpLayer<LayerNormOp> {
  public:
   LayerNormLayer(std::int64_t rows, std::int64_t channels)
       : OpLayer("layer norm", true, false), rows_(rows), channels_(channels) {}
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor&) override {
     gamma_ = weights.slice(param_begin, param_begin + channels_);
     beta_ = weights.slice(param_begin + channels_, param_end);
     dgamma_ = grads.slice(param_begin, param_begin + channels_);
@@ -444,7 +474,7 @@ class LstmLayer final : public GeometryLayer<LstmOp, LstmGeometry> {
   double forwardFlops() const override {
     return 2.0 * static_cast<double>(g_.t * 4 * g_.hidden * (g_.input + g_.hidden));
   }
-  void bind(const Tensor& weights, const Tensor& grads, const Tensor&) override {
+  void bind(const FlatParams& weights, const FlatParams& grads, const Tensor&) override {
     std::int64_t at = param_begin;
     auto take = [&](std::int64_t count, Tensor& w, Tensor& dw) {
       w = weights.slice(at, at + count);

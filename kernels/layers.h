@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/flat_params.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 
@@ -35,8 +36,9 @@ class LayerContext {
 class Layer {
  public:
   virtual ~Layer() = default;
-  // The parameters' and buffers' views into the flat tensors, once those exist.
-  virtual void bind(const Tensor& weights, const Tensor& grads, const Tensor& buffers) = 0;
+  // The parameters' and buffers' views into the flat tensors, once those exist (gradients
+  // without memory in a net that runs no backward: FlatParams::slice).
+  virtual void bind(const FlatParams& weights, const FlatParams& grads, const Tensor& buffers) = 0;
   virtual void forward(LayerContext& ctx, std::int64_t n, bool train) = 0;
   // Writes ctx.diff() of every bottom and the layer's parameter gradients.
   virtual void backward(LayerContext& ctx, std::int64_t n, float grad_scale) = 0;
@@ -76,9 +78,9 @@ class Layer {
   // Writes that copy ([param_begin, param_end) of `copy`) from the float32 parameters, and widens
   // the gradients of the copy into the float32 gradients: a cast, and for a channels-last
   // convolution's filter a transpose to cuDNN's KRSC and back.
-  virtual void copyParams(Backend& backend, const Tensor& weights, const Tensor& copy,
+  virtual void copyParams(Backend& backend, const FlatParams& weights, const FlatParams& copy,
                           bool channels_last);
-  virtual void widenGrads(Backend& backend, const Tensor& copy_grads, const Tensor& grads,
+  virtual void widenGrads(Backend& backend, const FlatParams& copy_grads, const FlatParams& grads,
                           bool channels_last);
 
   std::vector<int> bottoms;

@@ -118,14 +118,22 @@ class NetImpl final : public Net, private LayerContext {
     } else {
       planMemory(options.max_batch);
     }
+    TROUPE_ENFORCE(!options.stage_grads || options.layers.second > 0,
+                   "a net with stage_grads runs a stage's layers");
+    grad_window_ =
+        options.stage_grads ? stageGradWindow(*this) : FlatParams::Ranges{{0, g_.num_params}};
+    window_fixed_ = options.stage_grads;
+    grad_count_ = 0;
+    for (const auto& [begin, end] : grad_window_)
+      grad_count_ += end - begin;
     if (!options.given_weights) weights_ = backend_.empty({g_.num_params});
-    if (!options.given_grads) grads_ = backend_.empty({g_.num_params});
+    if (!options.given_grads) grads_ = backend_.empty({grad_count_});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
     if (copies_) {
       input_ = backend_.empty({options.max_batch * g_.blobs[0].per}, act_);
       reduced_weights_ = backend_.empty({g_.num_params}, act_);
-      reduced_grads_ = backend_.empty({g_.num_params}, act_);
+      reduced_grads_ = backend_.empty({grad_count_}, act_);
     }
     initialise();
     if (!options.given_weights) bindLayers();  // else at useWeights()
@@ -159,7 +167,10 @@ class NetImpl final : public Net, private LayerContext {
     use(weights_, weights, g_.num_params, "weights");
   }
   const Tensor& grads() const override { return grads_; }
-  void useGrads(const Tensor& grads) override { use(grads_, grads, g_.num_params, "gradients"); }
+  std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const override {
+    return grad_window_;
+  }
+  void useGrads(const Tensor& grads) override { use(grads_, grads, grad_count_, "gradients"); }
   const Tensor& buffers() const override { return buffers_; }
   void useBuffers(const Tensor& buffers) override {
     use(buffers_, buffers, g_.num_buffers, "buffers");
@@ -195,7 +206,7 @@ class NetImpl final : public Net, private LayerContext {
         for (std::size_t l = begin_; l < end_; ++l) {
           Layer& layer = *g_.layers[l];
           if (layer.reducedParams() && layer.param_end > layer.param_begin)
-            layer.copyParams(backend_, weights_, reduced_weights_, nhwc_);
+            layer.copyParams(backend_, FlatParams(weights_), FlatParams(reduced_weights_), nhwc_);
         }
       });
     }
@@ -236,7 +247,7 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.param_end == layer.param_begin) continue;
       if (copies_ && layer.reducedParams()) {  // widened as it becomes final
         timed("gradient widening", true,
-              [&] { layer.widenGrads(backend_, reduced_grads_, grads_, nhwc_); });
+              [&] { layer.widenGrads(backend_, held(reduced_grads_), held(grads_), nhwc_); });
       }
       if (on_ready) on_ready(layer.param_begin, layer.param_end, nullptr);
     }
@@ -385,6 +396,8 @@ class NetImpl final : public Net, private LayerContext {
     end_ = end;
     in_blob_ = begin > 0 ? g_.layers[begin - 1]->top : -1;
     out_blob_ = end < count ? g_.layers[end - 1]->top : -1;
+    TROUPE_ENFORCE(!window_fixed_,
+                   "a net holding its stage's gradients alone (stage_grads) is not cut again");
     stage_input_ = Tensor();
     planMemory(options_.max_batch);  // the stage's layers' activations and gradients alone
     tied_in_.clear();
@@ -432,7 +445,7 @@ class NetImpl final : public Net, private LayerContext {
     TROUPE_ENFORCE(it != tied_out_.end() && part.numel() == it->range.second - begin,
                    "setTiedGrad of ", part.numel(), " values at ", begin,
                    ": no tied weights of this stage's there");
-    backend_.copy(part, grads_.slice(begin, it->range.second));
+    backend_.copy(part, held(grads_).slice(begin, it->range.second));
     it->set = true;
   }
 
@@ -462,8 +475,11 @@ class NetImpl final : public Net, private LayerContext {
         toString(t.dtype()));
     if (t.raw() == slot.raw()) return;
     slot = t;
-    if (weights_.defined() && grads_.defined()) bindLayers();
+    if (weights_.defined()) bindLayers();
   }
+
+  // Gradients (or their reduced copy) as the layers take them: by their place in the model's.
+  FlatParams held(const Tensor& grads) const { return FlatParams(grads, grad_window_); }
 
   bool staged() const { return begin_ > 0 || end_ < g_.layers.size(); }
   bool inStage(std::size_t layer) const { return begin_ <= layer && layer < end_; }
@@ -858,12 +874,16 @@ class NetImpl final : public Net, private LayerContext {
 
   // Layers computing in the net's precision read its reduced copy of their parameters, batch norm
   // reads float32.
+  // With stage_grads, the layers of other stages (which never run here) get no gradients.
   void bindLayers() {
-    for (auto& layer : g_.layers) {
-      if (copies_ && layer->reducedParams()) {
-        layer->bind(reduced_weights_, reduced_grads_, buffers_);
+    for (std::size_t l = 0; l < g_.layers.size(); ++l) {
+      Layer& layer = *g_.layers[l];
+      const bool grads = !window_fixed_ || inStage(l);
+      if (copies_ && layer.reducedParams()) {
+        layer.bind(FlatParams(reduced_weights_), grads ? held(reduced_grads_) : FlatParams(),
+                   buffers_);
       } else {
-        layer->bind(weights_, grads_, buffers_);
+        layer.bind(FlatParams(weights_), grads ? held(grads_) : FlatParams(), buffers_);
       }
     }
   }
@@ -913,7 +933,10 @@ class NetImpl final : public Net, private LayerContext {
   bool nhwc_;    // images channels-last in memory
   bool copies_;  // convolutions and inner products compute from a copy of their weights
   Tensor weights_, grads_, buffers_, metrics_;
-  Tensor arena_;  // every blob's activations and gradient (planMemory)
+  FlatParams::Ranges grad_window_;  // what grads_ holds (gradWindow)
+  std::int64_t grad_count_ = 0;
+  bool window_fixed_ = false;  // stage_grads: the layers run are fixed with it
+  Tensor arena_;               // every blob's activations and gradient (planMemory)
   // By layer, the arena's span free during its forward and its backward call (planLoans).
   std::vector<Tensor> lent_forward_, lent_backward_;
   NetMemory memory_;
@@ -1007,6 +1030,22 @@ std::vector<std::pair<std::int64_t, std::int64_t>> paramRanges(
     if (p.size > 0) ranges.emplace_back(p.offset, p.offset + p.size);
   std::sort(ranges.begin(), ranges.end());
   return ranges;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> stageGradWindow(const Net& stage) {
+  auto ranges = stage.gradRanges();
+  for (const auto& range : stage.tiedRanges())
+    ranges.push_back(range);
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> joined;
+  for (const auto& [begin, end] : ranges) {
+    if (!joined.empty() && begin <= joined.back().second) {
+      joined.back().second = std::max(joined.back().second, end);
+    } else {
+      joined.emplace_back(begin, end);
+    }
+  }
+  return joined;
 }
 
 std::vector<std::string> builtinModels() {

@@ -167,6 +167,9 @@ struct NetOptions {
   // The layers the net runs from the start, [first, end) as runLayers() takes them ({0, 0}: all):
   // a pipeline stage's, whose activations are then planned for those layers alone.
   std::pair<std::size_t, std::size_t> layers{0, 0};
+  // With `layers`: grads() holds the gradients of the stage's own parameters and of the tied
+  // weights it reads alone (Net::gradWindow), not every parameter's; the net is not cut again.
+  bool stage_grads = false;
 };
 
 // How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
@@ -271,9 +274,17 @@ class Net {
   // Computes with `weights` (numParams() elements on the net's backend) from now on, in place of
   // weights(), without a copy; the caller keeps them alive and unchanged while the net reads them.
   virtual void useWeights(const Tensor& weights) = 0;
+  // Flat gradients of gradWindow()'s ranges, one after another (every parameter's but in a net
+  // with NetOptions::stage_grads).
   virtual const Tensor& grads() const = 0;
-  // Writes gradients into `grads` (numParams() elements on the net's backend) from now on, in
-  // place of its own: nets that never run at once may share one (a pipeline stage's copies).
+  // The ranges of the flat parameters whose gradients grads() holds, in order: {0, numParams()}
+  // but in a net with NetOptions::stage_grads, whose are gradRanges() and tiedRanges().
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const {
+    return {{0, numParams()}};
+  }
+  // Writes gradients into `grads` (gradWindow()'s count on the net's backend) from now on, in
+  // place of its own: nets that never run at once may share one (a pipeline stage's copies). A
+  // net with given_grads that never runs a backward needs none.
   virtual void useGrads(const Tensor& grads) = 0;
   // Non-trainable state (batch-norm running statistics), flat; may be empty.
   virtual const Tensor& buffers() const = 0;
@@ -349,6 +360,10 @@ class Net {
   virtual void setTiedGrad(std::int64_t begin, const Tensor& part) = 0;
 };
 
+// A stage's gradRanges() and tiedRanges(), sorted, those that touch joined: the gradients its
+// backward writes (NetOptions::stage_grads).
+std::vector<std::pair<std::int64_t, std::int64_t>> stageGradWindow(const Net& stage);
+
 // InputError unless the input fits the model (images, or token sequences for gpt2) and a GPT's
 // shape is one; makeNet checks it first, a run before it opens its data.
 void checkNetInput(const NetOptions& options);
@@ -369,6 +384,10 @@ std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // 1 (its memory plan for each stage in turn, scaled by the micro-batch's rows); `whole` runs all
 // its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);
+// The gradients that the stages of a net of `pipeline` stages of `whole` (the same model, one
+// stage) hold for their backward, apart from the pipeline's sums of them: each stage's own and the
+// tied weights it reads (NetOptions::stage_grads), with pipeline.stage that stage's alone.
+std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline);
 // The flat parameters of each stage of a net of `stages` stages of `whole` (the same model, one
 // stage): stage s's layers' own are [ranges[s].first, ranges[s].second), one range after another
 // from 0 to every parameter (a stage without any: an empty range where the next one begins).

@@ -5,10 +5,12 @@
 // model, so every schedule, checkpoint and launcher trains it as it trains any other.
 //
 // Stage s keeps min(K - s, M) copies of its layers (Net::runLayers), one for each micro-batch it
-// may hold between its forward and its backward under 1F1B, all reading the one weights tensor.
-// Each backward's gradients are added, micro-batch by micro-batch in order, into the flat
-// gradients; a stage's ranges are handed on (GradReadyFn) once its last backward is done, the
-// last stage's first, so their reduction overlaps the earlier stages' backward.
+// may hold between its forward and its backward under 1F1B, all reading the one weights tensor
+// and writing one gradients tensor of their own stage's parameters and the tied weights they read
+// (NetOptions::stage_grads). Each backward's gradients are added, micro-batch by micro-batch in
+// order, into the flat gradients; a stage's ranges are handed on (GradReadyFn) once its last
+// backward is done, the last stage's first, so their reduction overlaps the earlier stages'
+// backward.
 //
 // Stages in processes of their own (PipelineOptions::link): each process's net runs its stage's
 // thread alone, the activations and gradients that cross to another stage travel through the
@@ -17,8 +19,8 @@
 // updater does not keep current. Tied weights that its stage reads from another's come from
 // their owner at each step's start, written over its copy of them, and its part of their
 // gradient goes to the owner at the step's end, which adds it to its own before handing them on.
-// The other stages' layers are kept once, for evaluation, which runs the whole model here on the
-// whole weights it is given then.
+// The other stages' layers are kept once, without gradients, for evaluation, which runs the whole
+// model here on the whole weights it is given then.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/flat_params.h"
 #include "kernels/net.h"
 #include "kernels/random.h"
 #include "troupe/error.h"
@@ -82,7 +85,7 @@ class PipelineNet final : public Net {
     grads_ = whole_->grads();  // which it never writes: the micro-batches' sums
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
-    one.given_weights = one.given_grads = true;
+    one.given_weights = one.given_grads = one.stage_grads = true;
     link_ = options.pipeline.link;
     local_ = link_ ? options.pipeline.stage : -1;
     TROUPE_ENFORCE(!link_ || (local_ >= 0 && local_ < stages_), "stage ", local_, " of ", stages_);
@@ -90,24 +93,29 @@ class PipelineNet final : public Net {
     const int threads = link_ ? backend.threads() : std::max(1, backend.threads() / stages_);
     for (const PipelineCut& cut : whole_->pipelineCuts())
       cut_shapes_[cut.layer] = cut.shape;
-    // Stages in processes of their own share one: only this process's stage runs a backward.
-    Tensor shared_grads;
     for (int s = 0; s < stages_; ++s) {
       Stage& stage = stage_list_.emplace_back();
       stage.backend = makeCpuBackend(threads);
-      if (!link_ || !shared_grads.defined())
-        shared_grads = stage.backend->empty({whole_->numParams()});
-      const Tensor grads = shared_grads;
       const int copies = runsHere(s) ? std::min(stages_ - s, micro_batches_) : 1;
       stage.held.resize(static_cast<std::size_t>(copies));
       // Each copy's memory planned for the stage's layers from the start (not for every layer
       // first, which a process of a model too large for it would not hold even for a moment).
       one.layers = {bounds_[static_cast<std::size_t>(s)], bounds_[static_cast<std::size_t>(s) + 1]};
       for (int copy = 0; copy < copies; ++copy) {
-        stage.nets.push_back(makeNet(*stage.backend, one));
-        stage.nets.back()->useGrads(grads);  // one backward at a time, each added on at once
+        Net& net = *stage.nets.emplace_back(makeNet(*stage.backend, one));
+        // The copies share the gradients of the stage's own weights and the tied ones it reads
+        // (one backward at a time, each added on at once); another process's stage runs none.
+        if (copy == 0 && runsHere(s)) {
+          const auto window = net.gradWindow();
+          std::int64_t count = 0;
+          for (const auto& [begin, end] : window)
+            count += end - begin;
+          stage.grad_values = stage.backend->empty({count});
+          stage.grads = FlatParams(stage.grad_values, window);
+        }
+        if (runsHere(s)) net.useGrads(stage.grad_values);
         // Every stage's batch norms update their own ranges of the shape net's buffers.
-        stage.nets.back()->useBuffers(whole_->buffers());
+        net.useBuffers(whole_->buffers());
       }
     }
     routeTiedWeights();
@@ -338,6 +346,10 @@ class PipelineNet final : public Net {
   struct Stage {
     std::unique_ptr<Backend> backend;
     std::vector<std::unique_ptr<Net>> nets;  // its copies, micro-batch m on m % size
+    // The copies' gradients (in a process of its own, none but its own stage's), and the same
+    // taken by their place in the whole model's.
+    Tensor grad_values;
+    FlatParams grads;
     // Each copy's input, kept until the copy's next forward (its backward reads it, and one that
     // came from another process lives in the link's receive buffer).
     std::vector<Tensor> held;
@@ -748,20 +760,20 @@ class PipelineNet final : public Net {
     for (const auto& route : stage.tied_to) {
       const auto [from, to] = route.first;
       if (!runsHere(route.second)) {  // zeros there at the step's start (backward())
-        backend.axpy(1.0f, net.grads().slice(from, to), grads_.slice(from, to));
+        backend.axpy(1.0f, stage.grads.slice(from, to), grads_.slice(from, to));
         continue;
       }
       Tensor part = backend.empty({to - from});
-      backend.copy(net.grads().slice(from, to), part);
+      backend.copy(stage.grads.slice(from, to), part);
       post([&] {
         inboxes_[static_cast<std::size_t>(route.second)].tied[m].emplace_back(from, part);
       });
     }
     for (const auto& [begin, end] : net.gradRanges()) {
       if (m == 0) {
-        backend.copy(net.grads().slice(begin, end), grads_.slice(begin, end));
+        backend.copy(stage.grads.slice(begin, end), grads_.slice(begin, end));
       } else {
-        backend.axpy(1.0f, net.grads().slice(begin, end), grads_.slice(begin, end));
+        backend.axpy(1.0f, stage.grads.slice(begin, end), grads_.slice(begin, end));
       }
     }
     const double busy =
@@ -880,6 +892,19 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
     const int copies =
         pipeline.stage < 0 || pipeline.stage == s ? std::min(pipeline.stages - s, micro) : 1;
     held += copies * (m.held + m.scratch) * rows;
+  }
+  whole.runLayers(0, whole.layers().size());
+  return held;
+}
+
+std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline) {
+  const auto bounds = pipelineBounds(whole, pipeline.stages);
+  std::int64_t held = 0;
+  for (int s = 0; s < pipeline.stages; ++s) {
+    if (pipeline.stage >= 0 && pipeline.stage != s) continue;
+    whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
+    for (const auto& [begin, end] : stageGradWindow(whole))
+      held += end - begin;
   }
   whole.runLayers(0, whole.layers().size());
   return held;

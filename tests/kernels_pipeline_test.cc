@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/flat_params.h"
 #include "kernels/net.h"
 #include "kernels/random.h"
 #include "language_model_util.h"
@@ -53,19 +54,40 @@ std::vector<std::size_t> boundsOf(const Net& net, int stages) {
   return bounds;
 }
 
+// [from, to) of the model's gradients, where `net` holds them (Net::gradWindow).
+Tensor gradsOf(const Net& net, std::int64_t from, std::int64_t to) {
+  return FlatParams(net.grads(), net.gradWindow()).slice(from, to);
+}
+
 // The whole net and its stages, one training forward and backward each: the last stage's loss and
-// top-1 count, and every gradient, to the bit.
-void expectStagesAsWhole(const NetOptions& o, const Batch& batch, int stages) {
-  SCOPED_TRACE(o.model.name + ", " + std::to_string(stages) + " stages");
+// top-1 count, and every gradient, to the bit. With stage_grads, each stage's net holds the
+// gradients of its own parameters and of the tied weights it reads alone.
+void expectStagesAsWhole(const NetOptions& o, const Batch& batch, int stages,
+                         bool stage_grads = false) {
+  SCOPED_TRACE(o.model.name + ", " + std::to_string(stages) + " stages" +
+               (stage_grads ? ", stage_grads" : ""));
   auto backend = makeCpuBackend(2);
   auto whole = makeNet(*backend, o);
   whole->forward(batch.inputs, batch.labels, true);
   whole->backward(1.0f, nullptr);
   const auto bounds = boundsOf(*whole, stages);
   std::vector<std::unique_ptr<Net>> nets;
+  std::int64_t held_grads = 0, tied = 0;
   for (int s = 0; s < stages; ++s) {
-    nets.push_back(makeNet(*backend, o));
-    nets.back()->runLayers(bounds[s], bounds[s + 1]);
+    NetOptions stage = o;
+    stage.layers = {bounds[s], bounds[s + 1]};
+    stage.stage_grads = stage_grads;
+    nets.push_back(makeNet(*backend, stage));
+    const FlatParams::Ranges every{{0, whole->numParams()}};
+    EXPECT_EQ(nets.back()->gradWindow(), stage_grads ? stageGradWindow(*nets.back()) : every);
+    held_grads += nets.back()->grads().numel();
+    for (const auto& [from, to] : nets.back()->tiedRanges())
+      tied += to - from;
+  }
+  // Apart, the stages hold each parameter's gradient once, and the tied weights' again in the
+  // stages that read them.
+  if (stage_grads) {
+    EXPECT_EQ(held_grads, whole->numParams() + tied);
   }
   Tensor in = batch.inputs;
   for (auto& net : nets) {
@@ -79,7 +101,7 @@ void expectStagesAsWhole(const NetOptions& o, const Batch& batch, int stages) {
       Net& reader = *nets[static_cast<std::size_t>(later)];
       for (const auto& [from, to] : reader.tiedRanges()) {
         for (const auto& [begin, end] : net.gradRanges())
-          if (begin <= from && to <= end) net.setTiedGrad(from, reader.grads().slice(from, to));
+          if (begin <= from && to <= end) net.setTiedGrad(from, gradsOf(reader, from, to));
       }
     }
     net.backward(1.0f, nullptr);
@@ -96,12 +118,13 @@ void expectStagesAsWhole(const NetOptions& o, const Batch& batch, int stages) {
   const auto want = hostCopy(*backend, whole->grads());
   std::vector<int> writers(want.size(), 0);
   for (int s = 0; s < stages; ++s) {
-    const auto got = hostCopy(*backend, nets[static_cast<std::size_t>(s)]->grads());
-    for (const auto& [begin, end] : nets[static_cast<std::size_t>(s)]->gradRanges()) {
+    const Net& net = *nets[static_cast<std::size_t>(s)];
+    for (const auto& [begin, end] : net.gradRanges()) {
+      const auto got = hostCopy(*backend, gradsOf(net, begin, end));
       for (auto i = static_cast<std::size_t>(begin); i < static_cast<std::size_t>(end); ++i) {
         ++writers[i];
-        ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
-            << "stage " << s << ", gradient " << i << ": " << got[i] << ", the whole net's "
+        ASSERT_EQ(std::memcmp(&got[i - begin], &want[i], sizeof(float)), 0)
+            << "stage " << s << ", gradient " << i << ": " << got[i - begin] << ", the whole net's "
             << want[i];
       }
     }
@@ -114,8 +137,10 @@ TEST(PipelineStages, LenetAndResnet20CutAnywhereComputeTheWholeNetsGradients) {
   const Batch mnist = images(3, 1, 28);
   const Batch cifar = images(2, 3, 32);
   for (int stages : {2, 4}) {
-    expectStagesAsWhole(imageModel("lenet", 3, 1, 28), mnist, stages);
-    expectStagesAsWhole(imageModel("resnet20", 2, 3, 32), cifar, stages);
+    for (const bool stage_grads : {false, true}) {
+      expectStagesAsWhole(imageModel("lenet", 3, 1, 28), mnist, stages, stage_grads);
+      expectStagesAsWhole(imageModel("resnet20", 2, 3, 32), cifar, stages, stage_grads);
+    }
   }
   auto backend = makeCpuBackend(1);
   const auto lenet = makeNet(*backend, imageModel("lenet", 3, 1, 28));
@@ -131,9 +156,39 @@ TEST(PipelineStages, Gpt2WithItsTiedOutputLayerAndTheLstmModelWithDropout) {
   lstm.lstm = {2, 12, 12, 0.5f, false};
   const auto words = testing::randomSequences(2, 6, 30, 12);
   for (int stages : {2, 4}) {
-    expectStagesAsWhole(gpt, {tokens.tokens, tokens.labels}, stages);
-    expectStagesAsWhole(lstm, {words.tokens, words.labels}, stages);
+    for (const bool stage_grads : {false, true}) {
+      expectStagesAsWhole(gpt, {tokens.tokens, tokens.labels}, stages, stage_grads);
+      expectStagesAsWhole(lstm, {words.tokens, words.labels}, stages, stage_grads);
+    }
   }
+}
+
+// A stage's gradients hold its ranges one after another: a range is found where it lies, and one
+// that it does not hold whole is refused, naming it.
+TEST(PipelineStages, FlatParamsTakeARangeWhereItsHeldRangeLies) {
+  Tensor values = Tensor::host({7});
+  for (int i = 0; i < 7; ++i)
+    values.f32()[i] = static_cast<float>(i);
+  const FlatParams held(values, {{10, 14}, {20, 23}});
+  EXPECT_EQ(held.slice(11, 14).f32(), values.f32() + 1);
+  EXPECT_EQ(held.slice(11, 14).numel(), 3);
+  EXPECT_EQ(held.slice(20, 23).f32(), values.f32() + 4);
+  EXPECT_EQ(held.slice(22, 23).f32()[0], 6.0f);
+  for (const auto& [begin, end] : {std::pair{9, 12}, {12, 15}, {14, 20}, {13, 21}, {30, 31}}) {
+    try {
+      held.slice(begin, end);
+      ADD_FAILURE() << "[" << begin << ", " << end << ") was taken";
+    } catch (const InvariantError& e) {
+      EXPECT_NE(std::string(e.what()).find("parameters [" + std::to_string(begin) + ", " +
+                                           std::to_string(end) + ") lie outside"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(FlatParams(values).slice(2, 5).f32(), values.f32() + 2);
+  EXPECT_FALSE(FlatParams(Tensor(), {{10, 14}}).slice(10, 12).defined());
+  EXPECT_THROW(FlatParams(values, {{20, 23}, {10, 14}}), InvariantError);  // out of order
+  EXPECT_THROW(FlatParams(values, {{10, 13}}), InvariantError);            // not 7 values
 }
 
 // The cuts of ResNet-20: after the stem's convolution and its ReLU (which its batch norm

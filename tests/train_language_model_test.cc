@@ -264,12 +264,13 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
 // A GPT whose activations do not fit: 220,544 parameters (0.8 MiB of weights), but at 32
 // sequences of 64 tokens its activations and their gradients are 39.5 MiB. Under max_memory 24M
 // the run is refused, and the refusal offers pipeline stages; with 2 stages over 8 micro-batches
-// the stages hold 8.6 MiB of activations (and 3 gradient tensors, each stage's and their sum),
-// and the run trains with this process's tensors (counted at every allocation,
-// kernels/host_memory.h) peaking within the estimate that admitted it (measured: 13.4 MiB of
-// 14.1; before a stage's copies were planned for its layers alone, 17.7 MiB of 12.8). So do the
-// two stages as workers of their own, each within its own estimate (12.2 of 13.2 MiB and 9.6 of
-// 10.3: each holds one copy of the other's layers, for evaluation).
+// the stages hold 8.6 MiB of activations (and the sum of their gradients, and each stage's own
+// and its tied weights'), and the run trains with this process's tensors (counted at every
+// allocation, kernels/host_memory.h) peaking within the estimate that admitted it (measured: 12.6
+// MiB of 13.3; with a whole gradient tensor for each stage, 13.4 of 14.1; before a stage's copies
+// were planned for its layers alone, 17.7 MiB of 12.8). So do the two stages as workers of their
+// own, each within its own estimate (11.5 of 12.5 MiB and 8.9 of 9.5: each holds one copy of the
+// other's layers, for evaluation).
 TEST(LanguageModel, AModelWhoseActivationsDoNotFitTrainsInPipelineStagesOverMicroBatches) {
   TempDir dir("lm_pipeline_memory");
   convert(dir);

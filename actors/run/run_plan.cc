@@ -263,9 +263,11 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   if (o.max_memory <= 0) return 0;
   const std::int64_t num_params = whole.numParams();
   const bool staged = pipeline.stages > 1;
-  // A stage in a process of its own: its gradients and their sum (the other stages' layers,
-  // kept for evaluation, share its gradients: they never run a backward).
-  const int stage_grads = pipeline.stage >= 0 ? 1 : pipeline.stages;
+  // Pipeline stages: the sums of their gradients, and each stage's own and those of the tied
+  // weights it reads, for its backward (in a process of its own, its stage's alone: the other
+  // stages' layers, kept for evaluation, hold none).
+  const double stage_grads =
+      staged ? 4.0 * static_cast<double>(kernels::pipelineStageGrads(whole, pipeline)) : 0.0;
   const auto& optimizer = o.optimizer.info();
   // With parameter servers the optimizer's state is theirs, sharded over them, and the servers'
   // answers to a pull (the new weights, decoded) arrive beside the weights they are copied into;
@@ -279,7 +281,7 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                        : stage_state >= 0 ? 4.0 * static_cast<double>(stage_state) * rows
                                           : params * rows / sharing;
   const auto replicas = static_cast<double>(shares.size());
-  const double grads = replicas * params * (staged ? stage_grads + 1 : 1);
+  const double grads = replicas * (params + stage_grads);
   const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;
   double activations = 0;
@@ -319,7 +321,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       "{}",
       need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
       num_params, memorySize(params), state_text, memorySize(grads), shares.size(),
-      staged ? fmt::format(", each with {} stages' and their sum", stage_grads) : "",
+      staged ? fmt::format(", each with their sum and its stages' {}", memorySize(stage_grads))
+             : "",
       memorySize(activations), inputs,
       staged ? fmt::format(" in {} micro-batches", pipeline.microBatches()) : "", advice));
 }

@@ -150,8 +150,9 @@ void checkBatchMemory(const TrainOptions& o);
 // InputError, naming the bytes and the limit, when a worker process would hold more than
 // max_memory for its model while it trains: the float32 weights and the optimizer's state rows
 // (the updater's, its shard of them with zero_stage 1; none with parameter servers, which hold
-// them), each replica's gradients (with pipeline stages, each stage's and their sum; a stage in
-// a worker of its own, `pipeline.stage`, its own and their sum), and its activations and their
+// them), each replica's gradients (with pipeline stages, their sum and each stage's own and its
+// tied weights', kernels::pipelineStageGrads; a stage in a worker of its own, `pipeline.stage`,
+// its stage's alone), and its activations and their
 // gradients at its share of the batch, from `whole`, the net at batch 1 (NetMemory::held and
 // scratch; with pipeline stages, kernels::pipelineHeld). A checkpoint adds a piece of 256 KiB at
 // most: a sharded state (ZeRO's, the parameter servers') is put together on disk, piece by piece.

@@ -1,0 +1,36 @@
+// A flat tensor that holds some ranges of a model's flat parameters, or of their gradients, laid
+// one after another in order: a pipeline stage's net keeps the gradients of its own stage's
+// parameters and of the tied weights it reads, and no others (NetOptions::stage_grads). Layers
+// take their parameters from it by their place in the whole model's (Layer::bind).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/tensor.h"
+
+namespace troupe::kernels {
+
+class FlatParams {
+ public:
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+
+  FlatParams() = default;
+  // Every one: [0, values.numel()) of the model's.
+  explicit FlatParams(Tensor values) : values_(std::move(values)) {}
+  // `held`, sorted and apart, one after another in `values` (which must hold them all, or be a
+  // tensor without memory).
+  FlatParams(Tensor values, Ranges held);
+
+  // [begin, end) of the model's flat parameters, which must lie in one held range; a tensor
+  // without memory where `values` has none (a net that runs no backward binds its layers to it).
+  Tensor slice(std::int64_t begin, std::int64_t end) const;
+
+ private:
+  Tensor values_;
+  Ranges held_;                   // empty: every one
+  std::vector<std::int64_t> at_;  // where held_[i] starts in values_
+};
+
+}  // namespace troupe::kernels
