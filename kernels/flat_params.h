@@ -26,10 +26,13 @@ class FlatParams {
   // [begin, end) of the model's flat parameters, which must lie in one held range; a tensor
   // without memory where `values` has none (a net that runs no backward binds its layers to it).
   Tensor slice(std::int64_t begin, std::int64_t end) const;
+  // The ranges held, in order ({0, values.numel()} for every one).
+  Ranges window() const { return every_ ? Ranges{{0, values_.numel()}} : held_; }
 
  private:
   Tensor values_;
-  Ranges held_;                   // empty: every one
+  bool every_ = true;
+  Ranges held_;
   std::vector<std::int64_t> at_;  // where held_[i] starts in values_
 };
 

@@ -10,7 +10,7 @@
 namespace troupe::kernels {
 
 FlatParams::FlatParams(Tensor values, Ranges held)
-    : values_(std::move(values)), held_(std::move(held)) {
+    : values_(std::move(values)), every_(false), held_(std::move(held)) {
   std::int64_t at = 0;
   for (std::size_t i = 0; i < held_.size(); ++i) {
     TROUPE_ENFORCE(
@@ -25,7 +25,7 @@ FlatParams::FlatParams(Tensor values, Ranges held)
 
 Tensor FlatParams::slice(std::int64_t begin, std::int64_t end) const {
   if (!values_.defined()) return Tensor();
-  if (held_.empty()) return values_.slice(begin, end);
+  if (every_) return values_.slice(begin, end);
   const auto it =
       std::upper_bound(held_.begin(), held_.end(), begin,
                        [](std::int64_t b, const auto& range) { return b < range.first; });

@@ -110,8 +110,6 @@ class NetImpl final : public Net, private LayerContext {
                        g_.channels_last_misfit + "; use memory_format nchw");
     }
     if (options.fuse) fuseRelus();
-    TROUPE_ENFORCE(!options.given_grads || options.given_weights,
-                   "a net with given_grads has given_weights too");
     end_ = g_.layers.size();
     if (options.layers.second > 0) {
       runLayers(options.layers.first, options.layers.second);  // plans their memory alone

@@ -162,7 +162,7 @@ struct NetOptions {
   // of them): the net neither allocates nor initialises any of its own (only its buffers).
   bool given_weights = false;
   // The gradients come by useGrads() before any backward, likewise (a pipeline stage's copies
-  // share one); only with given_weights.
+  // share one).
   bool given_grads = false;
   // The layers the net runs from the start, [first, end) as runLayers() takes them ({0, 0}: all):
   // a pipeline stage's, whose activations are then planned for those layers alone.
@@ -278,7 +278,8 @@ class Net {
   // with NetOptions::stage_grads).
   virtual const Tensor& grads() const = 0;
   // The ranges of the flat parameters whose gradients grads() holds, in order: {0, numParams()}
-  // but in a net with NetOptions::stage_grads, whose are gradRanges() and tiedRanges().
+  // but in a net with NetOptions::stage_grads, whose are gradRanges() and tiedRanges(), and in a
+  // pipeline whose stage is a process of its own (PipelineOptions::link), whose are that stage's.
   virtual std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const {
     return {{0, numParams()}};
   }

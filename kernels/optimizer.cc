@@ -176,7 +176,6 @@ std::string describe(const OptimizerSettings& s) {
   return out + fmt::format(", weight decay {:g}", s.weight_decay);
 }
 
-
 void sgdUpdateRange(Backend& backend, const Tensor& weights, const Tensor& grads,
                     const Tensor& momentum, std::int64_t begin, std::int64_t end, float lr,
                     const OptimizerSettings& options) {

@@ -75,14 +75,14 @@ class PipelineNet final : public Net {
     NetOptions one = options;
     one.pipeline = {};
     NetOptions shape = one;
-    shape.max_batch = 1;  // its weights, and its shape (params, layers, cuts); it runs nothing
+    shape.max_batch = 1;       // its weights, and its shape (params, layers, cuts); it runs nothing
+    shape.given_grads = true;  // it has none: the pipeline's sums are its own
     whole_ = makeNet(backend, shape);
     stages_ = options.pipeline.stages;
     micro_batches_ = options.pipeline.microBatches();
     checkPipeline(*whole_, options, backend.device());
     bounds_ = pipelineBounds(*whole_, stages_);
     micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
-    grads_ = whole_->grads();  // which it never writes: the micro-batches' sums
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
     one.given_weights = one.given_grads = one.stage_grads = true;
@@ -118,6 +118,16 @@ class PipelineNet final : public Net {
         net.useBuffers(whole_->buffers());
       }
     }
+    // The micro-batches' sums: of every stage's gradients, or in a process of its own, of its
+    // stage's and of the tied weights it reads (the others' are not kept here).
+    const Ranges window = link_
+                              ? stage_list_[static_cast<std::size_t>(local_)].nets[0]->gradWindow()
+                              : Ranges{{0, whole_->numParams()}};
+    std::int64_t count = 0;
+    for (const auto& [begin, end] : window)
+      count += end - begin;
+    grad_values_ = backend.empty({count});
+    grads_ = FlatParams(grad_values_, window);
     routeTiedWeights();
     inboxes_.resize(static_cast<std::size_t>(stages_));
     if (!options.given_weights) useWeights(whole_->weights());
@@ -173,7 +183,8 @@ class PipelineNet final : public Net {
       for (auto& net : stage.nets)
         net->useWeights(weights);
   }
-  const Tensor& grads() const override { return grads_; }
+  const Tensor& grads() const override { return grad_values_; }
+  Ranges gradWindow() const override { return grads_.window(); }
   void useGrads(const Tensor&) override {
     throw InvariantError("useGrads() of a whole pipeline (its gradients are summed in its own)");
   }
@@ -240,7 +251,7 @@ class PipelineNet final : public Net {
     changed_.notify_all();
     // The tied weights that stages in other processes read, as they are this step.
     for (const TiedLink& link : tied_readers_) {
-      const Tensor values = joined(whole_->weights(), link, backend_);
+      const Tensor values = joined(FlatParams(whole_->weights()), link, backend_);
       backend_.synchronize();
       sendTo(link.stage, StageTensor::kTiedWeights, 0, values);
     }
@@ -433,7 +444,7 @@ class PipelineNet final : public Net {
   }
 
   // The ranges of `from` that `link` names, one after another, in a tensor of their own.
-  static Tensor joined(const Tensor& from, const TiedLink& link, Backend& backend) {
+  static Tensor joined(const FlatParams& from, const TiedLink& link, Backend& backend) {
     Tensor out = backend.empty({link.size});
     eachRange(link, out, [&](auto range, const Tensor& part) {
       backend.copy(from.slice(range.first, range.second), part);
@@ -826,7 +837,11 @@ class PipelineNet final : public Net {
   int stages_ = 1, micro_batches_ = 1;
   std::vector<std::size_t> bounds_;  // stage s: layers [bounds_[s], bounds_[s + 1])
   std::int64_t micro_rows_ = 1;
-  Tensor grads_, metrics_;
+  // The micro-batches' sums of the gradients (grads(), gradWindow()), and the same taken by
+  // their place in the whole model's.
+  Tensor grad_values_;
+  FlatParams grads_;
+  Tensor metrics_;
   Tensor images_, labels_;  // the training batch, labels flat
   bool trained_ = false;
   bool profiling_ = false;

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -411,6 +412,14 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
   gpt.pipeline.stages = 2;
   gpt.pipeline.micro_batches = 2;
   const auto tokens = testing::randomSequences(4, 8, 40, 11);
+  // Each stage keeps the gradients of its own parameters alone, and stage 1 those of wte too (40
+  // tokens, 16 wide, the model's first parameters), which its output layer reads.
+  NetOptions one = gpt;
+  one.pipeline = {};
+  auto probe = makeCpuBackend(1);
+  const auto whole = makeNet(*probe, one);
+  const auto ranges = pipelineParamRanges(*whole, 2);
+  const std::vector<FlatParams::Ranges> windows = {{ranges[0]}, {{0, 40 * 16}, ranges[1]}};
   // A fresh stage `stage` given `messages` before its first step; the step's error, and what it
   // sent.
   const auto stepWith = [&](int stage, const std::vector<StageTensor>& messages,
@@ -422,6 +431,12 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
     o.pipeline.link = link;
     auto backend = makeCpuBackend(1);
     auto net = makeNet(*backend, o);
+    EXPECT_EQ(net->gradWindow(), windows[static_cast<std::size_t>(stage)]);
+    const auto held = windows[static_cast<std::size_t>(stage)];
+    EXPECT_EQ(net->grads().numel(), std::accumulate(held.begin(), held.end(), std::int64_t{0},
+                                                    [](std::int64_t sum, const auto& range) {
+                                                      return sum + range.second - range.first;
+                                                    }));
     for (const StageTensor& message : messages)
       link->deliver(message);
     std::string error = "(no error)";

@@ -13,6 +13,7 @@
 #include "actors/roles/roles.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_plugin.h"
+#include "kernels/flat_params.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -58,7 +59,7 @@ class Replica final : public Actor {
     net_ = kernels::makeNet(*backend_, config_.net);
     metrics_host_ = kernels::Tensor::host({2});
     if (config_.reduce_on != config_.device && config_.reduce_on.kind == kernels::DeviceKind::kCpu)
-      host_grads_ = backend_->hostBuffer({net_->numParams()});
+      host_grads_ = backend_->hostBuffer({net_->grads().numel()});
   }
 
  private:
@@ -308,10 +309,13 @@ class Replica final : public Actor {
     const kernels::Event* final_at = nullptr;  // the net's event for the bucket's last range
     auto flush = [&] {
       if (bucket_begin < 0) return;
-      kernels::Tensor grads = net_->grads().slice(bucket_begin, bucket_end);
+      // Where the net holds them (a pipeline stage's worker: its stage's alone).
+      const auto window = net_->gradWindow();
+      kernels::Tensor grads =
+          kernels::FlatParams(net_->grads(), window).slice(bucket_begin, bucket_end);
       const bool to_host = host_grads_.numel() > 0;
       if (to_host) {
-        auto host = host_grads_.slice(bucket_begin, bucket_end);
+        auto host = kernels::FlatParams(host_grads_, window).slice(bucket_begin, bucket_end);
         backend_->copy(grads, host);
         grads = host;
       }

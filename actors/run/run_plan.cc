@@ -263,9 +263,9 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   if (o.max_memory <= 0) return 0;
   const std::int64_t num_params = whole.numParams();
   const bool staged = pipeline.stages > 1;
-  // Pipeline stages: the sums of their gradients, and each stage's own and those of the tied
-  // weights it reads, for its backward (in a process of its own, its stage's alone: the other
-  // stages' layers, kept for evaluation, hold none).
+  // Pipeline stages: each stage's gradients (its own and those of the tied weights it reads) for
+  // its backward, and their sums over the micro-batches; in a process of its own, its stage's
+  // alone, both (the other stages' layers, kept for evaluation, hold none).
   const double stage_grads =
       staged ? 4.0 * static_cast<double>(kernels::pipelineStageGrads(whole, pipeline)) : 0.0;
   const auto& optimizer = o.optimizer.info();
@@ -281,7 +281,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                        : stage_state >= 0 ? 4.0 * static_cast<double>(stage_state) * rows
                                           : params * rows / sharing;
   const auto replicas = static_cast<double>(shares.size());
-  const double grads = replicas * (params + stage_grads);
+  const double sums = pipeline.stage >= 0 ? stage_grads : params;
+  const double grads = replicas * (sums + stage_grads);
   const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;
   double activations = 0;
