@@ -434,6 +434,15 @@ class NetImpl final : public Net, private LayerContext {
     }
     return ranges;
   }
+  std::vector<std::pair<std::int64_t, std::int64_t>> bufferRanges() const override {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (std::size_t l = begin_; l < end_; ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.buffer_end > layer.buffer_begin)
+        ranges.emplace_back(layer.buffer_begin, layer.buffer_end);
+    }
+    return ranges;
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override {
     return tied_in_;
   }

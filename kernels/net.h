@@ -353,6 +353,9 @@ class Net {
   // The ranges of the flat parameters whose gradients backward() leaves final, in order: the
   // stage's layers' own.
   virtual std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const = 0;
+  // The ranges of the flat buffers that the stage's layers own (its batch norms' statistics), in
+  // order.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> bufferRanges() const = 0;
   // Tied weights across stages (GPT-2's output layer reads the embedding's wte): the ranges of
   // another stage's weights that a layer of this one reads. backward() leaves this stage's part
   // of their gradient in grads() over them; the owner's stage takes it by setTiedGrad() before
@@ -394,6 +397,8 @@ std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline);
 // from 0 to every parameter (a stage without any: an empty range where the next one begins).
 // `whole` runs all its layers after.
 std::vector<std::pair<std::int64_t, std::int64_t>> pipelineParamRanges(Net& whole, int stages);
+// The same for the flat buffers (Net::bufferRanges).
+std::vector<std::pair<std::int64_t, std::int64_t>> pipelineBufferRanges(Net& whole, int stages);
 // InputError naming what a net of options.pipeline.stages stages of `whole` (the same model, one
 // stage) on `device` cannot do: a GPU, more stages than cuts, more micro-batches
 // than options.max_batch.

@@ -348,6 +348,9 @@ class PipelineNet final : public Net {
   std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const override {
     return {{0, whole_->numParams()}};
   }
+  std::vector<std::pair<std::int64_t, std::int64_t>> bufferRanges() const override {
+    return {{0, whole_->buffers().numel()}};
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override { return {}; }
   void setTiedGrad(std::int64_t, const Tensor&) override {
     throw InvariantError("setTiedGrad() of a whole pipeline");
@@ -925,22 +928,39 @@ std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline) {
   return held;
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> pipelineParamRanges(Net& whole, int stages) {
+namespace {
+
+// Each stage's range of `count` flat values, of which `of(whole)` gives the ranges that the
+// layers it runs own (Net::gradRanges, Net::bufferRanges): one range after another from 0.
+template <typename RangesOf>
+Ranges stageRanges(Net& whole, int stages, std::int64_t count, RangesOf of) {
   const auto bounds = pipelineBounds(whole, stages);
   Ranges ranges;
   std::int64_t at = 0;
   for (int s = 0; s < stages; ++s) {
     whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
     const std::int64_t begin = at;
-    for (const auto& [first, end] : whole.gradRanges()) {
-      TROUPE_ENFORCE_EQ(first, at);  // a stage's layers' parameters follow the stage before's
+    for (const auto& [first, end] : of(whole)) {
+      TROUPE_ENFORCE_EQ(first, at);  // a stage's layers' values follow the stage before's
       at = end;
     }
     ranges.emplace_back(begin, at);
   }
   whole.runLayers(0, whole.layers().size());
-  TROUPE_ENFORCE_EQ(at, whole.numParams());
+  TROUPE_ENFORCE_EQ(at, count);
   return ranges;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::int64_t, std::int64_t>> pipelineParamRanges(Net& whole, int stages) {
+  return stageRanges(whole, stages, whole.numParams(),
+                     [](const Net& net) { return net.gradRanges(); });
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> pipelineBufferRanges(Net& whole, int stages) {
+  return stageRanges(whole, stages, whole.buffers().numel(),
+                     [](const Net& net) { return net.bufferRanges(); });
 }
 
 void checkPipeline(const Net& whole, const NetOptions& options, const Device& device) {

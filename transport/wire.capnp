@@ -152,9 +152,11 @@ struct Evaluated {
   count @3 :Int64;
 }
 
-# Replica 0 -> Coordinator: batch-norm statistics (answer to buffersRequest).
+# Replica -> Coordinator: batch-norm statistics (answer to buffersRequest): replica 0's, or with
+# pipeline stages in workers of their own, each stage's worker's in the first pipeline.
 struct Buffers {
   buffers @0 :TensorData;
+  replica @1 :Int32;  # the sender's index among the run's replicas
 }
 
 # Ring allreduce: one chunk of one bucket, in one of the two phases.

@@ -243,13 +243,15 @@ inline constexpr auto wire::kForm<Handover> = wire::form<Handover>(
 // Coordinator -> Replica 0 and back: the replica's non-trainable state (batch-norm statistics).
 struct BuffersRequest {};
 struct Buffers {
-  Tensor buffers;  // a copy
+  Tensor buffers;   // a copy
+  int replica = 0;  // the sender's index among the run's replicas
 };
 template <>
 inline constexpr auto wire::kForm<BuffersRequest> = wire::form<BuffersRequest>("buffersRequest");
 template <>
 inline constexpr auto wire::kForm<Buffers> =
-    wire::form<Buffers>("buffers", wire::field("buffers", &Buffers::buffers));
+    wire::form<Buffers>("buffers", wire::field("buffers", &Buffers::buffers),
+                        wire::field("replica", &Buffers::replica));
 
 // Coordinator -> Replica: evaluate these weights on the replica's shard of the test set.
 struct Evaluate {

@@ -64,7 +64,7 @@ class Coordinator final : public Actor {
     });
     on<Buffers>([this](Buffers& b) {
       ++progress_;
-      buffers_ = b.buffers;
+      if (!takeBuffers(b)) return;
       if (pause_buffers_) {
         pause_buffers_ = false;
         checkpointPaused();
@@ -300,9 +300,9 @@ class Coordinator final : public Actor {
       stopRun();
       return;
     }
-    if (config_.has_buffers) {  // the checkpoint needs replica 0's batch-norm statistics
+    if (config_.has_buffers) {  // the checkpoint needs the batch-norm statistics
       pause_buffers_ = true;
-      send(config_.replicas[0], BuffersRequest{});
+      requestBuffers();
       return;
     }
     checkpointPaused();
@@ -491,10 +491,43 @@ class Coordinator final : public Actor {
     // Replica 0's batch-norm statistics, for the evaluation and the checkpoint: only the
     // updaters' pause (StepPlan::pausesAt) keeps the replicas from changing them meanwhile.
     if (config_.has_buffers && epoch_end_->paused) {
-      send(config_.replicas[0], BuffersRequest{});
+      requestBuffers();
     } else {
       evaluate();
     }
+  }
+
+  // The batch-norm statistics, for the evaluation and the checkpoint: replica 0's, or each
+  // pipeline stage's from its worker in the first pipeline (CoordinatorConfig::buffer_ranges),
+  // whose are the only current ones of its stage's layers.
+  void requestBuffers() {
+    buffers_taken_ = 0;
+    if (config_.buffer_ranges.empty()) {
+      send(config_.replicas[0], BuffersRequest{});
+      return;
+    }
+    for (std::size_t s = 0; s < config_.buffer_ranges.size(); ++s)
+      send(config_.replicas[s], BuffersRequest{});
+  }
+
+  // Whether the buffers are whole with `b`: each stage's range taken from its own worker's.
+  bool takeBuffers(const Buffers& b) {
+    if (config_.buffer_ranges.empty()) {
+      buffers_ = b.buffers;
+      return true;
+    }
+    const auto stage = static_cast<std::size_t>(b.replica);
+    TROUPE_ENFORCE(stage < config_.buffer_ranges.size() && b.buffers.numel() > 0,
+                   "batch-norm statistics from replica ", b.replica,
+                   ", which runs no stage of "
+                   "the first pipeline");
+    if (buffers_taken_ == 0) {
+      buffers_ = b.buffers;  // a copy of the sender's: its stage's ranges are the current ones
+    } else {
+      const auto [begin, end] = config_.buffer_ranges[stage];
+      std::copy(b.buffers.f32() + begin, b.buffers.f32() + end, buffers_.f32() + begin);
+    }
+    return ++buffers_taken_ == config_.buffer_ranges.size();
   }
 
   void evaluate() {
@@ -752,7 +785,8 @@ class Coordinator final : public Actor {
   double loss_average_ = -1;
   std::int64_t pause_at_ = -1;
   PauseFor pause_for_ = PauseFor::kNothing;
-  bool pause_buffers_ = false;  // replica 0's buffers were asked for a paused checkpoint
+  bool pause_buffers_ = false;     // the buffers were asked for a paused checkpoint
+  std::size_t buffers_taken_ = 0;  // of the stages' (CoordinatorConfig::buffer_ranges)
   Clock::time_point next_join_check_ = Clock::now();
   double cumulative_time_ = 0;
   std::int64_t cumulative_inputs_ = 0;

@@ -36,7 +36,9 @@ class Replica final : public Actor {
       stage();
       tryStep();
     });
-    on<BuffersRequest>([this](BuffersRequest&) { send(config_.coordinator, Buffers{buffers()}); });
+    on<BuffersRequest>([this](BuffersRequest&) {
+      send(config_.coordinator, Buffers{buffers(), config_.index});
+    });
     on<Evaluate>([this](Evaluate& e) { evaluate(e); });
   }
 

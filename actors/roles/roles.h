@@ -492,6 +492,10 @@ struct CoordinatorConfig {
   // the checkpoint or the run's result read them. Empty: the chief's are whole.
   std::vector<std::pair<std::int64_t, std::int64_t>> weight_ranges;
   std::vector<Address> weight_holders;
+  // The same for the batch-norm statistics: each stage's range of the flat buffers, which stage
+  // s's replica in the first pipeline (replicas[s]) keeps current. The evaluation and the
+  // checkpoint take each stage's from its worker. Empty: replica 0's are whole.
+  std::vector<std::pair<std::int64_t, std::int64_t>> buffer_ranges;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

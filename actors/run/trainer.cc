@@ -215,8 +215,11 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   if (o.no_wd) p.optimizer.no_decay = kernels::noDecayRanges(init_net->params());
   p.optimizer.layers = kernels::paramRanges(init_net->params());
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
-  if (net.pipeline.stage >= 0)
+  if (net.pipeline.stage >= 0) {
     p.stage_ranges = kernels::pipelineParamRanges(*init_net, net.pipeline.stages);
+    if (p.has_buffers)
+      p.stage_buffer_ranges = kernels::pipelineBufferRanges(*init_net, net.pipeline.stages);
+  }
   if (!server) {
     const auto columns = stateColumnsOf(o, p);
     p.memory_estimate = checkModelMemory(

@@ -82,6 +82,7 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
       c.shards = c.weight_ranges;
       c.state_holders = c.weight_holders;
     }
+    c.buffer_ranges = p.stage_buffer_ranges;
   } else {
     c.shards = zeroShards();
     c.state_holders = a.all_updaters;
