@@ -383,8 +383,9 @@ std::unique_ptr<Net> makePipelineNet(Backend& backend, const NetOptions& options
 // the nearest to its share.
 std::vector<std::size_t> pipelineBounds(const Net& whole, int stages);
 // The bytes of activations and their gradients that a net of `pipeline` stages holds at `batch`
-// (each stage's copies at their micro-batch; with pipeline.stage, one copy of each other stage's;
-// and the whole model's net at a batch of 1, which the pipeline keeps), from `whole` at a batch of
+// (each stage's copies at their micro-batch, with pipeline.stage that stage's alone and the
+// messages that cross its cuts; and the whole model's net at a batch of 1, which the pipeline
+// keeps), from `whole` at a batch of
 // 1 (its memory plan for each stage in turn, scaled by the micro-batch's rows); `whole` runs all
 // its layers after.
 std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int64_t batch);

@@ -19,8 +19,8 @@
 // updater does not keep current. Tied weights that its stage reads from another's come from
 // their owner at each step's start, written over its copy of them, and its part of their
 // gradient goes to the owner at the step's end, which adds it to its own before handing them on.
-// The other stages' layers are kept once, without gradients, for evaluation, which runs the whole
-// model here on the whole weights it is given then.
+// The other stages' layers are not kept here: an evaluation runs through the stages' processes
+// as a step's forward does, each stage's layers in its own, the last scoring the batch.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -95,8 +95,14 @@ class PipelineNet final : public Net {
       cut_shapes_[cut.layer] = cut.shape;
     for (int s = 0; s < stages_; ++s) {
       Stage& stage = stage_list_.emplace_back();
+      // Its layers' parameters, and the tied weights they read (from the shape net, cut there).
+      whole_->runLayers(bounds_[static_cast<std::size_t>(s)],
+                        bounds_[static_cast<std::size_t>(s) + 1]);
+      stage.own = whole_->gradRanges();
+      stage.tied = whole_->tiedRanges();
+      if (!runsHere(s)) continue;  // another process's: it evaluates its layers there
       stage.backend = makeCpuBackend(threads);
-      const int copies = runsHere(s) ? std::min(stages_ - s, micro_batches_) : 1;
+      const int copies = std::min(stages_ - s, micro_batches_);
       stage.held.resize(static_cast<std::size_t>(copies));
       // Each copy's memory planned for the stage's layers from the start (not for every layer
       // first, which a process of a model too large for it would not hold even for a moment).
@@ -104,8 +110,8 @@ class PipelineNet final : public Net {
       for (int copy = 0; copy < copies; ++copy) {
         Net& net = *stage.nets.emplace_back(makeNet(*stage.backend, one));
         // The copies share the gradients of the stage's own weights and the tied ones it reads
-        // (one backward at a time, each added on at once); another process's stage runs none.
-        if (copy == 0 && runsHere(s)) {
+        // (one backward at a time, each added on at once).
+        if (copy == 0) {
           const auto window = net.gradWindow();
           std::int64_t count = 0;
           for (const auto& [begin, end] : window)
@@ -113,7 +119,7 @@ class PipelineNet final : public Net {
           stage.grad_values = stage.backend->empty({count});
           stage.grads = FlatParams(stage.grad_values, window);
         }
-        if (runsHere(s)) net.useGrads(stage.grad_values);
+        net.useGrads(stage.grad_values);
         // Every stage's batch norms update their own ranges of the shape net's buffers.
         net.useBuffers(whole_->buffers());
       }
@@ -128,6 +134,7 @@ class PipelineNet final : public Net {
       count += end - begin;
     grad_values_ = backend.empty({count});
     grads_ = FlatParams(grad_values_, window);
+    whole_->runLayers(0, whole_->layers().size());
     routeTiedWeights();
     inboxes_.resize(static_cast<std::size_t>(stages_));
     if (!options.given_weights) useWeights(whole_->weights());
@@ -198,7 +205,8 @@ class PipelineNet final : public Net {
   bool scoresBatch() const override { return !link_ || local_ + 1 == stages_; }
 
   // Training: the batch is kept for backward(), which runs the pipelined step. Evaluation: the
-  // batch goes through the stages' first copies in micro-batches, on this thread.
+  // batch goes through the stages' first copies in micro-batches, on this thread; a stage in a
+  // process of its own evaluates its layers alone (evaluateStage).
   void forward(const Tensor& images, const Tensor& labels, bool train) override {
     TROUPE_ENFORCE(images.dim(0) >= 1 && images.dim(0) <= options_.max_batch, "batch of ",
                    images.dim(0), " with max_batch ", options_.max_batch);
@@ -206,6 +214,7 @@ class PipelineNet final : public Net {
     labels_ = labels.view({labels.numel()});
     trained_ = train;
     if (train) return;
+    if (link_) return evaluateStage();
     const std::int64_t n = images.dim(0), per_label = labels.numel() / n;
     for (std::int64_t begin = 0; begin < n; begin += micro_rows_) {
       const std::int64_t end = std::min(n, begin + micro_rows_);
@@ -269,7 +278,7 @@ class PipelineNet final : public Net {
       lock.unlock();
       if (link_) addTiedGradients();
       if (!on_ready) continue;
-      const auto ranges = stage_list_[static_cast<std::size_t>(s)].nets[0]->gradRanges();
+      const auto& ranges = stage_list_[static_cast<std::size_t>(s)].own;
       for (auto it = ranges.rbegin(); it != ranges.rend(); ++it)
         on_ready(it->first, it->second, nullptr);
     }
@@ -359,7 +368,11 @@ class PipelineNet final : public Net {
  private:
   struct Stage {
     std::unique_ptr<Backend> backend;
-    std::vector<std::unique_ptr<Net>> nets;  // its copies, micro-batch m on m % size
+    // The ranges of the flat parameters its layers own (Net::gradRanges), and those of another
+    // stage's that they read (Net::tiedRanges).
+    Ranges own, tied;
+    // Its copies, micro-batch m on m % size; none for another process's stage.
+    std::vector<std::unique_ptr<Net>> nets;
     // The copies' gradients (in a process of its own, none but its own stage's), and the same
     // taken by their place in the whole model's.
     Tensor grad_values;
@@ -413,10 +426,10 @@ class PipelineNet final : public Net {
     };
     for (int r = 0; r < stages_; ++r) {
       Stage& reader = stage_list_[static_cast<std::size_t>(r)];
-      for (const auto& range : reader.nets[0]->tiedRanges()) {
+      for (const auto& range : reader.tied) {
         for (int o = 0; o < stages_; ++o) {
           Stage& owner = stage_list_[static_cast<std::size_t>(o)];
-          for (const auto& [begin, end] : owner.nets[0]->gradRanges()) {
+          for (const auto& [begin, end] : owner.own) {
             if (begin > range.first || range.second > end) continue;
             if (runsHere(r)) reader.tied_to.push_back({range, o});
             if (runsHere(r) && runsHere(o)) ++owner.tied_parts;
@@ -503,7 +516,9 @@ class PipelineNet final : public Net {
     {
       std::lock_guard lock(mutex_);
       if (stopping_ || aborted_) return;
-      if (t.step > step_.id) {
+      if (t.step < 0) {
+        placeEvaluation(std::move(t));
+      } else if (t.step > step_.id) {
         early_[t.step].push_back(std::move(t));
       } else {
         place(std::move(t));
@@ -559,6 +574,82 @@ class PipelineNet final : public Net {
     if (!box.emplace(m, t.values.view(std::move(shape))).second) {
       throw InputError(fmt::format("pipeline stage {} got {} of micro-batch {} twice from {}",
                                    local_, kindName(t.kind), m, from));
+    }
+  }
+
+  // Under the lock: activations that the stage before sent for an evaluation (their step is
+  // minus the number of the evaluation's micro-batch, counted alike in every stage's process),
+  // checked as place() checks a step's, their rows once this stage takes them.
+  void placeEvaluation(StageTensor t) {
+    const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
+    if (t.kind != StageTensor::kActivations || t.from != local_ - 1 || t.micro_batch != 0) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got {} of micro-batch {} of evaluation {} from {}: an evaluation "
+          "takes activations from stage {}, one message a micro-batch",
+          local_, kindName(t.kind), t.micro_batch, -t.step, from, local_ - 1));
+    }
+    const std::int64_t per = numelOf(cut_shapes_.at(bounds_[static_cast<std::size_t>(local_)]));
+    if (!t.values.defined() || t.values.dtype() != DType::kFloat32 || t.values.numel() == 0 ||
+        t.values.numel() % per != 0 || t.values.numel() / per > micro_rows_) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got activations of evaluation micro-batch {} from {} holding {} "
+          "values, not 1 to {} rows of {} float32 values",
+          local_, -t.step, from, t.values.defined() ? t.values.numel() : 0, micro_rows_, per));
+    }
+    if (!evaluation_inbox_.emplace(-t.step, t.values).second) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got the activations of evaluation micro-batch {} twice from {}",
+          local_, -t.step, from));
+    }
+  }
+
+  // Evaluation in a process of its own: the batch in micro-batches through this stage's layers,
+  // on this thread, each micro-batch's activations from the stage before (through the link) and
+  // on to the one after; the last stage scores them. Another stage's failure, or the link's, ends
+  // it with that error.
+  void evaluateStage() {
+    Stage& stage = stage_list_[static_cast<std::size_t>(local_)];
+    Net& net = *stage.nets[0];
+    const std::int64_t n = images_.dim(0), per_label = labels_.numel() / n;
+    for (std::int64_t begin = 0; begin < n; begin += micro_rows_) {
+      const std::int64_t end = std::min(n, begin + micro_rows_);
+      const std::int64_t id = ++evaluated_;
+      Tensor x;
+      if (local_ == 0) {
+        x = rows(images_, begin, end);
+      } else {
+        try {
+          await([&] { return evaluation_inbox_.count(id) > 0; }, local_ - 1,
+                StageTensor::kActivations, id, /*evaluation=*/true);
+        } catch (const Aborted&) {
+          std::lock_guard lock(mutex_);
+          std::rethrow_exception(step_.error ? step_.error
+                                             : std::make_exception_ptr(stoppedError()));
+        }
+        Shape shape = cut_shapes_.at(bounds_[static_cast<std::size_t>(local_)]);
+        shape.insert(shape.begin(), end - begin);
+        post([&] { x = std::move(evaluation_inbox_.extract(id).mapped()); });
+        if (x.numel() != numelOf(shape)) {
+          throw InputError(fmt::format(
+              "pipeline stage {} got activations of evaluation micro-batch {} from stage {} "
+              "({}) holding {} values, not the {} of {} float32 values",
+              local_, id, local_ - 1, link_->nameOf(local_ - 1), x.numel(), toString(shape),
+              numelOf(shape)));
+        }
+        x = x.view(std::move(shape));
+      }
+      net.forward(x, labels_.slice(begin * per_label, end * per_label), false);
+      if (local_ + 1 < stages_) {
+        // Copied: the next micro-batch's forward writes over the output while the link sends it.
+        Backend& backend = *stage.backend;
+        Tensor out = backend.empty(net.output().shape(), net.output().dtype());
+        backend.copy(net.output(), out);
+        backend.synchronize();
+        link_->send(local_ + 1, StageTensor{-id, 0, static_cast<std::int32_t>(local_),
+                                            StageTensor::kActivations, out.view({out.numel()})});
+      } else {
+        addMetrics(net.metrics(), begin == 0, stage.backend.get());
+      }
     }
   }
 
@@ -655,7 +746,7 @@ class PipelineNet final : public Net {
   // (TimeoutError naming it), reporting the stall to the link at its stallWarning().
   template <typename Ready>
   void await(Ready ready, int from = -1, StageTensor::Kind kind = StageTensor::kActivations,
-             std::int64_t m = 0) {
+             std::int64_t m = 0, bool evaluation = false) {
     std::unique_lock lock(mutex_);
     const auto settled = [&] { return ready() || step_.error || stopping_; };
     if (from < 0 || runsHere(from)) {
@@ -665,9 +756,12 @@ class PipelineNet final : public Net {
         return std::chrono::duration<double>(t).count();
       };
       const bool once = kind == StageTensor::kTiedGradients || kind == StageTensor::kTiedWeights;
-      const std::string awaited = fmt::format(
-          "the {} of {}step {} from stage {} ({})", kindName(kind),
-          once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from, link_->nameOf(from));
+      const std::string awaited =
+          evaluation ? fmt::format("the {} of evaluation micro-batch {} from stage {} ({})",
+                                   kindName(kind), m, from, link_->nameOf(from))
+                     : fmt::format("the {} of {}step {} from stage {} ({})", kindName(kind),
+                                   once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from,
+                                   link_->nameOf(from));
       const auto timeout = link_->timeout();
       const auto warn_after = std::min(link_->stallWarning(), timeout);
       bool came = changed_.wait_for(lock, warn_after, settled);
@@ -846,6 +940,10 @@ class PipelineNet final : public Net {
   FlatParams grads_;
   Tensor metrics_;
   Tensor images_, labels_;  // the training batch, labels flat
+  // A stage in a process of its own: its evaluation's micro-batches so far, and the activations
+  // of those not yet taken, by number (placeEvaluation).
+  std::int64_t evaluated_ = 0;
+  std::map<std::int64_t, Tensor> evaluation_inbox_;
   bool trained_ = false;
   bool profiling_ = false;
   std::int64_t profiled_from_ = 0;  // steps_ when profiling began, or profile() last read
@@ -906,10 +1004,21 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
   for (int s = 0; s < pipeline.stages; ++s) {
     whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
     const NetMemory m = whole.memory();
-    // A stage of another process's: one copy, for evaluation.
+    // A stage of another process's: none (each process evaluates its own stage's layers).
     const int copies =
-        pipeline.stage < 0 || pipeline.stage == s ? std::min(pipeline.stages - s, micro) : 1;
+        pipeline.stage < 0 || pipeline.stage == s ? std::min(pipeline.stages - s, micro) : 0;
     held += copies * (m.held + m.scratch) * rows;
+    if (pipeline.stage != s) continue;
+    // In a process of its own, what crosses its cuts lies in messages: the activations each copy
+    // keeps for its backward and the copy of their gradient on its way back, and a gradient come
+    // from the stage after.
+    const auto crossing = [&](std::size_t layer) -> std::int64_t {
+      for (const PipelineCut& cut : whole.pipelineCuts())
+        if (cut.layer == layer) return 4 * numelOf(cut.shape) * rows;
+      return 0;  // the input, or the loss: nothing crosses
+    };
+    held += (copies + 1) * crossing(bounds[static_cast<std::size_t>(s)]) +
+            crossing(bounds[static_cast<std::size_t>(s) + 1]);
   }
   whole.runLayers(0, whole.layers().size());
   return held;

@@ -432,7 +432,8 @@ TEST(DistributedTraining, GptStagesInWorkersOfTheirOwnTrainAsStageThreadsAndResu
   constexpr int kBatch = 8, kBlock = 64;
   const std::string common = fmt::format(
       " train --model gpt2 --block_size {} --vocab_size 256 --n_layer 2 --n_head 4 "
-      "--n_embd 64 --batch_size {} --train_data data --epoch_size 160 --num_epochs 2 "
+      "--n_embd 64 --batch_size {} --train_data data --test_data data --epoch_size 160 "
+      "--num_epochs 2 "
       "--checkpoint_every 1 --optimizer sgd --momentum 0.9 --base_learning_rate 0.05 "
       "--threads 1 --log_every 0 --checkpoint_dir ",
       kBlock, kBatch);
@@ -460,6 +461,18 @@ TEST(DistributedTraining, GptStagesInWorkersOfTheirOwnTrainAsStageThreadsAndResu
     EXPECT_LE(momentum, bound) << what;
   };
   expectWithinBound("workers", "GPT-2 in 4 stage workers against 4 stage threads");
+  // Each stage's worker evaluates its own layers on the activations of the one before, the last
+  // reading wte (tied) as the first keeps it: the same test loss, each epoch, as the threads'.
+  const auto testLosses = [](const std::string& output) {
+    std::string losses;
+    const std::regex loss("test_loss [0-9.]+");
+    for (std::sregex_iterator m(output.begin(), output.end(), loss), end; m != end; ++m)
+      losses += m->str() + "; ";
+    return losses;
+  };
+  const std::string losses = testLosses(threads.output);
+  EXPECT_EQ(std::count(losses.begin(), losses.end(), ';'), 2) << threads.output;
+  EXPECT_EQ(losses, testLosses(workers.output)) << workers.output;
   const auto resumed =
       runCommand(in(cwd, troupeBinary() + common + "resumed --pipeline_stages 3 --resume " +
                              checkpoint("workers", 1).string()));

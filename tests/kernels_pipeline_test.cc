@@ -522,5 +522,84 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
   EXPECT_EQ(activations_of, (std::vector<std::int32_t>{0, 1}));
 }
 
+// An evaluation in stages of their own processes: stage 0 runs its layers and sends each
+// micro-batch's activations on, numbered as evaluation micro-batches (their step: minus the
+// number); stage 1 runs its own on them, its output layer reading wte as it was initialised, and
+// scores the batch as the same stages as threads of one process do, to the bit. A message that
+// does not fit is refused naming its sender, and a wait ends after the link's timeout, naming it.
+TEST(PipelineStages, AStageInAProcessOfItsOwnEvaluatesItsLayersOnTheActivationsOfTheOneBefore) {
+  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
+  gpt.gpt = {2, 2, 16};
+  gpt.pipeline.stages = 2;
+  gpt.pipeline.micro_batches = 2;
+  const auto tokens = testing::randomSequences(4, 8, 40, 11);
+  auto backend = makeCpuBackend(1);
+  auto threads = makeNet(*backend, gpt);
+  threads->forward(tokens.tokens, tokens.labels, false);
+  const auto want = hostCopy(*backend, threads->metrics());
+
+  const auto stageOf = [&](int stage, const std::shared_ptr<KeptLink>& link) {
+    NetOptions o = gpt;
+    o.pipeline.stage = stage;
+    o.pipeline.link = link;
+    return makeNet(*backend, o);
+  };
+  auto link0 = std::make_shared<KeptLink>();
+  auto stage0 = stageOf(0, link0);
+  stage0->forward(tokens.tokens, tokens.labels, false);
+  EXPECT_FALSE(stage0->scoresBatch());
+  EXPECT_EQ(hostCopy(*backend, stage0->metrics()), (std::vector<float>{0, 0}));
+  const auto sent = link0->sent();
+  ASSERT_EQ(sent.size(), 2u);  // 2 micro-batches of 2 sequences of 8 tokens, 16 wide
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    EXPECT_EQ(sent[i].first, 1);
+    EXPECT_EQ(sent[i].second.kind, StageTensor::kActivations);
+    EXPECT_EQ(sent[i].second.step, -static_cast<std::int64_t>(i) - 1);
+    EXPECT_EQ(sent[i].second.values.numel(), 2 * 8 * 16);
+  }
+  auto link1 = std::make_shared<KeptLink>();
+  auto stage1 = stageOf(1, link1);
+  for (const auto& [to, message] : sent)
+    link1->deliver(message);
+  stage1->forward(tokens.tokens, tokens.labels, false);
+  EXPECT_TRUE(stage1->scoresBatch());
+  EXPECT_EQ(hostCopy(*backend, stage1->metrics()), want);
+  EXPECT_GT(want[0], 0.0f);
+
+  // What an evaluation of stage 1 refuses, and a wait on a stage 0 that sends nothing.
+  const auto refusal = [&](const StageTensor& message) {
+    auto link = std::make_shared<KeptLink>();
+    auto net = stageOf(1, link);
+    try {
+      link->deliver(message);
+      net->forward(tokens.tokens, tokens.labels, false);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  StageTensor good = sent[0].second;
+  StageTensor odd = good;
+  odd.values = good.values.slice(0, 2 * 8 * 16 - 1);
+  EXPECT_EQ(refusal(odd),
+            "pipeline stage 1 got activations of evaluation micro-batch 1 from stage 0 (worker 10) "
+            "holding 255 values, not 1 to 2 rows of 128 float32 values");
+  StageTensor gradients = good;
+  gradients.kind = StageTensor::kGradients;
+  EXPECT_EQ(refusal(gradients),
+            "pipeline stage 1 got gradients of micro-batch 0 of evaluation 1 from stage 0 (worker "
+            "10): an evaluation takes activations from stage 0, one message a micro-batch");
+  StageTensor one_row = good;
+  one_row.values = good.values.slice(0, 8 * 16);
+  EXPECT_EQ(refusal(one_row),
+            "pipeline stage 1 got activations of evaluation micro-batch 1 from stage 0 (worker 10) "
+            "holding 128 values, not the [2,8,16] of 256 float32 values");
+  StageTensor later = good;
+  later.step = -2;  // micro-batch 1 never comes
+  EXPECT_EQ(refusal(later),
+            "pipeline stage 1 waited 0.3 s for the activations of evaluation micro-batch 1 from "
+            "stage 0 (worker 10) (peer_timeout)");
+}
+
 }  // namespace
 }  // namespace troupe::kernels

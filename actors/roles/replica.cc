@@ -400,8 +400,10 @@ class Replica final : public Actor {
     if (!test_) test_ = data::openDataset(config_.test);
     adopt(e.weights, e.buffers);
     const std::int64_t n = test_->size();
-    const std::int64_t begin = n * config_.index / config_.num_replicas;
-    const std::int64_t end = n * (config_.index + 1) / config_.num_replicas;
+    const std::int64_t begin = n * config_.test_part / config_.test_parts;
+    const std::int64_t end = n * (config_.test_part + 1) / config_.test_parts;
+    // A pipeline stage's worker without the loss: its pipeline's last stage scores the inputs.
+    const bool scores = net_->scoresBatch();
     const std::int64_t max_batch = config_.net.max_batch;
     const auto& t = config_.test;
     std::vector<std::int64_t> indices;
@@ -415,7 +417,7 @@ class Replica final : public Actor {
         auto labels = kernels::Tensor::host({count, t.sequence_length}, kernels::DType::kInt32);
         test_->read(indices, /*epoch=*/0, tokens.i32(), labels.i32());
         evaluateBatch(onDevice(tokens, images_here_), onDevice(labels, labels_here_), result);
-        result.count += labels.numel();
+        if (scores) result.count += labels.numel();
         continue;
       }
       auto images = kernels::Tensor::host({count, t.channels, t.height, t.width});
@@ -432,7 +434,7 @@ class Replica final : public Actor {
         labels = labels.slice(0, good);
       }
       evaluateBatch(onDevice(images, images_here_), onDevice(labels, labels_here_), result);
-      result.count += good;
+      if (scores) result.count += good;
     }
     send(config_.coordinator, result);
   }

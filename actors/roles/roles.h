@@ -188,6 +188,10 @@ struct ReplicaConfig {
   int index = 0;        // among all replicas of all processes
   int local_index = 0;  // among this process's
   int num_replicas = 1;
+  // Its part of the test set: part test_part of test_parts, cut evenly (index and num_replicas;
+  // with pipeline stages in workers of their own, its pipeline's, which its stages evaluate
+  // together).
+  int test_part = 0, test_parts = 1;
   int worker = 0;  // this process's rank, for errors
   kernels::NetOptions net;
   kernels::Device device;            // where its net lives and computes (the run's plan says)

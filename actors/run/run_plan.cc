@@ -265,7 +265,7 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   const bool staged = pipeline.stages > 1;
   // Pipeline stages: each stage's gradients (its own and those of the tied weights it reads) for
   // its backward, and their sums over the micro-batches; in a process of its own, its stage's
-  // alone, both (the other stages' layers, kept for evaluation, hold none).
+  // alone, both.
   const double stage_grads =
       staged ? 4.0 * static_cast<double>(kernels::pipelineStageGrads(whole, pipeline)) : 0.0;
   const auto& optimizer = o.optimizer.info();

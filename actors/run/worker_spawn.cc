@@ -257,6 +257,9 @@ ReplicaConfig WorkerSpawn::replica(int r) const {
   c.index = p.rank * o.replicas + r;
   c.local_index = r;
   c.num_replicas = o.replicas * p.workers;
+  const bool staged = p.net.pipeline.stage >= 0;  // one replica a worker
+  c.test_part = staged ? p.data_rank : c.index;
+  c.test_parts = staged ? p.data_workers : c.num_replicas;
   c.worker = p.rank;
   c.net = p.net;
   c.net.given_weights = true;  // the updater's, or its copy of them (Replica::adopt)
