@@ -118,19 +118,23 @@ class NetImpl final : public Net, private LayerContext {
     }
     TROUPE_ENFORCE(!options.stage_grads || options.layers.second > 0,
                    "a net with stage_grads runs a stage's layers");
+    TROUPE_ENFORCE(!options.stage_weights || options.stage_grads,
+                   "a net with stage_weights has stage_grads too");
     grad_window_ =
         options.stage_grads ? stageGradWindow(*this) : FlatParams::Ranges{{0, g_.num_params}};
     window_fixed_ = options.stage_grads;
     grad_count_ = 0;
     for (const auto& [begin, end] : grad_window_)
       grad_count_ += end - begin;
-    if (!options.given_weights) weights_ = backend_.empty({g_.num_params});
+    weight_window_ = options.stage_weights ? grad_window_ : FlatParams::Ranges{{0, g_.num_params}};
+    weight_count_ = options.stage_weights ? grad_count_ : g_.num_params;
+    if (!options.given_weights) weights_ = backend_.empty({weight_count_});
     if (!options.given_grads) grads_ = backend_.empty({grad_count_});
     buffers_ = backend_.empty({g_.num_buffers});
     metrics_ = backend_.empty({2});
     if (copies_) {
       input_ = backend_.empty({options.max_batch * g_.blobs[0].per}, act_);
-      reduced_weights_ = backend_.empty({g_.num_params}, act_);
+      reduced_weights_ = backend_.empty({weight_count_}, act_);
       reduced_grads_ = backend_.empty({grad_count_}, act_);
     }
     initialise();
@@ -162,11 +166,14 @@ class NetImpl final : public Net, private LayerContext {
   const Tensor& weights() const override { return weights_; }
 
   void useWeights(const Tensor& weights) override {
-    use(weights_, weights, g_.num_params, "weights");
+    use(weights_, weights, weight_count_, "weights");
   }
   const Tensor& grads() const override { return grads_; }
   std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const override {
     return grad_window_;
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> weightWindow() const override {
+    return weight_window_;
   }
   void useGrads(const Tensor& grads) override { use(grads_, grads, grad_count_, "gradients"); }
   const Tensor& buffers() const override { return buffers_; }
@@ -204,7 +211,8 @@ class NetImpl final : public Net, private LayerContext {
         for (std::size_t l = begin_; l < end_; ++l) {
           Layer& layer = *g_.layers[l];
           if (layer.reducedParams() && layer.param_end > layer.param_begin)
-            layer.copyParams(backend_, FlatParams(weights_), FlatParams(reduced_weights_), nhwc_);
+            layer.copyParams(backend_, FlatParams(weights_, weight_window_),
+                             FlatParams(reduced_weights_, weight_window_), nhwc_);
         }
       });
     }
@@ -881,16 +889,19 @@ class NetImpl final : public Net, private LayerContext {
 
   // Layers computing in the net's precision read its reduced copy of their parameters, batch norm
   // reads float32.
-  // With stage_grads, the layers of other stages (which never run here) get no gradients.
+  // With stage_grads, the layers of other stages (which never run here) get no gradients; with
+  // stage_weights, no weights either.
   void bindLayers() {
     for (std::size_t l = 0; l < g_.layers.size(); ++l) {
       Layer& layer = *g_.layers[l];
       const bool grads = !window_fixed_ || inStage(l);
+      const bool weights = !options_.stage_weights || inStage(l);
       if (copies_ && layer.reducedParams()) {
-        layer.bind(FlatParams(reduced_weights_), grads ? held(reduced_grads_) : FlatParams(),
-                   buffers_);
+        layer.bind(weights ? FlatParams(reduced_weights_, weight_window_) : FlatParams(),
+                   grads ? held(reduced_grads_) : FlatParams(), buffers_);
       } else {
-        layer.bind(FlatParams(weights_), grads ? held(grads_) : FlatParams(), buffers_);
+        layer.bind(weights ? FlatParams(weights_, weight_window_) : FlatParams(),
+                   grads ? held(grads_) : FlatParams(), buffers_);
       }
     }
   }
@@ -929,7 +940,9 @@ class NetImpl final : public Net, private LayerContext {
         }
       }
     }
-    backend_.copy(w, weights_);
+    const FlatParams held(weights_, weight_window_);
+    for (const auto& [begin, end] : weight_window_)
+      backend_.copy(w.slice(begin, end), held.slice(begin, end));
   }
 
   Backend& backend_;
@@ -942,6 +955,8 @@ class NetImpl final : public Net, private LayerContext {
   Tensor weights_, grads_, buffers_, metrics_;
   FlatParams::Ranges grad_window_;  // what grads_ holds (gradWindow)
   std::int64_t grad_count_ = 0;
+  FlatParams::Ranges weight_window_;  // what weights_ holds (weightWindow)
+  std::int64_t weight_count_ = 0;
   bool window_fixed_ = false;  // stage_grads: the layers run are fixed with it
   Tensor arena_;               // every blob's activations and gradient (planMemory)
   // By layer, the arena's span free during its forward and its backward call (planLoans).

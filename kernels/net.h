@@ -170,6 +170,9 @@ struct NetOptions {
   // With `layers`: grads() holds the gradients of the stage's own parameters and of the tied
   // weights it reads alone (Net::gradWindow), not every parameter's; the net is not cut again.
   bool stage_grads = false;
+  // With stage_grads: weights() likewise holds the weights of those ranges alone
+  // (Net::weightWindow), which a stage in a process of its own reads.
+  bool stage_weights = false;
 };
 
 // How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
@@ -269,10 +272,17 @@ class Net {
   // forward's (Layer::forwardFlops; the backward's two products for each of the forward's), the
   // model FLOPs of MFU (a GPT's 6 N + 12 L H Q T a token, as PaLM and nanoGPT count them).
   virtual double trainingFlopsPerSample() const = 0;
-  // Flat tensors of numParams() elements on the net's backend.
+  // Flat weights of weightWindow()'s ranges, one after another, on the net's backend.
   virtual const Tensor& weights() const = 0;
-  // Computes with `weights` (numParams() elements on the net's backend) from now on, in place of
-  // weights(), without a copy; the caller keeps them alive and unchanged while the net reads them.
+  // The ranges of the flat parameters whose weights weights() holds, in order: {0, numParams()}
+  // but in a net with NetOptions::stage_weights, whose are gradWindow()'s, and in a pipeline whose
+  // stage is a process of its own (PipelineOptions::link), whose are that stage's.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> weightWindow() const {
+    return {{0, numParams()}};
+  }
+  // Computes with `weights` (weightWindow()'s count on the net's backend) from now on, in place
+  // of weights(), without a copy; the caller keeps them alive and unchanged while the net reads
+  // them.
   virtual void useWeights(const Tensor& weights) = 0;
   // Flat gradients of gradWindow()'s ranges, one after another (every parameter's but in a net
   // with NetOptions::stage_grads).
@@ -393,6 +403,10 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
 // stage) hold for their backward, apart from the pipeline's sums of them: each stage's own and the
 // tied weights it reads (NetOptions::stage_grads), with pipeline.stage that stage's alone.
 std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline);
+// Each stage's window (stageGradWindow) in a net of `stages` stages of `whole`: the ranges of
+// the weights and gradients that a stage in a process of its own holds.
+std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> pipelineStageWindows(Net& whole,
+                                                                                     int stages);
 // The flat parameters of each stage of a net of `stages` stages of `whole` (the same model, one
 // stage): stage s's layers' own are [ranges[s].first, ranges[s].second), one range after another
 // from 0 to every parameter (a stage without any: an empty range where the next one begins).

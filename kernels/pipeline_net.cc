@@ -85,8 +85,9 @@ class PipelineNet final : public Net {
     micro_rows_ = (options.max_batch + micro_batches_ - 1) / micro_batches_;
     metrics_ = backend.empty({2});
     one.max_batch = micro_rows_;
-    one.given_weights = one.given_grads = one.stage_grads = true;
     link_ = options.pipeline.link;
+    one.given_weights = one.given_grads = one.stage_grads = true;
+    one.stage_weights = link_ != nullptr;  // the others' weights are theirs
     local_ = link_ ? options.pipeline.stage : -1;
     TROUPE_ENFORCE(!link_ || (local_ >= 0 && local_ < stages_), "stage ", local_, " of ", stages_);
     // In a process of its own a stage has all of the process's threads.
@@ -134,10 +135,20 @@ class PipelineNet final : public Net {
       count += end - begin;
     grad_values_ = backend.empty({count});
     grads_ = FlatParams(grad_values_, window);
+    weight_count_ = count;  // in a process of its own, its weights are those of the same ranges
     whole_->runLayers(0, whole_->layers().size());
     routeTiedWeights();
     inboxes_.resize(static_cast<std::size_t>(stages_));
-    if (!options.given_weights) useWeights(whole_->weights());
+    if (!options.given_weights) {
+      Tensor weights = whole_->weights();
+      if (link_) {  // its ranges of the shape net's initial weights
+        weights = backend.empty({count});
+        const FlatParams held(weights, window);
+        for (const auto& [begin, end] : window)
+          backend.copy(whole_->weights().slice(begin, end), held.slice(begin, end));
+      }
+      useWeights(weights);
+    }
     if (link_) {
       backend.fill(metrics_, 0);  // a stage without the loss scores nothing
       link_->onAbort([this] { abort(); });
@@ -183,9 +194,16 @@ class PipelineNet final : public Net {
   std::int64_t numParams() const override { return whole_->numParams(); }
   std::vector<LayerInfo> layers() const override { return whole_->layers(); }
   double trainingFlopsPerSample() const override { return whole_->trainingFlopsPerSample(); }
-  const Tensor& weights() const override { return whole_->weights(); }
+  const Tensor& weights() const override { return link_ ? weight_values_ : whole_->weights(); }
+  Ranges weightWindow() const override { return link_ ? grads_.window() : whole_->weightWindow(); }
   void useWeights(const Tensor& weights) override {
-    whole_->useWeights(weights);
+    if (link_) {
+      TROUPE_ENFORCE(weights.numel() == weight_count_, "weights of ", weights.numel(),
+                     " values for pipeline stage ", local_, ", which holds ", weight_count_);
+      weight_values_ = weights;
+    } else {
+      whole_->useWeights(weights);
+    }
     for (Stage& stage : stage_list_)
       for (auto& net : stage.nets)
         net->useWeights(weights);
@@ -260,7 +278,7 @@ class PipelineNet final : public Net {
     changed_.notify_all();
     // The tied weights that stages in other processes read, as they are this step.
     for (const TiedLink& link : tied_readers_) {
-      const Tensor values = joined(FlatParams(whole_->weights()), link, backend_);
+      const Tensor values = joined(weightsHeld(), link, backend_);
       backend_.synchronize();
       sendTo(link.stage, StageTensor::kTiedWeights, 0, values);
     }
@@ -448,6 +466,11 @@ class PipelineNet final : public Net {
 
   bool runsHere(int s) const { return local_ < 0 || s == local_; }
 
+  // The weights, taken by their place in the whole model's.
+  FlatParams weightsHeld() const {
+    return link_ ? FlatParams(weight_values_, grads_.window()) : FlatParams(whole_->weights());
+  }
+
   // fn(range, part): each range `link` names with its part of their message (the ranges one
   // after another).
   template <typename Fn>
@@ -505,7 +528,7 @@ class PipelineNet final : public Net {
     for (const TiedLink& link : tied_owners_) {
       const Tensor values = takeTied(inbox.tied_weights, link, StageTensor::kTiedWeights);
       eachRange(link, values, [&](auto range, const Tensor& part) {
-        backend.copy(part, whole_->weights().slice(range.first, range.second));
+        backend.copy(part, weightsHeld().slice(range.first, range.second));
       });
     }
   }
@@ -938,6 +961,9 @@ class PipelineNet final : public Net {
   // their place in the whole model's.
   Tensor grad_values_;
   FlatParams grads_;
+  // In a process of its own: the weights it was given, of the same ranges (weightWindow).
+  Tensor weight_values_;
+  std::int64_t weight_count_ = 0;
   Tensor metrics_;
   Tensor images_, labels_;  // the training batch, labels flat
   // A stage in a process of its own: its evaluation's micro-batches so far, and the activations
@@ -1024,16 +1050,26 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
   return held;
 }
 
+std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> pipelineStageWindows(Net& whole,
+                                                                                     int stages) {
+  const auto bounds = pipelineBounds(whole, stages);
+  std::vector<Ranges> windows;
+  for (int s = 0; s < stages; ++s) {
+    whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
+    windows.push_back(stageGradWindow(whole));
+  }
+  whole.runLayers(0, whole.layers().size());
+  return windows;
+}
+
 std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline) {
-  const auto bounds = pipelineBounds(whole, pipeline.stages);
+  const auto windows = pipelineStageWindows(whole, pipeline.stages);
   std::int64_t held = 0;
   for (int s = 0; s < pipeline.stages; ++s) {
     if (pipeline.stage >= 0 && pipeline.stage != s) continue;
-    whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
-    for (const auto& [begin, end] : stageGradWindow(whole))
+    for (const auto& [begin, end] : windows[static_cast<std::size_t>(s)])
       held += end - begin;
   }
-  whole.runLayers(0, whole.layers().size());
   return held;
 }
 

@@ -412,8 +412,8 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
   gpt.pipeline.stages = 2;
   gpt.pipeline.micro_batches = 2;
   const auto tokens = testing::randomSequences(4, 8, 40, 11);
-  // Each stage keeps the gradients of its own parameters alone, and stage 1 those of wte too (40
-  // tokens, 16 wide, the model's first parameters), which its output layer reads.
+  // Each stage keeps the weights and gradients of its own parameters alone, and stage 1 those of
+  // wte too (40 tokens, 16 wide, the model's first parameters), which its output layer reads.
   NetOptions one = gpt;
   one.pipeline = {};
   auto probe = makeCpuBackend(1);
@@ -432,6 +432,8 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
     auto backend = makeCpuBackend(1);
     auto net = makeNet(*backend, o);
     EXPECT_EQ(net->gradWindow(), windows[static_cast<std::size_t>(stage)]);
+    EXPECT_EQ(net->weightWindow(), windows[static_cast<std::size_t>(stage)]);
+    EXPECT_EQ(net->weights().numel(), net->grads().numel());
     const auto held = windows[static_cast<std::size_t>(stage)];
     EXPECT_EQ(net->grads().numel(), std::accumulate(held.begin(), held.end(), std::int64_t{0},
                                                     [](std::int64_t sum, const auto& range) {

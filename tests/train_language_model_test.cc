@@ -269,9 +269,10 @@ TEST(LanguageModel, AModelWhoseOptimizerStateDoesNotFitTrainsWithItShardedOrOnPa
 // allocation, kernels/host_memory.h) peaking within the estimate that admitted it (measured: 12.6
 // MiB of 13.3; with a whole gradient tensor for each stage, 13.4 of 14.1; before a stage's copies
 // were planned for its layers alone, 17.7 MiB of 12.8). So do the two stages as workers of their
-// own, each within its own estimate (8.8 of 9.3 MiB and 6.2 of 6.3, each with its own stage's
-// layers and gradients alone; 12.2 of 13.2 and 9.6 of 10.3 with whole gradients and a copy of the
-// other stage's layers, for evaluation).
+// own, each within its own estimate (9.1 of 9.7 MiB and 5.8 of 5.9: each with its own stage's
+// layers, weights and gradients alone, the chief with a copy of the whole model's weights at a
+// pause; 12.2 of 13.2 and 9.6 of 10.3 with whole weights and gradients and a copy of the other
+// stage's layers, for evaluation).
 TEST(LanguageModel, AModelWhoseActivationsDoNotFitTrainsInPipelineStagesOverMicroBatches) {
   TempDir dir("lm_pipeline_memory");
   convert(dir);

@@ -537,9 +537,31 @@ class Coordinator final : public Actor {
       endEpoch();
       return;
     }
-    for (const auto& r : config_.replicas) {
-      send(r, Evaluate{epochIndex(), epoch_end_->weights, buffers_});
+    const auto& windows = config_.weight_windows;
+    std::vector<kernels::Tensor> stage_weights;  // pipeline stages' workers: each stage's alone
+    for (const auto& window : windows)
+      stage_weights.push_back(weightsOf(window));
+    for (std::size_t r = 0; r < config_.replicas.size(); ++r) {
+      send(config_.replicas[r],
+           Evaluate{epochIndex(),
+                    windows.empty() ? epoch_end_->weights : stage_weights[r % windows.size()],
+                    buffers_});
     }
+  }
+
+  // The chief's weights of `window`'s ranges, one after another: a view of them where it is one
+  // range, else a copy.
+  kernels::Tensor weightsOf(const std::vector<std::pair<std::int64_t, std::int64_t>>& window) {
+    const kernels::Tensor& whole = epoch_end_->weights;
+    if (window.size() == 1) return whole.slice(window[0].first, window[0].second);
+    std::int64_t count = 0;
+    for (const auto& [begin, end] : window)
+      count += end - begin;
+    auto joined = kernels::Tensor::host({count});
+    float* at = joined.f32();
+    for (const auto& [begin, end] : window)
+      at = std::copy(whole.f32() + begin, whole.f32() + end, at);
+    return joined;
   }
 
   // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,

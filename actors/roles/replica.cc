@@ -116,7 +116,8 @@ class Replica final : public Actor {
     if (weights.device() == backend_->device()) {
       net_->useWeights(weights);
     } else {
-      if (own_weights_.numel() == 0) own_weights_ = backend_->empty({net_->numParams()});
+      if (own_weights_.numel() != weights.numel())
+        own_weights_ = backend_->empty({weights.numel()});
       backend_->copy(weights, own_weights_);
       net_->useWeights(own_weights_);
     }

@@ -333,6 +333,9 @@ struct UpdaterConfig {
   // other worker's overlaps.
   std::optional<std::pair<std::int64_t, std::int64_t>> stage_range;
   std::pair<std::int64_t, std::int64_t> figures_range;
+  // The ranges of the flat weights it holds, one after another (its stage's, and the tied ones
+  // its stage reads: kernels::pipelineStageWindows); empty: all of them.
+  std::vector<std::pair<std::int64_t, std::int64_t>> window;
 };
 std::unique_ptr<Actor> makeUpdater(std::string name, UpdaterConfig config);
 
@@ -500,6 +503,9 @@ struct CoordinatorConfig {
   // s's replica in the first pipeline (replicas[s]) keeps current. The evaluation and the
   // checkpoint take each stage's from its worker. Empty: replica 0's are whole.
   std::vector<std::pair<std::int64_t, std::int64_t>> buffer_ranges;
+  // ... and the ranges of the weights each stage's worker holds (UpdaterConfig::window): an
+  // evaluation sends replica r the weights of stage r mod K's alone.
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> weight_windows;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

@@ -14,6 +14,7 @@
 #include "actors/roles/roles.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_plugin.h"
+#include "kernels/flat_params.h"
 #include "troupe/error.h"
 
 namespace troupe::actors {
@@ -90,8 +91,16 @@ class Updater final : public Actor {
                             ? config_.budget->teamOf(config_.threads, config_.budget_ways)
                             : config_.threads);
     const auto n = config_.initial_weights.numel();
-    weights_ = backend_->empty({n});
-    backend_->copy(config_.initial_weights, weights_);
+    num_params_ = n;
+    // A pipeline stage's worker: the ranges of its window alone (UpdaterConfig::window).
+    if (config_.window.empty()) config_.window = {{0, n}};
+    std::int64_t count = 0;
+    for (const auto& [begin, end] : config_.window)
+      count += end - begin;
+    weights_ = backend_->empty({count});
+    held_weights_ = kernels::FlatParams(weights_, config_.window);
+    for (const auto& [begin, end] : config_.window)
+      backend_->copy(config_.initial_weights.slice(begin, end), held_weights_.slice(begin, end));
     // Copied: this process's plan lets go of them too (trainProcess), so they are not held twice;
     // let go before the optimizer's state is made, so that the two are never held together.
     backend_->synchronize();
@@ -210,7 +219,7 @@ class Updater final : public Actor {
   void gather(std::int64_t begin, std::int64_t end) {
     if (!sharded_) return;
     send(config_.reducer,
-         GatherWeights{step_, begin, end, weights_.slice(begin, end), backend_->record()});
+         GatherWeights{step_, begin, end, held_weights_.slice(begin, end), backend_->record()});
   }
 
   void gathered(const WeightsGathered& g) {
@@ -279,7 +288,7 @@ class Updater final : public Actor {
     const auto [lo, hi] = shard_;
     const std::int64_t from = std::max(begin, lo), to = std::min(end, hi);
     if (from >= to) return;
-    optimizer_->stepRange(weights_.slice(from, to), grads.slice(from - begin, to - begin),
+    optimizer_->stepRange(held_weights_.slice(from, to), grads.slice(from - begin, to - begin),
                           from - lo, to - lo, learningRate(), update());
   }
 
@@ -366,13 +375,14 @@ class Updater final : public Actor {
       return;
     }
     if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
+    const kernels::FlatParams grads_here(grads_here_, config_.window);
     for (const auto& h : held_) {
-      const kernels::Tensor to = grads_here_.slice(h.begin, h.end);
+      const kernels::Tensor to = grads_here.slice(h.begin, h.end);
       if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
     }
     // Sharded: this updater's shard, whose bounds are the layers' (serverShards).
     const auto [lo, hi] = shard_;
-    optimizer_->stepRange(weights_.slice(lo, hi), grads_here_.slice(lo, hi), 0, hi - lo,
+    optimizer_->stepRange(held_weights_.slice(lo, hi), grads_here.slice(lo, hi), 0, hi - lo,
                           learningRate(), update());
   }
 
@@ -430,20 +440,35 @@ class Updater final : public Actor {
     const bool chief = config_.worker == 0;
     EpochEnd e{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/true};
     if (chief) {
-      e.weights = onHost(weights_);
+      e.weights = wholeOnHost();
       e.state = onHost(optimizer_->state());
     }
     if (partial_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }
 
+  // The model's weights on the host, for the chief's pause: a pipeline stage's worker's window in
+  // place, the rest zeros (the other stages' workers hold them: the coordinator gathers them).
+  kernels::Tensor wholeOnHost() {
+    if (config_.window.size() == 1 &&
+        config_.window[0] == std::pair<std::int64_t, std::int64_t>{0, num_params_})
+      return onHost(weights_);
+    auto whole = kernels::Tensor::host({num_params_});
+    std::fill(whole.f32(), whole.f32() + num_params_, 0.0f);
+    for (const auto& [begin, end] : config_.window)
+      backend_->copy(held_weights_.slice(begin, end), whole.slice(begin, end));
+    backend_->synchronize();
+    return whole;
+  }
+
   // A piece of this worker's shard of the state, or of its pipeline stage's weights, for the
   // chief's evaluation or checkpoint, while paused.
   void sendState(const StateRequest& r) {
-    const kernels::Tensor held = !r.weights            ? optimizer_->state()
-                                 : config_.stage_range ? weights_.slice(config_.stage_range->first,
-                                                                        config_.stage_range->second)
-                                                       : kernels::Tensor();
+    const kernels::Tensor held =
+        !r.weights ? optimizer_->state()
+        : config_.stage_range
+            ? held_weights_.slice(config_.stage_range->first, config_.stage_range->second)
+            : kernels::Tensor();
     const bool asked = r.weights ? held.defined() : partial_;
     if (!asked || r.step != step_ || r.offset < 0 || r.count <= 0 ||
         r.count > held.numel() - r.offset) {
@@ -491,6 +516,10 @@ class Updater final : public Actor {
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<kernels::Optimizer> optimizer_;
   kernels::Tensor weights_, buffers_;
+  // The weights by their place in the model's (its window's ranges, UpdaterConfig::window), and
+  // the model's count.
+  kernels::FlatParams held_weights_;
+  std::int64_t num_params_ = 0;
   kernels::Tensor grads_here_;  // reduced gradients that arrive on another device, copied here
   std::int64_t step_;
   std::int64_t reduced_ = 0;

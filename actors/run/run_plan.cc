@@ -291,7 +291,26 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
     activations += staged ? static_cast<double>(kernels::pipelineHeld(whole, pipeline, share))
                           : static_cast<double>((memory.held + memory.scratch) * share);
   }
-  const double need = params + state + grads + activations;
+  // A stage's worker holds its stage's weights and the tied ones it reads; the chief, at a pause,
+  // a copy of the whole model's too (gathered from the stages' workers), and for an evaluation a
+  // copy of each stage's weights that lie in more than one range.
+  double weights = params;
+  if (pipeline.stage >= 0) {
+    const auto windows = kernels::pipelineStageWindows(whole, pipeline.stages);
+    const auto countOf = [](const auto& window) {
+      double count = 0;
+      for (const auto& [begin, end] : window)
+        count += static_cast<double>(end - begin);
+      return 4.0 * count;
+    };
+    weights = countOf(windows[static_cast<std::size_t>(pipeline.stage)]);
+    if (o.shard_id == 0) {
+      weights += params;
+      for (const auto& window : windows)
+        if (window.size() > 1 && !o.test_data.empty()) weights += countOf(window);
+    }
+  }
+  const double need = weights + state + grads + activations;
   if (need <= static_cast<double>(o.max_memory)) return static_cast<std::int64_t>(need);
   const std::string state_text =
       ps ? fmt::format("{}'s state on the servers, their pull answers {}", optimizer.name,
@@ -309,7 +328,7 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
           : "the optimizer's state sharded over the workers (--zero_stage 1 with bsp-allreduce, "
             "troupe launch -n N) or held by parameter servers (--schedule dist_sync, troupe "
             "launch -s N), or a smaller model or batch fits";
-  if (activations > params + state + grads) {  // most of it: a batch's activations
+  if (activations > weights + state + grads) {  // most of it: a batch's activations
     advice = fmt::format("{} hold fewer activations at once, {}",
                          staged ? "more micro-batches (--micro_batches)"
                                 : "pipeline stages over micro-batches (--pipeline_stages 2 "
@@ -318,10 +337,14 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   }
   throw InputError(fmt::format(
       "the model needs {:.0f} bytes ({}) in a worker, more than max_memory {} ({}): {} "
-      "parameters' weights {}, {}, gradients {} ({} replica(s){}), activations {} ({} inputs{}); "
-      "{}",
+      "parameters' weights {}{}, {}, gradients {} ({} replica(s){}), activations {} ({} "
+      "inputs{}); {}",
       need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
-      num_params, memorySize(params), state_text, memorySize(grads), shares.size(),
+      num_params, memorySize(weights),
+      pipeline.stage < 0 ? ""
+      : o.shard_id == 0  ? " (its stage's, and a copy of the whole model's at a pause)"
+                         : " (its stage's)",
+      state_text, memorySize(grads), shares.size(),
       staged ? fmt::format(", each with their sum and its stages' {}", memorySize(stage_grads))
              : "",
       memorySize(activations), inputs,

@@ -217,6 +217,7 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   kernels::makeOptimizer(*init_backend, 0, o.optimizer);  // refused here, not in an actor
   if (net.pipeline.stage >= 0) {
     p.stage_ranges = kernels::pipelineParamRanges(*init_net, net.pipeline.stages);
+    p.stage_windows = kernels::pipelineStageWindows(*init_net, net.pipeline.stages);
     if (p.has_buffers)
       p.stage_buffer_ranges = kernels::pipelineBufferRanges(*init_net, net.pipeline.stages);
   }

@@ -83,6 +83,7 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
       c.state_holders = c.weight_holders;
     }
     c.buffer_ranges = p.stage_buffer_ranges;
+    c.weight_windows = p.stage_windows;
   } else {
     c.shards = zeroShards();
     c.state_holders = a.all_updaters;
@@ -131,6 +132,7 @@ UpdaterConfig WorkerSpawn::updater() const {
   u.reducer = a.reducer;
   if (!p.stage_ranges.empty()) {
     u.stage_range = p.stage_ranges[static_cast<std::size_t>(p.net.pipeline.stage)];
+    u.window = p.stage_windows[static_cast<std::size_t>(p.net.pipeline.stage)];
     u.figures_range = stagePartsOf(p)[static_cast<std::size_t>(p.rank)];
   }
   if (role) {

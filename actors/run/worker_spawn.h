@@ -43,8 +43,11 @@ struct ProcessPlan {
   // Pipeline stages in processes of their own: each stage's range of the flat parameters
   // (kernels::pipelineParamRanges); else empty.
   std::vector<std::pair<std::int64_t, std::int64_t>> stage_ranges;
-  // ... and of the flat buffers (batch-norm statistics), with has_buffers.
+  // ... and of the flat buffers (batch-norm statistics), with has_buffers; and the ranges of the
+  // weights each stage's worker holds, its own and the tied ones it reads
+  // (kernels::pipelineStageWindows).
   std::vector<std::pair<std::int64_t, std::int64_t>> stage_buffer_ranges;
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> stage_windows;
   std::int64_t memory_estimate = 0;  // with max_memory: the bytes this process's plan needs
   bool has_buffers = false;
   // Model FLOPs utilisation (the coordinator's lines): the net's training FLOPs a sample
