@@ -322,12 +322,18 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                        : sharing > 1 ? fmt::format(" (its shard of {})", sharing)
                                      : "");
   std::string advice =
-      ps ? "a smaller model or batch fits (troupe cannot split the weights over processes yet)"
+      ps ? "a smaller model or batch fits (a parameter server's worker holds the whole weights; "
+           "pipeline stages in workers of their own split them, under bsp-allreduce)"
+      : pipeline.stage >= 0
+          ? "more pipeline stages hold less each (--pipeline_stages K, troupe launch -n K), more "
+            "pipelines shard each stage's state (--zero_stage 1), or a smaller model or batch fits"
       : sharing > 1
           ? "more workers shard the state finer, or a smaller model or batch fits"
           : "the optimizer's state sharded over the workers (--zero_stage 1 with bsp-allreduce, "
             "troupe launch -n N) or held by parameter servers (--schedule dist_sync, troupe "
-            "launch -s N), or a smaller model or batch fits";
+            "launch -s N), the layers split over pipeline stages in workers of their own "
+            "(--pipeline_stages K --pipeline_across processes with bsp-allreduce, troupe launch "
+            "-n K), or a smaller model or batch fits";
   if (activations > weights + state + grads) {  // most of it: a batch's activations
     advice = fmt::format("{} hold fewer activations at once, {}",
                          staged ? "more micro-batches (--micro_batches)"
@@ -345,7 +351,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       : o.shard_id == 0  ? " (its stage's, and a copy of the whole model's at a pause)"
                          : " (its stage's)",
       state_text, memorySize(grads), shares.size(),
-      staged ? fmt::format(", each with their sum and its stages' {}", memorySize(stage_grads))
+      staged ? fmt::format(", each: the stages' {} and their sums over the micro-batches {}",
+                           memorySize(stage_grads), memorySize(sums))
              : "",
       memorySize(activations), inputs,
       staged ? fmt::format(" in {} micro-batches", pipeline.microBatches()) : "", advice));
