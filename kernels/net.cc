@@ -434,22 +434,10 @@ class NetImpl final : public Net, private LayerContext {
     return shaped(g_.blobs[static_cast<std::size_t>(in_blob_)].diff, in_blob_);
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> gradRanges() const override {
-    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-    for (std::size_t l = begin_; l < end_; ++l) {
-      const Layer& layer = *g_.layers[l];
-      if (layer.param_end > layer.param_begin)
-        ranges.emplace_back(layer.param_begin, layer.param_end);
-    }
-    return ranges;
+    return stageRanges(&Layer::param_begin, &Layer::param_end);
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> bufferRanges() const override {
-    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-    for (std::size_t l = begin_; l < end_; ++l) {
-      const Layer& layer = *g_.layers[l];
-      if (layer.buffer_end > layer.buffer_begin)
-        ranges.emplace_back(layer.buffer_begin, layer.buffer_end);
-    }
-    return ranges;
+    return stageRanges(&Layer::buffer_begin, &Layer::buffer_end);
   }
   std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override {
     return tied_in_;
@@ -495,6 +483,17 @@ class NetImpl final : public Net, private LayerContext {
 
   // Gradients (or their reduced copy) as the layers take them: by their place in the model's.
   FlatParams held(const Tensor& grads) const { return FlatParams(grads, grad_window_); }
+
+  // The non-empty ranges [layer.*begin, layer.*end) of the layers run, in order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> stageRanges(std::int64_t Layer::*begin,
+                                                                 std::int64_t Layer::*end) const {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (std::size_t l = begin_; l < end_; ++l) {
+      const Layer& layer = *g_.layers[l];
+      if (layer.*end > layer.*begin) ranges.emplace_back(layer.*begin, layer.*end);
+    }
+    return ranges;
+  }
 
   bool staged() const { return begin_ > 0 || end_ < g_.layers.size(); }
   bool inStage(std::size_t layer) const { return begin_ <= layer && layer < end_; }

@@ -371,6 +371,16 @@ TEST(PipelineNet, ModelsItCannotRunAreRefusedByName) {
   EXPECT_EQ(errorOf(mlp), "pipeline_stages = 0 (at least 1)");
 }
 
+// A GPT-2 of 2 layers, 2 heads, 16 wide, over 40 tokens, sequences of 8, batches of 4, in 2
+// pipeline stages of 2 micro-batches: its output layer, in stage 1, reads stage 0's wte (tied).
+NetOptions twoStageGpt() {
+  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
+  gpt.gpt = {2, 2, 16};
+  gpt.pipeline.stages = 2;
+  gpt.pipeline.micro_batches = 2;
+  return gpt;
+}
+
 // A link to no other process: what the net sends is kept, and the test delivers what comes.
 class KeptLink final : public StageLink {
  public:
@@ -403,14 +413,10 @@ class KeptLink final : public StageLink {
 // Stage 1 of a GPT-2 in 2 processes, whose output layer reads stage 0's wte (tied): a message
 // that does not fit what the step can receive is refused naming its sender, and a wait on a stage
 // that sends nothing is reported at the link's stall warning and ends after its timeout, naming
-// that stage and its worker. Stage 0
-// sends wte's values at the step's start, and waits for stage 1's part of its gradient once its
-// own backward is done.
+// that stage and its worker. Stage 0 sends wte's values at the step's start, and waits for stage
+// 1's part of its gradient once its own backward is done.
 TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOutNamingTheSender) {
-  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
-  gpt.gpt = {2, 2, 16};
-  gpt.pipeline.stages = 2;
-  gpt.pipeline.micro_batches = 2;
+  const NetOptions gpt = twoStageGpt();
   const auto tokens = testing::randomSequences(4, 8, 40, 11);
   // Each stage keeps the weights and gradients of its own parameters alone, and stage 1 those of
   // wte too (40 tokens, 16 wide, the model's first parameters), which its output layer reads.
@@ -530,10 +536,7 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
 // scores the batch as the same stages as threads of one process do, to the bit. A message that
 // does not fit is refused naming its sender, and a wait ends after the link's timeout, naming it.
 TEST(PipelineStages, AStageInAProcessOfItsOwnEvaluatesItsLayersOnTheActivationsOfTheOneBefore) {
-  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 4);
-  gpt.gpt = {2, 2, 16};
-  gpt.pipeline.stages = 2;
-  gpt.pipeline.micro_batches = 2;
+  const NetOptions gpt = twoStageGpt();
   const auto tokens = testing::randomSequences(4, 8, 40, 11);
   auto backend = makeCpuBackend(1);
   auto threads = makeNet(*backend, gpt);
