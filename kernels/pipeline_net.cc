@@ -607,9 +607,9 @@ class PipelineNet final : public Net {
     const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
     if (t.kind != StageTensor::kActivations || t.from != local_ - 1 || t.micro_batch != 0) {
       throw InputError(fmt::format(
-          "pipeline stage {} got {} of micro-batch {} of evaluation {} from {}: an evaluation "
-          "takes activations from stage {}, one message a micro-batch",
-          local_, kindName(t.kind), t.micro_batch, -t.step, from, local_ - 1));
+          "pipeline stage {} got {} of evaluation micro-batch {} (as micro-batch {}) from {}: an "
+          "evaluation takes activations from stage {}, each micro-batch's as micro-batch 0",
+          local_, kindName(t.kind), -t.step, t.micro_batch, from, local_ - 1));
     }
     const std::int64_t per = numelOf(cut_shapes_.at(bounds_[static_cast<std::size_t>(local_)]));
     if (!t.values.defined() || t.values.dtype() != DType::kFloat32 || t.values.numel() == 0 ||

@@ -592,8 +592,9 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnEvaluatesItsLayersOnTheActivationsO
   StageTensor gradients = good;
   gradients.kind = StageTensor::kGradients;
   EXPECT_EQ(refusal(gradients),
-            "pipeline stage 1 got gradients of micro-batch 0 of evaluation 1 from stage 0 (worker "
-            "10): an evaluation takes activations from stage 0, one message a micro-batch");
+            "pipeline stage 1 got gradients of evaluation micro-batch 1 (as micro-batch 0) from "
+            "stage 0 (worker 10): an evaluation takes activations from stage 0, each "
+            "micro-batch's as micro-batch 0");
   StageTensor one_row = good;
   one_row.values = good.values.slice(0, 8 * 16);
   EXPECT_EQ(refusal(one_row),
