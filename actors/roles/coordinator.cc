@@ -488,8 +488,8 @@ class Coordinator final : public Actor {
       paused();
       return;
     }
-    // Replica 0's batch-norm statistics, for the evaluation and the checkpoint: only the
-    // updaters' pause (StepPlan::pausesAt) keeps the replicas from changing them meanwhile.
+    // The batch-norm statistics, for the evaluation and the checkpoint (requestBuffers): only
+    // the updaters' pause (StepPlan::pausesAt) keeps the replicas from changing them meanwhile.
     if (config_.has_buffers && epoch_end_->paused) {
       requestBuffers();
     } else {
@@ -519,8 +519,7 @@ class Coordinator final : public Actor {
     const auto stage = static_cast<std::size_t>(b.replica);
     TROUPE_ENFORCE(stage < config_.buffer_ranges.size() && b.buffers.numel() > 0,
                    "batch-norm statistics from replica ", b.replica,
-                   ", which runs no stage of "
-                   "the first pipeline");
+                   ", which runs no stage of the first pipeline");
     if (buffers_taken_ == 0) {
       buffers_ = b.buffers;  // a copy of the sender's: its stage's ranges are the current ones
     } else {
