@@ -197,7 +197,8 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
   auto init_backend = kernels::makeCpuBackend(1);
   kernels::NetOptions probe = net;
   probe.max_batch = 1;
-  probe.pipeline = {};  // the same weights; a pipeline is checked, not built
+  probe.pipeline = {};       // the same weights; a pipeline is checked, not built
+  probe.given_grads = true;  // it runs no backward
   auto init_net = kernels::makeNet(*init_backend, probe);
   if (net.pipeline.stages > 1) {
     kernels::NetOptions smallest = net;  // the replica with the smallest share of the batch
@@ -207,8 +208,7 @@ void planModel(const TrainOptions& o, ProcessPlan& p) {
         kernels::Device{o.gpus.empty() ? kernels::DeviceKind::kCpu : kernels::DeviceKind::kCuda,
                         0});
   }
-  p.weights = kernels::Tensor::host({init_net->numParams()});
-  init_backend->copy(init_net->weights(), p.weights);
+  p.weights = init_net->weights();  // host memory, which outlives the net: not copied
   p.has_buffers = init_net->buffers().numel() > 0;
   const std::int64_t num_params = p.num_params = init_net->numParams();
   p.optimizer = o.optimizer;
