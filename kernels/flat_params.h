@@ -26,6 +26,14 @@ class FlatParams {
   // [begin, end) of the model's flat parameters, which must lie in one held range; a tensor
   // without memory where `values` has none (a net that runs no backward binds its layers to it).
   Tensor slice(std::int64_t begin, std::int64_t end) const;
+  // How many values `ranges` span.
+  static std::int64_t count(const Ranges& ranges) {
+    std::int64_t n = 0;
+    for (const auto& [begin, end] : ranges)
+      n += end - begin;
+    return n;
+  }
+
   // The ranges held, in order ({0, values.numel()} for every one).
   Ranges window() const { return every_ ? Ranges{{0, values_.numel()}} : held_; }
 

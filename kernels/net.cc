@@ -123,9 +123,7 @@ class NetImpl final : public Net, private LayerContext {
     grad_window_ =
         options.stage_grads ? stageGradWindow(*this) : FlatParams::Ranges{{0, g_.num_params}};
     window_fixed_ = options.stage_grads;
-    grad_count_ = 0;
-    for (const auto& [begin, end] : grad_window_)
-      grad_count_ += end - begin;
+    grad_count_ = FlatParams::count(grad_window_);
     weight_window_ = options.stage_weights ? grad_window_ : FlatParams::Ranges{{0, g_.num_params}};
     weight_count_ = options.stage_weights ? grad_count_ : g_.num_params;
     if (!options.given_weights) weights_ = backend_.empty({weight_count_});

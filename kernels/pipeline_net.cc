@@ -114,10 +114,7 @@ class PipelineNet final : public Net {
         // (one backward at a time, each added on at once).
         if (copy == 0) {
           const auto window = net.gradWindow();
-          std::int64_t count = 0;
-          for (const auto& [begin, end] : window)
-            count += end - begin;
-          stage.grad_values = stage.backend->empty({count});
+          stage.grad_values = stage.backend->empty({FlatParams::count(window)});
           stage.grads = FlatParams(stage.grad_values, window);
         }
         net.useGrads(stage.grad_values);
@@ -130,9 +127,7 @@ class PipelineNet final : public Net {
     const Ranges window = link_
                               ? stage_list_[static_cast<std::size_t>(local_)].nets[0]->gradWindow()
                               : Ranges{{0, whole_->numParams()}};
-    std::int64_t count = 0;
-    for (const auto& [begin, end] : window)
-      count += end - begin;
+    const std::int64_t count = FlatParams::count(window);
     grad_values_ = backend.empty({count});
     grads_ = FlatParams(grad_values_, window);
     weight_count_ = count;  // in a process of its own, its weights are those of the same ranges
@@ -1066,9 +1061,8 @@ std::int64_t pipelineStageGrads(Net& whole, const PipelineOptions& pipeline) {
   const auto windows = pipelineStageWindows(whole, pipeline.stages);
   std::int64_t held = 0;
   for (int s = 0; s < pipeline.stages; ++s) {
-    if (pipeline.stage >= 0 && pipeline.stage != s) continue;
-    for (const auto& [begin, end] : windows[static_cast<std::size_t>(s)])
-      held += end - begin;
+    if (pipeline.stage < 0 || pipeline.stage == s)
+      held += FlatParams::count(windows[static_cast<std::size_t>(s)]);
   }
   return held;
 }

@@ -12,7 +12,6 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -441,10 +440,7 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnRefusesMalformedMessagesAndTimesOut
     EXPECT_EQ(net->weightWindow(), windows[static_cast<std::size_t>(stage)]);
     EXPECT_EQ(net->weights().numel(), net->grads().numel());
     const auto held = windows[static_cast<std::size_t>(stage)];
-    EXPECT_EQ(net->grads().numel(), std::accumulate(held.begin(), held.end(), std::int64_t{0},
-                                                    [](std::int64_t sum, const auto& range) {
-                                                      return sum + range.second - range.first;
-                                                    }));
+    EXPECT_EQ(net->grads().numel(), FlatParams::count(held));
     for (const StageTensor& message : messages)
       link->deliver(message);
     std::string error = "(no error)";

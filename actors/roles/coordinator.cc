@@ -16,6 +16,7 @@
 #include "actors/run/run_plan.h"
 #include "actors/run/train_log.h"
 #include "actors/run/trainer.h"
+#include "kernels/flat_params.h"
 #include "kernels/optimizer.h"
 #include "troupe/error.h"
 
@@ -553,10 +554,7 @@ class Coordinator final : public Actor {
   kernels::Tensor weightsOf(const std::vector<std::pair<std::int64_t, std::int64_t>>& window) {
     const kernels::Tensor& whole = epoch_end_->weights;
     if (window.size() == 1) return whole.slice(window[0].first, window[0].second);
-    std::int64_t count = 0;
-    for (const auto& [begin, end] : window)
-      count += end - begin;
-    auto joined = kernels::Tensor::host({count});
+    auto joined = kernels::Tensor::host({kernels::FlatParams::count(window)});
     float* at = joined.f32();
     for (const auto& [begin, end] : window)
       at = std::copy(whole.f32() + begin, whole.f32() + end, at);

@@ -94,10 +94,7 @@ class Updater final : public Actor {
     num_params_ = n;
     // A pipeline stage's worker: the ranges of its window alone (UpdaterConfig::window).
     if (config_.window.empty()) config_.window = {{0, n}};
-    std::int64_t count = 0;
-    for (const auto& [begin, end] : config_.window)
-      count += end - begin;
-    weights_ = backend_->empty({count});
+    weights_ = backend_->empty({kernels::FlatParams::count(config_.window)});
     held_weights_ = kernels::FlatParams(weights_, config_.window);
     for (const auto& [begin, end] : config_.window)
       backend_->copy(config_.initial_weights.slice(begin, end), held_weights_.slice(begin, end));

@@ -22,6 +22,7 @@
 #include "actors/core/peer.h"
 #include "actors/schedules/schedule.h"
 #include "kernels/cuda_plugin.h"
+#include "kernels/flat_params.h"
 #include "rendezvous/store.h"
 #include "rendezvous/url.h"
 #include "rendezvous/value.h"
@@ -297,11 +298,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
   double weights = params;
   if (pipeline.stage >= 0) {
     const auto windows = kernels::pipelineStageWindows(whole, pipeline.stages);
-    const auto countOf = [](const auto& window) {
-      double count = 0;
-      for (const auto& [begin, end] : window)
-        count += static_cast<double>(end - begin);
-      return 4.0 * count;
+    const auto countOf = [](const kernels::FlatParams::Ranges& window) {
+      return 4.0 * static_cast<double>(kernels::FlatParams::count(window));
     };
     weights = countOf(windows[static_cast<std::size_t>(pipeline.stage)]);
     if (o.shard_id == 0) {
