@@ -1,7 +1,8 @@
 // A flat tensor that holds some ranges of a model's flat parameters, or of their gradients, laid
 // one after another in order: a pipeline stage's net keeps the gradients of its own stage's
 // parameters and of the tied weights it reads, and no others (NetOptions::stage_grads). Layers
-// take their parameters from it by their place in the whole model's (Layer::bind).
+// take their parameters from it by their place in the whole model's (Layer::bind). Or each range
+// at a place of its own, shared with others (ZeRO stage 2's gradient slots).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,9 @@ class FlatParams {
   // `held`, sorted and apart, one after another in `values` (which must hold them all, or be a
   // tensor without memory).
   FlatParams(Tensor values, Ranges held);
+  // `held`, sorted and apart, range i at offset at[i] of `values`: ranges may share memory (a
+  // net's gradient slots, NetOptions::grad_slots, each holding one bucket at a time).
+  FlatParams(Tensor values, Ranges held, std::vector<std::int64_t> at);
 
   // [begin, end) of the model's flat parameters, which must lie in one held range; a tensor
   // without memory where `values` has none (a net that runs no backward binds its layers to it).

@@ -23,6 +23,20 @@ FlatParams::FlatParams(Tensor values, Ranges held)
                  " values holding ranges of ", at);
 }
 
+FlatParams::FlatParams(Tensor values, Ranges held, std::vector<std::int64_t> at)
+    : values_(std::move(values)), every_(false), held_(std::move(held)), at_(std::move(at)) {
+  TROUPE_ENFORCE_EQ(at_.size(), held_.size());
+  for (std::size_t i = 0; i < held_.size(); ++i) {
+    TROUPE_ENFORCE(
+        held_[i].first <= held_[i].second && (i == 0 || held_[i - 1].second <= held_[i].first),
+        "flat parameter ranges out of order at [", held_[i].first, ", ", held_[i].second, ")");
+    TROUPE_ENFORCE(at_[i] >= 0 && (!values_.defined() ||
+                                   at_[i] + held_[i].second - held_[i].first <= values_.numel()),
+                   "flat parameters [", held_[i].first, ", ", held_[i].second, ") placed at ",
+                   at_[i], " of a flat tensor of ", values_.numel());
+  }
+}
+
 Tensor FlatParams::slice(std::int64_t begin, std::int64_t end) const {
   if (!values_.defined()) return Tensor();
   if (every_) return values_.slice(begin, end);

@@ -124,6 +124,7 @@ class NetImpl final : public Net, private LayerContext {
         options.stage_grads ? stageGradWindow(*this) : FlatParams::Ranges{{0, g_.num_params}};
     window_fixed_ = options.stage_grads;
     grad_count_ = FlatParams::count(grad_window_);
+    if (options.grad_slots.count > 0) layOutGradSlots();
     weight_window_ = options.stage_weights ? grad_window_ : FlatParams::Ranges{{0, g_.num_params}};
     weight_count_ = options.stage_weights ? grad_count_ : g_.num_params;
     if (!options.given_weights) weights_ = backend_.empty({weight_count_});
@@ -167,6 +168,12 @@ class NetImpl final : public Net, private LayerContext {
     use(weights_, weights, weight_count_, "weights");
   }
   const Tensor& grads() const override { return grads_; }
+  FlatParams gradParams() const override { return held(grads_); }
+  std::vector<GradSlot> gradSlots() const override { return slots_; }
+  void setGradWriteHook(GradWriteFn hook) override {
+    TROUPE_ENFORCE(!hook || !slots_.empty(), "a gradient write hook on a net without slots");
+    write_hook_ = std::move(hook);
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const override {
     return grad_window_;
   }
@@ -239,6 +246,11 @@ class NetImpl final : public Net, private LayerContext {
       if (layer.computed_by >= 0) continue;  // no parameters
       current_ = &layer;
       pending_.clear();
+      if (write_hook_) {  // its slots free (NetOptions::grad_slots)
+        if (layer.param_end > layer.param_begin) write_hook_(layer.param_begin, layer.param_end);
+        if (const auto tied = layer.tiedWeights(); tied.second > tied.first)
+          write_hook_(tied.first, tied.second);
+      }
       timed(layer.kind(), true,
             [&] { lending(lent_backward_[l], [&] { layer.backward(*this, n_, grad_scale); }); });
       if (!pending_.empty()) {
@@ -265,7 +277,8 @@ class NetImpl final : public Net, private LayerContext {
       forward(images, labels, true);
       backward(grad_scale, on_ready);
     };
-    if (!options_.graphs || !graph_stats_.off.empty() || profiling_ || staged()) return opByOp();
+    if (!options_.graphs || !graph_stats_.off.empty() || profiling_ || staged() || write_hook_)
+      return opByOp();
     const StepKey key{images.raw(),   labels.raw(),   weights_.raw(), images.shape(),
                       labels.shape(), images.dtype(), grad_scale,     on_ready != nullptr};
     auto replay = [&](const StepGraph& step) {
@@ -440,6 +453,13 @@ class NetImpl final : public Net, private LayerContext {
   std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const override {
     return tied_in_;
   }
+  std::vector<std::pair<std::int64_t, std::int64_t>> sharedWeights() const override {
+    std::vector<std::pair<std::int64_t, std::int64_t>> shared;
+    for (const auto& layer : g_.layers)
+      if (layer->tiedWeights().second > layer->tiedWeights().first)
+        shared.push_back(layer->tiedWeights());
+    return shared;
+  }
   void setTiedGrad(std::int64_t begin, const Tensor& part) override {
     const auto it = std::find_if(tied_out_.begin(), tied_out_.end(),
                                  [&](const TiedOut& t) { return t.range.first == begin; });
@@ -480,7 +500,21 @@ class NetImpl final : public Net, private LayerContext {
   }
 
   // Gradients (or their reduced copy) as the layers take them: by their place in the model's.
-  FlatParams held(const Tensor& grads) const { return FlatParams(grads, grad_window_); }
+  FlatParams held(const Tensor& grads) const {
+    if (slots_.empty()) return FlatParams(grads, grad_window_);
+    return FlatParams(grads, slot_ranges_, slot_at_);
+  }
+
+  // NetOptions::grad_slots: the backward's buckets, each in its slot or in memory of its own.
+  void layOutGradSlots() {
+    TROUPE_ENFORCE(!staged() && !options_.given_grads && !copies_,
+                   "gradient slots in a pipeline's stage, with given gradients or reduced copies");
+    GradSlotLayout layout = gradSlotLayout(*this, options_.grad_slots);
+    slots_ = std::move(layout.buckets);
+    slot_ranges_ = std::move(layout.ranges);
+    slot_at_ = std::move(layout.at);
+    grad_count_ = layout.size;
+  }
 
   // The non-empty ranges [layer.*begin, layer.*end) of the layers run, in order.
   std::vector<std::pair<std::int64_t, std::int64_t>> stageRanges(std::int64_t Layer::*begin,
@@ -951,6 +985,12 @@ class NetImpl final : public Net, private LayerContext {
   bool copies_;  // convolutions and inner products compute from a copy of their weights
   Tensor weights_, grads_, buffers_, metrics_;
   FlatParams::Ranges grad_window_;  // what grads_ holds (gradWindow)
+  // NetOptions::grad_slots: the buckets in backward order, and where each lies in grads_ (by
+  // begin); the hook called before a layer writes.
+  std::vector<GradSlot> slots_;
+  FlatParams::Ranges slot_ranges_;
+  std::vector<std::int64_t> slot_at_;
+  GradWriteFn write_hook_;
   std::int64_t grad_count_ = 0;
   FlatParams::Ranges weight_window_;  // what weights_ holds (weightWindow)
   std::int64_t weight_count_ = 0;
@@ -1027,6 +1067,77 @@ class NetImpl final : public Net, private LayerContext {
 };
 
 }  // namespace
+
+std::optional<BucketCutter::Range> BucketCutter::add(std::int64_t begin, std::int64_t end) {
+  if (begin_ < 0) {
+    end_ = end;
+  } else {
+    TROUPE_ENFORCE_EQ(end, begin_);  // reverse layer order over a forward-ordered layout
+  }
+  begin_ = begin;
+  if ((end_ - begin_) * static_cast<std::int64_t>(sizeof(float)) < cap_) return std::nullopt;
+  cap_ = bytes_;
+  return finish();
+}
+
+std::optional<BucketCutter::Range> BucketCutter::finish() {
+  if (begin_ < 0) return std::nullopt;
+  const Range bucket{begin_, end_};
+  begin_ = end_ = -1;
+  return bucket;
+}
+
+GradSlotLayout gradSlotLayout(const Net& net, const NetOptions::GradSlots& o) {
+  GradSlotLayout layout;
+  BucketCutter cutter(o.first_bytes, o.bytes);
+  const auto ranges = net.gradRanges();
+  for (auto range = ranges.rbegin(); range != ranges.rend(); ++range)
+    if (auto bucket = cutter.add(range->first, range->second))
+      layout.buckets.push_back({bucket->first, bucket->second});
+  if (auto bucket = cutter.finish()) layout.buckets.push_back({bucket->first, bucket->second});
+  // A bucket with weights that two layers write, far apart in the backward, has its own memory;
+  // the others take turns in the slots, each slot the size of its largest.
+  const auto shared = net.sharedWeights();
+  std::int64_t in_slots = 0;
+  for (GradSlot& b : layout.buckets) {
+    const bool own = std::any_of(shared.begin(), shared.end(), [&](const auto& t) {
+      return t.first < b.end && b.begin < t.second;
+    });
+    b.slot = own ? -1 : static_cast<int>(in_slots++ % o.count);
+  }
+  std::vector<std::int64_t> slot_at(
+      static_cast<std::size_t>(std::min<std::int64_t>(o.count, in_slots)), 0);
+  for (const GradSlot& b : layout.buckets) {
+    if (b.slot < 0) continue;
+    auto& size = slot_at[static_cast<std::size_t>(b.slot)];
+    size = std::max(size, b.end - b.begin);
+  }
+  for (auto& at : slot_at) {  // sizes to places
+    const std::int64_t size = at;
+    at = layout.size;
+    layout.size += size;
+  }
+  std::map<std::int64_t, std::int64_t> at;  // by begin
+  for (const GradSlot& b : layout.buckets) {
+    if (b.slot < 0) {
+      at[b.begin] = layout.size;
+      layout.size += b.end - b.begin;
+    } else {
+      at[b.begin] = slot_at[static_cast<std::size_t>(b.slot)];
+    }
+  }
+  for (const auto& [begin, where] : at) {
+    const auto b = std::find_if(layout.buckets.begin(), layout.buckets.end(),
+                                [&](const GradSlot& s) { return s.begin == begin; });
+    layout.ranges.emplace_back(b->begin, b->end);
+    layout.at.push_back(where);
+  }
+  return layout;
+}
+
+void Net::setGradWriteHook(GradWriteFn hook) {
+  TROUPE_ENFORCE(!hook, "a gradient write hook on a net without gradient slots");
+}
 
 std::vector<std::pair<std::int64_t, std::int64_t>> noDecayRanges(
     const std::vector<ParamInfo>& params) {

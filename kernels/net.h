@@ -8,11 +8,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kernels/event.h"
+#include "kernels/flat_params.h"
 #include "kernels/named.h"
 #include "kernels/stage_link.h"
 #include "kernels/tensor.h"
@@ -173,6 +175,43 @@ struct NetOptions {
   // With stage_grads: weights() likewise holds the weights of those ranges alone
   // (Net::weightWindow), which a stage in a process of its own reads.
   bool stage_weights = false;
+  // ZeRO stage 2, where a worker keeps the sums of its shard of the gradients alone: grads() holds
+  // `count` slots of a bucket each instead of every gradient (Net::gradSlots). The backward's
+  // ranges are cut into buckets as a replica hands them on (BucketCutter), bucket k of those
+  // without tied weights in slot k % count; a bucket with weights that two layers write (a tied
+  // embedding's) has memory of its own. Before a layer writes into a slot, the backward calls the
+  // net's GradWriteFn (setGradWriteHook), which waits until the reducer took the slot's last
+  // bucket. count 0: every gradient in grads().
+  struct GradSlots {
+    int count = 0;
+    std::int64_t first_bytes = 1 << 20;  // a step's first bucket
+    std::int64_t bytes = 25 << 20;       // each other bucket
+  };
+  GradSlots grad_slots = {};
+};
+
+// How a replica cuts a step's gradient ranges, in the order the backward makes them final (each
+// right before the last), into buckets for its reducer: a bucket ends once it holds first_bytes
+// of float32 values (the step's first) or bytes (every other), and at the step's end.
+class BucketCutter {
+ public:
+  using Range = std::pair<std::int64_t, std::int64_t>;
+  BucketCutter(std::int64_t first_bytes, std::int64_t bytes) : cap_(first_bytes), bytes_(bytes) {}
+  // [begin, end) is final: the bucket it ends, if it ends one.
+  std::optional<Range> add(std::int64_t begin, std::int64_t end);
+  // The step's end: its last bucket, if one is open.
+  std::optional<Range> finish();
+
+ private:
+  std::int64_t cap_, bytes_;
+  std::int64_t begin_ = -1, end_ = -1;
+};
+
+// A bucket of the backward's gradients (BucketCutter's) in a net's gradient slots
+// (NetOptions::grad_slots): its slot, or -1 where it has memory of its own.
+struct GradSlot {
+  std::int64_t begin = 0, end = 0;
+  int slot = -1;
 };
 
 // How trainStep() ran its steps with NetOptions::graphs: steps recorded as a graph (each also ran
@@ -244,6 +283,8 @@ struct StepProfile {
 // where the net knows it, the event after which they are (a step replayed from a CUDA graph, whose
 // whole work is queued before its ranges are called); null: at the backend's next record().
 using GradReadyFn = std::function<void(std::int64_t begin, std::int64_t end, const Event* final)>;
+// Called by backward() before a layer writes gradients [begin, end) (NetOptions::grad_slots).
+using GradWriteFn = std::function<void(std::int64_t begin, std::int64_t end)>;
 
 // A place where a net may be cut into pipeline stages: before layer `layer`, whose input is the
 // one blob that crosses the cut (its activations go forward, their gradient back). Nothing else
@@ -293,6 +334,14 @@ class Net {
   virtual std::vector<std::pair<std::int64_t, std::int64_t>> gradWindow() const {
     return {{0, numParams()}};
   }
+  // grads() as the layers and the replica's buckets read it: gradWindow()'s ranges one after
+  // another, or each bucket in its slot (NetOptions::grad_slots).
+  virtual FlatParams gradParams() const { return FlatParams(grads(), gradWindow()); }
+  // The buckets of NetOptions::grad_slots, in the order the backward makes them final; empty
+  // without slots.
+  virtual std::vector<GradSlot> gradSlots() const { return {}; }
+  // With grad_slots: `hook` is called before each layer writes a range of gradients.
+  virtual void setGradWriteHook(GradWriteFn hook);
   // Writes gradients into `grads` (gradWindow()'s count on the net's backend) from now on, in
   // place of its own: nets that never run at once may share one (a pipeline stage's copies). A
   // net with given_grads that never runs a backward needs none.
@@ -372,7 +421,21 @@ class Net {
   // its own backward() of the same batch, which adds its part to it, as the whole net's does.
   virtual std::vector<std::pair<std::int64_t, std::int64_t>> tiedRanges() const = 0;
   virtual void setTiedGrad(std::int64_t begin, const Tensor& part) = 0;
+  // The ranges of weights that a second layer reads (a tied output layer's: the embedding's),
+  // whose gradient two layers write; of the whole net.
+  virtual std::vector<std::pair<std::int64_t, std::int64_t>> sharedWeights() const { return {}; }
 };
+
+// NetOptions::grad_slots' layout of a whole net's gradients: its buckets in the order the
+// backward makes them final, each with its slot; where each lies in grads() (ranges by begin,
+// for FlatParams); and grads()'s size.
+struct GradSlotLayout {
+  std::vector<GradSlot> buckets;
+  FlatParams::Ranges ranges;
+  std::vector<std::int64_t> at;
+  std::int64_t size = 0;
+};
+GradSlotLayout gradSlotLayout(const Net& net, const NetOptions::GradSlots& slots);
 
 // A stage's gradRanges() and tiedRanges(), sorted, those that touch joined: the gradients its
 // backward writes (NetOptions::stage_grads).

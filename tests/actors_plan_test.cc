@@ -141,11 +141,33 @@ TEST(Schedules, LoadingGivesTheScheduleItsFamilyWithItsOwnSettings) {
             "zero_stage 1 shards the optimizer's state over the workers of schedule "
             "bsp-allreduce; 'local' runs one process, with nothing to shard it over "
             "(zero_stage 0)");
-  EXPECT_THAT(refusalOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "2"}}),
-              ::testing::HasSubstr("zero_stage 2: troupe shards the optimizer's state (stage 1), "
-                                   "not yet the gradients (2)"));
+  EXPECT_EQ(optionsOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "2"}})
+                .schedule.allreduce()
+                ->zero_stage,
+            2);
+  EXPECT_THAT(refusalOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "3"}}),
+              ::testing::HasSubstr("zero_stage 3: troupe shards the optimizer's state (stage 1) "
+                                   "and the gradients (2), not yet the weights (3)"));
   EXPECT_THAT(refusalOf({{"schedule", "bsp-allreduce"}, {"zero_stage", "4"}}),
               ::testing::HasSubstr("zero_stage"));
+  // Stage 2's gradient slots are one replica's net on the CPU, whole: the rest is refused.
+  const auto stage2RefusalOf = [](ConfigOverrides flags) {
+    flags.insert({{"schedule", "bsp-allreduce"}, {"zero_stage", "2"}});
+    try {
+      validateSchedule(optionsOf(flags));
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(stage2RefusalOf({}), "");
+  EXPECT_EQ(stage2RefusalOf({{"replicas", "2"}}),
+            "zero_stage 2 with 2 replicas a process: not supported yet; one replica a process "
+            "(--replicas 1, more processes), or zero_stage 1");
+  EXPECT_THAT(stage2RefusalOf({{"gpus", "0"}}),
+              ::testing::HasSubstr("zero_stage 2 with GPUs (--gpus): not supported yet"));
+  EXPECT_THAT(stage2RefusalOf({{"pipeline_stages", "2"}}),
+              ::testing::HasSubstr("zero_stage 2 with pipeline stages"));
 }
 
 // The options hold typed values; their names stay at the config's edge, where a name a key does

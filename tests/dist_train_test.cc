@@ -195,6 +195,15 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
   EXPECT_EQ(b.metaInt("step"), 10);
   expectTheSameBits(a, b);
 
+  // ZeRO stage 2: each worker keeps its shard's sums alone, its replica's gradients in two slots
+  // of a bucket each (LeNet's 431080 in buckets of 0.1 MiB, then 0.25 MiB: 5 of them, at layer
+  // bounds), which the backward reuses once the ring is done with them.
+  const auto slots = runCommand(in(cwd, common + "slots --num_epochs 1 --zero_stage 2 "
+                                                 "--first_bucket_mb 0.1 --bucket_size_mb 0.25"));
+  ASSERT_EQ(slots.exit_code, 0) << slots.output;
+  EXPECT_THAT(slots.output, ::testing::HasSubstr("from 2 bucket slots"));
+  expectTheSameBits(a, actors::loadCheckpoint(filesIn(cwd.path() / "slots", ".ckpt").at(0)));
+
   // A second epoch from the sharded checkpoint: each sharded worker takes its shard of the saved
   // state. (Once: the resume is the same for any optimizer.)
   if (std::string(optimizer) != "adamw") return;

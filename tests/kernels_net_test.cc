@@ -1,12 +1,15 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "actors/config/train_config.h"
 #include "kernels/backend.h"
@@ -739,6 +742,86 @@ TEST_F(NetTest, ResNet50HoldsAtItsPeakWhatItsBackwardReads) {
   EXPECT_LE(m.held, (reads + 3 * 2048 * 7 * 7) * 4);
   std::cout << "[ measured ] resnet50: the backward reads " << reads * 4 << " bytes an image, "
             << m.held << " held\n";
+}
+
+std::vector<float> hostValues(Backend& backend, const Tensor& t) {
+  Tensor h = Tensor::host(t.shape(), t.dtype());
+  backend.copy(t, h);
+  backend.synchronize();
+  return std::vector<float>(h.f32(), h.f32() + h.numel());
+}
+
+// ZeRO stage 2's gradient slots (NetOptions::grad_slots): a net whose gradients lie in two slots
+// of a bucket each hands on, bucket by bucket as they become final, the gradients of the same net
+// holding every one, to the bit (the same work on the same values). Its write hook comes before a
+// layer writes into a slot, and by then the slot's bucket before was handed on. A bucket holding
+// GPT-2's tied embedding, which its output layer writes first and the embedding adds to, has
+// memory of its own.
+// The slots' memory is below `most` of the whole net's gradients.
+void expectSlotsAsWhole(const NetOptions& o, const Batch& batch, int own_buckets, double most) {
+  SCOPED_TRACE(o.model.name);
+  auto backend = makeCpuBackend(2);
+  auto whole = makeNet(*backend, o);
+  whole->forward(batch.inputs, batch.labels, true);
+  whole->backward(1.0f, nullptr);
+  NetOptions slotted = o;
+  slotted.grad_slots = {2, 1 << 10, 4 << 10};  // buckets of 256 floats, then 1024
+  auto net = makeNet(*backend, slotted);
+  const std::vector<GradSlot> buckets = net->gradSlots();
+  ASSERT_GT(buckets.size(), 3u);
+  EXPECT_EQ(std::count_if(buckets.begin(), buckets.end(), [](const auto& b) { return b.slot < 0; }),
+            own_buckets);
+  EXPECT_LT(static_cast<double>(net->grads().numel()),
+            most * static_cast<double>(whole->numParams()));
+  std::vector<bool> handed(buckets.size(), false);
+  auto bucketOf = [&](std::int64_t begin) {
+    const auto it = std::find_if(buckets.begin(), buckets.end(), [&](const GradSlot& b) {
+      return b.begin <= begin && begin < b.end;
+    });
+    EXPECT_NE(it, buckets.end()) << begin;
+    return static_cast<std::size_t>(it - buckets.begin());
+  };
+  int writes = 0;
+  net->setGradWriteHook([&](std::int64_t begin, std::int64_t) {
+    ++writes;
+    const std::size_t k = bucketOf(begin);
+    if (buckets[k].slot < 0) return;
+    for (std::size_t j = 0; j < k; ++j) {  // the slot's buckets before were handed on
+      if (buckets[j].slot == buckets[k].slot) {
+        EXPECT_TRUE(handed[j]) << j << " before " << k;
+      }
+    }
+  });
+  const std::int64_t n = whole->numParams();
+  std::vector<float> got(static_cast<std::size_t>(n), std::nanf(""));
+  auto handOn = [&](std::optional<BucketCutter::Range> bucket) {
+    if (!bucket) return;
+    const std::size_t k = bucketOf(bucket->first);
+    EXPECT_EQ(buckets[k].end, bucket->second);
+    const auto values =
+        hostValues(*backend, net->gradParams().slice(bucket->first, bucket->second));
+    std::copy(values.begin(), values.end(), got.begin() + bucket->first);
+    handed[k] = true;
+  };
+  BucketCutter cutter(slotted.grad_slots.first_bytes, slotted.grad_slots.bytes);
+  net->forward(batch.inputs, batch.labels, true);
+  net->backward(1.0f, [&](std::int64_t begin, std::int64_t end, const Event*) {
+    handOn(cutter.add(begin, end));
+  });
+  handOn(cutter.finish());
+  EXPECT_GT(writes, 0);
+  const auto want = hostValues(*backend, whole->grads());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+}
+
+TEST(GradSlots, BucketsInTwoSlotsHandOnTheWholeNetsGradients) {
+  const Batch lenet = testing::randomImages(3, 1, 28, 28, /*seed=*/5);
+  // LeNet's ip1 is 93% of its parameters, a bucket and a slot of its own.
+  expectSlotsAsWhole(imageModel("lenet", 3, 1, 28), lenet, 0, 1.0);
+  NetOptions gpt = testing::languageModel("gpt2", 8, 40, 3);
+  gpt.gpt = {3, 2, 16};
+  const auto tokens = testing::randomSequences(3, 8, 40, 11);
+  expectSlotsAsWhole(gpt, {tokens.tokens, tokens.labels}, 1, 0.5);
 }
 
 }  // namespace

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "actors/run/checkpoint.h"
 #include "cli_util.h"
 #include "data/token_shards.h"
 
@@ -199,9 +201,13 @@ TEST(LanguageModel, AModelWhoseStateDoesNotFitTrainsShardedOnServersOrInPipeline
                        "bsp-allreduce, troupe launch -n N) or held by parameter servers "
                        "(--schedule dist_sync, troupe launch -s N), the layers split over "
                        "pipeline stages in workers of their own"}));
-  const auto launch = [&](const std::string& processes, const std::string& schedule) {
+  const auto launchAs = [&](const std::string& as, const std::string& processes,
+                            const std::string& schedule) {
     return runCommand("cd " + dir.str() + " && " + troupeBinary() + " launch " + processes +
-                      " -- " + troupeBinary() + " train " + model + schedule);
+                      " -- " + troupeBinary() + " train " + as + schedule);
+  };
+  const auto launch = [&](const std::string& processes, const std::string& schedule) {
+    return launchAs(model, processes, schedule);
   };
   run = launch("-n 2",
                "--schedule bsp-allreduce --zero_stage 1 --checkpoint_every 1 "
@@ -239,6 +245,28 @@ TEST(LanguageModel, AModelWhoseStateDoesNotFitTrainsShardedOnServersOrInPipeline
   EXPECT_NE(run.output.find("resuming from " + epoch1("zero") + " at step 50"), std::string::npos)
       << run.output;
   expectWithinTheLimit(run, workers, worker_least);
+  // The gradients sharded too (zero_stage 2): each worker's replica writes them into two slots of
+  // a bucket each (--bucket_size_mb 1; the tied embedding's bucket has memory of its own) and
+  // keeps its shard's sums alone: 23.9 MiB where zero_stage 1 needs 24.8. Under 24M zero_stage 1
+  // is refused, naming stage 2, which trains within the limit to the bits of the zero_stage 1
+  // run's checkpoints.
+  const std::string tighter =
+      std::regex_replace(model, std::regex("--max_memory 25M"), "--max_memory 24M");
+  const std::string slots = "--bucket_size_mb 1 --schedule bsp-allreduce --checkpoint_dir slots";
+  run = launchAs(tighter, "-n 2", slots + " --zero_stage 1");
+  EXPECT_TRUE(failedWith(run, {"the model needs 25972736 bytes (24.8 MiB) in a worker",
+                               "the gradients' sums sharded too (--zero_stage 2) hold less"}));
+  run = launchAs(tighter, "-n 2", slots + " --zero_stage 2 --checkpoint_every 1");
+  expectTheTrainingLossFalls(run);
+  expectWithinTheLimit(run, workers, 4 * 1661952 * 2);
+  EXPECT_NE(run.output.find("estimated 25088000 bytes (23.9 MiB)"), std::string::npos)
+      << run.output;
+  const auto zero1 = actors::loadCheckpoint(epoch1("zero"));
+  const auto zero2 = actors::loadCheckpoint(epoch1("slots"));
+  ASSERT_EQ(zero1.weights.bytes(), zero2.weights.bytes());
+  ASSERT_EQ(zero1.state.bytes(), zero2.state.bytes());
+  EXPECT_EQ(std::memcmp(zero1.weights.raw(), zero2.weights.raw(), zero1.weights.bytes()), 0);
+  EXPECT_EQ(std::memcmp(zero1.state.raw(), zero2.state.raw(), zero1.state.bytes()), 0);
   // Its layers in 4 pipeline stages, each in a worker of its own that holds its stage's weights,
   // gradients and state alone (the chief a copy of the whole model's weights too, at a pause):
   // it trains, each worker within the limit (measured: 17.2, 15.2, 9.5 and 15.0 MiB). In 2

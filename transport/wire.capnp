@@ -55,6 +55,7 @@ struct Reduced {
   begin @1 :Int64;
   end @2 :Int64;
   grads @3 :TensorData;
+  gradsAt @4 :Int64 = -1;  # where grads starts in the flat gradients; -1: at begin
 }
 
 # Updater -> Replica: the weights step `step` starts from.

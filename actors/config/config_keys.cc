@@ -632,7 +632,9 @@ std::vector<Key> buildTable() {
       agreed(TROUPE_INT_KEY_AT("zero_stage", schedule_keys.zero_stage, closed(0, 3),
                                "bsp-allreduce: 1 shards the optimizer's state over the workers "
                                "(ZeRO stage 1: gradients reduce-scattered, each worker updates "
-                               "its shard, weights all-gathered); 0: none")),
+                               "its shard, weights all-gathered); 2 the gradients' sums too "
+                               "(each replica's gradients in two bucket slots, on the CPU); 0: "
+                               "none")),
       agreed(TROUPE_TABLE_NAME_KEY_AT(
           "reducer", schedule_keys.reducer, kReducers,
           "what sums gradients of GPU replicas: troupe (its own sums and ring) or "

@@ -100,11 +100,15 @@ struct Reduced {
   std::int64_t end = 0;
   Tensor grads;
   kernels::Event ready;  // after the work that wrote the sum
+  // Where grads starts in the flat gradients; -1: at begin. ZeRO stage 2 sends its shard's part
+  // of [begin, end) alone (empty where none of it is its shard's).
+  std::int64_t grads_at = -1;
 };
 template <>
 inline constexpr auto wire::kForm<Reduced> = wire::form<Reduced>(
     "reduced", wire::field("step", &Reduced::step), wire::field("begin", &Reduced::begin),
-    wire::field("end", &Reduced::end), wire::field("grads", &Reduced::grads));
+    wire::field("end", &Reduced::end), wire::field("grads", &Reduced::grads),
+    wire::field("gradsAt", &Reduced::grads_at));
 
 // Replica -> Coordinator: a step's training metrics.
 struct StepDone {

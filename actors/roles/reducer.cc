@@ -16,6 +16,7 @@
 #include "actors/core/lease.h"
 #include "actors/core/messages.h"
 #include "actors/core/trace.h"
+#include "actors/roles/grad_slots.h"
 #include "actors/roles/hierarchical_allreduce.h"
 #include "actors/roles/ring_allreduce.h"
 #include "actors/roles/roles.h"
@@ -117,6 +118,7 @@ class Reducer final : public Actor {
     // (GatherWeights) or an updater's figures to sum (SumAcrossWorkers).
     enum class Kind : std::uint8_t { kGradients, kWeights, kFigures } kind = Kind::kGradients;
     kernels::Tensor device_weights;  // weights on a GPU whose host copy `sum` goes round
+    std::int64_t bucket = -1;        // ZeRO stage 2: the begin of the bucket it is a piece of
   };
   // The key of a step's figures in in_ring_ (no bucket begins there).
   static constexpr std::int64_t kFiguresKey = -1;
@@ -335,10 +337,33 @@ class Reducer final : public Actor {
       send(config_.updater, WeightsGathered{step, begin, end, ready});
     } else if (kind == Kind::kFigures) {
       send(config_.updater, SummedAcrossWorkers{step, it->second.sum});
+    } else if (config_.grad_slots) {
+      takeShard(step, begin, it->second);
     } else {
       send(config_.updater, Reduced{step, begin, end, it->second.sum, it->second.ready});
     }
     in_ring_.erase(it);
+  }
+
+  // ZeRO stage 2: this rank's shard of a reduce-scattered piece's sums is copied out of the
+  // replica's gradient slot, for the updater; the bucket's slot is free once its last piece is.
+  void takeShard(std::int64_t step, std::int64_t begin, const InRing& piece) {
+    const std::int64_t end = begin + piece.sum.numel();
+    const auto [lo, hi] = config_.shards.at(static_cast<std::size_t>(config_.rank));
+    if (shard_sums_.numel() != hi - lo) shard_sums_ = backend_->empty({hi - lo});
+    const std::int64_t from = std::max(begin, lo), to = std::min(end, hi);
+    kernels::Tensor mine;
+    if (from < to) {
+      mine = shard_sums_.slice(from - lo, to - lo);
+      backend_->copy(piece.sum.slice(from - begin, to - begin), mine);
+    }
+    backend_->synchronize();
+    const std::pair<std::int64_t, std::int64_t> bucket{step, piece.bucket};
+    if (--pieces_left_.at(bucket) == 0) {
+      pieces_left_.erase(bucket);
+      config_.grad_slots->release(step, piece.bucket);
+    }
+    send(config_.updater, Reduced{step, begin, end, mine, {}, from < to ? from : -1});
   }
 
   // ZeRO: the updater's weights [begin, end), its own shard of them updated, all-gathered in
@@ -443,10 +468,12 @@ class Reducer final : public Actor {
     } else {
       ready = backend_->record();
     }
+    if (config_.grad_slots) pieces_left_[key] = (n + piece(n) - 1) / piece(n);
     for (std::int64_t at = 0; at < n; at += piece(n)) {
       InRing& entry = in_ring_[{b.step, b.begin + at}];
       entry.sum = sum.slice(at, std::min(n, at + piece(n)));
       entry.ready = ready;
+      entry.bucket = b.begin;
       startRing(OnHost{b.step, b.begin + at, ""});
     }
   }
@@ -622,6 +649,9 @@ class Reducer final : public Actor {
   std::map<std::int64_t, kernels::Tensor> gather_host_;  // ZeRO: weights from a GPU, by begin
   std::vector<std::map<std::int64_t, kernels::Tensor>> device_copies_;
   std::map<std::pair<std::int64_t, std::int64_t>, Pending> pending_;
+  // ZeRO stage 2: the sums of this rank's shard, and each bucket's pieces still in the ring.
+  kernels::Tensor shard_sums_;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::int64_t> pieces_left_;
   std::deque<NcclSum> in_nccl_;  // reducer = nccl: the sums queued, oldest first
   struct TracedSum {
     std::string what;

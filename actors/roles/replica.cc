@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -10,6 +11,7 @@
 
 #include "actors/core/messages.h"
 #include "actors/core/trace.h"
+#include "actors/roles/grad_slots.h"
 #include "actors/roles/roles.h"
 #include "kernels/backend.h"
 #include "kernels/cuda_plugin.h"
@@ -62,6 +64,12 @@ class Replica final : public Actor {
     metrics_host_ = kernels::Tensor::host({2});
     if (config_.reduce_on != config_.device && config_.reduce_on.kind == kernels::DeviceKind::kCpu)
       host_grads_ = backend_->hostBuffer({net_->grads().numel()});
+    if (config_.grad_slots) {
+      buckets_ = net_->gradSlots();
+      std::sort(buckets_.begin(), buckets_.end(),
+                [](const auto& a, const auto& b) { return a.begin < b.begin; });
+      net_->setGradWriteHook([this](std::int64_t begin, std::int64_t) { waitForSlot(begin); });
+    }
   }
 
  private:
@@ -307,41 +315,31 @@ class Replica final : public Actor {
   void backward(std::int64_t step, float loss_scale, const kernels::Tensor* images = nullptr,
                 const kernels::Tensor* labels = nullptr) {
     TraceScope span(config_.run.trace, name(), "backward");
-    std::int64_t bucket_begin = -1, bucket_end = -1;
-    std::int64_t cap = config_.first_bucket_bytes;
+    kernels::BucketCutter cutter(config_.first_bucket_bytes, config_.bucket_bytes);
     const kernels::Event* final_at = nullptr;  // the net's event for the bucket's last range
-    auto flush = [&] {
-      if (bucket_begin < 0) return;
-      // Where the net holds them (a pipeline stage's worker: its stage's alone).
-      const auto window = net_->gradWindow();
-      kernels::Tensor grads =
-          kernels::FlatParams(net_->grads(), window).slice(bucket_begin, bucket_end);
+    auto flush = [&](std::optional<kernels::BucketCutter::Range> bucket) {
+      if (!bucket) return;
+      const auto [begin, end] = *bucket;
+      // Where the net holds them (a pipeline stage's worker: its stage's alone; ZeRO stage 2:
+      // the bucket's slot).
+      kernels::Tensor grads = net_->gradParams().slice(begin, end);
       const bool to_host = host_grads_.numel() > 0;
       if (to_host) {
-        auto host = kernels::FlatParams(host_grads_, window).slice(bucket_begin, bucket_end);
+        auto host = kernels::FlatParams(host_grads_, net_->gradWindow()).slice(begin, end);
         backend_->copy(grads, host);
         grads = host;
       }
-      mark(fmt::format("backward, to bucket [{},{})", bucket_begin, bucket_end));
+      mark(fmt::format("backward, to bucket [{},{})", begin, end));
       const kernels::Event ready = !marks_.empty()        ? marks_.back().at
                                    : final_at && !to_host ? *final_at
                                                           : backend_->record();
-      send(config_.reducer,
-           GradBucket{step, config_.local_index, bucket_begin, bucket_end, grads, ready});
-      bucket_begin = bucket_end = -1;
-      cap = config_.bucket_bytes;
+      if (const int slot = slotOf(begin); slot >= 0) config_.grad_slots->fill(slot, step, begin);
+      send(config_.reducer, GradBucket{step, config_.local_index, begin, end, grads, ready});
     };
     const kernels::GradReadyFn ready = [&](std::int64_t begin, std::int64_t end,
                                            const kernels::Event* final) {
       final_at = final;
-      if (bucket_begin < 0) {
-        bucket_begin = begin;
-        bucket_end = end;
-      } else {
-        TROUPE_ENFORCE_EQ(end, bucket_begin);  // reverse layer order over a forward-ordered layout
-        bucket_begin = begin;
-      }
-      if ((bucket_end - bucket_begin) * static_cast<std::int64_t>(sizeof(float)) >= cap) flush();
+      flush(cutter.add(begin, end));
     };
     const float scale = config_.grad_scale * loss_scale;
     if (images) {
@@ -349,7 +347,34 @@ class Replica final : public Actor {
     } else {
       net_->backward(scale, ready);
     }
-    flush();
+    flush(cutter.finish());
+  }
+
+  // ZeRO stage 2: the slot of the bucket holding gradient `begin` (-1: memory of its own).
+  int slotOf(std::int64_t begin) const {
+    if (buckets_.empty()) return -1;
+    const auto it =
+        std::upper_bound(buckets_.begin(), buckets_.end(), begin,
+                         [](std::int64_t b, const auto& bucket) { return b < bucket.begin; });
+    TROUPE_ENFORCE(it != buckets_.begin() && begin < std::prev(it)->end, "gradient ", begin,
+                   " lies in no bucket of the net's gradient slots");
+    return std::prev(it)->slot;
+  }
+
+  // ZeRO stage 2: before the backward writes gradients from `begin` on, the bucket their slot
+  // held last must be taken by the reducer (its ring done). Up to twice peer_timeout: at one the
+  // reducer fails the run naming the worker its ring waits for, which ends this wait too.
+  void waitForSlot(std::int64_t begin) {
+    const int slot = slotOf(begin);
+    if (slot < 0) return;
+    const auto limit = 2 * config_.run.peer_timeout;
+    const auto late = config_.grad_slots->waitFree(slot, limit);
+    if (!late) return;
+    throw TimeoutError(fmt::format(
+        "worker {}: the backward waited {:g} s for gradient slot {}, which still holds bucket "
+        "[{},...) of {}: its reduce-scatter did not end (a worker of the ring is hung or gone)",
+        config_.worker, std::chrono::duration<double>(limit).count(), slot, late->begin,
+        describeStep(late->step, config_.run.steps_per_epoch)));
   }
 
   // Says once that steps go by CUDA graphs (cuda_graphs), or why they do not.
@@ -485,6 +510,7 @@ class Replica final : public Actor {
   static constexpr std::int64_t kStepsToRepeat = 8;
   kernels::Tensor own_weights_;  // a copy on this device of weights that arrive elsewhere
   kernels::Tensor host_grads_;   // buckets on their way to a reducer on the host
+  std::vector<kernels::GradSlot> buckets_;                  // ZeRO stage 2: the net's, by begin
   kernels::Tensor images_here_, bytes_here_, labels_here_;  // batches copied to this device
   std::unique_ptr<kernels::Backend> copier_;                // on a device: copies batches there
   Slot slots_[2];

@@ -32,6 +32,7 @@ namespace troupe::actors {
 struct TrainResult;
 struct TrainOptions;
 struct RunControl;
+class GradSlots;
 class TrainLog;
 class Trace;
 
@@ -182,6 +183,10 @@ struct ThreadBudget {
   }
 };
 
+// ZeRO stage 2: how many slots a replica's gradient buckets take turns in (two: the backward
+// writes one while the ring reduce-scatters the other).
+inline constexpr int kGradSlots = 2;
+
 // A step whose loss is inf or NaN fails the run (NumericError naming the step, the replica and the
 // worker): the run diverged.
 struct ReplicaConfig {
@@ -207,6 +212,10 @@ struct ReplicaConfig {
   data::Normalisation input;  // what a batch of uint8 images becomes (input_dtype uint8)
   std::int64_t bucket_bytes = 25 << 20;
   std::int64_t first_bucket_bytes = 1 << 20;
+  // ZeRO stage 2 (net.grad_slots): which slots of its net's gradients hold a bucket the reducer
+  // has not taken; its backward waits for a slot before it writes into it, up to
+  // run.peer_timeout.
+  std::shared_ptr<GradSlots> grad_slots;
   data::DatasetOptions test;      // path empty: no evaluation
   bool skip_bad_records = false;  // bad test records are left out of the evaluation
   Address reader, reducer, coordinator;
@@ -257,6 +266,11 @@ struct ReducerConfig {
   // updater's GatherWeights all-gathered (a second ring, RingChunk::ring 1) before its
   // WeightsGathered. Empty: allreduce.
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
+  // ZeRO stage 2 (with shards, one replica): the replica's buckets lie in gradient slots that its
+  // next buckets reuse. Once the ring reduce-scattered a bucket, this rank's shard of its sums is
+  // copied into memory of the shard's size, which the updater reads (Reduced::grads_at), and the
+  // bucket's slot released.
+  std::shared_ptr<GradSlots> grad_slots;
   // Pipeline stages in workers of their own (pipeline_across processes): rank, world and next are
   // of the ring of this stage's workers, one in each pipeline, which sums the stage's gradients
   // alone (shards, with ZeRO: the stage's, one a pipeline); ring_workers is the worker of each of

@@ -146,15 +146,16 @@ class Updater final : public Actor {
       TraceScope span(config_.run.trace, name(), "update");
       backend_->waitFor(r.ready);
       kernels::Tensor grads = r.grads;
+      const std::int64_t at = r.grads_at < 0 ? r.begin : r.grads_at;
       if (grads.device() != backend_->device()) {
         if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
-        grads = grads_here_.slice(r.begin, r.end);
+        grads = grads_here_.slice(at, at + r.grads.numel());
         backend_->copy(r.grads, grads);
       }
       if (hold_) {
-        held_.push_back({r.begin, r.end, grads});
+        held_.push_back({r.begin, r.end, at, grads});
       } else {
-        apply(r.begin, r.end, grads);
+        apply(r.begin, r.end, at, grads);
         gather(r.begin, r.end);
       }
     }
@@ -206,7 +207,7 @@ class Updater final : public Actor {
     const auto [lo, hi] = range;
     for (const auto& h : held_) {
       const std::int64_t from = std::max(h.begin, lo), to = std::min(h.end, hi);
-      if (from < to) parts.push_back(h.grads.slice(from - h.begin, to - h.begin));
+      if (from < to) parts.push_back(h.grads.slice(from - h.at, to - h.at));
     }
     return parts;
   }
@@ -281,12 +282,13 @@ class Updater final : public Actor {
 
   // Queues the update of one bucket: no host wait (checkFinite, once the step's last is queued).
   // Sharded, only this updater's shard of them (the others' sums are partial here).
-  void apply(std::int64_t begin, std::int64_t end, const kernels::Tensor& grads) {
+  // `grads` starts at `at` of the flat gradients (begin, or with ZeRO stage 2 the shard's part).
+  void apply(std::int64_t begin, std::int64_t end, std::int64_t at, const kernels::Tensor& grads) {
     const auto [lo, hi] = shard_;
     const std::int64_t from = std::max(begin, lo), to = std::min(end, hi);
     if (from >= to) return;
-    optimizer_->stepRange(held_weights_.slice(from, to), grads.slice(from - begin, to - begin),
-                          from - lo, to - lo, learningRate(), update());
+    optimizer_->stepRange(held_weights_.slice(from, to), grads.slice(from - at, to - at), from - lo,
+                          to - lo, learningRate(), update());
   }
 
   // This step's update of the optimizer's state, counting from 1: the steps before it that were
@@ -368,13 +370,13 @@ class Updater final : public Actor {
     }
     if (!optimizer_->layerwise()) {
       for (const auto& h : held_)
-        apply(h.begin, h.end, h.grads);
+        apply(h.begin, h.end, h.at, h.grads);
       return;
     }
     if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
     const kernels::FlatParams grads_here(grads_here_, config_.window);
     for (const auto& h : held_) {
-      const kernels::Tensor to = grads_here.slice(h.begin, h.end);
+      const kernels::Tensor to = grads_here.slice(h.at, h.at + h.grads.numel());
       if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
     }
     // Sharded: this updater's shard, whose bounds are the layers' (serverShards).
@@ -539,6 +541,7 @@ class Updater final : public Actor {
   static constexpr float kSmallestLossScale = 0x1p-14f;
   struct Held {
     std::int64_t begin, end;
+    std::int64_t at;  // where grads starts (Reduced::grads_at)
     kernels::Tensor grads;
   };
   float loss_scale_ = 0;

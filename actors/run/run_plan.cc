@@ -283,7 +283,16 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
                                           : params * rows / sharing;
   const auto replicas = static_cast<double>(shares.size());
   const double sums = pipeline.stage >= 0 ? stage_grads : params;
-  const double grads = replicas * (sums + stage_grads);
+  double grads = replicas * (sums + stage_grads);
+  // zero_stage 2: the replica's gradients in slots a bucket each, and the sums of its shard.
+  const bool grad_slots = o.schedule.zeroStage() == 2 && sharing > 1;
+  if (grad_slots) {
+    const kernels::NetOptions::GradSlots slots{
+        kGradSlots, static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20)),
+        static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20))};
+    grads =
+        4.0 * static_cast<double>(kernels::gradSlotLayout(whole, slots).size) + params / sharing;
+  }
   const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;
   double activations = 0;
@@ -325,8 +334,11 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       : pipeline.stage >= 0
           ? "more pipeline stages hold less each (--pipeline_stages K, troupe launch -n K), more "
             "pipelines shard each stage's state (--zero_stage 1), or a smaller model or batch fits"
+      : sharing > 1 && !grad_slots
+          ? "more workers shard the state finer, the gradients' sums sharded too (--zero_stage "
+            "2) hold less, or a smaller model or batch fits"
       : sharing > 1
-          ? "more workers shard the state finer, or a smaller model or batch fits"
+          ? "more workers shard the state and gradients finer, or a smaller model or batch fits"
           : "the optimizer's state sharded over the workers (--zero_stage 1 with bsp-allreduce, "
             "troupe launch -n N) or held by parameter servers (--schedule dist_sync, troupe "
             "launch -s N), the layers split over pipeline stages in workers of their own "
@@ -351,7 +363,9 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       state_text, memorySize(grads), shares.size(),
       staged ? fmt::format(", each: the stages' {} and their sums over the micro-batches {}",
                            memorySize(stage_grads), memorySize(sums))
-             : "",
+      : grad_slots
+          ? fmt::format(": {} bucket slots and the sums of its shard of {}", kGradSlots, sharing)
+          : "",
       memorySize(activations), inputs,
       staged ? fmt::format(" in {} micro-batches", pipeline.microBatches()) : "", advice));
 }

@@ -17,6 +17,7 @@
 #include "actors/core/run_id.h"
 #include "actors/core/system.h"
 #include "actors/core/trace.h"
+#include "actors/roles/grad_slots.h"
 #include "actors/roles/observers.h"
 #include "actors/roles/roles.h"
 #include "actors/run/checkpoint.h"
@@ -92,9 +93,11 @@ std::unique_ptr<Cluster> joinRun(const TrainOptions& o, const std::string& run_i
       spdlog::info("allreduce: {}", reduction->description);
       if (const int zero = o.schedule.zeroStage(); zero > 0) {
         spdlog::info(
-            "zero_stage {}: each of {} workers holds the optimizer's state of its shard, about {} "
-            "of the {} parameters; gradients reduce-scattered, weights all-gathered",
-            zero, nodes, (num_params + nodes - 1) / nodes, num_params);
+            "zero_stage {}: each of {} workers holds the optimizer's state{} of its shard, about "
+            "{} of the {} parameters; gradients reduce-scattered{}, weights all-gathered",
+            zero, nodes, zero > 1 ? " and the gradients' sums" : "",
+            (num_params + nodes - 1) / nodes, num_params,
+            zero > 1 ? fmt::format(" from {} bucket slots", kGradSlots) : "");
       }
     }
   }
@@ -379,6 +382,7 @@ struct WorkerActors {
   std::shared_ptr<ReductionPlan> reduction;
   std::shared_ptr<NcclGroup> nccl;  // reducer nccl: formed by formNcclGroup, before run()
   std::shared_ptr<kernels::StageLink> stage_link;  // pipeline_across processes
+  std::shared_ptr<GradSlots> grad_slots;           // zero_stage 2
 };
 
 WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, GenerationRole* role,
@@ -416,11 +420,12 @@ WorkerActors spawnWorker(const TrainOptions& o, const ProcessPlan& p, Generation
                           stage_link,
                           control,
                           chief_log,
-                          &result};
+                          &result,
+                          gradSlotsOf(o, p)};
   // The schedule's roles, each where the layout (that every process computes alike) places it.
   for (const RoleSpawn& r : workerRolesOf(o.schedule, spawn))
     TROUPE_ENFORCE_EQ(node.system->spawn(r.make(), r.thread), r.at);
-  return WorkerActors{std::move(node), spawn.reduction, spawn.nccl, stage_link};
+  return WorkerActors{std::move(node), spawn.reduction, spawn.nccl, stage_link, spawn.grad_slots};
 }
 
 // With max_memory: what this process's tensors peaked at since the run's actors were made,
@@ -507,7 +512,7 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
     trace =
         std::make_unique<Trace>(static_cast<std::uint32_t>(rank), fmt::format("worker {}", rank));
   }
-  auto [node, reduction, nccl, stage_link] =
+  auto [node, reduction, nccl, stage_link, grad_slots] =
       spawnWorker(o, p, role, control, chief_log, result, trace.get(), members);
   // The actors' configs hold the weights and state to start from: the plan need not (the updater
   // copies them and lets go, so they are not held twice through the run).
@@ -528,6 +533,8 @@ TrainResult trainProcess(const TrainOptions& o, GenerationRole* role, RunControl
   // A run that fails ends the pipeline stage's waits on the others (its replica's thread waits
   // in them). Stages run on the CPU: no NCCL group shares the hook.
   if (stage_link) system->onFailure([link = stage_link] { link->abort(); });
+  // Likewise the backward's wait for a gradient slot (zero_stage 2: on the CPU, no stages).
+  if (grad_slots) system->onFailure([slots = grad_slots] { slots->abort(); });
 
   system->run();
   logMemoryPeak(o, p.memory_estimate);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "actors/core/messages.h"
+#include "actors/roles/grad_slots.h"
 #include "actors/run/elastic.h"
 #include "troupe/error.h"
 
@@ -187,6 +188,7 @@ ReducerConfig WorkerSpawn::reducer() const {
     r.segment_bytes = static_cast<std::int64_t>(o.ring_segment_mb * (1 << 20));
     r.reduction = reduction;
     r.shards = zeroShards();
+    r.grad_slots = grad_slots;
   }
   if (!p.stage_ranges.empty()) stageRings(r);
   return r;
@@ -240,6 +242,11 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& 
   return serverShards(p.num_params, p.workers, p.optimizer);
 }
 
+std::shared_ptr<GradSlots> gradSlotsOf(const TrainOptions& o, const ProcessPlan& p) {
+  if (o.schedule.zeroStage() < 2 || shardsOf(o, p).empty()) return nullptr;
+  return std::make_shared<GradSlots>(kGradSlots);
+}
+
 std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainOptions& o,
                                                                     const ProcessPlan& p) {
   if (p.server) {
@@ -280,6 +287,10 @@ ReplicaConfig WorkerSpawn::replica(int r) const {
   c.input = data::normalisationOf(p.train);
   c.bucket_bytes = static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20));
   c.first_bucket_bytes = static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20));
+  if (grad_slots) {
+    c.grad_slots = grad_slots;
+    c.net.grad_slots = {kGradSlots, c.first_bucket_bytes, c.bucket_bytes};
+  }
   c.test = p.test;
   c.skip_bad_records = o.skip_bad_records;
   c.reader = layout.reader(p.rank, o.shared_reader ? 0 : r);

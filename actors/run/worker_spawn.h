@@ -87,6 +87,9 @@ std::vector<std::pair<std::int64_t, std::int64_t>> stagePartsOf(const ProcessPla
 // processes of their own, its part of its stage's (with several pipelines); else empty.
 std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& o,
                                                             const ProcessPlan& p);
+// ZeRO stage 2 (zero_stage 2, several workers): the record of the replica's gradient slots that
+// its reducer shares; else null.
+std::shared_ptr<GradSlots> gradSlotsOf(const TrainOptions& o, const ProcessPlan& p);
 // The columns of the optimizer's state rows that this process holds: a parameter server's keys,
 // a ZeRO worker's shard, a pipeline stage's worker's stage's (or its part of them, with ZeRO),
 // none (0, 0) for a worker of parameter servers; nullopt: all of them.
@@ -107,6 +110,9 @@ struct WorkerSpawn {
   RunControl* control = nullptr;  // the chief's, from the caller
   TrainLog* log = nullptr;        // the chief's
   TrainResult* result = nullptr;
+  // zero_stage 2: the slots of the replica's gradients that hold a bucket the reducer has not
+  // taken (gradSlotsOf).
+  std::shared_ptr<GradSlots> grad_slots;
 
   CoordinatorConfig coordinator() const;
   UpdaterConfig updater() const;

@@ -33,6 +33,17 @@ void validate(const TrainOptions& o) {
   }
   if (o.schedule.allreduce()->algorithm == Allreduce::kHierarchical)
     refuse("allreduce hierarchical", "allreduce ring (or auto), or zero_stage 0");
+  if (zero < 2) return;
+  // Stage 2's gradient slots: one replica's net on the CPU, whole.
+  if (!o.gpus.empty()) refuse("GPUs (--gpus)", "zero_stage 1 (the optimizer's state sharded)");
+  if (o.replicas > 1) {
+    refuse(fmt::format("{} replicas a process", o.replicas),
+           "one replica a process (--replicas 1, more processes), or zero_stage 1");
+  }
+  if (o.pipeline.stages > 1) {
+    refuse("pipeline stages (each stage's worker holds its stage's gradients alone already)",
+           "zero_stage 1");
+  }
 }
 
 }  // namespace
@@ -44,10 +55,10 @@ ScheduleInfo bspAllreduceSchedule() {
       {}};
   row.elastic = true;
   row.family = [](const ScheduleKeys& keys) -> ScheduleFamily {
-    if (keys.zero_stage > 1) {
+    if (keys.zero_stage > 2) {
       throw InputError(fmt::format(
-          "zero_stage {}: troupe shards the optimizer's state (stage 1), not yet the gradients "
-          "(2) or the weights (3); use zero_stage 1",
+          "zero_stage {}: troupe shards the optimizer's state (stage 1) and the gradients (2), "
+          "not yet the weights (3); use zero_stage 2",
           keys.zero_stage));
     }
     return AllreduceWorkers{allreduceOf(keys), reducerOf(keys), static_cast<int>(keys.zero_stage)};
