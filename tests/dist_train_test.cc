@@ -536,7 +536,8 @@ TEST(DistributedTraining, BatchNormStatisticsOfStageWorkersAreEachStagesOwn) {
 // num_params positive terms, within probableGammaN(num_params) relative; the clip factor, by its
 // square root, within half that), a perturbation of every step's gradient that SGD's momentum
 // carries as sgdTrajectoryBound does the order of gradient sums. The clip bites: the run
-// unclipped ends far outside that bound.
+// unclipped ends far outside that bound. With the gradients' sums sharded too (zero_stage 2),
+// stage 1's run to the bit.
 TEST(DistributedTraining, ClippingWithShardedStateIsTheUnshardedRunsUpToTheNormsRounding) {
   TempDir cwd("dist_zero_clip");
   const std::string common =
@@ -544,12 +545,16 @@ TEST(DistributedTraining, ClippingWithShardedStateIsTheUnshardedRunsUpToTheNorms
       " --base_learning_rate 0.01 --epoch_size 640 --batch_size 32 --num_epochs 1 --log_every 0"
       " --threads 1 --schedule bsp-allreduce --checkpoint_dir ";
   for (const std::string run :
-       {"whole --clip_grad_norm 0.05", "sharded --clip_grad_norm 0.05 --zero_stage 1", "free"}) {
+       {"whole --clip_grad_norm 0.05", "sharded --clip_grad_norm 0.05 --zero_stage 1", "free",
+        "slots --clip_grad_norm 0.05 --zero_stage 2 --first_bucket_mb 0.1 --bucket_size_mb 0.25"}) {
     const auto r = runCommand(in(cwd, common + run));
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   const auto whole = actors::loadCheckpoint(filesIn(cwd.path() / "whole", ".ckpt").at(0));
   const auto sharded = actors::loadCheckpoint(filesIn(cwd.path() / "sharded", ".ckpt").at(0));
+  // The gradients' sums sharded too (zero_stage 2), in buckets that the update holds until the
+  // step's norm is known: the same shards, the same sums of squares, stage 1's bits.
+  expectTheSameBits(sharded, actors::loadCheckpoint(filesIn(cwd.path() / "slots", ".ckpt").at(0)));
   const auto free = actors::loadCheckpoint(filesIn(cwd.path() / "free", ".ckpt").at(0));
   const double bound = testing::sgdTrajectoryBound(static_cast<double>(whole.weights.numel()), 0.9);
   const double weights = relativeDifference(whole.weights, sharded.weights);
