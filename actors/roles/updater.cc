@@ -373,16 +373,19 @@ class Updater final : public Actor {
         apply(h.begin, h.end, h.at, h.grads);
       return;
     }
-    if (grads_here_.numel() == 0) grads_here_ = backend_->empty({weights_.numel()});
-    const kernels::FlatParams grads_here(grads_here_, config_.window);
-    for (const auto& h : held_) {
-      const kernels::Tensor to = grads_here.slice(h.at, h.at + h.grads.numel());
-      if (to.raw() != h.grads.raw()) backend_->copy(h.grads, to);
-    }
-    // Sharded: this updater's shard, whose bounds are the layers' (serverShards).
+    // Sharded: this updater's shard, whose bounds are the layers' (serverShards); its gradients
+    // put together in order, and no others (a whole model's would undo ZeRO's saving).
     const auto [lo, hi] = shard_;
-    optimizer_->stepRange(held_weights_.slice(lo, hi), grads_here.slice(lo, hi), 0, hi - lo,
-                          learningRate(), update());
+    if (layerwise_grads_.numel() != hi - lo) layerwise_grads_ = backend_->empty({hi - lo});
+    for (const auto& h : held_) {
+      const std::int64_t from = std::max(h.begin, lo), to = std::min(h.end, hi);
+      if (from < to) {
+        backend_->copy(h.grads.slice(from - h.at, to - h.at),
+                       layerwise_grads_.slice(from - lo, to - lo));
+      }
+    }
+    optimizer_->stepRange(held_weights_.slice(lo, hi), layerwise_grads_, 0, hi - lo, learningRate(),
+                          update());
   }
 
   void broadcast() {
@@ -519,7 +522,8 @@ class Updater final : public Actor {
   // the model's count.
   kernels::FlatParams held_weights_;
   std::int64_t num_params_ = 0;
-  kernels::Tensor grads_here_;  // reduced gradients that arrive on another device, copied here
+  kernels::Tensor grads_here_;       // reduced gradients that arrive on another device, copied here
+  kernels::Tensor layerwise_grads_;  // a layerwise step's: shard_'s, in order
   std::int64_t step_;
   std::int64_t reduced_ = 0;
   std::int64_t pause_at_ = -1;
