@@ -218,6 +218,19 @@ TEST_P(ZeroTest, TwoWorkersWithShardedStateEndAsUnshardedToTheBit) {
   EXPECT_EQ(c.metaInt("step"), 20);
   EXPECT_EQ(d.metaInt("step"), 20);
   expectTheSameBits(c, d);
+
+  // Two replicas a worker, each with its own slots, summed into replica 0's bucket before the
+  // ring: the unsharded run of two replicas a worker, to the bit (its sums in the same order).
+  for (const char* zero : {"0", "2"}) {
+    const auto r = runCommand(in(cwd, common + "replicas" + zero +
+                                          " --num_epochs 1 --replicas 2 "
+                                          "--first_bucket_mb 0.1 --bucket_size_mb 0.25 "
+                                          "--zero_stage " +
+                                          zero));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  expectTheSameBits(actors::loadCheckpoint(filesIn(cwd.path() / "replicas0", ".ckpt").at(0)),
+                    actors::loadCheckpoint(filesIn(cwd.path() / "replicas2", ".ckpt").at(0)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, ZeroTest, ::testing::Values("adamw", "lars"));

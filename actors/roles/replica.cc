@@ -350,7 +350,8 @@ class Replica final : public Actor {
     flush(cutter.finish());
   }
 
-  // ZeRO stage 2: the slot of the bucket holding gradient `begin` (-1: memory of its own).
+  // ZeRO stage 2: the slot of the bucket holding gradient `begin`, among the process's replicas'
+  // (-1: memory of its own).
   int slotOf(std::int64_t begin) const {
     if (buckets_.empty()) return -1;
     const auto it =
@@ -358,7 +359,8 @@ class Replica final : public Actor {
                          [](std::int64_t b, const auto& bucket) { return b < bucket.begin; });
     TROUPE_ENFORCE(it != buckets_.begin() && begin < std::prev(it)->end, "gradient ", begin,
                    " lies in no bucket of the net's gradient slots");
-    return std::prev(it)->slot;
+    const int slot = std::prev(it)->slot;
+    return slot < 0 ? -1 : config_.local_index * config_.net.grad_slots.count + slot;
   }
 
   // ZeRO stage 2: before the backward writes gradients from `begin` on, the bucket their slot

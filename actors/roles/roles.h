@@ -213,8 +213,9 @@ struct ReplicaConfig {
   std::int64_t bucket_bytes = 25 << 20;
   std::int64_t first_bucket_bytes = 1 << 20;
   // ZeRO stage 2 (net.grad_slots): which slots of its net's gradients hold a bucket the reducer
-  // has not taken; its backward waits for a slot before it writes into it, up to
-  // run.peer_timeout.
+  // has not taken (the process's replicas' in turn: this one's from local_index x
+  // net.grad_slots.count on); its backward waits for a slot before it writes into it, up to
+  // twice run.peer_timeout.
   std::shared_ptr<GradSlots> grad_slots;
   data::DatasetOptions test;      // path empty: no evaluation
   bool skip_bad_records = false;  // bad test records are left out of the evaluation
@@ -266,10 +267,10 @@ struct ReducerConfig {
   // updater's GatherWeights all-gathered (a second ring, RingChunk::ring 1) before its
   // WeightsGathered. Empty: allreduce.
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
-  // ZeRO stage 2 (with shards, one replica): the replica's buckets lie in gradient slots that its
-  // next buckets reuse. Once the ring reduce-scattered a bucket, this rank's shard of its sums is
-  // copied into memory of the shard's size, which the updater reads (Reduced::grads_at), and the
-  // bucket's slot released.
+  // ZeRO stage 2 (with shards): the replicas' buckets lie in gradient slots that their next
+  // buckets reuse. Once the ring reduce-scattered a bucket (summed over this process's replicas
+  // into replica 0's first), this rank's shard of its sums is copied into memory of the shard's
+  // size, which the updater reads (Reduced::grads_at), and the bucket's slots released.
   std::shared_ptr<GradSlots> grad_slots;
   // Pipeline stages in workers of their own (pipeline_across processes): rank, world and next are
   // of the ring of this stage's workers, one in each pipeline, which sums the stage's gradients

@@ -290,8 +290,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
     const kernels::NetOptions::GradSlots slots{
         kGradSlots, static_cast<std::int64_t>(o.first_bucket_mb * (1 << 20)),
         static_cast<std::int64_t>(o.bucket_size_mb * (1 << 20))};
-    grads =
-        4.0 * static_cast<double>(kernels::gradSlotLayout(whole, slots).size) + params / sharing;
+    grads = replicas * 4.0 * static_cast<double>(kernels::gradSlotLayout(whole, slots).size) +
+            params / sharing;
   }
   const kernels::NetMemory memory = whole.memory();
   std::int64_t inputs = 0;

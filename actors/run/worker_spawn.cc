@@ -244,7 +244,7 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shardsOf(const TrainOptions& 
 
 std::shared_ptr<GradSlots> gradSlotsOf(const TrainOptions& o, const ProcessPlan& p) {
   if (o.schedule.zeroStage() < 2 || shardsOf(o, p).empty()) return nullptr;
-  return std::make_shared<GradSlots>(kGradSlots);
+  return std::make_shared<GradSlots>(kGradSlots * o.replicas);
 }
 
 std::optional<std::pair<std::int64_t, std::int64_t>> stateColumnsOf(const TrainOptions& o,

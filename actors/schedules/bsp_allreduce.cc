@@ -34,12 +34,8 @@ void validate(const TrainOptions& o) {
   if (o.schedule.allreduce()->algorithm == Allreduce::kHierarchical)
     refuse("allreduce hierarchical", "allreduce ring (or auto), or zero_stage 0");
   if (zero < 2) return;
-  // Stage 2's gradient slots: one replica's net on the CPU, whole.
+  // Stage 2's gradient slots: replicas' nets on the CPU, whole.
   if (!o.gpus.empty()) refuse("GPUs (--gpus)", "zero_stage 1 (the optimizer's state sharded)");
-  if (o.replicas > 1) {
-    refuse(fmt::format("{} replicas a process", o.replicas),
-           "one replica a process (--replicas 1, more processes), or zero_stage 1");
-  }
   if (o.pipeline.stages > 1) {
     refuse("pipeline stages (each stage's worker holds its stage's gradients alone already)",
            "zero_stage 1");
