@@ -94,10 +94,10 @@ struct LstmShape {
 //
 // With `link`, the stages are processes of their own (pipeline_across processes): this net runs
 // stage `stage` alone and exchanges activations and their gradients with the others through the
-// link. Every process still holds the whole model's weights, and evaluates with all of its layers.
-// Its gradients are its own stage's; every other stage's range holds zeros (or, for a range whose
-// weights a layer of this stage reads, this stage's part of their gradient), so that a sum over
-// the processes of the data-parallel world is the gradient of the whole model.
+// link. It holds its stage's weights and the tied ones it reads alone (Net::weightWindow), and
+// evaluates its own layers on the activations of the stage before. Its gradients are its own
+// stage's, and for a range whose weights a layer of this stage reads, this stage's part of their
+// gradient, which goes to their owner's stage.
 enum class StagePlacement { kThreads, kProcesses };
 inline constexpr Named<StagePlacement> kStagePlacements[] = {
     {"threads", StagePlacement::kThreads}, {"processes", StagePlacement::kProcesses}};
@@ -340,6 +340,10 @@ class Net {
   // The buckets of NetOptions::grad_slots, in the order the backward makes them final; empty
   // without slots.
   virtual std::vector<GradSlot> gradSlots() const { return {}; }
+  // Before an evaluation with the weights the net holds (no useWeights since the last step): a
+  // pipeline stage in a process of its own (PipelineOptions::link) takes the tied weights it
+  // reads from their owners' stages, as they are now, and sends its own to those that read them.
+  virtual void prepareEvaluation() {}
   // With grad_slots: `hook` is called before each layer writes a range of gradients.
   virtual void setGradWriteHook(GradWriteFn hook);
   // Writes gradients into `grads` (gradWindow()'s count on the net's backend) from now on, in

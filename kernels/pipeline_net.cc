@@ -600,6 +600,7 @@ class PipelineNet final : public Net {
   // checked as place() checks a step's, their rows once this stage takes them.
   void placeEvaluation(StageTensor t) {
     const std::string from = fmt::format("stage {} ({})", t.from, link_->nameOf(t.from));
+    if (t.kind == StageTensor::kTiedWeights) return placeEvaluationTied(std::move(t), from);
     if (t.kind != StageTensor::kActivations || t.from != local_ - 1 || t.micro_batch != 0) {
       throw InputError(fmt::format(
           "pipeline stage {} got {} of evaluation micro-batch {} (as micro-batch {}) from {}: an "
@@ -619,6 +620,38 @@ class PipelineNet final : public Net {
           "pipeline stage {} got the activations of evaluation micro-batch {} twice from {}",
           local_, -t.step, from));
     }
+  }
+
+  // Before an evaluation in a process of its own (round r of them, counted alike in every stage's
+  // process): the tied weights another stage reads go to it as they are now, the pause's last
+  // update applied, and those this stage reads come from their owners into its weights, as at a
+  // step's start (takeTiedWeights). Their step is minus the round.
+  void prepareEvaluation() override {
+    if (!link_ || (tied_readers_.empty() && tied_owners_.empty())) return;
+    const std::int64_t round = ++evaluation_rounds_;
+    Backend& backend = *stage_list_[static_cast<std::size_t>(local_)].backend;
+    for (const TiedLink& link : tied_readers_) {
+      const Tensor values = joined(weightsHeld(), link, backend_);
+      backend_.synchronize();
+      link_->send(link.stage, StageTensor{-round, 0, static_cast<std::int32_t>(local_),
+                                          StageTensor::kTiedWeights, values});
+    }
+    for (const TiedLink& link : tied_owners_) {
+      const std::pair<std::int64_t, int> key{round, link.stage};
+      try {
+        await([&] { return evaluation_tied_.count(key) > 0; }, link.stage,
+              StageTensor::kTiedWeights, round, /*evaluation=*/true);
+      } catch (const Aborted&) {
+        std::lock_guard lock(mutex_);
+        std::rethrow_exception(step_.error ? step_.error : std::make_exception_ptr(stoppedError()));
+      }
+      Tensor values;
+      post([&] { values = std::move(evaluation_tied_.extract(key).mapped()); });
+      eachRange(link, values, [&](auto range, const Tensor& part) {
+        backend.copy(part, weightsHeld().slice(range.first, range.second));
+      });
+    }
+    backend.synchronize();
   }
 
   // Evaluation in a process of its own: the batch in micro-batches through this stage's layers,
@@ -668,6 +701,33 @@ class PipelineNet final : public Net {
       } else {
         addMetrics(net.metrics(), begin == 0, stage.backend.get());
       }
+    }
+  }
+
+  // Under the lock: the tied weights this stage reads, from their owner's stage before an
+  // evaluation (prepareEvaluation; their step is minus its round), checked as placeTied checks a
+  // step's.
+  void placeEvaluationTied(StageTensor t, const std::string& from) {
+    const auto link = std::find_if(tied_owners_.begin(), tied_owners_.end(),
+                                   [&](const TiedLink& l) { return l.stage == t.from; });
+    if (link == tied_owners_.end()) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got tied weights for evaluation {} from {}: it reads none of that "
+          "stage's weights",
+          local_, -t.step, from));
+    }
+    if (!t.values.defined() || t.values.numel() != link->size ||
+        t.values.dtype() != DType::kFloat32 || t.micro_batch != 0) {
+      throw InputError(fmt::format(
+          "pipeline stage {} got tied weights for evaluation {} from {} holding {} values (as "
+          "micro-batch {}), not the {} float32 values of their ranges (as micro-batch 0)",
+          local_, -t.step, from, t.values.defined() ? t.values.numel() : 0, t.micro_batch,
+          link->size));
+    }
+    if (!evaluation_tied_.emplace(std::pair{-t.step, t.from}, t.values).second) {
+      throw InputError(
+          fmt::format("pipeline stage {} got the tied weights for evaluation {} twice from {}",
+                      local_, -t.step, from));
     }
   }
 
@@ -775,8 +835,8 @@ class PipelineNet final : public Net {
       };
       const bool once = kind == StageTensor::kTiedGradients || kind == StageTensor::kTiedWeights;
       const std::string awaited =
-          evaluation ? fmt::format("the {} of evaluation micro-batch {} from stage {} ({})",
-                                   kindName(kind), m, from, link_->nameOf(from))
+          evaluation ? fmt::format("the {} of evaluation {}{} from stage {} ({})", kindName(kind),
+                                   once ? "" : "micro-batch ", m, from, link_->nameOf(from))
                      : fmt::format("the {} of {}step {} from stage {} ({})", kindName(kind),
                                    once ? "" : fmt::format("micro-batch {} of ", m), step_.id, from,
                                    link_->nameOf(from));
@@ -965,6 +1025,10 @@ class PipelineNet final : public Net {
   // of those not yet taken, by number (placeEvaluation).
   std::int64_t evaluated_ = 0;
   std::map<std::int64_t, Tensor> evaluation_inbox_;
+  // Before each evaluation (prepareEvaluation): its round, and the tied weights this stage reads,
+  // by round and sending stage.
+  std::int64_t evaluation_rounds_ = 0;
+  std::map<std::pair<std::int64_t, int>, Tensor> evaluation_tied_;
   bool trained_ = false;
   bool profiling_ = false;
   std::int64_t profiled_from_ = 0;  // steps_ when profiling began, or profile() last read
@@ -1040,6 +1104,25 @@ std::int64_t pipelineHeld(Net& whole, const PipelineOptions& pipeline, std::int6
     };
     held += (copies + 1) * crossing(bounds[static_cast<std::size_t>(s)]) +
             crossing(bounds[static_cast<std::size_t>(s) + 1]);
+  }
+  // In a process of its own, the tied weights that its stage reads come in a message each step
+  // and before each evaluation; those of its own that another stage reads go out in a copy.
+  if (pipeline.stage >= 0) {
+    std::vector<Ranges> reads, owns;
+    for (int s = 0; s < pipeline.stages; ++s) {
+      whole.runLayers(bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]);
+      reads.push_back(whole.tiedRanges());
+      owns.push_back(whole.gradRanges());
+    }
+    const auto stage = static_cast<std::size_t>(pipeline.stage);
+    for (std::size_t s = 0; s < reads.size(); ++s) {
+      for (const auto& [begin, end] : reads[s]) {
+        const bool mine = std::any_of(owns[stage].begin(), owns[stage].end(), [&](const auto& r) {
+          return r.first <= begin && end <= r.second;
+        });
+        if (s == stage || mine) held += 4 * (end - begin);
+      }
+    }
   }
   whole.runLayers(0, whole.layers().size());
   return held;

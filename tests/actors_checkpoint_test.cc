@@ -349,6 +349,47 @@ namespace {
 
 // A process killed with SIGKILL at a random moment of saving never leaves a torn checkpoint: every
 // *.ckpt in the folder loads (temporary files may stay behind; they are never loaded).
+// Pipeline stages' workers: the weights put together on disk from each stage's range, a piece at
+// a time, are saved as the whole model's, and a non-finite one among them is refused as the
+// weights'.
+TEST_F(CheckpointTest, WeightsPutTogetherOnDiskFromStagesAreSavedAsTheWholeModels) {
+  constexpr std::int64_t kParams = 1000;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> stages = {{0, 300}, {300, 1000}};
+  Checkpoint ck = sample();
+  ck.state = kernels::Tensor::host({kParams});
+  std::fill(ck.state.f32(), ck.state.f32() + kParams, 1.0f);
+  ck.weights = kernels::Tensor();
+  std::vector<float> whole(kParams);
+  for (std::int64_t i = 0; i < kParams; ++i)
+    whole[static_cast<std::size_t>(i)] = static_cast<float>(i) * 0.5f - 3.0f;
+  {
+    StateFile file(path("weights.ckpt.tmp.1"), 1, kParams);
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {  // any order
+      const auto [begin, end] = *it;
+      for (std::int64_t at = 0; at < end - begin; at += 64) {
+        const std::int64_t n = std::min<std::int64_t>(64, end - begin - at);
+        file.write(begin, end, at, whole.data() + begin + at, n);
+      }
+    }
+    ck.weights_file = file.path();
+    saveCheckpoint(path("staged.ckpt"), ck);
+    const float inf = std::numeric_limits<float>::infinity();
+    file.write(300, 1000, 7, &inf, 1);
+    try {
+      saveCheckpoint(path("diverged.ckpt"), ck);
+      FAIL() << "a weights file holding inf was written";
+    } catch (const NumericError& e) {
+      EXPECT_NE(std::string(e.what()).find("its weights hold a non-finite value (inf at index 307"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  const auto loaded = loadCheckpoint(path("staged.ckpt"));
+  ASSERT_EQ(loaded.weights.numel(), kParams);
+  EXPECT_EQ(std::memcmp(loaded.weights.f32(), whole.data(), 4 * kParams), 0);
+  EXPECT_EQ(loaded.state.numel(), kParams);
+}
+
 TEST(CheckpointCrash, SigkillDuringSavesNeverLeavesAnUnloadableCheckpoint) {
   const fs::path dir =
       fs::temp_directory_path() / ("troupe_ckpt_kill_" + std::to_string(::getpid()));

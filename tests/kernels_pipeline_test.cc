@@ -603,5 +603,84 @@ TEST(PipelineStages, AStageInAProcessOfItsOwnEvaluatesItsLayersOnTheActivationsO
             "stage 0 (worker 10) (peer_timeout)");
 }
 
+// Before an evaluation (Net::prepareEvaluation) stage 0 sends the tied weights that stage 1's
+// output layer reads (wte, 40 x 16) as they are then, as round 1's (the message's step: minus the
+// round), and stage 1 takes them into the weights it reads, as a step's start does: with wte
+// changed in stage 0 after both were made, stage 1 scores the batch as the stages as threads of
+// one process do with the same change, to the bit. Tied weights of another size, or from a stage
+// whose weights it does not read, are refused naming the sender; a wait for them that nothing
+// answers ends after the link's timeout, naming it.
+TEST(PipelineStages, BeforeAnEvaluationAStagesWorkerTakesTheTiedWeightsItReadsFromTheirOwner) {
+  const NetOptions gpt = twoStageGpt();
+  const auto tokens = testing::randomSequences(4, 8, 40, 11);
+  auto backend = makeCpuBackend(1);
+  const auto stageOf = [&](int stage, const std::shared_ptr<KeptLink>& link) {
+    NetOptions o = gpt;
+    o.pipeline.stage = stage;
+    o.pipeline.link = link;
+    return makeNet(*backend, o);
+  };
+  auto threads = makeNet(*backend, gpt);
+  const auto wte =
+      std::find_if(threads->params().begin(), threads->params().end(),
+                   [](const ParamInfo& p) { return p.name == "transformer.wte.weight"; });
+  ASSERT_NE(wte, threads->params().end());
+  ASSERT_EQ(wte->size, 40 * 16);
+  const auto halve = [&](const Net& net) {
+    const Tensor w =
+        FlatParams(net.weights(), net.weightWindow()).slice(wte->offset, wte->offset + wte->size);
+    backend->scale(w, 0.5f);
+    backend->synchronize();
+  };
+  halve(*threads);
+  threads->forward(tokens.tokens, tokens.labels, false);
+  const auto want = hostCopy(*backend, threads->metrics());
+
+  auto link0 = std::make_shared<KeptLink>(), link1 = std::make_shared<KeptLink>();
+  auto stage0 = stageOf(0, link0);
+  auto stage1 = stageOf(1, link1);
+  halve(*stage0);
+  stage0->prepareEvaluation();
+  stage0->forward(tokens.tokens, tokens.labels, false);
+  const auto sent = link0->sent();
+  ASSERT_EQ(sent.size(), 3u);  // the tied weights, then 2 micro-batches' activations
+  EXPECT_EQ(sent[0].first, 1);
+  EXPECT_EQ(sent[0].second.kind, StageTensor::kTiedWeights);
+  EXPECT_EQ(sent[0].second.step, -1);
+  EXPECT_EQ(sent[0].second.values.numel(), 40 * 16);
+  for (const auto& [to, message] : sent)
+    link1->deliver(message);
+  stage1->prepareEvaluation();
+  stage1->forward(tokens.tokens, tokens.labels, false);
+  EXPECT_EQ(hostCopy(*backend, stage1->metrics()), want);
+  EXPECT_TRUE(link1->sent().empty());  // it owns no weights that another stage reads
+
+  const auto refusal = [&](std::optional<StageTensor> message) {
+    auto link = std::make_shared<KeptLink>();
+    auto net = stageOf(1, link);
+    try {
+      if (message) link->deliver(*message);
+      net->prepareEvaluation();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  StageTensor short_one = sent[0].second;
+  short_one.values = short_one.values.slice(0, 40 * 16 - 1);
+  EXPECT_EQ(refusal(short_one),
+            "pipeline stage 1 got tied weights for evaluation 1 from stage 0 (worker 10) holding "
+            "639 values (as micro-batch 0), not the 640 float32 values of their ranges (as "
+            "micro-batch 0)");
+  StageTensor from_itself = sent[0].second;
+  from_itself.from = 1;
+  EXPECT_EQ(refusal(from_itself),
+            "pipeline stage 1 got tied weights for evaluation 1 from stage 1 (worker 11): it reads "
+            "none of that stage's weights");
+  EXPECT_EQ(refusal(std::nullopt),
+            "pipeline stage 1 waited 0.3 s for the tied weights of evaluation 1 from stage 0 "
+            "(worker 10) (peer_timeout)");
+}
+
 }  // namespace
 }  // namespace troupe::kernels

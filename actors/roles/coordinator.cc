@@ -334,7 +334,7 @@ class Coordinator final : public Actor {
     auto& result = *config_.result;
     result.stopped = true;
     result.steps = step;
-    result.weights = epoch_end_->weights;  // host memory no one writes any more
+    result.weights = wholeWeights();  // host memory no one writes any more
     for (const auto& f : config_.followers)
       send(f, Shutdown{});
     system().shutdown();
@@ -360,16 +360,18 @@ class Coordinator final : public Actor {
     TROUPE_ENFORCE(!epoch_end_->paused || epoch_end_->weights.defined(),
                    "the chief's updater paused after step ", epoch_end_->step,
                    " without its weights");
-    if (epoch_end_->paused && !config_.weight_ranges.empty()) {
+    if (epoch_end_->paused && !config_.weight_ranges.empty() &&
+        checkpointsAfter(epoch_end_->step)) {
       gatherWeights();
       return;
     }
-    weightsWhole();
+    weightsReady();
   }
 
-  // Once the chief's weights are whole at a pause: the state's shards, where a checkpoint is
-  // written, then the epoch's end.
-  void weightsWhole() {
+  // Once the checkpoint's weights are at hand at a pause (the chief's, or on disk from the
+  // pipeline stages' workers): the state's shards, where a checkpoint is written, then the
+  // epoch's end.
+  void weightsReady() {
     if (epoch_end_->paused && !config_.shards.empty() && checkpointsAfter(epoch_end_->step)) {
       gatherState();
       return;
@@ -377,12 +379,21 @@ class Coordinator final : public Actor {
     epochEnds();
   }
 
-  // Pipeline stages in workers of their own: the chief's weights put together from each other
-  // stage's worker (CoordinatorConfig::weight_ranges), a piece at a time, written over its own
-  // copy (the chief's updater's, paused), before anything reads them.
+  // Pipeline stages in workers of their own, for a checkpoint: the model's weights put together
+  // on disk, the chief's own stage's from its EpochEnd (its window's), each other stage's from
+  // its worker (CoordinatorConfig::weight_ranges) a piece at a time, each written where it goes
+  // and let go, so that no process holds the whole model's.
   void gatherWeights() {
+    const std::int64_t step = epoch_end_->step;
+    weights_file_.emplace(fmt::format("{}/{}_step{}_weights.ckpt.tmp.{}", config_.checkpoint_dir,
+                                      config_.experiment_id, step, ::getpid()),
+                          1, config_.num_params);
+    const auto [begin, end] = config_.weight_ranges[0];
+    const kernels::Tensor own =
+        kernels::FlatParams(epoch_end_->weights, config_.weight_windows[0]).slice(begin, end);
+    weights_file_->write(begin, end, 0, own.f32(), end - begin);
     gathering_weights_ = true;
-    gather_shard_ = 1;  // the chief's own stage's are current
+    gather_shard_ = 1;
     gather_offset_ = 0;
     requestState();
   }
@@ -450,7 +461,7 @@ class Coordinator final : public Actor {
           return;
         }
         gathering_weights_ = false;
-        weightsWhole();
+        weightsReady();
         return;
       }
     }
@@ -473,11 +484,8 @@ class Coordinator final : public Actor {
           gather_offset_));
     }
     const auto [begin, end] = gatheredRanges()[static_cast<std::size_t>(c.shard)];
-    if (gathering_weights_) {
-      std::copy_n(c.values.f32(), c.values.numel(), epoch_end_->weights.f32() + begin + c.offset);
-    } else {
-      state_file_->write(begin, end, c.offset, c.values.f32(), c.values.numel());
-    }
+    (gathering_weights_ ? *weights_file_ : *state_file_)
+        .write(begin, end, c.offset, c.values.f32(), c.values.numel());
     gather_offset_ += c.values.numel();
     requestState();
   }
@@ -537,28 +545,10 @@ class Coordinator final : public Actor {
       endEpoch();
       return;
     }
-    const auto& windows = config_.weight_windows;
-    std::vector<kernels::Tensor> stage_weights;  // pipeline stages' workers: each stage's alone
-    for (const auto& window : windows)
-      stage_weights.push_back(weightsOf(window));
-    for (std::size_t r = 0; r < config_.replicas.size(); ++r) {
-      send(config_.replicas[r],
-           Evaluate{epochIndex(),
-                    windows.empty() ? epoch_end_->weights : stage_weights[r % windows.size()],
-                    buffers_});
-    }
-  }
-
-  // The chief's weights of `window`'s ranges, one after another: a view of them where it is one
-  // range, else a copy.
-  kernels::Tensor weightsOf(const std::vector<std::pair<std::int64_t, std::int64_t>>& window) {
-    const kernels::Tensor& whole = epoch_end_->weights;
-    if (window.size() == 1) return whole.slice(window[0].first, window[0].second);
-    auto joined = kernels::Tensor::host({kernels::FlatParams::count(window)});
-    float* at = joined.f32();
-    for (const auto& [begin, end] : window)
-      at = std::copy(whole.f32() + begin, whole.f32() + end, at);
-    return joined;
+    // Pipeline stages in workers of their own evaluate with the weights they hold, current at
+    // the pause (the tied ones they read from their owners: Net::prepareEvaluation).
+    for (const auto& replica : config_.replicas)
+      send(replica, Evaluate{epochIndex(), wholeWeights(), buffers_});
   }
 
   // The epoch's input: whether the replicas waited for batches, how far ahead the readers were,
@@ -669,7 +659,7 @@ class Coordinator final : public Actor {
     if (last) {
       // The chief's updater's weights (or their copy on the host), which no one writes any more:
       // the run is over.
-      result.weights = epoch_end_->weights;
+      result.weights = wholeWeights();
       for (const auto& f : config_.followers)
         send(f, Shutdown{});
       system().shutdown();
@@ -696,6 +686,12 @@ class Coordinator final : public Actor {
     maybeEndEpoch();
   }
 
+  // The chief's weights at a pause where they are the whole model's; pipeline stages' workers
+  // keep their own stage's alone, which the checkpoint puts together on disk: none.
+  kernels::Tensor wholeWeights() const {
+    return config_.weight_ranges.empty() ? epoch_end_->weights : kernels::Tensor();
+  }
+
   // The paused updaters' state as `name` in the checkpoint folder; `epochs` completed so far.
   void writeCheckpoint(const std::string& name, std::int64_t epochs, double cumulative_time,
                        std::int64_t cumulative_inputs) {
@@ -718,7 +714,13 @@ class Coordinator final : public Actor {
       ck.meta["loss_scale"] = fmt::format("{:.9g}", epoch_end_->loss_scale);
       ck.meta["overflow_steps"] = std::to_string(epoch_end_->overflow_steps);
     }
-    ck.weights = epoch_end_->weights;
+    if (config_.weight_ranges.empty()) {
+      ck.weights = epoch_end_->weights;
+    } else {
+      TROUPE_ENFORCE(weights_file_.has_value(), "checkpoint ", name,
+                     ": the pipeline stages' weights were not gathered");
+      ck.weights_file = weights_file_->path();
+    }
     ck.state = epoch_end_->state;
     if (!config_.shards.empty()) {
       TROUPE_ENFORCE(state_file_.has_value(), "checkpoint ", name,
@@ -733,6 +735,7 @@ class Coordinator final : public Actor {
     const std::string path = config_.checkpoint_dir + "/" + name;
     saveCheckpoint(path, ck);
     state_file_.reset();
+    weights_file_.reset();
     config_.result->checkpoints.push_back(path);
     spdlog::info("checkpoint {}", path);
     if (config_.control && config_.control->callbacks.on_checkpoint) {
@@ -789,6 +792,7 @@ class Coordinator final : public Actor {
   // A sharded state being put together for a checkpoint (gatherState): the file, and the shard
   // (-1: none) and the elements of it asked for last.
   std::optional<StateFile> state_file_;
+  std::optional<StateFile> weights_file_;  // pipeline stages' workers: a checkpoint's weights
   int gather_shard_ = -1;
   std::int64_t gather_offset_ = 0, gather_count_ = 0;
   bool gathering_weights_ = false;    // the stages' weights (gatherWeights), not the state's shards

@@ -426,7 +426,12 @@ class Replica final : public Actor {
   void evaluate(const Evaluate& e) {
     Evaluated result{config_.index, 0, 0, 0};
     if (!test_) test_ = data::openDataset(config_.test);
-    adopt(e.weights, e.buffers);
+    if (e.weights.defined()) {
+      adopt(e.weights, e.buffers);
+    } else {  // a pipeline stage's worker: the weights it holds, current at the pause
+      if (e.buffers.defined() && e.buffers.numel() > 0) backend_->copy(e.buffers, net_->buffers());
+      net_->prepareEvaluation();
+    }
     const std::int64_t n = test_->size();
     const std::int64_t begin = n * config_.test_part / config_.test_parts;
     const std::int64_t end = n * (config_.test_part + 1) / config_.test_parts;

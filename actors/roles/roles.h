@@ -509,17 +509,17 @@ struct CoordinatorConfig {
   std::vector<std::pair<std::int64_t, std::int64_t>> shards;
   std::vector<Address> state_holders;
   // Pipeline stages in workers of their own: each stage's range of the flat weights, and the
-  // updater that keeps it current (the chief's, stage 0's, first). At a pause the chief's weights
-  // are put together from them, piece by piece (StateRequest::weights), before the evaluation,
-  // the checkpoint or the run's result read them. Empty: the chief's are whole.
+  // updater that keeps it current (the chief's, stage 0's, first). For a checkpoint the model's
+  // weights are put together on disk from them, piece by piece (StateRequest::weights); an
+  // evaluation runs on each stage's worker's own. Empty: the chief's are whole.
   std::vector<std::pair<std::int64_t, std::int64_t>> weight_ranges;
   std::vector<Address> weight_holders;
   // The same for the batch-norm statistics: each stage's range of the flat buffers, which stage
   // s's replica in the first pipeline (replicas[s]) keeps current. The evaluation and the
   // checkpoint take each stage's from its worker. Empty: replica 0's are whole.
   std::vector<std::pair<std::int64_t, std::int64_t>> buffer_ranges;
-  // ... and the ranges of the weights each stage's worker holds (UpdaterConfig::window): an
-  // evaluation sends replica r the weights of stage r mod K's alone.
+  // ... and the ranges of the weights each stage's worker holds (UpdaterConfig::window): the
+  // chief's EpochEnd at a pause carries those of stage 0's.
   std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> weight_windows;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).

@@ -91,7 +91,6 @@ class Updater final : public Actor {
                             ? config_.budget->teamOf(config_.threads, config_.budget_ways)
                             : config_.threads);
     const auto n = config_.initial_weights.numel();
-    num_params_ = n;
     // A pipeline stage's worker: the ranges of its window alone (UpdaterConfig::window).
     if (config_.window.empty()) config_.window = {{0, n}};
     weights_ = backend_->empty({kernels::FlatParams::count(config_.window)});
@@ -442,29 +441,15 @@ class Updater final : public Actor {
     const bool chief = config_.worker == 0;
     EpochEnd e{step_, {}, {}, loss_scale_, overflow_steps_, /*paused=*/true};
     if (chief) {
-      e.weights = wholeOnHost();
+      e.weights = onHost(weights_);  // a pipeline stage's worker: its window's
       e.state = onHost(optimizer_->state());
     }
     if (partial_) std::tie(e.state_begin, e.state_end) = shard_;
     return e;
   }
 
-  // The model's weights on the host, for the chief's pause: a pipeline stage's worker's window in
-  // place, the rest zeros (the other stages' workers hold them: the coordinator gathers them).
-  kernels::Tensor wholeOnHost() {
-    if (config_.window.size() == 1 &&
-        config_.window[0] == std::pair<std::int64_t, std::int64_t>{0, num_params_})
-      return onHost(weights_);
-    auto whole = kernels::Tensor::host({num_params_});
-    std::fill(whole.f32(), whole.f32() + num_params_, 0.0f);
-    for (const auto& [begin, end] : config_.window)
-      backend_->copy(held_weights_.slice(begin, end), whole.slice(begin, end));
-    backend_->synchronize();
-    return whole;
-  }
-
   // A piece of this worker's shard of the state, or of its pipeline stage's weights, for the
-  // chief's evaluation or checkpoint, while paused.
+  // chief's checkpoint, while paused.
   void sendState(const StateRequest& r) {
     const kernels::Tensor held =
         !r.weights ? optimizer_->state()
@@ -521,7 +506,6 @@ class Updater final : public Actor {
   // The weights by their place in the model's (its window's ranges, UpdaterConfig::window), and
   // the model's count.
   kernels::FlatParams held_weights_;
-  std::int64_t num_params_ = 0;
   kernels::Tensor grads_here_;       // reduced gradients that arrive on another device, copied here
   kernels::Tensor layerwise_grads_;  // a layerwise step's: shard_'s, in order
   std::int64_t step_;

@@ -255,12 +255,14 @@ void checkFinite(const std::string& path, const char* what, const kernels::Tenso
   if (t.defined()) checkFinite(path, what, t.f32(), t.numel(), 0, t.numel());
 }
 
-// The state's floats from `checkpoint.state_file` into `sink`, a piece at a time, each checked as
-// checkFinite checks a tensor.
-void copyStateFile(const std::string& path, const std::string& file, Sink& sink) {
+// The floats of `file` (the state's, Checkpoint::state_file, or the weights') into `sink`, a piece
+// at a time, each checked as checkFinite checks a tensor; errors name the file as `whose` ("its
+// state's") and its values as `what`.
+void copyFile(const std::string& path, const std::string& file, Sink& sink, const char* whose,
+              const char* what) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw IoError(fmt::format("checkpoint '{}': cannot open its state's file '{}': {}", path, file,
+    throw IoError(fmt::format("checkpoint '{}': cannot open {} file '{}': {}", path, whose, file,
                               std::strerror(errno)));
   }
   std::vector<float> piece(std::size_t{1} << 18);
@@ -268,7 +270,7 @@ void copyStateFile(const std::string& path, const std::string& file, Sink& sink)
     struct stat st {};
     if (::fstat(fd, &st) != 0 || st.st_size % static_cast<off_t>(sizeof(float)) != 0) {
       throw IoError(
-          fmt::format("checkpoint '{}': its state's file '{}' is not whole floats", path, file));
+          fmt::format("checkpoint '{}': {} file '{}' is not whole floats", path, whose, file));
     }
     const std::int64_t total = st.st_size / static_cast<off_t>(sizeof(float));
     sink.value(static_cast<std::uint64_t>(total));
@@ -280,12 +282,12 @@ void copyStateFile(const std::string& path, const std::string& file, Sink& sink)
                                   static_cast<off_t>(from * 4 + static_cast<std::int64_t>(got)));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
-          throw IoError(fmt::format("checkpoint '{}': cannot read its state's file '{}': {}", path,
+          throw IoError(fmt::format("checkpoint '{}': cannot read {} file '{}': {}", path, whose,
                                     file, r < 0 ? std::strerror(errno) : "cut short"));
         }
         got += static_cast<std::size_t>(r);
       }
-      checkFinite(path, "optimizer state values", piece.data(), n, from, total);
+      checkFinite(path, what, piece.data(), n, from, total);
       sink.write(piece.data(), bytes);
       from += n;
     }
@@ -371,11 +373,15 @@ void saveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
     sink.value(kVersion);
     sink.value(static_cast<std::uint64_t>(meta.size()));
     sink.write(meta.data(), meta.size());
-    sink.tensor(checkpoint.weights);
+    if (checkpoint.weights.defined() || checkpoint.weights_file.empty()) {
+      sink.tensor(checkpoint.weights);
+    } else {
+      copyFile(path, checkpoint.weights_file, sink, "its weights'", "weights");
+    }
     if (checkpoint.state.defined() || checkpoint.state_file.empty()) {
       sink.tensor(checkpoint.state);
     } else {
-      copyStateFile(path, checkpoint.state_file, sink);
+      copyFile(path, checkpoint.state_file, sink, "its state's", "optimizer state values");
     }
     sink.tensor(checkpoint.buffers);
     const std::uint32_t crc = sink.crc();

@@ -29,6 +29,9 @@ struct Checkpoint {
   // rows one after another: a sharded run's, put together on disk by the coordinator), so that
   // no process holds them all.
   std::string state_file;
+  // To save: with `weights` undefined, the weights' floats from this file (raw: pipeline stages'
+  // workers' ranges, put together on disk by the coordinator) likewise.
+  std::string weights_file;
   kernels::Tensor buffers;  // host float, may be empty
 
   std::int64_t metaInt(const std::string& key) const;

@@ -301,21 +301,13 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
     activations += staged ? static_cast<double>(kernels::pipelineHeld(whole, pipeline, share))
                           : static_cast<double>((memory.held + memory.scratch) * share);
   }
-  // A stage's worker holds its stage's weights and the tied ones it reads; the chief, at a pause,
-  // a copy of the whole model's too (gathered from the stages' workers), and for an evaluation a
-  // copy of each stage's weights that lie in more than one range.
+  // A stage's worker holds its stage's weights and the tied ones it reads, the chief too (a
+  // checkpoint's weights are put together on disk).
   double weights = params;
   if (pipeline.stage >= 0) {
     const auto windows = kernels::pipelineStageWindows(whole, pipeline.stages);
-    const auto countOf = [](const kernels::FlatParams::Ranges& window) {
-      return 4.0 * static_cast<double>(kernels::FlatParams::count(window));
-    };
-    weights = countOf(windows[static_cast<std::size_t>(pipeline.stage)]);
-    if (o.shard_id == 0) {
-      weights += params;
-      for (const auto& window : windows)
-        if (window.size() > 1 && !o.test_data.empty()) weights += countOf(window);
-    }
+    weights = 4.0 * static_cast<double>(kernels::FlatParams::count(
+                        windows[static_cast<std::size_t>(pipeline.stage)]));
   }
   const double need = weights + state + grads + activations;
   if (need <= static_cast<double>(o.max_memory)) return static_cast<std::int64_t>(need);
@@ -356,11 +348,8 @@ std::int64_t checkModelMemory(const TrainOptions& o, kernels::Net& whole,
       "parameters' weights {}{}, {}, gradients {} ({} replica(s){}), activations {} ({} "
       "inputs{}); {}",
       need, memorySize(need), o.max_memory, memorySize(static_cast<double>(o.max_memory)),
-      num_params, memorySize(weights),
-      pipeline.stage < 0 ? ""
-      : o.shard_id == 0  ? " (its stage's, and a copy of the whole model's at a pause)"
-                         : " (its stage's)",
-      state_text, memorySize(grads), shares.size(),
+      num_params, memorySize(weights), pipeline.stage < 0 ? "" : " (its stage's)", state_text,
+      memorySize(grads), shares.size(),
       staged ? fmt::format(", each: the stages' {} and their sums over the micro-batches {}",
                            memorySize(stage_grads), memorySize(sums))
       : grad_slots

@@ -238,7 +238,9 @@ struct TrainResult {
   std::vector<std::string> checkpoints;
   std::vector<EpochResult> epochs;
   std::int64_t steps = 0;
-  kernels::Tensor weights;  // final parameters, host
+  // Final parameters, host; undefined for pipeline stages in workers of their own (each holds
+  // its stage's alone: the last checkpoint has them all).
+  kernels::Tensor weights;
 };
 
 // Validates the options (InputError naming the offending one), opens the data, trains, and returns
