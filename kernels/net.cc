@@ -1117,20 +1117,18 @@ GradSlotLayout gradSlotLayout(const Net& net, const NetOptions::GradSlots& o) {
     at = layout.size;
     layout.size += size;
   }
-  std::map<std::int64_t, std::int64_t> at;  // by begin
-  for (const GradSlot& b : layout.buckets) {
-    if (b.slot < 0) {
-      at[b.begin] = layout.size;
-      layout.size += b.end - b.begin;
+  // Each bucket's place, by begin (FlatParams' order): its slot's, or after the slots its own.
+  std::vector<GradSlot> by_begin = layout.buckets;
+  std::sort(by_begin.begin(), by_begin.end(),
+            [](const GradSlot& a, const GradSlot& b) { return a.begin < b.begin; });
+  for (const GradSlot& b : by_begin) {
+    layout.ranges.emplace_back(b.begin, b.end);
+    if (b.slot >= 0) {
+      layout.at.push_back(slot_at[static_cast<std::size_t>(b.slot)]);
     } else {
-      at[b.begin] = slot_at[static_cast<std::size_t>(b.slot)];
+      layout.at.push_back(layout.size);
+      layout.size += b.end - b.begin;
     }
-  }
-  for (const auto& [begin, where] : at) {
-    const auto b = std::find_if(layout.buckets.begin(), layout.buckets.end(),
-                                [&](const GradSlot& s) { return s.begin == begin; });
-    layout.ranges.emplace_back(b->begin, b->end);
-    layout.at.push_back(where);
   }
   return layout;
 }

@@ -117,18 +117,12 @@ class Replica final : public Actor {
 
   // Weights already on this device are read in place, not copied. Their sender (the updater,
   // the PS client, the coordinator) changes a range of them only once every replica has handed
-  // in that range's gradients for the step, when no replica reads it any more.
+  // in that range's gradients for the step, when no replica reads it any more. Undefined: the net
+  // goes on with those it reads.
   void adopt(const kernels::Tensor& weights, const kernels::Tensor& buffers,
              const kernels::Event& ready = {}) {
     backend_->waitFor(ready);
-    if (weights.device() == backend_->device()) {
-      net_->useWeights(weights);
-    } else {
-      if (own_weights_.numel() != weights.numel())
-        own_weights_ = backend_->empty({weights.numel()});
-      backend_->copy(weights, own_weights_);
-      net_->useWeights(own_weights_);
-    }
+    if (weights.defined()) net_->useWeights(onDevice(weights, own_weights_));
     if (buffers.defined() && buffers.numel() > 0) backend_->copy(buffers, net_->buffers());
   }
 
@@ -426,12 +420,9 @@ class Replica final : public Actor {
   void evaluate(const Evaluate& e) {
     Evaluated result{config_.index, 0, 0, 0};
     if (!test_) test_ = data::openDataset(config_.test);
-    if (e.weights.defined()) {
-      adopt(e.weights, e.buffers);
-    } else {  // a pipeline stage's worker: the weights it holds, current at the pause
-      if (e.buffers.defined() && e.buffers.numel() > 0) backend_->copy(e.buffers, net_->buffers());
-      net_->prepareEvaluation();
-    }
+    adopt(e.weights, e.buffers);
+    // None: a pipeline stage's worker evaluates with the weights it holds, current at the pause.
+    if (!e.weights.defined()) net_->prepareEvaluation();
     const std::int64_t n = test_->size();
     const std::int64_t begin = n * config_.test_part / config_.test_parts;
     const std::int64_t end = n * (config_.test_part + 1) / config_.test_parts;
