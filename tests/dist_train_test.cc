@@ -1285,9 +1285,13 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   // "nccl": bsp-allreduce on a GPU each (emulated), summed by NCCL, which cannot name the culprit
   // itself: the links' heartbeat watch must, before NCCL's own timeout. "nccl-ring": NCCL sums
   // each process's GPU, troupe's ring the processes: the ring's watch names it, as without NCCL.
+  // "zero2": bsp-allreduce with the gradients' sums sharded (zero_stage 2), whose backward waits
+  // for a gradient slot that the hung worker's ring holds: the ring's watch names it, and the
+  // failing run ends that wait.
   const bool nccl = param.rfind("nccl", 0) == 0;
   const bool hybrid = param == "nccl-ring";
-  const std::string schedule = nccl ? "bsp-allreduce" : param;
+  const bool zero2 = param == "zero2";
+  const std::string schedule = nccl || zero2 ? "bsp-allreduce" : param;
   const std::string gpus =
       nccl ? "TROUPE_CUDA_LIBRARY=" + std::string(TROUPE_EMULATED_GPU) + " TROUPE_EMULATED_GPUS=1 "
            : "";
@@ -1299,6 +1303,7 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
                  " --run_id " + run_id + " -- troupe train --model mlp" + dataFlags() +
                  " --schedule " + schedule + (nccl ? " --gpus 0 --reducer nccl" : "") +
                  (hybrid ? " --allreduce ring" : "") +
+                 (zero2 ? " --zero_stage 2 --first_bucket_mb 0.01 --bucket_size_mb 0.05" : "") +
                  // nccl-ring: one long epoch, so that the stop always lands
                  // while the ring waits (between epochs only the links watch)
                  (hybrid ? " --num_epochs 1 --epoch_size 60000000" : " --num_epochs 50") +
@@ -1325,19 +1330,21 @@ TEST_P(HungWorkerTest, AHungWorkerEndsTheRunNamingItAfterThePeerTimeout) {
   EXPECT_TRUE(by_ring || by_server || by_link) << r.output;
   // NCCL in each process waits for no other process: the ring's watch (peer_timeout) comes
   // before the link's (two graces later) and names the step, as with troupe's ring alone.
-  if (hybrid) {
+  if (hybrid || zero2) {
     EXPECT_TRUE(by_ring) << r.output;
   }
   EXPECT_NE(r.output.find("troupe-culprit: worker 1: "), std::string::npos) << r.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(DistributedTraining, HungWorkerTest,
-                         ::testing::Values("bsp-allreduce", "dist_sync", "nccl", "nccl-ring"),
+                         ::testing::Values("bsp-allreduce", "dist_sync", "nccl", "nccl-ring",
+                                           "zero2"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            const std::string param = info.param;
                            return param == "dist_sync"   ? "DistSync"
                                   : param == "nccl"      ? "Nccl"
                                   : param == "nccl-ring" ? "NcclThenRing"
+                                  : param == "zero2"     ? "ZeroStage2"
                                                          : "BspAllreduce";
                          });
 
