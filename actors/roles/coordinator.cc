@@ -390,7 +390,7 @@ class Coordinator final : public Actor {
                           1, config_.num_params);
     const auto [begin, end] = config_.weight_ranges[0];
     const kernels::Tensor own =
-        kernels::FlatParams(epoch_end_->weights, config_.weight_windows[0]).slice(begin, end);
+        kernels::FlatParams(epoch_end_->weights, config_.chief_window).slice(begin, end);
     weights_file_->write(begin, end, 0, own.f32(), end - begin);
     gathering_weights_ = true;
     gather_shard_ = 1;

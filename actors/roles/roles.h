@@ -518,9 +518,9 @@ struct CoordinatorConfig {
   // s's replica in the first pipeline (replicas[s]) keeps current. The evaluation and the
   // checkpoint take each stage's from its worker. Empty: replica 0's are whole.
   std::vector<std::pair<std::int64_t, std::int64_t>> buffer_ranges;
-  // ... and the ranges of the weights each stage's worker holds (UpdaterConfig::window): the
-  // chief's EpochEnd at a pause carries those of stage 0's.
-  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> weight_windows;
+  // ... and the ranges of the weights the chief's worker holds (stage 0's UpdaterConfig::window),
+  // which its EpochEnd at a pause carries.
+  std::vector<std::pair<std::int64_t, std::int64_t>> chief_window;
   // Model FLOPs utilisation in the progress and log_every lines: the training FLOPs a sample, and
   // the peak they are a share of (0: none shown).
   double model_flops_per_sample = 0, peak_flops = 0;

@@ -84,7 +84,7 @@ CoordinatorConfig WorkerSpawn::coordinator() const {
       c.state_holders = c.weight_holders;
     }
     c.buffer_ranges = p.stage_buffer_ranges;
-    c.weight_windows = p.stage_windows;
+    c.chief_window = p.stage_windows.at(0);
   } else {
     c.shards = zeroShards();
     c.state_holders = a.all_updaters;
